@@ -1,0 +1,78 @@
+// Step cost models: predict how long one engine step takes from its shape. The roofline model
+// is built from the model and hardware specs; a calibrated model (from measured step records)
+// will implement the same interface. Pure C++.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "common/units.h"
+#include "models/model_spec.h"
+
+namespace duet::models {
+
+// One prefill chunk: `tokens` new prompt tokens computed after `context` tokens already in
+// the KV cache (from a prefix-cache hit or earlier chunks).
+struct PrefillChunk {
+  Tokens tokens = 0;
+  Tokens context = 0;
+};
+
+// The shape of one step (a mixed batch). Decode requests are aggregated: each decodes one
+// token; `decode_context_tokens` is the sum of their context lengths (attention reads).
+struct StepShape {
+  std::vector<PrefillChunk> prefill;
+  Tokens decode_tokens = 0;
+  Tokens decode_context_tokens = 0;
+  int tp = 1;
+
+  Tokens PrefillTokens() const;
+  Tokens TotalTokens() const { return PrefillTokens() + decode_tokens; }
+};
+
+class StepCostModel {
+ public:
+  virtual ~StepCostModel() = default;
+  // Predicted wall time of the step. Must be > 0 for a non-empty step, and pure: the same
+  // shape always gives the same time. Thread-safe (const).
+  virtual Seconds StepTime(const StepShape& shape) const = 0;
+};
+
+struct RooflineOptions {
+  int tp = 1;
+  double compute_efficiency = 0.6;  // achieved / peak FLOP/s on matrix multiplies
+  double memory_efficiency = 0.8;   // achieved / peak HBM bandwidth
+  double comm_efficiency = 0.7;     // achieved / peak NVLink bandwidth for TP all-reduce
+  Seconds step_overhead = 0.002;    // per-step fixed cost (scheduling, launch), seconds
+  Seconds allreduce_latency = 10e-6;  // per all-reduce call
+};
+
+// What a step costs, per GPU of the instance.
+struct StepCostBreakdown {
+  double flops = 0;         // per GPU
+  double bytes = 0;         // HBM bytes per GPU: weights once per step + KV reads/writes + activations
+  Seconds compute_s = 0;    // flops / (peak * compute_efficiency)
+  Seconds memory_s = 0;     // bytes / (bw * memory_efficiency)
+  Seconds comm_s = 0;       // TP all-reduces (0 when tp == 1)
+  Seconds total_s = 0;      // max(compute, memory) + comm + overhead
+};
+
+// Roofline: per layer, FLOPs of q/k/v/o projections, attention (QK^T and PV over the cached
+// context plus the causal part of the chunk), the SwiGLU MLP; plus the LM head for the tokens
+// that produce logits (last token of each finished prefill chunk and each decode token —
+// conservatively every decode token and one per chunk). Bytes: weights read once per step,
+// KV read for attention context, KV written for new tokens. Divided across `tp` GPUs.
+class RooflineCostModel : public StepCostModel {
+ public:
+  RooflineCostModel(ModelSpec model, HardwareSpec hw, RooflineOptions options);
+  Seconds StepTime(const StepShape& shape) const override;
+  StepCostBreakdown Breakdown(const StepShape& shape) const;
+  const RooflineOptions& options() const { return options_; }
+
+ private:
+  ModelSpec model_;
+  HardwareSpec hw_;
+  RooflineOptions options_;
+};
+
+}  // namespace duet::models

@@ -1,0 +1,62 @@
+// Request traces: the in-memory form every reader and generator produces, and the
+// selections applied before a replay (rate scaling, first N, time window).
+// Pure C++ (STL + nlohmann_json): no simulator, GPU or network headers.
+#pragma once
+
+#include <cstdint>
+#include <istream>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "common/units.h"
+
+namespace duet::traces {
+
+// One request as recorded. `block_ids` carries prefix identity: entry i names the content of
+// prompt tokens [i*block_tokens, (i+1)*block_tokens) together with everything before it
+// being equal (Mooncake semantics); the last block may be partial. Empty: no prefix info.
+struct TraceRequest {
+  std::uint64_t id = 0;  // position in the trace file, 0-based, kept through selections
+  Seconds arrival_s = 0;
+  Tokens input_tokens = 0;
+  Tokens output_tokens = 0;
+  std::vector<std::uint64_t> block_ids;
+};
+
+struct Trace {
+  std::string source;          // file path, or "synthetic" for generated traces
+  Tokens block_tokens = 512;   // tokens covered by one block_ids entry
+  std::vector<TraceRequest> requests;  // sorted by arrival_s (stable: file order on ties)
+};
+
+enum class TraceFormat { kMooncake, kAzure, kSynthetic };
+
+// "mooncake", "azure", "synthetic"; error names the accepted values.
+Result<TraceFormat> ParseTraceFormat(const std::string& name);
+
+// Mooncake FAST'25 JSONL: {"timestamp": ms, "input_length", "output_length", "hash_ids": [...]}.
+// Errors name `source_name`, the 1-based line and the field. Blank lines are skipped.
+Result<Trace> ParseMooncake(std::istream& in, const std::string& source_name);
+Result<Trace> ReadMooncake(const std::string& path);
+
+// Azure LLM inference CSV: header TIMESTAMP,ContextTokens,GeneratedTokens; timestamps
+// "YYYY-MM-DD HH:MM:SS.fffffff", replayed relative to the first row. No prefix info.
+Result<Trace> ParseAzure(std::istream& in, const std::string& source_name);
+Result<Trace> ReadAzure(const std::string& path);
+
+// Reads `path` in `format`; for kSynthetic, `path` is a synthetic spec JSON (synthetic.h).
+Result<Trace> ReadTrace(const std::string& path, TraceFormat format);
+
+// Writes Mooncake JSONL (timestamps rounded to ms), e.g. to save a generated trace.
+Status WriteMooncake(const Trace& trace, const std::string& path);
+
+// Selections. Each keeps request ids and arrival order.
+// Multiplies the arrival rate by `factor` (> 0): arrival_s /= factor.
+Status ScaleRate(Trace& trace, double factor);
+// Keeps the first `n` requests (n == 0: keep all).
+void KeepFirst(Trace& trace, std::size_t n);
+// Keeps requests with start_s <= arrival_s < end_s and shifts arrivals so the first is 0.
+Status KeepWindow(Trace& trace, Seconds start_s, Seconds end_s);
+
+}  // namespace duet::traces
