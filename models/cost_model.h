@@ -62,6 +62,24 @@ struct StepCostBreakdown {
 // that produce logits (last token of each finished prefill chunk and each decode token —
 // conservatively every decode token and one per chunk). Bytes: weights read once per step,
 // KV read for attention context, KV written for new tokens. Divided across `tp` GPUs.
+//
+// With T tokens in the step, h = hidden, q = heads*head_dim, kv = kv_heads*head_dim,
+// I = intermediate, L = layers, V = vocab, e = bytes per element:
+//   flops  = L * 2T(hq + 2h*kv + qh + 3hI)                       linear layers
+//          + L * 4q * (sum over chunks of n(c + (n+1)/2)          causal attention
+//                      + decode_context_tokens + decode_tokens)
+//          + 2hV * (chunks with tokens + decode_tokens)           LM head
+//   bytes  = WeightBytes                                          weights, once per step
+//          + KvBytesPerToken * (sum of chunk contexts + decode_context_tokens)   KV read
+//          + KvBytesPerToken * T                                  KV written
+//          + e * L * T * (4h + 2I)                                activations: the residual
+//            stream in and out of both sublayers, the MLP intermediate written and read
+//   comm_s = 2L all-reduces of T*h*e bytes, ring: 2(tp-1)/tp * size / (nvlink * eff) + latency
+// flops and bytes are divided by tp. Every term is linear in decode_context_tokens, so
+// memory-bound decode steps cost exactly a + b * context.
+//
+// Tensor parallelism is options.tp; a shape whose tp is set above 1 overrides it, so one model
+// can price shapes of several TP degrees. StepTime allocates nothing and costs O(chunks).
 class RooflineCostModel : public StepCostModel {
  public:
   RooflineCostModel(ModelSpec model, HardwareSpec hw, RooflineOptions options);
@@ -73,6 +91,18 @@ class RooflineCostModel : public StepCostModel {
   ModelSpec model_;
   HardwareSpec hw_;
   RooflineOptions options_;
+  // Per-model constants, precomputed so StepTime is a few dozen flops.
+  double linear_flops_per_token_ = 0;    // all layers
+  double attention_flops_per_pair_ = 0;  // one query-key pair, all layers, QK^T and PV
+  double lm_head_flops_per_row_ = 0;
+  double weight_bytes_ = 0;
+  double kv_bytes_per_token_ = 0;
+  double activation_bytes_per_token_ = 0;  // all layers
+  double allreduce_bytes_per_token_ = 0;   // one all-reduce of one token's hidden state
+  double allreduces_per_step_ = 0;         // 2 per layer
+  double seconds_per_flop_ = 0;            // 1 / (peak * compute_efficiency)
+  double seconds_per_byte_ = 0;            // 1 / (HBM bandwidth * memory_efficiency)
+  double seconds_per_link_byte_ = 0;       // 1 / (NVLink bandwidth * comm_efficiency)
 };
 
 }  // namespace duet::models

@@ -1,0 +1,88 @@
+// Instance memory planning: how much of each GPU's HBM is left for the KV cache after the
+// weight shard and the activation reserve, and how many tokens and blocks that holds.
+// Follows vLLM's accounting: gpu_memory_utilization caps what the engine may use at all.
+#include <cmath>
+#include <cstdio>
+#include <string>
+
+#include "models/model_spec.h"
+
+namespace duet::models {
+namespace {
+
+std::string Gb(double bytes) {
+  char text[32];
+  std::snprintf(text, sizeof(text), "%.1f GB", bytes / kGB);
+  return text;
+}
+
+}  // namespace
+
+Result<InstanceMemory> PlanInstanceMemory(const ModelSpec& model, const HardwareSpec& hw,
+                                          const MemoryOptions& options) {
+  const std::string what = model.name + " on " + hw.name;
+  if (options.tp < 1) {
+    return Status::Error(what + ": tp must be >= 1 (got " + std::to_string(options.tp) + ")");
+  }
+  if (!(options.gpu_memory_utilization > 0 && options.gpu_memory_utilization <= 1)) {
+    return Status::Error(what + ": gpu_memory_utilization must be in (0, 1] (got " +
+                         std::to_string(options.gpu_memory_utilization) + ")");
+  }
+  if (options.block_tokens < 1) {
+    return Status::Error(what + ": block_tokens must be >= 1 (got " +
+                         std::to_string(options.block_tokens) + ")");
+  }
+  if (options.reserved_bytes_per_gpu < 0) {
+    return Status::Error(what + ": reserved bytes per GPU must be >= 0 (got " +
+                         std::to_string(options.reserved_bytes_per_gpu) + ")");
+  }
+  // Each GPU holds num_key_value_heads / tp whole KV heads. Replicating KV heads when tp
+  // exceeds them is what engines do, but it changes per-GPU KV bytes; we keep the plan exact
+  // by refusing uneven splits instead.
+  if (model.num_key_value_heads % options.tp != 0) {
+    return Status::Error(
+        what + ": tp=" + std::to_string(options.tp) +
+        " does not divide num_key_value_heads=" + std::to_string(model.num_key_value_heads) +
+        " (KV heads must split evenly across the GPUs)");
+  }
+
+  const Bytes usable_per_gpu = static_cast<Bytes>(
+      std::floor(static_cast<double>(hw.hbm_bytes) * options.gpu_memory_utilization));
+  const Bytes weight_bytes = model.WeightBytes();
+  const Bytes weights_per_gpu = (weight_bytes + options.tp - 1) / options.tp;
+  // Compared before subtracting so an absurd reserve cannot overflow the difference.
+  const Bytes after_weights_per_gpu = usable_per_gpu - weights_per_gpu;
+  if (after_weights_per_gpu <= options.reserved_bytes_per_gpu) {
+    char numbers[160];
+    std::snprintf(numbers, sizeof(numbers), "%.2f", options.gpu_memory_utilization);
+    return Status::Error(model.name + " (" + Gb(double(weight_bytes)) +
+                         " of weights over tp=" + std::to_string(options.tp) + ", " +
+                         Gb(double(weights_per_gpu)) + " per GPU) does not fit on " + hw.name +
+                         ": " + Gb(double(usable_per_gpu)) + " usable per GPU (" + numbers +
+                         " of " + Gb(double(hw.hbm_bytes)) + ") minus " +
+                         Gb(double(options.reserved_bytes_per_gpu)) + " reserved");
+  }
+
+  const Bytes kv_bytes_per_gpu = after_weights_per_gpu - options.reserved_bytes_per_gpu;
+  // tp divides the KV heads, so it divides KvBytesPerToken exactly: each GPU stores its
+  // share of every token.
+  const Bytes kv_bytes_per_token_per_gpu = model.KvBytesPerToken() / options.tp;
+  const Tokens kv_tokens = kv_bytes_per_gpu / kv_bytes_per_token_per_gpu;
+  const std::int64_t kv_blocks = kv_tokens / options.block_tokens;
+  if (kv_blocks < 1) {
+    return Status::Error(model.name + " on " + hw.name + " (tp=" + std::to_string(options.tp) +
+                         "): the " + Gb(double(kv_bytes_per_gpu)) +
+                         " left per GPU for the KV cache holds " + std::to_string(kv_tokens) +
+                         " tokens, less than one block of " + std::to_string(options.block_tokens));
+  }
+
+  InstanceMemory plan;
+  plan.weight_bytes_per_gpu = weights_per_gpu;
+  plan.reserved_bytes_per_gpu = options.reserved_bytes_per_gpu;
+  plan.kv_bytes_per_gpu = kv_bytes_per_gpu;
+  plan.kv_tokens = kv_tokens;
+  plan.kv_blocks = kv_blocks;
+  return plan;
+}
+
+}  // namespace duet::models

@@ -1,0 +1,230 @@
+// Tests for the roofline step-cost model: hand-computed FLOPs and bytes on the tiny model,
+// the regimes of real shapes (memory-bound decode, compute-bound prefill), monotonicity,
+// tensor parallelism, and exact linearity of decode cost in context length.
+#include "models/cost_model.h"
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdio>
+#include <string>
+
+namespace duet::models {
+namespace {
+
+ModelSpec Model(const std::string& name) {
+  Result<ModelSpec> spec = LoadModelSpec("models/specs/" + name + ".json");
+  EXPECT_TRUE(spec.ok()) << spec.error();
+  return spec.ok() ? *spec : ModelSpec{};
+}
+
+HardwareSpec Gpu(const std::string& name) {
+  Result<HardwareSpec> hw = LoadHardwareSpec("models/hardware/" + name + ".json");
+  EXPECT_TRUE(hw.ok()) << hw.error();
+  return hw.ok() ? *hw : HardwareSpec{};
+}
+
+RooflineCostModel Llama8bOnH100(int tp = 1) {
+  RooflineOptions options;
+  options.tp = tp;
+  return RooflineCostModel(Model("llama-3.1-8b"), Gpu("h100-sxm"), options);
+}
+
+StepShape Decode(Tokens batch, Tokens context_each) {
+  StepShape shape;
+  shape.decode_tokens = batch;
+  shape.decode_context_tokens = batch * context_each;
+  return shape;
+}
+
+StepShape Prefill(Tokens tokens, Tokens context = 0) {
+  StepShape shape;
+  shape.prefill.push_back({tokens, context});
+  return shape;
+}
+
+TEST(StepShapeTest, TokenCounts) {
+  StepShape shape;
+  shape.prefill = {{100, 0}, {28, 512}};
+  shape.decode_tokens = 7;
+  shape.decode_context_tokens = 7000;
+  EXPECT_EQ(shape.PrefillTokens(), 128);
+  EXPECT_EQ(shape.TotalTokens(), 135);
+}
+
+TEST(RooflineTest, EmptyStepCostsNothing) {
+  RooflineCostModel model = Llama8bOnH100();
+  EXPECT_EQ(model.StepTime(StepShape{}), 0.0);
+  StepShape no_tokens;
+  no_tokens.prefill = {{0, 100}};
+  no_tokens.decode_context_tokens = 0;
+  EXPECT_EQ(model.StepTime(no_tokens), 0.0);
+  StepCostBreakdown cost = model.Breakdown(no_tokens);
+  EXPECT_EQ(cost.flops, 0.0);
+  EXPECT_EQ(cost.bytes, 0.0);
+}
+
+TEST(RooflineTest, HandComputedTinyModel) {
+  // tiny-test: L=2, h=64, q=64, kv=32, I=128, V=512, bf16.
+  ModelSpec spec = Model("tiny-test");
+  HardwareSpec hw = Gpu("tiny-gpu");
+  RooflineOptions options;
+  RooflineCostModel model(spec, hw, options);
+  StepShape shape;
+  shape.prefill = {{10, 6}};
+  shape.decode_tokens = 3;
+  shape.decode_context_tokens = 300;
+  const double tokens = 13;
+  const double linear = 2 * 2 * tokens * (64 * 64 + 2 * 64 * 32 + 64 * 64 + 3 * 64 * 128);
+  const double pairs = 10 * 6 + 10 * 11 / 2.0 + 300 + 3;
+  const double attention = 2 * 4 * 64 * pairs;
+  const double lm_head = 2 * 64 * 512 * (1 + 3);
+  const double bytes =
+      double(spec.WeightBytes()) + (6 + 300 + tokens) * 256 + 2 * 2 * tokens * (4 * 64 + 2 * 128);
+  StepCostBreakdown cost = model.Breakdown(shape);
+  EXPECT_DOUBLE_EQ(cost.flops, linear + attention + lm_head);
+  EXPECT_DOUBLE_EQ(cost.bytes, bytes);
+  EXPECT_DOUBLE_EQ(cost.compute_s, cost.flops / (1e12 * 0.6));
+  EXPECT_DOUBLE_EQ(cost.memory_s, cost.bytes / (100e9 * 0.8));
+  EXPECT_EQ(cost.comm_s, 0.0);
+  EXPECT_DOUBLE_EQ(cost.total_s, std::max(cost.compute_s, cost.memory_s) + 0.002);
+  EXPECT_EQ(model.StepTime(shape), cost.total_s);
+}
+
+TEST(RooflineTest, DecodeBatchOneIsMemoryBound) {
+  RooflineCostModel model = Llama8bOnH100();
+  StepCostBreakdown cost = model.Breakdown(Decode(1, 1024));
+  EXPECT_GT(cost.memory_s, 10 * cost.compute_s);
+  // ~16.06 GB of weights at 3.35 TB/s * 0.8 is 6.0 ms.
+  EXPECT_NEAR(cost.memory_s, 16.2e9 / (3350e9 * 0.8), 0.3e-3);
+  EXPECT_NEAR(cost.total_s, cost.memory_s + 0.002, 1e-12);
+}
+
+TEST(RooflineTest, LongPrefillIsComputeBound) {
+  RooflineCostModel model = Llama8bOnH100();
+  StepCostBreakdown cost = model.Breakdown(Prefill(8192));
+  EXPECT_GT(cost.compute_s, 5 * cost.memory_s);
+  // ~2 * 8.0e9 * 8192 linear FLOPs plus causal attention, at 593 TFLOP/s: ~0.24 s.
+  EXPECT_GT(cost.total_s, 0.2);
+  EXPECT_LT(cost.total_s, 0.3);
+}
+
+TEST(RooflineTest, MonotoneInTokensAndContext) {
+  RooflineCostModel model = Llama8bOnH100();
+  Seconds previous = 0;
+  for (Tokens tokens = 1; tokens <= 16384; tokens *= 2) {
+    Seconds t = model.StepTime(Prefill(tokens));
+    EXPECT_GT(t, previous) << tokens;
+    previous = t;
+  }
+  previous = 0;
+  for (Tokens context = 0; context <= 65536; context = context * 2 + 1) {
+    Seconds t = model.StepTime(Prefill(512, context));
+    EXPECT_GT(t, previous) << context;
+    previous = t;
+  }
+  previous = 0;
+  for (Tokens batch = 1; batch <= 512; batch *= 2) {
+    Seconds t = model.StepTime(Decode(batch, 2048));
+    EXPECT_GT(t, previous) << batch;
+    previous = t;
+  }
+  previous = 0;
+  for (Tokens context = 1; context <= 131072; context *= 2) {
+    Seconds t = model.StepTime(Decode(32, context));
+    EXPECT_GT(t, previous) << context;
+    previous = t;
+  }
+}
+
+TEST(RooflineTest, ChunkingKeepsAttentionWork) {
+  // One 1024-token chunk and two 512-token chunks (the second after the first) attend over the
+  // same query-key pairs; the split adds one LM-head row and re-reads 512 tokens of KV.
+  RooflineCostModel model = Llama8bOnH100();
+  ModelSpec spec = Model("llama-3.1-8b");
+  StepCostBreakdown whole = model.Breakdown(Prefill(1024));
+  StepShape split;
+  split.prefill = {{512, 0}, {512, 512}};
+  StepCostBreakdown parts = model.Breakdown(split);
+  EXPECT_NEAR(parts.flops - whole.flops, 2.0 * spec.hidden_size * spec.vocab_size, 1e3);
+  EXPECT_NEAR(parts.bytes - whole.bytes, 512.0 * spec.KvBytesPerToken(), 1);
+}
+
+TEST(RooflineTest, TensorParallelHalvesWorkAndAddsComm) {
+  RooflineCostModel tp1 = Llama8bOnH100(1);
+  RooflineCostModel tp2 = Llama8bOnH100(2);
+  for (const StepShape& shape : {Decode(64, 1024), Prefill(8192)}) {
+    StepCostBreakdown one = tp1.Breakdown(shape);
+    StepCostBreakdown two = tp2.Breakdown(shape);
+    EXPECT_DOUBLE_EQ(two.compute_s, one.compute_s / 2);
+    EXPECT_DOUBLE_EQ(two.memory_s, one.memory_s / 2);
+    EXPECT_EQ(one.comm_s, 0.0);
+    EXPECT_GT(two.comm_s, 0.0);
+    // 64 all-reduces of at least the 10 us latency each.
+    EXPECT_GE(two.comm_s, 64 * 10e-6);
+    EXPECT_LT(two.total_s, one.total_s);
+  }
+  // A shape that names its tp is priced at that tp.
+  StepShape shape = Decode(64, 1024);
+  shape.tp = 2;
+  EXPECT_EQ(tp1.StepTime(shape), tp2.StepTime(Decode(64, 1024)));
+}
+
+TEST(RooflineTest, DecodeIsLinearInContext) {
+  // Sums of consecutive decode steps must be exact arithmetic: t(c) = a + b * c.
+  RooflineCostModel model = Llama8bOnH100();
+  for (Tokens batch : {1, 16, 128}) {
+    StepShape shape;
+    shape.decode_tokens = batch;
+    const Tokens base = batch * 100;
+    Seconds times[4];
+    for (int i = 0; i < 4; ++i) {
+      shape.decode_context_tokens = base + i * batch * 1000;
+      times[i] = model.StepTime(shape);
+    }
+    const double step = times[1] - times[0];
+    EXPECT_GT(step, 0);
+    EXPECT_NEAR(times[2] - times[1], step, 1e-12 * times[3]);
+    EXPECT_NEAR(times[3] - times[2], step, 1e-12 * times[3]);
+  }
+}
+
+TEST(RooflineTest, PureAndCheapToCall) {
+  RooflineCostModel model = Llama8bOnH100();
+  StepShape shape;
+  shape.prefill = {{256, 1024}, {128, 0}};
+  shape.decode_tokens = 48;
+  shape.decode_context_tokens = 48 * 3000;
+  const Seconds first = model.StepTime(shape);
+  constexpr int kCalls = 200000;
+  double sum = 0;
+  auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < kCalls; ++i) {
+    shape.decode_context_tokens = 48 * 3000 + (i & 1);
+    sum += model.StepTime(shape);
+  }
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  shape.decode_context_tokens = 48 * 3000;
+  EXPECT_EQ(model.StepTime(shape), first);
+  EXPECT_GT(sum, 0);
+  // Generous even for unoptimized builds; Release does it in a few milliseconds.
+  EXPECT_LT(seconds, 2.0);
+  std::printf("StepTime: %.1f ns per call\n", seconds / kCalls * 1e9);
+}
+
+TEST(RooflineTest, ReportedNumbers) {
+  // The headline numbers for Llama-3.1-8B on one H100 (printed for the design notes).
+  RooflineCostModel model = Llama8bOnH100();
+  const Seconds batch1 = model.StepTime(Decode(1, 1024));
+  const Seconds batch64 = model.StepTime(Decode(64, 1024));
+  const Seconds prefill = model.StepTime(Prefill(8192));
+  std::printf("8B/H100: decode b1@1k %.3f ms, decode b64@1k %.3f ms, prefill 8k %.1f ms\n",
+              batch1 * 1e3, batch64 * 1e3, prefill * 1e3);
+  EXPECT_LT(batch1, batch64);
+  EXPECT_LT(batch64, 2 * batch1);  // decode batching is nearly free while memory-bound
+  EXPECT_GT(prefill, 10 * batch64);
+}
+
+}  // namespace
+}  // namespace duet::models

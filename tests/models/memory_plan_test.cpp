@@ -1,0 +1,148 @@
+// Tests for instance memory planning: KV capacity of real model/GPU pairs, tensor-parallel
+// splits, and clear errors when the weights do not fit or the options are invalid.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "models/model_spec.h"
+
+namespace duet::models {
+namespace {
+
+ModelSpec Model(const std::string& name) {
+  Result<ModelSpec> spec = LoadModelSpec("models/specs/" + name + ".json");
+  EXPECT_TRUE(spec.ok()) << spec.error();
+  return spec.ok() ? *spec : ModelSpec{};
+}
+
+HardwareSpec Gpu(const std::string& name) {
+  Result<HardwareSpec> hw = LoadHardwareSpec("models/hardware/" + name + ".json");
+  EXPECT_TRUE(hw.ok()) << hw.error();
+  return hw.ok() ? *hw : HardwareSpec{};
+}
+
+void ExpectErrorContains(const Result<InstanceMemory>& plan,
+                         std::initializer_list<std::string> parts) {
+  ASSERT_FALSE(plan.ok());
+  for (const std::string& part : parts) {
+    EXPECT_NE(plan.error().find(part), std::string::npos) << plan.error() << " lacks " << part;
+  }
+}
+
+TEST(MemoryPlanTest, Llama8bOnH100) {
+  ModelSpec model = Model("llama-3.1-8b");
+  Result<InstanceMemory> plan = PlanInstanceMemory(model, Gpu("h100-sxm"), MemoryOptions{});
+  ASSERT_TRUE(plan.ok()) << plan.error();
+  // 0.9 * 80 GiB - 16.06 GB weights - 2 GiB reserve = 59.1 GB -> ~451k tokens of 128 KiB.
+  const Bytes usable = static_cast<Bytes>(0.9 * 80 * kGiB);
+  EXPECT_EQ(plan->weight_bytes_per_gpu, model.WeightBytes());
+  EXPECT_EQ(plan->reserved_bytes_per_gpu, 2LL << 30);
+  EXPECT_EQ(plan->kv_bytes_per_gpu, usable - model.WeightBytes() - (2LL << 30));
+  EXPECT_EQ(plan->kv_tokens, plan->kv_bytes_per_gpu / 131072);
+  EXPECT_GT(plan->kv_tokens, 400000);
+  EXPECT_LT(plan->kv_tokens, 500000);
+  EXPECT_EQ(plan->kv_blocks, plan->kv_tokens / 16);
+}
+
+TEST(MemoryPlanTest, TensorParallelSplitsWeightsAndMultipliesTokens) {
+  ModelSpec model = Model("llama-3.1-8b");
+  HardwareSpec hw = Gpu("h100-sxm");
+  MemoryOptions tp1;
+  MemoryOptions tp2;
+  tp2.tp = 2;
+  Result<InstanceMemory> one = PlanInstanceMemory(model, hw, tp1);
+  Result<InstanceMemory> two = PlanInstanceMemory(model, hw, tp2);
+  ASSERT_TRUE(one.ok() && two.ok());
+  EXPECT_EQ(two->weight_bytes_per_gpu, model.WeightBytes() / 2);
+  EXPECT_GT(two->kv_bytes_per_gpu, one->kv_bytes_per_gpu);
+  // Each GPU stores half of every token, so tokens = 2 * per-GPU bytes / KvBytesPerToken.
+  EXPECT_EQ(two->kv_tokens, two->kv_bytes_per_gpu / (model.KvBytesPerToken() / 2));
+  EXPECT_GT(two->kv_tokens, 2 * one->kv_tokens);
+}
+
+TEST(MemoryPlanTest, Llama70bNeedsTensorParallelOnH100) {
+  ModelSpec model = Model("llama-3.1-70b");
+  HardwareSpec hw = Gpu("h100-sxm");
+  ExpectErrorContains(PlanInstanceMemory(model, hw, MemoryOptions{}),
+                      {"llama-3.1-70b", "141.1 GB of weights over tp=1", "does not fit on h100-sxm",
+                       "77.3 GB usable per GPU"});
+  MemoryOptions tp4;
+  tp4.tp = 4;
+  Result<InstanceMemory> plan = PlanInstanceMemory(model, hw, tp4);
+  ASSERT_TRUE(plan.ok()) << plan.error();
+  EXPECT_GT(plan->kv_tokens, 400000);
+}
+
+TEST(MemoryPlanTest, Llama70bFitsOnTwoH200s) {
+  MemoryOptions tp2;
+  tp2.tp = 2;
+  Result<InstanceMemory> plan = PlanInstanceMemory(Model("llama-3.1-70b"), Gpu("h200"), tp2);
+  ASSERT_TRUE(plan.ok()) << plan.error();
+  EXPECT_GT(plan->kv_tokens, 100000);
+}
+
+TEST(MemoryPlanTest, TinyModelOnTinyGpu) {
+  MemoryOptions options;
+  options.reserved_bytes_per_gpu = 64LL << 20;
+  Result<InstanceMemory> plan = PlanInstanceMemory(Model("tiny-test"), Gpu("tiny-gpu"), options);
+  ASSERT_TRUE(plan.ok()) << plan.error();
+  EXPECT_GT(plan->kv_blocks, 1000);
+  // The default 2 GiB reserve does not fit in 1 GiB.
+  ExpectErrorContains(PlanInstanceMemory(Model("tiny-test"), Gpu("tiny-gpu"), MemoryOptions{}),
+                      {"tiny-test", "does not fit on tiny-gpu", "reserved"});
+}
+
+TEST(MemoryPlanTest, TpMustDivideKvHeads) {
+  MemoryOptions options;
+  options.tp = 3;
+  ExpectErrorContains(PlanInstanceMemory(Model("llama-3.1-8b"), Gpu("h100-sxm"), options),
+                      {"llama-3.1-8b", "tp=3", "num_key_value_heads=8"});
+  options.tp = 16;
+  ExpectErrorContains(PlanInstanceMemory(Model("llama-3.1-8b"), Gpu("h100-sxm"), options),
+                      {"tp=16"});
+}
+
+TEST(MemoryPlanTest, LessThanOneBlock) {
+  ModelSpec model = Model("tiny-test");
+  HardwareSpec hw = Gpu("tiny-gpu");
+  MemoryOptions options;
+  options.gpu_memory_utilization = 1.0;
+  // Leave room for exactly 15 tokens (256 B each) after the weights.
+  options.reserved_bytes_per_gpu = hw.hbm_bytes - model.WeightBytes() - 15 * 256;
+  ExpectErrorContains(PlanInstanceMemory(model, hw, options),
+                      {"tiny-test", "15 tokens", "less than one block of 16"});
+  options.block_tokens = 15;
+  Result<InstanceMemory> plan = PlanInstanceMemory(model, hw, options);
+  ASSERT_TRUE(plan.ok()) << plan.error();
+  EXPECT_EQ(plan->kv_tokens, 15);
+  EXPECT_EQ(plan->kv_blocks, 1);
+}
+
+TEST(MemoryPlanTest, InvalidOptions) {
+  ModelSpec model = Model("llama-3.1-8b");
+  HardwareSpec hw = Gpu("h100-sxm");
+  MemoryOptions options;
+  options.gpu_memory_utilization = 0;
+  ExpectErrorContains(PlanInstanceMemory(model, hw, options), {"gpu_memory_utilization"});
+  options.gpu_memory_utilization = 1.5;
+  ExpectErrorContains(PlanInstanceMemory(model, hw, options), {"gpu_memory_utilization"});
+  options = MemoryOptions{};
+  options.tp = 0;
+  ExpectErrorContains(PlanInstanceMemory(model, hw, options), {"tp must be >= 1"});
+  options = MemoryOptions{};
+  options.block_tokens = 0;
+  ExpectErrorContains(PlanInstanceMemory(model, hw, options), {"block_tokens"});
+  options = MemoryOptions{};
+  options.reserved_bytes_per_gpu = -1;
+  ExpectErrorContains(PlanInstanceMemory(model, hw, options), {"reserved"});
+}
+
+TEST(MemoryPlanTest, HugeReserveDoesNotOverflow) {
+  MemoryOptions options;
+  options.reserved_bytes_per_gpu = INT64_MAX;
+  ExpectErrorContains(PlanInstanceMemory(Model("llama-3.1-70b"), Gpu("h100-sxm"), options),
+                      {"does not fit"});
+}
+
+}  // namespace
+}  // namespace duet::models
