@@ -1,2 +1,220 @@
+// The `duet` command. Subcommands: simulate (replay a trace on a simulated cluster) and
+// version. Input errors are reported here, at the edge, as one clear line and a non-zero exit.
+#include <unistd.h>
+
+#include <boost/program_options.hpp>
 #include <cstdio>
-int main() { std::puts("duet: under construction"); return 0; }
+#include <filesystem>
+#include <iostream>
+#include <string>
+
+#include "backend/registry.h"
+#include "sim/simulation.h"
+#include "traces/synthetic.h"
+#include "traces/trace.h"
+
+namespace po = boost::program_options;
+namespace fs = std::filesystem;
+using namespace duet;
+
+namespace {
+
+constexpr int kExitOk = 0;
+constexpr int kExitError = 1;  // bad input files, failed run
+constexpr int kExitUsage = 2;  // bad command line
+
+int Fail(const std::string& message, int code = kExitError) {
+  std::fprintf(stderr, "duet: error: %s\n", message.c_str());
+  return code;
+}
+
+// Bundled data (models/, sim/clusters/, traces/bundled/) is found relative to the current
+// directory first, then relative to the source tree the binary was built from.
+std::string Locate(const std::string& path) {
+  if (path.empty() || fs::path(path).is_absolute() || fs::exists(path)) return path;
+  const fs::path bundled = fs::path(DUET_SOURCE_DIR) / path;
+  return fs::exists(bundled) ? bundled.string() : path;
+}
+
+std::string DataDir() {
+  if (fs::exists("models/specs")) return ".";
+  return DUET_SOURCE_DIR;
+}
+
+Result<traces::TraceFormat> FormatFor(const std::string& path, const std::string& flag) {
+  if (!flag.empty()) return traces::ParseTraceFormat(flag);
+  const std::string ext = fs::path(path).extension().string();
+  if (ext == ".jsonl") return traces::TraceFormat::kMooncake;
+  if (ext == ".csv") return traces::TraceFormat::kAzure;
+  if (ext == ".json") return traces::TraceFormat::kSynthetic;
+  return Status::Error(path +
+                       ": cannot tell the trace format from the extension; give --trace-format");
+}
+
+void PrintDistribution(const char* label, const nlohmann::json& d) {
+  std::printf("  %-14s mean %9.2f  p50 %9.2f  p90 %9.2f  p99 %9.2f  max %9.2f\n", label,
+              d["mean"].get<double>(), d["p50"].get<double>(), d["p90"].get<double>(),
+              d["p99"].get<double>(), d["max"].get<double>());
+}
+
+void PrintSummary(const nlohmann::json& s, const std::string& out_dir) {
+  const auto& req = s["requests"];
+  const auto& run = s["run"];
+  const auto& sim = s["sim"];
+  std::printf("duet simulate: %s (%s, %d instances, %s), router %s\n",
+              run["cluster"].get<std::string>().c_str(), run["mode"].get<std::string>().c_str(),
+              run["instances"].get<int>(), run["model"].get<std::string>().c_str(),
+              run["router"].get<std::string>().c_str());
+  std::printf("  trace          %s\n", run["trace"].get<std::string>().c_str());
+  std::printf("  requests       %d total, %d completed, %d rejected, %d failed, %d preemptions\n",
+              req["total"].get<int>(), req["completed"].get<int>(), req["rejected"].get<int>(),
+              req["failed"].get<int>(), req["preemptions"].get<int>());
+  for (const auto& [reason, n] : req["rejected_reasons"].items())
+    std::printf("    rejected %d: %s\n", n.get<int>(), reason.c_str());
+  for (const auto& [reason, n] : req["failed_reasons"].items())
+    std::printf("    failed %d: %s\n", n.get<int>(), reason.c_str());
+  const double wall = sim["wall_s"].get<double>();
+  const double simulated = sim["simulated_s"].get<double>();
+  std::printf(
+      "  duration       %.1f s of traffic; simulated %.1f s in %.2f s wall (%.0fx), %lld events\n",
+      s["duration_s"].get<double>(), simulated, wall, wall > 0 ? simulated / wall : 0.0,
+      static_cast<long long>(sim["events"].get<std::int64_t>()));
+  const auto& tp = s["throughput"];
+  std::printf("  throughput     %.3f req/s, %.1f output tok/s, %.1f total tok/s\n",
+              tp["requests_per_s"].get<double>(), tp["output_tokens_per_s"].get<double>(),
+              tp["total_tokens_per_s"].get<double>());
+  PrintDistribution("TTFT ms", s["ttft_ms"]);
+  PrintDistribution("TPOT ms", s["tpot_ms"]);
+  PrintDistribution("ITL ms", s["itl_ms"]);
+  PrintDistribution("E2E ms", s["e2e_ms"]);
+  PrintDistribution("queue ms", s["queue_ms"]);
+  const auto& pc = s["prefix_cache"];
+  std::printf("  prefix cache   hit rate %.2f%% (%lld of %lld prompt tokens)\n",
+              100 * pc["hit_rate"].get<double>(),
+              static_cast<long long>(pc["hit_tokens"].get<std::int64_t>()),
+              static_cast<long long>(pc["lookup_tokens"].get<std::int64_t>()));
+  const auto& kv = s["kv_transfer"];
+  std::printf("  KV transfer    %lld transfers, %.2f GB, mean %.2f ms, p99 %.2f ms\n",
+              static_cast<long long>(kv["transfers"].get<std::int64_t>()),
+              static_cast<double>(kv["bytes"].get<std::int64_t>()) / 1e9,
+              kv["time_ms"]["mean"].get<double>(), kv["time_ms"]["p99"].get<double>());
+  const auto& gp = s["goodput"];
+  if (gp["slo"]["ttft_ms"].get<double>() > 0 || gp["slo"]["tpot_ms"].get<double>() > 0 ||
+      gp["slo"].contains("e2e_ms")) {
+    std::printf("  goodput        %.3f req/s meet the SLO %s (attainment %.2f%%)\n",
+                gp["requests_per_s"].get<double>(), gp["slo"].dump().c_str(),
+                100 * gp["attainment"].get<double>());
+  }
+  std::printf("  wrote          %s, %s\n", (fs::path(out_dir) / "summary.json").string().c_str(),
+              (fs::path(out_dir) / "requests.csv").string().c_str());
+}
+
+int Simulate(int argc, char** argv) {
+  po::options_description opts("duet simulate: replay a request trace on a simulated cluster");
+  // clang-format off
+  opts.add_options()
+    ("help,h", "show this help")
+    ("cluster", po::value<std::string>()->default_value("sim/clusters/h100-8p8d-llama8b.json"),
+     "cluster description (JSON)")
+    ("trace", po::value<std::string>()->default_value("traces/bundled/default.json"),
+     "trace file: Mooncake JSONL, Azure CSV, or a synthetic spec (JSON)")
+    ("trace-format", po::value<std::string>()->default_value(""),
+     "mooncake, azure or synthetic (default: from the file extension)")
+    ("router", po::value<std::string>()->default_value("prefix-aware"),
+     "round-robin, least-loaded, power-of-two or prefix-aware")
+    ("rate-scale", po::value<double>()->default_value(1.0),
+     "multiply the trace's arrival rate by this factor")
+    ("limit", po::value<std::size_t>()->default_value(0), "replay only the first N requests (0: all)")
+    ("seed", po::value<std::uint64_t>()->default_value(1),
+     "random seed (router sampling; overrides a synthetic spec's seed when given)")
+    ("slo", po::value<std::string>(), "service-level objectives in ms, e.g. ttft=2000,tpot=100")
+    ("out", po::value<std::string>()->default_value("out"), "output directory")
+    ("progress", po::value<std::string>()->default_value("auto"),
+     "progress bar: auto (on a terminal), always or never");
+  // clang-format on
+  po::variables_map vm;
+  try {
+    po::store(po::command_line_parser(argc, argv).options(opts).run(), vm);
+    po::notify(vm);
+  } catch (const po::error& e) {
+    return Fail(std::string("simulate: ") + e.what() + " (see duet simulate --help)", kExitUsage);
+  }
+  if (vm.count("help")) {
+    std::cout << opts << "\n";
+    return kExitOk;
+  }
+
+  sim::SimOptions options;
+  auto router = policies::ParseRouterKind(vm["router"].as<std::string>());
+  if (!router) return Fail("--router: " + router.error(), kExitUsage);
+  options.router.kind = *router;
+  options.router.seed = vm["seed"].as<std::uint64_t>();
+  if (vm.count("slo")) {
+    auto slo = policies::ParseSlo(vm["slo"].as<std::string>());
+    if (!slo) return Fail(slo.error(), kExitUsage);
+    options.slo = *slo;
+  }
+  const std::string progress = vm["progress"].as<std::string>();
+  if (progress != "auto" && progress != "always" && progress != "never")
+    return Fail("--progress must be auto, always or never", kExitUsage);
+  options.progress = progress == "always" || (progress == "auto" && isatty(STDERR_FILENO));
+  options.out_dir = vm["out"].as<std::string>();
+  const double rate_scale = vm["rate-scale"].as<double>();
+
+  const std::string cluster_path = Locate(vm["cluster"].as<std::string>());
+  auto cluster = sim::LoadClusterSpec(cluster_path, DataDir());
+  if (!cluster) return Fail(cluster.error());
+
+  const std::string trace_path = Locate(vm["trace"].as<std::string>());
+  auto format = FormatFor(trace_path, vm["trace-format"].as<std::string>());
+  if (!format) return Fail(format.error(), kExitUsage);
+  Result<traces::Trace> trace = Status::Error("unread");
+  if (*format == traces::TraceFormat::kSynthetic && !vm["seed"].defaulted()) {
+    auto spec = traces::ReadSyntheticSpec(trace_path);
+    if (!spec) return Fail(spec.error());
+    spec->seed = options.router.seed;
+    trace = traces::GenerateSynthetic(*spec);
+    if (trace) trace->source = trace_path;
+  } else {
+    trace = traces::ReadTrace(trace_path, *format);
+  }
+  if (!trace) return Fail(trace.error());
+  if (Status s = traces::ScaleRate(*trace, rate_scale); !s.ok())
+    return Fail("--rate-scale: " + s.message(), kExitUsage);
+  traces::KeepFirst(*trace, vm["limit"].as<std::size_t>());
+
+  auto report = sim::RunSimulation(*cluster, *trace, options);
+  if (!report) return Fail(report.error());
+  PrintSummary(report->summary, options.out_dir);
+  return kExitOk;
+}
+
+void Usage() {
+  std::printf(
+      "usage: duet <command> [options]\n\n"
+      "commands:\n"
+      "  simulate   replay a request trace on a simulated PD or colocated cluster\n"
+      "  version    print the version and the optional backends built in\n\n"
+      "'duet <command> --help' describes a command's options.\n");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2 || std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h") {
+    Usage();
+    return argc < 2 ? kExitUsage : kExitOk;
+  }
+  const std::string command = argv[1];
+  try {
+    if (command == "simulate") return Simulate(argc - 1, argv + 1);
+    if (command == "version" || command == "--version") {
+      std::printf("duet 0.1.0 (%s)\n", backend::DescribeFeatures().c_str());
+      return kExitOk;
+    }
+  } catch (const std::exception& e) {
+    return Fail(e.what());
+  }
+  Usage();
+  return Fail("unknown command '" + command + "'", kExitUsage);
+}

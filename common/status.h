@@ -33,7 +33,7 @@ class Status {
 template <typename T>
 class Result {
  public:
-  Result(T value) : value_(std::move(value)) {}  // NOLINT(google-explicit-constructor)
+  Result(T value) : value_(std::move(value)) {}         // NOLINT(google-explicit-constructor)
   Result(Status status) : status_(std::move(status)) {  // NOLINT(google-explicit-constructor)
     if (status_.ok()) {
       std::fprintf(stderr, "duet: Result constructed from an OK status without a value\n");
@@ -77,26 +77,26 @@ class Result {
 }  // namespace duet
 
 // Always-on invariant check: prints the condition, file and line, then aborts.
-#define DUET_CHECK(cond)                                                                      \
-  do {                                                                                        \
-    if (!(cond)) {                                                                            \
+#define DUET_CHECK(cond)                                                                        \
+  do {                                                                                          \
+    if (!(cond)) {                                                                              \
       std::fprintf(stderr, "duet: invariant failed: %s at %s:%d\n", #cond, __FILE__, __LINE__); \
-      std::abort();                                                                           \
-    }                                                                                         \
+      std::abort();                                                                             \
+    }                                                                                           \
   } while (0)
 
-#define DUET_CHECK_MSG(cond, msg)                                                        \
-  do {                                                                                   \
-    if (!(cond)) {                                                                       \
-      std::fprintf(stderr, "duet: invariant failed: %s (%s) at %s:%d\n", #cond,          \
-                   std::string(msg).c_str(), __FILE__, __LINE__);                        \
-      std::abort();                                                                      \
-    }                                                                                    \
+#define DUET_CHECK_MSG(cond, msg)                                               \
+  do {                                                                          \
+    if (!(cond)) {                                                              \
+      std::fprintf(stderr, "duet: invariant failed: %s (%s) at %s:%d\n", #cond, \
+                   std::string(msg).c_str(), __FILE__, __LINE__);               \
+      std::abort();                                                             \
+    }                                                                           \
   } while (0)
 
 // Propagates an error Status out of the calling function.
-#define DUET_RETURN_IF_ERROR(expr)    \
-  do {                                \
-    ::duet::Status _st = (expr);      \
-    if (!_st.ok()) return _st;        \
+#define DUET_RETURN_IF_ERROR(expr) \
+  do {                             \
+    ::duet::Status _st = (expr);   \
+    if (!_st.ok()) return _st;     \
   } while (0)

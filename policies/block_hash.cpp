@@ -1,0 +1,44 @@
+// Chained engine-block hashes from trace prefix ids (see block_hash.h).
+#include "policies/block_hash.h"
+
+#include <algorithm>
+
+namespace duet::policies {
+namespace {
+
+// splitmix64 finaliser: a cheap, well-mixed 64-bit combine.
+std::uint64_t Mix(std::uint64_t x) {
+  x += 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
+}  // namespace
+
+std::vector<BlockHash> EngineBlockHashes(std::span<const std::uint64_t> trace_ids,
+                                         Tokens trace_block_tokens, Tokens input_tokens,
+                                         Tokens engine_block_tokens) {
+  std::vector<BlockHash> hashes;
+  if (trace_ids.empty() || trace_block_tokens <= 0 || engine_block_tokens <= 0) return hashes;
+  const Tokens covered =
+      std::min<Tokens>(input_tokens, static_cast<Tokens>(trace_ids.size()) * trace_block_tokens);
+  const Tokens full_blocks = covered / engine_block_tokens;
+  hashes.reserve(static_cast<std::size_t>(full_blocks));
+  BlockHash parent = 0x6475657400000000ULL;  // "duet": the root of every chain
+  for (Tokens j = 0; j < full_blocks; ++j) {
+    const Tokens first = j * engine_block_tokens;
+    const Tokens last = first + engine_block_tokens - 1;
+    std::uint64_t h = Mix(parent);
+    for (Tokens t = first / trace_block_tokens; t <= last / trace_block_tokens; ++t) {
+      h = Mix(h ^ trace_ids[static_cast<std::size_t>(t)]);
+    }
+    // The offset inside the first trace block tells apart engine blocks of one trace block.
+    h = Mix(h ^ static_cast<std::uint64_t>(first % trace_block_tokens));
+    hashes.push_back(h);
+    parent = h;
+  }
+  return hashes;
+}
+
+}  // namespace duet::policies

@@ -1,0 +1,273 @@
+// Paged KV block manager with a reference-counted prefix cache and LRU eviction.
+#include "policies/block_manager.h"
+
+#include <algorithm>
+#include <string>
+
+namespace duet::policies {
+
+KvBlockManager::KvBlockManager(std::int64_t num_blocks, Tokens block_tokens,
+                               bool enable_prefix_caching)
+    : blocks_(static_cast<std::size_t>(num_blocks)),
+      cached_(num_blocks),
+      block_tokens_(block_tokens),
+      enable_prefix_caching_(enable_prefix_caching) {
+  DUET_CHECK(num_blocks > 0 && block_tokens > 0);
+  free_list_.reserve(static_cast<std::size_t>(num_blocks));
+  // Pop from the back: hand out low block ids first, which keeps tests readable.
+  for (std::int64_t i = num_blocks - 1; i >= 0; --i) free_list_.push_back(static_cast<BlockId>(i));
+}
+
+std::int64_t KvBlockManager::CachedPrefixBlocks(std::span<const BlockHash> hashes) const {
+  if (!enable_prefix_caching_) return 0;
+  std::int64_t n = 0;
+  for (BlockHash h : hashes) {
+    if (cached_.Find(h) == BlockHashIndex::kAbsent) break;
+    ++n;
+  }
+  return n;
+}
+
+void KvBlockManager::FindHits(std::span<const BlockHash> hashes, Tokens max_hit_tokens) const {
+  hit_ids_.clear();
+  if (!enable_prefix_caching_) return;
+  const auto limit = std::min<std::size_t>(
+      hashes.size(), static_cast<std::size_t>(std::max<Tokens>(0, max_hit_tokens) / block_tokens_));
+  for (std::size_t i = 0; i < limit; ++i) {
+    const BlockId id = cached_.Find(hashes[i]);
+    if (id == BlockHashIndex::kAbsent) break;
+    hit_ids_.push_back(id);
+  }
+}
+
+std::int64_t KvBlockManager::BlocksNeeded(std::span<const BlockHash> hashes, Tokens tokens,
+                                          Tokens max_hit_tokens) const {
+  FindHits(hashes, max_hit_tokens);
+  // Hit blocks that sit in the LRU stop being available once referenced.
+  std::int64_t hit_evictable = 0;
+  for (BlockId id : hit_ids_) hit_evictable += blocks_[static_cast<std::size_t>(id)].ref_count == 0;
+  return TokensToBlocks(tokens) - static_cast<std::int64_t>(hit_ids_.size()) + hit_evictable;
+}
+
+std::optional<Tokens> KvBlockManager::Allocate(RequestId request, std::span<const BlockHash> hashes,
+                                               Tokens tokens, Tokens max_hit_tokens,
+                                               std::int64_t reserve_blocks) {
+  DUET_CHECK_MSG(!HasTable(request), "request " + std::to_string(request) + " already has blocks");
+  // BlocksNeeded leaves the hits in hit_ids_ for the allocation below.
+  if (BlocksNeeded(hashes, tokens, max_hit_tokens) + reserve_blocks > kv_blocks_free())
+    return std::nullopt;
+  const std::int64_t total = TokensToBlocks(tokens);
+  const auto hit = static_cast<std::int64_t>(hit_ids_.size());
+  TableEntry entry;
+  entry.blocks.reserve(static_cast<std::size_t>(total));
+  // Reference the hit blocks first so that eviction for the new blocks cannot take them.
+  for (BlockId id : hit_ids_) {
+    Block& b = blocks_[static_cast<std::size_t>(id)];
+    if (b.ref_count == 0) LruRemove(id);
+    ++b.ref_count;
+    entry.blocks.push_back(id);
+  }
+  entry.registered = hit;
+  for (std::int64_t i = hit; i < total; ++i) {
+    const BlockId id = TakeBlock();
+    blocks_[static_cast<std::size_t>(id)].ref_count = 1;
+    entry.blocks.push_back(id);
+  }
+  tables_.emplace(request, std::move(entry));
+  return BlocksToTokens(hit);
+}
+
+bool KvBlockManager::Grow(RequestId request, Tokens tokens) {
+  TableEntry& entry = tables_.at(request);
+  const std::int64_t need = TokensToBlocks(tokens) - static_cast<std::int64_t>(entry.blocks.size());
+  if (need <= 0) return true;
+  if (need > kv_blocks_free()) return false;
+  for (std::int64_t i = 0; i < need; ++i) {
+    const BlockId id = TakeBlock();
+    blocks_[static_cast<std::size_t>(id)].ref_count = 1;
+    entry.blocks.push_back(id);
+  }
+  return true;
+}
+
+bool KvBlockManager::GrowWithoutEviction(RequestId request, Tokens tokens) {
+  const TableEntry& entry = tables_.at(request);
+  const std::int64_t need = TokensToBlocks(tokens) - static_cast<std::int64_t>(entry.blocks.size());
+  if (need > static_cast<std::int64_t>(free_list_.size())) return false;
+  return Grow(request, tokens);  // takes from the free list first, so nothing is evicted
+}
+
+void KvBlockManager::Shrink(RequestId request, Tokens tokens) {
+  TableEntry& entry = tables_.at(request);
+  const std::size_t keep = static_cast<std::size_t>(TokensToBlocks(tokens));
+  while (entry.blocks.size() > keep &&
+         static_cast<std::int64_t>(entry.blocks.size()) > entry.registered) {
+    Release(entry.blocks.back());
+    entry.blocks.pop_back();
+  }
+}
+
+void KvBlockManager::Register(RequestId request, std::span<const BlockHash> hashes,
+                              Tokens computed_tokens) {
+  if (!enable_prefix_caching_) return;
+  TableEntry& entry = tables_.at(request);
+  const std::int64_t upto = std::min<std::int64_t>(
+      {computed_tokens / block_tokens_, static_cast<std::int64_t>(hashes.size()),
+       static_cast<std::int64_t>(entry.blocks.size())});
+  for (std::int64_t i = entry.registered; i < upto; ++i) {
+    const BlockHash h = hashes[static_cast<std::size_t>(i)];
+    const BlockId id = entry.blocks[static_cast<std::size_t>(i)];
+    Block& b = blocks_[static_cast<std::size_t>(id)];
+    // Another request computed the same block concurrently: keep the first copy cached; this
+    // one stays private and returns to the free list when released.
+    if (b.cached || !cached_.Insert(h, id)) continue;
+    b.hash = h;
+    b.cached = true;
+  }
+  entry.registered = std::max(entry.registered, upto);
+}
+
+void KvBlockManager::Free(RequestId request) {
+  auto it = tables_.find(request);
+  if (it == tables_.end()) return;
+  // Tail first: the tail of a prompt is the least likely to be shared, so it is evicted first.
+  for (auto b = it->second.blocks.rbegin(); b != it->second.blocks.rend(); ++b) Release(*b);
+  tables_.erase(it);
+}
+
+std::int64_t KvBlockManager::TableBlocks(RequestId request) const {
+  auto it = tables_.find(request);
+  return it == tables_.end() ? 0 : static_cast<std::int64_t>(it->second.blocks.size());
+}
+
+std::span<const KvBlockManager::BlockId> KvBlockManager::Table(RequestId request) const {
+  auto it = tables_.find(request);
+  if (it == tables_.end()) return {};
+  return it->second.blocks;
+}
+
+KvBlockManager::BlockId KvBlockManager::TakeBlock() {
+  if (!free_list_.empty()) {
+    const BlockId id = free_list_.back();
+    free_list_.pop_back();
+    return id;
+  }
+  DUET_CHECK(lru_head_ >= 0);
+  const BlockId id = lru_head_;
+  LruRemove(id);
+  Block& b = blocks_[static_cast<std::size_t>(id)];
+  cached_.Erase(b.hash);
+  b.cached = false;
+  b.hash = 0;
+  ++evictions_;
+  return id;
+}
+
+void KvBlockManager::Release(BlockId id) {
+  Block& b = blocks_[static_cast<std::size_t>(id)];
+  DUET_CHECK(b.ref_count > 0);
+  if (--b.ref_count > 0) return;
+  if (b.cached) {
+    LruPushBack(id);
+  } else {
+    free_list_.push_back(id);
+  }
+}
+
+void KvBlockManager::LruPushBack(BlockId id) {
+  Block& b = blocks_[static_cast<std::size_t>(id)];
+  DUET_CHECK(!b.in_lru);
+  b.in_lru = true;
+  b.lru_prev = lru_tail_;
+  b.lru_next = -1;
+  if (lru_tail_ >= 0) {
+    blocks_[static_cast<std::size_t>(lru_tail_)].lru_next = id;
+  } else {
+    lru_head_ = id;
+  }
+  lru_tail_ = id;
+  ++lru_size_;
+}
+
+void KvBlockManager::LruRemove(BlockId id) {
+  Block& b = blocks_[static_cast<std::size_t>(id)];
+  DUET_CHECK(b.in_lru);
+  if (b.lru_prev >= 0) {
+    blocks_[static_cast<std::size_t>(b.lru_prev)].lru_next = b.lru_next;
+  } else {
+    lru_head_ = b.lru_next;
+  }
+  if (b.lru_next >= 0) {
+    blocks_[static_cast<std::size_t>(b.lru_next)].lru_prev = b.lru_prev;
+  } else {
+    lru_tail_ = b.lru_prev;
+  }
+  b.lru_prev = b.lru_next = -1;
+  b.in_lru = false;
+  --lru_size_;
+}
+
+Status KvBlockManager::CheckInvariants() const {
+  const std::size_t n = blocks_.size();
+  std::vector<std::int32_t> refs(n, 0);
+  for (const auto& [req, entry] : tables_) {
+    for (BlockId id : entry.blocks) {
+      if (id < 0 || static_cast<std::size_t>(id) >= n)
+        return Status::Error("request " + std::to_string(req) + " holds invalid block " +
+                             std::to_string(id));
+      ++refs[static_cast<std::size_t>(id)];
+    }
+  }
+  std::vector<char> in_free(n, 0);
+  for (BlockId id : free_list_) {
+    if (in_free[static_cast<std::size_t>(id)]++)
+      return Status::Error("block " + std::to_string(id) + " is twice in the free list");
+  }
+  std::int64_t lru_count = 0;
+  for (BlockId id = lru_head_, prev = -1; id >= 0;
+       prev = id, id = blocks_[static_cast<std::size_t>(id)].lru_next) {
+    if (blocks_[static_cast<std::size_t>(id)].lru_prev != prev)
+      return Status::Error("LRU list is broken at block " + std::to_string(id));
+    if (++lru_count > static_cast<std::int64_t>(n)) return Status::Error("LRU list has a cycle");
+  }
+  if (lru_count != lru_size_) return Status::Error("LRU size does not match its list");
+  std::int64_t used = 0, lru = 0, free_count = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    const Block& b = blocks_[i];
+    const std::string name = "block " + std::to_string(i);
+    if (b.ref_count != refs[i])
+      return Status::Error(name + " has ref_count " + std::to_string(b.ref_count) + " but " +
+                           std::to_string(refs[i]) + " table references");
+    const int places = (b.ref_count > 0) + (b.in_lru ? 1 : 0) + (in_free[i] ? 1 : 0);
+    if (places != 1)
+      return Status::Error(name + " is in " + std::to_string(places) +
+                           " of {in use, LRU, free list} (leaked or double-counted)");
+    if (b.in_lru && !b.cached) return Status::Error(name + " is in the LRU but not cached");
+    if (in_free[i] && b.cached) return Status::Error(name + " is free but still cached");
+    if (b.cached && cached_.Find(b.hash) != static_cast<BlockId>(i))
+      return Status::Error(name + " is marked cached but the index does not point at it");
+    used += b.ref_count > 0;
+    lru += b.in_lru;
+    free_count += in_free[i];
+  }
+  Status index_status;
+  cached_.ForEach([&](BlockHash hash, BlockId id) {
+    const Block& b = blocks_[static_cast<std::size_t>(id)];
+    if (index_status.ok() && (!b.cached || b.hash != hash))
+      index_status = Status::Error("cache index entry points at block " + std::to_string(id) +
+                                   " which does not hold that hash");
+  });
+  DUET_RETURN_IF_ERROR(index_status);
+  if (used + lru + free_count != static_cast<std::int64_t>(n))
+    return Status::Error("block counts do not add up");
+  return Status::Ok();
+}
+
+std::vector<BlockHash> KvBlockManager::EvictionOrder() const {
+  std::vector<BlockHash> order;
+  for (BlockId id = lru_head_; id >= 0; id = blocks_[static_cast<std::size_t>(id)].lru_next)
+    order.push_back(blocks_[static_cast<std::size_t>(id)].hash);
+  return order;
+}
+
+}  // namespace duet::policies

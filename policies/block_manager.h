@@ -1,0 +1,120 @@
+// Paged KV block manager of one instance: fixed-size blocks, a prefix cache keyed by chained
+// block hashes with reference counts, and LRU eviction of unreferenced cached blocks.
+// Owns each request's block table. Not thread-safe: one engine loop drives it.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <unordered_map>
+#include <vector>
+
+#include "common/status.h"
+#include "common/units.h"
+#include "policies/hash_index.h"
+#include "policies/request.h"
+
+namespace duet::policies {
+
+class KvBlockManager {
+ public:
+  using BlockId = std::int32_t;
+
+  KvBlockManager(std::int64_t num_blocks, Tokens block_tokens, bool enable_prefix_caching = true);
+
+  // Number of leading `hashes` whose blocks are cached here (in use or evictable). No effect.
+  std::int64_t CachedPrefixBlocks(std::span<const BlockHash> hashes) const;
+
+  // Allocates a table covering `tokens` tokens for `request`, reusing cached prefix blocks of
+  // `hashes` (at most `max_hit_tokens` tokens of them, rounded down to blocks). Returns the
+  // reused (cached) tokens, or nullopt with no change when blocks run out.
+  // The request must not hold a table already.
+  // `reserve_blocks` more blocks than the allocation takes must remain free (a watermark).
+  std::optional<Tokens> Allocate(RequestId request, std::span<const BlockHash> hashes,
+                                 Tokens tokens, Tokens max_hit_tokens,
+                                 std::int64_t reserve_blocks = 0);
+  // Blocks a new table for `tokens` would take from the free pool after prefix reuse.
+  std::int64_t BlocksNeeded(std::span<const BlockHash> hashes, Tokens tokens,
+                            Tokens max_hit_tokens) const;
+
+  // Grows the request's table to cover `tokens`. False, with no change, when blocks run out.
+  bool Grow(RequestId request, Tokens tokens);
+  // Grows only with never-cached free blocks, evicting nothing. False with no change if short.
+  bool GrowWithoutEviction(RequestId request, Tokens tokens);
+  // Returns table blocks past those needed for `tokens` (never-registered tail blocks only).
+  void Shrink(RequestId request, Tokens tokens);
+
+  // Publishes the request's first `computed_tokens / block_tokens` full blocks (named by
+  // `hashes`) in the prefix cache so later requests can reuse them.
+  void Register(RequestId request, std::span<const BlockHash> hashes, Tokens computed_tokens);
+
+  // Drops the request's references. Blocks reaching zero references become evictable
+  // (if cached, most recently used; the table's tail is evicted before its head) or free.
+  void Free(RequestId request);
+
+  bool HasTable(RequestId request) const { return tables_.count(request) != 0; }
+  std::int64_t TableBlocks(RequestId request) const;
+  std::span<const BlockId> Table(RequestId request) const;
+
+  std::int64_t num_blocks() const { return static_cast<std::int64_t>(blocks_.size()); }
+  Tokens block_tokens() const { return block_tokens_; }
+  // Blocks that an allocation can take: never-used/freed ones plus evictable cached ones.
+  std::int64_t kv_blocks_free() const {
+    return static_cast<std::int64_t>(free_list_.size()) + lru_size_;
+  }
+  std::int64_t kv_blocks_uncached_free() const {
+    return static_cast<std::int64_t>(free_list_.size());
+  }
+  std::int64_t kv_blocks_used() const { return num_blocks() - kv_blocks_free(); }
+  std::int64_t kv_blocks_cached() const { return static_cast<std::int64_t>(cached_.size()); }
+  std::int64_t evictions() const { return evictions_; }
+  double usage() const {
+    return num_blocks() ? static_cast<double>(kv_blocks_used()) / num_blocks() : 0.0;
+  }
+  Tokens BlocksToTokens(std::int64_t blocks) const { return blocks * block_tokens_; }
+  std::int64_t TokensToBlocks(Tokens tokens) const {
+    return (tokens + block_tokens_ - 1) / block_tokens_;
+  }
+
+  // Full consistency check: every block is in exactly one of {free list, LRU, in use}; the
+  // reference counts equal the table references; the cache index points at blocks holding
+  // those hashes; no free block is cached. Returns the first violation found.
+  Status CheckInvariants() const;
+
+  // Evictable cached blocks, least recently used first (for tests of eviction order).
+  std::vector<BlockHash> EvictionOrder() const;
+
+ private:
+  struct Block {
+    BlockHash hash = 0;
+    std::int32_t ref_count = 0;
+    bool cached = false;    // registered in cached_
+    BlockId lru_prev = -1;  // LRU links, valid when ref_count == 0 && cached
+    BlockId lru_next = -1;
+    bool in_lru = false;
+  };
+  struct TableEntry {
+    std::vector<BlockId> blocks;
+    std::int64_t registered = 0;  // leading blocks already offered to the cache
+  };
+
+  // Leading hit blocks of `hashes` (at most max_hit_tokens worth), into hit_ids_.
+  void FindHits(std::span<const BlockHash> hashes, Tokens max_hit_tokens) const;
+  BlockId TakeBlock();  // from the free list, else evicts the LRU head; requires one available
+  void LruPushBack(BlockId id);
+  void LruRemove(BlockId id);
+  void Release(BlockId id);  // drops one reference
+
+  std::vector<Block> blocks_;
+  std::vector<BlockId> free_list_;
+  BlockHashIndex cached_;
+  mutable std::vector<BlockId> hit_ids_;  // scratch for FindHits
+  std::unordered_map<RequestId, TableEntry> tables_;
+  BlockId lru_head_ = -1, lru_tail_ = -1;
+  std::int64_t lru_size_ = 0;
+  std::int64_t evictions_ = 0;
+  Tokens block_tokens_;
+  bool enable_prefix_caching_;
+};
+
+}  // namespace duet::policies

@@ -1,0 +1,242 @@
+// The shared instance engine loop (see engine.h).
+#include "policies/engine.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace duet::policies {
+
+const char* ToString(InstanceRole role) {
+  switch (role) {
+    case InstanceRole::kColocated:
+      return "colocated";
+    case InstanceRole::kPrefill:
+      return "prefill";
+    case InstanceRole::kDecode:
+      return "decode";
+  }
+  return "unknown";
+}
+
+InstanceEngine::InstanceEngine(EngineConfig config, EnginePorts ports)
+    : config_(config),
+      ports_(ports),
+      blocks_(config.num_blocks, config.block_tokens, config.enable_prefix_caching),
+      scheduler_(config.scheduler) {
+  DUET_CHECK(ports_.clock && ports_.inbox && ports_.outbox && ports_.executor && ports_.transport &&
+             ports_.sink);
+}
+
+bool InstanceEngine::idle() const {
+  return scheduler_.waiting().empty() && scheduler_.running().empty() && pulls_waiting_.empty() &&
+         pulls_in_flight_.empty() && transferring_ == 0;
+}
+
+void InstanceEngine::Run() {
+  while (true) {
+    if (RunOnce()) continue;
+    if (shutdown_ && idle()) return;
+    ports_.inbox->WaitUntil(kForever);
+  }
+}
+
+bool InstanceEngine::RunOnce() {
+  EngineMessage message;
+  while (ports_.inbox->TryReceive(&message)) HandleMessage(message);
+  const Seconds now = ports_.clock->Now();
+  PollTransfers(now);
+  StartPulls();
+
+  scheduler_.Schedule(blocks_, plan_);
+  for (Request* r : plan_.preempted) ports_.sink->OnPreempted(*r, config_.id);
+  if (plan_.empty()) return false;
+  for (Request* r : plan_.admitted) {
+    if (r->first_scheduled_s < 0) r->first_scheduled_s = now;
+  }
+  const bool coalesce =
+      config_.coalesce_decode_steps && plan_.prefills.empty() && !plan_.decodes.empty();
+  const int max_steps = coalesce ? DecodeRunLength(plan_) : 1;
+  step_end_s_.clear();
+  ports_.executor->Execute(plan_, config_.tp, max_steps, &step_end_s_);
+  DUET_CHECK(!step_end_s_.empty() && static_cast<int>(step_end_s_.size()) <= max_steps);
+  steps_ += static_cast<std::int64_t>(step_end_s_.size());
+  Apply(plan_, step_end_s_, max_steps > 1);
+  return true;
+}
+
+void InstanceEngine::HandleMessage(const EngineMessage& message) {
+  Request* r = message.request;
+  switch (message.kind) {
+    case EngineMessage::Kind::kNewRequest:
+      r->state = RequestState::kQueued;
+      scheduler_.AddWaiting(r);
+      break;
+    case EngineMessage::Kind::kKvReady:
+      pulls_waiting_.emplace_back(r, message.from);
+      break;
+    case EngineMessage::Kind::kKvRelease:
+      blocks_.Free(r->id);
+      --transferring_;
+      DUET_CHECK(transferring_ >= 0);
+      break;
+    case EngineMessage::Kind::kShutdown:
+      shutdown_ = true;
+      break;
+  }
+}
+
+void InstanceEngine::PollTransfers(Seconds now) {
+  for (std::size_t i = 0; i < pulls_in_flight_.size();) {
+    const Pull pull = pulls_in_flight_[i];
+    const TransferStatus status = ports_.transport->Poll(pull.transfer);
+    if (status == TransferStatus::kInProgress) {
+      ++i;
+      continue;
+    }
+    pulls_in_flight_.erase(pulls_in_flight_.begin() + static_cast<std::ptrdiff_t>(i));
+    Request* r = pull.request;
+    // Either way the prefill instance may drop its copy now.
+    ports_.outbox->Send(pull.from, {EngineMessage::Kind::kKvRelease, r, config_.id});
+    if (status == TransferStatus::kFailed) {
+      Fail(r, now, "KV transfer failed");
+      continue;
+    }
+    r->kv_ready_s = now;
+    // The first token was sampled by the prefill instance; the client sees it once the
+    // decode instance, which streams the response, holds the KV.
+    r->first_token_s = now;
+    r->last_token_s = now;
+    r->state = RequestState::kDecoding;
+    scheduler_.AddRunning(r);
+  }
+}
+
+void InstanceEngine::StartPulls() {
+  const std::int64_t watermark_blocks = static_cast<std::int64_t>(
+      std::ceil(config_.scheduler.watermark * static_cast<double>(blocks_.num_blocks())));
+  while (!pulls_waiting_.empty()) {
+    const int busy = static_cast<int>(scheduler_.running().size() + pulls_in_flight_.size());
+    if (busy >= config_.scheduler.max_num_seqs) return;
+    auto [r, from] = pulls_waiting_.front();
+    // Room for the prompt's KV plus the token the first decode step processes.
+    const Tokens tokens = r->SequenceTokens();
+    if (!blocks_.Allocate(r->id, {}, tokens, 0, watermark_blocks)) return;
+    pulls_waiting_.pop_front();
+    r->computed_tokens = r->input_tokens;
+    r->kv_transfer_bytes = r->input_tokens * config_.kv_bytes_per_token;
+    const TransferId id = ports_.transport->Post({r->id, from, config_.id, r->kv_transfer_bytes});
+    pulls_in_flight_.push_back({r, from, id});
+  }
+}
+
+int InstanceEngine::DecodeRunLength(const StepPlan& plan) {
+  Tokens k_max = 1 << 20;
+  for (const Request* r : plan.decodes) k_max = std::min(k_max, r->RemainingOutput());
+  if (k_max <= 1) return 1;
+  // Step s of the run needs room for SequenceTokens() + s tokens. Extend only with blocks that
+  // are free without evicting anything, so the run decides exactly what single steps would.
+  const std::int64_t free_blocks = blocks_.kv_blocks_uncached_free();
+  auto extra_blocks = [&](Tokens k) {
+    std::int64_t extra = 0;
+    for (const Request* r : plan.decodes) {
+      extra += std::max<std::int64_t>(
+          0, blocks_.TokensToBlocks(r->SequenceTokens() + k - 1) - blocks_.TableBlocks(r->id));
+    }
+    return extra;
+  };
+  Tokens lo = 1, hi = k_max;  // extra_blocks(1) == 0: the scheduler made room for step 0
+  while (lo < hi) {
+    const Tokens mid = lo + (hi - lo + 1) / 2;
+    if (extra_blocks(mid) <= free_blocks) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  for (const Request* r : plan.decodes) {
+    DUET_CHECK(blocks_.GrowWithoutEviction(r->id, r->SequenceTokens() + lo - 1));
+  }
+  return static_cast<int>(lo);
+}
+
+void InstanceEngine::Apply(const StepPlan& plan, const std::vector<Seconds>& step_end_s,
+                           bool coalesced) {
+  const Seconds end_s = step_end_s.back();
+  for (const PrefillItem& item : plan.prefills) {
+    Request* r = item.request;
+    r->computed_tokens += item.tokens;
+    blocks_.Register(r->id, r->block_hashes, std::min(r->computed_tokens, r->input_tokens));
+    if (r->computed_tokens == r->prefill_target) FinishPrefill(r, end_s);
+  }
+  if (plan.decodes.empty()) return;
+  // Inter-token gaps: the first step's gap depends on each request's previous token; later
+  // steps of a run are one step duration for every request of the batch.
+  for (const Request* r : plan.decodes)
+    ports_.sink->OnTokenGaps(step_end_s[0] - r->last_token_s, 1);
+  for (std::size_t s = 1; s < step_end_s.size(); ++s) {
+    ports_.sink->OnTokenGaps(step_end_s[s] - step_end_s[s - 1],
+                             static_cast<std::int64_t>(plan.decodes.size()));
+  }
+  const Tokens steps = static_cast<Tokens>(step_end_s.size());
+  for (Request* r : plan.decodes) {
+    r->generated_tokens += steps;
+    r->computed_tokens = r->SequenceTokens() - 1;
+    r->last_token_s = end_s;
+    if (r->generated_tokens >= r->output_tokens) {
+      Complete(r, end_s);
+    } else if (coalesced) {
+      blocks_.Shrink(r->id, r->computed_tokens);  // a run stopped early returns unused blocks
+    }
+  }
+}
+
+void InstanceEngine::FinishPrefill(Request* r, Seconds t) {
+  ++r->generated_tokens;
+  if (r->prefill_done_s < 0) {
+    r->prefill_done_s = t;
+    ports_.sink->OnPrefillDone(*r);
+  }
+  if (config_.role == InstanceRole::kPrefill && r->generated_tokens < r->output_tokens) {
+    scheduler_.RemoveRunning(r);
+    r->state = RequestState::kTransferring;
+    ++transferring_;
+    ports_.outbox->Send(r->decode_instance, {EngineMessage::Kind::kKvReady, r, config_.id});
+    return;
+  }
+  if (r->first_token_s < 0) {
+    r->first_token_s = t;
+  } else {
+    ports_.sink->OnTokenGaps(t - r->last_token_s, 1);  // the token after a recompute
+  }
+  r->last_token_s = t;
+  r->state = RequestState::kDecoding;
+  if (r->generated_tokens >= r->output_tokens) Complete(r, t);
+}
+
+void InstanceEngine::Complete(Request* r, Seconds t) {
+  r->state = RequestState::kCompleted;
+  r->finished_s = t;
+  scheduler_.RemoveRunning(r);
+  blocks_.Free(r->id);
+  ports_.sink->OnFinished(*r);
+}
+
+void InstanceEngine::Fail(Request* r, Seconds t, const std::string& reason) {
+  r->state = RequestState::kFailed;
+  r->finished_s = t;
+  r->reason = reason;
+  scheduler_.RemoveRunning(r);
+  blocks_.Free(r->id);
+  ports_.sink->OnFinished(*r);
+}
+
+Status InstanceEngine::CheckInvariants() const {
+  DUET_RETURN_IF_ERROR(blocks_.CheckInvariants());
+  if (idle() && blocks_.kv_blocks_used() != 0) {
+    return Status::Error("instance " + std::to_string(config_.id) + " is idle but " +
+                         std::to_string(blocks_.kv_blocks_used()) + " KV blocks are still in use");
+  }
+  return Status::Ok();
+}
+
+}  // namespace duet::policies

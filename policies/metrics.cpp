@@ -1,0 +1,271 @@
+// summary.json and requests.csv as METRICS.md defines them.
+#include "policies/metrics.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+namespace duet::policies {
+namespace {
+
+double Round(double x, int digits) {
+  const double scale = std::pow(10.0, digits);
+  return std::round(x * scale) / scale;
+}
+
+nlohmann::json ToJson(const Distribution& d) {
+  return {{"mean", Round(d.mean, 3)},
+          {"p50", Round(d.p50, 3)},
+          {"p90", Round(d.p90, 3)},
+          {"p99", Round(d.p99, 3)},
+          {"max", Round(d.max, 3)}};
+}
+
+std::string Fixed(double x, int digits) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.*f", digits, x);
+  return buf;
+}
+
+std::string CsvField(const std::string& s) {
+  if (s.find_first_of(",\"\n") == std::string::npos) return s;
+  std::string out = "\"";
+  for (char c : s) {
+    if (c == '"') out += '"';
+    out += c;
+  }
+  return out + "\"";
+}
+
+double Ms(Seconds s) { return s * 1000.0; }
+double TtftMs(const Request& r) { return Ms(r.first_token_s - r.arrival_s); }
+double E2eMs(const Request& r) { return Ms(r.finished_s - r.arrival_s); }
+bool HasTpot(const Request& r) { return r.output_tokens > 1; }
+double TpotMs(const Request& r) {
+  return (E2eMs(r) - TtftMs(r)) / static_cast<double>(r.output_tokens - 1);
+}
+
+}  // namespace
+
+bool Slo::Met(const Request& r) const {
+  if (r.state != RequestState::kCompleted) return false;
+  if (ttft_ms && TtftMs(r) > *ttft_ms) return false;
+  if (tpot_ms && HasTpot(r) && TpotMs(r) > *tpot_ms) return false;
+  if (e2e_ms && E2eMs(r) > *e2e_ms) return false;
+  return true;
+}
+
+Result<Slo> ParseSlo(const std::string& text) {
+  Slo slo;
+  std::stringstream in(text);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    const auto eq = item.find('=');
+    if (eq == std::string::npos)
+      return Status::Error("--slo: '" + item + "' is not KEY=MILLISECONDS (keys: ttft, tpot, e2e)");
+    const std::string key = item.substr(0, eq), value = item.substr(eq + 1);
+    double ms = 0;
+    std::size_t used = 0;
+    try {
+      ms = std::stod(value, &used);
+    } catch (...) {
+      used = 0;
+    }
+    if (used == 0 || used != value.size() || !std::isfinite(ms) || ms <= 0)
+      return Status::Error("--slo: value of '" + key + "' must be a positive number of ms, got '" +
+                           value + "'");
+    std::optional<double>* slot = key == "ttft"   ? &slo.ttft_ms
+                                  : key == "tpot" ? &slo.tpot_ms
+                                  : key == "e2e"  ? &slo.e2e_ms
+                                                  : nullptr;
+    if (!slot) return Status::Error("--slo: unknown key '" + key + "' (keys: ttft, tpot, e2e)");
+    if (slot->has_value()) return Status::Error("--slo: '" + key + "' given twice");
+    *slot = ms;
+  }
+  if (!slo.any()) return Status::Error("--slo: no objective given (e.g. ttft=2000,tpot=100)");
+  return slo;
+}
+
+Distribution SummarizeWeighted(std::vector<std::pair<double, std::int64_t>> samples) {
+  Distribution d;
+  std::int64_t n = 0;
+  double sum = 0;
+  for (const auto& [v, c] : samples) {
+    n += c;
+    sum += v * static_cast<double>(c);
+  }
+  if (n == 0) return d;
+  std::sort(samples.begin(), samples.end());
+  d.count = static_cast<std::size_t>(n);
+  d.mean = sum / static_cast<double>(n);
+  d.max = samples.back().first;
+  // Value at 0-based rank k of the expanded sequence.
+  auto at = [&](std::int64_t k) {
+    std::int64_t seen = 0;
+    for (const auto& [v, c] : samples) {
+      seen += c;
+      if (k < seen) return v;
+    }
+    return samples.back().first;
+  };
+  auto pct = [&](double p) {
+    const double pos = p * static_cast<double>(n - 1);
+    const auto lo = static_cast<std::int64_t>(std::floor(pos));
+    const double frac = pos - static_cast<double>(lo);
+    const double a = at(lo);
+    return frac == 0 ? a : a + (at(lo + 1) - a) * frac;
+  };
+  d.p50 = pct(0.50);
+  d.p90 = pct(0.90);
+  d.p99 = pct(0.99);
+  return d;
+}
+
+Distribution Summarize(std::vector<double> values) {
+  std::vector<std::pair<double, std::int64_t>> samples;
+  samples.reserve(values.size());
+  for (double v : values) samples.emplace_back(v, 1);
+  return SummarizeWeighted(std::move(samples));
+}
+
+void MetricsCollector::OnFinished(const Request& request) {
+  records_.push_back(request);
+  records_.back().block_hashes = {};
+}
+
+void MetricsCollector::OnTokenGaps(Seconds gap_s, std::int64_t count) {
+  if (count > 0) gaps_s_.emplace_back(gap_s, count);
+}
+
+void MetricsCollector::OnPreempted(const Request&, InstanceId) { ++preemptions_; }
+
+nlohmann::json MetricsCollector::Summary(std::size_t total_requests, const Slo& slo) const {
+  std::size_t completed = 0, rejected = 0, failed = 0, met = 0;
+  std::map<std::string, std::int64_t> rejected_reasons, failed_reasons;
+  std::vector<double> ttft, tpot, e2e, queue, transfer_ms;
+  Tokens lookup = 0, hit = 0, output_tokens = 0, total_tokens = 0;
+  Bytes transfer_bytes = 0;
+  Seconds first_arrival = 0, last_finish = 0;
+  bool any_arrival = false;
+  for (const Request& r : records_) {
+    if (!any_arrival || r.arrival_s < first_arrival) first_arrival = r.arrival_s;
+    any_arrival = true;
+    if (r.first_scheduled_s >= 0) {
+      lookup += r.input_tokens;
+      hit += r.cached_tokens;
+      queue.push_back(Ms(r.first_scheduled_s - r.arrival_s));
+    }
+    if (r.kv_ready_s >= 0) {
+      transfer_ms.push_back(Ms(r.kv_ready_s - r.prefill_done_s));
+      transfer_bytes += r.kv_transfer_bytes;
+    }
+    switch (r.state) {
+      case RequestState::kCompleted:
+        ++completed;
+        ttft.push_back(TtftMs(r));
+        e2e.push_back(E2eMs(r));
+        if (HasTpot(r)) tpot.push_back(TpotMs(r));
+        output_tokens += r.output_tokens;
+        total_tokens += r.input_tokens + r.output_tokens;
+        last_finish = std::max(last_finish, r.finished_s);
+        if (slo.any() && slo.Met(r)) ++met;
+        break;
+      case RequestState::kRejected:
+        ++rejected;
+        ++rejected_reasons[r.reason];
+        break;
+      default:
+        ++failed;
+        ++failed_reasons[r.reason];
+        break;
+    }
+  }
+  // Requests that never reached a final record (e.g. a run cut short) count as failed.
+  if (total_requests > records_.size()) {
+    const auto missing = static_cast<std::int64_t>(total_requests - records_.size());
+    failed += static_cast<std::size_t>(missing);
+    failed_reasons["never finished"] += missing;
+  }
+  const double duration_s = completed ? last_finish - first_arrival : 0.0;
+  auto per_s = [&](double x) { return duration_s > 0 ? x / duration_s : 0.0; };
+  const Distribution transfer = Summarize(transfer_ms);
+
+  nlohmann::json s;
+  s["schema"] = "duet.summary/1";
+  s["requests"] = {{"total", total_requests},
+                   {"completed", completed},
+                   {"rejected", rejected},
+                   {"failed", failed},
+                   {"rejected_reasons", rejected_reasons},
+                   {"failed_reasons", failed_reasons},
+                   {"preemptions", preemptions_}};
+  s["duration_s"] = Round(duration_s, 6);
+  s["ttft_ms"] = ToJson(Summarize(ttft));
+  s["tpot_ms"] = ToJson(Summarize(tpot));
+  std::vector<std::pair<double, std::int64_t>> gaps_ms;
+  gaps_ms.reserve(gaps_s_.size());
+  for (const auto& [g, c] : gaps_s_) gaps_ms.emplace_back(Ms(g), c);
+  s["itl_ms"] = ToJson(SummarizeWeighted(std::move(gaps_ms)));
+  s["e2e_ms"] = ToJson(Summarize(e2e));
+  s["queue_ms"] = ToJson(Summarize(queue));
+  s["throughput"] = {{"requests_per_s", Round(per_s(static_cast<double>(completed)), 6)},
+                     {"output_tokens_per_s", Round(per_s(static_cast<double>(output_tokens)), 3)},
+                     {"total_tokens_per_s", Round(per_s(static_cast<double>(total_tokens)), 3)}};
+  nlohmann::json slo_json = {{"ttft_ms", slo.ttft_ms.value_or(0)},
+                             {"tpot_ms", slo.tpot_ms.value_or(0)}};
+  if (slo.e2e_ms) slo_json["e2e_ms"] = *slo.e2e_ms;
+  s["goodput"] = {
+      {"slo", slo_json},
+      {"requests_per_s", Round(per_s(static_cast<double>(met)), 6)},
+      {"attainment", total_requests
+                         ? Round(static_cast<double>(met) / static_cast<double>(total_requests), 6)
+                         : 0.0}};
+  const double hit_rate = lookup ? static_cast<double>(hit) / static_cast<double>(lookup) : 0.0;
+  s["prefix_cache"] = {
+      {"lookup_tokens", lookup},
+      {"hit_tokens", hit},
+      {"hit_rate", Round(hit_rate, 6)},
+      {"by_tier", {{"gpu", {{"hit_tokens", hit}, {"hit_rate", Round(hit_rate, 6)}}}}}};
+  s["kv_transfer"] = {{"transfers", transfer.count},
+                      {"bytes", transfer_bytes},
+                      {"time_ms",
+                       {{"mean", Round(transfer.mean, 3)},
+                        {"p50", Round(transfer.p50, 3)},
+                        {"p99", Round(transfer.p99, 3)}}}};
+  return s;
+}
+
+Status MetricsCollector::WriteRequestsCsv(const std::string& path,
+                                          const std::vector<std::string>& instance_names) const {
+  std::vector<const Request*> rows;
+  rows.reserve(records_.size());
+  for (const Request& r : records_) rows.push_back(&r);
+  std::sort(rows.begin(), rows.end(), [](auto* a, auto* b) { return a->id < b->id; });
+  std::ofstream out(path);
+  if (!out) return Status::Error(path + ": cannot open for writing");
+  out << "request_id,arrival_s,input_tokens,output_tokens,cached_tokens,prefill_instance,"
+         "decode_instance,queue_ms,ttft_ms,tpot_ms,e2e_ms,kv_transfer_ms,status,reason\n";
+  auto name = [&](InstanceId i) {
+    return i == kNoInstance ? std::string()
+                            : CsvField(instance_names.at(static_cast<std::size_t>(i)));
+  };
+  for (const Request* r : rows) {
+    const bool done = r->state == RequestState::kCompleted;
+    out << r->id << ',' << Fixed(r->arrival_s, 6) << ',' << r->input_tokens << ','
+        << r->output_tokens << ',' << r->cached_tokens << ',' << name(r->prefill_instance) << ','
+        << name(r->decode_instance) << ','
+        << (r->first_scheduled_s >= 0 ? Fixed(Ms(r->first_scheduled_s - r->arrival_s), 3) : "")
+        << ',' << (done ? Fixed(TtftMs(*r), 3) : "") << ','
+        << (done && HasTpot(*r) ? Fixed(TpotMs(*r), 3) : "") << ','
+        << (done ? Fixed(E2eMs(*r), 3) : "") << ','
+        << (r->kv_ready_s >= 0 ? Fixed(Ms(r->kv_ready_s - r->prefill_done_s), 3) : "") << ','
+        << ToString(r->state) << ',' << CsvField(r->reason) << '\n';
+  }
+  out.flush();
+  if (!out) return Status::Error(path + ": write failed");
+  return Status::Ok();
+}
+
+}  // namespace duet::policies

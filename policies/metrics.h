@@ -1,0 +1,58 @@
+// Run metrics as METRICS.md defines them: collects each request's final record and the
+// inter-token gaps, then writes summary.json and requests.csv. Simulated and real runs use
+// this same collector, so their files compare line by line. Not thread-safe.
+#pragma once
+
+#include <map>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "policies/ports.h"
+#include "policies/request.h"
+
+namespace duet::policies {
+
+// Service-level objectives; a request meets them when it completed and meets every one given.
+struct Slo {
+  std::optional<double> ttft_ms, tpot_ms, e2e_ms;
+  bool any() const { return ttft_ms || tpot_ms || e2e_ms; }
+  bool Met(const Request& r) const;
+};
+// "ttft=2000,tpot=100,e2e=30000" (milliseconds, each key at most once, values > 0).
+Result<Slo> ParseSlo(const std::string& text);
+
+// Percentiles with linear interpolation between order statistics (numpy's default).
+struct Distribution {
+  double mean = 0, p50 = 0, p90 = 0, p99 = 0, max = 0;
+  std::size_t count = 0;
+};
+Distribution Summarize(std::vector<double> values);
+// The same over (value, count) samples, as if each value were repeated count times.
+Distribution SummarizeWeighted(std::vector<std::pair<double, std::int64_t>> samples);
+
+class MetricsCollector : public EventSink {
+ public:
+  void OnFinished(const Request& request) override;
+  void OnPrefillDone(const Request&) override {}
+  void OnTokenGaps(Seconds gap_s, std::int64_t count) override;
+  void OnPreempted(const Request& request, InstanceId instance) override;
+
+  std::size_t finished() const { return records_.size(); }
+  std::int64_t preemptions() const { return preemptions_; }
+
+  // METRICS.md summary for `total_requests` requests (those never finished count as failed).
+  nlohmann::json Summary(std::size_t total_requests, const Slo& slo) const;
+  // One row per finished request, by request id; instance ids printed as names[id].
+  Status WriteRequestsCsv(const std::string& path,
+                          const std::vector<std::string>& instance_names) const;
+
+ private:
+  std::vector<Request> records_;  // final records, prefix hashes dropped
+  std::vector<std::pair<double, std::int64_t>> gaps_s_;
+  std::int64_t preemptions_ = 0;
+};
+
+}  // namespace duet::policies

@@ -1,0 +1,97 @@
+// The ports through which an instance's engine loop touches the world. Each has a simulated
+// implementation (sim/, SimGrid time) and a real one (backend/, wall-clock time). Policies do
+// no I/O and read no clock of their own: everything passes through here.
+#pragma once
+
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include "common/units.h"
+#include "policies/request.h"
+#include "policies/scheduler.h"
+
+namespace duet::policies {
+
+inline constexpr Seconds kForever = std::numeric_limits<double>::infinity();
+
+// Messages between the frontend and instances. `request` points into the run's request table,
+// which outlives every instance (real transports carry the id and the fields they need).
+struct EngineMessage {
+  enum class Kind {
+    kNewRequest,  // frontend -> prefill or colocated instance
+    kKvReady,     // PD: prefill instance -> decode instance: KV of `request` can be pulled
+    kKvRelease,   // PD: decode instance -> prefill instance: KV of `request` has arrived
+    kShutdown,    // frontend -> instance: no more work will come
+  };
+  Kind kind = Kind::kNewRequest;
+  Request* request = nullptr;
+  InstanceId from = kNoInstance;
+};
+
+class Clock {
+ public:
+  virtual ~Clock() = default;
+  virtual Seconds Now() const = 0;
+};
+
+// Where an instance's messages arrive. Single consumer: the instance's engine loop.
+class Inbox {
+ public:
+  virtual ~Inbox() = default;
+  // Non-blocking: takes the next message if one has arrived.
+  virtual bool TryReceive(EngineMessage* message) = 0;
+  // Blocks until a message arrives, a posted KV transfer changes state, or `deadline`.
+  virtual void WaitUntil(Seconds deadline) = 0;
+};
+
+class Outbox {
+ public:
+  virtual ~Outbox() = default;
+  // Asynchronous, ordered per destination; never blocks the sender.
+  virtual void Send(InstanceId to, const EngineMessage& message) = 0;
+};
+
+struct KvTransferRequest {
+  RequestId request = 0;
+  InstanceId src = kNoInstance;
+  InstanceId dst = kNoInstance;
+  Bytes bytes = 0;
+};
+using TransferId = std::uint64_t;
+enum class TransferStatus { kInProgress, kDone, kFailed };
+
+// Moves a request's KV between instances: post, then poll ("in progress" is a normal status).
+class KvTransport {
+ public:
+  virtual ~KvTransport() = default;
+  virtual TransferId Post(const KvTransferRequest& transfer) = 0;
+  // kDone / kFailed are reported once; the id is released after that.
+  virtual TransferStatus Poll(TransferId id) = 0;
+};
+
+// Runs planned steps. Blocking. `tp` is the instance's tensor-parallel degree.
+// For a decode-only plan with max_steps > 1 it runs up to max_steps steps of the same batch
+// (each request one more token per step), stopping at the first step boundary after new work
+// reached the inbox. Returns the end time of every step it ran (at least one).
+class StepExecutor {
+ public:
+  virtual ~StepExecutor() = default;
+  virtual void Execute(const StepPlan& plan, int tp, int max_steps,
+                       std::vector<Seconds>* step_end_s) = 0;
+};
+
+// Lifecycle events. Called from the engine loop (and the frontend) of the run.
+class EventSink {
+ public:
+  virtual ~EventSink() = default;
+  // The request's final record: completed, rejected or failed.
+  virtual void OnFinished(const Request& request) = 0;
+  // The request's first prefill finished (first token sampled).
+  virtual void OnPrefillDone(const Request& request) = 0;
+  // `count` inter-token gaps of `gap_s` each (ITL samples).
+  virtual void OnTokenGaps(Seconds gap_s, std::int64_t count) = 0;
+  virtual void OnPreempted(const Request& request, InstanceId instance) = 0;
+};
+
+}  // namespace duet::policies

@@ -1,0 +1,68 @@
+// A request's lifecycle as the shared engine sees it, in both worlds (simulated and real):
+// arrival -> queued -> prefill (possibly in chunks) -> [KV transfer] -> decode -> completed,
+// or rejected / failed. Timestamps are absolute seconds on the run's clock.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/units.h"
+
+namespace duet::policies {
+
+using RequestId = std::uint64_t;
+using BlockHash = std::uint64_t;
+using InstanceId = int;
+inline constexpr InstanceId kNoInstance = -1;
+
+enum class RequestState {
+  kArrived,       // seen by the frontend, not yet routed
+  kQueued,        // waiting on an instance for its (next) prefill
+  kPrefilling,    // admitted: KV blocks held, prompt being computed in chunks
+  kTransferring,  // PD: prefill done, KV waiting for / moving to the decode instance
+  kDecoding,      // generating one token per step
+  kCompleted,
+  kRejected,  // never served (reason says why)
+  kFailed,    // started but could not finish (reason says why)
+};
+
+const char* ToString(RequestState state);
+bool IsFinished(RequestState state);
+
+struct Request {
+  RequestId id = 0;
+  Seconds arrival_s = 0;
+  Tokens input_tokens = 0;
+  Tokens output_tokens = 0;  // stands in for EOS: the engine stops after this many tokens
+  // Chained hashes of the prompt's full engine blocks (prefix identity); may cover fewer
+  // blocks than the prompt when the trace has no content information for the rest.
+  std::vector<BlockHash> block_hashes;
+
+  RequestState state = RequestState::kArrived;
+  InstanceId prefill_instance = kNoInstance;
+  InstanceId decode_instance = kNoInstance;
+
+  // Progress on the instance that holds the request now.
+  Tokens prefill_target = 0;    // tokens to compute in the current prefill (prompt + output
+                                // so far after a preemption)
+  Tokens computed_tokens = 0;   // tokens whose KV is present (cache hits included)
+  Tokens generated_tokens = 0;  // output tokens produced so far
+  Tokens cached_tokens = 0;     // prompt tokens served from the prefix cache, first admission
+  int preemptions = 0;
+  Bytes kv_transfer_bytes = 0;  // PD: KV moved from the prefill to the decode instance
+
+  // Timeline (seconds; negative: not reached).
+  Seconds first_scheduled_s = -1;  // start of the first prefill step
+  Seconds prefill_done_s = -1;     // end of the prefill step that produced the first token
+  Seconds kv_ready_s = -1;         // PD: KV usable on the decode instance
+  Seconds first_token_s = -1;      // first token delivered to the client
+  Seconds last_token_s = -1;
+  Seconds finished_s = -1;
+  std::string reason;  // for rejected / failed
+
+  Tokens SequenceTokens() const { return input_tokens + generated_tokens; }
+  Tokens RemainingOutput() const { return output_tokens - generated_tokens; }
+};
+
+}  // namespace duet::policies

@@ -1,0 +1,114 @@
+// Continuous-batching scheduler with chunked prefill, decode-first budgeting and preemption
+// by recompute (see scheduler.h).
+#include "policies/scheduler.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace duet::policies {
+
+void StepPlan::clear() {
+  prefills.clear();
+  decodes.clear();
+  preempted.clear();
+  admitted.clear();
+}
+
+models::StepShape StepPlan::Shape(int tp, int step_index) const {
+  models::StepShape shape;
+  shape.tp = tp;
+  shape.prefill.reserve(prefills.size());
+  for (const PrefillItem& p : prefills) shape.prefill.push_back({p.tokens, p.context});
+  shape.decode_tokens = static_cast<Tokens>(decodes.size());
+  // A decode step attends over the whole sequence, the token being decoded included.
+  for (const Request* r : decodes) shape.decode_context_tokens += r->SequenceTokens();
+  shape.decode_context_tokens += static_cast<Tokens>(step_index) * shape.decode_tokens;
+  return shape;
+}
+
+void BatchScheduler::AddWaiting(Request* request) {
+  pending_prefill_tokens_ += request->input_tokens + request->generated_tokens;
+  waiting_.push_back(request);
+}
+
+void BatchScheduler::RemoveRunning(Request* request) {
+  auto it = std::find(running_.begin(), running_.end(), request);
+  if (it != running_.end()) running_.erase(it);
+}
+
+void BatchScheduler::Preempt(Request* victim, KvBlockManager& blocks, StepPlan& plan) {
+  blocks.Free(victim->id);
+  if (victim->state == RequestState::kPrefilling)
+    pending_prefill_tokens_ -= victim->prefill_target - victim->computed_tokens;
+  pending_prefill_tokens_ += victim->input_tokens + victim->generated_tokens;
+  victim->state = RequestState::kQueued;
+  victim->computed_tokens = 0;
+  victim->prefill_target = 0;
+  ++victim->preemptions;
+  waiting_.push_front(victim);  // first in line: it was admitted before anything waiting
+  plan.preempted.push_back(victim);
+}
+
+void BatchScheduler::Schedule(KvBlockManager& blocks, StepPlan& plan) {
+  plan.clear();
+  Tokens budget = config_.max_num_batched_tokens;
+
+  // 1. Decode first: each decoding request needs room for the token it processes this step.
+  for (std::size_t i = 0; i < running_.size() && budget > 0; ++i) {
+    Request* r = running_[i];
+    if (r->state != RequestState::kDecoding) continue;
+    bool scheduled = true;
+    while (!blocks.Grow(r->id, r->SequenceTokens())) {
+      Request* victim = running_.back();
+      running_.pop_back();
+      // Victims come from the back, so none of them was planned yet in this loop.
+      Preempt(victim, blocks, plan);
+      if (victim == r) {
+        scheduled = false;
+        break;
+      }
+    }
+    if (!scheduled) break;  // r was the last running request
+    plan.decodes.push_back(r);
+    --budget;
+  }
+
+  // 2. Continue chunked prefills already admitted.
+  for (Request* r : running_) {
+    if (budget <= 0) break;
+    if (r->state != RequestState::kPrefilling) continue;
+    const Tokens chunk = std::min(r->prefill_target - r->computed_tokens, budget);
+    if (chunk <= 0) continue;
+    plan.prefills.push_back({r, chunk, r->computed_tokens});
+    pending_prefill_tokens_ -= chunk;
+    budget -= chunk;
+  }
+
+  // 3. Admit waiting requests FCFS (no skipping: the head blocks the line, as in vLLM).
+  // No admission in a step that had to preempt: the freed blocks belong to the running set.
+  if (!plan.preempted.empty()) return;
+  const std::int64_t watermark_blocks = static_cast<std::int64_t>(
+      std::ceil(config_.watermark * static_cast<double>(blocks.num_blocks())));
+  while (!waiting_.empty() && budget > 0 &&
+         static_cast<int>(running_.size()) < config_.max_num_seqs) {
+    Request* r = waiting_.front();
+    const Tokens target = r->input_tokens + r->generated_tokens;
+    // At least one token is computed so that the step yields logits for the next token.
+    const Tokens max_hit = target - 1;
+    const auto hit = blocks.Allocate(r->id, r->block_hashes, target, max_hit, watermark_blocks);
+    if (!hit) break;
+    waiting_.pop_front();
+    r->state = RequestState::kPrefilling;
+    r->prefill_target = target;
+    r->computed_tokens = *hit;
+    if (r->preemptions == 0 && r->generated_tokens == 0) r->cached_tokens = *hit;
+    running_.push_back(r);
+    plan.admitted.push_back(r);
+    const Tokens chunk = std::min(target - *hit, budget);
+    plan.prefills.push_back({r, chunk, *hit});
+    pending_prefill_tokens_ -= *hit + chunk;
+    budget -= chunk;
+  }
+}
+
+}  // namespace duet::policies

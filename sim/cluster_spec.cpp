@@ -1,0 +1,273 @@
+// Cluster JSON parsing and validation (see cluster_spec.h).
+#include "sim/cluster_spec.h"
+
+#include <filesystem>
+
+#include "common/json_util.h"
+
+namespace duet::sim {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+// Resolves a model or hardware reference: a bare name is looked up in the bundled directory,
+// a path ending in .json is taken relative to the cluster file.
+std::string ResolveRef(const std::string& ref, const std::string& cluster_path,
+                       const std::string& bundled_dir) {
+  if (ref.size() > 5 && ref.compare(ref.size() - 5, 5, ".json") == 0) {
+    const fs::path p(ref);
+    return p.is_absolute() ? ref : (fs::path(cluster_path).parent_path() / p).string();
+  }
+  return (fs::path(bundled_dir) / (ref + ".json")).string();
+}
+
+Result<LinkSpec> ParseLink(const json& parent, const std::string& key, const std::string& where,
+                           bool required, LinkSpec fallback) {
+  auto it = parent.find(key);
+  if (it == parent.end()) {
+    if (required) return Status::Error(where + ": field '" + key + "' is missing");
+    return fallback;
+  }
+  const std::string here = where + "." + key;
+  if (!it->is_object()) return Status::Error(here + ": must be an object");
+  auto bw = JsonNumber(*it, "bandwidth_GBps", here);
+  if (!bw) return bw.status();
+  if (!(*bw > 0))
+    return Status::Error(here + ": field 'bandwidth_GBps' must be > 0, got " + std::to_string(*bw));
+  auto lat = JsonNumberOr(*it, "latency_us", 0.0, here);
+  if (!lat) return lat.status();
+  if (*lat < 0)
+    return Status::Error(here + ": field 'latency_us' must be >= 0, got " + std::to_string(*lat));
+  return LinkSpec{*bw * kGB, *lat * 1e-6};
+}
+
+Result<policies::InstanceRole> ParseRole(const std::string& role, const std::string& where) {
+  if (role == "prefill") return policies::InstanceRole::kPrefill;
+  if (role == "decode") return policies::InstanceRole::kDecode;
+  if (role == "colocated") return policies::InstanceRole::kColocated;
+  return Status::Error(where + ": field 'role' must be prefill, decode or colocated, got '" + role +
+                       "'");
+}
+
+Status ParseEngine(const json& doc, const std::string& path, EngineSpec& e) {
+  auto it = doc.find("engine");
+  if (it == doc.end()) return Status::Ok();  // all defaults
+  const std::string where = path + ": engine";
+  if (!it->is_object()) return Status::Error(where + ": must be an object");
+  const json& j = *it;
+  auto block = JsonIntOr(j, "block_tokens", e.block_tokens, where);
+  auto batched = JsonIntOr(j, "max_num_batched_tokens", e.scheduler.max_num_batched_tokens, where);
+  auto seqs = JsonIntOr(j, "max_num_seqs", e.scheduler.max_num_seqs, where);
+  auto watermark = JsonNumberOr(j, "watermark", e.scheduler.watermark, where);
+  auto util = JsonNumberOr(j, "gpu_memory_utilization", e.memory.gpu_memory_utilization, where);
+  auto reserved = JsonNumberOr(j, "reserved_gib",
+                               static_cast<double>(e.memory.reserved_bytes_per_gpu) / kGiB, where);
+  auto caching = JsonBoolOr(j, "enable_prefix_caching", e.enable_prefix_caching, where);
+  auto coalesce = JsonBoolOr(j, "coalesce_decode_steps", e.coalesce_decode_steps, where);
+  for (const Status* s :
+       {&block.status(), &batched.status(), &seqs.status(), &watermark.status(), &util.status(),
+        &reserved.status(), &caching.status(), &coalesce.status()}) {
+    if (!s->ok()) return *s;
+  }
+  if (*block < 1) return Status::Error(where + ": field 'block_tokens' must be >= 1");
+  if (*batched < 1) return Status::Error(where + ": field 'max_num_batched_tokens' must be >= 1");
+  if (*seqs < 1) return Status::Error(where + ": field 'max_num_seqs' must be >= 1");
+  if (*watermark < 0 || *watermark >= 1)
+    return Status::Error(where + ": field 'watermark' must be in [0, 1)");
+  if (*reserved < 0) return Status::Error(where + ": field 'reserved_gib' must be >= 0");
+  e.block_tokens = *block;
+  e.scheduler.max_num_batched_tokens = *batched;
+  e.scheduler.max_num_seqs = static_cast<int>(*seqs);
+  e.scheduler.watermark = *watermark;
+  e.memory.gpu_memory_utilization = *util;
+  e.memory.reserved_bytes_per_gpu = static_cast<Bytes>(*reserved * kGiB);
+  e.memory.block_tokens = *block;
+  e.enable_prefix_caching = *caching;
+  e.coalesce_decode_steps = *coalesce;
+  return Status::Ok();
+}
+
+Status ParseCostModel(const json& doc, const std::string& path, models::RooflineOptions& r) {
+  auto it = doc.find("cost_model");
+  if (it == doc.end()) return Status::Ok();
+  const std::string where = path + ": cost_model";
+  if (!it->is_object()) return Status::Error(where + ": must be an object");
+  auto kind = JsonStringOr(*it, "kind", "roofline", where);
+  if (!kind) return kind.status();
+  if (*kind != "roofline")
+    return Status::Error(where + ": field 'kind' must be 'roofline', got '" + *kind + "'");
+  struct Field {
+    const char* key;
+    double* out;
+    double scale;
+  };
+  const Field fields[] = {{"compute_efficiency", &r.compute_efficiency, 1.0},
+                          {"memory_efficiency", &r.memory_efficiency, 1.0},
+                          {"comm_efficiency", &r.comm_efficiency, 1.0},
+                          {"step_overhead_ms", &r.step_overhead, 1e-3},
+                          {"allreduce_latency_us", &r.allreduce_latency, 1e-6}};
+  for (const Field& f : fields) {
+    auto v = JsonNumberOr(*it, f.key, *f.out / f.scale, where);
+    if (!v) return v.status();
+    const bool efficiency = f.scale == 1.0;
+    if (efficiency ? !(*v > 0 && *v <= 1) : *v < 0)
+      return Status::Error(where + ": field '" + f.key + "' must be " +
+                           (efficiency ? "in (0, 1]" : ">= 0"));
+    *f.out = *v * f.scale;
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+bool ClusterSpec::pd() const { return CountRole(policies::InstanceRole::kPrefill) > 0; }
+
+int ClusterSpec::CountRole(policies::InstanceRole role) const {
+  int n = 0;
+  for (const auto& i : instances) n += i.role == role;
+  return n;
+}
+
+Result<ClusterSpec> LoadClusterSpec(const std::string& path, const std::string& data_dir) {
+  auto doc = ReadJsonFile(path);
+  if (!doc) return doc.status();
+  return ParseClusterSpec(*doc, path, data_dir);
+}
+
+Result<ClusterSpec> ParseClusterSpec(const json& doc, const std::string& path,
+                                     const std::string& data_dir) {
+  ClusterSpec c;
+  c.path = path;
+  auto name = JsonStringOr(doc, "name", fs::path(path).stem().string(), path);
+  if (!name) return name.status();
+  c.name = *name;
+
+  auto model_ref = JsonString(doc, "model", path);
+  if (!model_ref) return model_ref.status();
+  auto model = models::LoadModelSpec(
+      ResolveRef(*model_ref, path, (fs::path(data_dir) / "models" / "specs").string()));
+  if (!model) return Status::Error(path + ": field 'model': " + model.error());
+  c.model = *model;
+
+  // Nodes: a list of groups, each {"count": n, "gpus": g, "gpu": name, links...}.
+  auto nodes_it = doc.find("nodes");
+  if (nodes_it == doc.end()) return Status::Error(path + ": field 'nodes' is missing");
+  if (!nodes_it->is_array() || nodes_it->empty())
+    return Status::Error(path + ": field 'nodes' must be a non-empty array");
+  for (std::size_t g = 0; g < nodes_it->size(); ++g) {
+    const json& group = (*nodes_it)[g];
+    const std::string where = path + ": nodes[" + std::to_string(g) + "]";
+    if (!group.is_object()) return Status::Error(where + ": must be an object");
+    auto count = JsonIntOr(group, "count", 1, where);
+    auto gpus = JsonInt(group, "gpus", where);
+    auto gpu = JsonString(group, "gpu", where);
+    if (!count) return count.status();
+    if (!gpus) return gpus.status();
+    if (!gpu) return gpu.status();
+    if (*count < 1 || *count > 4096)
+      return Status::Error(where + ": field 'count' must be in [1, 4096]");
+    if (*gpus < 1 || *gpus > 64) return Status::Error(where + ": field 'gpus' must be in [1, 64]");
+    auto hw = models::LoadHardwareSpec(
+        ResolveRef(*gpu, path, (fs::path(data_dir) / "models" / "hardware").string()));
+    if (!hw) return Status::Error(where + ": field 'gpu': " + hw.error());
+    NodeSpec node;
+    node.gpus = static_cast<int>(*gpus);
+    node.gpu = *hw;
+    auto nvlink = ParseLink(group, "nvlink", where, false, {hw->nvlink_bw, 1e-6});
+    auto pcie = ParseLink(group, "pcie", where, false, {hw->pcie_bw, 1e-6});
+    auto nic = ParseLink(group, "nic", where, true, {});
+    if (!nvlink) return nvlink.status();
+    if (!pcie) return pcie.status();
+    if (!nic) return nic.status();
+    node.nvlink = *nvlink;
+    node.pcie = *pcie;
+    node.nic = *nic;
+    for (std::int64_t i = 0; i < *count; ++i) {
+      node.name = "node" + std::to_string(c.nodes.size());
+      c.nodes.push_back(node);
+    }
+  }
+
+  const std::string net_where = path + ": network";
+  const json empty = json::object();
+  const json& net = doc.contains("network") ? doc["network"] : empty;
+  if (!net.is_object()) return Status::Error(net_where + ": must be an object");
+  auto sw = ParseLink(net, "switch", net_where, c.nodes.size() > 1, {1e15, 0});
+  auto fe = ParseLink(net, "frontend", net_where, false, {100 * kGB, 10e-6});
+  if (!sw) return sw.status();
+  if (!fe) return fe.status();
+  c.switch_link = *sw;
+  c.frontend_link = *fe;
+
+  DUET_RETURN_IF_ERROR(ParseEngine(doc, path, c.engine));
+  DUET_RETURN_IF_ERROR(ParseCostModel(doc, path, c.roofline));
+
+  // Instances: groups {"role", "count", "tp", "node"?}; GPUs are assigned first-fit.
+  auto inst_it = doc.find("instances");
+  if (inst_it == doc.end()) return Status::Error(path + ": field 'instances' is missing");
+  if (!inst_it->is_array() || inst_it->empty())
+    return Status::Error(path + ": field 'instances' must be a non-empty array");
+  std::vector<int> next_gpu(c.nodes.size(), 0);
+  int counters[3] = {0, 0, 0};
+  for (std::size_t g = 0; g < inst_it->size(); ++g) {
+    const json& group = (*inst_it)[g];
+    const std::string where = path + ": instances[" + std::to_string(g) + "]";
+    if (!group.is_object()) return Status::Error(where + ": must be an object");
+    auto role_name = JsonString(group, "role", where);
+    if (!role_name) return role_name.status();
+    auto role = ParseRole(*role_name, where);
+    if (!role) return role.status();
+    auto count = JsonIntOr(group, "count", 1, where);
+    auto tp = JsonIntOr(group, "tp", 1, where);
+    auto node = JsonIntOr(group, "node", -1, where);
+    if (!count) return count.status();
+    if (!tp) return tp.status();
+    if (!node) return node.status();
+    if (*count < 1 || *count > 100000) return Status::Error(where + ": field 'count' must be >= 1");
+    if (*tp < 1 || *tp > 64) return Status::Error(where + ": field 'tp' must be in [1, 64]");
+    if (*node >= static_cast<std::int64_t>(c.nodes.size()) || *node < -1)
+      return Status::Error(where + ": field 'node' is " + std::to_string(*node) +
+                           " but there are " + std::to_string(c.nodes.size()) + " nodes");
+    for (std::int64_t k = 0; k < *count; ++k) {
+      InstanceSpec inst;
+      inst.role = *role;
+      inst.tp = static_cast<int>(*tp);
+      // First fit: the requested node, else the first node with tp free GPUs.
+      int chosen = -1;
+      for (std::size_t n = 0; n < c.nodes.size(); ++n) {
+        if (*node >= 0 && static_cast<std::int64_t>(n) != *node) continue;
+        if (c.nodes[n].gpus - next_gpu[n] >= inst.tp) {
+          chosen = static_cast<int>(n);
+          break;
+        }
+      }
+      if (chosen < 0)
+        return Status::Error(where + ": not enough free GPUs for instance " + std::to_string(k) +
+                             " (tp=" + std::to_string(inst.tp) + ")" +
+                             (*node >= 0 ? " on node " + std::to_string(*node) : ""));
+      inst.node = chosen;
+      for (int i = 0; i < inst.tp; ++i) inst.gpus.push_back(next_gpu[chosen]++);
+      const char prefix = *role == policies::InstanceRole::kPrefill  ? 'p'
+                          : *role == policies::InstanceRole::kDecode ? 'd'
+                                                                     : 'c';
+      inst.name = prefix + std::to_string(counters[static_cast<int>(*role)]++);
+      models::MemoryOptions mem = c.engine.memory;
+      mem.tp = inst.tp;
+      auto plan = models::PlanInstanceMemory(c.model, c.nodes[chosen].gpu, mem);
+      if (!plan) return Status::Error(where + ": " + plan.error());
+      inst.memory = *plan;
+      c.instances.push_back(std::move(inst));
+    }
+  }
+  const int p = c.CountRole(policies::InstanceRole::kPrefill);
+  const int d = c.CountRole(policies::InstanceRole::kDecode);
+  const int colo = c.CountRole(policies::InstanceRole::kColocated);
+  if (colo > 0 && (p > 0 || d > 0))
+    return Status::Error(path + ": instances mix colocated and prefill/decode roles");
+  if ((p > 0) != (d > 0))
+    return Status::Error(path + ": PD mode needs at least one prefill and one decode instance");
+  return c;
+}
+
+}  // namespace duet::sim

@@ -1,0 +1,73 @@
+// Cluster descriptions for `duet simulate`: nodes of GPUs with their NVLink, PCIe and NIC
+// links, the switch between nodes, the serving instances placed on them (colocated, or PD
+// prefill/decode), engine limits and the cost model. Parsed from JSON with errors that name
+// the file and the field. No SimGrid here: sim/platform.cpp turns a spec into a platform.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "common/units.h"
+#include "models/cost_model.h"
+#include "models/model_spec.h"
+#include "policies/engine.h"
+
+namespace duet::sim {
+
+struct LinkSpec {
+  BytesPerSecond bandwidth = 0;  // per direction
+  Seconds latency = 0;
+};
+
+struct NodeSpec {
+  std::string name;  // node0, node1, ...
+  int gpus = 0;
+  models::HardwareSpec gpu;
+  LinkSpec nvlink;  // each GPU to the node's NVSwitch
+  LinkSpec pcie;    // each GPU to its PCIe switch (GPUDirect path to its NIC)
+  LinkSpec nic;     // one NIC per GPU, to the cluster switch
+};
+
+struct InstanceSpec {
+  std::string name;  // p0.. (prefill), d0.. (decode), c0.. (colocated)
+  policies::InstanceRole role = policies::InstanceRole::kColocated;
+  int tp = 1;
+  int node = 0;
+  std::vector<int> gpus;  // GPU indices on the node, tp of them
+  models::InstanceMemory memory;
+};
+
+struct EngineSpec {
+  Tokens block_tokens = 16;
+  policies::SchedulerConfig scheduler;
+  models::MemoryOptions memory;  // tp is per instance
+  bool enable_prefix_caching = true;
+  bool coalesce_decode_steps = true;
+};
+
+struct ClusterSpec {
+  std::string name;
+  std::string path;
+  models::ModelSpec model;
+  std::vector<NodeSpec> nodes;
+  LinkSpec switch_link;    // shared by all inter-node traffic
+  LinkSpec frontend_link;  // frontend host to the switch
+  std::vector<InstanceSpec> instances;
+  EngineSpec engine;
+  models::RooflineOptions roofline;  // tp is per instance
+
+  bool pd() const;
+  int CountRole(policies::InstanceRole role) const;
+};
+
+// Loads a cluster file. "model" and "gpu" name files under <data_dir>/models/specs and
+// <data_dir>/models/hardware (or give a path ending in .json, relative to the cluster file).
+// Errors: missing or mistyped fields, non-positive bandwidths, negative latencies, unknown
+// roles, instances that do not fit on their node, mixed colocated and PD roles, and a model
+// that does not fit in GPU memory.
+Result<ClusterSpec> LoadClusterSpec(const std::string& path, const std::string& data_dir);
+Result<ClusterSpec> ParseClusterSpec(const nlohmann::json& doc, const std::string& path,
+                                     const std::string& data_dir);
+
+}  // namespace duet::sim

@@ -1,0 +1,441 @@
+// The SimGrid side of `duet simulate`: SimGrid implementations of the engine ports, the
+// frontend actor (arrivals, admission check, routing) and one actor per instance running the
+// shared engine loop. SimGrid exceptions are caught here and turned into Status values.
+#include "sim/simulation.h"
+
+#include <xbt/log.h>
+#include <simgrid/s4u.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+
+#include "policies/block_hash.h"
+#include "policies/engine.h"
+#include "sim/platform.h"
+
+namespace duet::sim {
+
+namespace sg4 = simgrid::s4u;
+using policies::EngineMessage;
+using policies::InstanceId;
+using policies::Request;
+using policies::RequestState;
+
+namespace {
+
+constexpr std::uint64_t kControlMessageBytes = 256;
+
+struct World;
+
+// Ports of one instance, on SimGrid: the clock is the simulated clock, the inbox a mailbox
+// with a receive always posted, steps sleep for the cost model's time, KV transfers are
+// host-to-host communications that share the platform's links.
+class SimPorts final : public policies::Clock,
+                       public policies::Inbox,
+                       public policies::Outbox,
+                       public policies::StepExecutor,
+                       public policies::KvTransport {
+ public:
+  SimPorts(World& world, InstanceId id);
+
+  Seconds Now() const override { return sg4::Engine::get_clock(); }
+  bool TryReceive(EngineMessage* message) override;
+  void WaitUntil(Seconds deadline) override;
+  void Send(InstanceId to, const EngineMessage& message) override;
+  policies::TransferId Post(const policies::KvTransferRequest& transfer) override;
+  policies::TransferStatus Poll(policies::TransferId id) override;
+  void Execute(const policies::StepPlan& plan, int tp, int max_steps,
+               std::vector<Seconds>* step_end_s) override;
+
+  void StartReceiving();
+
+ private:
+  // Blocks until the inbox or a transfer completes, or `timeout` (< 0: none). True if woken.
+  bool WaitAny(double timeout);
+
+  World& world_;
+  InstanceId id_;
+  sg4::Mailbox* mailbox_;
+  sg4::CommPtr receive_;
+  EngineMessage* received_ = nullptr;
+  std::map<policies::TransferId, std::vector<sg4::CommPtr>> transfers_;
+  policies::TransferId next_transfer_ = 1;
+  std::vector<sg4::CommPtr> waitables_;  // reused
+};
+
+// Forwards lifecycle events to the metrics collector and the router, counts finished
+// requests, draws the progress bar, and wakes the frontend when the last request finished.
+class SimSink final : public policies::EventSink {
+ public:
+  explicit SimSink(World& world) : world_(world) {}
+  void OnFinished(const Request& request) override;
+  void OnPrefillDone(const Request& request) override;
+  void OnTokenGaps(Seconds gap_s, std::int64_t count) override;
+  void OnPreempted(const Request& request, InstanceId instance) override;
+
+ private:
+  void DrawProgress(bool final);
+  World& world_;
+  std::size_t last_drawn_ = 0;
+};
+
+class EngineCacheView final : public policies::CacheView {
+ public:
+  explicit EngineCacheView(World& world) : world_(world) {}
+  Tokens CachedPrefixTokens(InstanceId instance, const Request& request) const override;
+
+ private:
+  World& world_;
+};
+
+struct World {
+  const ClusterSpec& cluster;
+  const traces::Trace& trace;
+  const SimOptions& options;
+  Platform platform;
+  std::vector<Request> requests;
+  std::vector<std::unique_ptr<models::RooflineCostModel>> costs;
+  std::vector<std::unique_ptr<SimPorts>> ports;
+  std::vector<std::unique_ptr<policies::InstanceEngine>> engines;
+  std::vector<sg4::Mailbox*> mailboxes;
+  std::vector<std::vector<sg4::Host*>> hosts;  // per instance, its GPUs
+  policies::MetricsCollector metrics;
+  std::unique_ptr<SimSink> sink;
+  std::unique_ptr<EngineCacheView> cache_view;
+  std::unique_ptr<policies::Router> router;
+  sg4::Mailbox* done_mailbox = nullptr;
+  bool frontend_waiting = false;
+  std::size_t finished = 0;
+  std::int64_t events = 0;  // actor wake-ups: arrivals, steps and runs, waits ended
+  std::vector<std::string> errors;
+
+  World(const ClusterSpec& c, const traces::Trace& t, const SimOptions& o)
+      : cluster(c), trace(t), options(o) {}
+};
+
+SimPorts::SimPorts(World& world, InstanceId id)
+    : world_(world), id_(id), mailbox_(world.mailboxes[static_cast<std::size_t>(id)]) {}
+
+void SimPorts::StartReceiving() { receive_ = mailbox_->get_async<EngineMessage>(&received_); }
+
+bool SimPorts::TryReceive(EngineMessage* message) {
+  if (!receive_->test()) return false;
+  *message = *received_;
+  delete received_;
+  received_ = nullptr;
+  StartReceiving();
+  return true;
+}
+
+bool SimPorts::WaitAny(double timeout) {
+  waitables_.clear();
+  waitables_.push_back(receive_);
+  for (const auto& [id, comms] : transfers_) {
+    for (const auto& c : comms) waitables_.push_back(c);
+  }
+  const ssize_t woken = sg4::Comm::wait_any_for(waitables_, timeout);
+  ++world_.events;
+  return woken >= 0;
+}
+
+void SimPorts::WaitUntil(Seconds deadline) {
+  const double timeout = std::isinf(deadline) ? -1.0 : std::max(0.0, deadline - Now());
+  WaitAny(timeout);
+}
+
+void SimPorts::Send(InstanceId to, const EngineMessage& message) {
+  world_.mailboxes[static_cast<std::size_t>(to)]
+      ->put_init(new EngineMessage(message), kControlMessageBytes)
+      ->detach();
+}
+
+policies::TransferId SimPorts::Post(const policies::KvTransferRequest& transfer) {
+  // Each TP shard moves between corresponding GPUs, in parallel.
+  const auto& src = world_.hosts[static_cast<std::size_t>(transfer.src)];
+  const auto& dst = world_.hosts[static_cast<std::size_t>(transfer.dst)];
+  const std::size_t shards = std::max(src.size(), dst.size());
+  const auto shard_bytes =
+      static_cast<std::uint64_t>(std::ceil(static_cast<double>(transfer.bytes) / shards));
+  std::vector<sg4::CommPtr> comms;
+  for (std::size_t s = 0; s < shards; ++s) {
+    comms.push_back(sg4::Comm::sendto_async(src[s % src.size()], dst[s % dst.size()], shard_bytes));
+  }
+  const policies::TransferId id = next_transfer_++;
+  transfers_.emplace(id, std::move(comms));
+  return id;
+}
+
+policies::TransferStatus SimPorts::Poll(policies::TransferId id) {
+  auto it = transfers_.find(id);
+  DUET_CHECK(it != transfers_.end());
+  try {
+    auto& comms = it->second;
+    comms.erase(
+        std::remove_if(comms.begin(), comms.end(), [](const sg4::CommPtr& c) { return c->test(); }),
+        comms.end());
+    if (!comms.empty()) return policies::TransferStatus::kInProgress;
+  } catch (const simgrid::Exception&) {
+    transfers_.erase(it);
+    return policies::TransferStatus::kFailed;
+  }
+  transfers_.erase(it);
+  return policies::TransferStatus::kDone;
+}
+
+void SimPorts::Execute(const policies::StepPlan& plan, int tp, int max_steps,
+                       std::vector<Seconds>* step_end_s) {
+  const auto& cost = *world_.costs[static_cast<std::size_t>(id_)];
+  const Seconds start = Now();
+  models::StepShape shape = plan.Shape(tp);
+  if (max_steps <= 1) {
+    sg4::this_actor::sleep_for(cost.StepTime(shape));
+    ++world_.events;
+    step_end_s->push_back(Now());
+    return;
+  }
+  // A decode run: step s attends over s more tokens per request than step 0.
+  Seconds t = start;
+  for (int s = 0; s < max_steps; ++s) {
+    t += cost.StepTime(shape);
+    step_end_s->push_back(t);
+    shape.decode_context_tokens += shape.decode_tokens;
+  }
+  if (!WaitAny(step_end_s->back() - start)) return;  // ran to the end undisturbed
+  // New work arrived: finish the step in progress and stop at its boundary.
+  const Seconds now = Now();
+  const auto boundary = std::lower_bound(step_end_s->begin(), step_end_s->end(), now);
+  if (*boundary > now) {
+    sg4::this_actor::sleep_until(*boundary);
+    ++world_.events;
+  }
+  step_end_s->erase(boundary + 1, step_end_s->end());
+}
+
+void SimSink::OnFinished(const Request& request) {
+  world_.metrics.OnFinished(request);
+  world_.router->OnFinished(request);
+  ++world_.finished;
+  if (world_.options.progress) DrawProgress(false);
+  if (world_.finished == world_.requests.size() && world_.frontend_waiting) {
+    // SimGrid needs a non-null payload to tell a send from a receive.
+    static int done_token = 0;
+    world_.done_mailbox->put_init(&done_token, 0)->detach();
+  }
+}
+
+void SimSink::OnPrefillDone(const Request& request) { world_.router->OnPrefillDone(request); }
+
+void SimSink::OnTokenGaps(Seconds gap_s, std::int64_t count) {
+  world_.metrics.OnTokenGaps(gap_s, count);
+}
+
+void SimSink::OnPreempted(const Request& request, InstanceId instance) {
+  world_.metrics.OnPreempted(request, instance);
+}
+
+void SimSink::DrawProgress(bool final) {
+  const std::size_t total = world_.requests.size();
+  const std::size_t step = std::max<std::size_t>(1, total / 100);
+  if (!final && world_.finished - last_drawn_ < step && world_.finished != total) return;
+  last_drawn_ = world_.finished;
+  constexpr int kWidth = 30;
+  const double frac = total ? static_cast<double>(world_.finished) / total : 1.0;
+  const int filled = static_cast<int>(frac * kWidth);
+  std::fprintf(stderr, "\r[%s%s] %3d%%  %zu/%zu requests  simulated %.1f s",
+               std::string(filled, '#').c_str(), std::string(kWidth - filled, '.').c_str(),
+               static_cast<int>(frac * 100), world_.finished, total, sg4::Engine::get_clock());
+  if (world_.finished == total) std::fprintf(stderr, "\n");
+  std::fflush(stderr);
+}
+
+Tokens EngineCacheView::CachedPrefixTokens(InstanceId instance, const Request& request) const {
+  const auto& blocks = world_.engines[static_cast<std::size_t>(instance)]->blocks();
+  return blocks.BlocksToTokens(blocks.CachedPrefixBlocks(request.block_hashes));
+}
+
+// Largest KV footprint (tokens) an instance admits: its blocks less the admission watermark.
+Tokens AdmissibleTokens(const World& w, InstanceId i) {
+  const auto& blocks = w.engines[static_cast<std::size_t>(i)]->blocks();
+  const auto watermark = static_cast<std::int64_t>(
+      std::ceil(w.cluster.engine.scheduler.watermark * static_cast<double>(blocks.num_blocks())));
+  return blocks.BlocksToTokens(blocks.num_blocks() - watermark);
+}
+
+void Frontend(World& w, const std::vector<InstanceId>& prefill_side,
+              const std::vector<InstanceId>& decode_side) {
+  // A request must fit on every candidate instance: prompt on the prefill side, prompt and
+  // output on the serving (decode or colocated) side.
+  Tokens prefill_limit = std::numeric_limits<Tokens>::max();
+  Tokens serve_limit = std::numeric_limits<Tokens>::max();
+  for (InstanceId i : prefill_side) prefill_limit = std::min(prefill_limit, AdmissibleTokens(w, i));
+  for (InstanceId i : decode_side.empty() ? prefill_side : decode_side)
+    serve_limit = std::min(serve_limit, AdmissibleTokens(w, i));
+  const Tokens block_tokens = w.cluster.engine.block_tokens;
+
+  for (std::size_t k = 0; k < w.requests.size(); ++k) {
+    Request& r = w.requests[k];
+    const traces::TraceRequest& tr = w.trace.requests[k];
+    if (r.arrival_s > sg4::Engine::get_clock()) {
+      sg4::this_actor::sleep_until(r.arrival_s);
+      ++w.events;
+    }
+    const Tokens footprint = r.input_tokens + r.output_tokens;
+    if (r.input_tokens > prefill_limit || footprint > serve_limit) {
+      r.state = RequestState::kRejected;
+      r.finished_s = sg4::Engine::get_clock();
+      r.reason = "needs " + std::to_string(footprint) + " KV tokens; an instance admits at most " +
+                 std::to_string(std::min(prefill_limit, serve_limit));
+      w.sink->OnFinished(r);
+      continue;
+    }
+    r.block_hashes = policies::EngineBlockHashes(tr.block_ids, w.trace.block_tokens, r.input_tokens,
+                                                 block_tokens);
+    const policies::RoutingDecision d = w.router->Route(r);
+    r.prefill_instance = d.prefill;
+    r.decode_instance = d.decode;
+    r.state = RequestState::kQueued;
+    // The request carries its token ids: 4 bytes a token.
+    w.mailboxes[static_cast<std::size_t>(d.prefill)]
+        ->put_init(new EngineMessage{EngineMessage::Kind::kNewRequest, &r, policies::kNoInstance},
+                   static_cast<std::uint64_t>(r.input_tokens) * 4)
+        ->detach();
+  }
+  if (w.finished < w.requests.size()) {
+    w.frontend_waiting = true;
+    w.done_mailbox->get<int>();
+    ++w.events;
+  }
+  for (std::size_t i = 0; i < w.engines.size(); ++i) {
+    w.mailboxes[i]
+        ->put_init(
+            new EngineMessage{EngineMessage::Kind::kShutdown, nullptr, policies::kNoInstance},
+            kControlMessageBytes)
+        ->detach();
+  }
+}
+
+}  // namespace
+
+Result<SimReport> RunSimulation(const ClusterSpec& cluster, const traces::Trace& trace,
+                                const SimOptions& options) {
+  namespace fs = std::filesystem;
+  const auto wall_start = std::chrono::steady_clock::now();
+  std::error_code ec;
+  fs::create_directories(options.out_dir, ec);
+  if (ec)
+    return Status::Error(options.out_dir + ": cannot create output directory: " + ec.message());
+
+  int argc = 1;
+  char arg0[] = "duet";
+  char* argv[] = {arg0, nullptr};
+  sg4::Engine engine(&argc, argv);
+  xbt_log_control_set("root.thresh:critical");
+  // Max-min bandwidth sharing without TCP corrections: a transfer alone on its route takes
+  // latency + bytes / bandwidth; concurrent transfers share the bottleneck link fairly.
+  sg4::Engine::set_config("network/model:CM02");
+  sg4::Engine::set_config("network/crosstraffic:0");
+  sg4::Engine::set_config("network/TCP-gamma:0");
+  sg4::Engine::set_config("contexts/factory:raw");
+
+  World w(cluster, trace, options);
+  w.platform = BuildPlatform(cluster);
+  w.requests.resize(trace.requests.size());
+  for (std::size_t k = 0; k < trace.requests.size(); ++k) {
+    const auto& tr = trace.requests[k];
+    Request& r = w.requests[k];
+    r.id = tr.id;
+    r.arrival_s = tr.arrival_s;
+    r.input_tokens = tr.input_tokens;
+    r.output_tokens = tr.output_tokens;
+  }
+  w.done_mailbox = sg4::Mailbox::by_name("frontend-done");
+  w.sink = std::make_unique<SimSink>(w);
+  w.cache_view = std::make_unique<EngineCacheView>(w);
+
+  std::vector<InstanceId> prefill_side, decode_side;
+  for (std::size_t i = 0; i < cluster.instances.size(); ++i) {
+    const InstanceSpec& spec = cluster.instances[i];
+    const auto id = static_cast<InstanceId>(i);
+    (spec.role == policies::InstanceRole::kDecode ? decode_side : prefill_side).push_back(id);
+    std::vector<sg4::Host*> hosts;
+    for (int g : spec.gpus)
+      hosts.push_back(
+          w.platform.gpus[static_cast<std::size_t>(spec.node)][static_cast<std::size_t>(g)]);
+    w.hosts.push_back(std::move(hosts));
+    w.mailboxes.push_back(sg4::Mailbox::by_name("instance-" + spec.name));
+    models::RooflineOptions roofline = cluster.roofline;
+    roofline.tp = spec.tp;
+    w.costs.push_back(std::make_unique<models::RooflineCostModel>(
+        cluster.model, cluster.nodes[static_cast<std::size_t>(spec.node)].gpu, roofline));
+  }
+  for (std::size_t i = 0; i < cluster.instances.size(); ++i) {
+    const InstanceSpec& spec = cluster.instances[i];
+    w.ports.push_back(std::make_unique<SimPorts>(w, static_cast<InstanceId>(i)));
+    policies::EngineConfig config;
+    config.id = static_cast<InstanceId>(i);
+    config.role = spec.role;
+    config.tp = spec.tp;
+    config.num_blocks = spec.memory.kv_blocks;
+    config.block_tokens = cluster.engine.block_tokens;
+    config.enable_prefix_caching = cluster.engine.enable_prefix_caching;
+    config.coalesce_decode_steps = cluster.engine.coalesce_decode_steps;
+    config.kv_bytes_per_token = cluster.model.KvBytesPerToken();
+    config.scheduler = cluster.engine.scheduler;
+    SimPorts* p = w.ports.back().get();
+    w.engines.push_back(std::make_unique<policies::InstanceEngine>(
+        config, policies::EnginePorts{p, p, p, p, p, w.sink.get()}));
+  }
+  w.router = policies::MakeRouter(options.router, prefill_side, decode_side, w.cache_view.get());
+
+  for (std::size_t i = 0; i < w.engines.size(); ++i) {
+    sg4::Actor::create(cluster.instances[i].name, w.hosts[i].front(), [&w, i] {
+      w.ports[i]->StartReceiving();
+      w.engines[i]->Run();
+      if (Status s = w.engines[i]->CheckInvariants(); !s.ok()) w.errors.push_back(s.message());
+    });
+  }
+  sg4::Actor::create("frontend", w.platform.frontend,
+                     [&w, prefill_side, decode_side] { Frontend(w, prefill_side, decode_side); });
+  try {
+    engine.run();
+  } catch (const std::exception& e) {
+    return Status::Error(std::string("simulation failed: ") + e.what());
+  }
+  if (!w.errors.empty())
+    return Status::Error("simulation ended in a broken state: " + w.errors.front());
+
+  SimReport report;
+  report.summary = w.metrics.Summary(w.requests.size(), options.slo);
+  std::int64_t steps = 0;
+  for (const auto& e : w.engines) steps += e->steps();
+  const double wall_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - wall_start).count();
+  report.summary["sim"] = {{"wall_s", std::round(wall_s * 1000) / 1000},
+                           {"simulated_s", std::round(sg4::Engine::get_clock() * 1e6) / 1e6},
+                           {"events", w.events},
+                           {"engine_steps", steps}};
+  report.summary["run"] = {{"cluster", cluster.name},
+                           {"model", cluster.model.name},
+                           {"mode", cluster.pd() ? "pd" : "colocated"},
+                           {"instances", cluster.instances.size()},
+                           {"router", policies::ToString(options.router.kind)},
+                           {"trace", trace.source},
+                           {"seed", options.router.seed}};
+  std::vector<std::string> names;
+  for (const auto& inst : cluster.instances) names.push_back(inst.name);
+  DUET_RETURN_IF_ERROR(
+      w.metrics.WriteRequestsCsv((fs::path(options.out_dir) / "requests.csv").string(), names));
+  const std::string summary_path = (fs::path(options.out_dir) / "summary.json").string();
+  std::ofstream out(summary_path);
+  out << report.summary.dump(2) << "\n";
+  if (!out) return Status::Error(summary_path + ": write failed");
+  return report;
+}
+
+}  // namespace duet::sim

@@ -1,0 +1,32 @@
+// `duet simulate`: replays a trace against a cluster on SimGrid and writes METRICS.md files.
+// One simulation per process (SimGrid's engine is a process-wide singleton).
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "common/status.h"
+#include "policies/metrics.h"
+#include "policies/router.h"
+#include "sim/cluster_spec.h"
+#include "traces/trace.h"
+
+namespace duet::sim {
+
+struct SimOptions {
+  policies::RouterConfig router;
+  policies::Slo slo;
+  std::string out_dir;    // summary.json and requests.csv are written here
+  bool progress = false;  // a progress bar on stderr
+};
+
+struct SimReport {
+  nlohmann::json summary;  // as written to summary.json
+};
+
+// Runs the whole simulation. Errors: output directory not writable, a SimGrid failure, or a
+// broken invariant found at the end (leaked KV blocks).
+Result<SimReport> RunSimulation(const ClusterSpec& cluster, const traces::Trace& trace,
+                                const SimOptions& options);
+
+}  // namespace duet::sim
