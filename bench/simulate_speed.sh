@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# Speed of `duet simulate` on the whole Mooncake conversation trace (12,031 requests, one
+# hour). For each bundled cluster it reports wall time, simulated seconds per wall second,
+# events per second and peak memory, beside a yardstick from the same run: the same
+# simulation with decode-step coalescing off (one engine step per simulated event).
+# Usage: bench/simulate_speed.sh [REPEATS]   (median of REPEATS runs, default 3)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+REPEATS="${1:-3}"
+TRACE=../shared/traces/mooncake_conversation.jsonl
+DUET=build/bin/duet
+[ -x "$DUET" ] || { echo "build first: scripts/setup.sh" >&2; exit 1; }
+[ -f "$TRACE" ] || { echo "missing $TRACE" >&2; exit 1; }
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+
+run() {  # run LABEL CLUSTER ROUTER -> one line of results (median wall of REPEATS)
+  local label=$1 cluster=$2 router=$3
+  local walls=() rss=0
+  for ((i = 0; i < REPEATS; i++)); do
+    /usr/bin/time -f "%e %M" -o "$work/time" "$DUET" simulate --cluster "$cluster" \
+      --trace "$TRACE" --router "$router" --out "$work/out" --progress never >/dev/null
+    read -r wall kb <"$work/time"
+    walls+=("$wall")
+    ((kb > rss)) && rss=$kb
+  done
+  python3 - "$label" "$work/out/summary.json" "$rss" "${walls[@]}" <<'PY'
+import json, statistics, sys
+label, path, rss_kb, walls = sys.argv[1], sys.argv[2], int(sys.argv[3]), [float(w) for w in sys.argv[4:]]
+s = json.load(open(path))
+wall = statistics.median(walls)
+sim = s["sim"]
+done = s["requests"]["completed"] + s["requests"]["rejected"]
+print(f"| {label} | {done}/{s['requests']['total']} | {wall:.2f} | {sim['simulated_s']/wall:,.0f} "
+      f"| {sim['events']:,} | {sim['events']/wall:,.0f} | {sim['engine_steps']:,} | {rss_kb/1024:.0f} |")
+PY
+}
+
+uncoalesced() {  # a copy of cluster $1 with decode-step coalescing off
+  python3 - "$1" "$work/$(basename "$1" .json)-uncoalesced.json" <<'PY'
+import json, sys
+c = json.load(open(sys.argv[1]))
+c.setdefault("engine", {})["coalesce_decode_steps"] = False
+json.dump(c, open(sys.argv[2], "w"))
+PY
+  echo "$work/$(basename "$1" .json)-uncoalesced.json"
+}
+
+echo "duet simulate speed: $(date -u +%Y-%m-%d), $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
+echo "trace: $TRACE; median of $REPEATS runs; peak RSS is the largest of the runs"
+echo
+echo "| run | requests done | wall s | simulated s / wall s | events | events / s | engine steps | peak MiB |"
+echo "|---|---|---|---|---|---|---|---|"
+for cluster in sim/clusters/h100-8p8d-llama8b.json sim/clusters/h100-16colo-llama8b.json; do
+  name=$(basename "$cluster" .json)
+  run "$name, prefix-aware" "$cluster" prefix-aware
+  run "$name, round-robin" "$cluster" round-robin
+  run "$name, prefix-aware, no coalescing (yardstick)" "$(uncoalesced "$cluster")" prefix-aware
+done

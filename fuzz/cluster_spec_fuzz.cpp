@@ -1,0 +1,24 @@
+// Fuzz target for the cluster description parser (sim/cluster_spec.cpp): any bytes must give
+// a spec or a clear error, never a crash. Model and GPU names resolve against the source tree.
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "sim/cluster_spec.h"
+
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+  const std::string text(reinterpret_cast<const char*>(data), size);
+  const auto doc = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (doc.is_discarded() || !doc.is_object()) return 0;
+  auto spec = duet::sim::ParseClusterSpec(doc, "fuzz.json", DUET_SOURCE_DIR);
+  if (spec.ok()) {
+    // Every placed instance got GPUs and a KV capacity.
+    for (const auto& inst : spec->instances) {
+      if (inst.gpus.size() != static_cast<std::size_t>(inst.tp) || inst.memory.kv_blocks < 1)
+        __builtin_trap();
+    }
+  } else if (spec.error().empty()) {
+    __builtin_trap();
+  }
+  return 0;
+}

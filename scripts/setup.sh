@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Sets up a Debian 12 machine for Duet and builds it: installs the system packages the build
+# needs (only those missing; root or sudo), then configures and builds into build/.
+# The CLI lands at build/bin/duet. Safe to run again: it only does what is left to do.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PACKAGES=(
+  build-essential cmake ninja-build pkg-config git
+  libsimgrid-dev                 # the discrete-event simulator behind `duet simulate`
+  libboost-program-options-dev   # command-line parsing
+  nlohmann-json3-dev             # JSON for specs, traces and outputs
+  libgtest-dev libgmock-dev      # the test suite
+  libucx-dev                     # optional UCX KV transport (found and reported by CMake)
+)
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "setup: installing ${missing[*]}"
+  SUDO=""
+  if [ "$(id -u)" -ne 0 ]; then
+    command -v sudo >/dev/null || { echo "setup: need root or sudo to install: ${missing[*]}" >&2; exit 1; }
+    SUDO="sudo"
+  fi
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+BUILD_TYPE="${DUET_BUILD_TYPE:-Release}"
+if [ ! -f build/CMakeCache.txt ]; then
+  cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE="$BUILD_TYPE" ${DUET_CMAKE_ARGS:-}
+fi
+cmake --build build -j "$(nproc)"
+echo "setup: built build/bin/duet"

@@ -1,0 +1,52 @@
+// Chained engine-block hashes from trace prefix ids.
+#include "policies/block_hash.h"
+
+#include <gtest/gtest.h>
+
+#include <set>
+
+namespace duet::policies {
+namespace {
+
+TEST(EngineBlockHashes, MapsTraceBlocksOntoFullEngineBlocks) {
+  const std::vector<std::uint64_t> ids = {5, 6, 7};
+  // 512-token trace blocks, 16-token engine blocks; 1000 tokens -> 62 full engine blocks.
+  const auto h = EngineBlockHashes(ids, 512, 1000, 16);
+  EXPECT_EQ(h.size(), 62u);
+  // No repeats inside one prompt: offsets inside a trace block tell blocks apart.
+  std::set<BlockHash> unique(h.begin(), h.end());
+  EXPECT_EQ(unique.size(), h.size());
+}
+
+TEST(EngineBlockHashes, EqualPrefixesEqualHashesUntilTheFirstDifference) {
+  const auto a = EngineBlockHashes(std::vector<std::uint64_t>{1, 2, 3}, 512, 1536, 16);
+  const auto b = EngineBlockHashes(std::vector<std::uint64_t>{1, 2, 9}, 512, 1536, 16);
+  ASSERT_EQ(a.size(), 96u);
+  for (std::size_t j = 0; j < 64; ++j) EXPECT_EQ(a[j], b[j]) << j;
+  for (std::size_t j = 64; j < 96; ++j) EXPECT_NE(a[j], b[j]) << j;
+}
+
+TEST(EngineBlockHashes, ChainingMakesPositionMatter) {
+  // The same id at a different position (different parent) is different content.
+  const auto a = EngineBlockHashes(std::vector<std::uint64_t>{1, 2}, 512, 1024, 16);
+  const auto b = EngineBlockHashes(std::vector<std::uint64_t>{3, 2}, 512, 1024, 16);
+  for (std::size_t j = 32; j < 64; ++j) EXPECT_NE(a[j], b[j]);
+}
+
+TEST(EngineBlockHashes, NoIdsOrShortIdsLimitTheHashes) {
+  EXPECT_TRUE(EngineBlockHashes({}, 512, 4096, 16).empty());
+  // Ids cover only the first 512 tokens of a 4096-token prompt.
+  EXPECT_EQ(EngineBlockHashes(std::vector<std::uint64_t>{4}, 512, 4096, 16).size(), 32u);
+}
+
+TEST(EngineBlockHashes, EngineBlocksThatStraddleTraceBlocks) {
+  // 24-token engine blocks over 512-token trace blocks: block 21 covers tokens 504..527.
+  const auto a = EngineBlockHashes(std::vector<std::uint64_t>{1, 2}, 512, 1024, 24);
+  const auto b = EngineBlockHashes(std::vector<std::uint64_t>{1, 3}, 512, 1024, 24);
+  ASSERT_EQ(a.size(), 42u);
+  EXPECT_EQ(a[20], b[20]);
+  EXPECT_NE(a[21], b[21]);  // depends on the second trace block too
+}
+
+}  // namespace
+}  // namespace duet::policies

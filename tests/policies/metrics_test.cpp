@@ -1,0 +1,141 @@
+// Metrics: SLO parsing, percentiles (numpy's linear interpolation), the summary's fields and
+// the requests.csv format of METRICS.md.
+#include "policies/metrics.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+namespace duet::policies {
+namespace {
+
+TEST(Slo, ParsesKeysAndRejectsBadInput) {
+  auto slo = ParseSlo("ttft=2000,tpot=100");
+  ASSERT_TRUE(slo.ok()) << slo.error();
+  EXPECT_EQ(*slo->ttft_ms, 2000);
+  EXPECT_EQ(*slo->tpot_ms, 100);
+  EXPECT_FALSE(slo->e2e_ms.has_value());
+  for (const char* bad : {"ttft=abc", "ttft", "ttft=-1", "foo=1", "ttft=1,ttft=2", "", "ttft=1x"}) {
+    auto r = ParseSlo(bad);
+    EXPECT_FALSE(r.ok()) << bad;
+    if (!r.ok()) {
+      EXPECT_NE(r.error().find("--slo"), std::string::npos) << r.error();
+    }
+  }
+}
+
+TEST(Summarize, MatchesNumpyLinearInterpolation) {
+  // numpy.percentile([1,2,3,4,10], [50,90,99]) == [3, 7.6, 9.76]
+  const Distribution d = Summarize({4, 1, 10, 3, 2});
+  EXPECT_DOUBLE_EQ(d.mean, 4.0);
+  EXPECT_DOUBLE_EQ(d.p50, 3.0);
+  EXPECT_NEAR(d.p90, 7.6, 1e-12);
+  EXPECT_NEAR(d.p99, 9.76, 1e-12);
+  EXPECT_DOUBLE_EQ(d.max, 10);
+  EXPECT_EQ(Summarize({}).count, 0u);
+}
+
+TEST(Summarize, WeightedEqualsExpanded) {
+  const Distribution w = SummarizeWeighted({{5.0, 3}, {1.0, 2}, {9.0, 1}});
+  const Distribution e = Summarize({5, 5, 5, 1, 1, 9});
+  EXPECT_DOUBLE_EQ(w.mean, e.mean);
+  EXPECT_DOUBLE_EQ(w.p50, e.p50);
+  EXPECT_DOUBLE_EQ(w.p90, e.p90);
+  EXPECT_DOUBLE_EQ(w.p99, e.p99);
+  EXPECT_EQ(w.count, 6u);
+}
+
+Request Completed(RequestId id, Seconds arrival, Seconds ttft, Seconds e2e, Tokens out) {
+  Request r;
+  r.id = id;
+  r.arrival_s = arrival;
+  r.input_tokens = 100;
+  r.output_tokens = out;
+  r.cached_tokens = 20;
+  r.prefill_instance = 0;
+  r.decode_instance = 1;
+  r.first_scheduled_s = arrival + 0.01;
+  r.prefill_done_s = arrival + ttft - 0.005;
+  r.kv_ready_s = arrival + ttft;
+  r.first_token_s = arrival + ttft;
+  r.finished_s = arrival + e2e;
+  r.kv_transfer_bytes = 1000;
+  r.state = RequestState::kCompleted;
+  return r;
+}
+
+TEST(MetricsCollector, SummaryFollowsMetricsMd) {
+  MetricsCollector m;
+  m.OnFinished(Completed(0, 0.0, 0.5, 2.5, 11));  // tpot 200 ms
+  m.OnFinished(Completed(1, 1.0, 3.0, 4.0, 11));  // tpot 100 ms, misses ttft=2000
+  Request rej;
+  rej.id = 2;
+  rej.arrival_s = 2;
+  rej.state = RequestState::kRejected;
+  rej.reason = "too long";
+  m.OnFinished(rej);
+  m.OnTokenGaps(0.1, 10);
+  const auto s = m.Summary(4, *ParseSlo("ttft=2000,tpot=250"));
+  EXPECT_EQ(s["schema"], "duet.summary/1");
+  EXPECT_EQ(s["requests"]["total"], 4);
+  EXPECT_EQ(s["requests"]["completed"], 2);
+  EXPECT_EQ(s["requests"]["rejected"], 1);
+  EXPECT_EQ(s["requests"]["failed"], 1);  // never finished
+  EXPECT_EQ(s["requests"]["rejected_reasons"]["too long"], 1);
+  EXPECT_DOUBLE_EQ(s["duration_s"].get<double>(), 5.0);  // first arrival 0 to last finish 5
+  EXPECT_DOUBLE_EQ(s["ttft_ms"]["mean"].get<double>(), 1750);
+  EXPECT_DOUBLE_EQ(s["tpot_ms"]["mean"].get<double>(), 150);
+  EXPECT_DOUBLE_EQ(s["e2e_ms"]["max"].get<double>(), 4000);
+  EXPECT_DOUBLE_EQ(s["queue_ms"]["p50"].get<double>(), 10);
+  EXPECT_DOUBLE_EQ(s["itl_ms"]["p99"].get<double>(), 100);
+  EXPECT_DOUBLE_EQ(s["throughput"]["requests_per_s"].get<double>(), 0.4);
+  EXPECT_DOUBLE_EQ(s["throughput"]["output_tokens_per_s"].get<double>(), 4.4);
+  EXPECT_DOUBLE_EQ(s["goodput"]["requests_per_s"].get<double>(), 0.2);
+  EXPECT_DOUBLE_EQ(s["goodput"]["attainment"].get<double>(), 0.25);
+  EXPECT_EQ(s["prefix_cache"]["lookup_tokens"], 200);
+  EXPECT_EQ(s["prefix_cache"]["hit_tokens"], 40);
+  EXPECT_DOUBLE_EQ(s["prefix_cache"]["hit_rate"].get<double>(), 0.2);
+  EXPECT_TRUE(s["prefix_cache"]["by_tier"].contains("gpu"));
+  EXPECT_EQ(s["kv_transfer"]["transfers"], 2);
+  EXPECT_EQ(s["kv_transfer"]["bytes"], 2000);
+  EXPECT_DOUBLE_EQ(s["kv_transfer"]["time_ms"]["mean"].get<double>(), 5);
+}
+
+TEST(MetricsCollector, SectionsThatDoNotApplyArePresentWithZeros) {
+  MetricsCollector m;
+  const auto s = m.Summary(0, Slo{});
+  for (const char* key : {"ttft_ms", "tpot_ms", "itl_ms", "e2e_ms", "queue_ms"}) {
+    EXPECT_EQ(s[key]["mean"], 0) << key;
+  }
+  EXPECT_EQ(s["goodput"]["slo"]["ttft_ms"], 0);
+  EXPECT_EQ(s["kv_transfer"]["transfers"], 0);
+}
+
+TEST(MetricsCollector, WritesRequestsCsvInIdOrderWithMetricsMdColumns) {
+  MetricsCollector m;
+  m.OnFinished(Completed(5, 1.0, 0.5, 1.5, 3));
+  Request rej;
+  rej.id = 2;
+  rej.arrival_s = 0.25;
+  rej.input_tokens = 9;
+  rej.output_tokens = 1;
+  rej.state = RequestState::kRejected;
+  rej.reason = "needs 10, max 5";
+  m.OnFinished(rej);
+  const auto path = std::filesystem::temp_directory_path() / "duet_metrics_test.csv";
+  ASSERT_TRUE(m.WriteRequestsCsv(path.string(), {"p0", "d0"}).ok());
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  EXPECT_EQ(text.str(),
+            "request_id,arrival_s,input_tokens,output_tokens,cached_tokens,prefill_instance,"
+            "decode_instance,queue_ms,ttft_ms,tpot_ms,e2e_ms,kv_transfer_ms,status,reason\n"
+            "2,0.250000,9,1,0,,,,,,,,rejected,\"needs 10, max 5\"\n"
+            "5,1.000000,100,3,20,p0,d0,10.000,500.000,500.000,1500.000,5.000,completed,\n");
+  std::filesystem::remove(path);
+}
+
+}  // namespace
+}  // namespace duet::policies

@@ -1,0 +1,121 @@
+// Routers: round-robin, least outstanding work, power-of-two choices, prefix-aware; PD pairs.
+#include "policies/router.h"
+
+#include <gtest/gtest.h>
+
+#include <map>
+
+namespace duet::policies {
+namespace {
+
+class FixedCache : public CacheView {
+ public:
+  std::map<InstanceId, Tokens> cached;
+  Tokens CachedPrefixTokens(InstanceId i, const Request&) const override {
+    auto it = cached.find(i);
+    return it == cached.end() ? 0 : it->second;
+  }
+};
+
+Request MakeRequest(Tokens input) {
+  Request r;
+  r.input_tokens = input;
+  r.output_tokens = 10;
+  return r;
+}
+
+TEST(Router, ParsesNamesAndRejectsUnknown) {
+  EXPECT_EQ(*ParseRouterKind("round-robin"), RouterKind::kRoundRobin);
+  EXPECT_EQ(*ParseRouterKind("prefix-aware"), RouterKind::kPrefixAware);
+  auto bad = ParseRouterKind("random");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.error().find("random"), std::string::npos);
+  EXPECT_NE(bad.error().find("least-loaded"), std::string::npos);
+}
+
+TEST(Router, RoundRobinCyclesBothSides) {
+  auto router = MakeRouter({RouterKind::kRoundRobin, 1}, {0, 1, 2}, {3, 4}, nullptr);
+  std::vector<std::pair<InstanceId, InstanceId>> picks;
+  for (int i = 0; i < 4; ++i) {
+    auto d = router->Route(MakeRequest(100));
+    picks.emplace_back(d.prefill, d.decode);
+  }
+  EXPECT_EQ(picks, (std::vector<std::pair<InstanceId, InstanceId>>{{0, 3}, {1, 4}, {2, 3}, {0, 4}}));
+}
+
+TEST(Router, ColocatedDecodesWhereItPrefills) {
+  auto router = MakeRouter({RouterKind::kLeastLoaded, 1}, {0, 1}, {}, nullptr);
+  auto d = router->Route(MakeRequest(100));
+  EXPECT_EQ(d.prefill, d.decode);
+}
+
+TEST(Router, LeastLoadedFollowsOutstandingWorkAndItsRelease) {
+  auto router = MakeRouter({RouterKind::kLeastLoaded, 1}, {0, 1}, {2, 3}, nullptr);
+  Request big = MakeRequest(5000), small = MakeRequest(100);
+  auto d1 = router->Route(big);
+  big.prefill_instance = d1.prefill;
+  big.decode_instance = d1.decode;
+  auto d2 = router->Route(small);
+  small.prefill_instance = d2.prefill;
+  small.decode_instance = d2.decode;
+  EXPECT_NE(d1.prefill, d2.prefill);
+  EXPECT_NE(d1.decode, d2.decode);
+  EXPECT_EQ(router->load(d1.prefill).outstanding_prefill_tokens, 5000);
+  // Prefill side counts prompt tokens: the next request goes where the small one went; the
+  // decode side counts requests (a tie here: the lower id).
+  const auto d3 = router->Route(MakeRequest(10));
+  EXPECT_EQ(d3.prefill, d2.prefill);
+  EXPECT_EQ(d3.decode, 2);
+  EXPECT_EQ(router->load(2).outstanding_requests + router->load(3).outstanding_requests, 3);
+  // Prefill done releases the prefill share; finishing releases the decode share.
+  const auto decode_before = router->load(d1.decode).outstanding_requests;
+  big.prefill_done_s = 1;
+  router->OnPrefillDone(big);
+  EXPECT_EQ(router->load(d1.prefill).outstanding_prefill_tokens, 0);
+  EXPECT_EQ(router->load(d1.prefill).outstanding_requests, 0);
+  EXPECT_EQ(router->load(d1.decode).outstanding_requests, decode_before);
+  router->OnFinished(big);
+  EXPECT_EQ(router->load(d1.decode).outstanding_requests, decode_before - 1);
+}
+
+TEST(Router, PowerOfTwoIsSeededAndNeverPicksTheWorseOfItsPair) {
+  std::vector<InstanceId> side = {0, 1, 2, 3};
+  auto a = MakeRouter({RouterKind::kPowerOfTwo, 42}, side, {}, nullptr);
+  auto b = MakeRouter({RouterKind::kPowerOfTwo, 42}, side, {}, nullptr);
+  // Load instance 0 heavily: it can only win against itself, which p2c never draws.
+  for (int i = 0; i < 200; ++i) {
+    auto da = a->Route(MakeRequest(10 + i));
+    auto db = b->Route(MakeRequest(10 + i));
+    EXPECT_EQ(da.prefill, db.prefill);
+  }
+  // Every instance was used, and the spread is balanced by the choice of two.
+  Tokens min_load = 1 << 30, max_load = 0;
+  for (InstanceId i : side) {
+    min_load = std::min(min_load, a->load(i).outstanding_prefill_tokens);
+    max_load = std::max(max_load, a->load(i).outstanding_prefill_tokens);
+  }
+  EXPECT_GT(min_load, 0);
+  EXPECT_LT(max_load - min_load, 1000);
+}
+
+TEST(Router, PrefixAwareTakesTheCachedPrefixUnlessTheQueueThereCostsMore) {
+  FixedCache cache;
+  auto router = MakeRouter({RouterKind::kPrefixAware, 1}, {0, 1, 2}, {}, &cache);
+  cache.cached = {{1, 3000}};
+  EXPECT_EQ(router->Route(MakeRequest(4000)).prefill, 1);  // 1000 uncached vs 4000 elsewhere
+  // Instance 1 now has 4000 queued tokens: 4000 + 1000 > 0 + 4000 elsewhere.
+  EXPECT_EQ(router->Route(MakeRequest(4000)).prefill, 0);
+}
+
+TEST(Router, PrefixAwareBreaksCostTiesTowardTheLongerPrefix) {
+  FixedCache cache;
+  auto router = MakeRouter({RouterKind::kPrefixAware, 1}, {0, 1}, {}, &cache);
+  EXPECT_EQ(router->Route(MakeRequest(500)).prefill, 0);   // equal costs: lower id
+  EXPECT_EQ(router->Route(MakeRequest(1000)).prefill, 1);  // 1000 < 500 + 1000
+  // Costs: instance 0: 500 + 1000; instance 1: 1000 + (1000 - 500). Equal; 1 has the prefix.
+  cache.cached = {{1, 500}};
+  EXPECT_EQ(router->Route(MakeRequest(1000)).prefill, 1);
+}
+
+}  // namespace
+}  // namespace duet::policies
