@@ -20,9 +20,10 @@ Result<nlohmann::json> ReadJsonFile(const std::string& path) {
   buffer << in.rdbuf();
   nlohmann::json doc = nlohmann::json::parse(buffer.str(), nullptr, /*allow_exceptions=*/false);
   if (doc.is_discarded()) {
-    // Re-parse with exceptions only to recover the position for the message.
+    // Re-parse with exceptions only to recover the position for the message; the exception
+    // never leaves this function.
     try {
-      (void)nlohmann::json::parse(buffer.str());
+      [[maybe_unused]] const auto reparsed = nlohmann::json::parse(buffer.str());
     } catch (const nlohmann::json::parse_error& e) {
       return Status::Error(path + ": invalid JSON: " + e.what());
     }

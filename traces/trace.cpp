@@ -1,0 +1,133 @@
+// Format dispatch (ReadTrace), the Mooncake writer, and the selections applied before a replay
+// (rate scaling, first N, time window). Readers live in mooncake.cpp and azure.cpp, the
+// generator in synthetic.cpp.
+#include "traces/trace.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <string>
+
+#include "traces/synthetic.h"
+
+namespace duet::traces {
+namespace {
+
+// Shortest readable form of a number for messages ("0.5", "1e-09", "inf"), unlike
+// std::to_string's fixed six decimals.
+std::string FormatNumber(double value) {
+  char text[32];
+  std::snprintf(text, sizeof(text), "%g", value);
+  return text;
+}
+
+// Largest arrival whose millisecond timestamp still fits the int64 llround returns.
+constexpr Seconds kMaxWritableArrivalS = 9e15;
+
+}  // namespace
+
+Result<TraceFormat> ParseTraceFormat(const std::string& name) {
+  if (name == "mooncake") return TraceFormat::kMooncake;
+  if (name == "azure") return TraceFormat::kAzure;
+  if (name == "synthetic") return TraceFormat::kSynthetic;
+  return Status::Error("unknown trace format '" + name +
+                       "' (accepted: mooncake, azure, synthetic)");
+}
+
+Result<Trace> ReadTrace(const std::string& path, TraceFormat format) {
+  switch (format) {
+    case TraceFormat::kMooncake:
+      return ReadMooncake(path);
+    case TraceFormat::kAzure:
+      return ReadAzure(path);
+    case TraceFormat::kSynthetic: {
+      auto spec = ReadSyntheticSpec(path);
+      if (!spec) return spec.status();
+      auto trace = GenerateSynthetic(*spec);
+      if (!trace) return Status::Error(path + ": " + trace.error());
+      trace->source = path;  // the spec file: more useful in reports than "synthetic"
+      return trace;
+    }
+  }
+  return Status::Error(path + ": unknown trace format");
+}
+
+Status WriteMooncake(const Trace& trace, const std::string& path) {
+  // Mooncake hash_ids mean 512-token blocks; ids at another granularity would be misread.
+  if (trace.block_tokens != 512) {
+    for (const TraceRequest& r : trace.requests) {
+      if (!r.block_ids.empty()) {
+        return Status::Error(path + ": cannot write Mooncake with block_tokens " +
+                             std::to_string(trace.block_tokens) +
+                             " (the format's blocks are 512 tokens)");
+      }
+    }
+  }
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  if (!out) return Status::Error(path + ": cannot open for writing");
+  // Written by hand rather than via nlohmann::json, whose objects would sort the keys; the
+  // key order and spacing match the published trace.
+  std::string line;
+  char number[32];
+  for (const TraceRequest& r : trace.requests) {
+    if (!(r.arrival_s >= 0 && r.arrival_s <= kMaxWritableArrivalS)) {  // NaN fails too
+      return Status::Error(path + ": request " + std::to_string(r.id) +
+                           " has an invalid arrival time");
+    }
+    const long long timestamp_ms = std::llround(r.arrival_s * 1000.0);
+    line.clear();
+    std::snprintf(number, sizeof(number), "%lld", timestamp_ms);
+    line += "{\"timestamp\": ";
+    line += number;
+    line += ", \"input_length\": " + std::to_string(r.input_tokens);
+    line += ", \"output_length\": " + std::to_string(r.output_tokens);
+    line += ", \"hash_ids\": [";
+    for (std::size_t i = 0; i < r.block_ids.size(); ++i) {
+      if (i > 0) line += ", ";
+      line += std::to_string(r.block_ids[i]);
+    }
+    line += "]}\n";
+    out << line;
+  }
+  out.flush();
+  if (!out) return Status::Error(path + ": write error");
+  return Status::Ok();
+}
+
+Status ScaleRate(Trace& trace, double factor) {
+  if (!std::isfinite(factor) || factor <= 0) {
+    return Status::Error("rate scale factor must be finite and > 0, got " + FormatNumber(factor));
+  }
+  for (TraceRequest& r : trace.requests) r.arrival_s /= factor;
+  return Status::Ok();
+}
+
+void KeepFirst(Trace& trace, std::size_t n) {
+  if (n != 0 && n < trace.requests.size()) trace.requests.resize(n);
+}
+
+Status KeepWindow(Trace& trace, Seconds start_s, Seconds end_s) {
+  // end_s may be +infinity ("until the end"); NaN fails every comparison below.
+  if (!(start_s >= 0) || !std::isfinite(start_s) || !(end_s > start_s)) {
+    return Status::Error("time window [" + FormatNumber(start_s) + ", " + FormatNumber(end_s) +
+                         ") must have 0 <= start < end");
+  }
+  std::vector<TraceRequest> kept;
+  for (TraceRequest& r : trace.requests) {
+    if (r.arrival_s >= start_s && r.arrival_s < end_s) kept.push_back(std::move(r));
+  }
+  if (kept.empty()) {
+    // Nothing was moved out, so the trace is unchanged on this error.
+    return Status::Error(trace.source + ": no requests in window [" + FormatNumber(start_s) + ", " +
+                         FormatNumber(end_s) + ")");
+  }
+  // Readers sort by arrival, but a hand-built trace may not be: shift by the earliest.
+  Seconds shift_s = kept.front().arrival_s;
+  for (const TraceRequest& r : kept) shift_s = std::min(shift_s, r.arrival_s);
+  for (TraceRequest& r : kept) r.arrival_s -= shift_s;
+  trace.requests = std::move(kept);
+  return Status::Ok();
+}
+
+}  // namespace duet::traces
