@@ -10,6 +10,7 @@ PACKAGES=(
   libsimgrid-dev                 # the discrete-event simulator behind `duet simulate`
   libboost-program-options-dev   # command-line parsing
   nlohmann-json3-dev             # JSON for specs, traces and outputs
+  libpcre2-dev                   # the tokenizer's pre-tokenization regex
   libgtest-dev libgmock-dev      # the test suite
   libucx-dev                     # optional UCX KV transport (found and reported by CMake)
 )

@@ -198,7 +198,9 @@ TEST(KvBlockManager, RandomWorkloadKeepsInvariants) {
         live.erase(live.begin() + static_cast<std::ptrdiff_t>(k));
       }
     }
-    if (step % 97 == 0) ASSERT_TRUE(m.CheckInvariants().ok()) << m.CheckInvariants().message();
+    if (step % 97 == 0) {
+      ASSERT_TRUE(m.CheckInvariants().ok()) << m.CheckInvariants().message();
+    }
   }
   for (auto& [id, hashes] : live) m.Free(id);
   ASSERT_TRUE(m.CheckInvariants().ok()) << m.CheckInvariants().message();
@@ -213,7 +215,9 @@ TEST(BlockHashIndex, InsertFindEraseWithCollidingSlots) {
   index.Erase(16 + 3);  // from the middle of the probe run
   EXPECT_EQ(index.Find(16 + 3), BlockHashIndex::kAbsent);
   for (int i = 0; i < 6; ++i) {
-    if (i != 1) EXPECT_EQ(index.Find(static_cast<std::uint64_t>(i) * 16 + 3), i) << i;
+    if (i != 1) {
+      EXPECT_EQ(index.Find(static_cast<std::uint64_t>(i) * 16 + 3), i) << i;
+    }
   }
   // Wrap-around at the end of the table.
   EXPECT_TRUE(index.Insert(15, 100));
