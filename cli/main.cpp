@@ -42,7 +42,11 @@ std::string DataDir() {
 }
 
 Result<traces::TraceFormat> FormatFor(const std::string& path, const std::string& flag) {
-  if (!flag.empty()) return traces::ParseTraceFormat(flag);
+  if (!flag.empty()) {
+    auto format = traces::ParseTraceFormat(flag);
+    if (!format) return Status::Error("--trace-format: " + format.error());
+    return format;
+  }
   const std::string ext = fs::path(path).extension().string();
   if (ext == ".jsonl") return traces::TraceFormat::kMooncake;
   if (ext == ".csv") return traces::TraceFormat::kAzure;

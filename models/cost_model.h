@@ -19,7 +19,8 @@ struct PrefillChunk {
 };
 
 // The shape of one step (a mixed batch). Decode requests are aggregated: each decodes one
-// token; `decode_context_tokens` is the sum of their context lengths (attention reads).
+// token; `decode_context_tokens` is the sum of the tokens already in their KV caches (the
+// token being decoded is not included: like a prefill chunk's `context`).
 struct StepShape {
   std::vector<PrefillChunk> prefill;
   Tokens decode_tokens = 0;

@@ -20,8 +20,8 @@ models::StepShape StepPlan::Shape(int tp, int step_index) const {
   shape.prefill.reserve(prefills.size());
   for (const PrefillItem& p : prefills) shape.prefill.push_back({p.tokens, p.context});
   shape.decode_tokens = static_cast<Tokens>(decodes.size());
-  // A decode step attends over the whole sequence, the token being decoded included.
-  for (const Request* r : decodes) shape.decode_context_tokens += r->SequenceTokens();
+  // Context: tokens already cached; the token being decoded is the step's own token.
+  for (const Request* r : decodes) shape.decode_context_tokens += r->SequenceTokens() - 1;
   shape.decode_context_tokens += static_cast<Tokens>(step_index) * shape.decode_tokens;
   return shape;
 }

@@ -371,8 +371,11 @@ Result<SimReport> RunSimulation(const ClusterSpec& cluster, const traces::Trace&
     w.mailboxes.push_back(sg4::Mailbox::by_name("instance-" + spec.name));
     models::RooflineOptions roofline = cluster.roofline;
     roofline.tp = spec.tp;
-    w.costs.push_back(std::make_unique<models::RooflineCostModel>(
-        cluster.model, cluster.nodes[static_cast<std::size_t>(spec.node)].gpu, roofline));
+    // TP all-reduces run over the node's NVLink as the cluster file gives it.
+    const NodeSpec& node = cluster.nodes[static_cast<std::size_t>(spec.node)];
+    models::HardwareSpec gpu = node.gpu;
+    gpu.nvlink_bw = node.nvlink.bandwidth;
+    w.costs.push_back(std::make_unique<models::RooflineCostModel>(cluster.model, gpu, roofline));
   }
   for (std::size_t i = 0; i < cluster.instances.size(); ++i) {
     const InstanceSpec& spec = cluster.instances[i];

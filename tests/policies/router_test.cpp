@@ -40,7 +40,8 @@ TEST(Router, RoundRobinCyclesBothSides) {
     auto d = router->Route(MakeRequest(100));
     picks.emplace_back(d.prefill, d.decode);
   }
-  EXPECT_EQ(picks, (std::vector<std::pair<InstanceId, InstanceId>>{{0, 3}, {1, 4}, {2, 3}, {0, 4}}));
+  EXPECT_EQ(picks,
+            (std::vector<std::pair<InstanceId, InstanceId>>{{0, 3}, {1, 4}, {2, 3}, {0, 4}}));
 }
 
 TEST(Router, ColocatedDecodesWhereItPrefills) {
