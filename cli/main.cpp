@@ -129,6 +129,9 @@ int Simulate(int argc, char** argv) {
     ("rate-scale", po::value<double>()->default_value(1.0),
      "multiply the trace's arrival rate by this factor")
     ("limit", po::value<std::size_t>()->default_value(0), "replay only the first N requests (0: all)")
+    ("window", po::value<std::string>(),
+     "replay only requests arriving in [START, END) seconds of the trace, e.g. 600:1200; "
+     "arrivals are shifted so the window starts at 0 (applied before --rate-scale)")
     ("seed", po::value<std::uint64_t>()->default_value(1),
      "random seed (router sampling; overrides a synthetic spec's seed when given)")
     ("slo", po::value<std::string>(), "service-level objectives in ms, e.g. ttft=2000,tpot=100")
@@ -183,6 +186,15 @@ int Simulate(int argc, char** argv) {
     trace = traces::ReadTrace(trace_path, *format);
   }
   if (!trace) return Fail(trace.error());
+  if (vm.count("window")) {
+    const std::string w = vm["window"].as<std::string>();
+    double start_s = 0, end_s = 0;
+    char tail = 0;
+    if (std::sscanf(w.c_str(), "%lf:%lf%c", &start_s, &end_s, &tail) != 2)
+      return Fail("--window: '" + w + "' is not START:END in seconds", kExitUsage);
+    if (Status s = traces::KeepWindow(*trace, start_s, end_s); !s.ok())
+      return Fail("--window: " + s.message(), kExitUsage);
+  }
   if (Status s = traces::ScaleRate(*trace, rate_scale); !s.ok())
     return Fail("--rate-scale: " + s.message(), kExitUsage);
   traces::KeepFirst(*trace, vm["limit"].as<std::size_t>());

@@ -795,5 +795,38 @@ TEST(SelectionFlags, LimitAndRateScale) {
   }
 }
 
+TEST(SelectionFlags, WindowKeepsArrivalsInRangeShiftedToZero) {
+  TempDir tmp;
+  Simulate(tmp.File("all"),
+           {"--cluster", kPdCluster, "--trace", MooncakeTracePath(), "--limit", "400"});
+  Simulate(tmp.File("win"),
+           {"--cluster", kPdCluster, "--trace", MooncakeTracePath(), "--window", "60:120"});
+  const Csv all = Csv::Read(tmp.File("all") + "/requests.csv");
+  const Csv win = Csv::Read(tmp.File("win") + "/requests.csv");
+  std::size_t expected = 0, first = 0;
+  for (std::size_t i = 0; i < all.size(); ++i) {
+    const double t = all.Number(i, "arrival_s");
+    if (t >= 60 && t < 120 && expected++ == 0) first = i;
+  }
+  ASSERT_GT(expected, 0u);
+  ASSERT_GE(all.Number(all.size() - 1, "arrival_s"), 120);  // the 400 cover the window
+  ASSERT_EQ(win.size(), expected);
+  const double shift = all.Number(first, "arrival_s");
+  for (std::size_t i = 0; i < win.size(); ++i) {
+    EXPECT_EQ(win.Get(i, "request_id"), all.Get(first + i, "request_id"));  // ids kept
+    EXPECT_NEAR(win.Number(i, "arrival_s"), all.Number(first + i, "arrival_s") - shift, 1e-6);
+  }
+}
+
+TEST(SelectionFlags, BadWindowIsAUsageError) {
+  TempDir tmp;
+  for (const char* bad : {"60", "120:60", "a:b", "1:2:3"}) {
+    const RunResult r = RunDuet(
+        {"simulate", "--trace", MooncakeTracePath(), "--window", bad, "--out", tmp.File("o")});
+    EXPECT_EQ(r.exit_code, 2) << bad << ": " << r;
+    EXPECT_NE(r.err.find("--window"), std::string::npos) << r;
+  }
+}
+
 }  // namespace
 }  // namespace duet::e2e
