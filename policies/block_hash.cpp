@@ -14,6 +14,8 @@ std::uint64_t Mix(std::uint64_t x) {
   return x ^ (x >> 31);
 }
 
+constexpr BlockHash kRoot = 0x6475657400000000ULL;  // "duet": the root of every chain
+
 }  // namespace
 
 std::vector<BlockHash> EngineBlockHashes(std::span<const std::uint64_t> trace_ids,
@@ -25,7 +27,7 @@ std::vector<BlockHash> EngineBlockHashes(std::span<const std::uint64_t> trace_id
       std::min<Tokens>(input_tokens, static_cast<Tokens>(trace_ids.size()) * trace_block_tokens);
   const Tokens full_blocks = covered / engine_block_tokens;
   hashes.reserve(static_cast<std::size_t>(full_blocks));
-  BlockHash parent = 0x6475657400000000ULL;  // "duet": the root of every chain
+  BlockHash parent = kRoot;
   for (Tokens j = 0; j < full_blocks; ++j) {
     const Tokens first = j * engine_block_tokens;
     const Tokens last = first + engine_block_tokens - 1;
@@ -35,6 +37,24 @@ std::vector<BlockHash> EngineBlockHashes(std::span<const std::uint64_t> trace_id
     }
     // The offset inside the first trace block tells apart engine blocks of one trace block.
     h = Mix(h ^ static_cast<std::uint64_t>(first % trace_block_tokens));
+    hashes.push_back(h);
+    parent = h;
+  }
+  return hashes;
+}
+
+std::vector<BlockHash> TokenBlockHashes(std::span<const std::int32_t> token_ids,
+                                        Tokens engine_block_tokens) {
+  std::vector<BlockHash> hashes;
+  if (engine_block_tokens <= 0) return hashes;
+  const auto full_blocks = static_cast<Tokens>(token_ids.size()) / engine_block_tokens;
+  hashes.reserve(static_cast<std::size_t>(full_blocks));
+  BlockHash parent = kRoot;
+  for (Tokens j = 0; j < full_blocks; ++j) {
+    std::uint64_t h = Mix(parent ^ 0x746f6b656e73ULL);  // "tokens": apart from trace-id chains
+    for (Tokens t = j * engine_block_tokens; t < (j + 1) * engine_block_tokens; ++t) {
+      h = Mix(h ^ static_cast<std::uint32_t>(token_ids[static_cast<std::size_t>(t)]));
+    }
     hashes.push_back(h);
     parent = h;
   }

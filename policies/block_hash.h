@@ -20,4 +20,9 @@ std::vector<BlockHash> EngineBlockHashes(std::span<const std::uint64_t> trace_id
                                          Tokens trace_block_tokens, Tokens input_tokens,
                                          Tokens engine_block_tokens);
 
+// Hashes of the full engine blocks of a tokenized prompt (the real backend's prefix identity):
+// block j's key covers its parent's key and its tokens' ids.
+std::vector<BlockHash> TokenBlockHashes(std::span<const std::int32_t> token_ids,
+                                        Tokens engine_block_tokens);
+
 }  // namespace duet::policies

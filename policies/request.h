@@ -38,6 +38,8 @@ struct Request {
   // Chained hashes of the prompt's full engine blocks (prefix identity); may cover fewer
   // blocks than the prompt when the trace has no content information for the rest.
   std::vector<BlockHash> block_hashes;
+  // Real backend only (empty in simulation): the prompt's token ids, then each generated one.
+  std::vector<std::int32_t> token_ids;
 
   RequestState state = RequestState::kArrived;
   InstanceId prefill_instance = kNoInstance;

@@ -51,6 +51,7 @@ void BatchScheduler::Preempt(Request* victim, KvBlockManager& blocks, StepPlan& 
 
 void BatchScheduler::Schedule(KvBlockManager& blocks, StepPlan& plan) {
   plan.clear();
+  plan.blocks = &blocks;
   Tokens budget = config_.max_num_batched_tokens;
 
   // 1. Decode first: each decoding request needs room for the token it processes this step.

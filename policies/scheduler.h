@@ -32,6 +32,9 @@ struct StepPlan {
   std::vector<Request*> decodes;
   std::vector<Request*> preempted;
   std::vector<Request*> admitted;
+  // The block manager whose tables the step runs into (a real executor reads each request's
+  // physical blocks from it). Set by BatchScheduler::Schedule.
+  const KvBlockManager* blocks = nullptr;
 
   bool empty() const { return prefills.empty() && decodes.empty(); }
   void clear();

@@ -48,5 +48,16 @@ TEST(EngineBlockHashes, EngineBlocksThatStraddleTraceBlocks) {
   EXPECT_NE(a[21], b[21]);  // depends on the second trace block too
 }
 
+TEST(TokenBlockHashes, ChainsOverTokenContent) {
+  std::vector<std::int32_t> a(40), b(40);
+  for (int i = 0; i < 40; ++i) a[i] = b[i] = i;
+  b[20] = 999;  // second block differs
+  const auto ha = TokenBlockHashes(a, 16), hb = TokenBlockHashes(b, 16);
+  ASSERT_EQ(ha.size(), 2u);  // 40 tokens: two full 16-token blocks
+  EXPECT_EQ(ha[0], hb[0]);
+  EXPECT_NE(ha[1], hb[1]);
+  EXPECT_EQ(TokenBlockHashes(std::vector<std::int32_t>(a.begin(), a.begin() + 32), 16), ha);
+}
+
 }  // namespace
 }  // namespace duet::policies
