@@ -1,0 +1,46 @@
+// Paged KV cache and causal grouped-query attention over it, on the CPU. The cache of one layer
+// is a pool of fixed-size blocks; a sequence owns the blocks its block table lists, in position
+// order, so token position p lives in block block_table[p / block_tokens], slot p % block_tokens.
+#pragma once
+
+#include <cstdint>
+#include <span>
+
+#include "kernels/cpu/thread_pool.h"
+
+namespace duet::kernels::cpu {
+
+// One layer's cache, borrowed. k and v each hold num_blocks * block_tokens * kv_heads *
+// head_dim floats laid out [block][slot][kv_head][head_dim].
+struct PagedKvLayer {
+  float* k = nullptr;
+  float* v = nullptr;
+  std::int32_t block_tokens = 0;
+  std::int32_t kv_heads = 0;
+  std::int32_t head_dim = 0;
+  std::int64_t num_blocks = 0;
+};
+
+// Stores the keys and values of tokens at positions start_position .. start_position +
+// n_tokens - 1 of the sequence whose blocks are block_table. k_new and v_new are
+// [n_tokens][kv_heads * head_dim] (the k/v projections after RoPE). The table must cover the
+// last position and name blocks in [0, num_blocks).
+void WriteKv(const PagedKvLayer& layer, std::span<const std::int32_t> block_table,
+             std::int64_t start_position, std::int64_t n_tokens, const float* k_new,
+             const float* v_new);
+
+// out[i][h] = softmax_j(scale * q[i][h] . K[j][g(h)]) . V[j][g(h)] over j = 0 ..
+// context_before + i, where g(h) = h / (heads / kv_heads) (grouped-query attention) and q[i] is
+// the token at position context_before + i. The cache must already hold positions 0 ..
+// context_before + n_tokens - 1 (call WriteKv for the new tokens first). out and q are
+// [n_tokens][heads][head_dim]; heads must be a multiple of kv_heads. Only blocks listed in
+// block_table are read, and only their filled slots. The softmax is computed in fp32 over
+// fixed partitions of 128 positions, each max-subtracted, then combined with the usual
+// rescaling (flash-decoding); exp is vectorised on the AVX2 path (within 2 ulp of expf).
+// Results are bit-identical for any pool size and any split of a prompt into chunks.
+// pool: decode (few tokens) is spread over context partitions, prefill over tokens.
+void PagedAttention(float* out, const float* q, std::int64_t n_tokens, std::int64_t heads,
+                    const PagedKvLayer& layer, std::span<const std::int32_t> block_table,
+                    std::int64_t context_before, float scale, ThreadPool* pool);
+
+}  // namespace duet::kernels::cpu

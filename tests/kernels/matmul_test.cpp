@@ -1,0 +1,128 @@
+// MatMul against a double-precision reference on random inputs: GEMV (M = 1) and GEMM shapes
+// that hit every edge of the tiling (N = 1, K = 1, K not a multiple of 8 / 16 / 512, M and N
+// across tile boundaries), all three weight dtypes, fp32 and bf16 biases, both instruction-set
+// paths, and bit-identical results for any thread count.
+#include "kernels/cpu/matmul.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "tests/kernels/kernel_test_util.h"
+
+namespace duet::kernels::cpu {
+namespace {
+
+using testing::IsaTest;
+using testing::MakeWeight;
+using testing::RandomFloats;
+using testing::TestWeight;
+
+struct Shape {
+  std::int64_t m, n, k;
+};
+
+// Checks out against sum_k in[m][k] * w[n][k] (+ bias[n]) in double. The tolerance scales with
+// sum |in * w| (the size of the terms, not of their possibly cancelling sum).
+void ExpectMatchesReference(const std::vector<float>& out, const std::vector<float>& in,
+                            const TestWeight& w, std::int64_t m, const std::vector<double>* bias,
+                            const std::string& label) {
+  int failures = 0;
+  for (std::int64_t i = 0; i < m; ++i) {
+    for (std::int64_t n = 0; n < w.rows; ++n) {
+      double sum = 0.0, magnitude = 0.0;
+      for (std::int64_t k = 0; k < w.cols; ++k) {
+        const double term = static_cast<double>(in[i * w.cols + k]) * w.at(n, k);
+        sum += term;
+        magnitude += std::fabs(term);
+      }
+      if (bias != nullptr) {
+        sum += (*bias)[n];
+        magnitude += std::fabs((*bias)[n]);
+      }
+      const double got = out[i * w.rows + n];
+      if (std::fabs(got - sum) > 1e-5 * magnitude + 1e-6 && ++failures <= 5) {
+        ADD_FAILURE() << label << " out[" << i << "][" << n << "] = " << got << ", want " << sum;
+      }
+    }
+  }
+}
+
+class MatMulTest : public IsaTest {};
+
+TEST_P(MatMulTest, MatchesDoubleReferenceForAllShapesAndDtypes) {
+  const Shape shapes[] = {
+      {1, 1, 1},    {1, 1, 7},      {1, 5, 16},    {1, 3, 33},   {1, 37, 1000}, {1, 64, 4099},
+      {2, 1, 1},    {3, 7, 9},      {4, 3, 8},     {5, 50, 513}, {7, 1, 1031},  {64, 48, 512},
+      {65, 49, 17}, {70, 97, 1100}, {128, 96, 64}, {9, 130, 24},
+  };
+  ThreadPool pool(3);
+  std::uint32_t seed = 1;
+  for (const Shape& s : shapes) {
+    for (WeightDtype dtype : {WeightDtype::kF32, WeightDtype::kBF16, WeightDtype::kF16}) {
+      const TestWeight w = MakeWeight(dtype, s.n, s.k, ++seed);
+      const std::vector<float> in = RandomFloats(static_cast<std::size_t>(s.m * s.k), ++seed);
+      std::vector<float> out(static_cast<std::size_t>(s.m * s.n), std::nanf(""));
+      MatMul(out.data(), in.data(), s.m, w.view(), nullptr, &pool);
+      ExpectMatchesReference(out, in, w, s.m, nullptr,
+                             std::string(WeightDtypeName(dtype)) + " m=" + std::to_string(s.m) +
+                                 " n=" + std::to_string(s.n) + " k=" + std::to_string(s.k));
+    }
+  }
+}
+
+TEST_P(MatMulTest, AddsFp32AndSixteenBitBiases) {
+  for (std::int64_t m : {1, 6}) {
+    const TestWeight w = MakeWeight(WeightDtype::kBF16, 13, 40, 11);
+    const std::vector<float> in = RandomFloats(static_cast<std::size_t>(m * 40), 12);
+    for (WeightDtype bias_dtype : {WeightDtype::kF32, WeightDtype::kBF16, WeightDtype::kF16}) {
+      const TestWeight bias = MakeWeight(bias_dtype, 1, 13, 13, -5.0f, 5.0f);
+      const std::vector<double> bias_values(bias.values.begin(), bias.values.end());
+      std::vector<float> out(static_cast<std::size_t>(m * 13));
+      const Weight bias_view = bias.view();
+      MatMul(out.data(), in.data(), m, w.view(), &bias_view, nullptr);
+      ExpectMatchesReference(out, in, w, m, &bias_values,
+                             std::string("bias ") + WeightDtypeName(bias_dtype));
+    }
+  }
+}
+
+TEST_P(MatMulTest, ResultsAreBitIdenticalForAnyThreadCount) {
+  for (const Shape& s : {Shape{1, 301, 777}, Shape{77, 101, 600}}) {
+    const TestWeight w = MakeWeight(WeightDtype::kF16, s.n, s.k, 21);
+    const std::vector<float> in = RandomFloats(static_cast<std::size_t>(s.m * s.k), 22);
+    std::vector<float> single(static_cast<std::size_t>(s.m * s.n));
+    MatMul(single.data(), in.data(), s.m, w.view(), nullptr, nullptr);
+    for (int threads : {1, 2, 5}) {
+      ThreadPool pool(threads);
+      std::vector<float> multi(single.size());
+      MatMul(multi.data(), in.data(), s.m, w.view(), nullptr, &pool);
+      EXPECT_EQ(std::memcmp(multi.data(), single.data(), single.size() * sizeof(float)), 0)
+          << "threads=" << threads << " m=" << s.m;
+    }
+  }
+}
+
+TEST_P(MatMulTest, ZeroRowsIsANoOp) {
+  const TestWeight w = MakeWeight(WeightDtype::kF32, 4, 4, 1);
+  float out = 42.0f;
+  const float in = 1.0f;
+  MatMul(&out, &in, 0, w.view(), nullptr, nullptr);
+  EXPECT_EQ(out, 42.0f);
+}
+
+DUET_INSTANTIATE_ISA_TESTS(MatMulTest);
+
+TEST(MatMulDeathTest, BiasOfTheWrongLengthIsABrokenInvariant) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  const TestWeight w = MakeWeight(WeightDtype::kF32, 4, 4, 1);
+  const std::vector<float> in(4, 1.0f), bias(3, 0.0f);
+  std::vector<float> out(4);
+  const Weight bias_view = VectorWeight(bias.data(), 3);
+  EXPECT_DEATH(MatMul(out.data(), in.data(), 1, w.view(), &bias_view, nullptr), "invariant");
+}
+
+}  // namespace
+}  // namespace duet::kernels::cpu
