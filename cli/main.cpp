@@ -9,6 +9,7 @@
 #include <string>
 
 #include "backend/registry.h"
+#include "cli/commands.h"
 #include "sim/simulation.h"
 #include "traces/synthetic.h"
 #include "traces/trace.h"
@@ -16,17 +17,17 @@
 namespace po = boost::program_options;
 namespace fs = std::filesystem;
 using namespace duet;
+using duet::cli::Fail;
+using duet::cli::kExitError;
+using duet::cli::kExitOk;
+using duet::cli::kExitUsage;
 
-namespace {
-
-constexpr int kExitOk = 0;
-constexpr int kExitError = 1;  // bad input files, failed run
-constexpr int kExitUsage = 2;  // bad command line
-
-int Fail(const std::string& message, int code = kExitError) {
+int duet::cli::Fail(const std::string& message, int code) {
   std::fprintf(stderr, "duet: error: %s\n", message.c_str());
   return code;
 }
+
+namespace {
 
 // Bundled data (models/, sim/clusters/, traces/bundled/) is found relative to the current
 // directory first, then relative to the source tree the binary was built from.
@@ -113,7 +114,9 @@ void PrintSummary(const nlohmann::json& s, const std::string& out_dir) {
               (fs::path(out_dir) / "requests.csv").string().c_str());
 }
 
-int Simulate(int argc, char** argv) {
+}  // namespace
+
+int duet::cli::Simulate(int argc, char** argv) {
   po::options_description opts("duet simulate: replay a request trace on a simulated cluster");
   // clang-format off
   opts.add_options()
@@ -205,12 +208,16 @@ int Simulate(int argc, char** argv) {
   return kExitOk;
 }
 
+namespace {
+
 void Usage() {
   std::printf(
       "usage: duet <command> [options]\n\n"
       "commands:\n"
-      "  simulate   replay a request trace on a simulated PD or colocated cluster\n"
-      "  version    print the version and the optional backends built in\n\n"
+      "  simulate         replay a request trace on a simulated PD or colocated cluster\n"
+      "  generate         run a model on the CPU backend and print its continuation\n"
+      "  make-test-model  write the deterministic tiny test model\n"
+      "  version          print the version and the optional backends built in\n\n"
       "'duet <command> --help' describes a command's options.\n");
 }
 
@@ -223,7 +230,9 @@ int main(int argc, char** argv) {
   }
   const std::string command = argv[1];
   try {
-    if (command == "simulate") return Simulate(argc - 1, argv + 1);
+    if (command == "simulate") return cli::Simulate(argc - 1, argv + 1);
+    if (command == "generate") return cli::Generate(argc - 1, argv + 1);
+    if (command == "make-test-model") return cli::MakeTestModel(argc - 1, argv + 1);
     if (command == "version" || command == "--version") {
       std::printf("duet 0.1.0 (%s)\n", backend::DescribeFeatures().c_str());
       return kExitOk;

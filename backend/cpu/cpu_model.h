@@ -1,0 +1,74 @@
+// A Llama-family model (Llama 2/3/3.1, Qwen2, Mistral) running on the CPU reference kernels
+// over a paged KV cache: one forward pass computes a mixed batch of prefill chunks and decode
+// tokens, each sequence writing into and attending over the KV blocks of its block table.
+// The block tables come from the shared KV block manager; this class owns the KV memory.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <vector>
+
+#include "backend/model/llama_weights.h"
+#include "common/status.h"
+#include "kernels/cpu/kernels.h"
+
+namespace duet::backend {
+
+// One sequence's part of a forward pass.
+struct SequenceChunk {
+  std::span<const std::int32_t> tokens;       // token ids computed in this pass (>= 1)
+  std::int64_t context_before = 0;            // tokens already in its KV cache
+  std::span<const std::int32_t> block_table;  // physical blocks, covering all its tokens
+  enum class Logits { kNone, kLast, kAll } logits = Logits::kLast;
+};
+
+struct CpuModelOptions {
+  std::int64_t num_blocks = 0;  // KV blocks (of block_tokens tokens) for all sequences
+  std::int32_t block_tokens = 16;
+  int threads = 0;  // 0: one per hardware thread
+};
+
+class CpuModel {
+ public:
+  static Result<std::unique_ptr<CpuModel>> Create(LoadedModel model,
+                                                  const CpuModelOptions& options);
+
+  // Runs the batch. Logits rows are appended to `logits` (vocab floats each) in batch order:
+  // one row for kLast, one per token for kAll. Not thread-safe: one pass at a time.
+  void Forward(std::span<const SequenceChunk> batch, std::vector<float>* logits);
+
+  const ModelConfig& config() const { return model_.config; }
+  const LoadedModel& model() const { return model_; }
+  std::int64_t num_blocks() const { return options_.num_blocks; }
+  std::int32_t block_tokens() const { return options_.block_tokens; }
+  int threads() const { return pool_.threads(); }
+  // Bytes a decode step must read at least: every weight once (the memory roofline's numerator).
+  std::int64_t WeightBytes() const { return weight_bytes_; }
+
+ private:
+  struct Layer {
+    kernels::cpu::Weight input_norm, q, k, v, o, post_norm, gate, up, down;
+    std::optional<kernels::cpu::Weight> q_bias, k_bias, v_bias, o_bias;
+    std::vector<float> k_cache, v_cache;  // [block][slot][kv_head][head_dim]
+  };
+
+  CpuModel(LoadedModel model, const CpuModelOptions& options);
+  kernels::cpu::Weight ToWeight(const TensorView& t);
+  kernels::cpu::PagedKvLayer KvLayer(Layer& layer) const;
+
+  LoadedModel model_;
+  CpuModelOptions options_;
+  kernels::cpu::ThreadPool pool_;
+  std::vector<float> inv_freq_;
+  kernels::cpu::Weight embed_, final_norm_, lm_head_;
+  std::vector<Layer> layers_;
+  std::vector<std::vector<float>> realigned_;  // copies of the rare unaligned tensors
+  std::int64_t weight_bytes_ = 0;
+  // Scratch, reused across passes.
+  std::vector<float> x_, h_, q_, k_, v_, attn_, o_, gate_, up_, act_, rows_;
+  std::vector<std::int32_t> ids_, positions_;
+};
+
+}  // namespace duet::backend

@@ -1,0 +1,167 @@
+// `duet make-test-model` (write the project's deterministic tiny test model) and
+// `duet generate` (a quick look at a real model on the CPU backend: tokenize, run the shared
+// engine loop over the paged KV cache, stream the continuation, optionally record step timings).
+#include "cli/commands.h"
+
+#include <boost/program_options.hpp>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+
+#include "backend/cpu/local_engine.h"
+#include "backend/model/test_model.h"
+#include "backend/tokenizer/chat_template.h"
+#include "backend/tokenizer/tokenizer.h"
+
+namespace po = boost::program_options;
+
+namespace duet::cli {
+namespace {
+
+bool ParseArgs(int argc, char** argv, const po::options_description& opts, po::variables_map& vm,
+               int* exit_code) {
+  try {
+    po::store(po::command_line_parser(argc, argv).options(opts).run(), vm);
+    po::notify(vm);
+  } catch (const po::error& e) {
+    *exit_code = Fail(std::string(argv[0]) + ": " + e.what(), kExitUsage);
+    return false;
+  }
+  if (vm.count("help")) {
+    std::cout << opts << "\n";
+    *exit_code = kExitOk;
+    return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+int MakeTestModel(int argc, char** argv) {
+  po::options_description opts("duet make-test-model: write the deterministic tiny test model");
+  // clang-format off
+  opts.add_options()
+    ("help,h", "show this help")
+    ("out", po::value<std::string>()->required(), "directory to write (created if missing)")
+    ("seed", po::value<std::uint64_t>()->default_value(1), "random seed of the weights")
+    ("dtype", po::value<std::string>()->default_value("F32"), "weight dtype: F32, BF16 or F16")
+    ("preset", po::value<std::string>()->default_value("tiny"),
+     "tiny (2 layers, hidden 64) or bench (~125M parameters, bf16 by default)");
+  // clang-format on
+  po::variables_map vm;
+  int code = 0;
+  if (!ParseArgs(argc, argv, opts, vm, &code)) return code;
+  const std::string preset = vm["preset"].as<std::string>();
+  backend::TestModelOptions options;
+  if (preset == "bench") {
+    options = backend::TestModelOptions::Benchmark();
+  } else if (preset != "tiny") {
+    return Fail("--preset must be tiny or bench", kExitUsage);
+  }
+  options.seed = vm["seed"].as<std::uint64_t>();
+  if (!vm["dtype"].defaulted() || preset == "tiny") {
+    auto dtype = backend::DtypeFromName(vm["dtype"].as<std::string>());
+    if (!dtype) return Fail("--dtype must be F32, BF16 or F16", kExitUsage);
+    options.dtype = *dtype;
+  }
+  if (Status s = backend::WriteTestModel(vm["out"].as<std::string>(), options); !s.ok())
+    return Fail(s.message());
+  std::printf("wrote %s\n", vm["out"].as<std::string>().c_str());
+  return kExitOk;
+}
+
+int Generate(int argc, char** argv) {
+  po::options_description opts("duet generate: run a model on the CPU backend");
+  // clang-format off
+  opts.add_options()
+    ("help,h", "show this help")
+    ("model", po::value<std::string>()->required(),
+     "Hugging Face model directory (config.json, *.safetensors, tokenizer.json)")
+    ("prompt", po::value<std::string>()->required(), "prompt text")
+    ("chat", "wrap the prompt as a user message in the tokenizer's chat template")
+    ("max-tokens", po::value<std::int64_t>()->default_value(32), "tokens to generate at most")
+    ("temperature", po::value<float>()->default_value(0.0f), "0: greedy")
+    ("top-k", po::value<std::int32_t>()->default_value(0), "0: off")
+    ("top-p", po::value<float>()->default_value(1.0f), "1: off")
+    ("seed", po::value<std::uint64_t>()->default_value(0), "sampling seed")
+    ("threads", po::value<int>()->default_value(0), "CPU threads (0: all)")
+    ("kv-blocks", po::value<std::int64_t>()->default_value(0),
+     "KV cache blocks of 16 tokens (0: enough for this prompt)")
+    ("timings", po::value<std::string>(), "write each step's shape and measured time (JSONL)");
+  // clang-format on
+  po::variables_map vm;
+  int code = 0;
+  if (!ParseArgs(argc, argv, opts, vm, &code)) return code;
+  const std::int64_t max_tokens = vm["max-tokens"].as<std::int64_t>();
+  if (max_tokens < 1) return Fail("--max-tokens must be at least 1", kExitUsage);
+  const float temperature = vm["temperature"].as<float>(), top_p = vm["top-p"].as<float>();
+  if (!(temperature >= 0) || !std::isfinite(temperature))
+    return Fail("--temperature must be >= 0", kExitUsage);
+  if (!(top_p > 0 && top_p <= 1)) return Fail("--top-p must be in (0, 1]", kExitUsage);
+
+  auto model = backend::LoadModelDir(vm["model"].as<std::string>());
+  if (!model) return Fail(model.error());
+  if (model->tokenizer_json_path.empty())
+    return Fail(vm["model"].as<std::string>() + ": no tokenizer.json");
+  auto tokenizer = backend::Tokenizer::Load(model->tokenizer_json_path);
+  if (!tokenizer) return Fail(tokenizer.error());
+
+  std::vector<std::int32_t> prompt;
+  std::vector<std::int32_t> stop_ids;
+  for (std::int64_t id : model->config.eos_token_ids)
+    stop_ids.push_back(static_cast<std::int32_t>(id));
+  if (vm.count("chat")) {
+    auto format = backend::DetectChatFormat(*tokenizer);
+    if (!format) return Fail("--chat: " + format.error());
+    const std::string text = backend::ApplyChatTemplate(
+        *format, {{"user", vm["prompt"].as<std::string>()}}, /*add_generation_prompt=*/true);
+    prompt = tokenizer->Encode(text, /*add_bos=*/false);
+    for (std::int32_t id : backend::StopTokenIds(*format, *tokenizer)) stop_ids.push_back(id);
+  } else {
+    prompt = tokenizer->Encode(vm["prompt"].as<std::string>(), /*add_bos=*/true);
+  }
+  if (prompt.empty()) return Fail("--prompt: the prompt encodes to no tokens", kExitUsage);
+
+  backend::CpuModelOptions model_options;
+  model_options.block_tokens = 16;
+  model_options.threads = vm["threads"].as<int>();
+  const std::int64_t needed = (static_cast<std::int64_t>(prompt.size()) + max_tokens + 15) / 16 + 2;
+  model_options.num_blocks = std::max(vm["kv-blocks"].as<std::int64_t>(), needed);
+  auto cpu_model = backend::CpuModel::Create(std::move(*model), model_options);
+  if (!cpu_model) return Fail(cpu_model.error());
+
+  backend::IncrementalDecoder decoder(*tokenizer, /*skip_special_tokens=*/true);
+  backend::LocalEngineOptions options;
+  options.scheduler.watermark = 0;
+  options.sampling = {temperature, vm["top-k"].as<std::int32_t>(), top_p,
+                      vm["seed"].as<std::uint64_t>()};
+  options.stop_token_ids = stop_ids;
+  options.on_token = [&](const policies::Request&, std::int32_t token) {
+    std::fputs(decoder.Push(token).c_str(), stdout);
+    std::fflush(stdout);
+  };
+  backend::LocalEngine engine(**cpu_model, options);
+  const auto results = engine.Generate({{prompt, max_tokens}});
+  std::fputs(decoder.Flush().c_str(), stdout);
+  std::fputs("\n", stdout);
+  const policies::Request& r = results[0].record;
+  if (r.state != policies::RequestState::kCompleted) return Fail("generation failed: " + r.reason);
+  const double prefill_s = r.first_token_s - r.first_scheduled_s;
+  const double decode_s = r.finished_s - r.first_token_s;
+  const auto generated = static_cast<double>(results[0].tokens.size());
+  std::fprintf(stderr,
+               "duet generate: %zu prompt tokens in %.3f s (%.1f tok/s), %zu generated, "
+               "decode %.1f tok/s, %d threads\n",
+               prompt.size(), prefill_s, static_cast<double>(prompt.size()) / prefill_s,
+               results[0].tokens.size(), generated > 1 ? (generated - 1) / decode_s : 0.0,
+               (*cpu_model)->threads());
+  if (vm.count("timings")) {
+    if (Status s = backend::WriteStepTimings(engine.timings(), vm["timings"].as<std::string>());
+        !s.ok())
+      return Fail(s.message());
+  }
+  return kExitOk;
+}
+
+}  // namespace duet::cli
