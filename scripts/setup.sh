@@ -12,6 +12,7 @@ PACKAGES=(
   nlohmann-json3-dev             # JSON for specs, traces and outputs
   libpcre2-dev                   # the tokenizer's pre-tokenization regex
   libgtest-dev libgmock-dev      # the test suite
+  libbenchmark-dev               # kernel micro-benchmarks (bench/)
   libucx-dev                     # optional UCX KV transport (found and reported by CMake)
 )
 

@@ -24,10 +24,10 @@ template <typename Fn>
 concept RangeCallable = std::invocable<Fn&, std::int64_t, std::int64_t> &&
     !std::same_as<std::remove_cvref_t<Fn>, RangeFn>;
 
-// Sleeping until a condition on atomics holds, without lost wake-ups and without a syscall when
-// nobody sleeps. (std::atomic::wait is not used: libstdc++ 12's can miss a notification.) The
-// waker must make the change with a seq_cst store or RMW before calling Notify, and ready()
-// must read it with seq_cst loads: then either the sleeper sees the change or Notify sees it.
+// Sleeping until a condition on atomics holds, without lost wake-ups, and with no lock or
+// syscall on the waking side while nobody sleeps. The waker makes the change with a seq_cst
+// store or RMW before calling Notify, and ready() reads it with seq_cst loads: then either the
+// sleeper sees the change or Notify sees the sleeper.
 class SleepSlot {
  public:
   template <typename Ready>
@@ -39,9 +39,9 @@ class SleepSlot {
   }
   void Notify() {
     if (sleepers_.load() == 0) return;
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-    }  // a sleeper is either waiting now or not yet checking
+    // Taking the lock orders this after a sleeper's check-then-wait: the sleeper has either not
+    // checked yet (and will see the change) or is waiting (and gets the notification).
+    { std::lock_guard<std::mutex> lock(mutex_); }
     cv_.notify_all();
   }
 
