@@ -41,21 +41,21 @@ class StepCostModel {
 
 struct RooflineOptions {
   int tp = 1;
-  double compute_efficiency = 0.6;  // achieved / peak FLOP/s on matrix multiplies
-  double memory_efficiency = 0.8;   // achieved / peak HBM bandwidth
-  double comm_efficiency = 0.7;     // achieved / peak NVLink bandwidth for TP all-reduce
-  Seconds step_overhead = 0.002;    // per-step fixed cost (scheduling, launch), seconds
+  double compute_efficiency = 0.6;    // achieved / peak FLOP/s on matrix multiplies
+  double memory_efficiency = 0.8;     // achieved / peak HBM bandwidth
+  double comm_efficiency = 0.7;       // achieved / peak NVLink bandwidth for TP all-reduce
+  Seconds step_overhead = 0.002;      // per-step fixed cost (scheduling, launch), seconds
   Seconds allreduce_latency = 10e-6;  // per all-reduce call
 };
 
 // What a step costs, per GPU of the instance.
 struct StepCostBreakdown {
-  double flops = 0;         // per GPU
-  double bytes = 0;         // HBM bytes per GPU: weights once per step + KV reads/writes + activations
-  Seconds compute_s = 0;    // flops / (peak * compute_efficiency)
-  Seconds memory_s = 0;     // bytes / (bw * memory_efficiency)
-  Seconds comm_s = 0;       // TP all-reduces (0 when tp == 1)
-  Seconds total_s = 0;      // max(compute, memory) + comm + overhead
+  double flops = 0;  // per GPU
+  double bytes = 0;  // HBM bytes per GPU: weights once per step + KV reads/writes + activations
+  Seconds compute_s = 0;  // flops / (peak * compute_efficiency)
+  Seconds memory_s = 0;   // bytes / (bw * memory_efficiency)
+  Seconds comm_s = 0;     // TP all-reduces (0 when tp == 1)
+  Seconds total_s = 0;    // max(compute, memory) + comm + overhead
 };
 
 // Roofline: per layer, FLOPs of q/k/v/o projections, attention (QK^T and PV over the cached

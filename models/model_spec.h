@@ -38,11 +38,11 @@ Result<ModelSpec> LoadModelSpec(const std::string& path);
 // One GPU model. Bandwidths are per direction.
 struct HardwareSpec {
   std::string name;
-  FlopsPerSecond bf16_flops = 0;     // dense peak, "bf16_tflops" in JSON
-  Bytes hbm_bytes = 0;               // "hbm_gib"
-  BytesPerSecond hbm_bw = 0;         // "hbm_bandwidth_gbps" (GB/s)
-  BytesPerSecond nvlink_bw = 0;      // "nvlink_bandwidth_gbps" (GB/s, per direction)
-  BytesPerSecond pcie_bw = 0;        // "pcie_bandwidth_gbps" (GB/s, per direction)
+  FlopsPerSecond bf16_flops = 0;  // dense peak, "bf16_tflops" in JSON
+  Bytes hbm_bytes = 0;            // "hbm_gib"
+  BytesPerSecond hbm_bw = 0;      // "hbm_bandwidth_gbps" (GB/s)
+  BytesPerSecond nvlink_bw = 0;   // "nvlink_bandwidth_gbps" (GB/s, per direction)
+  BytesPerSecond pcie_bw = 0;     // "pcie_bandwidth_gbps" (GB/s, per direction)
 };
 
 Result<HardwareSpec> ParseHardwareSpec(const nlohmann::json& doc, const std::string& where);
@@ -53,7 +53,7 @@ struct InstanceMemory {
   Bytes weight_bytes_per_gpu = 0;
   Bytes reserved_bytes_per_gpu = 0;  // activations, CUDA graphs, allocator slack
   Bytes kv_bytes_per_gpu = 0;
-  Tokens kv_tokens = 0;   // whole-instance KV capacity in tokens
+  Tokens kv_tokens = 0;        // whole-instance KV capacity in tokens
   std::int64_t kv_blocks = 0;  // kv_tokens / block_tokens
 };
 

@@ -13,11 +13,11 @@ namespace duet::traces {
 
 struct LengthDist {
   enum class Kind { kFixed, kUniform, kLognormal, kTrace } kind = Kind::kFixed;
-  Tokens value = 0;           // kFixed
-  Tokens min = 1, max = 1;    // kUniform (inclusive); also clamps kLognormal and kTrace
-  double mean = 0;            // kLognormal: mean of the distribution (tokens)
-  double sigma = 0;           // kLognormal: sigma of the underlying normal
-  std::string trace_path;     // kTrace: sample lengths from this trace
+  Tokens value = 0;         // kFixed
+  Tokens min = 1, max = 1;  // kUniform (inclusive); also clamps kLognormal and kTrace
+  double mean = 0;          // kLognormal: mean of the distribution (tokens)
+  double sigma = 0;         // kLognormal: sigma of the underlying normal
+  std::string trace_path;   // kTrace: sample lengths from this trace
   TraceFormat trace_format = TraceFormat::kMooncake;
 };
 

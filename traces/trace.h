@@ -25,8 +25,8 @@ struct TraceRequest {
 };
 
 struct Trace {
-  std::string source;          // file path, or "synthetic" for generated traces
-  Tokens block_tokens = 512;   // tokens covered by one block_ids entry
+  std::string source;                  // file path, or "synthetic" for generated traces
+  Tokens block_tokens = 512;           // tokens covered by one block_ids entry
   std::vector<TraceRequest> requests;  // sorted by arrival_s (stable: file order on ties)
 };
 
