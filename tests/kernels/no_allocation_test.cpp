@@ -28,7 +28,11 @@ namespace duet::kernels::cpu {
 namespace {
 
 TEST(NoAllocation, DecodeShapedKernelCallsAllocateNothingOnceWarm) {
-  ThreadPool pool(2);
+  // The kernels run on a one-thread pool so that the warm-up certainly sizes the (only)
+  // thread's scratch: with more threads, a worker that took no chunk during the warm-up (a
+  // busy machine) grows its own scratch once, later, which is not a per-call allocation.
+  // The two-thread pool's own fork-join path is checked below.
+  ThreadPool pool(1);
   const testing::TestWeight w = testing::MakeWeight(WeightDtype::kBF16, 96, 64, 1);
   const testing::TestWeight gamma = testing::MakeWeight(WeightDtype::kBF16, 1, 64, 2);
   const testing::TestWeight bias = testing::MakeWeight(WeightDtype::kBF16, 1, 96, 3);
@@ -64,6 +68,18 @@ TEST(NoAllocation, DecodeShapedKernelCallsAllocateNothingOnceWarm) {
   for (int i = 0; i < 20; ++i) step();
   g_counting = false;
   EXPECT_EQ(g_allocations.load(), 0);
+
+  ThreadPool pool2(2);
+  std::atomic<std::int64_t> total{0};
+  auto fork_join = [&] {
+    pool2.ParallelFor(1000, [&](std::int64_t b, std::int64_t e) { total.fetch_add(e - b); });
+  };
+  fork_join();
+  g_counting = true;
+  for (int i = 0; i < 100; ++i) fork_join();
+  g_counting = false;
+  EXPECT_EQ(g_allocations.load(), 0);
+  EXPECT_EQ(total.load(), 101 * 1000);
 
   // The counter itself works.
   g_counting = true;
