@@ -71,6 +71,19 @@ struct Collector : MetricsCollector {
   void OnPrefillDone(const Request&) override { ++prefill_done; }
 };
 
+// One instance alone: its clock, ports (instance 0 of the peer map) and sink.
+struct Solo {
+  ManualClock clock;
+  std::map<InstanceId, TestPorts*> peers;
+  TestPorts ports;
+  Collector sink;
+  Solo() {
+    ports.clock = &clock;
+    ports.peers = &peers;
+    peers[0] = &ports;
+  }
+};
+
 EngineConfig Config(InstanceId id, InstanceRole role, bool coalesce = true) {
   EngineConfig c;
   c.id = id;
@@ -93,13 +106,10 @@ Request MakeRequest(RequestId id, Seconds arrival, Tokens input, Tokens output) 
 }
 
 TEST(InstanceEngine, ColocatedTimelineFollowsTheSteps) {
-  ManualClock clock;
-  std::map<InstanceId, TestPorts*> peers;
-  TestPorts ports;
-  ports.clock = &clock;
-  ports.peers = &peers;
-  peers[0] = &ports;
-  Collector sink;
+  Solo solo;
+  ManualClock& clock = solo.clock;
+  TestPorts& ports = solo.ports;
+  Collector& sink = solo.sink;
   InstanceEngine engine(Config(0, InstanceRole::kColocated),
                         {&clock, &ports, &ports, &ports, &ports, &sink});
   Request r = MakeRequest(7, 0, 100, 4);
@@ -126,13 +136,10 @@ TEST(InstanceEngine, ColocatedTimelineFollowsTheSteps) {
 
 // Runs the same arrivals through a colocated engine, returning the final records.
 std::vector<Request> RunColocated(bool coalesce, int* execute_calls) {
-  ManualClock clock;
-  std::map<InstanceId, TestPorts*> peers;
-  TestPorts ports;
-  ports.clock = &clock;
-  ports.peers = &peers;
-  peers[0] = &ports;
-  Collector sink;
+  Solo solo;
+  ManualClock& clock = solo.clock;
+  TestPorts& ports = solo.ports;
+  Collector& sink = solo.sink;
   EngineConfig config = Config(0, InstanceRole::kColocated, coalesce);
   config.num_blocks = 16;  // tight: forces eviction and preemption on the way
   InstanceEngine engine(config, {&clock, &ports, &ports, &ports, &ports, &sink});
@@ -229,13 +236,10 @@ TEST(InstanceEngine, PdHandsTheKvFromPrefillToDecode) {
 }
 
 TEST(InstanceEngine, OneTokenRequestsFinishOnThePrefillInstance) {
-  ManualClock clock;
-  std::map<InstanceId, TestPorts*> peers;
-  TestPorts ports;
-  ports.clock = &clock;
-  ports.peers = &peers;
-  peers[0] = &ports;
-  Collector sink;
+  Solo solo;
+  ManualClock& clock = solo.clock;
+  TestPorts& ports = solo.ports;
+  Collector& sink = solo.sink;
   InstanceEngine prefill(Config(0, InstanceRole::kPrefill),
                          {&clock, &ports, &ports, &ports, &ports, &sink});
   Request r = MakeRequest(1, 0, 20, 1);
