@@ -94,10 +94,27 @@ void PrintSummary(const nlohmann::json& s, const std::string& out_dir) {
   PrintDistribution("E2E ms", s["e2e_ms"]);
   PrintDistribution("queue ms", s["queue_ms"]);
   const auto& pc = s["prefix_cache"];
-  std::printf("  prefix cache   hit rate %.2f%% (%lld of %lld prompt tokens)\n",
+  std::printf("  prefix cache   hit rate %.2f%% (%lld of %lld prompt tokens)",
               100 * pc["hit_rate"].get<double>(),
               static_cast<long long>(pc["hit_tokens"].get<std::int64_t>()),
               static_cast<long long>(pc["lookup_tokens"].get<std::int64_t>()));
+  const char* const kTiers[] = {"gpu", "dram", "ssd", "remote"};
+  bool any_tier = false;
+  for (const char* t : kTiers) {
+    if (t != kTiers[0] && s["tiers"][t]["enabled"].get<bool>()) any_tier = true;
+  }
+  if (any_tier) {
+    std::printf(": by tier");
+    for (const char* t : kTiers) {
+      if (t == kTiers[0] || s["tiers"][t]["enabled"].get<bool>())
+        std::printf(" %s %.2f%%", t, 100 * pc["by_tier"][t]["hit_rate"].get<double>());
+    }
+  }
+  std::printf("\n");
+  const auto& tb = s["ttft_breakdown_ms"];
+  std::printf("  TTFT parts ms  mean queue %.2f, load %.2f, prefill %.2f, transfer %.2f\n",
+              tb["queue"]["mean"].get<double>(), tb["load"]["mean"].get<double>(),
+              tb["prefill"]["mean"].get<double>(), tb["transfer"]["mean"].get<double>());
   const auto& kv = s["kv_transfer"];
   std::printf("  KV transfer    %lld transfers, %.2f GB, mean %.2f ms, p99 %.2f ms\n",
               static_cast<long long>(kv["transfers"].get<std::int64_t>()),
@@ -110,8 +127,10 @@ void PrintSummary(const nlohmann::json& s, const std::string& out_dir) {
                 gp["requests_per_s"].get<double>(), gp["slo"].dump().c_str(),
                 100 * gp["attainment"].get<double>());
   }
-  std::printf("  wrote          %s, %s\n", (fs::path(out_dir) / "summary.json").string().c_str(),
-              (fs::path(out_dir) / "requests.csv").string().c_str());
+  std::printf("  wrote          %s, %s, %s\n",
+              (fs::path(out_dir) / "summary.json").string().c_str(),
+              (fs::path(out_dir) / "requests.csv").string().c_str(),
+              (fs::path(out_dir) / "links.csv").string().c_str());
 }
 
 }  // namespace
@@ -128,7 +147,7 @@ int duet::cli::Simulate(int argc, char** argv) {
     ("trace-format", po::value<std::string>()->default_value(""),
      "mooncake, azure or synthetic (default: from the file extension)")
     ("router", po::value<std::string>()->default_value("prefix-aware"),
-     "round-robin, least-loaded, power-of-two or prefix-aware")
+     "round-robin, least-loaded, power-of-two, prefix-aware or cache-aware")
     ("rate-scale", po::value<double>()->default_value(1.0),
      "multiply the trace's arrival rate by this factor")
     ("limit", po::value<std::size_t>()->default_value(0), "replay only the first N requests (0: all)")
@@ -138,6 +157,8 @@ int duet::cli::Simulate(int argc, char** argv) {
     ("seed", po::value<std::uint64_t>()->default_value(1),
      "random seed (router sampling; overrides a synthetic spec's seed when given)")
     ("slo", po::value<std::string>(), "service-level objectives in ms, e.g. ttft=2000,tpot=100")
+    ("reject-over-slo",
+     "cache-aware router: reject at arrival a request whose estimated TTFT exceeds the TTFT SLO")
     ("out", po::value<std::string>()->default_value("out"), "output directory")
     ("progress", po::value<std::string>()->default_value("auto"),
      "progress bar: auto (on a terminal), always or never");
@@ -163,6 +184,12 @@ int duet::cli::Simulate(int argc, char** argv) {
     auto slo = policies::ParseSlo(vm["slo"].as<std::string>());
     if (!slo) return Fail(slo.error(), kExitUsage);
     options.slo = *slo;
+  }
+  if (vm.count("reject-over-slo")) {
+    if (options.router.kind != policies::RouterKind::kCacheAware || !options.slo.ttft_ms)
+      return Fail("--reject-over-slo needs --router cache-aware and a TTFT SLO (--slo ttft=MS)",
+                  kExitUsage);
+    options.reject_over_slo = true;
   }
   const std::string progress = vm["progress"].as<std::string>();
   if (progress != "auto" && progress != "always" && progress != "never")

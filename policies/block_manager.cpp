@@ -157,6 +157,7 @@ KvBlockManager::BlockId KvBlockManager::TakeBlock() {
   LruRemove(id);
   Block& b = blocks_[static_cast<std::size_t>(id)];
   cached_.Erase(b.hash);
+  if (eviction_log_) eviction_log_->push_back(b.hash);
   b.cached = false;
   b.hash = 0;
   ++evictions_;

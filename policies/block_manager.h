@@ -81,6 +81,10 @@ class KvBlockManager {
   // those hashes; no free block is cached. Returns the first violation found.
   Status CheckInvariants() const;
 
+  // When set, the hash of every cached block evicted from now on is appended to `log` (for
+  // write-back to the tiers below GPU memory). The caller drains it.
+  void set_eviction_log(std::vector<BlockHash>* log) { eviction_log_ = log; }
+
   // Evictable cached blocks, least recently used first (for tests of eviction order).
   std::vector<BlockHash> EvictionOrder() const;
 
@@ -113,6 +117,7 @@ class KvBlockManager {
   BlockId lru_head_ = -1, lru_tail_ = -1;
   std::int64_t lru_size_ = 0;
   std::int64_t evictions_ = 0;
+  std::vector<BlockHash>* eviction_log_ = nullptr;
   Tokens block_tokens_;
   bool enable_prefix_caching_;
 };

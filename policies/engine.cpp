@@ -25,11 +25,26 @@ InstanceEngine::InstanceEngine(EngineConfig config, EnginePorts ports)
       scheduler_(config.scheduler) {
   DUET_CHECK(ports_.clock && ports_.inbox && ports_.outbox && ports_.executor && ports_.transport &&
              ports_.sink);
+  if (ports_.tiers && ports_.tiers->setup().any() && config_.enable_prefix_caching &&
+      config_.role != InstanceRole::kDecode) {
+    scheduler_.set_lower_tiers(this);
+    blocks_.set_eviction_log(&gpu_evicted_);
+  }
+}
+
+Tokens InstanceEngine::Find(Request& request, std::int64_t first_block, Tokens max_tokens) {
+  const TierHits hits = ports_.tiers->Lookup(config_.id, request.block_hashes, first_block,
+                                             max_tokens / config_.block_tokens);
+  for (int k = 0; k < kNumLowerTiers; ++k)
+    request.loading_tokens[static_cast<std::size_t>(k)] =
+        hits.blocks[static_cast<std::size_t>(k)] * config_.block_tokens;
+  return request.LoadingTokens();
 }
 
 bool InstanceEngine::idle() const {
   return scheduler_.waiting().empty() && scheduler_.running().empty() && pulls_waiting_.empty() &&
-         pulls_in_flight_.empty() && transferring_ == 0;
+         pulls_in_flight_.empty() && transferring_ == 0 && loads_.empty() &&
+         !(ports_.tiers && ports_.tiers->HasPendingWrites(config_.id));
 }
 
 void InstanceEngine::Run() {
@@ -44,15 +59,27 @@ bool InstanceEngine::RunOnce() {
   EngineMessage message;
   while (ports_.inbox->TryReceive(&message)) HandleMessage(message);
   const Seconds now = ports_.clock->Now();
+  if (ports_.tiers) ports_.tiers->Progress(config_.id);
   PollTransfers(now);
+  PollLoads(now);
   StartPulls();
 
   scheduler_.Schedule(blocks_, plan_);
-  for (Request* r : plan_.preempted) ports_.sink->OnPreempted(*r, config_.id);
-  if (plan_.empty()) return false;
+  for (Request* r : plan_.preempted) {
+    ports_.sink->OnPreempted(*r, config_.id);
+    for (Load& load : loads_) load.orphaned |= load.request == r;
+  }
   for (Request* r : plan_.admitted) {
     if (r->first_scheduled_s < 0) r->first_scheduled_s = now;
+    // Blocks up to here were computed elsewhere or come from the tiers: nothing to write down.
+    r->offloaded_blocks = (r->computed_tokens + r->LoadingTokens()) / config_.block_tokens;
   }
+  StartLoads();  // pins the hits before write-back below can evict them
+  if (!gpu_evicted_.empty()) {
+    ports_.tiers->OnGpuEvicted(config_.id, gpu_evicted_);
+    gpu_evicted_.clear();
+  }
+  if (plan_.empty()) return false;
   const bool coalesce =
       config_.coalesce_decode_steps && plan_.prefills.empty() && !plan_.decodes.empty();
   const int max_steps = coalesce ? DecodeRunLength(plan_) : 1;
@@ -129,6 +156,57 @@ void InstanceEngine::StartPulls() {
   }
 }
 
+void InstanceEngine::StartLoads() {
+  for (Request* r : plan_.loads) {
+    TierHits hits;
+    for (int k = 0; k < kNumLowerTiers; ++k)
+      hits.blocks[static_cast<std::size_t>(k)] =
+          r->loading_tokens[static_cast<std::size_t>(k)] / config_.block_tokens;
+    const LoadId id = ports_.tiers->BeginLoad(config_.id, r->block_hashes,
+                                              r->computed_tokens / config_.block_tokens, hits);
+    loads_.push_back({r, id, false});
+  }
+}
+
+void InstanceEngine::PollLoads(Seconds now) {
+  for (std::size_t i = 0; i < loads_.size();) {
+    const TransferStatus status = ports_.tiers->PollLoad(loads_[i].id);
+    if (status == TransferStatus::kInProgress) {
+      ++i;
+      continue;
+    }
+    const Load load = loads_[i];
+    loads_.erase(loads_.begin() + static_cast<std::ptrdiff_t>(i));
+    if (load.orphaned) continue;
+    Request* r = load.request;
+    DUET_CHECK(r->state == RequestState::kLoading);
+    if (status == TransferStatus::kDone) {
+      r->computed_tokens += r->LoadingTokens();
+    } else if (r->preemptions == 0 && r->generated_tokens == 0) {
+      // A failed load is recomputed: those tokens were not served from the cache after all.
+      r->cached_tokens -= r->LoadingTokens();
+      r->tier_hit_tokens = {};
+    }
+    r->loading_tokens = {};
+    if (r->load_done_s < 0) r->load_done_s = now;
+    r->state = RequestState::kPrefilling;
+    // The loaded blocks join this GPU's prefix cache like computed ones.
+    blocks_.Register(r->id, r->block_hashes, r->computed_tokens);
+  }
+}
+
+void InstanceEngine::OffloadComputed(Request* r) {
+  const std::int64_t full =
+      std::min<std::int64_t>(std::min(r->computed_tokens, r->input_tokens) / config_.block_tokens,
+                             static_cast<std::int64_t>(r->block_hashes.size()));
+  if (full <= r->offloaded_blocks) return;
+  ports_.tiers->OnComputed(config_.id,
+                           std::span<const BlockHash>(r->block_hashes)
+                               .subspan(static_cast<std::size_t>(r->offloaded_blocks),
+                                        static_cast<std::size_t>(full - r->offloaded_blocks)));
+  r->offloaded_blocks = full;
+}
+
 int InstanceEngine::DecodeRunLength(const StepPlan& plan) {
   Tokens k_max = 1 << 20;
   for (const Request* r : plan.decodes) k_max = std::min(k_max, r->RemainingOutput());
@@ -166,6 +244,7 @@ void InstanceEngine::Apply(const StepPlan& plan, const std::vector<Seconds>& ste
     Request* r = item.request;
     r->computed_tokens += item.tokens;
     blocks_.Register(r->id, r->block_hashes, std::min(r->computed_tokens, r->input_tokens));
+    if (scheduler_.lower_tiers()) OffloadComputed(r);
     if (r->computed_tokens == r->prefill_target) FinishPrefill(r, end_s);
   }
   if (plan.decodes.empty()) return;

@@ -9,6 +9,7 @@
 
 #include "common/status.h"
 #include "policies/block_manager.h"
+#include "policies/kv_tiers.h"
 #include "policies/ports.h"
 #include "policies/scheduler.h"
 
@@ -38,9 +39,10 @@ struct EnginePorts {
   StepExecutor* executor = nullptr;
   KvTransport* transport = nullptr;
   EventSink* sink = nullptr;
+  TierManager* tiers = nullptr;  // KV tiers below GPU memory; null: GPU prefix caching only
 };
 
-class InstanceEngine {
+class InstanceEngine final : private LowerTierLookup {
  public:
   InstanceEngine(EngineConfig config, EnginePorts ports);
 
@@ -65,7 +67,17 @@ class InstanceEngine {
     TransferId transfer;
   };
 
+  struct Load {
+    Request* request;
+    LoadId id;
+    bool orphaned;  // the request was preempted while loading: the result is dropped
+  };
+
+  Tokens Find(Request& request, std::int64_t first_block, Tokens max_tokens) override;
   void HandleMessage(const EngineMessage& message);
+  void PollLoads(Seconds now);
+  void StartLoads();
+  void OffloadComputed(Request* r);
   void PollTransfers(Seconds now);
   void StartPulls();
   int DecodeRunLength(const StepPlan& plan);
@@ -80,6 +92,8 @@ class InstanceEngine {
   BatchScheduler scheduler_;
   std::deque<std::pair<Request*, InstanceId>> pulls_waiting_;  // PD decode: KV announced
   std::vector<Pull> pulls_in_flight_;
+  std::vector<Load> loads_;             // lower-tier prefix loads in flight
+  std::vector<BlockHash> gpu_evicted_;  // the block manager's eviction log (write-back)
   int transferring_ = 0;  // PD prefill: prefilled, KV held until the decode instance has it
   bool shutdown_ = false;
   std::int64_t steps_ = 0;

@@ -1,6 +1,7 @@
 // A flat hash index from 64-bit block hashes to block ids, for the KV block manager's prefix
-// cache: open addressing with linear probing and backward-shift deletion, fixed capacity (the
-// number of blocks bounds the entries), no allocation after construction. Keys must be well
+// cache and the lower KV tiers: open addressing with linear probing and backward-shift
+// deletion. Fixed capacity with Insert (the number of blocks bounds the entries; no allocation
+// after construction), or growing by doubling with InsertGrowing. Keys must be well
 // mixed (chained block hashes are), so their low bits pick the slot directly.
 #pragma once
 
@@ -43,6 +44,12 @@ class BlockHashIndex {
     return true;
   }
 
+  // Inserts like Insert, first doubling the table when it would become more than half full.
+  bool InsertGrowing(std::uint64_t key, std::int32_t value) {
+    if ((size_ + 1) * 2 > slots_.size()) Rehash(slots_.size() * 2);
+    return Insert(key, value);
+  }
+
   void Erase(std::uint64_t key) {
     std::size_t i = key & mask_;
     for (;; i = (i + 1) & mask_) {
@@ -79,6 +86,15 @@ class BlockHashIndex {
     std::uint64_t key;
     std::int32_t value;
   };
+  void Rehash(std::size_t capacity) {
+    std::vector<Slot> old(capacity, Slot{0, kAbsent});
+    old.swap(slots_);
+    mask_ = capacity - 1;
+    size_ = 0;
+    for (const Slot& s : old) {
+      if (s.value != kAbsent) Insert(s.key, s.value);
+    }
+  }
   std::vector<Slot> slots_;
   std::size_t mask_ = 0;
   std::size_t size_ = 0;

@@ -2,6 +2,7 @@
 #include "policies/metrics.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -43,6 +44,22 @@ double Ms(Seconds s) { return s * 1000.0; }
 double TtftMs(const Request& r) { return Ms(r.first_token_s - r.arrival_s); }
 double E2eMs(const Request& r) { return Ms(r.finished_s - r.arrival_s); }
 bool HasTpot(const Request& r) { return r.output_tokens > 1; }
+Tokens TierHitTokens(const Request& r) {
+  return r.tier_hit_tokens[0] + r.tier_hit_tokens[1] + r.tier_hit_tokens[2];
+}
+// TTFT = queue + load + prefill + transfer, for a request that produced its first token:
+// queue: arrival to admission; load: its cached prefix loading from the lower tiers; prefill:
+// to the first token sampled; transfer: PD, until the KV is usable on the decode instance.
+struct TtftParts {
+  double queue_ms, load_ms, prefill_ms, transfer_ms;
+};
+TtftParts TtftBreakdown(const Request& r) {
+  const Seconds prefill_start = r.load_done_s >= 0 ? r.load_done_s : r.first_scheduled_s;
+  return {Ms(r.first_scheduled_s - r.arrival_s),
+          r.load_done_s >= 0 ? Ms(r.load_done_s - r.first_scheduled_s) : 0.0,
+          Ms(r.prefill_done_s - prefill_start), Ms(r.first_token_s - r.prefill_done_s)};
+}
+const char* const kTierNames[kNumLowerTiers] = {"dram", "ssd", "remote"};
 double TpotMs(const Request& r) {
   return (E2eMs(r) - TtftMs(r)) / static_cast<double>(r.output_tokens - 1);
 }
@@ -145,7 +162,9 @@ nlohmann::json MetricsCollector::Summary(std::size_t total_requests, const Slo& 
   std::size_t completed = 0, rejected = 0, failed = 0, met = 0;
   std::map<std::string, std::int64_t> rejected_reasons, failed_reasons;
   std::vector<double> ttft, tpot, e2e, queue, transfer_ms;
+  std::vector<double> part_queue, part_load, part_prefill, part_transfer;
   Tokens lookup = 0, hit = 0, output_tokens = 0, total_tokens = 0;
+  std::array<Tokens, kNumLowerTiers> tier_hit{};
   Bytes transfer_bytes = 0;
   Seconds first_arrival = 0, last_finish = 0;
   bool any_arrival = false;
@@ -155,6 +174,8 @@ nlohmann::json MetricsCollector::Summary(std::size_t total_requests, const Slo& 
     if (r.first_scheduled_s >= 0) {
       lookup += r.input_tokens;
       hit += r.cached_tokens;
+      for (int k = 0; k < kNumLowerTiers; ++k)
+        tier_hit[static_cast<std::size_t>(k)] += r.tier_hit_tokens[static_cast<std::size_t>(k)];
       queue.push_back(Ms(r.first_scheduled_s - r.arrival_s));
     }
     if (r.kv_ready_s >= 0) {
@@ -165,6 +186,13 @@ nlohmann::json MetricsCollector::Summary(std::size_t total_requests, const Slo& 
       case RequestState::kCompleted:
         ++completed;
         ttft.push_back(TtftMs(r));
+        if (r.first_scheduled_s >= 0 && r.prefill_done_s >= 0) {
+          const TtftParts parts = TtftBreakdown(r);
+          part_queue.push_back(parts.queue_ms);
+          part_load.push_back(parts.load_ms);
+          part_prefill.push_back(parts.prefill_ms);
+          part_transfer.push_back(parts.transfer_ms);
+        }
         e2e.push_back(E2eMs(r));
         if (HasTpot(r)) tpot.push_back(TpotMs(r));
         output_tokens += r.output_tokens;
@@ -222,12 +250,23 @@ nlohmann::json MetricsCollector::Summary(std::size_t total_requests, const Slo& 
       {"attainment", total_requests
                          ? Round(static_cast<double>(met) / static_cast<double>(total_requests), 6)
                          : 0.0}};
-  const double hit_rate = lookup ? static_cast<double>(hit) / static_cast<double>(lookup) : 0.0;
-  s["prefix_cache"] = {
-      {"lookup_tokens", lookup},
-      {"hit_tokens", hit},
-      {"hit_rate", Round(hit_rate, 6)},
-      {"by_tier", {{"gpu", {{"hit_tokens", hit}, {"hit_rate", Round(hit_rate, 6)}}}}}};
+  s["ttft_breakdown_ms"] = {{"queue", ToJson(Summarize(part_queue))},
+                            {"load", ToJson(Summarize(part_load))},
+                            {"prefill", ToJson(Summarize(part_prefill))},
+                            {"transfer", ToJson(Summarize(part_transfer))}};
+  auto rate = [&](Tokens t) {
+    return Round(lookup ? static_cast<double>(t) / static_cast<double>(lookup) : 0.0, 6);
+  };
+  const Tokens gpu_hit = hit - tier_hit[0] - tier_hit[1] - tier_hit[2];
+  nlohmann::json by_tier = {{"gpu", {{"hit_tokens", gpu_hit}, {"hit_rate", rate(gpu_hit)}}}};
+  for (int k = 0; k < kNumLowerTiers; ++k) {
+    const Tokens t = tier_hit[static_cast<std::size_t>(k)];
+    by_tier[kTierNames[k]] = {{"hit_tokens", t}, {"hit_rate", rate(t)}};
+  }
+  s["prefix_cache"] = {{"lookup_tokens", lookup},
+                       {"hit_tokens", hit},
+                       {"hit_rate", rate(hit)},
+                       {"by_tier", by_tier}};
   s["kv_transfer"] = {{"transfers", transfer.count},
                       {"bytes", transfer_bytes},
                       {"time_ms",
@@ -246,7 +285,9 @@ Status MetricsCollector::WriteRequestsCsv(const std::string& path,
   std::ofstream out(path);
   if (!out) return Status::Error(path + ": cannot open for writing");
   out << "request_id,arrival_s,input_tokens,output_tokens,cached_tokens,prefill_instance,"
-         "decode_instance,queue_ms,ttft_ms,tpot_ms,e2e_ms,kv_transfer_ms,status,reason\n";
+         "decode_instance,queue_ms,ttft_ms,tpot_ms,e2e_ms,kv_transfer_ms,status,reason,"
+         "gpu_hit_tokens,dram_hit_tokens,ssd_hit_tokens,remote_hit_tokens,ttft_queue_ms,"
+         "ttft_load_ms,ttft_prefill_ms,ttft_transfer_ms\n";
   auto name = [&](InstanceId i) {
     return i == kNoInstance ? std::string()
                             : CsvField(instance_names.at(static_cast<std::size_t>(i)));
@@ -261,7 +302,16 @@ Status MetricsCollector::WriteRequestsCsv(const std::string& path,
         << (done && HasTpot(*r) ? Fixed(TpotMs(*r), 3) : "") << ','
         << (done ? Fixed(E2eMs(*r), 3) : "") << ','
         << (r->kv_ready_s >= 0 ? Fixed(Ms(r->kv_ready_s - r->prefill_done_s), 3) : "") << ','
-        << ToString(r->state) << ',' << CsvField(r->reason) << '\n';
+        << ToString(r->state) << ',' << CsvField(r->reason) << ','
+        << r->cached_tokens - TierHitTokens(*r);
+    for (Tokens t : r->tier_hit_tokens) out << ',' << t;
+    if (done && r->first_scheduled_s >= 0 && r->prefill_done_s >= 0) {
+      const TtftParts p = TtftBreakdown(*r);
+      out << ',' << Fixed(p.queue_ms, 3) << ',' << Fixed(p.load_ms, 3) << ','
+          << Fixed(p.prefill_ms, 3) << ',' << Fixed(p.transfer_ms, 3) << '\n';
+    } else {
+      out << ",,,,\n";
+    }
   }
   out.flush();
   if (!out) return Status::Error(path + ": write failed");

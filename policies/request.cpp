@@ -9,6 +9,8 @@ const char* ToString(RequestState state) {
       return "arrived";
     case RequestState::kQueued:
       return "queued";
+    case RequestState::kLoading:
+      return "loading";
     case RequestState::kPrefilling:
       return "prefilling";
     case RequestState::kTransferring:

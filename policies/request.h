@@ -3,6 +3,7 @@
 // or rejected / failed. Timestamps are absolute seconds on the run's clock.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -15,10 +16,13 @@ using RequestId = std::uint64_t;
 using BlockHash = std::uint64_t;
 using InstanceId = int;
 inline constexpr InstanceId kNoInstance = -1;
+// KV tiers below GPU memory: host DRAM, local SSD, remote store (policies/kv_tiers.h).
+inline constexpr int kNumLowerTiers = 3;
 
 enum class RequestState {
   kArrived,       // seen by the frontend, not yet routed
   kQueued,        // waiting on an instance for its (next) prefill
+  kLoading,       // admitted: KV blocks held, cached prefix blocks loading from lower tiers
   kPrefilling,    // admitted: KV blocks held, prompt being computed in chunks
   kTransferring,  // PD: prefill done, KV waiting for / moving to the decode instance
   kDecoding,      // generating one token per step
@@ -50,12 +54,20 @@ struct Request {
                                 // so far after a preemption)
   Tokens computed_tokens = 0;   // tokens whose KV is present (cache hits included)
   Tokens generated_tokens = 0;  // output tokens produced so far
-  Tokens cached_tokens = 0;     // prompt tokens served from the prefix cache, first admission
+  Tokens cached_tokens = 0;     // prompt tokens served from the prefix cache (GPU and lower
+                                // tiers), first admission
+  // Prompt tokens found in each lower tier at the first admission (part of cached_tokens).
+  std::array<Tokens, kNumLowerTiers> tier_hit_tokens{};
+  // While kLoading: tokens being loaded from each lower tier (not yet in computed_tokens).
+  std::array<Tokens, kNumLowerTiers> loading_tokens{};
+  std::int64_t offloaded_blocks = 0;  // leading prompt blocks already handed to the lower tiers
   int preemptions = 0;
   Bytes kv_transfer_bytes = 0;  // PD: KV moved from the prefill to the decode instance
 
   // Timeline (seconds; negative: not reached).
-  Seconds first_scheduled_s = -1;  // start of the first prefill step
+  Seconds first_scheduled_s = -1;  // first admission: KV blocks allocated, prefill (or the
+                                   // load of its cached prefix) starts
+  Seconds load_done_s = -1;        // first admission's lower-tier load finished
   Seconds prefill_done_s = -1;     // end of the prefill step that produced the first token
   Seconds kv_ready_s = -1;         // PD: KV usable on the decode instance
   Seconds first_token_s = -1;      // first token delivered to the client
@@ -65,6 +77,7 @@ struct Request {
 
   Tokens SequenceTokens() const { return input_tokens + generated_tokens; }
   Tokens RemainingOutput() const { return output_tokens - generated_tokens; }
+  Tokens LoadingTokens() const { return loading_tokens[0] + loading_tokens[1] + loading_tokens[2]; }
 };
 
 }  // namespace duet::policies

@@ -3,6 +3,7 @@
 #include "policies/router.h"
 
 #include <algorithm>
+#include <cmath>
 #include <random>
 #include <utility>
 
@@ -13,8 +14,10 @@ Result<RouterKind> ParseRouterKind(const std::string& name) {
   if (name == "least-loaded") return RouterKind::kLeastLoaded;
   if (name == "power-of-two") return RouterKind::kPowerOfTwo;
   if (name == "prefix-aware") return RouterKind::kPrefixAware;
-  return Status::Error("unknown router '" + name +
-                       "' (expected round-robin, least-loaded, power-of-two or prefix-aware)");
+  if (name == "cache-aware") return RouterKind::kCacheAware;
+  return Status::Error(
+      "unknown router '" + name +
+      "' (expected round-robin, least-loaded, power-of-two, prefix-aware or cache-aware)");
 }
 
 const char* ToString(RouterKind kind) {
@@ -27,6 +30,8 @@ const char* ToString(RouterKind kind) {
       return "power-of-two";
     case RouterKind::kPrefixAware:
       return "prefix-aware";
+    case RouterKind::kCacheAware:
+      return "cache-aware";
   }
   return "unknown";
 }
@@ -54,7 +59,8 @@ class AccountingRouter : public Router {
 
   RoutingDecision Route(const Request& request) override {
     RoutingDecision d;
-    d.prefill = PickPrefill(request);
+    d.prefill = PickPrefill(request, &d);
+    if (d.prefill == kNoInstance) return d;  // rejected: nothing dispatched
     d.decode = decode_side_.empty() ? d.prefill : PickDecode(request);
     auto& p = counters_[static_cast<std::size_t>(d.prefill)];
     ++p.outstanding_requests;
@@ -87,7 +93,8 @@ class AccountingRouter : public Router {
   }
 
  protected:
-  virtual InstanceId PickPrefill(const Request& request) = 0;
+  // May reject instead (returns kNoInstance with decision->reject_reason set).
+  virtual InstanceId PickPrefill(const Request& request, RoutingDecision* decision) = 0;
   virtual InstanceId PickDecode(const Request& request) = 0;
 
   // Lexicographic load keys: smaller is less loaded.
@@ -137,7 +144,7 @@ class RoundRobinRouter final : public AccountingRouter {
   using AccountingRouter::AccountingRouter;
 
  private:
-  InstanceId PickPrefill(const Request&) override {
+  InstanceId PickPrefill(const Request&, RoutingDecision*) override {
     return prefill_side_[next_prefill_++ % prefill_side_.size()];
   }
   InstanceId PickDecode(const Request&) override {
@@ -151,7 +158,7 @@ class LeastLoadedRouter final : public AccountingRouter {
   using AccountingRouter::AccountingRouter;
 
  private:
-  InstanceId PickPrefill(const Request&) override { return LeastLoadedPrefill(); }
+  InstanceId PickPrefill(const Request&, RoutingDecision*) override { return LeastLoadedPrefill(); }
   InstanceId PickDecode(const Request&) override { return LeastLoadedDecode(); }
 };
 
@@ -160,7 +167,7 @@ class PowerOfTwoRouter final : public AccountingRouter {
   using AccountingRouter::AccountingRouter;
 
  private:
-  InstanceId PickPrefill(const Request&) override {
+  InstanceId PickPrefill(const Request&, RoutingDecision*) override {
     return PowerOfTwo(prefill_side_, [this](InstanceId i) { return PrefillKey(i); });
   }
   InstanceId PickDecode(const Request&) override {
@@ -176,7 +183,7 @@ class PrefixAwareRouter final : public AccountingRouter {
   using AccountingRouter::AccountingRouter;
 
  private:
-  InstanceId PickPrefill(const Request& request) override {
+  InstanceId PickPrefill(const Request& request, RoutingDecision*) override {
     InstanceId best = kNoInstance;
     Tokens best_cost = 0, best_cached = 0;
     for (InstanceId i : prefill_side_) {
@@ -187,6 +194,45 @@ class PrefixAwareRouter final : public AccountingRouter {
         best_cost = cost;
         best_cached = cached;
       }
+    }
+    return best;
+  }
+  InstanceId PickDecode(const Request&) override { return LeastLoadedDecode(); }
+};
+
+// In the manner of Mooncake's conductor: for every prefill instance estimate the request's
+// TTFT there as the queued prefill work, plus its own tokens that no tier holds, at the
+// prefill rate, plus the time to load what the lower tiers hold; choose the least. Ties go to
+// the longer reuse, then the lower id. With reject_ttft_ms set, a request whose best estimate
+// exceeds it is rejected at once (it could only miss its SLO and slow the others down).
+class CacheAwareRouter final : public AccountingRouter {
+ public:
+  using AccountingRouter::AccountingRouter;
+
+ private:
+  InstanceId PickPrefill(const Request& request, RoutingDecision* decision) override {
+    InstanceId best = kNoInstance;
+    Seconds best_s = 0;
+    Tokens best_reuse = 0;
+    for (InstanceId i : prefill_side_) {
+      const PrefixReuse reuse = cache_->Reuse(i, request);
+      const Tokens uncached = request.input_tokens - reuse.gpu_tokens - reuse.tier_tokens;
+      const Seconds est =
+          static_cast<double>(PrefillKey(i).first + uncached) / config_.prefill_tokens_per_s +
+          reuse.load_s;
+      const Tokens reused = reuse.gpu_tokens + reuse.tier_tokens;
+      if (best == kNoInstance || est < best_s || (est == best_s && reused > best_reuse)) {
+        best = i;
+        best_s = est;
+        best_reuse = reused;
+      }
+    }
+    decision->estimated_ttft_s = best_s;
+    if (config_.reject_ttft_ms && best_s * 1e3 > *config_.reject_ttft_ms) {
+      decision->reject_reason = "estimated TTFT " + std::to_string(std::lround(best_s * 1e3)) +
+                                " ms exceeds the TTFT SLO of " +
+                                std::to_string(std::lround(*config_.reject_ttft_ms)) + " ms";
+      return kNoInstance;
     }
     return best;
   }
@@ -211,6 +257,10 @@ std::unique_ptr<Router> MakeRouter(const RouterConfig& config, std::vector<Insta
       DUET_CHECK(cache != nullptr);
       return std::make_unique<PrefixAwareRouter>(config, std::move(prefill_side),
                                                  std::move(decode_side), cache);
+    case RouterKind::kCacheAware:
+      DUET_CHECK(cache != nullptr && config.prefill_tokens_per_s > 0);
+      return std::make_unique<CacheAwareRouter>(config, std::move(prefill_side),
+                                                std::move(decode_side), cache);
   }
   return nullptr;
 }

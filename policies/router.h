@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -14,21 +15,36 @@
 
 namespace duet::policies {
 
-enum class RouterKind { kRoundRobin, kLeastLoaded, kPowerOfTwo, kPrefixAware };
-// "round-robin", "least-loaded", "power-of-two", "prefix-aware".
+enum class RouterKind { kRoundRobin, kLeastLoaded, kPowerOfTwo, kPrefixAware, kCacheAware };
+// "round-robin", "least-loaded", "power-of-two", "prefix-aware", "cache-aware".
 Result<RouterKind> ParseRouterKind(const std::string& name);
 const char* ToString(RouterKind kind);
+
+// What an instance could reuse of a request's prompt: its GPU prefix cache, then the blocks
+// after that which the lower tiers it sees (node DRAM and SSD, remote store) hold.
+struct PrefixReuse {
+  Tokens gpu_tokens = 0;
+  Tokens tier_tokens = 0;
+  Seconds load_s = 0;  // estimated time to load tier_tokens into the GPU on idle paths
+};
 
 // What an instance holds in its prefix cache for a request (tokens of its prompt).
 class CacheView {
  public:
   virtual ~CacheView() = default;
   virtual Tokens CachedPrefixTokens(InstanceId instance, const Request& request) const = 0;
+  virtual PrefixReuse Reuse(InstanceId instance, const Request& request) const {
+    return {CachedPrefixTokens(instance, request), 0, 0};
+  }
 };
 
 struct RouterConfig {
   RouterKind kind = RouterKind::kRoundRobin;
   std::uint64_t seed = 1;  // power-of-two sampling
+  // cache-aware: the prefill rate (tokens/s) that turns queued and uncached tokens into time.
+  double prefill_tokens_per_s = 0;
+  // cache-aware: reject at arrival a request whose best estimated TTFT exceeds this (ms).
+  std::optional<double> reject_ttft_ms;
 };
 
 // The router's accounting of one instance.
@@ -40,6 +56,8 @@ struct InstanceLoadCounters {
 struct RoutingDecision {
   InstanceId prefill = kNoInstance;  // colocated: the serving instance
   InstanceId decode = kNoInstance;   // PD only; colocated: same as prefill
+  std::string reject_reason;         // non-empty: rejected, no instance chosen or charged
+  Seconds estimated_ttft_s = -1;     // cache-aware: the chosen instance's TTFT estimate
 };
 
 class Router {
@@ -54,7 +72,8 @@ class Router {
 };
 
 // `prefill_side`: instances that prefill (colocated: all instances). `decode_side`: PD decode
-// instances, empty in colocated mode. `cache` may be null except for kPrefixAware.
+// instances, empty in colocated mode. `cache` may be null except for kPrefixAware and
+// kCacheAware; kCacheAware needs config.prefill_tokens_per_s > 0.
 std::unique_ptr<Router> MakeRouter(const RouterConfig& config, std::vector<InstanceId> prefill_side,
                                    std::vector<InstanceId> decode_side, const CacheView* cache);
 

@@ -12,6 +12,7 @@ void StepPlan::clear() {
   decodes.clear();
   preempted.clear();
   admitted.clear();
+  loads.clear();
 }
 
 models::StepShape StepPlan::Shape(int tp, int step_index) const {
@@ -38,8 +39,10 @@ void BatchScheduler::RemoveRunning(Request* request) {
 
 void BatchScheduler::Preempt(Request* victim, KvBlockManager& blocks, StepPlan& plan) {
   blocks.Free(victim->id);
-  if (victim->state == RequestState::kPrefilling)
-    pending_prefill_tokens_ -= victim->prefill_target - victim->computed_tokens;
+  if (victim->state == RequestState::kPrefilling || victim->state == RequestState::kLoading)
+    pending_prefill_tokens_ -=
+        victim->prefill_target - victim->computed_tokens - victim->LoadingTokens();
+  victim->loading_tokens = {};
   pending_prefill_tokens_ += victim->input_tokens + victim->generated_tokens;
   victim->state = RequestState::kQueued;
   victim->computed_tokens = 0;
@@ -102,9 +105,21 @@ void BatchScheduler::Schedule(KvBlockManager& blocks, StepPlan& plan) {
     r->state = RequestState::kPrefilling;
     r->prefill_target = target;
     r->computed_tokens = *hit;
-    if (r->preemptions == 0 && r->generated_tokens == 0) r->cached_tokens = *hit;
+    // Past the GPU hit, the prefix may continue in the lower tiers: load it, compute the rest.
+    const Tokens loaded =
+        lower_tiers_ ? lower_tiers_->Find(*r, *hit / blocks.block_tokens(), max_hit - *hit) : 0;
+    if (r->preemptions == 0 && r->generated_tokens == 0) {
+      r->cached_tokens = *hit + loaded;
+      r->tier_hit_tokens = r->loading_tokens;
+    }
     running_.push_back(r);
     plan.admitted.push_back(r);
+    if (loaded > 0) {
+      r->state = RequestState::kLoading;
+      plan.loads.push_back(r);
+      pending_prefill_tokens_ -= *hit + loaded;
+      continue;  // prefills once the load finished
+    }
     const Tokens chunk = std::min(target - *hit, budget);
     plan.prefills.push_back({r, chunk, *hit});
     pending_prefill_tokens_ -= *hit + chunk;

@@ -19,6 +19,16 @@ struct SchedulerConfig {
   double watermark = 0.01;  // fraction of blocks kept free at admission, to avoid thrashing
 };
 
+// Prefix blocks of a prompt held below GPU memory, for admission (the engine implements it
+// over the TierManager for its instance).
+class LowerTierLookup {
+ public:
+  virtual ~LowerTierLookup() = default;
+  // Fills request.loading_tokens with the prompt tokens, from block `first_block` on and at
+  // most `max_tokens` (whole blocks), that can be loaded from each lower tier; returns their sum.
+  virtual Tokens Find(Request& request, std::int64_t first_block, Tokens max_tokens) = 0;
+};
+
 struct PrefillItem {
   Request* request = nullptr;
   Tokens tokens = 0;   // prompt tokens computed in this step
@@ -26,12 +36,14 @@ struct PrefillItem {
 };
 
 // One planned step. Requests in `preempted` lost their KV and went back to the waiting queue
-// (they will recompute); requests in `admitted` got KV blocks this step.
+// (they will recompute); requests in `admitted` got KV blocks this step; those of them in
+// `loads` wait for their cached prefix to load from the lower tiers before they prefill.
 struct StepPlan {
   std::vector<PrefillItem> prefills;
   std::vector<Request*> decodes;
   std::vector<Request*> preempted;
   std::vector<Request*> admitted;
+  std::vector<Request*> loads;
   // The block manager whose tables the step runs into (a real executor reads each request's
   // physical blocks from it). Set by BatchScheduler::Schedule.
   const KvBlockManager* blocks = nullptr;
@@ -45,6 +57,9 @@ struct StepPlan {
 class BatchScheduler {
  public:
   explicit BatchScheduler(SchedulerConfig config) : config_(config) {}
+  // Where admission looks for prefix blocks past the GPU hit (none: GPU prefix caching only).
+  void set_lower_tiers(LowerTierLookup* lookup) { lower_tiers_ = lookup; }
+  LowerTierLookup* lower_tiers() const { return lower_tiers_; }
 
   // A request that needs a prefill (new, or preempted for recompute) joins the queue's back.
   void AddWaiting(Request* request);
@@ -73,6 +88,7 @@ class BatchScheduler {
   std::deque<Request*> waiting_;
   std::vector<Request*> running_;  // admission order
   Tokens pending_prefill_tokens_ = 0;
+  LowerTierLookup* lower_tiers_ = nullptr;
 };
 
 }  // namespace duet::policies

@@ -88,6 +88,68 @@ Status ParseEngine(const json& doc, const std::string& path, EngineSpec& e) {
   return Status::Ok();
 }
 
+// "tiers": {"dram": {...}, "ssd": {...}, "remote": {...}}, each optional.
+Status ParseTier(const json& tiers, const char* key, const std::string& where_tiers, TierSpec& t) {
+  auto it = tiers.find(key);
+  if (it == tiers.end()) return Status::Ok();
+  const std::string where = where_tiers + "." + key;
+  if (!it->is_object()) return Status::Error(where + ": must be an object");
+  const json& j = *it;
+  t.enabled = true;
+  auto gib = JsonNumber(j, "capacity_gib", where);
+  if (!gib) return gib.status();
+  if (!(*gib > 0) || *gib > 1e9)
+    return Status::Error(where + ": field 'capacity_gib' must be in (0, 1e9], got " +
+                         std::to_string(*gib));
+  t.capacity_bytes = static_cast<Bytes>(*gib * kGiB);
+  auto placement_name = JsonStringOr(j, "placement", "write-through", where);
+  if (!placement_name) return placement_name.status();
+  auto placement = policies::ParseTierPlacement(*placement_name);
+  if (!placement) return Status::Error(where + ": field 'placement': " + placement.error());
+  t.placement = *placement;
+  auto eviction_name = JsonStringOr(j, "eviction", "lru", where);
+  if (!eviction_name) return eviction_name.status();
+  auto eviction = policies::ParseEvictionPolicy(*eviction_name);
+  if (!eviction) return Status::Error(where + ": field 'eviction': " + eviction.error());
+  t.eviction = *eviction;
+  const std::string k = key;
+  if (k == "ssd") {
+    auto read = JsonNumber(j, "read_GBps", where);
+    auto write = JsonNumber(j, "write_GBps", where);
+    if (!read) return read.status();
+    if (!write) return write.status();
+    if (!(*read > 0) || !(*write > 0))
+      return Status::Error(where + ": fields 'read_GBps' and 'write_GBps' must be > 0");
+    t.read_bw = *read * kGB;
+    t.write_bw = *write * kGB;
+  } else {
+    // DRAM: the host memory bandwidth that the node's GPUs share; remote: the store's link.
+    auto bw = JsonNumberOr(j, "bandwidth_GBps", k == "dram" ? 200.0 : 0.0, where);
+    auto lat = JsonNumberOr(j, "latency_us", k == "dram" ? 0.0 : 10.0, where);
+    if (!bw) return bw.status();
+    if (!lat) return lat.status();
+    if (!(*bw > 0)) return Status::Error(where + ": field 'bandwidth_GBps' must be > 0");
+    if (*lat < 0) return Status::Error(where + ": field 'latency_us' must be >= 0");
+    t.link = {*bw * kGB, *lat * 1e-6};
+  }
+  return Status::Ok();
+}
+
+Status ParseTiers(const json& doc, const std::string& path, TiersSpec& tiers) {
+  auto it = doc.find("tiers");
+  if (it == doc.end()) return Status::Ok();
+  const std::string where = path + ": tiers";
+  if (!it->is_object()) return Status::Error(where + ": must be an object");
+  for (const auto& [key, value] : it->items()) {
+    if (key != "dram" && key != "ssd" && key != "remote")
+      return Status::Error(where + ": unknown tier '" + key + "' (expected dram, ssd, remote)");
+  }
+  DUET_RETURN_IF_ERROR(ParseTier(*it, "dram", where, tiers.dram));
+  DUET_RETURN_IF_ERROR(ParseTier(*it, "ssd", where, tiers.ssd));
+  DUET_RETURN_IF_ERROR(ParseTier(*it, "remote", where, tiers.remote));
+  return Status::Ok();
+}
+
 Status ParseCostModel(const json& doc, const std::string& path, models::RooflineOptions& r) {
   auto it = doc.find("cost_model");
   if (it == doc.end()) return Status::Ok();
@@ -180,9 +242,12 @@ Result<ClusterSpec> ParseClusterSpec(const json& doc, const std::string& path,
     if (!nvlink) return nvlink.status();
     if (!pcie) return pcie.status();
     if (!nic) return nic.status();
+    auto host_nic = ParseLink(group, "host_nic", where, false, *nic);
+    if (!host_nic) return host_nic.status();
     node.nvlink = *nvlink;
     node.pcie = *pcie;
     node.nic = *nic;
+    node.host_nic = *host_nic;
     for (std::int64_t i = 0; i < *count; ++i) {
       node.name = "node" + std::to_string(c.nodes.size());
       c.nodes.push_back(node);
@@ -202,6 +267,11 @@ Result<ClusterSpec> ParseClusterSpec(const json& doc, const std::string& path,
 
   DUET_RETURN_IF_ERROR(ParseEngine(doc, path, c.engine));
   DUET_RETURN_IF_ERROR(ParseCostModel(doc, path, c.roofline));
+  DUET_RETURN_IF_ERROR(ParseTiers(doc, path, c.tiers));
+  if (c.tiers.any() && !c.engine.enable_prefix_caching)
+    return Status::Error(path +
+                         ": tiers: need engine.enable_prefix_caching (tiers hold cached "
+                         "prefix blocks)");
 
   // Instances: groups {"role", "count", "tp", "node"?}; GPUs are assigned first-fit.
   auto inst_it = doc.find("instances");

@@ -12,6 +12,7 @@
 #include "models/cost_model.h"
 #include "models/model_spec.h"
 #include "policies/engine.h"
+#include "policies/kv_tiers.h"
 
 namespace duet::sim {
 
@@ -24,9 +25,31 @@ struct NodeSpec {
   std::string name;  // node0, node1, ...
   int gpus = 0;
   models::HardwareSpec gpu;
-  LinkSpec nvlink;  // each GPU to the node's NVSwitch
-  LinkSpec pcie;    // each GPU to its PCIe switch (GPUDirect path to its NIC)
-  LinkSpec nic;     // one NIC per GPU, to the cluster switch
+  LinkSpec nvlink;    // each GPU to the node's NVSwitch
+  LinkSpec pcie;      // each GPU to its PCIe switch (GPUDirect path to its NIC)
+  LinkSpec nic;       // one NIC per GPU, to the cluster switch
+  LinkSpec host_nic;  // the host's own NIC to the switch (DRAM/SSD <-> remote store traffic)
+};
+
+// One KV tier below GPU memory (`tiers` in the cluster file). DRAM and SSD are per node.
+struct TierSpec {
+  bool enabled = false;
+  Bytes capacity_bytes = 0;  // per node; the whole store for the remote tier
+  policies::TierPlacement placement = policies::TierPlacement::kWriteThrough;
+  policies::EvictionPolicy eviction = policies::EvictionPolicy::kLru;
+  LinkSpec link;                // dram: host memory bandwidth; remote: the store's link
+  BytesPerSecond read_bw = 0;   // ssd: the node's disk read bandwidth
+  BytesPerSecond write_bw = 0;  // ssd: the node's disk write bandwidth
+};
+
+struct TiersSpec {
+  TierSpec dram, ssd, remote;
+  bool any() const { return dram.enabled || ssd.enabled || remote.enabled; }
+  const TierSpec& operator[](policies::TierKind kind) const {
+    return kind == policies::TierKind::kDram  ? dram
+           : kind == policies::TierKind::kSsd ? ssd
+                                              : remote;
+  }
 };
 
 struct InstanceSpec {
@@ -55,6 +78,7 @@ struct ClusterSpec {
   LinkSpec frontend_link;  // frontend host to the switch
   std::vector<InstanceSpec> instances;
   EngineSpec engine;
+  TiersSpec tiers;
   models::RooflineOptions roofline;  // tp is per instance
 
   bool pd() const;

@@ -2,6 +2,11 @@
 // split-duplex NVLink, PCIe and NIC link; one shared switch link between nodes. Routes:
 // same node GPU->GPU over NVLink; across nodes PCIe, NIC, switch, NIC, PCIe (GPUDirect RDMA);
 // frontend to GPU over the frontend link and the switch.
+// With KV tiers (cluster "tiers"): a host per node whose memory (one shared link at the DRAM
+// bandwidth) holds the DRAM tier, GPU <-> host over the GPU's PCIe and the host memory; an SSD
+// per node, a host behind two links with the disk's read and write bandwidth, reached through
+// host memory; a remote-store host reached over its link and the switch (from a GPU through
+// its NIC and PCIe, from a node host through the host's NIC).
 #pragma once
 
 #include <simgrid/s4u.hpp>
@@ -14,6 +19,9 @@ namespace duet::sim {
 struct Platform {
   simgrid::s4u::Host* frontend = nullptr;
   std::vector<std::vector<simgrid::s4u::Host*>> gpus;  // [node][gpu]
+  std::vector<simgrid::s4u::Host*> node_hosts;         // [node], with tiers only
+  std::vector<simgrid::s4u::Host*> ssds;               // [node], with an SSD tier only
+  simgrid::s4u::Host* remote_store = nullptr;          // with a remote tier only
 };
 
 Platform BuildPlatform(const ClusterSpec& cluster);

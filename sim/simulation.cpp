@@ -3,6 +3,7 @@
 // shared engine loop. SimGrid exceptions are caught here and turned into Status values.
 #include "sim/simulation.h"
 
+#include <simgrid/plugins/load.h>
 #include <xbt/log.h>
 #include <simgrid/s4u.hpp>
 
@@ -14,6 +15,7 @@
 #include <fstream>
 #include <map>
 #include <memory>
+#include <unordered_map>
 
 #include "policies/block_hash.h"
 #include "policies/engine.h"
@@ -69,6 +71,32 @@ class SimPorts final : public policies::Clock,
   std::vector<sg4::CommPtr> waitables_;  // reused
 };
 
+// The tier storage port on SimGrid: a tier write or read is one communication between the
+// GPU (one per TP shard), the node host (DRAM), the node's SSD or the remote store; the bytes
+// stream through every link on the route at once. Only the actor that posted an I/O tests it
+// (SimGrid 3.32 crashes when another actor tests a communication), and each engine also waits
+// on its own I/O, so it notices completions at the instant they happen.
+class SimStorage final : public policies::TierStorage {
+ public:
+  explicit SimStorage(World& world) : world_(world) {}
+  policies::TierIoId Post(const policies::TierIo& io) override;
+  policies::TransferStatus Poll(policies::TierIoId id) override;
+  // The communications in flight that the calling actor posted.
+  void AppendWaitables(std::vector<sg4::CommPtr>* out) const;
+
+ private:
+  struct Op {
+    const sg4::Actor* owner;
+    std::vector<sg4::CommPtr> comms;
+  };
+  sg4::Host* TierHost(policies::TierKind kind, int node) const;
+
+  World& world_;
+  std::unordered_map<policies::TierIoId, Op> ops_;
+  std::map<const sg4::Actor*, std::vector<policies::TierIoId>> by_owner_;
+  policies::TierIoId next_ = 1;
+};
+
 // Forwards lifecycle events to the metrics collector and the router, counts finished
 // requests, draws the progress bar, and wakes the frontend when the last request finished.
 class SimSink final : public policies::EventSink {
@@ -89,6 +117,7 @@ class EngineCacheView final : public policies::CacheView {
  public:
   explicit EngineCacheView(World& world) : world_(world) {}
   Tokens CachedPrefixTokens(InstanceId instance, const Request& request) const override;
+  policies::PrefixReuse Reuse(InstanceId instance, const Request& request) const override;
 
  private:
   World& world_;
@@ -107,6 +136,8 @@ struct World {
   std::vector<std::vector<sg4::Host*>> hosts;  // per instance, its GPUs
   policies::MetricsCollector metrics;
   std::unique_ptr<SimSink> sink;
+  std::unique_ptr<SimStorage> storage;
+  std::unique_ptr<policies::TierManager> tiers;  // null without tiers
   std::unique_ptr<EngineCacheView> cache_view;
   std::unique_ptr<policies::Router> router;
   sg4::Mailbox* done_mailbox = nullptr;
@@ -139,6 +170,7 @@ bool SimPorts::WaitAny(double timeout) {
   for (const auto& [id, comms] : transfers_) {
     for (const auto& c : comms) waitables_.push_back(c);
   }
+  if (world_.storage) world_.storage->AppendWaitables(&waitables_);
   const ssize_t woken = sg4::Comm::wait_any_for(waitables_, timeout);
   ++world_.events;
   return woken >= 0;
@@ -217,6 +249,70 @@ void SimPorts::Execute(const policies::StepPlan& plan, int tp, int max_steps,
   step_end_s->erase(boundary + 1, step_end_s->end());
 }
 
+sg4::Host* SimStorage::TierHost(policies::TierKind kind, int node) const {
+  const Platform& p = world_.platform;
+  switch (kind) {
+    case policies::TierKind::kDram:
+      return p.node_hosts.at(static_cast<std::size_t>(node));
+    case policies::TierKind::kSsd:
+      return p.ssds.at(static_cast<std::size_t>(node));
+    case policies::TierKind::kRemote:
+      return p.remote_store;
+  }
+  return nullptr;
+}
+
+policies::TierIoId SimStorage::Post(const policies::TierIo& io) {
+  Op op;
+  op.owner = sg4::Actor::self();
+  sg4::Host* tier = TierHost(io.tier, io.node);
+  if (io.instance != policies::kNoInstance) {
+    // Between the tier and the instance's GPUs, a shard each.
+    const auto& gpus = world_.hosts[static_cast<std::size_t>(io.instance)];
+    const auto shard =
+        static_cast<std::uint64_t>(std::ceil(static_cast<double>(io.bytes) / gpus.size()));
+    for (sg4::Host* gpu : gpus) {
+      op.comms.push_back(io.read ? sg4::Comm::sendto_async(tier, gpu, shard)
+                                 : sg4::Comm::sendto_async(gpu, tier, shard));
+    }
+  } else {
+    // Tier to tier (write-back, or write-through below the first tier).
+    op.comms.push_back(sg4::Comm::sendto_async(TierHost(io.from, io.node), tier,
+                                               static_cast<std::uint64_t>(io.bytes)));
+  }
+  const policies::TierIoId id = next_++;
+  by_owner_[op.owner].push_back(id);
+  ops_.emplace(id, std::move(op));
+  return id;
+}
+
+policies::TransferStatus SimStorage::Poll(policies::TierIoId id) {
+  auto it = ops_.find(id);
+  DUET_CHECK(it != ops_.end());
+  if (it->second.owner != sg4::Actor::self()) return policies::TransferStatus::kInProgress;
+  policies::TransferStatus status = policies::TransferStatus::kDone;
+  try {
+    auto& c = it->second.comms;
+    c.erase(std::remove_if(c.begin(), c.end(), [](const sg4::CommPtr& x) { return x->test(); }),
+            c.end());
+    if (!c.empty()) return policies::TransferStatus::kInProgress;
+  } catch (const simgrid::Exception&) {
+    status = policies::TransferStatus::kFailed;
+  }
+  auto& ids = by_owner_[it->second.owner];
+  ids.erase(std::find(ids.begin(), ids.end(), id));
+  ops_.erase(it);
+  return status;
+}
+
+void SimStorage::AppendWaitables(std::vector<sg4::CommPtr>* out) const {
+  auto it = by_owner_.find(sg4::Actor::self());
+  if (it == by_owner_.end()) return;
+  for (policies::TierIoId id : it->second) {
+    for (const auto& c : ops_.at(id).comms) out->push_back(c);
+  }
+}
+
 void SimSink::OnFinished(const Request& request) {
   world_.metrics.OnFinished(request);
   world_.router->OnFinished(request);
@@ -259,6 +355,20 @@ Tokens EngineCacheView::CachedPrefixTokens(InstanceId instance, const Request& r
   return blocks.BlocksToTokens(blocks.CachedPrefixBlocks(request.block_hashes));
 }
 
+policies::PrefixReuse EngineCacheView::Reuse(InstanceId instance, const Request& request) const {
+  policies::PrefixReuse reuse;
+  reuse.gpu_tokens = CachedPrefixTokens(instance, request);
+  if (!world_.tiers) return reuse;
+  const Tokens block = world_.cluster.engine.block_tokens;
+  // As at admission: at least one prompt token is computed.
+  const std::int64_t gpu_blocks = reuse.gpu_tokens / block;
+  const policies::TierHits hits = world_.tiers->Lookup(
+      instance, request.block_hashes, gpu_blocks, (request.input_tokens - 1) / block - gpu_blocks);
+  reuse.tier_tokens = hits.total() * block;
+  reuse.load_s = world_.tiers->EstimateLoadSeconds(hits);
+  return reuse;
+}
+
 // Largest KV footprint (tokens) an instance admits: its blocks less the admission watermark.
 Tokens AdmissibleTokens(const World& w, InstanceId i) {
   const auto& blocks = w.engines[static_cast<std::size_t>(i)]->blocks();
@@ -297,6 +407,13 @@ void Frontend(World& w, const std::vector<InstanceId>& prefill_side,
     r.block_hashes = policies::EngineBlockHashes(tr.block_ids, w.trace.block_tokens, r.input_tokens,
                                                  block_tokens);
     const policies::RoutingDecision d = w.router->Route(r);
+    if (!d.reject_reason.empty()) {
+      r.state = RequestState::kRejected;
+      r.finished_s = sg4::Engine::get_clock();
+      r.reason = d.reject_reason;
+      w.sink->OnFinished(r);
+      continue;
+    }
     r.prefill_instance = d.prefill;
     r.decode_instance = d.decode;
     r.state = RequestState::kQueued;
@@ -318,6 +435,92 @@ void Frontend(World& w, const std::vector<InstanceId>& prefill_side,
             kControlMessageBytes)
         ->detach();
   }
+}
+
+policies::TierSetup TierSetupFor(const ClusterSpec& cluster) {
+  using policies::TierKind;
+  policies::TierSetup setup;
+  setup.block_bytes = cluster.engine.block_tokens * cluster.model.KvBytesPerToken();
+  setup.num_nodes = static_cast<int>(cluster.nodes.size());
+  for (const InstanceSpec& inst : cluster.instances) setup.instance_node.push_back(inst.node);
+  // Routing estimates: the slowest resource on each tier's path into a GPU (first node's).
+  const NodeSpec& node = cluster.nodes.front();
+  const TiersSpec& t = cluster.tiers;
+  const double mem = t.dram.enabled ? t.dram.link.bandwidth : 200 * kGB;
+  const double read_bw[3] = {std::min(node.pcie.bandwidth, mem),
+                             std::min({t.ssd.read_bw, node.pcie.bandwidth, mem}),
+                             std::min({t.remote.link.bandwidth, cluster.switch_link.bandwidth,
+                                       node.nic.bandwidth, node.pcie.bandwidth})};
+  for (int k = 0; k < policies::kNumLowerTiers; ++k) {
+    const TierSpec& spec = t[static_cast<TierKind>(k)];
+    policies::TierConfig& c = setup.tiers[static_cast<std::size_t>(k)];
+    c.enabled = spec.enabled;
+    c.capacity_bytes = spec.capacity_bytes;
+    c.placement = spec.placement;
+    c.eviction = spec.eviction;
+    c.read_bandwidth = read_bw[k];
+  }
+  return setup;
+}
+
+// Per tier: configuration, traffic and occupancy. Present with zeros when a tier is absent.
+nlohmann::json TiersSummary(const World& w) {
+  using policies::TierKind;
+  nlohmann::json out = nlohmann::json::object();
+  for (int k = 0; k < policies::kNumLowerTiers; ++k) {
+    const auto kind = static_cast<TierKind>(k);
+    const TierSpec& spec = w.cluster.tiers[kind];
+    nlohmann::json j = {{"enabled", spec.enabled}, {"capacity_bytes", spec.capacity_bytes}};
+    policies::TierCounters c;
+    std::int64_t evictions = 0, peak = 0;
+    if (w.tiers && spec.enabled) {
+      c = w.tiers->counters(kind);
+      evictions = w.tiers->evictions(kind);
+      peak = w.tiers->peak_used_blocks(kind);
+      j["placement"] = policies::ToString(spec.placement);
+      j["eviction"] = policies::ToString(spec.eviction);
+    }
+    j["write_blocks"] = c.write_blocks;
+    j["written_blocks"] = c.written_blocks;
+    j["write_bytes"] = c.write_bytes;
+    j["write_ios"] = c.write_ios;
+    j["read_blocks"] = c.read_blocks;
+    j["read_bytes"] = c.read_bytes;
+    j["read_ios"] = c.read_ios;
+    j["evictions"] = evictions;
+    j["dropped_writes"] = c.dropped_writes;
+    j["peak_used_blocks"] = peak;
+    out[policies::ToString(kind)] = j;
+  }
+  return out;
+}
+
+// links.csv: bytes carried by every link direction and disk, and its busy time at full rate
+// (bytes / bandwidth) and utilization over the simulated time.
+Status WriteLinksCsv(const World& w, const std::string& path) {
+  std::ofstream out(path);
+  if (!out) return Status::Error(path + ": cannot open for writing");
+  const double simulated_s = sg4::Engine::get_clock();
+  out << "resource,kind,bandwidth_GBps,bytes,busy_s,utilization\n";
+  auto row = [&](const std::string& name, const char* kind, double bw, double bytes) {
+    const double busy = bw > 0 ? bytes / bw : 0.0;
+    char buf[256];
+    std::snprintf(buf, sizeof buf, "%s,%s,%.3f,%.0f,%.6f,%.6f\n", name.c_str(), kind, bw / kGB,
+                  bytes, busy, simulated_s > 0 ? busy / simulated_s : 0.0);
+    out << buf;
+  };
+  auto links = sg4::Engine::get_instance()->get_all_links();
+  std::sort(links.begin(), links.end(),
+            [](const sg4::Link* a, const sg4::Link* b) { return a->get_name() < b->get_name(); });
+  for (const sg4::Link* link : links) {
+    if (link->get_name() == "__loopback__") continue;
+    const std::string& name = link->get_name();
+    const bool disk = name.find("-ssd-") != std::string::npos;
+    row(name, disk ? "disk" : "link", link->get_bandwidth(), sg_link_get_cum_load(link));
+  }
+  out.flush();
+  if (!out) return Status::Error(path + ": write failed");
+  return Status::Ok();
 }
 
 }  // namespace
@@ -344,7 +547,9 @@ Result<SimReport> RunSimulation(const ClusterSpec& cluster, const traces::Trace&
   sg4::Engine::set_config("contexts/factory:raw");
 
   World w(cluster, trace, options);
+  sg_link_load_plugin_init();  // bytes per link, for links.csv
   w.platform = BuildPlatform(cluster);
+  for (sg4::Link* link : engine.get_all_links()) sg_link_load_track(link);
   w.requests.resize(trace.requests.size());
   for (std::size_t k = 0; k < trace.requests.size(); ++k) {
     const auto& tr = trace.requests[k];
@@ -377,6 +582,10 @@ Result<SimReport> RunSimulation(const ClusterSpec& cluster, const traces::Trace&
     gpu.nvlink_bw = node.nvlink.bandwidth;
     w.costs.push_back(std::make_unique<models::RooflineCostModel>(cluster.model, gpu, roofline));
   }
+  if (cluster.tiers.any()) {
+    w.storage = std::make_unique<SimStorage>(w);
+    w.tiers = std::make_unique<policies::TierManager>(TierSetupFor(cluster), w.storage.get());
+  }
   for (std::size_t i = 0; i < cluster.instances.size(); ++i) {
     const InstanceSpec& spec = cluster.instances[i];
     w.ports.push_back(std::make_unique<SimPorts>(w, static_cast<InstanceId>(i)));
@@ -392,9 +601,21 @@ Result<SimReport> RunSimulation(const ClusterSpec& cluster, const traces::Trace&
     config.scheduler = cluster.engine.scheduler;
     SimPorts* p = w.ports.back().get();
     w.engines.push_back(std::make_unique<policies::InstanceEngine>(
-        config, policies::EnginePorts{p, p, p, p, p, w.sink.get()}));
+        config, policies::EnginePorts{p, p, p, p, p, w.sink.get(), w.tiers.get()}));
   }
-  w.router = policies::MakeRouter(options.router, prefill_side, decode_side, w.cache_view.get());
+  policies::RouterConfig router = options.router;
+  {
+    // The cache-aware router's prefill rate: a full token budget of prompt on one instance.
+    const Tokens chunk = cluster.engine.scheduler.max_num_batched_tokens;
+    models::StepShape shape;
+    shape.tp = cluster.instances[static_cast<std::size_t>(prefill_side.front())].tp;
+    shape.prefill.push_back({chunk, 0});
+    router.prefill_tokens_per_s =
+        static_cast<double>(chunk) /
+        w.costs[static_cast<std::size_t>(prefill_side.front())]->StepTime(shape);
+    if (options.reject_over_slo) router.reject_ttft_ms = options.slo.ttft_ms;
+  }
+  w.router = policies::MakeRouter(router, prefill_side, decode_side, w.cache_view.get());
 
   for (std::size_t i = 0; i < w.engines.size(); ++i) {
     sg4::Actor::create(cluster.instances[i].name, w.hosts[i].front(), [&w, i] {
@@ -409,6 +630,10 @@ Result<SimReport> RunSimulation(const ClusterSpec& cluster, const traces::Trace&
     engine.run();
   } catch (const std::exception& e) {
     return Status::Error(std::string("simulation failed: ") + e.what());
+  }
+  if (w.tiers) {
+    if (Status s = w.tiers->CheckInvariants(/*expect_idle=*/true); !s.ok())
+      w.errors.push_back(s.message());
   }
   if (!w.errors.empty())
     return Status::Error("simulation ended in a broken state: " + w.errors.front());
@@ -430,6 +655,8 @@ Result<SimReport> RunSimulation(const ClusterSpec& cluster, const traces::Trace&
                            {"router", policies::ToString(options.router.kind)},
                            {"trace", trace.source},
                            {"seed", options.router.seed}};
+  report.summary["tiers"] = TiersSummary(w);
+  DUET_RETURN_IF_ERROR(WriteLinksCsv(w, (fs::path(options.out_dir) / "links.csv").string()));
   std::vector<std::string> names;
   for (const auto& inst : cluster.instances) names.push_back(inst.name);
   DUET_RETURN_IF_ERROR(

@@ -1,4 +1,5 @@
-// `duet simulate`: replays a trace against a cluster on SimGrid and writes METRICS.md files.
+// `duet simulate`: replays a trace against a cluster on SimGrid and writes METRICS.md files
+// (summary.json, requests.csv) and links.csv (bytes and busy time per link and disk).
 // One simulation per process (SimGrid's engine is a process-wide singleton).
 #pragma once
 
@@ -18,6 +19,8 @@ struct SimOptions {
   policies::Slo slo;
   std::string out_dir;    // summary.json and requests.csv are written here
   bool progress = false;  // a progress bar on stderr
+  // cache-aware router: reject at arrival a request whose estimated TTFT exceeds slo.ttft_ms.
+  bool reject_over_slo = false;
 };
 
 struct SimReport {

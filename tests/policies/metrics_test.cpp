@@ -116,6 +116,13 @@ TEST(MetricsCollector, SectionsThatDoNotApplyArePresentWithZeros) {
 TEST(MetricsCollector, WritesRequestsCsvInIdOrderWithMetricsMdColumns) {
   MetricsCollector m;
   m.OnFinished(Completed(5, 1.0, 0.5, 1.5, 3));
+  // Served partly from the lower tiers: 60 cached tokens, 16 from DRAM and 32 from SSD, whose
+  // load took 100 ms of the 500 ms TTFT.
+  Request tiered = Completed(7, 2.0, 0.5, 1.5, 3);
+  tiered.cached_tokens = 60;
+  tiered.tier_hit_tokens = {16, 32, 0};
+  tiered.load_done_s = tiered.first_scheduled_s + 0.1;
+  m.OnFinished(tiered);
   Request rej;
   rej.id = 2;
   rej.arrival_s = 0.25;
@@ -131,9 +138,23 @@ TEST(MetricsCollector, WritesRequestsCsvInIdOrderWithMetricsMdColumns) {
   text << in.rdbuf();
   EXPECT_EQ(text.str(),
             "request_id,arrival_s,input_tokens,output_tokens,cached_tokens,prefill_instance,"
-            "decode_instance,queue_ms,ttft_ms,tpot_ms,e2e_ms,kv_transfer_ms,status,reason\n"
-            "2,0.250000,9,1,0,,,,,,,,rejected,\"needs 10, max 5\"\n"
-            "5,1.000000,100,3,20,p0,d0,10.000,500.000,500.000,1500.000,5.000,completed,\n");
+            "decode_instance,queue_ms,ttft_ms,tpot_ms,e2e_ms,kv_transfer_ms,status,reason,"
+            "gpu_hit_tokens,dram_hit_tokens,ssd_hit_tokens,remote_hit_tokens,ttft_queue_ms,"
+            "ttft_load_ms,ttft_prefill_ms,ttft_transfer_ms\n"
+            "2,0.250000,9,1,0,,,,,,,,rejected,\"needs 10, max 5\",0,0,0,0,,,,\n"
+            "5,1.000000,100,3,20,p0,d0,10.000,500.000,500.000,1500.000,5.000,completed,,20,0,0,0,"
+            "10.000,0.000,485.000,5.000\n"
+            "7,2.000000,100,3,60,p0,d0,10.000,500.000,500.000,1500.000,5.000,completed,,12,16,32,0,"
+            "10.000,100.000,385.000,5.000\n");
+  // The summary splits the hits by tier and the TTFT into its parts.
+  const nlohmann::json s = m.Summary(3, Slo{});
+  EXPECT_EQ(s["prefix_cache"]["hit_tokens"], 80);
+  EXPECT_EQ(s["prefix_cache"]["by_tier"]["gpu"]["hit_tokens"], 32);
+  EXPECT_EQ(s["prefix_cache"]["by_tier"]["dram"]["hit_tokens"], 16);
+  EXPECT_EQ(s["prefix_cache"]["by_tier"]["ssd"]["hit_tokens"], 32);
+  EXPECT_EQ(s["prefix_cache"]["by_tier"]["remote"]["hit_tokens"], 0);
+  EXPECT_DOUBLE_EQ(s["ttft_breakdown_ms"]["load"]["max"].get<double>(), 100.0);
+  EXPECT_DOUBLE_EQ(s["ttft_breakdown_ms"]["prefill"]["mean"].get<double>(), 435.0);
   std::filesystem::remove(path);
 }
 

@@ -1,0 +1,288 @@
+// KV tiers below GPU memory: placement, lookup, loads and the I/O they post (see kv_tiers.h).
+#include "policies/kv_tiers.h"
+
+#include <algorithm>
+
+namespace duet::policies {
+
+const char* ToString(TierKind kind) {
+  switch (kind) {
+    case TierKind::kDram:
+      return "dram";
+    case TierKind::kSsd:
+      return "ssd";
+    case TierKind::kRemote:
+      return "remote";
+  }
+  return "unknown";
+}
+
+Result<TierPlacement> ParseTierPlacement(const std::string& name) {
+  if (name == "write-through") return TierPlacement::kWriteThrough;
+  if (name == "write-back") return TierPlacement::kWriteBack;
+  return Status::Error("placement must be 'write-through' or 'write-back', got '" + name + "'");
+}
+
+const char* ToString(TierPlacement placement) {
+  return placement == TierPlacement::kWriteThrough ? "write-through" : "write-back";
+}
+
+TierManager::TierManager(TierSetup setup, TierStorage* storage)
+    : setup_(std::move(setup)), storage_(storage) {
+  DUET_CHECK(storage_ != nullptr && setup_.block_bytes > 0);
+  for (int k = 0; k < kNumLowerTiers; ++k) {
+    const TierConfig& t = setup_.tiers[static_cast<std::size_t>(k)];
+    if (!t.enabled) continue;
+    const int copies = static_cast<TierKind>(k) == TierKind::kRemote ? 1 : setup_.num_nodes;
+    for (int n = 0; n < copies; ++n) {
+      stores_[static_cast<std::size_t>(k)].push_back(
+          std::make_unique<KvTierStore>(t.capacity_bytes / setup_.block_bytes, t.eviction));
+    }
+  }
+}
+
+KvTierStore* TierManager::Store(TierKind kind, int node) {
+  auto& v = stores_[static_cast<std::size_t>(kind)];
+  if (v.empty()) return nullptr;
+  return kind == TierKind::kRemote ? v[0].get() : v[static_cast<std::size_t>(node)].get();
+}
+
+const KvTierStore* TierManager::store(TierKind kind, int node) const {
+  return const_cast<TierManager*>(this)->Store(kind, node);
+}
+
+int TierManager::NodeOf(InstanceId instance) const {
+  return setup_.instance_node.at(static_cast<std::size_t>(instance));
+}
+
+int TierManager::Below(int kind) const {
+  for (int k = kind + 1; k < kNumLowerTiers; ++k) {
+    if (setup_.tiers[static_cast<std::size_t>(k)].enabled) return k;
+  }
+  return -1;
+}
+
+void TierManager::Progress(InstanceId instance) {
+  if (static_cast<std::size_t>(instance) >= pending_writes_.size()) return;
+  auto& pending = pending_writes_[static_cast<std::size_t>(instance)];
+  for (std::size_t i = 0; i < pending.size();) {
+    PendingWrite& w = pending[i];
+    const TransferStatus status = storage_->Poll(w.io);
+    if (status == TransferStatus::kInProgress) {
+      ++i;
+      continue;
+    }
+    TierCounters& c = counters_[static_cast<std::size_t>(w.tier)];
+    for (BlockHash h : w.hashes) {
+      if (status == TransferStatus::kDone) {
+        w.store->EndWrite(h);
+        ++c.written_blocks;
+      } else {
+        w.store->AbortWrite(h);
+      }
+    }
+    // Order does not matter: swap-remove.
+    pending[i] = std::move(pending.back());
+    pending.pop_back();
+    --num_pending_writes_;
+  }
+}
+
+TierHits TierManager::Lookup(InstanceId instance, std::span<const BlockHash> hashes,
+                             std::int64_t first, std::int64_t max_blocks) const {
+  TierHits hits;
+  if (!setup_.any()) return hits;
+  const int node = NodeOf(instance);
+  const auto end = std::min<std::int64_t>(static_cast<std::int64_t>(hashes.size()),
+                                          first + std::max<std::int64_t>(0, max_blocks));
+  const KvTierStore* s[kNumLowerTiers];
+  for (int k = 0; k < kNumLowerTiers; ++k) s[k] = store(static_cast<TierKind>(k), node);
+  for (std::int64_t i = first; i < end; ++i) {
+    const BlockHash h = hashes[static_cast<std::size_t>(i)];
+    int found = -1;
+    for (int k = 0; k < kNumLowerTiers && found < 0; ++k) {
+      if (s[k] && s[k]->Contains(h)) found = k;
+    }
+    if (found < 0) break;
+    ++hits.blocks[static_cast<std::size_t>(found)];
+  }
+  return hits;
+}
+
+LoadId TierManager::BeginLoad(InstanceId instance, std::span<const BlockHash> hashes,
+                              std::int64_t first, const TierHits& hits) {
+  const int node = NodeOf(instance);
+  Load load;
+  load.id = next_load_++;
+  std::array<std::vector<BlockHash>, kNumLowerTiers> per_tier;
+  const std::int64_t end = first + hits.total();
+  DUET_CHECK(end <= static_cast<std::int64_t>(hashes.size()));
+  for (std::int64_t i = first; i < end; ++i) {
+    const BlockHash h = hashes[static_cast<std::size_t>(i)];
+    int k = 0;
+    for (; k < kNumLowerTiers; ++k) {
+      KvTierStore* s = Store(static_cast<TierKind>(k), node);
+      if (s && s->Contains(h)) {
+        s->PinForRead(h);
+        per_tier[static_cast<std::size_t>(k)].push_back(h);
+        break;
+      }
+    }
+    DUET_CHECK_MSG(k < kNumLowerTiers, "BeginLoad of a block that Lookup did not find");
+  }
+  for (int k = 0; k < kNumLowerTiers; ++k) {
+    auto& v = per_tier[static_cast<std::size_t>(k)];
+    DUET_CHECK(static_cast<std::int64_t>(v.size()) == hits.blocks[static_cast<std::size_t>(k)]);
+    if (v.empty()) continue;
+    const auto kind = static_cast<TierKind>(k);
+    TierIo io;
+    io.read = true;
+    io.tier = kind;
+    io.node = node;
+    io.instance = instance;
+    io.blocks = static_cast<std::int64_t>(v.size());
+    io.bytes = io.blocks * setup_.block_bytes;
+    TierCounters& c = counters_[static_cast<std::size_t>(k)];
+    c.read_blocks += io.blocks;
+    c.read_bytes += io.bytes;
+    ++c.read_ios;
+    load.parts.push_back({storage_->Post(io), Store(kind, node), std::move(v), false});
+  }
+  const LoadId id = load.id;
+  loads_.push_back(std::move(load));
+  return id;
+}
+
+TransferStatus TierManager::PollLoad(LoadId id) {
+  auto it = std::find_if(loads_.begin(), loads_.end(), [&](const Load& l) { return l.id == id; });
+  DUET_CHECK(it != loads_.end());
+  bool all_done = true;
+  for (Load::Part& part : it->parts) {
+    if (part.done) continue;
+    const TransferStatus s = storage_->Poll(part.io);
+    if (s == TransferStatus::kInProgress) {
+      all_done = false;
+      continue;
+    }
+    part.done = true;
+    it->failed |= s == TransferStatus::kFailed;
+    for (BlockHash h : part.hashes) part.store->Unpin(h);
+  }
+  if (!all_done) return TransferStatus::kInProgress;
+  const bool failed = it->failed;
+  loads_.erase(it);
+  return failed ? TransferStatus::kFailed : TransferStatus::kDone;
+}
+
+Seconds TierManager::EstimateLoadSeconds(const TierHits& hits) const {
+  Seconds s = 0;
+  for (int k = 0; k < kNumLowerTiers; ++k) {
+    const std::int64_t n = hits.blocks[static_cast<std::size_t>(k)];
+    if (n == 0) continue;
+    const BytesPerSecond bw = setup_.tiers[static_cast<std::size_t>(k)].read_bandwidth;
+    s += bw > 0 ? static_cast<double>(n * setup_.block_bytes) / bw : 0.0;
+  }
+  return s;
+}
+
+void TierManager::Write(int kind, int node, InstanceId instance, int from,
+                        std::span<const BlockHash> hashes, InstanceId owner) {
+  const auto tier = static_cast<TierKind>(kind);
+  KvTierStore* s = Store(tier, node);
+  TierCounters& c = counters_[static_cast<std::size_t>(kind)];
+  std::vector<BlockHash> accepted, evicted;
+  for (BlockHash h : hashes) {
+    switch (s->BeginWrite(h, &evicted)) {
+      case KvTierStore::WriteStart::kStarted:
+        accepted.push_back(h);
+        break;
+      case KvTierStore::WriteStart::kPresent:
+        break;
+      case KvTierStore::WriteStart::kNoRoom:
+        ++c.dropped_writes;
+        break;
+    }
+  }
+  const int below = Below(kind);
+  auto placement_below = [&] { return setup_.tiers[static_cast<std::size_t>(below)].placement; };
+  if (!accepted.empty()) {
+    TierIo io;
+    io.read = false;
+    io.tier = tier;
+    io.node = node;
+    io.instance = instance;
+    io.from = static_cast<TierKind>(std::max(0, from));
+    io.blocks = static_cast<std::int64_t>(accepted.size());
+    io.bytes = io.blocks * setup_.block_bytes;
+    c.write_blocks += io.blocks;
+    c.write_bytes += io.bytes;
+    ++c.write_ios;
+    const TierIoId id = storage_->Post(io);
+    // Write-through below: the same blocks stream on from this tier at once.
+    if (below >= 0 && placement_below() == TierPlacement::kWriteThrough)
+      Write(below, node, kNoInstance, kind, accepted, owner);
+    if (static_cast<std::size_t>(owner) >= pending_writes_.size())
+      pending_writes_.resize(static_cast<std::size_t>(owner) + 1);
+    pending_writes_[static_cast<std::size_t>(owner)].push_back(
+        {id, s, tier, owner, std::move(accepted)});
+    ++num_pending_writes_;
+  }
+  // Write-back below: what this tier evicted moves down.
+  if (!evicted.empty() && below >= 0 && placement_below() == TierPlacement::kWriteBack)
+    Write(below, node, kNoInstance, kind, evicted, owner);
+}
+
+void TierManager::OnComputed(InstanceId instance, std::span<const BlockHash> hashes) {
+  const int first = Below(-1);
+  if (first < 0 || hashes.empty()) return;
+  if (setup_.tiers[static_cast<std::size_t>(first)].placement != TierPlacement::kWriteThrough)
+    return;
+  Write(first, NodeOf(instance), instance, -1, hashes, instance);
+}
+
+void TierManager::OnGpuEvicted(InstanceId instance, std::span<const BlockHash> hashes) {
+  const int first = Below(-1);
+  if (first < 0 || hashes.empty()) return;
+  if (setup_.tiers[static_cast<std::size_t>(first)].placement != TierPlacement::kWriteBack) return;
+  Write(first, NodeOf(instance), instance, -1, hashes, instance);
+}
+
+bool TierManager::HasPendingWrites(InstanceId instance) const {
+  return static_cast<std::size_t>(instance) < pending_writes_.size() &&
+         !pending_writes_[static_cast<std::size_t>(instance)].empty();
+}
+
+std::int64_t TierManager::evictions(TierKind kind) const {
+  std::int64_t n = 0;
+  for (const auto& s : stores_[static_cast<std::size_t>(kind)]) n += s->evictions();
+  return n;
+}
+
+std::int64_t TierManager::peak_used_blocks(TierKind kind) const {
+  std::int64_t n = 0;
+  for (const auto& s : stores_[static_cast<std::size_t>(kind)])
+    n = std::max(n, s->peak_used_blocks());
+  return n;
+}
+
+Status TierManager::CheckInvariants(bool expect_idle) const {
+  for (int k = 0; k < kNumLowerTiers; ++k) {
+    for (std::size_t n = 0; n < stores_[static_cast<std::size_t>(k)].size(); ++n) {
+      const KvTierStore& s = *stores_[static_cast<std::size_t>(k)][n];
+      const std::string where =
+          std::string(ToString(static_cast<TierKind>(k))) + " tier of node " + std::to_string(n);
+      if (Status st = s.CheckInvariants(); !st.ok())
+        return Status::Error(where + ": " + st.message());
+      if (expect_idle && (s.writing_blocks() != 0 || s.pinned_blocks() != 0))
+        return Status::Error(where + ": " + std::to_string(s.writing_blocks()) +
+                             " blocks still being written and " +
+                             std::to_string(s.pinned_blocks()) + " still pinned at the end");
+    }
+  }
+  if (expect_idle && !idle())
+    return Status::Error(std::to_string(num_pending_writes_) + " tier writes and " +
+                         std::to_string(loads_.size()) + " loads still in flight at the end");
+  return Status::Ok();
+}
+
+}  // namespace duet::policies

@@ -1,0 +1,183 @@
+// The KV cache tiers below GPU memory and the policy that moves blocks between them: host DRAM
+// per node, local SSD per node, and a remote store shared by the cluster (each optional). An
+// instance sees its GPU (the block manager), its node's DRAM and SSD, and the remote store.
+//
+// Placement, per tier, relative to the tier above it (GPU for the first one):
+//   write-through: a block is written here as soon as it reaches the tier above (for the first
+//                  tier: when its prefill computed it);
+//   write-back:    a block is written here when the tier above evicts it.
+// Lookups find a prompt's next blocks in the fastest tier holding each; loads pin them until
+// read. Every byte moves through the TierStorage port (post, then poll), so offload and
+// promotion traffic shares the links and disks that the world below models.
+//
+// The manager decides and tracks; it reads no clock. Not thread-safe: in simulation every
+// engine calls it from its own actor, one at a time.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "common/units.h"
+#include "policies/kv_tier_store.h"
+#include "policies/ports.h"
+#include "policies/request.h"
+
+namespace duet::policies {
+
+enum class TierKind { kDram = 0, kSsd = 1, kRemote = 2 };
+const char* ToString(TierKind kind);  // "dram", "ssd", "remote"
+
+enum class TierPlacement { kWriteThrough, kWriteBack };
+// "write-through" or "write-back".
+Result<TierPlacement> ParseTierPlacement(const std::string& name);
+const char* ToString(TierPlacement placement);
+
+struct TierConfig {
+  bool enabled = false;
+  Bytes capacity_bytes = 0;  // per node (DRAM, SSD) or for the whole cluster (remote)
+  TierPlacement placement = TierPlacement::kWriteThrough;
+  EvictionPolicy eviction = EvictionPolicy::kLru;
+  // Bandwidth a load from this tier into one GPU gets when alone (for routing estimates).
+  BytesPerSecond read_bandwidth = 0;
+};
+
+struct TierSetup {
+  std::array<TierConfig, kNumLowerTiers> tiers;  // indexed by TierKind
+  Bytes block_bytes = 0;                         // one engine block of KV, all TP shards
+  std::vector<int> instance_node;                // node of each instance
+  int num_nodes = 0;
+  bool any() const { return tiers[0].enabled || tiers[1].enabled || tiers[2].enabled; }
+};
+
+// One movement of blocks. A write goes into `tier` from the GPU of `instance`, or, when
+// instance is kNoInstance, from the tier `from` (write-back, and write-through below the first
+// tier). A read goes from `tier` into the GPU of `instance`. `node` is the node of that GPU or
+// source tier, and of the DRAM or SSD tier itself (the remote store belongs to no node).
+struct TierIo {
+  bool read = false;
+  TierKind tier = TierKind::kDram;
+  int node = -1;
+  InstanceId instance = kNoInstance;
+  TierKind from = TierKind::kDram;
+  std::int64_t blocks = 0;
+  Bytes bytes = 0;
+};
+using TierIoId = std::uint64_t;
+
+// Moves the bytes of a TierIo (simulated: SimGrid communications; real: pinned host memory and
+// files). Post, then poll; kDone / kFailed are reported once. An implementation may complete
+// an I/O only when polled from the engine that posted it (SimGrid: the posting actor).
+class TierStorage {
+ public:
+  virtual ~TierStorage() = default;
+  virtual TierIoId Post(const TierIo& io) = 0;
+  virtual TransferStatus Poll(TierIoId id) = 0;
+};
+
+// Where the prompt's next blocks (after the GPU hit) are found below the GPU.
+struct TierHits {
+  std::array<std::int64_t, kNumLowerTiers> blocks{};  // per tier
+  std::int64_t total() const { return blocks[0] + blocks[1] + blocks[2]; }
+};
+
+struct TierCounters {
+  std::int64_t write_blocks = 0;    // writes started
+  std::int64_t written_blocks = 0;  // writes finished (became readable)
+  std::int64_t dropped_writes = 0;  // no room: full of blocks being written or read
+  std::int64_t read_blocks = 0;
+  Bytes write_bytes = 0, read_bytes = 0;
+  std::int64_t write_ios = 0, read_ios = 0;
+};
+
+using LoadId = std::uint64_t;
+
+class TierManager {
+ public:
+  TierManager(TierSetup setup, TierStorage* storage);
+
+  const TierSetup& setup() const { return setup_; }
+  bool enabled(TierKind kind) const { return setup_.tiers[static_cast<int>(kind)].enabled; }
+
+  // Finishes the writes that `instance` posted whose I/O completed (their blocks become
+  // readable). Each engine calls it before looking anything up.
+  void Progress(InstanceId instance);
+
+  // The blocks of `hashes` from `first` on (at most `max_blocks`) that `instance` can load,
+  // each from the fastest tier holding it; stops at the first block no tier holds.
+  TierHits Lookup(InstanceId instance, std::span<const BlockHash> hashes, std::int64_t first,
+                  std::int64_t max_blocks) const;
+  // Starts loading those blocks into the instance's GPU: pins them, posts one read per tier.
+  // `hits` must be what Lookup returned just now.
+  LoadId BeginLoad(InstanceId instance, std::span<const BlockHash> hashes, std::int64_t first,
+                   const TierHits& hits);
+  // kDone once every read finished (the blocks are unpinned), kFailed if one failed.
+  TransferStatus PollLoad(LoadId id);
+  // Estimated seconds to load `hits` into one GPU when the paths are idle.
+  Seconds EstimateLoadSeconds(const TierHits& hits) const;
+
+  // `instance` computed these full blocks (write-through from the GPU).
+  void OnComputed(InstanceId instance, std::span<const BlockHash> hashes);
+  // `instance`'s GPU cache evicted these blocks (write-back from the GPU).
+  void OnGpuEvicted(InstanceId instance, std::span<const BlockHash> hashes);
+
+  // Writes that `instance` posted (its OnComputed / OnGpuEvicted calls and what they set off)
+  // and have not finished. Each posting engine polls its own I/O and stays up until it is done.
+  bool HasPendingWrites(InstanceId instance) const;
+
+  // No I/O in flight, no pins, every store consistent and within capacity.
+  Status CheckInvariants(bool expect_idle) const;
+  bool idle() const { return num_pending_writes_ == 0 && loads_.empty(); }
+
+  const KvTierStore* store(TierKind kind, int node) const;
+  const TierCounters& counters(TierKind kind) const { return counters_[static_cast<int>(kind)]; }
+  std::int64_t evictions(TierKind kind) const;
+  std::int64_t peak_used_blocks(TierKind kind) const;  // the most any one store held
+
+ private:
+  struct PendingWrite {
+    TierIoId io;
+    KvTierStore* store;
+    TierKind tier;
+    InstanceId owner;
+    std::vector<BlockHash> hashes;
+  };
+  struct Load {
+    LoadId id;
+    struct Part {
+      TierIoId io;
+      KvTierStore* store;
+      std::vector<BlockHash> hashes;
+      bool done;
+    };
+    std::vector<Part> parts;
+    bool failed = false;
+  };
+
+  KvTierStore* Store(TierKind kind, int node);
+  int NodeOf(InstanceId instance) const;
+  // The enabled tier below `kind` (or the first tier for kind == -1), or -1.
+  int Below(int kind) const;
+  // Writes `hashes` into tier `kind` on `node` from `source` (an instance's GPU, or the tier
+  // `from`), then follows write-through placement downwards and write-back for evictions.
+  // `owner` is the engine whose call set this off.
+  void Write(int kind, int node, InstanceId instance, int from, std::span<const BlockHash> hashes,
+             InstanceId owner);
+
+  TierSetup setup_;
+  TierStorage* storage_;
+  // [kind][node]; the remote store is one store at node index 0.
+  std::array<std::vector<std::unique_ptr<KvTierStore>>, kNumLowerTiers> stores_;
+  std::array<TierCounters, kNumLowerTiers> counters_{};
+  std::vector<std::vector<PendingWrite>> pending_writes_;  // by owner instance
+  std::size_t num_pending_writes_ = 0;
+  std::vector<Load> loads_;
+  LoadId next_load_ = 1;
+  std::vector<BlockHash> scratch_;
+};
+
+}  // namespace duet::policies
