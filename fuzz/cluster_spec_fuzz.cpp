@@ -17,6 +17,16 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       if (inst.gpus.size() != static_cast<std::size_t>(inst.tp) || inst.memory.kv_blocks < 1)
         __builtin_trap();
     }
+    // Every enabled tier has a capacity and the bandwidths its path needs.
+    for (auto kind : {duet::policies::TierKind::kDram, duet::policies::TierKind::kSsd,
+                      duet::policies::TierKind::kRemote}) {
+      const auto& t = spec->tiers[kind];
+      if (!t.enabled) continue;
+      if (t.capacity_bytes <= 0) __builtin_trap();
+      if (kind == duet::policies::TierKind::kSsd ? !(t.read_bw > 0 && t.write_bw > 0)
+                                                 : !(t.link.bandwidth > 0))
+        __builtin_trap();
+    }
   } else if (spec.error().empty()) {
     __builtin_trap();
   }

@@ -98,7 +98,7 @@ Status ParseTier(const json& tiers, const char* key, const std::string& where_ti
   t.enabled = true;
   auto gib = JsonNumber(j, "capacity_gib", where);
   if (!gib) return gib.status();
-  if (!(*gib > 0) || *gib > 1e9)
+  if (!(*gib * kGiB >= 1) || *gib > 1e9)
     return Status::Error(where + ": field 'capacity_gib' must be in (0, 1e9], got " +
                          std::to_string(*gib));
   t.capacity_bytes = static_cast<Bytes>(*gib * kGiB);

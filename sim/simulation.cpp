@@ -3,11 +3,11 @@
 // shared engine loop. SimGrid exceptions are caught here and turned into Status values.
 #include "sim/simulation.h"
 
-#include <simgrid/plugins/load.h>
 #include <xbt/log.h>
 #include <simgrid/s4u.hpp>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -84,9 +84,21 @@ class SimStorage final : public policies::TierStorage {
   // The communications in flight that the calling actor posted.
   void AppendWaitables(std::vector<sg4::CommPtr>* out) const;
 
+  // Time from posting to completion of the I/O of one tier, in one direction.
+  struct IoTimes {
+    std::int64_t count = 0;
+    Seconds total_s = 0, max_s = 0;
+  };
+  const IoTimes& times(policies::TierKind kind, bool read) const {
+    return times_[static_cast<std::size_t>(kind)][read ? 1 : 0];
+  }
+
  private:
   struct Op {
     const sg4::Actor* owner;
+    policies::TierKind tier;
+    bool read;
+    Seconds posted_s;
     std::vector<sg4::CommPtr> comms;
   };
   sg4::Host* TierHost(policies::TierKind kind, int node) const;
@@ -95,6 +107,7 @@ class SimStorage final : public policies::TierStorage {
   std::unordered_map<policies::TierIoId, Op> ops_;
   std::map<const sg4::Actor*, std::vector<policies::TierIoId>> by_owner_;
   policies::TierIoId next_ = 1;
+  std::array<std::array<IoTimes, 2>, policies::kNumLowerTiers> times_{};
 };
 
 // Forwards lifecycle events to the metrics collector and the router, counts finished
@@ -144,6 +157,20 @@ struct World {
   bool frontend_waiting = false;
   std::size_t finished = 0;
   std::int64_t events = 0;  // actor wake-ups: arrivals, steps and runs, waits ended
+  // Bytes each link carried (links.csv), counted on the route of every transfer started.
+  std::unordered_map<const sg4::Link*, double> link_bytes;
+  std::vector<sg4::Link*> route_scratch;
+
+  // Starts a host-to-host transfer of `bytes` and counts them on its route.
+  sg4::CommPtr Transfer(sg4::Host* src, sg4::Host* dst, std::uint64_t bytes) {
+    CountRoute(src, dst, static_cast<double>(bytes));
+    return sg4::Comm::sendto_async(src, dst, bytes);
+  }
+  void CountRoute(const sg4::Host* src, const sg4::Host* dst, double bytes) {
+    route_scratch.clear();
+    src->route_to(dst, route_scratch, nullptr);
+    for (const sg4::Link* l : route_scratch) link_bytes[l] += bytes;
+  }
   std::vector<std::string> errors;
 
   World(const ClusterSpec& c, const traces::Trace& t, const SimOptions& o)
@@ -182,6 +209,8 @@ void SimPorts::WaitUntil(Seconds deadline) {
 }
 
 void SimPorts::Send(InstanceId to, const EngineMessage& message) {
+  world_.CountRoute(world_.hosts[static_cast<std::size_t>(id_)].front(),
+                    world_.hosts[static_cast<std::size_t>(to)].front(), kControlMessageBytes);
   world_.mailboxes[static_cast<std::size_t>(to)]
       ->put_init(new EngineMessage(message), kControlMessageBytes)
       ->detach();
@@ -196,7 +225,7 @@ policies::TransferId SimPorts::Post(const policies::KvTransferRequest& transfer)
       static_cast<std::uint64_t>(std::ceil(static_cast<double>(transfer.bytes) / shards));
   std::vector<sg4::CommPtr> comms;
   for (std::size_t s = 0; s < shards; ++s) {
-    comms.push_back(sg4::Comm::sendto_async(src[s % src.size()], dst[s % dst.size()], shard_bytes));
+    comms.push_back(world_.Transfer(src[s % src.size()], dst[s % dst.size()], shard_bytes));
   }
   const policies::TransferId id = next_transfer_++;
   transfers_.emplace(id, std::move(comms));
@@ -265,6 +294,9 @@ sg4::Host* SimStorage::TierHost(policies::TierKind kind, int node) const {
 policies::TierIoId SimStorage::Post(const policies::TierIo& io) {
   Op op;
   op.owner = sg4::Actor::self();
+  op.tier = io.tier;
+  op.read = io.read;
+  op.posted_s = sg4::Engine::get_clock();
   sg4::Host* tier = TierHost(io.tier, io.node);
   if (io.instance != policies::kNoInstance) {
     // Between the tier and the instance's GPUs, a shard each.
@@ -272,13 +304,13 @@ policies::TierIoId SimStorage::Post(const policies::TierIo& io) {
     const auto shard =
         static_cast<std::uint64_t>(std::ceil(static_cast<double>(io.bytes) / gpus.size()));
     for (sg4::Host* gpu : gpus) {
-      op.comms.push_back(io.read ? sg4::Comm::sendto_async(tier, gpu, shard)
-                                 : sg4::Comm::sendto_async(gpu, tier, shard));
+      op.comms.push_back(io.read ? world_.Transfer(tier, gpu, shard)
+                                 : world_.Transfer(gpu, tier, shard));
     }
   } else {
     // Tier to tier (write-back, or write-through below the first tier).
-    op.comms.push_back(sg4::Comm::sendto_async(TierHost(io.from, io.node), tier,
-                                               static_cast<std::uint64_t>(io.bytes)));
+    op.comms.push_back(
+        world_.Transfer(TierHost(io.from, io.node), tier, static_cast<std::uint64_t>(io.bytes)));
   }
   const policies::TierIoId id = next_++;
   by_owner_[op.owner].push_back(id);
@@ -299,6 +331,12 @@ policies::TransferStatus SimStorage::Poll(policies::TierIoId id) {
   } catch (const simgrid::Exception&) {
     status = policies::TransferStatus::kFailed;
   }
+  // The owner waits on its I/O, so it polls at the instant the I/O ends.
+  IoTimes& t = times_[static_cast<std::size_t>(it->second.tier)][it->second.read ? 1 : 0];
+  const Seconds took = sg4::Engine::get_clock() - it->second.posted_s;
+  ++t.count;
+  t.total_s += took;
+  t.max_s = std::max(t.max_s, took);
   auto& ids = by_owner_[it->second.owner];
   ids.erase(std::find(ids.begin(), ids.end(), id));
   ops_.erase(it);
@@ -418,6 +456,8 @@ void Frontend(World& w, const std::vector<InstanceId>& prefill_side,
     r.decode_instance = d.decode;
     r.state = RequestState::kQueued;
     // The request carries its token ids: 4 bytes a token.
+    w.CountRoute(w.platform.frontend, w.hosts[static_cast<std::size_t>(d.prefill)].front(),
+                 static_cast<double>(r.input_tokens) * 4);
     w.mailboxes[static_cast<std::size_t>(d.prefill)]
         ->put_init(new EngineMessage{EngineMessage::Kind::kNewRequest, &r, policies::kNoInstance},
                    static_cast<std::uint64_t>(r.input_tokens) * 4)
@@ -429,6 +469,7 @@ void Frontend(World& w, const std::vector<InstanceId>& prefill_side,
     ++w.events;
   }
   for (std::size_t i = 0; i < w.engines.size(); ++i) {
+    w.CountRoute(w.platform.frontend, w.hosts[i].front(), kControlMessageBytes);
     w.mailboxes[i]
         ->put_init(
             new EngineMessage{EngineMessage::Kind::kShutdown, nullptr, policies::kNoInstance},
@@ -490,6 +531,13 @@ nlohmann::json TiersSummary(const World& w) {
     j["evictions"] = evictions;
     j["dropped_writes"] = c.dropped_writes;
     j["peak_used_blocks"] = peak;
+    for (bool read : {false, true}) {
+      SimStorage::IoTimes t;
+      if (w.storage) t = w.storage->times(kind, read);
+      j[read ? "read_time_ms" : "write_time_ms"] = {
+          {"mean", t.count ? std::round(t.total_s / static_cast<double>(t.count) * 1e6) / 1e3 : 0},
+          {"max", std::round(t.max_s * 1e6) / 1e3}};
+    }
     out[policies::ToString(kind)] = j;
   }
   return out;
@@ -516,7 +564,9 @@ Status WriteLinksCsv(const World& w, const std::string& path) {
     if (link->get_name() == "__loopback__") continue;
     const std::string& name = link->get_name();
     const bool disk = name.find("-ssd-") != std::string::npos;
-    row(name, disk ? "disk" : "link", link->get_bandwidth(), sg_link_get_cum_load(link));
+    auto it = w.link_bytes.find(link);
+    row(name, disk ? "disk" : "link", link->get_bandwidth(),
+        it == w.link_bytes.end() ? 0.0 : it->second);
   }
   out.flush();
   if (!out) return Status::Error(path + ": write failed");
@@ -544,12 +594,11 @@ Result<SimReport> RunSimulation(const ClusterSpec& cluster, const traces::Trace&
   sg4::Engine::set_config("network/model:CM02");
   sg4::Engine::set_config("network/crosstraffic:0");
   sg4::Engine::set_config("network/TCP-gamma:0");
+  sg4::Engine::set_config("network/weight-S:0");
   sg4::Engine::set_config("contexts/factory:raw");
 
   World w(cluster, trace, options);
-  sg_link_load_plugin_init();  // bytes per link, for links.csv
   w.platform = BuildPlatform(cluster);
-  for (sg4::Link* link : engine.get_all_links()) sg_link_load_track(link);
   w.requests.resize(trace.requests.size());
   for (std::size_t k = 0; k < trace.requests.size(); ++k) {
     const auto& tr = trace.requests[k];
