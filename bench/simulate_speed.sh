@@ -2,7 +2,8 @@
 # Speed of `duet simulate` on the whole Mooncake conversation trace (12,031 requests, one
 # hour). For each bundled cluster it reports wall time, simulated seconds per wall second,
 # events per second and peak memory, beside a yardstick from the same run: the same
-# simulation with decode-step coalescing off (one engine step per simulated event).
+# simulation with decode-step coalescing off (one engine step per simulated event); for the
+# clusters with KV tiers, the same cluster without tiers (GPU prefix caching only).
 # Usage: bench/simulate_speed.sh [REPEATS]   (median of REPEATS runs, default 3)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -56,4 +57,9 @@ for cluster in sim/clusters/h100-8p8d-llama8b.json sim/clusters/h100-16colo-llam
   run "$name, prefix-aware" "$cluster" prefix-aware
   run "$name, round-robin" "$cluster" round-robin
   run "$name, prefix-aware, no coalescing (yardstick)" "$(uncoalesced "$cluster")" prefix-aware
+done
+for cluster in sim/clusters/h100-8p8d-llama8b-tiered.json sim/clusters/h100-16colo-llama8b-tiered.json; do
+  name=$(basename "$cluster" .json)
+  run "$name, cache-aware" "$cluster" cache-aware
+  run "${name%-tiered}, cache-aware (GPU-only yardstick)" "${cluster%-tiered.json}.json" cache-aware
 done
