@@ -29,7 +29,6 @@
 
 namespace duet::policies {
 
-enum class TierKind { kDram = 0, kSsd = 1, kRemote = 2 };
 const char* ToString(TierKind kind);  // "dram", "ssd", "remote"
 
 enum class TierPlacement { kWriteThrough, kWriteBack };
@@ -52,31 +51,6 @@ struct TierSetup {
   std::vector<int> instance_node;                // node of each instance
   int num_nodes = 0;
   bool any() const { return tiers[0].enabled || tiers[1].enabled || tiers[2].enabled; }
-};
-
-// One movement of blocks. A write goes into `tier` from the GPU of `instance`, or, when
-// instance is kNoInstance, from the tier `from` (write-back, and write-through below the first
-// tier). A read goes from `tier` into the GPU of `instance`. `node` is the node of that GPU or
-// source tier, and of the DRAM or SSD tier itself (the remote store belongs to no node).
-struct TierIo {
-  bool read = false;
-  TierKind tier = TierKind::kDram;
-  int node = -1;
-  InstanceId instance = kNoInstance;
-  TierKind from = TierKind::kDram;
-  std::int64_t blocks = 0;
-  Bytes bytes = 0;
-};
-using TierIoId = std::uint64_t;
-
-// Moves the bytes of a TierIo (simulated: SimGrid communications; real: pinned host memory and
-// files). Post, then poll; kDone / kFailed are reported once. An implementation may complete
-// an I/O only when polled from the engine that posted it (SimGrid: the posting actor).
-class TierStorage {
- public:
-  virtual ~TierStorage() = default;
-  virtual TierIoId Post(const TierIo& io) = 0;
-  virtual TransferStatus Poll(TierIoId id) = 0;
 };
 
 // Where the prompt's next blocks (after the GPU hit) are found below the GPU.

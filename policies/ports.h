@@ -70,6 +70,34 @@ class KvTransport {
   virtual TransferStatus Poll(TransferId id) = 0;
 };
 
+// KV tiers below GPU memory, fastest first (policies/kv_tiers.h manages their contents).
+enum class TierKind { kDram = 0, kSsd = 1, kRemote = 2 };
+
+// One movement of blocks. A write goes into `tier` from the GPU of `instance`, or, when
+// instance is kNoInstance, from the tier `from` (write-back, and write-through below the first
+// tier). A read goes from `tier` into the GPU of `instance`. `node` is the node of that GPU or
+// source tier, and of the DRAM or SSD tier itself (the remote store belongs to no node).
+struct TierIo {
+  bool read = false;
+  TierKind tier = TierKind::kDram;
+  int node = -1;
+  InstanceId instance = kNoInstance;
+  TierKind from = TierKind::kDram;
+  std::int64_t blocks = 0;
+  Bytes bytes = 0;
+};
+using TierIoId = std::uint64_t;
+
+// Moves the bytes of a TierIo (simulated: SimGrid communications; real: pinned host memory and
+// files). Post, then poll; kDone / kFailed are reported once. An implementation may complete
+// an I/O only when polled from the engine that posted it (SimGrid: the posting actor).
+class TierStorage {
+ public:
+  virtual ~TierStorage() = default;
+  virtual TierIoId Post(const TierIo& io) = 0;
+  virtual TransferStatus Poll(TierIoId id) = 0;
+};
+
 // Runs planned steps. Blocking. `tp` is the instance's tensor-parallel degree.
 // For a decode-only plan with max_steps > 1 it runs up to max_steps steps of the same batch
 // (each request one more token per step), stopping at the first step boundary after new work
