@@ -75,6 +75,13 @@ bool InstanceEngine::RunOnce() {
     r->offloaded_blocks = (r->computed_tokens + r->LoadingTokens()) / config_.block_tokens;
   }
   StartLoads();  // pins the hits before write-back below can evict them
+  // New requests that must wait: promote their prefix from the slow tiers while they do.
+  for (Request* r : arrived_) {
+    if (r->state == RequestState::kQueued)
+      ports_.tiers->Prefetch(config_.id, r->block_hashes,
+                             blocks_.CachedPrefixBlocks(r->block_hashes));
+  }
+  arrived_.clear();
   if (!gpu_evicted_.empty()) {
     ports_.tiers->OnGpuEvicted(config_.id, gpu_evicted_);
     gpu_evicted_.clear();
@@ -97,6 +104,7 @@ void InstanceEngine::HandleMessage(const EngineMessage& message) {
     case EngineMessage::Kind::kNewRequest:
       r->state = RequestState::kQueued;
       scheduler_.AddWaiting(r);
+      if (scheduler_.lower_tiers()) arrived_.push_back(r);
       break;
     case EngineMessage::Kind::kKvReady:
       pulls_waiting_.emplace_back(r, message.from);

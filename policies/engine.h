@@ -94,6 +94,7 @@ class InstanceEngine final : private LowerTierLookup {
   std::vector<Pull> pulls_in_flight_;
   std::vector<Load> loads_;             // lower-tier prefix loads in flight
   std::vector<BlockHash> gpu_evicted_;  // the block manager's eviction log (write-back)
+  std::vector<Request*> arrived_;       // new requests since the last step (for prefetch)
   int transferring_ = 0;  // PD prefill: prefilled, KV held until the decode instance has it
   bool shutdown_ = false;
   std::int64_t steps_ = 0;

@@ -247,6 +247,36 @@ void TierManager::OnGpuEvicted(InstanceId instance, std::span<const BlockHash> h
   Write(first, NodeOf(instance), instance, -1, hashes, instance);
 }
 
+std::int64_t TierManager::Prefetch(InstanceId instance, std::span<const BlockHash> hashes,
+                                   std::int64_t first) {
+  if (!setup_.prefetch_to_dram || !enabled(TierKind::kDram)) return 0;
+  const int node = NodeOf(instance);
+  const KvTierStore* dram = Store(TierKind::kDram, node);
+  const KvTierStore* ssd = Store(TierKind::kSsd, node);
+  const KvTierStore* remote = Store(TierKind::kRemote, node);
+  std::vector<BlockHash> from_ssd, from_remote;
+  for (auto i = static_cast<std::size_t>(std::max<std::int64_t>(0, first)); i < hashes.size();
+       ++i) {
+    const BlockHash h = hashes[i];
+    if (dram->Contains(h)) continue;
+    if (ssd && ssd->Contains(h)) {
+      from_ssd.push_back(h);
+    } else if (remote && remote->Contains(h)) {
+      from_remote.push_back(h);
+    } else {
+      break;  // the prefix ends here
+    }
+  }
+  const std::int64_t before = counters_[0].write_blocks;
+  if (!from_ssd.empty())
+    Write(0, node, kNoInstance, static_cast<int>(TierKind::kSsd), from_ssd, instance);
+  if (!from_remote.empty())
+    Write(0, node, kNoInstance, static_cast<int>(TierKind::kRemote), from_remote, instance);
+  const std::int64_t started = counters_[0].write_blocks - before;
+  counters_[0].prefetch_blocks += started;
+  return started;
+}
+
 bool TierManager::HasPendingWrites(InstanceId instance) const {
   return static_cast<std::size_t>(instance) < pending_writes_.size() &&
          !pending_writes_[static_cast<std::size_t>(instance)].empty();

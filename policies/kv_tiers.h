@@ -50,6 +50,9 @@ struct TierSetup {
   Bytes block_bytes = 0;                         // one engine block of KV, all TP shards
   std::vector<int> instance_node;                // node of each instance
   int num_nodes = 0;
+  // Promote a queued request's prefix blocks found only in the SSD or the remote store into
+  // its node's DRAM while it waits, so that its load comes from DRAM.
+  bool prefetch_to_dram = true;
   bool any() const { return tiers[0].enabled || tiers[1].enabled || tiers[2].enabled; }
 };
 
@@ -66,6 +69,7 @@ struct TierCounters {
   std::int64_t read_blocks = 0;
   Bytes write_bytes = 0, read_bytes = 0;
   std::int64_t write_ios = 0, read_ios = 0;
+  std::int64_t prefetch_blocks = 0;  // DRAM: writes that promoted a queued request's prefix
 };
 
 using LoadId = std::uint64_t;
@@ -98,6 +102,10 @@ class TierManager {
   void OnComputed(InstanceId instance, std::span<const BlockHash> hashes);
   // `instance`'s GPU cache evicted these blocks (write-back from the GPU).
   void OnGpuEvicted(InstanceId instance, std::span<const BlockHash> hashes);
+  // A request queued on `instance` will need `hashes` from block `first` on: copies those that
+  // only the SSD or the remote store holds into the node's DRAM (when prefetch_to_dram).
+  // Returns the blocks it started to copy.
+  std::int64_t Prefetch(InstanceId instance, std::span<const BlockHash> hashes, std::int64_t first);
 
   // Writes that `instance` posted (its OnComputed / OnGpuEvicted calls and what they set off)
   // and have not finished. Each posting engine polls its own I/O and stays up until it is done.

@@ -132,6 +132,11 @@ Status ParseTier(const json& tiers, const char* key, const std::string& where_ti
     if (*lat < 0) return Status::Error(where + ": field 'latency_us' must be >= 0");
     t.link = {*bw * kGB, *lat * 1e-6};
   }
+  if (k == "dram") {
+    auto prefetch = JsonBoolOr(j, "prefetch", true, where);
+    if (!prefetch) return prefetch.status();
+    t.prefetch = *prefetch;
+  }
   return Status::Ok();
 }
 

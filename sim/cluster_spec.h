@@ -40,6 +40,7 @@ struct TierSpec {
   LinkSpec link;                // dram: host memory bandwidth; remote: the store's link
   BytesPerSecond read_bw = 0;   // ssd: the node's disk read bandwidth
   BytesPerSecond write_bw = 0;  // ssd: the node's disk write bandwidth
+  bool prefetch = true;         // dram: promote queued requests' prefixes from SSD/remote
 };
 
 struct TiersSpec {

@@ -483,6 +483,7 @@ policies::TierSetup TierSetupFor(const ClusterSpec& cluster) {
   policies::TierSetup setup;
   setup.block_bytes = cluster.engine.block_tokens * cluster.model.KvBytesPerToken();
   setup.num_nodes = static_cast<int>(cluster.nodes.size());
+  setup.prefetch_to_dram = cluster.tiers.dram.prefetch;
   for (const InstanceSpec& inst : cluster.instances) setup.instance_node.push_back(inst.node);
   // Routing estimates: the slowest resource on each tier's path into a GPU (first node's).
   const NodeSpec& node = cluster.nodes.front();
@@ -530,6 +531,7 @@ nlohmann::json TiersSummary(const World& w) {
     j["read_ios"] = c.read_ios;
     j["evictions"] = evictions;
     j["dropped_writes"] = c.dropped_writes;
+    j["prefetch_blocks"] = c.prefetch_blocks;
     j["peak_used_blocks"] = peak;
     for (bool read : {false, true}) {
       SimStorage::IoTimes t;

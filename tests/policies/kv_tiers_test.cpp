@@ -149,3 +149,38 @@ TEST(TierManager, LoadsPinTheirBlocksUntilRead) {
 
 }  // namespace
 }  // namespace duet::policies
+
+namespace duet::policies {
+namespace {
+
+TEST(TierManager, PrefetchPromotesAQueuedPrefixFromSsdIntoDram) {
+  ListStorage storage;
+  TierManager m(Tiers(2, TierPlacement::kWriteBack, 8, TierPlacement::kWriteBack), &storage);
+  // Blocks 1..3 reach the SSD through DRAM's evictions (DRAM holds two blocks).
+  m.OnGpuEvicted(0, std::vector<BlockHash>{1, 2});
+  storage.CompleteAll();
+  m.Progress(0);
+  m.OnGpuEvicted(0, std::vector<BlockHash>{3, 4});
+  storage.CompleteAll();
+  m.Progress(0);
+  const std::vector<BlockHash> prompt = {1, 2, 5};
+  TierHits hits = m.Lookup(0, prompt, 0, 100);
+  ASSERT_EQ(hits.blocks[static_cast<int>(TierKind::kSsd)], 2);
+  const std::size_t posted = storage.posted.size();
+  // Block 5 is nowhere: the prefix is blocks 1 and 2, both copied SSD -> DRAM in one write.
+  EXPECT_EQ(m.Prefetch(0, prompt, 0), 2);
+  ASSERT_EQ(storage.posted.size(), posted + 2);  // the promotion, and DRAM's write-back of 3, 4
+  EXPECT_EQ(storage.posted[posted].tier, TierKind::kDram);
+  EXPECT_EQ(storage.posted[posted].from, TierKind::kSsd);
+  EXPECT_EQ(storage.posted[posted].instance, kNoInstance);
+  storage.CompleteAll();
+  m.Progress(0);
+  hits = m.Lookup(0, prompt, 0, 100);
+  EXPECT_EQ(hits.blocks[static_cast<int>(TierKind::kDram)], 2);
+  EXPECT_EQ(m.counters(TierKind::kDram).prefetch_blocks, 2);
+  EXPECT_EQ(m.Prefetch(0, prompt, 0), 0) << "already in DRAM";
+  EXPECT_TRUE(m.CheckInvariants(true).ok()) << m.CheckInvariants(true).message();
+}
+
+}  // namespace
+}  // namespace duet::policies
