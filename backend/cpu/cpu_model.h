@@ -10,19 +10,12 @@
 #include <span>
 #include <vector>
 
+#include "backend/engine/forward_model.h"
 #include "backend/model/llama_weights.h"
 #include "common/status.h"
 #include "kernels/cpu/kernels.h"
 
 namespace duet::backend {
-
-// One sequence's part of a forward pass.
-struct SequenceChunk {
-  std::span<const std::int32_t> tokens;       // token ids computed in this pass (>= 1)
-  std::int64_t context_before = 0;            // tokens already in its KV cache
-  std::span<const std::int32_t> block_table;  // physical blocks, covering all its tokens
-  enum class Logits { kNone, kLast, kAll } logits = Logits::kLast;
-};
 
 struct CpuModelOptions {
   std::int64_t num_blocks = 0;  // KV blocks (of block_tokens tokens) for all sequences
@@ -30,19 +23,17 @@ struct CpuModelOptions {
   int threads = 0;  // 0: one per hardware thread
 };
 
-class CpuModel {
+class CpuModel final : public ForwardModel {
  public:
   static Result<std::unique_ptr<CpuModel>> Create(LoadedModel model,
                                                   const CpuModelOptions& options);
 
-  // Runs the batch. Logits rows are appended to `logits` (vocab floats each) in batch order:
-  // one row for kLast, one per token for kAll. Not thread-safe: one pass at a time.
-  void Forward(std::span<const SequenceChunk> batch, std::vector<float>* logits);
+  void Forward(std::span<const SequenceChunk> batch, std::vector<float>* logits) override;
 
-  const ModelConfig& config() const { return model_.config; }
+  const ModelConfig& config() const override { return model_.config; }
   const LoadedModel& model() const { return model_; }
-  std::int64_t num_blocks() const { return options_.num_blocks; }
-  std::int32_t block_tokens() const { return options_.block_tokens; }
+  std::int64_t num_blocks() const override { return options_.num_blocks; }
+  std::int32_t block_tokens() const override { return options_.block_tokens; }
   int threads() const { return pool_.threads(); }
   // Bytes a decode step must read at least: every weight once (the memory roofline's numerator).
   std::int64_t WeightBytes() const { return weight_bytes_; }

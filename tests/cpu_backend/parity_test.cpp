@@ -9,7 +9,8 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "backend/cpu/local_engine.h"
+#include "backend/cpu/cpu_model.h"
+#include "backend/engine/local_engine.h"
 #include "backend/model/test_model.h"
 #include "backend/tokenizer/tokenizer.h"
 

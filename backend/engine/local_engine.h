@@ -8,7 +8,7 @@
 #include <memory>
 #include <vector>
 
-#include "backend/cpu/cpu_executor.h"
+#include "backend/engine/step_executor.h"
 #include "policies/engine.h"
 #include "policies/metrics.h"
 
@@ -35,7 +35,7 @@ struct LocalEngineOptions {
 class LocalEngine {
  public:
   // `model` holds the KV memory; its num_blocks and block_tokens size the block manager.
-  LocalEngine(CpuModel& model, LocalEngineOptions options);
+  LocalEngine(ForwardModel& model, LocalEngineOptions options);
   ~LocalEngine();
 
   // Serves the requests, all arriving now, to completion. The prefix cache persists across
@@ -48,11 +48,11 @@ class LocalEngine {
 
  private:
   struct Ports;
-  CpuModel& model_;
+  ForwardModel& model_;
   LocalEngineOptions options_;
   policies::MetricsCollector metrics_;
   std::unique_ptr<Ports> ports_;
-  CpuStepExecutor executor_;
+  ModelStepExecutor executor_;
   std::unique_ptr<policies::InstanceEngine> engine_;
   policies::RequestId next_id_ = 0;
 };

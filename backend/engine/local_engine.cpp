@@ -1,5 +1,5 @@
 // In-process single-instance serving on the CPU (see local_engine.h).
-#include "backend/cpu/local_engine.h"
+#include "backend/engine/local_engine.h"
 
 #include <algorithm>
 #include <cmath>
@@ -36,8 +36,8 @@ struct LocalEngine::Ports final : policies::Inbox, policies::Outbox, policies::K
 
 namespace {
 
-CpuStepExecutor::Options ExecutorOptions(const LocalEngineOptions& o) {
-  CpuStepExecutor::Options e;
+ModelStepExecutor::Options ExecutorOptions(const LocalEngineOptions& o) {
+  ModelStepExecutor::Options e;
   e.sampling = o.sampling;
   e.stop_token_ids = o.stop_token_ids;
   e.on_token = o.on_token;
@@ -46,7 +46,7 @@ CpuStepExecutor::Options ExecutorOptions(const LocalEngineOptions& o) {
 
 }  // namespace
 
-LocalEngine::LocalEngine(CpuModel& model, LocalEngineOptions options)
+LocalEngine::LocalEngine(ForwardModel& model, LocalEngineOptions options)
     : model_(model),
       options_(std::move(options)),
       ports_(std::make_unique<Ports>()),

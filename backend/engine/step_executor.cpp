@@ -1,5 +1,5 @@
-// CPU step executor (see cpu_executor.h).
-#include "backend/cpu/cpu_executor.h"
+// The step executor over a ForwardModel (see step_executor.h).
+#include "backend/engine/step_executor.h"
 
 #include <algorithm>
 #include <fstream>
@@ -26,10 +26,10 @@ Status WriteStepTimings(const std::vector<StepTiming>& timings, const std::strin
   return Status::Ok();
 }
 
-CpuStepExecutor::CpuStepExecutor(CpuModel& model, Options options)
+ModelStepExecutor::ModelStepExecutor(ForwardModel& model, Options options)
     : model_(model), options_(std::move(options)), start_(std::chrono::steady_clock::now()) {}
 
-Seconds CpuStepExecutor::Now() const {
+Seconds ModelStepExecutor::Now() const {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
 }
 
@@ -39,8 +39,8 @@ bool Contains(const std::vector<std::int32_t>& ids, std::int32_t id) {
 }
 }  // namespace
 
-void CpuStepExecutor::Execute(const policies::StepPlan& plan, int tp, int max_steps,
-                              std::vector<Seconds>* step_end_s) {
+void ModelStepExecutor::Execute(const policies::StepPlan& plan, int tp, int max_steps,
+                                std::vector<Seconds>* step_end_s) {
   DUET_CHECK(plan.blocks != nullptr);
   const std::int32_t vocab = model_.config().vocab_size;
   for (int step = 0; step < max_steps; ++step) {
@@ -67,16 +67,25 @@ void CpuStepExecutor::Execute(const policies::StepPlan& plan, int tp, int max_st
       sampled_.push_back(r);
     }
     bool stopped = false;
-    logits_.clear();
-    model_.Forward(chunks_, &logits_);
-    DUET_CHECK(logits_.size() == sampled_.size() * static_cast<std::size_t>(vocab));
+    const bool greedy = options_.sampling.temperature == 0.0f;
+    if (greedy) {
+      // The model picks the tokens where its logits are (on a GPU: no logits cross PCIe).
+      greedy_.clear();
+      model_.ForwardGreedy(chunks_, &greedy_);
+      DUET_CHECK(greedy_.size() == sampled_.size());
+    } else {
+      logits_.clear();
+      model_.Forward(chunks_, &logits_);
+      DUET_CHECK(logits_.size() == sampled_.size() * static_cast<std::size_t>(vocab));
+    }
     for (std::size_t i = 0; i < sampled_.size(); ++i) {
       Request* r = sampled_[i];
       kernels::cpu::SamplingParams params = options_.sampling;
       params.seed = kernels::cpu::SplitMix64(params.seed ^ r->id);
       const std::int32_t token =
-          kernels::cpu::Sample(logits_.data() + i * static_cast<std::size_t>(vocab), vocab, params,
-                               static_cast<std::uint64_t>(r->token_ids.size()));
+          greedy ? greedy_[i]
+                 : kernels::cpu::Sample(logits_.data() + i * static_cast<std::size_t>(vocab), vocab,
+                                        params, static_cast<std::uint64_t>(r->token_ids.size()));
       r->token_ids.push_back(token);
       if (Contains(options_.stop_token_ids, token)) {
         // The request ends with this token: the engine completes it when it counts it.

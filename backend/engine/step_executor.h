@@ -1,7 +1,7 @@
-// The real step executor on the CPU: runs the shared scheduler's planned batches (prefill
-// chunks and decode tokens) through CpuModel, into the KV blocks the shared block manager
-// allocated, samples each request's next token, and records every step's shape and measured
-// time in the form the calibration reads.
+// The real step executor: runs the shared scheduler's planned batches (prefill chunks and
+// decode tokens) through a ForwardModel (CPU or CUDA), into the KV blocks the shared block
+// manager allocated, samples each request's next token, and records every step's shape and
+// measured time in the form the calibration reads.
 #pragma once
 
 #include <chrono>
@@ -10,7 +10,9 @@
 #include <string>
 #include <vector>
 
-#include "backend/cpu/cpu_model.h"
+#include "backend/engine/forward_model.h"
+#include "kernels/cpu/sampling.h"
+#include "models/cost_model.h"
 #include "policies/ports.h"
 
 namespace duet::backend {
@@ -23,7 +25,7 @@ struct StepTiming {
 };
 Status WriteStepTimings(const std::vector<StepTiming>& timings, const std::string& path);
 
-class CpuStepExecutor final : public policies::StepExecutor, public policies::Clock {
+class ModelStepExecutor final : public policies::StepExecutor, public policies::Clock {
  public:
   struct Options {
     kernels::cpu::SamplingParams sampling;  // seed is mixed with each request's id
@@ -36,7 +38,7 @@ class CpuStepExecutor final : public policies::StepExecutor, public policies::Cl
     std::function<bool()> work_arrived;
   };
 
-  CpuStepExecutor(CpuModel& model, Options options);
+  ModelStepExecutor(ForwardModel& model, Options options);
 
   // The backend's clock: seconds of steady time since construction.
   Seconds Now() const override;
@@ -46,13 +48,14 @@ class CpuStepExecutor final : public policies::StepExecutor, public policies::Cl
   const std::vector<StepTiming>& timings() const { return timings_; }
 
  private:
-  CpuModel& model_;
+  ForwardModel& model_;
   Options options_;
   std::chrono::steady_clock::time_point start_;
   std::vector<StepTiming> timings_;
   std::vector<SequenceChunk> chunks_;
   std::vector<policies::Request*> sampled_;  // requests that get a token this step, in order
   std::vector<float> logits_;
+  std::vector<std::int32_t> greedy_;
 };
 
 }  // namespace duet::backend

@@ -1,0 +1,39 @@
+// What the step executor needs of a model: one forward pass of a mixed batch (prefill chunks
+// and decode tokens) over the paged KV cache the model owns, into the blocks the shared block
+// manager allocated. Implemented on the CPU reference kernels (CpuModel) and on CUDA
+// (CudaModel), so one executor and one engine loop drive either.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "backend/model/model_config.h"
+
+namespace duet::backend {
+
+// One sequence's part of a forward pass.
+struct SequenceChunk {
+  std::span<const std::int32_t> tokens;       // token ids computed in this pass (>= 1)
+  std::int64_t context_before = 0;            // tokens already in its KV cache
+  std::span<const std::int32_t> block_table;  // physical blocks, covering all its tokens
+  enum class Logits { kNone, kLast, kAll } logits = Logits::kLast;
+};
+
+class ForwardModel {
+ public:
+  virtual ~ForwardModel() = default;
+  // Runs the batch. Logits rows (vocab fp32 each) are appended to `logits` in batch order: one
+  // row for kLast, one per token for kAll. Blocking; one pass at a time.
+  virtual void Forward(std::span<const SequenceChunk> batch, std::vector<float>* logits) = 0;
+  // The same pass with greedy sampling: appends, per logits row, the largest logit's id (the
+  // lowest id among equal ones; NaN never chosen), exactly as kernels::cpu::Sample does at
+  // temperature 0. This default samples on the host from Forward's logits.
+  virtual void ForwardGreedy(std::span<const SequenceChunk> batch,
+                             std::vector<std::int32_t>* tokens);
+  virtual const ModelConfig& config() const = 0;
+  virtual std::int64_t num_blocks() const = 0;  // KV blocks the model holds
+  virtual std::int32_t block_tokens() const = 0;
+};
+
+}  // namespace duet::backend
