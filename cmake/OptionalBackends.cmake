@@ -36,6 +36,17 @@ if(NOT DUET_WITH_CUDA STREQUAL "OFF")
   endif()
 endif()
 duet_resolve_backend(CUDA _cuda_found)
+if(DUET_HAVE_CUDA)
+  # Hopper (H100/H200) unless the caller names other architectures.
+  if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
+    set(CMAKE_CUDA_ARCHITECTURES 90)
+  endif()
+  # nvcc builds C++20, but CMake 3.25 does not know its flag for it: the .cu files keep to 17.
+  set(CMAKE_CUDA_STANDARD 17)
+  set(CMAKE_CUDA_STANDARD_REQUIRED ON)
+  enable_language(CUDA)
+  find_package(CUDAToolkit REQUIRED)
+endif()
 
 set(_ucx_found FALSE)
 if(NOT DUET_WITH_UCX STREQUAL "OFF")
