@@ -65,6 +65,10 @@ void AddInPlace(float* x, const float* y, std::int64_t count, cudaStream_t strea
 void AddBias(float* out, const Bf16* bias, std::int64_t rows, std::int64_t cols,
              cudaStream_t stream);
 
+// out[i][:] = in[rows[i]][:] for i < n; rows of `width` floats.
+void GatherRows(float* out, const float* in, const std::int32_t* rows, std::int64_t n,
+                std::int64_t width, cudaStream_t stream);
+
 // One layer's paged KV cache in device memory, bf16, [block][slot][kv_head][head_dim] as on
 // the CPU.
 struct PagedKvLayer {

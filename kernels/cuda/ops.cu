@@ -121,6 +121,13 @@ __global__ void AddBiasKernel(float* out, const Bf16* bias, std::int64_t rows, s
   if (i < rows * cols) out[i] += Bf16ToFloat(bias[i % cols]);
 }
 
+__global__ void GatherRowsKernel(float* out, const float* in, const std::int32_t* rows,
+                                 std::int64_t width) {
+  const float* src = in + static_cast<std::int64_t>(rows[blockIdx.x]) * width;
+  float* dst = out + static_cast<std::int64_t>(blockIdx.x) * width;
+  for (std::int64_t i = threadIdx.x; i < width; i += blockDim.x) dst[i] = src[i];
+}
+
 __global__ void WriteKvKernel(PagedKvLayer layer, const std::int64_t* slot_of, const float* k_new,
                               const float* v_new) {
   const std::int64_t t = blockIdx.x;
@@ -315,6 +322,13 @@ void AddBias(float* out, const Bf16* bias, std::int64_t rows, std::int64_t cols,
              cudaStream_t stream) {
   if (rows * cols == 0) return;
   AddBiasKernel<<<Blocks(rows * cols), kThreads, 0, stream>>>(out, bias, rows, cols);
+  DUET_CUDA_CHECK(cudaGetLastError());
+}
+
+void GatherRows(float* out, const float* in, const std::int32_t* rows, std::int64_t n,
+                std::int64_t width, cudaStream_t stream) {
+  if (n == 0) return;
+  GatherRowsKernel<<<static_cast<unsigned>(n), kThreads, 0, stream>>>(out, in, rows, width);
   DUET_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -1,5 +1,5 @@
-// Helpers of the CUDA tests: skip (with the reason) where no device is present, device buffers
-// that copy to and from host vectors, and comparisons within bf16 tolerance.
+// Helpers of the CUDA tests: skip (with the reason) where no device is present, and
+// comparisons within bf16 tolerance.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "kernels/cuda/cuda_kernels.h"
+#include "kernels/cuda/device_buffer.h"
 
 namespace duet::kernels::cuda::testing {
 
@@ -18,34 +19,6 @@ namespace duet::kernels::cuda::testing {
     if (::duet::kernels::cuda::DeviceCount() == 0)                                        \
       GTEST_SKIP() << "needs a CUDA device: " << ::duet::kernels::cuda::DescribeDevice(); \
   } while (0)
-
-template <typename T>
-class DeviceBuffer {
- public:
-  explicit DeviceBuffer(std::size_t n) : n_(n) {
-    if (n_) DUET_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&ptr_), n_ * sizeof(T)));
-  }
-  explicit DeviceBuffer(const std::vector<T>& host) : DeviceBuffer(host.size()) {
-    if (n_) DUET_CUDA_CHECK(cudaMemcpy(ptr_, host.data(), n_ * sizeof(T), cudaMemcpyHostToDevice));
-  }
-  ~DeviceBuffer() {
-    if (ptr_) cudaFree(ptr_);
-  }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-
-  T* get() const { return ptr_; }
-  std::vector<T> ToHost() const {
-    std::vector<T> host(n_);
-    DUET_CUDA_CHECK(cudaDeviceSynchronize());
-    if (n_) DUET_CUDA_CHECK(cudaMemcpy(host.data(), ptr_, n_ * sizeof(T), cudaMemcpyDeviceToHost));
-    return host;
-  }
-
- private:
-  T* ptr_ = nullptr;
-  std::size_t n_ = 0;
-};
 
 // |a - b| <= atol + rtol * |b| element-wise; the failure names the first few offenders.
 inline ::testing::AssertionResult AllClose(const std::vector<float>& actual,

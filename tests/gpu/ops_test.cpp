@@ -19,7 +19,6 @@ namespace {
 
 using cpu::testing::RandomFloats;
 using testing::AllClose;
-using testing::DeviceBuffer;
 
 std::vector<Bf16> ToBf16Bits(const std::vector<float>& v) {
   std::vector<Bf16> out(v.size());
