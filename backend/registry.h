@@ -2,8 +2,14 @@
 // Callers ask here instead of testing preprocessor flags of their own.
 #pragma once
 
+#include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
+
+#include "backend/engine/forward_model.h"
+#include "backend/model/llama_weights.h"
+#include "common/status.h"
 
 namespace duet::backend {
 
@@ -16,5 +22,17 @@ struct BuildFeatures {
 BuildFeatures CompiledFeatures();
 // Human-readable, e.g. "cuda=no ucx=yes nccl=no".
 std::string DescribeFeatures();
+
+// Where a model runs: "cpu" (the reference kernels, always there) or "cuda" (device 0).
+struct ModelPlacement {
+  std::string device = "cpu";
+  std::int64_t num_blocks = 0;  // KV cache blocks
+  std::int32_t block_tokens = 16;
+  int cpu_threads = 0;  // cpu: 0 = one per hardware thread
+};
+// The model on the device asked for. Errors: an unknown device, "cuda" in a build without
+// CUDA or on a machine without a device, and the models' own errors.
+Result<std::unique_ptr<ForwardModel>> CreateForwardModel(LoadedModel model,
+                                                         const ModelPlacement& placement);
 
 }  // namespace duet::backend

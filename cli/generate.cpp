@@ -9,9 +9,9 @@
 #include <fstream>
 #include <iostream>
 
-#include "backend/cpu/cpu_model.h"
 #include "backend/engine/local_engine.h"
 #include "backend/model/test_model.h"
+#include "backend/registry.h"
 #include "backend/tokenizer/chat_template.h"
 #include "backend/tokenizer/tokenizer.h"
 
@@ -86,6 +86,7 @@ int Generate(int argc, char** argv) {
     ("top-k", po::value<std::int32_t>()->default_value(0), "0: off")
     ("top-p", po::value<float>()->default_value(1.0f), "1: off")
     ("seed", po::value<std::uint64_t>()->default_value(0), "sampling seed")
+    ("device", po::value<std::string>()->default_value("cpu"), "cpu or cuda")
     ("threads", po::value<int>()->default_value(0), "CPU threads (0: all)")
     ("kv-blocks", po::value<std::int64_t>()->default_value(0),
      "KV cache blocks of 16 tokens (0: enough for this prompt)")
@@ -124,13 +125,16 @@ int Generate(int argc, char** argv) {
   }
   if (prompt.empty()) return Fail("--prompt: the prompt encodes to no tokens", kExitUsage);
 
-  backend::CpuModelOptions model_options;
-  model_options.block_tokens = 16;
-  model_options.threads = vm["threads"].as<int>();
+  backend::ModelPlacement placement;
+  placement.device = vm["device"].as<std::string>();
+  if (placement.device != "cpu" && placement.device != "cuda")
+    return Fail("--device must be cpu or cuda", kExitUsage);
+  placement.block_tokens = 16;
+  placement.cpu_threads = vm["threads"].as<int>();
   const std::int64_t needed = (static_cast<std::int64_t>(prompt.size()) + max_tokens + 15) / 16 + 2;
-  model_options.num_blocks = std::max(vm["kv-blocks"].as<std::int64_t>(), needed);
-  auto cpu_model = backend::CpuModel::Create(std::move(*model), model_options);
-  if (!cpu_model) return Fail(cpu_model.error());
+  placement.num_blocks = std::max(vm["kv-blocks"].as<std::int64_t>(), needed);
+  auto forward_model = backend::CreateForwardModel(std::move(*model), placement);
+  if (!forward_model) return Fail("--device " + placement.device + ": " + forward_model.error());
 
   backend::IncrementalDecoder decoder(*tokenizer, /*skip_special_tokens=*/true);
   backend::LocalEngineOptions options;
@@ -142,7 +146,7 @@ int Generate(int argc, char** argv) {
     std::fputs(decoder.Push(token).c_str(), stdout);
     std::fflush(stdout);
   };
-  backend::LocalEngine engine(**cpu_model, options);
+  backend::LocalEngine engine(**forward_model, options);
   const auto results = engine.Generate({{prompt, max_tokens}});
   std::fputs(decoder.Flush().c_str(), stdout);
   std::fputs("\n", stdout);
@@ -153,10 +157,10 @@ int Generate(int argc, char** argv) {
   const auto generated = static_cast<double>(results[0].tokens.size());
   std::fprintf(stderr,
                "duet generate: %zu prompt tokens in %.3f s (%.1f tok/s), %zu generated, "
-               "decode %.1f tok/s, %d threads\n",
+               "decode %.1f tok/s, on %s\n",
                prompt.size(), prefill_s, static_cast<double>(prompt.size()) / prefill_s,
                results[0].tokens.size(), generated > 1 ? (generated - 1) / decode_s : 0.0,
-               (*cpu_model)->threads());
+               placement.device.c_str());
   if (vm.count("timings")) {
     if (Status s = backend::WriteStepTimings(engine.timings(), vm["timings"].as<std::string>());
         !s.ok())

@@ -111,12 +111,29 @@ TEST_F(GenerateTest, MalformedTokenizerJson) {
 }
 
 TEST_F(GenerateTest, BadFlagsAreUsageErrors) {
-  for (std::vector<std::string> extra :
-       {std::vector<std::string>{"--max-tokens", "0"}, {"--top-p", "0"}, {"--temperature", "-1"}}) {
+  for (std::vector<std::string> extra : {std::vector<std::string>{"--max-tokens", "0"},
+                                         {"--top-p", "0"},
+                                         {"--temperature", "-1"},
+                                         {"--device", "tpu"}}) {
     const RunResult r = Generate(model_, extra);
     EXPECT_EQ(r.exit_code, 2) << r;
   }
   EXPECT_EQ(RunDuet({"make-test-model", "--out", tmp_.File("x"), "--dtype", "I8"}).exit_code, 2);
+}
+
+// --device cuda runs on a GPU where there is one; elsewhere it fails with the reason and no
+// partial output.
+TEST_F(GenerateTest, CudaDeviceRunsOrSaysWhyNot) {
+  const RunResult r = Generate(model_, {"--device", "cuda"});
+  if (r.exit_code == 0) {
+    EXPECT_NE(r.err.find("on cuda"), std::string::npos) << r;
+    return;
+  }
+  EXPECT_EQ(r.exit_code, 1) << r;
+  EXPECT_TRUE(r.err.find("--device cuda: CUDA model: no CUDA device") != std::string::npos ||
+              r.err.find("--device cuda: this build has no CUDA backend") != std::string::npos)
+      << r;
+  EXPECT_TRUE(r.out.empty()) << r;
 }
 
 }  // namespace
