@@ -1,4 +1,5 @@
-// Routers: round-robin, least outstanding work, power-of-two choices, prefix-aware; PD pairs.
+// Routers: round-robin, least outstanding work, power-of-two choices, prefix-aware, cache-aware
+// (with SLO rejection); PD pairs.
 #include "policies/router.h"
 
 #include <gtest/gtest.h>
@@ -14,6 +15,20 @@ class FixedCache : public CacheView {
   Tokens CachedPrefixTokens(InstanceId i, const Request&) const override {
     auto it = cached.find(i);
     return it == cached.end() ? 0 : it->second;
+  }
+};
+
+// GPU hits as FixedCache, plus lower-tier hits with their load time per instance.
+class TieredCache : public FixedCache {
+ public:
+  std::map<InstanceId, std::pair<Tokens, Seconds>> tiers;
+  PrefixReuse Reuse(InstanceId i, const Request& r) const override {
+    PrefixReuse reuse{CachedPrefixTokens(i, r), 0, 0};
+    if (auto it = tiers.find(i); it != tiers.end()) {
+      reuse.tier_tokens = it->second.first;
+      reuse.load_s = it->second.second;
+    }
+    return reuse;
   }
 };
 
@@ -116,6 +131,41 @@ TEST(Router, PrefixAwareBreaksCostTiesTowardTheLongerPrefix) {
   // Costs: instance 0: 500 + 1000; instance 1: 1000 + (1000 - 500). Equal; 1 has the prefix.
   cache.cached = {{1, 500}};
   EXPECT_EQ(router->Route(MakeRequest(1000)).prefill, 1);
+}
+
+// Estimated TTFT = (queued + uncached tokens) / rate + load time; the least wins.
+TEST(Router, CacheAwareWeighsTierHitsAgainstTheirLoadTime) {
+  TieredCache cache;
+  RouterConfig config{RouterKind::kCacheAware, 1};
+  config.prefill_tokens_per_s = 10000;
+  auto router = MakeRouter(config, {0, 1, 2}, {3}, &cache);
+  cache.cached[0] = 1000;         // 9000 to compute: 0.9 s
+  cache.tiers[1] = {6000, 0.05};  // 4000 to compute + load: 0.45 s
+  cache.tiers[2] = {8000, 1.0};   // 1000 to compute, slow load: 1.1 s
+  auto d = router->Route(MakeRequest(10000));
+  EXPECT_EQ(d.prefill, 1);
+  EXPECT_EQ(d.decode, 3);
+  EXPECT_NEAR(d.estimated_ttft_s, 0.45, 1e-9);
+  // Its 10000 queued tokens now cost instance 1 a second more: instance 0 (0.9 s) wins.
+  d = router->Route(MakeRequest(10000));
+  EXPECT_EQ(d.prefill, 0);
+  EXPECT_TRUE(d.reject_reason.empty());
+}
+
+TEST(Router, CacheAwareRejectsWhatCannotMeetTheTtftSlo) {
+  TieredCache cache;
+  RouterConfig config{RouterKind::kCacheAware, 1};
+  config.prefill_tokens_per_s = 10000;
+  config.reject_ttft_ms = 500;
+  auto router = MakeRouter(config, {0}, {1}, &cache);
+  auto ok = router->Route(MakeRequest(4000));  // 0.4 s
+  EXPECT_EQ(ok.prefill, 0);
+  auto rejected = router->Route(MakeRequest(4000));  // 0.8 s behind the first
+  EXPECT_EQ(rejected.prefill, kNoInstance);
+  EXPECT_EQ(rejected.reject_reason, "estimated TTFT 800 ms exceeds the TTFT SLO of 500 ms");
+  // Nothing was charged for it.
+  EXPECT_EQ(router->load(0).outstanding_prefill_tokens, 4000);
+  EXPECT_EQ(router->load(1).outstanding_requests, 1);
 }
 
 }  // namespace
