@@ -56,12 +56,8 @@ void InstanceEngine::Run() {
 }
 
 bool InstanceEngine::RunOnce() {
-  EngineMessage message;
-  while (ports_.inbox->TryReceive(&message)) HandleMessage(message);
+  TakeEvents();
   const Seconds now = ports_.clock->Now();
-  if (ports_.tiers) ports_.tiers->Progress(config_.id);
-  PollTransfers(now);
-  PollLoads(now);
   StartPulls();
 
   scheduler_.Schedule(blocks_, plan_);
@@ -69,12 +65,14 @@ bool InstanceEngine::RunOnce() {
     ports_.sink->OnPreempted(*r, config_.id);
     for (Load& load : loads_) load.orphaned |= load.request == r;
   }
+  const bool overlap = config_.scheduler.overlap_tier_loads;
   for (Request* r : plan_.admitted) {
     if (r->first_scheduled_s < 0) r->first_scheduled_s = now;
     // Blocks up to here were computed elsewhere or come from the tiers: nothing to write down.
-    r->offloaded_blocks = (r->computed_tokens + r->LoadingTokens()) / config_.block_tokens;
+    const Tokens present = r->computed_tokens + (overlap ? 0 : r->LoadingTokens());
+    r->offloaded_blocks = present / config_.block_tokens;
   }
-  StartLoads();  // pins the hits before write-back below can evict them
+  StartLoads(now);  // pins the hits before write-back below can evict them
   // New requests that must wait: promote their prefix from the slow tiers while they do.
   for (Request* r : arrived_) {
     if (r->state == RequestState::kQueued)
@@ -93,6 +91,7 @@ bool InstanceEngine::RunOnce() {
   step_end_s_.clear();
   ports_.executor->Execute(plan_, config_.tp, max_steps, &step_end_s_);
   DUET_CHECK(!step_end_s_.empty() && static_cast<int>(step_end_s_.size()) <= max_steps);
+  if (!plan_.loads.empty() || !loads_.empty()) FinishOverlappedLoads(now, &step_end_s_);
   steps_ += static_cast<std::int64_t>(step_end_s_.size());
   Apply(plan_, step_end_s_, max_steps > 1);
   return true;
@@ -164,16 +163,59 @@ void InstanceEngine::StartPulls() {
   }
 }
 
-void InstanceEngine::StartLoads() {
+void InstanceEngine::StartLoads(Seconds now) {
+  const bool overlap = config_.scheduler.overlap_tier_loads;
   for (Request* r : plan_.loads) {
     TierHits hits;
     for (int k = 0; k < kNumLowerTiers; ++k)
       hits.blocks[static_cast<std::size_t>(k)] =
           r->loading_tokens[static_cast<std::size_t>(k)] / config_.block_tokens;
-    const LoadId id = ports_.tiers->BeginLoad(config_.id, r->block_hashes,
-                                              r->computed_tokens / config_.block_tokens, hits);
-    loads_.push_back({r, id, false});
+    // Overlapped, the scheduler already counts the loaded tokens as present.
+    const Tokens before = r->computed_tokens - (overlap ? r->LoadingTokens() : 0);
+    const LoadId id =
+        ports_.tiers->BeginLoad(config_.id, r->block_hashes, before / config_.block_tokens, hits);
+    loads_.push_back({r, id, false, overlap, now});
   }
+}
+
+void InstanceEngine::TakeEvents() {
+  EngineMessage message;
+  while (ports_.inbox->TryReceive(&message)) HandleMessage(message);
+  const Seconds now = ports_.clock->Now();
+  if (ports_.tiers) ports_.tiers->Progress(config_.id);
+  PollTransfers(now);
+  PollLoads(now);
+}
+
+void InstanceEngine::FinishOverlappedLoads(Seconds step_start_s, std::vector<Seconds>* step_end_s) {
+  auto waiting = [&](std::vector<Request*>* out) {
+    out->clear();
+    for (const PrefillItem& p : plan_.prefills) {
+      if (p.request->state == RequestState::kLoading) out->push_back(p.request);
+    }
+    return !out->empty();
+  };
+  std::vector<Request*> delayed;
+  PollLoads(ports_.clock->Now());  // those that finished during the step hid behind it
+  if (!waiting(&delayed)) return;
+  std::vector<Request*> still;
+  while (waiting(&still)) {
+    // What else ends meanwhile is taken as between steps (it only queues work), and must be:
+    // a finished transfer or message left untaken would end every wait at once.
+    ports_.inbox->WaitUntil(kForever);
+    TakeEvents();
+  }
+  // The last layer's KV has just arrived: that layer's share of the step remains.
+  const Seconds step_end = step_end_s->back();
+  const Seconds end = ports_.clock->Now() + (step_end - step_start_s) / config_.num_layers;
+  while (ports_.clock->Now() < end) {
+    ports_.inbox->WaitUntil(end);
+    TakeEvents();
+  }
+  for (Request* r : delayed) {
+    if (r->prefill_done_s < 0) r->load_wait_s += end - step_end;
+  }
+  step_end_s->back() = end;
 }
 
 void InstanceEngine::PollLoads(Seconds now) {
@@ -189,14 +231,17 @@ void InstanceEngine::PollLoads(Seconds now) {
     Request* r = load.request;
     DUET_CHECK(r->state == RequestState::kLoading);
     if (status == TransferStatus::kDone) {
-      r->computed_tokens += r->LoadingTokens();
-    } else if (r->preemptions == 0 && r->generated_tokens == 0) {
+      if (!load.overlapped) r->computed_tokens += r->LoadingTokens();
+    } else {
       // A failed load is recomputed: those tokens were not served from the cache after all.
-      r->cached_tokens -= r->LoadingTokens();
-      r->tier_hit_tokens = {};
+      if (load.overlapped) r->computed_tokens -= r->LoadingTokens();
+      if (r->preemptions == 0 && r->generated_tokens == 0) {
+        r->cached_tokens -= r->LoadingTokens();
+        r->tier_hit_tokens = {};
+      }
     }
     r->loading_tokens = {};
-    if (r->load_done_s < 0) r->load_done_s = now;
+    if (!load.overlapped && r->prefill_done_s < 0) r->load_wait_s += now - load.started_s;
     r->state = RequestState::kPrefilling;
     // The loaded blocks join this GPU's prefix cache like computed ones.
     blocks_.Register(r->id, r->block_hashes, r->computed_tokens);

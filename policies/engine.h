@@ -29,6 +29,9 @@ struct EngineConfig {
   // cannot change in between). Off: one call per step, for equivalence tests.
   bool coalesce_decode_steps = true;
   Bytes kv_bytes_per_token = 0;  // whole instance (all TP shards), for KV transfer sizes
+  // Layers of the model: a step overlapped with a prefix load ends one layer's compute after
+  // the last layer's KV arrived.
+  int num_layers = 1;
   SchedulerConfig scheduler;
 };
 
@@ -70,13 +73,20 @@ class InstanceEngine final : private LowerTierLookup {
   struct Load {
     Request* request;
     LoadId id;
-    bool orphaned;  // the request was preempted while loading: the result is dropped
+    bool orphaned;    // the request was preempted while loading: the result is dropped
+    bool overlapped;  // its prefill runs in the step that waits for it
+    Seconds started_s;
   };
 
   Tokens Find(Request& request, std::int64_t first_block, Tokens max_tokens) override;
   void HandleMessage(const EngineMessage& message);
   void PollLoads(Seconds now);
-  void StartLoads();
+  void StartLoads(Seconds now);
+  // Overlapped loads: the step that prefills past a loading prefix cannot end before the load;
+  // waits for any still in flight and moves the step's end. step_start_s: when it began.
+  void FinishOverlappedLoads(Seconds step_start_s, std::vector<Seconds>* step_end_s);
+  // Takes arrived messages and finished transfers, tier writes and loads.
+  void TakeEvents();
   void OffloadComputed(Request* r);
   void PollTransfers(Seconds now);
   void StartPulls();

@@ -48,16 +48,16 @@ Tokens TierHitTokens(const Request& r) {
   return r.tier_hit_tokens[0] + r.tier_hit_tokens[1] + r.tier_hit_tokens[2];
 }
 // TTFT = queue + load + prefill + transfer, for a request that produced its first token:
-// queue: arrival to admission; load: its cached prefix loading from the lower tiers; prefill:
-// to the first token sampled; transfer: PD, until the KV is usable on the decode instance.
+// queue: arrival to admission; load: waiting for its cached prefix to load from the lower
+// tiers (what computation did not hide); prefill: the rest until the first token was sampled;
+// transfer: PD, until the KV is usable on the decode instance.
 struct TtftParts {
   double queue_ms, load_ms, prefill_ms, transfer_ms;
 };
 TtftParts TtftBreakdown(const Request& r) {
-  const Seconds prefill_start = r.load_done_s >= 0 ? r.load_done_s : r.first_scheduled_s;
-  return {Ms(r.first_scheduled_s - r.arrival_s),
-          r.load_done_s >= 0 ? Ms(r.load_done_s - r.first_scheduled_s) : 0.0,
-          Ms(r.prefill_done_s - prefill_start), Ms(r.first_token_s - r.prefill_done_s)};
+  return {Ms(r.first_scheduled_s - r.arrival_s), Ms(r.load_wait_s),
+          Ms(r.prefill_done_s - r.first_scheduled_s - r.load_wait_s),
+          Ms(r.first_token_s - r.prefill_done_s)};
 }
 const char* const kTierNames[kNumLowerTiers] = {"dram", "ssd", "remote"};
 double TpotMs(const Request& r) {

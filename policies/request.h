@@ -67,10 +67,12 @@ struct Request {
   // Timeline (seconds; negative: not reached).
   Seconds first_scheduled_s = -1;  // first admission: KV blocks allocated, prefill (or the
                                    // load of its cached prefix) starts
-  Seconds load_done_s = -1;        // first admission's lower-tier load finished
-  Seconds prefill_done_s = -1;     // end of the prefill step that produced the first token
-  Seconds kv_ready_s = -1;         // PD: KV usable on the decode instance
-  Seconds first_token_s = -1;      // first token delivered to the client
+  // Time before the first token spent waiting for prefix loads from the lower tiers and not
+  // hidden behind computation (the whole load, or what outlasted the overlapped prefill step).
+  Seconds load_wait_s = 0;
+  Seconds prefill_done_s = -1;  // end of the prefill step that produced the first token
+  Seconds kv_ready_s = -1;      // PD: KV usable on the decode instance
+  Seconds first_token_s = -1;   // first token delivered to the client
   Seconds last_token_s = -1;
   Seconds finished_s = -1;
   std::string reason;  // for rejected / failed

@@ -117,12 +117,17 @@ void BatchScheduler::Schedule(KvBlockManager& blocks, StepPlan& plan) {
     if (loaded > 0) {
       r->state = RequestState::kLoading;
       plan.loads.push_back(r);
-      pending_prefill_tokens_ -= *hit + loaded;
-      continue;  // prefills once the load finished
+      if (!config_.overlap_tier_loads) {
+        pending_prefill_tokens_ -= *hit + loaded;
+        continue;  // prefills once the load finished
+      }
+      // The loaded tokens count as present: the step computing the rest waits for them.
+      r->computed_tokens = *hit + loaded;
     }
-    const Tokens chunk = std::min(target - *hit, budget);
-    plan.prefills.push_back({r, chunk, *hit});
-    pending_prefill_tokens_ -= *hit + chunk;
+    const Tokens context = r->computed_tokens;
+    const Tokens chunk = std::min(target - context, budget);
+    plan.prefills.push_back({r, chunk, context});
+    pending_prefill_tokens_ -= context + chunk;
     budget -= chunk;
   }
 }

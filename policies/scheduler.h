@@ -17,6 +17,10 @@ struct SchedulerConfig {
   Tokens max_num_batched_tokens = 8192;  // token budget of one step (decodes count 1 each)
   int max_num_seqs = 256;                // requests holding KV and being served at once
   double watermark = 0.01;  // fraction of blocks kept free at admission, to avoid thrashing
+  // A request whose prefix loads from the lower tiers prefills the rest in the same step, the
+  // step waiting for the load where it lasts longer (layer by layer, as LMCache does); off:
+  // the request prefills only once its load finished.
+  bool overlap_tier_loads = true;
 };
 
 // Prefix blocks of a prompt held below GPU memory, for admission (the engine implements it
@@ -37,7 +41,9 @@ struct PrefillItem {
 
 // One planned step. Requests in `preempted` lost their KV and went back to the waiting queue
 // (they will recompute); requests in `admitted` got KV blocks this step; those of them in
-// `loads` wait for their cached prefix to load from the lower tiers before they prefill.
+// `loads` have part of their prefix to load from the lower tiers (overlap_tier_loads: their
+// prefill items are in this step, which cannot end before the load; else they prefill once
+// it finished).
 struct StepPlan {
   std::vector<PrefillItem> prefills;
   std::vector<Request*> decodes;

@@ -65,9 +65,10 @@ Status ParseEngine(const json& doc, const std::string& path, EngineSpec& e) {
                                static_cast<double>(e.memory.reserved_bytes_per_gpu) / kGiB, where);
   auto caching = JsonBoolOr(j, "enable_prefix_caching", e.enable_prefix_caching, where);
   auto coalesce = JsonBoolOr(j, "coalesce_decode_steps", e.coalesce_decode_steps, where);
+  auto overlap = JsonBoolOr(j, "overlap_tier_loads", e.scheduler.overlap_tier_loads, where);
   for (const Status* s :
        {&block.status(), &batched.status(), &seqs.status(), &watermark.status(), &util.status(),
-        &reserved.status(), &caching.status(), &coalesce.status()}) {
+        &reserved.status(), &caching.status(), &coalesce.status(), &overlap.status()}) {
     if (!s->ok()) return *s;
   }
   if (*block < 1) return Status::Error(where + ": field 'block_tokens' must be >= 1");
@@ -85,6 +86,7 @@ Status ParseEngine(const json& doc, const std::string& path, EngineSpec& e) {
   e.memory.block_tokens = *block;
   e.enable_prefix_caching = *caching;
   e.coalesce_decode_steps = *coalesce;
+  e.scheduler.overlap_tier_loads = *overlap;
   return Status::Ok();
 }
 

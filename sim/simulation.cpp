@@ -649,6 +649,7 @@ Result<SimReport> RunSimulation(const ClusterSpec& cluster, const traces::Trace&
     config.enable_prefix_caching = cluster.engine.enable_prefix_caching;
     config.coalesce_decode_steps = cluster.engine.coalesce_decode_steps;
     config.kv_bytes_per_token = cluster.model.KvBytesPerToken();
+    config.num_layers = cluster.model.num_hidden_layers;
     config.scheduler = cluster.engine.scheduler;
     SimPorts* p = w.ports.back().get();
     w.engines.push_back(std::make_unique<policies::InstanceEngine>(

@@ -121,7 +121,7 @@ TEST(MetricsCollector, WritesRequestsCsvInIdOrderWithMetricsMdColumns) {
   Request tiered = Completed(7, 2.0, 0.5, 1.5, 3);
   tiered.cached_tokens = 60;
   tiered.tier_hit_tokens = {16, 32, 0};
-  tiered.load_done_s = tiered.first_scheduled_s + 0.1;
+  tiered.load_wait_s = 0.1;
   m.OnFinished(tiered);
   Request rej;
   rej.id = 2;

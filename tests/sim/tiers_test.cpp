@@ -41,76 +41,125 @@ std::string RepeatedPromptTrace(const TempDir& tmp, nlohmann::json line, int out
 
 // Two colocated instances on one node share its DRAM. Round-robin sends the repeated prompt to
 // the other instance, whose GPU never saw it: the prefix comes from DRAM (written through by
-// the first instance), so the second request computes one block instead of the whole prompt
-// and waits for the load: block bytes over the GPU's PCIe (the bottleneck of host memory ->
-// PCIe), plus both links' latencies. Without the tier it recomputes everything.
-TEST(LowerTierHit, RemovesPrefillTokensAndAddsTheirLoadTime) {
-  const nlohmann::json cluster = ReadJson(Src(kColocatedDram));
-  const nlohmann::json line = nlohmann::json::parse(ReadFile(Src("tests/data/one-request.jsonl")));
-  const Tokens input = line.at("input_length").get<Tokens>();
-  const Tokens block = cluster.at("engine").at("block_tokens").get<Tokens>();
-  const Network net(cluster);
-  const Link mem = ReadLink(cluster.at("tiers").at("dram"));
-  models::ModelSpec model;
-  const models::RooflineCostModel cost = CostModelFor(cluster, 1, &model);
+// the first instance), so the second request computes one block instead of the whole prompt,
+// and its blocks load over the GPU's PCIe (the bottleneck of host memory -> PCIe) in bytes /
+// bandwidth plus both links' latencies. Without the tier it recomputes everything.
+class LowerTierHit : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    cluster_ = ReadJson(Src(kColocatedDram));
+    line_ = nlohmann::json::parse(ReadFile(Src("tests/data/one-request.jsonl")));
+    input_ = line_.at("input_length").get<Tokens>();
+    const Tokens block = cluster_.at("engine").at("block_tokens").get<Tokens>();
+    hit_ = (input_ - 1) / block * block;  // one token is always computed
+    models::ModelSpec model;
+    const models::RooflineCostModel cost = CostModelFor(cluster_, 1, &model);
+    layers_ = model.num_hidden_layers;
+    load_bytes_ = static_cast<double>(hit_ * model.KvBytesPerToken());
+    frontend_s_ = MessageSeconds(static_cast<double>(input_) * kBytesPerPromptToken,
+                                 Network(cluster_).FrontendToGpu());
+    step_s_ = cost.StepTime(PrefillShape(input_ - hit_, hit_));
+    full_prefill_s_ = cost.StepTime(PrefillShape(input_, 0));
+  }
+  // The load of the hit blocks into c1's GPU, alone on its path.
+  double LoadSeconds(const nlohmann::json& cluster) const {
+    return MessageSeconds(load_bytes_,
+                          {ReadLink(cluster.at("tiers").at("dram")), Network(cluster).pcie});
+  }
+  // Runs the repeated prompt on `cluster`; returns requests.csv.
+  Csv Run(const nlohmann::json& cluster, const std::string& name) {
+    const std::string path = tmp_.File(name + ".json");
+    WriteJson(path, cluster);
+    const std::string trace = RepeatedPromptTrace(tmp_, line_, 5);
+    Simulate(tmp_.File(name), {"--cluster", path, "--trace", trace, "--router", "round-robin"});
+    Csv csv = Csv::Read(tmp_.File(name) + "/requests.csv");
+    EXPECT_EQ(csv.size(), 2u);
+    EXPECT_EQ(csv.Get(1, "prefill_instance"), "c1");
+    // The parts add up to the TTFT for every request.
+    for (std::size_t i = 0; i < csv.size(); ++i) {
+      const double parts = csv.Number(i, "ttft_queue_ms") + csv.Number(i, "ttft_load_ms") +
+                           csv.Number(i, "ttft_prefill_ms") + csv.Number(i, "ttft_transfer_ms");
+      EXPECT_NEAR(parts, csv.Number(i, "ttft_ms"), 4 * kCsvTolMs) << "request " << i;
+    }
+    return csv;
+  }
+  // The hit: counted as cached, from DRAM.
+  void ExpectDramHit(const Csv& csv) const {
+    EXPECT_EQ(csv.Number(1, "cached_tokens"), static_cast<double>(hit_));
+    EXPECT_EQ(csv.Number(1, "dram_hit_tokens"), static_cast<double>(hit_));
+    EXPECT_EQ(csv.Number(1, "gpu_hit_tokens"), 0);
+    EXPECT_NEAR(csv.Number(1, "ttft_queue_ms"), frontend_s_ * 1e3, kCsvTolMs);
+  }
 
-  const Tokens hit = (input - 1) / block * block;  // one token is always computed
-  const double load_bytes = static_cast<double>(hit * model.KvBytesPerToken());
-  const double load_s = MessageSeconds(load_bytes, {mem, net.pcie});
-  const double frontend_s =
-      MessageSeconds(static_cast<double>(input) * kBytesPerPromptToken, net.FrontendToGpu());
-  const double prefill_s = cost.StepTime(PrefillShape(input - hit, hit));
-  const double full_prefill_s = cost.StepTime(PrefillShape(input, 0));
-  ASSERT_LT(prefill_s + load_s, full_prefill_s) << "the test needs loading to beat recomputing";
+  TempDir tmp_;
+  nlohmann::json cluster_, line_;
+  Tokens input_ = 0, hit_ = 0;
+  int layers_ = 0;
+  double load_bytes_ = 0, frontend_s_ = 0, step_s_ = 0, full_prefill_s_ = 0;
+};
 
-  TempDir tmp;
-  const std::string trace = RepeatedPromptTrace(tmp, line, 5);
-  Simulate(tmp.File("tiered"),
-           {"--cluster", kColocatedDram, "--trace", trace, "--router", "round-robin"});
-  Simulate(tmp.File("gpu-only"), {"--cluster", WithoutTiers(tmp, kColocatedDram), "--trace", trace,
-                                  "--router", "round-robin"});
-  const Csv tiered = Csv::Read(tmp.File("tiered") + "/requests.csv");
-  const Csv gpu_only = Csv::Read(tmp.File("gpu-only") + "/requests.csv");
-  ASSERT_EQ(tiered.size(), 2u);
-  ASSERT_EQ(tiered.Get(1, "prefill_instance"), "c1");
-
-  // The hit: counted as cached, from DRAM, and its tokens are not computed.
-  EXPECT_EQ(tiered.Number(1, "cached_tokens"), static_cast<double>(hit));
-  EXPECT_EQ(tiered.Number(1, "dram_hit_tokens"), static_cast<double>(hit));
-  EXPECT_EQ(tiered.Number(1, "gpu_hit_tokens"), 0);
-  EXPECT_NEAR(tiered.Number(1, "ttft_prefill_ms"), prefill_s * 1e3, kCsvTolMs);
-  // Its price: the load over host memory and PCIe, in the TTFT.
+// Load, then prefill (overlap off): the TTFT is the load plus the one-block prefill step.
+TEST_F(LowerTierHit, RemovesPrefillTokensAndAddsTheirLoadTime) {
+  nlohmann::json cluster = cluster_;
+  cluster["engine"]["overlap_tier_loads"] = false;
+  const double load_s = LoadSeconds(cluster);
+  ASSERT_LT(step_s_ + load_s, full_prefill_s_) << "the test needs loading to beat recomputing";
+  const Csv tiered = Run(cluster, "sequential");
+  ExpectDramHit(tiered);
+  // Its tokens are not computed, and its price is the load, in the TTFT.
+  EXPECT_NEAR(tiered.Number(1, "ttft_prefill_ms"), step_s_ * 1e3, kCsvTolMs);
   EXPECT_NEAR(tiered.Number(1, "ttft_load_ms"), load_s * 1e3, kCsvTolMs);
   EXPECT_GT(tiered.Number(1, "ttft_load_ms"), 0);
-  EXPECT_NEAR(tiered.Number(1, "ttft_queue_ms"), frontend_s * 1e3, kCsvTolMs);
-  EXPECT_NEAR(tiered.Number(1, "ttft_ms"), (frontend_s + load_s + prefill_s) * 1e3, kCsvTolMs);
-  // The parts add up to the TTFT for every request.
-  for (std::size_t i = 0; i < tiered.size(); ++i) {
-    const double parts = tiered.Number(i, "ttft_queue_ms") + tiered.Number(i, "ttft_load_ms") +
-                         tiered.Number(i, "ttft_prefill_ms") + tiered.Number(i, "ttft_transfer_ms");
-    EXPECT_NEAR(parts, tiered.Number(i, "ttft_ms"), 4 * kCsvTolMs) << "request " << i;
-  }
-  // Without the tier: no hit, the whole prompt is computed.
-  EXPECT_EQ(gpu_only.Number(1, "cached_tokens"), 0);
-  EXPECT_NEAR(gpu_only.Number(1, "ttft_ms"), (frontend_s + full_prefill_s) * 1e3, kCsvTolMs);
-  EXPECT_LT(tiered.Number(1, "ttft_ms"), gpu_only.Number(1, "ttft_ms"));
+  EXPECT_NEAR(tiered.Number(1, "ttft_ms"), (frontend_s_ + load_s + step_s_) * 1e3, kCsvTolMs);
 
-  const nlohmann::json s = ReadJson(tmp.File("tiered") + "/summary.json");
-  EXPECT_EQ(s["prefix_cache"]["by_tier"]["dram"]["hit_tokens"].get<Tokens>(), hit);
-  EXPECT_EQ(s["tiers"]["dram"]["read_bytes"].get<double>(), load_bytes);
+  // Without the tier: no hit, the whole prompt is computed.
+  nlohmann::json gpu_only = cluster;
+  gpu_only.erase("tiers");
+  const Csv plain = Run(gpu_only, "gpu-only");
+  EXPECT_EQ(plain.Number(1, "cached_tokens"), 0);
+  EXPECT_NEAR(plain.Number(1, "ttft_ms"), (frontend_s_ + full_prefill_s_) * 1e3, kCsvTolMs);
+  EXPECT_LT(tiered.Number(1, "ttft_ms"), plain.Number(1, "ttft_ms"));
+
+  const nlohmann::json s = ReadJson(tmp_.File("sequential") + "/summary.json");
+  const Tokens block = cluster.at("engine").at("block_tokens").get<Tokens>();
+  EXPECT_EQ(s["prefix_cache"]["by_tier"]["dram"]["hit_tokens"].get<Tokens>(), hit_);
+  EXPECT_EQ(s["tiers"]["dram"]["read_bytes"].get<double>(), load_bytes_);
   // The first request wrote every full block through to DRAM; the second added none.
-  EXPECT_EQ(s["tiers"]["dram"]["write_blocks"].get<Tokens>(), input / block);
-  EXPECT_EQ(s["tiers"]["dram"]["written_blocks"].get<Tokens>(), input / block);
+  EXPECT_EQ(s["tiers"]["dram"]["write_blocks"].get<Tokens>(), input_ / block);
+  EXPECT_EQ(s["tiers"]["dram"]["written_blocks"].get<Tokens>(), input_ / block);
   // links.csv: the load is all that crossed c1's PCIe towards its GPU.
-  const Csv links = Csv::Read(tmp.File("tiered") + "/links.csv");
+  const Csv links = Csv::Read(tmp_.File("sequential") + "/links.csv");
   bool found = false;
   for (std::size_t i = 0; i < links.size(); ++i) {
     if (links.Get(i, "resource") != "node0-gpu1-pcie_DOWN") continue;
     found = true;
-    EXPECT_EQ(links.Number(i, "bytes"), load_bytes);
-    EXPECT_NEAR(links.Number(i, "busy_s"), load_bytes / net.pcie.bandwidth, 1e-6);
+    EXPECT_EQ(links.Number(i, "bytes"), load_bytes_);
+    EXPECT_NEAR(links.Number(i, "busy_s"), load_bytes_ / Network(cluster).pcie.bandwidth, 1e-6);
   }
   EXPECT_TRUE(found);
+}
+
+// Overlapped (the default): the step prefilling the rest starts with the load and ends no
+// earlier than one layer's share of it after the last layer's KV arrived. A fast load hides
+// entirely; a slow one (PCIe cut to 50 MB/s) shows as TTFT beyond the step.
+TEST_F(LowerTierHit, OverlappedLoadShowsOnlyWhereItOutlastsThePrefillStep) {
+  const double fast_load_s = LoadSeconds(cluster_);
+  ASSERT_LT(fast_load_s + step_s_ / layers_, step_s_);
+  const Csv fast = Run(cluster_, "fast");
+  ExpectDramHit(fast);
+  EXPECT_NEAR(fast.Number(1, "ttft_load_ms"), 0, kCsvTolMs);
+  EXPECT_NEAR(fast.Number(1, "ttft_ms"), (frontend_s_ + step_s_) * 1e3, kCsvTolMs);
+
+  nlohmann::json slow_cluster = cluster_;
+  slow_cluster["nodes"][0]["pcie"]["bandwidth_GBps"] = 0.05;
+  const double slow_load_s = LoadSeconds(slow_cluster);
+  ASSERT_GT(slow_load_s + step_s_ / layers_, step_s_);
+  const Csv slow = Run(slow_cluster, "slow");
+  ExpectDramHit(slow);
+  const double end_s = slow_load_s + step_s_ / layers_;
+  EXPECT_NEAR(slow.Number(1, "ttft_ms"), (frontend_s_ + end_s) * 1e3, kCsvTolMs);
+  EXPECT_NEAR(slow.Number(1, "ttft_load_ms"), (end_s - step_s_) * 1e3, kCsvTolMs);
+  EXPECT_NEAR(slow.Number(1, "ttft_prefill_ms"), step_s_ * 1e3, kCsvTolMs);
 }
 
 // Two transfers on one bottleneck link of bandwidth `bw`, b starting `start_b` after a. While
