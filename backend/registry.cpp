@@ -1,10 +1,9 @@
 // Registry of optional backends: the only file that reads DUET_HAVE_* build flags.
 #include "backend/registry.h"
 
+#include <dlfcn.h>
+
 #include "backend/cpu/cpu_model.h"
-#if DUET_HAVE_CUDA_MODEL
-#include "backend/cuda/cuda_model.h"
-#endif
 
 namespace duet::backend {
 
@@ -32,9 +31,17 @@ Result<std::unique_ptr<ForwardModel>> CreateForwardModel(LoadedModel model,
   }
   if (placement.device == "cuda") {
 #if DUET_HAVE_CUDA_MODEL
-    auto m = CudaModel::Create(model, {placement.num_blocks, placement.block_tokens, 0});
-    if (!m) return m.status();
-    return std::unique_ptr<ForwardModel>(std::move(*m));
+    // The plugin stays loaded for the life of the process (models from it may outlive this).
+    void* plugin = dlopen(DUET_CUDA_PLUGIN, RTLD_NOW | RTLD_LOCAL);
+    if (!plugin) return Status::Error(std::string("cannot load the CUDA plugin: ") + dlerror());
+    using Create = ForwardModel* (*)(const LoadedModel*, std::int64_t, std::int32_t, std::string*);
+    auto create = reinterpret_cast<Create>(dlsym(plugin, "DuetCreateCudaModel"));
+    if (!create) return Status::Error(std::string("CUDA plugin: ") + dlerror());
+    std::string error;
+    std::unique_ptr<ForwardModel> m(
+        create(&model, placement.num_blocks, placement.block_tokens, &error));
+    if (!m) return Status::Error(error);
+    return m;
 #else
     return Status::Error("this build has no CUDA backend (configure with nvcc present)");
 #endif

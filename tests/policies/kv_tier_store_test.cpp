@@ -133,7 +133,9 @@ TEST(KvTierStore, RandomWorkloadMatchesShadowModel) {
             readable.erase(e);
           }
           if (st == Start::kStarted) writing.insert(h);
-          if (st == Start::kPresent) ASSERT_TRUE(readable.count(h) || writing.count(h));
+          if (st == Start::kPresent) {
+            ASSERT_TRUE(readable.count(h) || writing.count(h));
+          }
           break;
         }
         case 2:
@@ -164,7 +166,9 @@ TEST(KvTierStore, RandomWorkloadMatchesShadowModel) {
       for (BlockHash x = 1; x <= 80; ++x) ASSERT_EQ(s.Contains(x), readable.count(x) == 1) << x;
       ASSERT_LE(s.used_blocks(), kCapacity);
       ASSERT_EQ(s.used_blocks(), static_cast<std::int64_t>(readable.size() + writing.size()));
-      if (step % 97 == 0) ASSERT_TRUE(s.CheckInvariants().ok()) << s.CheckInvariants().message();
+      if (step % 97 == 0) {
+        ASSERT_TRUE(s.CheckInvariants().ok()) << s.CheckInvariants().message();
+      }
     }
     EXPECT_GT(s.evictions(), 100);
   }

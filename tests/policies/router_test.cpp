@@ -32,6 +32,13 @@ class TieredCache : public FixedCache {
   }
 };
 
+RouterConfig Config(RouterKind kind, std::uint64_t seed) {
+  RouterConfig config;
+  config.kind = kind;
+  config.seed = seed;
+  return config;
+}
+
 Request MakeRequest(Tokens input) {
   Request r;
   r.input_tokens = input;
@@ -49,7 +56,7 @@ TEST(Router, ParsesNamesAndRejectsUnknown) {
 }
 
 TEST(Router, RoundRobinCyclesBothSides) {
-  auto router = MakeRouter({RouterKind::kRoundRobin, 1}, {0, 1, 2}, {3, 4}, nullptr);
+  auto router = MakeRouter(Config(RouterKind::kRoundRobin, 1), {0, 1, 2}, {3, 4}, nullptr);
   std::vector<std::pair<InstanceId, InstanceId>> picks;
   for (int i = 0; i < 4; ++i) {
     auto d = router->Route(MakeRequest(100));
@@ -60,13 +67,13 @@ TEST(Router, RoundRobinCyclesBothSides) {
 }
 
 TEST(Router, ColocatedDecodesWhereItPrefills) {
-  auto router = MakeRouter({RouterKind::kLeastLoaded, 1}, {0, 1}, {}, nullptr);
+  auto router = MakeRouter(Config(RouterKind::kLeastLoaded, 1), {0, 1}, {}, nullptr);
   auto d = router->Route(MakeRequest(100));
   EXPECT_EQ(d.prefill, d.decode);
 }
 
 TEST(Router, LeastLoadedFollowsOutstandingWorkAndItsRelease) {
-  auto router = MakeRouter({RouterKind::kLeastLoaded, 1}, {0, 1}, {2, 3}, nullptr);
+  auto router = MakeRouter(Config(RouterKind::kLeastLoaded, 1), {0, 1}, {2, 3}, nullptr);
   Request big = MakeRequest(5000), small = MakeRequest(100);
   auto d1 = router->Route(big);
   big.prefill_instance = d1.prefill;
@@ -96,8 +103,8 @@ TEST(Router, LeastLoadedFollowsOutstandingWorkAndItsRelease) {
 
 TEST(Router, PowerOfTwoIsSeededAndNeverPicksTheWorseOfItsPair) {
   std::vector<InstanceId> side = {0, 1, 2, 3};
-  auto a = MakeRouter({RouterKind::kPowerOfTwo, 42}, side, {}, nullptr);
-  auto b = MakeRouter({RouterKind::kPowerOfTwo, 42}, side, {}, nullptr);
+  auto a = MakeRouter(Config(RouterKind::kPowerOfTwo, 42), side, {}, nullptr);
+  auto b = MakeRouter(Config(RouterKind::kPowerOfTwo, 42), side, {}, nullptr);
   // Load instance 0 heavily: it can only win against itself, which p2c never draws.
   for (int i = 0; i < 200; ++i) {
     auto da = a->Route(MakeRequest(10 + i));
@@ -116,7 +123,7 @@ TEST(Router, PowerOfTwoIsSeededAndNeverPicksTheWorseOfItsPair) {
 
 TEST(Router, PrefixAwareTakesTheCachedPrefixUnlessTheQueueThereCostsMore) {
   FixedCache cache;
-  auto router = MakeRouter({RouterKind::kPrefixAware, 1}, {0, 1, 2}, {}, &cache);
+  auto router = MakeRouter(Config(RouterKind::kPrefixAware, 1), {0, 1, 2}, {}, &cache);
   cache.cached = {{1, 3000}};
   EXPECT_EQ(router->Route(MakeRequest(4000)).prefill, 1);  // 1000 uncached vs 4000 elsewhere
   // Instance 1 now has 4000 queued tokens: 4000 + 1000 > 0 + 4000 elsewhere.
@@ -125,7 +132,7 @@ TEST(Router, PrefixAwareTakesTheCachedPrefixUnlessTheQueueThereCostsMore) {
 
 TEST(Router, PrefixAwareBreaksCostTiesTowardTheLongerPrefix) {
   FixedCache cache;
-  auto router = MakeRouter({RouterKind::kPrefixAware, 1}, {0, 1}, {}, &cache);
+  auto router = MakeRouter(Config(RouterKind::kPrefixAware, 1), {0, 1}, {}, &cache);
   EXPECT_EQ(router->Route(MakeRequest(500)).prefill, 0);   // equal costs: lower id
   EXPECT_EQ(router->Route(MakeRequest(1000)).prefill, 1);  // 1000 < 500 + 1000
   // Costs: instance 0: 500 + 1000; instance 1: 1000 + (1000 - 500). Equal; 1 has the prefix.
@@ -136,7 +143,7 @@ TEST(Router, PrefixAwareBreaksCostTiesTowardTheLongerPrefix) {
 // Estimated TTFT = (queued + uncached tokens) / rate + load time; the least wins.
 TEST(Router, CacheAwareWeighsTierHitsAgainstTheirLoadTime) {
   TieredCache cache;
-  RouterConfig config{RouterKind::kCacheAware, 1};
+  RouterConfig config = Config(RouterKind::kCacheAware, 1);
   config.prefill_tokens_per_s = 10000;
   auto router = MakeRouter(config, {0, 1, 2}, {3}, &cache);
   cache.cached[0] = 1000;         // 9000 to compute: 0.9 s
@@ -154,7 +161,7 @@ TEST(Router, CacheAwareWeighsTierHitsAgainstTheirLoadTime) {
 
 TEST(Router, CacheAwareRejectsWhatCannotMeetTheTtftSlo) {
   TieredCache cache;
-  RouterConfig config{RouterKind::kCacheAware, 1};
+  RouterConfig config = Config(RouterKind::kCacheAware, 1);
   config.prefill_tokens_per_s = 10000;
   config.reject_ttft_ms = 500;
   auto router = MakeRouter(config, {0}, {1}, &cache);
