@@ -1,8 +1,13 @@
-// The `duet` subcommands and the exit convention they share: 0 success, 1 bad input files or a
-// failed run, 2 a bad command line; errors go to stderr as one "duet: error: ..." line.
+// The `duet` subcommands and what they share: the exit convention (0 success, 1 bad input files
+// or a failed run, 2 a bad command line; errors go to stderr as one "duet: error: ..." line),
+// argument parsing, where bundled data is found, and the trace flags.
 #pragma once
 
+#include <boost/program_options.hpp>
 #include <string>
+
+#include "common/status.h"
+#include "traces/trace.h"
 
 namespace duet::cli {
 
@@ -12,7 +17,25 @@ inline constexpr int kExitUsage = 2;
 
 int Fail(const std::string& message, int code = kExitError);
 
-int Simulate(int argc, char** argv);       // cli/main.cpp
+// Parses argv[1..] into `vm` (argv[0] is the command's name). False when the caller should
+// return *exit_code at once: a usage error (reported) or --help (printed).
+bool ParseArgs(int argc, char** argv, const boost::program_options::options_description& opts,
+               boost::program_options::variables_map& vm, int* exit_code);
+
+// Bundled data (models/, sim/clusters/, traces/bundled/) is found relative to the current
+// directory first, then relative to the source tree the binary was built from.
+std::string Locate(const std::string& path);
+std::string DataDir();
+
+// --trace (required when default_trace is empty), --trace-format, --rate-scale, --limit,
+// --window and --seed.
+void AddTraceOptions(boost::program_options::options_description& opts,
+                     const std::string& default_trace = "");
+// Reads the trace those flags name and applies the selections. On error, *exit_code says
+// whether it was the command line (kExitUsage) or the file (kExitError).
+Result<traces::Trace> LoadTrace(const boost::program_options::variables_map& vm, int* exit_code);
+
+int Simulate(int argc, char** argv);       // cli/simulate.cpp
 int MakeTestModel(int argc, char** argv);  // cli/generate.cpp
 int Generate(int argc, char** argv);       // cli/generate.cpp
 

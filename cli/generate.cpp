@@ -18,27 +18,6 @@
 namespace po = boost::program_options;
 
 namespace duet::cli {
-namespace {
-
-bool ParseArgs(int argc, char** argv, const po::options_description& opts, po::variables_map& vm,
-               int* exit_code) {
-  try {
-    po::store(po::command_line_parser(argc, argv).options(opts).run(), vm);
-    po::notify(vm);
-  } catch (const po::error& e) {
-    *exit_code = Fail(std::string(argv[0]) + ": " + e.what(), kExitUsage);
-    return false;
-  }
-  if (vm.count("help")) {
-    std::cout << opts << "\n";
-    *exit_code = kExitOk;
-    return false;
-  }
-  return true;
-}
-
-}  // namespace
-
 int MakeTestModel(int argc, char** argv) {
   po::options_description opts("duet make-test-model: write the deterministic tiny test model");
   // clang-format off

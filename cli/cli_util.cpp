@@ -1,0 +1,124 @@
+// Helpers the `duet` subcommands share: the error exit, argument parsing with --help, where
+// bundled data is found, and the trace flags (format, selection) of every command that replays
+// a trace.
+#include <boost/program_options.hpp>
+#include <cstdio>
+#include <filesystem>
+#include <iostream>
+
+#include "cli/commands.h"
+#include "traces/synthetic.h"
+
+namespace po = boost::program_options;
+namespace fs = std::filesystem;
+
+namespace duet::cli {
+
+int Fail(const std::string& message, int code) {
+  std::fprintf(stderr, "duet: error: %s\n", message.c_str());
+  return code;
+}
+
+bool ParseArgs(int argc, char** argv, const po::options_description& opts, po::variables_map& vm,
+               int* exit_code) {
+  try {
+    po::store(po::command_line_parser(argc, argv).options(opts).run(), vm);
+    po::notify(vm);
+  } catch (const po::error& e) {
+    *exit_code = Fail(std::string(argv[0]) + ": " + e.what() + " (see duet " + argv[0] + " --help)",
+                      kExitUsage);
+    return false;
+  }
+  if (vm.count("help")) {
+    std::cout << opts << "\n";
+    *exit_code = kExitOk;
+    return false;
+  }
+  return true;
+}
+
+std::string Locate(const std::string& path) {
+  if (path.empty() || fs::path(path).is_absolute() || fs::exists(path)) return path;
+  const fs::path bundled = fs::path(DUET_SOURCE_DIR) / path;
+  return fs::exists(bundled) ? bundled.string() : path;
+}
+
+std::string DataDir() {
+  if (fs::exists("models/specs")) return ".";
+  return DUET_SOURCE_DIR;
+}
+
+void AddTraceOptions(po::options_description& opts, const std::string& default_trace) {
+  // clang-format off
+  opts.add_options()
+    ("trace", default_trace.empty() ? po::value<std::string>()->required()
+                                    : po::value<std::string>()->default_value(default_trace),
+     "trace file: Mooncake JSONL, Azure CSV, or a synthetic spec (JSON)")
+    ("trace-format", po::value<std::string>()->default_value(""),
+     "mooncake, azure or synthetic (default: from the file extension)")
+    ("rate-scale", po::value<double>()->default_value(1.0),
+     "multiply the trace's arrival rate by this factor")
+    ("limit", po::value<std::size_t>()->default_value(0), "replay only the first N requests (0: all)")
+    ("window", po::value<std::string>(),
+     "replay only requests arriving in [START, END) seconds of the trace, e.g. 600:1200; "
+     "arrivals are shifted so the window starts at 0 (applied before --rate-scale)")
+    ("seed", po::value<std::uint64_t>()->default_value(1),
+     "random seed (router sampling; overrides a synthetic spec's seed when given)");
+  // clang-format on
+}
+
+namespace {
+
+Result<traces::TraceFormat> FormatFor(const std::string& path, const std::string& flag) {
+  if (!flag.empty()) {
+    auto format = traces::ParseTraceFormat(flag);
+    if (!format) return Status::Error("--trace-format: " + format.error());
+    return format;
+  }
+  const std::string ext = fs::path(path).extension().string();
+  if (ext == ".jsonl") return traces::TraceFormat::kMooncake;
+  if (ext == ".csv") return traces::TraceFormat::kAzure;
+  if (ext == ".json") return traces::TraceFormat::kSynthetic;
+  return Status::Error(path +
+                       ": cannot tell the trace format from the extension; give --trace-format");
+}
+
+}  // namespace
+
+Result<traces::Trace> LoadTrace(const po::variables_map& vm, int* exit_code) {
+  *exit_code = kExitError;
+  const std::string trace_path = Locate(vm["trace"].as<std::string>());
+  auto format = FormatFor(trace_path, vm["trace-format"].as<std::string>());
+  if (!format) {
+    *exit_code = kExitUsage;
+    return format.status();
+  }
+  Result<traces::Trace> trace = Status::Error("unread");
+  if (*format == traces::TraceFormat::kSynthetic && !vm["seed"].defaulted()) {
+    auto spec = traces::ReadSyntheticSpec(trace_path);
+    if (!spec) return spec.status();
+    spec->seed = vm["seed"].as<std::uint64_t>();
+    trace = traces::GenerateSynthetic(*spec);
+    if (trace) trace->source = trace_path;
+  } else {
+    trace = traces::ReadTrace(trace_path, *format);
+  }
+  if (!trace) return trace;
+  *exit_code = kExitUsage;
+  if (vm.count("window")) {
+    const std::string w = vm["window"].as<std::string>();
+    double start_s = 0, end_s = 0;
+    char tail = 0;
+    if (std::sscanf(w.c_str(), "%lf:%lf%c", &start_s, &end_s, &tail) != 2)
+      return Status::Error("--window: '" + w + "' is not START:END in seconds");
+    if (Status s = traces::KeepWindow(*trace, start_s, end_s); !s.ok())
+      return Status::Error("--window: " + s.message());
+  }
+  if (Status s = traces::ScaleRate(*trace, vm["rate-scale"].as<double>()); !s.ok())
+    return Status::Error("--rate-scale: " + s.message());
+  traces::KeepFirst(*trace, vm["limit"].as<std::size_t>());
+  *exit_code = kExitOk;
+  return trace;
+}
+
+}  // namespace duet::cli

@@ -1,0 +1,155 @@
+// `duet simulate`: replay a request trace on a simulated PD or colocated cluster, print a
+// summary and write the METRICS.md files.
+#include <unistd.h>
+
+#include <boost/program_options.hpp>
+#include <cstdio>
+#include <filesystem>
+#include <iostream>
+#include <string>
+
+#include "cli/commands.h"
+#include "sim/simulation.h"
+
+namespace po = boost::program_options;
+namespace fs = std::filesystem;
+
+namespace duet::cli {
+namespace {
+
+void PrintDistribution(const char* label, const nlohmann::json& d) {
+  std::printf("  %-14s mean %9.2f  p50 %9.2f  p90 %9.2f  p99 %9.2f  max %9.2f\n", label,
+              d["mean"].get<double>(), d["p50"].get<double>(), d["p90"].get<double>(),
+              d["p99"].get<double>(), d["max"].get<double>());
+}
+
+void PrintSummary(const nlohmann::json& s, const std::string& out_dir) {
+  const auto& req = s["requests"];
+  const auto& run = s["run"];
+  const auto& sim = s["sim"];
+  std::printf("duet simulate: %s (%s, %d instances, %s), router %s\n",
+              run["cluster"].get<std::string>().c_str(), run["mode"].get<std::string>().c_str(),
+              run["instances"].get<int>(), run["model"].get<std::string>().c_str(),
+              run["router"].get<std::string>().c_str());
+  std::printf("  trace          %s\n", run["trace"].get<std::string>().c_str());
+  std::printf("  requests       %d total, %d completed, %d rejected, %d failed, %d preemptions\n",
+              req["total"].get<int>(), req["completed"].get<int>(), req["rejected"].get<int>(),
+              req["failed"].get<int>(), req["preemptions"].get<int>());
+  for (const auto& [reason, n] : req["rejected_reasons"].items())
+    std::printf("    rejected %d: %s\n", n.get<int>(), reason.c_str());
+  for (const auto& [reason, n] : req["failed_reasons"].items())
+    std::printf("    failed %d: %s\n", n.get<int>(), reason.c_str());
+  const double wall = sim["wall_s"].get<double>();
+  const double simulated = sim["simulated_s"].get<double>();
+  std::printf(
+      "  duration       %.1f s of traffic; simulated %.1f s in %.2f s wall (%.0fx), %lld events\n",
+      s["duration_s"].get<double>(), simulated, wall, wall > 0 ? simulated / wall : 0.0,
+      static_cast<long long>(sim["events"].get<std::int64_t>()));
+  const auto& tp = s["throughput"];
+  std::printf("  throughput     %.3f req/s, %.1f output tok/s, %.1f total tok/s\n",
+              tp["requests_per_s"].get<double>(), tp["output_tokens_per_s"].get<double>(),
+              tp["total_tokens_per_s"].get<double>());
+  PrintDistribution("TTFT ms", s["ttft_ms"]);
+  PrintDistribution("TPOT ms", s["tpot_ms"]);
+  PrintDistribution("ITL ms", s["itl_ms"]);
+  PrintDistribution("E2E ms", s["e2e_ms"]);
+  PrintDistribution("queue ms", s["queue_ms"]);
+  const auto& pc = s["prefix_cache"];
+  std::printf("  prefix cache   hit rate %.2f%% (%lld of %lld prompt tokens)",
+              100 * pc["hit_rate"].get<double>(),
+              static_cast<long long>(pc["hit_tokens"].get<std::int64_t>()),
+              static_cast<long long>(pc["lookup_tokens"].get<std::int64_t>()));
+  const char* const kTiers[] = {"gpu", "dram", "ssd", "remote"};
+  bool any_tier = false;
+  for (const char* t : kTiers) {
+    if (t != kTiers[0] && s["tiers"][t]["enabled"].get<bool>()) any_tier = true;
+  }
+  if (any_tier) {
+    std::printf(": by tier");
+    for (const char* t : kTiers) {
+      if (t == kTiers[0] || s["tiers"][t]["enabled"].get<bool>())
+        std::printf(" %s %.2f%%", t, 100 * pc["by_tier"][t]["hit_rate"].get<double>());
+    }
+  }
+  std::printf("\n");
+  const auto& tb = s["ttft_breakdown_ms"];
+  std::printf("  TTFT parts ms  mean queue %.2f, load %.2f, prefill %.2f, transfer %.2f\n",
+              tb["queue"]["mean"].get<double>(), tb["load"]["mean"].get<double>(),
+              tb["prefill"]["mean"].get<double>(), tb["transfer"]["mean"].get<double>());
+  const auto& kv = s["kv_transfer"];
+  std::printf("  KV transfer    %lld transfers, %.2f GB, mean %.2f ms, p99 %.2f ms\n",
+              static_cast<long long>(kv["transfers"].get<std::int64_t>()),
+              static_cast<double>(kv["bytes"].get<std::int64_t>()) / 1e9,
+              kv["time_ms"]["mean"].get<double>(), kv["time_ms"]["p99"].get<double>());
+  const auto& gp = s["goodput"];
+  if (gp["slo"]["ttft_ms"].get<double>() > 0 || gp["slo"]["tpot_ms"].get<double>() > 0 ||
+      gp["slo"].contains("e2e_ms")) {
+    std::printf("  goodput        %.3f req/s meet the SLO %s (attainment %.2f%%)\n",
+                gp["requests_per_s"].get<double>(), gp["slo"].dump().c_str(),
+                100 * gp["attainment"].get<double>());
+  }
+  std::printf("  wrote          %s, %s, %s\n",
+              (fs::path(out_dir) / "summary.json").string().c_str(),
+              (fs::path(out_dir) / "requests.csv").string().c_str(),
+              (fs::path(out_dir) / "links.csv").string().c_str());
+}
+
+}  // namespace
+
+int Simulate(int argc, char** argv) {
+  po::options_description opts("duet simulate: replay a request trace on a simulated cluster");
+  // clang-format off
+  opts.add_options()
+    ("help,h", "show this help")
+    ("cluster", po::value<std::string>()->default_value("sim/clusters/h100-8p8d-llama8b.json"),
+     "cluster description (JSON)")
+    ("router", po::value<std::string>()->default_value("prefix-aware"),
+     "round-robin, least-loaded, power-of-two, prefix-aware or cache-aware")
+    ("slo", po::value<std::string>(), "service-level objectives in ms, e.g. ttft=2000,tpot=100")
+    ("reject-over-slo",
+     "cache-aware router: reject at arrival a request whose estimated TTFT exceeds the TTFT SLO")
+    ("out", po::value<std::string>()->default_value("out"), "output directory")
+    ("progress", po::value<std::string>()->default_value("auto"),
+     "progress bar: auto (on a terminal), always or never");
+  // clang-format on
+  AddTraceOptions(opts, "traces/bundled/default.json");
+  po::variables_map vm;
+  int code = kExitOk;
+  if (!ParseArgs(argc, argv, opts, vm, &code)) return code;
+
+  sim::SimOptions options;
+  auto router = policies::ParseRouterKind(vm["router"].as<std::string>());
+  if (!router) return Fail("--router: " + router.error(), kExitUsage);
+  options.router.kind = *router;
+  options.router.seed = vm["seed"].as<std::uint64_t>();
+  if (vm.count("slo")) {
+    auto slo = policies::ParseSlo(vm["slo"].as<std::string>());
+    if (!slo) return Fail(slo.error(), kExitUsage);
+    options.slo = *slo;
+  }
+  if (vm.count("reject-over-slo")) {
+    if (options.router.kind != policies::RouterKind::kCacheAware || !options.slo.ttft_ms)
+      return Fail("--reject-over-slo needs --router cache-aware and a TTFT SLO (--slo ttft=MS)",
+                  kExitUsage);
+    options.reject_over_slo = true;
+  }
+  const std::string progress = vm["progress"].as<std::string>();
+  if (progress != "auto" && progress != "always" && progress != "never")
+    return Fail("--progress must be auto, always or never", kExitUsage);
+  options.progress = progress == "always" || (progress == "auto" && isatty(STDERR_FILENO));
+  options.out_dir = vm["out"].as<std::string>();
+
+  const std::string cluster_path = Locate(vm["cluster"].as<std::string>());
+  auto cluster = sim::LoadClusterSpec(cluster_path, DataDir());
+  if (!cluster) return Fail(cluster.error());
+
+  auto trace = LoadTrace(vm, &code);
+  if (!trace) return Fail(trace.error(), code);
+
+  auto report = sim::RunSimulation(*cluster, *trace, options);
+  if (!report) return Fail(report.error());
+  PrintSummary(report->summary, options.out_dir);
+  return kExitOk;
+}
+
+}  // namespace duet::cli
