@@ -23,10 +23,13 @@ struct EngineMessage {
     kKvReady,     // PD: prefill instance -> decode instance: KV of `request` can be pulled
     kKvRelease,   // PD: decode instance -> prefill instance: KV of `request` has arrived
     kShutdown,    // frontend -> instance: no more work will come
+    kAbort,       // frontend -> instance: stop serving `request_id` and free its blocks (the
+                  // client went away); no effect once it finished
   };
   Kind kind = Kind::kNewRequest;
   Request* request = nullptr;
   InstanceId from = kNoInstance;
+  RequestId request_id = 0;  // kAbort
 };
 
 class Clock {
@@ -120,6 +123,9 @@ class EventSink {
   // `count` inter-token gaps of `gap_s` each (ITL samples).
   virtual void OnTokenGaps(Seconds gap_s, std::int64_t count) = 0;
   virtual void OnPreempted(const Request& request, InstanceId instance) = 0;
+  // Real backend: `request` got `token`, already appended to its token_ids with its timeline
+  // updated; for its last token, before OnFinished. The simulator (no token ids) never calls it.
+  virtual void OnToken(const Request& request, std::int32_t token) {}
 };
 
 }  // namespace duet::policies

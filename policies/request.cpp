@@ -27,6 +27,22 @@ const char* ToString(RequestState state) {
   return "unknown";
 }
 
+const char* ToString(FinishReason reason) {
+  switch (reason) {
+    case FinishReason::kNone:
+      return "";
+    case FinishReason::kStop:
+      return "stop";
+    case FinishReason::kLength:
+      return "length";
+    case FinishReason::kAbort:
+      return "abort";
+    case FinishReason::kError:
+      return "error";
+  }
+  return "";
+}
+
 bool IsFinished(RequestState state) {
   return state == RequestState::kCompleted || state == RequestState::kRejected ||
          state == RequestState::kFailed;

@@ -5,6 +5,7 @@
 
 #include <array>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -34,16 +35,40 @@ enum class RequestState {
 const char* ToString(RequestState state);
 bool IsFinished(RequestState state);
 
+// Why a request that was served ended: a stop token or stop string, its max_tokens, an abort
+// (the client went away), or an error (state kFailed, reason says which).
+enum class FinishReason { kNone, kStop, kLength, kAbort, kError };
+const char* ToString(FinishReason reason);  // "stop", "length", "abort", "error", ""
+
+// How a request picks its tokens and when it stops, as an OpenAI-compatible client gives them.
+// Real backend only: the simulator has no token ids, and output_tokens stands in for EOS there.
+struct SamplingParams {
+  float temperature = 0.0f;           // 0: greedy (the largest logit)
+  float top_p = 1.0f;                 // 1: off
+  std::int32_t top_k = 0;             // 0: off
+  std::optional<std::uint64_t> seed;  // absent: derived from the request id
+  // Sampling one of these ends the request; it is the last output token (EOS ids belong here
+  // unless the client asked to ignore EOS).
+  std::vector<std::int32_t> stop_token_ids;
+  // Text that ends the request where it appears in the output (excluded from it). Matched on
+  // the decoded text by whoever detokenizes (the server), which then finishes the request: the
+  // engine sees only token ids.
+  std::vector<std::string> stop_strings;
+};
+
 struct Request {
   RequestId id = 0;
   Seconds arrival_s = 0;
   Tokens input_tokens = 0;
-  Tokens output_tokens = 0;  // stands in for EOS: the engine stops after this many tokens
+  // The most tokens to generate (a client's max_tokens). The simulator's stand-in for EOS; in
+  // the real backend a stop token can end the request earlier, and this becomes the count.
+  Tokens output_tokens = 0;
   // Chained hashes of the prompt's full engine blocks (prefix identity); may cover fewer
   // blocks than the prompt when the trace has no content information for the rest.
   std::vector<BlockHash> block_hashes;
   // Real backend only (empty in simulation): the prompt's token ids, then each generated one.
   std::vector<std::int32_t> token_ids;
+  SamplingParams sampling;  // real backend only
 
   RequestState state = RequestState::kArrived;
   InstanceId prefill_instance = kNoInstance;
@@ -75,6 +100,7 @@ struct Request {
   Seconds first_token_s = -1;   // first token delivered to the client
   Seconds last_token_s = -1;
   Seconds finished_s = -1;
+  FinishReason finish_reason = FinishReason::kNone;
   std::string reason;  // for rejected / failed
 
   Tokens SequenceTokens() const { return input_tokens + generated_tokens; }

@@ -1,0 +1,114 @@
+// The live frontend behind `duet serve`: N colocated instances of one model in this process,
+// each an engine thread running the shared InstanceEngine (policies/engine.h) over real-time
+// ports, with the simulator's admission check and Router (policies/router.h) in front. Requests
+// go in as token ids with their sampling settings; their tokens and final records come back
+// through a per-request listener. No HTTP here: the server (backend/serve/http_server.h) is a
+// thin driver of this class. Thread-safe: every public method may be called from any thread.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend/engine/forward_model.h"
+#include "common/status.h"
+#include "policies/ports.h"
+#include "policies/request.h"
+#include "policies/router.h"
+#include "policies/scheduler.h"
+
+namespace duet::backend::serve {
+
+// How a request ended, with the usage an OpenAI reply reports.
+struct FinishInfo {
+  policies::FinishReason reason = policies::FinishReason::kNone;  // kStop, kLength, kAbort, kError
+  std::string message;                                            // kError: what went wrong
+  Tokens prompt_tokens = 0;                                       // the prompt's length
+  Tokens completion_tokens = 0;  // tokens generated (a stop token included)
+  Tokens cached_tokens = 0;      // prompt tokens served from the prefix cache
+};
+
+// Receives one request's output. Called on the engine thread of the instance serving it, in
+// order: OnToken for every generated token, then OnFinished exactly once (aborted and failed
+// requests too), after which the listener is released. Must not block; may call
+// LiveFrontend::Abort (it only posts a message).
+class RequestListener {
+ public:
+  virtual ~RequestListener() = default;
+  virtual void OnToken(std::int32_t token) = 0;
+  virtual void OnFinished(const FinishInfo& info) = 0;
+};
+
+struct LiveRequest {
+  std::vector<std::int32_t> prompt;  // token ids, at least one
+  Tokens max_tokens = 16;            // at least one
+  policies::SamplingParams sampling;
+};
+
+enum class AdmitStatus {
+  kAccepted,
+  kInvalid,    // empty prompt, max_tokens < 1, token ids outside the vocabulary (HTTP 400)
+  kTooLong,    // prompt + max_tokens exceed the model's context or an instance's KV (HTTP 400)
+  kQueueFull,  // max_pending_requests are in flight already (HTTP 429, retry later)
+  kDraining,   // shutting down (HTTP 503)
+};
+struct Admission {
+  AdmitStatus status = AdmitStatus::kAccepted;
+  policies::RequestId id = 0;  // kAccepted: the id Abort takes
+  std::string message;         // otherwise: why, in words for the error body
+};
+
+struct FrontendOptions {
+  policies::RouterConfig router;  // the same policies the simulator routes with
+  policies::SchedulerConfig scheduler;
+  bool enable_prefix_caching = true;
+  // Requests accepted and not yet finished, across instances; Submit answers kQueueFull past
+  // it, so memory stays bounded however fast clients send.
+  std::int64_t max_pending_requests = 1024;
+  // Receives every engine's lifecycle events (the Prometheus metrics): called from every engine
+  // thread, so it must be thread-safe. May be null. Must outlive the frontend.
+  policies::EventSink* observer = nullptr;
+};
+
+// What the frontend holds now (for /metrics gauges, /health and tests).
+struct FrontendStats {
+  std::int64_t waiting = 0;  // accepted, not yet admitted to a batch
+  std::int64_t running = 0;  // holding KV blocks and being served
+  std::int64_t kv_blocks_used = 0;
+  std::int64_t kv_blocks_free = 0;  // free plus evictable cached blocks
+  std::int64_t kv_blocks_total = 0;
+};
+
+class LiveFrontend {
+ public:
+  // One model per instance; each holds its own KV memory (ForwardModel::num_blocks()), and all
+  // must share one config. Starts the engine threads.
+  static Result<std::unique_ptr<LiveFrontend>> Start(
+      std::vector<std::unique_ptr<ForwardModel>> models, FrontendOptions options);
+  // Aborts whatever is still in flight and joins the engine threads.
+  ~LiveFrontend();
+
+  // Admits, routes and dispatches; on kAccepted the listener will hear of the request.
+  Admission Submit(LiveRequest request, std::shared_ptr<RequestListener> listener);
+  // Ends the request at the next step boundary (its listener gets OnFinished with kAbort) and
+  // frees its KV blocks. No effect once it finished or for an unknown id.
+  void Abort(policies::RequestId id);
+  // Stops admitting (Submit answers kDraining from now on) and blocks until every accepted
+  // request finished or `timeout_s` passed; then aborts what is left. Returns the number aborted.
+  std::int64_t Drain(Seconds timeout_s);
+
+  // The longest prompt + max_tokens one request may have (the model's context and the KV
+  // capacity of the smallest instance, less the admission watermark).
+  Tokens max_request_tokens() const;
+  const ModelConfig& model_config() const;
+  int instances() const;
+  FrontendStats Stats() const;
+
+ private:
+  struct Impl;
+  explicit LiveFrontend(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace duet::backend::serve
