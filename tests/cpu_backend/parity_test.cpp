@@ -173,13 +173,15 @@ TEST_F(Parity, BatchedRequestsMatchSingleRuns) {
 TEST_F(Parity, StopTokenEndsTheRequestAndStepTimingsAreRecorded) {
   auto model = Model();
   const Case& c = cases_.front();
-  LocalEngineOptions options;
-  options.stop_token_ids = {c.greedy[3]};  // the fourth greedy token ends it
-  LocalEngine engine(*model, options);
-  const auto r = engine.Generate({{c.ids, 16}});
+  LocalEngine engine(*model, {});
+  GenerationRequest request{c.ids, 16, {}};
+  request.sampling.stop_token_ids = {c.greedy[3]};  // the fourth greedy token ends it
+  const auto r = engine.Generate({request});
   const auto stop = std::find(c.greedy.begin(), c.greedy.end(), c.greedy[3]);
   EXPECT_EQ(r[0].tokens, std::vector<std::int32_t>(c.greedy.begin(), stop + 1));
   EXPECT_EQ(r[0].record.state, policies::RequestState::kCompleted);
+  EXPECT_EQ(r[0].record.finish_reason, policies::FinishReason::kStop);
+  EXPECT_EQ(r[0].record.output_tokens, static_cast<Tokens>(r[0].tokens.size()));
   ASSERT_FALSE(engine.timings().empty());
   EXPECT_EQ(engine.timings()[0].shape.PrefillTokens(), static_cast<Tokens>(c.ids.size()));
   for (const auto& t : engine.timings()) EXPECT_GT(t.seconds, 0);

@@ -51,11 +51,12 @@ struct TestPorts : Inbox, Outbox, StepExecutor, KvTransport {
     transfers.erase(id);
     return TransferStatus::kDone;
   }
-  void Execute(const StepPlan& plan, int tp, int max_steps, std::vector<Seconds>* ends) override {
+  bool CoalescesDecodeRuns() const override { return true; }
+  void Execute(const StepPlan& plan, StepEvents&, StepResult* result) override {
     ++execute_calls;
-    for (int s = 0; s < max_steps; ++s) {
-      clock->now += step_s + per_token_s * static_cast<double>(plan.Shape(tp, s).TotalTokens());
-      ends->push_back(clock->now);
+    for (int s = 0; s < plan.max_steps; ++s) {
+      clock->now += step_s + per_token_s * static_cast<double>(plan.Shape(s).TotalTokens());
+      result->step_end_s.push_back(clock->now);
       if (clock->now >= interrupt_at) break;
     }
   }
