@@ -42,7 +42,7 @@ struct EngineConfig {
 };
 
 struct EnginePorts {
-  Clock* clock = nullptr;
+  const Clock* clock = nullptr;
   Inbox* inbox = nullptr;
   Outbox* outbox = nullptr;
   StepExecutor* executor = nullptr;

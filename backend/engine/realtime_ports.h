@@ -50,10 +50,14 @@ class ThreadSafeInbox final : public policies::Inbox {
   bool woken_ = false;
 };
 
-// Delivers to the inboxes of this process's instances (by instance id). Thread-safe.
+// Delivers to the inboxes of this process's instances (by instance id). Send is thread-safe;
+// Add every inbox before the first Send.
 class LocalOutbox final : public policies::Outbox {
  public:
+  LocalOutbox() = default;
   explicit LocalOutbox(std::vector<ThreadSafeInbox*> inboxes) : inboxes_(std::move(inboxes)) {}
+  // The inbox of the next instance id (0, 1, ...).
+  void Add(ThreadSafeInbox* inbox) { inboxes_.push_back(inbox); }
   void Send(policies::InstanceId to, const policies::EngineMessage& message) override;
 
  private:
