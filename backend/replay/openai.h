@@ -15,8 +15,8 @@
 
 namespace duet::backend::replay {
 
-// "http://HOST[:PORT][/BASE]": plain HTTP (no TLS). Trailing "/v1" and "/" are dropped, since OpenAI
-// clients' base URLs end with it and requests go to BASE + "/v1/...".
+// "http://HOST[:PORT][/BASE]": plain HTTP (no TLS). Trailing "/v1" and "/" are dropped, since
+// OpenAI clients' base URLs end with it and requests go to BASE + "/v1/...".
 struct Endpoint {
   std::string url;        // normalized: "http://HOST:PORT" + base_path
   std::string host;       // name or address; an IPv6 address without brackets
