@@ -1,6 +1,6 @@
 // Helpers the `duet` subcommands share: the error exit, argument parsing with --help, where
-// bundled data is found, and the trace flags (format, selection) of every command that replays
-// a trace.
+// bundled data is found, the trace flags (format, selection) of every command that replays
+// a trace, and the printing of metric distributions.
 #include <boost/program_options.hpp>
 #include <cstdio>
 #include <filesystem>
@@ -23,15 +23,16 @@ bool ParseArgs(int argc, char** argv, const po::options_description& opts, po::v
                int* exit_code) {
   try {
     po::store(po::command_line_parser(argc, argv).options(opts).run(), vm);
+    // --help before notify(), which would complain about missing required options.
+    if (vm.count("help")) {
+      std::cout << opts << "\n";
+      *exit_code = kExitOk;
+      return false;
+    }
     po::notify(vm);
   } catch (const po::error& e) {
     *exit_code = Fail(std::string(argv[0]) + ": " + e.what() + " (see duet " + argv[0] + " --help)",
                       kExitUsage);
-    return false;
-  }
-  if (vm.count("help")) {
-    std::cout << opts << "\n";
-    *exit_code = kExitOk;
     return false;
   }
   return true;
@@ -41,6 +42,12 @@ std::string Locate(const std::string& path) {
   if (path.empty() || fs::path(path).is_absolute() || fs::exists(path)) return path;
   const fs::path bundled = fs::path(DUET_SOURCE_DIR) / path;
   return fs::exists(bundled) ? bundled.string() : path;
+}
+
+void PrintDistribution(const char* label, const nlohmann::json& d) {
+  std::printf("  %-14s mean %9.2f  p50 %9.2f  p90 %9.2f  p99 %9.2f  max %9.2f\n", label,
+              d["mean"].get<double>(), d["p50"].get<double>(), d["p90"].get<double>(),
+              d["p99"].get<double>(), d["max"].get<double>());
 }
 
 std::string DataDir() {

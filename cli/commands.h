@@ -4,6 +4,7 @@
 #pragma once
 
 #include <boost/program_options.hpp>
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "common/status.h"
@@ -35,7 +36,11 @@ void AddTraceOptions(boost::program_options::options_description& opts,
 // whether it was the command line (kExitUsage) or the file (kExitError).
 Result<traces::Trace> LoadTrace(const boost::program_options::variables_map& vm, int* exit_code);
 
+// One line of a printed summary: a METRICS.md distribution (mean, p50, p90, p99, max).
+void PrintDistribution(const char* label, const nlohmann::json& distribution);
+
 int Simulate(int argc, char** argv);       // cli/simulate.cpp
+int Replay(int argc, char** argv);         // cli/replay.cpp
 int MakeTestModel(int argc, char** argv);  // cli/generate.cpp
 int Generate(int argc, char** argv);       // cli/generate.cpp
 

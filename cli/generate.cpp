@@ -118,15 +118,18 @@ int Generate(int argc, char** argv) {
   backend::IncrementalDecoder decoder(*tokenizer, /*skip_special_tokens=*/true);
   backend::LocalEngineOptions options;
   options.scheduler.watermark = 0;
-  options.sampling = {temperature, vm["top-k"].as<std::int32_t>(), top_p,
-                      vm["seed"].as<std::uint64_t>()};
-  options.stop_token_ids = stop_ids;
   options.on_token = [&](const policies::Request&, std::int32_t token) {
     std::fputs(decoder.Push(token).c_str(), stdout);
     std::fflush(stdout);
   };
+  backend::GenerationRequest request{prompt, max_tokens, {}};
+  request.sampling.temperature = temperature;
+  request.sampling.top_k = vm["top-k"].as<std::int32_t>();
+  request.sampling.top_p = top_p;
+  request.sampling.seed = vm["seed"].as<std::uint64_t>();
+  request.sampling.stop_token_ids = stop_ids;
   backend::LocalEngine engine(**forward_model, options);
-  const auto results = engine.Generate({{prompt, max_tokens}});
+  const auto results = engine.Generate({request});
   std::fputs(decoder.Flush().c_str(), stdout);
   std::fputs("\n", stdout);
   const policies::Request& r = results[0].record;

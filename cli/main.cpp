@@ -18,6 +18,7 @@ void Usage() {
       "usage: duet <command> [options]\n\n"
       "commands:\n"
       "  simulate         replay a request trace on a simulated PD or colocated cluster\n"
+      "  replay           replay a request trace against a live OpenAI-compatible server\n"
       "  generate         run a model on the CPU backend and print its continuation\n"
       "  make-test-model  write the deterministic tiny test model\n"
       "  version          print the version and the optional backends built in\n\n"
@@ -34,6 +35,7 @@ int main(int argc, char** argv) {
   const std::string command = argv[1];
   try {
     if (command == "simulate") return cli::Simulate(argc - 1, argv + 1);
+    if (command == "replay") return cli::Replay(argc - 1, argv + 1);
     if (command == "generate") return cli::Generate(argc - 1, argv + 1);
     if (command == "make-test-model") return cli::MakeTestModel(argc - 1, argv + 1);
     if (command == "version" || command == "--version") {

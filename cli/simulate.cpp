@@ -17,12 +17,6 @@ namespace fs = std::filesystem;
 namespace duet::cli {
 namespace {
 
-void PrintDistribution(const char* label, const nlohmann::json& d) {
-  std::printf("  %-14s mean %9.2f  p50 %9.2f  p90 %9.2f  p99 %9.2f  max %9.2f\n", label,
-              d["mean"].get<double>(), d["p50"].get<double>(), d["p90"].get<double>(),
-              d["p99"].get<double>(), d["max"].get<double>());
-}
-
 void PrintSummary(const nlohmann::json& s, const std::string& out_dir) {
   const auto& req = s["requests"];
   const auto& run = s["run"];

@@ -123,6 +123,7 @@ void KvBlockManager::Register(RequestId request, std::span<const BlockHash> hash
     if (b.cached || !cached_.Insert(h, id)) continue;
     b.hash = h;
     b.cached = true;
+    if (event_log_) event_log_->push_back({h, true});
   }
   entry.registered = std::max(entry.registered, upto);
 }
@@ -157,7 +158,7 @@ KvBlockManager::BlockId KvBlockManager::TakeBlock() {
   LruRemove(id);
   Block& b = blocks_[static_cast<std::size_t>(id)];
   cached_.Erase(b.hash);
-  if (eviction_log_) eviction_log_->push_back(b.hash);
+  if (event_log_) event_log_->push_back({b.hash, false});
   b.cached = false;
   b.hash = 0;
   ++evictions_;

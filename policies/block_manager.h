@@ -16,6 +16,14 @@
 
 namespace duet::policies {
 
+// One change of a GPU prefix cache's contents (a KV event): a block that became reusable
+// (stored) or a cached block that was evicted. In order, they feed write-back to the lower
+// tiers and a router's view of the cache in another thread or process.
+struct KvCacheEvent {
+  BlockHash hash = 0;
+  bool stored = false;  // false: evicted
+};
+
 class KvBlockManager {
  public:
   using BlockId = std::int32_t;
@@ -81,9 +89,9 @@ class KvBlockManager {
   // those hashes; no free block is cached. Returns the first violation found.
   Status CheckInvariants() const;
 
-  // When set, the hash of every cached block evicted from now on is appended to `log` (for
-  // write-back to the tiers below GPU memory). The caller drains it.
-  void set_eviction_log(std::vector<BlockHash>* log) { eviction_log_ = log; }
+  // When set, every block published in the prefix cache (Register) and every cached block
+  // evicted from now on is appended to `log`. The caller drains it.
+  void set_event_log(std::vector<KvCacheEvent>* log) { event_log_ = log; }
 
   // Evictable cached blocks, least recently used first (for tests of eviction order).
   std::vector<BlockHash> EvictionOrder() const;
@@ -117,7 +125,7 @@ class KvBlockManager {
   BlockId lru_head_ = -1, lru_tail_ = -1;
   std::int64_t lru_size_ = 0;
   std::int64_t evictions_ = 0;
-  std::vector<BlockHash>* eviction_log_ = nullptr;
+  std::vector<KvCacheEvent>* event_log_ = nullptr;
   Tokens block_tokens_;
   bool enable_prefix_caching_;
 };

@@ -28,8 +28,9 @@ InstanceEngine::InstanceEngine(EngineConfig config, EnginePorts ports)
   if (ports_.tiers && ports_.tiers->setup().any() && config_.enable_prefix_caching &&
       config_.role != InstanceRole::kDecode) {
     scheduler_.set_lower_tiers(this);
-    blocks_.set_eviction_log(&gpu_evicted_);
+    blocks_.set_event_log(&cache_events_);
   }
+  if (config_.publish_kv_events) blocks_.set_event_log(&cache_events_);
 }
 
 Tokens InstanceEngine::Find(Request& request, std::int64_t first_block, Tokens max_tokens) {
@@ -80,21 +81,62 @@ bool InstanceEngine::RunOnce() {
                              blocks_.CachedPrefixBlocks(r->block_hashes));
   }
   arrived_.clear();
-  if (!gpu_evicted_.empty()) {
-    ports_.tiers->OnGpuEvicted(config_.id, gpu_evicted_);
-    gpu_evicted_.clear();
+  if (scheduler_.lower_tiers()) OffloadEvicted();
+  if (plan_.empty()) {
+    PublishCacheEvents();
+    return false;
   }
-  if (plan_.empty()) return false;
-  const bool coalesce =
-      config_.coalesce_decode_steps && plan_.prefills.empty() && !plan_.decodes.empty();
-  const int max_steps = coalesce ? DecodeRunLength(plan_) : 1;
-  step_end_s_.clear();
-  ports_.executor->Execute(plan_, config_.tp, max_steps, &step_end_s_);
-  DUET_CHECK(!step_end_s_.empty() && static_cast<int>(step_end_s_.size()) <= max_steps);
-  if (!plan_.loads.empty() || !loads_.empty()) FinishOverlappedLoads(now, &step_end_s_);
-  steps_ += static_cast<std::int64_t>(step_end_s_.size());
-  Apply(plan_, step_end_s_, max_steps > 1);
+  const bool coalesced = PrepareExecution(now);
+  result_.clear();
+  in_step_ = true;
+  ports_.executor->Execute(plan_, *this, &result_);
+  in_step_ = false;
+  DUET_CHECK(!result_.step_end_s.empty() &&
+             static_cast<int>(result_.step_end_s.size()) <= plan_.max_steps);
+  if (!loads_.empty()) PollLoads(ports_.clock->Now());
+  // Overlapped loads that outlasted the computation: their requests waited that long.
+  for (const AwaitedLoad& a : plan_.awaited_loads) {
+    const auto& delayed = result_.delayed_by_loads;
+    if (a.request->prefill_done_s < 0 &&
+        std::find(delayed.begin(), delayed.end(), a.request->id) != delayed.end())
+      a.request->load_wait_s += result_.load_wait_s;
+  }
+  steps_ += static_cast<std::int64_t>(result_.step_end_s.size());
+  Apply(plan_, result_, coalesced);
+  for (const RequestId id : deferred_aborts_) Abort(id, ports_.clock->Now());
+  deferred_aborts_.clear();
+  PublishCacheEvents();
   return true;
+}
+
+void InstanceEngine::OffloadEvicted() {
+  evicted_.clear();
+  for (std::size_t i = events_to_tiers_; i < cache_events_.size(); ++i) {
+    if (!cache_events_[i].stored) evicted_.push_back(cache_events_[i].hash);
+  }
+  events_to_tiers_ = cache_events_.size();
+  if (!evicted_.empty()) ports_.tiers->OnGpuEvicted(config_.id, evicted_);
+}
+
+void InstanceEngine::PublishCacheEvents() {
+  if (config_.publish_kv_events && !cache_events_.empty())
+    ports_.sink->OnKvEvents(config_.id, cache_events_);
+  cache_events_.clear();
+  events_to_tiers_ = 0;
+}
+
+bool InstanceEngine::PrepareExecution(Seconds now) {
+  plan_.tp = config_.tp;
+  plan_.num_layers = config_.num_layers;
+  const bool coalesce = config_.coalesce_decode_steps && ports_.executor->CoalescesDecodeRuns() &&
+                        plan_.prefills.empty() && !plan_.decodes.empty();
+  plan_.max_steps = coalesce ? DecodeRunLength(plan_) : 1;
+  for (const Load& load : loads_) {
+    if (load.overlapped && !load.orphaned && load.request->state == RequestState::kLoading)
+      plan_.awaited_loads.push_back({load.request, load.id});
+  }
+  if (ports_.executor->NeedsBlockTables()) plan_.SnapshotBlockTables(blocks_);
+  return plan_.max_steps > 1;
 }
 
 void InstanceEngine::HandleMessage(const EngineMessage& message) {
@@ -116,7 +158,40 @@ void InstanceEngine::HandleMessage(const EngineMessage& message) {
     case EngineMessage::Kind::kShutdown:
       shutdown_ = true;
       break;
+    case EngineMessage::Kind::kAbort:
+      // A step in flight reads its requests: the abort takes effect at its end.
+      if (in_step_) {
+        deferred_aborts_.push_back(message.request_id);
+      } else {
+        Abort(message.request_id, ports_.clock->Now());
+      }
+      break;
   }
+}
+
+void InstanceEngine::Abort(RequestId id, Seconds now) {
+  const std::string reason = "aborted";
+  if (Request* r = scheduler_.Find(id)) {
+    scheduler_.Remove(r);
+    for (Load& load : loads_) load.orphaned |= load.request == r;
+    std::erase(arrived_, r);
+    r->loading_tokens = {};
+    Fail(r, now, reason, FinishReason::kAbort);
+    return;
+  }
+  for (auto it = pulls_waiting_.begin(); it != pulls_waiting_.end(); ++it) {
+    if (it->first->id != id) continue;
+    auto [r, from] = *it;
+    pulls_waiting_.erase(it);
+    ports_.outbox->Send(from, {EngineMessage::Kind::kKvRelease, r, config_.id});
+    Fail(r, now, reason, FinishReason::kAbort);
+    return;
+  }
+  for (Pull& pull : pulls_in_flight_) {
+    if (pull.request->id == id) pull.aborted = true;
+  }
+  // Otherwise it finished already, or its KV is on its way to the decode instance, which
+  // serves it from then on.
 }
 
 void InstanceEngine::PollTransfers(Seconds now) {
@@ -131,8 +206,12 @@ void InstanceEngine::PollTransfers(Seconds now) {
     Request* r = pull.request;
     // Either way the prefill instance may drop its copy now.
     ports_.outbox->Send(pull.from, {EngineMessage::Kind::kKvRelease, r, config_.id});
+    if (pull.aborted) {
+      Fail(r, now, "aborted", FinishReason::kAbort);
+      continue;
+    }
     if (status == TransferStatus::kFailed) {
-      Fail(r, now, "KV transfer failed");
+      Fail(r, now, "KV transfer failed", FinishReason::kError);
       continue;
     }
     r->kv_ready_s = now;
@@ -142,12 +221,12 @@ void InstanceEngine::PollTransfers(Seconds now) {
     r->last_token_s = now;
     r->state = RequestState::kDecoding;
     scheduler_.AddRunning(r);
+    if (!r->token_ids.empty()) ports_.sink->OnToken(*r, r->token_ids.back());
   }
 }
 
 void InstanceEngine::StartPulls() {
-  const std::int64_t watermark_blocks = static_cast<std::int64_t>(
-      std::ceil(config_.scheduler.watermark * static_cast<double>(blocks_.num_blocks())));
+  const std::int64_t watermark_blocks = config_.scheduler.WatermarkBlocks(blocks_.num_blocks());
   while (!pulls_waiting_.empty()) {
     const int busy = static_cast<int>(scheduler_.running().size() + pulls_in_flight_.size());
     if (busy >= config_.scheduler.max_num_seqs) return;
@@ -159,7 +238,7 @@ void InstanceEngine::StartPulls() {
     r->computed_tokens = r->input_tokens;
     r->kv_transfer_bytes = r->input_tokens * config_.kv_bytes_per_token;
     const TransferId id = ports_.transport->Post({r->id, from, config_.id, r->kv_transfer_bytes});
-    pulls_in_flight_.push_back({r, from, id});
+    pulls_in_flight_.push_back({r, from, id, false});
   }
 }
 
@@ -185,37 +264,6 @@ void InstanceEngine::TakeEvents() {
   if (ports_.tiers) ports_.tiers->Progress(config_.id);
   PollTransfers(now);
   PollLoads(now);
-}
-
-void InstanceEngine::FinishOverlappedLoads(Seconds step_start_s, std::vector<Seconds>* step_end_s) {
-  auto waiting = [&](std::vector<Request*>* out) {
-    out->clear();
-    for (const PrefillItem& p : plan_.prefills) {
-      if (p.request->state == RequestState::kLoading) out->push_back(p.request);
-    }
-    return !out->empty();
-  };
-  std::vector<Request*> delayed;
-  PollLoads(ports_.clock->Now());  // those that finished during the step hid behind it
-  if (!waiting(&delayed)) return;
-  std::vector<Request*> still;
-  while (waiting(&still)) {
-    // What else ends meanwhile is taken as between steps (it only queues work), and must be:
-    // a finished transfer or message left untaken would end every wait at once.
-    ports_.inbox->WaitUntil(kForever);
-    TakeEvents();
-  }
-  // The last layer's KV has just arrived: that layer's share of the step remains.
-  const Seconds step_end = step_end_s->back();
-  const Seconds end = ports_.clock->Now() + (step_end - step_start_s) / config_.num_layers;
-  while (ports_.clock->Now() < end) {
-    ports_.inbox->WaitUntil(end);
-    TakeEvents();
-  }
-  for (Request* r : delayed) {
-    if (r->prefill_done_s < 0) r->load_wait_s += end - step_end;
-  }
-  step_end_s->back() = end;
 }
 
 void InstanceEngine::PollLoads(Seconds now) {
@@ -290,15 +338,25 @@ int InstanceEngine::DecodeRunLength(const StepPlan& plan) {
   return static_cast<int>(lo);
 }
 
-void InstanceEngine::Apply(const StepPlan& plan, const std::vector<Seconds>& step_end_s,
-                           bool coalesced) {
+void InstanceEngine::Apply(const StepPlan& plan, const StepResult& result, bool coalesced) {
+  const std::vector<Seconds>& step_end_s = result.step_end_s;
   const Seconds end_s = step_end_s.back();
+  // Real executors return the token of each request that completed its prefill or decoded,
+  // in plan order; simulated ones none.
+  const SampledToken* token = result.tokens.empty() ? nullptr : result.tokens.data();
+  const SampledToken* const tokens_end = token + result.tokens.size();
+  auto next_token = [&](const Request* r) -> const SampledToken* {
+    if (!token) return nullptr;
+    DUET_CHECK_MSG(token != tokens_end && token->request == r->id,
+                   "step result tokens do not follow the plan");
+    return token++;
+  };
   for (const PrefillItem& item : plan.prefills) {
     Request* r = item.request;
     r->computed_tokens += item.tokens;
     blocks_.Register(r->id, r->block_hashes, std::min(r->computed_tokens, r->input_tokens));
     if (scheduler_.lower_tiers()) OffloadComputed(r);
-    if (r->computed_tokens == r->prefill_target) FinishPrefill(r, end_s);
+    if (r->computed_tokens == r->prefill_target) FinishPrefill(r, end_s, next_token(r));
   }
   if (plan.decodes.empty()) return;
   // Inter-token gaps: the first step's gap depends on each request's previous token; later
@@ -314,21 +372,32 @@ void InstanceEngine::Apply(const StepPlan& plan, const std::vector<Seconds>& ste
     r->generated_tokens += steps;
     r->computed_tokens = r->SequenceTokens() - 1;
     r->last_token_s = end_s;
-    if (r->generated_tokens >= r->output_tokens) {
-      Complete(r, end_s);
+    const SampledToken* t = next_token(r);
+    if (t) {
+      r->token_ids.push_back(t->token);
+      ports_.sink->OnToken(*r, t->token);
+    }
+    if (t && t->stop) {
+      Complete(r, end_s, FinishReason::kStop);
+    } else if (r->generated_tokens >= r->output_tokens) {
+      Complete(r, end_s, FinishReason::kLength);
     } else if (coalesced) {
       blocks_.Shrink(r->id, r->computed_tokens);  // a run stopped early returns unused blocks
     }
   }
+  DUET_CHECK(token == nullptr || token == tokens_end);
 }
 
-void InstanceEngine::FinishPrefill(Request* r, Seconds t) {
+void InstanceEngine::FinishPrefill(Request* r, Seconds t, const SampledToken* token) {
   ++r->generated_tokens;
+  if (token) r->token_ids.push_back(token->token);
   if (r->prefill_done_s < 0) {
     r->prefill_done_s = t;
     ports_.sink->OnPrefillDone(*r);
   }
-  if (config_.role == InstanceRole::kPrefill && r->generated_tokens < r->output_tokens) {
+  const bool stop = token && token->stop;
+  if (config_.role == InstanceRole::kPrefill && r->generated_tokens < r->output_tokens && !stop) {
+    // The first token travels with the request; the decode instance delivers it.
     scheduler_.RemoveRunning(r);
     r->state = RequestState::kTransferring;
     ++transferring_;
@@ -342,19 +411,28 @@ void InstanceEngine::FinishPrefill(Request* r, Seconds t) {
   }
   r->last_token_s = t;
   r->state = RequestState::kDecoding;
-  if (r->generated_tokens >= r->output_tokens) Complete(r, t);
+  if (token) ports_.sink->OnToken(*r, token->token);
+  if (stop) {
+    Complete(r, t, FinishReason::kStop);
+  } else if (r->generated_tokens >= r->output_tokens) {
+    Complete(r, t, FinishReason::kLength);
+  }
 }
 
-void InstanceEngine::Complete(Request* r, Seconds t) {
+void InstanceEngine::Complete(Request* r, Seconds t, FinishReason reason) {
+  // A stop token ends the request early: what it generated is its output.
+  if (reason == FinishReason::kStop) r->output_tokens = r->generated_tokens;
   r->state = RequestState::kCompleted;
+  r->finish_reason = reason;
   r->finished_s = t;
   scheduler_.RemoveRunning(r);
   blocks_.Free(r->id);
   ports_.sink->OnFinished(*r);
 }
 
-void InstanceEngine::Fail(Request* r, Seconds t, const std::string& reason) {
+void InstanceEngine::Fail(Request* r, Seconds t, const std::string& reason, FinishReason finish) {
   r->state = RequestState::kFailed;
+  r->finish_reason = finish;
   r->finished_s = t;
   r->reason = reason;
   scheduler_.RemoveRunning(r);

@@ -1,6 +1,8 @@
 // The engine loop of one serving instance, shared by the simulator and the real backend.
 // It owns the instance's KV block manager and batch scheduler, and acts on the world only
 // through ports (ports.h): messages in and out, the step executor, the KV transport, events.
+// It alone updates requests: the executor returns each step's result as a value, and tokens
+// leave through the event sink. Not thread-safe: one thread (or SimGrid actor) drives it.
 #pragma once
 
 #include <deque>
@@ -26,17 +28,21 @@ struct EngineConfig {
   Tokens block_tokens = 16;
   bool enable_prefix_caching = true;
   // Runs of decode-only steps between two events execute as one port call (exact: the batch
-  // cannot change in between). Off: one call per step, for equivalence tests.
+  // cannot change in between) where the executor coalesces (StepExecutor::CoalescesDecodeRuns:
+  // simulated ones). Off: one call per step, for equivalence tests.
   bool coalesce_decode_steps = true;
   Bytes kv_bytes_per_token = 0;  // whole instance (all TP shards), for KV transfer sizes
   // Layers of the model: a step overlapped with a prefix load ends one layer's compute after
   // the last layer's KV arrived.
   int num_layers = 1;
+  // Publish the prefix cache's changes through EventSink::OnKvEvents after every iteration
+  // (for a router that cannot read the block manager: another thread or process).
+  bool publish_kv_events = false;
   SchedulerConfig scheduler;
 };
 
 struct EnginePorts {
-  Clock* clock = nullptr;
+  const Clock* clock = nullptr;
   Inbox* inbox = nullptr;
   Outbox* outbox = nullptr;
   StepExecutor* executor = nullptr;
@@ -45,7 +51,7 @@ struct EnginePorts {
   TierManager* tiers = nullptr;  // KV tiers below GPU memory; null: GPU prefix caching only
 };
 
-class InstanceEngine final : private LowerTierLookup {
+class InstanceEngine final : private LowerTierLookup, private StepEvents {
  public:
   InstanceEngine(EngineConfig config, EnginePorts ports);
 
@@ -55,6 +61,8 @@ class InstanceEngine final : private LowerTierLookup {
   // one step (or one decode run). Returns false when there was no step to run.
   bool RunOnce();
   bool idle() const;
+  // A kShutdown message has arrived and no work is left: Run would return.
+  bool done() const { return shutdown_ && idle(); }
 
   const EngineConfig& config() const { return config_; }
   const KvBlockManager& blocks() const { return blocks_; }
@@ -68,6 +76,7 @@ class InstanceEngine final : private LowerTierLookup {
     Request* request;
     InstanceId from;
     TransferId transfer;
+    bool aborted;  // the client went away while the KV moved: dropped when it arrives
   };
 
   struct Load {
@@ -80,21 +89,28 @@ class InstanceEngine final : private LowerTierLookup {
 
   Tokens Find(Request& request, std::int64_t first_block, Tokens max_tokens) override;
   void HandleMessage(const EngineMessage& message);
+  void Abort(RequestId id, Seconds now);
   void PollLoads(Seconds now);
   void StartLoads(Seconds now);
-  // Overlapped loads: the step that prefills past a loading prefix cannot end before the load;
-  // waits for any still in flight and moves the step's end. step_start_s: when it began.
-  void FinishOverlappedLoads(Seconds step_start_s, std::vector<Seconds>* step_end_s);
-  // Takes arrived messages and finished transfers, tier writes and loads.
-  void TakeEvents();
+  // Takes arrived messages and finished transfers, tier writes and loads (also while a step is
+  // in flight, when the executor asks).
+  void TakeEvents() override;
   void OffloadComputed(Request* r);
   void PollTransfers(Seconds now);
   void StartPulls();
   int DecodeRunLength(const StepPlan& plan);
-  void Apply(const StepPlan& plan, const std::vector<Seconds>& step_end_s, bool coalesced);
-  void FinishPrefill(Request* r, Seconds t);
-  void Complete(Request* r, Seconds t);
-  void Fail(Request* r, Seconds t, const std::string& reason);
+  // Completes the scheduler's plan for the executor (TP degree, decode run length, awaited
+  // loads, block tables). Returns whether it coalesces a decode run.
+  bool PrepareExecution(Seconds now);
+  // Hands new GPU evictions to the tiers (write-back).
+  void OffloadEvicted();
+  // Publishes the cache events of this iteration (publish_kv_events), then drops them.
+  void PublishCacheEvents();
+  void Apply(const StepPlan& plan, const StepResult& result, bool coalesced);
+  void FinishPrefill(Request* r, Seconds t, const SampledToken* token);
+  // Ends a served request: completed (stop or length) or failed (error or abort).
+  void Complete(Request* r, Seconds t, FinishReason reason);
+  void Fail(Request* r, Seconds t, const std::string& reason, FinishReason finish);
 
   EngineConfig config_;
   EnginePorts ports_;
@@ -102,14 +118,20 @@ class InstanceEngine final : private LowerTierLookup {
   BatchScheduler scheduler_;
   std::deque<std::pair<Request*, InstanceId>> pulls_waiting_;  // PD decode: KV announced
   std::vector<Pull> pulls_in_flight_;
-  std::vector<Load> loads_;             // lower-tier prefix loads in flight
-  std::vector<BlockHash> gpu_evicted_;  // the block manager's eviction log (write-back)
-  std::vector<Request*> arrived_;       // new requests since the last step (for prefetch)
+  std::vector<Load> loads_;  // lower-tier prefix loads in flight
+  // The block manager's event log: evictions feed write-back to the tiers (events before
+  // `events_to_tiers_` were looked at already); everything is published when asked.
+  std::vector<KvCacheEvent> cache_events_;
+  std::size_t events_to_tiers_ = 0;
+  std::vector<BlockHash> evicted_;  // scratch
+  std::vector<Request*> arrived_;   // new requests since the last step (for prefetch)
   int transferring_ = 0;  // PD prefill: prefilled, KV held until the decode instance has it
   bool shutdown_ = false;
+  bool in_step_ = false;                    // the executor is running a step
+  std::vector<RequestId> deferred_aborts_;  // arrived while a step was in flight
   std::int64_t steps_ = 0;
-  StepPlan plan_;                    // reused across steps
-  std::vector<Seconds> step_end_s_;  // reused across steps
+  StepPlan plan_;      // reused across steps
+  StepResult result_;  // reused across steps
 };
 
 }  // namespace duet::policies

@@ -88,6 +88,25 @@ void TierManager::Progress(InstanceId instance) {
   }
 }
 
+void TierManager::ProgressLoad(Load& load) {
+  for (Load::Part& part : load.parts) {
+    if (part.done) continue;
+    const TransferStatus s = storage_->Poll(part.io);
+    if (s == TransferStatus::kInProgress) continue;
+    part.done = true;
+    load.failed |= s == TransferStatus::kFailed;
+    for (BlockHash h : part.hashes) part.store->Unpin(h);
+  }
+}
+
+bool TierManager::LoadFinished(LoadId id) {
+  auto it = std::find_if(loads_.begin(), loads_.end(), [&](const Load& l) { return l.id == id; });
+  if (it == loads_.end()) return true;  // ids are never reused: released after it finished
+  ProgressLoad(*it);
+  return std::all_of(it->parts.begin(), it->parts.end(),
+                     [](const Load::Part& p) { return p.done; });
+}
+
 TierHits TierManager::Lookup(InstanceId instance, std::span<const BlockHash> hashes,
                              std::int64_t first, std::int64_t max_blocks) const {
   TierHits hits;
@@ -156,19 +175,9 @@ LoadId TierManager::BeginLoad(InstanceId instance, std::span<const BlockHash> ha
 TransferStatus TierManager::PollLoad(LoadId id) {
   auto it = std::find_if(loads_.begin(), loads_.end(), [&](const Load& l) { return l.id == id; });
   DUET_CHECK(it != loads_.end());
-  bool all_done = true;
-  for (Load::Part& part : it->parts) {
-    if (part.done) continue;
-    const TransferStatus s = storage_->Poll(part.io);
-    if (s == TransferStatus::kInProgress) {
-      all_done = false;
-      continue;
-    }
-    part.done = true;
-    it->failed |= s == TransferStatus::kFailed;
-    for (BlockHash h : part.hashes) part.store->Unpin(h);
-  }
-  if (!all_done) return TransferStatus::kInProgress;
+  ProgressLoad(*it);
+  if (!std::all_of(it->parts.begin(), it->parts.end(), [](const Load::Part& p) { return p.done; }))
+    return TransferStatus::kInProgress;
   const bool failed = it->failed;
   loads_.erase(it);
   return failed ? TransferStatus::kFailed : TransferStatus::kDone;

@@ -72,8 +72,6 @@ struct TierCounters {
   std::int64_t prefetch_blocks = 0;  // DRAM: writes that promoted a queued request's prefix
 };
 
-using LoadId = std::uint64_t;
-
 class TierManager {
  public:
   TierManager(TierSetup setup, TierStorage* storage);
@@ -93,8 +91,12 @@ class TierManager {
   // `hits` must be what Lookup returned just now.
   LoadId BeginLoad(InstanceId instance, std::span<const BlockHash> hashes, std::int64_t first,
                    const TierHits& hits);
-  // kDone once every read finished (the blocks are unpinned), kFailed if one failed.
+  // kDone once every read finished (the blocks are unpinned), kFailed if one failed; the id
+  // is released then.
   TransferStatus PollLoad(LoadId id);
+  // Whether every read of the load has finished (polling those that had not; their blocks are
+  // unpinned), or PollLoad has released it already. Call it from the owner. Keeps the id.
+  bool LoadFinished(LoadId id);
   // Estimated seconds to load `hits` into one GPU when the paths are idle.
   Seconds EstimateLoadSeconds(const TierHits& hits) const;
 
@@ -142,6 +144,8 @@ class TierManager {
 
   KvTierStore* Store(TierKind kind, int node);
   int NodeOf(InstanceId instance) const;
+  // Polls the reads of `load` not yet finished; unpins the blocks of those that did.
+  void ProgressLoad(Load& load);
   // The enabled tier below `kind` (or the first tier for kind == -1), or -1.
   int Below(int kind) const;
   // Writes `hashes` into tier `kind` on `node` from `source` (an instance's GPU, or the tier

@@ -171,13 +171,15 @@ nlohmann::json MetricsCollector::Summary(std::size_t total_requests, const Slo& 
   for (const Request& r : records_) {
     if (!any_arrival || r.arrival_s < first_arrival) first_arrival = r.arrival_s;
     any_arrival = true;
-    if (r.first_scheduled_s >= 0) {
+    // Admitted requests looked the prompt up in the prefix cache. A live run knows that every
+    // completed request was admitted, but not when unless the server reports its queue time.
+    if (r.first_scheduled_s >= 0 || r.state == RequestState::kCompleted) {
       lookup += r.input_tokens;
       hit += r.cached_tokens;
       for (int k = 0; k < kNumLowerTiers; ++k)
         tier_hit[static_cast<std::size_t>(k)] += r.tier_hit_tokens[static_cast<std::size_t>(k)];
-      queue.push_back(Ms(r.first_scheduled_s - r.arrival_s));
     }
+    if (r.first_scheduled_s >= 0) queue.push_back(Ms(r.first_scheduled_s - r.arrival_s));
     if (r.kv_ready_s >= 0) {
       transfer_ms.push_back(Ms(r.kv_ready_s - r.prefill_done_s));
       transfer_bytes += r.kv_transfer_bytes;

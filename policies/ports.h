@@ -5,9 +5,11 @@
 
 #include <cstdint>
 #include <limits>
+#include <span>
 #include <vector>
 
 #include "common/units.h"
+#include "policies/block_manager.h"
 #include "policies/request.h"
 #include "policies/scheduler.h"
 
@@ -101,15 +103,56 @@ class TierStorage {
   virtual TransferStatus Poll(TierIoId id) = 0;
 };
 
-// Runs planned steps. Blocking. `tp` is the instance's tensor-parallel degree.
-// For a decode-only plan with max_steps > 1 it runs up to max_steps steps of the same batch
-// (each request one more token per step), stopping at the first step boundary after new work
-// reached the inbox. Returns the end time of every step it ran (at least one).
+// The token one request got from a step (real executors; the simulator has no token ids).
+struct SampledToken {
+  RequestId request = 0;
+  std::int32_t token = 0;
+  bool stop = false;  // one of the request's stop token ids: the request ends with it
+};
+
+// What a step produced. The executor fills it; only the engine updates requests from it.
+struct StepResult {
+  // When each step ended: one entry, or one per step of a coalesced decode run.
+  std::vector<Seconds> step_end_s;
+  // Real executors: the token of every request that completed its prefill or decoded, in plan
+  // order (prefills first). Empty in simulation.
+  std::vector<SampledToken> tokens;
+  // Overlapped loads that outlasted the step's computation: the requests they delayed, and how
+  // long the step ran past its computation waiting for them.
+  std::vector<RequestId> delayed_by_loads;
+  Seconds load_wait_s = 0;
+
+  void clear() {
+    step_end_s.clear();
+    tokens.clear();
+    delayed_by_loads.clear();
+    load_wait_s = 0;
+  }
+};
+
+// What an executor may ask of the engine while a step is in flight: take what has arrived
+// (messages, finished transfers, tier writes and loads) as between steps, without planning.
+class StepEvents {
+ public:
+  virtual ~StepEvents() = default;
+  virtual void TakeEvents() = 0;
+};
+
+// Runs planned steps. Blocking: Execute returns when the step (or run) has ended. It reads the
+// plan and the requests it names and changes neither.
 class StepExecutor {
  public:
   virtual ~StepExecutor() = default;
-  virtual void Execute(const StepPlan& plan, int tp, int max_steps,
-                       std::vector<Seconds>* step_end_s) = 0;
+  // Whether Execute may run a decode-only plan for plan.max_steps > 1 steps in one call,
+  // stopping at the first step boundary after new work reached the inbox (simulated
+  // executors: one event per run instead of one per step). Real executors never do: new work
+  // joins the batch at the next step boundary.
+  virtual bool CoalescesDecodeRuns() const { return false; }
+  // Whether the plan must carry a snapshot of the block tables (StepPlan::block_ids).
+  virtual bool NeedsBlockTables() const { return false; }
+  // Runs the plan and fills `result` (cleared by the caller). Honours plan.awaited_loads: an
+  // executor that waits for them may let the engine take events meanwhile through `events`.
+  virtual void Execute(const StepPlan& plan, StepEvents& events, StepResult* result) = 0;
 };
 
 // Lifecycle events. Called from the engine loop (and the frontend) of the run.
@@ -126,6 +169,9 @@ class EventSink {
   // Real backend: `request` got `token`, already appended to its token_ids with its timeline
   // updated; for its last token, before OnFinished. The simulator (no token ids) never calls it.
   virtual void OnToken(const Request& request, std::int32_t token) {}
+  // The GPU prefix cache of `instance` changed so, in this order
+  // (EngineConfig::publish_kv_events).
+  virtual void OnKvEvents(InstanceId instance, std::span<const KvCacheEvent> events) {}
 };
 
 }  // namespace duet::policies

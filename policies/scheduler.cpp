@@ -7,15 +7,45 @@
 
 namespace duet::policies {
 
+std::int64_t SchedulerConfig::WatermarkBlocks(std::int64_t num_blocks) const {
+  return static_cast<std::int64_t>(std::ceil(watermark * static_cast<double>(num_blocks)));
+}
+
+Tokens SchedulerConfig::AdmissibleTokens(std::int64_t num_blocks, Tokens block_tokens) const {
+  return (num_blocks - WatermarkBlocks(num_blocks)) * block_tokens;
+}
+
 void StepPlan::clear() {
   prefills.clear();
   decodes.clear();
   preempted.clear();
   admitted.clear();
   loads.clear();
+  max_steps = 1;
+  awaited_loads.clear();
+  block_ids.clear();
+  block_offsets.clear();
 }
 
-models::StepShape StepPlan::Shape(int tp, int step_index) const {
+void StepPlan::SnapshotBlockTables(const KvBlockManager& blocks) {
+  block_ids.clear();
+  block_offsets.assign(1, 0);
+  auto add = [&](const Request* r) {
+    const auto table = blocks.Table(r->id);
+    block_ids.insert(block_ids.end(), table.begin(), table.end());
+    block_offsets.push_back(block_ids.size());
+  };
+  for (const PrefillItem& p : prefills) add(p.request);
+  for (const Request* r : decodes) add(r);
+}
+
+std::span<const std::int32_t> StepPlan::BlockTable(std::size_t entry) const {
+  DUET_CHECK(entry + 1 < block_offsets.size());
+  return std::span<const std::int32_t>(block_ids).subspan(
+      block_offsets[entry], block_offsets[entry + 1] - block_offsets[entry]);
+}
+
+models::StepShape StepPlan::Shape(int step_index) const {
   models::StepShape shape;
   shape.tp = tp;
   shape.prefill.reserve(prefills.size());
@@ -37,11 +67,38 @@ void BatchScheduler::RemoveRunning(Request* request) {
   if (it != running_.end()) running_.erase(it);
 }
 
+void BatchScheduler::ForgetPendingPrefill(const Request* request) {
+  if (request->state == RequestState::kPrefilling || request->state == RequestState::kLoading)
+    pending_prefill_tokens_ -=
+        request->prefill_target - request->computed_tokens - request->LoadingTokens();
+}
+
+bool BatchScheduler::Remove(Request* request) {
+  if (auto it = std::find(waiting_.begin(), waiting_.end(), request); it != waiting_.end()) {
+    pending_prefill_tokens_ -= request->input_tokens + request->generated_tokens;
+    waiting_.erase(it);
+    return true;
+  }
+  auto it = std::find(running_.begin(), running_.end(), request);
+  if (it == running_.end()) return false;
+  ForgetPendingPrefill(request);
+  running_.erase(it);
+  return true;
+}
+
+Request* BatchScheduler::Find(RequestId id) const {
+  for (Request* r : waiting_) {
+    if (r->id == id) return r;
+  }
+  for (Request* r : running_) {
+    if (r->id == id) return r;
+  }
+  return nullptr;
+}
+
 void BatchScheduler::Preempt(Request* victim, KvBlockManager& blocks, StepPlan& plan) {
   blocks.Free(victim->id);
-  if (victim->state == RequestState::kPrefilling || victim->state == RequestState::kLoading)
-    pending_prefill_tokens_ -=
-        victim->prefill_target - victim->computed_tokens - victim->LoadingTokens();
+  ForgetPendingPrefill(victim);
   victim->loading_tokens = {};
   pending_prefill_tokens_ += victim->input_tokens + victim->generated_tokens;
   victim->state = RequestState::kQueued;
@@ -54,7 +111,6 @@ void BatchScheduler::Preempt(Request* victim, KvBlockManager& blocks, StepPlan& 
 
 void BatchScheduler::Schedule(KvBlockManager& blocks, StepPlan& plan) {
   plan.clear();
-  plan.blocks = &blocks;
   Tokens budget = config_.max_num_batched_tokens;
 
   // 1. Decode first: each decoding request needs room for the token it processes this step.
@@ -91,8 +147,7 @@ void BatchScheduler::Schedule(KvBlockManager& blocks, StepPlan& plan) {
   // 3. Admit waiting requests FCFS (no skipping: the head blocks the line, as in vLLM).
   // No admission in a step that had to preempt: the freed blocks belong to the running set.
   if (!plan.preempted.empty()) return;
-  const std::int64_t watermark_blocks = static_cast<std::int64_t>(
-      std::ceil(config_.watermark * static_cast<double>(blocks.num_blocks())));
+  const std::int64_t watermark_blocks = config_.WatermarkBlocks(blocks.num_blocks());
   while (!waiting_.empty() && budget > 0 &&
          static_cast<int>(running_.size()) < config_.max_num_seqs) {
     Request* r = waiting_.front();

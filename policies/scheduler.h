@@ -4,6 +4,7 @@
 #pragma once
 
 #include <deque>
+#include <span>
 #include <vector>
 
 #include "common/units.h"
@@ -21,6 +22,12 @@ struct SchedulerConfig {
   // step waiting for the load where it lasts longer (layer by layer, as LMCache does); off:
   // the request prefills only once its load finished.
   bool overlap_tier_loads = true;
+
+  // Blocks kept free at admission out of `num_blocks` (the watermark, rounded up).
+  std::int64_t WatermarkBlocks(std::int64_t num_blocks) const;
+  // The largest KV footprint (prompt + output tokens) one request can ever be admitted with on
+  // an instance of `num_blocks` blocks of `block_tokens`: all blocks less the watermark.
+  Tokens AdmissibleTokens(std::int64_t num_blocks, Tokens block_tokens) const;
 };
 
 // Prefix blocks of a prompt held below GPU memory, for admission (the engine implements it
@@ -39,25 +46,48 @@ struct PrefillItem {
   Tokens context = 0;  // tokens already in the KV cache before this chunk
 };
 
+// A prefix load from the lower tiers (policies/kv_tiers.h) that a step's prefill waits for.
+using LoadId = std::uint64_t;
+struct AwaitedLoad {
+  Request* request = nullptr;
+  LoadId load = 0;
+};
+
 // One planned step. Requests in `preempted` lost their KV and went back to the waiting queue
 // (they will recompute); requests in `admitted` got KV blocks this step; those of them in
 // `loads` have part of their prefix to load from the lower tiers (overlap_tier_loads: their
 // prefill items are in this step, which cannot end before the load; else they prefill once
 // it finished).
+//
+// The engine completes the plan for the executor (the fields below the scheduler's): the
+// executor reads the plan and the requests it names, and changes neither.
 struct StepPlan {
   std::vector<PrefillItem> prefills;
   std::vector<Request*> decodes;
   std::vector<Request*> preempted;
   std::vector<Request*> admitted;
   std::vector<Request*> loads;
-  // The block manager whose tables the step runs into (a real executor reads each request's
-  // physical blocks from it). Set by BatchScheduler::Schedule.
-  const KvBlockManager* blocks = nullptr;
+
+  int tp = 1;  // the instance's tensor-parallel degree
+  // Decode-only plans: the executor may run up to this many steps of the same batch (each
+  // request one more token per step), for executors that coalesce decode runs (simulated).
+  int max_steps = 1;
+  // Overlapped prefix loads of this step's prefills: the step cannot end before they have all
+  // arrived, and ends one layer's compute after the last (as layer-wise loading does).
+  std::vector<AwaitedLoad> awaited_loads;
+  int num_layers = 1;
+  // For executors that need them (real ones): a snapshot of each entry's physical KV blocks,
+  // prefills first, then decodes, in plan order (BlockTable(i)).
+  std::vector<std::int32_t> block_ids;
+  std::vector<std::size_t> block_offsets;  // entry i: block_ids[offsets[i], offsets[i + 1])
 
   bool empty() const { return prefills.empty() && decodes.empty(); }
   void clear();
   // Shape of step `step_index` of a decode run started by this plan (0: this plan itself).
-  models::StepShape Shape(int tp, int step_index = 0) const;
+  models::StepShape Shape(int step_index = 0) const;
+  // Copies every entry's block table out of `blocks` (block_ids, block_offsets).
+  void SnapshotBlockTables(const KvBlockManager& blocks);
+  std::span<const std::int32_t> BlockTable(std::size_t entry) const;
 };
 
 class BatchScheduler {
@@ -74,6 +104,11 @@ class BatchScheduler {
   void AddRunning(Request* request) { running_.push_back(request); }
   // Drops a request that left the instance (finished, or handed to a decode instance).
   void RemoveRunning(Request* request);
+  // Takes back a request that must stop wherever it is (waiting or running; an abort): the
+  // caller frees its blocks. False when it is in neither list.
+  bool Remove(Request* request);
+  // The request with this id among those waiting or running, or null.
+  Request* Find(RequestId id) const;
 
   // Plans the next step into `plan` (cleared first), allocating KV blocks in `blocks`:
   // 1. every decoding request gets one token (preempting the latest-admitted requests when a
@@ -89,6 +124,8 @@ class BatchScheduler {
 
  private:
   void Preempt(Request* victim, KvBlockManager& blocks, StepPlan& plan);
+  // Drops what `request`, admitted and not fully prefilled, still counts in the pending tokens.
+  void ForgetPendingPrefill(const Request* request);
 
   SchedulerConfig config_;
   std::deque<Request*> waiting_;

@@ -9,6 +9,7 @@ PACKAGES=(
   build-essential cmake ninja-build pkg-config git
   libsimgrid-dev                 # the discrete-event simulator behind `duet simulate`
   libboost-program-options-dev   # command-line parsing
+  libboost-dev                   # Boost.Beast/Asio (header-only): `duet replay`'s HTTP client
   nlohmann-json3-dev             # JSON for specs, traces and outputs
   libpcre2-dev                   # the tokenizer's pre-tokenization regex
   libgtest-dev libgmock-dev      # the test suite

@@ -52,12 +52,19 @@ class SimPorts final : public policies::Clock,
   void Send(InstanceId to, const EngineMessage& message) override;
   policies::TransferId Post(const policies::KvTransferRequest& transfer) override;
   policies::TransferStatus Poll(policies::TransferId id) override;
-  void Execute(const policies::StepPlan& plan, int tp, int max_steps,
-               std::vector<Seconds>* step_end_s) override;
+  bool CoalescesDecodeRuns() const override { return true; }
+  void Execute(const policies::StepPlan& plan, policies::StepEvents& events,
+               policies::StepResult* result) override;
 
   void StartReceiving();
 
  private:
+  // Layer-wise loading: a step whose prefills wait for loads from the lower tiers cannot end
+  // before the last of them arrived, and ends one layer's compute after it. Waits for those
+  // still in flight after the computation (the engine takes events meanwhile) and moves the
+  // step's end. step_start_s: when the step began.
+  void FinishOverlappedLoads(const policies::StepPlan& plan, Seconds step_start_s,
+                             policies::StepEvents& events, policies::StepResult* result);
   // Blocks until the inbox or a transfer completes, or `timeout` (< 0: none). True if woken.
   bool WaitAny(double timeout);
 
@@ -249,20 +256,22 @@ policies::TransferStatus SimPorts::Poll(policies::TransferId id) {
   return policies::TransferStatus::kDone;
 }
 
-void SimPorts::Execute(const policies::StepPlan& plan, int tp, int max_steps,
-                       std::vector<Seconds>* step_end_s) {
+void SimPorts::Execute(const policies::StepPlan& plan, policies::StepEvents& events,
+                       policies::StepResult* result) {
   const auto& cost = *world_.costs[static_cast<std::size_t>(id_)];
   const Seconds start = Now();
-  models::StepShape shape = plan.Shape(tp);
-  if (max_steps <= 1) {
+  std::vector<Seconds>* step_end_s = &result->step_end_s;
+  models::StepShape shape = plan.Shape();
+  if (plan.max_steps <= 1) {
     sg4::this_actor::sleep_for(cost.StepTime(shape));
     ++world_.events;
     step_end_s->push_back(Now());
+    if (!plan.awaited_loads.empty()) FinishOverlappedLoads(plan, start, events, result);
     return;
   }
   // A decode run: step s attends over s more tokens per request than step 0.
   Seconds t = start;
-  for (int s = 0; s < max_steps; ++s) {
+  for (int s = 0; s < plan.max_steps; ++s) {
     t += cost.StepTime(shape);
     step_end_s->push_back(t);
     shape.decode_context_tokens += shape.decode_tokens;
@@ -276,6 +285,35 @@ void SimPorts::Execute(const policies::StepPlan& plan, int tp, int max_steps,
     ++world_.events;
   }
   step_end_s->erase(boundary + 1, step_end_s->end());
+}
+
+void SimPorts::FinishOverlappedLoads(const policies::StepPlan& plan, Seconds step_start_s,
+                                     policies::StepEvents& events, policies::StepResult* result) {
+  policies::TierManager& tiers = *world_.tiers;
+  for (const policies::AwaitedLoad& a : plan.awaited_loads) {
+    if (!tiers.LoadFinished(a.load)) result->delayed_by_loads.push_back(a.request->id);
+  }
+  if (result->delayed_by_loads.empty()) return;  // they hid behind the computation
+  auto loading = [&] {
+    return std::any_of(plan.awaited_loads.begin(), plan.awaited_loads.end(),
+                       [&](const policies::AwaitedLoad& a) { return !tiers.LoadFinished(a.load); });
+  };
+  // What else ends meanwhile is taken as between steps (it only queues work), and must be: a
+  // finished transfer or message left untaken would end every wait at once.
+  events.TakeEvents();
+  while (loading()) {
+    WaitUntil(policies::kForever);
+    events.TakeEvents();
+  }
+  // The last layer's KV has just arrived: that layer's share of the step remains.
+  const Seconds step_end = result->step_end_s.back();
+  const Seconds end = Now() + (step_end - step_start_s) / plan.num_layers;
+  while (Now() < end) {
+    WaitUntil(end);
+    events.TakeEvents();
+  }
+  result->load_wait_s = end - step_end;
+  result->step_end_s.back() = end;
 }
 
 sg4::Host* SimStorage::TierHost(policies::TierKind kind, int node) const {
@@ -410,9 +448,7 @@ policies::PrefixReuse EngineCacheView::Reuse(InstanceId instance, const Request&
 // Largest KV footprint (tokens) an instance admits: its blocks less the admission watermark.
 Tokens AdmissibleTokens(const World& w, InstanceId i) {
   const auto& blocks = w.engines[static_cast<std::size_t>(i)]->blocks();
-  const auto watermark = static_cast<std::int64_t>(
-      std::ceil(w.cluster.engine.scheduler.watermark * static_cast<double>(blocks.num_blocks())));
-  return blocks.BlocksToTokens(blocks.num_blocks() - watermark);
+  return w.cluster.engine.scheduler.AdmissibleTokens(blocks.num_blocks(), blocks.block_tokens());
 }
 
 void Frontend(World& w, const std::vector<InstanceId>& prefill_side,

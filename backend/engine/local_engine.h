@@ -1,13 +1,14 @@
-// A single colocated instance served in this process: the shared engine loop (scheduler, KV
-// block manager, prefix cache) driving the CPU step executor through in-process ports. Used by
-// `duet generate` and by the parity tests; the server's workers will build on the same pieces.
+// A single colocated instance served on the calling thread: the shared engine loop (scheduler,
+// KV block manager, prefix cache) driving the model's step executor through the real-time
+// ports (backend/engine/realtime_ports.h). Used by `duet generate` and the parity tests; the
+// server runs the same pieces on engine threads (backend/serve/frontend.h).
 #pragma once
 
-#include <deque>
 #include <functional>
 #include <memory>
 #include <vector>
 
+#include "backend/engine/realtime_ports.h"
 #include "backend/engine/step_executor.h"
 #include "policies/engine.h"
 #include "policies/metrics.h"
@@ -17,6 +18,7 @@ namespace duet::backend {
 struct GenerationRequest {
   std::vector<std::int32_t> prompt;  // token ids, at least one
   Tokens max_tokens = 16;            // generated tokens at most (a stop token ends earlier)
+  policies::SamplingParams sampling;
 };
 
 struct GenerationResult {
@@ -27,16 +29,15 @@ struct GenerationResult {
 struct LocalEngineOptions {
   policies::SchedulerConfig scheduler;
   bool enable_prefix_caching = true;
-  kernels::cpu::SamplingParams sampling;
-  std::vector<std::int32_t> stop_token_ids;
+  // Called with each request and the token it just got (streaming), from the event sink.
   std::function<void(const policies::Request&, std::int32_t)> on_token;
 };
 
-class LocalEngine {
+class LocalEngine final : private policies::EventSink {
  public:
   // `model` holds the KV memory; its num_blocks and block_tokens size the block manager.
   LocalEngine(ForwardModel& model, LocalEngineOptions options);
-  ~LocalEngine();
+  ~LocalEngine() override;
 
   // Serves the requests, all arriving now, to completion. The prefix cache persists across
   // calls. A request that can never fit in the KV cache is returned rejected.
@@ -47,12 +48,26 @@ class LocalEngine {
   const policies::InstanceEngine& engine() const { return *engine_; }
 
  private:
-  struct Ports;
+  void OnFinished(const policies::Request& request) override { metrics_.OnFinished(request); }
+  void OnPrefillDone(const policies::Request&) override {}
+  void OnTokenGaps(Seconds gap_s, std::int64_t count) override {
+    metrics_.OnTokenGaps(gap_s, count);
+  }
+  void OnPreempted(const policies::Request& r, policies::InstanceId i) override {
+    metrics_.OnPreempted(r, i);
+  }
+  void OnToken(const policies::Request& request, std::int32_t token) override {
+    if (options_.on_token) options_.on_token(request, token);
+  }
+
   ForwardModel& model_;
   LocalEngineOptions options_;
-  policies::MetricsCollector metrics_;
-  std::unique_ptr<Ports> ports_;
+  SteadyClock clock_;
+  ThreadSafeInbox inbox_{clock_};
+  LocalOutbox outbox_{{&inbox_}};
+  NoKvTransport transport_;
   ModelStepExecutor executor_;
+  policies::MetricsCollector metrics_;
   std::unique_ptr<policies::InstanceEngine> engine_;
   policies::RequestId next_id_ = 0;
 };

@@ -1,23 +1,22 @@
 // The real step executor: runs the shared scheduler's planned batches (prefill chunks and
-// decode tokens) through a ForwardModel (CPU or CUDA), into the KV blocks the shared block
-// manager allocated, samples each request's next token, and records every step's shape and
-// measured time in the form the calibration reads.
+// decode tokens) through a ForwardModel (CPU or CUDA), into the KV blocks the plan's block
+// table snapshot names, and samples each request's next token with the request's own sampling
+// settings. It returns the tokens as a StepResult and changes no request: the engine applies
+// them. Optionally records every step's shape and forward-pass time for calibration.
 #pragma once
 
-#include <chrono>
-#include <functional>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
 #include "backend/engine/forward_model.h"
-#include "kernels/cpu/sampling.h"
 #include "models/cost_model.h"
 #include "policies/ports.h"
 
 namespace duet::backend {
 
-// One executed step: its shape and how long the forward pass and sampling took.
+// One executed step: its shape and how long its forward pass took (sampling excluded, as is
+// everything else the loop does between passes).
 struct StepTiming {
   models::StepShape shape;
   Seconds seconds = 0;
@@ -25,35 +24,30 @@ struct StepTiming {
 };
 Status WriteStepTimings(const std::vector<StepTiming>& timings, const std::string& path);
 
-class ModelStepExecutor final : public policies::StepExecutor, public policies::Clock {
+class ModelStepExecutor final : public policies::StepExecutor {
  public:
   struct Options {
-    kernels::cpu::SamplingParams sampling;  // seed is mixed with each request's id
-    // Called with each request and the token it just got (for streaming).
-    std::function<void(const policies::Request&, std::int32_t token)> on_token;
-    // Sampling one of these ends the request (it is its last output token), and ends a decode
-    // run at that step's boundary.
-    std::vector<std::int32_t> stop_token_ids;
-    // Polled between the steps of a decode run: true stops the run at that boundary.
-    std::function<bool()> work_arrived;
+    bool record_timings = false;  // keep every step's StepTiming (timings()); grows per step
   };
 
-  ModelStepExecutor(ForwardModel& model, Options options);
+  // `clock` stamps the end of each step (the engine's clock).
+  ModelStepExecutor(ForwardModel& model, const policies::Clock& clock, Options options);
 
-  // The backend's clock: seconds of steady time since construction.
-  Seconds Now() const override;
-  void Execute(const policies::StepPlan& plan, int tp, int max_steps,
-               std::vector<Seconds>* step_end_s) override;
+  // Never coalesces decode runs; needs the block tables. Runs one step per call; does not
+  // take tier loads (no real tier storage yet).
+  bool NeedsBlockTables() const override { return true; }
+  void Execute(const policies::StepPlan& plan, policies::StepEvents& events,
+               policies::StepResult* result) override;
 
   const std::vector<StepTiming>& timings() const { return timings_; }
 
  private:
   ForwardModel& model_;
+  const policies::Clock& clock_;
   Options options_;
-  std::chrono::steady_clock::time_point start_;
   std::vector<StepTiming> timings_;
   std::vector<SequenceChunk> chunks_;
-  std::vector<policies::Request*> sampled_;  // requests that get a token this step, in order
+  std::vector<const policies::Request*> sampled_;  // requests that get a token, in plan order
   std::vector<float> logits_;
   std::vector<std::int32_t> greedy_;
 };

@@ -27,11 +27,8 @@ struct FinishInfo {
   Tokens prompt_tokens = 0;                                       // the prompt's length
   Tokens completion_tokens = 0;  // tokens generated (a stop token included)
   Tokens cached_tokens = 0;      // prompt tokens served from the prefix cache
-  // Where and how long it waited, for the server's `duet` reply extension (docs/serving.md):
-  // arrival to first admission (Request::first_scheduled_s - arrival_s; -1 when it never got
-  // that far) and the instance that served it (kNoInstance when none).
-  Seconds queue_s = -1;
-  policies::InstanceId instance = policies::kNoInstance;
+  policies::InstanceId instance = policies::kNoInstance;  // the instance that served it
+  Seconds queue_s = -1;  // arrival to its first admission to a batch (-1: never admitted)
 };
 
 // Receives one request's output. Called on the engine thread of the instance serving it, in

@@ -94,7 +94,7 @@ TEST_F(Parity, GreedyContinuationsMatchTransformersTokenForToken) {
   auto model = Model();
   LocalEngine engine(*model, {});
   for (const Case& c : cases_) {
-    const auto results = engine.Generate({{c.ids, static_cast<Tokens>(c.greedy.size())}});
+    const auto results = engine.Generate({{c.ids, static_cast<Tokens>(c.greedy.size()), {}}});
     EXPECT_EQ(results[0].tokens, c.greedy) << c.text;
   }
 }
@@ -140,8 +140,8 @@ TEST_F(Parity, EngineReusesPrefixAndChunksWithoutChangingTheOutput) {
   auto model = Model();
   const Case& c = cases_.back();
   LocalEngine engine(*model, {});
-  const auto first = engine.Generate({{c.ids, 8}});
-  const auto second = engine.Generate({{c.ids, 8}});  // same prompt: its full blocks are cached
+  const auto first = engine.Generate({{c.ids, 8, {}}});
+  const auto second = engine.Generate({{c.ids, 8, {}}});  // same prompt: its full blocks are cached
   EXPECT_EQ(first[0].record.cached_tokens, 0);
   EXPECT_EQ(second[0].record.cached_tokens, static_cast<Tokens>((c.ids.size() - 1) / 16 * 16));
   EXPECT_EQ(second[0].tokens, first[0].tokens);
@@ -151,7 +151,7 @@ TEST_F(Parity, EngineReusesPrefixAndChunksWithoutChangingTheOutput) {
   LocalEngineOptions small;
   small.scheduler.max_num_batched_tokens = 9;  // every prefill runs in chunks
   LocalEngine chunked(*chunk_model, small);
-  const auto third = chunked.Generate({{c.ids, 8}});
+  const auto third = chunked.Generate({{c.ids, 8, {}}});
   EXPECT_EQ(third[0].tokens, first[0].tokens);
   EXPECT_GT(chunked.timings().size(), c.ids.size() / 9);  // many prefill steps were run
   EXPECT_TRUE(chunked.engine().CheckInvariants().ok());
@@ -161,7 +161,7 @@ TEST_F(Parity, BatchedRequestsMatchSingleRuns) {
   auto model = Model(128);
   LocalEngine engine(*model, {});
   std::vector<GenerationRequest> batch;
-  for (const Case& c : cases_) batch.push_back({c.ids, static_cast<Tokens>(c.greedy.size())});
+  for (const Case& c : cases_) batch.push_back({c.ids, static_cast<Tokens>(c.greedy.size()), {}});
   const auto results = engine.Generate(batch);
   for (std::size_t i = 0; i < cases_.size(); ++i) EXPECT_EQ(results[i].tokens, cases_[i].greedy);
   // Steps mixed several requests: the recorded shapes say so.
@@ -173,13 +173,15 @@ TEST_F(Parity, BatchedRequestsMatchSingleRuns) {
 TEST_F(Parity, StopTokenEndsTheRequestAndStepTimingsAreRecorded) {
   auto model = Model();
   const Case& c = cases_.front();
-  LocalEngineOptions options;
-  options.stop_token_ids = {c.greedy[3]};  // the fourth greedy token ends it
-  LocalEngine engine(*model, options);
-  const auto r = engine.Generate({{c.ids, 16}});
+  LocalEngine engine(*model, {});
+  GenerationRequest request{c.ids, 16, {}};
+  request.sampling.stop_token_ids = {c.greedy[3]};  // the fourth greedy token ends it
+  const auto r = engine.Generate({request});
   const auto stop = std::find(c.greedy.begin(), c.greedy.end(), c.greedy[3]);
   EXPECT_EQ(r[0].tokens, std::vector<std::int32_t>(c.greedy.begin(), stop + 1));
   EXPECT_EQ(r[0].record.state, policies::RequestState::kCompleted);
+  EXPECT_EQ(r[0].record.finish_reason, policies::FinishReason::kStop);
+  EXPECT_EQ(r[0].record.output_tokens, static_cast<Tokens>(r[0].tokens.size()));
   ASSERT_FALSE(engine.timings().empty());
   EXPECT_EQ(engine.timings()[0].shape.PrefillTokens(), static_cast<Tokens>(c.ids.size()));
   for (const auto& t : engine.timings()) EXPECT_GT(t.seconds, 0);
@@ -191,7 +193,7 @@ TEST_F(Parity, StopTokenEndsTheRequestAndStepTimingsAreRecorded) {
 TEST_F(Parity, OversizedRequestIsRejectedNotHung) {
   auto model = Model(4);  // 64 tokens of KV
   LocalEngine engine(*model, {});
-  const auto r = engine.Generate({{cases_.back().ids, 100}});
+  const auto r = engine.Generate({{cases_.back().ids, 100, {}}});
   EXPECT_EQ(r[0].record.state, policies::RequestState::kRejected);
   EXPECT_FALSE(r[0].record.reason.empty());
 }

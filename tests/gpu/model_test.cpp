@@ -97,8 +97,8 @@ TEST_F(CudaParity, GreedyContinuationsMatchTheCpuPathTokenForToken) {
   LocalEngine gpu_engine(*gpu, {});
   for (std::int32_t seed : {1, 2, 3}) {
     const auto ids = Prompt(20 + 13 * seed, seed);
-    const auto expected = cpu_engine.Generate({{ids, 24}});
-    const auto actual = gpu_engine.Generate({{ids, 24}});
+    const auto expected = cpu_engine.Generate({{ids, 24, {}}});
+    const auto actual = gpu_engine.Generate({{ids, 24, {}}});
     ASSERT_EQ(actual.size(), 1u);
     EXPECT_EQ(actual[0].tokens, expected[0].tokens) << "prompt " << seed;
   }
@@ -130,7 +130,7 @@ TEST_F(CudaParity, BatchedRequestsMatchSingleRuns) {
   auto gpu = Cuda(128);
   LocalEngine engine(*gpu, {});
   std::vector<GenerationRequest> batch;
-  for (std::int32_t seed : {5, 6, 7, 8}) batch.push_back({Prompt(10 + 7 * seed, seed), 12});
+  for (std::int32_t seed : {5, 6, 7, 8}) batch.push_back({Prompt(10 + 7 * seed, seed), 12, {}});
   const auto together = engine.Generate(batch);
   ASSERT_EQ(together.size(), batch.size());
   for (std::size_t i = 0; i < batch.size(); ++i) {

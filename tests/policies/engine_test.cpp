@@ -5,9 +5,12 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <deque>
+#include <functional>
 #include <map>
 
+#include "policies/kv_event_index.h"
 #include "policies/metrics.h"
 
 namespace duet::policies {
@@ -51,11 +54,12 @@ struct TestPorts : Inbox, Outbox, StepExecutor, KvTransport {
     transfers.erase(id);
     return TransferStatus::kDone;
   }
-  void Execute(const StepPlan& plan, int tp, int max_steps, std::vector<Seconds>* ends) override {
+  bool CoalescesDecodeRuns() const override { return true; }
+  void Execute(const StepPlan& plan, StepEvents&, StepResult* result) override {
     ++execute_calls;
-    for (int s = 0; s < max_steps; ++s) {
-      clock->now += step_s + per_token_s * static_cast<double>(plan.Shape(tp, s).TotalTokens());
-      ends->push_back(clock->now);
+    for (int s = 0; s < plan.max_steps; ++s) {
+      clock->now += step_s + per_token_s * static_cast<double>(plan.Shape(s).TotalTokens());
+      result->step_end_s.push_back(clock->now);
       if (clock->now >= interrupt_at) break;
     }
   }
@@ -250,6 +254,249 @@ TEST(InstanceEngine, OneTokenRequestsFinishOnThePrefillInstance) {
   EXPECT_EQ(r.state, RequestState::kCompleted);
   EXPECT_NEAR(r.first_token_s, 0.030, 1e-12);
   EXPECT_TRUE(prefill.idle());
+}
+
+// ---- The step as a value: real executors ---------------------------------------------------
+
+// An executor like the real ones: one step per call (never coalesces), block tables in the
+// plan, and a token for every request that completes its prefill or decodes. The token is a
+// function of the request and its position, so a test can predict it; one of the request's
+// stop token ids is reported as a stop.
+struct TokenPorts : TestPorts {
+  const InstanceEngine* engine = nullptr;  // to check the block-table snapshot against
+  std::vector<StepPlan> plans;             // every plan executed (shallow copies)
+  std::function<void(StepEvents&)> during_step;
+
+  static std::int32_t TokenFor(const Request& r, std::size_t position) {
+    return static_cast<std::int32_t>(1000 * (r.id + 1) + position);
+  }
+  bool CoalescesDecodeRuns() const override { return false; }
+  bool NeedsBlockTables() const override { return true; }
+  void Execute(const StepPlan& plan, StepEvents& events, StepResult* result) override {
+    EXPECT_EQ(plan.max_steps, 1);
+    std::size_t entry = 0;
+    auto sample = [&](const Request* r) {
+      const auto table = plan.BlockTable(entry++);
+      if (engine) {
+        const auto live = engine->blocks().Table(r->id);
+        EXPECT_TRUE(std::equal(table.begin(), table.end(), live.begin(), live.end()));
+      }
+    };
+    for (const PrefillItem& p : plan.prefills) {
+      sample(p.request);
+      if (p.context + p.tokens == p.request->prefill_target) {
+        const std::int32_t t = TokenFor(*p.request, p.request->token_ids.size());
+        result->tokens.push_back({p.request->id, t, Stops(*p.request, t)});
+      }
+    }
+    for (const Request* r : plan.decodes) {
+      sample(r);
+      const std::int32_t t = TokenFor(*r, r->token_ids.size());
+      result->tokens.push_back({r->id, t, Stops(*r, t)});
+    }
+    plans.push_back(plan);
+    if (during_step) during_step(events);
+    TestPorts::Execute(plan, events, result);
+  }
+  static bool Stops(const Request& r, std::int32_t t) {
+    const auto& ids = r.sampling.stop_token_ids;
+    return std::find(ids.begin(), ids.end(), t) != ids.end();
+  }
+};
+
+struct TokenSink : Collector {
+  const Seconds* clock_now = nullptr;  // the token's step just ended: its time is now
+  std::vector<std::pair<RequestId, std::int32_t>> tokens;
+  KvEventIndex* index = nullptr;
+  void OnToken(const Request& r, std::int32_t token) override {
+    // The engine appended the token and updated the timeline before telling.
+    EXPECT_EQ(r.token_ids.back(), token);
+    EXPECT_GE(r.first_token_s, 0);
+    EXPECT_EQ(r.last_token_s, clock_now ? *clock_now : r.last_token_s);
+    tokens.emplace_back(r.id, token);
+  }
+  void OnKvEvents(InstanceId instance, std::span<const KvCacheEvent> events) override {
+    if (index) index->Apply(instance, events);
+  }
+};
+
+struct RealSolo {
+  ManualClock clock;
+  std::map<InstanceId, TestPorts*> peers;
+  TokenPorts ports;
+  TokenSink sink;
+  RealSolo() {
+    sink.clock_now = &clock.now;
+    ports.clock = &clock;
+    ports.peers = &peers;
+    peers[0] = &ports;
+  }
+};
+
+Request RealRequest(RequestId id, Tokens input, Tokens output) {
+  Request r = MakeRequest(id, 0, input, output);
+  for (Tokens i = 0; i < input; ++i) r.token_ids.push_back(static_cast<std::int32_t>(7 + i));
+  r.prefill_instance = r.decode_instance = 0;
+  return r;
+}
+
+TEST(InstanceEngine, TokensLeaveThroughTheSinkAndAStopTokenEndsTheRequest) {
+  RealSolo solo;
+  InstanceEngine engine(
+      Config(0, InstanceRole::kColocated),
+      {&solo.clock, &solo.ports, &solo.ports, &solo.ports, &solo.ports, &solo.sink});
+  solo.ports.engine = &engine;
+  Request stops = RealRequest(1, 20, 10);
+  // Its third output token is at position 22.
+  stops.sampling.stop_token_ids = {TokenPorts::TokenFor(stops, 22)};
+  Request runs = RealRequest(2, 30, 4);
+  for (Request* r : {&stops, &runs})
+    solo.ports.inbox.push_back({EngineMessage::Kind::kNewRequest, r, kNoInstance});
+  while (engine.RunOnce()) {
+  }
+  EXPECT_EQ(stops.state, RequestState::kCompleted);
+  EXPECT_EQ(stops.finish_reason, FinishReason::kStop);
+  EXPECT_EQ(stops.output_tokens, 3);
+  EXPECT_EQ(stops.generated_tokens, 3);
+  EXPECT_EQ(runs.finish_reason, FinishReason::kLength);
+  EXPECT_EQ(runs.output_tokens, 4);
+  for (const Request* r : {&stops, &runs}) {
+    ASSERT_EQ(static_cast<Tokens>(r->token_ids.size()), r->input_tokens + r->output_tokens);
+    for (std::size_t p = static_cast<std::size_t>(r->input_tokens); p < r->token_ids.size(); ++p)
+      EXPECT_EQ(r->token_ids[p], TokenPorts::TokenFor(*r, p)) << r->id << " at " << p;
+  }
+  // Each token reached the sink once, in the order of its request's positions.
+  std::map<RequestId, std::vector<std::int32_t>> streamed;
+  for (const auto& [id, t] : solo.sink.tokens) streamed[id].push_back(t);
+  EXPECT_EQ(streamed[1],
+            std::vector<std::int32_t>(stops.token_ids.begin() + 20, stops.token_ids.end()));
+  EXPECT_EQ(streamed[2],
+            std::vector<std::int32_t>(runs.token_ids.begin() + 30, runs.token_ids.end()));
+  EXPECT_TRUE(engine.idle());
+  EXPECT_TRUE(engine.CheckInvariants().ok()) << engine.CheckInvariants().message();
+}
+
+TEST(InstanceEngine, RealExecutorsRunSingleStepsAndNewWorkJoinsAtTheNextBoundary) {
+  RealSolo solo;
+  InstanceEngine engine(
+      Config(0, InstanceRole::kColocated),
+      {&solo.clock, &solo.ports, &solo.ports, &solo.ports, &solo.ports, &solo.sink});
+  Request a = RealRequest(1, 16, 8), b = RealRequest(2, 16, 2);
+  solo.ports.inbox.push_back({EngineMessage::Kind::kNewRequest, &a, kNoInstance});
+  ASSERT_TRUE(engine.RunOnce());  // a's prefill
+  ASSERT_TRUE(engine.RunOnce());  // a's first decode step
+  solo.ports.inbox.push_back({EngineMessage::Kind::kNewRequest, &b, kNoInstance});
+  ASSERT_TRUE(engine.RunOnce());  // b joins this very step
+  const StepPlan& joined = solo.ports.plans.back();
+  ASSERT_EQ(joined.prefills.size(), 1u);
+  EXPECT_EQ(joined.prefills[0].request, &b);
+  ASSERT_EQ(joined.decodes.size(), 1u);
+  while (engine.RunOnce()) {
+  }
+  // One Execute call per step: a's 7 decode steps after its prefill, plus b's prefill riding
+  // along in one of them.
+  EXPECT_EQ(solo.ports.execute_calls, 8);
+  EXPECT_EQ(engine.steps(), 8);
+  EXPECT_EQ(a.generated_tokens, 8);
+  EXPECT_EQ(b.generated_tokens, 2);
+}
+
+TEST(InstanceEngine, AbortEndsWaitingAndRunningRequestsAndFreesTheirBlocks) {
+  RealSolo solo;
+  EngineConfig config = Config(0, InstanceRole::kColocated);
+  config.scheduler.max_num_seqs = 1;  // b waits behind a
+  InstanceEngine engine(
+      config, {&solo.clock, &solo.ports, &solo.ports, &solo.ports, &solo.ports, &solo.sink});
+  Request a = RealRequest(1, 40, 50), b = RealRequest(2, 40, 50);
+  for (Request* r : {&a, &b})
+    solo.ports.inbox.push_back({EngineMessage::Kind::kNewRequest, r, kNoInstance});
+  ASSERT_TRUE(engine.RunOnce());
+  ASSERT_TRUE(engine.RunOnce());
+  EXPECT_EQ(b.state, RequestState::kQueued);
+  EXPECT_GT(engine.blocks().kv_blocks_used(), 0);
+  EngineMessage abort_b{EngineMessage::Kind::kAbort, nullptr, kNoInstance};
+  abort_b.request_id = 2;
+  EngineMessage abort_a = abort_b;
+  abort_a.request_id = 1;
+  EngineMessage abort_unknown = abort_b;
+  abort_unknown.request_id = 99;
+  solo.ports.inbox.push_back(abort_b);
+  solo.ports.inbox.push_back(abort_unknown);
+  ASSERT_TRUE(engine.RunOnce());
+  EXPECT_EQ(b.state, RequestState::kFailed);
+  EXPECT_EQ(b.finish_reason, FinishReason::kAbort);
+  EXPECT_LT(b.first_scheduled_s, 0);
+  EXPECT_EQ(a.state, RequestState::kDecoding);
+  const Tokens before = a.generated_tokens;
+  solo.ports.inbox.push_back(abort_a);
+  EXPECT_FALSE(engine.RunOnce());  // a is gone before planning: nothing to run
+  EXPECT_EQ(a.finish_reason, FinishReason::kAbort);
+  EXPECT_EQ(a.generated_tokens, before);
+  EXPECT_EQ(engine.blocks().kv_blocks_used(), 0);
+  EXPECT_TRUE(engine.idle());
+  ASSERT_EQ(solo.sink.finished_records.size(), 2u);
+  EXPECT_TRUE(engine.CheckInvariants().ok()) << engine.CheckInvariants().message();
+}
+
+TEST(InstanceEngine, AnAbortTakenDuringAStepWaitsForItsEnd) {
+  RealSolo solo;
+  InstanceEngine engine(
+      Config(0, InstanceRole::kColocated),
+      {&solo.clock, &solo.ports, &solo.ports, &solo.ports, &solo.ports, &solo.sink});
+  Request a = RealRequest(1, 20, 30);
+  solo.ports.inbox.push_back({EngineMessage::Kind::kNewRequest, &a, kNoInstance});
+  ASSERT_TRUE(engine.RunOnce());
+  ASSERT_TRUE(engine.RunOnce());
+  // An executor that lets the engine take events mid-step (as the simulated one does while it
+  // waits for loads) while an abort of a request in its plan arrives.
+  solo.ports.during_step = [&](StepEvents& events) {
+    EngineMessage m{EngineMessage::Kind::kAbort, nullptr, kNoInstance};
+    m.request_id = 1;
+    solo.ports.inbox.push_back(m);
+    events.TakeEvents();
+    EXPECT_EQ(a.state, RequestState::kDecoding) << "aborted under a running step";
+  };
+  ASSERT_TRUE(engine.RunOnce());
+  EXPECT_EQ(a.state, RequestState::kFailed);
+  EXPECT_EQ(a.finish_reason, FinishReason::kAbort);
+  EXPECT_EQ(a.generated_tokens, 3);  // the step's token was applied first
+  EXPECT_EQ(engine.blocks().kv_blocks_used(), 0);
+  EXPECT_TRUE(engine.CheckInvariants().ok()) << engine.CheckInvariants().message();
+}
+
+TEST(InstanceEngine, PublishedKvEventsRebuildTheCacheViewExactly) {
+  RealSolo solo;
+  EngineConfig config = Config(0, InstanceRole::kColocated);
+  config.num_blocks = 12;  // tight: prompts evict each other's cached blocks
+  config.publish_kv_events = true;
+  KvEventIndex index(1, config.block_tokens);
+  solo.sink.index = &index;
+  InstanceEngine engine(
+      config, {&solo.clock, &solo.ports, &solo.ports, &solo.ports, &solo.ports, &solo.sink});
+  std::deque<Request> requests;
+  for (RequestId i = 0; i < 16; ++i) {
+    Request& r = requests.emplace_back(RealRequest(i, 32 + 16 * static_cast<Tokens>(i % 3), 3));
+    // Three families of shared prefixes, of different lengths.
+    for (std::size_t b = 0; b < static_cast<std::size_t>(r.input_tokens / 16); ++b)
+      r.block_hashes.push_back(1000 * (i % 4) + b);
+  }
+  std::size_t next = 0;
+  std::int64_t evictions_seen = 0;
+  while (next < requests.size() || !engine.idle()) {
+    if (next < requests.size())
+      solo.ports.inbox.push_back(
+          {EngineMessage::Kind::kNewRequest, &requests[next++], kNoInstance});
+    engine.RunOnce();
+    for (const Request& probe : requests) {
+      EXPECT_EQ(
+          index.CachedPrefixTokens(0, probe),
+          engine.blocks().BlocksToTokens(engine.blocks().CachedPrefixBlocks(probe.block_hashes)))
+          << "after request " << next;
+    }
+    EXPECT_EQ(static_cast<std::int64_t>(index.blocks(0)), engine.blocks().kv_blocks_cached());
+    evictions_seen = engine.blocks().evictions();
+  }
+  EXPECT_GT(evictions_seen, 0) << "the workload should have evicted cached blocks";
 }
 
 }  // namespace

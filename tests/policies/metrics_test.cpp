@@ -103,6 +103,32 @@ TEST(MetricsCollector, SummaryFollowsMetricsMd) {
   EXPECT_DOUBLE_EQ(s["kv_transfer"]["time_ms"]["mean"].get<double>(), 5);
 }
 
+// A live run (duet replay) knows a completed request was admitted but, from a server that does
+// not report queue time, not when: its prompt counts as looked up, it adds no queue time. A
+// failed request that never reached admission counts in neither.
+TEST(MetricsCollector, CompletedWithoutAdmissionTimeCountsForThePrefixCacheOnly) {
+  MetricsCollector m;
+  Request live = Completed(0, 0.0, 0.5, 1.0, 4);
+  live.first_scheduled_s = -1;
+  live.prefill_done_s = -1;
+  live.kv_ready_s = -1;
+  live.input_tokens = 300;
+  live.cached_tokens = 120;
+  m.OnFinished(live);
+  Request failed;
+  failed.id = 1;
+  failed.input_tokens = 500;
+  failed.state = RequestState::kFailed;
+  m.OnFinished(failed);
+  const auto s = m.Summary(2, Slo{});
+  EXPECT_EQ(s["prefix_cache"]["lookup_tokens"], 300);
+  EXPECT_EQ(s["prefix_cache"]["hit_tokens"], 120);
+  EXPECT_DOUBLE_EQ(s["prefix_cache"]["hit_rate"].get<double>(), 0.4);
+  EXPECT_EQ(s["queue_ms"]["max"], 0);
+  EXPECT_DOUBLE_EQ(s["ttft_ms"]["mean"].get<double>(), 500);
+  EXPECT_EQ(s["kv_transfer"]["transfers"], 0);
+}
+
 TEST(MetricsCollector, SectionsThatDoNotApplyArePresentWithZeros) {
   MetricsCollector m;
   const auto s = m.Summary(0, Slo{});

@@ -65,12 +65,12 @@ TEST(BatchScheduler, DecodesFirstThenPrefillsInTheRemainingBudget) {
   ASSERT_EQ(plan.decodes.size(), 2u);
   ASSERT_EQ(plan.prefills.size(), 1u);
   EXPECT_EQ(plan.prefills[0].tokens, 62);  // 64 - 2 decode tokens
-  const auto shape = plan.Shape(1);
+  const auto shape = plan.Shape();
   EXPECT_EQ(shape.decode_tokens, 2);
   EXPECT_EQ(shape.decode_context_tokens, 20);  // 10 cached tokens each; the 11th is decoded
   EXPECT_EQ(shape.PrefillTokens(), 62);
   // Step 3 of a decode run from this plan attends over 3 more tokens per request.
-  EXPECT_EQ(plan.Shape(1, 3).decode_context_tokens, 20 + 6);
+  EXPECT_EQ(plan.Shape(3).decode_context_tokens, 20 + 6);
 }
 
 TEST(BatchScheduler, MaxNumSeqsCapsAdmission) {

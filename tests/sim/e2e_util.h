@@ -23,6 +23,8 @@
 #include <string>
 #include <vector>
 
+#include "tests/common/shared_traces.h"
+
 namespace duet::e2e {
 
 namespace fs = std::filesystem;
@@ -30,7 +32,7 @@ namespace fs = std::filesystem;
 inline std::string SourceDir() { return DUET_SOURCE_DIR; }
 inline std::string DuetBinary() { return std::string(DUET_BINARY_DIR) + "/bin/duet"; }
 inline std::string MooncakeTracePath() {
-  return std::string(DUET_SHARED_DIR) + "/traces/mooncake_conversation.jsonl";
+  return duet::testing::SharedTrace("mooncake_conversation.jsonl");
 }
 
 inline std::string ReadFile(const std::string& path) {

@@ -11,6 +11,7 @@
 
 #include "models/cost_model.h"
 #include "models/model_spec.h"
+#include "tests/common/metrics_schema.h"
 #include "tests/sim/e2e_util.h"
 
 namespace duet::e2e {
@@ -21,11 +22,6 @@ inline std::string Src(const std::string& relative) { return SourceDir() + "/" +
 // one. Hand-computed times must match to a few times that.
 inline constexpr double kCsvTolMs = 0.0015;
 
-// The columns METRICS.md lists for requests.csv, in order.
-inline const std::vector<std::string> kMetricsColumns = {
-    "request_id",       "arrival_s",       "input_tokens", "output_tokens", "cached_tokens",
-    "prefill_instance", "decode_instance", "queue_ms",     "ttft_ms",       "tpot_ms",
-    "e2e_ms",           "kv_transfer_ms",  "status"};
 inline const std::vector<std::string> kStringColumns = {"prefill_instance", "decode_instance",
                                                         "status", "reason"};
 

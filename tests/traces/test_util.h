@@ -10,16 +10,15 @@
 #include <fstream>
 #include <string>
 
+#include "tests/common/shared_traces.h"
 #include "traces/trace.h"
 
 namespace duet::traces::testing {
 
 inline std::string MooncakePath() {
-  return std::string(DUET_SHARED_DIR) + "/traces/mooncake_conversation.jsonl";
+  return duet::testing::SharedTrace("mooncake_conversation.jsonl");
 }
-inline std::string AzurePath() {
-  return std::string(DUET_SHARED_DIR) + "/traces/azure_conv_2023.csv";
-}
+inline std::string AzurePath() { return duet::testing::SharedTrace("azure_conv_2023.csv"); }
 inline std::string BundledPath(const std::string& name) {
   return std::string(DUET_SOURCE_DIR) + "/traces/bundled/" + name;
 }

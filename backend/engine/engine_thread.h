@@ -1,0 +1,66 @@
+// One instance's engine loop on a thread of its own: the shared InstanceEngine driving the
+// model's step executor over the real-time ports. Other threads reach it only through its
+// inbox (messages wake it), the event sink it calls (on this thread) and the load it publishes
+// after every iteration.
+#pragma once
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <thread>
+
+#include "backend/engine/forward_model.h"
+#include "backend/engine/realtime_ports.h"
+#include "backend/engine/step_executor.h"
+#include "policies/engine.h"
+
+namespace duet::backend {
+
+// What an instance holds, as of its last iteration.
+struct InstanceLoad {
+  std::int64_t waiting = 0;  // queued for a (first or recomputing) prefill
+  std::int64_t running = 0;  // holding KV blocks
+  std::int64_t kv_blocks_used = 0;
+  std::int64_t kv_blocks_free = 0;  // free plus evictable cached blocks
+};
+
+class EngineThread {
+ public:
+  struct Ports {
+    const SteadyClock* clock = nullptr;  // shared by every instance and the frontend
+    policies::Outbox* outbox = nullptr;
+    policies::KvTransport* transport = nullptr;  // used on this thread only
+    policies::EventSink* sink = nullptr;         // called on this thread
+  };
+
+  // `model` (which holds the KV memory) must outlive the thread. `after_iteration`, if set,
+  // runs on the engine thread after every iteration of the loop (the requests finished in it
+  // are no longer referenced by the engine then).
+  EngineThread(policies::EngineConfig config, ForwardModel& model, Ports ports,
+               std::function<void()> after_iteration);
+  // Stop(), if not done yet.
+  ~EngineThread();
+  EngineThread(const EngineThread&) = delete;
+  EngineThread& operator=(const EngineThread&) = delete;
+
+  ThreadSafeInbox& inbox() { return inbox_; }
+  void Start();
+  // Sends kShutdown and joins: the engine serves what it holds to the end first.
+  void Stop();
+  InstanceLoad load() const;  // any thread
+  std::int64_t kv_blocks_total() const { return config_num_blocks_; }
+
+ private:
+  void Loop();
+  void PublishLoad();
+
+  ThreadSafeInbox inbox_;
+  ModelStepExecutor executor_;
+  policies::InstanceEngine engine_;
+  std::function<void()> after_iteration_;
+  std::int64_t config_num_blocks_;
+  std::atomic<std::int64_t> waiting_{0}, running_{0}, kv_used_{0}, kv_free_{0};
+  std::thread thread_;
+};
+
+}  // namespace duet::backend

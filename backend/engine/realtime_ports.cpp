@@ -1,0 +1,57 @@
+// The real-time ports (see realtime_ports.h).
+#include "backend/engine/realtime_ports.h"
+
+#include <cmath>
+
+namespace duet::backend {
+
+Seconds SteadyClock::Now() const {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+}
+
+std::chrono::steady_clock::time_point SteadyClock::ToTimePoint(Seconds t) const {
+  return start_ + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                      std::chrono::duration<double>(t));
+}
+
+void ThreadSafeInbox::Post(const policies::EngineMessage& message) {
+  {
+    std::lock_guard lock(mu_);
+    queue_.push_back(message);
+  }
+  cv_.notify_one();
+}
+
+void ThreadSafeInbox::Wake() {
+  {
+    std::lock_guard lock(mu_);
+    woken_ = true;
+  }
+  cv_.notify_one();
+}
+
+bool ThreadSafeInbox::TryReceive(policies::EngineMessage* message) {
+  std::lock_guard lock(mu_);
+  if (queue_.empty()) return false;
+  *message = queue_.front();
+  queue_.pop_front();
+  return true;
+}
+
+void ThreadSafeInbox::WaitUntil(Seconds deadline) {
+  std::unique_lock lock(mu_);
+  auto ready = [&] { return !queue_.empty() || woken_; };
+  if (std::isinf(deadline)) {
+    cv_.wait(lock, ready);
+  } else {
+    cv_.wait_until(lock, clock_.ToTimePoint(deadline), ready);
+  }
+  woken_ = false;
+}
+
+void LocalOutbox::Send(policies::InstanceId to, const policies::EngineMessage& message) {
+  DUET_CHECK(to >= 0 && static_cast<std::size_t>(to) < inboxes_.size());
+  inboxes_[static_cast<std::size_t>(to)]->Post(message);
+}
+
+}  // namespace duet::backend

@@ -1,0 +1,60 @@
+// The OpenAI-compatible completions protocol as `duet replay` speaks it, without I/O: the
+// endpoint URL, the request body, one streamed chunk (or a whole non-streamed reply), error
+// bodies and the model list. Works with any OpenAI-compatible server (Duet, vLLM, SGLang);
+// reads Duet's own additions ("duet": queue time, serving instance) when a server sends them.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/status.h"
+#include "common/units.h"
+
+namespace duet::backend::replay {
+
+// "http://HOST[:PORT][/BASE]": plain HTTP (no TLS). Trailing "/v1" and "/" are dropped, since
+// OpenAI clients' base URLs end with it and requests go to BASE + "/v1/...".
+struct Endpoint {
+  std::string url;        // normalized: "http://HOST:PORT" + base_path
+  std::string host;       // name or address; an IPv6 address without brackets
+  std::string port;       // "80" when the URL gives none
+  std::string base_path;  // "" or "/prefix", no trailing slash
+  std::string HostHeader() const;
+  std::string Target(std::string_view path) const { return base_path + std::string(path); }
+};
+Result<Endpoint> ParseEndpoint(const std::string& url);
+
+// The body of POST /v1/completions: the prompt as token ids, exactly max_tokens generated
+// (ignore_eos), greedy, streamed with a final usage chunk.
+std::string CompletionRequestBody(const std::string& model, const std::vector<std::int32_t>& prompt,
+                                  Tokens max_tokens);
+
+// What one "data:" payload of a completion stream (or a whole non-streamed reply) says.
+struct CompletionChunk {
+  bool done = false;                 // the "[DONE]" sentinel; nothing else is set
+  bool carries_tokens = false;       // a choice carries generated text or token ids
+  std::string finish_reason;         // "stop", "length", ...; empty while generating
+  std::optional<std::string> error;  // an error object in place of a chunk: its message
+  // Usage (OpenAI "usage"; the last chunk with stream_options.include_usage).
+  std::optional<Tokens> prompt_tokens, completion_tokens;
+  std::optional<Tokens> cached_tokens;  // usage.prompt_tokens_details.cached_tokens
+  // Duet's extension, a top-level "duet" object in the final chunk: arrival at the server to
+  // the first prefill step, and the instance that served the request.
+  std::optional<double> duet_queue_ms;
+  std::optional<int> duet_instance;
+};
+// Errors say what is malformed (not JSON, a field of the wrong type) for the request's reason.
+Result<CompletionChunk> ParseCompletionChunk(std::string_view data);
+
+// One line describing an HTTP error reply's body: the JSON error message ({"error":
+// {"message"}}, {"message"}, {"detail"}) or the start of the text, at most `max_chars` long,
+// control characters replaced by spaces.
+std::string DescribeErrorBody(std::string_view body, std::size_t max_chars = 160);
+
+// The first model id of a GET /v1/models reply ({"data": [{"id": ...}, ...]}).
+Result<std::string> ParseFirstModelId(std::string_view body);
+
+}  // namespace duet::backend::replay

@@ -1,0 +1,30 @@
+// A router's view of the instances' GPU prefix caches built from the KV events they publish
+// (EventSink::OnKvEvents), as a router in another thread or process sees them: as of each
+// instance's last published iteration. Not thread-safe: the caller serializes.
+#pragma once
+
+#include <span>
+#include <unordered_set>
+#include <vector>
+
+#include "policies/block_manager.h"
+#include "policies/router.h"
+
+namespace duet::policies {
+
+class KvEventIndex final : public CacheView {
+ public:
+  KvEventIndex(int num_instances, Tokens block_tokens);
+
+  // The cache of `instance` changed so, in this order.
+  void Apply(InstanceId instance, std::span<const KvCacheEvent> events);
+  // Tokens of the request's leading full blocks that the instance holds.
+  Tokens CachedPrefixTokens(InstanceId instance, const Request& request) const override;
+  std::size_t blocks(InstanceId instance) const;
+
+ private:
+  std::vector<std::unordered_set<BlockHash>> cached_;  // per instance
+  Tokens block_tokens_;
+};
+
+}  // namespace duet::policies

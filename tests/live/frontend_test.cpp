@@ -1,0 +1,273 @@
+// The live frontend on real engine threads with the CPU test model: outputs equal the
+// single-threaded LocalEngine's, aborts free their blocks at the next step, admission is bounded,
+// a drain lets in-flight requests finish, stop tokens end requests, and prefix-aware routing
+// sends a repeated prompt to the instance whose KV events say it holds the prefix.
+#include "backend/serve/frontend.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <filesystem>
+#include <mutex>
+#include <thread>
+
+#include "backend/cpu/cpu_model.h"
+#include "backend/engine/local_engine.h"
+#include "backend/model/test_model.h"
+
+namespace duet::backend::serve {
+namespace {
+
+namespace fs = std::filesystem;
+using policies::FinishReason;
+
+// Collects what the frontend tells about one request; waits for the end.
+class Collector final : public RequestListener {
+ public:
+  // Calls `on_token(count)` after each token (on the engine thread).
+  std::function<void(int)> on_token;
+
+  void OnToken(std::int32_t token) override {
+    int count;
+    {
+      std::lock_guard lock(mu_);
+      tokens_.push_back(token);
+      count = static_cast<int>(tokens_.size());
+    }
+    if (on_token) on_token(count);
+  }
+  void OnFinished(const FinishInfo& info) override {
+    std::lock_guard lock(mu_);
+    EXPECT_FALSE(finished_) << "OnFinished twice";
+    info_ = info;
+    finished_ = true;
+    cv_.notify_all();
+  }
+  // The final info, or nullopt after `timeout`.
+  std::optional<FinishInfo> Wait(std::chrono::seconds timeout = std::chrono::seconds(60)) {
+    std::unique_lock lock(mu_);
+    if (!cv_.wait_for(lock, timeout, [&] { return finished_; })) return std::nullopt;
+    return info_;
+  }
+  std::vector<std::int32_t> tokens() {
+    std::lock_guard lock(mu_);
+    return tokens_;
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<std::int32_t> tokens_;
+  FinishInfo info_;
+  bool finished_ = false;
+};
+
+class Frontend : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = (fs::temp_directory_path() / ("duet_live_" + std::to_string(::getpid()))).string();
+    ASSERT_TRUE(WriteTestModel(dir_, TestModelOptions{}).ok());
+  }
+  static void TearDownTestSuite() { fs::remove_all(dir_); }
+
+  static std::unique_ptr<CpuModel> Model(std::int64_t num_blocks) {
+    auto loaded = LoadModelDir(dir_);
+    EXPECT_TRUE(loaded.ok()) << loaded.error();
+    auto model = CpuModel::Create(std::move(*loaded), {num_blocks, 16, 1});
+    EXPECT_TRUE(model.ok()) << model.error();
+    return std::move(*model);
+  }
+  static std::unique_ptr<LiveFrontend> Start(int instances, FrontendOptions options,
+                                             std::int64_t num_blocks = 64) {
+    std::vector<std::unique_ptr<ForwardModel>> models;
+    for (int i = 0; i < instances; ++i) models.push_back(Model(num_blocks));
+    auto f = LiveFrontend::Start(std::move(models), options);
+    EXPECT_TRUE(f.ok()) << f.error();
+    return std::move(*f);
+  }
+  static std::vector<std::int32_t> Prompt(int n, int seed) {
+    std::vector<std::int32_t> p;
+    for (int i = 0; i < n; ++i) p.push_back(3 + (seed * 131 + i * 17) % 500);
+    return p;
+  }
+  // Waits until the frontend holds no KV blocks in use (engine threads publish after each
+  // iteration, a moment after the listener heard of the end).
+  static bool EventuallyNoBlocksUsed(const LiveFrontend& f) {
+    for (int i = 0; i < 500; ++i) {
+      if (f.Stats().kv_blocks_used == 0 && f.Stats().running == 0) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return false;
+  }
+
+  static inline std::string dir_;
+};
+
+TEST_F(Frontend, ConcurrentRequestsOnTwoInstancesEqualTheLocalEngine) {
+  FrontendOptions options;
+  options.router.kind = policies::RouterKind::kLeastLoaded;
+  auto frontend = Start(2, options);
+  std::vector<std::shared_ptr<Collector>> listeners;
+  std::vector<GenerationRequest> local;
+  std::vector<int> instance_used(2, 0);
+  for (int i = 0; i < 8; ++i) {
+    LiveRequest r{Prompt(10 + 9 * i, i), 6 + i, {}};
+    local.push_back({r.prompt, r.max_tokens, {}});
+    listeners.push_back(std::make_shared<Collector>());
+    const Admission a = frontend->Submit(r, listeners.back());
+    ASSERT_EQ(a.status, AdmitStatus::kAccepted) << a.message;
+  }
+  auto model = Model(256);
+  LocalEngine engine(*model, {});
+  const auto expected = engine.Generate(local);
+  for (std::size_t i = 0; i < listeners.size(); ++i) {
+    const auto info = listeners[i]->Wait();
+    ASSERT_TRUE(info) << "request " << i << " did not finish";
+    EXPECT_EQ(info->reason, FinishReason::kLength);
+    EXPECT_EQ(info->prompt_tokens, static_cast<Tokens>(local[i].prompt.size()));
+    EXPECT_EQ(info->completion_tokens, local[i].max_tokens);
+    EXPECT_GE(info->queue_s, 0);
+    ASSERT_TRUE(info->instance == 0 || info->instance == 1);
+    ++instance_used[static_cast<std::size_t>(info->instance)];
+    EXPECT_EQ(listeners[i]->tokens(), expected[i].tokens) << "request " << i;
+  }
+  EXPECT_GT(instance_used[0], 0);
+  EXPECT_GT(instance_used[1], 0);
+  EXPECT_TRUE(EventuallyNoBlocksUsed(*frontend));
+}
+
+TEST_F(Frontend, AbortEndsTheRequestAndFreesItsBlocks) {
+  auto frontend = Start(1, {});
+  auto listener = std::make_shared<Collector>();
+  std::atomic<std::int64_t> id{-1};
+  LiveFrontend* f = frontend.get();
+  // Aborts from the engine thread as the third token streams out (a client going away then).
+  listener->on_token = [&](int count) {
+    if (count != 3) return;
+    while (id.load() < 0) std::this_thread::yield();  // Submit has not returned yet
+    f->Abort(static_cast<policies::RequestId>(id.load()));
+  };
+  const Admission a = frontend->Submit({Prompt(40, 1), 200, {}}, listener);
+  ASSERT_EQ(a.status, AdmitStatus::kAccepted);
+  id = static_cast<std::int64_t>(a.id);
+  const auto info = listener->Wait();
+  ASSERT_TRUE(info);
+  EXPECT_EQ(info->reason, FinishReason::kAbort);
+  // The abort takes effect at the next step boundary: no token after the third.
+  EXPECT_EQ(info->completion_tokens, 3);
+  EXPECT_EQ(listener->tokens().size(), 3u);
+  EXPECT_TRUE(EventuallyNoBlocksUsed(*frontend));
+  frontend->Abort(a.id);  // finished: no effect
+  frontend->Abort(12345);
+}
+
+TEST_F(Frontend, AdmissionIsBoundedAndInvalidRequestsAreRefused) {
+  FrontendOptions options;
+  options.max_pending_requests = 2;
+  auto frontend = Start(1, options, 8);  // 128 tokens of KV, ~127 admissible
+  auto a = std::make_shared<Collector>(), b = std::make_shared<Collector>();
+  const Admission first = frontend->Submit({Prompt(8, 1), 100, {}}, a);
+  const Admission second = frontend->Submit({Prompt(8, 2), 100, {}}, b);
+  ASSERT_EQ(first.status, AdmitStatus::kAccepted);
+  ASSERT_EQ(second.status, AdmitStatus::kAccepted);
+  const Admission third = frontend->Submit({Prompt(8, 3), 4, {}}, std::make_shared<Collector>());
+  EXPECT_EQ(third.status, AdmitStatus::kQueueFull) << third.message;
+  EXPECT_EQ(frontend->Submit({{}, 4, {}}, std::make_shared<Collector>()).status,
+            AdmitStatus::kInvalid);
+  EXPECT_EQ(frontend->Submit({Prompt(4, 1), 0, {}}, std::make_shared<Collector>()).status,
+            AdmitStatus::kInvalid);
+  EXPECT_EQ(frontend->Submit({{1, 2, 100000}, 4, {}}, std::make_shared<Collector>()).status,
+            AdmitStatus::kInvalid);
+  const Admission too_long =
+      frontend->Submit({Prompt(100, 4), 100, {}}, std::make_shared<Collector>());
+  EXPECT_EQ(too_long.status, AdmitStatus::kTooLong);
+  EXPECT_NE(too_long.message.find("200"), std::string::npos) << too_long.message;
+  frontend->Abort(first.id);
+  frontend->Abort(second.id);
+  ASSERT_TRUE(a->Wait());
+  ASSERT_TRUE(b->Wait());
+  EXPECT_TRUE(EventuallyNoBlocksUsed(*frontend));
+  // Room again.
+  auto c = std::make_shared<Collector>();
+  const Admission again = frontend->Submit({Prompt(8, 3), 4, {}}, c);
+  ASSERT_EQ(again.status, AdmitStatus::kAccepted) << again.message;
+  ASSERT_TRUE(c->Wait());
+}
+
+TEST_F(Frontend, DrainLetsInFlightRequestsFinishThenRefuses) {
+  auto frontend = Start(1, {});
+  std::vector<std::shared_ptr<Collector>> listeners;
+  for (int i = 0; i < 4; ++i) {
+    listeners.push_back(std::make_shared<Collector>());
+    ASSERT_EQ(frontend->Submit({Prompt(20, i), 12, {}}, listeners.back()).status,
+              AdmitStatus::kAccepted);
+  }
+  EXPECT_EQ(frontend->Drain(60), 0);
+  for (auto& l : listeners) {
+    const auto info = l->Wait(std::chrono::seconds(0));
+    ASSERT_TRUE(info) << "Drain returned before a request finished";
+    EXPECT_EQ(info->reason, FinishReason::kLength);
+    EXPECT_EQ(l->tokens().size(), 12u);
+  }
+  EXPECT_EQ(frontend->Submit({Prompt(4, 1), 2, {}}, std::make_shared<Collector>()).status,
+            AdmitStatus::kDraining);
+}
+
+TEST_F(Frontend, DrainTimeoutAbortsWhatIsLeft) {
+  auto frontend = Start(1, {});
+  auto l = std::make_shared<Collector>();
+  const Admission a = frontend->Submit({Prompt(20, 1), 230, {}}, l);
+  ASSERT_EQ(a.status, AdmitStatus::kAccepted) << a.message;
+  EXPECT_EQ(frontend->Drain(0), 1);
+  const auto info = l->Wait(std::chrono::seconds(0));
+  ASSERT_TRUE(info);
+  EXPECT_EQ(info->reason, FinishReason::kAbort);
+  EXPECT_LT(info->completion_tokens, 230);
+}
+
+TEST_F(Frontend, StopTokenEndsTheRequest) {
+  auto frontend = Start(1, {});
+  auto probe = std::make_shared<Collector>();
+  ASSERT_EQ(frontend->Submit({Prompt(30, 7), 8, {}}, probe).status, AdmitStatus::kAccepted);
+  ASSERT_TRUE(probe->Wait());
+  const auto greedy = probe->tokens();
+  ASSERT_EQ(greedy.size(), 8u);
+  auto l = std::make_shared<Collector>();
+  LiveRequest r{Prompt(30, 7), 8, {}};
+  r.sampling.stop_token_ids = {greedy[4]};
+  ASSERT_EQ(frontend->Submit(r, l).status, AdmitStatus::kAccepted);
+  const auto info = l->Wait();
+  ASSERT_TRUE(info);
+  const auto first_stop = std::find(greedy.begin(), greedy.end(), greedy[4]) - greedy.begin();
+  EXPECT_EQ(info->reason, FinishReason::kStop);
+  EXPECT_EQ(info->completion_tokens, first_stop + 1);
+  EXPECT_EQ(l->tokens(),
+            std::vector<std::int32_t>(greedy.begin(), greedy.begin() + first_stop + 1));
+}
+
+TEST_F(Frontend, PrefixAwareRoutingFollowsTheKvEvents) {
+  FrontendOptions options;
+  options.router.kind = policies::RouterKind::kPrefixAware;
+  auto frontend = Start(3, options);
+  const auto prompt = Prompt(70, 9);  // 4 full blocks
+  auto first = std::make_shared<Collector>();
+  ASSERT_EQ(frontend->Submit({prompt, 4, {}}, first).status, AdmitStatus::kAccepted);
+  const auto info1 = first->Wait();
+  ASSERT_TRUE(info1);
+  EXPECT_EQ(info1->cached_tokens, 0);
+  // The engine publishes its KV events after the iteration that ended the request.
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  for (int i = 0; i < 3; ++i) {
+    auto again = std::make_shared<Collector>();
+    ASSERT_EQ(frontend->Submit({prompt, 4, {}}, again).status, AdmitStatus::kAccepted);
+    const auto info = again->Wait();
+    ASSERT_TRUE(info);
+    EXPECT_EQ(info->instance, info1->instance) << "repeat " << i;
+    EXPECT_EQ(info->cached_tokens, 64) << "repeat " << i;
+  }
+}
+
+}  // namespace
+}  // namespace duet::backend::serve

@@ -1,0 +1,192 @@
+// Tests of the completions protocol pieces of `duet replay` (backend/replay/openai.h): the
+// endpoint URL, the request body, stream chunks as vLLM, SGLang and Duet send them (tokens,
+// finish, usage, cached tokens, the "duet" object, errors), malformed chunks, error bodies and
+// the model list.
+#include "backend/replay/openai.h"
+
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+namespace duet::backend::replay {
+namespace {
+
+bool Contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+TEST(Endpoint, ParsesHostPortAndBase) {
+  auto e = ParseEndpoint("http://127.0.0.1:8000");
+  ASSERT_TRUE(e.ok()) << e.error();
+  EXPECT_EQ(e->host, "127.0.0.1");
+  EXPECT_EQ(e->port, "8000");
+  EXPECT_EQ(e->base_path, "");
+  EXPECT_EQ(e->url, "http://127.0.0.1:8000");
+  EXPECT_EQ(e->Target("/v1/completions"), "/v1/completions");
+
+  e = ParseEndpoint("HTTP://Server.example/openai/v1/");
+  ASSERT_TRUE(e.ok()) << e.error();
+  EXPECT_EQ(e->host, "Server.example");
+  EXPECT_EQ(e->port, "80");
+  EXPECT_EQ(e->base_path, "/openai");  // the trailing /v1 (and slash) dropped
+  EXPECT_EQ(e->Target("/v1/models"), "/openai/v1/models");
+  EXPECT_EQ(e->HostHeader(), "Server.example:80");
+
+  e = ParseEndpoint("http://h:0080/v1/v1//");
+  ASSERT_TRUE(e.ok()) << e.error();
+  EXPECT_EQ(e->url, "http://h:80");
+  EXPECT_EQ(ParseEndpoint(e->url)->url, e->url);
+
+  e = ParseEndpoint("http://[::1]:9000/v1");
+  ASSERT_TRUE(e.ok()) << e.error();
+  EXPECT_EQ(e->host, "::1");
+  EXPECT_EQ(e->HostHeader(), "[::1]:9000");
+  EXPECT_EQ(e->url, "http://[::1]:9000");
+}
+
+TEST(Endpoint, RejectsWhatItCannotServe) {
+  const std::vector<std::pair<std::string, std::string>> bad = {
+      {"localhost:8000", "is not a URL"},
+      {"https://api.example.com", "https is not supported"},
+      {"ftp://host", "unsupported scheme 'ftp'"},
+      {"http://", "no host"},
+      {"http://:8000", "no host"},
+      {"http://host:", "empty port"},
+      {"http://host:0", "port '0'"},
+      {"http://host:65536", "port '65536'"},
+      {"http://host:80a", "port '80a'"},
+      {"http://host:123456789012", "port '123456789012'"},
+      {"http://user:pw@host", "--api-key"},
+      {"http://host/path?x=1", "query"},
+      {"http://[::1", "IPv6"},
+      {"http://host/a b", "space"},
+      {"http://host\r\nX-Injected: 1", "control character"},
+  };
+  for (const auto& [url, message] : bad) {
+    auto e = ParseEndpoint(url);
+    ASSERT_FALSE(e.ok()) << url;
+    EXPECT_TRUE(Contains(e.error(), message)) << url << ": " << e.error();
+    EXPECT_TRUE(Contains(e.error(), "'" + url + "'")) << url << ": " << e.error();
+  }
+}
+
+TEST(CompletionRequest, BodyAsvLLMTakesIt) {
+  const auto body = nlohmann::json::parse(CompletionRequestBody("m\"odel", {16, 17, 31999}, 42));
+  EXPECT_EQ(body, nlohmann::json::parse(R"({"model": "m\"odel", "prompt": [16, 17, 31999],
+      "max_tokens": 42, "stream": true, "stream_options": {"include_usage": true},
+      "ignore_eos": true, "temperature": 0})"));
+}
+
+TEST(Chunk, TokenChunkFinishAndUsage) {
+  auto c = ParseCompletionChunk(
+      R"({"id":"cmpl-1","object":"text_completion","created":1,"model":"m","choices":[{"index":0,"text":" the","logprobs":null,"finish_reason":null,"stop_reason":null}],"usage":null})");
+  ASSERT_TRUE(c.ok()) << c.error();
+  EXPECT_TRUE(c->carries_tokens);
+  EXPECT_EQ(c->finish_reason, "");
+  EXPECT_FALSE(c->completion_tokens);
+  EXPECT_FALSE(c->done);
+
+  c = ParseCompletionChunk(R"({"choices":[{"index":0,"text":"","finish_reason":"length"}]})");
+  ASSERT_TRUE(c.ok()) << c.error();
+  EXPECT_FALSE(c->carries_tokens);  // empty text: no token delivered
+  EXPECT_EQ(c->finish_reason, "length");
+
+  c = ParseCompletionChunk(
+      R"({"choices":[],"usage":{"prompt_tokens":1024,"total_tokens":1034,"completion_tokens":10,"prompt_tokens_details":{"cached_tokens":512}},"duet":{"queue_ms":3.25,"instance":2}})");
+  ASSERT_TRUE(c.ok()) << c.error();
+  EXPECT_FALSE(c->carries_tokens);
+  EXPECT_EQ(c->prompt_tokens, 1024);
+  EXPECT_EQ(c->completion_tokens, 10);
+  EXPECT_EQ(c->cached_tokens, 512);
+  EXPECT_EQ(c->duet_queue_ms, 3.25);
+  EXPECT_EQ(c->duet_instance, 2);
+
+  // vLLM without --enable-prompt-tokens-details: the details are null, cached tokens unknown.
+  c = ParseCompletionChunk(
+      R"({"choices":[],"usage":{"prompt_tokens":5,"completion_tokens":1,"prompt_tokens_details":null}})");
+  ASSERT_TRUE(c.ok()) << c.error();
+  EXPECT_FALSE(c->cached_tokens);
+}
+
+TEST(Chunk, OtherShapesThatCarryTokens) {
+  for (const char* data : {R"({"choices":[{"text":"","token_ids":[5]}]})",
+                           R"({"choices":[{"delta":{"content":"x"}}]})",
+                           R"({"choices":[{"text":""},{"text":"y"}]})"}) {
+    auto c = ParseCompletionChunk(data);
+    ASSERT_TRUE(c.ok()) << data << ": " << c.error();
+    EXPECT_TRUE(c->carries_tokens) << data;
+  }
+  auto c = ParseCompletionChunk(R"({"choices":[{"delta":{"role":"assistant"}}]})");
+  ASSERT_TRUE(c.ok());
+  EXPECT_FALSE(c->carries_tokens);
+}
+
+TEST(Chunk, DoneSentinel) {
+  for (const char* data : {"[DONE]", " [DONE] "}) {
+    auto c = ParseCompletionChunk(data);
+    ASSERT_TRUE(c.ok()) << data;
+    EXPECT_TRUE(c->done) << data;
+  }
+  EXPECT_FALSE(ParseCompletionChunk("[DONE]x").ok());
+}
+
+TEST(Chunk, ErrorObjectsInTheStream) {
+  for (const auto& [data, message] : std::vector<std::pair<std::string, std::string>>{
+           {R"({"error":{"message":"out of memory","type":"internal"}})", "out of memory"},
+           {R"({"error":"plain"})", "plain"},
+           {R"({"object":"error","message":"too long","code":400})", "too long"}}) {
+    auto c = ParseCompletionChunk(data);
+    ASSERT_TRUE(c.ok()) << data << ": " << c.error();
+    ASSERT_TRUE(c->error) << data;
+    EXPECT_EQ(*c->error, message);
+  }
+}
+
+TEST(Chunk, MalformedChunksSayWhat) {
+  const std::vector<std::pair<std::string, std::string>> bad = {
+      {"this is not JSON", "not JSON: this is not JSON"},
+      {"[1,2]", "not a JSON object"},
+      {R"({"choices":{}})", "choices must be an array"},
+      {R"({"choices":[1]})", "a choice is not an object"},
+      {R"({"choices":[{"finish_reason":3}]})", "finish_reason must be a string"},
+      {R"({"usage":[]})", "usage must be an object"},
+      {R"({"usage":{"completion_tokens":-1}})", "usage.completion_tokens must be a non-negative"},
+      {R"({"usage":{"prompt_tokens":"9"}})", "usage.prompt_tokens must be"},
+      {R"({"usage":{"prompt_tokens_details":{"cached_tokens":1.5}}})",
+       "usage.prompt_tokens_details.cached_tokens"},
+      {R"({"duet":{"queue_ms":-1}})", "duet.queue_ms"},
+      {R"({"duet":{"instance":70000}})", "duet.instance"},
+      {R"({"duet":7})", "duet must be an object"},
+  };
+  for (const auto& [data, message] : bad) {
+    auto c = ParseCompletionChunk(data);
+    ASSERT_FALSE(c.ok()) << data;
+    EXPECT_TRUE(Contains(c.error(), message)) << data << ": " << c.error();
+  }
+}
+
+TEST(ErrorBody, MessagesFromTheCommonShapes) {
+  EXPECT_EQ(DescribeErrorBody(R"({"error":{"message":"queue full","code":429}})"), "queue full");
+  EXPECT_EQ(DescribeErrorBody(R"({"object":"error","message":"bad","type":"x"})"), "bad");
+  EXPECT_EQ(DescribeErrorBody(R"({"detail":"Not Found"})"), "Not Found");
+  EXPECT_EQ(DescribeErrorBody("\n<html>\r\nBad Gateway</html>"), "<html>  Bad Gateway</html>");
+  EXPECT_EQ(DescribeErrorBody(""), "(empty body)");
+  const std::string long_text(500, 'x');
+  EXPECT_EQ(DescribeErrorBody(long_text, 10), "xxxxxxxxxx...");
+  // Cut before a multi-byte character rather than inside it.
+  EXPECT_EQ(DescribeErrorBody("abcdefghi\xC3\xA9z", 10), "abcdefghi...");
+}
+
+TEST(ModelList, FirstId) {
+  auto m = ParseFirstModelId(
+      R"({"object":"list","data":[{"id":"meta-llama/Llama-3.1-8B","object":"model"},{"id":"b"}]})");
+  ASSERT_TRUE(m.ok()) << m.error();
+  EXPECT_EQ(*m, "meta-llama/Llama-3.1-8B");
+  EXPECT_TRUE(Contains(ParseFirstModelId(R"({"data":[]})").error(), "no models"));
+  EXPECT_TRUE(Contains(ParseFirstModelId(R"({"models":[]})").error(), "\"data\""));
+  EXPECT_TRUE(Contains(ParseFirstModelId(R"({"data":[{"name":"x"}]})").error(), "\"id\""));
+  EXPECT_TRUE(Contains(ParseFirstModelId("<html>").error(), "not a JSON object"));
+}
+
+}  // namespace
+}  // namespace duet::backend::replay
