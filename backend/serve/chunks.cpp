@@ -1,0 +1,121 @@
+// OpenAI reply JSON, field for field as api.openai.com (and vLLM) write it, so that the
+// official clients parse it: "text_completion" / "chat.completion(.chunk)" objects, "usage":
+// null on every chunk when the usage chunk will follow.
+#include "backend/serve/chunks.h"
+
+#include <atomic>
+#include <cinttypes>
+#include <cstdio>
+#include <random>
+
+namespace duet::backend::serve {
+
+// Ordered: fields in the order OpenAI writes them (id, object, created, model, choices, ...).
+using json = nlohmann::ordered_json;
+
+ReplyFormatter::ReplyFormatter(Endpoint endpoint, std::string id, std::int64_t created,
+                               std::string model, bool include_usage)
+    : endpoint_(endpoint),
+      id_(std::move(id)),
+      created_(created),
+      model_(std::move(model)),
+      include_usage_(include_usage) {}
+
+json ReplyFormatter::Envelope(bool chunk) const {
+  const bool chat = endpoint_ == Endpoint::kChatCompletions;
+  const char* object =
+      chat ? (chunk ? "chat.completion.chunk" : "chat.completion") : "text_completion";
+  return json{{"id", id_}, {"object", object}, {"created", created_}, {"model", model_}};
+}
+
+json ReplyFormatter::Choice(std::string_view text, const json& finish_reason, bool role,
+                            bool chunk) const {
+  json choice = {{"index", 0}};
+  if (endpoint_ == Endpoint::kCompletions) {
+    choice["text"] = text;
+  } else if (chunk) {
+    json delta = json::object();
+    if (role) delta["role"] = "assistant";
+    if (role || !text.empty()) delta["content"] = text;
+    choice["delta"] = std::move(delta);
+  } else {
+    choice["message"] = {{"role", "assistant"}, {"content", text}};
+  }
+  choice["logprobs"] = nullptr;
+  choice["finish_reason"] = finish_reason;
+  return choice;
+}
+
+std::string ReplyFormatter::RoleChunk() const {
+  json out = Envelope(true);
+  out["choices"] = json::array({Choice("", nullptr, true, true)});
+  if (include_usage_) out["usage"] = nullptr;
+  return out.dump();
+}
+
+std::string ReplyFormatter::TextChunk(std::string_view text) const {
+  json out = Envelope(true);
+  out["choices"] = json::array({Choice(text, nullptr, false, true)});
+  if (include_usage_) out["usage"] = nullptr;
+  return out.dump();
+}
+
+std::string ReplyFormatter::FinishChunk(std::string_view text, std::string_view finish_reason,
+                                        const DuetExtension& duet) const {
+  json out = Envelope(true);
+  out["choices"] = json::array({Choice(text, json(finish_reason), false, true)});
+  if (include_usage_) {
+    out["usage"] = nullptr;
+  } else {
+    out["duet"] = DuetJson(duet);
+  }
+  return out.dump();
+}
+
+std::string ReplyFormatter::UsageChunk(const Usage& usage, const DuetExtension& duet) const {
+  json out = Envelope(true);
+  out["choices"] = json::array();
+  out["usage"] = UsageJson(usage);
+  out["duet"] = DuetJson(duet);
+  return out.dump();
+}
+
+std::string ReplyFormatter::FullReply(std::string_view text, std::string_view finish_reason,
+                                      const Usage& usage, const DuetExtension& duet) const {
+  json out = Envelope(false);
+  out["choices"] = json::array({Choice(text, json(finish_reason), false, false)});
+  out["usage"] = UsageJson(usage);
+  out["duet"] = DuetJson(duet);
+  return out.dump();
+}
+
+json UsageJson(const Usage& usage) {
+  return json{{"prompt_tokens", usage.prompt_tokens},
+              {"completion_tokens", usage.completion_tokens},
+              {"total_tokens", usage.prompt_tokens + usage.completion_tokens},
+              {"prompt_tokens_details", {{"cached_tokens", usage.cached_tokens}}}};
+}
+
+json DuetJson(const DuetExtension& duet) {
+  return json{{"queue_ms", duet.queue_ms >= 0 ? json(duet.queue_ms) : json()},
+              {"instance", duet.instance >= 0 ? json(duet.instance) : json()}};
+}
+
+std::string SseData(std::string_view payload) {
+  std::string out;
+  out.reserve(payload.size() + 8);
+  out.append("data: ").append(payload).append("\n\n");
+  return out;
+}
+
+std::string NewReplyId(std::string_view prefix) {
+  static std::atomic<std::uint64_t> next{std::random_device{}() |
+                                         (std::uint64_t{std::random_device{}()} << 32)};
+  static const std::uint32_t process_tag = std::random_device{}();
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%08" PRIx32 "%016" PRIx64, process_tag,
+                next.fetch_add(1, std::memory_order_relaxed));
+  return std::string(prefix) + buf;
+}
+
+}  // namespace duet::backend::serve

@@ -1,0 +1,76 @@
+// The JSON of OpenAI replies, streamed and not: completion and chat-completion chunks (role
+// first, then content deltas, finish_reason null until the last), the usage chunk, whole
+// replies, and Duet's "duet" extension field (queue_ms, instance) in the final chunk and in
+// whole replies; plus the SSE framing. Pure formatting: no I/O, no state beyond the reply's
+// identity. Not thread-safe (one request's replies, from one thread).
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "backend/serve/openai_protocol.h"
+
+namespace duet::backend::serve {
+
+struct Usage {
+  std::int64_t prompt_tokens = 0;
+  std::int64_t completion_tokens = 0;
+  std::int64_t cached_tokens = 0;  // prompt tokens served from the prefix cache
+};
+
+// Duet's extension: where the request was served and how long it queued.
+struct DuetExtension {
+  double queue_ms = -1;  // arrival to first scheduled; < 0: unknown (null)
+  int instance = -1;     // < 0: unknown (null)
+};
+
+class ReplyFormatter {
+ public:
+  // `id` is the reply's id ("cmpl-..." / "chatcmpl-..."), `created` Unix seconds.
+  ReplyFormatter(Endpoint endpoint, std::string id, std::int64_t created, std::string model,
+                 bool include_usage);
+
+  // Streamed chunks, each one JSON object (serialized):
+  // chat only, first: the assistant role with empty content.
+  std::string RoleChunk() const;
+  // A piece of text, finish_reason null.
+  std::string TextChunk(std::string_view text) const;
+  // The last choice chunk: the rest of the text (may be empty) and the finish reason. Carries
+  // `duet` unless include_usage (then the usage chunk, which follows, does).
+  std::string FinishChunk(std::string_view text, std::string_view finish_reason,
+                          const DuetExtension& duet) const;
+  // include_usage: empty choices, the usage, and `duet`.
+  std::string UsageChunk(const Usage& usage, const DuetExtension& duet) const;
+  // Not streamed: the whole reply with usage and `duet`.
+  std::string FullReply(std::string_view text, std::string_view finish_reason, const Usage& usage,
+                        const DuetExtension& duet) const;
+
+  const std::string& id() const { return id_; }
+
+ private:
+  nlohmann::ordered_json Envelope(bool chunk) const;
+  nlohmann::ordered_json Choice(std::string_view text, const nlohmann::ordered_json& finish_reason,
+                                bool role, bool chunk) const;
+
+  Endpoint endpoint_;
+  std::string id_;
+  std::int64_t created_;
+  std::string model_;
+  bool include_usage_;
+};
+
+nlohmann::ordered_json UsageJson(const Usage& usage);
+nlohmann::ordered_json DuetJson(const DuetExtension& duet);
+
+// Server-sent events: "data: <payload>\n\n"; the stream ends with SseData("[DONE]").
+std::string SseData(std::string_view payload);
+inline constexpr std::string_view kDone = "[DONE]";
+
+// A reply id: prefix + 24 hex digits, unique within the process and unlikely to repeat
+// across restarts (random start). Thread-safe.
+std::string NewReplyId(std::string_view prefix);
+
+}  // namespace duet::backend::serve

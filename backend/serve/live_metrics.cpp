@@ -1,0 +1,144 @@
+// LiveMetrics: prometheus-cpp families registered once; every metric object is itself
+// thread-safe (atomic counters, locked histograms), so events need no lock of their own.
+#include "backend/serve/live_metrics.h"
+
+#include <prometheus/counter.h>
+#include <prometheus/gauge.h>
+#include <prometheus/histogram.h>
+#include <prometheus/registry.h>
+#include <prometheus/text_serializer.h>
+
+#include <algorithm>
+
+namespace duet::backend::serve {
+namespace {
+
+using policies::FinishReason;
+using policies::Request;
+using policies::RequestState;
+
+// Bucket bounds in seconds, roughly log-spaced over what each latency spans on CPU and GPU.
+const prometheus::Histogram::BucketBoundaries kTtftBuckets = {
+    0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600};
+const prometheus::Histogram::BucketBoundaries kItlBuckets = {
+    0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.15, 0.3, 0.6, 1.2, 2.5, 5, 10, 30};
+const prometheus::Histogram::BucketBoundaries kLongBuckets = {
+    0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 40, 80, 160, 320, 640, 1280, 2560};
+
+prometheus::Gauge& MakeGauge(prometheus::Registry& r, const char* name, const char* help) {
+  return prometheus::BuildGauge().Name(name).Help(help).Register(r).Add({});
+}
+prometheus::Counter& MakeCounter(prometheus::Registry& r, const char* name, const char* help) {
+  return prometheus::BuildCounter().Name(name).Help(help).Register(r).Add({});
+}
+prometheus::Histogram& MakeHistogram(prometheus::Registry& r, const char* name, const char* help,
+                                     const prometheus::Histogram::BucketBoundaries& buckets) {
+  return prometheus::BuildHistogram().Name(name).Help(help).Register(r).Add({}, buckets);
+}
+
+void ObserveIfReached(prometheus::Histogram* h, Seconds from, Seconds to) {
+  if (from >= 0 && to >= from) h->Observe(to - from);
+}
+
+}  // namespace
+
+LiveMetrics::LiveMetrics() : registry_(std::make_unique<prometheus::Registry>()) {
+  auto& r = *registry_;
+  running_ =
+      &MakeGauge(r, "duet:num_requests_running", "Requests holding KV blocks, being served.");
+  waiting_ = &MakeGauge(r, "duet:num_requests_waiting", "Requests accepted, not yet admitted.");
+  kv_usage_ = &MakeGauge(r, "duet:kv_cache_usage_perc",
+                         "Fraction of KV cache blocks in use (1 = 100 percent), all instances.");
+  kv_used_ = &MakeGauge(r, "duet:kv_blocks_used", "KV cache blocks in use, all instances.");
+  kv_free_ = &MakeGauge(r, "duet:kv_blocks_free",
+                        "KV cache blocks free or holding evictable cached prefixes.");
+  prompt_tokens_ = &MakeCounter(r, "duet:prompt_tokens_total", "Prompt tokens prefilled.");
+  generation_tokens_ = &MakeCounter(r, "duet:generation_tokens_total", "Tokens generated.");
+  auto& success = prometheus::BuildCounter()
+                      .Name("duet:request_success_total")
+                      .Help("Requests finished, by finish reason.")
+                      .Register(r);
+  success_stop_ = &success.Add({{"finished_reason", "stop"}});
+  success_length_ = &success.Add({{"finished_reason", "length"}});
+  success_abort_ = &success.Add({{"finished_reason", "abort"}});
+  success_error_ = &success.Add({{"finished_reason", "error"}});
+  cache_queries_ = &MakeCounter(r, "duet:prefix_cache_queries_total",
+                                "Prompt tokens looked up in the prefix cache.");
+  cache_hits_ = &MakeCounter(r, "duet:prefix_cache_hits_total",
+                             "Prompt tokens served from the prefix cache.");
+  preemptions_ = &MakeCounter(r, "duet:num_preemptions_total",
+                              "Requests that lost their KV blocks and went back to the queue.");
+  ttft_ = &MakeHistogram(r, "duet:time_to_first_token_seconds", "Arrival to first token (seconds).",
+                         kTtftBuckets);
+  itl_ = &MakeHistogram(r, "duet:inter_token_latency_seconds",
+                        "Gaps between successive tokens of a request (seconds).", kItlBuckets);
+  e2e_ = &MakeHistogram(r, "duet:e2e_request_latency_seconds", "Arrival to finish (seconds).",
+                        kLongBuckets);
+  queue_ = &MakeHistogram(r, "duet:request_queue_time_seconds",
+                          "Arrival to first scheduled (seconds).", kLongBuckets);
+  kv_transfer_ = &MakeHistogram(r, "duet:kv_transfer_seconds",
+                                "PD: end of prefill to KV usable on the decode instance (seconds).",
+                                kTtftBuckets);
+}
+
+LiveMetrics::~LiveMetrics() = default;
+
+void LiveMetrics::OnFinished(const Request& request) {
+  if (request.state == RequestState::kRejected) return;  // never served: no latencies
+  if (request.state == RequestState::kFailed) {
+    success_error_->Increment();
+  } else {
+    switch (request.finish_reason) {
+      case FinishReason::kLength:
+        success_length_->Increment();
+        break;
+      case FinishReason::kAbort:
+        success_abort_->Increment();
+        break;
+      case FinishReason::kError:
+        success_error_->Increment();
+        break;
+      default:  // kStop, and kNone from an engine that sets no reason: it ran to an end
+        success_stop_->Increment();
+        break;
+    }
+  }
+  ObserveIfReached(ttft_, request.arrival_s, request.first_token_s);
+  ObserveIfReached(queue_, request.arrival_s, request.first_scheduled_s);
+  ObserveIfReached(e2e_, request.arrival_s, request.finished_s);
+  if (request.prefill_done_s >= 0)
+    ObserveIfReached(kv_transfer_, request.prefill_done_s, request.kv_ready_s);
+}
+
+void LiveMetrics::OnPrefillDone(const Request& request) {
+  prompt_tokens_->Increment(static_cast<double>(request.input_tokens));
+  cache_queries_->Increment(static_cast<double>(request.input_tokens));
+  cache_hits_->Increment(static_cast<double>(request.cached_tokens));
+}
+
+void LiveMetrics::OnTokenGaps(Seconds gap_s, std::int64_t count) {
+  if (count <= 0 || !(gap_s >= 0)) return;
+  // One bucket update for `count` equal samples rather than `count` locked observations.
+  std::vector<double> increments(kItlBuckets.size() + 1, 0.0);
+  const auto bucket = std::lower_bound(kItlBuckets.begin(), kItlBuckets.end(), gap_s);
+  increments[static_cast<std::size_t>(bucket - kItlBuckets.begin())] = static_cast<double>(count);
+  itl_->ObserveMultiple(increments, gap_s * static_cast<double>(count));
+}
+
+void LiveMetrics::OnPreempted(const Request&, policies::InstanceId) { preemptions_->Increment(); }
+
+void LiveMetrics::OnToken(const Request&, std::int32_t) { generation_tokens_->Increment(); }
+
+std::string LiveMetrics::Scrape(const FrontendStats& stats) {
+  std::lock_guard<std::mutex> lock(scrape_mutex_);
+  running_->Set(static_cast<double>(stats.running));
+  waiting_->Set(static_cast<double>(stats.waiting));
+  kv_used_->Set(static_cast<double>(stats.kv_blocks_used));
+  kv_free_->Set(static_cast<double>(stats.kv_blocks_free));
+  kv_usage_->Set(stats.kv_blocks_total > 0 ? static_cast<double>(stats.kv_blocks_used) /
+                                                 static_cast<double>(stats.kv_blocks_total)
+                                           : 0.0);
+  return prometheus::TextSerializer().Serialize(registry_->Collect());
+}
+
+}  // namespace duet::backend::serve

@@ -1,0 +1,82 @@
+// The JSON of replies field for field (what the openai client parses): completion and chat
+// chunks, the finish chunk and usage chunk with the `duet` extension in the last one before
+// [DONE], whole replies, SSE framing, reply ids.
+#include "backend/serve/chunks.h"
+
+#include <gtest/gtest.h>
+
+#include <set>
+
+namespace duet::backend::serve {
+namespace {
+
+using nlohmann::json;
+
+TEST(Chunks, CompletionStreamWithoutUsage) {
+  ReplyFormatter f(Endpoint::kCompletions, "cmpl-1", 1700000000, "tiny", false);
+  EXPECT_EQ(json::parse(f.TextChunk("Hel")), json::parse(R"({
+    "id": "cmpl-1", "object": "text_completion", "created": 1700000000, "model": "tiny",
+    "choices": [{"index": 0, "text": "Hel", "logprobs": null, "finish_reason": null}]})"));
+  EXPECT_EQ(json::parse(f.FinishChunk("lo", "stop", {12.5, 1})), json::parse(R"({
+    "id": "cmpl-1", "object": "text_completion", "created": 1700000000, "model": "tiny",
+    "choices": [{"index": 0, "text": "lo", "logprobs": null, "finish_reason": "stop"}],
+    "duet": {"queue_ms": 12.5, "instance": 1}})"));
+  // Field order as OpenAI writes it.
+  EXPECT_EQ(f.TextChunk("x").rfind(R"({"id":"cmpl-1","object":"text_completion","created")", 0),
+            0u);
+}
+
+TEST(Chunks, ChatStreamWithUsage) {
+  ReplyFormatter f(Endpoint::kChatCompletions, "chatcmpl-2", 5, "m", true);
+  EXPECT_EQ(json::parse(f.RoleChunk()), json::parse(R"({
+    "id": "chatcmpl-2", "object": "chat.completion.chunk", "created": 5, "model": "m",
+    "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": null,
+                 "finish_reason": null}], "usage": null})"));
+  EXPECT_EQ(json::parse(f.TextChunk("Hi"))["choices"][0]["delta"],
+            json::parse(R"({"content": "Hi"})"));
+  EXPECT_EQ(json::parse(f.TextChunk("Hi"))["usage"], json());
+  // The finish chunk: no text means an empty delta; with include_usage it has no duet field,
+  // the usage chunk (empty choices) has it.
+  const json finish = json::parse(f.FinishChunk("", "length", {3, 0}));
+  EXPECT_EQ(finish["choices"][0]["delta"], json::object());
+  EXPECT_EQ(finish["choices"][0]["finish_reason"], "length");
+  EXPECT_FALSE(finish.contains("duet"));
+  EXPECT_EQ(json::parse(f.UsageChunk({7, 4, 2}, {-1, -1})), json::parse(R"({
+    "id": "chatcmpl-2", "object": "chat.completion.chunk", "created": 5, "model": "m",
+    "choices": [],
+    "usage": {"prompt_tokens": 7, "completion_tokens": 4, "total_tokens": 11,
+              "prompt_tokens_details": {"cached_tokens": 2}},
+    "duet": {"queue_ms": null, "instance": null}})"));
+}
+
+TEST(Chunks, WholeReplies) {
+  ReplyFormatter chat(Endpoint::kChatCompletions, "chatcmpl-3", 9, "m", false);
+  EXPECT_EQ(json::parse(chat.FullReply("Hello", "stop", {5, 1, 0}, {0.25, 0})), json::parse(R"({
+    "id": "chatcmpl-3", "object": "chat.completion", "created": 9, "model": "m",
+    "choices": [{"index": 0, "message": {"role": "assistant", "content": "Hello"},
+                 "logprobs": null, "finish_reason": "stop"}],
+    "usage": {"prompt_tokens": 5, "completion_tokens": 1, "total_tokens": 6,
+              "prompt_tokens_details": {"cached_tokens": 0}},
+    "duet": {"queue_ms": 0.25, "instance": 0}})"));
+  ReplyFormatter text(Endpoint::kCompletions, "cmpl-4", 9, "m", false);
+  const json reply = json::parse(text.FullReply("ab\"c\n", "length", {1, 2, 0}, {1, 2}));
+  EXPECT_EQ(reply["object"], "text_completion");
+  EXPECT_EQ(reply["choices"][0]["text"], "ab\"c\n");
+  EXPECT_EQ(reply["usage"]["total_tokens"], 3);
+}
+
+TEST(Chunks, SseFramingAndIds) {
+  EXPECT_EQ(SseData(R"({"a":1})"), "data: {\"a\":1}\n\n");
+  EXPECT_EQ(SseData(kDone), "data: [DONE]\n\n");
+  std::set<std::string> ids;
+  for (int i = 0; i < 1000; ++i) {
+    const std::string id = NewReplyId("cmpl-");
+    EXPECT_EQ(id.rfind("cmpl-", 0), 0u);
+    EXPECT_EQ(id.size(), 5u + 24u);
+    ids.insert(id);
+  }
+  EXPECT_EQ(ids.size(), 1000u);
+}
+
+}  // namespace
+}  // namespace duet::backend::serve

@@ -1,0 +1,175 @@
+// LiveMetrics as Prometheus sees it: every METRICS.md live name exposed with its type, counters
+// and histograms fed by lifecycle events (from several threads at once), gauges from the
+// frontend's stats at scrape time, and every line valid text exposition format.
+#include "backend/serve/live_metrics.h"
+
+#include <gtest/gtest.h>
+
+#include <regex>
+#include <sstream>
+#include <thread>
+
+namespace duet::backend::serve {
+namespace {
+
+using policies::FinishReason;
+using policies::Request;
+using policies::RequestState;
+
+// The value of one series (name with its labels, exactly as exposed); NaN when absent.
+double Value(const std::string& text, const std::string& series) {
+  std::istringstream in(text);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind(series + " ", 0) == 0) return std::stod(line.substr(series.size() + 1));
+  }
+  return std::nan("");
+}
+
+Request Finished(FinishReason reason, RequestState state = RequestState::kCompleted) {
+  Request r;
+  r.state = state;
+  r.finish_reason = reason;
+  r.arrival_s = 10.0;
+  r.first_scheduled_s = 10.25;
+  r.first_token_s = 10.5;
+  r.last_token_s = 11.0;
+  r.finished_s = 11.0;
+  r.input_tokens = 20;
+  r.cached_tokens = 16;
+  return r;
+}
+
+TEST(LiveMetrics, EveryLiveNameIsExposedWithItsType) {
+  LiveMetrics metrics;
+  const std::string text = metrics.Scrape({});
+  for (const char* gauge :
+       {"duet:num_requests_running", "duet:num_requests_waiting", "duet:kv_cache_usage_perc",
+        "duet:kv_blocks_used", "duet:kv_blocks_free"})
+    EXPECT_NE(text.find(std::string("# TYPE ") + gauge + " gauge"), std::string::npos) << gauge;
+  for (const char* counter :
+       {"duet:prompt_tokens_total", "duet:generation_tokens_total", "duet:request_success_total",
+        "duet:prefix_cache_queries_total", "duet:prefix_cache_hits_total"})
+    EXPECT_NE(text.find(std::string("# TYPE ") + counter + " counter"), std::string::npos)
+        << counter;
+  for (const char* histogram :
+       {"duet:time_to_first_token_seconds", "duet:inter_token_latency_seconds",
+        "duet:e2e_request_latency_seconds", "duet:request_queue_time_seconds",
+        "duet:kv_transfer_seconds"})
+    EXPECT_NE(text.find(std::string("# TYPE ") + histogram + " histogram"), std::string::npos)
+        << histogram;
+  // Every finish reason is there from the start, at zero.
+  for (const char* reason : {"stop", "length", "abort", "error"})
+    EXPECT_EQ(
+        Value(text, std::string("duet:request_success_total{finished_reason=\"") + reason + "\"}"),
+        0)
+        << reason;
+}
+
+TEST(LiveMetrics, EventsFeedCountersAndHistograms) {
+  LiveMetrics metrics;
+  Request r = Finished(FinishReason::kStop);
+  metrics.OnPrefillDone(r);
+  for (int i = 0; i < 5; ++i) metrics.OnToken(r, 7);
+  metrics.OnTokenGaps(0.03, 4);
+  metrics.OnFinished(r);
+  metrics.OnFinished(Finished(FinishReason::kLength));
+  metrics.OnFinished(Finished(FinishReason::kAbort));
+  metrics.OnFinished(Finished(FinishReason::kError, RequestState::kFailed));
+  metrics.OnFinished(Finished(FinishReason::kNone, RequestState::kRejected));  // not counted
+  metrics.OnPreempted(r, 0);
+  const std::string text = metrics.Scrape({});
+
+  EXPECT_EQ(Value(text, "duet:prompt_tokens_total"), 20);
+  EXPECT_EQ(Value(text, "duet:prefix_cache_queries_total"), 20);
+  EXPECT_EQ(Value(text, "duet:prefix_cache_hits_total"), 16);
+  EXPECT_EQ(Value(text, "duet:generation_tokens_total"), 5);
+  EXPECT_EQ(Value(text, "duet:num_preemptions_total"), 1);
+  for (const char* reason : {"stop", "length", "abort", "error"})
+    EXPECT_EQ(
+        Value(text, std::string("duet:request_success_total{finished_reason=\"") + reason + "\"}"),
+        1)
+        << reason;
+  // Four finished requests (the rejected one had no latencies): TTFT 0.5 s, queue 0.25 s,
+  // E2E 1 s each.
+  EXPECT_EQ(Value(text, "duet:time_to_first_token_seconds_count"), 4);
+  EXPECT_DOUBLE_EQ(Value(text, "duet:time_to_first_token_seconds_sum"), 2.0);
+  EXPECT_EQ(Value(text, "duet:time_to_first_token_seconds_bucket{le=\"0.25\"}"), 0);
+  EXPECT_EQ(Value(text, "duet:time_to_first_token_seconds_bucket{le=\"0.5\"}"), 4);
+  EXPECT_DOUBLE_EQ(Value(text, "duet:request_queue_time_seconds_sum"), 1.0);
+  EXPECT_DOUBLE_EQ(Value(text, "duet:e2e_request_latency_seconds_sum"), 4.0);
+  EXPECT_EQ(Value(text, "duet:e2e_request_latency_seconds_bucket{le=\"+Inf\"}"), 4);
+  // Four gaps of 30 ms land in the 40 ms bucket and above.
+  EXPECT_EQ(Value(text, "duet:inter_token_latency_seconds_count"), 4);
+  EXPECT_DOUBLE_EQ(Value(text, "duet:inter_token_latency_seconds_sum"), 0.12);
+  EXPECT_EQ(Value(text, "duet:inter_token_latency_seconds_bucket{le=\"0.02\"}"), 0);
+  EXPECT_EQ(Value(text, "duet:inter_token_latency_seconds_bucket{le=\"0.04\"}"), 4);
+  EXPECT_EQ(Value(text, "duet:kv_transfer_seconds_count"), 0);  // colocated: no transfers
+}
+
+TEST(LiveMetrics, GaugesComeFromTheFrontendAtScrapeTime) {
+  LiveMetrics metrics;
+  FrontendStats stats;
+  stats.waiting = 2;
+  stats.running = 3;
+  stats.kv_blocks_used = 10;
+  stats.kv_blocks_free = 30;
+  stats.kv_blocks_total = 40;
+  std::string text = metrics.Scrape(stats);
+  EXPECT_EQ(Value(text, "duet:num_requests_waiting"), 2);
+  EXPECT_EQ(Value(text, "duet:num_requests_running"), 3);
+  EXPECT_EQ(Value(text, "duet:kv_blocks_used"), 10);
+  EXPECT_EQ(Value(text, "duet:kv_blocks_free"), 30);
+  EXPECT_DOUBLE_EQ(Value(text, "duet:kv_cache_usage_perc"), 0.25);
+  text = metrics.Scrape({});
+  EXPECT_EQ(Value(text, "duet:kv_blocks_used"), 0);
+  EXPECT_EQ(Value(text, "duet:kv_cache_usage_perc"), 0);
+}
+
+TEST(LiveMetrics, ConcurrentEventsAndScrapesLoseNothing) {
+  LiveMetrics metrics;
+  Request r = Finished(FinishReason::kLength);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&] {
+      for (int i = 0; i < 2000; ++i) {
+        metrics.OnToken(r, 1);
+        metrics.OnTokenGaps(0.01, 1);
+        if (i % 100 == 0) metrics.OnFinished(r);
+      }
+    });
+  }
+  threads.emplace_back([&] {
+    for (int i = 0; i < 50; ++i) (void)metrics.Scrape({});
+  });
+  for (auto& t : threads) t.join();
+  const std::string text = metrics.Scrape({});
+  EXPECT_EQ(Value(text, "duet:generation_tokens_total"), 8000);
+  EXPECT_EQ(Value(text, "duet:inter_token_latency_seconds_count"), 8000);
+  EXPECT_EQ(Value(text, "duet:request_success_total{finished_reason=\"length\"}"), 80);
+}
+
+TEST(LiveMetrics, EveryLineIsTextExpositionFormat) {
+  LiveMetrics metrics;
+  metrics.OnFinished(Finished(FinishReason::kStop));
+  const std::string text = metrics.Scrape({1, 2, 3, 4, 10});
+  const std::regex sample(
+      R"(^[a-zA-Z_:][a-zA-Z0-9_:]*(\{[a-zA-Z_][a-zA-Z0-9_]*="[^"]*"(,[a-zA-Z_][a-zA-Z0-9_]*="[^"]*")*\})? [-+]?([0-9.eE+-]+|Inf|NaN)$)");
+  const std::regex comment(R"(^# (HELP|TYPE) [a-zA-Z_:][a-zA-Z0-9_:]* .+$)");
+  std::istringstream in(text);
+  std::string line;
+  int samples = 0;
+  while (std::getline(in, line)) {
+    if (line.empty()) continue;
+    if (line[0] == '#') {
+      EXPECT_TRUE(std::regex_match(line, comment)) << line;
+    } else {
+      EXPECT_TRUE(std::regex_match(line, sample)) << line;
+      ++samples;
+    }
+  }
+  EXPECT_GT(samples, 50);
+}
+
+}  // namespace
+}  // namespace duet::backend::serve
