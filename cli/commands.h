@@ -41,6 +41,7 @@ void PrintDistribution(const char* label, const nlohmann::json& distribution);
 
 int Simulate(int argc, char** argv);       // cli/simulate.cpp
 int Replay(int argc, char** argv);         // cli/replay.cpp
+int Serve(int argc, char** argv);          // cli/serve.cpp
 int MakeTestModel(int argc, char** argv);  // cli/generate.cpp
 int Generate(int argc, char** argv);       // cli/generate.cpp
 

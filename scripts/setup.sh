@@ -9,7 +9,8 @@ PACKAGES=(
   build-essential cmake ninja-build pkg-config git
   libsimgrid-dev                 # the discrete-event simulator behind `duet simulate`
   libboost-program-options-dev   # command-line parsing
-  libboost-dev                   # Boost.Beast/Asio (header-only): `duet replay`'s HTTP client
+  libboost-dev                   # Boost.Beast/Asio (header-only): `duet replay`'s HTTP client, `duet serve`
+  prometheus-cpp-dev             # `duet serve`'s /metrics (metric families, text exposition)
   nlohmann-json3-dev             # JSON for specs, traces and outputs
   libpcre2-dev                   # the tokenizer's pre-tokenization regex
   libgtest-dev libgmock-dev      # the test suite

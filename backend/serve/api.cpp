@@ -1,0 +1,306 @@
+// OpenAI endpoint semantics over LiveFrontend: request building (tokenization exactly as
+// `duet generate` does it, so greedy output matches it), admission errors, and the per-request
+// pump that turns engine tokens into reply parts on the connection's strand.
+#include "backend/serve/api.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <ctime>
+
+namespace duet::backend::serve {
+
+using nlohmann::json;
+
+std::string ModelsJson(const ServedModel& model) {
+  json entry = {{"id", model.name},
+                {"object", "model"},
+                {"created", model.created},
+                {"owned_by", "duet"},
+                {"root", model.name},
+                {"parent", nullptr},
+                {"max_model_len", model.max_request_tokens}};
+  return json{{"object", "list"}, {"data", json::array({entry})}}.dump();
+}
+
+std::optional<ApiError> BuildLiveRequest(const GenerationParams& params, const ServedModel& model,
+                                         LiveRequest* out) {
+  if (!params.model.empty() && params.model != model.name) {
+    return NotFound(
+        "The model `" + params.model + "` does not exist (this server serves `" + model.name + "`)",
+        "model", "model_not_found");
+  }
+  const bool chat = params.endpoint == Endpoint::kChatCompletions;
+  const char* prompt_field = chat ? "messages" : "prompt";
+  *out = LiveRequest();
+  if (chat) {
+    if (!model.chat_format) {
+      return BadRequest("this model has no chat template Duet can apply (" +
+                            model.chat_format_error + "); use /v1/completions",
+                        "messages");
+    }
+    // As `duet generate --chat` and vLLM do: the rendered conversation is encoded with its
+    // special tokens parsed (the template's own markers among them).
+    const std::string text = ApplyChatTemplate(*model.chat_format, params.messages,
+                                               /*add_generation_prompt=*/true);
+    out->prompt = model.tokenizer.Encode(text, /*add_bos=*/false);
+  } else if (params.prompt_text) {
+    out->prompt = model.tokenizer.Encode(*params.prompt_text, /*add_bos=*/true);
+  } else {
+    out->prompt = params.prompt_ids;
+    for (std::size_t i = 0; i < out->prompt.size(); ++i) {
+      if (out->prompt[i] >= model.vocab_size) {
+        return BadRequest("'prompt[" + std::to_string(i) + "]': token id " +
+                              std::to_string(out->prompt[i]) + " is outside the vocabulary (0.." +
+                              std::to_string(model.vocab_size - 1) + ")",
+                          "prompt");
+      }
+    }
+  }
+  if (out->prompt.empty()) return BadRequest("the prompt encodes to no tokens", prompt_field);
+
+  const auto prompt_tokens = static_cast<Tokens>(out->prompt.size());
+  if (prompt_tokens >= model.max_request_tokens) {
+    return BadRequest("This model's maximum context length is " +
+                          std::to_string(model.max_request_tokens) +
+                          " tokens, but the prompt has " + std::to_string(prompt_tokens) +
+                          " tokens (at least one token must be left to generate)",
+                      prompt_field, "context_length_exceeded");
+  }
+  if (params.max_tokens) {
+    if (prompt_tokens + *params.max_tokens > model.max_request_tokens) {
+      return BadRequest("This model's maximum context length is " +
+                            std::to_string(model.max_request_tokens) + " tokens; you requested " +
+                            std::to_string(prompt_tokens + *params.max_tokens) + " tokens (" +
+                            std::to_string(prompt_tokens) + " in the prompt, " +
+                            std::to_string(*params.max_tokens) +
+                            " for the completion). Reduce the prompt or max_tokens",
+                        "max_tokens", "context_length_exceeded");
+    }
+    out->max_tokens = *params.max_tokens;
+  } else {
+    out->max_tokens = model.max_request_tokens - prompt_tokens;
+  }
+
+  policies::SamplingParams& s = out->sampling;
+  s.temperature = params.temperature;
+  s.top_p = params.top_p;
+  s.top_k = params.top_k;
+  s.seed = params.seed;
+  s.stop_strings = params.stop;
+  if (!params.ignore_eos) {
+    s.stop_token_ids = model.eos_token_ids;
+    if (chat)
+      s.stop_token_ids.insert(s.stop_token_ids.end(), model.chat_stop_token_ids.begin(),
+                              model.chat_stop_token_ids.end());
+  }
+  for (std::size_t i = 0; i < params.stop_token_ids.size(); ++i) {
+    const std::int32_t id = params.stop_token_ids[i];
+    if (id >= model.vocab_size) {
+      return BadRequest("'stop_token_ids[" + std::to_string(i) + "]': token id " +
+                            std::to_string(id) + " is outside the vocabulary (0.." +
+                            std::to_string(model.vocab_size - 1) + ")",
+                        "stop_token_ids");
+    }
+    s.stop_token_ids.push_back(id);
+  }
+  std::sort(s.stop_token_ids.begin(), s.stop_token_ids.end());
+  s.stop_token_ids.erase(std::unique(s.stop_token_ids.begin(), s.stop_token_ids.end()),
+                         s.stop_token_ids.end());
+  return std::nullopt;
+}
+
+ApiError AdmissionError(const Admission& admission) {
+  switch (admission.status) {
+    case AdmitStatus::kInvalid:
+      return BadRequest(admission.message);
+    case AdmitStatus::kTooLong:
+      return BadRequest(admission.message, "max_tokens", "context_length_exceeded");
+    case AdmitStatus::kQueueFull: {
+      ApiError e{
+          429, "the server has too many requests in flight: " + admission.message + "; retry later",
+          "rate_limit_error", "", "rate_limit_exceeded"};
+      e.retry_after_s = 1;
+      return e;
+    }
+    case AdmitStatus::kDraining:
+      return ApiError{503, "the server is shutting down", "service_unavailable", "",
+                      "server_draining"};
+    case AdmitStatus::kAccepted:
+      break;
+  }
+  return ApiError{500, "internal error: admission accepted", "internal_error", "", ""};
+}
+
+// The engine thread's side of a call: tokens and the finish wait here for the strand.
+struct GenerationCall::Mailbox {
+  std::mutex mutex;
+  std::vector<std::int32_t> tokens;
+  std::optional<FinishInfo> finish;
+  bool pump_posted = false;
+  bool closed = false;  // the call is gone or cancelled: drop everything
+};
+
+class GenerationCall::Listener final : public RequestListener {
+ public:
+  Listener(std::shared_ptr<Mailbox> mailbox, std::weak_ptr<GenerationCall> call, Post post)
+      : mailbox_(std::move(mailbox)), call_(std::move(call)), post_(std::move(post)) {}
+
+  void OnToken(std::int32_t token) override {
+    bool post = false;
+    {
+      std::lock_guard<std::mutex> lock(mailbox_->mutex);
+      if (mailbox_->closed) return;
+      mailbox_->tokens.push_back(token);
+      post = !std::exchange(mailbox_->pump_posted, true);
+    }
+    if (post) SchedulePump();
+  }
+  void OnFinished(const FinishInfo& info) override {
+    bool post = false;
+    {
+      std::lock_guard<std::mutex> lock(mailbox_->mutex);
+      if (mailbox_->closed) return;
+      mailbox_->finish = info;
+      post = !std::exchange(mailbox_->pump_posted, true);
+    }
+    if (post) SchedulePump();
+  }
+
+ private:
+  // One pump in flight at a time: tokens that arrive meanwhile ride along with it, so a slow
+  // connection costs one queued task, not one per token.
+  void SchedulePump() {
+    post_([call = call_] {
+      if (auto c = call.lock()) c->Pump();
+    });
+  }
+  std::shared_ptr<Mailbox> mailbox_;
+  std::weak_ptr<GenerationCall> call_;
+  Post post_;
+};
+
+GenerationCall::GenerationCall(const GenerationParams& params,
+                               std::shared_ptr<const ServedModel> model, Deliver deliver)
+    : model_(std::move(model)),
+      deliver_(std::move(deliver)),
+      mailbox_(std::make_shared<Mailbox>()),
+      formatter_(params.endpoint,
+                 NewReplyId(params.endpoint == Endpoint::kChatCompletions ? "chatcmpl-" : "cmpl-"),
+                 static_cast<std::int64_t>(std::time(nullptr)), model_->name,
+                 params.stream && params.include_usage),
+      text_(model_->tokenizer, params.stop, params.skip_special_tokens),
+      stream_(params.stream),
+      include_usage_(params.stream && params.include_usage) {}
+
+std::variant<std::shared_ptr<GenerationCall>, ApiError> GenerationCall::Start(
+    const GenerationParams& params, std::shared_ptr<const ServedModel> model, Post post,
+    Deliver deliver) {
+  if (params.stream_options_given && !params.stream)
+    return BadRequest("'stream_options' is only allowed when 'stream' is true", "stream_options");
+  LiveRequest request;
+  if (auto error = BuildLiveRequest(params, *model, &request)) return *error;
+  LiveFrontend* frontend = model->frontend;
+  std::shared_ptr<GenerationCall> call(
+      new GenerationCall(params, std::move(model), std::move(deliver)));
+  auto listener = std::make_shared<Listener>(call->mailbox_, call, std::move(post));
+  const Admission admission = frontend->Submit(std::move(request), std::move(listener));
+  if (admission.status != AdmitStatus::kAccepted) {
+    call->finished_ = true;  // nothing in flight to cancel
+    return AdmissionError(admission);
+  }
+  call->id_ = admission.id;
+  if (call->stream_ && params.endpoint == Endpoint::kChatCompletions)
+    call->deliver_({call->formatter_.RoleChunk(), false, 200, false});
+  return call;
+}
+
+GenerationCall::~GenerationCall() {
+  // No Abort here: a call is destroyed without Cancel only when the server is torn down,
+  // after which the frontend aborts what is left itself.
+  std::lock_guard<std::mutex> lock(mailbox_->mutex);
+  mailbox_->closed = true;
+}
+
+void GenerationCall::Cancel() {
+  if (finished_ || cancelled_) return;
+  cancelled_ = true;
+  {
+    std::lock_guard<std::mutex> lock(mailbox_->mutex);
+    mailbox_->closed = true;
+    mailbox_->tokens.clear();
+  }
+  model_->frontend->Abort(id_);
+}
+
+void GenerationCall::Pump() {
+  std::vector<std::int32_t> tokens;
+  std::optional<FinishInfo> finish;
+  {
+    std::lock_guard<std::mutex> lock(mailbox_->mutex);
+    tokens.swap(mailbox_->tokens);
+    finish.swap(mailbox_->finish);
+    mailbox_->pump_posted = false;
+  }
+  if (finished_ || cancelled_) return;
+  std::string text;
+  for (std::int32_t token : tokens) {
+    text += text_.Push(token);
+    if (text_.stopped() && !aborted_for_stop_) {
+      // The stop string ends the request here; the engine frees its blocks at the next step
+      // boundary and reports kAbort, which this call turns into finish_reason "stop".
+      aborted_for_stop_ = true;
+      model_->frontend->Abort(id_);
+    }
+  }
+  if (stream_) {
+    if (!text.empty()) deliver_({formatter_.TextChunk(text), false, 200, false});
+  } else {
+    whole_text_ += text;
+  }
+  if (finish) Finish(*finish);
+}
+
+void GenerationCall::Finish(const FinishInfo& info) {
+  finished_ = true;
+  if (info.reason == policies::FinishReason::kError && !aborted_for_stop_) {
+    ApiError error{500, "the request failed in the engine: " + info.message, "internal_error", "",
+                   ""};
+    if (stream_) {
+      deliver_({ErrorJson(error).dump(), false, 200, false});
+      deliver_({std::string(kDone), true, 200, true});
+    } else {
+      deliver_({ErrorBody(error), true, 500, false});
+    }
+    return;
+  }
+  std::string reason = "stop";
+  if (!aborted_for_stop_) {
+    if (info.reason == policies::FinishReason::kLength) reason = "length";
+    if (info.reason == policies::FinishReason::kAbort) reason = "abort";
+  }
+  const std::string tail = text_.Finish();
+  Usage usage;
+  usage.prompt_tokens = info.prompt_tokens;
+  usage.completion_tokens = aborted_for_stop_ ? text_.counted_tokens() : info.completion_tokens;
+  usage.cached_tokens = info.cached_tokens;
+  DuetExtension duet;
+  duet.queue_ms = info.queue_s >= 0 ? info.queue_s * 1000.0 : -1;
+  duet.instance = info.instance;
+  if (!stream_) {
+    deliver_({formatter_.FullReply(whole_text_ + tail, reason, usage, duet), true, 200, false});
+    return;
+  }
+  deliver_({formatter_.FinishChunk(tail, reason, duet), false, 200, false});
+  if (include_usage_) deliver_({formatter_.UsageChunk(usage, duet), false, 200, false});
+  deliver_({std::string(kDone), true, 200, true});
+}
+
+void LogRequestError(int status, const std::string& method, const std::string& target,
+                     const std::string& message) {
+  static std::mutex mutex;
+  std::lock_guard<std::mutex> lock(mutex);
+  std::fprintf(stderr, "duet serve: %d %s %s: %s\n", status, method.c_str(), target.c_str(),
+               message.c_str());
+}
+
+}  // namespace duet::backend::serve

@@ -1,0 +1,774 @@
+// HttpServer on Boost.Beast: an acceptor, one HttpSession per connection (keep-alive, limits,
+// timeouts, SSE streaming with chunked transfer encoding), upgraded to a WsSession on
+// /v1/ws. Each connection runs on its own strand; engine callbacks reach it only through
+// GenerationCall's posted pumps. A pending read during generation notices a client that goes
+// away, which aborts its request in the engine.
+#include "backend/serve/http_server.h"
+
+#include <atomic>
+#include <boost/asio.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+#include <boost/beast/websocket.hpp>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <thread>
+
+namespace duet::backend::serve {
+
+namespace beast = boost::beast;
+namespace http = beast::http;
+namespace websocket = beast::websocket;
+namespace net = boost::asio;
+using tcp = net::ip::tcp;
+using nlohmann::json;
+
+namespace {
+
+enum class Phase { kLoading, kServing, kDraining };
+
+std::chrono::steady_clock::duration ToDuration(Seconds s) {
+  return std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+      std::chrono::duration<double>(s));
+}
+
+// The target's path, without the query string.
+std::string PathOf(beast::string_view target) {
+  const auto q = target.find('?');
+  return std::string(target.substr(0, q));
+}
+
+constexpr Seconds kLingerS = 2;                   // reading what a refused client still sends
+constexpr std::size_t kLingerBytes = 64u << 20;   // ... at most this much
+constexpr std::size_t kMaxQueuedWsRequests = 16;  // requests waiting behind the current one
+
+}  // namespace
+
+struct HttpServer::Impl {
+  ServerOptions options;
+  std::unique_ptr<net::io_context> ioc;
+  std::optional<tcp::acceptor> acceptor;
+  std::vector<std::thread> threads;
+  std::atomic<Phase> phase{Phase::kLoading};
+  std::atomic<bool> stopped{false};
+  std::uint16_t port = 0;
+  std::string host;
+
+  mutable std::mutex model_mutex;
+  std::shared_ptr<const ServedModel> model;
+
+  std::atomic<int> connections{0};
+  std::mutex replies_mutex;
+  std::condition_variable replies_cv;
+  std::int64_t replies = 0;  // accepted generation requests whose reply is not fully written
+
+  std::shared_ptr<const ServedModel> Model() const {
+    std::lock_guard<std::mutex> lock(model_mutex);
+    return model;
+  }
+  bool Authorized(const http::request<http::string_body>& req) const {
+    if (options.api_key.empty()) return true;
+    const auto header = req[http::field::authorization];
+    return header == "Bearer " + options.api_key;
+  }
+  void Accept();
+  void StopNow();
+  ~Impl() {
+    StopNow();
+    acceptor.reset();
+    ioc.reset();  // destroys the sessions still queued in it while the rest is alive
+  }
+};
+
+namespace {
+
+using Impl = HttpServer::Impl;
+
+// Counts one accepted reply until its last byte is written (or its client is gone).
+class ReplyGuard {
+ public:
+  explicit ReplyGuard(Impl* server) : server_(server) {
+    std::lock_guard<std::mutex> lock(server_->replies_mutex);
+    ++server_->replies;
+  }
+  ~ReplyGuard() {
+    std::lock_guard<std::mutex> lock(server_->replies_mutex);
+    if (--server_->replies == 0) server_->replies_cv.notify_all();
+  }
+  ReplyGuard(const ReplyGuard&) = delete;
+  ReplyGuard& operator=(const ReplyGuard&) = delete;
+
+ private:
+  Impl* server_;
+};
+
+// Counts one open connection (moves from the HTTP session to its WebSocket session).
+class ConnectionSlot {
+ public:
+  explicit ConnectionSlot(Impl* server) : server_(server) { ++server_->connections; }
+  ConnectionSlot(ConnectionSlot&& other) noexcept
+      : server_(std::exchange(other.server_, nullptr)) {}
+  ConnectionSlot& operator=(ConnectionSlot&&) = delete;
+  ~ConnectionSlot() {
+    if (server_) --server_->connections;
+  }
+
+ private:
+  Impl* server_;
+};
+
+ApiError Unavailable(const std::string& message, const char* code) {
+  return ApiError{503, message, "service_unavailable", "", code};
+}
+
+// ---------------------------------------------------------------------------------------------
+// WebSocket: one JSON request per text message, its reply parts as text messages, "[DONE]"
+// last. Requests on one connection are served one after another.
+class WsSession : public std::enable_shared_from_this<WsSession> {
+ public:
+  WsSession(beast::tcp_stream&& stream, Impl* server, ConnectionSlot slot)
+      : ws_(std::move(stream)), server_(server), slot_(std::move(slot)) {}
+
+  void Run(http::request<http::string_body> upgrade) {
+    upgrade_ = std::move(upgrade);
+    beast::get_lowest_layer(ws_).expires_never();  // the websocket's own timeouts take over
+    websocket::stream_base::timeout timeouts =
+        websocket::stream_base::timeout::suggested(beast::role_type::server);
+    ws_.set_option(timeouts);
+    ws_.set_option(websocket::stream_base::decorator(
+        [](websocket::response_type& res) { res.set(http::field::server, "duet"); }));
+    ws_.read_message_max(server_->options.max_body_bytes);
+    ws_.async_accept(upgrade_, beast::bind_front_handler(&WsSession::OnAccept, shared_from_this()));
+  }
+
+ private:
+  struct Outgoing {
+    std::string text;
+    bool ends_reply = false;  // written: the reply's guard is released
+  };
+
+  void OnAccept(beast::error_code ec) {
+    if (ec) return;
+    upgrade_ = {};
+    Read();
+  }
+
+  void Read() {
+    ws_.async_read(rbuf_, beast::bind_front_handler(&WsSession::OnRead, shared_from_this()));
+  }
+
+  void OnRead(beast::error_code ec, std::size_t) {
+    if (ec) {  // closed by the client, a timeout, or a protocol error: stop its request
+      closed_ = true;
+      if (call_) call_->Cancel();
+      call_.reset();
+      return;
+    }
+    std::string message = beast::buffers_to_string(rbuf_.data());
+    rbuf_.consume(rbuf_.size());
+    if (!ws_.got_text()) {
+      SendError(BadRequest("send requests as text messages holding JSON"));
+    } else if (queued_.size() >= kMaxQueuedWsRequests) {
+      ApiError e{429,
+                 "more than " + std::to_string(kMaxQueuedWsRequests) +
+                     " requests are waiting on this connection; wait for [DONE]",
+                 "rate_limit_error", "", "rate_limit_exceeded"};
+      SendError(e);
+    } else {
+      queued_.push_back(std::move(message));
+      ServeNext();
+    }
+    Read();
+  }
+
+  void ServeNext() {
+    while (!call_ && !queued_.empty() && !closed_) {
+      std::string message = std::move(queued_.front());
+      queued_.pop_front();
+      if (auto error = StartRequest(message)) SendError(*error);
+    }
+    MaybeCloseForDrain();
+  }
+
+  // Starts one request; an error when it was refused.
+  std::optional<ApiError> StartRequest(const std::string& message) {
+    const json body = json::parse(message, nullptr, /*allow_exceptions=*/false);
+    if (body.is_discarded()) return BadRequest("the message is not valid JSON");
+    if (!body.is_object()) return BadRequest("the message must be a JSON object");
+    Endpoint endpoint;
+    const auto it = body.find("endpoint");
+    if (it == body.end() || !it->is_string())
+      return BadRequest("'endpoint' must be \"/v1/completions\" or \"/v1/chat/completions\"",
+                        "endpoint");
+    if (*it == "/v1/completions") {
+      endpoint = Endpoint::kCompletions;
+    } else if (*it == "/v1/chat/completions") {
+      endpoint = Endpoint::kChatCompletions;
+    } else {
+      return NotFound(
+          "unknown endpoint " + it->dump() + " (\"/v1/completions\" or \"/v1/chat/completions\")",
+          "endpoint");
+    }
+    auto model = server_->Model();
+    if (!model) return Unavailable("the model is still loading", "model_loading");
+    if (server_->phase == Phase::kDraining)
+      return Unavailable("the server is shutting down", "server_draining");
+    GenerationParams params;
+    if (auto error = ParseGenerationRequest(endpoint, body, &params, {"endpoint"})) return error;
+    if (!params.stream_given) params.stream = true;  // WebSocket replies stream by default
+    auto post = [ex = ws_.get_executor()](std::function<void()> task) {
+      net::post(ex, std::move(task));
+    };
+    auto deliver = [weak = weak_from_this()](ReplyPart part) {
+      if (auto self = weak.lock()) self->OnPart(std::move(part));
+    };
+    guards_.push_back(std::make_unique<ReplyGuard>(server_));
+    auto started = GenerationCall::Start(params, std::move(model), post, deliver);
+    if (auto* error = std::get_if<ApiError>(&started)) {
+      guards_.pop_back();
+      return *error;
+    }
+    call_ = std::get<std::shared_ptr<GenerationCall>>(std::move(started));
+    if (call_->finished()) call_.reset();  // cannot happen: the last part comes from a pump
+    return std::nullopt;
+  }
+
+  void OnPart(ReplyPart part) {
+    if (closed_) return;
+    if (!part.last) {
+      Send(std::move(part.payload));
+      return;
+    }
+    if (part.done_marker) {
+      Send(std::move(part.payload), /*ends_reply=*/true);
+    } else {
+      Send(std::move(part.payload));
+      Send(std::string(kDone), /*ends_reply=*/true);
+    }
+    call_.reset();
+    ServeNext();
+  }
+
+  void SendError(const ApiError& error) {
+    LogRequestError(error.http_status, "WS", "/v1/ws", error.message);
+    json body = ErrorJson(error);
+    body["status"] = error.http_status;
+    Send(body.dump());
+    Send(std::string(kDone));
+  }
+
+  void Send(std::string text, bool ends_reply = false) {
+    outgoing_.push_back({std::move(text), ends_reply});
+    if (!writing_) WriteNext();
+  }
+
+  void WriteNext() {
+    if (closed_ || outgoing_.empty()) return;
+    writing_ = true;
+    ws_.text(true);
+    ws_.async_write(net::buffer(outgoing_.front().text),
+                    beast::bind_front_handler(&WsSession::OnWrite, shared_from_this()));
+  }
+
+  void OnWrite(beast::error_code ec, std::size_t) {
+    writing_ = false;
+    if (ec) {
+      closed_ = true;
+      if (call_) call_->Cancel();
+      call_.reset();
+      guards_.clear();
+      return;
+    }
+    if (outgoing_.front().ends_reply && !guards_.empty()) guards_.pop_front();
+    outgoing_.pop_front();
+    if (!outgoing_.empty()) {
+      WriteNext();
+    } else {
+      MaybeCloseForDrain();
+    }
+  }
+
+  // While draining, an idle connection is closed ("going away") once its replies are out.
+  void MaybeCloseForDrain() {
+    if (server_->phase != Phase::kDraining || call_ || !queued_.empty() || writing_ ||
+        !outgoing_.empty() || closed_ || closing_)
+      return;
+    closing_ = true;
+    ws_.async_close(websocket::close_code::going_away,
+                    [self = shared_from_this()](beast::error_code) {});
+  }
+
+  websocket::stream<beast::tcp_stream> ws_;
+  Impl* server_;
+  ConnectionSlot slot_;
+  http::request<http::string_body> upgrade_;
+  beast::flat_buffer rbuf_;
+  std::deque<std::string> queued_;
+  std::deque<Outgoing> outgoing_;
+  std::deque<std::unique_ptr<ReplyGuard>> guards_;
+  std::shared_ptr<GenerationCall> call_;
+  bool writing_ = false;
+  bool closed_ = false;
+  bool closing_ = false;
+};
+
+// ---------------------------------------------------------------------------------------------
+// HTTP/1.1: requests one after another on a keep-alive connection.
+class HttpSession : public std::enable_shared_from_this<HttpSession> {
+ public:
+  HttpSession(tcp::socket&& socket, Impl* server)
+      : stream_(std::move(socket)), server_(server), slot_(server) {}
+
+  void Run() {
+    net::dispatch(stream_.get_executor(),
+                  beast::bind_front_handler(&HttpSession::ReadRequest, shared_from_this()));
+  }
+
+ private:
+  using Request = http::request<http::string_body>;
+
+  void ReadRequest() {
+    if (closed_) return;
+    parser_.emplace();
+    parser_->header_limit(static_cast<std::uint32_t>(server_->options.max_header_bytes));
+    parser_->body_limit(server_->options.max_body_bytes);
+    stream_.expires_after(ToDuration(server_->options.read_timeout_s));
+    http::async_read_header(stream_, buffer_, *parser_,
+                            beast::bind_front_handler(&HttpSession::OnHeader, shared_from_this()));
+  }
+
+  void OnHeader(beast::error_code ec, std::size_t) {
+    if (ec) return OnReadError(ec);
+    const Request& req = parser_->get();
+    method_ = std::string(req.method_string());
+    target_ = std::string(req.target());
+    version_ = req.version();
+    keep_alive_ = req.keep_alive();
+    if (const auto length = parser_->content_length();
+        length && *length > server_->options.max_body_bytes) {
+      return RespondTooLarge();
+    }
+    if (beast::iequals(req[http::field::expect], "100-continue")) {
+      auto cont =
+          std::make_shared<http::response<http::empty_body>>(http::status::continue_, version_);
+      http::async_write(stream_, *cont,
+                        [self = shared_from_this(), cont](beast::error_code ec, std::size_t) {
+                          if (ec) return self->Close();
+                          self->ReadBody();
+                        });
+      return;
+    }
+    ReadBody();
+  }
+
+  void ReadBody() {
+    http::async_read(stream_, buffer_, *parser_,
+                     beast::bind_front_handler(&HttpSession::OnRead, shared_from_this()));
+  }
+
+  void OnReadError(beast::error_code ec) {
+    if (ec == http::error::body_limit) return RespondTooLarge();
+    if (ec == http::error::header_limit) {
+      keep_alive_ = false;
+      return RespondError(ApiError{431,
+                                   "the request headers exceed " +
+                                       std::to_string(server_->options.max_header_bytes) + " bytes",
+                                   "invalid_request_error", "", "headers_too_large"},
+                          /*close=*/true);
+    }
+    if (ec == http::error::end_of_stream || ec == beast::error::timeout ||
+        ec == net::error::connection_reset || ec == net::error::operation_aborted)
+      return Close();
+    // A malformed request line or header: answer once, then close (the stream is unusable).
+    if (ec.category() == http::make_error_code(http::error::bad_target).category()) {
+      keep_alive_ = false;
+      if (method_.empty()) method_ = "?";
+      return RespondError(BadRequest("malformed HTTP request: " + ec.message()), true);
+    }
+    Close();
+  }
+
+  void RespondTooLarge() {
+    keep_alive_ = false;
+    RespondError(ApiError{413,
+                          "the request body exceeds " +
+                              std::to_string(server_->options.max_body_bytes) + " bytes",
+                          "invalid_request_error", "", "request_too_large"},
+                 /*close=*/true);
+  }
+
+  void OnRead(beast::error_code ec, std::size_t) {
+    if (ec) return OnReadError(ec);
+    Handle();
+  }
+
+  void Handle() {
+    Request& req = parser_->get();
+    const std::string path = PathOf(req.target());
+    if (websocket::is_upgrade(req)) {
+      if (path != "/v1/ws") return RespondError(NotFound("no WebSocket endpoint at " + path));
+      if (!server_->Authorized(req)) return RespondUnauthorized();
+      auto ws = std::make_shared<WsSession>(std::move(stream_), server_, std::move(slot_));
+      closed_ = true;  // this session is done; the socket belongs to the WebSocket now
+      ws->Run(parser_->release());
+      return;
+    }
+    struct Route {
+      const char* path;
+      http::verb verb;
+    };
+    static const Route kRoutes[] = {{"/health", http::verb::get},
+                                    {"/metrics", http::verb::get},
+                                    {"/v1/models", http::verb::get},
+                                    {"/v1/completions", http::verb::post},
+                                    {"/v1/chat/completions", http::verb::post},
+                                    {"/v1/ws", http::verb::get}};
+    const Route* route = nullptr;
+    for (const Route& r : kRoutes)
+      if (path == r.path) route = &r;
+    if (!route) return RespondError(NotFound("no endpoint at " + path));
+    if (req.method() != route->verb) {
+      ApiError e{405,
+                 std::string(req.method_string()) + " is not allowed on " + path + " (use " +
+                     std::string(http::to_string(route->verb)) + ")",
+                 "invalid_request_error", "", "method_not_allowed"};
+      allow_ = std::string(http::to_string(route->verb));
+      return RespondError(e);
+    }
+    if (path == "/health") {
+      if (server_->phase == Phase::kServing) return Respond(http::status::ok, "", "text/plain");
+      return RespondError(server_->phase == Phase::kDraining
+                              ? Unavailable("the server is shutting down", "server_draining")
+                              : Unavailable("the model is still loading", "model_loading"),
+                          false, /*log=*/false);
+    }
+    auto model = server_->Model();
+    if (path == "/metrics") {
+      if (!model) return RespondError(Unavailable("the model is still loading", "model_loading"));
+      return Respond(http::status::ok, model->metrics->Scrape(model->frontend->Stats()),
+                     "text/plain; version=0.0.4; charset=utf-8");
+    }
+    if (!server_->Authorized(req)) return RespondUnauthorized();
+    if (path == "/v1/ws")
+      return RespondError(BadRequest("/v1/ws takes a WebSocket upgrade request"));
+    if (!model) return RespondError(Unavailable("the model is still loading", "model_loading"));
+    if (path == "/v1/models") return Respond(http::status::ok, ModelsJson(*model));
+    Generate(path == "/v1/completions" ? Endpoint::kCompletions : Endpoint::kChatCompletions,
+             std::move(model));
+  }
+
+  void Generate(Endpoint endpoint, std::shared_ptr<const ServedModel> model) {
+    if (server_->phase == Phase::kDraining)
+      return RespondError(Unavailable("the server is shutting down", "server_draining"));
+    GenerationParams params;
+    {
+      std::string body = std::move(parser_->release().body());  // the parser's memory goes now
+      parser_.reset();
+      if (auto error = ParseGenerationBody(endpoint, body, &params)) return RespondError(*error);
+    }
+    streaming_ = params.stream;
+    headers_sent_ = final_chunk_sent_ = last_queued_ = false;
+    out_.clear();
+    // Watch the socket while generating: a client that goes away aborts its request.
+    stream_.expires_never();
+    Watch();
+    auto post = [ex = stream_.get_executor()](std::function<void()> task) {
+      net::post(ex, std::move(task));
+    };
+    auto deliver = [weak = weak_from_this()](ReplyPart part) {
+      if (auto self = weak.lock()) self->OnPart(std::move(part));
+    };
+    guard_.emplace(server_);
+    auto started = GenerationCall::Start(params, std::move(model), post, deliver);
+    if (auto* error = std::get_if<ApiError>(&started)) {
+      guard_.reset();
+      return RespondError(*error);  // the watch read stays pending; it ends with the response
+    }
+    call_ = std::get<std::shared_ptr<GenerationCall>>(std::move(started));
+  }
+
+  // A read pending during generation: an error means the client is gone; bytes mean it sent
+  // its next request already (kept in buffer_ for the parser).
+  void Watch() {
+    watching_ = true;
+    stream_.async_read_some(buffer_.prepare(4096),
+                            beast::bind_front_handler(&HttpSession::OnWatch, shared_from_this()));
+  }
+
+  void OnWatch(beast::error_code ec, std::size_t n) {
+    watching_ = false;
+    buffer_.commit(n);
+    if (closed_) return;
+    if (next_after_watch_) {  // the reply is out; the watch was cancelled to read the next one
+      next_after_watch_ = false;
+      if (ec && ec != net::error::operation_aborted) return Close();
+      return ReadRequest();
+    }
+    if (ec) return Abandon();
+  }
+
+  void OnPart(ReplyPart part) {
+    if (closed_) return;
+    if (!streaming_) {
+      if (!part.last) return;  // cannot happen: a whole reply is one part
+      call_.reset();
+      return Respond(static_cast<http::status>(part.http_status), std::move(part.payload));
+    }
+    out_ += SseData(part.payload);
+    if (part.last) {
+      last_queued_ = true;
+      call_.reset();
+    }
+    WriteStream();
+  }
+
+  void WriteStream() {
+    if (writing_ || closed_) return;
+    auto done = beast::bind_front_handler(&HttpSession::OnStreamWritten, shared_from_this());
+    if (!headers_sent_) {
+      stream_res_ = std::make_shared<http::response<http::empty_body>>(http::status::ok, version_);
+      stream_res_->set(http::field::server, "duet");
+      stream_res_->set(http::field::content_type, "text/event-stream");
+      stream_res_->set(http::field::cache_control, "no-cache");
+      stream_res_->keep_alive(keep_alive_);
+      stream_res_->chunked(true);
+      stream_sr_ = std::make_shared<http::response_serializer<http::empty_body>>(*stream_res_);
+      headers_sent_ = true;
+      StartWrite();
+      http::async_write_header(stream_, *stream_sr_, std::move(done));
+    } else if (!out_.empty()) {
+      inflight_ = std::move(out_);
+      out_.clear();
+      StartWrite();
+      net::async_write(stream_, http::make_chunk(net::buffer(inflight_)), std::move(done));
+    } else if (last_queued_ && !final_chunk_sent_) {
+      final_chunk_sent_ = true;
+      StartWrite();
+      net::async_write(stream_, http::make_chunk_last(), std::move(done));
+    } else if (final_chunk_sent_) {
+      OnReplyWritten();
+    }
+  }
+
+  void StartWrite() {
+    writing_ = true;
+    stream_.expires_after(ToDuration(server_->options.write_timeout_s));  // the write timer
+  }
+
+  void OnStreamWritten(beast::error_code ec, std::size_t) {
+    writing_ = false;
+    if (ec) return Abandon();
+    WriteStream();
+  }
+
+  // The reply's last byte is out: next request, or close.
+  void OnReplyWritten() {
+    guard_.reset();
+    stream_res_.reset();
+    stream_sr_.reset();
+    inflight_.clear();
+    inflight_.shrink_to_fit();
+    if (!keep_alive_ || server_->phase == Phase::kDraining) return GracefulClose();
+    if (watching_) {
+      next_after_watch_ = true;
+      beast::error_code ignored;
+      stream_.socket().cancel(ignored);
+      return;
+    }
+    ReadRequest();
+  }
+
+  void Respond(http::status status, std::string body, const char* content_type = "application/json",
+               bool close = false, int retry_after_s = 0) {
+    auto res = std::make_shared<http::response<http::string_body>>(status, version_);
+    res->set(http::field::server, "duet");
+    res->set(http::field::content_type, content_type);
+    if (retry_after_s > 0) res->set(http::field::retry_after, std::to_string(retry_after_s));
+    if (!allow_.empty()) res->set(http::field::allow, std::exchange(allow_, {}));
+    if (close || server_->phase == Phase::kDraining) keep_alive_ = false;
+    res->keep_alive(keep_alive_);
+    res->body() = std::move(body);
+    res->prepare_payload();
+    // With the watch read pending this sets only the write timer.
+    stream_.expires_after(ToDuration(server_->options.write_timeout_s));
+    writing_ = true;
+    http::async_write(stream_, *res,
+                      [self = shared_from_this(), res](beast::error_code ec, std::size_t) {
+                        self->writing_ = false;
+                        if (ec) return self->Abandon();
+                        self->OnReplyWritten();
+                      });
+  }
+
+  void RespondError(const ApiError& error, bool close = false, bool log = true) {
+    if (log) LogRequestError(error.http_status, method_, target_, error.message);
+    Respond(static_cast<http::status>(error.http_status), ErrorBody(error), "application/json",
+            close, error.retry_after_s);
+  }
+
+  void RespondUnauthorized() {
+    RespondError(ApiError{401, "Incorrect or missing API key: send 'Authorization: Bearer <key>'",
+                          "invalid_request_error", "", "invalid_api_key"});
+  }
+
+  // The client is gone or stalled: stop its request and drop the connection.
+  void Abandon() {
+    if (call_) call_->Cancel();
+    call_.reset();
+    guard_.reset();
+    Close();
+  }
+
+  // After a "Connection: close" reply: stop sending, read (and drop) what the client may still
+  // be sending for a moment, so that closing does not reset the connection under its reply.
+  void GracefulClose() {
+    if (closed_) return;
+    beast::error_code ignored;
+    stream_.socket().shutdown(tcp::socket::shutdown_send, ignored);
+    if (watching_) {  // its completion (EOF or cancel) closes
+      next_after_watch_ = false;
+      stream_.socket().cancel(ignored);
+      closed_ = true;
+      return;
+    }
+    linger_bytes_ = 0;
+    stream_.expires_after(ToDuration(kLingerS));
+    Linger();
+  }
+
+  void Linger() {
+    stream_.async_read_some(buffer_.prepare(16384),
+                            [self = shared_from_this()](beast::error_code ec, std::size_t n) {
+                              self->buffer_.consume(self->buffer_.size());
+                              self->linger_bytes_ += n;
+                              if (ec || self->linger_bytes_ > kLingerBytes) return self->Close();
+                              self->Linger();
+                            });
+  }
+
+  void Close() {
+    if (closed_ && !stream_.socket().is_open()) return;
+    closed_ = true;
+    beast::error_code ignored;
+    stream_.socket().shutdown(tcp::socket::shutdown_both, ignored);
+    stream_.close();
+  }
+
+  beast::tcp_stream stream_;
+  Impl* server_;
+  ConnectionSlot slot_;
+  beast::flat_buffer buffer_;
+  std::optional<http::request_parser<http::string_body>> parser_;
+  std::string method_, target_, allow_;
+  unsigned version_ = 11;
+  bool keep_alive_ = true;
+
+  // The generation reply in progress.
+  std::shared_ptr<GenerationCall> call_;
+  std::optional<ReplyGuard> guard_;
+  bool streaming_ = false;
+  bool headers_sent_ = false;
+  bool last_queued_ = false;
+  bool final_chunk_sent_ = false;
+  std::string out_;       // SSE bytes not yet handed to a write
+  std::string inflight_;  // SSE bytes being written
+  std::shared_ptr<http::response<http::empty_body>> stream_res_;
+  std::shared_ptr<http::response_serializer<http::empty_body>> stream_sr_;
+  bool writing_ = false;
+  bool watching_ = false;
+  bool next_after_watch_ = false;
+  bool closed_ = false;
+  std::size_t linger_bytes_ = 0;
+};
+
+}  // namespace
+
+void HttpServer::Impl::Accept() {
+  acceptor->async_accept(net::make_strand(*ioc), [this](beast::error_code ec, tcp::socket socket) {
+    if (stopped || !acceptor->is_open()) return;
+    if (!ec) {
+      if (connections >= options.max_connections) {
+        beast::error_code ignored;
+        socket.close(ignored);
+      } else {
+        std::make_shared<HttpSession>(std::move(socket), this)->Run();
+      }
+    }
+    Accept();
+  });
+}
+
+void HttpServer::Impl::StopNow() {
+  if (stopped.exchange(true)) return;
+  if (ioc) ioc->stop();
+  for (std::thread& t : threads) t.join();
+  threads.clear();
+  beast::error_code ignored;
+  if (acceptor) acceptor->close(ignored);
+}
+
+Result<std::unique_ptr<HttpServer>> HttpServer::Start(const ServerOptions& options) {
+  auto impl = std::make_shared<Impl>();
+  impl->options = options;
+  impl->ioc = std::make_unique<net::io_context>(std::max(1, options.io_threads));
+  beast::error_code ec;
+  tcp::resolver resolver(*impl->ioc);
+  const auto results =
+      resolver.resolve(options.host, std::to_string(options.port),
+                       tcp::resolver::passive | tcp::resolver::numeric_service, ec);
+  if (ec || results.empty())
+    return Status::Error("--host " + options.host + ": cannot resolve: " + ec.message());
+  const tcp::endpoint endpoint = results.begin()->endpoint();
+  impl->acceptor.emplace(*impl->ioc);
+  auto& acceptor = *impl->acceptor;
+  const std::string where = options.host + ":" + std::to_string(options.port);
+  if (acceptor.open(endpoint.protocol(), ec); ec)
+    return Status::Error("cannot open a socket for " + where + ": " + ec.message());
+  acceptor.set_option(net::socket_base::reuse_address(true), ec);
+  if (acceptor.bind(endpoint, ec); ec)
+    return Status::Error("cannot bind " + where + ": " + ec.message());
+  if (acceptor.listen(net::socket_base::max_listen_connections, ec); ec)
+    return Status::Error("cannot listen on " + where + ": " + ec.message());
+  impl->port = acceptor.local_endpoint().port();
+  const auto address = acceptor.local_endpoint().address();
+  impl->host = address.is_v6() ? "[" + address.to_string() + "]" : address.to_string();
+  impl->Accept();
+  for (int i = 0; i < std::max(1, options.io_threads); ++i)
+    impl->threads.emplace_back([ioc = impl->ioc.get()] { ioc->run(); });
+  return std::unique_ptr<HttpServer>(new HttpServer(std::move(impl)));
+}
+
+HttpServer::HttpServer(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
+HttpServer::~HttpServer() { Stop(); }
+
+std::uint16_t HttpServer::port() const { return impl_->port; }
+std::string HttpServer::address() const {
+  return "http://" + impl_->host + ":" + std::to_string(impl_->port);
+}
+
+void HttpServer::SetServing(std::shared_ptr<const ServedModel> model) {
+  {
+    std::lock_guard<std::mutex> lock(impl_->model_mutex);
+    impl_->model = std::move(model);
+  }
+  Phase expected = Phase::kLoading;
+  impl_->phase.compare_exchange_strong(expected, Phase::kServing);
+}
+
+void HttpServer::BeginDrain() { impl_->phase = Phase::kDraining; }
+
+bool HttpServer::WaitRepliesDone(Seconds timeout_s) {
+  std::unique_lock<std::mutex> lock(impl_->replies_mutex);
+  return impl_->replies_cv.wait_for(lock, ToDuration(timeout_s),
+                                    [&] { return impl_->replies == 0; });
+}
+
+std::int64_t HttpServer::replies_in_flight() const {
+  std::lock_guard<std::mutex> lock(impl_->replies_mutex);
+  return impl_->replies;
+}
+
+void HttpServer::Stop() { impl_->StopNow(); }
+
+}  // namespace duet::backend::serve

@@ -1,0 +1,258 @@
+// `duet serve`: an OpenAI-compatible HTTP/WebSocket server over the live frontend. Binds first
+// (/health answers 503 while the model loads), loads the model once per instance, prints one
+// line with its address when ready, and on SIGTERM/SIGINT drains: /health answers 503, new
+// requests are refused, requests in flight complete, then it exits 0. docs/serving.md.
+#include <pthread.h>
+#include <signal.h>
+
+#include <algorithm>
+#include <atomic>
+#include <boost/program_options.hpp>
+#include <condition_variable>
+#include <cstdio>
+#include <ctime>
+#include <fstream>
+#include <mutex>
+#include <thread>
+
+#include "backend/registry.h"
+#include "backend/serve/api.h"
+#include "backend/serve/frontend.h"
+#include "backend/serve/http_server.h"
+#include "backend/serve/live_metrics.h"
+#include "backend/tokenizer/chat_template.h"
+#include "cli/commands.h"
+#include "common/json_util.h"
+
+namespace po = boost::program_options;
+
+namespace duet::cli {
+namespace {
+
+using backend::serve::HttpServer;
+using backend::serve::LiveFrontend;
+
+// SIGTERM / SIGINT, taken by sigwait on a thread of their own (blocked everywhere else, so no
+// handler runs in the middle of the server's threads). The first asks for a drain; a second
+// one while draining exits at once.
+class ShutdownSignal {
+ public:
+  ShutdownSignal() {
+    sigemptyset(&set_);
+    sigaddset(&set_, SIGTERM);
+    sigaddset(&set_, SIGINT);
+    // Before any other thread exists, so that every thread inherits the mask.
+    pthread_sigmask(SIG_BLOCK, &set_, nullptr);
+    std::thread([this] {
+      for (int count = 0;; ++count) {
+        int signal = 0;
+        if (sigwait(&set_, &signal) != 0) continue;
+        if (count > 0) {
+          std::fprintf(stderr, "duet serve: second signal, exiting without draining\n");
+          std::_Exit(kExitError);
+        }
+        {
+          std::lock_guard<std::mutex> lock(mutex_);
+          received_ = signal;
+        }
+        cv_.notify_all();
+      }
+    }).detach();
+  }
+  int Wait() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    cv_.wait(lock, [&] { return received_ != 0; });
+    return received_;
+  }
+  bool received() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return received_ != 0;
+  }
+
+ private:
+  sigset_t set_;
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  int received_ = 0;
+};
+
+// KV blocks per instance when --kv-blocks is 0: room for 16 full-context sequences, within a
+// 4 GiB budget of fp32 keys and values, and at least one full-context sequence.
+std::int64_t DefaultKvBlocks(const backend::ModelConfig& config, std::int32_t block_tokens) {
+  const std::int64_t context =
+      config.max_position_embeddings > 0 ? config.max_position_embeddings : 4096;
+  const std::int64_t per_sequence = (context + block_tokens - 1) / block_tokens + 1;
+  const double block_bytes = 2.0 * config.num_hidden_layers *
+                             static_cast<double>(config.KvWidth()) * block_tokens * sizeof(float);
+  const auto budget = static_cast<std::int64_t>(4.0 * kGiB / std::max(block_bytes, 1.0));
+  return std::max(per_sequence + 1, std::min(16 * per_sequence, budget));
+}
+
+// The chat format the model directory declares: tokenizer_config.json's chat_template when
+// there is one, else what the tokenizer's special tokens say.
+Result<backend::ChatFormat> ChatFormatOf(const backend::LoadedModel& model,
+                                         const backend::Tokenizer& tokenizer) {
+  if (!model.tokenizer_config_path.empty()) {
+    auto config = ReadJsonFile(model.tokenizer_config_path);
+    if (!config) return config.status();
+    if (config->contains("chat_template") && (*config)["chat_template"].is_string())
+      return backend::DetectChatFormatFromTemplate((*config)["chat_template"].get<std::string>());
+  }
+  return backend::DetectChatFormat(tokenizer);
+}
+
+}  // namespace
+
+int Serve(int argc, char** argv) {
+  po::options_description opts("duet serve: an OpenAI-compatible server for a model");
+  // clang-format off
+  opts.add_options()
+    ("help,h", "show this help")
+    ("model", po::value<std::string>()->required(),
+     "Hugging Face model directory (config.json, *.safetensors, tokenizer.json)")
+    ("device", po::value<std::string>()->default_value("cpu"), "cpu or cuda")
+    ("instances", po::value<int>()->default_value(1),
+     "colocated instances of the model, each with its own KV cache and engine thread")
+    ("host", po::value<std::string>()->default_value("127.0.0.1"),
+     "address to listen on (loopback by default; 0.0.0.0 for every interface)")
+    ("port", po::value<int>()->default_value(8000), "TCP port (0: any free port)")
+    ("api-key", po::value<std::string>(),
+     "require 'Authorization: Bearer KEY' on /v1/* (default: $DUET_API_KEY, else none)")
+    ("router", po::value<std::string>()->default_value("least-loaded"),
+     "round-robin, least-loaded, power-of-two or prefix-aware")
+    ("max-pending", po::value<std::int64_t>()->default_value(1024),
+     "requests in flight at most; more get HTTP 429")
+    ("kv-blocks", po::value<std::int64_t>()->default_value(0),
+     "KV cache blocks of 16 tokens per instance (0: 16 full contexts within 4 GiB)")
+    ("threads", po::value<int>()->default_value(0),
+     "CPU threads per instance (0: the hardware threads shared among instances)")
+    ("io-threads", po::value<int>()->default_value(1), "threads serving the network")
+    ("served-model-name", po::value<std::string>(),
+     "the model name clients send (default: --model as given)")
+    ("drain-timeout", po::value<double>()->default_value(60.0),
+     "seconds to let requests in flight finish on SIGTERM/SIGINT before aborting them");
+  // clang-format on
+  po::variables_map vm;
+  int code = 0;
+  if (!ParseArgs(argc, argv, opts, vm, &code)) return code;
+
+  const std::string model_dir = vm["model"].as<std::string>();
+  const std::string device = vm["device"].as<std::string>();
+  if (device != "cpu" && device != "cuda") return Fail("--device must be cpu or cuda", kExitUsage);
+  const int instances = vm["instances"].as<int>();
+  if (instances < 1 || instances > 64) return Fail("--instances must be in 1..64", kExitUsage);
+  const int port = vm["port"].as<int>();
+  if (port < 0 || port > 65535) return Fail("--port must be in 0..65535", kExitUsage);
+  const std::int64_t max_pending = vm["max-pending"].as<std::int64_t>();
+  if (max_pending < 1) return Fail("--max-pending must be at least 1", kExitUsage);
+  const std::int64_t kv_blocks = vm["kv-blocks"].as<std::int64_t>();
+  if (kv_blocks < 0) return Fail("--kv-blocks must be >= 0", kExitUsage);
+  const int threads = vm["threads"].as<int>();
+  if (threads < 0) return Fail("--threads must be >= 0", kExitUsage);
+  const int io_threads = vm["io-threads"].as<int>();
+  if (io_threads < 1 || io_threads > 64) return Fail("--io-threads must be in 1..64", kExitUsage);
+  const double drain_timeout_s = vm["drain-timeout"].as<double>();
+  if (!(drain_timeout_s >= 0)) return Fail("--drain-timeout must be >= 0", kExitUsage);
+  auto router = policies::ParseRouterKind(vm["router"].as<std::string>());
+  if (!router) return Fail("--router: " + router.error(), kExitUsage);
+  if (*router == policies::RouterKind::kCacheAware)
+    return Fail("--router cache-aware needs a prefill rate; not offered by duet serve yet",
+                kExitUsage);
+  std::string api_key;
+  if (vm.count("api-key")) {
+    api_key = vm["api-key"].as<std::string>();
+    if (api_key.empty()) return Fail("--api-key must not be empty", kExitUsage);
+  } else if (const char* env = std::getenv("DUET_API_KEY"); env && *env) {
+    api_key = env;
+  }
+
+  ShutdownSignal shutdown;  // before any thread starts
+
+  backend::serve::ServerOptions server_options;
+  server_options.host = vm["host"].as<std::string>();
+  server_options.port = static_cast<std::uint16_t>(port);
+  server_options.api_key = api_key;
+  server_options.io_threads = io_threads;
+  auto server = HttpServer::Start(server_options);
+  if (!server) return Fail(server.error());
+
+  // Load: the tokenizer once, the model once per instance.
+  auto loaded = backend::LoadModelDir(model_dir);
+  if (!loaded) return Fail(loaded.error());
+  if (loaded->tokenizer_json_path.empty()) return Fail(model_dir + ": no tokenizer.json");
+  auto tokenizer = backend::Tokenizer::Load(loaded->tokenizer_json_path);
+  if (!tokenizer) return Fail(tokenizer.error());
+  auto model = std::make_shared<backend::serve::ServedModel>(
+      vm.count("served-model-name") ? vm["served-model-name"].as<std::string>() : model_dir,
+      *tokenizer);
+  if (auto format = ChatFormatOf(*loaded, *tokenizer)) {
+    model->chat_format = *format;
+    model->chat_stop_token_ids = backend::StopTokenIds(*format, *tokenizer);
+  } else {
+    model->chat_format_error = format.error();
+  }
+  for (std::int64_t id : loaded->config.eos_token_ids)
+    model->eos_token_ids.push_back(static_cast<std::int32_t>(id));
+
+  backend::ModelPlacement placement;
+  placement.device = device;
+  placement.block_tokens = 16;
+  placement.num_blocks =
+      kv_blocks > 0 ? kv_blocks : DefaultKvBlocks(loaded->config, placement.block_tokens);
+  placement.cpu_threads =
+      threads > 0 ? threads
+                  : std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / instances);
+  std::vector<std::unique_ptr<backend::ForwardModel>> models;
+  for (int i = 0; i < instances; ++i) {
+    if (shutdown.received()) return kExitOk;  // asked to stop while loading: nothing to drain
+    auto instance_model = i == 0 ? std::move(loaded) : backend::LoadModelDir(model_dir);
+    if (!instance_model) return Fail(instance_model.error());
+    auto forward = backend::CreateForwardModel(std::move(*instance_model), placement);
+    if (!forward) return Fail("--device " + device + ": " + forward.error());
+    models.push_back(std::move(*forward));
+  }
+
+  backend::serve::LiveMetrics metrics;
+  backend::serve::FrontendOptions frontend_options;
+  frontend_options.router.kind = *router;
+  frontend_options.max_pending_requests = max_pending;
+  frontend_options.observer = &metrics;
+  auto frontend = LiveFrontend::Start(std::move(models), frontend_options);
+  if (!frontend) return Fail(frontend.error());
+  std::unique_ptr<LiveFrontend> live = std::move(*frontend);
+
+  model->vocab_size = live->model_config().vocab_size;
+  model->max_request_tokens = live->max_request_tokens();
+  model->created = static_cast<std::int64_t>(std::time(nullptr));
+  model->frontend = live.get();
+  model->metrics = &metrics;
+  const std::string name = model->name;
+  (*server)->SetServing(std::move(model));
+  std::printf(
+      "duet serve: serving %s at %s (%d instance%s on %s, %lld KV blocks each, "
+      "max_model_len %lld)\n",
+      name.c_str(), (*server)->address().c_str(), instances, instances == 1 ? "" : "s",
+      device.c_str(), static_cast<long long>(placement.num_blocks),
+      static_cast<long long>(live->max_request_tokens()));
+  std::fflush(stdout);
+
+  const int signal = shutdown.Wait();
+  std::fprintf(stderr, "duet serve: %s, draining %lld replies in flight\n",
+               signal == SIGTERM ? "SIGTERM" : "SIGINT",
+               static_cast<long long>((*server)->replies_in_flight()));
+  (*server)->BeginDrain();
+  const std::int64_t aborted = live->Drain(drain_timeout_s);
+  // The engines are done; let the connections write their last chunks.
+  const bool written = (*server)->WaitRepliesDone(10.0);
+  (*server)->Stop();
+  live.reset();  // after Stop: its last callbacks only queue work for the stopped server
+  server->reset();
+  if (aborted > 0)
+    std::fprintf(stderr, "duet serve: %lld requests aborted after --drain-timeout\n",
+                 static_cast<long long>(aborted));
+  if (!written) std::fprintf(stderr, "duet serve: some replies were not fully written\n");
+  std::fprintf(stderr, "duet serve: stopped\n");
+  return kExitOk;
+}
+
+}  // namespace duet::cli
