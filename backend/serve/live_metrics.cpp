@@ -85,23 +85,23 @@ LiveMetrics::~LiveMetrics() = default;
 
 void LiveMetrics::OnFinished(const Request& request) {
   if (request.state == RequestState::kRejected) return;  // never served: no latencies
-  if (request.state == RequestState::kFailed) {
-    success_error_->Increment();
-  } else {
-    switch (request.finish_reason) {
-      case FinishReason::kLength:
-        success_length_->Increment();
-        break;
-      case FinishReason::kAbort:
-        success_abort_->Increment();
-        break;
-      case FinishReason::kError:
-        success_error_->Increment();
-        break;
-      default:  // kStop, and kNone from an engine that sets no reason: it ran to an end
-        success_stop_->Increment();
-        break;
-    }
+  // The reason first: the engine ends an aborted request as kFailed with reason kAbort.
+  switch (request.finish_reason) {
+    case FinishReason::kLength:
+      success_length_->Increment();
+      break;
+    case FinishReason::kAbort:
+      success_abort_->Increment();
+      break;
+    case FinishReason::kError:
+      success_error_->Increment();
+      break;
+    case FinishReason::kStop:
+      success_stop_->Increment();
+      break;
+    case FinishReason::kNone:  // an engine that sets no reason: failed, or ran to an end
+      (request.state == RequestState::kFailed ? success_error_ : success_stop_)->Increment();
+      break;
   }
   ObserveIfReached(ttft_, request.arrival_s, request.first_token_s);
   ObserveIfReached(queue_, request.arrival_s, request.first_scheduled_s);

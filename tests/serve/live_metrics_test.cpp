@@ -74,7 +74,7 @@ TEST(LiveMetrics, EventsFeedCountersAndHistograms) {
   metrics.OnTokenGaps(0.03, 4);
   metrics.OnFinished(r);
   metrics.OnFinished(Finished(FinishReason::kLength));
-  metrics.OnFinished(Finished(FinishReason::kAbort));
+  metrics.OnFinished(Finished(FinishReason::kAbort, RequestState::kFailed));  // as engines do
   metrics.OnFinished(Finished(FinishReason::kError, RequestState::kFailed));
   metrics.OnFinished(Finished(FinishReason::kNone, RequestState::kRejected));  // not counted
   metrics.OnPreempted(r, 0);
