@@ -129,6 +129,8 @@ int Serve(int argc, char** argv) {
     ("io-threads", po::value<int>()->default_value(1), "threads serving the network")
     ("served-model-name", po::value<std::string>(),
      "the model name clients send (default: --model as given)")
+    ("read-timeout", po::value<double>()->default_value(60.0),
+     "seconds a connection may take to send a request, idle keep-alive time included")
     ("drain-timeout", po::value<double>()->default_value(60.0),
      "seconds to let requests in flight finish on SIGTERM/SIGINT before aborting them");
   // clang-format on
@@ -153,6 +155,8 @@ int Serve(int argc, char** argv) {
   if (io_threads < 1 || io_threads > 64) return Fail("--io-threads must be in 1..64", kExitUsage);
   const double drain_timeout_s = vm["drain-timeout"].as<double>();
   if (!(drain_timeout_s >= 0)) return Fail("--drain-timeout must be >= 0", kExitUsage);
+  const double read_timeout_s = vm["read-timeout"].as<double>();
+  if (!(read_timeout_s > 0)) return Fail("--read-timeout must be > 0", kExitUsage);
   auto router = policies::ParseRouterKind(vm["router"].as<std::string>());
   if (!router) return Fail("--router: " + router.error(), kExitUsage);
   if (*router == policies::RouterKind::kCacheAware)
@@ -173,6 +177,7 @@ int Serve(int argc, char** argv) {
   server_options.port = static_cast<std::uint16_t>(port);
   server_options.api_key = api_key;
   server_options.io_threads = io_threads;
+  server_options.read_timeout_s = read_timeout_s;
   auto server = HttpServer::Start(server_options);
   if (!server) return Fail(server.error());
 
