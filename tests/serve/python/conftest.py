@@ -1,0 +1,204 @@
+"""Fixtures for the `duet serve` tests: test models written by `duet make-test-model`, a real
+`duet serve` process on an ephemeral loopback port (started, waited for, stopped with SIGTERM
+and required to exit 0), and small helpers for raw HTTP and /metrics. Everything is bounded
+by timeouts so that a hung server fails a test instead of hanging the suite."""
+
+import http.client
+import json
+import os
+import re
+import selectors
+import signal
+import subprocess
+import time
+
+import openai
+import pytest
+
+DUET = os.environ.get("DUET_BIN", "build/bin/duet")
+START_TIMEOUT_S = 60
+STOP_TIMEOUT_S = 60
+
+
+def run_duet(*args, timeout=120):
+    return subprocess.run([DUET, *args], capture_output=True, text=True, timeout=timeout)
+
+
+class Server:
+    """One `duet serve` process."""
+
+    def __init__(self, model_dir, *args, log_dir):
+        self.model_dir = model_dir
+        self.stderr_path = os.path.join(log_dir, f"serve-{time.monotonic_ns()}.log")
+        self._stderr = open(self.stderr_path, "w")
+        self.proc = subprocess.Popen(
+            [DUET, "serve", "--model", model_dir, "--port", "0", *args],
+            stdout=subprocess.PIPE, stderr=self._stderr, text=True)
+        self.ready_line = self._wait_ready()
+        m = re.search(r" at (http://[0-9.]+:(\d+)) ", self.ready_line)
+        assert m, self.ready_line
+        self.url = m.group(1)
+        self.port = int(m.group(2))
+        self.model = model_dir
+
+    def _wait_ready(self):
+        sel = selectors.DefaultSelector()
+        sel.register(self.proc.stdout, selectors.EVENT_READ)
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if sel.select(timeout=0.5):
+                line = self.proc.stdout.readline()
+                if line:
+                    return line
+            if self.proc.poll() is not None:
+                break
+        self.proc.kill()
+        raise AssertionError(f"duet serve did not start: {self.stderr()}")
+
+    def stderr(self):
+        self._stderr.flush()
+        with open(self.stderr_path) as f:
+            return f.read()
+
+    def client(self, api_key="unused", **kwargs):
+        return openai.OpenAI(base_url=self.url + "/v1", api_key=api_key, max_retries=0,
+                             timeout=120, **kwargs)
+
+    def connection(self, timeout=60):
+        return http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+
+    def request(self, method, path, body=None, headers=None):
+        """One request on a new connection: (status, headers dict, body bytes)."""
+        conn = self.connection()
+        try:
+            if isinstance(body, (dict, list)):
+                body = json.dumps(body)
+            hdrs = {"Content-Type": "application/json"} if body is not None else {}
+            hdrs.update(headers or {})
+            conn.request(method, path, body=body, headers=hdrs)
+            resp = conn.getresponse()
+            return resp.status, {k.lower(): v for k, v in resp.getheaders()}, resp.read()
+        finally:
+            conn.close()
+
+    def metrics(self):
+        status, _, body = self.request("GET", "/metrics")
+        assert status == 200, body
+        values = {}
+        for line in body.decode().splitlines():
+            if line and not line.startswith("#"):
+                name, value = line.rsplit(" ", 1)
+                values[name] = float(value)
+        return values
+
+    def wait_metric(self, series, predicate, timeout=15):
+        """Polls /metrics until predicate(value of series) holds; returns the last metrics."""
+        deadline = time.monotonic() + timeout
+        while True:
+            m = self.metrics()
+            if predicate(m.get(series)):
+                return m
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{series} = {m.get(series)} after {timeout} s")
+            time.sleep(0.05)
+
+    def assert_idle(self):
+        """No request in flight and no KV block in use (blocks are freed at the step after a
+        request ends, so this polls briefly)."""
+        m = self.wait_metric("duet:kv_blocks_used", lambda v: v == 0)
+        assert m["duet:num_requests_running"] == 0
+        assert m["duet:num_requests_waiting"] == 0
+        assert m["duet:kv_cache_usage_perc"] == 0
+
+    def send_signal(self, sig=signal.SIGTERM):
+        self.proc.send_signal(sig)
+
+    def stop(self, sig=signal.SIGTERM):
+        """Stops the server; returns its exit status."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout=STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+                raise AssertionError(f"duet serve did not stop on {sig}: {self.stderr()}")
+        self._stderr.close()
+        return self.proc.returncode
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory):
+    out = str(tmp_path_factory.mktemp("tiny"))
+    made = run_duet("make-test-model", "--out", out)
+    assert made.returncode == 0, made.stderr
+    return out
+
+
+@pytest.fixture(scope="session")
+def slow_model(tmp_path_factory):
+    """The ~125M-parameter benchmark preset: on one thread it decodes slowly enough (tens of
+    tokens per second) that a test can act while streams are in flight."""
+    out = str(tmp_path_factory.mktemp("bench"))
+    made = run_duet("make-test-model", "--preset", "bench", "--out", out)
+    assert made.returncode == 0, made.stderr
+    return out
+
+
+@pytest.fixture(scope="session")
+def start_server(tmp_path_factory):
+    """Starts servers; each is stopped at the end of the session if a test left it running."""
+    log_dir = str(tmp_path_factory.mktemp("logs"))
+    servers = []
+
+    def start(model_dir, *args):
+        s = Server(model_dir, *args, log_dir=log_dir)
+        servers.append(s)
+        return s
+
+    yield start
+    for s in servers:
+        if s.proc.poll() is None:
+            s.proc.kill()
+            s.proc.wait()
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model, start_server):
+    """A server on the tiny test model for a whole module. At the end: nothing in flight, no KV
+    block in use, and SIGTERM stops it with status 0."""
+    s = start_server(tiny_model, "--threads", "1")
+    yield s
+    s.assert_idle()
+    assert s.stop() == 0, s.stderr()
+
+
+def generate(model_dir, prompt, max_tokens, chat=False):
+    """What `duet generate` prints for a greedy continuation (its trailing newline removed)."""
+    args = ["generate", "--model", model_dir, "--prompt", prompt, "--max-tokens", str(max_tokens),
+            "--threads", "1"]
+    if chat:
+        args.append("--chat")
+    r = run_duet(*args)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.endswith("\n")
+    m = re.search(r"(\d+) prompt tokens", r.stderr)
+    return r.stdout[:-1], int(m.group(1))
+
+
+def sse_events(response):
+    """The data payloads of an SSE response (http.client), checking the framing."""
+    assert response.getheader("Content-Type") == "text/event-stream"
+    events = []
+    buf = b""
+    while True:
+        chunk = response.read1(65536) if hasattr(response, "read1") else response.read(65536)
+        if not chunk:
+            break
+        buf += chunk
+        while b"\n\n" in buf:
+            event, buf = buf.split(b"\n\n", 1)
+            assert event.startswith(b"data: "), event
+            events.append(event[len(b"data: "):].decode())
+    assert buf == b"", buf
+    return events
