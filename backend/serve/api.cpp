@@ -19,7 +19,7 @@ std::string ModelsJson(const ServedModel& model) {
                 {"root", model.name},
                 {"parent", nullptr},
                 {"max_model_len", model.max_request_tokens}};
-  return json{{"object", "list"}, {"data", json::array({entry})}}.dump();
+  return DumpJson(json{{"object", "list"}, {"data", json::array({entry})}});
 }
 
 std::optional<ApiError> BuildLiveRequest(const GenerationParams& params, const ServedModel& model,
@@ -266,7 +266,7 @@ void GenerationCall::Finish(const FinishInfo& info) {
     ApiError error{500, "the request failed in the engine: " + info.message, "internal_error", "",
                    ""};
     if (stream_) {
-      deliver_({ErrorJson(error).dump(), false, 200, false});
+      deliver_({DumpJson(ErrorJson(error)), false, 200, false});
       deliver_({std::string(kDone), true, 200, true});
     } else {
       deliver_({ErrorBody(error), true, 500, false});

@@ -50,14 +50,14 @@ std::string ReplyFormatter::RoleChunk() const {
   json out = Envelope(true);
   out["choices"] = json::array({Choice("", nullptr, true, true)});
   if (include_usage_) out["usage"] = nullptr;
-  return out.dump();
+  return DumpJson(out);
 }
 
 std::string ReplyFormatter::TextChunk(std::string_view text) const {
   json out = Envelope(true);
   out["choices"] = json::array({Choice(text, nullptr, false, true)});
   if (include_usage_) out["usage"] = nullptr;
-  return out.dump();
+  return DumpJson(out);
 }
 
 std::string ReplyFormatter::FinishChunk(std::string_view text, std::string_view finish_reason,
@@ -69,7 +69,7 @@ std::string ReplyFormatter::FinishChunk(std::string_view text, std::string_view 
   } else {
     out["duet"] = DuetJson(duet);
   }
-  return out.dump();
+  return DumpJson(out);
 }
 
 std::string ReplyFormatter::UsageChunk(const Usage& usage, const DuetExtension& duet) const {
@@ -77,7 +77,7 @@ std::string ReplyFormatter::UsageChunk(const Usage& usage, const DuetExtension& 
   out["choices"] = json::array();
   out["usage"] = UsageJson(usage);
   out["duet"] = DuetJson(duet);
-  return out.dump();
+  return DumpJson(out);
 }
 
 std::string ReplyFormatter::FullReply(std::string_view text, std::string_view finish_reason,
@@ -86,7 +86,7 @@ std::string ReplyFormatter::FullReply(std::string_view text, std::string_view fi
   out["choices"] = json::array({Choice(text, json(finish_reason), false, false)});
   out["usage"] = UsageJson(usage);
   out["duet"] = DuetJson(duet);
-  return out.dump();
+  return DumpJson(out);
 }
 
 json UsageJson(const Usage& usage) {

@@ -206,9 +206,9 @@ class WsSession : public std::enable_shared_from_this<WsSession> {
     } else if (*it == "/v1/chat/completions") {
       endpoint = Endpoint::kChatCompletions;
     } else {
-      return NotFound(
-          "unknown endpoint " + it->dump() + " (\"/v1/completions\" or \"/v1/chat/completions\")",
-          "endpoint");
+      return NotFound("unknown endpoint " + DumpJson(*it) +
+                          " (\"/v1/completions\" or \"/v1/chat/completions\")",
+                      "endpoint");
     }
     auto model = server_->Model();
     if (!model) return Unavailable("the model is still loading", "model_loading");
@@ -254,7 +254,7 @@ class WsSession : public std::enable_shared_from_this<WsSession> {
     LogRequestError(error.http_status, "WS", "/v1/ws", error.message);
     json body = ErrorJson(error);
     body["status"] = error.http_status;
-    Send(body.dump());
+    Send(DumpJson(body));
     Send(std::string(kDone));
   }
 
@@ -735,7 +735,17 @@ Result<std::unique_ptr<HttpServer>> HttpServer::Start(const ServerOptions& optio
   impl->host = address.is_v6() ? "[" + address.to_string() + "]" : address.to_string();
   impl->Accept();
   for (int i = 0; i < std::max(1, options.io_threads); ++i)
-    impl->threads.emplace_back([ioc = impl->ioc.get()] { ioc->run(); });
+    impl->threads.emplace_back([ioc = impl->ioc.get()] {
+      // A handler that throws (a bug) costs its connection, not the server: run on.
+      for (;;) {
+        try {
+          ioc->run();
+          return;
+        } catch (const std::exception& e) {
+          LogRequestError(500, "-", "-", std::string("internal error in a handler: ") + e.what());
+        }
+      }
+    });
   return std::unique_ptr<HttpServer>(new HttpServer(std::move(impl)));
 }
 

@@ -54,7 +54,7 @@ Error ReadNumber(const json& v, const std::string& field, double lo, double hi, 
   const double x = v.get<double>();
   if (!std::isfinite(x) || x > hi || (lo_open ? x <= lo : x < lo)) {
     return BadRequest("'" + field + "' must be in " + (lo_open ? "(" : "[") + FormatNumber(lo) +
-                          ", " + FormatNumber(hi) + "], got " + v.dump(),
+                          ", " + FormatNumber(hi) + "], got " + DumpJson(v),
                       field);
   }
   *out = x;
@@ -67,7 +67,7 @@ Error ReadInt(const json& v, const std::string& field, std::int64_t lo, std::int
   // Integers beyond int64 arrive as unsigned; beyond uint64 nlohmann makes them floats.
   if (v.is_number_unsigned() &&
       v.get<std::uint64_t>() > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()))
-    return BadRequest("'" + field + "' is out of range: " + v.dump(), field);
+    return BadRequest("'" + field + "' is out of range: " + DumpJson(v), field);
   const std::int64_t x = v.get<std::int64_t>();
   if (x < lo || x > hi) {
     return BadRequest("'" + field + "' must be in [" + std::to_string(lo) + ", " +
@@ -163,9 +163,9 @@ Error ReadMessages(const json& v, GenerationParams* out) {
         message.role = value.get<std::string>();
         if (message.role == "developer") message.role = "system";
         if (message.role != "system" && message.role != "user" && message.role != "assistant") {
-          return BadRequest(
-              "'" + field + "' must be system, developer, user or assistant, got " + value.dump(),
-              "messages");
+          return BadRequest("'" + field + "' must be system, developer, user or assistant, got " +
+                                DumpJson(value),
+                            "messages");
         }
       } else if (key == "content") {
         has_content = true;
@@ -418,7 +418,7 @@ nlohmann::json ErrorJson(const ApiError& error) {
   return json{{"error", std::move(e)}};
 }
 
-std::string ErrorBody(const ApiError& error) { return ErrorJson(error).dump(); }
+std::string ErrorBody(const ApiError& error) { return DumpJson(ErrorJson(error)); }
 
 ApiError BadRequest(std::string message, std::string param, std::string code) {
   return ApiError{400, std::move(message), "invalid_request_error", std::move(param),
@@ -440,8 +440,9 @@ std::optional<ApiError> ParseGenerationBody(Endpoint endpoint, std::string_view 
   json parsed;
   try {
     parsed = json::parse(body);
-  } catch (const json::parse_error& e) {
-    // e.what() names the byte position and what was expected there.
+  } catch (const json::exception& e) {
+    // A parse error names the position and what was expected there; out_of_range, a number
+    // beyond a double (1e400).
     return BadRequest(std::string("the request body is not valid JSON: ") + e.what());
   }
   return ParseGenerationRequest(endpoint, parsed, out, ignore_keys);

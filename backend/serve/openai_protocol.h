@@ -28,6 +28,13 @@ struct ApiError {
   int retry_after_s = 0;  // > 0: a Retry-After header (429)
 };
 nlohmann::json ErrorJson(const ApiError& error);
+
+// Serialized JSON that never throws: bytes that are not UTF-8 (a parse error quoting the
+// client's input, say) become U+FFFD instead of an exception.
+template <typename Json>
+std::string DumpJson(const Json& value) {
+  return value.dump(-1, ' ', false, Json::error_handler_t::replace);
+}
 std::string ErrorBody(const ApiError& error);  // ErrorJson, serialized
 
 // Shorthands for the common errors.

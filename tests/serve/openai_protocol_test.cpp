@@ -252,6 +252,21 @@ TEST(OpenAiProtocol, MalformedJsonSaysWhere) {
   EXPECT_FALSE(ParseGenerationBody(Endpoint::kCompletions, R"({"prompt": "x"})", &params));
 }
 
+TEST(OpenAiProtocol, HostileBodiesGetAnErrorNotAnException) {
+  GenerationParams params;
+  // A number beyond a double, invalid UTF-8 (quoted back in the message), deep nesting.
+  for (const std::string& body :
+       {std::string(R"({"prompt": "x", "max_tokens": 1e400})"),
+        std::string("{\"prompt\": \"\xff\xfe\"}"), std::string(100000, '[')}) {
+    auto error = ParseGenerationBody(Endpoint::kCompletions, body, &params);
+    ASSERT_TRUE(error) << body.substr(0, 40);
+    EXPECT_EQ(error->http_status, 400);
+    const json reparsed = json::parse(ErrorBody(*error));  // valid JSON, valid UTF-8
+    EXPECT_NE(reparsed["error"]["message"].get<std::string>().find("not valid JSON"),
+              std::string::npos);
+  }
+}
+
 TEST(OpenAiProtocol, EnvelopeKeysCanBeSkipped) {
   GenerationParams params;
   const json body = {{"endpoint", "/v1/completions"}, {"prompt", "x"}};
