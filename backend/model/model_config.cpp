@@ -8,7 +8,6 @@
 #include <numbers>
 #include <string>
 
-#include "backend/model/json_describe.h"
 #include "common/json_util.h"
 
 namespace duet::backend {
