@@ -200,28 +200,7 @@ Result<ParsedHeader> ParseHeader(std::span<const std::byte> bytes, const std::st
 
 }  // namespace
 
-// ---- dtypes and conversions ----
-
-const char* DtypeName(Dtype dtype) {
-  switch (dtype) {
-    case Dtype::kBF16:
-      return "BF16";
-    case Dtype::kF16:
-      return "F16";
-    case Dtype::kF32:
-      return "F32";
-  }
-  return "?";
-}
-
-std::size_t DtypeBytes(Dtype dtype) { return dtype == Dtype::kF32 ? 4 : 2; }
-
-std::optional<Dtype> DtypeFromName(std::string_view name) {
-  if (name == "BF16") return Dtype::kBF16;
-  if (name == "F16") return Dtype::kF16;
-  if (name == "F32") return Dtype::kF32;
-  return std::nullopt;
-}
+// ---- views and conversions ----
 
 std::int64_t TensorView::NumElements() const {
   std::uint64_t n = 1;  // unsigned: a hand-built view with a silly shape must not be UB
