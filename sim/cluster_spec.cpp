@@ -12,10 +12,12 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 
 // Resolves a model or hardware reference: a bare name is looked up in the bundled directory,
-// a path ending in .json is taken relative to the cluster file.
+// a path ending in .json is taken relative to the cluster file; so is, with `directories`, any
+// reference with a '/' (a Hugging Face model directory, whose config.json LoadModelSpec reads).
 std::string ResolveRef(const std::string& ref, const std::string& cluster_path,
-                       const std::string& bundled_dir) {
-  if (ref.size() > 5 && ref.compare(ref.size() - 5, 5, ".json") == 0) {
+                       const std::string& bundled_dir, bool directories = false) {
+  const bool json_file = ref.size() > 5 && ref.compare(ref.size() - 5, 5, ".json") == 0;
+  if (json_file || (directories && ref.find('/') != std::string::npos)) {
     const fs::path p(ref);
     return p.is_absolute() ? ref : (fs::path(cluster_path).parent_path() / p).string();
   }
@@ -64,11 +66,15 @@ Status ParseEngine(const json& doc, const std::string& path, EngineSpec& e) {
   auto caching = JsonBoolOr(j, "enable_prefix_caching", e.enable_prefix_caching, where);
   auto coalesce = JsonBoolOr(j, "coalesce_decode_steps", e.coalesce_decode_steps, where);
   auto overlap = JsonBoolOr(j, "overlap_tier_loads", e.scheduler.overlap_tier_loads, where);
-  for (const Status* s :
-       {&block.status(), &batched.status(), &seqs.status(), &watermark.status(), &util.status(),
-        &reserved.status(), &caching.status(), &coalesce.status(), &overlap.status()}) {
+  auto kv_dtype = JsonStringOr(j, "kv_cache_dtype", "auto", where);
+  for (const Status* s : {&block.status(), &batched.status(), &seqs.status(), &watermark.status(),
+                          &util.status(), &reserved.status(), &caching.status(), &coalesce.status(),
+                          &overlap.status(), &kv_dtype.status()}) {
     if (!s->ok()) return *s;
   }
+  if (*kv_dtype != "auto" && !models::DtypeFromTorchName(*kv_dtype))
+    return FieldError(where, "kv_cache_dtype",
+                      "must be auto, bfloat16, float16 or float32, got '" + *kv_dtype + "'");
   if (*block < 1) return FieldError(where, "block_tokens", "must be >= 1");
   if (*batched < 1) return FieldError(where, "max_num_batched_tokens", "must be >= 1");
   if (*seqs < 1) return FieldError(where, "max_num_seqs", "must be >= 1");
@@ -84,6 +90,7 @@ Status ParseEngine(const json& doc, const std::string& path, EngineSpec& e) {
   e.enable_prefix_caching = *caching;
   e.coalesce_decode_steps = *coalesce;
   e.scheduler.overlap_tier_loads = *overlap;
+  e.memory.kv_cache_dtype = models::DtypeFromTorchName(*kv_dtype);  // nullopt: auto
   return Status::Ok();
 }
 
@@ -210,8 +217,8 @@ Result<ClusterSpec> ParseClusterSpec(const json& doc, const std::string& path,
 
   auto model_ref = JsonString(doc, "model", path);
   if (!model_ref) return model_ref.status();
-  auto model = models::LoadModelSpec(
-      ResolveRef(*model_ref, path, (fs::path(data_dir) / "models" / "specs").string()));
+  auto model = models::LoadModelSpec(ResolveRef(
+      *model_ref, path, (fs::path(data_dir) / "models" / "specs").string(), /*directories=*/true));
   if (!model) return Status::Error(path + ": field 'model': " + model.error());
   c.model = *model;
 
@@ -269,6 +276,7 @@ Result<ClusterSpec> ParseClusterSpec(const json& doc, const std::string& path,
 
   DUET_RETURN_IF_ERROR(ParseEngine(doc, path, c.engine));
   DUET_RETURN_IF_ERROR(ParseCostModel(doc, path, c.roofline));
+  c.roofline.kv_cache_dtype = c.engine.memory.kv_cache_dtype;
   DUET_RETURN_IF_ERROR(ParseTiers(doc, path, c.tiers));
   if (c.tiers.any() && !c.engine.enable_prefix_caching)
     return Status::Error(path +
