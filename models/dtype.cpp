@@ -1,4 +1,5 @@
-// Names and sizes of the element types (see dtype.h).
+// Names and sizes of the element types (see dtype.h): the safetensors spelling for checkpoint
+// headers, the torch_dtype spelling for config.json and cluster files.
 #include "models/dtype.h"
 
 namespace duet::models {
