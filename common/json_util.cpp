@@ -1,17 +1,29 @@
-// Implementation of the JSON field helpers: one wording for every "missing/bad field" error.
+// Implementation of the JSON field helpers: one wording for every "missing/bad field" error,
+// and one rule for null (absent).
 #include "common/json_util.h"
 
 #include <fstream>
 #include <sstream>
 
 namespace duet {
-namespace {
 
 Status FieldError(const std::string& where, const std::string& key, const std::string& what) {
   return Status::Error(where + ": field '" + key + "' " + what);
 }
 
-}  // namespace
+std::string DescribeJson(const nlohmann::json& value) {
+  if (value.is_array()) return "an array of " + std::to_string(value.size());
+  if (value.is_object()) return "an object";
+  std::string text = value.dump();  // scalars: no recursion; parsed strings are valid UTF-8
+  constexpr std::size_t kMaxChars = 80;
+  if (text.size() > kMaxChars) text = text.substr(0, kMaxChars) + "...";
+  return text;
+}
+
+bool JsonHas(const nlohmann::json& obj, const std::string& key) {
+  auto it = obj.find(key);
+  return it != obj.end() && !it->is_null();
+}
 
 Result<nlohmann::json> ReadJsonFile(const std::string& path) {
   std::ifstream in(path);
@@ -35,52 +47,77 @@ Result<nlohmann::json> ReadJsonFile(const std::string& path) {
 
 Result<double> JsonNumber(const nlohmann::json& obj, const std::string& key,
                           const std::string& where) {
-  auto it = obj.find(key);
-  if (it == obj.end()) return FieldError(where, key, "is missing");
-  if (!it->is_number()) return FieldError(where, key, "must be a number");
-  return it->get<double>();
+  if (!JsonHas(obj, key)) return FieldError(where, key, "is missing");
+  const nlohmann::json& value = obj.at(key);
+  if (!value.is_number()) return FieldError(where, key, "must be a number");
+  return value.get<double>();
 }
 
 Result<double> JsonNumberOr(const nlohmann::json& obj, const std::string& key, double fallback,
                             const std::string& where) {
-  if (!obj.contains(key)) return fallback;
+  if (!JsonHas(obj, key)) return fallback;
   return JsonNumber(obj, key, where);
 }
 
 Result<std::int64_t> JsonInt(const nlohmann::json& obj, const std::string& key,
                              const std::string& where) {
-  auto it = obj.find(key);
-  if (it == obj.end()) return FieldError(where, key, "is missing");
-  if (!it->is_number_integer()) return FieldError(where, key, "must be an integer");
-  return it->get<std::int64_t>();
+  if (!JsonHas(obj, key)) return FieldError(where, key, "is missing");
+  const nlohmann::json& value = obj.at(key);
+  if (!value.is_number_integer()) return FieldError(where, key, "must be an integer");
+  return value.get<std::int64_t>();
 }
 
 Result<std::int64_t> JsonIntOr(const nlohmann::json& obj, const std::string& key,
                                std::int64_t fallback, const std::string& where) {
-  if (!obj.contains(key)) return fallback;
+  if (!JsonHas(obj, key)) return fallback;
   return JsonInt(obj, key, where);
 }
 
 Result<std::string> JsonString(const nlohmann::json& obj, const std::string& key,
                                const std::string& where) {
-  auto it = obj.find(key);
-  if (it == obj.end()) return FieldError(where, key, "is missing");
-  if (!it->is_string()) return FieldError(where, key, "must be a string");
-  return it->get<std::string>();
+  if (!JsonHas(obj, key)) return FieldError(where, key, "is missing");
+  const nlohmann::json& value = obj.at(key);
+  if (!value.is_string()) return FieldError(where, key, "must be a string");
+  return value.get<std::string>();
 }
 
 Result<std::string> JsonStringOr(const nlohmann::json& obj, const std::string& key,
                                  const std::string& fallback, const std::string& where) {
-  if (!obj.contains(key)) return fallback;
+  if (!JsonHas(obj, key)) return fallback;
   return JsonString(obj, key, where);
 }
 
 Result<bool> JsonBoolOr(const nlohmann::json& obj, const std::string& key, bool fallback,
                         const std::string& where) {
-  auto it = obj.find(key);
-  if (it == obj.end()) return fallback;
-  if (!it->is_boolean()) return FieldError(where, key, "must be true or false");
-  return it->get<bool>();
+  if (!JsonHas(obj, key)) return fallback;
+  const nlohmann::json& value = obj.at(key);
+  if (!value.is_boolean()) return FieldError(where, key, "must be true or false");
+  return value.get<bool>();
+}
+
+Result<std::int64_t> JsonIntIn(const nlohmann::json& obj, const std::string& key, std::int64_t lo,
+                               std::int64_t hi, const std::string& where,
+                               std::optional<std::int64_t> fallback) {
+  if (!JsonHas(obj, key)) {
+    if (fallback) return *fallback;
+    return FieldError(where, key, "is missing");
+  }
+  const nlohmann::json& value = obj.at(key);
+  if (!value.is_number_integer()) {
+    return FieldError(where, key, "must be an integer (got " + DescribeJson(value) + ")");
+  }
+  // nlohmann keeps non-negative integers unsigned: compare those as unsigned, so values above
+  // INT64_MAX are out of range instead of wrapping to negative numbers.
+  const bool in_range = value.is_number_unsigned()
+                            ? hi >= 0 && value.get<std::uint64_t>() <= std::uint64_t(hi) &&
+                                  std::int64_t(value.get<std::uint64_t>()) >= lo
+                            : value.get<std::int64_t>() >= lo && value.get<std::int64_t>() <= hi;
+  if (!in_range) {
+    return FieldError(where, key,
+                      "must be an integer between " + std::to_string(lo) + " and " +
+                          std::to_string(hi) + " (got " + DescribeJson(value) + ")");
+  }
+  return value.get<std::int64_t>();
 }
 
 }  // namespace duet

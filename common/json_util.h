@@ -1,8 +1,12 @@
 // Helpers for reading JSON input files with errors that name the file and the field.
-// Used by every JSON parser (models, clusters, synthetic trace specs) so messages look alike.
+// Used by every JSON parser (models, clusters, synthetic trace specs, traces, the backend's
+// files) so messages look alike. A field that is present but null counts as absent everywhere:
+// config.json writers emit null for unset optional fields.
 #pragma once
 
+#include <cstdint>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 
 #include "common/status.h"
@@ -12,8 +16,19 @@ namespace duet {
 // Reads and parses a JSON file; the error names the path and the parse position.
 Result<nlohmann::json> ReadJsonFile(const std::string& path);
 
+// The one wording of a field error: "<where>: field '<key>' <what>".
+Status FieldError(const std::string& where, const std::string& key, const std::string& what);
+
+// A short, safe description of an untrusted value for a message: containers are named by type
+// and size (dumping them would recurse as deep as the input nests), long scalars are cut.
+std::string DescribeJson(const nlohmann::json& value);
+
+// True when `obj` has `key` with a non-null value.
+bool JsonHas(const nlohmann::json& obj, const std::string& key);
+
 // Typed field access. `where` names the file (and object) for the message, e.g.
-// "sim/clusters/x.json: nodes[0]". Missing or mistyped fields give an error naming the field.
+// "sim/clusters/x.json: nodes[0]". A missing (or null) required field, or a mistyped one, gives
+// an error naming the field; the ...Or forms return `fallback` for a missing or null field.
 Result<double> JsonNumber(const nlohmann::json& obj, const std::string& key,
                           const std::string& where);
 Result<double> JsonNumberOr(const nlohmann::json& obj, const std::string& key, double fallback,
@@ -28,5 +43,11 @@ Result<std::string> JsonStringOr(const nlohmann::json& obj, const std::string& k
                                  const std::string& fallback, const std::string& where);
 Result<bool> JsonBoolOr(const nlohmann::json& obj, const std::string& key, bool fallback,
                         const std::string& where);
+
+// An integer field in [lo, hi] ("must be an integer between lo and hi (got X)"); values beyond
+// int64 are rejected, never wrapped. Missing or null: `fallback`, or an error when nullopt.
+Result<std::int64_t> JsonIntIn(const nlohmann::json& obj, const std::string& key, std::int64_t lo,
+                               std::int64_t hi, const std::string& where,
+                               std::optional<std::int64_t> fallback = std::nullopt);
 
 }  // namespace duet

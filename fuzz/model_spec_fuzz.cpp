@@ -1,7 +1,10 @@
-// Fuzz target for the models/ parsers and everything downstream of a parsed spec: bytes are
-// parsed as JSON; an object is read as both a model spec and a hardware spec (or from its
-// "model" / "hardware" sub-objects), and when both parse, the memory plan and the roofline
-// step cost run on small shapes. Any crash, sanitizer report or broken invariant is a bug.
+// Fuzz target for the one Hugging Face config.json parser (models::ParseModelSpec) and the GPU
+// spec parser, and everything downstream of a parsed spec: bytes are parsed as JSON; an object
+// is read as a model spec and a hardware spec (or from its "model" / "hardware" sub-objects).
+// A spec that parses must satisfy the invariants the backend's weight loader and the memory
+// plan rely on, survive a round trip through ModelSpecToJson, and give finite rotary
+// frequencies; with a hardware spec, the memory plan and the roofline step cost run on small
+// shapes. Any crash, sanitizer report or broken invariant is a bug.
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -13,6 +16,7 @@
 
 namespace {
 
+using duet::models::Dtype;
 using duet::models::HardwareSpec;
 using duet::models::ModelSpec;
 
@@ -32,11 +36,53 @@ std::int64_t Option(const nlohmann::json& doc, const char* key, std::int64_t lo,
   return value < lo ? lo : (value > hi ? hi : value);
 }
 
+void CheckSpec(const ModelSpec& c) {
+  DUET_CHECK(c.hidden_size > 0 && c.intermediate_size > 0 && c.num_hidden_layers > 0);
+  DUET_CHECK(c.num_key_value_heads > 0 && c.num_attention_heads % c.num_key_value_heads == 0);
+  DUET_CHECK(c.head_dim > 0 && c.head_dim % 2 == 0);
+  DUET_CHECK(c.vocab_size > 0 && c.max_position_embeddings > 0);
+  DUET_CHECK(c.rms_norm_eps > 0 && c.rope_theta >= 1);
+  DUET_CHECK(!c.name.empty());
+  DUET_CHECK(c.ParamCount() > 0);
+  DUET_CHECK(c.WeightBytes() >= c.ParamCount());
+  for (Dtype dtype : {Dtype::kBF16, Dtype::kF16, Dtype::kF32}) {
+    DUET_CHECK(c.KvBytesPerToken(dtype) ==
+               2 * c.num_hidden_layers * c.KvWidth() * std::int64_t(DtypeBytes(dtype)));
+  }
+  DUET_CHECK(c.KvBytesPerToken() == c.KvBytesPerToken(c.AutoKvCacheDtype()));
+  if (c.bos_token_id) DUET_CHECK(*c.bos_token_id >= 0 && *c.bos_token_id < c.vocab_size);
+  for (std::int64_t id : c.eos_token_ids) DUET_CHECK(id >= 0 && id < c.vocab_size);
+
+  // What is written back parses to the same spec.
+  duet::Result<ModelSpec> again =
+      duet::models::ParseModelSpec(duet::models::ModelSpecToJson(c), "fuzz/again/config.json");
+  DUET_CHECK_MSG(again.ok(), again.ok() ? "" : again.error());
+  DUET_CHECK(again->ParamCount() == c.ParamCount());
+  DUET_CHECK(again->KvBytesPerToken() == c.KvBytesPerToken());
+  DUET_CHECK(again->model_type == c.model_type && again->architecture == c.architecture);
+  DUET_CHECK(again->rope_scaling.type == c.rope_scaling.type);
+  DUET_CHECK(again->eos_token_ids == c.eos_token_ids);
+  DUET_CHECK(again->bos_token_id == c.bos_token_id);
+  DUET_CHECK(again->sliding_window == c.sliding_window);
+  DUET_CHECK(again->torch_dtype == c.torch_dtype);
+  DUET_CHECK(duet::models::CheckExecutable(*again, "x").ok() ==
+             duet::models::CheckExecutable(c, "x").ok());
+
+  // Head dims beyond real models (a few hundred) only cost time here.
+  if (c.head_dim <= 4096 && c.rope_scaling.type != duet::models::RopeScalingType::kUnsupported) {
+    const std::vector<float> inv = c.RopeInvFrequencies();
+    DUET_CHECK(inv.size() == std::size_t(c.head_dim / 2));
+    for (float f : inv) DUET_CHECK(std::isfinite(f) && f >= 0 && f <= 1);
+  }
+}
+
 void CheckPlanAndCost(const ModelSpec& model, const HardwareSpec& hw, const nlohmann::json& doc) {
   duet::models::MemoryOptions memory;
   memory.tp = static_cast<int>(Option(doc, "tp", -2, 1 << 17, 1));
   memory.block_tokens = Option(doc, "block_tokens", -1, 1 << 20, 16);
   memory.reserved_bytes_per_gpu = Option(doc, "reserved_bytes", INT64_MIN, INT64_MAX, 1 << 20);
+  const std::int64_t kv_dtype = Option(doc, "kv_cache_dtype", -1, 2, -1);
+  if (kv_dtype >= 0) memory.kv_cache_dtype = static_cast<Dtype>(kv_dtype);
   auto utilization = doc.find("gpu_memory_utilization");
   if (utilization != doc.end() && utilization->is_number()) {
     memory.gpu_memory_utilization = utilization->get<double>();
@@ -48,10 +94,13 @@ void CheckPlanAndCost(const ModelSpec& model, const HardwareSpec& hw, const nloh
     DUET_CHECK(plan->kv_blocks >= 1);
     DUET_CHECK(plan->kv_tokens >= plan->kv_blocks * memory.block_tokens);
     DUET_CHECK(plan->weight_bytes_per_gpu * memory.tp >= model.WeightBytes());
+    DUET_CHECK(plan->kv_tokens * (model.KvBytesPerToken(memory.kv_cache_dtype) / memory.tp) <=
+               plan->kv_bytes_per_gpu);
   }
 
   duet::models::RooflineOptions options;
   options.tp = memory.tp >= 1 ? memory.tp : 1;
+  options.kv_cache_dtype = memory.kv_cache_dtype;
   duet::models::RooflineCostModel cost(model, hw, options);
   duet::models::StepShape shape;
   shape.prefill = {{Option(doc, "prefill_tokens", 0, 1 << 20, 128), 64}, {16, 0}};
@@ -71,16 +120,16 @@ void CheckPlanAndCost(const ModelSpec& model, const HardwareSpec& hw, const nloh
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   nlohmann::json doc = nlohmann::json::parse(data, data + size, /*cb=*/nullptr,
                                              /*allow_exceptions=*/false);
-  if (doc.is_discarded() || !doc.is_object()) return 0;
-  duet::Result<ModelSpec> model = duet::models::ParseModelSpec(Section(doc, "model"), "fuzz");
-  duet::Result<HardwareSpec> hw = duet::models::ParseHardwareSpec(Section(doc, "hardware"), "fuzz");
+  if (doc.is_discarded()) return 0;
+  duet::Result<ModelSpec> model =
+      duet::models::ParseModelSpec(Section(doc, "model"), "fuzz/config.json");
   if (model.ok()) {
-    DUET_CHECK(model->ParamCount() > 0);
-    DUET_CHECK(model->WeightBytes() >= model->ParamCount());
-    DUET_CHECK(model->KvBytesPerToken() > 0);
+    CheckSpec(*model);
   } else {
-    DUET_CHECK(model.error().rfind("fuzz", 0) == 0);  // every error names its source
+    DUET_CHECK(model.error().rfind("fuzz/config.json", 0) == 0);  // every error names the file
   }
+  if (!doc.is_object()) return 0;
+  duet::Result<HardwareSpec> hw = duet::models::ParseHardwareSpec(Section(doc, "hardware"), "fuzz");
   if (!hw.ok()) DUET_CHECK(hw.error().rfind("fuzz", 0) == 0);
   if (model.ok() && hw.ok()) CheckPlanAndCost(*model, *hw, doc);
   return 0;

@@ -44,7 +44,7 @@ RooflineCostModel::RooflineCostModel(ModelSpec model, HardwareSpec hw, RooflineO
   attention_flops_per_pair_ = layers * 4.0 * q_width;
   lm_head_flops_per_row_ = 2.0 * hidden * double(model_.vocab_size);
   weight_bytes_ = double(model_.WeightBytes());
-  kv_bytes_per_token_ = double(model_.KvBytesPerToken());
+  kv_bytes_per_token_ = double(model_.KvBytesPerToken(options_.kv_cache_dtype));
   activation_bytes_per_token_ = bytes_per_element * layers * (4.0 * hidden + 2.0 * intermediate);
   allreduce_bytes_per_token_ = hidden * bytes_per_element;
   allreduces_per_step_ = 2.0 * layers;  // after attention and after the MLP

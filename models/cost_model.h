@@ -4,6 +4,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "common/units.h"
@@ -41,11 +42,12 @@ class StepCostModel {
 
 struct RooflineOptions {
   int tp = 1;
-  double compute_efficiency = 0.6;    // achieved / peak FLOP/s on matrix multiplies
-  double memory_efficiency = 0.8;     // achieved / peak HBM bandwidth
-  double comm_efficiency = 0.7;       // achieved / peak NVLink bandwidth for TP all-reduce
-  Seconds step_overhead = 0.002;      // per-step fixed cost (scheduling, launch), seconds
-  Seconds allreduce_latency = 10e-6;  // per all-reduce call
+  double compute_efficiency = 0.6;      // achieved / peak FLOP/s on matrix multiplies
+  double memory_efficiency = 0.8;       // achieved / peak HBM bandwidth
+  double comm_efficiency = 0.7;         // achieved / peak NVLink bandwidth for TP all-reduce
+  Seconds step_overhead = 0.002;        // per-step fixed cost (scheduling, launch), seconds
+  Seconds allreduce_latency = 10e-6;    // per all-reduce call
+  std::optional<Dtype> kv_cache_dtype;  // KV bytes read and written; nullopt: "auto"
 };
 
 // What a step costs, per GPU of the instance.

@@ -66,7 +66,8 @@ Result<InstanceMemory> PlanInstanceMemory(const ModelSpec& model, const Hardware
   const Bytes kv_bytes_per_gpu = after_weights_per_gpu - options.reserved_bytes_per_gpu;
   // tp divides the KV heads, so it divides KvBytesPerToken exactly: each GPU stores its
   // share of every token.
-  const Bytes kv_bytes_per_token_per_gpu = model.KvBytesPerToken() / options.tp;
+  const Bytes kv_bytes_per_token_per_gpu =
+      model.KvBytesPerToken(options.kv_cache_dtype) / options.tp;
   const Tokens kv_tokens = kv_bytes_per_gpu / kv_bytes_per_token_per_gpu;
   const std::int64_t kv_blocks = kv_tokens / options.block_tokens;
   if (kv_blocks < 1) {

@@ -1,144 +1,381 @@
-// Model and hardware spec parsing (Hugging Face config.json terms for models) and the sizes
-// that follow from a model spec: parameter count, weight bytes, KV bytes per token.
-// Parsers bound every dimension so that all int64 size arithmetic here and in the memory plan
-// stays far from overflow, whatever the input file says.
+// Parsing of Hugging Face config.json into the one ModelSpec (and of GPU specs), the sizes that
+// follow from a spec (parameters, weight and KV bytes), the rotary inverse frequencies
+// (default, linear and Llama 3 scaling as in transformers' modeling_rope_utils), and the
+// backend's check of what it can execute. Every dimension is bounded so that all int64 size
+// arithmetic here, in the memory plan and in the backend stays far from overflow.
+#include "models/model_spec.h"
+
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <numbers>
 #include <string>
 
 #include "common/json_util.h"
-#include "models/model_spec.h"
 
 namespace duet::models {
 namespace {
 
-// Upper bounds on model dimensions. Real models are far below them (the largest dense models
-// have hidden sizes near 2^14 and vocabularies near 2^18), and with them the largest product
-// ParamCount forms (layers * 3 * hidden * intermediate) is ~3.3e16, well inside int64.
-constexpr std::int64_t kMaxLayers = 10000;
-constexpr std::int64_t kMaxWidth = std::int64_t(1) << 20;  // hidden, intermediate, heads*head_dim
-constexpr std::int64_t kMaxHeads = std::int64_t(1) << 16;
+using nlohmann::json;
+
+// Upper bounds on model dimensions, the stricter of the two parsers this one replaced. Real
+// models are far below them (hidden sizes near 2^14, vocabularies near 2^18, heads near 2^7,
+// layers near 2^7); with them the largest product formed (layers * 3 * hidden * intermediate)
+// is below 2^54, and weight bytes in fp32 below 2^57.
+constexpr std::int64_t kMaxLayers = 4096;
+constexpr std::int64_t kMaxWidth = std::int64_t(1) << 20;  // hidden, intermediate, q/kv widths
+constexpr std::int64_t kMaxHeads = std::int64_t(1) << 14;
 constexpr std::int64_t kMaxVocab = std::int64_t(1) << 24;
+constexpr std::int64_t kMaxPositions = std::int64_t(1) << 40;
+constexpr double kMaxFactor = 1e6;  // rope scaling factors
 
 // Bounds on hardware numbers in their JSON units (TFLOP/s, GiB, GB/s). The lower bound keeps
 // step times finite (a denormal bandwidth would make every time infinite).
 constexpr double kMinHardwareValue = 1e-6;
 constexpr double kMaxHardwareValue = 1e6;
 
-Status FieldError(const std::string& where, const std::string& key, const std::string& what) {
-  return Status::Error(where + ": field '" + key + "' " + what);
+// The decoder families whose config.json conventions (biases, defaults) the parser knows, and
+// which the backend executes.
+struct Family {
+  const char* class_name;
+  const char* model_type;
+  std::int64_t default_max_positions;  // the transformers config class's default
+};
+constexpr Family kFamilies[] = {
+    {"LlamaForCausalLM", "llama", 2048},
+    {"Qwen2ForCausalLM", "qwen2", 32768},
+    {"MistralForCausalLM", "mistral", 4096 * 32},
+};
+// Any other model type gets Llama's conventions (attention_bias, mlp_bias) and default.
+constexpr std::int64_t kOtherDefaultMaxPositions = 2048;
+
+const Family* FamilyOfType(const std::string& model_type) {
+  for (const Family& family : kFamilies) {
+    if (model_type == family.model_type) return &family;
+  }
+  return nullptr;
 }
 
-// Reads an integer field in [1, max]; `fallback` < 0 means the field is required.
-Result<int> BoundedInt(const nlohmann::json& doc, const std::string& key, std::int64_t max,
-                       const std::string& where, std::int64_t fallback = -1) {
-  Result<std::int64_t> value =
-      fallback < 0 ? JsonInt(doc, key, where) : JsonIntOr(doc, key, fallback, where);
-  if (!value.ok()) return value.status();
-  // A JSON integer above INT64_MAX comes back wrapped to a negative value; either way the
-  // range check below rejects it.
-  if (*value < 1 || *value > max) {
-    return FieldError(where, key,
-                      "must be an integer between 1 and " + std::to_string(max) + " (got " +
-                          doc.at(key).dump() + ")");
+const Family* FamilyOfClass(const std::string& class_name) {
+  for (const Family& family : kFamilies) {
+    if (class_name == family.class_name) return &family;
   }
-  return static_cast<int>(*value);
+  return nullptr;
 }
 
-// Reads a number field in [kMinHardwareValue, kMaxHardwareValue].
-Result<double> HardwareNumber(const nlohmann::json& doc, const std::string& key,
-                              const std::string& where) {
-  Result<double> value = JsonNumber(doc, key, where);
-  if (!value.ok()) return value.status();
-  if (!std::isfinite(*value) || *value <= 0) {
-    return FieldError(where, key, "must be > 0 (got " + doc.at(key).dump() + ")");
+std::string SupportedList() {
+  std::string list;
+  for (const Family& family : kFamilies) {
+    if (!list.empty()) list += ", ";
+    list += std::string(family.class_name) + " (" + family.model_type + ")";
   }
-  if (*value < kMinHardwareValue || *value > kMaxHardwareValue) {
-    char range[96];
-    std::snprintf(range, sizeof(range), "must be between %g and %g (got ", kMinHardwareValue,
-                  kMaxHardwareValue);
-    return FieldError(where, key, range + doc.at(key).dump() + ")");
-  }
-  return *value;
+  return list;
 }
 
-// The file stem of `where` ("models/specs/llama-3.1-8b.json" -> "llama-3.1-8b"), the default
-// name when a spec has no "name" field.
-std::string StemOf(const std::string& where) {
-  std::string stem = std::filesystem::path(where).stem().string();
+// The default name: the file stem ("models/specs/llama-3.1-8b.json" -> "llama-3.1-8b"), or the
+// model directory's name for a Hugging Face config.json ("/m/Llama-3.2-1B/config.json").
+std::string DefaultName(const std::string& where) {
+  const std::filesystem::path path(where);
+  if (path.filename() == "config.json") {
+    const std::string dir = path.parent_path().filename().string();
+    if (!dir.empty() && dir != "." && dir != "..") return dir;
+  }
+  std::string stem = path.stem().string();
   return stem.empty() ? where : stem;
 }
 
-Result<std::string> NameField(const nlohmann::json& doc, const std::string& where) {
-  Result<std::string> name = JsonStringOr(doc, "name", StemOf(where), where);
+Result<std::string> NameField(const json& doc, const std::string& where) {
+  Result<std::string> name = JsonStringOr(doc, "name", DefaultName(where), where);
   if (!name.ok()) return name.status();
   if (name->empty()) return FieldError(where, "name", "must not be empty");
   return name;
 }
 
-}  // namespace
-
-Bytes ModelSpec::BytesPerElement() const {
-  if (torch_dtype == "bfloat16" || torch_dtype == "float16") return 2;
-  if (torch_dtype == "float32") return 4;
-  DUET_CHECK_MSG(false, "ModelSpec '" + name + "' has unknown torch_dtype '" + torch_dtype + "'");
-  return 0;
+// A finite number field in (0, max]; `fallback` when absent or null (nullopt: required).
+Result<double> PositiveNumber(const json& doc, const std::string& key, const std::string& where,
+                              std::optional<double> fallback, double max) {
+  if (!JsonHas(doc, key)) {
+    if (fallback) return *fallback;
+    return FieldError(where, key, "is missing");
+  }
+  const json& value = doc.at(key);
+  if (!value.is_number()) return FieldError(where, key, "must be a number");
+  const double v = value.get<double>();
+  if (!std::isfinite(v) || v <= 0 || v > max) {
+    return FieldError(
+        where, key,
+        "must be a number in (0, " + json(max).dump() + "] (got " + DescribeJson(value) + ")");
+  }
+  return v;
 }
+
+// Reads "architectures" and "model_type" into the spec. Malformed or contradicting values are
+// errors; unknown ones are recorded (the backend refuses them, the simulator does not care).
+Status ParseArchitecture(const json& doc, const std::string& where, ModelSpec& spec) {
+  if (JsonHas(doc, "architectures")) {
+    const json& list = doc.at("architectures");
+    if (!list.is_array() || list.empty() || !list[0].is_string()) {
+      return FieldError(where, "architectures", "must be a non-empty list of class names");
+    }
+    spec.architecture = list[0].get<std::string>();
+  }
+  Result<std::string> model_type = JsonStringOr(doc, "model_type", "", where);
+  if (!model_type.ok()) return model_type.status();
+  spec.model_type = *model_type;
+  const Family* by_class = FamilyOfClass(spec.architecture);
+  const Family* by_type = FamilyOfType(spec.model_type);
+  if (by_class != nullptr && by_type != nullptr && by_class != by_type) {
+    return FieldError(
+        where, "model_type",
+        "'" + spec.model_type + "' contradicts architectures[0] '" + spec.architecture + "'");
+  }
+  // A known name fills in the other, as transformers would.
+  if (spec.model_type.empty() && by_class != nullptr) spec.model_type = by_class->model_type;
+  if (spec.architecture.empty() && by_type != nullptr) spec.architecture = by_type->class_name;
+  return Status::Ok();
+}
+
+// Mixture-of-experts configs name their experts; one dense MLP per layer would be wrong.
+Status RejectMixtureOfExperts(const json& doc, const std::string& where) {
+  for (const char* key : {"num_local_experts", "num_experts", "n_routed_experts"}) {
+    if (!JsonHas(doc, key)) continue;
+    const json& value = doc.at(key);
+    if (value.is_number() && value.get<double>() > 1) {
+      return FieldError(where, key,
+                        "is " + DescribeJson(value) +
+                            ": mixture-of-experts models are not supported (sizes and costs "
+                            "assume one dense MLP per layer)");
+    }
+  }
+  return Status::Ok();
+}
+
+Result<RopeScaling> ParseRopeScaling(const json& doc, const std::string& where) {
+  RopeScaling scaling;
+  if (!JsonHas(doc, "rope_scaling")) return scaling;
+  const json& rs = doc.at("rope_scaling");
+  const std::string at = where + ": rope_scaling";
+  if (!rs.is_object()) return FieldError(where, "rope_scaling", "must be an object or null");
+  // transformers reads "rope_type" and falls back to the older "type".
+  std::string type;
+  for (const char* key : {"rope_type", "type"}) {
+    if (JsonHas(rs, key)) {
+      Result<std::string> value = JsonString(rs, key, at);
+      if (!value.ok()) return value.status();
+      type = *value;
+      break;
+    }
+  }
+  if (type.empty()) return FieldError(at, "rope_type", "is missing");
+  if (type == "default") return scaling;
+  if (type != "linear" && type != "llama3") {
+    scaling.type = RopeScalingType::kUnsupported;
+    scaling.unsupported_type = type;
+    return scaling;
+  }
+  Result<double> factor = PositiveNumber(rs, "factor", at, std::nullopt, kMaxFactor);
+  if (!factor.ok()) return factor.status();
+  scaling.factor = *factor;
+  if (type == "linear") {
+    scaling.type = RopeScalingType::kLinear;
+    return scaling;
+  }
+  scaling.type = RopeScalingType::kLlama3;
+  Result<double> low = PositiveNumber(rs, "low_freq_factor", at, std::nullopt, kMaxFactor);
+  if (!low.ok()) return low.status();
+  Result<double> high = PositiveNumber(rs, "high_freq_factor", at, std::nullopt, kMaxFactor);
+  if (!high.ok()) return high.status();
+  if (!(*low < *high)) {
+    // The smooth band divides by (high - low).
+    return FieldError(at, "low_freq_factor",
+                      "must be below high_freq_factor (got " + json(*low).dump() + " and " +
+                          json(*high).dump() + ")");
+  }
+  Result<std::int64_t> original =
+      JsonIntIn(rs, "original_max_position_embeddings", 1, kMaxPositions, at);
+  if (!original.ok()) return original.status();
+  scaling.low_freq_factor = *low;
+  scaling.high_freq_factor = *high;
+  scaling.original_max_position_embeddings = *original;
+  return scaling;
+}
+
+Status ParseTokenIds(const json& doc, const std::string& where, ModelSpec& spec) {
+  auto read_id = [&](const json& value, const std::string& key) -> Result<std::int64_t> {
+    if (!value.is_number_integer()) {
+      return FieldError(where, key,
+                        "must be an integer token id (got " + DescribeJson(value) + ")");
+    }
+    const bool in_range =
+        value.is_number_unsigned()
+            ? value.get<std::uint64_t>() < std::uint64_t(spec.vocab_size)
+            : value.get<std::int64_t>() >= 0 && value.get<std::int64_t>() < spec.vocab_size;
+    if (!in_range) {
+      return FieldError(where, key,
+                        "must be a token id in [0, vocab_size=" + std::to_string(spec.vocab_size) +
+                            ") (got " + DescribeJson(value) + ")");
+    }
+    return value.get<std::int64_t>();
+  };
+  if (JsonHas(doc, "bos_token_id")) {
+    Result<std::int64_t> bos = read_id(doc.at("bos_token_id"), "bos_token_id");
+    if (!bos.ok()) return bos.status();
+    spec.bos_token_id = *bos;
+  }
+  if (JsonHas(doc, "eos_token_id")) {
+    const json& eos = doc.at("eos_token_id");
+    if (eos.is_array()) {
+      for (const json& item : eos) {
+        Result<std::int64_t> id = read_id(item, "eos_token_id");
+        if (!id.ok()) return id.status();
+        spec.eos_token_ids.push_back(*id);
+      }
+    } else {
+      Result<std::int64_t> id = read_id(eos, "eos_token_id");
+      if (!id.ok()) return id.status();
+      spec.eos_token_ids.push_back(*id);
+    }
+  }
+  return Status::Ok();
+}
+
+// Biases and the attention window, by family: Qwen2 hard-wires q/k/v biases and windows only
+// with use_sliding_window; Mistral has no biases; Llama (and any other type) reads
+// attention_bias and mlp_bias, and Llama has no window.
+Status ParseBiasesAndWindow(const json& doc, const std::string& where, ModelSpec& spec) {
+  const bool qwen2 = spec.model_type == "qwen2", mistral = spec.model_type == "mistral";
+  const bool llama = spec.model_type == "llama";
+  if (qwen2) {
+    spec.attention_qkv_bias = true;  // hard-wired in Qwen2Attention
+  } else if (!mistral) {
+    Result<bool> bias = JsonBoolOr(doc, "attention_bias", false, where);
+    if (!bias.ok()) return bias.status();
+    spec.attention_qkv_bias = *bias;
+    spec.attention_o_bias = *bias;
+    Result<bool> mlp_bias = JsonBoolOr(doc, "mlp_bias", false, where);
+    if (!mlp_bias.ok()) return mlp_bias.status();
+    spec.mlp_bias = *mlp_bias;
+  }
+  if (llama) return Status::Ok();
+  Result<bool> use_window = JsonBoolOr(doc, "use_sliding_window", !qwen2, where);
+  if (!use_window.ok()) return use_window.status();
+  if (!*use_window) return Status::Ok();
+  // Qwen2 with use_sliding_window must say how wide; elsewhere the window is optional.
+  Result<std::int64_t> window =
+      qwen2 ? JsonIntIn(doc, "sliding_window", 1, kMaxPositions, where)
+            : JsonIntIn(doc, "sliding_window", 1, kMaxPositions, where, std::int64_t(0));
+  if (!window.ok()) return window.status();
+  if (*window > 0) spec.sliding_window = *window;
+  return Status::Ok();
+}
+
+// Reads a number field in [kMinHardwareValue, kMaxHardwareValue].
+Result<double> HardwareNumber(const json& doc, const std::string& key, const std::string& where) {
+  Result<double> value = JsonNumber(doc, key, where);
+  if (!value.ok()) return value.status();
+  if (!std::isfinite(*value) || *value <= 0) {
+    return FieldError(where, key, "must be > 0 (got " + DescribeJson(doc.at(key)) + ")");
+  }
+  if (*value < kMinHardwareValue || *value > kMaxHardwareValue) {
+    char range[96];
+    std::snprintf(range, sizeof(range), "must be between %g and %g (got ", kMinHardwareValue,
+                  kMaxHardwareValue);
+    return FieldError(where, key, range + DescribeJson(doc.at(key)) + ")");
+  }
+  return *value;
+}
+
+}  // namespace
 
 std::int64_t ModelSpec::ParamCount() const {
   const std::int64_t hidden = hidden_size;
-  const std::int64_t q_width = std::int64_t(num_attention_heads) * head_dim;
-  const std::int64_t kv_width = std::int64_t(num_key_value_heads) * head_dim;
   const std::int64_t intermediate = intermediate_size;
-  const std::int64_t attention = hidden * q_width         // q_proj
-                                 + 2 * hidden * kv_width  // k_proj, v_proj
-                                 + q_width * hidden;      // o_proj
-  const std::int64_t mlp = 3 * hidden * intermediate;     // gate_proj, up_proj, down_proj
-  const std::int64_t norms = 2 * hidden;                  // input and post-attention RMSNorm
-  const std::int64_t per_layer = attention + mlp + norms;
+  const std::int64_t attention = hidden * QWidth()         // q_proj
+                                 + 2 * hidden * KvWidth()  // k_proj, v_proj
+                                 + QWidth() * hidden       // o_proj
+                                 + (attention_qkv_bias ? QWidth() + 2 * KvWidth() : 0) +
+                                 (attention_o_bias ? hidden : 0);
+  const std::int64_t mlp = 3 * hidden * intermediate  // gate_proj, up_proj, down_proj
+                           + (mlp_bias ? 2 * intermediate + hidden : 0);
+  const std::int64_t per_layer = attention + mlp + 2 * hidden;  // + two RMSNorm weights
   const std::int64_t embeddings = std::int64_t(vocab_size) * hidden;
-  const std::int64_t lm_head = tie_word_embeddings ? 0 : embeddings;
-  return embeddings + lm_head + std::int64_t(num_hidden_layers) * per_layer + hidden;
+  return embeddings + (tie_word_embeddings ? 0 : embeddings) +
+         std::int64_t(num_hidden_layers) * per_layer + hidden;  // + the final norm
 }
 
 Bytes ModelSpec::WeightBytes() const { return ParamCount() * BytesPerElement(); }
 
-Bytes ModelSpec::KvBytesPerToken() const {
-  return 2 * std::int64_t(num_hidden_layers) * num_key_value_heads * head_dim * BytesPerElement();
+Bytes ModelSpec::KvBytesPerToken(std::optional<Dtype> kv_cache_dtype) const {
+  const Dtype dtype = kv_cache_dtype.value_or(AutoKvCacheDtype());
+  return 2 * std::int64_t(num_hidden_layers) * KvWidth() * Bytes(DtypeBytes(dtype));
 }
 
-Result<ModelSpec> ParseModelSpec(const nlohmann::json& doc, const std::string& where) {
+std::vector<float> ModelSpec::RopeInvFrequencies() const {
+  DUET_CHECK_MSG(rope_scaling.type != RopeScalingType::kUnsupported,
+                 "rope_scaling type '" + rope_scaling.unsupported_type + "' (CheckExecutable)");
+  const int pairs = head_dim / 2;
+  std::vector<float> result(pairs);
+  const double low_freq_wavelen =
+      double(rope_scaling.original_max_position_embeddings) / rope_scaling.low_freq_factor;
+  const double high_freq_wavelen =
+      double(rope_scaling.original_max_position_embeddings) / rope_scaling.high_freq_factor;
+  for (int i = 0; i < pairs; ++i) {
+    // _compute_default_rope_parameters: 1 / base^(arange(0, dim, 2) / dim).
+    const double inv_freq = 1.0 / std::pow(rope_theta, double(2 * i) / double(head_dim));
+    double scaled = inv_freq;
+    if (rope_scaling.type == RopeScalingType::kLinear) {
+      scaled = inv_freq / rope_scaling.factor;
+    } else if (rope_scaling.type == RopeScalingType::kLlama3) {
+      // _compute_llama3_parameters: short wavelengths (high frequencies) stay, long ones are
+      // divided by factor, and the band between is interpolated by the context ratio.
+      const double wavelen = 2.0 * std::numbers::pi / inv_freq;
+      if (wavelen < high_freq_wavelen) {
+        scaled = inv_freq;
+      } else if (wavelen > low_freq_wavelen) {
+        scaled = inv_freq / rope_scaling.factor;
+      } else {
+        const double smooth = (double(rope_scaling.original_max_position_embeddings) / wavelen -
+                               rope_scaling.low_freq_factor) /
+                              (rope_scaling.high_freq_factor - rope_scaling.low_freq_factor);
+        scaled = (1.0 - smooth) * inv_freq / rope_scaling.factor + smooth * inv_freq;
+      }
+    }
+    result[i] = static_cast<float>(scaled);
+  }
+  return result;
+}
+
+Result<ModelSpec> ParseModelSpec(const json& doc, const std::string& where) {
   if (!doc.is_object()) return Status::Error(where + ": top level must be a JSON object");
   ModelSpec spec;
-
   Result<std::string> name = NameField(doc, where);
   if (!name.ok()) return name.status();
   spec.name = *name;
+  DUET_RETURN_IF_ERROR(ParseArchitecture(doc, where, spec));
+  DUET_RETURN_IF_ERROR(RejectMixtureOfExperts(doc, where));
 
-  Result<int> layers = BoundedInt(doc, "num_hidden_layers", kMaxLayers, where);
+  Result<std::int64_t> layers = JsonIntIn(doc, "num_hidden_layers", 1, kMaxLayers, where);
   if (!layers.ok()) return layers.status();
-  Result<int> hidden = BoundedInt(doc, "hidden_size", kMaxWidth, where);
+  Result<std::int64_t> hidden = JsonIntIn(doc, "hidden_size", 1, kMaxWidth, where);
   if (!hidden.ok()) return hidden.status();
-  Result<int> heads = BoundedInt(doc, "num_attention_heads", kMaxHeads, where);
+  Result<std::int64_t> heads = JsonIntIn(doc, "num_attention_heads", 1, kMaxHeads, where);
   if (!heads.ok()) return heads.status();
-  Result<int> kv_heads = BoundedInt(doc, "num_key_value_heads", kMaxHeads, where, *heads);
+  Result<std::int64_t> kv_heads =
+      JsonIntIn(doc, "num_key_value_heads", 1, kMaxHeads, where, *heads);
   if (!kv_heads.ok()) return kv_heads.status();
-  Result<int> intermediate = BoundedInt(doc, "intermediate_size", kMaxWidth, where);
+  Result<std::int64_t> intermediate = JsonIntIn(doc, "intermediate_size", 1, kMaxWidth, where);
   if (!intermediate.ok()) return intermediate.status();
-  Result<int> vocab = BoundedInt(doc, "vocab_size", kMaxVocab, where);
+  Result<std::int64_t> vocab = JsonIntIn(doc, "vocab_size", 1, kMaxVocab, where);
   if (!vocab.ok()) return vocab.status();
-
   if (*heads % *kv_heads != 0) {
-    return FieldError(where, "num_attention_heads",
-                      "(" + std::to_string(*heads) +
-                          ") must be a multiple of num_key_value_heads (" +
-                          std::to_string(*kv_heads) + ")");
+    return FieldError(where, "num_key_value_heads",
+                      "(" + std::to_string(*kv_heads) + ") must divide num_attention_heads (" +
+                          std::to_string(*heads) + ")");
   }
 
-  int head_dim = 0;
-  if (doc.contains("head_dim")) {
-    Result<int> value = BoundedInt(doc, "head_dim", kMaxWidth, where);
+  std::int64_t head_dim = 0;
+  if (JsonHas(doc, "head_dim")) {
+    Result<std::int64_t> value = JsonIntIn(doc, "head_dim", 1, kMaxWidth, where);
     if (!value.ok()) return value.status();
     head_dim = *value;
   } else {
@@ -151,42 +388,176 @@ Result<ModelSpec> ParseModelSpec(const nlohmann::json& doc, const std::string& w
     }
     head_dim = *hidden / *heads;
   }
-  if (std::int64_t(*heads) * head_dim > kMaxWidth) {
+  if (head_dim % 2 != 0) {
     return FieldError(where, "head_dim",
-                      "times num_attention_heads (" + std::to_string(*heads) + " * " +
-                          std::to_string(head_dim) + ") must be at most " +
-                          std::to_string(kMaxWidth));
+                      "must be even for rotary embeddings (got " + std::to_string(head_dim) + ")");
   }
-
-  Result<std::string> dtype = JsonStringOr(doc, "torch_dtype", "bfloat16", where);
-  if (!dtype.ok()) return dtype.status();
-  if (*dtype != "bfloat16" && *dtype != "float16" && *dtype != "float32") {
-    return FieldError(where, "torch_dtype",
-                      "is '" + *dtype + "'; accepted: bfloat16, float16, float32");
+  if (*heads * head_dim > kMaxWidth) {
+    return FieldError(where, "head_dim",
+                      "times num_attention_heads must be at most " + std::to_string(kMaxWidth) +
+                          " (got " + std::to_string(*heads) + " * " + std::to_string(head_dim) +
+                          ")");
   }
+  spec.num_hidden_layers = int(*layers);
+  spec.hidden_size = int(*hidden);
+  spec.num_attention_heads = int(*heads);
+  spec.num_key_value_heads = int(*kv_heads);
+  spec.head_dim = int(head_dim);
+  spec.intermediate_size = int(*intermediate);
+  spec.vocab_size = int(*vocab);
 
+  Result<double> eps = PositiveNumber(doc, "rms_norm_eps", where, 1e-6, 1.0);
+  if (!eps.ok()) return eps.status();
+  spec.rms_norm_eps = *eps;
+  Result<double> theta = PositiveNumber(doc, "rope_theta", where, 10000.0, 1e300);
+  if (!theta.ok()) return theta.status();
+  if (*theta < 1.0) {
+    // Below 1 the "frequencies" would grow with the pair index past 1 rad/token (and
+    // overflow float for tiny values); no model does this.
+    return FieldError(where, "rope_theta", "must be at least 1 (got " + json(*theta).dump() + ")");
+  }
+  spec.rope_theta = *theta;
+  Result<RopeScaling> scaling = ParseRopeScaling(doc, where);
+  if (!scaling.ok()) return scaling.status();
+  spec.rope_scaling = *scaling;
+  Result<double> partial = PositiveNumber(doc, "partial_rotary_factor", where, 1.0, 1.0);
+  if (!partial.ok()) return partial.status();
+  spec.partial_rotary_factor = *partial;
+  const Family* family = FamilyOfType(spec.model_type);
+  Result<std::int64_t> max_positions =
+      JsonIntIn(doc, "max_position_embeddings", 1, kMaxPositions, where,
+                family != nullptr ? family->default_max_positions : kOtherDefaultMaxPositions);
+  if (!max_positions.ok()) return max_positions.status();
+  spec.max_position_embeddings = *max_positions;
   Result<bool> tied = JsonBoolOr(doc, "tie_word_embeddings", false, where);
   if (!tied.ok()) return tied.status();
-
-  spec.num_hidden_layers = *layers;
-  spec.hidden_size = *hidden;
-  spec.num_attention_heads = *heads;
-  spec.num_key_value_heads = *kv_heads;
-  spec.head_dim = head_dim;
-  spec.intermediate_size = *intermediate;
-  spec.vocab_size = *vocab;
-  spec.torch_dtype = *dtype;
   spec.tie_word_embeddings = *tied;
+  Result<std::string> act = JsonStringOr(doc, "hidden_act", "silu", where);
+  if (!act.ok()) return act.status();
+  spec.hidden_act = *act;
+
+  // Newer transformers write "dtype" instead of "torch_dtype".
+  for (const char* key : {"torch_dtype", "dtype"}) {
+    if (!JsonHas(doc, key)) continue;
+    const json& value = doc.at(key);
+    const std::optional<Dtype> dtype =
+        value.is_string() ? DtypeFromTorchName(value.get<std::string>()) : std::nullopt;
+    if (!dtype) {
+      return FieldError(
+          where, key,
+          "must be one of bfloat16, float16, float32 (got " + DescribeJson(value) + ")");
+    }
+    spec.torch_dtype = *dtype;
+    break;
+  }
+
+  DUET_RETURN_IF_ERROR(ParseBiasesAndWindow(doc, where, spec));
+  DUET_RETURN_IF_ERROR(ParseTokenIds(doc, where, spec));
   return spec;
 }
 
 Result<ModelSpec> LoadModelSpec(const std::string& path) {
-  Result<nlohmann::json> doc = ReadJsonFile(path);
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const std::string file =
+      fs::is_directory(path, ec) ? (fs::path(path) / "config.json").string() : path;
+  Result<json> doc = ReadJsonFile(file);
   if (!doc.ok()) return doc.status();
-  return ParseModelSpec(*doc, path);
+  return ParseModelSpec(*doc, file);
 }
 
-Result<HardwareSpec> ParseHardwareSpec(const nlohmann::json& doc, const std::string& where) {
+json ModelSpecToJson(const ModelSpec& spec) {
+  json doc = json::object();
+  if (!spec.architecture.empty()) doc["architectures"] = json::array({spec.architecture});
+  if (!spec.model_type.empty()) doc["model_type"] = spec.model_type;
+  doc["hidden_act"] = spec.hidden_act;
+  doc["hidden_size"] = spec.hidden_size;
+  doc["intermediate_size"] = spec.intermediate_size;
+  doc["num_hidden_layers"] = spec.num_hidden_layers;
+  doc["num_attention_heads"] = spec.num_attention_heads;
+  doc["num_key_value_heads"] = spec.num_key_value_heads;
+  doc["head_dim"] = spec.head_dim;
+  doc["vocab_size"] = spec.vocab_size;
+  doc["rms_norm_eps"] = spec.rms_norm_eps;
+  doc["rope_theta"] = spec.rope_theta;
+  const RopeScaling& rs = spec.rope_scaling;
+  switch (rs.type) {
+    case RopeScalingType::kNone:
+      doc["rope_scaling"] = nullptr;
+      break;
+    case RopeScalingType::kLinear:
+      doc["rope_scaling"] = {{"rope_type", "linear"}, {"factor", rs.factor}};
+      break;
+    case RopeScalingType::kLlama3:
+      doc["rope_scaling"] = {
+          {"rope_type", "llama3"},
+          {"factor", rs.factor},
+          {"low_freq_factor", rs.low_freq_factor},
+          {"high_freq_factor", rs.high_freq_factor},
+          {"original_max_position_embeddings", rs.original_max_position_embeddings}};
+      break;
+    case RopeScalingType::kUnsupported:
+      doc["rope_scaling"] = {{"rope_type", rs.unsupported_type}};
+      break;
+  }
+  if (spec.partial_rotary_factor != 1.0) doc["partial_rotary_factor"] = spec.partial_rotary_factor;
+  doc["max_position_embeddings"] = spec.max_position_embeddings;
+  doc["tie_word_embeddings"] = spec.tie_word_embeddings;
+  if (spec.torch_dtype) doc["torch_dtype"] = TorchDtypeName(*spec.torch_dtype);
+  if (spec.model_type != "qwen2" && spec.model_type != "mistral") {
+    doc["attention_bias"] = spec.attention_qkv_bias;
+    doc["mlp_bias"] = spec.mlp_bias;
+  }
+  if (spec.sliding_window) {
+    doc["sliding_window"] = *spec.sliding_window;
+    if (spec.model_type == "qwen2") doc["use_sliding_window"] = true;
+  } else if (spec.model_type == "mistral") {
+    doc["sliding_window"] = nullptr;
+  }
+  if (spec.bos_token_id) doc["bos_token_id"] = *spec.bos_token_id;
+  if (spec.eos_token_ids.size() == 1) {
+    doc["eos_token_id"] = spec.eos_token_ids[0];
+  } else if (!spec.eos_token_ids.empty()) {
+    doc["eos_token_id"] = spec.eos_token_ids;
+  }
+  return doc;
+}
+
+Status CheckExecutable(const ModelSpec& spec, const std::string& where) {
+  const Family* family = FamilyOfType(spec.model_type);
+  if (spec.model_type.empty() && spec.architecture.empty()) {
+    return FieldError(where, "model_type",
+                      "is missing (and so is 'architectures'); supported: " + SupportedList());
+  }
+  if (family == nullptr ||
+      (!spec.architecture.empty() && FamilyOfClass(spec.architecture) == nullptr)) {
+    std::string named = spec.architecture;
+    if (!spec.model_type.empty()) {
+      named +=
+          named.empty() ? "model_type " + spec.model_type : " (model_type " + spec.model_type + ")";
+    }
+    return Status::Error(where + ": unsupported architecture " + named +
+                         "; supported: " + SupportedList());
+  }
+  if (spec.hidden_act != "silu") {
+    return FieldError(where, "hidden_act",
+                      "must be \"silu\" (got " + DescribeJson(json(spec.hidden_act)) + ")");
+  }
+  if (spec.mlp_bias) return FieldError(where, "mlp_bias", "true is not supported");
+  if (spec.partial_rotary_factor != 1.0) {
+    return FieldError(where, "partial_rotary_factor",
+                      "must be 1 (partial rotary embeddings are not supported; got " +
+                          json(spec.partial_rotary_factor).dump() + ")");
+  }
+  if (spec.rope_scaling.type == RopeScalingType::kUnsupported) {
+    return Status::Error(where + ": unsupported rope_scaling type " +
+                         DescribeJson(json(spec.rope_scaling.unsupported_type)) +
+                         " (supported: default, linear, llama3)");
+  }
+  return Status::Ok();
+}
+
+Result<HardwareSpec> ParseHardwareSpec(const json& doc, const std::string& where) {
   if (!doc.is_object()) return Status::Error(where + ": top level must be a JSON object");
   HardwareSpec hw;
 
@@ -214,7 +585,7 @@ Result<HardwareSpec> ParseHardwareSpec(const nlohmann::json& doc, const std::str
 }
 
 Result<HardwareSpec> LoadHardwareSpec(const std::string& path) {
-  Result<nlohmann::json> doc = ReadJsonFile(path);
+  Result<json> doc = ReadJsonFile(path);
   if (!doc.ok()) return doc.status();
   return ParseHardwareSpec(*doc, path);
 }

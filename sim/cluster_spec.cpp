@@ -12,10 +12,12 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 
 // Resolves a model or hardware reference: a bare name is looked up in the bundled directory,
-// a path ending in .json is taken relative to the cluster file.
+// a path ending in .json is taken relative to the cluster file; so is, with `directories`, any
+// reference with a '/' (a Hugging Face model directory, whose config.json LoadModelSpec reads).
 std::string ResolveRef(const std::string& ref, const std::string& cluster_path,
-                       const std::string& bundled_dir) {
-  if (ref.size() > 5 && ref.compare(ref.size() - 5, 5, ".json") == 0) {
+                       const std::string& bundled_dir, bool directories = false) {
+  const bool json_file = ref.size() > 5 && ref.compare(ref.size() - 5, 5, ".json") == 0;
+  if (json_file || (directories && ref.find('/') != std::string::npos)) {
     const fs::path p(ref);
     return p.is_absolute() ? ref : (fs::path(cluster_path).parent_path() / p).string();
   }
@@ -25,8 +27,8 @@ std::string ResolveRef(const std::string& ref, const std::string& cluster_path,
 Result<LinkSpec> ParseLink(const json& parent, const std::string& key, const std::string& where,
                            bool required, LinkSpec fallback) {
   auto it = parent.find(key);
-  if (it == parent.end()) {
-    if (required) return Status::Error(where + ": field '" + key + "' is missing");
+  if (it == parent.end() || it->is_null()) {
+    if (required) return FieldError(where, key, "is missing");
     return fallback;
   }
   const std::string here = where + "." + key;
@@ -34,11 +36,10 @@ Result<LinkSpec> ParseLink(const json& parent, const std::string& key, const std
   auto bw = JsonNumber(*it, "bandwidth_GBps", here);
   if (!bw) return bw.status();
   if (!(*bw > 0))
-    return Status::Error(here + ": field 'bandwidth_GBps' must be > 0, got " + std::to_string(*bw));
+    return FieldError(here, "bandwidth_GBps", "must be > 0, got " + std::to_string(*bw));
   auto lat = JsonNumberOr(*it, "latency_us", 0.0, here);
   if (!lat) return lat.status();
-  if (*lat < 0)
-    return Status::Error(here + ": field 'latency_us' must be >= 0, got " + std::to_string(*lat));
+  if (*lat < 0) return FieldError(here, "latency_us", "must be >= 0, got " + std::to_string(*lat));
   return LinkSpec{*bw * kGB, *lat * 1e-6};
 }
 
@@ -46,13 +47,12 @@ Result<policies::InstanceRole> ParseRole(const std::string& role, const std::str
   if (role == "prefill") return policies::InstanceRole::kPrefill;
   if (role == "decode") return policies::InstanceRole::kDecode;
   if (role == "colocated") return policies::InstanceRole::kColocated;
-  return Status::Error(where + ": field 'role' must be prefill, decode or colocated, got '" + role +
-                       "'");
+  return FieldError(where, "role", "must be prefill, decode or colocated, got '" + role + "'");
 }
 
 Status ParseEngine(const json& doc, const std::string& path, EngineSpec& e) {
   auto it = doc.find("engine");
-  if (it == doc.end()) return Status::Ok();  // all defaults
+  if (it == doc.end() || it->is_null()) return Status::Ok();  // all defaults
   const std::string where = path + ": engine";
   if (!it->is_object()) return Status::Error(where + ": must be an object");
   const json& j = *it;
@@ -66,17 +66,20 @@ Status ParseEngine(const json& doc, const std::string& path, EngineSpec& e) {
   auto caching = JsonBoolOr(j, "enable_prefix_caching", e.enable_prefix_caching, where);
   auto coalesce = JsonBoolOr(j, "coalesce_decode_steps", e.coalesce_decode_steps, where);
   auto overlap = JsonBoolOr(j, "overlap_tier_loads", e.scheduler.overlap_tier_loads, where);
-  for (const Status* s :
-       {&block.status(), &batched.status(), &seqs.status(), &watermark.status(), &util.status(),
-        &reserved.status(), &caching.status(), &coalesce.status(), &overlap.status()}) {
+  auto kv_dtype = JsonStringOr(j, "kv_cache_dtype", "auto", where);
+  for (const Status* s : {&block.status(), &batched.status(), &seqs.status(), &watermark.status(),
+                          &util.status(), &reserved.status(), &caching.status(), &coalesce.status(),
+                          &overlap.status(), &kv_dtype.status()}) {
     if (!s->ok()) return *s;
   }
-  if (*block < 1) return Status::Error(where + ": field 'block_tokens' must be >= 1");
-  if (*batched < 1) return Status::Error(where + ": field 'max_num_batched_tokens' must be >= 1");
-  if (*seqs < 1) return Status::Error(where + ": field 'max_num_seqs' must be >= 1");
-  if (*watermark < 0 || *watermark >= 1)
-    return Status::Error(where + ": field 'watermark' must be in [0, 1)");
-  if (*reserved < 0) return Status::Error(where + ": field 'reserved_gib' must be >= 0");
+  if (*kv_dtype != "auto" && !models::DtypeFromTorchName(*kv_dtype))
+    return FieldError(where, "kv_cache_dtype",
+                      "must be auto, bfloat16, float16 or float32, got '" + *kv_dtype + "'");
+  if (*block < 1) return FieldError(where, "block_tokens", "must be >= 1");
+  if (*batched < 1) return FieldError(where, "max_num_batched_tokens", "must be >= 1");
+  if (*seqs < 1) return FieldError(where, "max_num_seqs", "must be >= 1");
+  if (*watermark < 0 || *watermark >= 1) return FieldError(where, "watermark", "must be in [0, 1)");
+  if (*reserved < 0) return FieldError(where, "reserved_gib", "must be >= 0");
   e.block_tokens = *block;
   e.scheduler.max_num_batched_tokens = *batched;
   e.scheduler.max_num_seqs = static_cast<int>(*seqs);
@@ -87,13 +90,14 @@ Status ParseEngine(const json& doc, const std::string& path, EngineSpec& e) {
   e.enable_prefix_caching = *caching;
   e.coalesce_decode_steps = *coalesce;
   e.scheduler.overlap_tier_loads = *overlap;
+  e.memory.kv_cache_dtype = models::DtypeFromTorchName(*kv_dtype);  // nullopt: auto
   return Status::Ok();
 }
 
 // "tiers": {"dram": {...}, "ssd": {...}, "remote": {...}}, each optional.
 Status ParseTier(const json& tiers, const char* key, const std::string& where_tiers, TierSpec& t) {
   auto it = tiers.find(key);
-  if (it == tiers.end()) return Status::Ok();
+  if (it == tiers.end() || it->is_null()) return Status::Ok();
   const std::string where = where_tiers + "." + key;
   if (!it->is_object()) return Status::Error(where + ": must be an object");
   const json& j = *it;
@@ -101,8 +105,7 @@ Status ParseTier(const json& tiers, const char* key, const std::string& where_ti
   auto gib = JsonNumber(j, "capacity_gib", where);
   if (!gib) return gib.status();
   if (!(*gib * kGiB >= 1) || *gib > 1e9)
-    return Status::Error(where + ": field 'capacity_gib' must be in (0, 1e9], got " +
-                         std::to_string(*gib));
+    return FieldError(where, "capacity_gib", "must be in (0, 1e9], got " + std::to_string(*gib));
   t.capacity_bytes = static_cast<Bytes>(*gib * kGiB);
   auto placement_name = JsonStringOr(j, "placement", "write-through", where);
   if (!placement_name) return placement_name.status();
@@ -130,8 +133,8 @@ Status ParseTier(const json& tiers, const char* key, const std::string& where_ti
     auto lat = JsonNumberOr(j, "latency_us", k == "dram" ? 0.0 : 10.0, where);
     if (!bw) return bw.status();
     if (!lat) return lat.status();
-    if (!(*bw > 0)) return Status::Error(where + ": field 'bandwidth_GBps' must be > 0");
-    if (*lat < 0) return Status::Error(where + ": field 'latency_us' must be >= 0");
+    if (!(*bw > 0)) return FieldError(where, "bandwidth_GBps", "must be > 0");
+    if (*lat < 0) return FieldError(where, "latency_us", "must be >= 0");
     t.link = {*bw * kGB, *lat * 1e-6};
   }
   if (k == "dram") {
@@ -144,7 +147,7 @@ Status ParseTier(const json& tiers, const char* key, const std::string& where_ti
 
 Status ParseTiers(const json& doc, const std::string& path, TiersSpec& tiers) {
   auto it = doc.find("tiers");
-  if (it == doc.end()) return Status::Ok();
+  if (it == doc.end() || it->is_null()) return Status::Ok();
   const std::string where = path + ": tiers";
   if (!it->is_object()) return Status::Error(where + ": must be an object");
   for (const auto& [key, value] : it->items()) {
@@ -159,13 +162,13 @@ Status ParseTiers(const json& doc, const std::string& path, TiersSpec& tiers) {
 
 Status ParseCostModel(const json& doc, const std::string& path, models::RooflineOptions& r) {
   auto it = doc.find("cost_model");
-  if (it == doc.end()) return Status::Ok();
+  if (it == doc.end() || it->is_null()) return Status::Ok();
   const std::string where = path + ": cost_model";
   if (!it->is_object()) return Status::Error(where + ": must be an object");
   auto kind = JsonStringOr(*it, "kind", "roofline", where);
   if (!kind) return kind.status();
   if (*kind != "roofline")
-    return Status::Error(where + ": field 'kind' must be 'roofline', got '" + *kind + "'");
+    return FieldError(where, "kind", "must be 'roofline', got '" + *kind + "'");
   struct Field {
     const char* key;
     double* out;
@@ -181,8 +184,8 @@ Status ParseCostModel(const json& doc, const std::string& path, models::Roofline
     if (!v) return v.status();
     const bool efficiency = f.scale == 1.0;
     if (efficiency ? !(*v > 0 && *v <= 1) : *v < 0)
-      return Status::Error(where + ": field '" + f.key + "' must be " +
-                           (efficiency ? "in (0, 1]" : ">= 0"));
+      return FieldError(where, f.key,
+                        std::string("must be ") + (efficiency ? "in (0, 1]" : ">= 0"));
     *f.out = *v * f.scale;
   }
   return Status::Ok();
@@ -214,16 +217,16 @@ Result<ClusterSpec> ParseClusterSpec(const json& doc, const std::string& path,
 
   auto model_ref = JsonString(doc, "model", path);
   if (!model_ref) return model_ref.status();
-  auto model = models::LoadModelSpec(
-      ResolveRef(*model_ref, path, (fs::path(data_dir) / "models" / "specs").string()));
+  auto model = models::LoadModelSpec(ResolveRef(
+      *model_ref, path, (fs::path(data_dir) / "models" / "specs").string(), /*directories=*/true));
   if (!model) return Status::Error(path + ": field 'model': " + model.error());
   c.model = *model;
 
   // Nodes: a list of groups, each {"count": n, "gpus": g, "gpu": name, links...}.
   auto nodes_it = doc.find("nodes");
-  if (nodes_it == doc.end()) return Status::Error(path + ": field 'nodes' is missing");
+  if (nodes_it == doc.end() || nodes_it->is_null()) return FieldError(path, "nodes", "is missing");
   if (!nodes_it->is_array() || nodes_it->empty())
-    return Status::Error(path + ": field 'nodes' must be a non-empty array");
+    return FieldError(path, "nodes", "must be a non-empty array");
   for (std::size_t g = 0; g < nodes_it->size(); ++g) {
     const json& group = (*nodes_it)[g];
     const std::string where = path + ": nodes[" + std::to_string(g) + "]";
@@ -234,9 +237,8 @@ Result<ClusterSpec> ParseClusterSpec(const json& doc, const std::string& path,
     if (!count) return count.status();
     if (!gpus) return gpus.status();
     if (!gpu) return gpu.status();
-    if (*count < 1 || *count > 4096)
-      return Status::Error(where + ": field 'count' must be in [1, 4096]");
-    if (*gpus < 1 || *gpus > 64) return Status::Error(where + ": field 'gpus' must be in [1, 64]");
+    if (*count < 1 || *count > 4096) return FieldError(where, "count", "must be in [1, 4096]");
+    if (*gpus < 1 || *gpus > 64) return FieldError(where, "gpus", "must be in [1, 64]");
     auto hw = models::LoadHardwareSpec(
         ResolveRef(*gpu, path, (fs::path(data_dir) / "models" / "hardware").string()));
     if (!hw) return Status::Error(where + ": field 'gpu': " + hw.error());
@@ -263,7 +265,7 @@ Result<ClusterSpec> ParseClusterSpec(const json& doc, const std::string& path,
 
   const std::string net_where = path + ": network";
   const json empty = json::object();
-  const json& net = doc.contains("network") ? doc["network"] : empty;
+  const json& net = JsonHas(doc, "network") ? doc["network"] : empty;
   if (!net.is_object()) return Status::Error(net_where + ": must be an object");
   auto sw = ParseLink(net, "switch", net_where, c.nodes.size() > 1, {1e15, 0});
   auto fe = ParseLink(net, "frontend", net_where, false, {100 * kGB, 10e-6});
@@ -274,6 +276,7 @@ Result<ClusterSpec> ParseClusterSpec(const json& doc, const std::string& path,
 
   DUET_RETURN_IF_ERROR(ParseEngine(doc, path, c.engine));
   DUET_RETURN_IF_ERROR(ParseCostModel(doc, path, c.roofline));
+  c.roofline.kv_cache_dtype = c.engine.memory.kv_cache_dtype;
   DUET_RETURN_IF_ERROR(ParseTiers(doc, path, c.tiers));
   if (c.tiers.any() && !c.engine.enable_prefix_caching)
     return Status::Error(path +
@@ -282,9 +285,10 @@ Result<ClusterSpec> ParseClusterSpec(const json& doc, const std::string& path,
 
   // Instances: groups {"role", "count", "tp", "node"?}; GPUs are assigned first-fit.
   auto inst_it = doc.find("instances");
-  if (inst_it == doc.end()) return Status::Error(path + ": field 'instances' is missing");
+  if (inst_it == doc.end() || inst_it->is_null())
+    return FieldError(path, "instances", "is missing");
   if (!inst_it->is_array() || inst_it->empty())
-    return Status::Error(path + ": field 'instances' must be a non-empty array");
+    return FieldError(path, "instances", "must be a non-empty array");
   std::vector<int> next_gpu(c.nodes.size(), 0);
   int counters[3] = {0, 0, 0};
   for (std::size_t g = 0; g < inst_it->size(); ++g) {
@@ -301,11 +305,12 @@ Result<ClusterSpec> ParseClusterSpec(const json& doc, const std::string& path,
     if (!count) return count.status();
     if (!tp) return tp.status();
     if (!node) return node.status();
-    if (*count < 1 || *count > 100000) return Status::Error(where + ": field 'count' must be >= 1");
-    if (*tp < 1 || *tp > 64) return Status::Error(where + ": field 'tp' must be in [1, 64]");
+    if (*count < 1 || *count > 100000) return FieldError(where, "count", "must be >= 1");
+    if (*tp < 1 || *tp > 64) return FieldError(where, "tp", "must be in [1, 64]");
     if (*node >= static_cast<std::int64_t>(c.nodes.size()) || *node < -1)
-      return Status::Error(where + ": field 'node' is " + std::to_string(*node) +
-                           " but there are " + std::to_string(c.nodes.size()) + " nodes");
+      return FieldError(where, "node",
+                        "is " + std::to_string(*node) + " but there are " +
+                            std::to_string(c.nodes.size()) + " nodes");
     for (std::int64_t k = 0; k < *count; ++k) {
       InstanceSpec inst;
       inst.role = *role;

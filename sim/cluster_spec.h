@@ -65,7 +65,7 @@ struct InstanceSpec {
 struct EngineSpec {
   Tokens block_tokens = 16;
   policies::SchedulerConfig scheduler;
-  models::MemoryOptions memory;  // tp is per instance
+  models::MemoryOptions memory;  // tp is per instance; kv_cache_dtype ("auto": nullopt)
   bool enable_prefix_caching = true;
   bool coalesce_decode_steps = true;
 };
@@ -84,10 +84,13 @@ struct ClusterSpec {
 
   bool pd() const;
   int CountRole(policies::InstanceRole role) const;
+  // KV bytes one token occupies in engine.kv_cache_dtype: what the simulator moves and stores.
+  Bytes KvBytesPerToken() const { return model.KvBytesPerToken(engine.memory.kv_cache_dtype); }
 };
 
 // Loads a cluster file. "model" and "gpu" name files under <data_dir>/models/specs and
-// <data_dir>/models/hardware (or give a path ending in .json, relative to the cluster file).
+// <data_dir>/models/hardware (or give a path ending in .json, relative to the cluster file);
+// "model" may also be a Hugging Face model directory (a path with a '/').
 // Errors: missing or mistyped fields, non-positive bandwidths, negative latencies, unknown
 // roles, instances that do not fit on their node, mixed colocated and PD roles, and a model
 // that does not fit in GPU memory.

@@ -517,7 +517,7 @@ void Frontend(World& w, const std::vector<InstanceId>& prefill_side,
 policies::TierSetup TierSetupFor(const ClusterSpec& cluster) {
   using policies::TierKind;
   policies::TierSetup setup;
-  setup.block_bytes = cluster.engine.block_tokens * cluster.model.KvBytesPerToken();
+  setup.block_bytes = cluster.engine.block_tokens * cluster.KvBytesPerToken();
   setup.num_nodes = static_cast<int>(cluster.nodes.size());
   setup.prefetch_to_dram = cluster.tiers.dram.prefetch;
   for (const InstanceSpec& inst : cluster.instances) setup.instance_node.push_back(inst.node);
@@ -684,7 +684,7 @@ Result<SimReport> RunSimulation(const ClusterSpec& cluster, const traces::Trace&
     config.block_tokens = cluster.engine.block_tokens;
     config.enable_prefix_caching = cluster.engine.enable_prefix_caching;
     config.coalesce_decode_steps = cluster.engine.coalesce_decode_steps;
-    config.kv_bytes_per_token = cluster.model.KvBytesPerToken();
+    config.kv_bytes_per_token = cluster.KvBytesPerToken();
     config.num_layers = cluster.model.num_hidden_layers;
     config.scheduler = cluster.engine.scheduler;
     SimPorts* p = w.ports.back().get();

@@ -12,6 +12,7 @@
 #include <string>
 #include <string_view>
 
+#include "common/json_util.h"
 #include "traces/trace.h"
 
 namespace duet::traces {
@@ -23,13 +24,13 @@ constexpr Tokens kMooncakeBlockTokens = 512;
 // (tokens x KV bytes per token in int64).
 constexpr std::int64_t kMaxRequestTokens = 1'000'000'000;
 
-Status LineError(const std::string& source, std::size_t line, const std::string& what) {
-  return Status::Error(source + ":" + std::to_string(line) + ": " + what);
+// "<source>:<line>": where a line's errors happen (field errors use the shared FieldError).
+std::string LineWhere(const std::string& source, std::size_t line) {
+  return source + ":" + std::to_string(line);
 }
 
-Status FieldError(const std::string& source, std::size_t line, const std::string& field,
-                  const std::string& what) {
-  return LineError(source, line, "field '" + field + "' " + what);
+Status LineError(const std::string& source, std::size_t line, const std::string& what) {
+  return Status::Error(LineWhere(source, line) + ": " + what);
 }
 
 bool IsBlank(std::string_view text) {
@@ -43,21 +44,21 @@ bool IsBlank(std::string_view text) {
 Result<Tokens> ReadLength(const nlohmann::json& obj, const char* field, const std::string& source,
                           std::size_t line) {
   auto it = obj.find(field);
-  if (it == obj.end()) return FieldError(source, line, field, "is missing");
+  if (it == obj.end()) return FieldError(LineWhere(source, line), field, "is missing");
   std::int64_t value = 0;
   if (it->is_number_unsigned()) {
     const auto raw = it->get<std::uint64_t>();
     if (raw > static_cast<std::uint64_t>(kMaxRequestTokens)) {
-      return FieldError(source, line, field,
+      return FieldError(LineWhere(source, line), field,
                         "must be at most " + std::to_string(kMaxRequestTokens) + " tokens");
     }
     value = static_cast<std::int64_t>(raw);
   } else if (it->is_number_integer()) {
     value = it->get<std::int64_t>();  // negative: nlohmann stores non-negatives as unsigned
   } else {
-    return FieldError(source, line, field, "must be a positive integer");
+    return FieldError(LineWhere(source, line), field, "must be a positive integer");
   }
-  if (value < 1) return FieldError(source, line, field, "must be a positive integer");
+  if (value < 1) return FieldError(LineWhere(source, line), field, "must be a positive integer");
   return value;
 }
 
@@ -194,9 +195,10 @@ Status ParseLine(std::string_view text, const std::string& source, std::size_t l
   if (!obj.is_object()) return LineError(source, line, "expected a JSON object");
 
   auto ts = obj.find("timestamp");
-  if (ts == obj.end()) return FieldError(source, line, "timestamp", "is missing");
+  if (ts == obj.end()) return FieldError(LineWhere(source, line), "timestamp", "is missing");
   if (!ts->is_number() || !std::isfinite(ts->get<double>()) || ts->get<double>() < 0) {
-    return FieldError(source, line, "timestamp", "must be a non-negative number (milliseconds)");
+    return FieldError(LineWhere(source, line), "timestamp",
+                      "must be a non-negative number (milliseconds)");
   }
   request.arrival_s = ts->get<double>() / 1000.0;
 
@@ -208,15 +210,16 @@ Status ParseLine(std::string_view text, const std::string& source, std::size_t l
   request.output_tokens = *output;
 
   auto ids = obj.find("hash_ids");
-  if (ids == obj.end()) return FieldError(source, line, "hash_ids", "is missing");
+  if (ids == obj.end()) return FieldError(LineWhere(source, line), "hash_ids", "is missing");
   if (!ids->is_array()) {
-    return FieldError(source, line, "hash_ids", "must be an array of non-negative integers");
+    return FieldError(LineWhere(source, line), "hash_ids",
+                      "must be an array of non-negative integers");
   }
   // The real trace always carries ceil(input_length / 512) ids; an empty array is also
   // accepted and means "no prefix information" (what WriteMooncake emits for such traces).
   const Tokens blocks = ExpectedBlocks(request.input_tokens);
   if (!ids->empty() && static_cast<Tokens>(ids->size()) != blocks) {
-    return FieldError(source, line, "hash_ids",
+    return FieldError(LineWhere(source, line), "hash_ids",
                       "has " + std::to_string(ids->size()) + " entries, but input_length " +
                           std::to_string(request.input_tokens) + " needs ceil(" +
                           std::to_string(request.input_tokens) +
@@ -227,7 +230,7 @@ Status ParseLine(std::string_view text, const std::string& source, std::size_t l
   for (std::size_t i = 0; i < ids->size(); ++i) {
     const nlohmann::json& id = (*ids)[i];
     if (!id.is_number_unsigned()) {
-      return FieldError(source, line, "hash_ids",
+      return FieldError(LineWhere(source, line), "hash_ids",
                         "element " + std::to_string(i) + " must be a non-negative integer");
     }
     request.block_ids.push_back(id.get<std::uint64_t>());

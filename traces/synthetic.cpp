@@ -98,10 +98,6 @@ Tokens ClampTokens(double value, Tokens min, Tokens max) {
 
 // ---- Validation -----------------------------------------------------------------------------
 
-Status FieldError(const std::string& where, const std::string& field, const std::string& what) {
-  return Status::Error(where + ": field '" + field + "' " + what);
-}
-
 Status CheckTokenRange(Tokens value, const std::string& where, const std::string& field,
                        Tokens lowest) {
   if (value < lowest || value > kMaxTokens) {
@@ -205,7 +201,7 @@ Status CheckKeys(const nlohmann::json& obj, const std::string& where,
 Result<const nlohmann::json*> ObjectField(const nlohmann::json& doc, const std::string& key,
                                           const std::string& where, bool required) {
   auto it = doc.find(key);
-  if (it == doc.end()) {
+  if (it == doc.end() || it->is_null()) {
     if (required) return FieldError(where, key, "is missing");
     return static_cast<const nlohmann::json*>(nullptr);
   }

@@ -52,15 +52,20 @@ Result<std::unique_ptr<CpuModel>> CpuModel::Create(LoadedModel model,
   if (options.num_blocks < 1 || options.block_tokens < 1)
     return Status::Error("CPU model needs at least one KV block of at least one token");
   std::unique_ptr<CpuModel> m(new CpuModel(std::move(model), options));
-  const ModelConfig& c = m->model_.config;
+  const models::ModelSpec& c = m->model_.config;
   const LlamaWeights& w = m->model_.weights;
   m->inv_freq_ = c.RopeInvFrequencies();
   m->embed_ = m->ToWeight(w.embed_tokens);
   m->final_norm_ = m->ToWeight(w.norm);
   m->lm_head_ = w.lm_head_tied ? m->embed_ : m->ToWeight(w.lm_head);
-  const std::size_t cache_floats = static_cast<std::size_t>(options.num_blocks) *
-                                   static_cast<std::size_t>(options.block_tokens) *
-                                   static_cast<std::size_t>(c.KvWidth());
+  // Sized by the one KV formula: a token's kv_bytes_per_token() spread over a K and a V array
+  // per layer, each [block][slot][kv_head][head_dim] in the cache dtype.
+  const std::int64_t tokens = options.num_blocks * options.block_tokens;
+  const std::int64_t array_bytes =
+      tokens * m->kv_bytes_per_token() / (2 * std::int64_t(c.num_hidden_layers));
+  const std::size_t cache_floats = static_cast<std::size_t>(array_bytes) / sizeof(float);
+  static_assert(sizeof(float) == 4);
+  DUET_CHECK(cache_floats == static_cast<std::size_t>(tokens * c.KvWidth()));
   for (const LlamaLayerWeights& lw : w.layers) {
     Layer l;
     l.input_norm = m->ToWeight(lw.input_layernorm);
@@ -83,14 +88,23 @@ Result<std::unique_ptr<CpuModel>> CpuModel::Create(LoadedModel model,
   return m;
 }
 
+std::int64_t CpuModel::kv_cache_bytes() const {
+  std::int64_t bytes = 0;
+  for (const Layer& layer : layers_) {
+    bytes +=
+        static_cast<std::int64_t>((layer.k_cache.size() + layer.v_cache.size()) * sizeof(float));
+  }
+  return bytes;
+}
+
 k::PagedKvLayer CpuModel::KvLayer(Layer& layer) const {
-  const ModelConfig& c = model_.config;
+  const models::ModelSpec& c = model_.config;
   return {layer.k_cache.data(),  layer.v_cache.data(), options_.block_tokens,
           c.num_key_value_heads, c.head_dim,           options_.num_blocks};
 }
 
 void CpuModel::Forward(std::span<const SequenceChunk> batch, std::vector<float>* logits) {
-  const ModelConfig& c = model_.config;
+  const models::ModelSpec& c = model_.config;
   const std::int64_t hidden = c.hidden_size, qw = c.QWidth(), kvw = c.KvWidth();
   const std::int64_t inter = c.intermediate_size;
   ids_.clear();

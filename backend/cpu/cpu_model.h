@@ -30,10 +30,13 @@ class CpuModel final : public ForwardModel {
 
   void Forward(std::span<const SequenceChunk> batch, std::vector<float>* logits) override;
 
-  const ModelConfig& config() const override { return model_.config; }
+  const models::ModelSpec& config() const override { return model_.config; }
   const LoadedModel& model() const { return model_; }
   std::int64_t num_blocks() const override { return options_.num_blocks; }
   std::int32_t block_tokens() const override { return options_.block_tokens; }
+  // The kernels read and write fp32 keys and values.
+  models::Dtype kv_cache_dtype() const override { return models::Dtype::kF32; }
+  std::int64_t kv_cache_bytes() const override;
   int threads() const { return pool_.threads(); }
   // Bytes a decode step must read at least: every weight once (the memory roofline's numerator).
   std::int64_t WeightBytes() const { return weight_bytes_; }

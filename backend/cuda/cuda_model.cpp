@@ -9,7 +9,7 @@ namespace duet::backend {
 
 namespace kc = kernels::cuda;
 
-CudaModel::CudaModel(const ModelConfig& config, const CudaModelOptions& options)
+CudaModel::CudaModel(const models::ModelSpec& config, const CudaModelOptions& options)
     : config_(config), options_(options) {}
 
 CudaModel::~CudaModel() {
@@ -30,9 +30,13 @@ CudaModel::Bf16Buffer CudaModel::Upload(const TensorView& t) {
   return Bf16Buffer(bits);
 }
 
-std::int64_t CudaModel::KvBytes() const {
-  return 2 * static_cast<std::int64_t>(layers_.size()) * options_.num_blocks *
-         options_.block_tokens * config_.KvWidth() * static_cast<std::int64_t>(sizeof(kc::Bf16));
+std::int64_t CudaModel::kv_cache_bytes() const {
+  std::int64_t bytes = 0;
+  for (const Layer& layer : layers_) {
+    bytes +=
+        static_cast<std::int64_t>((layer.k_cache.size() + layer.v_cache.size()) * sizeof(kc::Bf16));
+  }
+  return bytes;
 }
 
 Result<std::unique_ptr<CudaModel>> CudaModel::Create(const LoadedModel& model,
@@ -41,7 +45,7 @@ Result<std::unique_ptr<CudaModel>> CudaModel::Create(const LoadedModel& model,
     return Status::Error("CUDA model needs at least one KV block of at least one token");
   if (kc::DeviceCount() <= options.device)
     return Status::Error("CUDA model: " + kc::DescribeDevice());
-  const ModelConfig& c = model.config;
+  const models::ModelSpec& c = model.config;
   if (c.head_dim > 256) return Status::Error("CUDA model: head_dim above 256 is not supported");
   DUET_CUDA_CHECK(cudaSetDevice(options.device));
   // Room for the weights (as bf16) and the cache, before allocating anything.
@@ -55,8 +59,9 @@ Result<std::unique_ptr<CudaModel>> CudaModel::Create(const LoadedModel& model,
           &lw.post_attention_layernorm, &lw.gate_proj, &lw.up_proj, &lw.down_proj})
       weight_elements += t->NumElements();
   }
-  const std::int64_t kv_bytes = 2 * static_cast<std::int64_t>(w.layers.size()) *
-                                options.num_blocks * options.block_tokens * c.KvWidth() * 2;
+  // Sized by the one KV formula (bf16), as the simulator plans it.
+  const std::int64_t kv_tokens = options.num_blocks * options.block_tokens;
+  const std::int64_t kv_bytes = kv_tokens * c.KvBytesPerToken(models::Dtype::kBF16);
   std::size_t free_bytes = 0, total_bytes = 0;
   DUET_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
   const std::int64_t need = 2 * weight_elements + kv_bytes;
@@ -75,9 +80,10 @@ Result<std::unique_ptr<CudaModel>> CudaModel::Create(const LoadedModel& model,
   m->final_norm_ = m->Upload(w.norm);
   m->tied_ = w.lm_head_tied;
   if (!m->tied_) m->lm_head_ = m->Upload(w.lm_head);
-  const std::size_t cache = static_cast<std::size_t>(options.num_blocks) *
-                            static_cast<std::size_t>(options.block_tokens) *
-                            static_cast<std::size_t>(c.KvWidth());
+  // A K and a V array per layer, each [block][slot][kv_head][head_dim] bf16.
+  const std::size_t cache = static_cast<std::size_t>(
+      kv_bytes / (2 * std::int64_t(c.num_hidden_layers)) / std::int64_t(sizeof(kc::Bf16)));
+  DUET_CHECK(cache == static_cast<std::size_t>(kv_tokens * c.KvWidth()));
   for (const LlamaLayerWeights& lw : w.layers) {
     Layer l;
     l.input_norm = m->Upload(lw.input_layernorm);
@@ -104,7 +110,7 @@ Result<std::unique_ptr<CudaModel>> CudaModel::Create(const LoadedModel& model,
 }
 
 std::int64_t CudaModel::Run(std::span<const SequenceChunk> batch) {
-  const ModelConfig& c = config_;
+  const models::ModelSpec& c = config_;
   const std::int64_t hidden = c.hidden_size, qw = c.QWidth(), kvw = c.KvWidth();
   const std::int64_t inter = c.intermediate_size;
   const std::int32_t bt = options_.block_tokens;

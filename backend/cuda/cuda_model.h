@@ -41,11 +41,12 @@ class CudaModel final : public ForwardModel {
   void ForwardGreedy(std::span<const SequenceChunk> batch,
                      std::vector<std::int32_t>* tokens) override;
 
-  const ModelConfig& config() const override { return config_; }
+  const models::ModelSpec& config() const override { return config_; }
   std::int64_t num_blocks() const override { return options_.num_blocks; }
   std::int32_t block_tokens() const override { return options_.block_tokens; }
+  models::Dtype kv_cache_dtype() const override { return models::Dtype::kBF16; }
+  std::int64_t kv_cache_bytes() const override;               // the whole KV cache
   std::int64_t WeightBytes() const { return weight_bytes_; }  // bf16 weights on the device
-  std::int64_t KvBytes() const;                               // the whole KV cache
   cudaStream_t stream() const { return stream_; }
 
  private:
@@ -56,12 +57,12 @@ class CudaModel final : public ForwardModel {
     Bf16Buffer k_cache, v_cache;
   };
 
-  CudaModel(const ModelConfig& config, const CudaModelOptions& options);
+  CudaModel(const models::ModelSpec& config, const CudaModelOptions& options);
   Bf16Buffer Upload(const TensorView& t);
   // Runs the layers and the final norm + LM head over the wanted rows; returns their count.
   std::int64_t Run(std::span<const SequenceChunk> batch);
 
-  ModelConfig config_;
+  models::ModelSpec config_;
   CudaModelOptions options_;
   cudaStream_t stream_ = nullptr;
   cublasHandle_t cublas_ = nullptr;

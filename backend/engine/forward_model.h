@@ -8,7 +8,7 @@
 #include <span>
 #include <vector>
 
-#include "backend/model/model_config.h"
+#include "models/model_spec.h"
 
 namespace duet::backend {
 
@@ -31,9 +31,17 @@ class ForwardModel {
   // temperature 0. This default samples on the host from Forward's logits.
   virtual void ForwardGreedy(std::span<const SequenceChunk> batch,
                              std::vector<std::int32_t>* tokens);
-  virtual const ModelConfig& config() const = 0;
+  virtual const models::ModelSpec& config() const = 0;
   virtual std::int64_t num_blocks() const = 0;  // KV blocks the model holds
   virtual std::int32_t block_tokens() const = 0;
+  // The dtype the model stores its KV cache in (CpuModel: fp32, CudaModel: bf16).
+  virtual models::Dtype kv_cache_dtype() const = 0;
+  // Bytes of KV cache one token occupies: config().KvBytesPerToken(kv_cache_dtype()), the
+  // formula the simulator plans with (engine.kv_cache_dtype in cluster files). Every model
+  // sizes its cache with it.
+  std::int64_t kv_bytes_per_token() const { return config().KvBytesPerToken(kv_cache_dtype()); }
+  // Bytes of KV cache memory the model actually allocated (num_blocks * block_tokens tokens).
+  virtual std::int64_t kv_cache_bytes() const = 0;
 };
 
 }  // namespace duet::backend

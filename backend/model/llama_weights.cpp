@@ -40,9 +40,10 @@ class TensorFinder {
 
 }  // namespace
 
-Result<LlamaWeights> LoadLlamaWeights(const ModelConfig& config,
+Result<LlamaWeights> LoadLlamaWeights(const models::ModelSpec& config,
                                       std::shared_ptr<const SafetensorsCheckpoint> checkpoint) {
   DUET_CHECK(checkpoint != nullptr);
+  DUET_RETURN_IF_ERROR(models::CheckExecutable(config, checkpoint->dir() + "/config.json"));
   const TensorFinder find(*checkpoint);
   const std::int64_t hidden = config.hidden_size;
   const std::int64_t vocab = config.vocab_size;
@@ -93,7 +94,11 @@ Result<LlamaWeights> LoadLlamaWeights(const ModelConfig& config,
 
 #undef DUET_ASSIGN_TENSOR
 
-Result<LlamaWeights> LoadLlamaWeights(const ModelConfig& config, const std::string& model_dir) {
+Result<LlamaWeights> LoadLlamaWeights(const models::ModelSpec& config,
+                                      const std::string& model_dir) {
+  // Before opening the checkpoint: an unsupported architecture is the more useful message.
+  DUET_RETURN_IF_ERROR(
+      models::CheckExecutable(config, (std::filesystem::path(model_dir) / "config.json").string()));
   Result<SafetensorsCheckpoint> checkpoint = SafetensorsCheckpoint::OpenDir(model_dir);
   if (!checkpoint.ok()) return checkpoint.status();
   return LoadLlamaWeights(config,
@@ -104,7 +109,8 @@ Result<LoadedModel> LoadModelDir(const std::string& dir) {
   namespace fs = std::filesystem;
   LoadedModel model;
   model.dir = dir;
-  Result<ModelConfig> config = LoadModelConfig((fs::path(dir) / "config.json").string());
+  Result<models::ModelSpec> config =
+      models::LoadModelSpec((fs::path(dir) / "config.json").string());
   if (!config.ok()) return config.status();
   model.config = std::move(*config);
   Result<LlamaWeights> weights = LoadLlamaWeights(model.config, dir);

@@ -8,9 +8,9 @@
 #include <string>
 #include <vector>
 
-#include "backend/model/model_config.h"
 #include "backend/model/safetensors.h"
 #include "common/status.h"
+#include "models/model_spec.h"
 
 namespace duet::backend {
 
@@ -37,23 +37,28 @@ struct LlamaWeights {
   std::shared_ptr<const SafetensorsCheckpoint> checkpoint;
 };
 
-// Maps every tensor the config calls for, checking its shape. Errors name the tensor and the
-// directory ("missing tensor model.layers.3.mlp.up_proj.weight in DIR") or the expected and
-// actual shapes. Tensors the model does not use (e.g. old rotary_emb.inv_freq buffers) are
-// ignored; a tied model's lm_head.weight, if present, is ignored in favour of embed_tokens.
-Result<LlamaWeights> LoadLlamaWeights(const ModelConfig& config, const std::string& model_dir);
-Result<LlamaWeights> LoadLlamaWeights(const ModelConfig& config,
+// Maps every tensor the config calls for, checking its shape. A config the forward pass does
+// not implement (models::CheckExecutable: an unsupported architecture, activation, rope scaling)
+// is refused first, naming DIR/config.json. Errors name the tensor and the directory ("missing
+// tensor model.layers.3.mlp.up_proj.weight in DIR") or the expected and actual shapes. Tensors
+// the model does not use (e.g. old rotary_emb.inv_freq buffers) are ignored; a tied model's
+// lm_head.weight, if present, is ignored in favour of embed_tokens.
+Result<LlamaWeights> LoadLlamaWeights(const models::ModelSpec& config,
+                                      const std::string& model_dir);
+Result<LlamaWeights> LoadLlamaWeights(const models::ModelSpec& config,
                                       std::shared_ptr<const SafetensorsCheckpoint> checkpoint);
 
 // A model directory as Hugging Face lays it out.
 struct LoadedModel {
   std::string dir;
-  ModelConfig config;
+  models::ModelSpec config;
   LlamaWeights weights;
   std::string tokenizer_json_path;    // dir/tokenizer.json, "" when absent (not parsed here)
   std::string tokenizer_config_path;  // dir/tokenizer_config.json, "" when absent
 };
 
+// Reads dir/config.json (models::LoadModelSpec, the parser the simulator uses too) and maps the
+// weights.
 Result<LoadedModel> LoadModelDir(const std::string& dir);
 
 }  // namespace duet::backend

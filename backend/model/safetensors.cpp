@@ -18,7 +18,6 @@
 #include <set>
 #include <tuple>
 
-#include "backend/model/json_describe.h"
 #include "common/json_util.h"
 
 namespace duet::backend {
@@ -110,7 +109,7 @@ Result<ParsedHeader> ParseHeader(std::span<const std::byte> bytes, const std::st
     if (!entry.is_object()) return Status::Error(at + " must be an object");
     auto dtype_it = entry.find("dtype");
     if (dtype_it == entry.end() || !dtype_it->is_string()) {
-      return Status::Error(at + ": field 'dtype' must be a string");
+      return FieldError(at, "dtype", "must be a string");
     }
     const std::string dtype_name = dtype_it->get<std::string>();
     const std::optional<Dtype> dtype = DtypeFromName(dtype_name);
@@ -121,7 +120,7 @@ Result<ParsedHeader> ParseHeader(std::span<const std::byte> bytes, const std::st
     }
     auto shape_it = entry.find("shape");
     if (shape_it == entry.end() || !shape_it->is_array()) {
-      return Status::Error(at + ": field 'shape' must be a list of non-negative integers");
+      return FieldError(at, "shape", "must be a list of non-negative integers");
     }
     TensorView view;
     view.dtype = *dtype;
@@ -149,7 +148,7 @@ Result<ParsedHeader> ParseHeader(std::span<const std::byte> bytes, const std::st
     auto offsets_it = entry.find("data_offsets");
     if (offsets_it == entry.end() || !offsets_it->is_array() || offsets_it->size() != 2 ||
         !Unsigned((*offsets_it)[0]) || !Unsigned((*offsets_it)[1])) {
-      return Status::Error(at + ": field 'data_offsets' must be [begin, end] (non-negative)");
+      return FieldError(at, "data_offsets", "must be [begin, end] (non-negative)");
     }
     const std::uint64_t begin = *Unsigned((*offsets_it)[0]);
     const std::uint64_t end = *Unsigned((*offsets_it)[1]);
@@ -201,28 +200,7 @@ Result<ParsedHeader> ParseHeader(std::span<const std::byte> bytes, const std::st
 
 }  // namespace
 
-// ---- dtypes and conversions ----
-
-const char* DtypeName(Dtype dtype) {
-  switch (dtype) {
-    case Dtype::kBF16:
-      return "BF16";
-    case Dtype::kF16:
-      return "F16";
-    case Dtype::kF32:
-      return "F32";
-  }
-  return "?";
-}
-
-std::size_t DtypeBytes(Dtype dtype) { return dtype == Dtype::kF32 ? 4 : 2; }
-
-std::optional<Dtype> DtypeFromName(std::string_view name) {
-  if (name == "BF16") return Dtype::kBF16;
-  if (name == "F16") return Dtype::kF16;
-  if (name == "F32") return Dtype::kF32;
-  return std::nullopt;
-}
+// ---- views and conversions ----
 
 std::int64_t TensorView::NumElements() const {
   std::uint64_t n = 1;  // unsigned: a hand-built view with a silly shape must not be UB
@@ -414,7 +392,7 @@ Result<SafetensorsCheckpoint> SafetensorsCheckpoint::OpenDir(const std::string& 
     if (!index.ok()) return index.status();
     auto map_it = index->find("weight_map");
     if (map_it == index->end() || !map_it->is_object()) {
-      return Status::Error(index_path + ": field 'weight_map' must be an object");
+      return FieldError(index_path, "weight_map", "must be an object");
     }
     std::set<std::string> distinct;
     for (auto it = map_it->begin(); it != map_it->end(); ++it) {

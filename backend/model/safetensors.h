@@ -16,16 +16,16 @@
 #include <vector>
 
 #include "common/status.h"
+#include "models/dtype.h"
 
 namespace duet::backend {
 
-// Element types Duet computes with. Other safetensors dtypes (I64, F8_E4M3, F64, ...) are
-// rejected by the reader with an error naming the dtype and the tensor.
-enum class Dtype { kBF16, kF16, kF32 };
-
-const char* DtypeName(Dtype dtype);  // "BF16", "F16", "F32" (the safetensors spelling)
-std::size_t DtypeBytes(Dtype dtype);
-std::optional<Dtype> DtypeFromName(std::string_view name);
+// Element types Duet computes with (models/dtype.h). Other safetensors dtypes (I64, F8_E4M3,
+// F64, ...) are rejected by the reader with an error naming the dtype and the tensor.
+using models::Dtype;
+using models::DtypeBytes;
+using models::DtypeFromName;
+using models::DtypeName;
 
 // The reference implementation's cap on the JSON header (a larger N is refused unread).
 constexpr std::uint64_t kMaxSafetensorsHeaderBytes = 100'000'000;

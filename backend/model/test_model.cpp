@@ -88,8 +88,9 @@ Status CheckVocab(const TestModelOptions& options, const TokenizerInfo& tokenize
   return Status::Ok();
 }
 
-ModelConfig ConfigFor(const TestModelOptions& options, const TokenizerInfo& tokenizer) {
-  ModelConfig config;
+models::ModelSpec ConfigFor(const TestModelOptions& options, const TokenizerInfo& tokenizer) {
+  models::ModelSpec config;
+  config.name = "test-model";
   config.model_type = "llama";
   config.architecture = "LlamaForCausalLM";
   config.hidden_size = options.hidden_size;
@@ -104,9 +105,7 @@ ModelConfig ConfigFor(const TestModelOptions& options, const TokenizerInfo& toke
   config.rope_scaling = options.rope_scaling;
   config.max_position_embeddings = options.max_position_embeddings;
   config.tie_word_embeddings = options.tie_word_embeddings;
-  config.torch_dtype = options.dtype == Dtype::kBF16  ? "bfloat16"
-                       : options.dtype == Dtype::kF16 ? "float16"
-                                                      : "float32";
+  config.torch_dtype = options.dtype;
   config.attention_qkv_bias = options.attention_bias;
   config.attention_o_bias = options.attention_bias;
   config.bos_token_id = tokenizer.bos_id;
@@ -198,12 +197,12 @@ TestModelOptions TestModelOptions::Benchmark() {
   options.num_key_value_heads = 4;
   options.head_dim = 64;
   options.vocab_size = 32000;
-  options.rope_scaling = {RopeScalingType::kLlama3, 8.0, 1.0, 4.0, 2048};
+  options.rope_scaling = {models::RopeScalingType::kLlama3, 8.0, 1.0, 4.0, 2048, ""};
   options.max_position_embeddings = 8192;
   return options;
 }
 
-Result<ModelConfig> TestModelConfig(const TestModelOptions& options) {
+Result<models::ModelSpec> TestModelConfig(const TestModelOptions& options) {
   DUET_RETURN_IF_ERROR(CheckOptions(options));
   Result<TokenizerInfo> tokenizer = MakeTokenizer(options.tokenizer_vocab_size);
   if (!tokenizer.ok()) return tokenizer.status();
@@ -211,7 +210,7 @@ Result<ModelConfig> TestModelConfig(const TestModelOptions& options) {
   return ConfigFor(options, *tokenizer);
 }
 
-std::vector<TensorSpec> TestModelTensorSpecs(const ModelConfig& config, Dtype dtype) {
+std::vector<TensorSpec> TestModelTensorSpecs(const models::ModelSpec& config, Dtype dtype) {
   const std::int64_t hidden = config.hidden_size;
   const std::int64_t inter = config.intermediate_size;
   std::vector<TensorSpec> specs;
@@ -262,13 +261,14 @@ Status WriteTestModel(const std::string& dir, const TestModelOptions& options) {
   Result<TokenizerInfo> tokenizer = MakeTokenizer(options.tokenizer_vocab_size);
   if (!tokenizer.ok()) return tokenizer.status();
   DUET_RETURN_IF_ERROR(CheckVocab(options, *tokenizer));
-  const ModelConfig config = ConfigFor(options, *tokenizer);
+  const models::ModelSpec config = ConfigFor(options, *tokenizer);
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) return Status::Error(dir + ": cannot create directory: " + ec.message());
   const fs::path root(dir);
 
-  DUET_RETURN_IF_ERROR(WriteText(root / "config.json", ModelConfigToJson(config).dump(2) + "\n"));
+  DUET_RETURN_IF_ERROR(
+      WriteText(root / "config.json", models::ModelSpecToJson(config).dump(2) + "\n"));
   DUET_RETURN_IF_ERROR(WriteText(root / "tokenizer.json", tokenizer->json_text));
   const json tokenizer_config = {
       {"tokenizer_class", "PreTrainedTokenizerFast"},

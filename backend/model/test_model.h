@@ -8,9 +8,9 @@
 #include <string>
 #include <vector>
 
-#include "backend/model/model_config.h"
 #include "backend/model/safetensors.h"
 #include "common/status.h"
+#include "models/model_spec.h"
 
 namespace duet::backend {
 
@@ -33,7 +33,7 @@ struct TestModelOptions {
   double rope_theta = 500000.0;
   // Llama 3 scaling with a short original context so that tests with a few dozen tokens
   // already cover all three frequency bands.
-  RopeScaling rope_scaling{RopeScalingType::kLlama3, 8.0, 1.0, 4.0, 64};
+  models::RopeScaling rope_scaling{models::RopeScalingType::kLlama3, 8.0, 1.0, 4.0, 64, ""};
   std::int64_t max_position_embeddings = 256;
   bool tie_word_embeddings = false;
   bool attention_bias = false;   // Llama's attention_bias: q/k/v/o biases
@@ -46,10 +46,10 @@ struct TestModelOptions {
 };
 
 // The config the options describe (vocab and bos/eos ids from the test tokenizer).
-Result<ModelConfig> TestModelConfig(const TestModelOptions& options);
+Result<models::ModelSpec> TestModelConfig(const TestModelOptions& options);
 
 // The tensors in file order: HF names, the options' dtype, shapes from the config.
-std::vector<TensorSpec> TestModelTensorSpecs(const ModelConfig& config, Dtype dtype);
+std::vector<TensorSpec> TestModelTensorSpecs(const models::ModelSpec& config, Dtype dtype);
 
 // The fp32 values of one tensor before rounding to the file's dtype. Each tensor has its own
 // std::mt19937_64 stream seeded from (seed, name), turned into normals by Box-Muller written

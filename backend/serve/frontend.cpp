@@ -133,7 +133,7 @@ LiveFrontend::LiveFrontend(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) 
 Result<std::unique_ptr<LiveFrontend>> LiveFrontend::Start(
     std::vector<std::unique_ptr<ForwardModel>> models, FrontendOptions options) {
   if (models.empty()) return Status::Error("the live frontend needs at least one instance");
-  const ModelConfig& config = models.front()->config();
+  const models::ModelSpec& config = models.front()->config();
   const std::int32_t block_tokens = models.front()->block_tokens();
   for (const auto& m : models) {
     if (m->block_tokens() != block_tokens || m->config().vocab_size != config.vocab_size ||
@@ -196,7 +196,7 @@ LiveFrontend::~LiveFrontend() {
 
 Admission LiveFrontend::Submit(LiveRequest request, std::shared_ptr<RequestListener> listener) {
   Impl& s = *impl_;
-  const ModelConfig& config = model_config();
+  const models::ModelSpec& config = model_config();
   if (request.prompt.empty()) return {AdmitStatus::kInvalid, 0, "the prompt is empty"};
   if (request.max_tokens < 1) return {AdmitStatus::kInvalid, 0, "max_tokens must be at least 1"};
   for (std::int32_t id : request.prompt) {
@@ -274,7 +274,7 @@ std::int64_t LiveFrontend::Drain(Seconds timeout_s) {
 }
 
 Tokens LiveFrontend::max_request_tokens() const { return impl_->max_request_tokens; }
-const ModelConfig& LiveFrontend::model_config() const { return impl_->models.front()->config(); }
+const models::ModelSpec& LiveFrontend::model_config() const { return impl_->models.front()->config(); }
 int LiveFrontend::instances() const { return static_cast<int>(impl_->threads.size()); }
 
 FrontendStats LiveFrontend::Stats() const {

@@ -103,7 +103,7 @@ class LiveFrontend {
   // The longest prompt + max_tokens one request may have (the model's context and the KV
   // capacity of the smallest instance, less the admission watermark).
   Tokens max_request_tokens() const;
-  const ModelConfig& model_config() const;
+  const models::ModelSpec& model_config() const;
   int instances() const;
   FrontendStats Stats() const;
 

@@ -18,6 +18,7 @@
 
 #include "backend/tokenizer/regex.h"
 #include "backend/tokenizer/unicode_util.h"
+#include "common/json_util.h"
 
 namespace duet::backend {
 namespace {
@@ -175,7 +176,7 @@ class Loader {
   explicit Loader(std::string source) : source_(std::move(source)) {}
 
   Status Error(const std::string& field, const std::string& what) const {
-    return Status::Error(source_ + ": field '" + field + "' " + what);
+    return FieldError(source_, field, what);
   }
 
   // A boolean option: absent or null means `fallback`.

@@ -21,9 +21,9 @@
 #include <vector>
 
 #include "backend/cuda/cuda_model.h"
-#include "backend/model/model_config.h"
 #include "kernels/cuda/cuda_kernels.h"
 #include "kernels/cuda/device_buffer.h"
+#include "models/model_spec.h"
 
 namespace {
 
@@ -70,7 +70,7 @@ double GemmRate() {
 
 // Random bf16 weights for every tensor of `config`: all views share one buffer as large as the
 // largest tensor (the values do not matter for speed).
-duet::backend::LoadedModel RandomModel(const duet::backend::ModelConfig& c,
+duet::backend::LoadedModel RandomModel(const duet::models::ModelSpec& c,
                                        std::vector<std::uint16_t>* storage) {
   using duet::backend::Dtype;
   using duet::backend::TensorView;
@@ -139,12 +139,12 @@ int main(int argc, char** argv) {
   }
   const std::string spec =
       argc > 1 ? argv[1] : std::string(DUET_SOURCE_DIR) + "/models/specs/llama-3.1-8b.json";
-  auto config = duet::backend::LoadModelConfig(spec);
+  auto config = duet::models::LoadModelSpec(spec);
   if (!config.ok()) {
     std::fprintf(stderr, "duet_cuda_bench: %s\n", config.error().c_str());
     return 1;
   }
-  const duet::backend::ModelConfig& c = *config;
+  const duet::models::ModelSpec& c = *config;
   std::printf("device: %s\nmodel: %s shapes, random bf16 weights\n", kc::DescribeDevice().c_str(),
               spec.c_str());
   const double copy_bw = CopyBandwidth();
@@ -155,7 +155,7 @@ int main(int argc, char** argv) {
   std::vector<std::uint16_t> storage;
   const duet::backend::LoadedModel loaded = RandomModel(c, &storage);
   const std::int32_t bt = 16;
-  const std::int64_t kv_token_bytes = 2LL * c.num_hidden_layers * c.KvWidth() * 2;
+  const std::int64_t kv_token_bytes = c.KvBytesPerToken(duet::models::Dtype::kBF16);
   std::size_t free_bytes = 0, total_bytes = 0;
   DUET_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
   std::int64_t weight_bytes = 0;
@@ -176,7 +176,8 @@ int main(int argc, char** argv) {
   CudaModel& m = **model;
   std::printf("weights %.2f GB, KV cache %lld blocks of %d tokens (%.1f GB, %lld tokens)\n\n",
               static_cast<double>(m.WeightBytes()) / 1e9, static_cast<long long>(num_blocks), bt,
-              static_cast<double>(m.KvBytes()) / 1e9, static_cast<long long>(num_blocks * bt));
+              static_cast<double>(m.kv_cache_bytes()) / 1e9,
+              static_cast<long long>(num_blocks * bt));
 
   std::vector<std::int32_t> ids(8192);
   for (std::size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<std::int32_t>(i % 1000 + 10);

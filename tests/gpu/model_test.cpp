@@ -80,6 +80,16 @@ class CudaParity : public ::testing::Test {
   std::unique_ptr<LoadedModel> loaded_;
 };
 
+TEST_F(CudaParity, KvCacheIsWhatTheSimulatorPlans) {
+  // bf16 on the device, sized by the one formula the simulator plans with.
+  const auto cuda = Cuda(40);
+  EXPECT_EQ(cuda->kv_cache_dtype(), models::Dtype::kBF16);
+  const auto spec = models::LoadModelSpec(dir_);
+  ASSERT_TRUE(spec.ok()) << spec.error();
+  EXPECT_EQ(cuda->kv_cache_bytes(), 40 * 16 * spec->KvBytesPerToken(models::Dtype::kBF16));
+  EXPECT_EQ(cuda->kv_cache_bytes(), 40 * 16 * cuda->kv_bytes_per_token());
+}
+
 TEST_F(CudaParity, LogitsMatchTheCpuModel) {
   const auto ids = Prompt(45, 1);
   const auto table = Table(3, 4);

@@ -58,7 +58,7 @@ TEST(TestModelTest, TinyModelLoadsBackBitExact) {
   const TestModelOptions options;
   ASSERT_TRUE(WriteTestModel(tmp.path(), options).ok());
   const LoadedModel model = LoadOrDie(tmp.path());
-  const ModelConfig& c = model.config;
+  const models::ModelSpec& c = model.config;
   EXPECT_EQ(c.model_type, "llama");
   EXPECT_EQ(c.architecture, "LlamaForCausalLM");
   EXPECT_EQ(c.hidden_size, 64);
@@ -69,14 +69,14 @@ TEST(TestModelTest, TinyModelLoadsBackBitExact) {
   EXPECT_EQ(c.head_dim, 16);
   EXPECT_DOUBLE_EQ(c.rms_norm_eps, 1e-5);
   EXPECT_DOUBLE_EQ(c.rope_theta, 500000.0);
-  EXPECT_EQ(c.rope_scaling.type, RopeScalingType::kLlama3);
+  EXPECT_EQ(c.rope_scaling.type, models::RopeScalingType::kLlama3);
   EXPECT_DOUBLE_EQ(c.rope_scaling.factor, 8.0);
   EXPECT_DOUBLE_EQ(c.rope_scaling.low_freq_factor, 1.0);
   EXPECT_DOUBLE_EQ(c.rope_scaling.high_freq_factor, 4.0);
   EXPECT_EQ(c.rope_scaling.original_max_position_embeddings, 64);
   EXPECT_EQ(c.max_position_embeddings, 256);
   EXPECT_FALSE(c.tie_word_embeddings);
-  EXPECT_EQ(c.torch_dtype, "float32");
+  EXPECT_EQ(c.torch_dtype, Dtype::kF32);
 
   // The vocabulary is the tokenizer's: its BPE tokens plus the special tokens, and BOS/EOS
   // are its <|begin_of_text|> and <|eot_id|>.
@@ -149,7 +149,7 @@ TEST(TestModelTest, HalfPrecisionValuesAreRoundedOnce) {
     options.dtype = dtype;
     ASSERT_TRUE(WriteTestModel(tmp.path(), options).ok());
     const LoadedModel model = LoadOrDie(tmp.path());
-    EXPECT_EQ(model.config.torch_dtype, dtype == Dtype::kBF16 ? "bfloat16" : "float16");
+    EXPECT_EQ(model.config.torch_dtype, dtype);
     // bf16 keeps 8 significant bits, f16 11: relative error at most half an ulp.
     const double tolerance = dtype == Dtype::kBF16 ? 0x1p-8 : 0x1p-11;
     for (const TensorSpec& spec : TestModelTensorSpecs(model.config, dtype)) {
@@ -230,7 +230,7 @@ TEST(TestModelTest, TiedEmbeddingsAndAttentionBias) {
 }
 
 TEST(TestModelTest, BenchmarkPresetSize) {
-  Result<ModelConfig> config = TestModelConfig(TestModelOptions::Benchmark());
+  Result<models::ModelSpec> config = TestModelConfig(TestModelOptions::Benchmark());
   ASSERT_TRUE(config.ok()) << config.error();
   EXPECT_EQ(config->vocab_size, 32000);
   EXPECT_EQ(config->hidden_size, 768);
@@ -332,7 +332,7 @@ TEST(LlamaWeightsTest, MixedDtypesShardsAndExtraTensors) {
 
 TEST(LlamaWeightsTest, Qwen2BiasesAndTiedHeadLoad) {
   TempDir tmp;
-  ModelConfig config;
+  models::ModelSpec config;
   config.model_type = "qwen2";
   config.hidden_size = 32;
   config.intermediate_size = 48;
@@ -344,7 +344,7 @@ TEST(LlamaWeightsTest, Qwen2BiasesAndTiedHeadLoad) {
   config.max_position_embeddings = 128;
   config.tie_word_embeddings = true;
   config.attention_qkv_bias = true;
-  tmp.Write("config.json", ModelConfigToJson(config).dump());
+  tmp.Write("config.json", models::ModelSpecToJson(config).dump());
   std::vector<NamedTensor> tensors;
   for (const TensorSpec& spec : TestModelTensorSpecs(config, Dtype::kF16)) {
     std::int64_t count = 1;
@@ -379,11 +379,24 @@ TEST(LlamaWeightsTest, DirectoryErrorsNameTheFile) {
   Result<LoadedModel> model = LoadModelDir(tmp.path());
   ASSERT_FALSE(model.ok());
   EXPECT_NE(model.error().find(tmp.File("config.json")), std::string::npos) << model.error();
+  // A well-formed config of a model type the backend does not run (the simulator takes it):
+  // refused before the weights are looked for, naming the file.
   tmp.Write("config.json", R"({"architectures": ["GPTNeoXForCausalLM"], "model_type": "gpt_neox",
-                               "hidden_size": 64})");
+                               "hidden_size": 64, "intermediate_size": 256,
+                               "num_attention_heads": 4, "num_hidden_layers": 2,
+                               "vocab_size": 100, "hidden_act": "gelu"})");
   model = LoadModelDir(tmp.path());
   ASSERT_FALSE(model.ok());
-  EXPECT_NE(model.error().find("unsupported architecture GPTNeoXForCausalLM"), std::string::npos)
+  EXPECT_NE(
+      model.error().find(tmp.File("config.json") + ": unsupported architecture GPTNeoXForCausalLM"),
+      std::string::npos)
+      << model.error();
+  // A config that is not even Llama-shaped names the missing field.
+  tmp.Write("config.json", R"({"model_type": "t5", "d_model": 64})");
+  model = LoadModelDir(tmp.path());
+  ASSERT_FALSE(model.ok());
+  EXPECT_NE(model.error().find(tmp.File("config.json") + ": field 'num_hidden_layers' is missing"),
+            std::string::npos)
       << model.error();
   ASSERT_TRUE(WriteTestModel(tmp.path(), {}).ok());
   std::filesystem::remove(tmp.File("model.safetensors"));
