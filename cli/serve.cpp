@@ -23,6 +23,7 @@
 #include "backend/tokenizer/chat_template.h"
 #include "cli/commands.h"
 #include "common/json_util.h"
+#include "models/model_spec.h"
 
 namespace po = boost::program_options;
 
@@ -77,13 +78,12 @@ class ShutdownSignal {
 };
 
 // KV blocks per instance when --kv-blocks is 0: room for 16 full-context sequences, within a
-// 4 GiB budget of fp32 keys and values, and at least one full-context sequence.
-std::int64_t DefaultKvBlocks(const backend::ModelConfig& config, std::int32_t block_tokens) {
+// 4 GiB KV budget (at the model's own KV dtype), and at least one full-context sequence.
+std::int64_t DefaultKvBlocks(const models::ModelSpec& spec, std::int32_t block_tokens) {
   const std::int64_t context =
-      config.max_position_embeddings > 0 ? config.max_position_embeddings : 4096;
+      spec.max_position_embeddings > 0 ? spec.max_position_embeddings : 4096;
   const std::int64_t per_sequence = (context + block_tokens - 1) / block_tokens + 1;
-  const double block_bytes = 2.0 * config.num_hidden_layers *
-                             static_cast<double>(config.KvWidth()) * block_tokens * sizeof(float);
+  const double block_bytes = static_cast<double>(spec.KvBytesPerToken()) * block_tokens;
   const auto budget = static_cast<std::int64_t>(4.0 * kGiB / std::max(block_bytes, 1.0));
   return std::max(per_sequence + 1, std::min(16 * per_sequence, budget));
 }
