@@ -569,7 +569,9 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
     stream_sr_.reset();
     inflight_.clear();
     inflight_.shrink_to_fit();
-    if (!keep_alive_ || server_->phase == Phase::kDraining) return GracefulClose();
+    // As the reply announced: a connection told "keep-alive" reads its next request even if
+    // draining began meanwhile (it is answered, with "close", rather than dropped unanswered).
+    if (!keep_alive_) return GracefulClose();
     if (watching_) {
       next_after_watch_ = true;
       beast::error_code ignored;

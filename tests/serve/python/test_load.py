@@ -32,8 +32,7 @@ def test_64_concurrent_streams_complete_with_correct_text(server):
         results = list(pool.map(stream, range(N_STREAMS)))
     assert [text for text, _ in results] == expected
     assert all(1 <= tokens <= 16 for _, tokens in results)
-    m = server.wait_metric("duet:kv_blocks_used", lambda v: v == 0)
-    assert m["duet:num_requests_running"] == 0
+    server.assert_idle()
 
 
 def test_concurrent_websocket_connections(server):
