@@ -190,7 +190,8 @@ GenerationCall::GenerationCall(const GenerationParams& params,
                  params.stream && params.include_usage),
       text_(model_->tokenizer, params.stop, params.skip_special_tokens),
       stream_(params.stream),
-      include_usage_(params.stream && params.include_usage) {}
+      include_usage_(params.stream && params.include_usage),
+      continuous_usage_(include_usage_ && params.continuous_usage_stats) {}
 
 std::variant<std::shared_ptr<GenerationCall>, ApiError> GenerationCall::Start(
     const GenerationParams& params, std::shared_ptr<const ServedModel> model, Post post,
@@ -200,6 +201,7 @@ std::variant<std::shared_ptr<GenerationCall>, ApiError> GenerationCall::Start(
   LiveRequest request;
   if (auto error = BuildLiveRequest(params, *model, &request)) return *error;
   LiveFrontend* frontend = model->frontend;
+  const std::size_t request_prompt_tokens = request.prompt.size();
   std::shared_ptr<GenerationCall> call(
       new GenerationCall(params, std::move(model), std::move(deliver)));
   auto listener = std::make_shared<Listener>(call->mailbox_, call, std::move(post));
@@ -209,6 +211,7 @@ std::variant<std::shared_ptr<GenerationCall>, ApiError> GenerationCall::Start(
     return AdmissionError(admission);
   }
   call->id_ = admission.id;
+  call->prompt_tokens_ = static_cast<Tokens>(request_prompt_tokens);
   if (call->stream_ && params.endpoint == Endpoint::kChatCompletions)
     call->deliver_({call->formatter_.RoleChunk(), false, 200, false});
   return call;
@@ -253,11 +256,22 @@ void GenerationCall::Pump() {
     }
   }
   if (stream_) {
-    if (!text.empty()) deliver_({formatter_.TextChunk(text), false, 200, false});
+    if (!text.empty()) {
+      const Usage so_far = UsageSoFar();
+      deliver_(
+          {formatter_.TextChunk(text, continuous_usage_ ? &so_far : nullptr), false, 200, false});
+    }
   } else {
     whole_text_ += text;
   }
   if (finish) Finish(*finish);
+}
+
+Usage GenerationCall::UsageSoFar() const {
+  Usage usage;
+  usage.prompt_tokens = prompt_tokens_;
+  usage.completion_tokens = text_.counted_tokens();
+  return usage;
 }
 
 void GenerationCall::Finish(const FinishInfo& info) {
@@ -290,7 +304,8 @@ void GenerationCall::Finish(const FinishInfo& info) {
     deliver_({formatter_.FullReply(whole_text_ + tail, reason, usage, duet), true, 200, false});
     return;
   }
-  deliver_({formatter_.FinishChunk(tail, reason, duet), false, 200, false});
+  deliver_({formatter_.FinishChunk(tail, reason, duet, continuous_usage_ ? &usage : nullptr), false,
+            200, false});
   if (include_usage_) deliver_({formatter_.UsageChunk(usage, duet), false, 200, false});
   deliver_({std::string(kDone), true, 200, true});
 }

@@ -96,6 +96,7 @@ class GenerationCall : public std::enable_shared_from_this<GenerationCall> {
                  Deliver deliver);
   void Pump();  // on the strand: turns queued tokens into reply parts
   void Finish(const FinishInfo& info);
+  Usage UsageSoFar() const;  // continuous usage stats: tokens generated so far
 
   std::shared_ptr<const ServedModel> model_;
   Deliver deliver_;
@@ -104,6 +105,8 @@ class GenerationCall : public std::enable_shared_from_this<GenerationCall> {
   OutputText text_;
   bool stream_;
   bool include_usage_;
+  bool continuous_usage_;  // every chunk carries the usage so far
+  Tokens prompt_tokens_ = 0;
   std::string whole_text_;  // not streamed: the text so far
   policies::RequestId id_ = 0;
   bool aborted_for_stop_ = false;

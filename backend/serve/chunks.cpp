@@ -53,19 +53,19 @@ std::string ReplyFormatter::RoleChunk() const {
   return DumpJson(out);
 }
 
-std::string ReplyFormatter::TextChunk(std::string_view text) const {
+std::string ReplyFormatter::TextChunk(std::string_view text, const Usage* usage) const {
   json out = Envelope(true);
   out["choices"] = json::array({Choice(text, nullptr, false, true)});
-  if (include_usage_) out["usage"] = nullptr;
+  if (include_usage_) out["usage"] = usage ? UsageJson(*usage) : json(nullptr);
   return DumpJson(out);
 }
 
 std::string ReplyFormatter::FinishChunk(std::string_view text, std::string_view finish_reason,
-                                        const DuetExtension& duet) const {
+                                        const DuetExtension& duet, const Usage* usage) const {
   json out = Envelope(true);
   out["choices"] = json::array({Choice(text, json(finish_reason), false, true)});
   if (include_usage_) {
-    out["usage"] = nullptr;
+    out["usage"] = usage ? UsageJson(*usage) : json(nullptr);
   } else {
     out["duet"] = DuetJson(duet);
   }

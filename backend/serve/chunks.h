@@ -36,12 +36,13 @@ class ReplyFormatter {
   // Streamed chunks, each one JSON object (serialized):
   // chat only, first: the assistant role with empty content.
   std::string RoleChunk() const;
-  // A piece of text, finish_reason null.
-  std::string TextChunk(std::string_view text) const;
+  // A piece of text, finish_reason null. `usage` (continuous usage stats, with include_usage):
+  // the usage so far; else the chunk's usage is null.
+  std::string TextChunk(std::string_view text, const Usage* usage = nullptr) const;
   // The last choice chunk: the rest of the text (may be empty) and the finish reason. Carries
-  // `duet` unless include_usage (then the usage chunk, which follows, does).
+  // `duet` unless include_usage (then the usage chunk, which follows, does). `usage` as above.
   std::string FinishChunk(std::string_view text, std::string_view finish_reason,
-                          const DuetExtension& duet) const;
+                          const DuetExtension& duet, const Usage* usage = nullptr) const;
   // include_usage: empty choices, the usage, and `duet`.
   std::string UsageChunk(const Usage& usage, const DuetExtension& duet) const;
   // Not streamed: the whole reply with usage and `duet`.

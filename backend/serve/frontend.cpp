@@ -274,7 +274,9 @@ std::int64_t LiveFrontend::Drain(Seconds timeout_s) {
 }
 
 Tokens LiveFrontend::max_request_tokens() const { return impl_->max_request_tokens; }
-const models::ModelSpec& LiveFrontend::model_config() const { return impl_->models.front()->config(); }
+const models::ModelSpec& LiveFrontend::model_config() const {
+  return impl_->models.front()->config();
+}
 int LiveFrontend::instances() const { return static_cast<int>(impl_->threads.size()); }
 
 FrontendStats LiveFrontend::Stats() const {

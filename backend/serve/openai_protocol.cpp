@@ -211,6 +211,8 @@ Error ReadStreamOptions(const json& v, GenerationParams* out) {
     const std::string field = "stream_options." + key;
     if (key == "include_usage") {
       if (Error e = ReadBool(value, field, &out->include_usage)) return e;
+    } else if (key == "continuous_usage_stats") {
+      if (Error e = ReadBool(value, field, &out->continuous_usage_stats)) return e;
     } else if (key == "include_obfuscation") {
       bool unused = false;  // OpenAI pads chunks against side channels; nothing to pad here
       if (Error e = ReadBool(value, field, &unused)) return e;

@@ -64,6 +64,8 @@ struct GenerationParams {
   bool stream = false;
   bool stream_given = false;  // "stream" was in the body (WebSocket requests default to true)
   bool include_usage = false;
+  // vLLM's extension: with include_usage, every streamed chunk carries the usage so far.
+  bool continuous_usage_stats = false;
   bool stream_options_given = false;  // refused unless the request streams (api.h decides)
 };
 

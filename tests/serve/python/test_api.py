@@ -90,6 +90,24 @@ def test_completion_stream_with_usage(server):
     assert "duet" not in (choice_chunks[-1].model_extra or {})
 
 
+def test_continuous_usage_stats_count_every_chunk(server):
+    # vLLM's extension: each chunk's usage counts the tokens generated up to it.
+    chunks = list(server.client().completions.create(
+        model=server.model, prompt=PROMPTS[0], max_tokens=16, temperature=0, stream=True,
+        stream_options={"include_usage": True, "continuous_usage_stats": True},
+        extra_body={"ignore_eos": True}))
+    choice_chunks = [c for c in chunks if c.choices]
+    counts = [c.usage.completion_tokens for c in choice_chunks]
+    assert all(c.usage.prompt_tokens == chunks[-1].usage.prompt_tokens for c in choice_chunks)
+    assert counts == sorted(counts) and counts[0] >= 1 and counts[-1] == 16
+    assert chunks[-1].usage.completion_tokens == 16
+    # Without it, only the last chunk has a usage.
+    plain = list(server.client().completions.create(
+        model=server.model, prompt=PROMPTS[0], max_tokens=4, temperature=0, stream=True,
+        stream_options={"include_usage": True}))
+    assert all(c.usage is None for c in plain[:-1])
+
+
 def test_sse_framing_and_duet_field_without_usage(server):
     conn = server.connection()
     conn.request("POST", "/v1/completions", headers={"Content-Type": "application/json"},
