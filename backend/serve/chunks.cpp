@@ -19,7 +19,23 @@ ReplyFormatter::ReplyFormatter(Endpoint endpoint, std::string id, std::int64_t c
       id_(std::move(id)),
       created_(created),
       model_(std::move(model)),
-      include_usage_(include_usage) {}
+      include_usage_(include_usage) {
+  BuildTextTemplate();
+}
+
+void ReplyFormatter::BuildTextTemplate() {
+  // A placeholder that JSON-escapes to a sequence no id or model name yields ("\u0001" is
+  // searched from the end: the text comes after them).
+  json out = Envelope(true);
+  out["choices"] = json::array({Choice("\x01", nullptr, false, true)});
+  const std::string whole = DumpJson(out);
+  const std::string marker = "\"\\u0001\"";
+  const auto at = whole.rfind(marker);
+  DUET_CHECK(at != std::string::npos && whole.back() == '}');
+  text_head_ = whole.substr(0, at);
+  text_tail_ = whole.substr(at + marker.size());
+  text_tail_.pop_back();  // the envelope's closing brace: the usage may come before it
+}
 
 json ReplyFormatter::Envelope(bool chunk) const {
   const bool chat = endpoint_ == Endpoint::kChatCompletions;
@@ -54,10 +70,22 @@ std::string ReplyFormatter::RoleChunk() const {
 }
 
 std::string ReplyFormatter::TextChunk(std::string_view text, const Usage* usage) const {
-  json out = Envelope(true);
-  out["choices"] = json::array({Choice(text, nullptr, false, true)});
-  if (include_usage_) out["usage"] = usage ? UsageJson(*usage) : json(nullptr);
-  return DumpJson(out);
+  if (text.empty()) {
+    // A chat delta without content has another shape: the general path.
+    json out = Envelope(true);
+    out["choices"] = json::array({Choice(text, nullptr, false, true)});
+    if (include_usage_) out["usage"] = usage ? UsageJson(*usage) : json(nullptr);
+    return DumpJson(out);
+  }
+  std::string out = text_head_;
+  out += DumpJson(json(text));
+  out += text_tail_;
+  if (include_usage_) {
+    out += ",\"usage\":";
+    out += usage ? DumpJson(UsageJson(*usage)) : std::string("null");
+  }
+  out += '}';
+  return out;
 }
 
 std::string ReplyFormatter::FinishChunk(std::string_view text, std::string_view finish_reason,

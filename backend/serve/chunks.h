@@ -53,6 +53,10 @@ class ReplyFormatter {
 
  private:
   nlohmann::ordered_json Envelope(bool chunk) const;
+  // The text chunk's JSON is the same for every piece of text but the text: built once, it is
+  // text_head_ + the text as a JSON string + text_tail_ (without the closing brace), so the
+  // chunk of each token costs one string escape, not a JSON document.
+  void BuildTextTemplate();
   nlohmann::ordered_json Choice(std::string_view text, const nlohmann::ordered_json& finish_reason,
                                 bool role, bool chunk) const;
 
@@ -61,6 +65,7 @@ class ReplyFormatter {
   std::int64_t created_;
   std::string model_;
   bool include_usage_;
+  std::string text_head_, text_tail_;
 };
 
 nlohmann::ordered_json UsageJson(const Usage& usage);

@@ -65,6 +65,47 @@ TEST(Chunks, WholeReplies) {
   EXPECT_EQ(reply["usage"]["total_tokens"], 3);
 }
 
+// Text chunks come from a template built once per reply: byte for byte what the JSON of the
+// whole chunk serializes to, for every endpoint, usage mode and kind of text (escapes, control
+// characters, non-ASCII, bytes that are not UTF-8, the template's own placeholder).
+TEST(Chunks, TemplatedTextChunksEqualTheWholeDocument) {
+  using ojson = nlohmann::ordered_json;
+  const std::string texts[] = {"a",
+                               "quote\" back\\slash",
+                               "\n\t\x01\x1f",
+                               "h\xc3\xa9llo \xe2\x82\xac",
+                               "bad \xff\xfe utf-8",
+                               "\\u0001",
+                               "\"\\u0001\""};
+  for (Endpoint endpoint : {Endpoint::kCompletions, Endpoint::kChatCompletions}) {
+    for (bool include_usage : {false, true}) {
+      ReplyFormatter f(endpoint, "id-\"\x01", 42, "model \\u0001 \x01", include_usage);
+      for (const std::string& text : texts) {
+        for (bool continuous : {false, true}) {
+          const Usage usage{5, 3, 0};
+          ojson want = {{"id", "id-\"\x01"},
+                        {"object", endpoint == Endpoint::kCompletions ? "text_completion"
+                                                                      : "chat.completion.chunk"},
+                        {"created", 42},
+                        {"model", "model \\u0001 \x01"}};
+          ojson choice = {{"index", 0}};
+          if (endpoint == Endpoint::kCompletions) {
+            choice["text"] = text;
+          } else {
+            choice["delta"] = {{"content", text}};
+          }
+          choice["logprobs"] = nullptr;
+          choice["finish_reason"] = nullptr;
+          want["choices"] = ojson::array({choice});
+          if (include_usage) want["usage"] = continuous ? ojson(UsageJson(usage)) : ojson(nullptr);
+          EXPECT_EQ(f.TextChunk(text, continuous ? &usage : nullptr), DumpJson(want))
+              << "text '" << text << "' usage " << include_usage << continuous;
+        }
+      }
+    }
+  }
+}
+
 TEST(Chunks, SseFramingAndIds) {
   EXPECT_EQ(SseData(R"({"a":1})"), "data: {\"a\":1}\n\n");
   EXPECT_EQ(SseData(kDone), "data: [DONE]\n\n");
