@@ -122,6 +122,10 @@ int Serve(int argc, char** argv) {
      "round-robin, least-loaded, power-of-two or prefix-aware")
     ("max-pending", po::value<std::int64_t>()->default_value(1024),
      "requests in flight at most; more get HTTP 429")
+    ("max-num-seqs", po::value<int>()->default_value(256),
+     "requests holding KV and batched together at most, per instance")
+    ("max-num-batched-tokens", po::value<std::int64_t>()->default_value(8192),
+     "tokens one engine step computes at most (prefill chunks plus one per decode)")
     ("kv-blocks", po::value<std::int64_t>()->default_value(0),
      "KV cache blocks of 16 tokens per instance (0: 16 full contexts within 4 GiB)")
     ("threads", po::value<int>()->default_value(0),
@@ -149,6 +153,12 @@ int Serve(int argc, char** argv) {
   if (max_pending < 1) return Fail("--max-pending must be at least 1", kExitUsage);
   const std::int64_t kv_blocks = vm["kv-blocks"].as<std::int64_t>();
   if (kv_blocks < 0) return Fail("--kv-blocks must be >= 0", kExitUsage);
+  const int max_num_seqs = vm["max-num-seqs"].as<int>();
+  if (max_num_seqs < 1 || max_num_seqs > 1 << 20)
+    return Fail("--max-num-seqs must be in 1..1048576", kExitUsage);
+  const std::int64_t max_batched = vm["max-num-batched-tokens"].as<std::int64_t>();
+  if (max_batched < 1 || max_batched > std::int64_t{1} << 24)
+    return Fail("--max-num-batched-tokens must be in 1..16777216", kExitUsage);
   const int threads = vm["threads"].as<int>();
   if (threads < 0) return Fail("--threads must be >= 0", kExitUsage);
   const int io_threads = vm["io-threads"].as<int>();
@@ -221,6 +231,8 @@ int Serve(int argc, char** argv) {
   backend::serve::FrontendOptions frontend_options;
   frontend_options.router.kind = *router;
   frontend_options.max_pending_requests = max_pending;
+  frontend_options.scheduler.max_num_seqs = max_num_seqs;
+  frontend_options.scheduler.max_num_batched_tokens = max_batched;
   frontend_options.observer = &metrics;
   auto frontend = LiveFrontend::Start(std::move(models), frontend_options);
   if (!frontend) return Fail(frontend.error());
