@@ -60,6 +60,7 @@ int Generate(int argc, char** argv) {
      "Hugging Face model directory (config.json, *.safetensors, tokenizer.json)")
     ("prompt", po::value<std::string>()->required(), "prompt text")
     ("chat", "wrap the prompt as a user message in the tokenizer's chat template")
+    ("ignore-eos", "generate --max-tokens tokens whatever is sampled (for benchmarks)")
     ("max-tokens", po::value<std::int64_t>()->default_value(32), "tokens to generate at most")
     ("temperature", po::value<float>()->default_value(0.0f), "0: greedy")
     ("top-k", po::value<std::int32_t>()->default_value(0), "0: off")
@@ -127,7 +128,7 @@ int Generate(int argc, char** argv) {
   request.sampling.top_k = vm["top-k"].as<std::int32_t>();
   request.sampling.top_p = top_p;
   request.sampling.seed = vm["seed"].as<std::uint64_t>();
-  request.sampling.stop_token_ids = stop_ids;
+  if (!vm.count("ignore-eos")) request.sampling.stop_token_ids = stop_ids;
   backend::LocalEngine engine(**forward_model, options);
   const auto results = engine.Generate({request});
   std::fputs(decoder.Flush().c_str(), stdout);

@@ -70,6 +70,34 @@ TEST_F(GenerateTest, GreedyIsDeterministicAndSamplingFollowsTheSeed) {
   EXPECT_NE(a.out, c.out);
 }
 
+// Sampling at temperature 1 meets an end-of-sequence id now and then, which ends the request
+// early; --ignore-eos always generates --max-tokens.
+TEST_F(GenerateTest, IgnoreEosGeneratesMaxTokens) {
+  auto generated = [](const RunResult& r) {
+    const auto at = r.err.find(" generated");
+    EXPECT_NE(at, std::string::npos) << r;
+    const auto start = r.err.rfind(' ', at - 1) + 1;
+    return std::stoi(r.err.substr(start, at - start));
+  };
+  auto run = [&](int seed, bool ignore_eos) {
+    std::vector<std::string> args = {
+        "generate", "--model",       model_, "--prompt", "Hello there",       "--max-tokens",
+        "200",      "--temperature", "1",    "--seed",   std::to_string(seed)};
+    if (ignore_eos) args.push_back("--ignore-eos");
+    return RunDuet(args);
+  };
+  int stopped_seed = -1;
+  for (int seed = 1; seed <= 40 && stopped_seed < 0; ++seed) {
+    const RunResult r = run(seed, false);
+    ASSERT_EQ(r.exit_code, 0) << r;
+    if (generated(r) < 200) stopped_seed = seed;
+  }
+  ASSERT_GE(stopped_seed, 0) << "no seed met an end-of-sequence id in 200 tokens";
+  const RunResult r = run(stopped_seed, true);
+  ASSERT_EQ(r.exit_code, 0) << r;
+  EXPECT_EQ(generated(r), 200);
+}
+
 TEST_F(GenerateTest, MissingModelDirectory) { ExpectError(Generate(tmp_.File("nope")), {"nope"}); }
 
 TEST_F(GenerateTest, TruncatedSafetensorsHeader) {
