@@ -37,8 +37,8 @@ struct LiveFrontend::Impl {
     InstanceSink(Impl& impl, InstanceId id) : impl_(impl), id_(id) {}
 
     void OnToken(const Request& r, std::int32_t token) override {
-      Listener(r.id)->OnToken(token);
       if (impl_.options.observer) impl_.options.observer->OnToken(r, token);
+      Listener(r.id)->OnToken(token);
     }
     void OnFinished(const Request& r) override {
       FinishInfo info;
