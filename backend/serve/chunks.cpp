@@ -81,8 +81,19 @@ std::string ReplyFormatter::TextChunk(std::string_view text, const Usage* usage)
   out += DumpJson(json(text));
   out += text_tail_;
   if (include_usage_) {
-    out += ",\"usage\":";
-    out += usage ? DumpJson(UsageJson(*usage)) : std::string("null");
+    if (usage) {
+      // UsageJson's serialization, written directly: it is in every chunk when continuous.
+      char buf[192];
+      std::snprintf(buf, sizeof buf,
+                    ",\"usage\":{\"prompt_tokens\":%" PRId64 ",\"completion_tokens\":%" PRId64
+                    ",\"total_tokens\":%" PRId64
+                    ",\"prompt_tokens_details\":{\"cached_tokens\":%" PRId64 "}}",
+                    usage->prompt_tokens, usage->completion_tokens,
+                    usage->prompt_tokens + usage->completion_tokens, usage->cached_tokens);
+      out += buf;
+    } else {
+      out += ",\"usage\":null";
+    }
   }
   out += '}';
   return out;

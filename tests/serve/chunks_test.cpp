@@ -82,7 +82,7 @@ TEST(Chunks, TemplatedTextChunksEqualTheWholeDocument) {
       ReplyFormatter f(endpoint, "id-\"\x01", 42, "model \\u0001 \x01", include_usage);
       for (const std::string& text : texts) {
         for (bool continuous : {false, true}) {
-          const Usage usage{5, 3, 0};
+          const Usage usage{123456789012, 3, 7};
           ojson want = {{"id", "id-\"\x01"},
                         {"object", endpoint == Endpoint::kCompletions ? "text_completion"
                                                                       : "chat.completion.chunk"},
