@@ -50,6 +50,17 @@ void PrintDistribution(const char* label, const nlohmann::json& d) {
               d["p99"].get<double>(), d["max"].get<double>());
 }
 
+void PrintThroughputAndLatencies(const nlohmann::json& s) {
+  const auto& tp = s["throughput"];
+  std::printf("  throughput     %.3f req/s, %.1f output tok/s, %.1f total tok/s\n",
+              tp["requests_per_s"].get<double>(), tp["output_tokens_per_s"].get<double>(),
+              tp["total_tokens_per_s"].get<double>());
+  PrintDistribution("TTFT ms", s["ttft_ms"]);
+  PrintDistribution("TPOT ms", s["tpot_ms"]);
+  PrintDistribution("ITL ms", s["itl_ms"]);
+  PrintDistribution("E2E ms", s["e2e_ms"]);
+}
+
 std::string DataDir() {
   if (fs::exists("models/specs")) return ".";
   return DUET_SOURCE_DIR;

@@ -38,6 +38,8 @@ Result<traces::Trace> LoadTrace(const boost::program_options::variables_map& vm,
 
 // One line of a printed summary: a METRICS.md distribution (mean, p50, p90, p99, max).
 void PrintDistribution(const char* label, const nlohmann::json& distribution);
+// The throughput line and the TTFT, TPOT, ITL and E2E lines of a METRICS.md summary.
+void PrintThroughputAndLatencies(const nlohmann::json& summary);
 
 int Simulate(int argc, char** argv);       // cli/simulate.cpp
 int Replay(int argc, char** argv);         // cli/replay.cpp

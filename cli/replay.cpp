@@ -66,14 +66,7 @@ void PrintSummary(const nlohmann::json& s, const std::string& out_dir) {
       s["duration_s"].get<double>(), replay["wall_s"].get<double>(),
       static_cast<long long>(replay["max_in_flight"].get<std::int64_t>()),
       replay["send_lag_ms"]["p99"].get<double>(), replay["send_lag_ms"]["max"].get<double>());
-  const auto& tp = s["throughput"];
-  std::printf("  throughput     %.3f req/s, %.1f output tok/s, %.1f total tok/s\n",
-              tp["requests_per_s"].get<double>(), tp["output_tokens_per_s"].get<double>(),
-              tp["total_tokens_per_s"].get<double>());
-  PrintDistribution("TTFT ms", s["ttft_ms"]);
-  PrintDistribution("TPOT ms", s["tpot_ms"]);
-  PrintDistribution("ITL ms", s["itl_ms"]);
-  PrintDistribution("E2E ms", s["e2e_ms"]);
+  PrintThroughputAndLatencies(s);
   if (replay["duet_fields_reported"].get<std::int64_t>() > 0) {
     PrintDistribution("queue ms", s["queue_ms"]);
   } else {

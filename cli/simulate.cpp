@@ -39,14 +39,7 @@ void PrintSummary(const nlohmann::json& s, const std::string& out_dir) {
       "  duration       %.1f s of traffic; simulated %.1f s in %.2f s wall (%.0fx), %lld events\n",
       s["duration_s"].get<double>(), simulated, wall, wall > 0 ? simulated / wall : 0.0,
       static_cast<long long>(sim["events"].get<std::int64_t>()));
-  const auto& tp = s["throughput"];
-  std::printf("  throughput     %.3f req/s, %.1f output tok/s, %.1f total tok/s\n",
-              tp["requests_per_s"].get<double>(), tp["output_tokens_per_s"].get<double>(),
-              tp["total_tokens_per_s"].get<double>());
-  PrintDistribution("TTFT ms", s["ttft_ms"]);
-  PrintDistribution("TPOT ms", s["tpot_ms"]);
-  PrintDistribution("ITL ms", s["itl_ms"]);
-  PrintDistribution("E2E ms", s["e2e_ms"]);
+  PrintThroughputAndLatencies(s);
   PrintDistribution("queue ms", s["queue_ms"]);
   const auto& pc = s["prefix_cache"];
   std::printf("  prefix cache   hit rate %.2f%% (%lld of %lld prompt tokens)",

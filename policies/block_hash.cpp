@@ -1,18 +1,12 @@
 // Chained engine-block hashes from trace prefix ids (see block_hash.h).
 #include "policies/block_hash.h"
 
+#include "common/mix.h"
+
 #include <algorithm>
 
 namespace duet::policies {
 namespace {
-
-// splitmix64 finaliser: a cheap, well-mixed 64-bit combine.
-std::uint64_t Mix(std::uint64_t x) {
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
 
 constexpr BlockHash kRoot = 0x6475657400000000ULL;  // "duet": the root of every chain
 
@@ -31,12 +25,12 @@ std::vector<BlockHash> EngineBlockHashes(std::span<const std::uint64_t> trace_id
   for (Tokens j = 0; j < full_blocks; ++j) {
     const Tokens first = j * engine_block_tokens;
     const Tokens last = first + engine_block_tokens - 1;
-    std::uint64_t h = Mix(parent);
+    std::uint64_t h = SplitMix64(parent);
     for (Tokens t = first / trace_block_tokens; t <= last / trace_block_tokens; ++t) {
-      h = Mix(h ^ trace_ids[static_cast<std::size_t>(t)]);
+      h = SplitMix64(h ^ trace_ids[static_cast<std::size_t>(t)]);
     }
     // The offset inside the first trace block tells apart engine blocks of one trace block.
-    h = Mix(h ^ static_cast<std::uint64_t>(first % trace_block_tokens));
+    h = SplitMix64(h ^ static_cast<std::uint64_t>(first % trace_block_tokens));
     hashes.push_back(h);
     parent = h;
   }
@@ -51,9 +45,10 @@ std::vector<BlockHash> TokenBlockHashes(std::span<const std::int32_t> token_ids,
   hashes.reserve(static_cast<std::size_t>(full_blocks));
   BlockHash parent = kRoot;
   for (Tokens j = 0; j < full_blocks; ++j) {
-    std::uint64_t h = Mix(parent ^ 0x746f6b656e73ULL);  // "tokens": apart from trace-id chains
+    std::uint64_t h =
+        SplitMix64(parent ^ 0x746f6b656e73ULL);  // "tokens": apart from trace-id chains
     for (Tokens t = j * engine_block_tokens; t < (j + 1) * engine_block_tokens; ++t) {
-      h = Mix(h ^ static_cast<std::uint32_t>(token_ids[static_cast<std::size_t>(t)]));
+      h = SplitMix64(h ^ static_cast<std::uint32_t>(token_ids[static_cast<std::size_t>(t)]));
     }
     hashes.push_back(h);
     parent = h;

@@ -2,18 +2,12 @@
 // request id, domain-separated so that a block stream never coincides with a request stream.
 #include "traces/prompt.h"
 
+#include "common/mix.h"
+
 #include <algorithm>
 
 namespace duet::traces {
 namespace {
-
-// SplitMix64's finalizer: a bijection on 64-bit values with good avalanche.
-std::uint64_t Mix(std::uint64_t z) {
-  z += 0x9E3779B97F4A7C15ull;
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
 
 // Tags keep the two kinds of stream apart even when a block id equals a request id.
 constexpr std::uint64_t kBlockStream = 0x626c6f636b000000ull;    // "block"
@@ -22,12 +16,12 @@ constexpr std::uint64_t kRequestStream = 0x7265717565737400ull;  // "request"
 // Appends `count` tokens of the stream keyed by (kind, key, seed).
 void AppendStream(std::uint64_t kind, std::uint64_t key, std::uint64_t seed, Tokens count,
                   std::int32_t vocab_size, std::vector<std::int32_t>& out) {
-  std::uint64_t state = Mix(Mix(seed) ^ Mix(kind ^ Mix(key)));
+  std::uint64_t state = SplitMix64(SplitMix64(seed) ^ SplitMix64(kind ^ SplitMix64(key)));
   const auto range = static_cast<std::uint64_t>(vocab_size - kFirstPromptTokenId);
   for (Tokens i = 0; i < count; ++i) {
     state += 0x9E3779B97F4A7C15ull;
     // The modulo bias is below range / 2^64: irrelevant for prompts.
-    out.push_back(kFirstPromptTokenId + static_cast<std::int32_t>(Mix(state) % range));
+    out.push_back(kFirstPromptTokenId + static_cast<std::int32_t>(SplitMix64(state) % range));
   }
 }
 

@@ -36,13 +36,6 @@ std::int32_t Greedy(const float* logits, std::int32_t vocab) {
 
 }  // namespace
 
-std::uint64_t SplitMix64(std::uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-
 double SampleUniform(std::uint64_t seed, std::uint64_t step_index) {
   // Mixing the seed first keeps (seed, step) and (seed ^ d, step ^ d) apart.
   const std::uint64_t bits = SplitMix64(SplitMix64(seed) ^ step_index);

@@ -5,6 +5,8 @@
 
 #include <cstdint>
 
+#include "common/mix.h"
+
 namespace duet::kernels::cpu {
 
 struct SamplingParams {
@@ -14,8 +16,7 @@ struct SamplingParams {
   std::uint64_t seed = 0;
 };
 
-// The splitmix64 finaliser: a bijective 64-bit mix used as a counter-based generator.
-std::uint64_t SplitMix64(std::uint64_t x);
+using duet::SplitMix64;  // the counter-based generator's mix (common/mix.h)
 
 // The uniform double in [0, 1) used for draw `step_index` of `seed` (53 random bits).
 double SampleUniform(std::uint64_t seed, std::uint64_t step_index);
