@@ -31,11 +31,12 @@ first = next(iter(rows.values()))
 print(f"{first[0]['streams']} streams opened at once, 32-token prompts, 64 tokens each; "
       f"medians of {len(first)} interleaved runs")
 print()
-print("| mode | tokens/s | delivery p50 ms | delivery p99 ms | ITL p50 ms | ITL p99 ms "
-      "| TTFT p50 ms | TTFT p99 ms | incomplete streams |")
-print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+print("| mode | tokens/s | CPU µs/token | delivery p50 ms | delivery p99 ms | ITL p50 ms "
+      "| ITL p99 ms | TTFT p50 ms | TTFT p99 ms | incomplete streams |")
+print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
 for mode, rs in rows.items():
-    print(f"| {mode} | {med(rs, 'tokens_per_s'):,.0f} | {med(rs, 'delivery_ms.p50'):.2f} "
+    print(f"| {mode} | {med(rs, 'tokens_per_s'):,.0f} | {med(rs, 'cpu_us_per_token'):.1f} "
+          f"| {med(rs, 'delivery_ms.p50'):.2f} "
           f"| {med(rs, 'delivery_ms.p99'):.2f} | {med(rs, 'itl_ms.p50'):.2f} "
           f"| {med(rs, 'itl_ms.p99'):.2f} | {med(rs, 'ttft_ms.p50'):.1f} "
           f"| {med(rs, 'ttft_ms.p99'):.1f} | {max(r['incomplete_streams'] for r in rs)} |")

@@ -14,6 +14,8 @@
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 
+#include <sys/resource.h>
+
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
@@ -55,6 +57,14 @@ struct Config {
 
 double Ms(Clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); }
 
+// CPU seconds this process has used, every thread together.
+double ProcessCpuSeconds() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
+         static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec) * 1e-6;
+}
+
 // Stream i's prompt: its first two ids encode i, so the engine side knows whose token it saw.
 std::vector<std::int32_t> Prompt(int i, int tokens) {
   std::vector<std::int32_t> p = {16 + i % 400, 16 + i / 400};
@@ -83,6 +93,7 @@ struct Receipts {
   explicit Receipts(int streams) : times(static_cast<std::size_t>(streams)) {}
   std::vector<std::vector<Clock::time_point>> times;
   Clock::time_point start;
+  double cpu_start_s = 0;  // ProcessCpuSeconds() at start
 };
 
 nlohmann::json Dist(std::vector<double> v) {
@@ -112,17 +123,21 @@ nlohmann::json Report(const std::string& mode, const Config& c, const EmissionLo
     }
   }
   const double wall_s = std::chrono::duration<double>(end - got.start).count();
-  return {{"mode", mode},
-          {"streams", c.streams},
-          {"prompt_tokens", c.prompt_tokens},
-          {"max_tokens", c.max_tokens},
-          {"incomplete_streams", missing},
-          {"wall_s", wall_s},
-          {"tokens", tokens},
-          {"tokens_per_s", static_cast<double>(tokens) / wall_s},
-          {"delivery_ms", Dist(delay)},
-          {"itl_ms", Dist(itl)},
-          {"ttft_ms", Dist(ttft)}};
+  const double cpu_s = ProcessCpuSeconds() - got.cpu_start_s;
+  return {
+      {"mode", mode},
+      {"streams", c.streams},
+      {"prompt_tokens", c.prompt_tokens},
+      {"max_tokens", c.max_tokens},
+      {"incomplete_streams", missing},
+      {"wall_s", wall_s},
+      {"tokens", tokens},
+      {"tokens_per_s", static_cast<double>(tokens) / wall_s},
+      {"cpu_s", cpu_s},
+      {"cpu_us_per_token", cpu_s * 1e6 / static_cast<double>(std::max<std::int64_t>(tokens, 1))},
+      {"delivery_ms", Dist(delay)},
+      {"itl_ms", Dist(itl)},
+      {"ttft_ms", Dist(ttft)}};
 }
 
 std::unique_ptr<LiveFrontend> StartFrontend(const std::string& model_dir, const Config& c,
@@ -176,6 +191,7 @@ nlohmann::json RunInProcess(const std::string& model_dir, const Config& c) {
   std::condition_variable cv;
   int left = c.streams;
   got.start = Clock::now();
+  got.cpu_start_s = ProcessCpuSeconds();
   for (int i = 0; i < c.streams; ++i) {
     backend::serve::LiveRequest r{Prompt(i, c.prompt_tokens), c.max_tokens, {}};
     const auto a = frontend->Submit(
@@ -284,6 +300,7 @@ nlohmann::json RunHttp(const std::string& model_dir, const Config& c) {
   net::io_context io;
   const tcp::endpoint endpoint(net::ip::make_address("127.0.0.1"), (*server)->port());
   got.start = Clock::now();
+  got.cpu_start_s = ProcessCpuSeconds();
   for (int i = 0; i < c.streams; ++i) {
     nlohmann::json body = {
         {"model", "bench"},
