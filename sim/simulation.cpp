@@ -707,8 +707,14 @@ Result<SimReport> RunSimulation(const ClusterSpec& cluster, const traces::Trace&
 
   for (std::size_t i = 0; i < w.engines.size(); ++i) {
     sg4::Actor::create(cluster.instances[i].name, w.hosts[i].front(), [&w, i] {
+      // The instance is its mailbox's permanent receiver: every message starts moving when it
+      // is sent, as over a real connection, so all that have arrived by a step boundary are in
+      // the inbox then. (With only a posted receive, the next message would start moving once
+      // the previous one was taken, and a burst would be admitted one request per step.)
+      w.mailboxes[i]->set_receiver(sg4::Actor::self());
       w.ports[i]->StartReceiving();
       w.engines[i]->Run();
+      w.mailboxes[i]->set_receiver(nullptr);
       if (Status s = w.engines[i]->CheckInvariants(); !s.ok()) w.errors.push_back(s.message());
     });
   }
