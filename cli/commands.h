@@ -36,8 +36,11 @@ void AddTraceOptions(boost::program_options::options_description& opts,
 // whether it was the command line (kExitUsage) or the file (kExitError).
 Result<traces::Trace> LoadTrace(const boost::program_options::variables_map& vm, int* exit_code);
 
-// One line of a printed summary: a METRICS.md distribution (mean, p50, p90, p99, max).
+// One line of a printed summary: a METRICS.md distribution (mean, p50, p90, p99, max); null
+// statistics (no request completed) print as n/a.
 void PrintDistribution(const char* label, const nlohmann::json& distribution);
+// A statistic with two decimals, or "n/a" when it is null.
+std::string FormatStat(const nlohmann::json& value);
 
 int Simulate(int argc, char** argv);       // cli/simulate.cpp
 int Replay(int argc, char** argv);         // cli/replay.cpp

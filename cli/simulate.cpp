@@ -67,14 +67,15 @@ void PrintSummary(const nlohmann::json& s, const std::string& out_dir) {
   }
   std::printf("\n");
   const auto& tb = s["ttft_breakdown_ms"];
-  std::printf("  TTFT parts ms  mean queue %.2f, load %.2f, prefill %.2f, transfer %.2f\n",
-              tb["queue"]["mean"].get<double>(), tb["load"]["mean"].get<double>(),
-              tb["prefill"]["mean"].get<double>(), tb["transfer"]["mean"].get<double>());
+  std::printf("  TTFT parts ms  mean queue %s, load %s, prefill %s, transfer %s\n",
+              FormatStat(tb["queue"]["mean"]).c_str(), FormatStat(tb["load"]["mean"]).c_str(),
+              FormatStat(tb["prefill"]["mean"]).c_str(),
+              FormatStat(tb["transfer"]["mean"]).c_str());
   const auto& kv = s["kv_transfer"];
-  std::printf("  KV transfer    %lld transfers, %.2f GB, mean %.2f ms, p99 %.2f ms\n",
+  std::printf("  KV transfer    %lld transfers, %.2f GB, mean %s ms, p99 %s ms\n",
               static_cast<long long>(kv["transfers"].get<std::int64_t>()),
               static_cast<double>(kv["bytes"].get<std::int64_t>()) / 1e9,
-              kv["time_ms"]["mean"].get<double>(), kv["time_ms"]["p99"].get<double>());
+              FormatStat(kv["time_ms"]["mean"]).c_str(), FormatStat(kv["time_ms"]["p99"]).c_str());
   const auto& gp = s["goodput"];
   if (gp["slo"]["ttft_ms"].get<double>() > 0 || gp["slo"]["tpot_ms"].get<double>() > 0 ||
       gp["slo"].contains("e2e_ms")) {

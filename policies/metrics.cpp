@@ -16,7 +16,13 @@ double Round(double x, int digits) {
   return std::round(x * scale) / scale;
 }
 
-nlohmann::json ToJson(const Distribution& d) {
+// A distribution of latencies. With `none_completed`, an empty one is null throughout: no
+// request completed, so there is no latency to report (0 would read as instant).
+nlohmann::json ToJson(const Distribution& d, bool none_completed) {
+  if (none_completed && d.count == 0) {
+    return {
+        {"mean", nullptr}, {"p50", nullptr}, {"p90", nullptr}, {"p99", nullptr}, {"max", nullptr}};
+  }
   return {{"mean", Round(d.mean, 3)},
           {"p50", Round(d.p50, 3)},
           {"p90", Round(d.p90, 3)},
@@ -60,6 +66,9 @@ TtftParts TtftBreakdown(const Request& r) {
           Ms(r.first_token_s - r.prefill_done_s)};
 }
 const char* const kTierNames[kNumLowerTiers] = {"dram", "ssd", "remote"};
+
+// Reasons read "<class>: <detail>"; the summary counts by class, requests.csv keeps the rest.
+std::string ReasonClass(const std::string& reason) { return reason.substr(0, reason.find(": ")); }
 double TpotMs(const Request& r) {
   return (E2eMs(r) - TtftMs(r)) / static_cast<double>(r.output_tokens - 1);
 }
@@ -204,11 +213,11 @@ nlohmann::json MetricsCollector::Summary(std::size_t total_requests, const Slo& 
         break;
       case RequestState::kRejected:
         ++rejected;
-        ++rejected_reasons[r.reason];
+        ++rejected_reasons[ReasonClass(r.reason)];
         break;
       default:
         ++failed;
-        ++failed_reasons[r.reason];
+        ++failed_reasons[ReasonClass(r.reason)];
         break;
     }
   }
@@ -231,15 +240,18 @@ nlohmann::json MetricsCollector::Summary(std::size_t total_requests, const Slo& 
                    {"rejected_reasons", rejected_reasons},
                    {"failed_reasons", failed_reasons},
                    {"preemptions", preemptions_}};
+  // With no completed request there is no latency: distributions are null, not 0.
+  const bool none = completed == 0;
+  const nlohmann::json transfer_json = ToJson(transfer, none);
   s["duration_s"] = Round(duration_s, 6);
-  s["ttft_ms"] = ToJson(Summarize(ttft));
-  s["tpot_ms"] = ToJson(Summarize(tpot));
+  s["ttft_ms"] = ToJson(Summarize(ttft), none);
+  s["tpot_ms"] = ToJson(Summarize(tpot), none);
   std::vector<std::pair<double, std::int64_t>> gaps_ms;
   gaps_ms.reserve(gaps_s_.size());
   for (const auto& [g, c] : gaps_s_) gaps_ms.emplace_back(Ms(g), c);
-  s["itl_ms"] = ToJson(SummarizeWeighted(std::move(gaps_ms)));
-  s["e2e_ms"] = ToJson(Summarize(e2e));
-  s["queue_ms"] = ToJson(Summarize(queue));
+  s["itl_ms"] = ToJson(SummarizeWeighted(std::move(gaps_ms)), none);
+  s["e2e_ms"] = ToJson(Summarize(e2e), none);
+  s["queue_ms"] = ToJson(Summarize(queue), none);
   s["throughput"] = {{"requests_per_s", Round(per_s(static_cast<double>(completed)), 6)},
                      {"output_tokens_per_s", Round(per_s(static_cast<double>(output_tokens)), 3)},
                      {"total_tokens_per_s", Round(per_s(static_cast<double>(total_tokens)), 3)}};
@@ -252,10 +264,10 @@ nlohmann::json MetricsCollector::Summary(std::size_t total_requests, const Slo& 
       {"attainment", total_requests
                          ? Round(static_cast<double>(met) / static_cast<double>(total_requests), 6)
                          : 0.0}};
-  s["ttft_breakdown_ms"] = {{"queue", ToJson(Summarize(part_queue))},
-                            {"load", ToJson(Summarize(part_load))},
-                            {"prefill", ToJson(Summarize(part_prefill))},
-                            {"transfer", ToJson(Summarize(part_transfer))}};
+  s["ttft_breakdown_ms"] = {{"queue", ToJson(Summarize(part_queue), none)},
+                            {"load", ToJson(Summarize(part_load), none)},
+                            {"prefill", ToJson(Summarize(part_prefill), none)},
+                            {"transfer", ToJson(Summarize(part_transfer), none)}};
   auto rate = [&](Tokens t) {
     return Round(lookup ? static_cast<double>(t) / static_cast<double>(lookup) : 0.0, 6);
   };
@@ -271,10 +283,9 @@ nlohmann::json MetricsCollector::Summary(std::size_t total_requests, const Slo& 
                        {"by_tier", by_tier}};
   s["kv_transfer"] = {{"transfers", transfer.count},
                       {"bytes", transfer_bytes},
-                      {"time_ms",
-                       {{"mean", Round(transfer.mean, 3)},
-                        {"p50", Round(transfer.p50, 3)},
-                        {"p99", Round(transfer.p99, 3)}}}};
+                      {"time_ms", nlohmann::json::object()}};
+  for (const char* stat : {"mean", "p50", "p99"})
+    s["kv_transfer"]["time_ms"][stat] = transfer_json[stat];
   return s;
 }
 

@@ -129,12 +129,16 @@ TEST(MetricsCollector, CompletedWithoutAdmissionTimeCountsForThePrefixCacheOnly)
   EXPECT_EQ(s["kv_transfer"]["transfers"], 0);
 }
 
-TEST(MetricsCollector, SectionsThatDoNotApplyArePresentWithZeros) {
+// With no completed request there is no latency to report: null, not 0 (issue 12).
+TEST(MetricsCollector, WithNoCompletedRequestLatenciesAreNull) {
   MetricsCollector m;
   const auto s = m.Summary(0, Slo{});
   for (const char* key : {"ttft_ms", "tpot_ms", "itl_ms", "e2e_ms", "queue_ms"}) {
-    EXPECT_EQ(s[key]["mean"], 0) << key;
+    for (const char* stat : {"mean", "p50", "p90", "p99", "max"})
+      EXPECT_TRUE(s[key][stat].is_null()) << key << "." << stat;
   }
+  EXPECT_TRUE(s["kv_transfer"]["time_ms"]["p99"].is_null());
+  EXPECT_EQ(s["throughput"]["requests_per_s"], 0);
   EXPECT_EQ(s["goodput"]["slo"]["ttft_ms"], 0);
   EXPECT_EQ(s["kv_transfer"]["transfers"], 0);
 }
