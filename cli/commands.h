@@ -10,6 +10,10 @@
 #include "common/status.h"
 #include "traces/trace.h"
 
+namespace duet::sim {
+struct SimOptions;
+}  // namespace duet::sim
+
 namespace duet::cli {
 
 inline constexpr int kExitOk = 0;
@@ -42,7 +46,12 @@ void PrintDistribution(const char* label, const nlohmann::json& distribution);
 // A statistic with two decimals, or "n/a" when it is null.
 std::string FormatStat(const nlohmann::json& value);
 
-int Simulate(int argc, char** argv);       // cli/simulate.cpp
+int Simulate(int argc, char** argv);  // cli/simulate.cpp
+// The command-line half of `duet simulate` (no file is read): the flags into `vm` and
+// `options`. False when the caller should return *exit_code at once: --help printed (0) or a
+// usage error reported (2). Also what fuzz/cli_args_fuzz.cpp exercises.
+bool ParseSimulateArgs(int argc, char** argv, boost::program_options::variables_map& vm,
+                       sim::SimOptions* options, int* exit_code);
 int Replay(int argc, char** argv);         // cli/replay.cpp
 int MakeTestModel(int argc, char** argv);  // cli/generate.cpp
 int Generate(int argc, char** argv);       // cli/generate.cpp
