@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <span>
 #include <sstream>
 
 namespace duet::policies {
@@ -114,39 +115,104 @@ Result<Slo> ParseSlo(const std::string& text) {
   return slo;
 }
 
-Distribution SummarizeWeighted(std::vector<std::pair<double, std::int64_t>> samples) {
-  Distribution d;
-  std::int64_t n = 0;
-  double sum = 0;
-  for (const auto& [v, c] : samples) {
-    n += c;
-    sum += v * static_cast<double>(c);
+namespace {
+
+using Sample = std::pair<double, std::int64_t>;  // a value and how many times it occurs
+
+// The values at the 0-based ranks [rank, rank_end) (ascending) of the expanded multiset of
+// [first, last), whose first element has rank `base`, into out[...]. Reorders the samples
+// (a multi-rank quickselect: one partition serves every rank, and only the sides holding a
+// rank are refined), so a few percentiles of millions of samples cost a few passes, not a sort.
+void SelectRanks(Sample* first, Sample* last, std::int64_t base, const std::int64_t* rank,
+                 const std::int64_t* rank_end, double* out) {
+  while (rank != rank_end) {
+    if (last - first <= 32) {
+      std::sort(first, last);
+      std::int64_t seen = base;
+      for (Sample* it = first; it != last && rank != rank_end; ++it) {
+        seen += it->second;
+        while (rank != rank_end && *rank < seen) {
+          *out++ = it->first;
+          ++rank;
+        }
+      }
+      return;
+    }
+    const double a = first->first, b = first[(last - first) / 2].first, c = last[-1].first;
+    const double pivot = std::max(std::min(a, b), std::min(std::max(a, b), c));
+    Sample* mid1 = std::partition(first, last, [&](const Sample& x) { return x.first < pivot; });
+    Sample* mid2 = std::partition(mid1, last, [&](const Sample& x) { return !(pivot < x.first); });
+    std::int64_t less = 0, equal = 0;
+    for (Sample* it = first; it != mid1; ++it) less += it->second;
+    for (Sample* it = mid1; it != mid2; ++it) equal += it->second;
+    // Ranks below the pivot's run: recurse into the left part; at the pivot: done; above:
+    // continue with the right part.
+    const std::int64_t* split = std::lower_bound(rank, rank_end, base + less);
+    if (split != rank) {
+      const std::ptrdiff_t k = split - rank;
+      SelectRanks(first, mid1, base, rank, split, out);
+      rank = split;
+      out += k;
+    }
+    while (rank != rank_end && *rank < base + less + equal) {
+      *out++ = pivot;
+      ++rank;
+    }
+    first = mid2;
+    base += less + equal;
   }
+}
+
+// mean, percentiles (linear interpolation between order statistics) and max of samples whose
+// count `n`, sum and max were accumulated beforehand in their original order.
+Distribution SummarizeSamples(std::span<Sample> samples, std::int64_t n, double sum, double max) {
+  Distribution d;
   if (n == 0) return d;
-  std::sort(samples.begin(), samples.end());
   d.count = static_cast<std::size_t>(n);
   d.mean = sum / static_cast<double>(n);
-  d.max = samples.back().first;
-  // Value at 0-based rank k of the expanded sequence.
-  auto at = [&](std::int64_t k) {
-    std::int64_t seen = 0;
-    for (const auto& [v, c] : samples) {
-      seen += c;
-      if (k < seen) return v;
-    }
-    return samples.back().first;
-  };
-  auto pct = [&](double p) {
-    const double pos = p * static_cast<double>(n - 1);
+  d.max = max;
+  const double ps[3] = {0.50, 0.90, 0.99};
+  std::int64_t ranks[6];
+  double fracs[3];
+  for (int i = 0; i < 3; ++i) {
+    const double pos = ps[i] * static_cast<double>(n - 1);
     const auto lo = static_cast<std::int64_t>(std::floor(pos));
-    const double frac = pos - static_cast<double>(lo);
-    const double a = at(lo);
-    return frac == 0 ? a : a + (at(lo + 1) - a) * frac;
+    fracs[i] = pos - static_cast<double>(lo);
+    ranks[2 * i] = lo;
+    ranks[2 * i + 1] = std::min(lo + 1, n - 1);
+  }
+  std::int64_t sorted[6];
+  std::copy(std::begin(ranks), std::end(ranks), sorted);
+  std::sort(std::begin(sorted), std::end(sorted));
+  double values[6];
+  SelectRanks(samples.data(), samples.data() + samples.size(), 0, sorted, sorted + 6, values);
+  auto at = [&](std::int64_t k) {
+    return values[std::lower_bound(std::begin(sorted), std::end(sorted), k) - sorted];
   };
-  d.p50 = pct(0.50);
-  d.p90 = pct(0.90);
-  d.p99 = pct(0.99);
+  double* pct[3] = {&d.p50, &d.p90, &d.p99};
+  for (int i = 0; i < 3; ++i) {
+    const double lo = at(ranks[2 * i]);
+    *pct[i] = fracs[i] == 0 ? lo : lo + (at(ranks[2 * i + 1]) - lo) * fracs[i];
+  }
   return d;
+}
+
+}  // namespace
+
+void WeightedSamples::Add(double value, std::int64_t count) {
+  if (count <= 0) return;
+  samples_.emplace_back(value, count);
+  n_ += count;
+  sum_ += value * static_cast<double>(count);
+  max_ = std::max(max_, value);
+}
+
+Distribution WeightedSamples::Summarize() { return SummarizeSamples(samples_, n_, sum_, max_); }
+
+Distribution SummarizeWeighted(std::vector<std::pair<double, std::int64_t>> samples) {
+  WeightedSamples w;
+  for (const auto& [v, c] : samples) w.Add(v, c);
+  return w.Summarize();
 }
 
 Distribution Summarize(std::vector<double> values) {
@@ -162,7 +228,7 @@ void MetricsCollector::OnFinished(const Request& request) {
 }
 
 void MetricsCollector::OnTokenGaps(Seconds gap_s, std::int64_t count) {
-  if (count > 0) gaps_s_.emplace_back(gap_s, count);
+  gaps_ms_.Add(Ms(gap_s), count);
 }
 
 void MetricsCollector::OnPreempted(const Request&, InstanceId) { ++preemptions_; }
@@ -246,10 +312,7 @@ nlohmann::json MetricsCollector::Summary(std::size_t total_requests, const Slo& 
   s["duration_s"] = Round(duration_s, 6);
   s["ttft_ms"] = ToJson(Summarize(ttft), none);
   s["tpot_ms"] = ToJson(Summarize(tpot), none);
-  std::vector<std::pair<double, std::int64_t>> gaps_ms;
-  gaps_ms.reserve(gaps_s_.size());
-  for (const auto& [g, c] : gaps_s_) gaps_ms.emplace_back(Ms(g), c);
-  s["itl_ms"] = ToJson(SummarizeWeighted(std::move(gaps_ms)), none);
+  s["itl_ms"] = ToJson(gaps_ms_.Summarize(), none);
   s["e2e_ms"] = ToJson(Summarize(e2e), none);
   s["queue_ms"] = ToJson(Summarize(queue), none);
   s["throughput"] = {{"requests_per_s", Round(per_s(static_cast<double>(completed)), 6)},
