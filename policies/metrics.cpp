@@ -117,34 +117,35 @@ Result<Slo> ParseSlo(const std::string& text) {
 
 namespace {
 
-using Sample = std::pair<double, std::int64_t>;  // a value and how many times it occurs
+using Sample = WeightedSamples::Sample;
 
 // The values at the 0-based ranks [rank, rank_end) (ascending) of the expanded multiset of
 // [first, last), whose first element has rank `base`, into out[...]. Reorders the samples
 // (a multi-rank quickselect: one partition serves every rank, and only the sides holding a
 // rank are refined), so a few percentiles of millions of samples cost a few passes, not a sort.
-void SelectRanks(Sample* first, Sample* last, std::int64_t base, const std::int64_t* rank,
+template <typename It>
+void SelectRanks(It first, It last, std::int64_t base, const std::int64_t* rank,
                  const std::int64_t* rank_end, double* out) {
   while (rank != rank_end) {
     if (last - first <= 32) {
-      std::sort(first, last);
+      std::sort(first, last, [](const Sample& a, const Sample& b) { return a.value < b.value; });
       std::int64_t seen = base;
-      for (Sample* it = first; it != last && rank != rank_end; ++it) {
-        seen += it->second;
+      for (It it = first; it != last && rank != rank_end; ++it) {
+        seen += it->count;
         while (rank != rank_end && *rank < seen) {
-          *out++ = it->first;
+          *out++ = it->value;
           ++rank;
         }
       }
       return;
     }
-    const double a = first->first, b = first[(last - first) / 2].first, c = last[-1].first;
+    const double a = first->value, b = first[(last - first) / 2].value, c = last[-1].value;
     const double pivot = std::max(std::min(a, b), std::min(std::max(a, b), c));
-    Sample* mid1 = std::partition(first, last, [&](const Sample& x) { return x.first < pivot; });
-    Sample* mid2 = std::partition(mid1, last, [&](const Sample& x) { return !(pivot < x.first); });
+    It mid1 = std::partition(first, last, [&](const Sample& x) { return x.value < pivot; });
+    It mid2 = std::partition(mid1, last, [&](const Sample& x) { return !(pivot < x.value); });
     std::int64_t less = 0, equal = 0;
-    for (Sample* it = first; it != mid1; ++it) less += it->second;
-    for (Sample* it = mid1; it != mid2; ++it) equal += it->second;
+    for (It it = first; it != mid1; ++it) less += it->count;
+    for (It it = mid1; it != mid2; ++it) equal += it->count;
     // Ranks below the pivot's run: recurse into the left part; at the pivot: done; above:
     // continue with the right part.
     const std::int64_t* split = std::lower_bound(rank, rank_end, base + less);
@@ -163,29 +164,43 @@ void SelectRanks(Sample* first, Sample* last, std::int64_t base, const std::int6
   }
 }
 
-// mean, percentiles (linear interpolation between order statistics) and max of samples whose
-// count `n`, sum and max were accumulated beforehand in their original order.
-Distribution SummarizeSamples(std::span<Sample> samples, std::int64_t n, double sum, double max) {
+}  // namespace
+
+void WeightedSamples::Add(double value, std::int64_t count) {
+  // Counts are batch sizes; a larger one (never seen) takes several entries.
+  while (count > 0) {
+    const auto c = static_cast<std::int32_t>(std::min<std::int64_t>(count, INT32_MAX));
+    samples_.push_back({value, c});
+    count -= c;
+    n_ += c;
+    sum_ += value * static_cast<double>(c);
+  }
+  max_ = std::max(max_, value);
+}
+
+// Mean, percentiles (linear interpolation between order statistics) and max; the count, sum
+// and max were accumulated as the samples arrived, in their order.
+Distribution WeightedSamples::Summarize() {
   Distribution d;
-  if (n == 0) return d;
-  d.count = static_cast<std::size_t>(n);
-  d.mean = sum / static_cast<double>(n);
-  d.max = max;
+  if (n_ == 0) return d;
+  d.count = static_cast<std::size_t>(n_);
+  d.mean = sum_ / static_cast<double>(n_);
+  d.max = max_;
   const double ps[3] = {0.50, 0.90, 0.99};
   std::int64_t ranks[6];
   double fracs[3];
   for (int i = 0; i < 3; ++i) {
-    const double pos = ps[i] * static_cast<double>(n - 1);
+    const double pos = ps[i] * static_cast<double>(n_ - 1);
     const auto lo = static_cast<std::int64_t>(std::floor(pos));
     fracs[i] = pos - static_cast<double>(lo);
     ranks[2 * i] = lo;
-    ranks[2 * i + 1] = std::min(lo + 1, n - 1);
+    ranks[2 * i + 1] = std::min(lo + 1, n_ - 1);
   }
   std::int64_t sorted[6];
   std::copy(std::begin(ranks), std::end(ranks), sorted);
   std::sort(std::begin(sorted), std::end(sorted));
   double values[6];
-  SelectRanks(samples.data(), samples.data() + samples.size(), 0, sorted, sorted + 6, values);
+  SelectRanks(samples_.begin(), samples_.end(), 0, sorted, sorted + 6, values);
   auto at = [&](std::int64_t k) {
     return values[std::lower_bound(std::begin(sorted), std::end(sorted), k) - sorted];
   };
@@ -196,18 +211,6 @@ Distribution SummarizeSamples(std::span<Sample> samples, std::int64_t n, double 
   }
   return d;
 }
-
-}  // namespace
-
-void WeightedSamples::Add(double value, std::int64_t count) {
-  if (count <= 0) return;
-  samples_.emplace_back(value, count);
-  n_ += count;
-  sum_ += value * static_cast<double>(count);
-  max_ = std::max(max_, value);
-}
-
-Distribution WeightedSamples::Summarize() { return SummarizeSamples(samples_, n_, sum_, max_); }
 
 Distribution SummarizeWeighted(std::vector<std::pair<double, std::int64_t>> samples) {
   WeightedSamples w;
@@ -224,7 +227,8 @@ Distribution Summarize(std::vector<double> values) {
 
 void MetricsCollector::OnFinished(const Request& request) {
   records_.push_back(request);
-  records_.back().block_hashes = {};
+  // Not needed for the reports: release the memory (assigning {} would keep the capacity).
+  std::vector<BlockHash>().swap(records_.back().block_hashes);
 }
 
 void MetricsCollector::OnTokenGaps(Seconds gap_s, std::int64_t count) {
