@@ -67,11 +67,7 @@ std::optional<Tokens> KvBlockManager::Allocate(RequestId request, std::span<cons
     entry.blocks.push_back(id);
   }
   entry.registered = hit;
-  for (std::int64_t i = hit; i < total; ++i) {
-    const BlockId id = TakeBlock();
-    blocks_[static_cast<std::size_t>(id)].ref_count = 1;
-    entry.blocks.push_back(id);
-  }
+  TakeBlocks(total - hit, &entry.blocks);
   tables_.emplace(request, std::move(entry));
   return BlocksToTokens(hit);
 }
@@ -81,11 +77,7 @@ bool KvBlockManager::Grow(RequestId request, Tokens tokens) {
   const std::int64_t need = TokensToBlocks(tokens) - static_cast<std::int64_t>(entry.blocks.size());
   if (need <= 0) return true;
   if (need > kv_blocks_free()) return false;
-  for (std::int64_t i = 0; i < need; ++i) {
-    const BlockId id = TakeBlock();
-    blocks_[static_cast<std::size_t>(id)].ref_count = 1;
-    entry.blocks.push_back(id);
-  }
+  TakeBlocks(need, &entry.blocks);
   return true;
 }
 
@@ -144,6 +136,26 @@ std::span<const KvBlockManager::BlockId> KvBlockManager::Table(RequestId request
   auto it = tables_.find(request);
   if (it == tables_.end()) return {};
   return it->second.blocks;
+}
+
+void KvBlockManager::TakeBlocks(std::int64_t n, std::vector<BlockId>* out) {
+  // The order TakeBlock gives one at a time, in bulk: released blocks (last released
+  // first), never-used ones in id order, then evictions.
+  const std::size_t start = out->size();
+  const auto released = static_cast<std::size_t>(
+      std::min<std::int64_t>(n, static_cast<std::int64_t>(free_list_.size())));
+  out->insert(out->end(), free_list_.rbegin(),
+              free_list_.rbegin() + static_cast<std::ptrdiff_t>(released));
+  free_list_.resize(free_list_.size() - released);
+  const std::int64_t fresh =
+      std::min<std::int64_t>(n - static_cast<std::int64_t>(released),
+                             num_blocks_ - static_cast<std::int64_t>(blocks_.size()));
+  for (std::int64_t k = 0; k < fresh; ++k) out->push_back(static_cast<BlockId>(blocks_.size() + k));
+  blocks_.resize(blocks_.size() + static_cast<std::size_t>(fresh));
+  for (std::int64_t k = static_cast<std::int64_t>(released) + fresh; k < n; ++k)
+    out->push_back(TakeBlock());
+  for (std::size_t i = start; i < out->size(); ++i)
+    blocks_[static_cast<std::size_t>((*out)[i])].ref_count = 1;
 }
 
 KvBlockManager::BlockId KvBlockManager::TakeBlock() {

@@ -112,6 +112,8 @@ class KvBlockManager {
   // Leading hit blocks of `hashes` (at most max_hit_tokens worth), into hit_ids_.
   void FindHits(std::span<const BlockHash> hashes, Tokens max_hit_tokens) const;
   BlockId TakeBlock();  // from the free list, else evicts the LRU head; requires one available
+  // Appends `n` blocks taken as by n TakeBlock calls, each with one reference; requires them.
+  void TakeBlocks(std::int64_t n, std::vector<BlockId>* out);
   void LruPushBack(BlockId id);
   void LruRemove(BlockId id);
   void Release(BlockId id);  // drops one reference
