@@ -25,7 +25,8 @@ for t in "${targets[@]}"; do
   echo "== $t for ${SECONDS_EACH}s"
   # -close_fd_mask=3: the targets' own stdout/stderr (help text, error lines) stay quiet;
   # libFuzzer's reports still reach the log.
-  if build-san/bin/"$t" -max_total_time="$SECONDS_EACH" -rss_limit_mb=2048 -timeout=30 \
+  # -seed=1: the same sequence of inputs every run (the time budget decides how far it gets).
+  if build-san/bin/"$t" -seed=1 -max_total_time="$SECONDS_EACH" -rss_limit_mb=2048 -timeout=30 \
       -close_fd_mask=3 -print_final_stats=1 -artifact_prefix="$artifacts/$t-" "$corpus" \
       >"$log" 2>&1; then
     grep -E "^stat::(number_of_executed_units|new_units_added)" "$log" || true
