@@ -1,25 +1,42 @@
 #!/usr/bin/env bash
 # Speed of `duet simulate` on the whole Mooncake conversation trace (12,031 requests, one
 # hour). For each bundled cluster it reports wall time, simulated seconds per wall second,
-# events per second and peak memory, beside a yardstick from the same run: the same
-# simulation with decode-step coalescing off (one engine step per simulated event); for the
-# clusters with KV tiers, the same cluster without tiers (GPU prefix caching only).
-# Usage: bench/simulate_speed.sh [REPEATS]   (median of REPEATS runs, default 3)
+# events per second and peak memory, beside yardsticks from the same run: the previous
+# version of Duet (PREV_COMMIT, built from `git archive` in build-prev/, Release, no CUDA)
+# on the same inputs; the same simulation with decode-step coalescing off (one engine step
+# per simulated event); for the clusters with KV tiers, the same cluster without tiers.
+# Usage: bench/simulate_speed.sh [REPEATS] [PREV_COMMIT]
+#   (median of REPEATS runs, default 3; PREV_COMMIT default 05a30f1, main before issue 12;
+#    "none" skips the previous version)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 REPEATS="${1:-3}"
+PREV_COMMIT="${2:-05a30f1}"
 TRACE=../shared/traces/mooncake_conversation.jsonl
 DUET=build/bin/duet
 [ -x "$DUET" ] || { echo "build first: scripts/setup.sh" >&2; exit 1; }
 [ -f "$TRACE" ] || { echo "missing $TRACE" >&2; exit 1; }
+PREV=""
+if [ "$PREV_COMMIT" != none ]; then
+  rev=$(git rev-parse --short "$PREV_COMMIT")
+  if [ ! -x "build-prev/$rev/build/bin/duet" ]; then
+    echo "building the previous version $rev in build-prev/$rev (once)" >&2
+    rm -rf "build-prev/$rev" && mkdir -p "build-prev/$rev/src"
+    git archive "$rev" | tar -x -C "build-prev/$rev/src"
+    cmake -S "build-prev/$rev/src" -B "build-prev/$rev/build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+      -DDUET_WITH_CUDA=OFF -DDUET_BUILD_TESTS=OFF >/dev/null
+    cmake --build "build-prev/$rev/build" --target duet >&2
+  fi
+  PREV="build-prev/$rev/build/bin/duet"
+fi
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
-run() {  # run LABEL CLUSTER ROUTER -> one line of results (median wall of REPEATS)
-  local label=$1 cluster=$2 router=$3
+run() {  # run LABEL CLUSTER ROUTER [BINARY] -> one line of results (median wall of REPEATS)
+  local label=$1 cluster=$2 router=$3 duet=${4:-$DUET}
   local walls=() rss=0
   for ((i = 0; i < REPEATS; i++)); do
-    /usr/bin/time -f "%e %M" -o "$work/time" "$DUET" simulate --cluster "$cluster" \
+    /usr/bin/time -f "%e %M" -o "$work/time" "$duet" simulate --cluster "$cluster" \
       --trace "$TRACE" --router "$router" --out "$work/out" --progress never >/dev/null
     read -r wall kb <"$work/time"
     walls+=("$wall")
@@ -49,17 +66,23 @@ PY
 
 echo "duet simulate speed: $(date -u +%Y-%m-%d), $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
 echo "trace: $TRACE; median of $REPEATS runs; peak RSS is the largest of the runs"
+echo "this version: $(git rev-parse --short HEAD)$(git diff --quiet HEAD -- . ':!bench' || echo ' + changes'); previous: ${PREV_COMMIT}"
 echo
 echo "| run | requests done | wall s | simulated s / wall s | events | events / s | engine steps | peak MiB |"
 echo "|---|---|---|---|---|---|---|---|"
+prev() {  # prev LABEL CLUSTER ROUTER: the previous version's row, if any
+  [ -n "$PREV" ] && run "$1, previous version (yardstick)" "$2" "$3" "$PREV" || true
+}
 for cluster in sim/clusters/h100-8p8d-llama8b.json sim/clusters/h100-16colo-llama8b.json; do
   name=$(basename "$cluster" .json)
   run "$name, prefix-aware" "$cluster" prefix-aware
+  prev "$name, prefix-aware" "$cluster" prefix-aware
   run "$name, round-robin" "$cluster" round-robin
   run "$name, prefix-aware, no coalescing (yardstick)" "$(uncoalesced "$cluster")" prefix-aware
 done
 for cluster in sim/clusters/h100-8p8d-llama8b-tiered.json sim/clusters/h100-16colo-llama8b-tiered.json; do
   name=$(basename "$cluster" .json)
   run "$name, cache-aware" "$cluster" cache-aware
+  prev "$name, cache-aware" "$cluster" cache-aware
   run "${name%-tiered}, cache-aware (GPU-only yardstick)" "${cluster%-tiered.json}.json" cache-aware
 done

@@ -1,12 +1,16 @@
 // Helpers the `duet` subcommands share: the error exit, argument parsing with --help, where
 // bundled data is found, the trace flags (format, selection) of every command that replays
 // a trace, and the printing of metric distributions.
+#include <algorithm>
 #include <boost/program_options.hpp>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <iostream>
+#include <vector>
 
 #include "cli/commands.h"
+#include "common/text.h"
 #include "traces/synthetic.h"
 
 namespace po = boost::program_options;
@@ -15,14 +19,79 @@ namespace fs = std::filesystem;
 namespace duet::cli {
 
 int Fail(const std::string& message, int code) {
-  std::fprintf(stderr, "duet: error: %s\n", message.c_str());
+  // One bounded, printable line whatever the message quotes (the sources cut their quotes
+  // already; this is the last guard).
+  std::fprintf(stderr, "duet: error: %s\n", Excerpt(message, 2000).c_str());
   return code;
 }
+
+namespace {
+
+// Whether `option` takes an unsigned integer (which boost would wrap from a negative value).
+bool TakesUnsigned(const po::options_description& opts, const std::string& option) {
+  const po::option_description* d = opts.find_nothrow(option, false);
+  if (!d) return false;
+  const po::value_semantic* v = d->semantic().get();
+  return dynamic_cast<const po::typed_value<std::uint64_t>*>(v) ||
+         dynamic_cast<const po::typed_value<std::uint32_t>*>(v) ||
+         dynamic_cast<const po::typed_value<unsigned long long>*>(v);
+}
+
+// boost's message for `e`. Its what() substitutes %placeholders% in a loop that never ends
+// when the offending token itself holds one ("--x%canonical_option%" hung duet: found by
+// fuzz/cli_args_fuzz.cpp), so with a '%' in the arguments the message comes from the same
+// parse of a copy with every '%' made '?' (boost's parsing does not depend on '%').
+std::string ErrorMessage(const po::error& e, int argc, char** argv,
+                         const po::options_description& opts) {
+  bool percent = false;
+  for (int i = 0; i < argc; ++i) percent |= std::strchr(argv[i], '%') != nullptr;
+  if (!percent) return e.what();
+  std::vector<std::string> copies(argv, argv + argc);
+  std::vector<char*> safe_argv;
+  for (std::string& a : copies) {
+    std::replace(a.begin(), a.end(), '%', '?');
+    safe_argv.push_back(a.data());
+  }
+  safe_argv.push_back(nullptr);
+  try {
+    po::variables_map vm;
+    po::store(po::command_line_parser(argc, safe_argv.data()).options(opts).run(), vm);
+    po::notify(vm);
+  } catch (const po::error& again) {
+    return again.what();
+  }
+  return "invalid command line";
+}
+
+}  // namespace
 
 bool ParseArgs(int argc, char** argv, const po::options_description& opts, po::variables_map& vm,
                int* exit_code) {
   try {
-    po::store(po::command_line_parser(argc, argv).options(opts).run(), vm);
+    const po::parsed_options parsed = po::command_line_parser(argc, argv).options(opts).run();
+    for (const po::option& o : parsed.options) {
+      // Without a positional description boost keeps such tokens and store() drops them.
+      if (o.string_key.empty() || o.position_key >= 0) {
+        const std::string token = o.original_tokens.empty() ? "" : o.original_tokens.front();
+        *exit_code =
+            Fail(std::string(argv[0]) + ": unexpected argument '" + Excerpt(token) +
+                     "' (every value follows its --option; see duet " + argv[0] + " --help)",
+                 kExitUsage);
+        return false;
+      }
+      // boost reads "-1" into an unsigned option as 2^64 - 1.
+      for (const std::string& value : o.value) {
+        const auto first = value.find_first_not_of(" \t");
+        if (first != std::string::npos && value[first] == '-' &&
+            TakesUnsigned(opts, o.string_key)) {
+          *exit_code = Fail(
+              "--" + o.string_key + " must be a non-negative integer, got '" + Excerpt(value) + "'",
+              kExitUsage);
+          return false;
+        }
+      }
+    }
+    po::store(parsed, vm);
     // --help before notify(), which would complain about missing required options.
     if (vm.count("help")) {
       std::cout << opts << "\n";
@@ -31,7 +100,8 @@ bool ParseArgs(int argc, char** argv, const po::options_description& opts, po::v
     }
     po::notify(vm);
   } catch (const po::error& e) {
-    *exit_code = Fail(std::string(argv[0]) + ": " + e.what() + " (see duet " + argv[0] + " --help)",
+    *exit_code = Fail(std::string(argv[0]) + ": " + ErrorMessage(e, argc, argv, opts) +
+                          " (see duet " + argv[0] + " --help)",
                       kExitUsage);
     return false;
   }
@@ -44,10 +114,18 @@ std::string Locate(const std::string& path) {
   return fs::exists(bundled) ? bundled.string() : path;
 }
 
+std::string FormatStat(const nlohmann::json& value) {
+  if (!value.is_number()) return "n/a";
+  char text[32];
+  std::snprintf(text, sizeof text, "%.2f", value.get<double>());
+  return text;
+}
+
 void PrintDistribution(const char* label, const nlohmann::json& d) {
-  std::printf("  %-14s mean %9.2f  p50 %9.2f  p90 %9.2f  p99 %9.2f  max %9.2f\n", label,
-              d["mean"].get<double>(), d["p50"].get<double>(), d["p90"].get<double>(),
-              d["p99"].get<double>(), d["max"].get<double>());
+  std::printf("  %-14s mean %9s  p50 %9s  p90 %9s  p99 %9s  max %9s\n", label,
+              FormatStat(d["mean"]).c_str(), FormatStat(d["p50"]).c_str(),
+              FormatStat(d["p90"]).c_str(), FormatStat(d["p99"]).c_str(),
+              FormatStat(d["max"]).c_str());
 }
 
 void PrintThroughputAndLatencies(const nlohmann::json& s) {

@@ -10,6 +10,10 @@
 #include "common/status.h"
 #include "traces/trace.h"
 
+namespace duet::sim {
+struct SimOptions;
+}  // namespace duet::sim
+
 namespace duet::cli {
 
 inline constexpr int kExitOk = 0;
@@ -36,12 +40,20 @@ void AddTraceOptions(boost::program_options::options_description& opts,
 // whether it was the command line (kExitUsage) or the file (kExitError).
 Result<traces::Trace> LoadTrace(const boost::program_options::variables_map& vm, int* exit_code);
 
-// One line of a printed summary: a METRICS.md distribution (mean, p50, p90, p99, max).
+// One line of a printed summary: a METRICS.md distribution (mean, p50, p90, p99, max); null
+// statistics (no request completed) print as n/a.
 void PrintDistribution(const char* label, const nlohmann::json& distribution);
 // The throughput line and the TTFT, TPOT, ITL and E2E lines of a METRICS.md summary.
 void PrintThroughputAndLatencies(const nlohmann::json& summary);
+// A statistic with two decimals, or "n/a" when it is null.
+std::string FormatStat(const nlohmann::json& value);
 
-int Simulate(int argc, char** argv);       // cli/simulate.cpp
+int Simulate(int argc, char** argv);  // cli/simulate.cpp
+// The command-line half of `duet simulate` (no file is read): the flags into `vm` and
+// `options`. False when the caller should return *exit_code at once: --help printed (0) or a
+// usage error reported (2). Also what fuzz/cli_args_fuzz.cpp exercises.
+bool ParseSimulateArgs(int argc, char** argv, boost::program_options::variables_map& vm,
+                       sim::SimOptions* options, int* exit_code);
 int Replay(int argc, char** argv);         // cli/replay.cpp
 int Serve(int argc, char** argv);          // cli/serve.cpp
 int MakeTestModel(int argc, char** argv);  // cli/generate.cpp

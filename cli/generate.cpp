@@ -3,11 +3,14 @@
 // engine loop over the paged KV cache, stream the continuation, optionally record step timings).
 #include "cli/commands.h"
 
+#include <unistd.h>
+
 #include <boost/program_options.hpp>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
+#include <thread>
 
 #include "backend/engine/local_engine.h"
 #include "backend/model/test_model.h"
@@ -81,6 +84,31 @@ int Generate(int argc, char** argv) {
   if (!(temperature >= 0) || !std::isfinite(temperature))
     return Fail("--temperature must be >= 0", kExitUsage);
   if (!(top_p > 0 && top_p <= 1)) return Fail("--top-p must be in (0, 1]", kExitUsage);
+  const std::int32_t top_k = vm["top-k"].as<std::int32_t>();
+  if (top_k < 0) return Fail("--top-k must be >= 0 (0: off)", kExitUsage);
+  const int threads = vm["threads"].as<int>();
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  if (threads < 0 || threads > cores) {
+    return Fail("--threads must be between 0 (all) and the " + std::to_string(cores) +
+                    " cores present, got " + std::to_string(threads),
+                kExitUsage);
+  }
+  const std::int64_t kv_blocks_flag = vm["kv-blocks"].as<std::int64_t>();
+  if (kv_blocks_flag < 0) return Fail("--kv-blocks must be >= 0 (0: enough)", kExitUsage);
+  // Checked before the run, which takes long: the timings go to a temporary file beside the
+  // path, renamed into place at the end.
+  std::string timings_path, timings_tmp;
+  if (vm.count("timings")) {
+    timings_path = vm["timings"].as<std::string>();
+    timings_tmp = timings_path + ".tmp";
+    if (!std::ofstream(timings_tmp)) return Fail("--timings: cannot write " + timings_tmp);
+  }
+  struct RemoveTmp {
+    const std::string& path;
+    ~RemoveTmp() {
+      if (!path.empty()) std::remove(path.c_str());
+    }
+  } remove_tmp{timings_tmp};
 
   auto model = backend::LoadModelDir(vm["model"].as<std::string>());
   if (!model) return Fail(model.error());
@@ -104,15 +132,53 @@ int Generate(int argc, char** argv) {
     prompt = tokenizer->Encode(vm["prompt"].as<std::string>(), /*add_bos=*/true);
   }
   if (prompt.empty()) return Fail("--prompt: the prompt encodes to no tokens", kExitUsage);
+  // The model's context: the prompt and every generated token need a position.
+  const std::int64_t context = model->config.max_position_embeddings;
+  const auto prompt_tokens = static_cast<std::int64_t>(prompt.size());
+  if (prompt_tokens >= context) {
+    return Fail("--prompt: " + std::to_string(prompt_tokens) + " tokens leave no room in " +
+                    vm["model"].as<std::string>() + "'s context of " + std::to_string(context) +
+                    " tokens (max_position_embeddings)",
+                kExitUsage);
+  }
+  if (max_tokens > context - prompt_tokens) {
+    return Fail("--max-tokens: " + std::to_string(max_tokens) + " after a prompt of " +
+                    std::to_string(prompt_tokens) + " tokens exceeds " +
+                    vm["model"].as<std::string>() + "'s context of " + std::to_string(context) +
+                    " tokens (max_position_embeddings); at most " +
+                    std::to_string(context - prompt_tokens),
+                kExitUsage);
+  }
 
   backend::ModelPlacement placement;
   placement.device = vm["device"].as<std::string>();
   if (placement.device != "cpu" && placement.device != "cuda")
     return Fail("--device must be cpu or cuda", kExitUsage);
   placement.block_tokens = 16;
-  placement.cpu_threads = vm["threads"].as<int>();
-  const std::int64_t needed = (static_cast<std::int64_t>(prompt.size()) + max_tokens + 15) / 16 + 2;
-  placement.num_blocks = std::max(vm["kv-blocks"].as<std::int64_t>(), needed);
+  placement.cpu_threads = threads;
+  const std::int64_t needed = (prompt_tokens + max_tokens + 15) / 16 + 2;
+  if (kv_blocks_flag != 0 && kv_blocks_flag < needed) {
+    return Fail("--kv-blocks: " + std::to_string(kv_blocks_flag) +
+                    " blocks of 16 tokens cannot hold " + std::to_string(prompt_tokens) +
+                    " prompt tokens plus --max-tokens " + std::to_string(max_tokens) +
+                    "; give at least " + std::to_string(needed) + " (or 0)",
+                kExitUsage);
+  }
+  placement.num_blocks = kv_blocks_flag != 0 ? kv_blocks_flag : needed;
+  // The KV cache is allocated up front: refuse one larger than this machine's memory instead
+  // of failing in the allocator (fp32: the most a backend stores per element).
+  const double kv_bytes = static_cast<double>(placement.num_blocks) * 16 *
+                          static_cast<double>(model->config.KvBytesPerToken(models::Dtype::kF32));
+  const double memory_bytes =
+      static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGE_SIZE));
+  if (memory_bytes > 0 && kv_bytes > memory_bytes) {
+    char numbers[128];
+    std::snprintf(numbers, sizeof numbers, "%.1f GB of KV cache, more than the %.1f GB of memory",
+                  kv_bytes / 1e9, memory_bytes / 1e9);
+    return Fail("--kv-blocks: " + std::to_string(placement.num_blocks) + " blocks need " + numbers +
+                    " this machine has",
+                kExitUsage);
+  }
   auto forward_model = backend::CreateForwardModel(std::move(*model), placement);
   if (!forward_model) return Fail("--device " + placement.device + ": " + forward_model.error());
 
@@ -125,7 +191,7 @@ int Generate(int argc, char** argv) {
   };
   backend::GenerationRequest request{prompt, max_tokens, {}};
   request.sampling.temperature = temperature;
-  request.sampling.top_k = vm["top-k"].as<std::int32_t>();
+  request.sampling.top_k = top_k;
   request.sampling.top_p = top_p;
   request.sampling.seed = vm["seed"].as<std::uint64_t>();
   if (!vm.count("ignore-eos")) request.sampling.stop_token_ids = stop_ids;
@@ -144,10 +210,11 @@ int Generate(int argc, char** argv) {
                prompt.size(), prefill_s, static_cast<double>(prompt.size()) / prefill_s,
                results[0].tokens.size(), generated > 1 ? (generated - 1) / decode_s : 0.0,
                placement.device.c_str());
-  if (vm.count("timings")) {
-    if (Status s = backend::WriteStepTimings(engine.timings(), vm["timings"].as<std::string>());
-        !s.ok())
+  if (!timings_path.empty()) {
+    if (Status s = backend::WriteStepTimings(engine.timings(), timings_tmp); !s.ok())
       return Fail(s.message());
+    if (std::rename(timings_tmp.c_str(), timings_path.c_str()) != 0)
+      return Fail("--timings: cannot rename " + timings_tmp + " to " + timings_path);
   }
   return kExitOk;
 }

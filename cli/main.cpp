@@ -1,6 +1,7 @@
 // The `duet` command: dispatches to a subcommand (each in its own file under cli/). Exceptions
 // that escape a command are reported here, at the edge, as one clear line and exit 1.
 #include <cstdio>
+#include <new>
 #include <string>
 
 #include "backend/registry.h"
@@ -41,9 +42,20 @@ int main(int argc, char** argv) {
     if (command == "generate") return cli::Generate(argc - 1, argv + 1);
     if (command == "make-test-model") return cli::MakeTestModel(argc - 1, argv + 1);
     if (command == "version" || command == "--version") {
+      if (argc > 2) {
+        const std::string arg = argv[2];
+        if (arg != "--help" && arg != "-h")
+          return Fail("version: unexpected argument '" + arg + "' (see duet version --help)",
+                      kExitUsage);
+        std::printf("duet version: print the version and the optional backends built in\n");
+        return kExitOk;
+      }
       std::printf("duet 0.1.0 (%s)\n", backend::DescribeFeatures().c_str());
       return kExitOk;
     }
+  } catch (const std::bad_alloc&) {
+    // The inputs' own checks bound what they ask for; this is the last guard.
+    return Fail("out of memory: the inputs ask for more memory than this machine has");
   } catch (const std::exception& e) {
     return Fail(e.what());
   }

@@ -60,14 +60,15 @@ void PrintSummary(const nlohmann::json& s, const std::string& out_dir) {
   }
   std::printf("\n");
   const auto& tb = s["ttft_breakdown_ms"];
-  std::printf("  TTFT parts ms  mean queue %.2f, load %.2f, prefill %.2f, transfer %.2f\n",
-              tb["queue"]["mean"].get<double>(), tb["load"]["mean"].get<double>(),
-              tb["prefill"]["mean"].get<double>(), tb["transfer"]["mean"].get<double>());
+  std::printf("  TTFT parts ms  mean queue %s, load %s, prefill %s, transfer %s\n",
+              FormatStat(tb["queue"]["mean"]).c_str(), FormatStat(tb["load"]["mean"]).c_str(),
+              FormatStat(tb["prefill"]["mean"]).c_str(),
+              FormatStat(tb["transfer"]["mean"]).c_str());
   const auto& kv = s["kv_transfer"];
-  std::printf("  KV transfer    %lld transfers, %.2f GB, mean %.2f ms, p99 %.2f ms\n",
+  std::printf("  KV transfer    %lld transfers, %.2f GB, mean %s ms, p99 %s ms\n",
               static_cast<long long>(kv["transfers"].get<std::int64_t>()),
               static_cast<double>(kv["bytes"].get<std::int64_t>()) / 1e9,
-              kv["time_ms"]["mean"].get<double>(), kv["time_ms"]["p99"].get<double>());
+              FormatStat(kv["time_ms"]["mean"]).c_str(), FormatStat(kv["time_ms"]["p99"]).c_str());
   const auto& gp = s["goodput"];
   if (gp["slo"]["ttft_ms"].get<double>() > 0 || gp["slo"]["tpot_ms"].get<double>() > 0 ||
       gp["slo"].contains("e2e_ms")) {
@@ -83,7 +84,8 @@ void PrintSummary(const nlohmann::json& s, const std::string& out_dir) {
 
 }  // namespace
 
-int Simulate(int argc, char** argv) {
+bool ParseSimulateArgs(int argc, char** argv, po::variables_map& vm, sim::SimOptions* out,
+                       int* exit_code) {
   po::options_description opts("duet simulate: replay a request trace on a simulated cluster");
   // clang-format off
   opts.add_options()
@@ -100,31 +102,44 @@ int Simulate(int argc, char** argv) {
      "progress bar: auto (on a terminal), always or never");
   // clang-format on
   AddTraceOptions(opts, "traces/bundled/default.json");
-  po::variables_map vm;
-  int code = kExitOk;
-  if (!ParseArgs(argc, argv, opts, vm, &code)) return code;
+  if (!ParseArgs(argc, argv, opts, vm, exit_code)) return false;
+  // Every error below is the command line's.
+  auto usage = [&](const std::string& message) {
+    *exit_code = Fail(message, kExitUsage);
+    return false;
+  };
 
   sim::SimOptions options;
   auto router = policies::ParseRouterKind(vm["router"].as<std::string>());
-  if (!router) return Fail("--router: " + router.error(), kExitUsage);
+  if (!router) return usage("--router: " + router.error());
   options.router.kind = *router;
   options.router.seed = vm["seed"].as<std::uint64_t>();
   if (vm.count("slo")) {
     auto slo = policies::ParseSlo(vm["slo"].as<std::string>());
-    if (!slo) return Fail(slo.error(), kExitUsage);
+    if (!slo) return usage(slo.error());
     options.slo = *slo;
   }
   if (vm.count("reject-over-slo")) {
     if (options.router.kind != policies::RouterKind::kCacheAware || !options.slo.ttft_ms)
-      return Fail("--reject-over-slo needs --router cache-aware and a TTFT SLO (--slo ttft=MS)",
-                  kExitUsage);
+      return usage("--reject-over-slo needs --router cache-aware and a TTFT SLO (--slo ttft=MS)");
     options.reject_over_slo = true;
   }
   const std::string progress = vm["progress"].as<std::string>();
   if (progress != "auto" && progress != "always" && progress != "never")
-    return Fail("--progress must be auto, always or never", kExitUsage);
+    return usage("--progress must be auto, always or never");
   options.progress = progress == "always" || (progress == "auto" && isatty(STDERR_FILENO));
   options.out_dir = vm["out"].as<std::string>();
+
+  *out = std::move(options);
+  *exit_code = kExitOk;
+  return true;
+}
+
+int Simulate(int argc, char** argv) {
+  po::variables_map vm;
+  sim::SimOptions options;
+  int code = kExitOk;
+  if (!ParseSimulateArgs(argc, argv, vm, &options, &code)) return code;
 
   const std::string cluster_path = Locate(vm["cluster"].as<std::string>());
   auto cluster = sim::LoadClusterSpec(cluster_path, DataDir());

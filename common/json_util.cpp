@@ -2,6 +2,10 @@
 // and one rule for null (absent).
 #include "common/json_util.h"
 
+#include "common/text.h"
+
+#include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -26,6 +30,9 @@ bool JsonHas(const nlohmann::json& obj, const std::string& key) {
 }
 
 Result<nlohmann::json> ReadJsonFile(const std::string& path) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec))
+    return Status::Error(path + ": is a directory, not a JSON file");
   std::ifstream in(path);
   if (!in) return Status::Error(path + ": cannot open file");
   std::stringstream buffer;
@@ -37,7 +44,7 @@ Result<nlohmann::json> ReadJsonFile(const std::string& path) {
     try {
       [[maybe_unused]] const auto reparsed = nlohmann::json::parse(buffer.str());
     } catch (const nlohmann::json::parse_error& e) {
-      return Status::Error(path + ": invalid JSON: " + e.what());
+      return Status::Error(path + ": invalid JSON: " + Excerpt(e.what(), 200));
     }
     return Status::Error(path + ": invalid JSON");
   }
@@ -118,6 +125,25 @@ Result<std::int64_t> JsonIntIn(const nlohmann::json& obj, const std::string& key
                           std::to_string(hi) + " (got " + DescribeJson(value) + ")");
   }
   return value.get<std::int64_t>();
+}
+
+Result<double> JsonNumberIn(const nlohmann::json& obj, const std::string& key, double lo, double hi,
+                            const std::string& where, std::optional<double> fallback) {
+  if (!JsonHas(obj, key)) {
+    if (fallback) return *fallback;
+    return FieldError(where, key, "is missing");
+  }
+  const nlohmann::json& value = obj.at(key);
+  if (!value.is_number()) {
+    return FieldError(where, key, "must be a number (got " + DescribeJson(value) + ")");
+  }
+  const double v = value.get<double>();
+  if (!(v >= lo && v <= hi)) {
+    char range[96];
+    std::snprintf(range, sizeof range, "must be a number between %g and %g (got ", lo, hi);
+    return FieldError(where, key, range + DescribeJson(value) + ")");
+  }
+  return v;
 }
 
 }  // namespace duet

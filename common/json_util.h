@@ -50,4 +50,10 @@ Result<std::int64_t> JsonIntIn(const nlohmann::json& obj, const std::string& key
                                std::int64_t hi, const std::string& where,
                                std::optional<std::int64_t> fallback = std::nullopt);
 
+// A number field in [lo, hi] ("must be a number between lo and hi (got X)"); NaN and the
+// infinities are out of range. Missing or null: `fallback`, or an error when nullopt.
+Result<double> JsonNumberIn(const nlohmann::json& obj, const std::string& key, double lo, double hi,
+                            const std::string& where,
+                            std::optional<double> fallback = std::nullopt);
+
 }  // namespace duet

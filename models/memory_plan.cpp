@@ -77,6 +77,16 @@ Result<InstanceMemory> PlanInstanceMemory(const ModelSpec& model, const Hardware
                          " tokens, less than one block of " + std::to_string(options.block_tokens));
   }
 
+  // Block ids are 32-bit in the block managers (and a real engine's block tables).
+  constexpr std::int64_t kMaxKvBlocks = 2147483647;
+  if (kv_blocks > kMaxKvBlocks) {
+    return Status::Error(what + " (tp=" + std::to_string(options.tp) +
+                         "): the KV cache would hold " + std::to_string(kv_blocks) + " blocks of " +
+                         std::to_string(options.block_tokens) + " tokens, more than the " +
+                         std::to_string(kMaxKvBlocks) +
+                         " an instance can index: raise block_tokens");
+  }
+
   InstanceMemory plan;
   plan.weight_bytes_per_gpu = weights_per_gpu;
   plan.reserved_bytes_per_gpu = options.reserved_bytes_per_gpu;

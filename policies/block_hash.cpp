@@ -22,17 +22,28 @@ std::vector<BlockHash> EngineBlockHashes(std::span<const std::uint64_t> trace_id
   const Tokens full_blocks = covered / engine_block_tokens;
   hashes.reserve(static_cast<std::size_t>(full_blocks));
   BlockHash parent = kRoot;
+  // Engine block j covers tokens [first, first + engine_block_tokens): trace blocks
+  // first_trace .. last_trace, starting `offset` tokens into the first. Kept incrementally
+  // (no division per block: this runs for every prompt block of every request).
+  Tokens first_trace = 0, offset = 0;
   for (Tokens j = 0; j < full_blocks; ++j) {
-    const Tokens first = j * engine_block_tokens;
-    const Tokens last = first + engine_block_tokens - 1;
+    const Tokens last_trace =
+        offset + engine_block_tokens <= trace_block_tokens
+            ? first_trace
+            : first_trace + (offset + engine_block_tokens - 1) / trace_block_tokens;
     std::uint64_t h = SplitMix64(parent);
-    for (Tokens t = first / trace_block_tokens; t <= last / trace_block_tokens; ++t) {
+    for (Tokens t = first_trace; t <= last_trace; ++t) {
       h = SplitMix64(h ^ trace_ids[static_cast<std::size_t>(t)]);
     }
     // The offset inside the first trace block tells apart engine blocks of one trace block.
-    h = SplitMix64(h ^ static_cast<std::uint64_t>(first % trace_block_tokens));
+    h = SplitMix64(h ^ static_cast<std::uint64_t>(offset));
     hashes.push_back(h);
     parent = h;
+    offset += engine_block_tokens;
+    if (offset >= trace_block_tokens) {
+      first_trace += offset / trace_block_tokens;
+      offset %= trace_block_tokens;
+    }
   }
   return hashes;
 }

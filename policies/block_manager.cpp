@@ -2,20 +2,19 @@
 #include "policies/block_manager.h"
 
 #include <algorithm>
+#include <limits>
 #include <string>
 
 namespace duet::policies {
 
 KvBlockManager::KvBlockManager(std::int64_t num_blocks, Tokens block_tokens,
                                bool enable_prefix_caching)
-    : blocks_(static_cast<std::size_t>(num_blocks)),
-      cached_(num_blocks),
+    : num_blocks_(num_blocks),
+      cached_(std::min<std::int64_t>(num_blocks, kInitialIndexEntries)),
       block_tokens_(block_tokens),
       enable_prefix_caching_(enable_prefix_caching) {
-  DUET_CHECK(num_blocks > 0 && block_tokens > 0);
-  free_list_.reserve(static_cast<std::size_t>(num_blocks));
-  // Pop from the back: hand out low block ids first, which keeps tests readable.
-  for (std::int64_t i = num_blocks - 1; i >= 0; --i) free_list_.push_back(static_cast<BlockId>(i));
+  DUET_CHECK(num_blocks > 0 && num_blocks <= std::numeric_limits<BlockId>::max() &&
+             block_tokens > 0);
 }
 
 std::int64_t KvBlockManager::CachedPrefixBlocks(std::span<const BlockHash> hashes) const {
@@ -68,11 +67,7 @@ std::optional<Tokens> KvBlockManager::Allocate(RequestId request, std::span<cons
     entry.blocks.push_back(id);
   }
   entry.registered = hit;
-  for (std::int64_t i = hit; i < total; ++i) {
-    const BlockId id = TakeBlock();
-    blocks_[static_cast<std::size_t>(id)].ref_count = 1;
-    entry.blocks.push_back(id);
-  }
+  TakeBlocks(total - hit, &entry.blocks);
   tables_.emplace(request, std::move(entry));
   return BlocksToTokens(hit);
 }
@@ -82,19 +77,15 @@ bool KvBlockManager::Grow(RequestId request, Tokens tokens) {
   const std::int64_t need = TokensToBlocks(tokens) - static_cast<std::int64_t>(entry.blocks.size());
   if (need <= 0) return true;
   if (need > kv_blocks_free()) return false;
-  for (std::int64_t i = 0; i < need; ++i) {
-    const BlockId id = TakeBlock();
-    blocks_[static_cast<std::size_t>(id)].ref_count = 1;
-    entry.blocks.push_back(id);
-  }
+  TakeBlocks(need, &entry.blocks);
   return true;
 }
 
 bool KvBlockManager::GrowWithoutEviction(RequestId request, Tokens tokens) {
   const TableEntry& entry = tables_.at(request);
   const std::int64_t need = TokensToBlocks(tokens) - static_cast<std::int64_t>(entry.blocks.size());
-  if (need > static_cast<std::int64_t>(free_list_.size())) return false;
-  return Grow(request, tokens);  // takes from the free list first, so nothing is evicted
+  if (need > kv_blocks_uncached_free()) return false;
+  return Grow(request, tokens);  // takes uncached free blocks first, so nothing is evicted
 }
 
 void KvBlockManager::Shrink(RequestId request, Tokens tokens) {
@@ -120,7 +111,7 @@ void KvBlockManager::Register(RequestId request, std::span<const BlockHash> hash
     Block& b = blocks_[static_cast<std::size_t>(id)];
     // Another request computed the same block concurrently: keep the first copy cached; this
     // one stays private and returns to the free list when released.
-    if (b.cached || !cached_.Insert(h, id)) continue;
+    if (b.cached || !cached_.InsertGrowing(h, id)) continue;
     b.hash = h;
     b.cached = true;
     if (event_log_) event_log_->push_back({h, true});
@@ -147,11 +138,37 @@ std::span<const KvBlockManager::BlockId> KvBlockManager::Table(RequestId request
   return it->second.blocks;
 }
 
+void KvBlockManager::TakeBlocks(std::int64_t n, std::vector<BlockId>* out) {
+  // The order TakeBlock gives one at a time, in bulk: released blocks (last released
+  // first), never-used ones in id order, then evictions.
+  const std::size_t start = out->size();
+  const auto released = static_cast<std::size_t>(
+      std::min<std::int64_t>(n, static_cast<std::int64_t>(free_list_.size())));
+  out->insert(out->end(), free_list_.rbegin(),
+              free_list_.rbegin() + static_cast<std::ptrdiff_t>(released));
+  free_list_.resize(free_list_.size() - released);
+  const std::int64_t fresh =
+      std::min<std::int64_t>(n - static_cast<std::int64_t>(released),
+                             num_blocks_ - static_cast<std::int64_t>(blocks_.size()));
+  for (std::int64_t k = 0; k < fresh; ++k) out->push_back(static_cast<BlockId>(blocks_.size() + k));
+  blocks_.resize(blocks_.size() + static_cast<std::size_t>(fresh));
+  for (std::int64_t k = static_cast<std::int64_t>(released) + fresh; k < n; ++k)
+    out->push_back(TakeBlock());
+  for (std::size_t i = start; i < out->size(); ++i)
+    blocks_[static_cast<std::size_t>((*out)[i])].ref_count = 1;
+}
+
 KvBlockManager::BlockId KvBlockManager::TakeBlock() {
+  // Released blocks first, then never-used ones in id order (low ids first keeps tests
+  // readable), then the least recently used cached block.
   if (!free_list_.empty()) {
     const BlockId id = free_list_.back();
     free_list_.pop_back();
     return id;
+  }
+  if (static_cast<std::int64_t>(blocks_.size()) < num_blocks_) {
+    blocks_.emplace_back();
+    return static_cast<BlockId>(blocks_.size() - 1);
   }
   DUET_CHECK(lru_head_ >= 0);
   const BlockId id = lru_head_;
@@ -260,7 +277,9 @@ Status KvBlockManager::CheckInvariants() const {
                                    " which does not hold that hash");
   });
   DUET_RETURN_IF_ERROR(index_status);
-  if (used + lru + free_count != static_cast<std::int64_t>(n))
+  // Blocks past blocks_ were never used: free.
+  if (used + lru + free_count != static_cast<std::int64_t>(n) ||
+      static_cast<std::int64_t>(n) > num_blocks_)
     return Status::Error("block counts do not add up");
   return Status::Ok();
 }

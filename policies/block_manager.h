@@ -64,14 +64,13 @@ class KvBlockManager {
   std::int64_t TableBlocks(RequestId request) const;
   std::span<const BlockId> Table(RequestId request) const;
 
-  std::int64_t num_blocks() const { return static_cast<std::int64_t>(blocks_.size()); }
+  std::int64_t num_blocks() const { return num_blocks_; }
   Tokens block_tokens() const { return block_tokens_; }
   // Blocks that an allocation can take: never-used/freed ones plus evictable cached ones.
-  std::int64_t kv_blocks_free() const {
-    return static_cast<std::int64_t>(free_list_.size()) + lru_size_;
-  }
+  std::int64_t kv_blocks_free() const { return kv_blocks_uncached_free() + lru_size_; }
   std::int64_t kv_blocks_uncached_free() const {
-    return static_cast<std::int64_t>(free_list_.size());
+    return static_cast<std::int64_t>(free_list_.size()) + num_blocks_ -
+           static_cast<std::int64_t>(blocks_.size());
   }
   std::int64_t kv_blocks_used() const { return num_blocks() - kv_blocks_free(); }
   std::int64_t kv_blocks_cached() const { return static_cast<std::int64_t>(cached_.size()); }
@@ -113,12 +112,19 @@ class KvBlockManager {
   // Leading hit blocks of `hashes` (at most max_hit_tokens worth), into hit_ids_.
   void FindHits(std::span<const BlockHash> hashes, Tokens max_hit_tokens) const;
   BlockId TakeBlock();  // from the free list, else evicts the LRU head; requires one available
+  // Appends `n` blocks taken as by n TakeBlock calls, each with one reference; requires them.
+  void TakeBlocks(std::int64_t n, std::vector<BlockId>* out);
   void LruPushBack(BlockId id);
   void LruRemove(BlockId id);
   void Release(BlockId id);  // drops one reference
 
+  // Per-block state exists only for blocks used at least once (ids below blocks_.size()), so
+  // memory follows the blocks in use, not the capacity: a small model on a large GPU has tens
+  // of millions of blocks. Ids from blocks_.size() to num_blocks_ are free and never used.
+  static constexpr std::int64_t kInitialIndexEntries = 1024;
+  std::int64_t num_blocks_;
   std::vector<Block> blocks_;
-  std::vector<BlockId> free_list_;
+  std::vector<BlockId> free_list_;  // released blocks, taken before never-used ones
   BlockHashIndex cached_;
   mutable std::vector<BlockId> hit_ids_;  // scratch for FindHits
   std::unordered_map<RequestId, TableEntry> tables_;

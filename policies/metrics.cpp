@@ -3,9 +3,11 @@
 
 #include <algorithm>
 #include <array>
+#include <charconv>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <span>
 #include <sstream>
 
 namespace duet::policies {
@@ -16,7 +18,13 @@ double Round(double x, int digits) {
   return std::round(x * scale) / scale;
 }
 
-nlohmann::json ToJson(const Distribution& d) {
+// A distribution of latencies. With `none_completed`, an empty one is null throughout: no
+// request completed, so there is no latency to report (0 would read as instant).
+nlohmann::json ToJson(const Distribution& d, bool none_completed) {
+  if (none_completed && d.count == 0) {
+    return {
+        {"mean", nullptr}, {"p50", nullptr}, {"p90", nullptr}, {"p99", nullptr}, {"max", nullptr}};
+  }
   return {{"mean", Round(d.mean, 3)},
           {"p50", Round(d.p50, 3)},
           {"p90", Round(d.p90, 3)},
@@ -24,10 +32,16 @@ nlohmann::json ToJson(const Distribution& d) {
           {"max", Round(d.max, 3)}};
 }
 
+// printf's "%.*f" (both round the exact binary value correctly), without its format parsing:
+// requests.csv has a dozen of these per request.
 std::string Fixed(double x, int digits) {
   char buf[64];
-  std::snprintf(buf, sizeof buf, "%.*f", digits, x);
-  return buf;
+  const auto [end, error] =
+      std::to_chars(buf, buf + sizeof buf, x, std::chars_format::fixed, digits);
+  if (error == std::errc() && std::isfinite(x)) return std::string(buf, end);
+  char big[400];
+  std::snprintf(big, sizeof big, "%.*f", digits, x);
+  return big;
 }
 
 std::string CsvField(const std::string& s) {
@@ -60,6 +74,9 @@ TtftParts TtftBreakdown(const Request& r) {
           Ms(r.first_token_s - r.prefill_done_s)};
 }
 const char* const kTierNames[kNumLowerTiers] = {"dram", "ssd", "remote"};
+
+// Reasons read "<class>: <detail>"; the summary counts by class, requests.csv keeps the rest.
+std::string ReasonClass(const std::string& reason) { return reason.substr(0, reason.find(": ")); }
 double TpotMs(const Request& r) {
   return (E2eMs(r) - TtftMs(r)) / static_cast<double>(r.output_tokens - 1);
 }
@@ -105,39 +122,107 @@ Result<Slo> ParseSlo(const std::string& text) {
   return slo;
 }
 
-Distribution SummarizeWeighted(std::vector<std::pair<double, std::int64_t>> samples) {
-  Distribution d;
-  std::int64_t n = 0;
-  double sum = 0;
-  for (const auto& [v, c] : samples) {
-    n += c;
-    sum += v * static_cast<double>(c);
-  }
-  if (n == 0) return d;
-  std::sort(samples.begin(), samples.end());
-  d.count = static_cast<std::size_t>(n);
-  d.mean = sum / static_cast<double>(n);
-  d.max = samples.back().first;
-  // Value at 0-based rank k of the expanded sequence.
-  auto at = [&](std::int64_t k) {
-    std::int64_t seen = 0;
-    for (const auto& [v, c] : samples) {
-      seen += c;
-      if (k < seen) return v;
+namespace {
+
+using Sample = WeightedSamples::Sample;
+
+// The values at the 0-based ranks [rank, rank_end) (ascending) of the expanded multiset of
+// [first, last), whose first element has rank `base`, into out[...]. Reorders the samples
+// (a multi-rank quickselect: one partition serves every rank, and only the sides holding a
+// rank are refined), so a few percentiles of millions of samples cost a few passes, not a sort.
+template <typename It>
+void SelectRanks(It first, It last, std::int64_t base, const std::int64_t* rank,
+                 const std::int64_t* rank_end, double* out) {
+  while (rank != rank_end) {
+    if (last - first <= 32) {
+      std::sort(first, last, [](const Sample& a, const Sample& b) { return a.value < b.value; });
+      std::int64_t seen = base;
+      for (It it = first; it != last && rank != rank_end; ++it) {
+        seen += it->count;
+        while (rank != rank_end && *rank < seen) {
+          *out++ = it->value;
+          ++rank;
+        }
+      }
+      return;
     }
-    return samples.back().first;
-  };
-  auto pct = [&](double p) {
-    const double pos = p * static_cast<double>(n - 1);
+    const double a = first->value, b = first[(last - first) / 2].value, c = last[-1].value;
+    const double pivot = std::max(std::min(a, b), std::min(std::max(a, b), c));
+    It mid1 = std::partition(first, last, [&](const Sample& x) { return x.value < pivot; });
+    It mid2 = std::partition(mid1, last, [&](const Sample& x) { return !(pivot < x.value); });
+    std::int64_t less = 0, equal = 0;
+    for (It it = first; it != mid1; ++it) less += it->count;
+    for (It it = mid1; it != mid2; ++it) equal += it->count;
+    // Ranks below the pivot's run: recurse into the left part; at the pivot: done; above:
+    // continue with the right part.
+    const std::int64_t* split = std::lower_bound(rank, rank_end, base + less);
+    if (split != rank) {
+      const std::ptrdiff_t k = split - rank;
+      SelectRanks(first, mid1, base, rank, split, out);
+      rank = split;
+      out += k;
+    }
+    while (rank != rank_end && *rank < base + less + equal) {
+      *out++ = pivot;
+      ++rank;
+    }
+    first = mid2;
+    base += less + equal;
+  }
+}
+
+}  // namespace
+
+void WeightedSamples::Add(double value, std::int64_t count) {
+  // Counts are batch sizes; a larger one (never seen) takes several entries.
+  while (count > 0) {
+    const auto c = static_cast<std::int32_t>(std::min<std::int64_t>(count, INT32_MAX));
+    samples_.push_back({value, c});
+    count -= c;
+    n_ += c;
+    sum_ += value * static_cast<double>(c);
+  }
+  max_ = std::max(max_, value);
+}
+
+// Mean, percentiles (linear interpolation between order statistics) and max; the count, sum
+// and max were accumulated as the samples arrived, in their order.
+Distribution WeightedSamples::Summarize() {
+  Distribution d;
+  if (n_ == 0) return d;
+  d.count = static_cast<std::size_t>(n_);
+  d.mean = sum_ / static_cast<double>(n_);
+  d.max = max_;
+  const double ps[3] = {0.50, 0.90, 0.99};
+  std::int64_t ranks[6];
+  double fracs[3];
+  for (int i = 0; i < 3; ++i) {
+    const double pos = ps[i] * static_cast<double>(n_ - 1);
     const auto lo = static_cast<std::int64_t>(std::floor(pos));
-    const double frac = pos - static_cast<double>(lo);
-    const double a = at(lo);
-    return frac == 0 ? a : a + (at(lo + 1) - a) * frac;
+    fracs[i] = pos - static_cast<double>(lo);
+    ranks[2 * i] = lo;
+    ranks[2 * i + 1] = std::min(lo + 1, n_ - 1);
+  }
+  std::int64_t sorted[6];
+  std::copy(std::begin(ranks), std::end(ranks), sorted);
+  std::sort(std::begin(sorted), std::end(sorted));
+  double values[6];
+  SelectRanks(samples_.begin(), samples_.end(), 0, sorted, sorted + 6, values);
+  auto at = [&](std::int64_t k) {
+    return values[std::lower_bound(std::begin(sorted), std::end(sorted), k) - sorted];
   };
-  d.p50 = pct(0.50);
-  d.p90 = pct(0.90);
-  d.p99 = pct(0.99);
+  double* pct[3] = {&d.p50, &d.p90, &d.p99};
+  for (int i = 0; i < 3; ++i) {
+    const double lo = at(ranks[2 * i]);
+    *pct[i] = fracs[i] == 0 ? lo : lo + (at(ranks[2 * i + 1]) - lo) * fracs[i];
+  }
   return d;
+}
+
+Distribution SummarizeWeighted(std::vector<std::pair<double, std::int64_t>> samples) {
+  WeightedSamples w;
+  for (const auto& [v, c] : samples) w.Add(v, c);
+  return w.Summarize();
 }
 
 Distribution Summarize(std::vector<double> values) {
@@ -149,11 +234,12 @@ Distribution Summarize(std::vector<double> values) {
 
 void MetricsCollector::OnFinished(const Request& request) {
   records_.push_back(request);
-  records_.back().block_hashes = {};
+  // Not needed for the reports: release the memory (assigning {} would keep the capacity).
+  std::vector<BlockHash>().swap(records_.back().block_hashes);
 }
 
 void MetricsCollector::OnTokenGaps(Seconds gap_s, std::int64_t count) {
-  if (count > 0) gaps_s_.emplace_back(gap_s, count);
+  gaps_ms_.Add(Ms(gap_s), count);
 }
 
 void MetricsCollector::OnPreempted(const Request&, InstanceId) { ++preemptions_; }
@@ -204,11 +290,11 @@ nlohmann::json MetricsCollector::Summary(std::size_t total_requests, const Slo& 
         break;
       case RequestState::kRejected:
         ++rejected;
-        ++rejected_reasons[r.reason];
+        ++rejected_reasons[ReasonClass(r.reason)];
         break;
       default:
         ++failed;
-        ++failed_reasons[r.reason];
+        ++failed_reasons[ReasonClass(r.reason)];
         break;
     }
   }
@@ -231,15 +317,15 @@ nlohmann::json MetricsCollector::Summary(std::size_t total_requests, const Slo& 
                    {"rejected_reasons", rejected_reasons},
                    {"failed_reasons", failed_reasons},
                    {"preemptions", preemptions_}};
+  // With no completed request there is no latency: distributions are null, not 0.
+  const bool none = completed == 0;
+  const nlohmann::json transfer_json = ToJson(transfer, none);
   s["duration_s"] = Round(duration_s, 6);
-  s["ttft_ms"] = ToJson(Summarize(ttft));
-  s["tpot_ms"] = ToJson(Summarize(tpot));
-  std::vector<std::pair<double, std::int64_t>> gaps_ms;
-  gaps_ms.reserve(gaps_s_.size());
-  for (const auto& [g, c] : gaps_s_) gaps_ms.emplace_back(Ms(g), c);
-  s["itl_ms"] = ToJson(SummarizeWeighted(std::move(gaps_ms)));
-  s["e2e_ms"] = ToJson(Summarize(e2e));
-  s["queue_ms"] = ToJson(Summarize(queue));
+  s["ttft_ms"] = ToJson(Summarize(ttft), none);
+  s["tpot_ms"] = ToJson(Summarize(tpot), none);
+  s["itl_ms"] = ToJson(gaps_ms_.Summarize(), none);
+  s["e2e_ms"] = ToJson(Summarize(e2e), none);
+  s["queue_ms"] = ToJson(Summarize(queue), none);
   s["throughput"] = {{"requests_per_s", Round(per_s(static_cast<double>(completed)), 6)},
                      {"output_tokens_per_s", Round(per_s(static_cast<double>(output_tokens)), 3)},
                      {"total_tokens_per_s", Round(per_s(static_cast<double>(total_tokens)), 3)}};
@@ -252,10 +338,10 @@ nlohmann::json MetricsCollector::Summary(std::size_t total_requests, const Slo& 
       {"attainment", total_requests
                          ? Round(static_cast<double>(met) / static_cast<double>(total_requests), 6)
                          : 0.0}};
-  s["ttft_breakdown_ms"] = {{"queue", ToJson(Summarize(part_queue))},
-                            {"load", ToJson(Summarize(part_load))},
-                            {"prefill", ToJson(Summarize(part_prefill))},
-                            {"transfer", ToJson(Summarize(part_transfer))}};
+  s["ttft_breakdown_ms"] = {{"queue", ToJson(Summarize(part_queue), none)},
+                            {"load", ToJson(Summarize(part_load), none)},
+                            {"prefill", ToJson(Summarize(part_prefill), none)},
+                            {"transfer", ToJson(Summarize(part_transfer), none)}};
   auto rate = [&](Tokens t) {
     return Round(lookup ? static_cast<double>(t) / static_cast<double>(lookup) : 0.0, 6);
   };
@@ -271,10 +357,9 @@ nlohmann::json MetricsCollector::Summary(std::size_t total_requests, const Slo& 
                        {"by_tier", by_tier}};
   s["kv_transfer"] = {{"transfers", transfer.count},
                       {"bytes", transfer_bytes},
-                      {"time_ms",
-                       {{"mean", Round(transfer.mean, 3)},
-                        {"p50", Round(transfer.p50, 3)},
-                        {"p99", Round(transfer.p99, 3)}}}};
+                      {"time_ms", nlohmann::json::object()}};
+  for (const char* stat : {"mean", "p50", "p99"})
+    s["kv_transfer"]["time_ms"][stat] = transfer_json[stat];
   return s;
 }
 

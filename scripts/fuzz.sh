@@ -1,24 +1,44 @@
 #!/usr/bin/env bash
-# Builds every fuzz target with clang's libFuzzer (plus ASan and UBSan) into build-fuzz/ and
-# runs each for SECONDS (default 60) on a scratch copy of its seed corpus in fuzz/corpus/.
+# Builds every fuzz target with clang's libFuzzer (plus ASan and UBSan) in build-san/ (see
+# scripts/san-configure.sh) and runs each for SECONDS (default 60) on a scratch copy of its
+# seed corpus in fuzz/corpus/. Any crash, sanitizer report or timeout fails the script.
 # Usage: scripts/fuzz.sh [SECONDS] [TARGET...]   e.g. scripts/fuzz.sh 300 trace_mooncake_fuzz
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SECONDS_EACH="${1:-60}"
 shift || true
-command -v clang++ >/dev/null || { echo "fuzz: needs clang (apt-get install clang)" >&2; exit 1; }
-cmake -S . -B build-fuzz -G Ninja -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
-  -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDUET_BUILD_FUZZERS=ON >/dev/null
+scripts/san-configure.sh
 targets=("$@")
 if ((${#targets[@]} == 0)); then
   for f in fuzz/*_fuzz.cpp; do targets+=("$(basename "$f" .cpp)"); done
 fi
-cmake --build build-fuzz -j "$(nproc)" --target "${targets[@]}"
+cmake --build build-san -j "$(nproc)" --target "${targets[@]}"
+export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1}"
+export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}"
+failed=()
+artifacts=build-san/fuzz-artifacts
+mkdir -p "$artifacts"
 for t in "${targets[@]}"; do
   corpus=$(mktemp -d)
   cp -r "fuzz/corpus/${t%_fuzz}/." "$corpus/"
+  log=$(mktemp)
   echo "== $t for ${SECONDS_EACH}s"
-  build-fuzz/bin/"$t" -max_total_time="$SECONDS_EACH" -rss_limit_mb=2048 -print_final_stats=1 \
-    "$corpus" 2>&1 | grep -E "^(stat::number_of_executed_units|stat::new_units_added|==[0-9]+==ERROR|SUMMARY)" || true
-  rm -rf "$corpus"
+  # -close_fd_mask=3: the targets' own stdout/stderr (help text, error lines) stay quiet;
+  # libFuzzer's reports still reach the log.
+  # -seed=1: the same sequence of inputs every run (the time budget decides how far it gets).
+  if build-san/bin/"$t" -seed=1 -max_total_time="$SECONDS_EACH" -rss_limit_mb=2048 -timeout=30 \
+      -close_fd_mask=3 -print_final_stats=1 -artifact_prefix="$artifacts/$t-" "$corpus" \
+      >"$log" 2>&1; then
+    grep -E "^stat::(number_of_executed_units|new_units_added)" "$log" || true
+  else
+    failed+=("$t")
+    tail -n 60 "$log"
+    echo "fuzz: $t failed; the input is in $artifacts/ (add it to fuzz/corpus/${t%_fuzz}/ once fixed)"
+  fi
+  rm -rf "$corpus" "$log"
 done
+if ((${#failed[@]})); then
+  echo "fuzz: FAILED: ${failed[*]}" >&2
+  exit 1
+fi
+echo "fuzz: ${#targets[@]} targets ran ${SECONDS_EACH}s each, no failure"

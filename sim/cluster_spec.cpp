@@ -11,6 +11,17 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
+// Bounds on the cluster file's numbers in their JSON units, like the hardware specs' (1e-6 to
+// 1e6): outside them a simulated duration would be zero or hundreds of digits long.
+constexpr double kMinBandwidthGBps = 1e-6, kMaxBandwidthGBps = 1e6;
+constexpr double kMaxLatencyUs = 1e6;    // one second per link
+constexpr double kMinEfficiency = 1e-3;  // of peak FLOP/s, HBM or NVLink bandwidth
+constexpr double kMaxOverheadMs = 1e6;   // per step
+constexpr double kMaxReservedGiB = 1e6;  // the largest HBM a hardware spec may have
+constexpr std::int64_t kMaxBlockTokens = 1 << 16;
+constexpr std::int64_t kMaxBatchedTokens = std::int64_t{1} << 30;
+constexpr std::int64_t kMaxNumSeqs = 1 << 20;
+
 // Resolves a model or hardware reference: a bare name is looked up in the bundled directory,
 // a path ending in .json is taken relative to the cluster file; so is, with `directories`, any
 // reference with a '/' (a Hugging Face model directory, whose config.json LoadModelSpec reads).
@@ -33,13 +44,10 @@ Result<LinkSpec> ParseLink(const json& parent, const std::string& key, const std
   }
   const std::string here = where + "." + key;
   if (!it->is_object()) return Status::Error(here + ": must be an object");
-  auto bw = JsonNumber(*it, "bandwidth_GBps", here);
+  auto bw = JsonNumberIn(*it, "bandwidth_GBps", kMinBandwidthGBps, kMaxBandwidthGBps, here);
   if (!bw) return bw.status();
-  if (!(*bw > 0))
-    return FieldError(here, "bandwidth_GBps", "must be > 0, got " + std::to_string(*bw));
-  auto lat = JsonNumberOr(*it, "latency_us", 0.0, here);
+  auto lat = JsonNumberIn(*it, "latency_us", 0, kMaxLatencyUs, here, 0.0);
   if (!lat) return lat.status();
-  if (*lat < 0) return FieldError(here, "latency_us", "must be >= 0, got " + std::to_string(*lat));
   return LinkSpec{*bw * kGB, *lat * 1e-6};
 }
 
@@ -56,13 +64,14 @@ Status ParseEngine(const json& doc, const std::string& path, EngineSpec& e) {
   const std::string where = path + ": engine";
   if (!it->is_object()) return Status::Error(where + ": must be an object");
   const json& j = *it;
-  auto block = JsonIntOr(j, "block_tokens", e.block_tokens, where);
-  auto batched = JsonIntOr(j, "max_num_batched_tokens", e.scheduler.max_num_batched_tokens, where);
-  auto seqs = JsonIntOr(j, "max_num_seqs", e.scheduler.max_num_seqs, where);
+  auto block = JsonIntIn(j, "block_tokens", 1, kMaxBlockTokens, where, e.block_tokens);
+  auto batched = JsonIntIn(j, "max_num_batched_tokens", 1, kMaxBatchedTokens, where,
+                           e.scheduler.max_num_batched_tokens);
+  auto seqs = JsonIntIn(j, "max_num_seqs", 1, kMaxNumSeqs, where, e.scheduler.max_num_seqs);
   auto watermark = JsonNumberOr(j, "watermark", e.scheduler.watermark, where);
   auto util = JsonNumberOr(j, "gpu_memory_utilization", e.memory.gpu_memory_utilization, where);
-  auto reserved = JsonNumberOr(j, "reserved_gib",
-                               static_cast<double>(e.memory.reserved_bytes_per_gpu) / kGiB, where);
+  auto reserved = JsonNumberIn(j, "reserved_gib", 0, kMaxReservedGiB, where,
+                               static_cast<double>(e.memory.reserved_bytes_per_gpu) / kGiB);
   auto caching = JsonBoolOr(j, "enable_prefix_caching", e.enable_prefix_caching, where);
   auto coalesce = JsonBoolOr(j, "coalesce_decode_steps", e.coalesce_decode_steps, where);
   auto overlap = JsonBoolOr(j, "overlap_tier_loads", e.scheduler.overlap_tier_loads, where);
@@ -75,11 +84,10 @@ Status ParseEngine(const json& doc, const std::string& path, EngineSpec& e) {
   if (*kv_dtype != "auto" && !models::DtypeFromTorchName(*kv_dtype))
     return FieldError(where, "kv_cache_dtype",
                       "must be auto, bfloat16, float16 or float32, got '" + *kv_dtype + "'");
-  if (*block < 1) return FieldError(where, "block_tokens", "must be >= 1");
-  if (*batched < 1) return FieldError(where, "max_num_batched_tokens", "must be >= 1");
-  if (*seqs < 1) return FieldError(where, "max_num_seqs", "must be >= 1");
-  if (*watermark < 0 || *watermark >= 1) return FieldError(where, "watermark", "must be in [0, 1)");
-  if (*reserved < 0) return FieldError(where, "reserved_gib", "must be >= 0");
+  if (!(*watermark >= 0 && *watermark < 1))
+    return FieldError(where, "watermark", "must be in [0, 1)");
+  if (!(*util > 0 && *util <= 1))
+    return FieldError(where, "gpu_memory_utilization", "must be in (0, 1]");
   e.block_tokens = *block;
   e.scheduler.max_num_batched_tokens = *batched;
   e.scheduler.max_num_seqs = static_cast<int>(*seqs);
@@ -119,22 +127,19 @@ Status ParseTier(const json& tiers, const char* key, const std::string& where_ti
   t.eviction = *eviction;
   const std::string k = key;
   if (k == "ssd") {
-    auto read = JsonNumber(j, "read_GBps", where);
-    auto write = JsonNumber(j, "write_GBps", where);
+    auto read = JsonNumberIn(j, "read_GBps", kMinBandwidthGBps, kMaxBandwidthGBps, where);
+    auto write = JsonNumberIn(j, "write_GBps", kMinBandwidthGBps, kMaxBandwidthGBps, where);
     if (!read) return read.status();
     if (!write) return write.status();
-    if (!(*read > 0) || !(*write > 0))
-      return Status::Error(where + ": fields 'read_GBps' and 'write_GBps' must be > 0");
     t.read_bw = *read * kGB;
     t.write_bw = *write * kGB;
   } else {
     // DRAM: the host memory bandwidth that the node's GPUs share; remote: the store's link.
-    auto bw = JsonNumberOr(j, "bandwidth_GBps", k == "dram" ? 200.0 : 0.0, where);
-    auto lat = JsonNumberOr(j, "latency_us", k == "dram" ? 0.0 : 10.0, where);
+    auto bw = JsonNumberIn(j, "bandwidth_GBps", kMinBandwidthGBps, kMaxBandwidthGBps, where,
+                           k == "dram" ? std::optional<double>(200.0) : std::nullopt);
+    auto lat = JsonNumberIn(j, "latency_us", 0, kMaxLatencyUs, where, k == "dram" ? 0.0 : 10.0);
     if (!bw) return bw.status();
     if (!lat) return lat.status();
-    if (!(*bw > 0)) return FieldError(where, "bandwidth_GBps", "must be > 0");
-    if (*lat < 0) return FieldError(where, "latency_us", "must be >= 0");
     t.link = {*bw * kGB, *lat * 1e-6};
   }
   if (k == "dram") {
@@ -180,12 +185,12 @@ Status ParseCostModel(const json& doc, const std::string& path, models::Roofline
                           {"step_overhead_ms", &r.step_overhead, 1e-3},
                           {"allreduce_latency_us", &r.allreduce_latency, 1e-6}};
   for (const Field& f : fields) {
-    auto v = JsonNumberOr(*it, f.key, *f.out / f.scale, where);
-    if (!v) return v.status();
     const bool efficiency = f.scale == 1.0;
-    if (efficiency ? !(*v > 0 && *v <= 1) : *v < 0)
-      return FieldError(where, f.key,
-                        std::string("must be ") + (efficiency ? "in (0, 1]" : ">= 0"));
+    auto v = efficiency
+                 ? JsonNumberIn(*it, f.key, kMinEfficiency, 1, where, *f.out)
+                 : JsonNumberIn(*it, f.key, 0, f.scale == 1e-3 ? kMaxOverheadMs : kMaxLatencyUs,
+                                where, *f.out / f.scale);
+    if (!v) return v.status();
     *f.out = *v * f.scale;
   }
   return Status::Ok();
@@ -278,6 +283,17 @@ Result<ClusterSpec> ParseClusterSpec(const json& doc, const std::string& path,
   DUET_RETURN_IF_ERROR(ParseCostModel(doc, path, c.roofline));
   c.roofline.kv_cache_dtype = c.engine.memory.kv_cache_dtype;
   DUET_RETURN_IF_ERROR(ParseTiers(doc, path, c.tiers));
+  // A tier must hold at least one engine block (every TP shard's share of it).
+  for (int k = 0; k < policies::kNumLowerTiers; ++k) {
+    const auto kind = static_cast<policies::TierKind>(k);
+    const TierSpec& t = c.tiers[kind];
+    const Bytes block_bytes = c.engine.block_tokens * c.KvBytesPerToken();
+    if (t.enabled && t.capacity_bytes < block_bytes)
+      return FieldError(path + ": tiers." + policies::ToString(kind), "capacity_gib",
+                        "holds " + std::to_string(t.capacity_bytes) +
+                            " bytes, less than one KV block of " + std::to_string(block_bytes) +
+                            " bytes (block_tokens x KV bytes per token)");
+  }
   if (c.tiers.any() && !c.engine.enable_prefix_caching)
     return Status::Error(path +
                          ": tiers: need engine.enable_prefix_caching (tiers hold cached "

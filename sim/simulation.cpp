@@ -390,6 +390,10 @@ void SimStorage::AppendWaitables(std::vector<sg4::CommPtr>* out) const {
 }
 
 void SimSink::OnFinished(const Request& request) {
+  // Nothing reads a finished request's prefix hashes again (routing, admission and offload
+  // are behind it): free them, about 6 KB per Mooncake request, before the record is copied.
+  Request& r = world_.requests[static_cast<std::size_t>(&request - world_.requests.data())];
+  std::vector<policies::BlockHash>().swap(r.block_hashes);
   world_.metrics.OnFinished(request);
   world_.router->OnFinished(request);
   ++world_.finished;
@@ -461,6 +465,8 @@ void Frontend(World& w, const std::vector<InstanceId>& prefill_side,
   for (InstanceId i : decode_side.empty() ? prefill_side : decode_side)
     serve_limit = std::min(serve_limit, AdmissibleTokens(w, i));
   const Tokens block_tokens = w.cluster.engine.block_tokens;
+  // The model's context: the prompt and every output token need a position.
+  const Tokens context_tokens = w.cluster.model.max_position_embeddings;
 
   for (std::size_t k = 0; k < w.requests.size(); ++k) {
     Request& r = w.requests[k];
@@ -469,11 +475,22 @@ void Frontend(World& w, const std::vector<InstanceId>& prefill_side,
       sg4::this_actor::sleep_until(r.arrival_s);
       ++w.events;
     }
+    // Reasons read "<class>: <detail>": the summary counts them by class.
     const Tokens footprint = r.input_tokens + r.output_tokens;
+    if (footprint > context_tokens) {
+      r.state = RequestState::kRejected;
+      r.finished_s = sg4::Engine::get_clock();
+      r.reason = "exceeds the model's context: needs " + std::to_string(footprint) +
+                 " positions (prompt and output); " + w.cluster.model.name +
+                 " has max_position_embeddings " + std::to_string(context_tokens);
+      w.sink->OnFinished(r);
+      continue;
+    }
     if (r.input_tokens > prefill_limit || footprint > serve_limit) {
       r.state = RequestState::kRejected;
       r.finished_s = sg4::Engine::get_clock();
-      r.reason = "needs " + std::to_string(footprint) + " KV tokens; an instance admits at most " +
+      r.reason = "exceeds KV capacity: needs " + std::to_string(footprint) +
+                 " KV tokens; an instance admits at most " +
                  std::to_string(std::min(prefill_limit, serve_limit));
       w.sink->OnFinished(r);
       continue;
@@ -613,14 +630,52 @@ Status WriteLinksCsv(const World& w, const std::string& path) {
 
 }  // namespace
 
-Result<SimReport> RunSimulation(const ClusterSpec& cluster, const traces::Trace& trace,
-                                const SimOptions& options) {
+namespace {
+
+// The output files of a run: each is written to a hidden temporary file in the output
+// directory, and all are renamed into place only once every one was written, so a run that
+// fails leaves none of them (and no stale mix of old and new).
+class OutputFiles {
+ public:
+  explicit OutputFiles(std::filesystem::path dir) : dir_(std::move(dir)) {}
+  ~OutputFiles() {
+    std::error_code ignored;
+    for (const auto& [tmp, final_path] : files_) std::filesystem::remove(tmp, ignored);
+  }
+  // Where to write `name` for now.
+  std::string Add(const std::string& name) {
+    files_.emplace_back(dir_ / ("." + name + ".tmp"), dir_ / name);
+    return files_.back().first.string();
+  }
+  Status Commit() {
+    std::error_code ec;
+    for (const auto& [tmp, final_path] : files_) {
+      if (std::filesystem::is_directory(final_path, ec))
+        return Status::Error(final_path.string() + ": cannot write: is a directory");
+    }
+    for (std::size_t i = 0; i < files_.size(); ++i) {
+      std::filesystem::rename(files_[i].first, files_[i].second, ec);
+      if (ec) {
+        const Status error =
+            Status::Error(files_[i].second.string() + ": cannot write: " + ec.message());
+        // Take back the ones already in place: all of the run's files or none.
+        for (std::size_t j = 0; j < i; ++j) std::filesystem::remove(files_[j].second, ec);
+        return error;
+      }
+    }
+    files_.clear();
+    return Status::Ok();
+  }
+
+ private:
+  std::filesystem::path dir_;
+  std::vector<std::pair<std::filesystem::path, std::filesystem::path>> files_;
+};
+
+Result<SimReport> Simulate(const ClusterSpec& cluster, const traces::Trace& trace,
+                           const SimOptions& options) {
   namespace fs = std::filesystem;
   const auto wall_start = std::chrono::steady_clock::now();
-  std::error_code ec;
-  fs::create_directories(options.out_dir, ec);
-  if (ec)
-    return Status::Error(options.out_dir + ": cannot create output directory: " + ec.message());
 
   int argc = 1;
   char arg0[] = "duet";
@@ -707,8 +762,14 @@ Result<SimReport> RunSimulation(const ClusterSpec& cluster, const traces::Trace&
 
   for (std::size_t i = 0; i < w.engines.size(); ++i) {
     sg4::Actor::create(cluster.instances[i].name, w.hosts[i].front(), [&w, i] {
+      // The instance is its mailbox's permanent receiver: every message starts moving when it
+      // is sent, as over a real connection, so all that have arrived by a step boundary are in
+      // the inbox then. (With only a posted receive, the next message would start moving once
+      // the previous one was taken, and a burst would be admitted one request per step.)
+      w.mailboxes[i]->set_receiver(sg4::Actor::self());
       w.ports[i]->StartReceiving();
       w.engines[i]->Run();
+      w.mailboxes[i]->set_receiver(nullptr);
       if (Status s = w.engines[i]->CheckInvariants(); !s.ok()) w.errors.push_back(s.message());
     });
   }
@@ -744,15 +805,40 @@ Result<SimReport> RunSimulation(const ClusterSpec& cluster, const traces::Trace&
                            {"trace", trace.source},
                            {"seed", options.router.seed}};
   report.summary["tiers"] = TiersSummary(w);
-  DUET_RETURN_IF_ERROR(WriteLinksCsv(w, (fs::path(options.out_dir) / "links.csv").string()));
+  OutputFiles files(options.out_dir);
+  DUET_RETURN_IF_ERROR(WriteLinksCsv(w, files.Add("links.csv")));
   std::vector<std::string> names;
   for (const auto& inst : cluster.instances) names.push_back(inst.name);
-  DUET_RETURN_IF_ERROR(
-      w.metrics.WriteRequestsCsv((fs::path(options.out_dir) / "requests.csv").string(), names));
-  const std::string summary_path = (fs::path(options.out_dir) / "summary.json").string();
+  DUET_RETURN_IF_ERROR(w.metrics.WriteRequestsCsv(files.Add("requests.csv"), names));
+  const std::string summary_path = files.Add("summary.json");
   std::ofstream out(summary_path);
   out << report.summary.dump(2) << "\n";
+  out.close();
   if (!out) return Status::Error(summary_path + ": write failed");
+  DUET_RETURN_IF_ERROR(files.Commit());
+  return report;
+}
+
+}  // namespace
+
+Result<SimReport> RunSimulation(const ClusterSpec& cluster, const traces::Trace& trace,
+                                const SimOptions& options) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const bool existed = fs::exists(options.out_dir, ec);
+  fs::create_directories(options.out_dir, ec);
+  if (ec)
+    return Status::Error(options.out_dir + ": cannot create output directory: " + ec.message());
+  // Fail now, not after a long run, when the directory cannot take the files.
+  const fs::path probe = fs::path(options.out_dir) / ".duet-write-test.tmp";
+  if (!std::ofstream(probe)) {
+    if (!existed) fs::remove(options.out_dir, ec);
+    return Status::Error(options.out_dir + ": cannot write into the output directory");
+  }
+  fs::remove(probe, ec);
+  Result<SimReport> report = Simulate(cluster, trace, options);
+  // A failed run leaves nothing behind: not even the directory it created (if still empty).
+  if (!report.ok() && !existed) fs::remove(options.out_dir, ec);
   return report;
 }
 

@@ -10,6 +10,7 @@
 #include <string_view>
 #include <vector>
 
+#include "common/text.h"
 #include "traces/trace.h"
 
 namespace duet::traces {
@@ -115,6 +116,7 @@ Result<Trace> ParseAzure(std::istream& in, const std::string& source_name) {
   trace.source = source_name;
   trace.block_tokens = kAzureBlockTokens;
   std::vector<std::int64_t> ticks;  // per request, in file order (ids index it)
+  std::vector<std::size_t> lines;   // the line of each request, for errors found at the end
   std::string raw;
   std::size_t line = 0;
   bool have_header = false;
@@ -125,9 +127,9 @@ Result<Trace> ParseAzure(std::istream& in, const std::string& source_name) {
       // Tolerate a UTF-8 byte order mark, which spreadsheet exports often add.
       if (text.substr(0, 3) == "\xEF\xBB\xBF") text.remove_prefix(3);
       if (text != kHeader) {
-        return LineError(source_name, line,
-                         "bad header '" + std::string(text.substr(0, 80)) + "' (expected '" +
-                             std::string(kHeader) + "')");
+        return LineError(
+            source_name, line,
+            "bad header '" + Excerpt(text) + "' (expected '" + std::string(kHeader) + "')");
       }
       have_header = true;
       continue;
@@ -158,21 +160,22 @@ Result<Trace> ParseAzure(std::istream& in, const std::string& source_name) {
     if (!ParseTimestampTicks(columns[0], row_ticks)) {
       return LineError(source_name, line,
                        "field 'TIMESTAMP' must look like '" + std::string(kTimestampFormat) +
-                           "', got '" + std::string(columns[0].substr(0, 80)) + "'");
+                           "', got '" + Excerpt(columns[0]) + "'");
     }
     if (!ParseTokens(columns[1], request.input_tokens)) {
       return LineError(source_name, line,
                        "field 'ContextTokens' must be a positive integer (at most " +
-                           std::to_string(kMaxRequestTokens) + "), got '" +
-                           std::string(columns[1].substr(0, 80)) + "'");
+                           std::to_string(kMaxRequestTokens) + "), got '" + Excerpt(columns[1]) +
+                           "'");
     }
     if (!ParseTokens(columns[2], request.output_tokens)) {
       return LineError(source_name, line,
                        "field 'GeneratedTokens' must be a positive integer (at most " +
-                           std::to_string(kMaxRequestTokens) + "), got '" +
-                           std::string(columns[2].substr(0, 80)) + "'");
+                           std::to_string(kMaxRequestTokens) + "), got '" + Excerpt(columns[2]) +
+                           "'");
     }
     ticks.push_back(row_ticks);
+    lines.push_back(line);
     trace.requests.push_back(std::move(request));
   }
   if (in.bad()) return Status::Error(source_name + ": read error");
@@ -185,6 +188,11 @@ Result<Trace> ParseAzure(std::istream& in, const std::string& source_name) {
   for (std::size_t i = 0; i < ticks.size(); ++i) {
     trace.requests[i].arrival_s =
         static_cast<double>(ticks[i] - origin) / static_cast<double>(kTicksPerSecond);
+    if (trace.requests[i].arrival_s > kMaxArrivalS) {
+      return LineError(source_name, lines[i],
+                       "field 'TIMESTAMP' is more than 1e8 s (the trace horizon) after the "
+                       "earliest row");
+    }
   }
   std::stable_sort(
       trace.requests.begin(), trace.requests.end(),

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
@@ -13,6 +14,7 @@
 #include <string_view>
 
 #include "common/json_util.h"
+#include "common/text.h"
 #include "traces/trace.h"
 
 namespace duet::traces {
@@ -171,6 +173,7 @@ bool FastParseLine(std::string_view text, TraceRequest& request) {
       static_cast<Tokens>(request.block_ids.size()) != ExpectedBlocks(request.input_tokens)) {
     return false;
   }
+  if (static_cast<double>(timestamp_ms) > kMaxArrivalS * 1000.0) return false;
   request.arrival_s = static_cast<double>(timestamp_ms) / 1000.0;
   return true;
 }
@@ -188,7 +191,7 @@ Status ParseLine(std::string_view text, const std::string& source, std::size_t l
       const nlohmann::json reparsed = nlohmann::json::parse(text.begin(), text.end());
       (void)reparsed;
     } catch (const nlohmann::json::exception& e) {
-      return LineError(source, line, std::string("invalid JSON: ") + e.what());
+      return LineError(source, line, "invalid JSON: " + Excerpt(e.what(), 200));
     }
     return LineError(source, line, "invalid JSON");
   }
@@ -199,6 +202,12 @@ Status ParseLine(std::string_view text, const std::string& source, std::size_t l
   if (!ts->is_number() || !std::isfinite(ts->get<double>()) || ts->get<double>() < 0) {
     return FieldError(LineWhere(source, line), "timestamp",
                       "must be a non-negative number (milliseconds)");
+  }
+  if (ts->get<double>() > kMaxArrivalS * 1000.0) {
+    char limit[32];
+    std::snprintf(limit, sizeof limit, "%g", kMaxArrivalS * 1000.0);
+    return FieldError(LineWhere(source, line), "timestamp",
+                      std::string("must be at most ") + limit + " ms (the trace horizon)");
   }
   request.arrival_s = ts->get<double>() / 1000.0;
 

@@ -29,6 +29,9 @@ constexpr std::int64_t kMaxRequests = 100'000'000;
 constexpr std::int64_t kMaxGroups = 1'000'000;
 constexpr double kMinRatePerS = 1e-6;
 constexpr double kMaxRatePerS = 1e9;
+// Memory a generated trace may take (requests and their block ids), checked before each
+// allocation so that a spec within the field limits cannot exhaust memory.
+constexpr std::uint64_t kMaxTraceBytes = std::uint64_t{2} << 30;
 constexpr double kMinCv = 1e-3;   // below this the gamma shape 1/cv^2 gets absurdly large
 constexpr double kMaxCv = 100.0;  // above this nearly every gap underflows to 0
 constexpr double kMaxSigma = 10.0;
@@ -460,6 +463,30 @@ Result<Trace> GenerateSynthetic(const SyntheticSpec& spec) {
   Trace trace;
   trace.source = "synthetic";
   trace.block_tokens = spec.block_tokens;
+  std::uint64_t trace_bytes = spec.num_requests * sizeof(TraceRequest);
+  // Every request has at least the shared prefix and the shortest input: refuse up front a
+  // spec whose block ids alone would pass the limit, before generating anything.
+  const Tokens min_input =
+      spec.input.kind == LengthDist::Kind::kFixed ? spec.input.value : spec.input.min;
+  const std::uint64_t min_blocks = static_cast<std::uint64_t>(
+      (std::max<Tokens>(min_input, 1) + prefix_tokens + spec.block_tokens - 1) / spec.block_tokens);
+  if (trace_bytes <= kMaxTraceBytes &&
+      min_blocks * sizeof(std::uint64_t) > (kMaxTraceBytes - trace_bytes) / spec.num_requests) {
+    return Status::Error(
+        "synthetic spec: fields 'num_requests' (" + std::to_string(spec.num_requests) +
+        "), 'prefix.tokens' (" + std::to_string(prefix_tokens) + ") and 'input' ask for at least " +
+        std::to_string(min_blocks) + " block ids of " + std::to_string(spec.block_tokens) +
+        " tokens per request, more than fit in the " + std::to_string(kMaxTraceBytes >> 30) +
+        " GiB a trace may take: fewer requests, shorter prompts or larger "
+        "'block_tokens'");
+  }
+  if (trace_bytes > kMaxTraceBytes) {
+    return FieldError("synthetic spec", "num_requests",
+                      "asks for " + std::to_string(spec.num_requests) +
+                          " requests, more than fit in the " +
+                          std::to_string(kMaxTraceBytes >> 30) + " GiB a trace may take (at most " +
+                          std::to_string(kMaxTraceBytes / sizeof(TraceRequest)) + ")");
+  }
   trace.requests.reserve(spec.num_requests);
   Sampler sampler(spec.seed);
   // Arrival shape and scale: Gamma(k = 1/cv^2, theta = cv^2/rate) has mean 1/rate and CV cv.
@@ -472,6 +499,11 @@ Result<Trace> GenerateSynthetic(const SyntheticSpec& spec) {
       arrival_s += spec.arrival == SyntheticSpec::Arrival::kPoisson
                        ? sampler.Exponential() / spec.rate_per_s
                        : sampler.Gamma(gamma_shape) * gamma_scale;
+      if (arrival_s > kMaxArrivalS) {
+        return Status::Error(
+            "synthetic spec: fields 'num_requests' and 'arrival.rate_per_s' put request " +
+            std::to_string(i) + " past the 1e8 s trace horizon: fewer requests or a higher rate");
+      }
     }
     std::uint64_t group = 0;
     if (spec.prefix_groups > 0) {
@@ -510,6 +542,16 @@ Result<Trace> GenerateSynthetic(const SyntheticSpec& spec) {
 
     const std::uint64_t blocks = static_cast<std::uint64_t>(
         (request.input_tokens + spec.block_tokens - 1) / spec.block_tokens);
+    trace_bytes += blocks * sizeof(std::uint64_t);
+    if (trace_bytes > kMaxTraceBytes) {
+      return Status::Error(
+          "synthetic spec: fields 'num_requests', 'input', 'prefix.tokens' and 'block_tokens' "
+          "ask for more than the " +
+          std::to_string(kMaxTraceBytes >> 30) + " GiB a trace may take (request " +
+          std::to_string(i) + " of " + std::to_string(spec.num_requests) + " alone has " +
+          std::to_string(blocks) + " prompt blocks of " + std::to_string(spec.block_tokens) +
+          " tokens): fewer requests, shorter prompts or larger blocks");
+    }
     request.block_ids.resize(blocks);
     for (std::uint64_t b = 0; b < blocks; ++b) {
       request.block_ids[b] = b < prefix_blocks ? group * prefix_blocks + b : next_unique_id++;

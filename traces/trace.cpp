@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <string>
 
@@ -36,6 +37,9 @@ Result<TraceFormat> ParseTraceFormat(const std::string& name) {
 }
 
 Result<Trace> ReadTrace(const std::string& path, TraceFormat format) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec))
+    return Status::Error(path + ": is a directory, not a trace file");
   switch (format) {
     case TraceFormat::kMooncake:
       return ReadMooncake(path);
@@ -98,6 +102,15 @@ Status WriteMooncake(const Trace& trace, const std::string& path) {
 Status ScaleRate(Trace& trace, double factor) {
   if (!std::isfinite(factor) || factor <= 0) {
     return Status::Error("rate scale factor must be finite and > 0, got " + FormatNumber(factor));
+  }
+  // Requests are sorted by arrival: the last one is the latest.
+  if (!trace.requests.empty()) {
+    const Seconds last = trace.requests.back().arrival_s / factor;
+    if (!(last <= kMaxArrivalS)) {
+      return Status::Error("rate scale factor " + FormatNumber(factor) + " puts request " +
+                           std::to_string(trace.requests.back().id) + " at " + FormatNumber(last) +
+                           " s, past the " + FormatNumber(kMaxArrivalS) + " s horizon");
+    }
   }
   for (TraceRequest& r : trace.requests) r.arrival_s /= factor;
   return Status::Ok();

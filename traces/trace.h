@@ -32,6 +32,11 @@ struct Trace {
 
 enum class TraceFormat { kMooncake, kAzure, kSynthetic };
 
+// The latest arrival a trace may have, after every selection: about 3.2 years. Readers reject
+// later timestamps and --rate-scale may not push arrivals past it, so that simulated times stay
+// finite and keep sub-microsecond resolution in double seconds.
+inline constexpr Seconds kMaxArrivalS = 1e8;
+
 // "mooncake", "azure", "synthetic"; error names the accepted values.
 Result<TraceFormat> ParseTraceFormat(const std::string& name);
 
@@ -52,7 +57,8 @@ Result<Trace> ReadTrace(const std::string& path, TraceFormat format);
 Status WriteMooncake(const Trace& trace, const std::string& path);
 
 // Selections. Each keeps request ids and arrival order.
-// Multiplies the arrival rate by `factor` (> 0): arrival_s /= factor.
+// Multiplies the arrival rate by `factor` (> 0): arrival_s /= factor. An error, with the trace
+// unchanged, when an arrival would pass kMaxArrivalS.
 Status ScaleRate(Trace& trace, double factor);
 // Keeps the first `n` requests (n == 0: keep all).
 void KeepFirst(Trace& trace, std::size_t n);

@@ -20,6 +20,11 @@ class SimulateModelDirTest : public ::testing::Test {
     const std::string dir = tmp_.File("tiny-model");
     const RunResult made = RunDuet({"make-test-model", "--out", dir, "--dtype", dtype});
     EXPECT_EQ(made.exit_code, 0) << made;
+    // The test model's context (256 positions) is shorter than the 2000-token request, which
+    // the simulator would reject: lengthen it (the simulation does not read the weights).
+    nlohmann::json config = ReadJson(dir + "/config.json");
+    config["max_position_embeddings"] = 4096;
+    WriteJson(dir + "/config.json", config);
     return dir;
   }
   // tests/data/1p1d-tiny.json with `model` and, unless empty, engine.kv_cache_dtype.

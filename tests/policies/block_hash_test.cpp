@@ -59,5 +59,36 @@ TEST(TokenBlockHashes, ChainsOverTokenContent) {
   EXPECT_EQ(TokenBlockHashes(std::vector<std::int32_t>(a.begin(), a.begin() + 32), 16), ha);
 }
 
+// The incremental form equals the definition (division per block) for block sizes that divide,
+// do not divide, and exceed each other.
+TEST(EngineBlockHashes, EqualsTheDefinitionForAnyBlockSizes) {
+  auto mix = [](std::uint64_t x) {
+    x += 0x9e3779b97f4a7c15ULL;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+    return x ^ (x >> 31);
+  };
+  const std::vector<std::uint64_t> ids = {7, 3, 99, 12, 5, 8, 1000, 4, 4, 17, 23, 42};
+  for (Tokens trace_block : {1, 3, 16, 64, 512}) {
+    for (Tokens engine_block : {1, 5, 16, 64, 100, 512, 1000}) {
+      const Tokens input = static_cast<Tokens>(ids.size()) * trace_block - 1;
+      std::vector<BlockHash> expected;
+      BlockHash parent = 0x6475657400000000ULL;
+      const Tokens covered = std::min<Tokens>(input, static_cast<Tokens>(ids.size()) * trace_block);
+      for (Tokens j = 0; j < covered / engine_block; ++j) {
+        const Tokens first = j * engine_block, last = first + engine_block - 1;
+        std::uint64_t h = mix(parent);
+        for (Tokens t = first / trace_block; t <= last / trace_block; ++t)
+          h = mix(h ^ ids[static_cast<std::size_t>(t)]);
+        h = mix(h ^ static_cast<std::uint64_t>(first % trace_block));
+        expected.push_back(h);
+        parent = h;
+      }
+      EXPECT_EQ(EngineBlockHashes(ids, trace_block, input, engine_block), expected)
+          << "trace block " << trace_block << ", engine block " << engine_block;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace duet::policies

@@ -227,5 +227,22 @@ TEST(BlockHashIndex, InsertFindEraseWithCollidingSlots) {
   EXPECT_EQ(index.size(), 6u);
 }
 
+// Per-block state follows the blocks in use, not the capacity: a small model on a large GPU
+// has tens of millions of blocks, and 2^31 - 1 of them (the most an instance can index) took
+// 100 GB before. Issue 12.
+TEST(KvBlockManagerMemory, CapacityCostsNothingUntilUsed) {
+  constexpr std::int64_t kMaxBlocks = 2147483647;
+  KvBlockManager m(kMaxBlocks, 16);
+  EXPECT_EQ(m.num_blocks(), kMaxBlocks);
+  EXPECT_EQ(m.kv_blocks_free(), kMaxBlocks);
+  ASSERT_TRUE(m.Allocate(1, {}, 16 * 1000, 0).has_value());
+  EXPECT_EQ(m.kv_blocks_used(), 1000);
+  EXPECT_EQ(m.Table(1).front(), 0);  // never-used blocks are handed out in id order
+  EXPECT_EQ(m.Table(1).back(), 999);
+  m.Free(1);
+  EXPECT_EQ(m.kv_blocks_free(), kMaxBlocks);
+  EXPECT_TRUE(m.CheckInvariants().ok()) << m.CheckInvariants().message();
+}
+
 }  // namespace
 }  // namespace duet::policies

@@ -4,8 +4,11 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <random>
 #include <sstream>
 
 namespace duet::policies {
@@ -45,6 +48,38 @@ TEST(Summarize, WeightedEqualsExpanded) {
   EXPECT_DOUBLE_EQ(w.p90, e.p90);
   EXPECT_DOUBLE_EQ(w.p99, e.p99);
   EXPECT_EQ(w.count, 6u);
+}
+
+// The percentiles come from a multi-rank selection, not a sort: compare with sorting the
+// expanded samples, over sizes, heavy ties and weights (issue 12's speed work).
+TEST(Summarize, SelectionEqualsSortingTheExpandedSamples) {
+  std::mt19937_64 rng(7);
+  for (int n : {1, 2, 3, 31, 33, 100, 1000, 20000}) {
+    for (int distinct : {1, 3, 50, 1000000}) {
+      std::vector<std::pair<double, std::int64_t>> samples;
+      std::vector<double> expanded;
+      for (int i = 0; i < n; ++i) {
+        const double v = static_cast<double>(rng() % static_cast<std::uint64_t>(distinct)) * 0.25;
+        const auto c = static_cast<std::int64_t>(rng() % 4 + 1);
+        samples.emplace_back(v, c);
+        for (std::int64_t k = 0; k < c; ++k) expanded.push_back(v);
+      }
+      std::sort(expanded.begin(), expanded.end());
+      auto at = [&](double p) {
+        const double pos = p * static_cast<double>(expanded.size() - 1);
+        const auto lo = static_cast<std::size_t>(std::floor(pos));
+        const double frac = pos - static_cast<double>(lo);
+        return frac == 0 ? expanded[lo] : expanded[lo] + (expanded[lo + 1] - expanded[lo]) * frac;
+      };
+      const Distribution d = SummarizeWeighted(samples);
+      SCOPED_TRACE(::testing::Message() << "n " << n << " distinct " << distinct);
+      EXPECT_EQ(d.count, expanded.size());
+      EXPECT_EQ(d.p50, at(0.50));
+      EXPECT_EQ(d.p90, at(0.90));
+      EXPECT_EQ(d.p99, at(0.99));
+      EXPECT_EQ(d.max, expanded.back());
+    }
+  }
 }
 
 Request Completed(RequestId id, Seconds arrival, Seconds ttft, Seconds e2e, Tokens out) {
@@ -129,12 +164,16 @@ TEST(MetricsCollector, CompletedWithoutAdmissionTimeCountsForThePrefixCacheOnly)
   EXPECT_EQ(s["kv_transfer"]["transfers"], 0);
 }
 
-TEST(MetricsCollector, SectionsThatDoNotApplyArePresentWithZeros) {
+// With no completed request there is no latency to report: null, not 0 (issue 12).
+TEST(MetricsCollector, WithNoCompletedRequestLatenciesAreNull) {
   MetricsCollector m;
   const auto s = m.Summary(0, Slo{});
   for (const char* key : {"ttft_ms", "tpot_ms", "itl_ms", "e2e_ms", "queue_ms"}) {
-    EXPECT_EQ(s[key]["mean"], 0) << key;
+    for (const char* stat : {"mean", "p50", "p90", "p99", "max"})
+      EXPECT_TRUE(s[key][stat].is_null()) << key << "." << stat;
   }
+  EXPECT_TRUE(s["kv_transfer"]["time_ms"]["p99"].is_null());
+  EXPECT_EQ(s["throughput"]["requests_per_s"], 0);
   EXPECT_EQ(s["goodput"]["slo"]["ttft_ms"], 0);
   EXPECT_EQ(s["kv_transfer"]["transfers"], 0);
 }
