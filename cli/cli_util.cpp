@@ -7,6 +7,7 @@
 #include <cstring>
 #include <filesystem>
 #include <iostream>
+#include <thread>
 #include <vector>
 
 #include "cli/commands.h"
@@ -126,6 +127,14 @@ void PrintDistribution(const char* label, const nlohmann::json& d) {
               FormatStat(d["mean"]).c_str(), FormatStat(d["p50"]).c_str(),
               FormatStat(d["p90"]).c_str(), FormatStat(d["p99"]).c_str(),
               FormatStat(d["max"]).c_str());
+}
+
+Status CheckThreadsFlag(int threads) {
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  if (threads < 0 || threads > cores)
+    return Status::Error("--threads must be between 0 (all) and the " + std::to_string(cores) +
+                         " cores present, got " + std::to_string(threads));
+  return Status::Ok();
 }
 
 void PrintThroughputAndLatencies(const nlohmann::json& s) {

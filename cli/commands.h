@@ -48,6 +48,9 @@ void PrintThroughputAndLatencies(const nlohmann::json& summary);
 // A statistic with two decimals, or "n/a" when it is null.
 std::string FormatStat(const nlohmann::json& value);
 
+// --threads: 0 (all) up to the cores present; more would only start threads that wait.
+Status CheckThreadsFlag(int threads);
+
 int Simulate(int argc, char** argv);  // cli/simulate.cpp
 // The command-line half of `duet simulate` (no file is read): the flags into `vm` and
 // `options`. False when the caller should return *exit_code at once: --help printed (0) or a

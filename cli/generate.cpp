@@ -87,12 +87,7 @@ int Generate(int argc, char** argv) {
   const std::int32_t top_k = vm["top-k"].as<std::int32_t>();
   if (top_k < 0) return Fail("--top-k must be >= 0 (0: off)", kExitUsage);
   const int threads = vm["threads"].as<int>();
-  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  if (threads < 0 || threads > cores) {
-    return Fail("--threads must be between 0 (all) and the " + std::to_string(cores) +
-                    " cores present, got " + std::to_string(threads),
-                kExitUsage);
-  }
+  if (Status s = CheckThreadsFlag(threads); !s.ok()) return Fail(s.message(), kExitUsage);
   const std::int64_t kv_blocks_flag = vm["kv-blocks"].as<std::int64_t>();
   if (kv_blocks_flag < 0) return Fail("--kv-blocks must be >= 0 (0: enough)", kExitUsage);
   // Checked before the run, which takes long: the timings go to a temporary file beside the

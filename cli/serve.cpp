@@ -160,7 +160,7 @@ int Serve(int argc, char** argv) {
   if (max_batched < 1 || max_batched > std::int64_t{1} << 24)
     return Fail("--max-num-batched-tokens must be in 1..16777216", kExitUsage);
   const int threads = vm["threads"].as<int>();
-  if (threads < 0) return Fail("--threads must be >= 0", kExitUsage);
+  if (Status s = CheckThreadsFlag(threads); !s.ok()) return Fail(s.message(), kExitUsage);
   const int io_threads = vm["io-threads"].as<int>();
   if (io_threads < 1 || io_threads > 64) return Fail("--io-threads must be in 1..64", kExitUsage);
   const double drain_timeout_s = vm["drain-timeout"].as<double>();

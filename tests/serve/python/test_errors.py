@@ -8,6 +8,8 @@ import socket
 import openai
 import pytest
 
+from conftest import run_duet
+
 COMPLETIONS = "/v1/completions"
 CHAT = "/v1/chat/completions"
 
@@ -199,3 +201,24 @@ def test_idle_connection_is_closed_after_the_read_timeout(tiny_model, start_serv
         conn.sendall(b"GET /health HT")  # a request that never completes
         assert conn.recv(1024) == b""
     assert s.stop() == 0
+
+
+@pytest.mark.parametrize("flags, words", [
+    (["--threads", "100000"], "--threads"),
+    (["--threads", "-1"], "--threads"),
+    (["--instances", "0"], "--instances"),
+    (["--port", "70000"], "--port"),
+    (["--max-pending", "0"], "--max-pending"),
+    (["--max-num-seqs", "0"], "--max-num-seqs"),
+    (["--max-num-batched-tokens", "0"], "--max-num-batched-tokens"),
+    (["--router", "cache-aware"], "cache-aware"),
+    (["--router", "nope"], "--router"),
+    (["stray-positional"], "stray-positional"),
+])
+def test_bad_flags_are_usage_errors(tiny_model, flags, words):
+    # One error line naming the flag, exit 2, and no server started (the command returns).
+    r = run_duet("serve", "--model", tiny_model, "--port", "0", *flags, timeout=30)
+    assert r.returncode == 2, r
+    assert r.stdout == ""
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("duet: error:") and words in lines[0], r.stderr
