@@ -3,6 +3,9 @@
 
 #include <dlfcn.h>
 
+#include <filesystem>
+#include <system_error>
+
 #include "backend/cpu/cpu_model.h"
 
 namespace duet::backend {
@@ -32,8 +35,17 @@ Result<std::unique_ptr<ForwardModel>> CreateForwardModel(LoadedModel model,
   if (placement.device == "cuda") {
 #if DUET_HAVE_CUDA_MODEL
     // The plugin stays loaded for the life of the process (models from it may outlive this).
-    void* plugin = dlopen(DUET_CUDA_PLUGIN, RTLD_NOW | RTLD_LOCAL);
-    if (!plugin) return Status::Error(std::string("cannot load the CUDA plugin: ") + dlerror());
+    // It is looked for beside the executable first (bin/../lib, as the build tree and an
+    // installed or copied tree lay it out), then where this build put it.
+    namespace fs = std::filesystem;
+    std::error_code ec;
+    const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+    const fs::path beside = exe.parent_path().parent_path() / "lib" / "libduet_cuda_plugin.so";
+    const std::string path =
+        !ec && fs::exists(beside, ec) ? beside.string() : std::string(DUET_CUDA_PLUGIN);
+    void* plugin = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (!plugin)
+      return Status::Error("cannot load the CUDA plugin " + path + ": " + dlerror());
     using Create = ForwardModel* (*)(const LoadedModel*, std::int64_t, std::int32_t, std::string*);
     auto create = reinterpret_cast<Create>(dlsym(plugin, "DuetCreateCudaModel"));
     if (!create) return Status::Error(std::string("CUDA plugin: ") + dlerror());

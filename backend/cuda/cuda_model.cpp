@@ -17,14 +17,21 @@ CudaModel::~CudaModel() {
   if (stream_) cudaStreamDestroy(stream_);
 }
 
-CudaModel::Bf16Buffer CudaModel::Upload(const TensorView& t) {
-  // Stored bf16 goes as it is; f32 and f16 are rounded to bf16 once, here.
-  std::vector<kc::Bf16> bits(static_cast<std::size_t>(t.NumElements()));
-  if (t.dtype == Dtype::kBF16) {
-    std::memcpy(bits.data(), t.data, t.bytes);
-  } else {
-    const std::vector<float> values = ToFloat32(t);
-    for (std::size_t i = 0; i < values.size(); ++i) bits[i] = FloatToBf16(values[i]);
+CudaModel::Bf16Buffer CudaModel::Upload(std::initializer_list<const TensorView*> tensors) {
+  // Stored bf16 goes as it is; f32 and f16 are rounded to bf16 once, here. Several tensors are
+  // stacked (the rows of the first, then of the next) into one buffer.
+  std::int64_t elements = 0;
+  for (const TensorView* t : tensors) elements += t->NumElements();
+  std::vector<kc::Bf16> bits(static_cast<std::size_t>(elements));
+  std::size_t at = 0;
+  for (const TensorView* t : tensors) {
+    if (t->dtype == Dtype::kBF16) {
+      std::memcpy(bits.data() + at, t->data, t->bytes);
+    } else {
+      const std::vector<float> values = ToFloat32(*t);
+      for (std::size_t i = 0; i < values.size(); ++i) bits[at + i] = FloatToBf16(values[i]);
+    }
+    at += static_cast<std::size_t>(t->NumElements());
   }
   weight_bytes_ += static_cast<std::int64_t>(bits.size() * sizeof(kc::Bf16));
   return Bf16Buffer(bits);
@@ -76,29 +83,28 @@ Result<std::unique_ptr<CudaModel>> CudaModel::Create(const LoadedModel& model,
   DUET_CUBLAS_CHECK(cublasCreate(&m->cublas_));
   DUET_CUBLAS_CHECK(cublasSetStream(m->cublas_, m->stream_));
   m->inv_freq_ = kc::DeviceBuffer<float>(c.RopeInvFrequencies());
-  m->embed_ = m->Upload(w.embed_tokens);
-  m->final_norm_ = m->Upload(w.norm);
+  m->embed_ = m->Upload({&w.embed_tokens});
+  m->final_norm_ = m->Upload({&w.norm});
   m->tied_ = w.lm_head_tied;
-  if (!m->tied_) m->lm_head_ = m->Upload(w.lm_head);
+  if (!m->tied_) m->lm_head_ = m->Upload({&w.lm_head});
   // A K and a V array per layer, each [block][slot][kv_head][head_dim] bf16.
   const std::size_t cache = static_cast<std::size_t>(
       kv_bytes / (2 * std::int64_t(c.num_hidden_layers)) / std::int64_t(sizeof(kc::Bf16)));
   DUET_CHECK(cache == static_cast<std::size_t>(kv_tokens * c.KvWidth()));
   for (const LlamaLayerWeights& lw : w.layers) {
     Layer l;
-    l.input_norm = m->Upload(lw.input_layernorm);
-    l.q = m->Upload(lw.q_proj);
-    l.k = m->Upload(lw.k_proj);
-    l.v = m->Upload(lw.v_proj);
-    l.o = m->Upload(lw.o_proj);
-    if (lw.q_bias) l.q_bias = m->Upload(*lw.q_bias);
-    if (lw.k_bias) l.k_bias = m->Upload(*lw.k_bias);
-    if (lw.v_bias) l.v_bias = m->Upload(*lw.v_bias);
-    if (lw.o_bias) l.o_bias = m->Upload(*lw.o_bias);
-    l.post_norm = m->Upload(lw.post_attention_layernorm);
-    l.gate = m->Upload(lw.gate_proj);
-    l.up = m->Upload(lw.up_proj);
-    l.down = m->Upload(lw.down_proj);
+    l.input_norm = m->Upload({&lw.input_layernorm});
+    l.q = m->Upload({&lw.q_proj});
+    l.k = m->Upload({&lw.k_proj});
+    l.v = m->Upload({&lw.v_proj});
+    l.o = m->Upload({&lw.o_proj});
+    if (lw.q_bias) l.q_bias = m->Upload({&*lw.q_bias});
+    if (lw.k_bias) l.k_bias = m->Upload({&*lw.k_bias});
+    if (lw.v_bias) l.v_bias = m->Upload({&*lw.v_bias});
+    if (lw.o_bias) l.o_bias = m->Upload({&*lw.o_bias});
+    l.post_norm = m->Upload({&lw.post_attention_layernorm});
+    l.gate_up = m->Upload({&lw.gate_proj, &lw.up_proj});  // one multiply for both
+    l.down = m->Upload({&lw.down_proj});
     l.k_cache = Bf16Buffer(cache);
     l.v_cache = Bf16Buffer(cache);
     DUET_CUDA_CHECK(cudaMemset(l.k_cache.get(), 0, cache * sizeof(kc::Bf16)));
@@ -152,62 +158,58 @@ std::int64_t CudaModel::Run(std::span<const SequenceChunk> batch) {
   d_tables_.Upload(tables_.data(), tables_.size(), stream_);
   d_slots_.Upload(slots_.data(), slots_.size(), stream_);
   d_wanted_rows_.Upload(wanted_rows_.data(), wanted_rows_.size(), stream_);
+  std::int64_t max_context = 1;
+  for (const std::int32_t p : positions_) max_context = std::max<std::int64_t>(max_context, p + 1);
   auto grow = [](auto& buffer, std::int64_t elements) {
     buffer.Reserve(static_cast<std::size_t>(elements));
   };
   grow(x_, n * hidden);
-  grow(h_, n * hidden);
   grow(q_, n * qw);
   grow(k_, n * kvw);
   grow(v_, n * kvw);
-  grow(attn_, n * qw);
-  grow(o_, n * hidden);
-  grow(gate_, n * inter);
-  grow(up_, n * inter);
-  grow(act_, n * inter);
+  grow(gate_up_, n * 2 * inter);
   grow(h16_, n * std::max({hidden, qw, inter}));
   grow(rows_, wanted * hidden);
   grow(logits_, wanted * c.vocab_size);
 
   const float eps = static_cast<float>(c.rms_norm_eps);
   const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
-  // Linear: round the fp32 input to bf16, multiply on cuBLAS, add the bias if there is one.
-  auto linear = [&](float* out, const float* in, std::int64_t rows, const Bf16Buffer& weight,
+  // The kernels feeding a matrix multiply (norms, attention, SwiGLU) write its bf16 input to
+  // h16_ directly; the residual connections accumulate into x_ in the multiply itself.
+  auto linear = [&](float* out, std::int64_t rows, const Bf16Buffer& weight,
                     std::int64_t out_features, std::int64_t in_features,
-                    const std::optional<Bf16Buffer>& bias) {
-    kc::ToBf16(h16_.get(), in, rows * in_features, stream_);
-    kc::MatMul(cublas_, out, h16_.get(), rows, weight.get(), out_features, in_features);
+                    const std::optional<Bf16Buffer>& bias, bool accumulate = false) {
+    kc::MatMul(cublas_, out, h16_.get(), rows, weight.get(), out_features, in_features,
+               accumulate);
     if (bias) kc::AddBias(out, bias->get(), rows, out_features, stream_);
   };
   const std::optional<Bf16Buffer> none;
 
   kc::Embedding(x_.get(), d_ids_.get(), n, embed_.get(), hidden, stream_);
   for (Layer& layer : layers_) {
-    kc::RmsNorm(h_.get(), x_.get(), n, hidden, layer.input_norm.get(), eps, stream_);
-    linear(q_.get(), h_.get(), n, layer.q, qw, hidden, layer.q_bias);
-    linear(k_.get(), h_.get(), n, layer.k, kvw, hidden, layer.k_bias);
-    linear(v_.get(), h_.get(), n, layer.v, kvw, hidden, layer.v_bias);
+    kc::RmsNorm(h16_.get(), x_.get(), n, hidden, layer.input_norm.get(), eps, stream_);
+    linear(q_.get(), n, layer.q, qw, hidden, layer.q_bias);
+    linear(k_.get(), n, layer.k, kvw, hidden, layer.k_bias);
+    linear(v_.get(), n, layer.v, kvw, hidden, layer.v_bias);
     kc::Rope(q_.get(), c.num_attention_heads, k_.get(), c.num_key_value_heads, c.head_dim,
              d_positions_.get(), n, inv_freq_.get(), 1.0f, stream_);
     const kc::PagedKvLayer kv{layer.k_cache.get(),   layer.v_cache.get(), bt,
                               c.num_key_value_heads, c.head_dim,          options_.num_blocks};
     kc::WriteKv(kv, d_slots_.get(), n, k_.get(), v_.get(), stream_);
-    kc::PagedAttention(attn_.get(), q_.get(), n, c.num_attention_heads, kv, d_tables_.get(),
-                       d_table_offset_.get(), d_positions_.get(), scale, stream_);
-    linear(o_.get(), attn_.get(), n, layer.o, hidden, qw, layer.o_bias);
-    kc::AddInPlace(x_.get(), o_.get(), n * hidden, stream_);
-    kc::RmsNorm(h_.get(), x_.get(), n, hidden, layer.post_norm.get(), eps, stream_);
-    linear(gate_.get(), h_.get(), n, layer.gate, inter, hidden, none);
-    linear(up_.get(), h_.get(), n, layer.up, inter, hidden, none);
-    kc::SwiGlu(act_.get(), gate_.get(), up_.get(), n, inter, stream_);
-    linear(o_.get(), act_.get(), n, layer.down, hidden, inter, none);
-    kc::AddInPlace(x_.get(), o_.get(), n * hidden, stream_);
+    kc::PagedAttention(h16_.get(), q_.get(), n, c.num_attention_heads, kv, d_tables_.get(),
+                       d_table_offset_.get(), d_positions_.get(), max_context, scale,
+                       &attention_partials_, 0, stream_);
+    linear(x_.get(), n, layer.o, hidden, qw, layer.o_bias, /*accumulate=*/true);
+    kc::RmsNorm(h16_.get(), x_.get(), n, hidden, layer.post_norm.get(), eps, stream_);
+    linear(gate_up_.get(), n, layer.gate_up, 2 * inter, hidden, none);
+    kc::SwiGluFused(h16_.get(), gate_up_.get(), n, inter, stream_);
+    linear(x_.get(), n, layer.down, hidden, inter, none, /*accumulate=*/true);
   }
   if (wanted == 0) return 0;
   // Final norm and LM head only for the rows whose logits are wanted.
   kc::GatherRows(rows_.get(), x_.get(), d_wanted_rows_.get(), wanted, hidden, stream_);
-  kc::RmsNorm(h_.get(), rows_.get(), wanted, hidden, final_norm_.get(), eps, stream_);
-  linear(logits_.get(), h_.get(), wanted, tied_ ? embed_ : lm_head_, c.vocab_size, hidden, none);
+  kc::RmsNorm(h16_.get(), rows_.get(), wanted, hidden, final_norm_.get(), eps, stream_);
+  linear(logits_.get(), wanted, tied_ ? embed_ : lm_head_, c.vocab_size, hidden, none);
   return wanted;
 }
 

@@ -12,6 +12,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <initializer_list>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -52,13 +53,13 @@ class CudaModel final : public ForwardModel {
  private:
   using Bf16Buffer = kernels::cuda::DeviceBuffer<kernels::cuda::Bf16>;
   struct Layer {
-    Bf16Buffer input_norm, q, k, v, o, post_norm, gate, up, down;
+    Bf16Buffer input_norm, q, k, v, o, post_norm, gate_up, down;  // gate_up: gate rows, up rows
     std::optional<Bf16Buffer> q_bias, k_bias, v_bias, o_bias;
     Bf16Buffer k_cache, v_cache;
   };
 
   CudaModel(const models::ModelSpec& config, const CudaModelOptions& options);
-  Bf16Buffer Upload(const TensorView& t);
+  Bf16Buffer Upload(std::initializer_list<const TensorView*> tensors);
   // Runs the layers and the final norm + LM head over the wanted rows; returns their count.
   std::int64_t Run(std::span<const SequenceChunk> batch);
 
@@ -77,8 +78,8 @@ class CudaModel final : public ForwardModel {
   kernels::cuda::DeviceBuffer<std::int32_t> d_ids_, d_positions_, d_table_offset_, d_tables_,
       d_wanted_rows_, d_tokens_;
   kernels::cuda::DeviceBuffer<std::int64_t> d_slots_;
-  kernels::cuda::DeviceBuffer<float> x_, h_, q_, k_, v_, attn_, o_, gate_, up_, act_, rows_,
-      logits_;
+  kernels::cuda::DeviceBuffer<float> x_, q_, k_, v_, gate_up_, rows_, logits_,
+      attention_partials_;
   Bf16Buffer h16_;
 };
 

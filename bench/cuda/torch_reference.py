@@ -30,8 +30,12 @@ def main():
     config = LlamaConfig(**spec)
     config._attn_implementation = "sdpa"
     torch.manual_seed(1)
+    # Built in bf16 on the device directly: an fp32 model first would leave its 32 GB in the
+    # allocator's cache and crowd out the long prefills.
+    torch.set_default_dtype(torch.bfloat16)
     with torch.device("cuda"):
-        model = LlamaForCausalLM(config).to(torch.bfloat16).eval()
+        model = LlamaForCausalLM(config).eval()
+    torch.set_default_dtype(torch.float32)
     print(f"torch {torch.__version__}, {torch.cuda.get_device_name(0)}")
 
     def timed(fn, reps):

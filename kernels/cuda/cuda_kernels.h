@@ -42,8 +42,11 @@ std::string DescribeDevice();
 void Embedding(float* out, const std::int32_t* ids, std::int64_t n, const Bf16* table,
                std::int64_t dim, cudaStream_t stream);
 
-// Per row: y = (x * rsqrt(mean(x^2) + eps)) * gamma, fp32 math, gamma bf16 [dim].
+// Per row: y = (x * rsqrt(mean(x^2) + eps)) * gamma, fp32 math, gamma bf16 [dim]; y fp32, or
+// rounded to bf16 for a matrix multiply to read.
 void RmsNorm(float* out, const float* in, std::int64_t rows, std::int64_t dim, const Bf16* gamma,
+             float eps, cudaStream_t stream);
+void RmsNorm(Bf16* out, const float* in, std::int64_t rows, std::int64_t dim, const Bf16* gamma,
              float eps, cudaStream_t stream);
 
 // Rotary embedding in place (HF rotate_half pairs (i, i + head_dim / 2)) on q [n][heads][hd]
@@ -52,16 +55,14 @@ void Rope(float* q, std::int64_t heads, float* k, std::int64_t kv_heads, std::in
           const std::int32_t* positions, std::int64_t n, const float* inv_freq,
           float attention_scaling, cudaStream_t stream);
 
-// out = silu(gate) * up, all [n][inter]; Fused: gate_up [n][2 * inter] (gate, then up).
-void SwiGlu(float* out, const float* gate, const float* up, std::int64_t n, std::int64_t inter,
-            cudaStream_t stream);
+// out [n][inter] = silu(gate) * up from gate_up [n][2 * inter] (gate, then up: one multiply
+// by the stacked weights makes both), fp32 or rounded to bf16.
 void SwiGluFused(float* out, const float* gate_up, std::int64_t n, std::int64_t inter,
                  cudaStream_t stream);
+void SwiGluFused(Bf16* out, const float* gate_up, std::int64_t n, std::int64_t inter,
+                 cudaStream_t stream);
 
-// Element-wise helpers: bf16 rounding (to nearest even) of fp32, x += y, and a bias row added
-// to every row of out [rows][cols] (bias bf16 [cols]).
-void ToBf16(Bf16* out, const float* in, std::int64_t count, cudaStream_t stream);
-void AddInPlace(float* x, const float* y, std::int64_t count, cudaStream_t stream);
+// A bias row added to every row of out [rows][cols] (bias bf16 [cols]).
 void AddBias(float* out, const Bf16* bias, std::int64_t rows, std::int64_t cols,
              cudaStream_t stream);
 
@@ -89,12 +90,23 @@ void WriteKv(const PagedKvLayer& layer, const std::int64_t* slot_of, std::int64_
 // Causal grouped-query attention over the paged cache for a mixed batch of n tokens of many
 // sequences: token t (query q[t], [heads][head_dim]) attends over positions 0 .. positions[t]
 // of its sequence, whose block table starts at block_tables + table_offset[t]; only those
-// blocks are read. Online softmax in fp32 over partitions of 128 positions, as the CPU
-// reference does. out is [n][heads][head_dim]. head_dim <= 256, heads a multiple of kv_heads.
+// blocks are read, each K and V row once for all the query heads that share it. Online softmax
+// in fp32. max_context bounds positions[t] + 1. The positions are cut into `splits` ranges
+// computed in parallel and merged (0: as many as keep every multiprocessor busy, for decode
+// batches of few tokens); their partial results go to `workspace`, grown as needed. out is
+// [n][heads][head_dim], fp32 or rounded to bf16. head_dim <= 256, heads a multiple of kv_heads.
+template <typename T>
+class DeviceBuffer;
 void PagedAttention(float* out, const float* q, std::int64_t n, std::int64_t heads,
                     const PagedKvLayer& layer, const std::int32_t* block_tables,
-                    const std::int32_t* table_offset, const std::int32_t* positions, float scale,
-                    cudaStream_t stream);
+                    const std::int32_t* table_offset, const std::int32_t* positions,
+                    std::int64_t max_context, float scale, DeviceBuffer<float>* workspace,
+                    int splits, cudaStream_t stream);
+void PagedAttention(Bf16* out, const float* q, std::int64_t n, std::int64_t heads,
+                    const PagedKvLayer& layer, const std::int32_t* block_tables,
+                    const std::int32_t* table_offset, const std::int32_t* positions,
+                    std::int64_t max_context, float scale, DeviceBuffer<float>* workspace,
+                    int splits, cudaStream_t stream);
 
 // tokens[r] = the index of the largest of logits[r][0 .. vocab), the lowest among equal ones,
 // NaN never chosen (0 for a row of NaNs): kernels::cpu::Sample at temperature 0.
@@ -102,8 +114,9 @@ void Argmax(std::int32_t* tokens, const float* logits, std::int64_t rows, std::i
             cudaStream_t stream);
 
 // out[m][n] (fp32) = in[m][k] (bf16) x W^T with W bf16 [n][k] as Hugging Face stores Linear
-// weights, on cuBLAS with fp32 accumulation. The handle must be bound to the stream.
+// weights, on cuBLAS with fp32 accumulation; with `accumulate`, out += in x W^T (a residual
+// connection in the same pass). The handle must be bound to the stream.
 void MatMul(cublasHandle_t handle, float* out, const Bf16* in, std::int64_t m, const Bf16* w,
-            std::int64_t n, std::int64_t k);
+            std::int64_t n, std::int64_t k, bool accumulate = false);
 
 }  // namespace duet::kernels::cuda

@@ -5,11 +5,11 @@
 namespace duet::kernels::cuda {
 
 void MatMul(cublasHandle_t handle, float* out, const Bf16* in, std::int64_t m, const Bf16* w,
-            std::int64_t n, std::int64_t k) {
+            std::int64_t n, std::int64_t k, bool accumulate) {
   if (m == 0) return;
   // cuBLAS is column-major: row-major out [m][n] is column-major out^T (n x m), which is
   // W (n x k: the column-major k x n matrix W^T, transposed) times in^T (k x m).
-  const float alpha = 1.0f, beta = 0.0f;
+  const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
   DUET_CUBLAS_CHECK(cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(n),
                                  static_cast<int>(m), static_cast<int>(k), &alpha, w, CUDA_R_16BF,
                                  static_cast<int>(k), in, CUDA_R_16BF, static_cast<int>(k), &beta,

@@ -6,15 +6,16 @@
 #include <cfloat>
 #include <cmath>
 #include <cstdio>
+#include <type_traits>
 
 #include "kernels/cuda/cuda_kernels.h"
+#include "kernels/cuda/device_buffer.h"
 
 namespace duet::kernels::cuda {
 
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int kAttentionThreads = 128;  // = the partition of positions, as on the CPU
 constexpr int kMaxHeadDim = 256;
 
 __device__ __forceinline__ float Bf16ToFloat(Bf16 bits) {
@@ -23,6 +24,16 @@ __device__ __forceinline__ float Bf16ToFloat(Bf16 bits) {
 
 __device__ __forceinline__ Bf16 FloatToBf16(float x) {
   return __bfloat16_as_ushort(__float2bfloat16_rn(x));
+}
+
+template <typename Out>
+// Stores v as fp32, or rounded to bf16.
+__device__ __forceinline__ void StoreAs(Out* p, float v) {
+  if constexpr (std::is_same_v<Out, float>) {
+    *p = v;
+  } else {
+    *p = FloatToBf16(v);
+  }
 }
 
 unsigned Blocks(std::int64_t count, int threads = kThreads) {
@@ -58,7 +69,8 @@ __global__ void EmbeddingKernel(float* out, const std::int32_t* ids, const Bf16*
     out[t * dim + d] = Bf16ToFloat(row[d]);
 }
 
-__global__ void RmsNormKernel(float* out, const float* in, std::int64_t dim, const Bf16* gamma,
+template <typename Out>
+__global__ void RmsNormKernel(Out* out, const float* in, std::int64_t dim, const Bf16* gamma,
                               float eps) {
   __shared__ float scratch[32];
   const float* x = in + blockIdx.x * dim;
@@ -66,9 +78,9 @@ __global__ void RmsNormKernel(float* out, const float* in, std::int64_t dim, con
   for (std::int64_t d = threadIdx.x; d < dim; d += blockDim.x) sum += x[d] * x[d];
   sum = BlockReduce<false>(sum, scratch);
   const float inv = rsqrtf(sum / static_cast<float>(dim) + eps);
-  float* y = out + blockIdx.x * dim;
+  Out* y = out + blockIdx.x * dim;
   for (std::int64_t d = threadIdx.x; d < dim; d += blockDim.x)
-    y[d] = (x[d] * inv) * Bf16ToFloat(gamma[d]);
+    StoreAs(y + d, (x[d] * inv) * Bf16ToFloat(gamma[d]));
 }
 
 // One block per token; threads walk the (head, pair) grid of q, then of k.
@@ -93,27 +105,13 @@ __global__ void RopeKernel(float* q, std::int64_t heads, float* k, std::int64_t 
 
 __device__ __forceinline__ float Silu(float x) { return x / (1.0f + expf(-x)); }
 
-__global__ void SwiGluKernel(float* out, const float* gate, const float* up, std::int64_t count) {
-  const std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
-  if (i < count) out[i] = Silu(gate[i]) * up[i];
-}
-
-__global__ void SwiGluFusedKernel(float* out, const float* gate_up, std::int64_t n,
+template <typename Out>
+__global__ void SwiGluFusedKernel(Out* out, const float* gate_up, std::int64_t n,
                                   std::int64_t inter) {
   const std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
   if (i >= n * inter) return;
   const std::int64_t t = i / inter, c = i % inter;
-  out[i] = Silu(gate_up[t * 2 * inter + c]) * gate_up[t * 2 * inter + inter + c];
-}
-
-__global__ void ToBf16Kernel(Bf16* out, const float* in, std::int64_t count) {
-  const std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
-  if (i < count) out[i] = FloatToBf16(in[i]);
-}
-
-__global__ void AddInPlaceKernel(float* x, const float* y, std::int64_t count) {
-  const std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
-  if (i < count) x[i] += y[i];
+  StoreAs(out + i, Silu(gate_up[t * 2 * inter + c]) * gate_up[t * 2 * inter + inter + c]);
 }
 
 __global__ void AddBiasKernel(float* out, const Bf16* bias, std::int64_t rows, std::int64_t cols) {
@@ -139,70 +137,181 @@ __global__ void WriteKvKernel(PagedKvLayer layer, const std::int64_t* slot_of, c
   }
 }
 
-// One block of 128 threads per (token, head). Positions are taken 128 at a time: thread i
-// scores position start + i against the query, the block forms the partition's max and
-// exp-sum, rescales the running sums (online softmax), and then every thread accumulates the
-// value rows of the partition for its own output dimensions (d = tid, tid + 128).
-__global__ void PagedAttentionKernel(float* out, const float* q, std::int64_t heads,
-                                     PagedKvLayer layer, const std::int32_t* block_tables,
-                                     const std::int32_t* table_offset,
-                                     const std::int32_t* positions, float scale) {
-  __shared__ float q_row[kMaxHeadDim];
-  __shared__ float weights[kAttentionThreads];
-  __shared__ float scratch[32];
-  const std::int64_t t = blockIdx.x, h = blockIdx.y;
-  const int tid = threadIdx.x;
-  const std::int64_t hd = layer.head_dim;
-  const std::int64_t group = heads / layer.kv_heads;
-  const std::int64_t kv_head = h / group;
+// Attention (see PagedAttention in cuda_kernels.h). A block of kAttnWarps warps serves one
+// token, kG query heads that share one KV head (their K and V rows are read once for all), and
+// one split of the positions (several splits when few tokens would leave the device idle:
+// flash-decoding). A warp takes every kAttnWarps-th position of the split, two at a time so that
+// four row loads are in flight: the 32 lanes hold kE consecutive elements of each row, the
+// score of each head is a warp-wide sum, and each warp keeps an online softmax in the log2
+// domain (scores pre-scaled by log2(e) / sqrt(head_dim)). The warps then merge in shared
+// memory; with one split the block writes the output, else a partial (sum of weighted values,
+// max, sum of weights) that AttentionCombineKernel merges.
+constexpr int kAttnWarps = 4;
+constexpr int kMinSplitPositions = 128;
+
+template <int kE>
+__device__ __forceinline__ void LoadRow(float (&x)[kE], const Bf16* row, int lane, int hd,
+                                        bool vector) {
+  const int base = lane * kE;
+  if (vector && base < hd) {  // hd % kE == 0: the row start is aligned to kE elements
+    if constexpr (kE == 8) {
+      const uint4 w = *reinterpret_cast<const uint4*>(row + base);
+      const unsigned words[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        x[2 * i] = __uint_as_float(words[i] << 16);
+        x[2 * i + 1] = __uint_as_float(words[i] & 0xffff0000u);
+      }
+      return;
+    } else if constexpr (kE == 4) {
+      const uint2 w = *reinterpret_cast<const uint2*>(row + base);
+      x[0] = __uint_as_float(w.x << 16);
+      x[1] = __uint_as_float(w.x & 0xffff0000u);
+      x[2] = __uint_as_float(w.y << 16);
+      x[3] = __uint_as_float(w.y & 0xffff0000u);
+      return;
+    } else if constexpr (kE == 2) {
+      const unsigned w = *reinterpret_cast<const unsigned*>(row + base);
+      x[0] = __uint_as_float(w << 16);
+      x[1] = __uint_as_float(w & 0xffff0000u);
+      return;
+    }
+  }
+#pragma unroll
+  for (int e = 0; e < kE; ++e) x[e] = base + e < hd ? Bf16ToFloat(row[base + e]) : 0.0f;
+}
+
+template <int kE, int kG, typename Out>
+__global__ void __launch_bounds__(kAttnWarps * 32)
+    PagedAttentionKernel(Out* out, float* partial, const float* q, int heads, PagedKvLayer layer,
+                         const std::int32_t* block_tables, const std::int32_t* table_offset,
+                         const std::int32_t* positions, float scale_log2, int splits,
+                         std::int64_t split_len) {
+  __shared__ float sm_max[kAttnWarps][kG], sm_sum[kAttnWarps][kG];
+  __shared__ float sm_acc[kAttnWarps][kG][kMaxHeadDim];
+  const std::int64_t t = blockIdx.x;
+  const int head0 = blockIdx.y * kG;  // the first of this block's query heads
+  const int split = blockIdx.z;
+  const int hd = layer.head_dim, bt = layer.block_tokens;
+  const int kv_head = head0 / (heads / layer.kv_heads);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const bool vector = hd % kE == 0;
   const std::int64_t row_width = static_cast<std::int64_t>(layer.kv_heads) * hd;
   const std::int32_t* table = block_tables + table_offset[t];
   const std::int64_t context = static_cast<std::int64_t>(positions[t]) + 1;
-  for (std::int64_t d = tid; d < hd; d += blockDim.x) q_row[d] = q[(t * heads + h) * hd + d];
-  __syncthreads();
+  const std::int64_t begin = split * split_len;
+  const std::int64_t end = min(context, begin + split_len);
 
-  float running_max = -INFINITY, running_sum = 0.0f;
-  float acc0 = 0.0f, acc1 = 0.0f;  // output dims tid and tid + 128
-  for (std::int64_t start = 0; start < context; start += kAttentionThreads) {
-    const std::int64_t p = start + tid;
-    float score = -INFINITY;
-    if (p < context) {
-      const std::int64_t slot =
-          static_cast<std::int64_t>(table[p / layer.block_tokens]) * layer.block_tokens +
-          p % layer.block_tokens;
-      const Bf16* key = layer.k + slot * row_width + kv_head * hd;
-      float dot = 0.0f;
-      for (std::int64_t d = 0; d < hd; ++d) dot += q_row[d] * Bf16ToFloat(key[d]);
-      score = dot * scale;
+  float qr[kG][kE], acc[kG][kE], run_max[kG], run_sum[kG];
+#pragma unroll
+  for (int g = 0; g < kG; ++g) {
+    const float* row = q + (t * heads + head0 + g) * hd;
+#pragma unroll
+    for (int e = 0; e < kE; ++e) {
+      const int d = lane * kE + e;
+      qr[g][e] = d < hd ? row[d] * scale_log2 : 0.0f;
+      acc[g][e] = 0.0f;
     }
-    const float chunk_max = BlockReduce<true>(score, scratch);
-    const float new_max = fmaxf(running_max, chunk_max);
-    const float w = p < context ? expf(score - new_max) : 0.0f;
-    const float chunk_sum = BlockReduce<false>(w, scratch);
-    const float correction = expf(running_max - new_max);  // 0 on the first partition
-    running_sum = running_sum * correction + chunk_sum;
-    acc0 *= correction;
-    acc1 *= correction;
-    running_max = new_max;
-    weights[tid] = w;
-    __syncthreads();
-    const std::int64_t rows = min(static_cast<std::int64_t>(kAttentionThreads), context - start);
-    for (std::int64_t r = 0; r < rows; ++r) {
-      const std::int64_t pos = start + r;
-      const std::int64_t slot =
-          static_cast<std::int64_t>(table[pos / layer.block_tokens]) * layer.block_tokens +
-          pos % layer.block_tokens;
-      const Bf16* value = layer.v + slot * row_width + kv_head * hd;
-      const float wr = weights[r];
-      if (tid < hd) acc0 += wr * Bf16ToFloat(value[tid]);
-      if (tid + kAttentionThreads < hd) acc1 += wr * Bf16ToFloat(value[tid + kAttentionThreads]);
-    }
-    __syncthreads();  // weights is rewritten by the next partition
+    run_max[g] = -INFINITY;
+    run_sum[g] = 0.0f;
   }
-  float* o = out + (t * heads + h) * hd;
-  const float inv = 1.0f / running_sum;
-  if (tid < hd) o[tid] = acc0 * inv;
-  if (tid + kAttentionThreads < hd) o[tid + kAttentionThreads] = acc1 * inv;
+  auto row_of = [&](const Bf16* cache, std::int64_t p) {
+    const std::int64_t slot = static_cast<std::int64_t>(table[p / bt]) * bt + p % bt;
+    return cache + slot * row_width + static_cast<std::int64_t>(kv_head) * hd;
+  };
+  auto accumulate = [&](const float (&k)[kE], const float (&v)[kE]) {
+#pragma unroll
+    for (int g = 0; g < kG; ++g) {
+      float s = 0.0f;
+#pragma unroll
+      for (int e = 0; e < kE; ++e) s += qr[g][e] * k[e];
+#pragma unroll
+      for (int offset = 16; offset > 0; offset /= 2) s += __shfl_xor_sync(0xffffffffu, s, offset);
+      const float new_max = fmaxf(run_max[g], s);
+      const float correction = exp2f(run_max[g] - new_max);  // 0 on the first position
+      const float w = exp2f(s - new_max);
+      run_sum[g] = run_sum[g] * correction + w;
+#pragma unroll
+      for (int e = 0; e < kE; ++e) acc[g][e] = acc[g][e] * correction + w * v[e];
+      run_max[g] = new_max;
+    }
+  };
+  std::int64_t p = begin + warp;
+  for (; p + kAttnWarps < end; p += 2 * kAttnWarps) {
+    float k0[kE], v0[kE], k1[kE], v1[kE];
+    LoadRow<kE>(k0, row_of(layer.k, p), lane, hd, vector);
+    LoadRow<kE>(v0, row_of(layer.v, p), lane, hd, vector);
+    LoadRow<kE>(k1, row_of(layer.k, p + kAttnWarps), lane, hd, vector);
+    LoadRow<kE>(v1, row_of(layer.v, p + kAttnWarps), lane, hd, vector);
+    accumulate(k0, v0);
+    accumulate(k1, v1);
+  }
+  if (p < end) {
+    float k0[kE], v0[kE];
+    LoadRow<kE>(k0, row_of(layer.k, p), lane, hd, vector);
+    LoadRow<kE>(v0, row_of(layer.v, p), lane, hd, vector);
+    accumulate(k0, v0);
+  }
+
+  // Merge the warps' softmax states.
+#pragma unroll
+  for (int g = 0; g < kG; ++g) {
+#pragma unroll
+    for (int e = 0; e < kE; ++e) {
+      const int d = lane * kE + e;
+      if (d < hd) sm_acc[warp][g][d] = acc[g][e];
+    }
+    if (lane == 0) {
+      sm_max[warp][g] = run_max[g];
+      sm_sum[warp][g] = run_sum[g];
+    }
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < kG * hd; i += blockDim.x) {
+    const int g = i / hd, d = i % hd;
+    float m = -INFINITY;
+    for (int w = 0; w < kAttnWarps; ++w) m = fmaxf(m, sm_max[w][g]);
+    float sum = 0.0f, value = 0.0f;
+    if (m != -INFINITY) {  // else no position of this split is in the context
+      for (int w = 0; w < kAttnWarps; ++w) {
+        const float f = exp2f(sm_max[w][g] - m);
+        sum += sm_sum[w][g] * f;
+        value += sm_acc[w][g][d] * f;
+      }
+    }
+    const std::int64_t row = t * heads + head0 + g;
+    if (splits == 1) {
+      StoreAs(out + row * hd + d, value / sum);  // sum > 0: position 0 is always in context
+    } else {
+      float* part = partial + (row * splits + split) * (hd + 2);
+      part[d] = value;
+      if (d == 0) {
+        part[hd] = m;
+        part[hd + 1] = sum;
+      }
+    }
+  }
+}
+
+// One block per (token, head): merges the splits' partials into the output row.
+template <typename Out>
+__global__ void AttentionCombineKernel(Out* out, const float* partial, int heads, int hd,
+                                       int splits) {
+  const std::int64_t row = static_cast<std::int64_t>(blockIdx.x) * heads + blockIdx.y;
+  const float* parts = partial + row * splits * (hd + 2);
+  float m = -INFINITY;
+  for (int s = 0; s < splits; ++s) m = fmaxf(m, parts[s * (hd + 2) + hd]);
+  for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+    float sum = 0.0f, value = 0.0f;
+    for (int s = 0; s < splits; ++s) {
+      const float* part = parts + s * (hd + 2);
+      if (part[hd + 1] == 0.0f) continue;  // an empty split (its max is -inf)
+      const float f = exp2f(part[hd] - m);
+      sum += part[hd + 1] * f;
+      value += part[d] * f;
+    }
+    StoreAs(out + row * hd + d, value / sum);
+  }
 }
 
 // One block per row: each thread keeps its best (value, index), then the block reduces with
@@ -276,11 +385,22 @@ void Embedding(float* out, const std::int32_t* ids, std::int64_t n, const Bf16* 
   DUET_CUDA_CHECK(cudaGetLastError());
 }
 
-void RmsNorm(float* out, const float* in, std::int64_t rows, std::int64_t dim, const Bf16* gamma,
-             float eps, cudaStream_t stream) {
+template <typename Out>
+void RmsNormAs(Out* out, const float* in, std::int64_t rows, std::int64_t dim, const Bf16* gamma,
+               float eps, cudaStream_t stream) {
   if (rows == 0) return;
   RmsNormKernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(out, in, dim, gamma, eps);
   DUET_CUDA_CHECK(cudaGetLastError());
+}
+
+void RmsNorm(float* out, const float* in, std::int64_t rows, std::int64_t dim, const Bf16* gamma,
+             float eps, cudaStream_t stream) {
+  RmsNormAs(out, in, rows, dim, gamma, eps, stream);
+}
+
+void RmsNorm(Bf16* out, const float* in, std::int64_t rows, std::int64_t dim, const Bf16* gamma,
+             float eps, cudaStream_t stream) {
+  RmsNormAs(out, in, rows, dim, gamma, eps, stream);
 }
 
 void Rope(float* q, std::int64_t heads, float* k, std::int64_t kv_heads, std::int64_t head_dim,
@@ -292,30 +412,22 @@ void Rope(float* q, std::int64_t heads, float* k, std::int64_t kv_heads, std::in
   DUET_CUDA_CHECK(cudaGetLastError());
 }
 
-void SwiGlu(float* out, const float* gate, const float* up, std::int64_t n, std::int64_t inter,
-            cudaStream_t stream) {
-  if (n * inter == 0) return;
-  SwiGluKernel<<<Blocks(n * inter), kThreads, 0, stream>>>(out, gate, up, n * inter);
-  DUET_CUDA_CHECK(cudaGetLastError());
-}
-
-void SwiGluFused(float* out, const float* gate_up, std::int64_t n, std::int64_t inter,
-                 cudaStream_t stream) {
+template <typename Out>
+void SwiGluFusedAs(Out* out, const float* gate_up, std::int64_t n, std::int64_t inter,
+                   cudaStream_t stream) {
   if (n * inter == 0) return;
   SwiGluFusedKernel<<<Blocks(n * inter), kThreads, 0, stream>>>(out, gate_up, n, inter);
   DUET_CUDA_CHECK(cudaGetLastError());
 }
 
-void ToBf16(Bf16* out, const float* in, std::int64_t count, cudaStream_t stream) {
-  if (count == 0) return;
-  ToBf16Kernel<<<Blocks(count), kThreads, 0, stream>>>(out, in, count);
-  DUET_CUDA_CHECK(cudaGetLastError());
+void SwiGluFused(float* out, const float* gate_up, std::int64_t n, std::int64_t inter,
+                 cudaStream_t stream) {
+  SwiGluFusedAs(out, gate_up, n, inter, stream);
 }
 
-void AddInPlace(float* x, const float* y, std::int64_t count, cudaStream_t stream) {
-  if (count == 0) return;
-  AddInPlaceKernel<<<Blocks(count), kThreads, 0, stream>>>(x, y, count);
-  DUET_CUDA_CHECK(cudaGetLastError());
+void SwiGluFused(Bf16* out, const float* gate_up, std::int64_t n, std::int64_t inter,
+                 cudaStream_t stream) {
+  SwiGluFusedAs(out, gate_up, n, inter, stream);
 }
 
 void AddBias(float* out, const Bf16* bias, std::int64_t rows, std::int64_t cols,
@@ -339,16 +451,109 @@ void WriteKv(const PagedKvLayer& layer, const std::int64_t* slot_of, std::int64_
   DUET_CUDA_CHECK(cudaGetLastError());
 }
 
+namespace {
+
+int MultiprocessorCount() {
+  static const int count = [] {
+    int device = 0, n = 0;
+    DUET_CUDA_CHECK(cudaGetDevice(&device));
+    DUET_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device));
+    return n;
+  }();
+  return count;
+}
+
+template <int kE, typename Out>
+void LaunchAttention(Out* out, float* partial, const float* q, std::int64_t n, int heads,
+                     int group_heads, const PagedKvLayer& layer, const std::int32_t* block_tables,
+                     const std::int32_t* table_offset, const std::int32_t* positions,
+                     float scale_log2, int splits, std::int64_t split_len, cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>(n), static_cast<unsigned>(heads / group_heads),
+                  static_cast<unsigned>(splits));
+  const unsigned threads = kAttnWarps * 32;
+  auto launch = [&](auto kernel) {
+    kernel<<<grid, threads, 0, stream>>>(out, partial, q, heads, layer, block_tables, table_offset,
+                                         positions, scale_log2, splits, split_len);
+  };
+  switch (group_heads) {
+    case 8: launch(PagedAttentionKernel<kE, 8, Out>); break;
+    case 4: launch(PagedAttentionKernel<kE, 4, Out>); break;
+    case 2: launch(PagedAttentionKernel<kE, 2, Out>); break;
+    default: launch(PagedAttentionKernel<kE, 1, Out>); break;
+  }
+}
+
+template <typename Out>
+void PagedAttentionAs(Out* out, const float* q, std::int64_t n, std::int64_t heads,
+                      const PagedKvLayer& layer, const std::int32_t* block_tables,
+                      const std::int32_t* table_offset, const std::int32_t* positions,
+                      std::int64_t max_context, float scale, DeviceBuffer<float>* workspace,
+                      int splits, cudaStream_t stream) {
+  DUET_CHECK(layer.head_dim <= kMaxHeadDim && layer.kv_heads > 0 && heads % layer.kv_heads == 0);
+  DUET_CHECK(max_context >= 1 && splits >= 0);
+  if (n == 0) return;
+  const std::int64_t group = heads / layer.kv_heads;
+  int group_heads = 1;  // query heads per block: the largest of 8, 4, 2 dividing the group
+  for (int g : {8, 4, 2})
+    if (group % g == 0) {
+      group_heads = g;
+      break;
+    }
+  if (splits == 0) {  // enough blocks for every multiprocessor a few times over
+    const std::int64_t blocks = n * (heads / group_heads);
+    const std::int64_t wanted = (4 * MultiprocessorCount() + blocks - 1) / blocks;
+    const std::int64_t most = (max_context + kMinSplitPositions - 1) / kMinSplitPositions;
+    splits = static_cast<int>(std::max<std::int64_t>(1, std::min(wanted, most)));
+  }
+  const std::int64_t split_len = (max_context + splits - 1) / splits;
+  splits = static_cast<int>((max_context + split_len - 1) / split_len);
+  float* partial = nullptr;
+  if (splits > 1) {
+    workspace->Reserve(static_cast<std::size_t>(n * heads * splits * (layer.head_dim + 2)));
+    partial = workspace->get();
+  }
+  const float scale_log2 = scale * 1.4426950408889634f;  // log2(e)
+  const int hd = layer.head_dim, h = static_cast<int>(heads);
+  auto launch = [&](auto e) {
+    LaunchAttention<decltype(e)::value>(out, partial, q, n, h, group_heads, layer, block_tables,
+                                        table_offset, positions, scale_log2, splits, split_len,
+                                        stream);
+  };
+  if (hd <= 32) {
+    launch(std::integral_constant<int, 1>{});
+  } else if (hd <= 64) {
+    launch(std::integral_constant<int, 2>{});
+  } else if (hd <= 128) {
+    launch(std::integral_constant<int, 4>{});
+  } else {
+    launch(std::integral_constant<int, 8>{});
+  }
+  DUET_CUDA_CHECK(cudaGetLastError());
+  if (splits > 1) {
+    const dim3 grid(static_cast<unsigned>(n), static_cast<unsigned>(heads));
+    AttentionCombineKernel<Out><<<grid, 128, 0, stream>>>(out, partial, h, hd, splits);
+    DUET_CUDA_CHECK(cudaGetLastError());
+  }
+}
+
+}  // namespace
+
 void PagedAttention(float* out, const float* q, std::int64_t n, std::int64_t heads,
                     const PagedKvLayer& layer, const std::int32_t* block_tables,
-                    const std::int32_t* table_offset, const std::int32_t* positions, float scale,
-                    cudaStream_t stream) {
-  DUET_CHECK(layer.head_dim <= kMaxHeadDim && layer.kv_heads > 0 && heads % layer.kv_heads == 0);
-  if (n == 0) return;
-  const dim3 grid(static_cast<unsigned>(n), static_cast<unsigned>(heads));
-  PagedAttentionKernel<<<grid, kAttentionThreads, 0, stream>>>(out, q, heads, layer, block_tables,
-                                                               table_offset, positions, scale);
-  DUET_CUDA_CHECK(cudaGetLastError());
+                    const std::int32_t* table_offset, const std::int32_t* positions,
+                    std::int64_t max_context, float scale, DeviceBuffer<float>* workspace,
+                    int splits, cudaStream_t stream) {
+  PagedAttentionAs(out, q, n, heads, layer, block_tables, table_offset, positions, max_context,
+                   scale, workspace, splits, stream);
+}
+
+void PagedAttention(Bf16* out, const float* q, std::int64_t n, std::int64_t heads,
+                    const PagedKvLayer& layer, const std::int32_t* block_tables,
+                    const std::int32_t* table_offset, const std::int32_t* positions,
+                    std::int64_t max_context, float scale, DeviceBuffer<float>* workspace,
+                    int splits, cudaStream_t stream) {
+  PagedAttentionAs(out, q, n, heads, layer, block_tables, table_offset, positions, max_context,
+                   scale, workspace, splits, stream);
 }
 
 void Argmax(std::int32_t* tokens, const float* logits, std::int64_t rows, std::int64_t vocab,

@@ -61,7 +61,12 @@ TEST(CudaOps, RmsNormMatchesCpu) {
     DeviceBuffer<float> d_x(x), d_out(x.size());
     DeviceBuffer<Bf16> d_gamma(gamma);
     RmsNorm(d_out.get(), d_x.get(), rows, dim, d_gamma.get(), 1e-5f, nullptr);
-    EXPECT_TRUE(AllClose(d_out.ToHost(), expected, 1e-5, 1e-6)) << "dim " << dim;
+    const std::vector<float> out = d_out.ToHost();
+    EXPECT_TRUE(AllClose(out, expected, 1e-5, 1e-6)) << "dim " << dim;
+    // The bf16 output (a matrix multiply's input) is the fp32 one rounded.
+    DeviceBuffer<Bf16> d_out16(x.size());
+    RmsNorm(d_out16.get(), d_x.get(), rows, dim, d_gamma.get(), 1e-5f, nullptr);
+    EXPECT_EQ(d_out16.ToHost(), ToBf16Bits(out)) << "dim " << dim;
   }
 }
 
@@ -94,18 +99,20 @@ TEST(CudaOps, SwiGluMatchesCpu) {
   const std::vector<float> up = RandomFloats(n * inter, 7, -2, 2);
   std::vector<float> expected(n * inter);
   cpu::SwiGlu(expected.data(), gate.data(), up.data(), n, inter);
-  DeviceBuffer<float> d_gate(gate), d_up(up), d_out(n * inter);
-  SwiGlu(d_out.get(), d_gate.get(), d_up.get(), n, inter, nullptr);
-  EXPECT_TRUE(AllClose(d_out.ToHost(), expected, 1e-5, 1e-6));
-
-  std::vector<float> fused(n * 2 * inter);
+  // gate_up: each row's gate values, then its up values, as one multiply by the stacked
+  // weights makes them.
+  std::vector<float> gate_up(n * 2 * inter);
   for (std::int64_t t = 0; t < n; ++t) {
-    std::copy_n(gate.begin() + t * inter, inter, fused.begin() + t * 2 * inter);
-    std::copy_n(up.begin() + t * inter, inter, fused.begin() + t * 2 * inter + inter);
+    std::copy_n(gate.begin() + t * inter, inter, gate_up.begin() + t * 2 * inter);
+    std::copy_n(up.begin() + t * inter, inter, gate_up.begin() + t * 2 * inter + inter);
   }
-  DeviceBuffer<float> d_fused(fused), d_out2(n * inter);
-  SwiGluFused(d_out2.get(), d_fused.get(), n, inter, nullptr);
-  EXPECT_TRUE(AllClose(d_out2.ToHost(), expected, 1e-5, 1e-6));
+  DeviceBuffer<float> d_gate_up(gate_up), d_out(n * inter);
+  SwiGluFused(d_out.get(), d_gate_up.get(), n, inter, nullptr);
+  const std::vector<float> out = d_out.ToHost();
+  EXPECT_TRUE(AllClose(out, expected, 1e-5, 1e-6));
+  DeviceBuffer<Bf16> d_out16(n * inter);
+  SwiGluFused(d_out16.get(), d_gate_up.get(), n, inter, nullptr);
+  EXPECT_EQ(d_out16.ToHost(), ToBf16Bits(out));
 }
 
 TEST(CudaOps, MatMulMatchesCpuOnBf16) {
@@ -124,6 +131,13 @@ TEST(CudaOps, MatMulMatchesCpuOnBf16) {
     MatMul(handle, d_out.get(), d_in.get(), m, d_w.get(), n, k);
     // Same products, fp32 sums in another order.
     EXPECT_TRUE(AllClose(d_out.ToHost(), expected, 1e-3, 1e-4)) << m << "x" << n << "x" << k;
+    // Accumulating (a residual connection): out = residual + in x W^T.
+    const std::vector<float> residual = RandomFloats(m * n, 10);
+    DeviceBuffer<float> d_acc(residual);
+    MatMul(handle, d_acc.get(), d_in.get(), m, d_w.get(), n, k, /*accumulate=*/true);
+    std::vector<float> sum(expected.size());
+    for (std::size_t i = 0; i < sum.size(); ++i) sum[i] = residual[i] + expected[i];
+    EXPECT_TRUE(AllClose(d_acc.ToHost(), sum, 1e-3, 1e-4)) << m << "x" << n << "x" << k;
   }
   cublasDestroy(handle);
 }
@@ -154,18 +168,29 @@ TEST(CudaOps, ArgmaxIsGreedySampling) {
   EXPECT_EQ(d_tokens.ToHost(), expected);
 }
 
-// A mixed batch: a prefill chunk continuing a cached prefix, a fresh prompt, and decode tokens,
-// over shuffled, partially filled blocks; grouped-query heads; several head sizes.
+// A mixed batch: a prefill chunk continuing a cached prefix, a fresh prompt, and decode tokens
+// (one with a long context), over shuffled, partially filled blocks; head sizes from 16 to 256
+// and odd; query heads per KV head 1, 3, 4 and 8; the positions in one range or cut into
+// several ranges merged afterwards (as decode batches of few tokens are).
 TEST(CudaOps, PagedAttentionMatchesCpuOnMixedBatches) {
   DUET_REQUIRE_CUDA_DEVICE();
   struct Seq {
     std::int64_t context_before, tokens;
   };
-  const std::vector<Seq> seqs = {{300, 45}, {0, 19}, {1000, 1}, {5, 1}, {127, 1}, {128, 1}};
-  for (std::int64_t head_dim : {64, 80, 128}) {
-    SCOPED_TRACE("head_dim " + std::to_string(head_dim));
-    const std::int32_t block_tokens = 16, kv_heads = 2;
-    const std::int64_t heads = 8, width = kv_heads * head_dim;
+  struct Shape {
+    std::int64_t head_dim, heads;
+    std::int32_t kv_heads;
+  };
+  const std::vector<Seq> seqs = {{300, 45}, {0, 19}, {1000, 1}, {5, 1}, {127, 1}, {128, 1},
+                                 {2999, 1}};
+  for (const Shape shape :
+       {Shape{64, 8, 2}, {80, 8, 2}, {128, 8, 2}, {16, 6, 2}, {256, 16, 2}, {128, 4, 4}}) {
+    const std::int64_t head_dim = shape.head_dim, heads = shape.heads;
+    const std::int32_t kv_heads = shape.kv_heads;
+    SCOPED_TRACE("head_dim " + std::to_string(head_dim) + ", heads " + std::to_string(heads) +
+                 ", kv_heads " + std::to_string(kv_heads));
+    const std::int32_t block_tokens = 16;
+    const std::int64_t width = kv_heads * head_dim;
     std::int64_t total_blocks = 0;
     for (const Seq& s : seqs) total_blocks += (s.context_before + s.tokens + 15) / 16;
     const std::int64_t num_blocks = total_blocks + 7;
@@ -236,9 +261,20 @@ TEST(CudaOps, PagedAttentionMatchesCpuOnMixedBatches) {
     DeviceBuffer<std::int32_t> d_tables(flat_tables), d_offset(table_offset), d_pos(positions);
     WriteKv(layer, d_slots.get(), n, d_knew.get(), d_vnew.get(), nullptr);
     EXPECT_EQ(d_k.ToHost(), ToBf16Bits(k_cache)) << "WriteKv stores exactly the bf16 of the CPU";
-    PagedAttention(d_out.get(), d_q.get(), n, heads, layer, d_tables.get(), d_offset.get(),
-                   d_pos.get(), scale, nullptr);
-    EXPECT_TRUE(AllClose(d_out.ToHost(), expected, 2e-4, 2e-5));
+    const std::int64_t max_context = *std::max_element(positions.begin(), positions.end()) + 1;
+    DeviceBuffer<float> workspace;
+    for (int splits : {1, 3, 0}) {
+      SCOPED_TRACE("splits " + std::to_string(splits));
+      PagedAttention(d_out.get(), d_q.get(), n, heads, layer, d_tables.get(), d_offset.get(),
+                     d_pos.get(), max_context, scale, &workspace, splits, nullptr);
+      const std::vector<float> out = d_out.ToHost();
+      EXPECT_TRUE(AllClose(out, expected, 2e-4, 2e-5));
+      // The bf16 output (the next multiply's input) is the fp32 one rounded.
+      DeviceBuffer<Bf16> d_out16(q_all.size());
+      PagedAttention(d_out16.get(), d_q.get(), n, heads, layer, d_tables.get(), d_offset.get(),
+                     d_pos.get(), max_context, scale, &workspace, splits, nullptr);
+      EXPECT_EQ(d_out16.ToHost(), ToBf16Bits(out));
+    }
   }
 }
 

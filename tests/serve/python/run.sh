@@ -13,4 +13,4 @@ shift
 tmp="$(mktemp -d "${TMPDIR:-/tmp}/duet-serve-test.XXXXXX")"
 trap 'rm -rf "$tmp"' EXIT
 cd "$root/tests/serve/python"
-"$root/.venv/bin/python" -m pytest -q -p no:cacheprovider --basetemp "$tmp/pytest" "$file" "$@"
+"$root/.venv/bin/python" -m pytest -q -rs -p no:cacheprovider --basetemp "$tmp/pytest" "$file" "$@"
