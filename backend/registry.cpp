@@ -44,8 +44,7 @@ Result<std::unique_ptr<ForwardModel>> CreateForwardModel(LoadedModel model,
     const std::string path =
         !ec && fs::exists(beside, ec) ? beside.string() : std::string(DUET_CUDA_PLUGIN);
     void* plugin = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
-    if (!plugin)
-      return Status::Error("cannot load the CUDA plugin " + path + ": " + dlerror());
+    if (!plugin) return Status::Error("cannot load the CUDA plugin " + path + ": " + dlerror());
     using Create = ForwardModel* (*)(const LoadedModel*, std::int64_t, std::int32_t, std::string*);
     auto create = reinterpret_cast<Create>(dlsym(plugin, "DuetCreateCudaModel"));
     if (!create) return Status::Error(std::string("CUDA plugin: ") + dlerror());

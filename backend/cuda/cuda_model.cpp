@@ -126,6 +126,13 @@ std::int64_t CudaModel::Run(std::span<const SequenceChunk> batch) {
   tables_.clear();
   slots_.clear();
   wanted_rows_.clear();
+  decode_rows_.clear();
+  tiles_.clear();
+  // Attention: chunks of at least kPrefillMinTokens go to the tensor-core prefill kernel in
+  // tiles, the other tokens (decode) to the split kernel, whose longest context is max_context.
+  constexpr std::int64_t kPrefillMinTokens = 16;
+  const bool tiled = kc::PrefillAttentionSupports(config_.head_dim);
+  std::int64_t max_context = 1;
   std::int64_t row = 0;
   for (const SequenceChunk& s : batch) {
     const auto len = static_cast<std::int64_t>(s.tokens.size());
@@ -141,6 +148,16 @@ std::int64_t CudaModel::Run(std::span<const SequenceChunk> batch) {
       table_offset_.push_back(offset);
       slots_.push_back(
           static_cast<std::int64_t>(s.block_table[static_cast<std::size_t>(p / bt)]) * bt + p % bt);
+    }
+    if (tiled && len >= kPrefillMinTokens) {
+      for (std::int64_t i = 0; i < len; i += kc::kPrefillTileRows)
+        tiles_.push_back(
+            {static_cast<std::int32_t>(row + i),
+             static_cast<std::int32_t>(std::min<std::int64_t>(kc::kPrefillTileRows, len - i))});
+    } else {
+      for (std::int64_t i = 0; i < len; ++i)
+        decode_rows_.push_back(static_cast<std::int32_t>(row + i));
+      max_context = std::max(max_context, s.context_before + len);
     }
     if (s.logits == SequenceChunk::Logits::kAll) {
       for (std::int64_t i = 0; i < len; ++i)
@@ -158,8 +175,10 @@ std::int64_t CudaModel::Run(std::span<const SequenceChunk> batch) {
   d_tables_.Upload(tables_.data(), tables_.size(), stream_);
   d_slots_.Upload(slots_.data(), slots_.size(), stream_);
   d_wanted_rows_.Upload(wanted_rows_.data(), wanted_rows_.size(), stream_);
-  std::int64_t max_context = 1;
-  for (const std::int32_t p : positions_) max_context = std::max<std::int64_t>(max_context, p + 1);
+  d_decode_rows_.Upload(decode_rows_.data(), decode_rows_.size(), stream_);
+  d_tiles_.Upload(tiles_.data(), tiles_.size(), stream_);
+  const auto decode_rows = static_cast<std::int64_t>(decode_rows_.size());
+  const auto num_tiles = static_cast<std::int64_t>(tiles_.size());
   auto grow = [](auto& buffer, std::int64_t elements) {
     buffer.Reserve(static_cast<std::size_t>(elements));
   };
@@ -179,8 +198,7 @@ std::int64_t CudaModel::Run(std::span<const SequenceChunk> batch) {
   auto linear = [&](float* out, std::int64_t rows, const Bf16Buffer& weight,
                     std::int64_t out_features, std::int64_t in_features,
                     const std::optional<Bf16Buffer>& bias, bool accumulate = false) {
-    kc::MatMul(cublas_, out, h16_.get(), rows, weight.get(), out_features, in_features,
-               accumulate);
+    kc::MatMul(cublas_, out, h16_.get(), rows, weight.get(), out_features, in_features, accumulate);
     if (bias) kc::AddBias(out, bias->get(), rows, out_features, stream_);
   };
   const std::optional<Bf16Buffer> none;
@@ -196,9 +214,15 @@ std::int64_t CudaModel::Run(std::span<const SequenceChunk> batch) {
     const kc::PagedKvLayer kv{layer.k_cache.get(),   layer.v_cache.get(), bt,
                               c.num_key_value_heads, c.head_dim,          options_.num_blocks};
     kc::WriteKv(kv, d_slots_.get(), n, k_.get(), v_.get(), stream_);
-    kc::PagedAttention(h16_.get(), q_.get(), n, c.num_attention_heads, kv, d_tables_.get(),
-                       d_table_offset_.get(), d_positions_.get(), max_context, scale,
-                       &attention_partials_, 0, stream_);
+    if (num_tiles > 0)
+      kc::PrefillAttention(h16_.get(), q_.get(), c.num_attention_heads, kv, d_tables_.get(),
+                           d_table_offset_.get(), d_positions_.get(), d_tiles_.get(), num_tiles,
+                           scale, stream_);
+    if (decode_rows > 0)
+      kc::PagedAttention(h16_.get(), q_.get(), decode_rows,
+                         num_tiles > 0 ? d_decode_rows_.get() : nullptr, c.num_attention_heads, kv,
+                         d_tables_.get(), d_table_offset_.get(), d_positions_.get(), max_context,
+                         scale, &attention_partials_, 0, stream_);
     linear(x_.get(), n, layer.o, hidden, qw, layer.o_bias, /*accumulate=*/true);
     kc::RmsNorm(h16_.get(), x_.get(), n, hidden, layer.post_norm.get(), eps, stream_);
     linear(gate_up_.get(), n, layer.gate_up, 2 * inter, hidden, none);

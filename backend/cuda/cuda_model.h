@@ -73,13 +73,14 @@ class CudaModel final : public ForwardModel {
   kernels::cuda::DeviceBuffer<float> inv_freq_;
   std::int64_t weight_bytes_ = 0;
   // Per-pass inputs (host staging, device copies) and activations, grown as needed.
-  std::vector<std::int32_t> ids_, positions_, table_offset_, tables_, wanted_rows_;
+  std::vector<std::int32_t> ids_, positions_, table_offset_, tables_, wanted_rows_, decode_rows_;
+  std::vector<kernels::cuda::PrefillTile> tiles_;
+  kernels::cuda::DeviceBuffer<kernels::cuda::PrefillTile> d_tiles_;
   std::vector<std::int64_t> slots_;
   kernels::cuda::DeviceBuffer<std::int32_t> d_ids_, d_positions_, d_table_offset_, d_tables_,
-      d_wanted_rows_, d_tokens_;
+      d_wanted_rows_, d_decode_rows_, d_tokens_;
   kernels::cuda::DeviceBuffer<std::int64_t> d_slots_;
-  kernels::cuda::DeviceBuffer<float> x_, q_, k_, v_, gate_up_, rows_, logits_,
-      attention_partials_;
+  kernels::cuda::DeviceBuffer<float> x_, q_, k_, v_, gate_up_, rows_, logits_, attention_partials_;
   Bf16Buffer h16_;
 };
 

@@ -10,7 +10,10 @@
 //     the HBM limit (the weights a step reads, without the embedding table it only gathers
 //     from, plus the KV read, over the measured copy bandwidth) / step time.
 // Shapes whose KV cache does not fit in device memory are reported as such.
-// Usage: duet_cuda_bench [MODEL_SPEC.json]   (exit 2 without a CUDA device)
+// Usage: duet_cuda_bench [MODEL_SPEC.json [--profile-decode]]   (exit 2 without a CUDA device)
+// --profile-decode: only one decode step (batch 1, context 1024) after a warm-up, between
+// cudaProfilerStart and Stop, for `ncu --profile-from-start off` to time its kernels.
+#include <cuda_profiler_api.h>
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -150,10 +153,11 @@ int main(int argc, char** argv) {
     return 1;
   }
   const duet::models::ModelSpec& c = *config;
+  const bool profile_decode = argc > 2 && std::string(argv[2]) == "--profile-decode";
   std::printf("device: %s\nmodel: %s shapes, random bf16 weights\n", kc::DescribeDevice().c_str(),
               spec.c_str());
-  const double copy_bw = CopyBandwidth();
-  const double gemm = GemmRate();
+  const double copy_bw = profile_decode ? 0 : CopyBandwidth();
+  const double gemm = profile_decode ? 0 : GemmRate();
   std::printf("measured copy bandwidth %.0f GB/s; bf16 GEMM 8192^3 %.0f TFLOP/s\n\n", copy_bw / 1e9,
               gemm / 1e12);
 
@@ -189,6 +193,18 @@ int main(int argc, char** argv) {
   std::vector<std::int32_t> all_blocks(static_cast<std::size_t>(num_blocks));
   for (std::int64_t i = 0; i < num_blocks; ++i)
     all_blocks[static_cast<std::size_t>(i)] = static_cast<std::int32_t>(i);
+
+  if (profile_decode) {
+    const SequenceChunk chunk{std::span(ids).subspan(0, 1), 1024,
+                              std::span(all_blocks).subspan(0, 1025 / bt + 1),
+                              SequenceChunk::Logits::kLast};
+    TimeStep(m, {chunk}, 3);  // warm-up
+    std::vector<std::int32_t> tokens;
+    DUET_CUDA_CHECK(cudaProfilerStart());
+    m.ForwardGreedy({&chunk, 1}, &tokens);
+    DUET_CUDA_CHECK(cudaProfilerStop());
+    return 0;
+  }
 
   // Prefill FLOPs: 2 per parameter per token (projections, MLP, LM head of the last token
   // only), and attention 4 * head_dim * heads per (query, key) pair of the causal triangle.

@@ -63,7 +63,13 @@ def main():
                     print(f"| {batch} | {context} | KV cache does not fit ({kv_gb:.0f} GB) | |")
                     continue
                 ids = torch.randint(10, 1000, (batch, context), device="cuda")
-                out = model(ids, use_cache=True, logits_to_keep=1)
+                try:
+                    out = model(ids, use_cache=True, logits_to_keep=1)
+                except torch.OutOfMemoryError:
+                    # Filling the cache is one prefill of batch x context tokens.
+                    print(f"| {batch} | {context} | out of memory filling the cache in one pass | |")
+                    torch.cuda.empty_cache()
+                    continue
                 past = out.past_key_values
                 step = torch.randint(10, 1000, (batch, 1), device="cuda")
 

@@ -87,26 +87,47 @@ struct PagedKvLayer {
 void WriteKv(const PagedKvLayer& layer, const std::int64_t* slot_of, std::int64_t n,
              const float* k_new, const float* v_new, cudaStream_t stream);
 
-// Causal grouped-query attention over the paged cache for a mixed batch of n tokens of many
+// Causal grouped-query attention over the paged cache for a mixed batch of tokens of many
 // sequences: token t (query q[t], [heads][head_dim]) attends over positions 0 .. positions[t]
 // of its sequence, whose block table starts at block_tables + table_offset[t]; only those
 // blocks are read, each K and V row once for all the query heads that share it. Online softmax
-// in fp32. max_context bounds positions[t] + 1. The positions are cut into `splits` ranges
-// computed in parallel and merged (0: as many as keep every multiprocessor busy, for decode
-// batches of few tokens); their partial results go to `workspace`, grown as needed. out is
-// [n][heads][head_dim], fp32 or rounded to bf16. head_dim <= 256, heads a multiple of kv_heads.
+// in fp32. Computes n rows: rows[0 .. n) (nullptr: tokens 0 .. n). max_context bounds their
+// positions[t] + 1. The positions are cut into `splits` ranges computed in parallel and merged
+// (0: as many as keep every multiprocessor busy, for decode batches of few tokens); their
+// partial results go to `workspace`, grown as needed. out is [tokens][heads][head_dim], fp32 or
+// rounded to bf16. head_dim <= 256, heads a multiple of kv_heads.
 template <typename T>
 class DeviceBuffer;
-void PagedAttention(float* out, const float* q, std::int64_t n, std::int64_t heads,
-                    const PagedKvLayer& layer, const std::int32_t* block_tables,
+void PagedAttention(float* out, const float* q, std::int64_t n, const std::int32_t* rows,
+                    std::int64_t heads, const PagedKvLayer& layer, const std::int32_t* block_tables,
                     const std::int32_t* table_offset, const std::int32_t* positions,
                     std::int64_t max_context, float scale, DeviceBuffer<float>* workspace,
                     int splits, cudaStream_t stream);
-void PagedAttention(Bf16* out, const float* q, std::int64_t n, std::int64_t heads,
-                    const PagedKvLayer& layer, const std::int32_t* block_tables,
+void PagedAttention(Bf16* out, const float* q, std::int64_t n, const std::int32_t* rows,
+                    std::int64_t heads, const PagedKvLayer& layer, const std::int32_t* block_tables,
                     const std::int32_t* table_offset, const std::int32_t* positions,
                     std::int64_t max_context, float scale, DeviceBuffer<float>* workspace,
                     int splits, cudaStream_t stream);
+
+// The same attention for prefill chunks, on the tensor cores: each tile is up to kPrefillTileRows
+// consecutive tokens of one sequence at consecutive positions (first_token indexes q, positions
+// and table_offset, as above). Q and the softmax weights are rounded to bf16 for the products
+// (as flash attention does), so results agree with PagedAttention to bf16 precision, not
+// exactly. Only for the head sizes PrefillAttentionSupports; tiles is device memory.
+constexpr int kPrefillTileRows = 64;
+struct PrefillTile {
+  std::int32_t first_token = 0;
+  std::int32_t rows = 0;  // 1 .. kPrefillTileRows
+};
+bool PrefillAttentionSupports(std::int64_t head_dim);
+void PrefillAttention(float* out, const float* q, std::int64_t heads, const PagedKvLayer& layer,
+                      const std::int32_t* block_tables, const std::int32_t* table_offset,
+                      const std::int32_t* positions, const PrefillTile* tiles,
+                      std::int64_t num_tiles, float scale, cudaStream_t stream);
+void PrefillAttention(Bf16* out, const float* q, std::int64_t heads, const PagedKvLayer& layer,
+                      const std::int32_t* block_tables, const std::int32_t* table_offset,
+                      const std::int32_t* positions, const PrefillTile* tiles,
+                      std::int64_t num_tiles, float scale, cudaStream_t stream);
 
 // tokens[r] = the index of the largest of logits[r][0 .. vocab), the lowest among equal ones,
 // NaN never chosen (0 for a row of NaNs): kernels::cpu::Sample at temperature 0.

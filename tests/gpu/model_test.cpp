@@ -133,7 +133,9 @@ TEST_F(CudaParity, ChunkedPrefillGivesTheColdLogits) {
     gpu->Forward({&part, 1}, &chunked);
   }
   ASSERT_EQ(chunked.size(), static_cast<std::size_t>(vocab));
-  EXPECT_TRUE(kernels::cuda::testing::AllClose(chunked, cold, 1e-3, 1e-4));
+  // bf16 precision: the tensor-core prefill rounds Q and the softmax weights to bf16, and the
+  // chunks tile the prompt otherwise than the whole does.
+  EXPECT_TRUE(kernels::cuda::testing::AllClose(chunked, cold, 1e-2, 2e-3));
 }
 
 TEST_F(CudaParity, BatchedRequestsMatchSingleRuns) {

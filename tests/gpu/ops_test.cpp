@@ -119,8 +119,14 @@ TEST(CudaOps, MatMulMatchesCpuOnBf16) {
   DUET_REQUIRE_CUDA_DEVICE();
   cublasHandle_t handle;
   DUET_CUBLAS_CHECK(cublasCreate(&handle));
-  for (auto [m, n, k] :
-       {std::array<std::int64_t, 3>{1, 37, 29}, {3, 37, 29}, {64, 256, 512}, {17, 1000, 4096}}) {
+  // One row with k a multiple of 8 takes the matrix-vector kernel, the others cuBLAS.
+  for (auto [m, n, k] : {std::array<std::int64_t, 3>{1, 37, 29},
+                         {3, 37, 29},
+                         {1, 300, 1024},
+                         {5, 1000, 4096},
+                         {8, 67, 520},
+                         {64, 256, 512},
+                         {17, 1000, 4096}}) {
     const std::vector<float> in = RoundedToBf16(RandomFloats(m * k, 8));
     const std::vector<Bf16> w = ToBf16Bits(RandomFloats(n * k, 9, -0.1f, 0.1f));
     std::vector<float> expected(m * n);
@@ -144,28 +150,30 @@ TEST(CudaOps, MatMulMatchesCpuOnBf16) {
 
 TEST(CudaOps, ArgmaxIsGreedySampling) {
   DUET_REQUIRE_CUDA_DEVICE();
-  const std::int64_t vocab = 1001;
-  std::vector<std::vector<float>> rows;
-  rows.push_back(RandomFloats(vocab, 10));
-  std::vector<float> ties(vocab, 0.5f);
-  ties[3] = ties[700] = 2.0f;  // the lower id wins
-  rows.push_back(ties);
-  std::vector<float> nans = RandomFloats(vocab, 11);
-  nans[42] = std::numeric_limits<float>::quiet_NaN();
-  nans[43] = 1e30f;
-  rows.push_back(nans);
-  rows.push_back(std::vector<float>(vocab, -std::numeric_limits<float>::infinity()));
-  rows.push_back(std::vector<float>(vocab, std::numeric_limits<float>::quiet_NaN()));
-  std::vector<float> flat;
-  std::vector<std::int32_t> expected;
-  for (const auto& r : rows) {
-    flat.insert(flat.end(), r.begin(), r.end());
-    expected.push_back(cpu::Sample(r.data(), static_cast<std::int32_t>(vocab), {}, 0));
+  for (const std::int64_t vocab : {1001, 1000, 128256}) {  // four logits a load where it divides
+    SCOPED_TRACE("vocab " + std::to_string(vocab));
+    std::vector<std::vector<float>> rows;
+    rows.push_back(RandomFloats(vocab, 10));
+    std::vector<float> ties(vocab, 0.5f);
+    ties[3] = ties[700] = 2.0f;  // the lower id wins
+    rows.push_back(ties);
+    std::vector<float> nans = RandomFloats(vocab, 11);
+    nans[42] = std::numeric_limits<float>::quiet_NaN();
+    nans[43] = 1e30f;
+    rows.push_back(nans);
+    rows.push_back(std::vector<float>(vocab, -std::numeric_limits<float>::infinity()));
+    rows.push_back(std::vector<float>(vocab, std::numeric_limits<float>::quiet_NaN()));
+    std::vector<float> flat;
+    std::vector<std::int32_t> expected;
+    for (const auto& r : rows) {
+      flat.insert(flat.end(), r.begin(), r.end());
+      expected.push_back(cpu::Sample(r.data(), static_cast<std::int32_t>(vocab), {}, 0));
+    }
+    DeviceBuffer<float> d_logits(flat);
+    DeviceBuffer<std::int32_t> d_tokens(rows.size());
+    Argmax(d_tokens.get(), d_logits.get(), static_cast<std::int64_t>(rows.size()), vocab, nullptr);
+    EXPECT_EQ(d_tokens.ToHost(), expected);
   }
-  DeviceBuffer<float> d_logits(flat);
-  DeviceBuffer<std::int32_t> d_tokens(rows.size());
-  Argmax(d_tokens.get(), d_logits.get(), static_cast<std::int64_t>(rows.size()), vocab, nullptr);
-  EXPECT_EQ(d_tokens.ToHost(), expected);
 }
 
 // A mixed batch: a prefill chunk continuing a cached prefix, a fresh prompt, and decode tokens
@@ -181,8 +189,8 @@ TEST(CudaOps, PagedAttentionMatchesCpuOnMixedBatches) {
     std::int64_t head_dim, heads;
     std::int32_t kv_heads;
   };
-  const std::vector<Seq> seqs = {{300, 45}, {0, 19}, {1000, 1}, {5, 1}, {127, 1}, {128, 1},
-                                 {2999, 1}};
+  const std::vector<Seq> seqs = {{300, 45}, {0, 19},  {1000, 1}, {5, 1},
+                                 {127, 1},  {128, 1}, {2999, 1}};
   for (const Shape shape :
        {Shape{64, 8, 2}, {80, 8, 2}, {128, 8, 2}, {16, 6, 2}, {256, 16, 2}, {128, 4, 4}}) {
     const std::int64_t head_dim = shape.head_dim, heads = shape.heads;
@@ -265,16 +273,42 @@ TEST(CudaOps, PagedAttentionMatchesCpuOnMixedBatches) {
     DeviceBuffer<float> workspace;
     for (int splits : {1, 3, 0}) {
       SCOPED_TRACE("splits " + std::to_string(splits));
-      PagedAttention(d_out.get(), d_q.get(), n, heads, layer, d_tables.get(), d_offset.get(),
-                     d_pos.get(), max_context, scale, &workspace, splits, nullptr);
+      PagedAttention(d_out.get(), d_q.get(), n, nullptr, heads, layer, d_tables.get(),
+                     d_offset.get(), d_pos.get(), max_context, scale, &workspace, splits, nullptr);
       const std::vector<float> out = d_out.ToHost();
       EXPECT_TRUE(AllClose(out, expected, 2e-4, 2e-5));
       // The bf16 output (the next multiply's input) is the fp32 one rounded.
       DeviceBuffer<Bf16> d_out16(q_all.size());
-      PagedAttention(d_out16.get(), d_q.get(), n, heads, layer, d_tables.get(), d_offset.get(),
-                     d_pos.get(), max_context, scale, &workspace, splits, nullptr);
+      PagedAttention(d_out16.get(), d_q.get(), n, nullptr, heads, layer, d_tables.get(),
+                     d_offset.get(), d_pos.get(), max_context, scale, &workspace, splits, nullptr);
       EXPECT_EQ(d_out16.ToHost(), ToBf16Bits(out));
     }
+    if (!PrefillAttentionSupports(head_dim)) continue;
+    // As the CUDA model runs a mixed batch: the prefill chunks in tiles on the tensor cores
+    // (bf16 products: bf16 tolerance), the decode tokens through the split kernel.
+    std::vector<PrefillTile> tiles;
+    std::vector<std::int32_t> decode;
+    std::int32_t row = 0;
+    for (const Seq& s : seqs) {
+      const auto len = static_cast<std::int32_t>(s.tokens);
+      if (len >= 16) {
+        for (std::int32_t i = 0; i < len; i += kPrefillTileRows)
+          tiles.push_back({row + i, std::min(kPrefillTileRows, len - i)});
+      } else {
+        for (std::int32_t i = 0; i < len; ++i) decode.push_back(row + i);
+      }
+      row += len;
+    }
+    DeviceBuffer<PrefillTile> d_tiles(tiles);
+    DeviceBuffer<std::int32_t> d_decode(decode);
+    DeviceBuffer<float> d_mixed(q_all.size());
+    PrefillAttention(d_mixed.get(), d_q.get(), heads, layer, d_tables.get(), d_offset.get(),
+                     d_pos.get(), d_tiles.get(), static_cast<std::int64_t>(tiles.size()), scale,
+                     nullptr);
+    PagedAttention(d_mixed.get(), d_q.get(), static_cast<std::int64_t>(decode.size()),
+                   d_decode.get(), heads, layer, d_tables.get(), d_offset.get(), d_pos.get(),
+                   max_context, scale, &workspace, 0, nullptr);
+    EXPECT_TRUE(AllClose(d_mixed.ToHost(), expected, 1e-2, 2e-3));
   }
 }
 
