@@ -117,7 +117,7 @@ int Generate(int argc, char** argv) {
   for (std::int64_t id : model->config.eos_token_ids)
     stop_ids.push_back(static_cast<std::int32_t>(id));
   if (vm.count("chat")) {
-    auto format = backend::DetectChatFormat(*tokenizer);
+    auto format = backend::DetectChatFormat(*tokenizer, model->tokenizer_config_path);
     if (!format) return Fail("--chat: " + format.error());
     const std::string text = backend::ApplyChatTemplate(
         *format, {{"user", vm["prompt"].as<std::string>()}}, /*add_generation_prompt=*/true);

@@ -28,11 +28,6 @@ constexpr Seconds kPreflightTimeoutS = 30;
 // Reasons printed per status; summary.json has them all.
 constexpr std::size_t kReasonsShown = 8;
 
-double Round(double x, int digits) {
-  const double scale = std::pow(10.0, digits);
-  return std::round(x * scale) / scale;
-}
-
 void PrintReasons(const char* what, const nlohmann::json& reasons) {
   std::vector<std::pair<std::int64_t, std::string>> sorted;
   for (const auto& [reason, n] : reasons.items())
@@ -92,14 +87,6 @@ void PrintSummary(const nlohmann::json& s, const std::string& out_dir) {
               (fs::path(out_dir) / "requests.csv").string().c_str());
 }
 
-nlohmann::json ToJson(const policies::Distribution& d) {
-  return {{"mean", Round(d.mean, 3)},
-          {"p50", Round(d.p50, 3)},
-          {"p90", Round(d.p90, 3)},
-          {"p99", Round(d.p99, 3)},
-          {"max", Round(d.max, 3)}};
-}
-
 }  // namespace
 
 int Replay(int argc, char** argv) {
@@ -139,8 +126,8 @@ int Replay(int argc, char** argv) {
   if (Status s = traces::CheckPromptOptions(options.prompt); !s.ok())
     return Fail("--vocab-size: " + s.message(), kExitUsage);
   options.timeout_s = vm["timeout"].as<double>();
-  if (!(std::isfinite(options.timeout_s) && options.timeout_s > 0))
-    return Fail("--timeout must be a positive number of seconds", kExitUsage);
+  if (!(options.timeout_s > 0 && options.timeout_s <= backend::replay::kMaxTimeoutS))
+    return Fail("--timeout must be in (0, 1e6] seconds", kExitUsage);
   if (vm.count("api-key")) {
     options.api_key = vm["api-key"].as<std::string>();
   } else if (const char* key = std::getenv("OPENAI_API_KEY")) {
@@ -186,11 +173,11 @@ int Replay(int argc, char** argv) {
   for (const auto& [kind, n] : report->errors) errors[kind] = n;
   summary["replay"] = {{"endpoint", options.endpoint.url},
                        {"model", options.model},
-                       {"wall_s", Round(report->wall_s, 3)},
+                       {"wall_s", policies::Round(report->wall_s, 3)},
                        {"timeout_s", options.timeout_s},
                        {"sent", report->sent},
                        {"max_in_flight", report->max_in_flight},
-                       {"send_lag_ms", ToJson(report->send_lag_ms)},
+                       {"send_lag_ms", policies::ToJson(report->send_lag_ms)},
                        {"errors", errors},
                        {"cached_tokens_reported", report->cached_tokens_reported},
                        {"duet_fields_reported", report->duet_fields_reported},

@@ -6,12 +6,11 @@
 #include <signal.h>
 
 #include <algorithm>
-#include <atomic>
 #include <boost/program_options.hpp>
 #include <condition_variable>
 #include <cstdio>
+#include <cstdlib>
 #include <ctime>
-#include <fstream>
 #include <mutex>
 #include <thread>
 
@@ -22,7 +21,6 @@
 #include "backend/serve/live_metrics.h"
 #include "backend/tokenizer/chat_template.h"
 #include "cli/commands.h"
-#include "common/json_util.h"
 #include "models/model_spec.h"
 
 namespace po = boost::program_options;
@@ -45,10 +43,10 @@ class ShutdownSignal {
     // Before any other thread exists, so that every thread inherits the mask.
     pthread_sigmask(SIG_BLOCK, &set_, nullptr);
     std::thread([this] {
-      for (int count = 0;; ++count) {
+      for (int count = 0;;) {
         int signal = 0;
         if (sigwait(&set_, &signal) != 0) continue;
-        if (count > 0) {
+        if (count++ > 0) {
           std::fprintf(stderr, "duet serve: second signal, exiting without draining\n");
           std::_Exit(kExitError);
         }
@@ -86,19 +84,6 @@ std::int64_t DefaultKvBlocks(const models::ModelSpec& spec, std::int32_t block_t
   const double block_bytes = static_cast<double>(spec.KvBytesPerToken()) * block_tokens;
   const auto budget = static_cast<std::int64_t>(4.0 * kGiB / std::max(block_bytes, 1.0));
   return std::max(per_sequence + 1, std::min(16 * per_sequence, budget));
-}
-
-// The chat format the model directory declares: tokenizer_config.json's chat_template when
-// there is one, else what the tokenizer's special tokens say.
-Result<backend::ChatFormat> ChatFormatOf(const backend::LoadedModel& model,
-                                         const backend::Tokenizer& tokenizer) {
-  if (!model.tokenizer_config_path.empty()) {
-    auto config = ReadJsonFile(model.tokenizer_config_path);
-    if (!config) return config.status();
-    if (config->contains("chat_template") && (*config)["chat_template"].is_string())
-      return backend::DetectChatFormatFromTemplate((*config)["chat_template"].get<std::string>());
-  }
-  return backend::DetectChatFormat(tokenizer);
 }
 
 }  // namespace
@@ -200,7 +185,7 @@ int Serve(int argc, char** argv) {
   auto model = std::make_shared<backend::serve::ServedModel>(
       vm.count("served-model-name") ? vm["served-model-name"].as<std::string>() : model_dir,
       *tokenizer);
-  if (auto format = ChatFormatOf(*loaded, *tokenizer)) {
+  if (auto format = backend::DetectChatFormat(*tokenizer, loaded->tokenizer_config_path)) {
     model->chat_format = *format;
     model->chat_stop_token_ids = backend::StopTokenIds(*format, *tokenizer);
   } else {

@@ -63,6 +63,9 @@ class InstanceEngine final : private LowerTierLookup, private StepEvents {
   bool idle() const;
   // A kShutdown message has arrived and no work is left: Run would return.
   bool done() const { return shutdown_ && idle(); }
+  // KV pulls are in flight: their completion shows only in a transport poll, which the next
+  // iteration makes, so a real-time loop must not wait for messages alone.
+  bool awaiting_transfers() const { return !pulls_in_flight_.empty(); }
 
   const EngineConfig& config() const { return config_; }
   const KvBlockManager& blocks() const { return blocks_; }

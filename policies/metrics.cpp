@@ -7,19 +7,15 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
-#include <span>
 #include <sstream>
 
 namespace duet::policies {
-namespace {
 
 double Round(double x, int digits) {
   const double scale = std::pow(10.0, digits);
   return std::round(x * scale) / scale;
 }
 
-// A distribution of latencies. With `none_completed`, an empty one is null throughout: no
-// request completed, so there is no latency to report (0 would read as instant).
 nlohmann::json ToJson(const Distribution& d, bool none_completed) {
   if (none_completed && d.count == 0) {
     return {
@@ -31,6 +27,8 @@ nlohmann::json ToJson(const Distribution& d, bool none_completed) {
           {"p99", Round(d.p99, 3)},
           {"max", Round(d.max, 3)}};
 }
+
+namespace {
 
 // printf's "%.*f" (both round the exact binary value correctly), without its format parsing:
 // requests.csv has a dozen of these per request.
@@ -174,9 +172,11 @@ void SelectRanks(It first, It last, std::int64_t base, const std::int64_t* rank,
 }  // namespace
 
 void WeightedSamples::Add(double value, std::int64_t count) {
+  if (count <= 0) return;  // no sample: it must not move the max either
   // Counts are batch sizes; a larger one (never seen) takes several entries.
   while (count > 0) {
-    const auto c = static_cast<std::int32_t>(std::min<std::int64_t>(count, INT32_MAX));
+    const auto c = static_cast<std::int32_t>(
+        std::min<std::int64_t>(count, std::numeric_limits<std::int32_t>::max()));
     samples_.push_back({value, c});
     count -= c;
     n_ += c;

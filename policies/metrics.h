@@ -34,6 +34,12 @@ struct Distribution {
 Distribution Summarize(std::vector<double> values);
 // The same over (value, count) samples, as if each value were repeated count times.
 Distribution SummarizeWeighted(std::vector<std::pair<double, std::int64_t>> samples);
+// x rounded to `digits` decimals, as summary.json writes numbers.
+double Round(double x, int digits);
+// {mean, p50, p90, p99, max} to 3 decimals, as summary.json writes a distribution. With
+// `none_completed`, an empty one is null throughout: no request completed, so there is no
+// latency to report (0 would read as instant).
+nlohmann::json ToJson(const Distribution& d, bool none_completed = false);
 
 // (value, count) samples kept for exact percentiles, with their count, sum (in the order they
 // were added, so the mean does not depend on later reordering) and max kept as they arrive.

@@ -229,10 +229,10 @@ class CacheAwareRouter final : public AccountingRouter {
     }
     decision->estimated_ttft_s = best_s;
     if (config_.reject_ttft_ms && best_s * 1e3 > *config_.reject_ttft_ms) {
-      decision->reject_reason = "estimated TTFT over the SLO: estimated TTFT " +
-                                std::to_string(std::lround(best_s * 1e3)) +
-                                " ms exceeds the TTFT SLO of " +
-                                std::to_string(std::lround(*config_.reject_ttft_ms)) + " ms";
+      decision->reject_reason =
+          "estimated TTFT over the SLO: " + std::to_string(std::lround(best_s * 1e3)) +
+          " ms exceeds the TTFT SLO of " + std::to_string(std::lround(*config_.reject_ttft_ms)) +
+          " ms";
       return kNoInstance;
     }
     return best;

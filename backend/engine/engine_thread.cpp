@@ -5,12 +5,12 @@ namespace duet::backend {
 
 EngineThread::EngineThread(policies::EngineConfig config, ForwardModel& model, Ports ports,
                            std::function<void()> after_iteration)
-    : inbox_(*ports.clock),
+    : clock_(*ports.clock),
+      inbox_(*ports.clock),
       executor_(model, *ports.clock, {.record_timings = false}),
       engine_(config, policies::EnginePorts{ports.clock, &inbox_, ports.outbox, &executor_,
                                             ports.transport, ports.sink, nullptr}),
-      after_iteration_(std::move(after_iteration)),
-      config_num_blocks_(config.num_blocks) {
+      after_iteration_(std::move(after_iteration)) {
   PublishLoad();
 }
 
@@ -34,7 +34,8 @@ void EngineThread::Loop() {
     PublishLoad();
     if (stepped) continue;
     if (engine_.done()) return;
-    inbox_.WaitUntil(policies::kForever);
+    inbox_.WaitUntil(engine_.awaiting_transfers() ? clock_.Now() + kTransferPollInterval
+                                                  : policies::kForever);
   }
 }
 

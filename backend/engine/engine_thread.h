@@ -6,7 +6,6 @@
 
 #include <atomic>
 #include <functional>
-#include <memory>
 #include <thread>
 
 #include "backend/engine/forward_model.h"
@@ -48,17 +47,21 @@ class EngineThread {
   // Sends kShutdown and joins: the engine serves what it holds to the end first.
   void Stop();
   InstanceLoad load() const;  // any thread
-  std::int64_t kv_blocks_total() const { return config_num_blocks_; }
+  std::int64_t kv_blocks_total() const { return engine_.config().num_blocks; }
 
  private:
   void Loop();
   void PublishLoad();
 
+  // How often KV transfers in flight are polled while no message arrives (the transports do
+  // not wake the engine thread yet).
+  static constexpr Seconds kTransferPollInterval = 0.0005;
+
+  const SteadyClock& clock_;
   ThreadSafeInbox inbox_;
   ModelStepExecutor executor_;
   policies::InstanceEngine engine_;
   std::function<void()> after_iteration_;
-  std::int64_t config_num_blocks_;
   std::atomic<std::int64_t> waiting_{0}, running_{0}, kv_used_{0}, kv_free_{0};
   std::thread thread_;
 };

@@ -47,7 +47,7 @@ std::vector<GenerationResult> LocalEngine::Generate(
     r.prefill_instance = r.decode_instance = 0;
     if (r.input_tokens < 1 || r.output_tokens < 1 || r.input_tokens + r.output_tokens > capacity) {
       r.state = policies::RequestState::kRejected;
-      r.reason = "needs " + std::to_string(r.input_tokens + r.output_tokens) +
+      r.reason = "exceeds KV capacity: needs " + std::to_string(r.input_tokens + r.output_tokens) +
                  " KV tokens; this instance admits at most " + std::to_string(capacity);
       results[i].record = r;
       ++rejected;

@@ -6,14 +6,12 @@
 #include "backend/replay/client.h"
 
 #include <sys/resource.h>
-#include <unistd.h>
 
 #include <array>
 #include <boost/asio.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 #include <chrono>
-#include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <limits>
@@ -126,7 +124,6 @@ class Session : public std::enable_shared_from_this<Session> {
   bool event_stream_ = false;
   std::string body_;  // an error reply (first bytes) or a non-streamed reply
   bool finished_ = false;
-  bool done_seen_ = false;
   // Stream state.
   std::int64_t token_chunks_ = 0;
   Clock::time_point first_token_, last_token_, finish_seen_;
@@ -329,7 +326,7 @@ void Session::Start(std::string body) {
   deadline_.async_wait([self = shared_from_this()](const boost::system::error_code& ec) {
     if (!ec)
       self->Fail(kTimeout, "timeout: no complete reply within " +
-                               FormatSeconds(self->run_.options().timeout_s) + " s" +
+                               FormatSeconds(self->run_.options().timeout_s) + " s " +
                                self->Received());
   });
   net::async_connect(socket_, run_.addresses(),
@@ -410,8 +407,8 @@ void Session::OnBody(boost::system::error_code ec) {
   }
   if (ec == http::error::partial_message || ec == net::error::eof ||
       ec == http::error::end_of_stream || ec == net::error::connection_reset)
-    return Fail(kClosed, "connection closed mid-stream" + Received());
-  if (ec) return Fail(kRead, "reading the reply: " + ec.message() + Received());
+    return Fail(kClosed, "connection closed mid-stream: " + Received());
+  if (ec) return Fail(kRead, "reading the reply: " + ec.message() + " " + Received());
   if (parser_->is_done()) return OnEnd(now);
   ReadBody();
 }
@@ -420,10 +417,9 @@ void Session::OnEvent(const SseEvent& event, Clock::time_point now) {
   auto chunk = ParseCompletionChunk(event.data);
   if (!chunk) return Fail(kMalformed, "malformed stream: " + chunk.error());
   if (chunk->done) {
-    done_seen_ = true;
     // The reply is over: no need to wait for the server to close the connection.
     if (finish_reason_.empty())
-      return Fail(kNoFinish, "the stream ended ([DONE]) without a finish_reason" + Received());
+      return Fail(kNoFinish, "the stream ended ([DONE]) without a finish_reason: " + Received());
     return Complete();
   }
   if (chunk->error) return Fail(kStreamError, "server error in the stream: " + *chunk->error);
@@ -468,7 +464,7 @@ void Session::OnEnd(Clock::time_point now) {
     if (finished_) return;
   }
   if (finish_reason_.empty())
-    return Fail(kNoFinish, "the reply ended without a finish_reason" + Received());
+    return Fail(kNoFinish, "the reply ended without a finish_reason: " + Received());
   Complete();
 }
 
@@ -531,8 +527,8 @@ void Session::Finish(Request record, const std::string& kind) {
 }
 
 std::string Session::Received() const {
-  if (!parser_ || status_ == 0) return " (no reply)";
-  return " (" + std::to_string(token_chunks_) + " token chunks received)";
+  if (!parser_ || status_ == 0) return "(no reply)";
+  return "(" + std::to_string(token_chunks_) + " token chunks received)";
 }
 
 // A blocking HTTP GET with a deadline, for the checks before a run.
@@ -620,7 +616,9 @@ Result<ReplayReport> RunReplay(const traces::Trace& trace, const ReplayOptions& 
                                policies::MetricsCollector& metrics) {
   if (options.model.empty()) return Status::Error("no model name to send");
   DUET_RETURN_IF_ERROR(traces::CheckPromptOptions(options.prompt));
-  if (!(options.timeout_s > 0)) return Status::Error("the request timeout must be positive");
+  if (!(options.timeout_s > 0 && options.timeout_s <= kMaxTimeoutS))
+    return Status::Error("the request timeout must be in (0, " + FormatSeconds(kMaxTimeoutS) +
+                         "] s");
   RaiseOpenFileLimit();
   net::io_context resolver_io;
   auto addresses = Resolve(resolver_io, options.endpoint);

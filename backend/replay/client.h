@@ -18,12 +18,15 @@
 
 namespace duet::backend::replay {
 
+// The longest request timeout accepted (11.6 days): longer ones overflow the timers' clock.
+inline constexpr Seconds kMaxTimeoutS = 1e6;
+
 struct ReplayOptions {
   Endpoint endpoint;
   std::string model;    // the "model" of every request; required
   std::string api_key;  // sent as "Authorization: Bearer KEY"; empty: no such header
   traces::PromptOptions prompt;
-  Seconds timeout_s = 600;  // per request: its send to the end of its reply
+  Seconds timeout_s = 600;  // per request: its send to the end of its reply; <= kMaxTimeoutS
   bool progress = false;    // redraw a progress bar on stderr
 };
 
@@ -53,8 +56,8 @@ Status CheckReachable(const Endpoint& endpoint, Seconds timeout_s);
 // Replays `trace` and returns when every request has a final record in `metrics` (completed,
 // rejected: HTTP 429 or 503, or failed: any other error, a timeout, an interruption; requests
 // never sent are failed too), so the collector ends with exactly one record per trace request.
-// Errors only when the run cannot start (the host does not resolve). Request k is sent at
-// start + (arrival_k - arrival_0); its record's arrival_s is the trace's arrival_k, and its
+// Errors only when the run cannot start (bad options, or the host does not resolve). Request k is
+// sent at start + (arrival_k - arrival_0); its record's arrival_s is the trace's arrival_k, and its
 // other times are on the same clock (steady clock since the start, offset by arrival_0), so
 // TTFT and E2E run from the scheduled send. SIGINT and SIGTERM end the run early: requests in
 // flight fail ("interrupted") and the rest are recorded as not sent. Blocks the calling thread,

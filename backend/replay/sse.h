@@ -33,8 +33,8 @@ class SseParser {
   // After an error every later call fails too.
   Status Feed(std::string_view bytes, std::vector<SseEvent>& events);
 
-  // True when bytes of an unfinished line or event are held (at the end of a stream: it was
-  // cut short; per the format such an event is discarded).
+  // True when bytes of an unfinished line or event are held (per the format, an event a
+  // stream ends in the middle of is discarded).
   bool pending() const { return !line_.empty() || has_data_ || !type_.empty(); }
 
  private:

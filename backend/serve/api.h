@@ -8,7 +8,6 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <variant>
@@ -69,7 +68,7 @@ struct ReplyPart {
 // connection's strand): Start, Cancel and every delivery run there. Engine-thread callbacks
 // only queue tokens and post a pump onto that executor, so they never block and never touch
 // the connection.
-class GenerationCall : public std::enable_shared_from_this<GenerationCall> {
+class GenerationCall {
  public:
   // Runs `task` later on the connection's serial executor (asio::post onto its strand).
   using Post = std::function<void(std::function<void()> task)>;
@@ -85,8 +84,6 @@ class GenerationCall : public std::enable_shared_from_this<GenerationCall> {
   // The client went away: aborts the request in the engine (its KV blocks are freed) and
   // delivers nothing more. No effect once the last part was delivered.
   void Cancel();
-  bool finished() const { return finished_; }
-  policies::RequestId id() const { return id_; }
 
  private:
   struct Mailbox;  // tokens and the finish, handed from the engine thread to the strand

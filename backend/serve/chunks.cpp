@@ -8,6 +8,8 @@
 #include <cstdio>
 #include <random>
 
+#include "common/status.h"
+
 namespace duet::backend::serve {
 
 // Ordered: fields in the order OpenAI writes them (id, object, created, model, choices, ...).

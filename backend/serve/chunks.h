@@ -49,8 +49,6 @@ class ReplyFormatter {
   std::string FullReply(std::string_view text, std::string_view finish_reason, const Usage& usage,
                         const DuetExtension& duet) const;
 
-  const std::string& id() const { return id_; }
-
  private:
   nlohmann::ordered_json Envelope(bool chunk) const;
   // The text chunk's JSON is the same for every piece of text but the text: built once, it is

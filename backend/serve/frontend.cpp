@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
+#include <limits>
 #include <mutex>
 #include <unordered_map>
 
@@ -277,7 +278,6 @@ Tokens LiveFrontend::max_request_tokens() const { return impl_->max_request_toke
 const models::ModelSpec& LiveFrontend::model_config() const {
   return impl_->models.front()->config();
 }
-int LiveFrontend::instances() const { return static_cast<int>(impl_->threads.size()); }
 
 FrontendStats LiveFrontend::Stats() const {
   FrontendStats stats;

@@ -104,7 +104,6 @@ class LiveFrontend {
   // capacity of the smallest instance, less the admission watermark).
   Tokens max_request_tokens() const;
   const models::ModelSpec& model_config() const;
-  int instances() const;
   FrontendStats Stats() const;
 
  private:

@@ -230,7 +230,6 @@ class WsSession : public std::enable_shared_from_this<WsSession> {
       return *error;
     }
     call_ = std::get<std::shared_ptr<GenerationCall>>(std::move(started));
-    if (call_->finished()) call_.reset();  // cannot happen: the last part comes from a pump
     return std::nullopt;
   }
 
@@ -689,13 +688,20 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
 void HttpServer::Impl::Accept() {
   acceptor->async_accept(net::make_strand(*ioc), [this](beast::error_code ec, tcp::socket socket) {
     if (stopped || !acceptor->is_open()) return;
-    if (!ec) {
-      if (connections >= options.max_connections) {
-        beast::error_code ignored;
-        socket.close(ignored);
-      } else {
-        std::make_shared<HttpSession>(std::move(socket), this)->Run();
-      }
+    if (ec) {
+      // A lasting error (EMFILE: out of file descriptors) would fail again at once: try again
+      // a little later instead of spinning on the io thread.
+      auto timer = std::make_shared<net::steady_timer>(*ioc, std::chrono::milliseconds(50));
+      timer->async_wait([this, timer](beast::error_code) {
+        if (!stopped) Accept();
+      });
+      return;
+    }
+    if (connections >= options.max_connections) {
+      beast::error_code ignored;
+      socket.close(ignored);
+    } else {
+      std::make_shared<HttpSession>(std::move(socket), this)->Run();
     }
     Accept();
   });

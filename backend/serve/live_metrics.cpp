@@ -9,6 +9,7 @@
 #include <prometheus/text_serializer.h>
 
 #include <algorithm>
+#include <vector>
 
 namespace duet::backend::serve {
 namespace {

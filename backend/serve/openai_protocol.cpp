@@ -432,10 +432,6 @@ ApiError NotFound(std::string message, std::string param, std::string code) {
                   std::move(code)};
 }
 
-const char* EndpointPath(Endpoint endpoint) {
-  return endpoint == Endpoint::kCompletions ? "/v1/completions" : "/v1/chat/completions";
-}
-
 std::optional<ApiError> ParseGenerationBody(Endpoint endpoint, std::string_view body,
                                             GenerationParams* out,
                                             const std::vector<std::string>& ignore_keys) {

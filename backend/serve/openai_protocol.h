@@ -42,7 +42,6 @@ ApiError BadRequest(std::string message, std::string param = "", std::string cod
 ApiError NotFound(std::string message, std::string param = "", std::string code = "");
 
 enum class Endpoint { kCompletions, kChatCompletions };
-const char* EndpointPath(Endpoint endpoint);  // "/v1/completions", "/v1/chat/completions"
 
 // One validated generation request. Exactly one of prompt_text, prompt_ids (completions) or
 // messages (chat) is set.

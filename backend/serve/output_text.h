@@ -42,7 +42,7 @@ class OutputText {
   OutputText(const Tokenizer& tokenizer, std::vector<std::string> stops, bool skip_special_tokens);
 
   // Adds the next generated token; returns the text released by it (often "", never a part
-  // of a UTF-8 character). After stopped() the token is counted and otherwise ignored.
+  // of a UTF-8 character). After stopped() the token is ignored (not counted).
   std::string Push(std::int32_t token);
   // The end of generation (not by a stop string): the rest of the text.
   std::string Finish();

@@ -5,6 +5,7 @@
 #include <string_view>
 
 #include "backend/tokenizer/unicode_util.h"
+#include "common/json_util.h"
 
 namespace duet::backend {
 namespace {
@@ -86,6 +87,17 @@ Result<ChatFormat> DetectChatFormat(const Tokenizer& tokenizer) {
   return Status::Error(tokenizer.source_name() +
                        ": has neither the Llama-3 chat tokens (<|start_header_id|>, "
                        "<|end_header_id|>, <|eot_id|>) nor ChatML's (<|im_start|>, <|im_end|>)");
+}
+
+Result<ChatFormat> DetectChatFormat(const Tokenizer& tokenizer,
+                                    const std::string& tokenizer_config_path) {
+  if (!tokenizer_config_path.empty()) {
+    auto config = ReadJsonFile(tokenizer_config_path);
+    if (!config) return config.status();
+    if (config->contains("chat_template") && (*config)["chat_template"].is_string())
+      return DetectChatFormatFromTemplate((*config)["chat_template"].get<std::string>());
+  }
+  return DetectChatFormat(tokenizer);
 }
 
 std::vector<std::string> StopTokens(ChatFormat format) {

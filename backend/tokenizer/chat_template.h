@@ -47,6 +47,12 @@ Result<ChatFormat> DetectChatFormatFromTemplate(const std::string& chat_template
 // project's test tokenizer has both sets and is reported as Llama-3.
 Result<ChatFormat> DetectChatFormat(const Tokenizer& tokenizer);
 
+// The format a model directory declares, as `duet generate --chat` and `duet serve` both use
+// it: the "chat_template" of its tokenizer_config.json (empty path: none) when there is one,
+// else what the tokenizer's special tokens say.
+Result<ChatFormat> DetectChatFormat(const Tokenizer& tokenizer,
+                                    const std::string& tokenizer_config_path);
+
 // Tokens that end the assistant's turn (Llama-3: <|eot_id|>, <|end_of_text|>; Llama-3.1 also
 // emits <|eom_id|>; ChatML: <|im_end|>, <|endoftext|>), and the ids of those the tokenizer has.
 std::vector<std::string> StopTokens(ChatFormat format);

@@ -170,7 +170,7 @@ TEST(Router, CacheAwareRejectsWhatCannotMeetTheTtftSlo) {
   auto rejected = router->Route(MakeRequest(4000));  // 0.8 s behind the first
   EXPECT_EQ(rejected.prefill, kNoInstance);
   EXPECT_EQ(rejected.reject_reason,
-            "estimated TTFT over the SLO: estimated TTFT 800 ms exceeds the TTFT SLO of 500 ms");
+            "estimated TTFT over the SLO: 800 ms exceeds the TTFT SLO of 500 ms");
   // Nothing was charged for it.
   EXPECT_EQ(router->load(0).outstanding_prefill_tokens, 4000);
   EXPECT_EQ(router->load(1).outstanding_requests, 1);

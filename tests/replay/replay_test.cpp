@@ -143,7 +143,6 @@ TEST_F(ReplayTest, MeasuresTheServersTimingAndCounts) {
   EXPECT_EQ(replay["duet_fields_reported"], 0);
   EXPECT_EQ(replay["prompt_tokens_mismatched"], 0);
   EXPECT_EQ(replay["interrupted"], false);
-  EXPECT_GE(replay["send_lag_ms"]["max"].get<double>(), 0);
   EXPECT_LT(replay["send_lag_ms"]["max"].get<double>(), kLateMs);
   EXPECT_EQ(s["run"]["trace"], trace_);
   EXPECT_EQ(s["run"]["rate_scale"], 1.0);
@@ -213,6 +212,8 @@ TEST_F(ReplayTest, ReadsDuetsQueueTimeAndInstance) {
   EXPECT_EQ(s["replay"]["cached_tokens_reported"], 0);
   EXPECT_EQ(s["run"]["seed"], 7);
   EXPECT_EQ(s["run"]["vocab_size"], 100);
+  ASSERT_EQ(server.Completions().size(), 3u);
+  ASSERT_EQ(server.Authorizations().size(), 3u);
   for (const nlohmann::json& b : server.Completions()) {
     EXPECT_EQ(b["model"], "served-name");
     for (const auto& t : b["prompt"]) {

@@ -148,10 +148,10 @@ TEST(ServeReplay, ATraceReplaysEndToEndAndComparesColumnByColumnWithTheSimulator
   Simulate(simulated, {"--cluster", cluster_path, "--trace", trace});
   ExpectMetricsSchema(simulated, RunKind::kSimulated);
   const Csv sim_rows = Csv::Read(simulated + "/requests.csv");
-  const std::string live_header = ReadFile(live + "/requests.csv").substr(0, 200);
-  const std::string sim_header = ReadFile(simulated + "/requests.csv").substr(0, 200);
-  EXPECT_EQ(live_header.substr(0, live_header.find('\n')),
-            sim_header.substr(0, sim_header.find('\n')));
+  const std::string live_csv = ReadFile(live + "/requests.csv");
+  const std::string sim_csv = ReadFile(simulated + "/requests.csv");
+  ASSERT_NE(live_csv.find('\n'), std::string::npos);
+  EXPECT_EQ(live_csv.substr(0, live_csv.find('\n')), sim_csv.substr(0, sim_csv.find('\n')));
   ASSERT_EQ(sim_rows.size(), rows.size());
   for (std::size_t i = 0; i < rows.size(); ++i) {
     for (const char* column : {"request_id", "input_tokens", "output_tokens"})

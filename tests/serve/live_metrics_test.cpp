@@ -47,9 +47,9 @@ TEST(LiveMetrics, EveryLiveNameIsExposedWithItsType) {
        {"duet:num_requests_running", "duet:num_requests_waiting", "duet:kv_cache_usage_perc",
         "duet:kv_blocks_used", "duet:kv_blocks_free"})
     EXPECT_NE(text.find(std::string("# TYPE ") + gauge + " gauge"), std::string::npos) << gauge;
-  for (const char* counter :
-       {"duet:prompt_tokens_total", "duet:generation_tokens_total", "duet:request_success_total",
-        "duet:prefix_cache_queries_total", "duet:prefix_cache_hits_total"})
+  for (const char* counter : {"duet:prompt_tokens_total", "duet:generation_tokens_total",
+                              "duet:request_success_total", "duet:prefix_cache_queries_total",
+                              "duet:prefix_cache_hits_total", "duet:num_preemptions_total"})
     EXPECT_NE(text.find(std::string("# TYPE ") + counter + " counter"), std::string::npos)
         << counter;
   for (const char* histogram :

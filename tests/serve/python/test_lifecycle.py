@@ -70,7 +70,7 @@ def test_client_disconnect_aborts_and_frees_blocks(slow_server):
         while not json.loads(ws.recv(timeout=60))["choices"][0]["text"]:
             pass
         s.wait_metric("duet:kv_blocks_used", lambda v: v > 0)
-    m = s.wait_metric(ABORT, lambda v: v == 2)
+    s.wait_metric(ABORT, lambda v: v == 2)
     s.assert_idle()
 
     # Not streamed: the client gives up before the reply.
