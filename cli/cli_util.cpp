@@ -137,6 +137,16 @@ Status CheckThreadsFlag(int threads) {
   return Status::Ok();
 }
 
+void PrintGoodput(const nlohmann::json& summary) {
+  const auto& gp = summary["goodput"];
+  if (gp["slo"]["ttft_ms"].get<double>() > 0 || gp["slo"]["tpot_ms"].get<double>() > 0 ||
+      gp["slo"].contains("e2e_ms")) {
+    std::printf("  goodput        %.3f req/s meet the SLO %s (attainment %.2f%%)\n",
+                gp["requests_per_s"].get<double>(), gp["slo"].dump().c_str(),
+                100 * gp["attainment"].get<double>());
+  }
+}
+
 void PrintThroughputAndLatencies(const nlohmann::json& s) {
   const auto& tp = s["throughput"];
   std::printf("  throughput     %.3f req/s, %.1f output tok/s, %.1f total tok/s\n",

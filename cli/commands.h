@@ -45,6 +45,8 @@ Result<traces::Trace> LoadTrace(const boost::program_options::variables_map& vm,
 void PrintDistribution(const char* label, const nlohmann::json& distribution);
 // The throughput line and the TTFT, TPOT, ITL and E2E lines of a METRICS.md summary.
 void PrintThroughputAndLatencies(const nlohmann::json& summary);
+// The goodput line of a summary, when an SLO was given.
+void PrintGoodput(const nlohmann::json& summary);
 // A statistic with two decimals, or "n/a" when it is null.
 std::string FormatStat(const nlohmann::json& value);
 

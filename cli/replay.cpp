@@ -76,13 +76,7 @@ void PrintSummary(const nlohmann::json& s, const std::string& out_dir) {
   } else {
     std::printf("  prefix cache   not reported by this server (usage.prompt_tokens_details)\n");
   }
-  const auto& gp = s["goodput"];
-  if (gp["slo"]["ttft_ms"].get<double>() > 0 || gp["slo"]["tpot_ms"].get<double>() > 0 ||
-      gp["slo"].contains("e2e_ms")) {
-    std::printf("  goodput        %.3f req/s meet the SLO %s (attainment %.2f%%)\n",
-                gp["requests_per_s"].get<double>(), gp["slo"].dump().c_str(),
-                100 * gp["attainment"].get<double>());
-  }
+  PrintGoodput(s);
   std::printf("  wrote          %s, %s\n", (fs::path(out_dir) / "summary.json").string().c_str(),
               (fs::path(out_dir) / "requests.csv").string().c_str());
 }

@@ -69,13 +69,7 @@ void PrintSummary(const nlohmann::json& s, const std::string& out_dir) {
               static_cast<long long>(kv["transfers"].get<std::int64_t>()),
               static_cast<double>(kv["bytes"].get<std::int64_t>()) / 1e9,
               FormatStat(kv["time_ms"]["mean"]).c_str(), FormatStat(kv["time_ms"]["p99"]).c_str());
-  const auto& gp = s["goodput"];
-  if (gp["slo"]["ttft_ms"].get<double>() > 0 || gp["slo"]["tpot_ms"].get<double>() > 0 ||
-      gp["slo"].contains("e2e_ms")) {
-    std::printf("  goodput        %.3f req/s meet the SLO %s (attainment %.2f%%)\n",
-                gp["requests_per_s"].get<double>(), gp["slo"].dump().c_str(),
-                100 * gp["attainment"].get<double>());
-  }
+  PrintGoodput(s);
   std::printf("  wrote          %s, %s, %s\n",
               (fs::path(out_dir) / "summary.json").string().c_str(),
               (fs::path(out_dir) / "requests.csv").string().c_str(),

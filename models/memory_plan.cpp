@@ -3,6 +3,7 @@
 // Follows vLLM's accounting: gpu_memory_utilization caps what the engine may use at all.
 #include <cmath>
 #include <cstdio>
+#include <limits>
 #include <string>
 
 #include "models/model_spec.h"
@@ -78,7 +79,7 @@ Result<InstanceMemory> PlanInstanceMemory(const ModelSpec& model, const Hardware
   }
 
   // Block ids are 32-bit in the block managers (and a real engine's block tables).
-  constexpr std::int64_t kMaxKvBlocks = 2147483647;
+  constexpr std::int64_t kMaxKvBlocks = std::numeric_limits<std::int32_t>::max();
   if (kv_blocks > kMaxKvBlocks) {
     return Status::Error(what + " (tp=" + std::to_string(options.tp) +
                          "): the KV cache would hold " + std::to_string(kv_blocks) + " blocks of " +

@@ -6,6 +6,8 @@
 #include <cmath>
 #include <nlohmann/json.hpp>
 
+#include "common/text.h"
+
 namespace duet::backend::replay {
 namespace {
 
@@ -46,20 +48,15 @@ std::string MessageOf(const json& error) {
   return error.dump();
 }
 
-std::string Excerpt(std::string_view text, std::size_t max_chars) {
-  std::string out;
-  for (char c : text) {
+// One printable line of a server's text: line breaks and other control characters become
+// spaces, then duet::Excerpt cuts it and escapes what is not valid UTF-8.
+std::string OneLineExcerpt(std::string_view text, std::size_t max_bytes) {
+  std::string spaced(text.substr(0, max_bytes + 4));  // the excerpt never needs more
+  for (char& c : spaced) {
     const auto u = static_cast<unsigned char>(c);
-    out += (u < 0x20 || u == 0x7f) ? ' ' : c;
+    if (u < 0x20 || u == 0x7f) c = ' ';
   }
-  if (out.size() > max_chars) {
-    std::size_t cut = max_chars;
-    // Do not split a UTF-8 sequence: back off over continuation bytes.
-    while (cut > 0 && (static_cast<unsigned char>(out[cut]) & 0xC0) == 0x80) --cut;
-    out.resize(cut);
-    out += "...";
-  }
-  return out;
+  return duet::Excerpt(spaced, max_bytes);
 }
 
 }  // namespace
@@ -164,8 +161,9 @@ Result<CompletionChunk> ParseCompletionChunk(std::string_view data) {
     return c;
   }
   const json j = json::parse(data.begin(), data.end(), nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) return Status::Error("chunk is not JSON: " + Excerpt(data, 60));
-  if (!j.is_object()) return Status::Error("chunk is not a JSON object: " + Excerpt(data, 60));
+  if (j.is_discarded()) return Status::Error("chunk is not JSON: " + OneLineExcerpt(data, 60));
+  if (!j.is_object())
+    return Status::Error("chunk is not a JSON object: " + OneLineExcerpt(data, 60));
   if (const auto it = j.find("error"); it != j.end() && !it->is_null()) {
     c.error = MessageOf(*it);
     return c;
@@ -227,20 +225,20 @@ std::string DescribeErrorBody(std::string_view body, std::size_t max_chars) {
   if (!j.is_discarded() && j.is_object()) {
     for (const char* key : {"error", "message", "detail"}) {
       const auto it = j.find(key);
-      if (it != j.end() && !it->is_null()) return Excerpt(MessageOf(*it), max_chars);
+      if (it != j.end() && !it->is_null()) return OneLineExcerpt(MessageOf(*it), max_chars);
     }
   }
   std::string_view text = body;
   while (!text.empty() && (text.front() == ' ' || text.front() == '\n' || text.front() == '\r'))
     text.remove_prefix(1);
   if (text.empty()) return "(empty body)";
-  return Excerpt(text, max_chars);
+  return OneLineExcerpt(text, max_chars);
 }
 
 Result<std::string> ParseFirstModelId(std::string_view body) {
   const json j = json::parse(body.begin(), body.end(), nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object())
-    return Status::Error("the model list is not a JSON object: " + Excerpt(body, 60));
+    return Status::Error("the model list is not a JSON object: " + OneLineExcerpt(body, 60));
   const auto data = j.find("data");
   if (data == j.end() || !data->is_array())
     return Status::Error("the model list has no \"data\" array");
@@ -248,7 +246,8 @@ Result<std::string> ParseFirstModelId(std::string_view body) {
   const json& first = data->front();
   if (!first.is_object() || !first.contains("id") || !first["id"].is_string() ||
       first["id"].get_ref<const std::string&>().empty())
-    return Status::Error("the first model has no \"id\" string: " + Excerpt(first.dump(), 60));
+    return Status::Error("the first model has no \"id\" string: " +
+                         OneLineExcerpt(first.dump(), 60));
   return first["id"].get<std::string>();
 }
 
