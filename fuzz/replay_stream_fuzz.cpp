@@ -55,7 +55,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     }
   }
 
-  if (DescribeErrorBody(text, 80).size() > 80 + 3) __builtin_trap();
+  // At most 80 bytes of the body, each written as at most 4 (an \xNN escape), and "...".
+  if (DescribeErrorBody(text, 80).size() > 4 * 80 + 3) __builtin_trap();
   (void)ParseFirstModelId(text);
   auto endpoint = ParseEndpoint(std::string(text));
   if (endpoint.ok()) {

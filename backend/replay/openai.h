@@ -50,8 +50,9 @@ struct CompletionChunk {
 Result<CompletionChunk> ParseCompletionChunk(std::string_view data);
 
 // One line describing an HTTP error reply's body: the JSON error message ({"error":
-// {"message"}}, {"message"}, {"detail"}) or the start of the text, at most `max_chars` long,
-// control characters replaced by spaces.
+// {"message"}}, {"message"}, {"detail"}) or the start of the text: at most `max_chars` bytes
+// of it, control characters replaced by spaces, bytes that are not valid UTF-8 written as
+// \xNN escapes (common/text.h's Excerpt).
 std::string DescribeErrorBody(std::string_view body, std::size_t max_chars = 160);
 
 // The first model id of a GET /v1/models reply ({"data": [{"id": ...}, ...]}).
