@@ -2,7 +2,7 @@
 // prefill chunks and decode tokens over the paged KV cache, block tables from the shared block
 // manager) on the kernels of kernels/cuda. Weights and the KV cache live in device memory as
 // bf16 (weights stored as f32 or f16 are rounded once at load); activations are fp32 between
-// kernels and bf16 into the matrix multiplies, which accumulate in fp32 on cuBLAS.
+// kernels and bf16 into the matrix multiplies, which accumulate in fp32 (kernels::cuda::MatMul).
 //
 // Forward enqueues the whole pass on the model's stream and waits only for what the caller
 // needs back: the logits rows, or with ForwardGreedy just the sampled token ids.
