@@ -30,7 +30,8 @@ int MakeTestModel(int argc, char** argv) {
     ("seed", po::value<std::uint64_t>()->default_value(1), "random seed of the weights")
     ("dtype", po::value<std::string>()->default_value("F32"), "weight dtype: F32, BF16 or F16")
     ("preset", po::value<std::string>()->default_value("tiny"),
-     "tiny (2 layers, hidden 64) or bench (~125M parameters, bf16 by default)");
+     "tiny (2 layers, hidden 64), bench (~125M parameters) or llama-3.2-1b (Llama-3.2-1B's "
+     "dimensions, 1.24B parameters); the last two are bf16 unless --dtype says otherwise");
   // clang-format on
   po::variables_map vm;
   int code = 0;
@@ -39,8 +40,10 @@ int MakeTestModel(int argc, char** argv) {
   backend::TestModelOptions options;
   if (preset == "bench") {
     options = backend::TestModelOptions::Benchmark();
+  } else if (preset == "llama-3.2-1b") {
+    options = backend::TestModelOptions::Llama32_1B();
   } else if (preset != "tiny") {
-    return Fail("--preset must be tiny or bench", kExitUsage);
+    return Fail("--preset must be tiny, bench or llama-3.2-1b", kExitUsage);
   }
   options.seed = vm["seed"].as<std::uint64_t>();
   if (!vm["dtype"].defaulted() || preset == "tiny") {

@@ -16,6 +16,7 @@ PACKAGES=(
   libpcre2-dev                   # the tokenizer's pre-tokenization regex
   libgtest-dev libgmock-dev      # the test suite
   libbenchmark-dev               # kernel micro-benchmarks (bench/)
+  libdnnl-dev                    # oneDNN: the CPU backend's prefill matrix multiplies
   libucx-dev                     # optional UCX KV transport (found and reported by CMake)
   clang libclang-rt-14-dev       # scripts/sanitize.sh and scripts/fuzz.sh: ASan, UBSan, libFuzzer
 )

@@ -202,6 +202,22 @@ TestModelOptions TestModelOptions::Benchmark() {
   return options;
 }
 
+TestModelOptions TestModelOptions::Llama32_1B() {
+  TestModelOptions options;
+  options.dtype = Dtype::kBF16;
+  options.hidden_size = 2048;
+  options.intermediate_size = 8192;
+  options.num_hidden_layers = 16;
+  options.num_attention_heads = 32;
+  options.num_key_value_heads = 8;
+  options.head_dim = 64;
+  options.vocab_size = 128256;
+  options.tie_word_embeddings = true;
+  options.rope_scaling = {models::RopeScalingType::kLlama3, 32.0, 1.0, 4.0, 8192, ""};
+  options.max_position_embeddings = 131072;
+  return options;
+}
+
 Result<models::ModelSpec> TestModelConfig(const TestModelOptions& options) {
   DUET_RETURN_IF_ERROR(CheckOptions(options));
   Result<TokenizerInfo> tokenizer = MakeTokenizer(options.tokenizer_vocab_size);

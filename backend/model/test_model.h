@@ -43,6 +43,10 @@ struct TestModelOptions {
   // hidden 768, 12 layers, 12 heads (head_dim 64), 4 KV heads, intermediate 2048, vocab 32000
   // (the small tokenizer; rows past its 519 ids are unused), BF16: 124.7M parameters.
   static TestModelOptions Benchmark();
+  // Llama-3.2-1B's dimensions (hidden 2048, 16 layers, 32/8 heads, intermediate 8192, vocab
+  // 128256, tied embeddings, Llama 3 RoPE scaling 32 over 8192), BF16: 1.24B parameters, where
+  // the weights dwarf the caches.
+  static TestModelOptions Llama32_1B();
 };
 
 // The config the options describe (vocab and bos/eos ids from the test tokenizer).

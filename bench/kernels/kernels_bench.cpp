@@ -206,12 +206,15 @@ void GemvArgs(benchmark::internal::Benchmark* b) {
 BENCHMARK(BM_Gemv)->Apply(GemvArgs)->UseRealTime()->Unit(benchmark::kMicrosecond);
 
 // ---------------------------------------------------------------------------------------------
-// GEMM, M = 128 (a prefill chunk). Args: dtype, N, K, threads.
+// GEMM. Args: dtype, N, K, threads, M, library (1: MatMul as configured, oneDNN from
+// kLibraryMinRows rows; 0: Duet's own GEMM, the yardstick it replaced).
 
 void BM_Gemm(benchmark::State& state) {
   const auto dtype = static_cast<WeightDtype>(state.range(0));
-  const std::int64_t n = state.range(1), k = state.range(2), m = 128;
+  const std::int64_t n = state.range(1), k = state.range(2), m = state.range(4);
   const int threads = static_cast<int>(state.range(3));
+  const bool library = state.range(5) != 0;
+  const bool saved = SetGemmLibraryForTesting(library);
   const OwnedWeight w = MakeWeight(dtype, n, k, 5);
   const std::vector<float> x = RandomVector(m * k, 6);
   std::vector<float> y(static_cast<std::size_t>(m * n));
@@ -222,14 +225,24 @@ void BM_Gemm(benchmark::State& state) {
   }
   state.counters["GFLOP/s"] = benchmark::Counter(static_cast<double>(2 * m * n * k) * 1e-9,
                                                  benchmark::Counter::kIsIterationInvariantRate);
-  state.SetLabel(std::string(WeightDtypeName(dtype)) + " M=128 " + std::to_string(n) + "x" +
-                 std::to_string(k) + ", " + std::to_string(threads) + " threads");
+  state.SetLabel(std::string(WeightDtypeName(dtype)) + " M=" + std::to_string(m) + " " +
+                 std::to_string(n) + "x" + std::to_string(k) + ", " + std::to_string(threads) +
+                 " threads, " + (MatMulUsesLibrary(m, dtype) ? "oneDNN" : "duet"));
+  SetGemmLibraryForTesting(saved);
 }
 
 void GemmArgs(benchmark::internal::Benchmark* b) {
   for (int dtype : {static_cast<int>(WeightDtype::kBF16), static_cast<int>(WeightDtype::kF32)}) {
     for (const auto& s : {std::pair<int, int>{768, 3072}, {3072, 768}, {4096, 4096}}) {
-      for (int threads : {1, 2}) b->Args({dtype, s.first, s.second, threads});
+      for (int threads : {1, 2}) {
+        for (int library : {0, 1}) b->Args({dtype, s.first, s.second, threads, 128, library});
+      }
+    }
+  }
+  // Where oneDNN starts to pay: decode-batch and small-chunk row counts.
+  for (int m : {2, 4, 8, 16, 32, 64, 512}) {
+    for (int library : {0, 1}) {
+      b->Args({static_cast<int>(WeightDtype::kBF16), 2304, 768, 2, m, library});
     }
   }
 }

@@ -5,11 +5,14 @@
 #include "kernels/cpu/matmul.h"
 
 #include <algorithm>
+#include <atomic>
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 
 #include "common/status.h"
 #include "kernels/cpu/cpu_features.h"
+#include "kernels/cpu/onednn_gemm.h"
 
 #if DUET_KERNELS_X86
 #include <immintrin.h>
@@ -330,7 +333,27 @@ void AddBias(float* out, std::int64_t m0, std::int64_t m1, std::int64_t n0, std:
   }
 }
 
+std::atomic<bool>& LibrarySlot() {
+  static std::atomic<bool> slot{[] {
+    const char* forced = std::getenv("DUET_KERNELS_GEMM");
+    return forced == nullptr || std::strcmp(forced, "duet") != 0;
+  }()};
+  return slot;
+}
+
 }  // namespace
+
+bool GemmLibraryEnabled() {
+  return ActiveIsa() != Isa::kBaseline && LibrarySlot().load(std::memory_order_relaxed);
+}
+
+bool SetGemmLibraryForTesting(bool enabled) {
+  return LibrarySlot().exchange(enabled, std::memory_order_relaxed);
+}
+
+bool MatMulUsesLibrary(std::int64_t m, WeightDtype dtype) {
+  return m >= kLibraryMinRows && GemmLibraryEnabled() && OneDnnSupports(dtype);
+}
 
 void MatMul(float* out, const float* in, std::int64_t m, const Weight& w, const Weight* bias,
             ThreadPool* pool) {
@@ -366,6 +389,16 @@ void MatMul(float* out, const float* in, std::int64_t m, const Weight& w, const 
           if (bias_f32 != nullptr) AddBias(out, 0, 1, n0, n1, n_out, bias_f32);
         },
         /*min_chunk=*/16);
+    return;
+  }
+
+  if (MatMulUsesLibrary(m, w.dtype)) {
+    OneDnnMatMul(out, in, m, w, pool);
+    if (bias_f32 != nullptr) {
+      ParallelFor(pool, m, [&](std::int64_t m0, std::int64_t m1) {
+        AddBias(out, m0, m1, 0, n_out, n_out, bias_f32);
+      });
+    }
     return;
   }
 

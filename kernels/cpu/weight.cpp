@@ -121,6 +121,52 @@ void ConvertToF32(const void* src, WeightDtype dtype, std::int64_t count, float*
   ConvertBaseline(src, dtype, count, dst);
 }
 
+#if DUET_KERNELS_X86
+namespace {
+// Eight floats to bf16 with F32ToBf16's rounding: RNE by integer add, NaNs made quiet.
+DUET_TARGET_AVX2 void ConvertF32ToBf16Avx2(const float* src, std::int64_t count,
+                                           std::uint16_t* dst) {
+  const __m256i abs_mask = _mm256_set1_epi32(0x7fffffff);
+  const __m256i inf = _mm256_set1_epi32(0x7f800000);
+  const __m256i one = _mm256_set1_epi32(1);
+  const __m256i bias = _mm256_set1_epi32(0x7fff);
+  const __m256i quiet = _mm256_set1_epi32(0x40);
+  std::int64_t i = 0;
+  for (; i + 8 <= count; i += 8) {
+    const __m256i x = _mm256_castps_si256(_mm256_loadu_ps(src + i));
+    const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(x, 16), one);
+    const __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(x, bias), lsb), 16);
+    const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(x, abs_mask), inf);
+    const __m256i quieted = _mm256_or_si256(_mm256_srli_epi32(x, 16), quiet);
+    const __m256i r = _mm256_blendv_epi8(rounded, quieted, nan);
+    // Pack the eight 32-bit lanes (each < 2^16) to 16 bits, in order.
+    const __m128i packed =
+        _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i), packed);
+  }
+  for (; i < count; ++i) dst[i] = F32ToBf16(src[i]);
+}
+}  // namespace
+#endif
+
+void ConvertFromF32(const float* src, std::int64_t count, WeightDtype dtype, void* dst) {
+  DUET_CHECK(count >= 0);
+  if (dtype == WeightDtype::kF32) {
+    std::memcpy(dst, src, static_cast<std::size_t>(count) * sizeof(float));
+    return;
+  }
+  auto* out = static_cast<std::uint16_t*>(dst);
+#if DUET_KERNELS_X86
+  if (dtype == WeightDtype::kBF16 && ActiveIsa() == Isa::kAvx2) {
+    ConvertF32ToBf16Avx2(src, count, out);
+    return;
+  }
+#endif
+  for (std::int64_t i = 0; i < count; ++i) {
+    out[i] = dtype == WeightDtype::kBF16 ? F32ToBf16(src[i]) : F32ToF16(src[i]);
+  }
+}
+
 void WeightRowToF32(const Weight& w, std::int64_t row, float* dst) {
   DUET_CHECK(w.data != nullptr && row >= 0 && row < w.rows);
   const char* base = static_cast<const char*>(w.data) +

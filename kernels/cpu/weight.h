@@ -76,6 +76,10 @@ std::uint16_t F32ToF16(float value);
 // allows; the result is identical to the scalar helpers above).
 void ConvertToF32(const void* src, WeightDtype dtype, std::int64_t count, float* dst);
 
+// The reverse: `count` fp32 values to dtype at `dst`, each exactly as F32ToBf16 / F32ToF16
+// round it (vectorised for bf16 where the CPU allows).
+void ConvertFromF32(const float* src, std::int64_t count, WeightDtype dtype, void* dst);
+
 // Row `row` of w as w.cols fp32 values.
 void WeightRowToF32(const Weight& w, std::int64_t row, float* dst);
 

@@ -1,7 +1,9 @@
 // MatMul against a double-precision reference on random inputs: GEMV (M = 1) and GEMM shapes
 // that hit every edge of the tiling (N = 1, K = 1, K not a multiple of 8 / 16 / 512, M and N
-// across tile boundaries), all three weight dtypes, fp32 and bf16 biases, both instruction-set
-// paths, and bit-identical results for any thread count.
+// across tile and slice boundaries), all three weight dtypes, fp32 and bf16 biases, both
+// instruction-set paths with and without oneDNN, and bit-identical results for any thread
+// count. Where oneDNN takes a bf16 product, the reference multiplies the inputs rounded to bf16
+// (what the library is documented to do) and is met as tightly as the fp32 paths.
 #include "kernels/cpu/matmul.h"
 
 #include <gtest/gtest.h>
@@ -29,12 +31,15 @@ struct Shape {
 void ExpectMatchesReference(const std::vector<float>& out, const std::vector<float>& in,
                             const TestWeight& w, std::int64_t m, const std::vector<double>* bias,
                             const std::string& label) {
+  const bool bf16_inputs = w.dtype == WeightDtype::kBF16 && MatMulUsesLibrary(m, w.dtype);
   int failures = 0;
   for (std::int64_t i = 0; i < m; ++i) {
     for (std::int64_t n = 0; n < w.rows; ++n) {
       double sum = 0.0, magnitude = 0.0;
       for (std::int64_t k = 0; k < w.cols; ++k) {
-        const double term = static_cast<double>(in[i * w.cols + k]) * w.at(n, k);
+        const float x = in[i * w.cols + k];
+        const double term =
+            static_cast<double>(bf16_inputs ? Bf16ToF32(F32ToBf16(x)) : x) * w.at(n, k);
         sum += term;
         magnitude += std::fabs(term);
       }
@@ -52,29 +57,61 @@ void ExpectMatchesReference(const std::vector<float>& out, const std::vector<flo
 
 class MatMulTest : public IsaTest {};
 
+// Sets whether MatMul may use oneDNN for its lifetime.
+class ScopedGemmLibrary {
+ public:
+  explicit ScopedGemmLibrary(bool enabled) : saved_(SetGemmLibraryForTesting(enabled)) {}
+  ~ScopedGemmLibrary() { SetGemmLibraryForTesting(saved_); }
+
+ private:
+  bool saved_;
+};
+
 TEST_P(MatMulTest, MatchesDoubleReferenceForAllShapesAndDtypes) {
   const Shape shapes[] = {
-      {1, 1, 1},    {1, 1, 7},      {1, 5, 16},    {1, 3, 33},   {1, 37, 1000}, {1, 64, 4099},
-      {2, 1, 1},    {3, 7, 9},      {4, 3, 8},     {5, 50, 513}, {7, 1, 1031},  {64, 48, 512},
-      {65, 49, 17}, {70, 97, 1100}, {128, 96, 64}, {9, 130, 24},
+      {1, 1, 1},     {1, 1, 7},      {1, 5, 16},      {1, 3, 33},   {1, 37, 1000}, {1, 64, 4099},
+      {2, 1, 1},     {3, 7, 9},      {4, 3, 8},       {5, 50, 513}, {7, 1, 1031},  {64, 48, 512},
+      {65, 49, 17},  {70, 97, 1100}, {128, 96, 64},   {9, 130, 24}, {15, 40, 33},  {16, 1, 1},
+      {16, 257, 40}, {40, 600, 96},  {300, 513, 130},
   };
   ThreadPool pool(3);
   std::uint32_t seed = 1;
-  for (const Shape& s : shapes) {
-    for (WeightDtype dtype : {WeightDtype::kF32, WeightDtype::kBF16, WeightDtype::kF16}) {
-      const TestWeight w = MakeWeight(dtype, s.n, s.k, ++seed);
-      const std::vector<float> in = RandomFloats(static_cast<std::size_t>(s.m * s.k), ++seed);
-      std::vector<float> out(static_cast<std::size_t>(s.m * s.n), std::nanf(""));
-      MatMul(out.data(), in.data(), s.m, w.view(), nullptr, &pool);
-      ExpectMatchesReference(out, in, w, s.m, nullptr,
-                             std::string(WeightDtypeName(dtype)) + " m=" + std::to_string(s.m) +
-                                 " n=" + std::to_string(s.n) + " k=" + std::to_string(s.k));
+  for (bool library : {false, true}) {
+    const ScopedGemmLibrary scoped(library);
+    for (const Shape& s : shapes) {
+      for (WeightDtype dtype : {WeightDtype::kF32, WeightDtype::kBF16, WeightDtype::kF16}) {
+        const TestWeight w = MakeWeight(dtype, s.n, s.k, ++seed);
+        const std::vector<float> in = RandomFloats(static_cast<std::size_t>(s.m * s.k), ++seed);
+        std::vector<float> out(static_cast<std::size_t>(s.m * s.n), std::nanf(""));
+        MatMul(out.data(), in.data(), s.m, w.view(), nullptr, &pool);
+        ExpectMatchesReference(out, in, w, s.m, nullptr,
+                               std::string(WeightDtypeName(dtype)) + " m=" + std::to_string(s.m) +
+                                   " n=" + std::to_string(s.n) + " k=" + std::to_string(s.k) +
+                                   (MatMulUsesLibrary(s.m, dtype) ? " (oneDNN)" : ""));
+      }
     }
   }
 }
 
+// On a CPU where oneDNN has fast fp32 and bf16 kernels (any x86-64 with AVX-512), prefill-sized
+// products take them; decode-sized ones and f16 weights stay on Duet's kernels.
+TEST_P(MatMulTest, PrefillSizedProductsGoToTheLibrary) {
+  if (GetParam() == Isa::kBaseline) {
+    EXPECT_FALSE(MatMulUsesLibrary(kLibraryMinRows, WeightDtype::kBF16));
+    return;
+  }
+  if (!MatMulUsesLibrary(kLibraryMinRows, WeightDtype::kBF16)) {
+    GTEST_SKIP() << "oneDNN has no optimised bf16 matmul on this CPU";
+  }
+  EXPECT_TRUE(MatMulUsesLibrary(kLibraryMinRows, WeightDtype::kF32));
+  EXPECT_FALSE(MatMulUsesLibrary(kLibraryMinRows - 1, WeightDtype::kBF16));
+  EXPECT_FALSE(MatMulUsesLibrary(kLibraryMinRows, WeightDtype::kF16));
+  const ScopedGemmLibrary off(false);
+  EXPECT_FALSE(MatMulUsesLibrary(kLibraryMinRows, WeightDtype::kBF16));
+}
+
 TEST_P(MatMulTest, AddsFp32AndSixteenBitBiases) {
-  for (std::int64_t m : {1, 6}) {
+  for (std::int64_t m : {1, 6, 20}) {
     const TestWeight w = MakeWeight(WeightDtype::kBF16, 13, 40, 11);
     const std::vector<float> in = RandomFloats(static_cast<std::size_t>(m * 40), 12);
     for (WeightDtype bias_dtype : {WeightDtype::kF32, WeightDtype::kBF16, WeightDtype::kF16}) {
@@ -90,17 +127,19 @@ TEST_P(MatMulTest, AddsFp32AndSixteenBitBiases) {
 }
 
 TEST_P(MatMulTest, ResultsAreBitIdenticalForAnyThreadCount) {
-  for (const Shape& s : {Shape{1, 301, 777}, Shape{77, 101, 600}}) {
-    const TestWeight w = MakeWeight(WeightDtype::kF16, s.n, s.k, 21);
-    const std::vector<float> in = RandomFloats(static_cast<std::size_t>(s.m * s.k), 22);
-    std::vector<float> single(static_cast<std::size_t>(s.m * s.n));
-    MatMul(single.data(), in.data(), s.m, w.view(), nullptr, nullptr);
-    for (int threads : {1, 2, 5}) {
-      ThreadPool pool(threads);
-      std::vector<float> multi(single.size());
-      MatMul(multi.data(), in.data(), s.m, w.view(), nullptr, &pool);
-      EXPECT_EQ(std::memcmp(multi.data(), single.data(), single.size() * sizeof(float)), 0)
-          << "threads=" << threads << " m=" << s.m;
+  for (const Shape& s : {Shape{1, 301, 777}, Shape{77, 101, 600}, Shape{40, 700, 100}}) {
+    for (WeightDtype dtype : {WeightDtype::kF32, WeightDtype::kBF16, WeightDtype::kF16}) {
+      const TestWeight w = MakeWeight(dtype, s.n, s.k, 21);
+      const std::vector<float> in = RandomFloats(static_cast<std::size_t>(s.m * s.k), 22);
+      std::vector<float> single(static_cast<std::size_t>(s.m * s.n));
+      MatMul(single.data(), in.data(), s.m, w.view(), nullptr, nullptr);
+      for (int threads : {1, 2, 5}) {
+        ThreadPool pool(threads);
+        std::vector<float> multi(single.size());
+        MatMul(multi.data(), in.data(), s.m, w.view(), nullptr, &pool);
+        EXPECT_EQ(std::memcmp(multi.data(), single.data(), single.size() * sizeof(float)), 0)
+            << "threads=" << threads << " m=" << s.m << " " << WeightDtypeName(dtype);
+      }
     }
   }
 }

@@ -1,0 +1,29 @@
+// Prefill-sized matrix multiplies through oneDNN (Debian's libdnnl), which reaches AMX and
+// AVX-512 where the CPU has them: on the development machine (Sapphire Rapids, 2 cores) about
+// 1.3 TFLOP/s in bf16 against ~0.12 for Duet's own AVX2 GEMM (docs/benchmarks.md). Used by
+// MatMul (matmul.h); not part of the kernels' public surface.
+//
+// Threading: Duet's pool runs the work, not oneDNN's OpenMP runtime. Output columns are cut
+// into fixed slices of kSliceColumns (independent of the thread count, so results are too), and
+// each pool thread runs a single-threaded oneDNN primitive on its slices. No OpenMP team is
+// ever started, so nothing spins beside the pool.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/cpu/thread_pool.h"
+#include "kernels/cpu/weight.h"
+
+namespace duet::kernels::cpu {
+
+// Whether OneDnnMatMul takes weights of this dtype on this CPU: fp32 and bf16 where oneDNN has
+// an optimised (not reference) kernel for them, probed once per dtype.
+bool OneDnnSupports(WeightDtype dtype);
+
+// out[m][w.rows] = in[m][w.cols] . W^T, as MatMul without the bias. For bf16 weights the inputs
+// are rounded to bf16 (round to nearest even, as PyTorch's bf16 Linear does) and the products
+// accumulate in fp32; fp32 weights multiply fp32 inputs. Allocates (oneDNN memory objects, and
+// primitives the first time a shape is seen): meant for prefill-sized m.
+void OneDnnMatMul(float* out, const float* in, std::int64_t m, const Weight& w, ThreadPool* pool);
+
+}  // namespace duet::kernels::cpu
