@@ -154,6 +154,30 @@ TEST_P(ConvertToF32Test, MatchesScalarHelpersBitForBit) {
   for (std::size_t i = 0; i < all.size(); ++i) ASSERT_EQ(Bits(out[i]), Bits(F16ToF32(all[i]))) << i;
 }
 
+TEST_P(ConvertToF32Test, ConvertFromF32MatchesScalarHelpersBitForBit) {
+  // Every bf16 value, the halfway points above and below it (ties, both parities), NaNs with
+  // low payload bits only (which truncation would turn into infinity), and a tail of 5.
+  std::vector<float> values;
+  for (std::uint32_t h = 0; h < 65536; ++h) {
+    values.push_back(std::bit_cast<float>(h << 16));
+    values.push_back(std::bit_cast<float>((h << 16) | 0x8000u));
+    values.push_back(std::bit_cast<float>((h << 16) | 0x7fffu));
+  }
+  for (std::uint32_t bits : {0x7f800001u, 0xff800001u, 0x7fc00000u}) {
+    values.push_back(std::bit_cast<float>(bits));
+  }
+  for (int i = 0; i < 5; ++i) values.push_back(1.0f + static_cast<float>(i) / 3.0f);
+  const auto n = static_cast<std::int64_t>(values.size());
+  std::vector<std::uint16_t> out(values.size());
+  ConvertFromF32(values.data(), n, WeightDtype::kBF16, out.data());
+  for (std::size_t i = 0; i < values.size(); ++i) ASSERT_EQ(out[i], F32ToBf16(values[i])) << i;
+  ConvertFromF32(values.data(), n, WeightDtype::kF16, out.data());
+  for (std::size_t i = 0; i < values.size(); ++i) ASSERT_EQ(out[i], F32ToF16(values[i])) << i;
+  std::vector<float> copy(values.size());
+  ConvertFromF32(values.data(), n, WeightDtype::kF32, copy.data());
+  EXPECT_EQ(std::memcmp(copy.data(), values.data(), values.size() * sizeof(float)), 0);
+}
+
 TEST_P(ConvertToF32Test, WeightRowToF32ReadsTheRightRow) {
   for (WeightDtype dtype : {WeightDtype::kF32, WeightDtype::kBF16, WeightDtype::kF16}) {
     const testing::TestWeight w = testing::MakeWeight(dtype, 5, 19, 3);

@@ -244,6 +244,15 @@ TEST(TestModelTest, BenchmarkPresetSize) {
   EXPECT_FALSE(WriteTestModel("/nonexistent-never-created", bad_heads).ok());
 }
 
+TEST(TestModelTest, Llama32OneBPresetHasTheRealModelsSize) {
+  Result<models::ModelSpec> config = TestModelConfig(TestModelOptions::Llama32_1B());
+  ASSERT_TRUE(config.ok()) << config.error();
+  EXPECT_TRUE(config->tie_word_embeddings);
+  EXPECT_EQ(config->vocab_size, 128256);
+  // meta-llama/Llama-3.2-1B's parameter count, tied embeddings counted once.
+  EXPECT_EQ(config->ParamCount(), 1235814400);
+}
+
 TEST(LlamaWeightsTest, MissingTensorIsNamed) {
   TempDir tmp;
   ASSERT_TRUE(WriteTestModel(tmp.path(), {}).ok());
