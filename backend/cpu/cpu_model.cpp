@@ -58,14 +58,11 @@ Result<std::unique_ptr<CpuModel>> CpuModel::Create(LoadedModel model,
   m->embed_ = m->ToWeight(w.embed_tokens);
   m->final_norm_ = m->ToWeight(w.norm);
   m->lm_head_ = w.lm_head_tied ? m->embed_ : m->ToWeight(w.lm_head);
-  // Sized by the one KV formula: a token's kv_bytes_per_token() spread over a K and a V array
-  // per layer, each [block][slot][kv_head][head_dim] in the cache dtype.
-  const std::int64_t tokens = options.num_blocks * options.block_tokens;
-  const std::int64_t array_bytes =
-      tokens * m->kv_bytes_per_token() / (2 * std::int64_t(c.num_hidden_layers));
-  const std::size_t cache_floats = static_cast<std::size_t>(array_bytes) / sizeof(float);
-  static_assert(sizeof(float) == 4);
-  DUET_CHECK(cache_floats == static_cast<std::size_t>(tokens * c.KvWidth()));
+  // Sized by the one KV formula: kv_bytes_per_token() for every token of every block.
+  m->kv_dtype_ = options.kv_cache_dtype.value_or(c.AutoKvCacheDtype());
+  m->kv_cache_.assign(
+      static_cast<std::size_t>(options.num_blocks * options.block_tokens * m->kv_bytes_per_token()),
+      0);
   for (const LlamaLayerWeights& lw : w.layers) {
     Layer l;
     l.input_norm = m->ToWeight(lw.input_layernorm);
@@ -81,26 +78,33 @@ Result<std::unique_ptr<CpuModel>> CpuModel::Create(LoadedModel model,
     l.gate = m->ToWeight(lw.gate_proj);
     l.up = m->ToWeight(lw.up_proj);
     l.down = m->ToWeight(lw.down_proj);
-    l.k_cache.assign(cache_floats, 0.0f);
-    l.v_cache.assign(cache_floats, 0.0f);
     m->layers_.push_back(std::move(l));
   }
   return m;
 }
 
-std::int64_t CpuModel::kv_cache_bytes() const {
-  std::int64_t bytes = 0;
-  for (const Layer& layer : layers_) {
-    bytes +=
-        static_cast<std::int64_t>((layer.k_cache.size() + layer.v_cache.size()) * sizeof(float));
-  }
-  return bytes;
+std::optional<KvRegion> CpuModel::kv_region() {
+  return KvRegion{kv_cache_.data(), options_.block_tokens * kv_bytes_per_token(),
+                  options_.num_blocks};
 }
 
-k::PagedKvLayer CpuModel::KvLayer(Layer& layer) const {
+k::PagedKvLayer CpuModel::KvLayer(std::int64_t layer) {
   const models::ModelSpec& c = model_.config;
-  return {layer.k_cache.data(),  layer.v_cache.data(), options_.block_tokens,
-          c.num_key_value_heads, c.head_dim,           options_.num_blocks};
+  k::PagedKvLayer kv{nullptr,
+                     nullptr,
+                     options_.block_tokens,
+                     c.num_key_value_heads,
+                     c.head_dim,
+                     options_.num_blocks,
+                     KernelDtype(kv_dtype_),
+                     0};
+  const std::int64_t block_elements = kv.block_elements();
+  kv.block_stride = 2 * static_cast<std::int64_t>(layers_.size()) * block_elements;
+  const auto element_bytes = static_cast<std::int64_t>(models::DtypeBytes(kv_dtype_));
+  unsigned char* k_base = kv_cache_.data() + 2 * layer * block_elements * element_bytes;
+  kv.k = k_base;
+  kv.v = k_base + block_elements * element_bytes;
+  return kv;
 }
 
 void CpuModel::Forward(std::span<const SequenceChunk> batch, std::vector<float>* logits) {
@@ -138,14 +142,15 @@ void CpuModel::Forward(std::span<const SequenceChunk> batch, std::vector<float>*
   auto bias = [](const std::optional<k::Weight>& b) { return b ? &*b : nullptr; };
 
   k::Embedding(x_.data(), ids_, embed_);
-  for (Layer& layer : layers_) {
+  for (std::size_t index = 0; index < layers_.size(); ++index) {
+    const Layer& layer = layers_[index];
     k::RmsNorm(h_.data(), x_.data(), n, hidden, layer.input_norm, eps, &pool_);
     k::MatMul(q_.data(), h_.data(), n, layer.q, bias(layer.q_bias), &pool_);
     k::MatMul(k_.data(), h_.data(), n, layer.k, bias(layer.k_bias), &pool_);
     k::MatMul(v_.data(), h_.data(), n, layer.v, bias(layer.v_bias), &pool_);
     k::Rope(q_.data(), c.num_attention_heads, k_.data(), c.num_key_value_heads, c.head_dim,
             positions_, inv_freq_.data(), 1.0f, &pool_);
-    const k::PagedKvLayer kv = KvLayer(layer);
+    const k::PagedKvLayer kv = KvLayer(static_cast<std::int64_t>(index));
     std::int64_t row = 0;
     for (const SequenceChunk& s : batch) {
       const auto len = static_cast<std::int64_t>(s.tokens.size());

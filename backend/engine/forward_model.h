@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -18,6 +19,16 @@ struct SequenceChunk {
   std::int64_t context_before = 0;            // tokens already in its KV cache
   std::span<const std::int32_t> block_table;  // physical blocks, covering all its tokens
   enum class Logits { kNone, kLast, kAll } logits = Logits::kLast;
+};
+
+// The KV cache as memory that a transport or a tier can register once: block b is the
+// block_bytes bytes at base + b * block_bytes and holds every layer's K and V of that block's
+// tokens (block-major). Copying those bytes into another model's block (same config, block
+// size and cache dtype) moves the block's KV.
+struct KvRegion {
+  void* base = nullptr;
+  std::int64_t block_bytes = 0;
+  std::int64_t num_blocks = 0;
 };
 
 class ForwardModel {
@@ -34,7 +45,7 @@ class ForwardModel {
   virtual const models::ModelSpec& config() const = 0;
   virtual std::int64_t num_blocks() const = 0;  // KV blocks the model holds
   virtual std::int32_t block_tokens() const = 0;
-  // The dtype the model stores its KV cache in (CpuModel: fp32, CudaModel: bf16).
+  // The dtype the model stores its KV cache in (CpuModel: the model's, CudaModel: bf16).
   virtual models::Dtype kv_cache_dtype() const = 0;
   // Bytes of KV cache one token occupies: config().KvBytesPerToken(kv_cache_dtype()), the
   // formula the simulator plans with (engine.kv_cache_dtype in cluster files). Every model
@@ -42,6 +53,9 @@ class ForwardModel {
   std::int64_t kv_bytes_per_token() const { return config().KvBytesPerToken(kv_cache_dtype()); }
   // Bytes of KV cache memory the model actually allocated (num_blocks * block_tokens tokens).
   virtual std::int64_t kv_cache_bytes() const = 0;
+  // The cache as one block-major region; nullopt where the cache is laid out otherwise
+  // (CudaModel keeps one K and one V array per layer).
+  virtual std::optional<KvRegion> kv_region() { return std::nullopt; }
 };
 
 }  // namespace duet::backend

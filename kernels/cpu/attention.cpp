@@ -302,6 +302,14 @@ Kernels SelectKernels() {
 // acc[h][:] = sum exp(s - max[h]) v. Laid out [heads][head_dim + 2] = acc..., max, sum.
 std::int64_t PartialFloats(const Shape& shape) { return shape.heads * (shape.head_dim + 2); }
 
+// Element offset of `position`'s row (all KV heads) from the start of the layer's K or V.
+std::int64_t RowOffset(const PagedKvLayer& layer, std::span<const std::int32_t> block_table,
+                       std::int64_t position) {
+  const std::int64_t block = block_table[position / layer.block_tokens];
+  return block * layer.stride() + (position % layer.block_tokens) *
+                                      static_cast<std::int64_t>(layer.kv_heads) * layer.head_dim;
+}
+
 struct Call {
   Shape shape;
   const PagedKvLayer* layer;
@@ -309,11 +317,11 @@ struct Call {
   float scale;
   Kernels kernels;
 
-  // Pointer to the cache row (all KV heads) of `position`.
-  const float* Row(const float* cache, std::int64_t position) const {
-    const std::int64_t block_tokens = layer->block_tokens;
-    const std::int64_t block = block_table[position / block_tokens];
-    return cache + (block * block_tokens + position % block_tokens) * shape.row_stride;
+  // Address of the cache row (all KV heads) of `position`.
+  const char* Row(const void* cache, std::int64_t position) const {
+    return static_cast<const char*>(cache) +
+           RowOffset(*layer, block_table, position) *
+               static_cast<std::int64_t>(WeightDtypeBytes(layer->dtype));
   }
 
   // Rows in the run starting at p: consecutive positions in [p, p1) within one block (so
@@ -324,18 +332,44 @@ struct Call {
     return std::min({p1 - p, block_end - p, max_rows});
   }
 
-  // Calls fn(first_position, rows, row_pointer, next_run) for the runs covering [p0, p1).
+  // Calls fn(first_position, rows, fp32_rows, next_run) for the runs covering [p0, p1). An fp32
+  // cache is read in place and the kernels prefetch the next run; a 16-bit one is widened a run
+  // at a time into this thread's scratch (runs end at block boundaries, so a run is at most a
+  // block), after prefetching the next run's 16-bit rows here.
   template <typename Fn>
-  void ForEachRun(const float* cache, std::int64_t p0, std::int64_t p1, std::int64_t max_rows,
+  void ForEachRun(const void* cache, std::int64_t p0, std::int64_t p1, std::int64_t max_rows,
                   Fn fn) const {
+    const bool widen = layer->dtype != WeightDtype::kF32;
+    thread_local std::vector<float> widened;
+    if (widen) {
+      const auto need = static_cast<std::size_t>(layer->block_tokens * shape.row_stride);
+      if (widened.size() < need) widened.resize(need);
+    }
+    const auto row_bytes =
+        shape.row_stride * static_cast<std::int64_t>(WeightDtypeBytes(layer->dtype));
     std::int64_t rows = RunRows(p0, p1, max_rows);
     for (std::int64_t p = p0; p < p1;) {
       const std::int64_t next_p = p + rows;
-      NextRun next;
-      if (next_p < p1) next = NextRun{Row(cache, next_p), RunRows(next_p, p1, max_rows)};
-      fn(p, rows, Row(cache, p), next);
+      const std::int64_t next_rows = next_p < p1 ? RunRows(next_p, p1, max_rows) : 0;
+      const char* row = Row(cache, p);
+      if (!widen) {
+        NextRun next;
+        if (next_rows > 0) {
+          next = NextRun{reinterpret_cast<const float*>(Row(cache, next_p)), next_rows};
+        }
+        fn(p, rows, reinterpret_cast<const float*>(row), next);
+      } else {
+        if (next_rows > 0) {
+          const char* ahead = Row(cache, next_p);
+          for (std::int64_t b = 0; b < next_rows * row_bytes; b += 64) {
+            __builtin_prefetch(ahead + b, /*rw=*/0, /*locality=*/3);
+          }
+        }
+        ConvertToF32(row, layer->dtype, rows * shape.row_stride, widened.data());
+        fn(p, rows, widened.data(), NextRun{});
+      }
       p = next_p;
-      rows = next.rows;
+      rows = next_rows;
     }
   }
 
@@ -403,6 +437,7 @@ void CheckLayer(const PagedKvLayer& layer) {
   DUET_CHECK(layer.k != nullptr && layer.v != nullptr);
   DUET_CHECK(layer.block_tokens > 0 && layer.kv_heads > 0 && layer.head_dim > 0);
   DUET_CHECK(layer.num_blocks > 0);
+  DUET_CHECK(layer.block_stride == 0 || layer.block_stride >= layer.block_elements());
 }
 
 // The first `blocks` entries of the table exist and name blocks of the layer.
@@ -432,13 +467,11 @@ void WriteKv(const PagedKvLayer& layer, std::span<const std::int32_t> block_tabl
   const std::int64_t end = start_position + n_tokens;
   CheckTable(layer, block_table, (end + layer.block_tokens - 1) / layer.block_tokens);
   const std::int64_t row = static_cast<std::int64_t>(layer.kv_heads) * layer.head_dim;
-  const auto row_bytes = static_cast<std::size_t>(row) * sizeof(float);
+  const auto element_bytes = static_cast<std::int64_t>(WeightDtypeBytes(layer.dtype));
   for (std::int64_t t = 0; t < n_tokens; ++t) {
-    const std::int64_t position = start_position + t;
-    const std::int64_t block = block_table[position / layer.block_tokens];
-    const std::int64_t offset = (block * layer.block_tokens + position % layer.block_tokens) * row;
-    std::memcpy(layer.k + offset, k_new + t * row, row_bytes);
-    std::memcpy(layer.v + offset, v_new + t * row, row_bytes);
+    const std::int64_t offset = RowOffset(layer, block_table, start_position + t) * element_bytes;
+    ConvertFromF32(k_new + t * row, row, layer.dtype, static_cast<char*>(layer.k) + offset);
+    ConvertFromF32(v_new + t * row, row, layer.dtype, static_cast<char*>(layer.v) + offset);
   }
 }
 

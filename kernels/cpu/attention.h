@@ -7,24 +7,37 @@
 #include <span>
 
 #include "kernels/cpu/thread_pool.h"
+#include "kernels/cpu/weight.h"
 
 namespace duet::kernels::cpu {
 
-// One layer's cache, borrowed. k and v each hold num_blocks * block_tokens * kv_heads *
-// head_dim floats laid out [block][slot][kv_head][head_dim].
+// One layer's cache, borrowed: elements of `dtype` (fp32, bf16 or f16). Block b of K starts
+// b * block_stride elements after k, likewise for V; within a block the layout is
+// [slot][kv_head][head_dim]. block_stride 0 means the blocks are back to back (one K and one V
+// array per layer); a block-major cache that keeps every layer's K and V of a block together
+// gives each layer k = base + 2 * layer * block_elements(), v = k + block_elements() and
+// block_stride = 2 * layers * block_elements(). Attention reads 16-bit caches widened to fp32.
 struct PagedKvLayer {
-  float* k = nullptr;
-  float* v = nullptr;
+  void* k = nullptr;
+  void* v = nullptr;
   std::int32_t block_tokens = 0;
   std::int32_t kv_heads = 0;
   std::int32_t head_dim = 0;
   std::int64_t num_blocks = 0;
+  WeightDtype dtype = WeightDtype::kF32;
+  std::int64_t block_stride = 0;
+
+  std::int64_t block_elements() const {
+    return static_cast<std::int64_t>(block_tokens) * kv_heads * head_dim;
+  }
+  std::int64_t stride() const { return block_stride == 0 ? block_elements() : block_stride; }
 };
 
 // Stores the keys and values of tokens at positions start_position .. start_position +
 // n_tokens - 1 of the sequence whose blocks are block_table. k_new and v_new are
-// [n_tokens][kv_heads * head_dim] (the k/v projections after RoPE). The table must cover the
-// last position and name blocks in [0, num_blocks).
+// [n_tokens][kv_heads * head_dim] (the k/v projections after RoPE), rounded to the cache's dtype
+// as F32ToBf16 / F32ToF16 do. The table must cover the last position and name blocks in
+// [0, num_blocks).
 void WriteKv(const PagedKvLayer& layer, std::span<const std::int32_t> block_table,
              std::int64_t start_position, std::int64_t n_tokens, const float* k_new,
              const float* v_new);

@@ -70,15 +70,20 @@ void ExpectSameInBothWorlds(const TestModelOptions& options) {
   }
   EXPECT_EQ(stored, simulated->ParamCount());
 
-  // The CPU model's KV memory, measured from its buffers, is what the formula says for fp32.
+  // The CPU model's KV memory, measured from its buffer, is what the simulator plans with the
+  // cluster's default kv_cache_dtype ("auto": the model's dtype), and its block-major region
+  // covers it block by block.
   const std::int64_t num_blocks = 7, block_tokens = 16;
   Result<std::unique_ptr<CpuModel>> cpu =
       CpuModel::Create(std::move(*loaded), {num_blocks, std::int32_t(block_tokens), 1});
   ASSERT_TRUE(cpu.ok()) << cpu.error();
-  EXPECT_EQ((*cpu)->kv_cache_dtype(), Dtype::kF32);
-  EXPECT_EQ((*cpu)->kv_bytes_per_token(), simulated->KvBytesPerToken(Dtype::kF32));
-  EXPECT_EQ((*cpu)->kv_cache_bytes(),
-            num_blocks * block_tokens * simulated->KvBytesPerToken(Dtype::kF32));
+  EXPECT_EQ((*cpu)->kv_cache_dtype(), options.dtype);
+  EXPECT_EQ((*cpu)->kv_bytes_per_token(), simulated->KvBytesPerToken());
+  EXPECT_EQ((*cpu)->kv_cache_bytes(), num_blocks * block_tokens * simulated->KvBytesPerToken());
+  const std::optional<KvRegion> region = (*cpu)->kv_region();
+  ASSERT_TRUE(region.has_value());
+  EXPECT_EQ(region->num_blocks, num_blocks);
+  EXPECT_EQ(region->block_bytes, block_tokens * simulated->KvBytesPerToken());
 }
 
 TEST(ModelSpecWorlds, TinyTestModelInBothWorlds) {

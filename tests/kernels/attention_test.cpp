@@ -21,33 +21,59 @@ namespace {
 using testing::IsaTest;
 using testing::RandomFloats;
 
+// How the fixture stores its cache: dtype, and either one K and one V array (layers == 0) or a
+// block-major cache of `layers` layers, of which the fixture's is `layer`.
+struct Layout {
+  WeightDtype dtype = WeightDtype::kF32;
+  std::int64_t layers = 0;
+  std::int64_t layer = 0;
+};
+
 // A cache of NaN-filled blocks and one sequence whose table lists shuffled, non-contiguous
-// blocks; k_ref / v_ref hold the same rows contiguously [position][kv_head][head_dim].
+// blocks; k_ref / v_ref hold the same rows contiguously [position][kv_head][head_dim], already
+// rounded to the cache's dtype (so the cache holds them exactly).
 struct Fixture {
   std::int64_t heads, kv_heads, head_dim, block_tokens, positions;
-  std::vector<float> k_storage, v_storage;
+  Layout layout;
+  std::vector<unsigned char> storage;
   PagedKvLayer layer;
   std::vector<std::int32_t> table;
   std::vector<float> k_ref, v_ref;
 
   Fixture(std::int64_t heads_, std::int64_t kv_heads_, std::int64_t head_dim_,
-          std::int64_t block_tokens_, std::int64_t positions_, std::uint32_t seed)
+          std::int64_t block_tokens_, std::int64_t positions_, std::uint32_t seed,
+          Layout layout_ = {})
       : heads(heads_),
         kv_heads(kv_heads_),
         head_dim(head_dim_),
         block_tokens(block_tokens_),
-        positions(positions_) {
+        positions(positions_),
+        layout(layout_) {
     const std::int64_t blocks_needed = (positions + block_tokens - 1) / block_tokens;
     const std::int64_t num_blocks = 2 * blocks_needed + 3;
-    const auto floats = static_cast<std::size_t>(num_blocks * block_tokens * kv_heads * head_dim);
-    k_storage.assign(floats, std::nanf(""));
-    v_storage.assign(floats, std::nanf(""));
-    layer = PagedKvLayer{k_storage.data(),
-                         v_storage.data(),
+    const std::int64_t block_elements = block_tokens * kv_heads * head_dim;
+    const std::int64_t per_block = 2 * std::max<std::int64_t>(layout.layers, 1) * block_elements;
+    const std::size_t bytes = WeightDtypeBytes(layout.dtype);
+    storage.resize(static_cast<std::size_t>(num_blocks * per_block) * bytes);
+    const float nan = std::nanf("");
+    for (std::size_t e = 0; e < storage.size() / bytes; ++e) {
+      ConvertFromF32(&nan, 1, layout.dtype, storage.data() + e * bytes);
+    }
+    unsigned char* k = storage.data();
+    unsigned char* v =
+        storage.data() + static_cast<std::size_t>(num_blocks * block_elements) * bytes;
+    if (layout.layers > 0) {
+      k = storage.data() + static_cast<std::size_t>(2 * layout.layer * block_elements) * bytes;
+      v = k + static_cast<std::size_t>(block_elements) * bytes;
+    }
+    layer = PagedKvLayer{k,
+                         v,
                          static_cast<std::int32_t>(block_tokens),
                          static_cast<std::int32_t>(kv_heads),
                          static_cast<std::int32_t>(head_dim),
-                         num_blocks};
+                         num_blocks,
+                         layout.dtype,
+                         layout.layers > 0 ? per_block : 0};
     std::vector<std::int32_t> all(static_cast<std::size_t>(num_blocks));
     std::iota(all.begin(), all.end(), 0);
     std::mt19937 rng(seed);
@@ -56,6 +82,24 @@ struct Fixture {
     const std::size_t row = static_cast<std::size_t>(kv_heads * head_dim);
     k_ref = RandomFloats(static_cast<std::size_t>(positions) * row, seed + 1, -2, 2);
     v_ref = RandomFloats(static_cast<std::size_t>(positions) * row, seed + 2, -2, 2);
+    for (std::vector<float>* ref : {&k_ref, &v_ref}) {
+      std::vector<std::uint32_t> rounded(ref->size());
+      ConvertFromF32(ref->data(), static_cast<std::int64_t>(ref->size()), layout.dtype,
+                     rounded.data());
+      ConvertToF32(rounded.data(), layout.dtype, static_cast<std::int64_t>(ref->size()),
+                   ref->data());
+    }
+  }
+
+  // The value stored for position p, element e of its row, in the K (or V) cache.
+  float Stored(bool key, std::int64_t p, std::int64_t e) const {
+    const std::int64_t offset =
+        table[p / block_tokens] * layer.stride() + (p % block_tokens) * row() + e;
+    float value = 0.0f;
+    ConvertToF32(static_cast<const unsigned char*>(key ? layer.k : layer.v) +
+                     offset * static_cast<std::int64_t>(WeightDtypeBytes(layout.dtype)),
+                 layout.dtype, 1, &value);
+    return value;
   }
 
   std::int64_t row() const { return kv_heads * head_dim; }
@@ -111,18 +155,72 @@ void ExpectNear(const std::vector<float>& got, const std::vector<double>& want,
 
 class AttentionTest : public IsaTest {};
 
+// fp32 per-layer arrays, and block-major bf16 and f16 caches of three layers (the middle one).
+const Layout kLayouts[] = {
+    {WeightDtype::kF32, 0, 0}, {WeightDtype::kBF16, 3, 1}, {WeightDtype::kF16, 3, 1}};
+
+std::string LayoutName(const Layout& layout) {
+  return std::string(WeightDtypeName(layout.dtype)) +
+         (layout.layers > 0 ? " block-major" : " per-layer");
+}
+
 TEST_P(AttentionTest, WriteKvPlacesRowsInTheirBlocksAndSlots) {
-  Fixture f(2, 2, 16, 5, 23, 1);
-  f.Write(0, 23);
-  for (std::int64_t p = 0; p < 23; ++p) {
-    const std::int64_t physical = f.table[p / 5] * 5 + p % 5;
-    for (std::int64_t e = 0; e < f.row(); ++e) {
-      ASSERT_EQ(f.k_storage[physical * f.row() + e], f.k_ref[p * f.row() + e]);
-      ASSERT_EQ(f.v_storage[physical * f.row() + e], f.v_ref[p * f.row() + e]);
+  for (const Layout& layout : kLayouts) {
+    SCOPED_TRACE(LayoutName(layout));
+    Fixture f(2, 2, 16, 5, 23, 1, layout);
+    f.Write(0, 23);
+    for (std::int64_t p = 0; p < 23; ++p) {
+      for (std::int64_t e = 0; e < f.row(); ++e) {
+        ASSERT_EQ(f.Stored(true, p, e), f.k_ref[p * f.row() + e]);
+        ASSERT_EQ(f.Stored(false, p, e), f.v_ref[p * f.row() + e]);
+      }
+    }
+    // Slots 3 and 4 of the last block were not written.
+    EXPECT_TRUE(std::isnan(f.Stored(true, 23, 0)));
+    EXPECT_TRUE(std::isnan(f.Stored(false, 24, 0)));
+    // Nor was any other layer of a block-major cache.
+    std::int64_t written = 0;
+    const std::size_t bytes = WeightDtypeBytes(layout.dtype);
+    for (std::size_t e = 0; e < f.storage.size() / bytes; ++e) {
+      float value = 0.0f;
+      ConvertToF32(f.storage.data() + e * bytes, layout.dtype, 1, &value);
+      written += std::isnan(value) ? 0 : 1;
+    }
+    EXPECT_EQ(written, 2 * 23 * f.row());
+  }
+}
+
+// The 16-bit and block-major caches give the reference attention of their (rounded) contents,
+// in prefill, decode over many partitions, and chunks, for any thread count.
+TEST_P(AttentionTest, SixteenBitAndBlockMajorCachesMatchReference) {
+  ThreadPool pool(2);
+  std::uint32_t seed = 70;
+  for (const Layout& layout : kLayouts) {
+    for (const auto& [head_dim, block_tokens] :
+         {std::pair<std::int64_t, std::int64_t>{64, 16}, {20, 5}}) {
+      const std::string label = LayoutName(layout) + " head_dim=" + std::to_string(head_dim);
+      const std::int64_t heads = 8, kv_heads = 2, context = 300;
+      Fixture f(heads, kv_heads, head_dim, block_tokens, context, ++seed, layout);
+      f.Write(0, context);
+      const double scale = 1.0 / std::sqrt(double(head_dim));
+      const auto q = RandomFloats(static_cast<std::size_t>(40 * heads * head_dim), ++seed);
+      std::vector<float> out(q.size()), single(q.size());
+      PagedAttention(out.data(), q.data(), 40, heads, f.layer, f.table, 0, float(scale), &pool);
+      ExpectNear(out, f.Reference(q, 40, 0, scale), "prefill " + label);
+      PagedAttention(out.data(), q.data(), 40, heads, f.layer, f.table, 260, float(scale), &pool);
+      ExpectNear(out, f.Reference(q, 40, 260, scale), "chunk " + label);
+      PagedAttention(single.data(), q.data(), 40, heads, f.layer, f.table, 260, float(scale),
+                     nullptr);
+      EXPECT_EQ(std::memcmp(single.data(), out.data(), out.size() * sizeof(float)), 0) << label;
+      for (ThreadPool* p : {static_cast<ThreadPool*>(nullptr), &pool}) {
+        PagedAttention(out.data(), q.data(), 1, heads, f.layer, f.table, context - 1, float(scale),
+                       p);
+        out.resize(static_cast<std::size_t>(heads * head_dim));
+        ExpectNear(out, f.Reference(q, 1, context - 1, scale), "decode " + label);
+        out.resize(q.size());
+      }
     }
   }
-  // Slots 3 and 4 of the last block were not written.
-  EXPECT_TRUE(std::isnan(f.k_storage[(f.table[4] * 5 + 3) * f.row()]));
 }
 
 TEST_P(AttentionTest, PrefillAndDecodeMatchReferenceAcrossGqaRatiosAndHeadDims) {
