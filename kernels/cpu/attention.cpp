@@ -11,6 +11,8 @@
 
 #include "common/status.h"
 #include "kernels/cpu/cpu_features.h"
+#include "kernels/cpu/matmul.h"
+#include "kernels/cpu/onednn_gemm.h"
 
 #if DUET_KERNELS_X86
 #include <immintrin.h>
@@ -455,7 +457,110 @@ void CheckTable(const PagedKvLayer& layer, std::span<const std::int32_t> block_t
 
 std::int64_t Partitions(std::int64_t visible) { return (visible + kPartition - 1) / kPartition; }
 
+// Tiled prefill. Each KV head's keys and values are gathered from the paged cache into
+// contiguous [position][head_dim] matrices once per call; then for a tile of query tokens and
+// every query head of one KV head's group, two library products do the work: scores = Q K^T over
+// the positions the tile's last token sees, a causal softmax per row (fp32, summed in double,
+// normalised before the second product), and out = P V. The softmax is exact, not online: a
+// tile's whole score rows are kept, at most kMaxTileScores floats.
+constexpr std::int64_t kTileTokens = 64;
+constexpr std::int64_t kMaxTileScores = std::int64_t{1} << 22;  // 16 MiB of fp32 per thread
+
+// Grows a thread's scratch to at least `bytes` and returns it.
+unsigned char* Scratch(std::vector<unsigned char>& buffer, std::int64_t bytes) {
+  if (buffer.size() < static_cast<std::size_t>(bytes))
+    buffer.resize(static_cast<std::size_t>(bytes));
+  return buffer.data();
+}
+
+void TiledAttention(float* out, const float* q, std::int64_t n_tokens, std::int64_t heads,
+                    const PagedKvLayer& layer, std::span<const std::int32_t> block_table,
+                    std::int64_t context_before, float scale, ExpFn exp, ThreadPool* pool) {
+  const std::int64_t kv_heads = layer.kv_heads, head_dim = layer.head_dim;
+  const std::int64_t group = heads / kv_heads;
+  const std::int64_t total = context_before + n_tokens;
+  const WeightDtype dtype = layer.dtype;
+  const auto element_bytes = static_cast<std::int64_t>(WeightDtypeBytes(dtype));
+  const std::int64_t matrix_bytes = total * head_dim * element_bytes;
+  const std::int64_t head_bytes = head_dim * element_bytes;
+
+  // The caller's buffer, reached from the workers through this pointer (a thread_local named
+  // inside the lambdas would be each worker's own).
+  thread_local std::vector<unsigned char> gathered_storage;
+  unsigned char* gathered = Scratch(gathered_storage, 2 * kv_heads * matrix_bytes);
+  auto keys = [&](std::int64_t g) { return gathered + 2 * g * matrix_bytes; };
+  auto values = [&](std::int64_t g) { return gathered + (2 * g + 1) * matrix_bytes; };
+  ParallelFor(
+      pool, total,
+      [&](std::int64_t p0, std::int64_t p1) {
+        for (std::int64_t p = p0; p < p1; ++p) {
+          const std::int64_t offset = RowOffset(layer, block_table, p) * element_bytes;
+          const auto* k_row = static_cast<const unsigned char*>(layer.k) + offset;
+          const auto* v_row = static_cast<const unsigned char*>(layer.v) + offset;
+          for (std::int64_t g = 0; g < kv_heads; ++g) {
+            std::memcpy(keys(g) + p * head_bytes, k_row + g * head_bytes,
+                        static_cast<std::size_t>(head_bytes));
+            std::memcpy(values(g) + p * head_bytes, v_row + g * head_bytes,
+                        static_cast<std::size_t>(head_bytes));
+          }
+        }
+      },
+      /*min_chunk=*/64);
+
+  // Tiles depend on the shape only, so results do not depend on the pool.
+  const std::int64_t tile =
+      std::clamp<std::int64_t>(kMaxTileScores / (group * total), 8, kTileTokens);
+  const std::int64_t tiles = (n_tokens + tile - 1) / tile;
+  ParallelFor(pool, kv_heads * tiles, [&](std::int64_t i0, std::int64_t i1) {
+    thread_local std::vector<unsigned char> query_storage, score_storage, prob_storage,
+        result_storage;
+    for (std::int64_t item = i0; item < i1; ++item) {
+      const std::int64_t g = item / tiles;
+      const std::int64_t t0 = (item % tiles) * tile;
+      const std::int64_t t1 = std::min(n_tokens, t0 + tile);
+      const std::int64_t count = t1 - t0, rows = group * count;
+      const std::int64_t seen = context_before + t1;  // positions the tile's last token sees
+      // Rows ordered (query head of the group, token).
+      unsigned char* queries = Scratch(query_storage, rows * head_bytes);
+      auto* scores = reinterpret_cast<float*>(Scratch(score_storage, rows * seen * 4));
+      auto* results = reinterpret_cast<float*>(Scratch(result_storage, rows * head_dim * 4));
+      for (std::int64_t r = 0; r < rows; ++r) {
+        const std::int64_t h = g * group + r / count, t = t0 + r % count;
+        ConvertFromF32(q + (t * heads + h) * head_dim, head_dim, dtype, queries + r * head_bytes);
+      }
+      OneDnnAttentionScores(scores, queries, rows, keys(g), seen, head_dim, dtype);
+      for (std::int64_t r = 0; r < rows; ++r) {
+        float* s = scores + r * seen;
+        const std::int64_t visible = context_before + t0 + r % count + 1;
+        for (std::int64_t j = 0; j < visible; ++j) s[j] *= scale;
+        exp(s, visible, *std::max_element(s, s + visible));
+        double sum = 0.0;
+        for (std::int64_t j = 0; j < visible; ++j) sum += s[j];
+        const auto inv_sum = static_cast<float>(1.0 / sum);
+        for (std::int64_t j = 0; j < visible; ++j) s[j] *= inv_sum;
+        std::fill(s + visible, s + seen, 0.0f);
+      }
+      const void* probs = scores;
+      if (dtype != WeightDtype::kF32) {
+        unsigned char* rounded = Scratch(prob_storage, rows * seen * element_bytes);
+        ConvertFromF32(scores, rows * seen, dtype, rounded);
+        probs = rounded;
+      }
+      OneDnnAttentionValues(results, probs, rows, values(g), seen, head_dim, dtype);
+      for (std::int64_t r = 0; r < rows; ++r) {
+        const std::int64_t h = g * group + r / count, t = t0 + r % count;
+        std::memcpy(out + (t * heads + h) * head_dim, results + r * head_dim,
+                    static_cast<std::size_t>(head_dim) * sizeof(float));
+      }
+    }
+  });
+}
+
 }  // namespace
+
+bool PagedAttentionIsTiled(std::int64_t n_tokens, WeightDtype cache_dtype) {
+  return n_tokens >= kTiledMinTokens && GemmLibraryEnabled() && OneDnnSupports(cache_dtype);
+}
 
 void WriteKv(const PagedKvLayer& layer, std::span<const std::int32_t> block_table,
              std::int64_t start_position, std::int64_t n_tokens, const float* k_new,
@@ -486,6 +591,11 @@ void PagedAttention(float* out, const float* q, std::int64_t n_tokens, std::int6
   const std::int64_t total = context_before + n_tokens;
   CheckTable(layer, block_table, (total + layer.block_tokens - 1) / layer.block_tokens);
 
+  if (PagedAttentionIsTiled(n_tokens, layer.dtype)) {
+    TiledAttention(out, q, n_tokens, heads, layer, block_table, context_before, scale,
+                   SelectKernels().exp, pool);
+    return;
+  }
   const Call call{Shape{heads, heads / layer.kv_heads, layer.head_dim,
                         static_cast<std::int64_t>(layer.kv_heads) * layer.head_dim},
                   &layer, block_table, scale, SelectKernels()};

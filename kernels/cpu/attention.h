@@ -50,10 +50,21 @@ void WriteKv(const PagedKvLayer& layer, std::span<const std::int32_t> block_tabl
 // block_table are read, and only their filled slots. The softmax is computed in fp32 over
 // fixed partitions of 128 positions, each max-subtracted, then combined with the usual
 // rescaling (flash-decoding); exp is vectorised on the AVX2 path (within 2 ulp of expf).
-// Results are bit-identical for any pool size and any split of a prompt into chunks.
+// Results are bit-identical for any pool size and, below kTiledMinTokens (see below), for any
+// split of a prompt into chunks.
 // pool: decode (few tokens) is spread over context partitions, prefill over tokens.
 void PagedAttention(float* out, const float* q, std::int64_t n_tokens, std::int64_t heads,
                     const PagedKvLayer& layer, std::span<const std::int32_t> block_table,
                     std::int64_t context_before, float scale, ThreadPool* pool);
+
+// From kTiledMinTokens tokens on, where MatMul may use oneDNN (GemmLibraryEnabled) and oneDNN
+// takes the cache's dtype (fp32, bf16), PagedAttention instead computes tiles of tokens with
+// two matrix products per tile (scores, then probabilities times values) and an exact causal
+// softmax in between: prefill at matrix-multiply speed. The products read queries and
+// probabilities rounded to the cache dtype, as bf16 attention in PyTorch does. Still
+// bit-identical for any pool size; a prompt split into chunks differs from the unsplit one
+// within rounding (the products' sums run over each chunk's own context length).
+inline constexpr std::int64_t kTiledMinTokens = 32;
+bool PagedAttentionIsTiled(std::int64_t n_tokens, WeightDtype cache_dtype);
 
 }  // namespace duet::kernels::cpu

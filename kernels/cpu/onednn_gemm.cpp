@@ -1,5 +1,7 @@
-// OneDnnMatMul (see onednn_gemm.h): one oneDNN matmul primitive per (dtype, K, slice width,
-// output stride) and thread, with M given at run time so that prompts of any length reuse it.
+// OneDnnMatMul and the attention products (see onednn_gemm.h). Each thread keeps its own
+// primitives, created on first use: for a Linear slice one per (dtype, K, slice width, output
+// stride) with M given at run time, so prompts of any length reuse it; for attention one per
+// (product, dtype, head_dim) with every other dimension given at run time.
 #include "kernels/cpu/onednn_gemm.h"
 
 #include <algorithm>
@@ -19,6 +21,10 @@ extern "C" void omp_set_num_threads(int threads);
 namespace duet::kernels::cpu {
 namespace {
 
+using dims = dnnl::memory::dims;
+constexpr dnnl::memory::dim kRunTime = DNNL_RUNTIME_DIM_VAL;
+constexpr auto kF32 = dnnl::memory::data_type::f32;
+
 // Output columns per work item: wide enough for the library's blocking (256 measured as fast as
 // the whole matrix on one thread), narrow enough that a 768-wide projection still gives three
 // items per thread of a two-thread pool.
@@ -30,7 +36,7 @@ dnnl::engine& Engine() {
 }
 
 dnnl::memory::data_type LibraryType(WeightDtype dtype) {
-  return dtype == WeightDtype::kBF16 ? dnnl::memory::data_type::bf16 : dnnl::memory::data_type::f32;
+  return dtype == WeightDtype::kBF16 ? dnnl::memory::data_type::bf16 : kF32;
 }
 
 // oneDNN sizes its work for omp_get_max_threads() of the calling thread: one, so that a
@@ -43,16 +49,40 @@ void PinLibraryToThisThread() {
   }
 }
 
-// in [M][k] (row-major) x W slice [cols][k] (row-major, i.e. k x cols with strides {1, k}) ->
-// out [M][cols] with row stride ldc. M is a run-time dimension.
-dnnl::matmul::primitive_desc Describe(WeightDtype dtype, std::int64_t k, std::int64_t cols,
-                                      std::int64_t ldc) {
-  using dims = dnnl::memory::dims;
-  const auto type = LibraryType(dtype);
-  const dnnl::memory::desc src(dims{DNNL_RUNTIME_DIM_VAL, k}, type, dims{k, 1});
-  const dnnl::memory::desc weights(dims{k, cols}, type, dims{1, k});
-  const dnnl::memory::desc dst(dims{DNNL_RUNTIME_DIM_VAL, cols}, dnnl::memory::data_type::f32,
-                               dims{ldc, 1});
+// Which product a primitive computes: a Linear slice (MatMul) or one of attention's two.
+enum class Kind { kLinear, kScores, kValues };
+
+struct Key {
+  Kind kind;
+  WeightDtype dtype;
+  std::int64_t k;     // reduction width; attention: head_dim
+  std::int64_t cols;  // Linear: slice width and output row stride; attention: 0
+  std::int64_t ldc;
+  bool operator<(const Key& o) const {
+    return std::tie(kind, dtype, k, cols, ldc) < std::tie(o.kind, o.dtype, o.k, o.cols, o.ldc);
+  }
+};
+
+dnnl::matmul::primitive_desc Describe(const Key& key) {
+  const auto type = LibraryType(key.dtype);
+  dnnl::memory::desc src, weights, dst;
+  switch (key.kind) {
+    case Kind::kLinear:  // in [M][k] x (W slice [cols][k])^T -> out [M][cols], row stride ldc
+      src = {dims{kRunTime, key.k}, type, dims{key.k, 1}};
+      weights = {dims{key.k, key.cols}, type, dims{1, key.k}};
+      dst = {dims{kRunTime, key.cols}, kF32, dims{key.ldc, 1}};
+      break;
+    case Kind::kScores:  // queries [m][d] x (keys [n][d])^T -> [m][n]
+      src = {dims{kRunTime, key.k}, type, dims{key.k, 1}};
+      weights = {dims{key.k, kRunTime}, type, dims{1, key.k}};
+      dst = {dims{kRunTime, kRunTime}, kF32, dims{kRunTime, 1}};
+      break;
+    case Kind::kValues:  // probs [m][n] x values [n][d] -> [m][d]
+      src = {dims{kRunTime, kRunTime}, type, dims{kRunTime, 1}};
+      weights = {dims{kRunTime, key.k}, type, dims{key.k, 1}};
+      dst = {dims{kRunTime, key.k}, kF32, dims{key.k, 1}};
+      break;
+  }
   // oneDNN's primitive cache hands every thread the same implementation for the same shape,
   // and Debian's build shares one scratchpad per primitive (no concurrent execution): each
   // thread passes its own scratchpad instead.
@@ -60,14 +90,6 @@ dnnl::matmul::primitive_desc Describe(WeightDtype dtype, std::int64_t k, std::in
   attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
   return dnnl::matmul::primitive_desc(dnnl::matmul::desc(src, weights, dst), attr, Engine());
 }
-
-struct Key {
-  WeightDtype dtype;
-  std::int64_t k, cols, ldc;
-  bool operator<(const Key& o) const {
-    return std::tie(dtype, k, cols, ldc) < std::tie(o.dtype, o.k, o.cols, o.ldc);
-  }
-};
 
 struct Prepared {
   dnnl::matmul primitive;
@@ -79,7 +101,7 @@ const Prepared& Primitive(const Key& key) {
   thread_local std::map<Key, Prepared> cache;
   auto it = cache.find(key);
   if (it == cache.end()) {
-    const auto pd = Describe(key.dtype, key.k, key.cols, key.ldc);
+    const auto pd = Describe(key);
     it = cache.emplace(key, Prepared{dnnl::matmul(pd), pd.scratchpad_desc().get_size()}).first;
   }
   return it->second;
@@ -92,13 +114,44 @@ void* Scratchpad(std::size_t bytes) {
   return scratchpad.data();
 }
 
+// A rows x cols matrix of `type` at `data`, rows `ld` elements apart.
+dnnl::memory Matrix(std::int64_t rows, std::int64_t cols, std::int64_t ld,
+                    dnnl::memory::data_type type, const void* data) {
+  return dnnl::memory({dims{rows, cols}, type, dims{ld, 1}}, Engine(), const_cast<void*>(data));
+}
+
+// The transpose of a row-major rows x cols matrix, seen as cols x rows.
+dnnl::memory Transposed(std::int64_t rows, std::int64_t cols, dnnl::memory::data_type type,
+                        const void* data) {
+  return dnnl::memory({dims{cols, rows}, type, dims{1, cols}}, Engine(), const_cast<void*>(data));
+}
+
+// Runs the key's primitive on this thread: dst = src x weights.
+void Run(const Key& key, const dnnl::memory& src, const dnnl::memory& weights,
+         const dnnl::memory& dst) {
+  PinLibraryToThisThread();
+  const Prepared& p = Primitive(key);
+  const dnnl::memory scratchpad({dims{static_cast<dnnl::memory::dim>(p.scratchpad_bytes)},
+                                 dnnl::memory::data_type::u8, dims{1}},
+                                Engine(), Scratchpad(p.scratchpad_bytes));
+  dnnl::stream stream(Engine());
+  p.primitive.execute(stream, {{DNNL_ARG_SRC, src},
+                               {DNNL_ARG_WEIGHTS, weights},
+                               {DNNL_ARG_DST, dst},
+                               {DNNL_ARG_SCRATCHPAD, scratchpad}});
+  stream.wait();
+}
+
 bool Probe(WeightDtype dtype) {
   if (dtype == WeightDtype::kF16) return false;  // f16 inputs would need their own rounding
   try {
     PinLibraryToThisThread();
-    const auto pd = Describe(dtype, 64, 64, 64);
     // A reference implementation is far slower than Duet's own kernels.
-    return std::strncmp(pd.impl_info_str(), "ref", 3) != 0;
+    for (Kind kind : {Kind::kLinear, Kind::kScores, Kind::kValues}) {
+      const auto pd = Describe({kind, dtype, 64, kind == Kind::kLinear ? 64 : 0, 64});
+      if (std::strncmp(pd.impl_info_str(), "ref", 3) == 0) return false;
+    }
+    return true;
   } catch (const dnnl::error&) {
     return false;
   }
@@ -136,32 +189,33 @@ void OneDnnMatMul(float* out, const float* in, std::int64_t m, const Weight& w, 
   }
   const std::int64_t slices = (n_out + kSliceColumns - 1) / kSliceColumns;
   const std::size_t weight_bytes = WeightDtypeBytes(w.dtype);
+  const auto type = LibraryType(w.dtype);
   ParallelFor(pool, slices, [&](std::int64_t s0, std::int64_t s1) {
-    PinLibraryToThisThread();
-    using dims = dnnl::memory::dims;
-    const auto type = LibraryType(w.dtype);
-    dnnl::stream stream(Engine());
     for (std::int64_t s = s0; s < s1; ++s) {
       const std::int64_t n0 = s * kSliceColumns;
       const std::int64_t cols = std::min(kSliceColumns, n_out - n0);
-      const dnnl::memory src_mem({dims{m, k}, type, dims{k, 1}}, Engine(), const_cast<void*>(src));
-      const dnnl::memory weights_mem(
-          {dims{k, cols}, type, dims{1, k}}, Engine(),
-          const_cast<char*>(static_cast<const char*>(w.data) +
-                            static_cast<std::size_t>(n0 * k) * weight_bytes));
-      const dnnl::memory dst_mem({dims{m, cols}, dnnl::memory::data_type::f32, dims{n_out, 1}},
-                                 Engine(), out + n0);
-      const Prepared& p = Primitive({w.dtype, k, cols, n_out});
-      const dnnl::memory scratchpad_mem({dims{static_cast<dnnl::memory::dim>(p.scratchpad_bytes)},
-                                         dnnl::memory::data_type::u8, dims{1}},
-                                        Engine(), Scratchpad(p.scratchpad_bytes));
-      p.primitive.execute(stream, {{DNNL_ARG_SRC, src_mem},
-                                   {DNNL_ARG_WEIGHTS, weights_mem},
-                                   {DNNL_ARG_DST, dst_mem},
-                                   {DNNL_ARG_SCRATCHPAD, scratchpad_mem}});
+      const char* slice =
+          static_cast<const char*>(w.data) + static_cast<std::size_t>(n0 * k) * weight_bytes;
+      Run({Kind::kLinear, w.dtype, k, cols, n_out}, Matrix(m, k, k, type, src),
+          Transposed(cols, k, type, slice), Matrix(m, cols, n_out, kF32, out + n0));
     }
-    stream.wait();
   });
+}
+
+void OneDnnAttentionScores(float* scores, const void* queries, std::int64_t m, const void* keys,
+                           std::int64_t n, std::int64_t head_dim, WeightDtype dtype) {
+  DUET_CHECK(OneDnnSupports(dtype));
+  const auto type = LibraryType(dtype);
+  Run({Kind::kScores, dtype, head_dim, 0, 0}, Matrix(m, head_dim, head_dim, type, queries),
+      Transposed(n, head_dim, type, keys), Matrix(m, n, n, kF32, scores));
+}
+
+void OneDnnAttentionValues(float* out, const void* probs, std::int64_t m, const void* values,
+                           std::int64_t n, std::int64_t head_dim, WeightDtype dtype) {
+  DUET_CHECK(OneDnnSupports(dtype));
+  const auto type = LibraryType(dtype);
+  Run({Kind::kValues, dtype, head_dim, 0, 0}, Matrix(m, n, n, type, probs),
+      Matrix(n, head_dim, head_dim, type, values), Matrix(m, head_dim, head_dim, kF32, out));
 }
 
 }  // namespace duet::kernels::cpu

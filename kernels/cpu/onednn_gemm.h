@@ -26,4 +26,23 @@ bool OneDnnSupports(WeightDtype dtype);
 // primitives the first time a shape is seen): meant for prefill-sized m.
 void OneDnnMatMul(float* out, const float* in, std::int64_t m, const Weight& w, ThreadPool* pool);
 
+// The two products of tiled attention, single-threaded on the calling thread (a pool job), with
+// every operand already in `dtype` (OneDnnSupports) and fp32 results, all row-contiguous:
+//   scores[m][n] = queries[m][head_dim] . keys[n][head_dim]^T
+//   out[m][head_dim] = probs[m][n] . values[n][head_dim]
+void OneDnnAttentionScores(float* scores, const void* queries, std::int64_t m, const void* keys,
+                           std::int64_t n, std::int64_t head_dim, WeightDtype dtype);
+void OneDnnAttentionValues(float* out, const void* probs, std::int64_t m, const void* values,
+                           std::int64_t n, std::int64_t head_dim, WeightDtype dtype);
+
+// The two products of tiled attention, single-threaded on the calling thread (a pool job), with
+// every operand already in `dtype` (fp32 or bf16, OneDnnSupports) and fp32 results; head_dim is
+// the reduction (scores) resp. output (values) width, row-contiguous everywhere:
+//   scores[m][n] (row stride n) = queries[m][head_dim] . keys[n][head_dim]^T
+//   out[m][head_dim] = probs[m][n] . values[n][head_dim]
+void OneDnnAttentionScores(float* scores, const void* queries, std::int64_t m, const void* keys,
+                           std::int64_t n, std::int64_t head_dim, WeightDtype dtype);
+void OneDnnAttentionValues(float* out, const void* probs, std::int64_t m, const void* values,
+                           std::int64_t n, std::int64_t head_dim, WeightDtype dtype);
+
 }  // namespace duet::kernels::cpu

@@ -3,6 +3,7 @@
 // tables, partially filled last blocks (unused slots and blocks hold NaN, so any stray read
 // shows), causality, chunked prefill equal to one-shot prefill, and thread-count independence.
 #include "kernels/cpu/attention.h"
+#include "kernels/cpu/matmul.h"
 
 #include <gtest/gtest.h>
 
@@ -142,12 +143,23 @@ struct Fixture {
   }
 };
 
+// The tolerance for tiled attention over a 16-bit cache, whose products read queries and
+// probabilities rounded to 16 bits (a few bf16 ulps of the output); 1e-5 everywhere else.
+constexpr double kRoundedInputsTolerance = 8e-3;
+
+double Tolerance(std::int64_t n_tokens, WeightDtype dtype) {
+  return PagedAttentionIsTiled(n_tokens, dtype) && dtype != WeightDtype::kF32
+             ? kRoundedInputsTolerance
+             : 1e-5;
+}
+
 void ExpectNear(const std::vector<float>& got, const std::vector<double>& want,
-                const std::string& label) {
+                const std::string& label, double tolerance = 1e-5) {
   ASSERT_EQ(got.size(), want.size());
   int failures = 0;
   for (std::size_t i = 0; i < got.size(); ++i) {
-    if (!(std::fabs(got[i] - want[i]) <= 1e-5 * (1.0 + std::fabs(want[i]))) && ++failures <= 5) {
+    if (!(std::fabs(got[i] - want[i]) <= tolerance * (1.0 + std::fabs(want[i]))) &&
+        ++failures <= 5) {
       ADD_FAILURE() << label << " [" << i << "] = " << got[i] << ", want " << want[i];
     }
   }
@@ -191,7 +203,8 @@ TEST_P(AttentionTest, WriteKvPlacesRowsInTheirBlocksAndSlots) {
 }
 
 // The 16-bit and block-major caches give the reference attention of their (rounded) contents,
-// in prefill, decode over many partitions, and chunks, for any thread count.
+// in prefill over several tiles, a chunk late in the context, and decode over many partitions,
+// bit-identically for any thread count.
 TEST_P(AttentionTest, SixteenBitAndBlockMajorCachesMatchReference) {
   ThreadPool pool(2);
   std::uint32_t seed = 70;
@@ -199,28 +212,48 @@ TEST_P(AttentionTest, SixteenBitAndBlockMajorCachesMatchReference) {
     for (const auto& [head_dim, block_tokens] :
          {std::pair<std::int64_t, std::int64_t>{64, 16}, {20, 5}}) {
       const std::string label = LayoutName(layout) + " head_dim=" + std::to_string(head_dim);
-      const std::int64_t heads = 8, kv_heads = 2, context = 300;
+      const std::int64_t heads = 8, kv_heads = 2, context = 300, prompt = 150, chunk = 40;
       Fixture f(heads, kv_heads, head_dim, block_tokens, context, ++seed, layout);
       f.Write(0, context);
       const double scale = 1.0 / std::sqrt(double(head_dim));
-      const auto q = RandomFloats(static_cast<std::size_t>(40 * heads * head_dim), ++seed);
+      const auto q = RandomFloats(static_cast<std::size_t>(prompt * heads * head_dim), ++seed);
       std::vector<float> out(q.size()), single(q.size());
-      PagedAttention(out.data(), q.data(), 40, heads, f.layer, f.table, 0, float(scale), &pool);
-      ExpectNear(out, f.Reference(q, 40, 0, scale), "prefill " + label);
-      PagedAttention(out.data(), q.data(), 40, heads, f.layer, f.table, 260, float(scale), &pool);
-      ExpectNear(out, f.Reference(q, 40, 260, scale), "chunk " + label);
-      PagedAttention(single.data(), q.data(), 40, heads, f.layer, f.table, 260, float(scale),
+      PagedAttention(out.data(), q.data(), prompt, heads, f.layer, f.table, 0, float(scale), &pool);
+      ExpectNear(out, f.Reference(q, prompt, 0, scale), "prefill " + label,
+                 Tolerance(prompt, layout.dtype));
+      PagedAttention(single.data(), q.data(), prompt, heads, f.layer, f.table, 0, float(scale),
                      nullptr);
       EXPECT_EQ(std::memcmp(single.data(), out.data(), out.size() * sizeof(float)), 0) << label;
+      out.resize(static_cast<std::size_t>(chunk * heads * head_dim));
+      PagedAttention(out.data(), q.data(), chunk, heads, f.layer, f.table, 260, float(scale),
+                     &pool);
+      ExpectNear(out, f.Reference(q, chunk, 260, scale), "chunk " + label,
+                 Tolerance(chunk, layout.dtype));
       for (ThreadPool* p : {static_cast<ThreadPool*>(nullptr), &pool}) {
+        out.resize(static_cast<std::size_t>(heads * head_dim));
         PagedAttention(out.data(), q.data(), 1, heads, f.layer, f.table, context - 1, float(scale),
                        p);
-        out.resize(static_cast<std::size_t>(heads * head_dim));
         ExpectNear(out, f.Reference(q, 1, context - 1, scale), "decode " + label);
-        out.resize(q.size());
       }
     }
   }
+}
+
+// Where the library is available, prompts of kTiledMinTokens or more take the tiled path over
+// fp32 and bf16 caches (so the tests above exercise it); fewer tokens, f16 caches and the
+// baseline path never do.
+TEST_P(AttentionTest, PrefillIsTiledWhereTheLibraryIs) {
+  EXPECT_FALSE(PagedAttentionIsTiled(kTiledMinTokens - 1, WeightDtype::kF32));
+  EXPECT_FALSE(PagedAttentionIsTiled(kTiledMinTokens, WeightDtype::kF16));
+  if (GetParam() == Isa::kBaseline) {
+    EXPECT_FALSE(PagedAttentionIsTiled(kTiledMinTokens, WeightDtype::kF32));
+    return;
+  }
+  if (!MatMulUsesLibrary(kLibraryMinRows, WeightDtype::kBF16)) {
+    GTEST_SKIP() << "oneDNN has no optimised bf16 matmul on this CPU";
+  }
+  EXPECT_TRUE(PagedAttentionIsTiled(kTiledMinTokens, WeightDtype::kF32));
+  EXPECT_TRUE(PagedAttentionIsTiled(kTiledMinTokens, WeightDtype::kBF16));
 }
 
 TEST_P(AttentionTest, PrefillAndDecodeMatchReferenceAcrossGqaRatiosAndHeadDims) {
@@ -336,7 +369,13 @@ TEST_P(AttentionTest, ChunkedPrefillEqualsOneShot) {
                    scale, &pool);
     done += chunk;
   }
-  EXPECT_EQ(std::memcmp(chunked.data(), one_shot.data(), q.size() * sizeof(float)), 0);
+  if (PagedAttentionIsTiled(37, WeightDtype::kF32)) {
+    // The one-shot pass was tiled, the chunks were not: equal within rounding.
+    std::vector<double> want(one_shot.begin(), one_shot.end());
+    ExpectNear(chunked, want, "chunked vs one shot");
+  } else {
+    EXPECT_EQ(std::memcmp(chunked.data(), one_shot.data(), q.size() * sizeof(float)), 0);
+  }
 }
 
 TEST_P(AttentionTest, ResultsAreBitIdenticalForAnyThreadCount) {
