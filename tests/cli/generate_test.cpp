@@ -59,6 +59,38 @@ TEST_F(GenerateTest, ContinuesAPromptAndRecordsStepTimings) {
   }
 }
 
+// --warmup runs the prompt once before the timed run: the output and the recorded steps are
+// those of a run without it (nothing it wrote reaches the prefix cache or the text).
+TEST_F(GenerateTest, WarmupLeavesTheOutputAndTimingsAsWithout) {
+  const std::string timings = tmp_.File("warm.jsonl");
+  // A prompt long enough for the tiled prefill attention.
+  auto run = [&](std::vector<std::string> extra) {
+    std::vector<std::string> args = {
+        "generate",
+        "--model",
+        model_,
+        "--max-tokens",
+        "5",
+        "--prompt",
+        "One two three four five six seven eight nine ten eleven twelve thirteen."};
+    args.insert(args.end(), extra.begin(), extra.end());
+    return RunDuet(args);
+  };
+  const RunResult cold = run({});
+  const RunResult warm = run({"--warmup", "--timings", timings});
+  ASSERT_EQ(warm.exit_code, 0) << warm;
+  EXPECT_EQ(warm.out, cold.out);
+  std::ifstream in(timings);
+  std::string line;
+  std::vector<nlohmann::json> steps;
+  while (std::getline(in, line)) steps.push_back(nlohmann::json::parse(line));
+  ASSERT_EQ(steps.size(), 5u);
+  // The whole prompt computed in the timed run, none of it taken from the prefix cache.
+  const auto& prefill = steps[0]["prefill"][0];
+  EXPECT_GE(prefill[0].get<std::int64_t>(), 32) << steps[0];
+  EXPECT_EQ(prefill[1].get<std::int64_t>(), 0) << steps[0];
+}
+
 TEST_F(GenerateTest, GreedyIsDeterministicAndSamplingFollowsTheSeed) {
   EXPECT_EQ(Generate(model_).out, Generate(model_).out);
   const auto a = Generate(model_, {"--temperature", "1", "--seed", "7"});
