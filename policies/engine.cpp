@@ -148,7 +148,7 @@ void InstanceEngine::HandleMessage(const EngineMessage& message) {
       if (scheduler_.lower_tiers()) arrived_.push_back(r);
       break;
     case EngineMessage::Kind::kKvReady:
-      pulls_waiting_.emplace_back(r, message.from);
+      pulls_waiting_.push_back({r, message.from, message.blocks});
       break;
     case EngineMessage::Kind::kKvRelease:
       blocks_.Free(r->id);
@@ -180,8 +180,9 @@ void InstanceEngine::Abort(RequestId id, Seconds now) {
     return;
   }
   for (auto it = pulls_waiting_.begin(); it != pulls_waiting_.end(); ++it) {
-    if (it->first->id != id) continue;
-    auto [r, from] = *it;
+    if (it->request->id != id) continue;
+    Request* r = it->request;
+    const InstanceId from = it->from;
     pulls_waiting_.erase(it);
     ports_.outbox->Send(from, {EngineMessage::Kind::kKvRelease, r, config_.id});
     Fail(r, now, reason, FinishReason::kAbort);
@@ -230,14 +231,17 @@ void InstanceEngine::StartPulls() {
   while (!pulls_waiting_.empty()) {
     const int busy = static_cast<int>(scheduler_.running().size() + pulls_in_flight_.size());
     if (busy >= config_.scheduler.max_num_seqs) return;
-    auto [r, from] = pulls_waiting_.front();
+    Request* r = pulls_waiting_.front().request;
+    const InstanceId from = pulls_waiting_.front().from;
     // Room for the prompt's KV plus the token the first decode step processes.
     const Tokens tokens = r->SequenceTokens();
     if (!blocks_.Allocate(r->id, {}, tokens, 0, watermark_blocks)) return;
-    pulls_waiting_.pop_front();
     r->computed_tokens = r->input_tokens;
     r->kv_transfer_bytes = r->input_tokens * config_.kv_bytes_per_token;
-    const TransferId id = ports_.transport->Post({r->id, from, config_.id, r->kv_transfer_bytes});
+    const TransferId id =
+        ports_.transport->Post({r->id, from, config_.id, r->kv_transfer_bytes,
+                                pulls_waiting_.front().blocks, blocks_.Table(r->id)});
+    pulls_waiting_.pop_front();
     pulls_in_flight_.push_back({r, from, id, false});
   }
 }
@@ -401,7 +405,14 @@ void InstanceEngine::FinishPrefill(Request* r, Seconds t, const SampledToken* to
     scheduler_.RemoveRunning(r);
     r->state = RequestState::kTransferring;
     ++transferring_;
-    ports_.outbox->Send(r->decode_instance, {EngineMessage::Kind::kKvReady, r, config_.id});
+    // The blocks holding the prompt's KV (the first sampled token's is computed by decode).
+    const auto prompt_blocks = static_cast<std::size_t>(
+        (r->input_tokens + config_.block_tokens - 1) / config_.block_tokens);
+    DUET_CHECK(blocks_.Table(r->id).size() >= prompt_blocks);
+    const auto table = blocks_.Table(r->id).first(prompt_blocks);
+    ports_.outbox->Send(
+        r->decode_instance,
+        {EngineMessage::Kind::kKvReady, r, config_.id, 0, {table.begin(), table.end()}});
     return;
   }
   if (r->first_token_s < 0) {

@@ -119,7 +119,12 @@ class InstanceEngine final : private LowerTierLookup, private StepEvents {
   EnginePorts ports_;
   KvBlockManager blocks_;
   BatchScheduler scheduler_;
-  std::deque<std::pair<Request*, InstanceId>> pulls_waiting_;  // PD decode: KV announced
+  struct AnnouncedKv {  // PD decode: a kKvReady not yet pulled
+    Request* request;
+    InstanceId from;
+    std::vector<KvBlockManager::BlockId> blocks;  // on `from`
+  };
+  std::deque<AnnouncedKv> pulls_waiting_;
   std::vector<Pull> pulls_in_flight_;
   std::vector<Load> loads_;  // lower-tier prefix loads in flight
   // The block manager's event log: evictions feed write-back to the tiers (events before

@@ -32,6 +32,8 @@ struct EngineMessage {
   Request* request = nullptr;
   InstanceId from = kNoInstance;
   RequestId request_id = 0;  // kAbort
+  // kKvReady: the prefill instance's blocks holding the request's KV, in position order.
+  std::vector<KvBlockManager::BlockId> blocks = {};
 };
 
 class Clock {
@@ -57,11 +59,17 @@ class Outbox {
   virtual void Send(InstanceId to, const EngineMessage& message) = 0;
 };
 
+// A pull of one request's KV: the blocks that hold it on the source instance go, in order,
+// into the destination's blocks (block i of src_blocks to block i of dst_blocks; dst_blocks
+// may be longer, with room for the tokens still to come). `bytes` is what moves (the
+// simulated transport moves only that). The spans are valid during Post only.
 struct KvTransferRequest {
   RequestId request = 0;
   InstanceId src = kNoInstance;
   InstanceId dst = kNoInstance;
   Bytes bytes = 0;
+  std::span<const KvBlockManager::BlockId> src_blocks = {};
+  std::span<const KvBlockManager::BlockId> dst_blocks = {};
 };
 using TransferId = std::uint64_t;
 enum class TransferStatus { kInProgress, kDone, kFailed };

@@ -45,7 +45,12 @@ struct TestPorts : Inbox, Outbox, StepExecutor, KvTransport {
   }
   void WaitUntil(Seconds) override {}
   void Send(InstanceId to, const EngineMessage& m) override { peers->at(to)->inbox.push_back(m); }
-  TransferId Post(const KvTransferRequest&) override {
+  std::vector<KvTransferRequest> posted;  // block lists copied (the spans end with Post)
+  std::vector<std::vector<KvBlockManager::BlockId>> posted_src, posted_dst;
+  TransferId Post(const KvTransferRequest& transfer) override {
+    posted.push_back(transfer);
+    posted_src.emplace_back(transfer.src_blocks.begin(), transfer.src_blocks.end());
+    posted_dst.emplace_back(transfer.dst_blocks.begin(), transfer.dst_blocks.end());
     transfers[next_id] = clock->now + transfer_s;
     return next_id++;
   }
@@ -222,8 +227,20 @@ TEST(InstanceEngine, PdHandsTheKvFromPrefillToDecode) {
   EXPECT_LT(r.first_token_s, 0);  // not delivered until the decode side holds the KV
   // The prefill instance still holds the KV blocks until released.
   EXPECT_EQ(prefill.blocks().kv_blocks_used(), 4);
+  const std::vector<KvBlockManager::BlockId> prompt_blocks(prefill.blocks().Table(r.id).begin(),
+                                                           prefill.blocks().Table(r.id).end());
   EXPECT_FALSE(decode.RunOnce());  // posts the pull; transfer takes 5 ms
   EXPECT_EQ(r.kv_transfer_bytes, 64 * 1000);
+  // The pull names the prefill side's four prompt blocks and the decode side's own table,
+  // which has room for the first sampled token (65 tokens: five blocks of 16).
+  ASSERT_EQ(d_ports.posted.size(), 1u);
+  EXPECT_EQ(d_ports.posted[0].src, 0);
+  EXPECT_EQ(d_ports.posted[0].dst, 1);
+  EXPECT_EQ(d_ports.posted_src[0], prompt_blocks);
+  const auto decode_table = decode.blocks().Table(r.id);
+  EXPECT_EQ(d_ports.posted_dst[0],
+            std::vector<KvBlockManager::BlockId>(decode_table.begin(), decode_table.end()));
+  EXPECT_EQ(d_ports.posted_dst[0].size(), 5u);
   clock.now += 0.005;
   while (decode.RunOnce()) {
   }
