@@ -1,0 +1,108 @@
+// Real KV transports behind the engine's policies::KvTransport port (post, then poll). A
+// transfer moves a request's KV blocks from the source instance's KV region into the
+// destination's (ForwardModel::kv_region(): block b is block_bytes bytes at base + b *
+// block_bytes): block i of src_blocks into block i of dst_blocks. Every transport checks a
+// transfer before moving anything (CheckKvTransfer); one that fails the check fails on its
+// first poll, with the reason in its record. Every finished transfer leaves a record (bytes,
+// seconds, path): the measured costs that calibration fits the simulator's links to.
+//
+// Here: LoopbackKvTransport (instances in one process, memcpy) and FaultInjectingKvTransport
+// (fails, delays, drops or truncates the transfers of the transport it wraps, for tests);
+// ucx_kv_transport.h has UCX.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "backend/engine/forward_model.h"
+#include "policies/ports.h"
+
+namespace duet::backend {
+
+using BlockId = policies::KvBlockManager::BlockId;
+
+struct KvTransferRecord {
+  policies::RequestId request = 0;
+  policies::InstanceId src = policies::kNoInstance;
+  policies::InstanceId dst = policies::kNoInstance;
+  std::int64_t bytes = 0;  // moved (0 when the transfer failed before moving)
+  double seconds = 0;      // from Post to the poll that saw it finish
+  std::string path;        // "loopback", "ucx:tcp", ...
+  bool ok = false;
+  std::string error;  // why it failed
+};
+
+// Why a transfer between these regions cannot proceed; empty when it can: the regions exist
+// and share a block size, the lists name blocks inside their regions, and the destination list
+// is at least as long as the source's. `bytes` must be what the source blocks hold at most.
+std::string CheckKvTransfer(const policies::KvTransferRequest& transfer, const KvRegion* src,
+                            const KvRegion* dst);
+
+// A transfer's blocks as runs that are consecutive on both sides (one copy or one RMA each).
+struct BlockRun {
+  std::int64_t src_block = 0;
+  std::int64_t dst_block = 0;
+  std::int64_t blocks = 0;
+};
+std::vector<BlockRun> BlockRuns(std::span<const BlockId> src, std::span<const BlockId> dst);
+
+// Records of the transfers a transport finished, oldest first.
+class KvTransferLog {
+ public:
+  const std::vector<KvTransferRecord>& records() const { return records_; }
+
+ protected:
+  void Record(KvTransferRecord record) { records_.push_back(std::move(record)); }
+
+ private:
+  std::vector<KvTransferRecord> records_;
+};
+
+// Instances in one process: a transfer is one memcpy per block run, done in Post.
+class LoopbackKvTransport final : public policies::KvTransport, public KvTransferLog {
+ public:
+  // The region an instance's blocks live in (its model's kv_region()).
+  void Register(policies::InstanceId instance, KvRegion region);
+  policies::TransferId Post(const policies::KvTransferRequest& transfer) override;
+  policies::TransferStatus Poll(policies::TransferId id) override;
+
+ private:
+  std::map<policies::InstanceId, KvRegion> regions_;
+  std::map<policies::TransferId, policies::TransferStatus> finished_;
+  policies::TransferId next_ = 1;
+};
+
+// Wraps a transport and spoils the transfers a rule picks (tests of the recovery paths):
+//   kFail      never forwarded; fails on its first poll
+//   kDelay     forwarded; reported in progress for `delay_polls` polls before its status
+//   kDrop      forwarded, its completion lost: in progress on every poll, forever
+//   kTruncate  only the first half of its blocks forwarded; fails once they have moved, as a
+//              transport that counts what arrived must report a short transfer
+class FaultInjectingKvTransport final : public policies::KvTransport {
+ public:
+  enum class Fault { kNone, kFail, kDelay, kDrop, kTruncate };
+  using Rule = std::function<Fault(const policies::KvTransferRequest&)>;
+
+  FaultInjectingKvTransport(policies::KvTransport& inner, Rule rule, int delay_polls = 3);
+  policies::TransferId Post(const policies::KvTransferRequest& transfer) override;
+  policies::TransferStatus Poll(policies::TransferId id) override;
+
+ private:
+  struct Spoiled {
+    Fault fault = Fault::kNone;
+    policies::TransferId inner = 0;  // 0: not forwarded
+    int polls = 0;
+    policies::TransferStatus inner_status = policies::TransferStatus::kInProgress;
+  };
+  policies::KvTransport& inner_;
+  Rule rule_;
+  int delay_polls_;
+  std::map<policies::TransferId, Spoiled> transfers_;
+  policies::TransferId next_ = 1;
+};
+
+}  // namespace duet::backend

@@ -1,0 +1,89 @@
+// The UCX KV descriptor format (see ucx_descriptor.h).
+#include "backend/transport/ucx_descriptor.h"
+
+#include <cstring>
+
+namespace duet::backend {
+namespace {
+
+constexpr char kMagic[4] = {'D', 'K', 'V', 'U'};
+constexpr std::uint32_t kVersion = 1;
+constexpr std::uint32_t kMaxBlob = 64 * 1024;
+
+template <typename T>
+void Put(std::string& out, T value) {
+  char bytes[sizeof(T)];
+  std::memcpy(bytes, &value, sizeof(T));  // little-endian hosts only (x86-64, aarch64)
+  out.append(bytes, sizeof(T));
+}
+
+// Reads from the front of `in`, failing (false) when too short.
+template <typename T>
+bool Take(std::string_view& in, T* value) {
+  if (in.size() < sizeof(T)) return false;
+  std::memcpy(value, in.data(), sizeof(T));
+  in.remove_prefix(sizeof(T));
+  return true;
+}
+
+bool TakeBlob(std::string_view& in, std::string* blob) {
+  std::uint32_t size = 0;
+  if (!Take(in, &size) || size > kMaxBlob || in.size() < size) return false;
+  blob->assign(in.data(), size);
+  in.remove_prefix(size);
+  return true;
+}
+
+}  // namespace
+
+std::string EncodeUcxDescriptor(const UcxPeerDescriptor& d) {
+  std::string out(kMagic, sizeof kMagic);
+  Put(out, kVersion);
+  Put(out, d.base);
+  Put(out, static_cast<std::int64_t>(d.region.block_bytes));
+  Put(out, static_cast<std::int64_t>(d.region.num_blocks));
+  Put(out, static_cast<std::uint32_t>(d.worker_address.size()));
+  out += d.worker_address;
+  Put(out, static_cast<std::uint32_t>(d.remote_key.size()));
+  out += d.remote_key;
+  return out;
+}
+
+Result<UcxPeerDescriptor> ParseUcxDescriptor(std::string_view in) {
+  const std::string what = "UCX KV descriptor: ";
+  if (in.size() < sizeof kMagic || std::memcmp(in.data(), kMagic, sizeof kMagic) != 0) {
+    return Status::Error(what + "does not start with DKVU");
+  }
+  in.remove_prefix(sizeof kMagic);
+  std::uint32_t version = 0;
+  if (!Take(in, &version)) return Status::Error(what + "truncated before its version");
+  if (version != kVersion) {
+    return Status::Error(what + "version " + std::to_string(version) + ", this build reads " +
+                         std::to_string(kVersion));
+  }
+  UcxPeerDescriptor d;
+  std::int64_t block_bytes = 0, num_blocks = 0;
+  if (!Take(in, &d.base) || !Take(in, &block_bytes) || !Take(in, &num_blocks)) {
+    return Status::Error(what + "truncated in its region");
+  }
+  // The region must fit in an address space: block_bytes * num_blocks without overflow.
+  if (block_bytes <= 0 || num_blocks <= 0 || block_bytes > (std::int64_t{1} << 40) ||
+      num_blocks > (std::int64_t{1} << 31) || block_bytes > INT64_MAX / num_blocks) {
+    return Status::Error(what + "region of " + std::to_string(num_blocks) + " blocks of " +
+                         std::to_string(block_bytes) + " bytes is out of range");
+  }
+  d.region.block_bytes = block_bytes;
+  d.region.num_blocks = num_blocks;
+  if (!TakeBlob(in, &d.worker_address) || d.worker_address.empty()) {
+    return Status::Error(what + "worker address missing, truncated or over 64 KiB");
+  }
+  if (!TakeBlob(in, &d.remote_key) || d.remote_key.empty()) {
+    return Status::Error(what + "remote key missing, truncated or over 64 KiB");
+  }
+  if (!in.empty()) {
+    return Status::Error(what + std::to_string(in.size()) + " bytes after its end");
+  }
+  return d;
+}
+
+}  // namespace duet::backend

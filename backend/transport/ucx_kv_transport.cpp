@@ -1,0 +1,237 @@
+// UcxKvTransport (see ucx_kv_transport.h) on UCP: one context and worker per transport, the
+// local KV region mapped once, one endpoint and unpacked remote key per connected peer.
+#include "backend/transport/ucx_kv_transport.h"
+
+#include <ucp/api/ucp.h>
+
+#include <chrono>
+#include <cstring>
+
+namespace duet::backend {
+
+using policies::TransferId;
+using policies::TransferStatus;
+
+namespace {
+
+Status UcsError(const char* what, ucs_status_t status) {
+  return Status::Error(std::string("UCX ") + what + ": " + ucs_status_string(status));
+}
+
+}  // namespace
+
+struct UcxKvTransport::Impl {
+  policies::InstanceId self = policies::kNoInstance;
+  std::string path;
+  KvRegion region;
+  ucp_context_h context = nullptr;
+  ucp_worker_h worker = nullptr;
+  ucp_mem_h memh = nullptr;
+  std::string address;     // this worker's
+  std::string remote_key;  // this region's, packed
+  struct Peer {
+    ucp_ep_h ep = nullptr;
+    ucp_rkey_h rkey = nullptr;
+    std::uint64_t base = 0;
+    KvRegion region;
+  };
+  std::map<policies::InstanceId, Peer> peers;
+  struct Transfer {
+    std::vector<void*> requests;  // UCX requests still in flight
+    KvTransferRecord record;
+    std::chrono::steady_clock::time_point start;
+  };
+  std::map<TransferId, Transfer> transfers;
+  TransferId next = 1;
+
+  void Close(Peer& p) {
+    if (p.rkey) ucp_rkey_destroy(p.rkey);
+    if (!p.ep) return;
+    ucp_request_param_t param{};
+    param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    param.flags = UCP_EP_CLOSE_FLAG_FORCE;
+    void* close = ucp_ep_close_nbx(p.ep, &param);
+    // Bounded: a forced close completes locally.
+    for (int i = 0; UCS_PTR_IS_PTR(close) && i < 100000; ++i) {
+      ucp_worker_progress(worker);
+      if (ucp_request_check_status(close) != UCS_INPROGRESS) break;
+    }
+    if (UCS_PTR_IS_PTR(close)) ucp_request_free(close);
+  }
+
+  ~Impl() {
+    for (auto& [id, t] : transfers) {
+      for (void* r : t.requests) {
+        ucp_request_cancel(worker, r);
+        ucp_request_free(r);
+      }
+    }
+    for (auto& [id, p] : peers) Close(p);
+    if (memh) ucp_mem_unmap(context, memh);
+    if (worker) ucp_worker_destroy(worker);
+    if (context) ucp_cleanup(context);
+  }
+};
+
+UcxKvTransport::UcxKvTransport(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+UcxKvTransport::~UcxKvTransport() = default;
+
+Result<std::unique_ptr<UcxKvTransport>> UcxKvTransport::Create(policies::InstanceId self,
+                                                               KvRegion region,
+                                                               const std::string& tls) {
+  if (region.base == nullptr || region.block_bytes <= 0 || region.num_blocks <= 0) {
+    return Status::Error("UCX KV transport: an empty KV region");
+  }
+  auto impl = std::make_unique<Impl>();
+  impl->self = self;
+  impl->region = region;
+  impl->path = "ucx:" + (tls.empty() ? std::string("auto") : tls);
+  ucp_config_t* config = nullptr;
+  if (ucs_status_t s = ucp_config_read(nullptr, nullptr, &config); s != UCS_OK) {
+    return UcsError("config", s);
+  }
+  if (!tls.empty()) {
+    if (ucs_status_t s = ucp_config_modify(config, "TLS", tls.c_str()); s != UCS_OK) {
+      ucp_config_release(config);
+      return UcsError(("TLS " + tls).c_str(), s);
+    }
+  }
+  ucp_params_t params{};
+  params.field_mask = UCP_PARAM_FIELD_FEATURES;
+  params.features = UCP_FEATURE_RMA;
+  const ucs_status_t init = ucp_init(&params, config, &impl->context);
+  ucp_config_release(config);
+  if (init != UCS_OK) return UcsError("init", init);
+  ucp_worker_params_t worker_params{};
+  worker_params.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+  worker_params.thread_mode = UCS_THREAD_MODE_SINGLE;
+  if (ucs_status_t s = ucp_worker_create(impl->context, &worker_params, &impl->worker);
+      s != UCS_OK) {
+    return UcsError("worker", s);
+  }
+  ucp_address_t* address = nullptr;
+  std::size_t address_size = 0;
+  if (ucs_status_t s = ucp_worker_get_address(impl->worker, &address, &address_size); s != UCS_OK) {
+    return UcsError("worker address", s);
+  }
+  impl->address.assign(reinterpret_cast<const char*>(address), address_size);
+  ucp_worker_release_address(impl->worker, address);
+  ucp_mem_map_params_t map{};
+  map.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
+  map.address = region.base;
+  map.length = static_cast<std::size_t>(region.block_bytes * region.num_blocks);
+  if (ucs_status_t s = ucp_mem_map(impl->context, &map, &impl->memh); s != UCS_OK) {
+    return UcsError("registering the KV region", s);
+  }
+  void* key = nullptr;
+  std::size_t key_size = 0;
+  if (ucs_status_t s = ucp_rkey_pack(impl->context, impl->memh, &key, &key_size); s != UCS_OK) {
+    return UcsError("packing the remote key", s);
+  }
+  impl->remote_key.assign(static_cast<const char*>(key), key_size);
+  ucp_rkey_buffer_release(key);
+  return std::unique_ptr<UcxKvTransport>(new UcxKvTransport(std::move(impl)));
+}
+
+std::string UcxKvTransport::Descriptor() const {
+  UcxPeerDescriptor d;
+  d.worker_address = impl_->address;
+  d.base = reinterpret_cast<std::uint64_t>(impl_->region.base);
+  d.region.block_bytes = impl_->region.block_bytes;
+  d.region.num_blocks = impl_->region.num_blocks;
+  d.remote_key = impl_->remote_key;
+  return EncodeUcxDescriptor(d);
+}
+
+Status UcxKvTransport::Connect(policies::InstanceId peer, std::string_view descriptor) {
+  Result<UcxPeerDescriptor> d = ParseUcxDescriptor(descriptor);
+  if (!d.ok()) return d.status();
+  if (impl_->peers.count(peer)) {
+    return Status::Error("UCX KV transport: instance " + std::to_string(peer) +
+                         " is already connected");
+  }
+  Impl::Peer p;
+  p.base = d->base;
+  p.region = d->region;
+  ucp_ep_params_t ep{};
+  ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS;
+  ep.address = reinterpret_cast<const ucp_address_t*>(d->worker_address.data());
+  if (ucs_status_t s = ucp_ep_create(impl_->worker, &ep, &p.ep); s != UCS_OK) {
+    return UcsError("endpoint", s);
+  }
+  if (ucs_status_t s = ucp_ep_rkey_unpack(p.ep, d->remote_key.data(), &p.rkey); s != UCS_OK) {
+    p.rkey = nullptr;
+    impl_->Close(p);
+    return UcsError("remote key", s);
+  }
+  impl_->peers[peer] = p;
+  return Status::Ok();
+}
+
+TransferId UcxKvTransport::Post(const policies::KvTransferRequest& transfer) {
+  Impl& im = *impl_;
+  const TransferId id = im.next++;
+  Impl::Transfer& t = im.transfers[id];
+  t.start = std::chrono::steady_clock::now();
+  t.record = {transfer.request, transfer.src, transfer.dst, 0, 0, im.path, false, {}};
+  auto peer = im.peers.find(transfer.src);
+  const KvRegion* src = peer == im.peers.end() ? nullptr : &peer->second.region;
+  const KvRegion* dst = transfer.dst == im.self ? &im.region : nullptr;
+  t.record.error = CheckKvTransfer(transfer, src, dst);
+  if (!t.record.error.empty()) return id;
+  const std::int64_t block_bytes = im.region.block_bytes;
+  for (const BlockRun& run : BlockRuns(transfer.src_blocks, transfer.dst_blocks)) {
+    ucp_request_param_t param{};
+    void* request = ucp_get_nbx(peer->second.ep,
+                                static_cast<char*>(im.region.base) + run.dst_block * block_bytes,
+                                static_cast<std::size_t>(run.blocks * block_bytes),
+                                peer->second.base + static_cast<std::uint64_t>(run.src_block) *
+                                                        static_cast<std::uint64_t>(block_bytes),
+                                peer->second.rkey, &param);
+    if (UCS_PTR_IS_ERR(request)) {
+      t.record.error = std::string("UCX get: ") + ucs_status_string(UCS_PTR_STATUS(request));
+      break;
+    }
+    if (request != nullptr) t.requests.push_back(request);
+  }
+  t.record.bytes = static_cast<std::int64_t>(transfer.src_blocks.size()) * block_bytes;
+  return id;
+}
+
+TransferStatus UcxKvTransport::Poll(TransferId id) {
+  Impl& im = *impl_;
+  auto it = im.transfers.find(id);
+  DUET_CHECK_MSG(it != im.transfers.end(), "poll of an unknown or finished transfer");
+  Impl::Transfer& t = it->second;
+  Progress();
+  for (std::size_t i = 0; i < t.requests.size();) {
+    const ucs_status_t s = ucp_request_check_status(t.requests[i]);
+    if (s == UCS_INPROGRESS) {
+      ++i;
+      continue;
+    }
+    ucp_request_free(t.requests[i]);
+    t.requests.erase(t.requests.begin() + static_cast<std::ptrdiff_t>(i));
+    if (s != UCS_OK && t.record.error.empty()) {
+      t.record.error = std::string("UCX get: ") + ucs_status_string(s);
+    }
+  }
+  // A failed transfer still waits for its gets in flight: they write into the region.
+  if (!t.requests.empty()) return TransferStatus::kInProgress;
+  t.record.ok = t.record.error.empty();
+  if (!t.record.ok) t.record.bytes = 0;
+  t.record.seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t.start).count();
+  const TransferStatus status = t.record.ok ? TransferStatus::kDone : TransferStatus::kFailed;
+  Record(std::move(t.record));
+  im.transfers.erase(it);
+  return status;
+}
+
+void UcxKvTransport::Progress() {
+  // Until UCX has nothing more to do now, at most a bounded number of rounds.
+  for (int i = 0; i < 64 && ucp_worker_progress(impl_->worker) != 0; ++i) {
+  }
+}
+
+}  // namespace duet::backend

@@ -1,0 +1,49 @@
+// The UCX KV transport: the decode side pulls a request's blocks with RMA gets from the
+// prefill side's registered KV region (one ucp_get_nbx per run of consecutive blocks), over
+// whichever UCX transports are allowed (tcp, shared memory, cma on this machine; CUDA memory
+// where UCX has it). Each side registers its region once (ucp_mem_map) and publishes a
+// descriptor: its worker address, the region's address, block size and count, and the packed
+// remote key, in a versioned, bounded binary format that the frontend relays; a peer Connects
+// with it. A side that is pulled from must call Progress() now and then (over tcp, UCX serves
+// a get with the target's help). Not thread-safe: one thread (the engine's) uses an instance.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "backend/transport/kv_transport.h"
+#include "backend/transport/ucx_descriptor.h"
+#include "common/status.h"
+
+namespace duet::backend {
+
+class UcxKvTransport final : public policies::KvTransport, public KvTransferLog {
+ public:
+  // tls: UCX_TLS for this transport ("tcp", "posix,cma", ...); empty: UCX's choice.
+  static Result<std::unique_ptr<UcxKvTransport>> Create(policies::InstanceId self, KvRegion region,
+                                                        const std::string& tls);
+  ~UcxKvTransport() override;
+  UcxKvTransport(const UcxKvTransport&) = delete;
+  UcxKvTransport& operator=(const UcxKvTransport&) = delete;
+
+  std::string Descriptor() const;
+  Status Connect(policies::InstanceId peer, std::string_view descriptor);
+
+  // Pulls into this side's region: transfer.dst must be this instance, transfer.src a
+  // connected peer.
+  policies::TransferId Post(const policies::KvTransferRequest& transfer) override;
+  policies::TransferStatus Poll(policies::TransferId id) override;
+  // Lets UCX make progress (serves peers' gets where the transport needs the target).
+  void Progress();
+
+ private:
+  struct Impl;
+  explicit UcxKvTransport(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace duet::backend

@@ -1,0 +1,350 @@
+// The KV transport contract, run against every transport this build has (loopback, UCX over
+// tcp and over shared memory, the fault-injecting wrapper passing everything through): the
+// named blocks move into the named blocks and nothing else changes; transfers in flight
+// together finish independently; a transfer that names unknown instances or blocks outside a
+// region, or gives fewer destination than source blocks, fails and moves nothing; each finished
+// transfer leaves a record. Then the fault-injecting wrapper's faults, and the UCX descriptor
+// format's parser on malformed input.
+#include "backend/transport/kv_transport.h"
+#include "backend/transport/ucx_descriptor.h"
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#if DUET_HAVE_UCX
+#include "backend/transport/ucx_kv_transport.h"
+#endif
+
+namespace duet::backend {
+namespace {
+
+using policies::KvTransferRequest;
+using policies::TransferId;
+using policies::TransferStatus;
+
+constexpr policies::InstanceId kPrefill = 0, kDecode = 1;
+
+// A KV region: num_blocks blocks of block_bytes, each byte a function of (seed, offset).
+struct Region {
+  std::vector<unsigned char> bytes;
+  KvRegion region;
+  Region(std::int64_t block_bytes, std::int64_t num_blocks, unsigned seed)
+      : bytes(static_cast<std::size_t>(block_bytes * num_blocks)) {
+    for (std::size_t i = 0; i < bytes.size(); ++i) {
+      bytes[i] = static_cast<unsigned char>((i * 131 + seed * 7 + i / 4096) & 0xff);
+    }
+    region = {bytes.data(), block_bytes, num_blocks};
+  }
+  const unsigned char* Block(std::int64_t b) const { return bytes.data() + b * region.block_bytes; }
+};
+
+// One transport under test: where to post (the destination side's transport) and how to let
+// the source side make progress.
+struct Harness {
+  std::string name;
+  std::vector<std::unique_ptr<policies::KvTransport>> owned;
+  policies::KvTransport* transport = nullptr;
+  const KvTransferLog* log = nullptr;
+  std::function<void()> progress_source = [] {};
+};
+
+using Factory = std::function<std::unique_ptr<Harness>(Region& src, Region& dst)>;
+
+struct Named {
+  std::string name;
+  Factory make;
+};
+
+std::vector<Named> Transports() {
+  std::vector<Named> all;
+  all.push_back({"loopback", [](Region& src, Region& dst) {
+                   auto h = std::make_unique<Harness>();
+                   auto loopback = std::make_unique<LoopbackKvTransport>();
+                   loopback->Register(kPrefill, src.region);
+                   loopback->Register(kDecode, dst.region);
+                   h->transport = loopback.get();
+                   h->log = loopback.get();
+                   h->owned.push_back(std::move(loopback));
+                   return h;
+                 }});
+  all.push_back({"fault_injection_passing", [](Region& src, Region& dst) {
+                   auto h = std::make_unique<Harness>();
+                   auto loopback = std::make_unique<LoopbackKvTransport>();
+                   loopback->Register(kPrefill, src.region);
+                   loopback->Register(kDecode, dst.region);
+                   auto faulty = std::make_unique<FaultInjectingKvTransport>(
+                       *loopback, [](const KvTransferRequest&) {
+                         return FaultInjectingKvTransport::Fault::kNone;
+                       });
+                   h->transport = faulty.get();
+                   h->log = loopback.get();
+                   h->owned.push_back(std::move(loopback));
+                   h->owned.push_back(std::move(faulty));
+                   return h;
+                 }});
+#if DUET_HAVE_UCX
+  for (const std::string tls : {"tcp", "posix,cma"}) {
+    all.push_back({"ucx_" + std::string(tls == "tcp" ? "tcp" : "shm"),
+                   [tls](Region& src, Region& dst) -> std::unique_ptr<Harness> {
+                     auto source = UcxKvTransport::Create(kPrefill, src.region, tls);
+                     auto sink = UcxKvTransport::Create(kDecode, dst.region, tls);
+                     if (!source.ok() || !sink.ok()) {
+                       ADD_FAILURE() << (source.ok() ? sink.error() : source.error());
+                       return nullptr;
+                     }
+                     const Status connected = (*sink)->Connect(kPrefill, (*source)->Descriptor());
+                     if (!connected.ok()) {
+                       ADD_FAILURE() << connected.message();
+                       return nullptr;
+                     }
+                     auto h = std::make_unique<Harness>();
+                     UcxKvTransport* source_ptr = source->get();
+                     h->progress_source = [source_ptr] { source_ptr->Progress(); };
+                     h->transport = sink->get();
+                     h->log = sink->get();
+                     h->owned.push_back(std::move(*sink));  // destroyed before the source
+                     h->owned.push_back(std::move(*source));
+                     return h;
+                   }});
+  }
+#endif
+  return all;
+}
+
+class KvTransportContract : public ::testing::TestWithParam<Named> {
+ protected:
+  static constexpr std::int64_t kBlockBytes = 4096;
+  Region src_{kBlockBytes, 24, 1};
+  Region dst_{kBlockBytes, 40, 2};
+  Region dst_before_{kBlockBytes, 40, 2};  // dst_'s initial contents
+
+  // Polls until the transfer finishes, letting the source progress; bounded (10 s).
+  TransferStatus Wait(Harness& h, TransferId id) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (std::chrono::steady_clock::now() < deadline) {
+      h.progress_source();
+      const TransferStatus s = h.transport->Poll(id);
+      if (s != TransferStatus::kInProgress) return s;
+    }
+    ADD_FAILURE() << "transfer " << id << " did not finish in 10 s";
+    return TransferStatus::kInProgress;
+  }
+
+  // Every destination block is what it was, except block dst[i], which holds source block
+  // src[i].
+  void ExpectMoved(const std::vector<BlockId>& src, const std::vector<BlockId>& dst) {
+    std::vector<int> from(static_cast<std::size_t>(dst_.region.num_blocks), -1);
+    for (std::size_t i = 0; i < src.size(); ++i) from[static_cast<std::size_t>(dst[i])] = src[i];
+    for (std::int64_t b = 0; b < dst_.region.num_blocks; ++b) {
+      const unsigned char* want = from[static_cast<std::size_t>(b)] >= 0
+                                      ? src_.Block(from[static_cast<std::size_t>(b)])
+                                      : dst_before_.Block(b);
+      EXPECT_EQ(std::memcmp(dst_.Block(b), want, kBlockBytes), 0) << "destination block " << b;
+    }
+  }
+
+  KvTransferRequest Transfer(const std::vector<BlockId>& src, const std::vector<BlockId>& dst,
+                             policies::RequestId request = 7) {
+    return {request, kPrefill, kDecode, static_cast<Bytes>(src.size()) * kBlockBytes, src, dst};
+  }
+};
+
+TEST_P(KvTransportContract, MovesTheNamedBlocksAndNothingElse) {
+  auto h = GetParam().make(src_, dst_);
+  ASSERT_NE(h, nullptr);
+  // Runs of consecutive blocks on both sides, and blocks out of order.
+  const std::vector<BlockId> src = {3, 4, 5, 9, 1, 2, 23};
+  const std::vector<BlockId> dst = {10, 11, 12, 20, 0, 1, 39, 5};  // one more: room to grow
+  const TransferId id = h->transport->Post(Transfer(src, dst));
+  ASSERT_EQ(Wait(*h, id), TransferStatus::kDone);
+  ExpectMoved(src, dst);
+  ASSERT_EQ(h->log->records().size(), 1u);
+  const KvTransferRecord& r = h->log->records()[0];
+  EXPECT_TRUE(r.ok) << r.error;
+  EXPECT_EQ(r.request, 7);
+  EXPECT_EQ(r.src, kPrefill);
+  EXPECT_EQ(r.dst, kDecode);
+  EXPECT_EQ(r.bytes, 7 * kBlockBytes);
+  EXPECT_GE(r.seconds, 0);
+  EXPECT_FALSE(r.path.empty());
+}
+
+TEST_P(KvTransportContract, TransfersInFlightTogetherFinishIndependently) {
+  auto h = GetParam().make(src_, dst_);
+  ASSERT_NE(h, nullptr);
+  std::vector<TransferId> ids;
+  std::vector<BlockId> all_src, all_dst;
+  for (BlockId i = 0; i < 8; ++i) {
+    const std::vector<BlockId> src = {BlockId(2 * i), BlockId(2 * i + 1)};
+    const std::vector<BlockId> dst = {BlockId(39 - 2 * i), BlockId(38 - 2 * i)};
+    ids.push_back(h->transport->Post(Transfer(src, dst, 100 + i)));
+    all_src.insert(all_src.end(), src.begin(), src.end());
+    all_dst.insert(all_dst.end(), dst.begin(), dst.end());
+  }
+  for (auto it = ids.rbegin(); it != ids.rend(); ++it) {
+    EXPECT_EQ(Wait(*h, *it), TransferStatus::kDone);
+  }
+  ExpectMoved(all_src, all_dst);
+  EXPECT_EQ(h->log->records().size(), 8u);
+}
+
+TEST_P(KvTransportContract, BadTransfersFailAndMoveNothing) {
+  auto h = GetParam().make(src_, dst_);
+  ASSERT_NE(h, nullptr);
+  std::vector<KvTransferRequest> bad = {
+      Transfer({0, 24}, {0, 1}),    // source block past the region
+      Transfer({0, 1}, {0, 40}),    // destination block past the region
+      Transfer({0, -1}, {0, 1}),    // negative id
+      Transfer({0, 1, 2}, {0, 1}),  // fewer destination blocks
+  };
+  KvTransferRequest unknown = Transfer({0}, {0});
+  unknown.src = 5;
+  bad.push_back(unknown);
+  KvTransferRequest too_many_bytes = Transfer({0}, {0});
+  too_many_bytes.bytes = kBlockBytes + 1;
+  bad.push_back(too_many_bytes);
+  for (std::size_t i = 0; i < bad.size(); ++i) {
+    EXPECT_EQ(Wait(*h, h->transport->Post(bad[i])), TransferStatus::kFailed) << "case " << i;
+  }
+  ExpectMoved({}, {});
+  ASSERT_EQ(h->log->records().size(), bad.size());
+  for (const KvTransferRecord& r : h->log->records()) {
+    EXPECT_FALSE(r.ok);
+    EXPECT_FALSE(r.error.empty());
+    EXPECT_EQ(r.bytes, 0);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, KvTransportContract, ::testing::ValuesIn(Transports()),
+                         [](const ::testing::TestParamInfo<Named>& info) {
+                           return info.param.name;
+                         });
+
+// The wrapper's faults, over the loopback transport.
+class FaultInjection : public ::testing::Test {
+ protected:
+  using Fault = FaultInjectingKvTransport::Fault;
+  Region src_{256, 8, 3};
+  Region dst_{256, 8, 4};
+  Region dst_before_{256, 8, 4};
+  LoopbackKvTransport loopback_;
+  void SetUp() override {
+    loopback_.Register(kPrefill, src_.region);
+    loopback_.Register(kDecode, dst_.region);
+  }
+  KvTransferRequest Transfer() {
+    static const std::vector<BlockId> src = {0, 1, 2, 3}, dst = {4, 5, 6, 7};
+    return {9, kPrefill, kDecode, 4 * 256, src, dst};
+  }
+  bool BlockMoved(int i) const { return std::memcmp(dst_.Block(4 + i), src_.Block(i), 256) == 0; }
+  bool Untouched() const { return dst_.bytes == dst_before_.bytes; }
+};
+
+TEST_F(FaultInjection, FailedTransfersFailAndMoveNothing) {
+  FaultInjectingKvTransport faulty(loopback_, [](auto&) { return Fault::kFail; });
+  EXPECT_EQ(faulty.Poll(faulty.Post(Transfer())), TransferStatus::kFailed);
+  EXPECT_TRUE(Untouched());
+}
+
+TEST_F(FaultInjection, DelayedTransfersStayInProgressThenFinish) {
+  FaultInjectingKvTransport faulty(
+      loopback_, [](auto&) { return Fault::kDelay; }, 3);
+  const TransferId id = faulty.Post(Transfer());
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(faulty.Poll(id), TransferStatus::kInProgress);
+  EXPECT_EQ(faulty.Poll(id), TransferStatus::kDone);
+  for (int i = 0; i < 4; ++i) EXPECT_TRUE(BlockMoved(i)) << i;
+}
+
+TEST_F(FaultInjection, DroppedTransfersNeverFinish) {
+  FaultInjectingKvTransport faulty(loopback_, [](auto&) { return Fault::kDrop; });
+  const TransferId id = faulty.Post(Transfer());
+  for (int i = 0; i < 1000; ++i) ASSERT_EQ(faulty.Poll(id), TransferStatus::kInProgress);
+}
+
+TEST_F(FaultInjection, TruncatedTransfersFailAfterMovingHalf) {
+  FaultInjectingKvTransport faulty(loopback_, [](auto&) { return Fault::kTruncate; });
+  EXPECT_EQ(faulty.Poll(faulty.Post(Transfer())), TransferStatus::kFailed);
+  EXPECT_TRUE(BlockMoved(0));
+  EXPECT_TRUE(BlockMoved(1));
+  EXPECT_FALSE(BlockMoved(2));
+  EXPECT_FALSE(BlockMoved(3));
+}
+
+TEST_F(FaultInjection, TheRuleChoosesPerTransfer) {
+  FaultInjectingKvTransport faulty(loopback_, [](const KvTransferRequest& t) {
+    return t.request == 9 ? Fault::kFail : Fault::kNone;
+  });
+  KvTransferRequest other = Transfer();
+  other.request = 10;
+  EXPECT_EQ(faulty.Poll(faulty.Post(Transfer())), TransferStatus::kFailed);
+  EXPECT_EQ(faulty.Poll(faulty.Post(other)), TransferStatus::kDone);
+}
+
+TEST(BlockRuns, MergesBlocksConsecutiveOnBothSides) {
+  const std::vector<BlockId> src = {1, 2, 3, 7, 8, 4};
+  const std::vector<BlockId> dst = {5, 6, 9, 10, 11, 12};
+  const std::vector<BlockRun> runs = BlockRuns(src, dst);
+  ASSERT_EQ(runs.size(), 4u);
+  EXPECT_EQ(runs[0].src_block, 1);
+  EXPECT_EQ(runs[0].blocks, 2);  // 1,2 -> 5,6
+  EXPECT_EQ(runs[1].blocks, 1);  // 3 -> 9 (dst jumps)
+  EXPECT_EQ(runs[2].blocks, 2);  // 7,8 -> 10,11
+  EXPECT_EQ(runs[3].blocks, 1);  // 4 -> 12
+}
+
+TEST(UcxDescriptor, RoundTripsAndRejectsEveryMalformation) {
+  UcxPeerDescriptor d;
+  d.worker_address = std::string("\x01\x02\x03worker", 9);
+  d.base = 0x7f0012345000;
+  d.region.block_bytes = 4096;
+  d.region.num_blocks = 100;
+  d.remote_key = "key bytes";
+  const std::string bytes = EncodeUcxDescriptor(d);
+  Result<UcxPeerDescriptor> back = ParseUcxDescriptor(bytes);
+  ASSERT_TRUE(back.ok()) << back.error();
+  EXPECT_EQ(back->worker_address, d.worker_address);
+  EXPECT_EQ(back->base, d.base);
+  EXPECT_EQ(back->region.block_bytes, 4096);
+  EXPECT_EQ(back->region.num_blocks, 100);
+  EXPECT_EQ(back->remote_key, d.remote_key);
+  // Every truncation, and one byte too many.
+  for (std::size_t n = 0; n < bytes.size(); ++n) {
+    EXPECT_FALSE(ParseUcxDescriptor(std::string_view(bytes).substr(0, n)).ok()) << n;
+  }
+  const Result<UcxPeerDescriptor> longer = ParseUcxDescriptor(bytes + "x");
+  ASSERT_FALSE(longer.ok());
+  EXPECT_NE(longer.error().find("after its end"), std::string::npos) << longer.error();
+  std::string wrong_version = bytes;
+  wrong_version[4] = 2;
+  EXPECT_NE(ParseUcxDescriptor(wrong_version).error().find("version 2"), std::string::npos);
+  UcxPeerDescriptor huge = d;
+  huge.region.num_blocks = std::int64_t{1} << 40;
+  EXPECT_NE(ParseUcxDescriptor(EncodeUcxDescriptor(huge)).error().find("out of range"),
+            std::string::npos);
+  std::string bad_magic = bytes;
+  bad_magic[0] = 'X';
+  EXPECT_FALSE(ParseUcxDescriptor(bad_magic).ok());
+}
+
+#if DUET_HAVE_UCX
+TEST(UcxTransport, ConnectRejectsAMalformedDescriptorAndASecondConnection) {
+  Region a(256, 4, 1), b(256, 4, 2);
+  auto ta = UcxKvTransport::Create(kPrefill, a.region, "tcp");
+  auto tb = UcxKvTransport::Create(kDecode, b.region, "tcp");
+  ASSERT_TRUE(ta.ok() && tb.ok());
+  const Status bad = (*tb)->Connect(kPrefill, "DKVU");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.message().find("UCX KV descriptor"), std::string::npos) << bad.message();
+  ASSERT_TRUE((*tb)->Connect(kPrefill, (*ta)->Descriptor()).ok());
+  EXPECT_FALSE((*tb)->Connect(kPrefill, (*ta)->Descriptor()).ok());
+}
+#endif
+
+}  // namespace
+}  // namespace duet::backend
