@@ -462,9 +462,11 @@ std::int64_t Partitions(std::int64_t visible) { return (visible + kPartition - 1
 // every query head of one KV head's group, two library products do the work: scores = Q K^T over
 // the positions the tile's last token sees, a causal softmax per row (fp32, summed in double,
 // normalised before the second product), and out = P V. The softmax is exact, not online: a
-// tile's whole score rows are kept, at most kMaxTileScores floats.
+// tile's whole score rows are kept, tiles shrinking from 64 tokens towards 8 to keep them near
+// kMaxTileScores floats. Memory beyond the model's: one layer's K and V of the sequence
+// (gathered) and, per thread, a tile's scores.
 constexpr std::int64_t kTileTokens = 64;
-constexpr std::int64_t kMaxTileScores = std::int64_t{1} << 22;  // 16 MiB of fp32 per thread
+constexpr std::int64_t kMaxTileScores = std::int64_t{1} << 22;  // 16 MiB of fp32
 
 // Grows a thread's scratch to at least `bytes` and returns it.
 unsigned char* Scratch(std::vector<unsigned char>& buffer, std::int64_t bytes) {
