@@ -27,8 +27,9 @@ std::string DescribeFeatures() {
 Result<std::unique_ptr<ForwardModel>> CreateForwardModel(LoadedModel model,
                                                          const ModelPlacement& placement) {
   if (placement.device == "cpu") {
-    auto m = CpuModel::Create(
-        std::move(model), {placement.num_blocks, placement.block_tokens, placement.cpu_threads});
+    auto m = CpuModel::Create(std::move(model),
+                              {placement.num_blocks, placement.block_tokens, placement.cpu_threads,
+                               /*kv_cache_dtype=*/std::nullopt});
     if (!m) return m.status();
     return std::unique_ptr<ForwardModel>(std::move(*m));
   }

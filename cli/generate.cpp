@@ -11,7 +11,6 @@
 #include <fstream>
 #include <iostream>
 #include <numeric>
-#include <numeric>
 #include <thread>
 
 #include "backend/engine/local_engine.h"

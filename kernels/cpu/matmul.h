@@ -19,9 +19,9 @@ void MatMul(float* out, const float* in, std::int64_t m, const Weight& w, const 
             ThreadPool* pool);
 
 // Rows from which MatMul hands fp32 and bf16 products to oneDNN: from 4 rows on it was faster
-// than Duet's GEMM on the development machine (bf16 2304x768: 1.2x at 4 rows, 1.8x at 8, 6.7x
-// at 512; bench/kernels BM_Gemm). Below it, products stay on Duet's kernels, which allocate
-// nothing per call.
+// than Duet's GEMM on the development machine (bf16 2304x768: 1.4x at 4 rows, 2.1x at 8, 7.4x
+// at 512; bench/kernels BM_Gemm, docs/benchmarks.md). Below it, products stay on Duet's
+// kernels, which allocate nothing per call.
 inline constexpr std::int64_t kLibraryMinRows = 4;
 // Whether MatMul uses oneDNN at all: yes unless DUET_KERNELS_GEMM=duet is set in the
 // environment or the baseline instruction-set path is active. Tests and benchmarks switch it.

@@ -25,9 +25,8 @@ using dims = dnnl::memory::dims;
 constexpr dnnl::memory::dim kRunTime = DNNL_RUNTIME_DIM_VAL;
 constexpr auto kF32 = dnnl::memory::data_type::f32;
 
-// Output columns per work item: wide enough for the library's blocking (256 measured as fast as
-// the whole matrix on one thread), narrow enough that a 768-wide projection still gives three
-// items per thread of a two-thread pool.
+// Output columns per work item: wide enough for the library's blocking, narrow enough that a
+// 768-wide projection still gives three items per thread of a two-thread pool.
 constexpr std::int64_t kSliceColumns = 256;
 
 dnnl::engine& Engine() {
@@ -126,6 +125,12 @@ dnnl::memory Transposed(std::int64_t rows, std::int64_t cols, dnnl::memory::data
   return dnnl::memory({dims{cols, rows}, type, dims{1, cols}}, Engine(), const_cast<void*>(data));
 }
 
+// This thread's stream (a CPU stream runs primitives inline; one per thread, made once).
+dnnl::stream& Stream() {
+  thread_local dnnl::stream stream(Engine());
+  return stream;
+}
+
 // Runs the key's primitive on this thread: dst = src x weights.
 void Run(const Key& key, const dnnl::memory& src, const dnnl::memory& weights,
          const dnnl::memory& dst) {
@@ -134,12 +139,11 @@ void Run(const Key& key, const dnnl::memory& src, const dnnl::memory& weights,
   const dnnl::memory scratchpad({dims{static_cast<dnnl::memory::dim>(p.scratchpad_bytes)},
                                  dnnl::memory::data_type::u8, dims{1}},
                                 Engine(), Scratchpad(p.scratchpad_bytes));
-  dnnl::stream stream(Engine());
-  p.primitive.execute(stream, {{DNNL_ARG_SRC, src},
-                               {DNNL_ARG_WEIGHTS, weights},
-                               {DNNL_ARG_DST, dst},
-                               {DNNL_ARG_SCRATCHPAD, scratchpad}});
-  stream.wait();
+  p.primitive.execute(Stream(), {{DNNL_ARG_SRC, src},
+                                 {DNNL_ARG_WEIGHTS, weights},
+                                 {DNNL_ARG_DST, dst},
+                                 {DNNL_ARG_SCRATCHPAD, scratchpad}});
+  Stream().wait();
 }
 
 bool Probe(WeightDtype dtype) {

@@ -1,6 +1,6 @@
 // Prefill-sized matrix multiplies through oneDNN (Debian's libdnnl), which reaches AMX and
 // AVX-512 where the CPU has them: on the development machine (Sapphire Rapids, 2 cores) about
-// 1.3 TFLOP/s in bf16 against ~0.12 for Duet's own AVX2 GEMM (docs/benchmarks.md). Used by
+// 1 TFLOP/s in bf16 against ~0.14 for Duet's own AVX2 GEMM (docs/benchmarks.md). Used by
 // MatMul (matmul.h); not part of the kernels' public surface.
 //
 // Threading: Duet's pool runs the work, not oneDNN's OpenMP runtime. Output columns are cut

@@ -74,8 +74,9 @@ void ExpectSameInBothWorlds(const TestModelOptions& options) {
   // cluster's default kv_cache_dtype ("auto": the model's dtype), and its block-major region
   // covers it block by block.
   const std::int64_t num_blocks = 7, block_tokens = 16;
-  Result<std::unique_ptr<CpuModel>> cpu =
-      CpuModel::Create(std::move(*loaded), {num_blocks, std::int32_t(block_tokens), 1});
+  Result<std::unique_ptr<CpuModel>> cpu = CpuModel::Create(
+      std::move(*loaded),
+      {num_blocks, std::int32_t(block_tokens), 1, /*kv_cache_dtype=*/std::nullopt});
   ASSERT_TRUE(cpu.ok()) << cpu.error();
   EXPECT_EQ((*cpu)->kv_cache_dtype(), options.dtype);
   EXPECT_EQ((*cpu)->kv_bytes_per_token(), simulated->KvBytesPerToken());

@@ -75,7 +75,8 @@ class Frontend : public ::testing::Test {
   static std::unique_ptr<CpuModel> Model(std::int64_t num_blocks) {
     auto loaded = LoadModelDir(dir_);
     EXPECT_TRUE(loaded.ok()) << loaded.error();
-    auto model = CpuModel::Create(std::move(*loaded), {num_blocks, 16, 1});
+    auto model =
+        CpuModel::Create(std::move(*loaded), {num_blocks, 16, 1, /*kv_cache_dtype=*/std::nullopt});
     EXPECT_TRUE(model.ok()) << model.error();
     return std::move(*model);
   }
