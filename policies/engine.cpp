@@ -18,6 +18,16 @@ const char* ToString(InstanceRole role) {
   return "unknown";
 }
 
+Result<KvLoadFailurePolicy> ParseKvLoadFailurePolicy(const std::string& name) {
+  if (name == "fail") return KvLoadFailurePolicy::kFail;
+  if (name == "recompute") return KvLoadFailurePolicy::kRecompute;
+  return Status::Error("unknown kv_load_failure_policy '" + name + "' (fail or recompute)");
+}
+
+const char* ToString(KvLoadFailurePolicy policy) {
+  return policy == KvLoadFailurePolicy::kFail ? "fail" : "recompute";
+}
+
 InstanceEngine::InstanceEngine(EngineConfig config, EnginePorts ports)
     : config_(config),
       ports_(ports),
@@ -44,7 +54,7 @@ Tokens InstanceEngine::Find(Request& request, std::int64_t first_block, Tokens m
 
 bool InstanceEngine::idle() const {
   return scheduler_.waiting().empty() && scheduler_.running().empty() && pulls_waiting_.empty() &&
-         pulls_in_flight_.empty() && transferring_ == 0 && loads_.empty() &&
+         pulls_in_flight_.empty() && leases_.empty() && loads_.empty() &&
          !(ports_.tiers && ports_.tiers->HasPendingWrites(config_.id));
 }
 
@@ -59,7 +69,7 @@ void InstanceEngine::Run() {
 bool InstanceEngine::RunOnce() {
   TakeEvents();
   const Seconds now = ports_.clock->Now();
-  StartPulls();
+  StartPulls(now);
 
   scheduler_.Schedule(blocks_, plan_);
   for (Request* r : plan_.preempted) {
@@ -148,12 +158,11 @@ void InstanceEngine::HandleMessage(const EngineMessage& message) {
       if (scheduler_.lower_tiers()) arrived_.push_back(r);
       break;
     case EngineMessage::Kind::kKvReady:
-      pulls_waiting_.push_back({r, message.from, message.blocks});
+      pulls_waiting_.push_back({r, message.from, message.blocks, message.lease_expires_s});
       break;
     case EngineMessage::Kind::kKvRelease:
-      blocks_.Free(r->id);
-      --transferring_;
-      DUET_CHECK(transferring_ >= 0);
+      // By id: the request may be gone by now. Nothing to do when its lease ended first.
+      if (leases_.erase(message.request_id) > 0) blocks_.Free(message.request_id);
       break;
     case EngineMessage::Kind::kShutdown:
       shutdown_ = true;
@@ -184,7 +193,7 @@ void InstanceEngine::Abort(RequestId id, Seconds now) {
     Request* r = it->request;
     const InstanceId from = it->from;
     pulls_waiting_.erase(it);
-    ports_.outbox->Send(from, {EngineMessage::Kind::kKvRelease, r, config_.id});
+    ReleaseKv(from, r);
     Fail(r, now, reason, FinishReason::kAbort);
     return;
   }
@@ -206,13 +215,21 @@ void InstanceEngine::PollTransfers(Seconds now) {
     pulls_in_flight_.erase(pulls_in_flight_.begin() + static_cast<std::ptrdiff_t>(i));
     Request* r = pull.request;
     // Either way the prefill instance may drop its copy now.
-    ports_.outbox->Send(pull.from, {EngineMessage::Kind::kKvRelease, r, config_.id});
+    ReleaseKv(pull.from, r);
     if (pull.aborted) {
       Fail(r, now, "aborted", FinishReason::kAbort);
       continue;
     }
     if (status == TransferStatus::kFailed) {
-      Fail(r, now, "KV transfer failed", FinishReason::kError);
+      KvLoadFailed(r, now,
+                   "the KV transfer from instance " + std::to_string(pull.from) + " failed");
+      continue;
+    }
+    if (now > pull.lease_expires_s) {
+      // The prefill instance may have reused the blocks while they were read.
+      KvLoadFailed(r, now,
+                   "the KV lease on instance " + std::to_string(pull.from) +
+                       " ended before the transfer was seen complete");
       continue;
     }
     r->kv_ready_s = now;
@@ -226,13 +243,65 @@ void InstanceEngine::PollTransfers(Seconds now) {
   }
 }
 
-void InstanceEngine::StartPulls() {
+void InstanceEngine::ReleaseKv(InstanceId from, Request* r) {
+  EngineMessage m{EngineMessage::Kind::kKvRelease, r, config_.id};
+  m.request_id = r->id;
+  ports_.outbox->Send(from, m);
+}
+
+void InstanceEngine::KvLoadFailed(Request* r, Seconds now, const std::string& why) {
+  ++kv_load_failures_;
+  blocks_.Free(r->id);
+  if (config_.kv_load_failure_policy == KvLoadFailurePolicy::kFail) {
+    Fail(r, now, why, FinishReason::kError);
+    return;
+  }
+  ++kv_load_recomputes_;
+  // The client gets the prefill instance's first token now, and this instance computes the
+  // prompt's KV and that token's itself, as after a preemption.
+  r->first_token_s = now;
+  r->last_token_s = now;
+  if (!r->token_ids.empty()) ports_.sink->OnToken(*r, r->token_ids.back());
+  r->computed_tokens = 0;
+  r->kv_transfer_bytes = 0;
+  r->state = RequestState::kQueued;
+  scheduler_.AddWaiting(r);
+}
+
+void InstanceEngine::ExpireLeases(Seconds now) {
+  for (auto it = leases_.begin(); it != leases_.end();) {
+    if (it->second > now) {
+      ++it;
+      continue;
+    }
+    blocks_.Free(it->first);
+    ++leases_expired_;
+    it = leases_.erase(it);
+  }
+}
+
+Seconds InstanceEngine::next_lease_expiry() const {
+  Seconds first = kForever;
+  for (const auto& [id, expires] : leases_) first = std::min(first, expires);
+  return first;
+}
+
+void InstanceEngine::StartPulls(Seconds now) {
   const std::int64_t watermark_blocks = config_.scheduler.WatermarkBlocks(blocks_.num_blocks());
   while (!pulls_waiting_.empty()) {
     const int busy = static_cast<int>(scheduler_.running().size() + pulls_in_flight_.size());
     if (busy >= config_.scheduler.max_num_seqs) return;
     Request* r = pulls_waiting_.front().request;
     const InstanceId from = pulls_waiting_.front().from;
+    const Seconds lease_expires_s = pulls_waiting_.front().lease_expires_s;
+    if (now >= lease_expires_s) {  // waited too long for room: the KV is gone
+      pulls_waiting_.pop_front();
+      ReleaseKv(from, r);
+      KvLoadFailed(r, now,
+                   "the KV lease on instance " + std::to_string(from) +
+                       " ended before this instance had room to pull");
+      continue;
+    }
     // Room for the prompt's KV plus the token the first decode step processes.
     const Tokens tokens = r->SequenceTokens();
     if (!blocks_.Allocate(r->id, {}, tokens, 0, watermark_blocks)) return;
@@ -242,7 +311,7 @@ void InstanceEngine::StartPulls() {
         ports_.transport->Post({r->id, from, config_.id, r->kv_transfer_bytes,
                                 pulls_waiting_.front().blocks, blocks_.Table(r->id)});
     pulls_waiting_.pop_front();
-    pulls_in_flight_.push_back({r, from, id, false});
+    pulls_in_flight_.push_back({r, from, id, false, lease_expires_s});
   }
 }
 
@@ -266,6 +335,7 @@ void InstanceEngine::TakeEvents() {
   while (ports_.inbox->TryReceive(&message)) HandleMessage(message);
   const Seconds now = ports_.clock->Now();
   if (ports_.tiers) ports_.tiers->Progress(config_.id);
+  if (!leases_.empty()) ExpireLeases(now);
   PollTransfers(now);
   PollLoads(now);
 }
@@ -404,15 +474,19 @@ void InstanceEngine::FinishPrefill(Request* r, Seconds t, const SampledToken* to
     // The first token travels with the request; the decode instance delivers it.
     scheduler_.RemoveRunning(r);
     r->state = RequestState::kTransferring;
-    ++transferring_;
+    const Seconds lease_expires_s = t + config_.kv_lease_s;
+    leases_.emplace(r->id, lease_expires_s);
     // The blocks holding the prompt's KV (the first sampled token's is computed by decode).
     const auto prompt_blocks = static_cast<std::size_t>(
         (r->input_tokens + config_.block_tokens - 1) / config_.block_tokens);
     DUET_CHECK(blocks_.Table(r->id).size() >= prompt_blocks);
     const auto table = blocks_.Table(r->id).first(prompt_blocks);
-    ports_.outbox->Send(
-        r->decode_instance,
-        {EngineMessage::Kind::kKvReady, r, config_.id, 0, {table.begin(), table.end()}});
+    ports_.outbox->Send(r->decode_instance, {EngineMessage::Kind::kKvReady,
+                                             r,
+                                             config_.id,
+                                             0,
+                                             {table.begin(), table.end()},
+                                             lease_expires_s});
     return;
   }
   if (r->first_token_s < 0) {

@@ -7,6 +7,7 @@
 
 #include <deque>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "common/status.h"
@@ -19,6 +20,14 @@ namespace duet::policies {
 
 enum class InstanceRole { kColocated, kPrefill, kDecode };
 const char* ToString(InstanceRole role);
+
+// PD decode: what happens to a request whose KV pull failed (the transport failed, or the
+// prefill instance's lease ended first). kFail: it ends with an error. kRecompute: the decode
+// instance prefills the prompt and the first token itself, and the stream goes on.
+enum class KvLoadFailurePolicy { kFail, kRecompute };
+// "fail", "recompute".
+Result<KvLoadFailurePolicy> ParseKvLoadFailurePolicy(const std::string& name);
+const char* ToString(KvLoadFailurePolicy policy);
 
 struct EngineConfig {
   InstanceId id = 0;
@@ -38,6 +47,10 @@ struct EngineConfig {
   // Publish the prefix cache's changes through EventSink::OnKvEvents after every iteration
   // (for a router that cannot read the block manager: another thread or process).
   bool publish_kv_events = false;
+  // PD prefill: how long a request's KV stays held for the decode instance's pull; its blocks
+  // are freed then, pulled or not. PD decode: what a failed pull leads to.
+  Seconds kv_lease_s = kForever;
+  KvLoadFailurePolicy kv_load_failure_policy = KvLoadFailurePolicy::kFail;
   SchedulerConfig scheduler;
 };
 
@@ -66,6 +79,15 @@ class InstanceEngine final : private LowerTierLookup, private StepEvents {
   // KV pulls are in flight: their completion shows only in a transport poll, which the next
   // iteration makes, so a real-time loop must not wait for messages alone.
   bool awaiting_transfers() const { return !pulls_in_flight_.empty(); }
+  // PD prefill: when the first KV lease held for a decode instance ends (kForever: none held);
+  // a real-time loop must run an iteration then to free its blocks.
+  Seconds next_lease_expiry() const;
+  // PD prefill: leases that ended before the decode instance released them (blocks freed).
+  std::int64_t leases_expired() const { return leases_expired_; }
+  // PD decode: pulls that failed (transport failure or lease ended), and of those, requests the
+  // decode instance recomputed itself (kv_load_failure_policy recompute).
+  std::int64_t kv_load_failures() const { return kv_load_failures_; }
+  std::int64_t kv_load_recomputes() const { return kv_load_recomputes_; }
 
   const EngineConfig& config() const { return config_; }
   const KvBlockManager& blocks() const { return blocks_; }
@@ -80,6 +102,7 @@ class InstanceEngine final : private LowerTierLookup, private StepEvents {
     InstanceId from;
     TransferId transfer;
     bool aborted;  // the client went away while the KV moved: dropped when it arrives
+    Seconds lease_expires_s;
   };
 
   struct Load {
@@ -100,7 +123,13 @@ class InstanceEngine final : private LowerTierLookup, private StepEvents {
   void TakeEvents() override;
   void OffloadComputed(Request* r);
   void PollTransfers(Seconds now);
-  void StartPulls();
+  void StartPulls(Seconds now);
+  // PD decode: tells the prefill instance it may free request `r`'s KV.
+  void ReleaseKv(InstanceId from, Request* r);
+  // PD decode: a pull of `r` failed (its blocks here are free): kv_load_failure_policy.
+  void KvLoadFailed(Request* r, Seconds now, const std::string& why);
+  // PD prefill: frees the blocks of leases that ended.
+  void ExpireLeases(Seconds now);
   int DecodeRunLength(const StepPlan& plan);
   // Completes the scheduler's plan for the executor (TP degree, decode run length, awaited
   // loads, block tables). Returns whether it coalesces a decode run.
@@ -123,6 +152,7 @@ class InstanceEngine final : private LowerTierLookup, private StepEvents {
     Request* request;
     InstanceId from;
     std::vector<KvBlockManager::BlockId> blocks;  // on `from`
+    Seconds lease_expires_s;
   };
   std::deque<AnnouncedKv> pulls_waiting_;
   std::vector<Pull> pulls_in_flight_;
@@ -133,7 +163,12 @@ class InstanceEngine final : private LowerTierLookup, private StepEvents {
   std::size_t events_to_tiers_ = 0;
   std::vector<BlockHash> evicted_;  // scratch
   std::vector<Request*> arrived_;   // new requests since the last step (for prefetch)
-  int transferring_ = 0;  // PD prefill: prefilled, KV held until the decode instance has it
+  // PD prefill: prefilled requests whose KV is held until the decode instance has it (or the
+  // lease ends), by request id, with when their lease ends.
+  std::unordered_map<RequestId, Seconds> leases_;
+  std::int64_t leases_expired_ = 0;
+  std::int64_t kv_load_failures_ = 0;
+  std::int64_t kv_load_recomputes_ = 0;
   bool shutdown_ = false;
   bool in_step_ = false;                    // the executor is running a step
   std::vector<RequestId> deferred_aborts_;  // arrived while a step was in flight

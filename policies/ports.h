@@ -31,9 +31,12 @@ struct EngineMessage {
   Kind kind = Kind::kNewRequest;
   Request* request = nullptr;
   InstanceId from = kNoInstance;
-  RequestId request_id = 0;  // kAbort
+  RequestId request_id = 0;  // kAbort, kKvRelease
   // kKvReady: the prefill instance's blocks holding the request's KV, in position order.
   std::vector<KvBlockManager::BlockId> blocks = {};
+  // kKvReady: when the prefill instance's lease on those blocks ends (its clock; every instance
+  // of a run reads one clock). A pull seen complete later read blocks that may be reused.
+  Seconds lease_expires_s = std::numeric_limits<double>::infinity();
 };
 
 class Clock {

@@ -9,6 +9,7 @@
 #include <deque>
 #include <functional>
 #include <map>
+#include <memory>
 
 #include "policies/kv_event_index.h"
 #include "policies/metrics.h"
@@ -254,6 +255,116 @@ TEST(InstanceEngine, PdHandsTheKvFromPrefillToDecode) {
   EXPECT_EQ(prefill.blocks().kv_blocks_cached(), 4);
   EXPECT_TRUE(prefill.CheckInvariants().ok()) << prefill.CheckInvariants().message();
   EXPECT_TRUE(decode.CheckInvariants().ok()) << decode.CheckInvariants().message();
+}
+
+// A prefill instance and a decode instance on one clock, with their ports and a shared sink.
+struct PdPair {
+  ManualClock clock;
+  std::map<InstanceId, TestPorts*> peers;
+  TestPorts p_ports, d_ports;
+  Collector sink;
+  std::unique_ptr<InstanceEngine> prefill, decode;
+  PdPair(EngineConfig p_config, EngineConfig d_config) {
+    for (TestPorts* t : {&p_ports, &d_ports}) {
+      t->clock = &clock;
+      t->peers = &peers;
+    }
+    peers[0] = &p_ports;
+    peers[1] = &d_ports;
+    prefill = std::make_unique<InstanceEngine>(
+        p_config, EnginePorts{&clock, &p_ports, &p_ports, &p_ports, &p_ports, &sink});
+    decode = std::make_unique<InstanceEngine>(
+        d_config, EnginePorts{&clock, &d_ports, &d_ports, &d_ports, &d_ports, &sink});
+  }
+  void Submit(Request& r) {
+    r.prefill_instance = 0;
+    r.decode_instance = 1;
+    p_ports.inbox.push_back({EngineMessage::Kind::kNewRequest, &r, kNoInstance});
+  }
+};
+
+// The prefill instance's lease (3 ms) ends before the 5 ms pull is seen complete: the prefill
+// side frees the blocks by itself, the late release changes nothing, and the decode side treats
+// the pull as failed: the request errors (fail) or the decode side prefills it (recompute).
+TEST(InstanceEngine, AnEndedLeaseFreesThePrefillBlocksAndTheLatePullFollowsThePolicy) {
+  for (const KvLoadFailurePolicy policy :
+       {KvLoadFailurePolicy::kFail, KvLoadFailurePolicy::kRecompute}) {
+    SCOPED_TRACE(ToString(policy));
+    EngineConfig p_config = Config(0, InstanceRole::kPrefill);
+    p_config.kv_lease_s = 0.003;
+    EngineConfig d_config = Config(1, InstanceRole::kDecode);
+    d_config.kv_load_failure_policy = policy;
+    PdPair pd(p_config, d_config);
+    Request r = MakeRequest(1, 0, 64, 3);
+    r.block_hashes = {1, 2, 3, 4};
+    pd.Submit(r);
+    EXPECT_TRUE(pd.prefill->RunOnce());  // ends at 74 ms; the lease ends at 77 ms
+    EXPECT_NEAR(pd.prefill->next_lease_expiry(), 0.077, 1e-12);
+    EXPECT_FALSE(pd.decode->RunOnce());  // posts the pull, complete at 79 ms
+    ASSERT_EQ(pd.d_ports.posted.size(), 1u);
+    pd.clock.now = 0.078;
+    EXPECT_FALSE(pd.prefill->RunOnce());
+    EXPECT_EQ(pd.prefill->leases_expired(), 1);
+    EXPECT_EQ(pd.prefill->blocks().kv_blocks_used(), 0);
+    EXPECT_EQ(pd.prefill->next_lease_expiry(), kForever);
+    pd.clock.now = 0.080;
+    while (pd.decode->RunOnce()) {
+    }
+    EXPECT_EQ(pd.decode->kv_load_failures(), 1);
+    if (policy == KvLoadFailurePolicy::kFail) {
+      EXPECT_EQ(r.finish_reason, FinishReason::kError);
+      EXPECT_NE(r.reason.find("lease"), std::string::npos) << r.reason;
+      EXPECT_EQ(pd.decode->kv_load_recomputes(), 0);
+    } else {
+      EXPECT_EQ(r.state, RequestState::kCompleted);
+      EXPECT_EQ(r.generated_tokens, 3);
+      EXPECT_NEAR(r.first_token_s, 0.080, 1e-12);  // the prefill side's token, delivered late
+      EXPECT_EQ(pd.decode->kv_load_recomputes(), 1);
+    }
+    // The decode side's release arrives after the lease ended: nothing left to free.
+    EXPECT_FALSE(pd.prefill->RunOnce());
+    EXPECT_EQ(pd.prefill->blocks().kv_blocks_used(), 0);
+    EXPECT_TRUE(pd.prefill->idle());
+    EXPECT_TRUE(pd.prefill->CheckInvariants().ok()) << pd.prefill->CheckInvariants().message();
+    EXPECT_TRUE(pd.decode->idle());
+    EXPECT_TRUE(pd.decode->CheckInvariants().ok()) << pd.decode->CheckInvariants().message();
+  }
+}
+
+// A decode instance with room for one request's KV pulls one; the other waits, announced, with
+// its KV held on the prefill side, and is pulled once the first finished. None fails.
+TEST(InstanceEngine, ADecodeInstanceWithoutFreeBlocksDoesNotPull) {
+  EngineConfig d_config = Config(1, InstanceRole::kDecode);
+  d_config.num_blocks = 5;  // 64 prompt tokens + 2 generated: five blocks of 16
+  PdPair pd(Config(0, InstanceRole::kPrefill), d_config);
+  Request a = MakeRequest(1, 0, 64, 3), b = MakeRequest(2, 0, 64, 3);
+  a.block_hashes = {1, 2, 3, 4};
+  b.block_hashes = {5, 6, 7, 8};
+  pd.Submit(a);
+  pd.Submit(b);
+  while (pd.prefill->RunOnce()) {
+  }
+  EXPECT_EQ(a.state, RequestState::kTransferring);
+  EXPECT_EQ(b.state, RequestState::kTransferring);
+  EXPECT_FALSE(pd.decode->RunOnce());
+  EXPECT_EQ(pd.d_ports.posted.size(), 1u);
+  for (int i = 0; i < 100 && a.state != RequestState::kCompleted; ++i) {
+    pd.clock.now += 0.005;
+    pd.decode->RunOnce();
+    EXPECT_EQ(b.state, RequestState::kTransferring);
+  }
+  EXPECT_EQ(a.state, RequestState::kCompleted);
+  EXPECT_EQ(pd.prefill->blocks().kv_blocks_used(), 8);  // no release has been taken yet
+  for (int i = 0; i < 100 && b.state != RequestState::kCompleted; ++i) {
+    pd.clock.now += 0.005;
+    pd.decode->RunOnce();
+  }
+  EXPECT_EQ(b.state, RequestState::kCompleted);
+  EXPECT_EQ(pd.d_ports.posted.size(), 2u);
+  EXPECT_EQ(pd.decode->kv_load_failures(), 0);
+  EXPECT_FALSE(pd.prefill->RunOnce());
+  EXPECT_EQ(pd.prefill->blocks().kv_blocks_used(), 0);
+  EXPECT_TRUE(pd.decode->CheckInvariants().ok()) << pd.decode->CheckInvariants().message();
 }
 
 TEST(InstanceEngine, OneTokenRequestsFinishOnThePrefillInstance) {
