@@ -1,6 +1,8 @@
 // One instance's engine loop on its own thread (see engine_thread.h).
 #include "backend/engine/engine_thread.h"
 
+#include <algorithm>
+
 namespace duet::backend {
 
 EngineThread::EngineThread(policies::EngineConfig config, ForwardModel& model, Ports ports,
@@ -10,6 +12,7 @@ EngineThread::EngineThread(policies::EngineConfig config, ForwardModel& model, P
       executor_(model, *ports.clock, {.record_timings = false}),
       engine_(config, policies::EnginePorts{ports.clock, &inbox_, ports.outbox, &executor_,
                                             ports.transport, ports.sink, nullptr}),
+      progress_transport_(std::move(ports.progress_transport)),
       after_iteration_(std::move(after_iteration)) {
   PublishLoad();
 }
@@ -29,13 +32,17 @@ void EngineThread::Stop() {
 
 void EngineThread::Loop() {
   while (true) {
+    if (progress_transport_) progress_transport_();
     const bool stepped = engine_.RunOnce();
     if (after_iteration_) after_iteration_();
     PublishLoad();
     if (stepped) continue;
     if (engine_.done()) return;
-    inbox_.WaitUntil(engine_.awaiting_transfers() ? clock_.Now() + kTransferPollInterval
-                                                  : policies::kForever);
+    // Wake for the next lease to end, and poll while pulls or pulled KV need the transport.
+    Seconds deadline = engine_.next_lease_expiry();
+    if (engine_.awaiting_transfers() || (progress_transport_ && engine_.holds_leases()))
+      deadline = std::min(deadline, clock_.Now() + kTransferPollInterval);
+    inbox_.WaitUntil(deadline);
   }
 }
 
@@ -46,11 +53,21 @@ void EngineThread::PublishLoad() {
                  std::memory_order_relaxed);
   kv_used_.store(engine_.blocks().kv_blocks_used(), std::memory_order_relaxed);
   kv_free_.store(engine_.blocks().kv_blocks_free(), std::memory_order_relaxed);
+  leases_held_.store(engine_.leases_held(), std::memory_order_relaxed);
+  leases_expired_.store(engine_.leases_expired(), std::memory_order_relaxed);
+  load_failures_.store(engine_.kv_load_failures(), std::memory_order_relaxed);
+  load_recomputes_.store(engine_.kv_load_recomputes(), std::memory_order_relaxed);
 }
 
 InstanceLoad EngineThread::load() const {
-  return {waiting_.load(std::memory_order_relaxed), running_.load(std::memory_order_relaxed),
-          kv_used_.load(std::memory_order_relaxed), kv_free_.load(std::memory_order_relaxed)};
+  return {waiting_.load(std::memory_order_relaxed),
+          running_.load(std::memory_order_relaxed),
+          kv_used_.load(std::memory_order_relaxed),
+          kv_free_.load(std::memory_order_relaxed),
+          leases_held_.load(std::memory_order_relaxed),
+          leases_expired_.load(std::memory_order_relaxed),
+          load_failures_.load(std::memory_order_relaxed),
+          load_recomputes_.load(std::memory_order_relaxed)};
 }
 
 }  // namespace duet::backend

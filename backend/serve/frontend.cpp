@@ -27,9 +27,20 @@ struct LiveFrontend::Impl {
   struct Entry {
     std::unique_ptr<Request> request;
     std::shared_ptr<RequestListener> listener;
-    InstanceId instance = policies::kNoInstance;
+    InstanceId prefill = policies::kNoInstance;
+    InstanceId decode = policies::kNoInstance;  // colocated: the prefill instance
     bool finished = false;
   };
+
+  // Ends `entry`'s request wherever it is: on its prefill instance or, past the handoff, on its
+  // decode instance (an engine ignores an abort of a request it does not hold).
+  void PostAbort(RequestId id, const Entry& entry) {
+    EngineMessage m{EngineMessage::Kind::kAbort, nullptr, policies::kNoInstance};
+    m.request_id = id;
+    threads[static_cast<std::size_t>(entry.prefill)]->inbox().Post(m);
+    if (entry.decode != entry.prefill)
+      threads[static_cast<std::size_t>(entry.decode)]->inbox().Post(m);
+  }
 
   // An instance's events, on its engine thread: tokens and final records to the request's
   // listener, lifecycle to the router and the observer, KV events to the routing index.
@@ -114,7 +125,8 @@ struct LiveFrontend::Impl {
   std::vector<std::unique_ptr<ForwardModel>> models;
   SteadyClock clock;
   std::vector<std::unique_ptr<InstanceSink>> sinks;
-  std::vector<std::unique_ptr<NoKvTransport>> transports;
+  bool pd = false;
+  std::unique_ptr<LocalKvTransports> transports;
   std::unique_ptr<LocalOutbox> outbox;
   std::vector<std::unique_ptr<EngineThread>> threads;
   Tokens max_request_tokens = 0;
@@ -146,6 +158,28 @@ Result<std::unique_ptr<LiveFrontend>> LiveFrontend::Start(
   if (options.router.kind == policies::RouterKind::kCacheAware &&
       options.router.prefill_tokens_per_s <= 0)
     return Status::Error("the cache-aware router needs a prefill rate (prefill_tokens_per_s)");
+  std::vector<policies::InstanceRole> roles = options.roles;
+  if (roles.empty()) roles.assign(models.size(), policies::InstanceRole::kColocated);
+  if (roles.size() != models.size()) {
+    return Status::Error(std::to_string(roles.size()) + " instance roles for " +
+                         std::to_string(models.size()) + " instances");
+  }
+  auto count = [&](policies::InstanceRole role) { return std::ranges::count(roles, role); };
+  const bool pd = count(policies::InstanceRole::kColocated) == 0;
+  if (pd &&
+      (count(policies::InstanceRole::kPrefill) == 0 || count(policies::InstanceRole::kDecode) == 0))
+    return Status::Error("PD needs at least one prefill and one decode instance");
+  if (!pd && count(policies::InstanceRole::kColocated) != static_cast<std::ptrdiff_t>(roles.size()))
+    return Status::Error("colocated and PD instances cannot be mixed");
+  if (!(options.kv_lease_s > 0)) return Status::Error("kv_lease_s must be > 0");
+  std::vector<KvRegion> regions;
+  for (std::size_t i = 0; i < models.size(); ++i) {
+    const std::optional<KvRegion> region = models[i]->kv_region();
+    if (pd && !region)
+      return Status::Error("instance " + std::to_string(i) +
+                           ": this backend exposes no KV region, so its KV cannot move (PD)");
+    regions.push_back(region.value_or(KvRegion{}));
+  }
 
   auto impl = std::make_unique<Impl>();
   Impl& s = *impl;
@@ -161,28 +195,41 @@ Result<std::unique_ptr<LiveFrontend>> LiveFrontend::Start(
   if (s.max_request_tokens < 2)
     return Status::Error("the KV cache holds too few blocks to serve a request");
 
-  std::vector<InstanceId> instances;
-  for (int i = 0; i < n; ++i) instances.push_back(i);
+  std::vector<InstanceId> prefill_side, decode_side;
+  for (int i = 0; i < n; ++i) {
+    (roles[static_cast<std::size_t>(i)] == policies::InstanceRole::kDecode ? decode_side
+                                                                           : prefill_side)
+        .push_back(i);
+  }
+  s.pd = pd;
   s.index = std::make_unique<policies::KvEventIndex>(n, block_tokens);
-  s.router = policies::MakeRouter(options.router, instances, {}, s.index.get());
+  s.router = policies::MakeRouter(options.router, prefill_side, decode_side, s.index.get());
+  auto transports = LocalKvTransports::Create(regions, roles, options.kv_transport);
+  if (!transports.ok()) return Status::Error("KV transport: " + transports.error());
+  s.transports = std::move(*transports);
 
   s.outbox = std::make_unique<LocalOutbox>();
   for (int i = 0; i < n; ++i) {
     s.sinks.push_back(std::make_unique<Impl::InstanceSink>(s, i));
-    s.transports.push_back(std::make_unique<NoKvTransport>());
     policies::EngineConfig c;
     c.id = i;
-    c.role = policies::InstanceRole::kColocated;
+    c.role = roles[static_cast<std::size_t>(i)];
+    c.kv_bytes_per_token = config.KvBytesPerToken();
+    c.kv_lease_s = options.kv_lease_s;
+    c.kv_load_failure_policy = options.kv_load_failure_policy;
     c.num_blocks = s.models[static_cast<std::size_t>(i)]->num_blocks();
     c.block_tokens = block_tokens;
     c.enable_prefix_caching = options.enable_prefix_caching;
     c.num_layers = config.num_hidden_layers;
-    c.publish_kv_events = options.enable_prefix_caching;
+    // The router reads the prefix caches of the instances that prefill.
+    c.publish_kv_events =
+        options.enable_prefix_caching && c.role != policies::InstanceRole::kDecode;
     c.scheduler = options.scheduler;
     Impl::InstanceSink* sink = s.sinks.back().get();
     s.threads.push_back(std::make_unique<EngineThread>(
         c, *s.models[static_cast<std::size_t>(i)],
-        EngineThread::Ports{&s.clock, s.outbox.get(), s.transports.back().get(), sink},
+        EngineThread::Ports{&s.clock, s.outbox.get(), &s.transports->transport(i), sink,
+                            s.transports->progress(i)},
         [sink] { sink->ReleaseFinished(); }));
     s.outbox->Add(&s.threads.back()->inbox());
   }
@@ -234,10 +281,12 @@ Admission LiveFrontend::Submit(LiveRequest request, std::shared_ptr<RequestListe
   r->arrival_s = s.clock.Now();
   const policies::RoutingDecision d = s.router->Route(*r);
   if (!d.reject_reason.empty()) return {AdmitStatus::kQueueFull, 0, d.reject_reason};
-  r->prefill_instance = r->decode_instance = d.prefill;
+  r->prefill_instance = d.prefill;
+  r->decode_instance = s.pd ? d.decode : d.prefill;
   Request* raw = r.get();
   const RequestId id = r->id;
-  s.entries.emplace(id, Impl::Entry{std::move(r), std::move(listener), d.prefill, false});
+  s.entries.emplace(
+      id, Impl::Entry{std::move(r), std::move(listener), d.prefill, raw->decode_instance, false});
   ++s.pending;
   s.threads[static_cast<std::size_t>(d.prefill)]->inbox().Post(
       {EngineMessage::Kind::kNewRequest, raw, policies::kNoInstance});
@@ -249,9 +298,7 @@ void LiveFrontend::Abort(RequestId id) {
   std::lock_guard lock(s.mu);
   auto it = s.entries.find(id);
   if (it == s.entries.end() || it->second.finished) return;
-  EngineMessage m{EngineMessage::Kind::kAbort, nullptr, policies::kNoInstance};
-  m.request_id = id;
-  s.threads[static_cast<std::size_t>(it->second.instance)]->inbox().Post(m);
+  s.PostAbort(id, it->second);
 }
 
 std::int64_t LiveFrontend::Drain(Seconds timeout_s) {
@@ -265,9 +312,7 @@ std::int64_t LiveFrontend::Drain(Seconds timeout_s) {
   const std::int64_t aborted = s.pending;
   for (const auto& [id, entry] : s.entries) {
     if (entry.finished) continue;
-    EngineMessage m{EngineMessage::Kind::kAbort, nullptr, policies::kNoInstance};
-    m.request_id = id;
-    s.threads[static_cast<std::size_t>(entry.instance)]->inbox().Post(m);
+    s.PostAbort(id, entry);
   }
   // An abort takes effect at the instance's next step boundary; bounded in case a step hangs.
   s.changed.wait_for(lock, std::chrono::seconds(60), [&] { return s.pending == 0; });
@@ -288,6 +333,10 @@ FrontendStats LiveFrontend::Stats() const {
     stats.kv_blocks_used += load.kv_blocks_used;
     stats.kv_blocks_free += load.kv_blocks_free;
     stats.kv_blocks_total += t->kv_blocks_total();
+    stats.kv_leases_held += load.leases_held;
+    stats.kv_leases_expired += load.leases_expired;
+    stats.kv_load_failures += load.kv_load_failures;
+    stats.kv_load_recomputes += load.kv_load_recomputes;
   }
   return stats;
 }

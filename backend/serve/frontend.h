@@ -1,6 +1,7 @@
-// The live frontend behind `duet serve`: N colocated instances of one model in this process,
-// each an engine thread running the shared InstanceEngine (policies/engine.h) over real-time
-// ports, with the simulator's admission check and Router (policies/router.h) in front. Requests
+// The live frontend behind `duet serve`: N instances of one model in this process, colocated or
+// PD (prefill and decode instances moving KV through a real transport: loopback or UCX), each
+// an engine thread running the shared InstanceEngine (policies/engine.h) over real-time ports,
+// with the simulator's admission check and Router (policies/router.h) in front. Requests
 // go in as token ids with their sampling settings; their tokens and final records come back
 // through a per-request listener. No HTTP here: the server (backend/serve/http_server.h) is a
 // thin driver of this class. Thread-safe: every public method may be called from any thread.
@@ -12,7 +13,9 @@
 #include <vector>
 
 #include "backend/engine/forward_model.h"
+#include "backend/transport/local_kv_transports.h"
 #include "common/status.h"
+#include "policies/engine.h"
 #include "policies/ports.h"
 #include "policies/request.h"
 #include "policies/router.h"
@@ -27,7 +30,7 @@ struct FinishInfo {
   Tokens prompt_tokens = 0;                                       // the prompt's length
   Tokens completion_tokens = 0;  // tokens generated (a stop token included)
   Tokens cached_tokens = 0;      // prompt tokens served from the prefix cache
-  policies::InstanceId instance = policies::kNoInstance;  // the instance that served it
+  policies::InstanceId instance = policies::kNoInstance;  // the instance that finished it
   Seconds queue_s = -1;  // arrival to its first admission to a batch (-1: never admitted)
 };
 
@@ -65,6 +68,14 @@ struct FrontendOptions {
   policies::RouterConfig router;  // the same policies the simulator routes with
   policies::SchedulerConfig scheduler;
   bool enable_prefix_caching = true;
+  // Each instance's role, in the order of the models; empty: all colocated. PD: at least one
+  // prefill and one decode instance, and no colocated one.
+  std::vector<policies::InstanceRole> roles;
+  // PD: how decode instances pull KV, how long prefill instances hold it for them, and what a
+  // failed pull leads to.
+  KvTransportOptions kv_transport;
+  Seconds kv_lease_s = 60;
+  policies::KvLoadFailurePolicy kv_load_failure_policy = policies::KvLoadFailurePolicy::kFail;
   // Requests accepted and not yet finished, across instances; Submit answers kQueueFull past
   // it, so memory stays bounded however fast clients send.
   std::int64_t max_pending_requests = 1024;
@@ -80,12 +91,19 @@ struct FrontendStats {
   std::int64_t kv_blocks_used = 0;
   std::int64_t kv_blocks_free = 0;  // free plus evictable cached blocks
   std::int64_t kv_blocks_total = 0;
+  // PD: KV held by prefill instances for a pull, leases that ended unreleased (their blocks
+  // freed), and failed pulls, of which the decode instance recomputed some.
+  std::int64_t kv_leases_held = 0;
+  std::int64_t kv_leases_expired = 0;
+  std::int64_t kv_load_failures = 0;
+  std::int64_t kv_load_recomputes = 0;
 };
 
 class LiveFrontend {
  public:
   // One model per instance; each holds its own KV memory (ForwardModel::num_blocks()), and all
-  // must share one config. Starts the engine threads.
+  // must share one config. PD needs models with a KV region (ForwardModel::kv_region()). Starts
+  // the engine threads.
   static Result<std::unique_ptr<LiveFrontend>> Start(
       std::vector<std::unique_ptr<ForwardModel>> models, FrontendOptions options);
   // Aborts whatever is still in flight and joins the engine threads.

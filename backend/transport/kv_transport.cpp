@@ -46,6 +46,15 @@ std::string CheckKvTransfer(const policies::KvTransferRequest& transfer, const K
   return {};
 }
 
+void KvTransferLog::Record(KvTransferRecord record) {
+  ++totals_.transfers;
+  if (!record.ok) ++totals_.failed;
+  totals_.bytes += record.bytes;
+  totals_.seconds += record.seconds;
+  if (records_.size() == kMaxRecords) records_.pop_front();
+  records_.push_back(std::move(record));
+}
+
 std::vector<BlockRun> BlockRuns(std::span<const BlockId> src, std::span<const BlockId> dst) {
   std::vector<BlockRun> runs;
   for (std::size_t i = 0; i < src.size(); ++i) {

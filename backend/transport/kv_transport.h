@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <span>
@@ -50,16 +51,28 @@ struct BlockRun {
 };
 std::vector<BlockRun> BlockRuns(std::span<const BlockId> src, std::span<const BlockId> dst);
 
-// Records of the transfers a transport finished, oldest first.
+// What a transport moved since it started, by every record it ever made.
+struct KvTransferTotals {
+  std::int64_t transfers = 0;
+  std::int64_t failed = 0;
+  std::int64_t bytes = 0;
+  double seconds = 0;
+};
+
+// Records of the transfers a transport finished, oldest first: the last kMaxRecords of them
+// (a server runs for days), and totals over all. Read on the thread that uses the transport.
 class KvTransferLog {
  public:
-  const std::vector<KvTransferRecord>& records() const { return records_; }
+  static constexpr std::size_t kMaxRecords = 1 << 16;
+  const std::deque<KvTransferRecord>& records() const { return records_; }
+  const KvTransferTotals& totals() const { return totals_; }
 
  protected:
-  void Record(KvTransferRecord record) { records_.push_back(std::move(record)); }
+  void Record(KvTransferRecord record);
 
  private:
-  std::vector<KvTransferRecord> records_;
+  std::deque<KvTransferRecord> records_;
+  KvTransferTotals totals_;
 };
 
 // Instances in one process: a transfer is one memcpy per block run, done in Post.

@@ -1,0 +1,107 @@
+// The KV transports of one process's instances (see local_kv_transports.h).
+#include "backend/transport/local_kv_transports.h"
+
+#include "backend/engine/realtime_ports.h"
+#include "backend/transport/kv_transport.h"
+#if DUET_HAVE_UCX
+#include "backend/transport/ucx_kv_transport.h"
+#endif
+
+namespace duet::backend {
+
+using policies::InstanceRole;
+
+Result<KvTransportKind> ParseKvTransportKind(const std::string& name) {
+  if (name == "loopback") return KvTransportKind::kLoopback;
+  if (name == "ucx") {
+#if DUET_HAVE_UCX
+    return KvTransportKind::kUcx;
+#else
+    return Status::Error("this build of Duet has no UCX (see docs/development.md)");
+#endif
+  }
+  return Status::Error("unknown KV transport '" + name + "' (loopback or ucx)");
+}
+
+// What one instance pulls with (`own`, maybe wrapped), and what must progress on its thread.
+struct LocalKvTransports::Side {
+  std::unique_ptr<policies::KvTransport> own;
+  std::unique_ptr<policies::KvTransport> wrapped;
+  std::function<void()> progress;
+  policies::KvTransport& transport() { return wrapped ? *wrapped : *own; }
+};
+
+LocalKvTransports::~LocalKvTransports() = default;
+
+Result<std::unique_ptr<LocalKvTransports>> LocalKvTransports::Create(
+    const std::vector<KvRegion>& regions, const std::vector<InstanceRole>& roles,
+    const KvTransportOptions& options) {
+  DUET_CHECK(regions.size() == roles.size());
+  std::unique_ptr<LocalKvTransports> set(new LocalKvTransports());
+  const auto n = static_cast<policies::InstanceId>(regions.size());
+  set->sides_.resize(regions.size());
+  for (auto& side : set->sides_) side = std::make_unique<Side>();
+  auto role = [&](policies::InstanceId i) { return roles[static_cast<std::size_t>(i)]; };
+  auto region = [&](policies::InstanceId i) { return regions[static_cast<std::size_t>(i)]; };
+
+  if (options.kind == KvTransportKind::kLoopback) {
+    set->path_ = "loopback";
+    for (policies::InstanceId d = 0; d < n; ++d) {
+      if (role(d) != InstanceRole::kDecode) continue;
+      auto loopback = std::make_unique<LoopbackKvTransport>();
+      loopback->Register(d, region(d));
+      for (policies::InstanceId p = 0; p < n; ++p) {
+        if (role(p) == InstanceRole::kPrefill) loopback->Register(p, region(p));
+      }
+      set->sides_[static_cast<std::size_t>(d)]->own = std::move(loopback);
+    }
+  } else {
+#if DUET_HAVE_UCX
+    set->path_ = "ucx:" + (options.ucx_tls.empty() ? std::string("auto") : options.ucx_tls);
+    std::vector<UcxKvTransport*> ucx(regions.size(), nullptr);
+    for (policies::InstanceId i = 0; i < n; ++i) {
+      if (role(i) == InstanceRole::kColocated) continue;
+      auto t = UcxKvTransport::Create(i, region(i), options.ucx_tls);
+      if (!t.ok()) return Status::Error("instance " + std::to_string(i) + ": " + t.error());
+      ucx[static_cast<std::size_t>(i)] = t->get();
+      Side& side = *set->sides_[static_cast<std::size_t>(i)];
+      if (role(i) == InstanceRole::kPrefill) {
+        UcxKvTransport* raw = t->get();
+        side.progress = [raw] { raw->Progress(); };
+      }
+      side.own = std::move(*t);
+    }
+    // Decode instances connect to every prefill instance with the descriptor it publishes.
+    for (policies::InstanceId d = 0; d < n; ++d) {
+      if (role(d) != InstanceRole::kDecode) continue;
+      for (policies::InstanceId p = 0; p < n; ++p) {
+        if (role(p) != InstanceRole::kPrefill) continue;
+        const Status s = ucx[static_cast<std::size_t>(d)]->Connect(
+            p, ucx[static_cast<std::size_t>(p)]->Descriptor());
+        if (!s.ok()) {
+          return Status::Error("instance " + std::to_string(d) + " connecting to instance " +
+                               std::to_string(p) + ": " + s.message());
+        }
+      }
+    }
+#else
+    return Status::Error("this build of Duet has no UCX");
+#endif
+  }
+  for (policies::InstanceId i = 0; i < n; ++i) {
+    Side& side = *set->sides_[static_cast<std::size_t>(i)];
+    if (!side.own) side.own = std::make_unique<NoKvTransport>();
+    if (role(i) == InstanceRole::kDecode && options.wrap) side.wrapped = options.wrap(*side.own, i);
+  }
+  return set;
+}
+
+policies::KvTransport& LocalKvTransports::transport(policies::InstanceId instance) {
+  return sides_.at(static_cast<std::size_t>(instance))->transport();
+}
+
+std::function<void()> LocalKvTransports::progress(policies::InstanceId instance) {
+  return sides_.at(static_cast<std::size_t>(instance))->progress;
+}
+
+}  // namespace duet::backend
