@@ -21,6 +21,8 @@ constexpr double kMaxReservedGiB = 1e6;  // the largest HBM a hardware spec may 
 constexpr std::int64_t kMaxBlockTokens = 1 << 16;
 constexpr std::int64_t kMaxBatchedTokens = std::int64_t{1} << 30;
 constexpr std::int64_t kMaxNumSeqs = 1 << 20;
+// A KV lease from a millisecond (tests) to a day.
+constexpr double kMinLeaseSeconds = 1e-3, kMaxLeaseSeconds = 86400;
 
 // Resolves a model or hardware reference: a bare name is looked up in the bundled directory,
 // a path ending in .json is taken relative to the cluster file; so is, with `directories`, any
@@ -76,11 +78,20 @@ Status ParseEngine(const json& doc, const std::string& path, EngineSpec& e) {
   auto coalesce = JsonBoolOr(j, "coalesce_decode_steps", e.coalesce_decode_steps, where);
   auto overlap = JsonBoolOr(j, "overlap_tier_loads", e.scheduler.overlap_tier_loads, where);
   auto kv_dtype = JsonStringOr(j, "kv_cache_dtype", "auto", where);
-  for (const Status* s : {&block.status(), &batched.status(), &seqs.status(), &watermark.status(),
-                          &util.status(), &reserved.status(), &caching.status(), &coalesce.status(),
-                          &overlap.status(), &kv_dtype.status()}) {
+  auto lease =
+      JsonNumberIn(j, "kv_lease_s", kMinLeaseSeconds, kMaxLeaseSeconds, where, e.kv_lease_s);
+  auto failure_policy = JsonStringOr(j, "kv_load_failure_policy",
+                                     policies::ToString(e.kv_load_failure_policy), where);
+  for (const Status* s :
+       {&block.status(), &batched.status(), &seqs.status(), &watermark.status(), &util.status(),
+        &reserved.status(), &caching.status(), &coalesce.status(), &overlap.status(),
+        &kv_dtype.status(), &lease.status(), &failure_policy.status()}) {
     if (!s->ok()) return *s;
   }
+  auto policy = policies::ParseKvLoadFailurePolicy(*failure_policy);
+  if (!policy)
+    return FieldError(where, "kv_load_failure_policy",
+                      "must be fail or recompute, got '" + *failure_policy + "'");
   if (*kv_dtype != "auto" && !models::DtypeFromTorchName(*kv_dtype))
     return FieldError(where, "kv_cache_dtype",
                       "must be auto, bfloat16, float16 or float32, got '" + *kv_dtype + "'");
@@ -99,6 +110,8 @@ Status ParseEngine(const json& doc, const std::string& path, EngineSpec& e) {
   e.coalesce_decode_steps = *coalesce;
   e.scheduler.overlap_tier_loads = *overlap;
   e.memory.kv_cache_dtype = models::DtypeFromTorchName(*kv_dtype);  // nullopt: auto
+  e.kv_lease_s = *lease;
+  e.kv_load_failure_policy = *policy;
   return Status::Ok();
 }
 

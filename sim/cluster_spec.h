@@ -68,6 +68,10 @@ struct EngineSpec {
   models::MemoryOptions memory;  // tp is per instance; kv_cache_dtype ("auto": nullopt)
   bool enable_prefix_caching = true;
   bool coalesce_decode_steps = true;
+  // PD: how long a prefill instance holds a request's KV for the decode instance's pull (vLLM's
+  // NIXL connector holds 480 s too), and what a failed pull leads to.
+  Seconds kv_lease_s = 480;
+  policies::KvLoadFailurePolicy kv_load_failure_policy = policies::KvLoadFailurePolicy::kFail;
 };
 
 struct ClusterSpec {

@@ -742,6 +742,8 @@ Result<SimReport> Simulate(const ClusterSpec& cluster, const traces::Trace& trac
     config.kv_bytes_per_token = cluster.KvBytesPerToken();
     config.num_layers = cluster.model.num_hidden_layers;
     config.scheduler = cluster.engine.scheduler;
+    config.kv_lease_s = cluster.engine.kv_lease_s;
+    config.kv_load_failure_policy = cluster.engine.kv_load_failure_policy;
     SimPorts* p = w.ports.back().get();
     w.engines.push_back(std::make_unique<policies::InstanceEngine>(
         config, policies::EnginePorts{p, p, p, p, p, w.sink.get(), w.tiers.get()}));

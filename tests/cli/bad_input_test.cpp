@@ -106,6 +106,17 @@ TEST_F(BadInputTest, ClusterNegativeNicBandwidth) {
   EXPECT_TRUE(ContainsAll(r.err, {cluster, "nodes[0].nic", "bandwidth_GBps", "-5"}));
 }
 
+TEST_F(BadInputTest, ClusterBadKvLeaseAndFailurePolicy) {
+  const std::string lease =
+      ClusterVariant("lease.json", [](nlohmann::json& c) { c["engine"]["kv_lease_s"] = 0; });
+  RunResult r = ExpectFailure({"--cluster", lease, "--trace", GoodTrace()}, kInputError);
+  EXPECT_TRUE(ContainsAll(r.err, {lease, "engine", "kv_lease_s"}));
+  const std::string policy = ClusterVariant(
+      "policy.json", [](nlohmann::json& c) { c["engine"]["kv_load_failure_policy"] = "retry"; });
+  r = ExpectFailure({"--cluster", policy, "--trace", GoodTrace()}, kInputError);
+  EXPECT_TRUE(ContainsAll(r.err, {policy, "kv_load_failure_policy", "fail or recompute", "retry"}));
+}
+
 TEST_F(BadInputTest, ClusterNotJson) {
   const std::string cluster = tmp_.Write("broken.json", "{\"name\": \"x\", \"nodes\": [\n");
   const RunResult r = ExpectFailure({"--cluster", cluster, "--trace", GoodTrace()}, kInputError);
