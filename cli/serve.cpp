@@ -22,6 +22,7 @@
 #include "backend/tokenizer/chat_template.h"
 #include "cli/commands.h"
 #include "models/model_spec.h"
+#include "sim/cluster_spec.h"
 
 namespace po = boost::program_options;
 
@@ -98,6 +99,13 @@ int Serve(int argc, char** argv) {
     ("device", po::value<std::string>()->default_value("cpu"), "cpu or cuda")
     ("instances", po::value<int>()->default_value(1),
      "colocated instances of the model, each with its own KV cache and engine thread")
+    ("cluster", po::value<std::string>(),
+     "a cluster file (docs/clusters.md): the roles and counts of its instances (colocated, or "
+     "prefill and decode) and its engine settings; every instance runs in this process")
+    ("kv-transport", po::value<std::string>()->default_value("loopback"),
+     "PD: how decode instances pull KV from prefill instances: loopback or ucx")
+    ("ucx-tls", po::value<std::string>()->default_value(""),
+     "PD over UCX: the UCX transports (UCX_TLS: tcp, posix,cma, ...; empty: UCX's choice)")
     ("host", po::value<std::string>()->default_value("127.0.0.1"),
      "address to listen on (loopback by default; 0.0.0.0 for every interface)")
     ("port", po::value<int>()->default_value(8000), "TCP port (0: any free port)")
@@ -130,8 +138,24 @@ int Serve(int argc, char** argv) {
   const std::string model_dir = vm["model"].as<std::string>();
   const std::string device = vm["device"].as<std::string>();
   if (device != "cpu" && device != "cuda") return Fail("--device must be cpu or cuda", kExitUsage);
-  const int instances = vm["instances"].as<int>();
+  int instances = vm["instances"].as<int>();
   if (instances < 1 || instances > 64) return Fail("--instances must be in 1..64", kExitUsage);
+  auto kv_transport = backend::ParseKvTransportKind(vm["kv-transport"].as<std::string>());
+  if (!kv_transport) return Fail("--kv-transport: " + kv_transport.error(), kExitUsage);
+  // A cluster file gives the instances and the engine settings; flags may not say otherwise.
+  std::optional<sim::ClusterSpec> cluster;
+  if (vm.count("cluster")) {
+    for (const char* flag : {"instances", "max-num-seqs", "max-num-batched-tokens"}) {
+      if (!vm[flag].defaulted())
+        return Fail(std::string("--") + flag + " and --cluster: the cluster file says that",
+                    kExitUsage);
+    }
+    auto loaded_cluster = sim::LoadClusterSpec(vm["cluster"].as<std::string>(), DataDir());
+    if (!loaded_cluster) return Fail(loaded_cluster.error());
+    cluster = std::move(*loaded_cluster);
+    instances = static_cast<int>(cluster->instances.size());
+    if (instances > 64) return Fail("--cluster: at most 64 instances in one process", kExitUsage);
+  }
   const int port = vm["port"].as<int>();
   if (port < 0 || port > 65535) return Fail("--port must be in 0..65535", kExitUsage);
   const std::int64_t max_pending = vm["max-pending"].as<std::int64_t>();
@@ -196,7 +220,7 @@ int Serve(int argc, char** argv) {
 
   backend::ModelPlacement placement;
   placement.device = device;
-  placement.block_tokens = 16;
+  placement.block_tokens = cluster ? static_cast<std::int32_t>(cluster->engine.block_tokens) : 16;
   placement.num_blocks =
       kv_blocks > 0 ? kv_blocks : DefaultKvBlocks(loaded->config, placement.block_tokens);
   placement.cpu_threads =
@@ -218,6 +242,22 @@ int Serve(int argc, char** argv) {
   frontend_options.max_pending_requests = max_pending;
   frontend_options.scheduler.max_num_seqs = max_num_seqs;
   frontend_options.scheduler.max_num_batched_tokens = max_batched;
+  frontend_options.kv_transport.kind = *kv_transport;
+  frontend_options.kv_transport.ucx_tls = vm["ucx-tls"].as<std::string>();
+  std::string layout = std::to_string(instances) + " instance" + (instances == 1 ? "" : "s");
+  if (cluster) {
+    frontend_options.scheduler = cluster->engine.scheduler;
+    frontend_options.enable_prefix_caching = cluster->engine.enable_prefix_caching;
+    frontend_options.kv_lease_s = cluster->engine.kv_lease_s;
+    frontend_options.kv_load_failure_policy = cluster->engine.kv_load_failure_policy;
+    for (const sim::InstanceSpec& spec : cluster->instances)
+      frontend_options.roles.push_back(spec.role);
+    if (cluster->pd()) {
+      layout = std::to_string(cluster->CountRole(policies::InstanceRole::kPrefill)) +
+               " prefill + " + std::to_string(cluster->CountRole(policies::InstanceRole::kDecode)) +
+               " decode instances, KV over " + vm["kv-transport"].as<std::string>();
+    }
+  }
   frontend_options.observer = &metrics;
   auto frontend = LiveFrontend::Start(std::move(models), frontend_options);
   if (!frontend) return Fail(frontend.error());
@@ -231,10 +271,10 @@ int Serve(int argc, char** argv) {
   const std::string name = model->name;
   (*server)->SetServing(std::move(model));
   std::printf(
-      "duet serve: serving %s at %s (%d instance%s on %s, %lld KV blocks each, "
+      "duet serve: serving %s at %s (%s on %s, %lld KV blocks each, "
       "max_model_len %lld)\n",
-      name.c_str(), (*server)->address().c_str(), instances, instances == 1 ? "" : "s",
-      device.c_str(), static_cast<long long>(placement.num_blocks),
+      name.c_str(), (*server)->address().c_str(), layout.c_str(), device.c_str(),
+      static_cast<long long>(placement.num_blocks),
       static_cast<long long>(live->max_request_tokens()));
   std::fflush(stdout);
 

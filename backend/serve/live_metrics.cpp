@@ -80,6 +80,16 @@ LiveMetrics::LiveMetrics() : registry_(std::make_unique<prometheus::Registry>())
   kv_transfer_ = &MakeHistogram(r, "duet:kv_transfer_seconds",
                                 "PD: end of prefill to KV usable on the decode instance (seconds).",
                                 kTtftBuckets);
+  kv_leases_held_ = &MakeGauge(r, "duet:kv_leases_held",
+                               "PD: requests whose KV a prefill instance holds for a pull.");
+  kv_leases_expired_ =
+      &MakeCounter(r, "duet:kv_leases_expired_total",
+                   "PD: KV leases that ended before the decode instance released them (freed).");
+  kv_load_failures_ = &MakeCounter(r, "duet:kv_load_failures_total",
+                                   "PD: KV pulls that failed or ended after their lease.");
+  kv_load_recomputes_ =
+      &MakeCounter(r, "duet:kv_load_recomputes_total",
+                   "PD: failed pulls the decode instance recomputed (kv_load_failure_policy).");
 }
 
 LiveMetrics::~LiveMetrics() = default;
@@ -139,6 +149,14 @@ std::string LiveMetrics::Scrape(const FrontendStats& stats) {
   kv_usage_->Set(stats.kv_blocks_total > 0 ? static_cast<double>(stats.kv_blocks_used) /
                                                  static_cast<double>(stats.kv_blocks_total)
                                            : 0.0);
+  kv_leases_held_->Set(static_cast<double>(stats.kv_leases_held));
+  // The engines count these; a counter only moves up, by what they added since the last scrape.
+  for (const auto& [counter, total] : {std::pair{kv_leases_expired_, stats.kv_leases_expired},
+                                       std::pair{kv_load_failures_, stats.kv_load_failures},
+                                       std::pair{kv_load_recomputes_, stats.kv_load_recomputes}}) {
+    const double added = static_cast<double>(total) - counter->Value();
+    if (added > 0) counter->Increment(added);
+  }
   return prometheus::TextSerializer().Serialize(registry_->Collect());
 }
 

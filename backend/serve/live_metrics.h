@@ -60,6 +60,10 @@ class LiveMetrics final : public policies::EventSink {
   prometheus::Histogram* e2e_;
   prometheus::Histogram* queue_;
   prometheus::Histogram* kv_transfer_;
+  prometheus::Gauge* kv_leases_held_;
+  prometheus::Counter* kv_leases_expired_;
+  prometheus::Counter* kv_load_failures_;
+  prometheus::Counter* kv_load_recomputes_;
   std::mutex scrape_mutex_;  // one scrape sets the gauges and collects at a time
 };
 

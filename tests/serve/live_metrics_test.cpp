@@ -45,11 +45,13 @@ TEST(LiveMetrics, EveryLiveNameIsExposedWithItsType) {
   const std::string text = metrics.Scrape({});
   for (const char* gauge :
        {"duet:num_requests_running", "duet:num_requests_waiting", "duet:kv_cache_usage_perc",
-        "duet:kv_blocks_used", "duet:kv_blocks_free"})
+        "duet:kv_blocks_used", "duet:kv_blocks_free", "duet:kv_leases_held"})
     EXPECT_NE(text.find(std::string("# TYPE ") + gauge + " gauge"), std::string::npos) << gauge;
-  for (const char* counter : {"duet:prompt_tokens_total", "duet:generation_tokens_total",
-                              "duet:request_success_total", "duet:prefix_cache_queries_total",
-                              "duet:prefix_cache_hits_total", "duet:num_preemptions_total"})
+  for (const char* counter :
+       {"duet:prompt_tokens_total", "duet:generation_tokens_total", "duet:request_success_total",
+        "duet:prefix_cache_queries_total", "duet:prefix_cache_hits_total",
+        "duet:num_preemptions_total", "duet:kv_leases_expired_total", "duet:kv_load_failures_total",
+        "duet:kv_load_recomputes_total"})
     EXPECT_NE(text.find(std::string("# TYPE ") + counter + " counter"), std::string::npos)
         << counter;
   for (const char* histogram :
@@ -124,6 +126,27 @@ TEST(LiveMetrics, GaugesComeFromTheFrontendAtScrapeTime) {
   text = metrics.Scrape({});
   EXPECT_EQ(Value(text, "duet:kv_blocks_used"), 0);
   EXPECT_EQ(Value(text, "duet:kv_cache_usage_perc"), 0);
+}
+
+// The engines' PD counts become counters that follow them up, scrape after scrape.
+TEST(LiveMetrics, PdCountsFollowTheEngines) {
+  LiveMetrics metrics;
+  FrontendStats stats;
+  stats.kv_leases_held = 4;
+  stats.kv_leases_expired = 1;
+  stats.kv_load_failures = 3;
+  stats.kv_load_recomputes = 2;
+  std::string text = metrics.Scrape(stats);
+  EXPECT_EQ(Value(text, "duet:kv_leases_held"), 4);
+  EXPECT_EQ(Value(text, "duet:kv_leases_expired_total"), 1);
+  EXPECT_EQ(Value(text, "duet:kv_load_failures_total"), 3);
+  EXPECT_EQ(Value(text, "duet:kv_load_recomputes_total"), 2);
+  stats.kv_leases_held = 0;
+  stats.kv_load_failures = 5;
+  text = metrics.Scrape(stats);
+  EXPECT_EQ(Value(text, "duet:kv_leases_held"), 0);
+  EXPECT_EQ(Value(text, "duet:kv_load_failures_total"), 5);
+  EXPECT_EQ(Value(text, "duet:kv_leases_expired_total"), 1);
 }
 
 TEST(LiveMetrics, ConcurrentEventsAndScrapesLoseNothing) {

@@ -214,6 +214,9 @@ def test_idle_connection_is_closed_after_the_read_timeout(tiny_model, start_serv
     (["--router", "cache-aware"], "cache-aware"),
     (["--router", "nope"], "--router"),
     (["stray-positional"], "stray-positional"),
+    (["--kv-transport", "nope"], "--kv-transport"),
+    (["--cluster", "../../data/1p1d-tiny.json", "--instances", "2"], "--instances and --cluster"),
+    (["--cluster", "../../data/1p1d-tiny.json", "--max-num-seqs", "4"], "--max-num-seqs"),
 ])
 def test_bad_flags_are_usage_errors(tiny_model, flags, words):
     # One error line naming the flag, exit 2, and no server started (the command returns).
