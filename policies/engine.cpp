@@ -158,6 +158,11 @@ void InstanceEngine::HandleMessage(const EngineMessage& message) {
       if (scheduler_.lower_tiers()) arrived_.push_back(r);
       break;
     case EngineMessage::Kind::kKvReady:
+      if (early_aborts_.erase(r->id) > 0) {  // the client went away during the handoff
+        ReleaseKv(message.from, r);
+        Fail(r, ports_.clock->Now(), "aborted", FinishReason::kAbort);
+        break;
+      }
       pulls_waiting_.push_back({r, message.from, message.blocks, message.lease_expires_s});
       break;
     case EngineMessage::Kind::kKvRelease:
@@ -198,10 +203,19 @@ void InstanceEngine::Abort(RequestId id, Seconds now) {
     return;
   }
   for (Pull& pull : pulls_in_flight_) {
-    if (pull.request->id == id) pull.aborted = true;
+    if (pull.request->id != id) continue;
+    pull.aborted = true;
+    return;
   }
-  // Otherwise it finished already, or its KV is on its way to the decode instance, which
-  // serves it from then on.
+  // Otherwise it finished already, or (PD prefill) its KV is on its way to the decode instance,
+  // which serves it from then on, or (PD decode) its kKvReady is still on its way here.
+  if (config_.role != InstanceRole::kDecode || config_.kv_lease_s == kForever) return;
+  while (!early_abort_expiry_.empty() && early_abort_expiry_.front().first <= now) {
+    early_aborts_.erase(early_abort_expiry_.front().second);
+    early_abort_expiry_.pop_front();
+  }
+  if (early_aborts_.insert(id).second)
+    early_abort_expiry_.emplace_back(now + config_.kv_lease_s, id);
 }
 
 void InstanceEngine::PollTransfers(Seconds now) {

@@ -8,6 +8,8 @@
 #include <deque>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
+#include <utility>
 #include <vector>
 
 #include "common/status.h"
@@ -157,6 +159,11 @@ class InstanceEngine final : private LowerTierLookup, private StepEvents {
     Seconds lease_expires_s;
   };
   std::deque<AnnouncedKv> pulls_waiting_;
+  // PD decode: aborts of requests not here (yet): the frontend aborts a request on both of its
+  // instances, and the one to the decode instance may overtake the prefill instance's kKvReady.
+  // Remembered for a lease's time (its KV is gone by then), oldest first.
+  std::deque<std::pair<Seconds, RequestId>> early_abort_expiry_;
+  std::unordered_set<RequestId> early_aborts_;
   std::vector<Pull> pulls_in_flight_;
   std::vector<Load> loads_;  // lower-tier prefix loads in flight
   // The block manager's event log: evictions feed write-back to the tiers (events before

@@ -331,6 +331,33 @@ TEST(InstanceEngine, AnEndedLeaseFreesThePrefillBlocksAndTheLatePullFollowsThePo
   }
 }
 
+// The frontend aborts a request on both its instances; the decode instance's abort overtakes
+// the prefill instance's kKvReady. The decode instance remembers it: when the KV is announced,
+// it ends the request as aborted, pulls nothing and releases the prefill side's blocks.
+TEST(InstanceEngine, AnAbortThatOvertakesTheKvReadyEndsTheRequestOnArrival) {
+  EngineConfig p_config = Config(0, InstanceRole::kPrefill);
+  EngineConfig d_config = Config(1, InstanceRole::kDecode);
+  d_config.kv_lease_s = 30;
+  PdPair pd(p_config, d_config);
+  Request r = MakeRequest(1, 0, 64, 3);
+  r.block_hashes = {1, 2, 3, 4};
+  pd.Submit(r);
+  EngineMessage abort{EngineMessage::Kind::kAbort, nullptr, kNoInstance};
+  abort.request_id = r.id;
+  pd.d_ports.inbox.push_back(abort);
+  EXPECT_FALSE(pd.decode->RunOnce());  // not here yet: remembered
+  EXPECT_TRUE(pd.prefill->RunOnce());  // prefilled, KV announced to the decode instance
+  EXPECT_EQ(r.state, RequestState::kTransferring);
+  EXPECT_FALSE(pd.decode->RunOnce());
+  EXPECT_EQ(r.finish_reason, FinishReason::kAbort);
+  EXPECT_TRUE(pd.d_ports.posted.empty());
+  EXPECT_FALSE(pd.prefill->RunOnce());  // the release
+  EXPECT_EQ(pd.prefill->blocks().kv_blocks_used(), 0);
+  EXPECT_TRUE(pd.prefill->idle());
+  EXPECT_TRUE(pd.decode->idle());
+  EXPECT_EQ(pd.sink.finished_records.size(), 1u);
+}
+
 // A decode instance with room for one request's KV pulls one; the other waits, announced, with
 // its KV held on the prefill side, and is pulled once the first finished. None fails.
 TEST(InstanceEngine, ADecodeInstanceWithoutFreeBlocksDoesNotPull) {
