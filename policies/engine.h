@@ -84,7 +84,6 @@ class InstanceEngine final : private LowerTierLookup, private StepEvents {
   // PD prefill: when the first KV lease held for a decode instance ends (kForever: none held);
   // a real-time loop must run an iteration then to free its blocks.
   Seconds next_lease_expiry() const;
-  bool holds_leases() const { return !leases_.empty(); }
   std::int64_t leases_held() const { return static_cast<std::int64_t>(leases_.size()); }
   // PD prefill: leases that ended before the decode instance released them (blocks freed).
   std::int64_t leases_expired() const { return leases_expired_; }

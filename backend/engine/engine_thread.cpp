@@ -12,7 +12,6 @@ EngineThread::EngineThread(policies::EngineConfig config, ForwardModel& model, P
       executor_(model, *ports.clock, {.record_timings = false}),
       engine_(config, policies::EnginePorts{ports.clock, &inbox_, ports.outbox, &executor_,
                                             ports.transport, ports.sink, nullptr}),
-      progress_transport_(std::move(ports.progress_transport)),
       after_iteration_(std::move(after_iteration)) {
   PublishLoad();
 }
@@ -32,15 +31,14 @@ void EngineThread::Stop() {
 
 void EngineThread::Loop() {
   while (true) {
-    if (progress_transport_) progress_transport_();
     const bool stepped = engine_.RunOnce();
     if (after_iteration_) after_iteration_();
     PublishLoad();
     if (stepped) continue;
     if (engine_.done()) return;
-    // Wake for the next lease to end, and poll while pulls or pulled KV need the transport.
+    // Wake for the next lease to end, and to poll pulls in flight.
     Seconds deadline = engine_.next_lease_expiry();
-    if (engine_.awaiting_transfers() || (progress_transport_ && engine_.holds_leases()))
+    if (engine_.awaiting_transfers())
       deadline = std::min(deadline, clock_.Now() + kTransferPollInterval);
     inbox_.WaitUntil(deadline);
   }

@@ -35,9 +35,6 @@ class EngineThread {
     policies::Outbox* outbox = nullptr;
     policies::KvTransport* transport = nullptr;  // used on this thread only
     policies::EventSink* sink = nullptr;         // called on this thread
-    // Called on this thread before every iteration, and every kTransferPollInterval while the
-    // engine holds KV for a pull: lets the transport serve peers' reads (may be empty).
-    std::function<void()> progress_transport;
   };
 
   // `model` (which holds the KV memory) must outlive the thread. `after_iteration`, if set,
@@ -61,15 +58,14 @@ class EngineThread {
   void Loop();
   void PublishLoad();
 
-  // How often KV transfers in flight are polled, and the transport progressed while KV is
-  // held for a pull, while no message arrives (the transports do not wake the thread yet).
+  // How often KV transfers in flight are polled while no message arrives (the transports do
+  // not wake the engine thread yet).
   static constexpr Seconds kTransferPollInterval = 0.0005;
 
   const SteadyClock& clock_;
   ThreadSafeInbox inbox_;
   ModelStepExecutor executor_;
   policies::InstanceEngine engine_;
-  std::function<void()> progress_transport_;
   std::function<void()> after_iteration_;
   std::atomic<std::int64_t> waiting_{0}, running_{0}, kv_used_{0}, kv_free_{0};
   std::atomic<std::int64_t> leases_held_{0}, leases_expired_{0}, load_failures_{0},

@@ -228,8 +228,7 @@ Result<std::unique_ptr<LiveFrontend>> LiveFrontend::Start(
     Impl::InstanceSink* sink = s.sinks.back().get();
     s.threads.push_back(std::make_unique<EngineThread>(
         c, *s.models[static_cast<std::size_t>(i)],
-        EngineThread::Ports{&s.clock, s.outbox.get(), &s.transports->transport(i), sink,
-                            s.transports->progress(i)},
+        EngineThread::Ports{&s.clock, s.outbox.get(), &s.transports->transport(i), sink},
         [sink] { sink->ReleaseFinished(); }));
     s.outbox->Add(&s.threads.back()->inbox());
   }

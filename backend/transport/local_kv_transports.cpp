@@ -1,6 +1,10 @@
 // The KV transports of one process's instances (see local_kv_transports.h).
 #include "backend/transport/local_kv_transports.h"
 
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
 #include "backend/engine/realtime_ports.h"
 #include "backend/transport/kv_transport.h"
 #if DUET_HAVE_UCX
@@ -23,15 +27,44 @@ Result<KvTransportKind> ParseKvTransportKind(const std::string& name) {
   return Status::Error("unknown KV transport '" + name + "' (loopback or ucx)");
 }
 
-// What one instance pulls with (`own`, maybe wrapped), and what must progress on its thread.
+// What one instance pulls with (`own`, maybe wrapped).
 struct LocalKvTransports::Side {
   std::unique_ptr<policies::KvTransport> own;
   std::unique_ptr<policies::KvTransport> wrapped;
-  std::function<void()> progress;
   policies::KvTransport& transport() { return wrapped ? *wrapped : *own; }
 };
 
-LocalKvTransports::~LocalKvTransports() = default;
+LocalKvTransports::~LocalKvTransports() {
+  if (progress_thread_.joinable()) {
+    const std::uint64_t one = 1;
+    DUET_CHECK(::write(stop_fd_, &one, sizeof one) == sizeof one);
+    progress_thread_.join();
+  }
+  if (stop_fd_ >= 0) ::close(stop_fd_);
+}
+
+void LocalKvTransports::ProgressLoop(std::vector<UcxKvTransport*> pulled_from) {
+#if DUET_HAVE_UCX
+  std::vector<pollfd> fds;
+  bool all_fds = true;
+  for (UcxKvTransport* t : pulled_from) {
+    fds.push_back({t->WakeupFd(), POLLIN, 0});
+    all_fds &= fds.back().fd >= 0;
+  }
+  fds.push_back({stop_fd_, POLLIN, 0});
+  while (true) {
+    for (UcxKvTransport* t : pulled_from) t->Progress();
+    bool armed = true;
+    for (UcxKvTransport* t : pulled_from) armed = t->Arm() && armed;
+    if (!armed) continue;  // work arrived meanwhile
+    // Without a wake-up descriptor for every worker, poll every millisecond.
+    ::poll(fds.data(), fds.size(), all_fds ? -1 : 1);
+    if (fds.back().revents & POLLIN) return;
+  }
+#else
+  (void)pulled_from;
+#endif
+}
 
 Result<std::unique_ptr<LocalKvTransports>> LocalKvTransports::Create(
     const std::vector<KvRegion>& regions, const std::vector<InstanceRole>& roles,
@@ -64,12 +97,7 @@ Result<std::unique_ptr<LocalKvTransports>> LocalKvTransports::Create(
       auto t = UcxKvTransport::Create(i, region(i), options.ucx_tls);
       if (!t.ok()) return Status::Error("instance " + std::to_string(i) + ": " + t.error());
       ucx[static_cast<std::size_t>(i)] = t->get();
-      Side& side = *set->sides_[static_cast<std::size_t>(i)];
-      if (role(i) == InstanceRole::kPrefill) {
-        UcxKvTransport* raw = t->get();
-        side.progress = [raw] { raw->Progress(); };
-      }
-      side.own = std::move(*t);
+      set->sides_[static_cast<std::size_t>(i)]->own = std::move(*t);
     }
     // Decode instances connect to every prefill instance with the descriptor it publishes.
     for (policies::InstanceId d = 0; d < n; ++d) {
@@ -84,6 +112,15 @@ Result<std::unique_ptr<LocalKvTransports>> LocalKvTransports::Create(
         }
       }
     }
+    std::vector<UcxKvTransport*> pulled_from;
+    for (policies::InstanceId p = 0; p < n; ++p) {
+      if (role(p) == InstanceRole::kPrefill)
+        pulled_from.push_back(ucx[static_cast<std::size_t>(p)]);
+    }
+    set->stop_fd_ = ::eventfd(0, EFD_CLOEXEC);
+    if (set->stop_fd_ < 0) return Status::Error("eventfd for the UCX progress thread failed");
+    LocalKvTransports* raw = set.get();
+    set->progress_thread_ = std::thread([raw, pulled_from] { raw->ProgressLoop(pulled_from); });
 #else
     return Status::Error("this build of Duet has no UCX");
 #endif
@@ -98,10 +135,6 @@ Result<std::unique_ptr<LocalKvTransports>> LocalKvTransports::Create(
 
 policies::KvTransport& LocalKvTransports::transport(policies::InstanceId instance) {
   return sides_.at(static_cast<std::size_t>(instance))->transport();
-}
-
-std::function<void()> LocalKvTransports::progress(policies::InstanceId instance) {
-  return sides_.at(static_cast<std::size_t>(instance))->progress;
 }
 
 }  // namespace duet::backend

@@ -1,13 +1,16 @@
 // The KV transports of the instances one process serves (the live frontend's PD instances):
 // every decode instance gets a transport that pulls from the KV region of every prefill
-// instance; prefill instances are pulled from, and with UCX must let UCX progress. Loopback
-// copies; UCX gives each instance a UCP context and worker of its own, connected through the
-// descriptors they publish, as separate worker processes are.
+// instance; prefill instances are only pulled from. Loopback copies; UCX gives each instance a
+// UCP context and worker of its own, connected through the descriptors they publish, as
+// separate worker processes are, and progresses the prefill instances' workers on a thread of
+// its own (over tcp a get needs the target's help, which an engine thread busy with a long
+// prefill step could not give), asleep on their wake-up descriptors while nothing happens.
 #pragma once
 
 #include <functional>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "backend/engine/forward_model.h"
@@ -16,6 +19,8 @@
 #include "policies/ports.h"
 
 namespace duet::backend {
+
+class UcxKvTransport;
 
 enum class KvTransportKind { kLoopback, kUcx };
 // "loopback", "ucx" (the latter only where this build has UCX).
@@ -41,17 +46,18 @@ class LocalKvTransports {
 
   // What the engine of `instance` pulls with; used on its engine thread only.
   policies::KvTransport& transport(policies::InstanceId instance);
-  // What the engine thread of `instance` must call now and then while it holds KV for a pull
-  // (UCX over transports that need the target's help); empty when nothing needs it.
-  std::function<void()> progress(policies::InstanceId instance);
   // "loopback" or "ucx:<tls>".
   const std::string& path() const { return path_; }
 
  private:
   struct Side;
   LocalKvTransports() = default;
+  void ProgressLoop(std::vector<UcxKvTransport*> pulled_from);
+
   std::vector<std::unique_ptr<Side>> sides_;
   std::string path_;
+  int stop_fd_ = -1;  // eventfd: ends the progress thread
+  std::thread progress_thread_;
 };
 
 }  // namespace duet::backend

@@ -98,7 +98,7 @@ Result<std::unique_ptr<UcxKvTransport>> UcxKvTransport::Create(policies::Instanc
   }
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES;
-  params.features = UCP_FEATURE_RMA;
+  params.features = UCP_FEATURE_RMA | UCP_FEATURE_WAKEUP;
   const ucs_status_t init = ucp_init(&params, config, &impl->context);
   ucp_config_release(config);
   if (init != UCS_OK) return UcsError("init", init);
@@ -233,5 +233,12 @@ void UcxKvTransport::Progress() {
   for (int i = 0; i < 64 && ucp_worker_progress(impl_->worker) != 0; ++i) {
   }
 }
+
+int UcxKvTransport::WakeupFd() {
+  int fd = -1;
+  return ucp_worker_get_efd(impl_->worker, &fd) == UCS_OK ? fd : -1;
+}
+
+bool UcxKvTransport::Arm() { return ucp_worker_arm(impl_->worker) == UCS_OK; }
 
 }  // namespace duet::backend

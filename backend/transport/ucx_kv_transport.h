@@ -5,7 +5,8 @@
 // descriptor: its worker address, the region's address, block size and count, and the packed
 // remote key, in a versioned, bounded binary format that the frontend relays; a peer Connects
 // with it. A side that is pulled from must call Progress() now and then (over tcp, UCX serves
-// a get with the target's help). Not thread-safe: one thread (the engine's) uses an instance.
+// a get with the target's help), or sleep on WakeupFd() between calls. Not thread-safe: one
+// thread at a time uses an instance.
 #pragma once
 
 #include <cstdint>
@@ -39,6 +40,11 @@ class UcxKvTransport final : public policies::KvTransport, public KvTransferLog 
   policies::TransferStatus Poll(policies::TransferId id) override;
   // Lets UCX make progress (serves peers' gets where the transport needs the target).
   void Progress();
+  // A side that is only pulled from may sleep between progress calls: Arm() after Progress();
+  // when it returns true, WakeupFd() (-1: none) becomes readable when UCX has work; when false,
+  // there is work already: progress again.
+  int WakeupFd();
+  bool Arm();
 
  private:
   struct Impl;
