@@ -196,20 +196,25 @@ TEST_P(KvTransportContract, TransfersInFlightTogetherFinishIndependently) {
 TEST_P(KvTransportContract, BadTransfersFailAndMoveNothing) {
   auto h = GetParam().make(src_, dst_);
   ASSERT_NE(h, nullptr);
-  std::vector<KvTransferRequest> bad = {
-      Transfer({0, 24}, {0, 1}),    // source block past the region
-      Transfer({0, 1}, {0, 40}),    // destination block past the region
-      Transfer({0, -1}, {0, 1}),    // negative id
-      Transfer({0, 1, 2}, {0, 1}),  // fewer destination blocks
+  // The block lists live here: a request's spans must outlive its Post.
+  struct Bad {
+    std::vector<BlockId> src, dst;
+    policies::InstanceId src_instance = kPrefill;
+    Bytes extra_bytes = 0;
   };
-  KvTransferRequest unknown = Transfer({0}, {0});
-  unknown.src = 5;
-  bad.push_back(unknown);
-  KvTransferRequest too_many_bytes = Transfer({0}, {0});
-  too_many_bytes.bytes = kBlockBytes + 1;
-  bad.push_back(too_many_bytes);
+  const std::vector<Bad> bad = {
+      {{0, 24}, {0, 1}},        // source block past the region
+      {{0, 1}, {0, 40}},        // destination block past the region
+      {{0, -1}, {0, 1}},        // negative id
+      {{0, 1, 2}, {0, 1}},      // fewer destination blocks
+      {{0}, {0}, 5},            // unknown source instance
+      {{0}, {0}, kPrefill, 1},  // more bytes than the source blocks hold
+  };
   for (std::size_t i = 0; i < bad.size(); ++i) {
-    EXPECT_EQ(Wait(*h, h->transport->Post(bad[i])), TransferStatus::kFailed) << "case " << i;
+    KvTransferRequest t = Transfer(bad[i].src, bad[i].dst);
+    t.src = bad[i].src_instance;
+    t.bytes += bad[i].extra_bytes;
+    EXPECT_EQ(Wait(*h, h->transport->Post(t)), TransferStatus::kFailed) << "case " << i;
   }
   ExpectMoved({}, {});
   ASSERT_EQ(h->log->records().size(), bad.size());
