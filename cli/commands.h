@@ -4,6 +4,7 @@
 #pragma once
 
 #include <boost/program_options.hpp>
+#include <cstdint>
 #include <nlohmann/json.hpp>
 #include <string>
 
@@ -13,6 +14,9 @@
 namespace duet::sim {
 struct SimOptions;
 }  // namespace duet::sim
+namespace duet::models {
+struct ModelSpec;
+}  // namespace duet::models
 
 namespace duet::cli {
 
@@ -59,8 +63,12 @@ int Simulate(int argc, char** argv);  // cli/simulate.cpp
 // usage error reported (2). Also what fuzz/cli_args_fuzz.cpp exercises.
 bool ParseSimulateArgs(int argc, char** argv, boost::program_options::variables_map& vm,
                        sim::SimOptions* options, int* exit_code);
-int Replay(int argc, char** argv);         // cli/replay.cpp
-int Serve(int argc, char** argv);          // cli/serve.cpp
+int Replay(int argc, char** argv);  // cli/replay.cpp
+int Serve(int argc, char** argv);   // cli/serve.cpp
+int Worker(int argc, char** argv);  // cli/worker.cpp
+// KV blocks per instance when --kv-blocks is 0 (serve and worker): room for 16 full-context
+// sequences within a 4 GiB KV budget, and at least one full-context sequence.
+std::int64_t DefaultKvBlocks(const models::ModelSpec& spec, std::int32_t block_tokens);
 int MakeTestModel(int argc, char** argv);  // cli/generate.cpp
 int Generate(int argc, char** argv);       // cli/generate.cpp
 

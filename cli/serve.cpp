@@ -4,12 +4,16 @@
 // requests are refused, requests in flight complete, then it exits 0. docs/serving.md.
 #include <pthread.h>
 #include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
 
 #include <algorithm>
 #include <boost/program_options.hpp>
+#include <chrono>
 #include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <ctime>
 #include <mutex>
 #include <thread>
@@ -76,8 +80,68 @@ class ShutdownSignal {
   int received_ = 0;
 };
 
-// KV blocks per instance when --kv-blocks is 0: room for 16 full-context sequences, within a
-// 4 GiB KV budget (at the model's own KV dtype), and at least one full-context sequence.
+// The worker processes `duet serve --workers process` starts: this binary, in a process group
+// of their own (a terminal's Ctrl-C reaches only the frontend, which drains and then shuts
+// them down) with no signal blocked. Those still running when it goes are killed.
+class SpawnedWorkers {
+ public:
+  ~SpawnedWorkers() { Reap(0); }
+  Status Spawn(const std::vector<std::string>& args) {
+    std::vector<std::string> all = {"duet"};
+    all.insert(all.end(), args.begin(), args.end());
+    std::vector<char*> argv;
+    for (std::string& a : all) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    posix_spawnattr_t attr;
+    posix_spawnattr_init(&attr);
+    sigset_t none;
+    sigemptyset(&none);
+    posix_spawnattr_setsigmask(&attr, &none);
+    posix_spawnattr_setpgroup(&attr, 0);
+    posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETPGROUP);
+    pid_t pid = 0;
+    const int rc = posix_spawn(&pid, "/proc/self/exe", nullptr, &attr, argv.data(), environ);
+    posix_spawnattr_destroy(&attr);
+    if (rc != 0) return Status::Error(std::string("starting a worker: ") + std::strerror(rc));
+    pids_.push_back(pid);
+    return Status::Ok();
+  }
+  // A worker that exited already, in words; empty while all run.
+  std::string Exited() {
+    for (pid_t pid : pids_) {
+      int status = 0;
+      if (::waitpid(pid, &status, WNOHANG) != pid) continue;
+      std::erase(pids_, pid);
+      return "worker process " + std::to_string(pid) + " exited (" +
+             (WIFEXITED(status) ? "status " + std::to_string(WEXITSTATUS(status))
+                                : "signal " + std::to_string(WTERMSIG(status))) +
+             "); its error is above";
+    }
+    return "";
+  }
+  // Waits up to `timeout_s` for the workers to exit, then kills the rest.
+  void Reap(Seconds timeout_s) {
+    const auto deadline = std::chrono::steady_clock::now() +
+                          std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                              std::chrono::duration<double>(timeout_s));
+    while (!pids_.empty() && std::chrono::steady_clock::now() < deadline) {
+      std::erase_if(pids_, [](pid_t pid) { return ::waitpid(pid, nullptr, WNOHANG) == pid; });
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    for (pid_t pid : pids_) {
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, nullptr, 0);
+    }
+    pids_.clear();
+  }
+
+ private:
+  std::vector<pid_t> pids_;
+};
+
+}  // namespace
+
+// (At the model's own KV dtype.)
 std::int64_t DefaultKvBlocks(const models::ModelSpec& spec, std::int32_t block_tokens) {
   const std::int64_t context =
       spec.max_position_embeddings > 0 ? spec.max_position_embeddings : 4096;
@@ -86,8 +150,6 @@ std::int64_t DefaultKvBlocks(const models::ModelSpec& spec, std::int32_t block_t
   const auto budget = static_cast<std::int64_t>(4.0 * kGiB / std::max(block_bytes, 1.0));
   return std::max(per_sequence + 1, std::min(16 * per_sequence, budget));
 }
-
-}  // namespace
 
 int Serve(int argc, char** argv) {
   po::options_description opts("duet serve: an OpenAI-compatible server for a model");
@@ -101,9 +163,18 @@ int Serve(int argc, char** argv) {
      "colocated instances of the model, each with its own KV cache and engine thread")
     ("cluster", po::value<std::string>(),
      "a cluster file (docs/clusters.md): the roles and counts of its instances (colocated, or "
-     "prefill and decode) and its engine settings; every instance runs in this process")
-    ("kv-transport", po::value<std::string>()->default_value("loopback"),
-     "PD: how decode instances pull KV from prefill instances: loopback or ucx")
+     "prefill and decode) and its engine settings")
+    ("workers", po::value<std::string>(),
+     "where instances run: process (a duet worker process each; the default with --cluster) "
+     "or thread (an engine thread each in this process; the default otherwise)")
+    ("worker-port", po::value<int>()->default_value(0),
+     "--workers process: the loopback TCP port where workers register (0: any free port)")
+    ("spawn-workers", po::value<bool>()->default_value(true),
+     "--workers process: start the workers (false: wait for duet worker processes started "
+     "by hand or an orchestrator)")
+    ("kv-transport", po::value<std::string>()->default_value("auto"),
+     "PD: how decode instances pull KV from prefill instances: loopback (threads only), ucx, or "
+     "auto (ucx between processes, loopback between threads)")
     ("ucx-tls", po::value<std::string>()->default_value(""),
      "PD over UCX: the UCX transports (UCX_TLS: tcp, posix,cma, ...; empty: UCX's choice)")
     ("host", po::value<std::string>()->default_value("127.0.0.1"),
@@ -140,8 +211,6 @@ int Serve(int argc, char** argv) {
   if (device != "cpu" && device != "cuda") return Fail("--device must be cpu or cuda", kExitUsage);
   int instances = vm["instances"].as<int>();
   if (instances < 1 || instances > 64) return Fail("--instances must be in 1..64", kExitUsage);
-  auto kv_transport = backend::ParseKvTransportKind(vm["kv-transport"].as<std::string>());
-  if (!kv_transport) return Fail("--kv-transport: " + kv_transport.error(), kExitUsage);
   // A cluster file gives the instances and the engine settings; flags may not say otherwise.
   std::optional<sim::ClusterSpec> cluster;
   if (vm.count("cluster")) {
@@ -154,8 +223,24 @@ int Serve(int argc, char** argv) {
     if (!loaded_cluster) return Fail(loaded_cluster.error());
     cluster = std::move(*loaded_cluster);
     instances = static_cast<int>(cluster->instances.size());
-    if (instances > 64) return Fail("--cluster: at most 64 instances in one process", kExitUsage);
+    if (instances > 64) return Fail("--cluster: at most 64 instances", kExitUsage);
   }
+  const bool processes =
+      vm.count("workers") ? vm["workers"].as<std::string>() == "process" : vm.count("cluster") > 0;
+  if (vm.count("workers") && !processes && vm["workers"].as<std::string>() != "thread")
+    return Fail("--workers must be process or thread", kExitUsage);
+  if (processes && !cluster) return Fail("--workers process needs --cluster", kExitUsage);
+  std::string kv_transport_name = vm["kv-transport"].as<std::string>();
+  if (kv_transport_name == "auto") kv_transport_name = processes ? "ucx" : "loopback";
+  if (processes && kv_transport_name == "loopback")
+    return Fail("--kv-transport loopback moves KV within one process: use --workers thread",
+                kExitUsage);
+  auto kv_transport = backend::ParseKvTransportKind(kv_transport_name);
+  if (!kv_transport && (!processes || cluster->pd()))
+    return Fail("--kv-transport: " + kv_transport.error(), kExitUsage);
+  const int worker_port = vm["worker-port"].as<int>();
+  if (worker_port < 0 || worker_port > 65535)
+    return Fail("--worker-port must be in 0..65535", kExitUsage);
   const int port = vm["port"].as<int>();
   if (port < 0 || port > 65535) return Fail("--port must be in 0..65535", kExitUsage);
   const std::int64_t max_pending = vm["max-pending"].as<std::int64_t>();
@@ -227,7 +312,7 @@ int Serve(int argc, char** argv) {
       threads > 0 ? threads
                   : std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / instances);
   std::vector<std::unique_ptr<backend::ForwardModel>> models;
-  for (int i = 0; i < instances; ++i) {
+  for (int i = 0; i < instances && !processes; ++i) {
     if (shutdown.received()) return kExitOk;  // asked to stop while loading: nothing to drain
     auto instance_model = i == 0 ? std::move(loaded) : backend::LoadModelDir(model_dir);
     if (!instance_model) return Fail(instance_model.error());
@@ -242,7 +327,7 @@ int Serve(int argc, char** argv) {
   frontend_options.max_pending_requests = max_pending;
   frontend_options.scheduler.max_num_seqs = max_num_seqs;
   frontend_options.scheduler.max_num_batched_tokens = max_batched;
-  frontend_options.kv_transport.kind = *kv_transport;
+  if (kv_transport) frontend_options.kv_transport.kind = *kv_transport;
   frontend_options.kv_transport.ucx_tls = vm["ucx-tls"].as<std::string>();
   std::string layout = std::to_string(instances) + " instance" + (instances == 1 ? "" : "s");
   if (cluster) {
@@ -255,11 +340,38 @@ int Serve(int argc, char** argv) {
     if (cluster->pd()) {
       layout = std::to_string(cluster->CountRole(policies::InstanceRole::kPrefill)) +
                " prefill + " + std::to_string(cluster->CountRole(policies::InstanceRole::kDecode)) +
-               " decode instances, KV over " + vm["kv-transport"].as<std::string>();
+               " decode instances, KV over " + kv_transport_name;
     }
   }
   frontend_options.observer = &metrics;
-  auto frontend = LiveFrontend::Start(std::move(models), frontend_options);
+  SpawnedWorkers spawned;
+  Result<std::unique_ptr<LiveFrontend>> frontend = Status::Error("not started");
+  if (processes) {
+    auto listener = backend::cluster::Listener::Open("127.0.0.1", worker_port);
+    if (!listener) return Fail("--worker-port: " + listener.error());
+    const std::string address = "127.0.0.1:" + std::to_string((*listener)->port());
+    std::fprintf(stderr, "duet serve: workers register at %s\n", address.c_str());
+    if (vm["spawn-workers"].as<bool>()) {
+      for (const sim::InstanceSpec& spec : cluster->instances) {
+        const Status s = spawned.Spawn(
+            {"worker", "--frontend", address, "--role", policies::ToString(spec.role), "--model",
+             model_dir, "--device", device, "--block-tokens",
+             std::to_string(placement.block_tokens), "--kv-blocks",
+             std::to_string(placement.num_blocks), "--threads",
+             std::to_string(placement.cpu_threads), "--ucx-tls", vm["ucx-tls"].as<std::string>()});
+        if (!s.ok()) return Fail(s.message());
+      }
+    }
+    backend::serve::WorkerFleet fleet;
+    fleet.listener = std::move(*listener);
+    fleet.config = loaded->config;
+    fleet.block_tokens = placement.block_tokens;
+    fleet.abandon = [&] { return shutdown.received() ? "asked to stop" : spawned.Exited(); };
+    frontend = LiveFrontend::StartWithWorkers(std::move(fleet), frontend_options);
+    layout += ", a worker process each";
+  } else {
+    frontend = LiveFrontend::Start(std::move(models), frontend_options);
+  }
   if (!frontend) return Fail(frontend.error());
   std::unique_ptr<LiveFrontend> live = std::move(*frontend);
 
@@ -288,6 +400,7 @@ int Serve(int argc, char** argv) {
   const bool written = (*server)->WaitRepliesDone(10.0);
   (*server)->Stop();
   live.reset();  // after Stop: its last callbacks only queue work for the stopped server
+  spawned.Reap(10.0);
   server->reset();
   if (aborted > 0)
     std::fprintf(stderr, "duet serve: %lld requests aborted after --drain-timeout\n",

@@ -55,13 +55,33 @@ class AccountingRouter : public Router {
     for (InstanceId i : prefill_side_) max_id = std::max(max_id, i);
     for (InstanceId i : decode_side_) max_id = std::max(max_id, i);
     counters_.resize(static_cast<std::size_t>(max_id) + 1);
+    available_.assign(counters_.size(), true);
+    all_prefill_ = prefill_side_;
+    all_decode_ = decode_side_;
+  }
+
+  void SetAvailable(InstanceId instance, bool available) override {
+    available_.at(static_cast<std::size_t>(instance)) = available;
+    auto keep = [&](const std::vector<InstanceId>& all, std::vector<InstanceId>* side) {
+      side->clear();
+      for (InstanceId i : all) {
+        if (available_[static_cast<std::size_t>(i)]) side->push_back(i);
+      }
+    };
+    keep(all_prefill_, &prefill_side_);
+    keep(all_decode_, &decode_side_);
   }
 
   RoutingDecision Route(const Request& request) override {
     RoutingDecision d;
+    if (prefill_side_.empty() || (!all_decode_.empty() && decode_side_.empty())) {
+      d.reject_reason =
+          prefill_side_.empty() ? "no prefill instance is up" : "no decode instance is up";
+      return d;
+    }
     d.prefill = PickPrefill(request, &d);
     if (d.prefill == kNoInstance) return d;  // rejected: nothing dispatched
-    d.decode = decode_side_.empty() ? d.prefill : PickDecode(request);
+    d.decode = all_decode_.empty() ? d.prefill : PickDecode(request);
     auto& p = counters_[static_cast<std::size_t>(d.prefill)];
     ++p.outstanding_requests;
     p.outstanding_prefill_tokens += request.input_tokens;
@@ -132,8 +152,11 @@ class AccountingRouter : public Router {
   }
 
   RouterConfig config_;
+  // The instances available now, of each side (what the policies choose among).
   std::vector<InstanceId> prefill_side_;
   std::vector<InstanceId> decode_side_;
+  std::vector<InstanceId> all_prefill_, all_decode_;
+  std::vector<bool> available_;
   const CacheView* cache_;
   std::mt19937_64 rng_;  // the engine's bit stream is specified by the standard: portable
   std::vector<InstanceLoadCounters> counters_;

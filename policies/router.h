@@ -69,6 +69,9 @@ class Router {
   virtual void OnPrefillDone(const Request& request) = 0;
   virtual void OnFinished(const Request& request) = 0;
   virtual const InstanceLoadCounters& load(InstanceId instance) const = 0;
+  // An instance went away (a live worker process died) or came back. Route skips instances
+  // that are away; with none left on a side it rejects. Every instance starts available.
+  virtual void SetAvailable(InstanceId instance, bool available) = 0;
 };
 
 // `prefill_side`: instances that prefill (colocated: all instances). `decode_side`: PD decode

@@ -14,13 +14,16 @@
 
 namespace duet::backend {
 
-// Seconds of steady (monotonic) time since construction; the clock every port and request
-// timestamp of one process shares. Thread-safe.
+// Seconds of steady (monotonic) time since construction, or since a given start: the clock
+// every port and request timestamp of one run shares (worker processes on this machine take
+// their frontend's start: the steady clock is the machine's monotonic clock). Thread-safe.
 class SteadyClock final : public policies::Clock {
  public:
   SteadyClock() : start_(std::chrono::steady_clock::now()) {}
+  explicit SteadyClock(std::chrono::steady_clock::time_point start) : start_(start) {}
   Seconds Now() const override;
   std::chrono::steady_clock::time_point ToTimePoint(Seconds t) const;
+  std::chrono::steady_clock::time_point start() const { return start_; }
 
  private:
   std::chrono::steady_clock::time_point start_;

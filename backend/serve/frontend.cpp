@@ -1,18 +1,15 @@
 // The live frontend (see frontend.h): admission, the simulator's Router over a KV-event-fed view
-// of each instance's prefix cache, dispatch to engine threads, and the route back from each
-// engine's events to the request's listener.
+// of each instance's prefix cache, dispatch to the instances, and the route back from each
+// instance's events to the request's listener. Engine threads here; worker processes in
+// frontend_workers.cpp.
 #include "backend/serve/frontend.h"
 
 #include <algorithm>
 #include <chrono>
-#include <condition_variable>
 #include <limits>
-#include <mutex>
-#include <unordered_map>
 
-#include "backend/engine/engine_thread.h"
+#include "backend/serve/frontend_impl.h"
 #include "policies/block_hash.h"
-#include "policies/kv_event_index.h"
 
 namespace duet::backend::serve {
 
@@ -21,127 +18,177 @@ using policies::InstanceId;
 using policies::Request;
 using policies::RequestId;
 
-struct LiveFrontend::Impl {
-  // A request: owned here from Submit until the engine thread that served it has finished the
-  // iteration that ended it. It stops counting as pending (in flight) as soon as it finished.
-  struct Entry {
-    std::unique_ptr<Request> request;
-    std::shared_ptr<RequestListener> listener;
-    InstanceId prefill = policies::kNoInstance;
-    InstanceId decode = policies::kNoInstance;  // colocated: the prefill instance
-    bool finished = false;
-  };
+namespace {
 
-  // Ends `entry`'s request wherever it is: on its prefill instance or, past the handoff, on its
-  // decode instance (an engine ignores an abort of a request it does not hold).
-  void PostAbort(RequestId id, const Entry& entry) {
-    EngineMessage m{EngineMessage::Kind::kAbort, nullptr, policies::kNoInstance};
-    m.request_id = id;
-    threads[static_cast<std::size_t>(entry.prefill)]->inbox().Post(m);
-    if (entry.decode != entry.prefill)
-      threads[static_cast<std::size_t>(entry.decode)]->inbox().Post(m);
-  }
+// An engine thread of this process.
+class LocalInstance final : public Instance {
+ public:
+  explicit LocalInstance(std::unique_ptr<EngineThread> thread) : thread_(std::move(thread)) {}
+  void Post(const EngineMessage& message) override { thread_->inbox().Post(message); }
+  InstanceLoad load() const override { return thread_->load(); }
+  std::int64_t kv_blocks_total() const override { return thread_->kv_blocks_total(); }
+  void Stop() override { thread_->Stop(); }
+  EngineThread& thread() { return *thread_; }
 
-  // An instance's events, on its engine thread: tokens and final records to the request's
-  // listener, lifecycle to the router and the observer, KV events to the routing index.
-  class InstanceSink final : public policies::EventSink {
-   public:
-    InstanceSink(Impl& impl, InstanceId id) : impl_(impl), id_(id) {}
-
-    void OnToken(const Request& r, std::int32_t token) override {
-      if (impl_.options.observer) impl_.options.observer->OnToken(r, token);
-      Listener(r.id)->OnToken(token);
-    }
-    void OnFinished(const Request& r) override {
-      FinishInfo info;
-      info.reason = r.finish_reason;
-      info.message = r.reason;
-      info.prompt_tokens = r.input_tokens;
-      info.completion_tokens = r.generated_tokens;
-      info.cached_tokens = r.cached_tokens;
-      info.instance = id_;
-      if (r.first_scheduled_s >= 0) info.queue_s = r.first_scheduled_s - r.arrival_s;
-      RequestListener* listener = Listener(r.id);
-      {
-        // Its slot is free before anyone hears of the end, so a client that saw it may send
-        // the next request at once.
-        std::lock_guard lock(impl_.mu);
-        impl_.router->OnFinished(r);
-        impl_.entries.at(r.id).finished = true;
-        --impl_.pending;
-      }
-      impl_.changed.notify_all();
-      listener->OnFinished(info);
-      if (impl_.options.observer) impl_.options.observer->OnFinished(r);
-      finished_.push_back(r.id);
-    }
-    void OnPrefillDone(const Request& r) override {
-      {
-        std::lock_guard lock(impl_.mu);
-        impl_.router->OnPrefillDone(r);
-      }
-      if (impl_.options.observer) impl_.options.observer->OnPrefillDone(r);
-    }
-    void OnTokenGaps(Seconds gap_s, std::int64_t count) override {
-      if (impl_.options.observer) impl_.options.observer->OnTokenGaps(gap_s, count);
-    }
-    void OnPreempted(const Request& r, InstanceId instance) override {
-      if (impl_.options.observer) impl_.options.observer->OnPreempted(r, instance);
-    }
-    void OnKvEvents(InstanceId instance, std::span<const policies::KvCacheEvent> events) override {
-      std::lock_guard lock(impl_.mu);
-      impl_.index->Apply(instance, events);
-    }
-
-    // After each iteration: the requests that finished in it are released.
-    void ReleaseFinished() {
-      if (finished_.empty()) return;
-      {
-        std::lock_guard lock(impl_.mu);
-        for (RequestId id : finished_) impl_.entries.erase(id);
-      }
-      for (RequestId id : finished_) listeners_.erase(id);
-      finished_.clear();
-    }
-
-   private:
-    // The entry keeps the listener alive until ReleaseFinished, on this thread.
-    RequestListener* Listener(RequestId id) {
-      auto it = listeners_.find(id);
-      if (it != listeners_.end()) return it->second;
-      std::lock_guard lock(impl_.mu);
-      RequestListener* l = impl_.entries.at(id).listener.get();
-      listeners_.emplace(id, l);
-      return l;
-    }
-
-    Impl& impl_;
-    InstanceId id_;
-    std::unordered_map<RequestId, RequestListener*> listeners_;
-    std::vector<RequestId> finished_;
-  };
-
-  FrontendOptions options;
-  std::vector<std::unique_ptr<ForwardModel>> models;
-  SteadyClock clock;
-  std::vector<std::unique_ptr<InstanceSink>> sinks;
-  bool pd = false;
-  std::unique_ptr<LocalKvTransports> transports;
-  std::unique_ptr<LocalOutbox> outbox;
-  std::vector<std::unique_ptr<EngineThread>> threads;
-  Tokens max_request_tokens = 0;
-
-  std::mutex mu;                    // guards what follows
-  std::condition_variable changed;  // a request finished
-  std::unordered_map<RequestId, Entry> entries;
-  std::int64_t pending = 0;  // entries not finished
-  std::unique_ptr<policies::KvEventIndex> index;
-  std::unique_ptr<policies::Router> router;
-  RequestId next_id = 0;
-  bool draining = false;
+ private:
+  std::unique_ptr<EngineThread> thread_;
 };
 
+}  // namespace
+
+void LiveFrontend::Impl::InstanceSink::OnToken(const Request& r, std::int32_t token) {
+  RequestListener* listener = Listener(r.id);
+  if (!listener) return;  // a worker's event for an attempt retried meanwhile
+  if (impl_.options.observer) impl_.options.observer->OnToken(r, token);
+  listener->OnToken(token);
+}
+
+void LiveFrontend::Impl::InstanceSink::OnFinished(const Request& r) {
+  FinishInfo info;
+  info.reason = r.finish_reason;
+  info.message = r.reason;
+  info.cached_tokens = r.cached_tokens;
+  info.instance = id_;
+  if (r.first_scheduled_s >= 0) info.queue_s = r.first_scheduled_s - r.arrival_s;
+  RequestListener* listener = Listener(r.id);
+  {
+    // Its slot is free before anyone hears of the end, so a client that saw it may send the
+    // next request at once.
+    std::lock_guard lock(impl_.mu);
+    auto it = impl_.entries.find(r.id);
+    if (!listener || it == impl_.entries.end()) return;  // retried meanwhile (workers)
+    impl_.router->OnFinished(r);
+    Entry& entry = it->second;
+    entry.finished = true;
+    // A retried request reports what its client asked for and got, over all attempts.
+    info.prompt_tokens = entry.prompt_tokens;
+    info.completion_tokens = entry.tokens_before + r.generated_tokens;
+    info.cached_tokens = std::min(info.cached_tokens, entry.prompt_tokens);
+    if (entry.client_id != r.id) impl_.retried.erase(entry.client_id);
+    --impl_.pending;
+  }
+  impl_.changed.notify_all();
+  listener->OnFinished(info);
+  if (impl_.options.observer) impl_.options.observer->OnFinished(r);
+  finished_.push_back(r.id);
+}
+
+void LiveFrontend::Impl::InstanceSink::OnPrefillDone(const Request& r) {
+  {
+    std::lock_guard lock(impl_.mu);
+    impl_.router->OnPrefillDone(r);
+  }
+  if (impl_.options.observer) impl_.options.observer->OnPrefillDone(r);
+}
+
+void LiveFrontend::Impl::InstanceSink::OnTokenGaps(Seconds gap_s, std::int64_t count) {
+  if (impl_.options.observer) impl_.options.observer->OnTokenGaps(gap_s, count);
+}
+
+void LiveFrontend::Impl::InstanceSink::OnPreempted(const Request& r, InstanceId instance) {
+  if (impl_.options.observer) impl_.options.observer->OnPreempted(r, instance);
+}
+
+void LiveFrontend::Impl::InstanceSink::OnKvEvents(InstanceId instance,
+                                                  std::span<const policies::KvCacheEvent> events) {
+  std::lock_guard lock(impl_.mu);
+  impl_.index->Apply(instance, events);
+}
+
+void LiveFrontend::Impl::InstanceSink::ReleaseFinished() {
+  if (finished_.empty()) return;
+  {
+    std::lock_guard lock(impl_.mu);
+    for (RequestId id : finished_) impl_.entries.erase(id);
+  }
+  for (RequestId id : finished_) listeners_.erase(id);
+  finished_.clear();
+}
+
+// The entry keeps the listener alive until ReleaseFinished, on this thread. Null when the
+// request has no entry under this id (a worker's event for an attempt retried meanwhile).
+RequestListener* LiveFrontend::Impl::InstanceSink::Listener(RequestId id) {
+  auto it = listeners_.find(id);
+  if (it != listeners_.end()) return it->second;
+  std::lock_guard lock(impl_.mu);
+  auto entry = impl_.entries.find(id);
+  if (entry == impl_.entries.end()) return nullptr;
+  RequestListener* l = entry->second.listener.get();
+  listeners_.emplace(id, l);
+  return l;
+}
+
+void LiveFrontend::Impl::PostAbort(RequestId id, const Entry& entry) {
+  EngineMessage m{EngineMessage::Kind::kAbort, nullptr, policies::kNoInstance};
+  m.request_id = id;
+  instances[static_cast<std::size_t>(entry.prefill)]->Post(m);
+  if (entry.decode != entry.prefill) instances[static_cast<std::size_t>(entry.decode)]->Post(m);
+}
+
 LiveFrontend::LiveFrontend(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+namespace {
+
+// The instances' roles (empty: all colocated), checked: PD needs prefill and decode instances
+// and no colocated one.
+Result<std::vector<policies::InstanceRole>> CheckRoles(std::vector<policies::InstanceRole> roles,
+                                                       std::size_t instances) {
+  if (roles.empty()) roles.assign(instances, policies::InstanceRole::kColocated);
+  if (roles.size() != instances) {
+    return Status::Error(std::to_string(roles.size()) + " instance roles for " +
+                         std::to_string(instances) + " instances");
+  }
+  auto count = [&](policies::InstanceRole role) { return std::ranges::count(roles, role); };
+  const bool pd = count(policies::InstanceRole::kColocated) == 0;
+  if (pd &&
+      (count(policies::InstanceRole::kPrefill) == 0 || count(policies::InstanceRole::kDecode) == 0))
+    return Status::Error("PD needs at least one prefill and one decode instance");
+  if (!pd && count(policies::InstanceRole::kColocated) != static_cast<std::ptrdiff_t>(roles.size()))
+    return Status::Error("colocated and PD instances cannot be mixed");
+  return roles;
+}
+
+// What both kinds of start share: option checks, the routing index and the router.
+Status InitImpl(LiveFrontend::Impl& s, const FrontendOptions& options,
+                const std::vector<policies::InstanceRole>& roles) {
+  if (options.max_pending_requests < 1)
+    return Status::Error("max_pending_requests must be at least 1");
+  if (options.router.kind == policies::RouterKind::kCacheAware &&
+      options.router.prefill_tokens_per_s <= 0)
+    return Status::Error("the cache-aware router needs a prefill rate (prefill_tokens_per_s)");
+  if (!(options.kv_lease_s > 0)) return Status::Error("kv_lease_s must be > 0");
+  s.options = options;
+  s.options.roles = roles;
+  s.pd = roles.front() != policies::InstanceRole::kColocated;
+  const int n = static_cast<int>(roles.size());
+  std::vector<InstanceId> prefill_side, decode_side;
+  for (int i = 0; i < n; ++i) {
+    (roles[static_cast<std::size_t>(i)] == policies::InstanceRole::kDecode ? decode_side
+                                                                           : prefill_side)
+        .push_back(i);
+  }
+  s.index = std::make_unique<policies::KvEventIndex>(n, s.block_tokens);
+  s.router = policies::MakeRouter(options.router, prefill_side, decode_side, s.index.get());
+  for (int i = 0; i < n; ++i)
+    s.sinks.push_back(std::make_unique<LiveFrontend::Impl::InstanceSink>(s, i));
+  return Status::Ok();
+}
+
+}  // namespace
+
+// The engine settings of instance `id` (the model's fields are filled by whoever holds it).
+policies::EngineConfig InstanceEngineConfig(const FrontendOptions& options, InstanceId id) {
+  policies::EngineConfig c;
+  c.id = id;
+  c.role = options.roles[static_cast<std::size_t>(id)];
+  c.kv_lease_s = options.kv_lease_s;
+  c.kv_load_failure_policy = options.kv_load_failure_policy;
+  c.enable_prefix_caching = options.enable_prefix_caching;
+  // The router reads the prefix caches of the instances that prefill.
+  c.publish_kv_events = options.enable_prefix_caching && c.role != policies::InstanceRole::kDecode;
+  c.scheduler = options.scheduler;
+  return c;
+}
 
 Result<std::unique_ptr<LiveFrontend>> LiveFrontend::Start(
     std::vector<std::unique_ptr<ForwardModel>> models, FrontendOptions options) {
@@ -153,25 +200,9 @@ Result<std::unique_ptr<LiveFrontend>> LiveFrontend::Start(
         m->config().num_hidden_layers != config.num_hidden_layers)
       return Status::Error("every instance must serve the same model with the same block size");
   }
-  if (options.max_pending_requests < 1)
-    return Status::Error("max_pending_requests must be at least 1");
-  if (options.router.kind == policies::RouterKind::kCacheAware &&
-      options.router.prefill_tokens_per_s <= 0)
-    return Status::Error("the cache-aware router needs a prefill rate (prefill_tokens_per_s)");
-  std::vector<policies::InstanceRole> roles = options.roles;
-  if (roles.empty()) roles.assign(models.size(), policies::InstanceRole::kColocated);
-  if (roles.size() != models.size()) {
-    return Status::Error(std::to_string(roles.size()) + " instance roles for " +
-                         std::to_string(models.size()) + " instances");
-  }
-  auto count = [&](policies::InstanceRole role) { return std::ranges::count(roles, role); };
-  const bool pd = count(policies::InstanceRole::kColocated) == 0;
-  if (pd &&
-      (count(policies::InstanceRole::kPrefill) == 0 || count(policies::InstanceRole::kDecode) == 0))
-    return Status::Error("PD needs at least one prefill and one decode instance");
-  if (!pd && count(policies::InstanceRole::kColocated) != static_cast<std::ptrdiff_t>(roles.size()))
-    return Status::Error("colocated and PD instances cannot be mixed");
-  if (!(options.kv_lease_s > 0)) return Status::Error("kv_lease_s must be > 0");
+  auto roles = CheckRoles(options.roles, models.size());
+  if (!roles.ok()) return roles.status();
+  const bool pd = roles->front() != policies::InstanceRole::kColocated;
   std::vector<KvRegion> regions;
   for (std::size_t i = 0; i < models.size(); ++i) {
     const std::optional<KvRegion> region = models[i]->kv_region();
@@ -183,7 +214,9 @@ Result<std::unique_ptr<LiveFrontend>> LiveFrontend::Start(
 
   auto impl = std::make_unique<Impl>();
   Impl& s = *impl;
-  s.options = options;
+  s.config = config;
+  s.block_tokens = block_tokens;
+  if (Status st = InitImpl(s, options, *roles); !st.ok()) return st;
   s.models = std::move(models);
   const int n = static_cast<int>(s.models.size());
   s.max_request_tokens = std::numeric_limits<Tokens>::max();
@@ -194,56 +227,54 @@ Result<std::unique_ptr<LiveFrontend>> LiveFrontend::Start(
   }
   if (s.max_request_tokens < 2)
     return Status::Error("the KV cache holds too few blocks to serve a request");
-
-  std::vector<InstanceId> prefill_side, decode_side;
-  for (int i = 0; i < n; ++i) {
-    (roles[static_cast<std::size_t>(i)] == policies::InstanceRole::kDecode ? decode_side
-                                                                           : prefill_side)
-        .push_back(i);
-  }
-  s.pd = pd;
-  s.index = std::make_unique<policies::KvEventIndex>(n, block_tokens);
-  s.router = policies::MakeRouter(options.router, prefill_side, decode_side, s.index.get());
-  auto transports = LocalKvTransports::Create(regions, roles, options.kv_transport);
+  auto transports = LocalKvTransports::Create(regions, *roles, options.kv_transport);
   if (!transports.ok()) return Status::Error("KV transport: " + transports.error());
   s.transports = std::move(*transports);
 
   s.outbox = std::make_unique<LocalOutbox>();
   for (int i = 0; i < n; ++i) {
-    s.sinks.push_back(std::make_unique<Impl::InstanceSink>(s, i));
-    policies::EngineConfig c;
-    c.id = i;
-    c.role = roles[static_cast<std::size_t>(i)];
+    policies::EngineConfig c = InstanceEngineConfig(s.options, i);
     c.kv_bytes_per_token = config.KvBytesPerToken();
-    c.kv_lease_s = options.kv_lease_s;
-    c.kv_load_failure_policy = options.kv_load_failure_policy;
     c.num_blocks = s.models[static_cast<std::size_t>(i)]->num_blocks();
     c.block_tokens = block_tokens;
-    c.enable_prefix_caching = options.enable_prefix_caching;
     c.num_layers = config.num_hidden_layers;
-    // The router reads the prefix caches of the instances that prefill.
-    c.publish_kv_events =
-        options.enable_prefix_caching && c.role != policies::InstanceRole::kDecode;
-    c.scheduler = options.scheduler;
-    Impl::InstanceSink* sink = s.sinks.back().get();
-    s.threads.push_back(std::make_unique<EngineThread>(
+    Impl::InstanceSink* sink = s.sinks[static_cast<std::size_t>(i)].get();
+    auto thread = std::make_unique<EngineThread>(
         c, *s.models[static_cast<std::size_t>(i)],
         EngineThread::Ports{&s.clock, s.outbox.get(), &s.transports->transport(i), sink},
-        [sink] { sink->ReleaseFinished(); }));
-    s.outbox->Add(&s.threads.back()->inbox());
+        [sink] { sink->ReleaseFinished(); });
+    s.outbox->Add(&thread->inbox());
+    s.instances.push_back(std::make_unique<LocalInstance>(std::move(thread)));
   }
-  for (auto& t : s.threads) t->Start();
+  for (auto& instance : s.instances) static_cast<LocalInstance&>(*instance).thread().Start();
+  return std::unique_ptr<LiveFrontend>(new LiveFrontend(std::move(impl)));
+}
+
+Result<std::unique_ptr<LiveFrontend>> LiveFrontend::StartWithWorkers(WorkerFleet fleet,
+                                                                     FrontendOptions options) {
+  if (options.roles.empty()) return Status::Error("worker processes need their roles");
+  auto roles = CheckRoles(options.roles, options.roles.size());
+  if (!roles.ok()) return roles.status();
+  auto impl = std::make_unique<Impl>();
+  impl->config = fleet.config;
+  impl->block_tokens = fleet.block_tokens;
+  if (Status st = InitImpl(*impl, options, *roles); !st.ok()) return st;
+  if (Status st = StartFleet(*impl, std::move(fleet)); !st.ok()) return st;
   return std::unique_ptr<LiveFrontend>(new LiveFrontend(std::move(impl)));
 }
 
 LiveFrontend::~LiveFrontend() {
   Drain(0);
-  for (auto& t : impl_->threads) t->Stop();
+  if (impl_->fleet) {
+    StopFleet(*impl_);
+  } else {
+    for (auto& instance : impl_->instances) instance->Stop();
+  }
 }
 
 Admission LiveFrontend::Submit(LiveRequest request, std::shared_ptr<RequestListener> listener) {
   Impl& s = *impl_;
-  const models::ModelSpec& config = model_config();
+  const models::ModelSpec& config = s.config;
   if (request.prompt.empty()) return {AdmitStatus::kInvalid, 0, "the prompt is empty"};
   if (request.max_tokens < 1) return {AdmitStatus::kInvalid, 0, "max_tokens must be at least 1"};
   for (std::int32_t id : request.prompt) {
@@ -264,7 +295,7 @@ Admission LiveFrontend::Submit(LiveRequest request, std::shared_ptr<RequestListe
   auto r = std::make_unique<Request>();
   r->input_tokens = prompt_tokens;
   r->output_tokens = request.max_tokens;
-  r->block_hashes = policies::TokenBlockHashes(request.prompt, s.models.front()->block_tokens());
+  r->block_hashes = policies::TokenBlockHashes(request.prompt, s.block_tokens);
   r->token_ids = std::move(request.prompt);
   r->sampling = std::move(request.sampling);
 
@@ -284,10 +315,13 @@ Admission LiveFrontend::Submit(LiveRequest request, std::shared_ptr<RequestListe
   r->decode_instance = s.pd ? d.decode : d.prefill;
   Request* raw = r.get();
   const RequestId id = r->id;
-  s.entries.emplace(
-      id, Impl::Entry{std::move(r), std::move(listener), d.prefill, raw->decode_instance, false});
+  Impl::Entry entry{std::move(r), std::move(listener), d.prefill, raw->decode_instance, false};
+  entry.client_id = id;
+  entry.prompt_tokens = prompt_tokens;
+  entry.max_tokens = request.max_tokens;
+  s.entries.emplace(id, std::move(entry));
   ++s.pending;
-  s.threads[static_cast<std::size_t>(d.prefill)]->inbox().Post(
+  s.instances[static_cast<std::size_t>(d.prefill)]->Post(
       {EngineMessage::Kind::kNewRequest, raw, policies::kNoInstance});
   return {AdmitStatus::kAccepted, id, ""};
 }
@@ -295,6 +329,7 @@ Admission LiveFrontend::Submit(LiveRequest request, std::shared_ptr<RequestListe
 void LiveFrontend::Abort(RequestId id) {
   Impl& s = *impl_;
   std::lock_guard lock(s.mu);
+  if (auto retried = s.retried.find(id); retried != s.retried.end()) id = retried->second;
   auto it = s.entries.find(id);
   if (it == s.entries.end() || it->second.finished) return;
   s.PostAbort(id, it->second);
@@ -319,25 +354,31 @@ std::int64_t LiveFrontend::Drain(Seconds timeout_s) {
 }
 
 Tokens LiveFrontend::max_request_tokens() const { return impl_->max_request_tokens; }
-const models::ModelSpec& LiveFrontend::model_config() const {
-  return impl_->models.front()->config();
-}
+const models::ModelSpec& LiveFrontend::model_config() const { return impl_->config; }
 
 FrontendStats LiveFrontend::Stats() const {
   FrontendStats stats;
-  for (const auto& t : impl_->threads) {
-    const InstanceLoad load = t->load();
+  for (const auto& instance : impl_->instances) {
+    const InstanceLoad load = instance->load();
     stats.waiting += load.waiting;
     stats.running += load.running;
     stats.kv_blocks_used += load.kv_blocks_used;
     stats.kv_blocks_free += load.kv_blocks_free;
-    stats.kv_blocks_total += t->kv_blocks_total();
+    stats.kv_blocks_total += instance->kv_blocks_total();
     stats.kv_leases_held += load.leases_held;
     stats.kv_leases_expired += load.leases_expired;
     stats.kv_load_failures += load.kv_load_failures;
     stats.kv_load_recomputes += load.kv_load_recomputes;
   }
+  stats.workers = Workers();
+  std::lock_guard lock(impl_->mu);
+  stats.requests_retried = impl_->requests_retried;
   return stats;
+}
+
+std::vector<WorkerStatus> LiveFrontend::Workers() const {
+  if (!impl_->fleet) return {};
+  return FleetStatus(*impl_);
 }
 
 }  // namespace duet::backend::serve

@@ -8,10 +8,12 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "backend/cluster/connection.h"
 #include "backend/engine/forward_model.h"
 #include "backend/transport/local_kv_transports.h"
 #include "common/status.h"
@@ -84,6 +86,15 @@ struct FrontendOptions {
   policies::EventSink* observer = nullptr;
 };
 
+// A worker slot, for /health and /metrics.
+struct WorkerStatus {
+  policies::InstanceId instance = 0;
+  policies::InstanceRole role = policies::InstanceRole::kColocated;
+  bool up = false;
+  std::int64_t pid = 0;    // of the worker holding the slot now, or last
+  std::int64_t joins = 0;  // registrations into this slot (1 + rejoins)
+};
+
 // What the frontend holds now (for /metrics gauges, /health and tests).
 struct FrontendStats {
   std::int64_t waiting = 0;  // accepted, not yet admitted to a batch
@@ -97,6 +108,27 @@ struct FrontendStats {
   std::int64_t kv_leases_expired = 0;
   std::int64_t kv_load_failures = 0;
   std::int64_t kv_load_recomputes = 0;
+  // Worker processes: the requests moved to a survivor after their worker was lost.
+  std::int64_t requests_retried = 0;
+  std::vector<WorkerStatus> workers = {};  // worker processes: every slot (LiveFrontend::Workers)
+};
+
+// Instances as worker processes (`duet worker`, backend/cluster/worker.h) rather than engine
+// threads of this process. Workers register on `listener`, one per entry of
+// FrontendOptions::roles; the frontend keeps taking registrations while it runs, so a restarted
+// worker rejoins in a free slot of its role.
+struct WorkerFleet {
+  std::unique_ptr<cluster::Listener> listener;
+  models::ModelSpec config;  // the model every worker must serve
+  std::int32_t block_tokens = 16;
+  Seconds register_timeout_s = 600;  // for every slot to be taken at start (models load)
+  Seconds heartbeat_interval_s = 0.5;
+  // A worker whose connection is silent this long is taken for dead (SIGKILL shows at once, as
+  // the connection closes; this catches a hung or stopped one).
+  Seconds heartbeat_timeout_s = 5;
+  // Asked while waiting for registrations: a non-empty answer gives up at once with it (the
+  // caller's spawned workers exited, say). May be empty.
+  std::function<std::string()> abandon;
 };
 
 class LiveFrontend {
@@ -106,6 +138,12 @@ class LiveFrontend {
   // the engine threads.
   static Result<std::unique_ptr<LiveFrontend>> Start(
       std::vector<std::unique_ptr<ForwardModel>> models, FrontendOptions options);
+  // Worker processes (options.roles: one per slot, colocated if empty is not allowed). Returns
+  // once every slot is taken, or an error after fleet.register_timeout_s. When a worker is
+  // lost, its requests are retried on survivors: each resumes from its prompt plus the tokens
+  // its listener already got, so the listener hears every token once, in order.
+  static Result<std::unique_ptr<LiveFrontend>> StartWithWorkers(WorkerFleet fleet,
+                                                                FrontendOptions options);
   // Aborts whatever is still in flight and joins the engine threads.
   ~LiveFrontend();
 
@@ -123,9 +161,12 @@ class LiveFrontend {
   Tokens max_request_tokens() const;
   const models::ModelSpec& model_config() const;
   FrontendStats Stats() const;
+  // Worker processes: every slot; empty with engine threads.
+  std::vector<WorkerStatus> Workers() const;
+
+  struct Impl;  // internal (frontend_impl.h)
 
  private:
-  struct Impl;
   explicit LiveFrontend(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };

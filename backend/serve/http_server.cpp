@@ -436,7 +436,22 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
       return RespondError(e);
     }
     if (path == "/health") {
-      if (server_->phase == Phase::kServing) return Respond(http::status::ok, "", "text/plain");
+      if (server_->phase == Phase::kServing) {
+        // Worker processes: which are up (200 while serving, however many are).
+        auto serving = server_->Model();
+        const auto workers = serving ? serving->frontend->Workers() : std::vector<WorkerStatus>{};
+        if (workers.empty()) return Respond(http::status::ok, "", "text/plain");
+        nlohmann::json list = nlohmann::json::array();
+        for (const WorkerStatus& w : workers) {
+          list.push_back({{"instance", w.instance},
+                          {"role", policies::ToString(w.role)},
+                          {"up", w.up},
+                          {"pid", w.pid},
+                          {"joins", w.joins}});
+        }
+        return Respond(http::status::ok, nlohmann::json{{"workers", list}}.dump(),
+                       "application/json");
+      }
       return RespondError(server_->phase == Phase::kDraining
                               ? Unavailable("the server is shutting down", "server_draining")
                               : Unavailable("the model is still loading", "model_loading"),

@@ -90,6 +90,13 @@ LiveMetrics::LiveMetrics() : registry_(std::make_unique<prometheus::Registry>())
   kv_load_recomputes_ =
       &MakeCounter(r, "duet:kv_load_recomputes_total",
                    "PD: failed pulls the decode instance recomputed (kv_load_failure_policy).");
+  worker_up_ = &prometheus::BuildGauge()
+                    .Name("duet:worker_up")
+                    .Help("Worker processes: 1 while the worker of the slot is up, else 0.")
+                    .Register(r);
+  requests_retried_ =
+      &MakeCounter(r, "duet:requests_retried_total",
+                   "Worker processes: requests moved to a survivor after their worker was lost.");
 }
 
 LiveMetrics::~LiveMetrics() = default;
@@ -153,9 +160,15 @@ std::string LiveMetrics::Scrape(const FrontendStats& stats) {
   // The engines count these; a counter only moves up, by what they added since the last scrape.
   for (const auto& [counter, total] : {std::pair{kv_leases_expired_, stats.kv_leases_expired},
                                        std::pair{kv_load_failures_, stats.kv_load_failures},
-                                       std::pair{kv_load_recomputes_, stats.kv_load_recomputes}}) {
+                                       std::pair{kv_load_recomputes_, stats.kv_load_recomputes},
+                                       std::pair{requests_retried_, stats.requests_retried}}) {
     const double added = static_cast<double>(total) - counter->Value();
     if (added > 0) counter->Increment(added);
+  }
+  for (const WorkerStatus& w : stats.workers) {
+    worker_up_
+        ->Add({{"instance", std::to_string(w.instance)}, {"role", policies::ToString(w.role)}})
+        .Set(w.up ? 1.0 : 0.0);
   }
   return prometheus::TextSerializer().Serialize(registry_->Collect());
 }

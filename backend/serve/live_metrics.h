@@ -14,6 +14,8 @@
 #include "policies/ports.h"
 
 namespace prometheus {
+template <typename T>
+class Family;
 class Registry;
 class Counter;
 class Gauge;
@@ -64,6 +66,8 @@ class LiveMetrics final : public policies::EventSink {
   prometheus::Counter* kv_leases_expired_;
   prometheus::Counter* kv_load_failures_;
   prometheus::Counter* kv_load_recomputes_;
+  prometheus::Family<prometheus::Gauge>* worker_up_;
+  prometheus::Counter* requests_retried_;
   std::mutex scrape_mutex_;  // one scrape sets the gauges and collects at a time
 };
 

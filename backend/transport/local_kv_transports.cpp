@@ -5,6 +5,8 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include <cstdio>
+
 #include "backend/engine/realtime_ports.h"
 #include "backend/transport/kv_transport.h"
 #if DUET_HAVE_UCX
@@ -34,37 +36,52 @@ struct LocalKvTransports::Side {
   policies::KvTransport& transport() { return wrapped ? *wrapped : *own; }
 };
 
-LocalKvTransports::~LocalKvTransports() {
-  if (progress_thread_.joinable()) {
+// Progresses the UCX workers of prefill instances, asleep on their wake-up descriptors (or
+// polling every millisecond where one has none) until work arrives or the destructor runs.
+class UcxProgressThread {
+ public:
+  explicit UcxProgressThread(std::vector<UcxKvTransport*> pulled_from, int stop_fd)
+      : stop_fd_(stop_fd), thread_([this, pulled_from] { Loop(pulled_from); }) {}
+  static Result<std::unique_ptr<UcxProgressThread>> Start(std::vector<UcxKvTransport*> pulled) {
+    const int stop_fd = ::eventfd(0, EFD_CLOEXEC);
+    if (stop_fd < 0) return Status::Error("eventfd for the UCX progress thread failed");
+    return std::make_unique<UcxProgressThread>(std::move(pulled), stop_fd);
+  }
+  ~UcxProgressThread() {
     const std::uint64_t one = 1;
     DUET_CHECK(::write(stop_fd_, &one, sizeof one) == sizeof one);
-    progress_thread_.join();
+    thread_.join();
+    ::close(stop_fd_);
   }
-  if (stop_fd_ >= 0) ::close(stop_fd_);
-}
 
-void LocalKvTransports::ProgressLoop(std::vector<UcxKvTransport*> pulled_from) {
+ private:
+  void Loop(const std::vector<UcxKvTransport*>& pulled_from) {
 #if DUET_HAVE_UCX
-  std::vector<pollfd> fds;
-  bool all_fds = true;
-  for (UcxKvTransport* t : pulled_from) {
-    fds.push_back({t->WakeupFd(), POLLIN, 0});
-    all_fds &= fds.back().fd >= 0;
-  }
-  fds.push_back({stop_fd_, POLLIN, 0});
-  while (true) {
-    for (UcxKvTransport* t : pulled_from) t->Progress();
-    bool armed = true;
-    for (UcxKvTransport* t : pulled_from) armed = t->Arm() && armed;
-    if (!armed) continue;  // work arrived meanwhile
-    // Without a wake-up descriptor for every worker, poll every millisecond.
-    ::poll(fds.data(), fds.size(), all_fds ? -1 : 1);
-    if (fds.back().revents & POLLIN) return;
-  }
+    std::vector<pollfd> fds;
+    bool all_fds = true;
+    for (UcxKvTransport* t : pulled_from) {
+      fds.push_back({t->WakeupFd(), POLLIN, 0});
+      all_fds &= fds.back().fd >= 0;
+    }
+    fds.push_back({stop_fd_, POLLIN, 0});
+    while (true) {
+      for (UcxKvTransport* t : pulled_from) t->Progress();
+      bool armed = true;
+      for (UcxKvTransport* t : pulled_from) armed = t->Arm() && armed;
+      if (!armed) continue;  // work arrived meanwhile
+      ::poll(fds.data(), fds.size(), all_fds ? -1 : 1);
+      if (fds.back().revents & POLLIN) return;
+    }
 #else
-  (void)pulled_from;
+    (void)pulled_from;
 #endif
-}
+  }
+
+  int stop_fd_;
+  std::thread thread_;
+};
+
+LocalKvTransports::~LocalKvTransports() = default;
 
 Result<std::unique_ptr<LocalKvTransports>> LocalKvTransports::Create(
     const std::vector<KvRegion>& regions, const std::vector<InstanceRole>& roles,
@@ -117,10 +134,9 @@ Result<std::unique_ptr<LocalKvTransports>> LocalKvTransports::Create(
       if (role(p) == InstanceRole::kPrefill)
         pulled_from.push_back(ucx[static_cast<std::size_t>(p)]);
     }
-    set->stop_fd_ = ::eventfd(0, EFD_CLOEXEC);
-    if (set->stop_fd_ < 0) return Status::Error("eventfd for the UCX progress thread failed");
-    LocalKvTransports* raw = set.get();
-    set->progress_thread_ = std::thread([raw, pulled_from] { raw->ProgressLoop(pulled_from); });
+    auto progress = UcxProgressThread::Start(std::move(pulled_from));
+    if (!progress.ok()) return progress.status();
+    set->progress_ = std::move(*progress);
 #else
     return Status::Error("this build of Duet has no UCX");
 #endif
@@ -135,6 +151,84 @@ Result<std::unique_ptr<LocalKvTransports>> LocalKvTransports::Create(
 
 policies::KvTransport& LocalKvTransports::transport(policies::InstanceId instance) {
   return sides_.at(static_cast<std::size_t>(instance))->transport();
+}
+
+}  // namespace duet::backend
+
+namespace duet::backend {
+
+Result<std::unique_ptr<WorkerKvTransport>> WorkerKvTransport::Create(
+    InstanceRole role, std::optional<KvRegion> region, const KvTransportOptions& options) {
+  std::unique_ptr<WorkerKvTransport> t(new WorkerKvTransport());
+  if (role == InstanceRole::kColocated) {
+    t->own_ = std::make_unique<NoKvTransport>();
+    t->path_ = "none";
+    return t;
+  }
+  if (!region) return Status::Error("this backend exposes no KV region, so its KV cannot move");
+  if (options.kind != KvTransportKind::kUcx)
+    return Status::Error("KV moves between worker processes over UCX only (not loopback)");
+#if DUET_HAVE_UCX
+  auto ucx = UcxKvTransport::Create(policies::kNoInstance, *region, options.ucx_tls);
+  if (!ucx.ok()) return ucx.status();
+  t->ucx_ = ucx->get();
+  t->own_ = std::move(*ucx);
+  t->path_ = "ucx:" + (options.ucx_tls.empty() ? std::string("auto") : options.ucx_tls);
+  if (role == InstanceRole::kPrefill) {
+    t->descriptor_ = t->ucx_->Descriptor();
+    auto progress = UcxProgressThread::Start({t->ucx_});
+    if (!progress.ok()) return progress.status();
+    t->progress_ = std::move(*progress);
+  }
+  return t;
+#else
+  return Status::Error("this build of Duet has no UCX");
+#endif
+}
+
+WorkerKvTransport::~WorkerKvTransport() { progress_.reset(); }
+
+void WorkerKvTransport::SetSelf(policies::InstanceId self) {
+#if DUET_HAVE_UCX
+  if (ucx_) ucx_->SetSelf(self);
+#else
+  (void)self;
+#endif
+}
+
+void WorkerKvTransport::SetPeer(policies::InstanceId peer, std::string descriptor) {
+  std::lock_guard lock(mu_);
+  pending_peers_.emplace_back(peer, std::move(descriptor));
+}
+
+void WorkerKvTransport::ApplyPeers() {
+  std::vector<std::pair<policies::InstanceId, std::string>> peers;
+  {
+    std::lock_guard lock(mu_);
+    if (pending_peers_.empty()) return;
+    peers.swap(pending_peers_);
+  }
+#if DUET_HAVE_UCX
+  if (!ucx_) return;
+  for (auto& [peer, descriptor] : peers) {
+    ucx_->Disconnect(peer);
+    if (descriptor.empty()) continue;
+    // A peer that cannot be reached shows as failed pulls from it, with the reason logged.
+    if (Status s = ucx_->Connect(peer, descriptor); !s.ok())
+      std::fprintf(stderr, "duet worker: connecting to instance %d: %s\n", peer,
+                   s.message().c_str());
+  }
+#endif
+}
+
+policies::TransferId WorkerKvTransport::Post(const policies::KvTransferRequest& transfer) {
+  ApplyPeers();
+  return own_->Post(transfer);
+}
+
+policies::TransferStatus WorkerKvTransport::Poll(policies::TransferId id) {
+  ApplyPeers();
+  return own_->Poll(id);
 }
 
 }  // namespace duet::backend

@@ -9,6 +9,8 @@
 
 #include <functional>
 #include <memory>
+#include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -35,6 +37,9 @@ struct KvTransportOptions {
       wrap;
 };
 
+// Progresses the UCX workers of instances that are only pulled from (see above).
+class UcxProgressThread;
+
 class LocalKvTransports {
  public:
   // One region and role per instance id (0, 1, ...). Colocated instances get a transport
@@ -52,12 +57,47 @@ class LocalKvTransports {
  private:
   struct Side;
   LocalKvTransports() = default;
-  void ProgressLoop(std::vector<UcxKvTransport*> pulled_from);
 
   std::vector<std::unique_ptr<Side>> sides_;
   std::string path_;
-  int stop_fd_ = -1;  // eventfd: ends the progress thread
-  std::thread progress_thread_;
+  std::unique_ptr<UcxProgressThread> progress_;
+};
+
+// The KV transport of one worker process's instance (`duet worker`, PD): over UCX, it
+// publishes a descriptor of its KV region; a decode instance connects to prefill peers as the
+// frontend announces them (any thread: connections are made on the engine thread at its next
+// Post or Poll, so they never race a pull), and a prefill instance is progressed by a thread of
+// its own. Colocated instances get a transport that fails every pull.
+class WorkerKvTransport final : public policies::KvTransport {
+ public:
+  static Result<std::unique_ptr<WorkerKvTransport>> Create(policies::InstanceRole role,
+                                                           std::optional<KvRegion> region,
+                                                           const KvTransportOptions& options);
+  ~WorkerKvTransport() override;
+
+  // Where peers pull this instance's KV from (prefill); empty otherwise.
+  const std::string& descriptor() const { return descriptor_; }
+  const std::string& path() const { return path_; }
+  // Before the engine starts: the instance id the frontend gave it.
+  void SetSelf(policies::InstanceId self);
+  // Any thread: a prefill peer to pull from joined (or rejoined with a new descriptor), or
+  // left (empty descriptor: pulls from it in flight fail).
+  void SetPeer(policies::InstanceId peer, std::string descriptor);
+
+  policies::TransferId Post(const policies::KvTransferRequest& transfer) override;
+  policies::TransferStatus Poll(policies::TransferId id) override;
+
+ private:
+  WorkerKvTransport() = default;
+  void ApplyPeers();
+
+  std::unique_ptr<policies::KvTransport> own_;  // UCX, or (colocated) one failing every pull
+  UcxKvTransport* ucx_ = nullptr;               // own_, where it is UCX
+  std::string descriptor_;
+  std::string path_;
+  std::unique_ptr<UcxProgressThread> progress_;
+  std::mutex mu_;
+  std::vector<std::pair<policies::InstanceId, std::string>> pending_peers_;
 };
 
 }  // namespace duet::backend

@@ -168,6 +168,15 @@ Status UcxKvTransport::Connect(policies::InstanceId peer, std::string_view descr
   return Status::Ok();
 }
 
+void UcxKvTransport::SetSelf(policies::InstanceId self) { impl_->self = self; }
+
+void UcxKvTransport::Disconnect(policies::InstanceId peer) {
+  auto it = impl_->peers.find(peer);
+  if (it == impl_->peers.end()) return;
+  impl_->Close(it->second);
+  impl_->peers.erase(it);
+}
+
 TransferId UcxKvTransport::Post(const policies::KvTransferRequest& transfer) {
   Impl& im = *impl_;
   const TransferId id = im.next++;

@@ -32,7 +32,12 @@ class UcxKvTransport final : public policies::KvTransport, public KvTransferLog 
   UcxKvTransport& operator=(const UcxKvTransport&) = delete;
 
   std::string Descriptor() const;
+  // The instance id this side pulls as (a worker learns it only once registered).
+  void SetSelf(policies::InstanceId self);
   Status Connect(policies::InstanceId peer, std::string_view descriptor);
+  // Forgets a peer (gone, or about to reconnect with a new descriptor): its endpoint is closed
+  // with force, so pulls from it in flight fail. No effect for an unknown peer.
+  void Disconnect(policies::InstanceId peer);
 
   // Pulls into this side's region: transfer.dst must be this instance, transfer.src a
   // connected peer.

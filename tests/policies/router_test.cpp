@@ -72,6 +72,36 @@ TEST(Router, ColocatedDecodesWhereItPrefills) {
   EXPECT_EQ(d.prefill, d.decode);
 }
 
+// Every policy skips instances that are away, rejects with none left on a side, and takes an
+// instance back when it returns.
+TEST(Router, SkipsInstancesThatAreAwayAndRejectsWithNoneLeft) {
+  FixedCache cache;
+  for (RouterKind kind : {RouterKind::kRoundRobin, RouterKind::kLeastLoaded,
+                          RouterKind::kPowerOfTwo, RouterKind::kPrefixAware}) {
+    SCOPED_TRACE(ToString(kind));
+    auto router = MakeRouter(Config(kind, 7), {0, 1}, {2, 3}, &cache);
+    router->SetAvailable(0, false);
+    router->SetAvailable(3, false);
+    for (int i = 0; i < 6; ++i) {
+      const RoutingDecision d = router->Route(MakeRequest(100));
+      EXPECT_EQ(d.prefill, 1);
+      EXPECT_EQ(d.decode, 2);
+    }
+    router->SetAvailable(2, false);
+    RoutingDecision d = router->Route(MakeRequest(100));
+    EXPECT_EQ(d.prefill, kNoInstance);
+    EXPECT_EQ(d.reject_reason, "no decode instance is up");
+    router->SetAvailable(1, false);
+    d = router->Route(MakeRequest(100));
+    EXPECT_EQ(d.reject_reason, "no prefill instance is up");
+    router->SetAvailable(0, true);
+    router->SetAvailable(3, true);
+    d = router->Route(MakeRequest(100));
+    EXPECT_EQ(d.prefill, 0);
+    EXPECT_EQ(d.decode, 3);
+  }
+}
+
 TEST(Router, LeastLoadedFollowsOutstandingWorkAndItsRelease) {
   auto router = MakeRouter(Config(RouterKind::kLeastLoaded, 1), {0, 1}, {2, 3}, nullptr);
   Request big = MakeRequest(5000), small = MakeRequest(100);

@@ -24,6 +24,26 @@ def run_duet(*args, timeout=120):
     return subprocess.run([DUET, *args], capture_output=True, text=True, timeout=timeout)
 
 
+def cluster_file(tmp_path, prefill, decode, **engine):
+    """tests/data/1p1d-tiny.json with `prefill` + `decode` instances (one node each) and the
+    engine settings given (docs/clusters.md)."""
+    with open("../../data/1p1d-tiny.json") as f:
+        doc = json.load(f)
+    doc["nodes"][0]["gpus"] = max(prefill, decode)
+    doc["instances"] = [{"role": "prefill", "count": prefill, "tp": 1, "node": 0},
+                        {"role": "decode", "count": decode, "tp": 1, "node": 1}]
+    doc.setdefault("engine", {}).update(engine)
+    path = tmp_path / f"{prefill}p{decode}d.json"
+    path.write_text(json.dumps(doc))
+    return str(path)
+
+
+def has_ucx():
+    """Whether this build has the UCX transport (scripts/setup.sh installs libucx-dev)."""
+    r = run_duet("serve", "--model", "/nonexistent", "--kv-transport", "ucx", timeout=30)
+    return "has no UCX" not in r.stderr
+
+
 class Server:
     """One `duet serve` process."""
 

@@ -1,31 +1,17 @@
-"""`duet serve --cluster` with PD instances in one process: prefill instances hand each prompt's
-KV to a decode instance, which pulls it through a real transport (loopback, UCX over tcp, UCX
-over shared memory). Greedy replies, plain and streamed, equal the colocated server's token for
-token; /metrics counts one KV transfer per request that decodes, and no lease, failure or block
+"""`duet serve --cluster` with PD instances, as engine threads of one process or as a worker
+process each: prefill instances hand each prompt's KV to a decode instance, which pulls it
+through a real transport (loopback between threads; UCX over tcp and over shared memory).
+Greedy replies, plain and streamed, equal the colocated server's token for token; /metrics counts one KV transfer per request that decodes, and no lease, failure or block
 is left behind. A cluster file that cannot be served is an error naming it."""
-
-import json
 
 import pytest
 
-from conftest import run_duet
+from conftest import cluster_file, has_ucx, run_duet
 
 PROMPTS = ["Hello", "The quick brown fox jumps over the lazy dog and keeps on running",
            "one two three four five six seven eight nine ten eleven twelve thirteen fourteen",
            "a"]
 MAX_TOKENS = [1, 7, 12, 3]
-
-
-def cluster_file(tmp_path, prefill, decode):
-    """tests/data/1p1d-tiny.json with `prefill` + `decode` instances (one node each)."""
-    with open("../../data/1p1d-tiny.json") as f:
-        doc = json.load(f)
-    doc["nodes"][0]["gpus"] = max(prefill, decode)
-    doc["instances"] = [{"role": "prefill", "count": prefill, "tp": 1, "node": 0},
-                        {"role": "decode", "count": decode, "tp": 1, "node": 1}]
-    path = tmp_path / f"{prefill}p{decode}d.json"
-    path.write_text(json.dumps(doc))
-    return str(path)
 
 
 def replies(server, stream):
@@ -45,12 +31,6 @@ def replies(server, stream):
     return texts
 
 
-def has_ucx():
-    """Whether this build has the UCX transport (scripts/setup.sh installs libucx-dev)."""
-    r = run_duet("serve", "--model", "/nonexistent", "--kv-transport", "ucx", timeout=30)
-    return "has no UCX" not in r.stderr
-
-
 @pytest.fixture(scope="module")
 def colocated(tiny_model, start_server):
     s = start_server(tiny_model, "--threads", "1")
@@ -60,18 +40,24 @@ def colocated(tiny_model, start_server):
 
 
 @pytest.mark.parametrize("layout", [(1, 1), (2, 2)], ids=["1p1d", "2p2d"])
-@pytest.mark.parametrize("transport", [["--kv-transport", "loopback"],
-                                       ["--kv-transport", "ucx", "--ucx-tls", "tcp"],
-                                       ["--kv-transport", "ucx", "--ucx-tls", "posix,cma"]],
-                         ids=["loopback", "ucx-tcp", "ucx-shm"])
+@pytest.mark.parametrize("transport", [
+    ["--workers", "thread", "--kv-transport", "loopback"],
+    ["--workers", "thread", "--kv-transport", "ucx", "--ucx-tls", "tcp"],
+    ["--workers", "thread", "--kv-transport", "ucx", "--ucx-tls", "posix,cma"],
+    ["--workers", "process", "--ucx-tls", "tcp"],
+    ["--workers", "process", "--ucx-tls", "posix,cma"]],
+    ids=["threads-loopback", "threads-ucx-tcp", "threads-ucx-shm", "processes-ucx-tcp",
+         "processes-ucx-shm"])
 def test_pd_replies_equal_the_colocated_server(tiny_model, start_server, colocated, tmp_path,
                                                layout, transport):
     prefill, decode = layout
-    if "ucx" in transport and not has_ucx():
+    if "loopback" not in transport and not has_ucx():
         pytest.skip("this build has no UCX (libucx-dev): PD over UCX is not tested")
     s = start_server(tiny_model, "--threads", "1",
                      "--cluster", cluster_file(tmp_path, prefill, decode), *transport)
     assert f"{prefill} prefill + {decode} decode instances" in s.ready_line, s.ready_line
+    if "process" in transport:
+        assert "a worker process each" in s.ready_line, s.ready_line
     assert replies(s, stream=False) == colocated
     assert replies(s, stream=True) == colocated
     s.assert_idle()
@@ -93,8 +79,9 @@ def test_a_cluster_file_that_cannot_be_served_is_an_error(tiny_model, tmp_path):
     # UCX refuses a transport list it does not know; the server does not start.
     if not has_ucx():
         pytest.skip("this build has no UCX (libucx-dev): the UCX case is not tested")
-    r = run_duet("serve", "--model", tiny_model, "--port", "0", "--threads", "1",
-                 "--cluster", "../../data/1p1d-tiny.json", "--kv-transport", "ucx",
-                 "--ucx-tls", "no-such-transport", timeout=60)
-    assert r.returncode == 1, r
-    assert "KV transport" in r.stderr, r.stderr
+    for workers in ["thread", "process"]:
+        r = run_duet("serve", "--model", tiny_model, "--port", "0", "--threads", "1",
+                     "--cluster", "../../data/1p1d-tiny.json", "--workers", workers,
+                     "--kv-transport", "ucx", "--ucx-tls", "no-such-transport", timeout=60)
+        assert r.returncode == 1, r
+        assert "KV transport" in r.stderr, r.stderr

@@ -1,0 +1,585 @@
+// The frontend-worker messages (see wire.h). Bodies are MessagePack maps written and read with
+// nlohmann_json, the project's JSON library (a compact binary form of the same values, so no
+// second codec to keep); fields are read with the shared JSON helpers and bounded here.
+#include "backend/cluster/wire.h"
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <nlohmann/json.hpp>
+
+#include "common/json_util.h"
+
+namespace duet::backend::cluster {
+
+using nlohmann::json;
+using policies::EngineMessage;
+using policies::Request;
+
+namespace {
+
+constexpr char kMagic[4] = {'D', 'U', 'E', 'T'};
+// Bounds of what a message may say (well past anything Duet serves, far below what would
+// exhaust memory or overflow arithmetic).
+constexpr std::int64_t kMaxTokens = std::int64_t{1} << 26;
+constexpr std::int64_t kMaxInstance = 1 << 16;
+constexpr std::int64_t kMaxBlocks = std::int64_t{1} << 31;
+constexpr std::size_t kMaxStopTokens = 4096;
+constexpr std::size_t kMaxReasonBytes = 4096;
+constexpr std::size_t kMaxDescriptorBytes = 1 << 20;
+constexpr double kMaxSeconds = 1e12;
+
+void PutU16(std::string& out, std::uint16_t v) {
+  out.push_back(static_cast<char>(v & 0xff));
+  out.push_back(static_cast<char>(v >> 8));
+}
+void PutU32(std::string& out, std::uint32_t v) {
+  for (int i = 0; i < 4; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
+}
+std::uint32_t GetU32(std::string_view b, std::size_t at) {
+  std::uint32_t v = 0;
+  for (int i = 0; i < 4; ++i)
+    v |= static_cast<std::uint32_t>(static_cast<unsigned char>(b[at + i])) << (8 * i);
+  return v;
+}
+std::uint16_t GetU16(std::string_view b, std::size_t at) {
+  return static_cast<std::uint16_t>(static_cast<unsigned char>(b[at]) |
+                                    static_cast<unsigned char>(b[at + 1]) << 8);
+}
+
+std::string Pack(const json& j) {
+  const std::vector<std::uint8_t> bytes = json::to_msgpack(j);
+  return {bytes.begin(), bytes.end()};
+}
+
+Result<json> Unpack(std::string_view body, const char* what) {
+  if (body.size() > kMaxFrameBodyBytes)
+    return Status::Error(std::string(what) + ": body larger than the frame bound");
+  json j =
+      json::from_msgpack(body.begin(), body.end(), /*strict=*/true, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return Status::Error(std::string(what) + ": not a MessagePack value");
+  if (!j.is_object()) return Status::Error(std::string(what) + ": not a map");
+  return j;
+}
+
+// Field readers that return from the enclosing function on error.
+#define DUET_WIRE_TRY(var, expr)                        \
+  auto var##_result = (expr);                           \
+  if (!var##_result.ok()) return var##_result.status(); \
+  auto var = *var##_result
+
+Result<double> TimeField(const json& j, const std::string& key, const std::string& where,
+                         std::optional<double> fallback = std::nullopt) {
+  return JsonNumberIn(j, key, -kMaxSeconds, kMaxSeconds, where, fallback);
+}
+
+Result<std::string> BinaryField(const json& j, const std::string& key, std::size_t max,
+                                const std::string& where) {
+  if (!JsonHas(j, key)) return std::string();
+  const json& v = j.at(key);
+  if (!v.is_binary()) return FieldError(where, key, "must be binary (got " + DescribeJson(v) + ")");
+  if (v.get_binary().size() > max)
+    return FieldError(where, key, "is longer than " + std::to_string(max) + " bytes");
+  return std::string(v.get_binary().begin(), v.get_binary().end());
+}
+
+Result<std::string> BoundedString(const json& j, const std::string& key, std::size_t max,
+                                  const std::string& where) {
+  DUET_WIRE_TRY(s, JsonStringOr(j, key, "", where));
+  if (s.size() > max)
+    return FieldError(where, key, "is longer than " + std::to_string(max) + " bytes");
+  return s;
+}
+
+// An array field of at most `max` integers in [lo, hi] (an absent field is empty).
+template <typename T>
+Status IntArray(const json& j, const std::string& key, std::size_t max, std::int64_t lo,
+                std::int64_t hi, const std::string& where, std::vector<T>* out) {
+  out->clear();
+  if (!JsonHas(j, key)) return Status::Ok();
+  const json& v = j.at(key);
+  if (!v.is_array())
+    return FieldError(where, key, "must be an array (got " + DescribeJson(v) + ")");
+  if (v.size() > max)
+    return FieldError(where, key, "has more than " + std::to_string(max) + " elements");
+  out->reserve(v.size());
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    const json& e = v[i];
+    if (!e.is_number_integer() ||
+        (e.is_number_unsigned() && e.get<std::uint64_t>() > static_cast<std::uint64_t>(hi)) ||
+        (!e.is_number_unsigned() && (e.get<std::int64_t>() < lo || e.get<std::int64_t>() > hi))) {
+      return FieldError(where, key + "[" + std::to_string(i) + "]",
+                        "must be an integer between " + std::to_string(lo) + " and " +
+                            std::to_string(hi) + " (got " + DescribeJson(e) + ")");
+    }
+    out->push_back(static_cast<T>(e.get<std::int64_t>()));
+  }
+  return Status::Ok();
+}
+
+// Block hashes and seeds: the whole uint64 range.
+Result<std::uint64_t> U64(const json& e, const std::string& where, const std::string& key) {
+  if (e.is_number_unsigned()) return e.get<std::uint64_t>();
+  if (e.is_number_integer() && e.get<std::int64_t>() >= 0)
+    return static_cast<std::uint64_t>(e.get<std::int64_t>());
+  return FieldError(where, key, "must be an unsigned 64-bit integer (got " + DescribeJson(e) + ")");
+}
+
+// The load's fields by name.
+std::vector<std::pair<const char*, std::int64_t*>> LoadFields(WorkerLoad& l) {
+  InstanceLoad& e = l.engine;
+  return {{"waiting", &e.waiting},
+          {"running", &e.running},
+          {"kv_used", &e.kv_blocks_used},
+          {"kv_free", &e.kv_blocks_free},
+          {"kv_total", &l.kv_blocks_total},
+          {"leases_held", &e.leases_held},
+          {"leases_expired", &e.leases_expired},
+          {"load_failures", &e.kv_load_failures},
+          {"load_recomputes", &e.kv_load_recomputes}};
+}
+
+json LoadToJson(WorkerLoad l) {
+  json j = json::object();
+  for (const auto& [key, field] : LoadFields(l)) j[key] = *field;
+  return j;
+}
+
+Result<WorkerLoad> LoadFromJson(const json& j, const std::string& where) {
+  if (!j.is_object()) return Status::Error(where + ": must be a map");
+  WorkerLoad l;
+  for (const auto& [key, field] : LoadFields(l)) {
+    DUET_WIRE_TRY(v, JsonIntIn(j, key, 0, std::numeric_limits<std::int64_t>::max(), where));
+    *field = v;
+  }
+  return l;
+}
+
+// A request: with `full`, its token ids, block hashes and sampling too (a descriptor an engine
+// can serve); without, its scalar state (what the frontend mirrors from events).
+json RequestToJson(const Request& r, bool full) {
+  json j = {{"id", r.id},
+            {"arrival_s", r.arrival_s},
+            {"input_tokens", r.input_tokens},
+            {"output_tokens", r.output_tokens},
+            {"state", static_cast<int>(r.state)},
+            {"prefill_instance", r.prefill_instance},
+            {"decode_instance", r.decode_instance},
+            {"prefill_target", r.prefill_target},
+            {"computed_tokens", r.computed_tokens},
+            {"generated_tokens", r.generated_tokens},
+            {"cached_tokens", r.cached_tokens},
+            {"tier_hit_tokens", r.tier_hit_tokens},
+            {"preemptions", r.preemptions},
+            {"kv_transfer_bytes", r.kv_transfer_bytes},
+            {"first_scheduled_s", r.first_scheduled_s},
+            {"load_wait_s", r.load_wait_s},
+            {"prefill_done_s", r.prefill_done_s},
+            {"kv_ready_s", r.kv_ready_s},
+            {"first_token_s", r.first_token_s},
+            {"last_token_s", r.last_token_s},
+            {"finished_s", r.finished_s},
+            {"finish_reason", static_cast<int>(r.finish_reason)},
+            {"reason", r.reason}};
+  if (full) {
+    j["token_ids"] = r.token_ids;
+    j["block_hashes"] = r.block_hashes;
+    json s = {{"temperature", r.sampling.temperature},
+              {"top_p", r.sampling.top_p},
+              {"top_k", r.sampling.top_k},
+              {"stop_token_ids", r.sampling.stop_token_ids}};
+    if (r.sampling.seed) s["seed"] = *r.sampling.seed;
+    j["sampling"] = std::move(s);
+  }
+  return j;
+}
+
+Result<Request> RequestFromJson(const json& j, bool full, const std::string& where) {
+  if (!j.is_object()) return Status::Error(where + ": must be a map");
+  Request r;
+  if (!JsonHas(j, "id")) return FieldError(where, "id", "is missing");
+  DUET_WIRE_TRY(id, U64(j.at("id"), where, "id"));
+  r.id = id;
+  DUET_WIRE_TRY(arrival, TimeField(j, "arrival_s", where));
+  r.arrival_s = arrival;
+  DUET_WIRE_TRY(input, JsonIntIn(j, "input_tokens", 1, kMaxTokens, where));
+  r.input_tokens = input;
+  DUET_WIRE_TRY(output, JsonIntIn(j, "output_tokens", 1, kMaxTokens, where));
+  r.output_tokens = output;
+  DUET_WIRE_TRY(state,
+                JsonIntIn(j, "state", 0, static_cast<int>(policies::RequestState::kFailed), where));
+  r.state = static_cast<policies::RequestState>(state);
+  DUET_WIRE_TRY(prefill, JsonIntIn(j, "prefill_instance", -1, kMaxInstance, where));
+  r.prefill_instance = static_cast<policies::InstanceId>(prefill);
+  DUET_WIRE_TRY(decode, JsonIntIn(j, "decode_instance", -1, kMaxInstance, where));
+  r.decode_instance = static_cast<policies::InstanceId>(decode);
+  const std::int64_t sequence = input + output;
+  DUET_WIRE_TRY(target, JsonIntIn(j, "prefill_target", 0, sequence, where, 0));
+  r.prefill_target = target;
+  DUET_WIRE_TRY(computed, JsonIntIn(j, "computed_tokens", 0, sequence, where, 0));
+  r.computed_tokens = computed;
+  DUET_WIRE_TRY(generated, JsonIntIn(j, "generated_tokens", 0, output, where, 0));
+  r.generated_tokens = generated;
+  DUET_WIRE_TRY(cached, JsonIntIn(j, "cached_tokens", 0, input, where, 0));
+  r.cached_tokens = cached;
+  std::vector<Tokens> tier_hits;
+  if (Status s =
+          IntArray(j, "tier_hit_tokens", policies::kNumLowerTiers, 0, input, where, &tier_hits);
+      !s.ok())
+    return s;
+  for (std::size_t i = 0; i < tier_hits.size(); ++i) r.tier_hit_tokens[i] = tier_hits[i];
+  DUET_WIRE_TRY(preemptions, JsonIntIn(j, "preemptions", 0, 1 << 30, where, 0));
+  r.preemptions = static_cast<int>(preemptions);
+  DUET_WIRE_TRY(kv_bytes, JsonIntIn(j, "kv_transfer_bytes", 0,
+                                    std::numeric_limits<std::int64_t>::max(), where, 0));
+  r.kv_transfer_bytes = kv_bytes;
+  struct {
+    const char* key;
+    duet::Seconds* field;
+  } times[] = {{"first_scheduled_s", &r.first_scheduled_s},
+               {"load_wait_s", &r.load_wait_s},
+               {"prefill_done_s", &r.prefill_done_s},
+               {"kv_ready_s", &r.kv_ready_s},
+               {"first_token_s", &r.first_token_s},
+               {"last_token_s", &r.last_token_s},
+               {"finished_s", &r.finished_s}};
+  for (const auto& t : times) {
+    DUET_WIRE_TRY(v, TimeField(j, t.key, where, *t.field));
+    *t.field = v;
+  }
+  DUET_WIRE_TRY(finish, JsonIntIn(j, "finish_reason", 0,
+                                  static_cast<int>(policies::FinishReason::kError), where, 0));
+  r.finish_reason = static_cast<policies::FinishReason>(finish);
+  DUET_WIRE_TRY(reason, BoundedString(j, "reason", kMaxReasonBytes, where));
+  r.reason = std::move(reason);
+  if (!full) return r;
+
+  if (Status s = IntArray(j, "token_ids", static_cast<std::size_t>(input + generated), 0,
+                          std::numeric_limits<std::int32_t>::max(), where, &r.token_ids);
+      !s.ok())
+    return s;
+  if (static_cast<std::int64_t>(r.token_ids.size()) != input + generated) {
+    return FieldError(where, "token_ids",
+                      "must hold the prompt and the tokens generated (" +
+                          std::to_string(input + generated) + "), not " +
+                          std::to_string(r.token_ids.size()));
+  }
+  if (JsonHas(j, "block_hashes")) {
+    const json& hashes = j.at("block_hashes");
+    if (!hashes.is_array() || static_cast<std::int64_t>(hashes.size()) > input)
+      return FieldError(where, "block_hashes", "must be an array of at most input_tokens hashes");
+    for (std::size_t i = 0; i < hashes.size(); ++i) {
+      DUET_WIRE_TRY(h, U64(hashes[i], where, "block_hashes[" + std::to_string(i) + "]"));
+      r.block_hashes.push_back(h);
+    }
+  }
+  if (!JsonHas(j, "sampling") || !j.at("sampling").is_object())
+    return FieldError(where, "sampling", "must be a map");
+  const json& s = j.at("sampling");
+  const std::string sw = where + ": sampling";
+  DUET_WIRE_TRY(temperature, JsonNumberIn(s, "temperature", 0, 1e6, sw, 0.0));
+  r.sampling.temperature = static_cast<float>(temperature);
+  DUET_WIRE_TRY(top_p, JsonNumberIn(s, "top_p", 0, 1, sw, 1.0));
+  if (!(top_p > 0)) return FieldError(sw, "top_p", "must be > 0");
+  r.sampling.top_p = static_cast<float>(top_p);
+  DUET_WIRE_TRY(top_k, JsonIntIn(s, "top_k", 0, std::numeric_limits<std::int32_t>::max(), sw, 0));
+  r.sampling.top_k = static_cast<std::int32_t>(top_k);
+  if (JsonHas(s, "seed")) {
+    DUET_WIRE_TRY(seed, U64(s.at("seed"), sw, "seed"));
+    r.sampling.seed = seed;
+  }
+  if (Status st =
+          IntArray(s, "stop_token_ids", kMaxStopTokens, 0, std::numeric_limits<std::int32_t>::max(),
+                   sw, &r.sampling.stop_token_ids);
+      !st.ok())
+    return st;
+  return r;
+}
+
+}  // namespace
+
+std::string EncodeFrameHeader(MessageKind kind, std::uint32_t body_bytes) {
+  std::string out(kMagic, sizeof kMagic);
+  PutU16(out, kWireVersion);
+  PutU16(out, static_cast<std::uint16_t>(kind));
+  PutU32(out, body_bytes);
+  return out;
+}
+
+Result<FrameHeader> ParseFrameHeader(std::string_view bytes) {
+  if (bytes.size() != kFrameHeaderBytes)
+    return Status::Error("frame header: " + std::to_string(bytes.size()) + " bytes, not 12");
+  if (std::memcmp(bytes.data(), kMagic, sizeof kMagic) != 0)
+    return Status::Error("frame header: no DUET magic (not a Duet worker connection?)");
+  FrameHeader h;
+  h.version = GetU16(bytes, 4);
+  if (h.version != kWireVersion) {
+    return Status::Error("frame header: protocol version " + std::to_string(h.version) +
+                         ", this build speaks " + std::to_string(kWireVersion));
+  }
+  const std::uint16_t kind = GetU16(bytes, 6);
+  if (kind < static_cast<std::uint16_t>(MessageKind::kHello) ||
+      kind > static_cast<std::uint16_t>(MessageKind::kHeartbeat))
+    return Status::Error("frame header: unknown message kind " + std::to_string(kind));
+  h.kind = static_cast<MessageKind>(kind);
+  h.body_bytes = GetU32(bytes, 8);
+  if (h.body_bytes > kMaxFrameBodyBytes) {
+    return Status::Error("frame header: a body of " + std::to_string(h.body_bytes) +
+                         " bytes, more than the " + std::to_string(kMaxFrameBodyBytes) +
+                         " allowed");
+  }
+  return h;
+}
+
+std::string Frame(MessageKind kind, const std::string& body) {
+  DUET_CHECK(body.size() <= kMaxFrameBodyBytes);
+  return EncodeFrameHeader(kind, static_cast<std::uint32_t>(body.size())) + body;
+}
+
+std::string EncodeHello(const Hello& h) {
+  return Pack({{"role", static_cast<int>(h.role)},
+               {"pid", h.pid},
+               {"num_layers", h.num_layers},
+               {"vocab_size", h.vocab_size},
+               {"block_tokens", h.block_tokens},
+               {"kv_bytes_per_token", h.kv_bytes_per_token},
+               {"max_position_embeddings", h.max_position_embeddings},
+               {"num_blocks", h.num_blocks},
+               {"kv", json::binary({h.kv_descriptor.begin(), h.kv_descriptor.end()})}});
+}
+
+Result<Hello> ParseHello(std::string_view body) {
+  const std::string where = "hello";
+  DUET_WIRE_TRY(j, Unpack(body, "hello"));
+  Hello h;
+  DUET_WIRE_TRY(role, JsonIntIn(j, "role", 0, 2, where));
+  h.role = static_cast<policies::InstanceRole>(role);
+  DUET_WIRE_TRY(pid, JsonIntIn(j, "pid", 0, std::numeric_limits<std::int32_t>::max(), where));
+  h.pid = pid;
+  DUET_WIRE_TRY(layers, JsonIntIn(j, "num_layers", 1, 1 << 16, where));
+  h.num_layers = layers;
+  DUET_WIRE_TRY(vocab, JsonIntIn(j, "vocab_size", 1, std::int64_t{1} << 31, where));
+  h.vocab_size = vocab;
+  DUET_WIRE_TRY(block_tokens, JsonIntIn(j, "block_tokens", 1, 1 << 16, where));
+  h.block_tokens = block_tokens;
+  DUET_WIRE_TRY(kv_bytes, JsonIntIn(j, "kv_bytes_per_token", 0, std::int64_t{1} << 40, where));
+  h.kv_bytes_per_token = kv_bytes;
+  DUET_WIRE_TRY(context, JsonIntIn(j, "max_position_embeddings", 0, kMaxTokens, where));
+  h.max_position_embeddings = context;
+  DUET_WIRE_TRY(blocks, JsonIntIn(j, "num_blocks", 1, kMaxBlocks, where));
+  h.num_blocks = blocks;
+  DUET_WIRE_TRY(kv, BinaryField(j, "kv", kMaxDescriptorBytes, where));
+  h.kv_descriptor = std::move(kv);
+  return h;
+}
+
+std::string EncodeWelcome(const Welcome& w) {
+  const policies::EngineConfig& e = w.engine;
+  return Pack({{"instance", w.instance},
+               {"clock_epoch_ns", w.clock_epoch_ns},
+               {"heartbeat_interval_s", w.heartbeat_interval_s},
+               {"enable_prefix_caching", e.enable_prefix_caching},
+               {"publish_kv_events", e.publish_kv_events},
+               {"kv_lease_s", e.kv_lease_s},
+               {"kv_load_failure_policy", static_cast<int>(e.kv_load_failure_policy)},
+               {"max_num_batched_tokens", e.scheduler.max_num_batched_tokens},
+               {"max_num_seqs", e.scheduler.max_num_seqs},
+               {"watermark", e.scheduler.watermark}});
+}
+
+Result<Welcome> ParseWelcome(std::string_view body) {
+  const std::string where = "welcome";
+  DUET_WIRE_TRY(j, Unpack(body, "welcome"));
+  Welcome w;
+  DUET_WIRE_TRY(instance, JsonIntIn(j, "instance", 0, kMaxInstance, where));
+  w.instance = static_cast<policies::InstanceId>(instance);
+  DUET_WIRE_TRY(epoch, JsonIntIn(j, "clock_epoch_ns", std::numeric_limits<std::int64_t>::min(),
+                                 std::numeric_limits<std::int64_t>::max(), where));
+  w.clock_epoch_ns = epoch;
+  DUET_WIRE_TRY(heartbeat, JsonNumberIn(j, "heartbeat_interval_s", 1e-3, 3600, where));
+  w.heartbeat_interval_s = heartbeat;
+  policies::EngineConfig& e = w.engine;
+  DUET_WIRE_TRY(caching, JsonBoolOr(j, "enable_prefix_caching", true, where));
+  e.enable_prefix_caching = caching;
+  DUET_WIRE_TRY(publish, JsonBoolOr(j, "publish_kv_events", false, where));
+  e.publish_kv_events = publish;
+  DUET_WIRE_TRY(lease, JsonNumberIn(j, "kv_lease_s", 1e-3, 86400, where));
+  e.kv_lease_s = lease;
+  DUET_WIRE_TRY(policy, JsonIntIn(j, "kv_load_failure_policy", 0, 1, where));
+  e.kv_load_failure_policy = static_cast<policies::KvLoadFailurePolicy>(policy);
+  DUET_WIRE_TRY(batched, JsonIntIn(j, "max_num_batched_tokens", 1, std::int64_t{1} << 24, where));
+  e.scheduler.max_num_batched_tokens = batched;
+  DUET_WIRE_TRY(seqs, JsonIntIn(j, "max_num_seqs", 1, 1 << 20, where));
+  e.scheduler.max_num_seqs = static_cast<int>(seqs);
+  DUET_WIRE_TRY(watermark, JsonNumberIn(j, "watermark", 0, 0.5, where));
+  e.scheduler.watermark = watermark;
+  return w;
+}
+
+std::string EncodePeer(const Peer& p) {
+  return Pack({{"instance", p.instance},
+               {"kv", json::binary({p.kv_descriptor.begin(), p.kv_descriptor.end()})}});
+}
+
+Result<Peer> ParsePeer(std::string_view body) {
+  const std::string where = "peer";
+  DUET_WIRE_TRY(j, Unpack(body, "peer"));
+  Peer p;
+  DUET_WIRE_TRY(instance, JsonIntIn(j, "instance", 0, kMaxInstance, where));
+  p.instance = static_cast<policies::InstanceId>(instance);
+  DUET_WIRE_TRY(kv, BinaryField(j, "kv", kMaxDescriptorBytes, where));
+  p.kv_descriptor = std::move(kv);
+  return p;
+}
+
+std::string EncodeEngine(const WireEngineMessage& w) {
+  const EngineMessage& m = w.message;
+  json j = {{"to", w.to},
+            {"kind", static_cast<int>(m.kind)},
+            {"from", m.from},
+            {"request_id", m.request_id}};
+  if (!m.blocks.empty()) j["blocks"] = m.blocks;
+  if (std::isfinite(m.lease_expires_s)) j["lease_expires_s"] = m.lease_expires_s;
+  if (w.request) j["request"] = RequestToJson(*w.request, /*full=*/true);
+  return Pack(j);
+}
+
+Result<WireEngineMessage> ParseEngine(std::string_view body) {
+  const std::string where = "engine message";
+  DUET_WIRE_TRY(j, Unpack(body, "engine message"));
+  WireEngineMessage w;
+  DUET_WIRE_TRY(to, JsonIntIn(j, "to", -1, kMaxInstance, where));
+  w.to = static_cast<policies::InstanceId>(to);
+  DUET_WIRE_TRY(kind,
+                JsonIntIn(j, "kind", 0, static_cast<int>(EngineMessage::Kind::kAbort), where));
+  EngineMessage& m = w.message;
+  m.kind = static_cast<EngineMessage::Kind>(kind);
+  DUET_WIRE_TRY(from, JsonIntIn(j, "from", -1, kMaxInstance, where));
+  m.from = static_cast<policies::InstanceId>(from);
+  if (!JsonHas(j, "request_id")) return FieldError(where, "request_id", "is missing");
+  DUET_WIRE_TRY(id, U64(j.at("request_id"), where, "request_id"));
+  m.request_id = id;
+  if (Status s = IntArray(j, "blocks", static_cast<std::size_t>(kMaxTokens), 0,
+                          std::numeric_limits<std::int32_t>::max(), where, &m.blocks);
+      !s.ok())
+    return s;
+  DUET_WIRE_TRY(lease, TimeField(j, "lease_expires_s", where, policies::kForever));
+  m.lease_expires_s = lease;
+  const bool carries_request =
+      m.kind == EngineMessage::Kind::kNewRequest || m.kind == EngineMessage::Kind::kKvReady;
+  if (carries_request != JsonHas(j, "request")) {
+    return FieldError(where, "request",
+                      carries_request ? "is missing (new requests and KV-ready carry one)"
+                                      : "is only for new requests and KV-ready");
+  }
+  if (carries_request) {
+    DUET_WIRE_TRY(r, RequestFromJson(j.at("request"), /*full=*/true, where + ": request"));
+    if (r.id != m.request_id)
+      return FieldError(
+          where, "request",
+          "names request " + std::to_string(r.id) + ", not " + std::to_string(m.request_id));
+    w.request = std::move(r);
+  }
+  if (m.kind == EngineMessage::Kind::kKvReady && m.blocks.empty())
+    return FieldError(where, "blocks", "must name the blocks holding the KV");
+  return w;
+}
+
+std::string EncodeEvents(const Events& events) {
+  json list = json::array();
+  for (const WireEvent& e : events.events) {
+    json j = {{"kind", static_cast<int>(e.kind)}, {"request_id", e.request_id}};
+    switch (e.kind) {
+      case WireEvent::Kind::kToken:
+        j["token"] = e.token;
+        break;
+      case WireEvent::Kind::kTokenGaps:
+        j["gap_s"] = e.gap_s;
+        j["count"] = e.count;
+        break;
+      case WireEvent::Kind::kKvEvents: {
+        json kv = json::array();
+        for (const policies::KvCacheEvent& k : e.kv_events) kv.push_back({k.hash, k.stored});
+        j["kv"] = std::move(kv);
+        break;
+      }
+      default:
+        break;
+    }
+    if (e.state) j["state"] = RequestToJson(*e.state, /*full=*/false);
+    list.push_back(std::move(j));
+  }
+  return Pack({{"events", std::move(list)}, {"load", LoadToJson(events.load)}});
+}
+
+Result<Events> ParseEvents(std::string_view body) {
+  const std::string where = "events";
+  DUET_WIRE_TRY(j, Unpack(body, "events"));
+  Events out;
+  if (!JsonHas(j, "load")) return FieldError(where, "load", "is missing");
+  DUET_WIRE_TRY(load, LoadFromJson(j.at("load"), where + ": load"));
+  out.load = load;
+  if (!JsonHas(j, "events") || !j.at("events").is_array())
+    return FieldError(where, "events", "must be an array");
+  for (std::size_t i = 0; i < j.at("events").size(); ++i) {
+    const json& e = j.at("events")[i];
+    const std::string ew = where + "[" + std::to_string(i) + "]";
+    if (!e.is_object()) return Status::Error(ew + ": must be a map");
+    WireEvent w;
+    DUET_WIRE_TRY(kind, JsonIntIn(e, "kind", 0, static_cast<int>(WireEvent::Kind::kKvEvents), ew));
+    w.kind = static_cast<WireEvent::Kind>(kind);
+    if (!JsonHas(e, "request_id")) return FieldError(ew, "request_id", "is missing");
+    DUET_WIRE_TRY(id, U64(e.at("request_id"), ew, "request_id"));
+    w.request_id = id;
+    switch (w.kind) {
+      case WireEvent::Kind::kToken: {
+        DUET_WIRE_TRY(token,
+                      JsonIntIn(e, "token", 0, std::numeric_limits<std::int32_t>::max(), ew));
+        w.token = static_cast<std::int32_t>(token);
+        break;
+      }
+      case WireEvent::Kind::kTokenGaps: {
+        DUET_WIRE_TRY(gap, JsonNumberIn(e, "gap_s", 0, kMaxSeconds, ew));
+        w.gap_s = gap;
+        DUET_WIRE_TRY(count, JsonIntIn(e, "count", 1, kMaxTokens, ew));
+        w.count = count;
+        break;
+      }
+      case WireEvent::Kind::kKvEvents: {
+        if (!JsonHas(e, "kv") || !e.at("kv").is_array())
+          return FieldError(ew, "kv", "must be an array");
+        for (const json& k : e.at("kv")) {
+          if (!k.is_array() || k.size() != 2 || !k[1].is_boolean())
+            return FieldError(ew, "kv", "must hold [hash, stored] pairs");
+          DUET_WIRE_TRY(hash, U64(k[0], ew, "kv"));
+          w.kv_events.push_back({hash, k[1].get<bool>()});
+        }
+        break;
+      }
+      default:
+        break;
+    }
+    const bool needs_state = w.kind == WireEvent::Kind::kPrefillDone ||
+                             w.kind == WireEvent::Kind::kFinished ||
+                             w.kind == WireEvent::Kind::kPreempted;
+    if (needs_state) {
+      if (!JsonHas(e, "state")) return FieldError(ew, "state", "is missing");
+      DUET_WIRE_TRY(state, RequestFromJson(e.at("state"), /*full=*/false, ew + ": state"));
+      if (state.id != w.request_id)
+        return FieldError(ew, "state", "names another request than request_id");
+      w.state = std::move(state);
+    }
+    out.events.push_back(std::move(w));
+  }
+  return out;
+}
+
+std::string EncodeHeartbeat(const WorkerLoad& load) { return Pack({{"load", LoadToJson(load)}}); }
+
+Result<WorkerLoad> ParseHeartbeat(std::string_view body) {
+  DUET_WIRE_TRY(j, Unpack(body, "heartbeat"));
+  if (!JsonHas(j, "load")) return FieldError("heartbeat", "load", "is missing");
+  return LoadFromJson(j.at("load"), "heartbeat: load");
+}
+
+}  // namespace duet::backend::cluster

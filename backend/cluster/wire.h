@@ -1,0 +1,125 @@
+// The messages between the frontend of `duet serve` and its worker processes (`duet worker`),
+// and their framing on a byte stream. A frame is a 12-byte header, "DUET", the protocol
+// version (u16), the message kind (u16) and the body's length (u32), little-endian, then the
+// body: one MessagePack map (nlohmann_json's codec). Bodies are bounded (kMaxFrameBodyBytes);
+// every field is checked on the way in, so a malformed, oversized or out-of-range message is
+// an error naming what is wrong, never a crash or a request the engine cannot hold.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "backend/engine/engine_thread.h"
+#include "common/status.h"
+#include "common/units.h"
+#include "policies/block_manager.h"
+#include "policies/engine.h"
+#include "policies/ports.h"
+#include "policies/request.h"
+#include "policies/scheduler.h"
+
+namespace duet::backend::cluster {
+
+inline constexpr std::uint16_t kWireVersion = 1;
+inline constexpr std::size_t kFrameHeaderBytes = 12;
+// A request descriptor of the longest prompt Duet admits (a few million token ids) fits.
+inline constexpr std::uint32_t kMaxFrameBodyBytes = 64u << 20;
+
+enum class MessageKind : std::uint16_t {
+  kHello = 1,      // worker -> frontend: who it is, what it serves, where to pull its KV
+  kWelcome = 2,    // frontend -> worker: its instance id, the clock, the engine settings, peers
+  kPeer = 3,       // frontend -> worker: a prefill peer joined (decode workers connect to it)
+  kEngine = 4,     // either way: an engine message (worker -> frontend: relay it to `to`)
+  kEvents = 5,     // worker -> frontend: what one engine iteration produced, and the load
+  kHeartbeat = 6,  // worker -> frontend: the load, when no iteration ran for a while
+};
+
+struct FrameHeader {
+  std::uint16_t version = kWireVersion;
+  MessageKind kind = MessageKind::kHello;
+  std::uint32_t body_bytes = 0;
+};
+
+std::string EncodeFrameHeader(MessageKind kind, std::uint32_t body_bytes);
+// Checks the magic, the version, the kind and the length bound.
+Result<FrameHeader> ParseFrameHeader(std::string_view bytes);
+
+// What a worker holds: its engine thread's load and its KV blocks.
+struct WorkerLoad {
+  InstanceLoad engine;
+  std::int64_t kv_blocks_total = 0;
+};
+
+struct Hello {
+  policies::InstanceRole role = policies::InstanceRole::kColocated;
+  std::int64_t pid = 0;
+  // The model it serves: the frontend checks every worker serves the same one.
+  std::int64_t num_layers = 0;
+  std::int64_t vocab_size = 0;
+  std::int64_t block_tokens = 0;
+  std::int64_t kv_bytes_per_token = 0;
+  std::int64_t max_position_embeddings = 0;
+  std::int64_t num_blocks = 0;
+  std::string kv_descriptor;  // PD: where peers pull its KV from (a UCX descriptor); else empty
+};
+
+struct Welcome {
+  policies::InstanceId instance = 0;
+  std::int64_t clock_epoch_ns = 0;  // steady-clock time of the run's second 0 (this machine)
+  policies::EngineConfig engine;    // id, role and the model's fields are the worker's
+  Seconds heartbeat_interval_s = 0.5;
+};
+
+struct Peer {
+  policies::InstanceId instance = 0;
+  std::string kv_descriptor;
+};
+
+// An engine message with its request by value: kNewRequest and kKvReady carry the request's
+// descriptor, the others only its id.
+struct WireEngineMessage {
+  policies::InstanceId to = policies::kNoInstance;  // worker -> frontend: the destination
+  policies::EngineMessage message;                  // message.request is null
+  std::optional<policies::Request> request;
+};
+
+// One engine event of a worker, in the order the engine raised it.
+struct WireEvent {
+  enum class Kind { kToken, kPrefillDone, kFinished, kTokenGaps, kPreempted, kKvEvents };
+  Kind kind = Kind::kToken;
+  policies::RequestId request_id = 0;
+  std::int32_t token = 0;  // kToken
+  // kPrefillDone, kFinished, kPreempted: the request's scalar state then (no token ids).
+  std::optional<policies::Request> state;
+  Seconds gap_s = 0;                              // kTokenGaps
+  std::int64_t count = 0;                         // kTokenGaps
+  std::vector<policies::KvCacheEvent> kv_events;  // kKvEvents
+};
+
+struct Events {
+  std::vector<WireEvent> events;
+  WorkerLoad load;
+};
+
+std::string EncodeHello(const Hello& hello);
+std::string EncodeWelcome(const Welcome& welcome);
+std::string EncodePeer(const Peer& peer);
+std::string EncodeEngine(const WireEngineMessage& message);
+std::string EncodeEvents(const Events& events);
+std::string EncodeHeartbeat(const WorkerLoad& load);
+
+Result<Hello> ParseHello(std::string_view body);
+Result<Welcome> ParseWelcome(std::string_view body);
+Result<Peer> ParsePeer(std::string_view body);
+Result<WireEngineMessage> ParseEngine(std::string_view body);
+Result<Events> ParseEvents(std::string_view body);
+Result<WorkerLoad> ParseHeartbeat(std::string_view body);
+
+// A whole frame (header and body) of `kind`.
+std::string Frame(MessageKind kind, const std::string& body);
+
+}  // namespace duet::backend::cluster

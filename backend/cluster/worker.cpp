@@ -1,0 +1,327 @@
+// A worker process's side of the frontend link (see worker.h).
+#include "backend/cluster/worker.h"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <mutex>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "backend/cluster/connection.h"
+#include "backend/cluster/wire.h"
+#include "backend/engine/engine_thread.h"
+
+namespace duet::backend::cluster {
+
+using policies::EngineMessage;
+using policies::InstanceRole;
+using policies::Request;
+using policies::RequestId;
+
+namespace {
+
+WorkerLoad LoadOf(const EngineThread& engine) { return {engine.load(), engine.kv_blocks_total()}; }
+
+// The worker's half of the link: the engine's outbox and event sink (engine thread), the
+// requests it holds, and the frames from the frontend (reader thread).
+class WorkerLink final : public policies::Outbox, public policies::EventSink {
+ public:
+  WorkerLink(InstanceRole role, std::int64_t vocab_size, WorkerKvTransport& transport)
+      : role_(role), vocab_size_(vocab_size), transport_(transport) {}
+
+  void Attach(Connection* connection, EngineThread* engine) {
+    connection_ = connection;
+    engine_ = engine;
+  }
+
+  // --- Outbox (engine thread): KV-ready and KV-release go to the frontend, which relays them.
+  void Send(policies::InstanceId to, const EngineMessage& message) override {
+    WireEngineMessage w{to, message, std::nullopt};
+    w.message.request = nullptr;
+    if (message.kind == EngineMessage::Kind::kKvReady) {
+      w.message.request_id = message.request->id;
+      w.request = *message.request;
+      handed_off_.push_back(message.request->id);  // the decode instance serves it now
+      std::lock_guard lock(mu_);
+      leases_.insert(message.request->id);
+    }
+    FlushEvents();  // keeps this message after the events that came before it
+    connection_->Send(MessageKind::kEngine, EncodeEngine(w));
+  }
+
+  // --- EventSink (engine thread): buffered, sent after each iteration.
+  void OnToken(const Request& r, std::int32_t token) override {
+    WireEvent e;
+    e.kind = WireEvent::Kind::kToken;
+    e.request_id = r.id;
+    e.token = token;
+    events_.events.push_back(std::move(e));
+  }
+  void OnFinished(const Request& r) override {
+    Push(WireEvent::Kind::kFinished, r);
+    handed_off_.push_back(r.id);
+  }
+  void OnPrefillDone(const Request& r) override { Push(WireEvent::Kind::kPrefillDone, r); }
+  void OnPreempted(const Request& r, policies::InstanceId) override {
+    Push(WireEvent::Kind::kPreempted, r);
+  }
+  void OnTokenGaps(Seconds gap_s, std::int64_t count) override {
+    WireEvent e;
+    e.kind = WireEvent::Kind::kTokenGaps;
+    e.gap_s = gap_s;
+    e.count = count;
+    events_.events.push_back(std::move(e));
+  }
+  void OnKvEvents(policies::InstanceId, std::span<const policies::KvCacheEvent> events) override {
+    WireEvent e;
+    e.kind = WireEvent::Kind::kKvEvents;
+    e.kv_events.assign(events.begin(), events.end());
+    events_.events.push_back(std::move(e));
+  }
+
+  // Engine thread, after every iteration: sends what it produced and lets go of the requests
+  // that finished or moved on.
+  void AfterIteration() {
+    FlushEvents();
+    if (handed_off_.empty()) return;
+    std::lock_guard lock(mu_);
+    for (RequestId id : handed_off_) requests_.erase(id);
+    handed_off_.clear();
+  }
+
+  // Reader thread: one frame from the frontend. A malformed message ends the link.
+  void OnFrame(const FrameHeader& header, const std::string& body) {
+    Status s = Handle(header, body);
+    if (s.ok()) return;
+    std::fprintf(stderr, "duet worker: rejected a message from the frontend: %s\n",
+                 s.message().c_str());
+    connection_->Close();
+  }
+
+  // When the link is lost: ends everything held, so the engine thread stops at once.
+  void AbandonAll() {
+    std::lock_guard lock(mu_);
+    for (const auto& [id, r] : requests_) {
+      EngineMessage m{EngineMessage::Kind::kAbort, nullptr, policies::kNoInstance};
+      m.request_id = id;
+      engine_->inbox().Post(m);
+    }
+    for (RequestId id : leases_) {
+      EngineMessage m{EngineMessage::Kind::kKvRelease, nullptr, policies::kNoInstance};
+      m.request_id = id;
+      engine_->inbox().Post(m);
+    }
+  }
+
+  bool WaitShutdown(Seconds heartbeat_s, const std::function<void()>& heartbeat) {
+    std::unique_lock lock(mu_);
+    while (!shutdown_ && !lost_) {
+      if (!cv_.wait_for(lock, std::chrono::duration<double>(heartbeat_s),
+                        [&] { return shutdown_ || lost_; })) {
+        lock.unlock();
+        heartbeat();
+        lock.lock();
+      }
+    }
+    return shutdown_;
+  }
+  void Lost(const std::string& why) {
+    {
+      std::lock_guard lock(mu_);
+      if (!shutdown_) lost_why_ = why;
+      lost_ = true;
+    }
+    cv_.notify_all();
+  }
+  std::string lost_why() {
+    std::lock_guard lock(mu_);
+    return lost_why_;
+  }
+
+ private:
+  void Push(WireEvent::Kind kind, const Request& r) {
+    WireEvent e;
+    e.kind = kind;
+    e.request_id = r.id;
+    e.state = r;
+    e.state->token_ids.clear();
+    e.state->block_hashes.clear();
+    e.state->sampling = {};
+    events_.events.push_back(std::move(e));
+  }
+
+  void FlushEvents() {
+    if (events_.events.empty()) return;
+    events_.load = LoadOf(*engine_);
+    connection_->Send(MessageKind::kEvents, EncodeEvents(events_));
+    events_.events.clear();
+  }
+
+  Status Handle(const FrameHeader& header, const std::string& body) {
+    if (header.kind == MessageKind::kPeer) {
+      Result<Peer> peer = ParsePeer(body);
+      if (!peer.ok()) return peer.status();
+      if (role_ == InstanceRole::kDecode)
+        transport_.SetPeer(peer->instance, std::move(peer->kv_descriptor));
+      return Status::Ok();
+    }
+    if (header.kind != MessageKind::kEngine)
+      return Status::Error("unexpected message kind " +
+                           std::to_string(static_cast<int>(header.kind)));
+    Result<WireEngineMessage> w = ParseEngine(body);
+    if (!w.ok()) return w.status();
+    EngineMessage m = w->message;
+    using Kind = EngineMessage::Kind;
+    if (m.kind == Kind::kShutdown) {
+      {
+        std::lock_guard lock(mu_);
+        shutdown_ = true;
+      }
+      cv_.notify_all();
+      return Status::Ok();
+    }
+    const bool decode = role_ == InstanceRole::kDecode;
+    if ((m.kind == Kind::kNewRequest && decode) || (m.kind == Kind::kKvReady && !decode) ||
+        (m.kind == Kind::kKvRelease && role_ != InstanceRole::kPrefill)) {
+      return Status::Error(std::string("a ") + KindName(m.kind) + " message for a " +
+                           policies::ToString(role_) + " instance");
+    }
+    std::lock_guard lock(mu_);
+    if (m.kind == Kind::kKvRelease) leases_.erase(m.request_id);
+    if (w->request) {
+      Request& r = *w->request;
+      if (Status s = CheckRequest(r, m.kind); !s.ok()) return s;
+      if (requests_.count(r.id)) {
+        return Status::Error("request " + std::to_string(r.id) + " is already held here");
+      }
+      auto owned = std::make_unique<Request>(std::move(r));
+      m.request = owned.get();
+      requests_.emplace(owned->id, std::move(owned));
+    }
+    engine_->inbox().Post(m);
+    return Status::Ok();
+  }
+
+  // What the engine assumes of a request it is handed beyond what the parser bounds.
+  Status CheckRequest(const Request& r, EngineMessage::Kind kind) const {
+    const std::string what = "request " + std::to_string(r.id) + ": ";
+    for (std::int32_t token : r.token_ids) {
+      if (token >= vocab_size_)
+        return Status::Error(what + "token id " + std::to_string(token) +
+                             " is outside the vocabulary");
+    }
+    if (kind == EngineMessage::Kind::kNewRequest && r.generated_tokens != 0)
+      return Status::Error(what + "a new request has generated no tokens yet");
+    if (kind == EngineMessage::Kind::kKvReady &&
+        (r.generated_tokens < 1 || r.generated_tokens >= r.output_tokens))
+      return Status::Error(what + "KV-ready after its first token and before its last");
+    return Status::Ok();
+  }
+
+  static const char* KindName(EngineMessage::Kind kind) {
+    switch (kind) {
+      case EngineMessage::Kind::kNewRequest:
+        return "new-request";
+      case EngineMessage::Kind::kKvReady:
+        return "KV-ready";
+      case EngineMessage::Kind::kKvRelease:
+        return "KV-release";
+      default:
+        return "engine";
+    }
+  }
+
+  const InstanceRole role_;
+  const std::int64_t vocab_size_;
+  WorkerKvTransport& transport_;
+  Connection* connection_ = nullptr;
+  EngineThread* engine_ = nullptr;
+  Events events_;                      // engine thread
+  std::vector<RequestId> handed_off_;  // engine thread
+
+  std::mutex mu_;  // guards what follows
+  std::condition_variable cv_;
+  std::unordered_map<RequestId, std::unique_ptr<Request>> requests_;
+  std::unordered_set<RequestId> leases_;  // KV held for a decode instance's pull
+  bool shutdown_ = false;
+  bool lost_ = false;
+  std::string lost_why_;
+};
+
+}  // namespace
+
+Status RunWorker(std::unique_ptr<ForwardModel> model, const WorkerOptions& options) {
+  const models::ModelSpec& config = model->config();
+  auto transport =
+      WorkerKvTransport::Create(options.role, model->kv_region(), options.kv_transport);
+  if (!transport.ok()) return Status::Error("KV transport: " + transport.error());
+
+  // Register: hello, then the frontend's welcome.
+  auto fd = ConnectTo(options.frontend, options.connect_timeout_s);
+  if (!fd.ok()) return Status::Error("reaching the frontend: " + fd.error());
+  Hello hello;
+  hello.role = options.role;
+  hello.pid = ::getpid();
+  hello.num_layers = config.num_hidden_layers;
+  hello.vocab_size = config.vocab_size;
+  hello.block_tokens = model->block_tokens();
+  hello.kv_bytes_per_token = config.KvBytesPerToken();
+  hello.max_position_embeddings = config.max_position_embeddings;
+  hello.num_blocks = model->num_blocks();
+  hello.kv_descriptor = (*transport)->descriptor();
+  if (Status s = WriteFrame(*fd, MessageKind::kHello, EncodeHello(hello)); !s.ok()) {
+    ::close(*fd);
+    return Status::Error("registering with the frontend: " + s.message());
+  }
+  auto reply = ReadFrame(*fd, options.connect_timeout_s);
+  Result<Welcome> welcome =
+      !reply.ok() ? Result<Welcome>(Status::Error(reply.error()))
+      : reply->header.kind != MessageKind::kWelcome
+          ? Result<Welcome>(Status::Error("the frontend answered with no welcome"))
+          : ParseWelcome(reply->body);
+  if (!welcome.ok()) {
+    ::close(*fd);
+    return Status::Error("registering with the frontend: " + welcome.error() +
+                         " (the frontend's log says why it refused)");
+  }
+
+  (*transport)->SetSelf(welcome->instance);
+  policies::EngineConfig engine_config = welcome->engine;
+  engine_config.id = welcome->instance;
+  engine_config.role = options.role;
+  engine_config.num_blocks = model->num_blocks();
+  engine_config.block_tokens = model->block_tokens();
+  engine_config.kv_bytes_per_token = config.KvBytesPerToken();
+  engine_config.num_layers = config.num_hidden_layers;
+  const SteadyClock clock(std::chrono::steady_clock::time_point(
+      std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+          std::chrono::nanoseconds(welcome->clock_epoch_ns))));
+
+  WorkerLink link(options.role, config.vocab_size, **transport);
+  EngineThread engine(engine_config, *model,
+                      EngineThread::Ports{&clock, &link, transport->get(), &link},
+                      [&link] { link.AfterIteration(); });
+  Connection connection(
+      *fd, [&link](const FrameHeader& h, std::string body) { link.OnFrame(h, body); },
+      [&link](const std::string& why) { link.Lost(why); });
+  link.Attach(&connection, &engine);
+  connection.Start();
+  engine.Start();
+  std::fprintf(stderr, "duet worker: instance %d (%s), pid %d, KV over %s\n", welcome->instance,
+               policies::ToString(options.role), static_cast<int>(hello.pid),
+               (*transport)->path().c_str());
+
+  const bool shutdown = link.WaitShutdown(welcome->heartbeat_interval_s, [&] {
+    connection.Send(MessageKind::kHeartbeat, EncodeHeartbeat(LoadOf(engine)));
+  });
+  if (!shutdown) link.AbandonAll();
+  engine.Stop();  // serves what it holds to the end (nothing, once abandoned)
+  if (!shutdown) return Status::Error("lost the frontend: " + link.lost_why());
+  connection.WaitSent(10.0);
+  return Status::Ok();
+}
+
+}  // namespace duet::backend::cluster

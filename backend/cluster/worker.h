@@ -1,0 +1,30 @@
+// A worker process (`duet worker`): one instance of a `duet serve` cluster, its engine thread
+// running the shared InstanceEngine over the model, its messages and events crossing to the
+// frontend as wire.h frames, its KV pulled or served over UCX (PD). It registers with the
+// frontend (role, model, KV descriptor), takes the instance id, the run's clock and the
+// engine settings the frontend gives, and serves until the frontend shuts it down or goes away.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "backend/engine/forward_model.h"
+#include "backend/transport/local_kv_transports.h"
+#include "common/status.h"
+#include "policies/engine.h"
+
+namespace duet::backend::cluster {
+
+struct WorkerOptions {
+  std::string frontend;  // "host:port" where the frontend takes workers
+  policies::InstanceRole role = policies::InstanceRole::kColocated;
+  KvTransportOptions kv_transport;  // PD: UCX (loopback cannot cross processes)
+  Seconds connect_timeout_s = 60;   // to reach the frontend and be welcomed
+};
+
+// Blocks until the frontend sends kShutdown (returns Ok once the work held is done) or the
+// connection is lost, or a message from it is malformed (an error saying so; the work held is
+// abandoned: the frontend retries it elsewhere).
+Status RunWorker(std::unique_ptr<ForwardModel> model, const WorkerOptions& options);
+
+}  // namespace duet::backend::cluster

@@ -1,0 +1,125 @@
+// The live frontend's state (see frontend.h), shared by its two kinds of instance: engine
+// threads of this process (frontend.cpp) and worker processes (frontend_workers.cpp).
+// Internal to backend/serve.
+#pragma once
+
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+#include <vector>
+
+#include "backend/engine/engine_thread.h"
+#include "backend/serve/frontend.h"
+#include "policies/kv_event_index.h"
+
+namespace duet::backend::serve {
+
+// An instance as the frontend reaches it.
+class Instance {
+ public:
+  virtual ~Instance() = default;
+  // Delivers `message` (message.request, if any, is read during the call only by a worker
+  // process's instance, which sends a copy; an engine thread keeps the pointer).
+  virtual void Post(const policies::EngineMessage& message) = 0;
+  virtual InstanceLoad load() const = 0;
+  virtual std::int64_t kv_blocks_total() const = 0;
+  // Stops taking work once what it holds is done, and waits for that.
+  virtual void Stop() = 0;
+};
+
+struct LiveFrontend::Impl {
+  // A request, from Submit until the instance that served it has finished with it. Keyed by
+  // the id of its current attempt: the client's id, or (after its worker was lost) a new id
+  // per retry. Engine threads: the engine owns `request` while serving it. Worker processes:
+  // `request` is the frontend's mirror (the worker holds its own copy), its scalar state
+  // updated from the worker's events and its token_ids extended by every token delivered.
+  struct Entry {
+    std::unique_ptr<policies::Request> request;
+    std::shared_ptr<RequestListener> listener;
+    policies::InstanceId prefill = policies::kNoInstance;
+    policies::InstanceId decode = policies::kNoInstance;  // colocated: the prefill instance
+    bool finished = false;
+    // What the client asked for, and the tokens its listener got before this attempt.
+    policies::RequestId client_id = 0;
+    Tokens prompt_tokens = 0;
+    Tokens max_tokens = 0;
+    Tokens tokens_before = 0;
+    // PD worker processes: the decode side released the prefill side's KV (the request no
+    // longer needs its prefill instance).
+    bool kv_released = false;
+  };
+
+  // An instance's events (on its engine thread, or the reader thread of its worker's
+  // connection): tokens and final records to the request's listener, lifecycle to the router
+  // and the observer, KV events to the routing index.
+  class InstanceSink final : public policies::EventSink {
+   public:
+    InstanceSink(Impl& impl, policies::InstanceId id) : impl_(impl), id_(id) {}
+
+    void OnToken(const policies::Request& r, std::int32_t token) override;
+    void OnFinished(const policies::Request& r) override;
+    void OnPrefillDone(const policies::Request& r) override;
+    void OnTokenGaps(Seconds gap_s, std::int64_t count) override;
+    void OnPreempted(const policies::Request& r, policies::InstanceId instance) override;
+    void OnKvEvents(policies::InstanceId instance,
+                    std::span<const policies::KvCacheEvent> events) override;
+    // After each iteration: the requests that finished in it are released.
+    void ReleaseFinished();
+
+   private:
+    RequestListener* Listener(policies::RequestId id);
+
+    Impl& impl_;
+    policies::InstanceId id_;
+    std::unordered_map<policies::RequestId, RequestListener*> listeners_;
+    std::vector<policies::RequestId> finished_;
+  };
+
+  // Ends `entry`'s request (`id`: its current attempt) wherever it is: on its prefill instance
+  // or, past the handoff, on its decode instance (an instance ignores an abort of a request it
+  // does not hold). Caller holds mu.
+  void PostAbort(policies::RequestId id, const Entry& entry);
+
+  FrontendOptions options;
+  std::vector<std::unique_ptr<ForwardModel>> models;  // engine threads only
+  models::ModelSpec config;
+  std::int32_t block_tokens = 16;
+  SteadyClock clock;
+  std::vector<std::unique_ptr<InstanceSink>> sinks;
+  bool pd = false;
+  std::unique_ptr<LocalKvTransports> transports;  // engine threads only
+  std::unique_ptr<LocalOutbox> outbox;            // engine threads only
+  std::vector<std::unique_ptr<Instance>> instances;
+  Tokens max_request_tokens = 0;
+
+  struct Fleet;  // worker processes (frontend_workers.cpp); null with engine threads
+  std::unique_ptr<Fleet> fleet;
+
+  mutable std::mutex mu;            // guards what follows
+  std::condition_variable changed;  // a request finished
+  std::unordered_map<policies::RequestId, Entry> entries;
+  std::unordered_map<policies::RequestId, policies::RequestId> retried;  // client -> attempt
+  std::int64_t pending = 0;                                              // entries not finished
+  std::int64_t requests_retried = 0;
+  std::unique_ptr<policies::KvEventIndex> index;
+  std::unique_ptr<policies::Router> router;
+  policies::RequestId next_id = 0;
+  bool draining = false;
+
+  Impl();  // both in frontend_workers.cpp, where Fleet is complete
+  ~Impl();
+};
+
+// The engine settings of instance `id` from the frontend's options (the model's fields are
+// filled by whoever holds the model).
+policies::EngineConfig InstanceEngineConfig(const FrontendOptions& options,
+                                            policies::InstanceId id);
+
+// frontend_workers.cpp: starts the fleet (every slot registered) into `impl`.
+Status StartFleet(LiveFrontend::Impl& impl, WorkerFleet fleet);
+// Asks every worker to shut down once idle and waits for them to leave.
+void StopFleet(LiveFrontend::Impl& impl);
+std::vector<WorkerStatus> FleetStatus(const LiveFrontend::Impl& impl);
+
+}  // namespace duet::backend::serve

@@ -1,0 +1,592 @@
+// The live frontend over worker processes (see frontend.h, WorkerFleet): registration into
+// role slots, the relay of engine messages between workers, their events into the shared
+// InstanceSink, heartbeats, and the retry of a lost worker's requests on survivors.
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <limits>
+#include <thread>
+
+#include "backend/cluster/wire.h"
+#include "backend/serve/frontend_impl.h"
+#include "policies/block_hash.h"
+
+namespace duet::backend::serve {
+
+using cluster::Connection;
+using cluster::MessageKind;
+using policies::EngineMessage;
+using policies::InstanceId;
+using policies::InstanceRole;
+using policies::Request;
+using policies::RequestId;
+using Impl = LiveFrontend::Impl;
+
+struct LiveFrontend::Impl::Fleet {
+  struct Slot {
+    InstanceRole role = InstanceRole::kColocated;
+    std::shared_ptr<Connection> connection;  // null while no worker holds the slot
+    bool up = false;
+    std::int64_t pid = 0;
+    std::int64_t joins = 0;
+    std::int64_t num_blocks = 0;
+    std::uint64_t generation = 0;  // of the connection holding it (events of older ones drop)
+    std::string kv_descriptor;
+    cluster::WorkerLoad load;
+    // The counters of the slot's earlier workers (lost ones), which load() adds: totals a
+    // scrape reads must not fall back when a worker is replaced.
+    InstanceLoad carried;
+    std::chrono::steady_clock::time_point last_heard;
+  };
+
+  WorkerFleet settings;
+  mutable std::mutex mu;  // guards what follows; taken after Impl::mu, never before
+  std::condition_variable changed;
+  std::vector<Slot> slots;
+  std::vector<std::shared_ptr<Connection>> closed;  // to destroy off their own threads
+  std::uint64_t next_generation = 1;
+  bool stopping = false;
+  std::thread acceptor;
+};
+
+LiveFrontend::Impl::Impl() = default;
+LiveFrontend::Impl::~Impl() = default;
+
+namespace {
+
+void Log(const std::string& line) { std::fprintf(stderr, "duet serve: %s\n", line.c_str()); }
+
+// A worker slot as an instance.
+class RemoteInstance final : public Instance {
+ public:
+  RemoteInstance(Impl::Fleet& fleet, InstanceId id) : fleet_(fleet), id_(id) {}
+  void Post(const EngineMessage& message) override {
+    cluster::WireEngineMessage w{id_, message, std::nullopt};
+    w.message.request = nullptr;
+    if (message.request) {
+      w.message.request_id = message.request->id;
+      w.request = *message.request;
+    }
+    Send(MessageKind::kEngine, cluster::EncodeEngine(w));
+  }
+  // Dropped while no worker holds the slot: the lost worker's requests are retried anyway.
+  void Send(MessageKind kind, const std::string& body) {
+    std::shared_ptr<Connection> c;
+    {
+      std::lock_guard lock(fleet_.mu);
+      c = fleet_.slots[static_cast<std::size_t>(id_)].connection;
+    }
+    if (c) c->Send(kind, body);
+  }
+  InstanceLoad load() const override {
+    std::lock_guard lock(fleet_.mu);
+    const Impl::Fleet::Slot& slot = fleet_.slots[static_cast<std::size_t>(id_)];
+    InstanceLoad l = slot.load.engine;
+    l.leases_expired += slot.carried.leases_expired;
+    l.kv_load_failures += slot.carried.kv_load_failures;
+    l.kv_load_recomputes += slot.carried.kv_load_recomputes;
+    return l;
+  }
+  std::int64_t kv_blocks_total() const override {
+    std::lock_guard lock(fleet_.mu);
+    return fleet_.slots[static_cast<std::size_t>(id_)].load.kv_blocks_total;
+  }
+  void Stop() override {}  // StopFleet
+
+ private:
+  Impl::Fleet& fleet_;
+  InstanceId id_;
+};
+
+RemoteInstance& Remote(Impl& s, InstanceId id) {
+  return static_cast<RemoteInstance&>(*s.instances[static_cast<std::size_t>(id)]);
+}
+
+// A listener call to make once Impl::mu is released.
+struct Ending {
+  std::shared_ptr<RequestListener> listener;
+  FinishInfo info;
+};
+
+// Copies what a worker's event says of a request into the frontend's mirror (its token ids,
+// hashes and sampling stay the frontend's).
+void ApplyState(const Request& state, Request* mirror) {
+  std::vector<std::int32_t> token_ids = std::move(mirror->token_ids);
+  std::vector<policies::BlockHash> hashes = std::move(mirror->block_hashes);
+  policies::SamplingParams sampling = std::move(mirror->sampling);
+  *mirror = state;
+  mirror->token_ids = std::move(token_ids);
+  mirror->block_hashes = std::move(hashes);
+  mirror->sampling = std::move(sampling);
+}
+
+bool OnRoute(const Impl::Entry& e, InstanceId i) { return e.prefill == i || e.decode == i; }
+
+// Ends an entry here (its worker was lost and it cannot go on). Caller holds s.mu.
+void EndHere(Impl& s, RequestId id, policies::FinishReason reason, const std::string& message,
+             std::vector<Ending>* endings) {
+  auto it = s.entries.find(id);
+  Impl::Entry& e = it->second;
+  FinishInfo info;
+  info.reason = reason;
+  info.message = message;
+  info.prompt_tokens = e.prompt_tokens;
+  info.completion_tokens =
+      e.tokens_before + static_cast<Tokens>(e.request->token_ids.size()) - e.request->input_tokens;
+  endings->push_back({e.listener, info});
+  if (e.client_id != id) s.retried.erase(e.client_id);
+  s.entries.erase(it);
+  --s.pending;
+}
+
+// Moves a request whose worker was lost to survivors: a new attempt whose prompt is the old
+// prompt plus every token its listener got, for the tokens still to come. Caller holds s.mu.
+void Retry(Impl& s, RequestId id, std::vector<Ending>* endings) {
+  Impl::Entry& e = s.entries.at(id);
+  Request& old = *e.request;
+  s.router->OnFinished(old);  // uncharges its instances
+  const Tokens delivered = static_cast<Tokens>(old.token_ids.size()) - old.input_tokens;
+  const Tokens got = e.tokens_before + delivered;
+  const auto& stops = old.sampling.stop_token_ids;
+  if (got >= e.max_tokens) return EndHere(s, id, policies::FinishReason::kLength, "", endings);
+  if (delivered > 0 && std::ranges::find(stops, old.token_ids.back()) != stops.end())
+    return EndHere(s, id, policies::FinishReason::kStop, "", endings);
+
+  auto r = std::make_unique<Request>();
+  r->id = s.next_id++;
+  r->arrival_s = old.arrival_s;
+  r->token_ids = old.token_ids;
+  r->input_tokens = static_cast<Tokens>(r->token_ids.size());
+  r->output_tokens = e.max_tokens - got;
+  r->block_hashes = policies::TokenBlockHashes(r->token_ids, s.block_tokens);
+  r->sampling = old.sampling;
+  const policies::RoutingDecision d = s.router->Route(*r);
+  if (!d.reject_reason.empty()) {
+    return EndHere(s, id, policies::FinishReason::kError,
+                   "its worker was lost and it cannot be retried: " + d.reject_reason, endings);
+  }
+  r->prefill_instance = d.prefill;
+  r->decode_instance = s.pd ? d.decode : d.prefill;
+  Impl::Entry moved = std::move(e);
+  s.entries.erase(id);
+  moved.tokens_before = got;
+  moved.prefill = r->prefill_instance;
+  moved.decode = r->decode_instance;
+  moved.request = std::move(r);
+  Request* raw = moved.request.get();
+  s.retried[moved.client_id] = raw->id;
+  s.entries.emplace(raw->id, std::move(moved));
+  ++s.requests_retried;
+  s.instances[static_cast<std::size_t>(raw->prefill_instance)]->Post(
+      {EngineMessage::Kind::kNewRequest, raw, policies::kNoInstance});
+}
+
+void Finish(std::vector<Ending>& endings) {
+  for (Ending& e : endings) e.listener->OnFinished(e.info);
+}
+
+// Worker `i` is gone: no more routing to it; the survivors drop what they hold of its requests
+// (leases, pulls from it) and those requests start again elsewhere.
+void Failover(Impl& s, InstanceId i) {
+  std::vector<Ending> endings;
+  {
+    std::lock_guard lock(s.mu);
+    s.router->SetAvailable(i, false);
+    if (s.options.roles[static_cast<std::size_t>(i)] == InstanceRole::kPrefill) {
+      cluster::Peer gone{i, ""};
+      for (std::size_t d = 0; d < s.instances.size(); ++d) {
+        if (s.options.roles[d] == InstanceRole::kDecode)
+          Remote(s, static_cast<InstanceId>(d)).Send(MessageKind::kPeer, cluster::EncodePeer(gone));
+      }
+    }
+    std::vector<RequestId> lost;
+    for (const auto& [id, e] : s.entries) {
+      if (!e.finished && OnRoute(e, i)) lost.push_back(id);
+    }
+    for (RequestId id : lost) {
+      const Impl::Entry& e = s.entries.at(id);
+      // Past its handoff (the decode side released the prefill side's KV), a request no
+      // longer needs its prefill instance.
+      if (e.prefill == i && e.decode != i && e.kv_released) continue;
+      EngineMessage abort{EngineMessage::Kind::kAbort, nullptr, policies::kNoInstance};
+      abort.request_id = id;
+      EngineMessage release{EngineMessage::Kind::kKvRelease, nullptr, policies::kNoInstance};
+      release.request_id = id;
+      for (InstanceId other : {e.prefill, e.decode}) {
+        if (other == i) continue;
+        s.instances[static_cast<std::size_t>(other)]->Post(abort);
+        if (s.options.roles[static_cast<std::size_t>(other)] == InstanceRole::kPrefill)
+          s.instances[static_cast<std::size_t>(other)]->Post(release);
+      }
+      Retry(s, id, &endings);
+    }
+  }
+  s.changed.notify_all();
+  Finish(endings);
+}
+
+void OnClose(Impl& s, InstanceId i, std::uint64_t generation, const std::string& why) {
+  Impl::Fleet& f = *s.fleet;
+  std::int64_t pid = 0;
+  {
+    std::lock_guard lock(f.mu);
+    Impl::Fleet::Slot& slot = f.slots[static_cast<std::size_t>(i)];
+    if (slot.generation != generation || !slot.up) return;
+    slot.up = false;
+    f.closed.push_back(std::move(slot.connection));
+    slot.carried.leases_expired += slot.load.engine.leases_expired;
+    slot.carried.kv_load_failures += slot.load.engine.kv_load_failures;
+    slot.carried.kv_load_recomputes += slot.load.engine.kv_load_recomputes;
+    slot.load = {};
+    pid = slot.pid;
+    if (f.stopping) {
+      f.changed.notify_all();
+      return;
+    }
+  }
+  f.changed.notify_all();
+  Log("worker " + std::to_string(i) + " (" +
+      policies::ToString(f.slots[static_cast<std::size_t>(i)].role) + ", pid " +
+      std::to_string(pid) + ") lost: " + why + "; retrying its requests");
+  Failover(s, i);
+}
+
+// One message from worker `i`. A malformed one ends the connection (logged).
+Status OnFrame(Impl& s, InstanceId i, const cluster::FrameHeader& header, const std::string& body) {
+  Impl::Fleet& f = *s.fleet;
+  auto heard = [&](const cluster::WorkerLoad* load) {
+    std::lock_guard lock(f.mu);
+    Impl::Fleet::Slot& slot = f.slots[static_cast<std::size_t>(i)];
+    slot.last_heard = std::chrono::steady_clock::now();
+    if (load) slot.load = *load;
+  };
+  if (header.kind == MessageKind::kHeartbeat) {
+    auto load = cluster::ParseHeartbeat(body);
+    if (!load.ok()) return load.status();
+    heard(&*load);
+    return Status::Ok();
+  }
+  if (header.kind == MessageKind::kEngine) {
+    auto w = cluster::ParseEngine(body);
+    if (!w.ok()) return w.status();
+    heard(nullptr);
+    const EngineMessage::Kind kind = w->message.kind;
+    const InstanceId to = w->to;
+    const bool ready = kind == EngineMessage::Kind::kKvReady;
+    if ((!ready && kind != EngineMessage::Kind::kKvRelease) || to < 0 ||
+        to >= static_cast<InstanceId>(s.instances.size()) ||
+        s.options.roles[static_cast<std::size_t>(to)] !=
+            (ready ? InstanceRole::kDecode : InstanceRole::kPrefill) ||
+        w->message.from != i) {
+      return Status::Error(
+          "a worker may send only KV-ready to a decode instance and KV-release "
+          "to a prefill instance, as itself");
+    }
+    std::lock_guard lock(s.mu);
+    auto it = s.entries.find(w->message.request_id);
+    const bool current = it != s.entries.end() && it->second.prefill == (ready ? i : to) &&
+                         it->second.decode == (ready ? to : i);
+    // The decode side is done with the prefill side's KV: the request needs it no more.
+    if (current && !ready) it->second.kv_released = true;
+    if (current || !ready) {
+      // A release always goes through: it frees KV held for a pull.
+      Remote(s, to).Send(MessageKind::kEngine, body);
+    } else {
+      // The request was retried meanwhile: the prefill side lets go of its KV now.
+      EngineMessage release{EngineMessage::Kind::kKvRelease, nullptr, to};
+      release.request_id = w->message.request_id;
+      Remote(s, i).Post(release);
+    }
+    return Status::Ok();
+  }
+  if (header.kind != MessageKind::kEvents)
+    return Status::Error("unexpected message kind " +
+                         std::to_string(static_cast<int>(header.kind)));
+  auto events = cluster::ParseEvents(body);
+  if (!events.ok()) return events.status();
+  heard(&events->load);
+  Impl::InstanceSink& sink = *s.sinks[static_cast<std::size_t>(i)];
+  for (cluster::WireEvent& e : events->events) {
+    using Kind = cluster::WireEvent::Kind;
+    if (e.kind == Kind::kTokenGaps) {
+      sink.OnTokenGaps(e.gap_s, e.count);
+      continue;
+    }
+    if (e.kind == Kind::kKvEvents) {
+      sink.OnKvEvents(i, e.kv_events);
+      continue;
+    }
+    // The request's state as of this event, copied under the lock: a retry may move it.
+    Request copy;
+    {
+      std::lock_guard lock(s.mu);
+      auto it = s.entries.find(e.request_id);
+      if (it == s.entries.end() || !OnRoute(it->second, i) || it->second.finished) continue;
+      Request& mirror = *it->second.request;
+      if (e.kind == Kind::kToken) {
+        mirror.token_ids.push_back(e.token);
+        copy.id = mirror.id;
+      } else {
+        ApplyState(*e.state, &mirror);
+        copy = mirror;
+      }
+    }
+    switch (e.kind) {
+      case Kind::kToken:
+        sink.OnToken(copy, e.token);
+        break;
+      case Kind::kPrefillDone:
+        sink.OnPrefillDone(copy);
+        break;
+      case Kind::kFinished:
+        sink.OnFinished(copy);
+        break;
+      case Kind::kPreempted:
+        sink.OnPreempted(copy, i);
+        break;
+      default:
+        break;
+    }
+  }
+  sink.ReleaseFinished();
+  return Status::Ok();
+}
+
+// Takes one registration: a hello naming a role with a free slot and the fleet's model.
+void Register(Impl& s, int fd) {
+  Impl::Fleet& f = *s.fleet;
+  auto refuse = [&](const std::string& why) {
+    Log("refused a worker: " + why);
+    ::close(fd);
+  };
+  auto frame = cluster::ReadFrame(fd, 10.0);
+  if (!frame.ok()) return refuse(frame.error());
+  if (frame->header.kind != MessageKind::kHello) return refuse("its first message is no hello");
+  auto hello = cluster::ParseHello(frame->body);
+  if (!hello.ok()) return refuse(hello.error());
+  const WorkerFleet& w = f.settings;
+  if (hello->num_layers != w.config.num_hidden_layers || hello->vocab_size != w.config.vocab_size ||
+      hello->block_tokens != w.block_tokens) {
+    return refuse("pid " + std::to_string(hello->pid) +
+                  " serves another model or block size than the frontend's");
+  }
+  if (s.max_request_tokens > 0 && s.options.scheduler.AdmissibleTokens(
+                                      hello->num_blocks, w.block_tokens) < s.max_request_tokens) {
+    return refuse("pid " + std::to_string(hello->pid) + " holds " +
+                  std::to_string(hello->num_blocks) +
+                  " KV blocks, too few for the longest request the frontend admits");
+  }
+  InstanceId slot_id = policies::kNoInstance;
+  std::vector<cluster::Peer> peers;
+  {
+    std::lock_guard lock(f.mu);
+    for (std::size_t i = 0; i < f.slots.size(); ++i) {
+      if (f.slots[i].role == hello->role && !f.slots[i].up && slot_id == policies::kNoInstance)
+        slot_id = static_cast<InstanceId>(i);
+      if (f.slots[i].up && f.slots[i].role == InstanceRole::kPrefill)
+        peers.push_back({static_cast<InstanceId>(i), f.slots[i].kv_descriptor});
+    }
+  }
+  if (slot_id == policies::kNoInstance)
+    return refuse(std::string("no free slot for a ") + policies::ToString(hello->role) + " worker");
+  if (hello->role != InstanceRole::kColocated && hello->kv_descriptor.empty() &&
+      hello->role == InstanceRole::kPrefill)
+    return refuse("a prefill worker without a KV descriptor");
+
+  cluster::Welcome welcome;
+  welcome.instance = slot_id;
+  welcome.clock_epoch_ns =
+      std::chrono::duration_cast<std::chrono::nanoseconds>(s.clock.start().time_since_epoch())
+          .count();
+  welcome.engine = InstanceEngineConfig(s.options, slot_id);
+  welcome.heartbeat_interval_s = w.heartbeat_interval_s;
+  Status sent = cluster::WriteFrame(fd, MessageKind::kWelcome, cluster::EncodeWelcome(welcome));
+  if (sent.ok() && hello->role == InstanceRole::kDecode) {
+    for (const cluster::Peer& p : peers) {
+      if (sent.ok()) sent = cluster::WriteFrame(fd, MessageKind::kPeer, cluster::EncodePeer(p));
+    }
+  }
+  if (!sent.ok()) return refuse(sent.message());
+
+  std::uint64_t generation = 0;
+  std::shared_ptr<Connection> connection;
+  {
+    std::lock_guard lock(f.mu);
+    generation = f.next_generation++;
+    connection = std::make_shared<Connection>(
+        fd,
+        [&s, slot_id](const cluster::FrameHeader& h, std::string body) {
+          if (Status st = OnFrame(s, slot_id, h, body); !st.ok()) {
+            Log("worker " + std::to_string(slot_id) + ": rejected a message: " + st.message());
+            std::lock_guard lock(s.fleet->mu);
+            if (auto& c = s.fleet->slots[static_cast<std::size_t>(slot_id)].connection) c->Close();
+          }
+        },
+        [&s, slot_id, generation](const std::string& why) {
+          OnClose(s, slot_id, generation, why);
+        });
+    Impl::Fleet::Slot& slot = f.slots[static_cast<std::size_t>(slot_id)];
+    slot.connection = connection;
+    slot.up = true;
+    slot.pid = hello->pid;
+    ++slot.joins;
+    slot.num_blocks = hello->num_blocks;
+    slot.generation = generation;
+    slot.kv_descriptor = hello->kv_descriptor;
+    slot.load = {};
+    slot.load.kv_blocks_total = hello->num_blocks;
+    slot.load.engine.kv_blocks_free = hello->num_blocks;
+    slot.last_heard = std::chrono::steady_clock::now();
+  }
+  connection->Start();
+  if (hello->role == InstanceRole::kPrefill) {
+    const std::string peer = cluster::EncodePeer({slot_id, hello->kv_descriptor});
+    for (std::size_t d = 0; d < s.instances.size(); ++d) {
+      if (s.options.roles[d] == InstanceRole::kDecode)
+        Remote(s, static_cast<InstanceId>(d)).Send(MessageKind::kPeer, peer);
+    }
+  }
+  {
+    std::lock_guard lock(s.mu);
+    s.router->SetAvailable(slot_id, true);
+  }
+  f.changed.notify_all();
+  Log("worker " + std::to_string(slot_id) + " (" + policies::ToString(hello->role) + ", pid " +
+      std::to_string(hello->pid) + ") joined");
+}
+
+// The acceptor thread: registrations, heartbeat deadlines, and the connections that closed.
+void AcceptLoop(Impl& s) {
+  Impl::Fleet& f = *s.fleet;
+  const auto timeout = std::chrono::duration<double>(f.settings.heartbeat_timeout_s);
+  while (true) {
+    const int fd = f.settings.listener->Accept(f.settings.heartbeat_interval_s);
+    std::vector<std::shared_ptr<Connection>> closed;
+    {
+      std::lock_guard lock(f.mu);
+      if (f.stopping) {
+        if (fd >= 0) ::close(fd);
+        return;
+      }
+      const auto now = std::chrono::steady_clock::now();
+      for (std::size_t i = 0; i < f.slots.size(); ++i) {
+        Impl::Fleet::Slot& slot = f.slots[i];
+        if (slot.up && now - slot.last_heard > timeout) {
+          Log("worker " + std::to_string(i) + " silent for " +
+              std::to_string(f.settings.heartbeat_timeout_s) + " s");
+          slot.connection->Close();  // OnClose follows on its reader thread
+        }
+      }
+      closed.swap(f.closed);
+    }
+    closed.clear();  // joins their threads, outside the lock
+    if (fd >= 0) Register(s, fd);
+  }
+}
+
+}  // namespace
+
+Status StartFleet(Impl& s, WorkerFleet settings) {
+  if (!settings.listener) return Status::Error("worker processes need a listener");
+  auto fleet = std::make_unique<Impl::Fleet>();
+  fleet->settings = std::move(settings);
+  for (InstanceRole role : s.options.roles) {
+    fleet->slots.emplace_back();
+    fleet->slots.back().role = role;
+  }
+  s.fleet = std::move(fleet);
+  Impl::Fleet& f = *s.fleet;
+  for (std::size_t i = 0; i < f.slots.size(); ++i) {
+    s.instances.push_back(std::make_unique<RemoteInstance>(f, static_cast<InstanceId>(i)));
+    s.router->SetAvailable(static_cast<InstanceId>(i), false);
+  }
+  f.acceptor = std::thread([&s] { AcceptLoop(s); });
+
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                            std::chrono::duration<double>(f.settings.register_timeout_s));
+  std::unique_lock lock(f.mu);
+  bool all = false;
+  std::string abandoned;
+  while (!all && abandoned.empty() && std::chrono::steady_clock::now() < deadline) {
+    all = f.changed.wait_for(lock, std::chrono::milliseconds(200), [&] {
+      return std::ranges::all_of(f.slots, [](const Impl::Fleet::Slot& x) { return x.up; });
+    });
+    if (!all && f.settings.abandon) {
+      lock.unlock();
+      abandoned = f.settings.abandon();
+      lock.lock();
+    }
+  }
+  std::int64_t fewest_blocks = std::numeric_limits<std::int64_t>::max();
+  std::string missing;
+  for (std::size_t i = 0; i < f.slots.size(); ++i) {
+    fewest_blocks = std::min(fewest_blocks, f.slots[i].num_blocks);
+    if (!f.slots[i].up)
+      missing += (missing.empty() ? "" : ", ") + std::to_string(i) + " (" +
+                 policies::ToString(f.slots[i].role) + ")";
+  }
+  lock.unlock();
+  if (!abandoned.empty()) {
+    StopFleet(s);
+    return Status::Error(abandoned);
+  }
+  if (!all) {
+    StopFleet(s);
+    return Status::Error("worker slots " + missing + " were not taken within " +
+                         std::to_string(f.settings.register_timeout_s) + " s");
+  }
+  Tokens most = std::numeric_limits<Tokens>::max();
+  if (s.config.max_position_embeddings > 0) most = s.config.max_position_embeddings;
+  most = std::min(most, s.options.scheduler.AdmissibleTokens(fewest_blocks, s.block_tokens));
+  if (most < 2) {
+    StopFleet(s);
+    return Status::Error("the workers' KV caches hold too few blocks to serve a request");
+  }
+  std::lock_guard impl_lock(s.mu);
+  s.max_request_tokens = most;
+  return Status::Ok();
+}
+
+void StopFleet(Impl& s) {
+  Impl::Fleet& f = *s.fleet;
+  std::vector<std::shared_ptr<Connection>> connections;
+  {
+    std::unique_lock lock(f.mu);
+    f.stopping = true;
+    for (Impl::Fleet::Slot& slot : f.slots) {
+      if (!slot.up) continue;
+      EngineMessage shutdown{EngineMessage::Kind::kShutdown, nullptr, policies::kNoInstance};
+      slot.connection->Send(MessageKind::kEngine, cluster::EncodeEngine({-1, shutdown, {}}));
+    }
+    // Workers finish what they hold (nothing, after a drain) and leave.
+    f.changed.wait_for(lock, std::chrono::seconds(30), [&] {
+      return std::ranges::none_of(f.slots, [](const Impl::Fleet::Slot& x) { return x.up; });
+    });
+    for (Impl::Fleet::Slot& slot : f.slots) {
+      if (slot.connection) connections.push_back(std::move(slot.connection));
+      slot.up = false;
+    }
+    for (auto& c : f.closed) connections.push_back(std::move(c));
+    f.closed.clear();
+  }
+  f.settings.listener->Close();
+  if (f.acceptor.joinable()) f.acceptor.join();
+  for (auto& c : connections) c->Close();
+  connections.clear();
+}
+
+std::vector<WorkerStatus> FleetStatus(const Impl& s) {
+  const Impl::Fleet& f = *s.fleet;
+  std::lock_guard lock(f.mu);
+  std::vector<WorkerStatus> out;
+  for (std::size_t i = 0; i < f.slots.size(); ++i) {
+    const Impl::Fleet::Slot& slot = f.slots[i];
+    out.push_back({static_cast<InstanceId>(i), slot.role, slot.up, slot.pid, slot.joins});
+  }
+  return out;
+}
+
+}  // namespace duet::backend::serve

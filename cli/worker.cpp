@@ -1,0 +1,86 @@
+// `duet worker`: one instance of a `duet serve` cluster as a process of its own. It loads the
+// model, registers with the frontend (`duet serve --cluster ... --workers process` starts
+// these itself; an orchestrator or a person may start them by hand, to add or restart one),
+// and serves until the frontend shuts it down (exit 0) or is lost (exit 1). docs/serving.md.
+#include <boost/program_options.hpp>
+#include <cstdio>
+#include <thread>
+
+#include "backend/cluster/worker.h"
+#include "backend/registry.h"
+#include "cli/commands.h"
+
+namespace po = boost::program_options;
+
+namespace duet::cli {
+
+int Worker(int argc, char** argv) {
+  po::options_description opts("duet worker: one prefill, decode or colocated instance");
+  // clang-format off
+  opts.add_options()
+    ("help,h", "show this help")
+    ("frontend", po::value<std::string>()->required(),
+     "host:port where the frontend takes workers (duet serve --worker-port)")
+    ("role", po::value<std::string>()->required(), "prefill, decode or colocated")
+    ("model", po::value<std::string>()->required(),
+     "Hugging Face model directory (the frontend's model)")
+    ("device", po::value<std::string>()->default_value("cpu"), "cpu or cuda")
+    ("block-tokens", po::value<int>()->default_value(16), "tokens per KV block (the frontend's)")
+    ("kv-blocks", po::value<std::int64_t>()->default_value(0),
+     "KV cache blocks (0: 16 full contexts within 4 GiB)")
+    ("threads", po::value<int>()->default_value(0), "CPU threads (0: every hardware thread)")
+    ("ucx-tls", po::value<std::string>()->default_value(""),
+     "PD: the UCX transports for KV (UCX_TLS: tcp, posix,cma, ...; empty: UCX's choice)")
+    ("connect-timeout", po::value<double>()->default_value(60.0),
+     "seconds to reach the frontend and be welcomed");
+  // clang-format on
+  po::variables_map vm;
+  int code = 0;
+  if (!ParseArgs(argc, argv, opts, vm, &code)) return code;
+
+  backend::cluster::WorkerOptions options;
+  options.frontend = vm["frontend"].as<std::string>();
+  const std::string role = vm["role"].as<std::string>();
+  if (role == "prefill") {
+    options.role = policies::InstanceRole::kPrefill;
+  } else if (role == "decode") {
+    options.role = policies::InstanceRole::kDecode;
+  } else if (role != "colocated") {
+    return Fail("--role must be prefill, decode or colocated", kExitUsage);
+  }
+  const std::string device = vm["device"].as<std::string>();
+  if (device != "cpu" && device != "cuda") return Fail("--device must be cpu or cuda", kExitUsage);
+  const int block_tokens = vm["block-tokens"].as<int>();
+  if (block_tokens < 1 || block_tokens > 4096)
+    return Fail("--block-tokens must be in 1..4096", kExitUsage);
+  const std::int64_t kv_blocks = vm["kv-blocks"].as<std::int64_t>();
+  if (kv_blocks < 0) return Fail("--kv-blocks must be >= 0", kExitUsage);
+  const int threads = vm["threads"].as<int>();
+  if (Status s = CheckThreadsFlag(threads); !s.ok()) return Fail(s.message(), kExitUsage);
+  options.connect_timeout_s = vm["connect-timeout"].as<double>();
+  if (!(options.connect_timeout_s > 0) || options.connect_timeout_s > 86400)
+    return Fail("--connect-timeout must be in (0, 86400]", kExitUsage);
+  if (options.role != policies::InstanceRole::kColocated) {
+    auto kind = backend::ParseKvTransportKind("ucx");
+    if (!kind) return Fail("--role " + role + ": " + kind.error());
+    options.kv_transport.kind = *kind;
+    options.kv_transport.ucx_tls = vm["ucx-tls"].as<std::string>();
+  }
+
+  auto loaded = backend::LoadModelDir(vm["model"].as<std::string>());
+  if (!loaded) return Fail(loaded.error());
+  backend::ModelPlacement placement;
+  placement.device = device;
+  placement.block_tokens = block_tokens;
+  placement.num_blocks = kv_blocks > 0 ? kv_blocks : DefaultKvBlocks(loaded->config, block_tokens);
+  placement.cpu_threads = threads;
+  auto model = backend::CreateForwardModel(std::move(*loaded), placement);
+  if (!model) return Fail("--device " + device + ": " + model.error());
+
+  const Status s = backend::cluster::RunWorker(std::move(*model), options);
+  if (!s.ok()) return Fail("worker: " + s.message());
+  std::fprintf(stderr, "duet worker: shut down by the frontend\n");
+  return kExitOk;
+}
+
+}  // namespace duet::cli

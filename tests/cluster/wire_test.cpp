@@ -1,0 +1,300 @@
+// The frontend-worker messages (backend/cluster/wire.h): every message survives a round trip
+// field for field; frame headers and bodies that are malformed, oversized or out of range are
+// errors naming what is wrong.
+#include "backend/cluster/wire.h"
+
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+namespace duet::backend::cluster {
+namespace {
+
+using policies::EngineMessage;
+using policies::Request;
+
+Request FullRequest() {
+  Request r;
+  r.id = 42;
+  r.arrival_s = 1.5;
+  r.input_tokens = 5;
+  r.output_tokens = 9;
+  r.block_hashes = {0xffffffffffffffffull, 7};
+  r.token_ids = {1, 2, 3, 4, 5, 77};
+  r.sampling.temperature = 0.5f;
+  r.sampling.top_p = 0.9f;
+  r.sampling.top_k = 40;
+  r.sampling.seed = 0xfedcba9876543210ull;
+  r.sampling.stop_token_ids = {2, 99};
+  r.state = policies::RequestState::kTransferring;
+  r.prefill_instance = 0;
+  r.decode_instance = 3;
+  r.prefill_target = 5;
+  r.computed_tokens = 5;
+  r.generated_tokens = 1;
+  r.cached_tokens = 4;
+  r.tier_hit_tokens = {1, 2, 0};
+  r.preemptions = 2;
+  r.kv_transfer_bytes = 123456;
+  r.first_scheduled_s = 1.75;
+  r.prefill_done_s = 2.0;
+  r.finish_reason = policies::FinishReason::kNone;
+  r.reason = "why";
+  return r;
+}
+
+void ExpectSameRequest(const Request& a, const Request& b) {
+  EXPECT_EQ(a.id, b.id);
+  EXPECT_EQ(a.arrival_s, b.arrival_s);
+  EXPECT_EQ(a.input_tokens, b.input_tokens);
+  EXPECT_EQ(a.output_tokens, b.output_tokens);
+  EXPECT_EQ(a.block_hashes, b.block_hashes);
+  EXPECT_EQ(a.token_ids, b.token_ids);
+  EXPECT_EQ(a.sampling.temperature, b.sampling.temperature);
+  EXPECT_EQ(a.sampling.top_p, b.sampling.top_p);
+  EXPECT_EQ(a.sampling.top_k, b.sampling.top_k);
+  EXPECT_EQ(a.sampling.seed, b.sampling.seed);
+  EXPECT_EQ(a.sampling.stop_token_ids, b.sampling.stop_token_ids);
+  EXPECT_EQ(a.state, b.state);
+  EXPECT_EQ(a.prefill_instance, b.prefill_instance);
+  EXPECT_EQ(a.decode_instance, b.decode_instance);
+  EXPECT_EQ(a.prefill_target, b.prefill_target);
+  EXPECT_EQ(a.computed_tokens, b.computed_tokens);
+  EXPECT_EQ(a.generated_tokens, b.generated_tokens);
+  EXPECT_EQ(a.cached_tokens, b.cached_tokens);
+  EXPECT_EQ(a.tier_hit_tokens, b.tier_hit_tokens);
+  EXPECT_EQ(a.preemptions, b.preemptions);
+  EXPECT_EQ(a.kv_transfer_bytes, b.kv_transfer_bytes);
+  EXPECT_EQ(a.first_scheduled_s, b.first_scheduled_s);
+  EXPECT_EQ(a.prefill_done_s, b.prefill_done_s);
+  EXPECT_EQ(a.kv_ready_s, b.kv_ready_s);
+  EXPECT_EQ(a.finish_reason, b.finish_reason);
+  EXPECT_EQ(a.reason, b.reason);
+}
+
+WireEngineMessage KvReady() {
+  WireEngineMessage w;
+  w.to = 3;
+  w.message.kind = EngineMessage::Kind::kKvReady;
+  w.message.from = 0;
+  w.message.request_id = 42;
+  w.message.blocks = {7, 8};
+  w.message.lease_expires_s = 62.0;
+  w.request = FullRequest();
+  return w;
+}
+
+std::string Pack(const nlohmann::json& j) {
+  const auto bytes = nlohmann::json::to_msgpack(j);
+  return {bytes.begin(), bytes.end()};
+}
+
+nlohmann::json Unpack(const std::string& body) { return nlohmann::json::from_msgpack(body); }
+
+TEST(Wire, AnEngineMessageWithItsRequestSurvivesTheRoundTrip) {
+  const WireEngineMessage sent = KvReady();
+  auto got = ParseEngine(EncodeEngine(sent));
+  ASSERT_TRUE(got.ok()) << got.error();
+  EXPECT_EQ(got->to, 3);
+  EXPECT_EQ(got->message.kind, EngineMessage::Kind::kKvReady);
+  EXPECT_EQ(got->message.from, 0);
+  EXPECT_EQ(got->message.request_id, 42u);
+  EXPECT_EQ(got->message.blocks, sent.message.blocks);
+  EXPECT_EQ(got->message.lease_expires_s, 62.0);
+  EXPECT_EQ(got->message.request, nullptr);
+  ASSERT_TRUE(got->request);
+  ExpectSameRequest(*got->request, *sent.request);
+
+  WireEngineMessage abort;
+  abort.message.kind = EngineMessage::Kind::kAbort;
+  abort.message.request_id = 9;
+  got = ParseEngine(EncodeEngine(abort));
+  ASSERT_TRUE(got.ok()) << got.error();
+  EXPECT_FALSE(got->request);
+  EXPECT_EQ(got->message.lease_expires_s, policies::kForever);
+}
+
+TEST(Wire, EventsHelloWelcomeAndPeerSurviveTheRoundTrip) {
+  Events events;
+  events.load = {{1, 2, 3, 4, 5, 6, 7, 8}, 10};
+  WireEvent token;
+  token.kind = WireEvent::Kind::kToken;
+  token.request_id = 42;
+  token.token = 77;
+  WireEvent finished;
+  finished.kind = WireEvent::Kind::kFinished;
+  finished.request_id = 42;
+  finished.state = FullRequest();
+  finished.state->token_ids.clear();
+  finished.state->block_hashes.clear();
+  finished.state->sampling = {};
+  WireEvent gaps;
+  gaps.kind = WireEvent::Kind::kTokenGaps;
+  gaps.gap_s = 0.25;
+  gaps.count = 3;
+  WireEvent kv;
+  kv.kind = WireEvent::Kind::kKvEvents;
+  kv.kv_events = {{0xffffffffffffffffull, true}, {5, false}};
+  events.events = {token, finished, gaps, kv};
+  auto got = ParseEvents(EncodeEvents(events));
+  ASSERT_TRUE(got.ok()) << got.error();
+  ASSERT_EQ(got->events.size(), 4u);
+  EXPECT_EQ(got->load.kv_blocks_total, 10);
+  EXPECT_EQ(got->load.engine.kv_load_recomputes, 8);
+  EXPECT_EQ(got->load.engine.waiting, 1);
+  EXPECT_EQ(got->events[0].token, 77);
+  ASSERT_TRUE(got->events[1].state);
+  ExpectSameRequest(*got->events[1].state, *finished.state);
+  EXPECT_EQ(got->events[2].gap_s, 0.25);
+  EXPECT_EQ(got->events[2].count, 3);
+  ASSERT_EQ(got->events[3].kv_events.size(), 2u);
+  EXPECT_EQ(got->events[3].kv_events[0].hash, 0xffffffffffffffffull);
+  EXPECT_TRUE(got->events[3].kv_events[0].stored);
+  EXPECT_FALSE(got->events[3].kv_events[1].stored);
+
+  Hello hello{policies::InstanceRole::kDecode, 1234, 2, 300, 16, 512, 256, 99, "\x00\x01ucx"};
+  auto h = ParseHello(EncodeHello(hello));
+  ASSERT_TRUE(h.ok()) << h.error();
+  EXPECT_EQ(h->role, policies::InstanceRole::kDecode);
+  EXPECT_EQ(h->pid, 1234);
+  EXPECT_EQ(h->num_blocks, 99);
+  EXPECT_EQ(h->kv_descriptor, hello.kv_descriptor);
+
+  Welcome welcome;
+  welcome.instance = 4;
+  welcome.clock_epoch_ns = -5;
+  welcome.engine.kv_lease_s = 30;
+  welcome.engine.kv_load_failure_policy = policies::KvLoadFailurePolicy::kRecompute;
+  welcome.engine.scheduler.max_num_seqs = 3;
+  welcome.engine.scheduler.max_num_batched_tokens = 64;
+  welcome.engine.enable_prefix_caching = false;
+  welcome.engine.publish_kv_events = true;
+  auto w = ParseWelcome(EncodeWelcome(welcome));
+  ASSERT_TRUE(w.ok()) << w.error();
+  EXPECT_EQ(w->instance, 4);
+  EXPECT_EQ(w->clock_epoch_ns, -5);
+  EXPECT_EQ(w->engine.kv_lease_s, 30);
+  EXPECT_EQ(w->engine.kv_load_failure_policy, policies::KvLoadFailurePolicy::kRecompute);
+  EXPECT_EQ(w->engine.scheduler.max_num_seqs, 3);
+  EXPECT_EQ(w->engine.scheduler.max_num_batched_tokens, 64);
+  EXPECT_FALSE(w->engine.enable_prefix_caching);
+  EXPECT_TRUE(w->engine.publish_kv_events);
+
+  auto p = ParsePeer(EncodePeer({2, "desc"}));
+  ASSERT_TRUE(p.ok()) << p.error();
+  EXPECT_EQ(p->instance, 2);
+  EXPECT_EQ(p->kv_descriptor, "desc");
+  auto load = ParseHeartbeat(EncodeHeartbeat(events.load));
+  ASSERT_TRUE(load.ok()) << load.error();
+  EXPECT_EQ(load->engine.leases_held, 5);
+}
+
+TEST(Wire, FrameHeadersAreCheckedBeforeAnyBodyIsRead) {
+  const std::string good = EncodeFrameHeader(MessageKind::kEvents, 100);
+  auto h = ParseFrameHeader(good);
+  ASSERT_TRUE(h.ok()) << h.error();
+  EXPECT_EQ(h->kind, MessageKind::kEvents);
+  EXPECT_EQ(h->body_bytes, 100u);
+  EXPECT_EQ(Frame(MessageKind::kPeer, "ab").size(), kFrameHeaderBytes + 2);
+
+  auto error = [](std::string bytes) {
+    auto r = ParseFrameHeader(bytes);
+    return r.ok() ? std::string("parsed") : r.error();
+  };
+  EXPECT_NE(error("GET / HTTP/1.1\r\n").find("12"), std::string::npos);
+  std::string bad = good;
+  bad[0] = 'X';
+  EXPECT_NE(error(bad).find("magic"), std::string::npos);
+  bad = good;
+  bad[4] = 2;
+  EXPECT_NE(error(bad).find("version 2"), std::string::npos);
+  bad = good;
+  bad[6] = 99;
+  EXPECT_NE(error(bad).find("unknown message kind 99"), std::string::npos);
+  EXPECT_NE(error(EncodeFrameHeader(MessageKind::kEvents, kMaxFrameBodyBytes + 1)).find("allowed"),
+            std::string::npos);
+}
+
+TEST(Wire, MalformedBodiesAreErrorsNamingTheField) {
+  auto engine_error = [](const nlohmann::json& j) {
+    auto r = ParseEngine(Pack(j));
+    return r.ok() ? std::string("parsed") : r.error();
+  };
+  const nlohmann::json good = Unpack(EncodeEngine(KvReady()));
+  ASSERT_EQ(engine_error(good), "parsed");
+
+  EXPECT_NE(ParseEngine("\xc1").error().find("not a MessagePack value"), std::string::npos);
+  EXPECT_NE(ParseEngine(Pack(nlohmann::json::array({1}))).error().find("not a map"),
+            std::string::npos);
+  struct Case {
+    std::function<void(nlohmann::json&)> change;
+    const char* expected;
+  };
+  const Case cases[] = {
+      {[](auto& j) { j.erase("request_id"); }, "'request_id' is missing"},
+      {[](auto& j) { j["kind"] = 9; }, "'kind'"},
+      {[](auto& j) { j["to"] = -2; }, "'to'"},
+      {[](auto& j) { j.erase("request"); }, "'request' is missing"},
+      {[](auto& j) { j["blocks"] = nlohmann::json::array(); }, "'blocks'"},
+      {[](auto& j) {
+         j["blocks"] = {1, -1};
+       },
+       "'blocks[1]'"},
+      {[](auto& j) { j["request"]["id"] = 7; }, "names request 7"},
+      {[](auto& j) { j["request"]["input_tokens"] = 0; }, "'input_tokens'"},
+      {[](auto& j) { j["request"]["generated_tokens"] = 10; }, "'generated_tokens'"},
+      {[](auto& j) {
+         j["request"]["token_ids"] = {1, 2};
+       },
+       "must hold the prompt"},
+      {[](auto& j) { j["request"]["token_ids"][0] = -3; }, "'token_ids[0]'"},
+      {[](auto& j) { j["request"]["block_hashes"] = {1, 2, 3, 4, 5, 6}; }, "'block_hashes'"},
+      {[](auto& j) { j["request"]["sampling"]["top_p"] = 0; }, "'top_p'"},
+      {[](auto& j) { j["request"]["sampling"]["temperature"] = "hot"; }, "'temperature'"},
+      {[](auto& j) { j["request"]["first_token_s"] = 1e300; }, "'first_token_s'"},
+      {[](auto& j) { j["request"]["reason"] = std::string(5000, 'x'); }, "'reason'"},
+      {[](auto& j) { j["request"]["state"] = 99; }, "'state'"},
+  };
+  for (const Case& c : cases) {
+    nlohmann::json j = good;
+    c.change(j);
+    EXPECT_NE(engine_error(j).find(c.expected), std::string::npos)
+        << c.expected << ": " << engine_error(j);
+  }
+  // A request where none belongs.
+  nlohmann::json abort = good;
+  abort["kind"] = static_cast<int>(EngineMessage::Kind::kAbort);
+  EXPECT_NE(engine_error(abort).find("only for new requests"), std::string::npos);
+
+  // Events: a finished event without its state, a token id out of range, a kv pair malformed.
+  auto events_error = [](const nlohmann::json& j) {
+    auto r = ParseEvents(Pack(j));
+    return r.ok() ? std::string("parsed") : r.error();
+  };
+  const nlohmann::json load = Unpack(EncodeHeartbeat({}))["load"];
+  EXPECT_NE(events_error({{"load", load}, {"events", {{{"kind", 2}, {"request_id", 1}}}}})
+                .find("'state' is missing"),
+            std::string::npos);
+  EXPECT_NE(
+      events_error({{"load", load}, {"events", {{{"kind", 0}, {"request_id", 1}, {"token", -1}}}}})
+          .find("'token'"),
+      std::string::npos);
+  EXPECT_NE(events_error(
+                {{"load", load}, {"events", {{{"kind", 5}, {"request_id", 0}, {"kv", {{1, 2}}}}}}})
+                .find("[hash, stored]"),
+            std::string::npos);
+  EXPECT_NE(events_error({{"events", nlohmann::json::array()}}).find("'load' is missing"),
+            std::string::npos);
+  // A hello with a negative block count; a welcome whose lease is not positive.
+  nlohmann::json hello =
+      Unpack(EncodeHello({policies::InstanceRole::kPrefill, 1, 2, 300, 16, 512, 256, 20, "d"}));
+  ASSERT_TRUE(ParseHello(Pack(hello)).ok());
+  hello["num_blocks"] = -1;
+  EXPECT_NE(ParseHello(Pack(hello)).error().find("'num_blocks'"), std::string::npos);
+  nlohmann::json welcome = Unpack(EncodeWelcome({}));
+  welcome["kv_lease_s"] = 0;
+  EXPECT_NE(ParseWelcome(Pack(welcome)).error().find("'kv_lease_s'"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace duet::backend::cluster

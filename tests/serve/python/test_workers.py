@@ -1,0 +1,202 @@
+"""`duet serve --cluster` with a `duet worker` process per instance, and real faults: a decode
+or a prefill worker killed with SIGKILL while streams are in flight. Every stream completes, its
+text equal to the colocated server's greedy reply (so no token was lost or repeated where the
+request moved to a survivor), the survivors hold no KV block and no lease afterwards, /health and
+/metrics say which worker is down, and a worker started again by hand rejoins its slot and
+serves. A malformed message from a worker costs that worker, never the server."""
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import threading
+import time
+
+import pytest
+
+from conftest import DUET, cluster_file, has_ucx
+
+PROMPTS = [f"Request {i}: tell me a story about the sea" for i in range(8)]
+# The tiny model's greedy text is varied enough that a lost or repeated token shows in it.
+MAX_TOKENS = 200
+
+
+@pytest.fixture(scope="module", autouse=True)
+def needs_ucx():
+    if not has_ucx():
+        pytest.skip("this build has no UCX (libucx-dev): PD worker processes are not tested")
+
+
+def reference(model, max_tokens, start_server):
+    """The colocated server's greedy replies (engine threads, no KV transfer): their texts and
+    finish reasons."""
+    s = start_server(model, "--threads", "1", "--workers", "thread")
+    client = s.client()
+    choices = [client.completions.create(model=s.model, prompt=p, max_tokens=max_tokens,
+                                         temperature=0).choices[0] for p in PROMPTS]
+    assert s.stop() == 0, s.stderr()
+    return [c.text for c in choices], [c.finish_reason for c in choices]
+
+
+def health(server):
+    status, _, body = server.request("GET", "/health")
+    assert status == 200, body
+    return json.loads(body)["workers"]
+
+
+def worker_address(server):
+    m = re.search(r"workers register at (127\.0\.0\.1:\d+)", server.stderr())
+    assert m, server.stderr()
+    return m.group(1)
+
+
+class Streams:
+    """Streamed completions of PROMPTS through the openai client, each sent and read on a thread
+    of its own (the server answers a stream's headers with its first token)."""
+
+    def __init__(self, server, max_tokens):
+        self.texts = [""] * len(PROMPTS)
+        self.reasons = [None] * len(PROMPTS)
+        self.tokens = [0] * len(PROMPTS)
+        self.errors = []
+        client = server.client()
+
+        def run(i):
+            try:
+                for chunk in client.completions.create(model=server.model, prompt=PROMPTS[i],
+                                                       max_tokens=max_tokens, temperature=0,
+                                                       stream=True):
+                    self.tokens[i] += 1
+                    self.texts[i] += chunk.choices[0].text
+                    if chunk.choices[0].finish_reason:
+                        self.reasons[i] = chunk.choices[0].finish_reason
+            except Exception as e:  # noqa: BLE001: reported by the test
+                self.errors.append(repr(e))
+
+        self.threads = [threading.Thread(target=run, args=(i,)) for i in range(len(PROMPTS))]
+        for t in self.threads:
+            t.start()
+
+    def wait(self, condition, timeout=30):
+        deadline = time.monotonic() + timeout
+        while not condition() and time.monotonic() < deadline and not self.errors:
+            time.sleep(0.001)
+        assert condition(), (self.tokens, self.reasons, self.errors)
+
+    def wait_half_done(self):
+        """Until the half of the streams that the instance not stopped serves are done; returns
+        the others."""
+        self.wait(lambda: sum(r is not None for r in self.reasons) == len(PROMPTS) // 2)
+        return [i for i, r in enumerate(self.reasons) if r is None]
+
+    def join(self, timeout=120):
+        for t in self.threads:
+            t.join(timeout)
+        assert not any(t.is_alive() for t in self.threads), "a stream hung"
+
+
+def check_after_fault(server, streams, expected, lost):
+    streams.join()
+    assert not streams.errors, streams.errors
+    assert (streams.texts, streams.reasons) == expected
+    up = {w["instance"]: w["up"] for w in health(server)}
+    assert up[lost] is False and sum(up.values()) == len(up) - 1, up
+    server.assert_idle()  # the survivors' KV blocks are all free
+    m = server.metrics()
+    assert m["duet:kv_leases_held"] == 0
+    assert m[f'duet:worker_up{{instance="{lost}",role="{health(server)[lost]["role"]}"}}'] == 0
+    return m
+
+
+def start_worker(server, model, role):
+    """`duet worker` by hand, as an orchestrator restarting one would."""
+    return subprocess.Popen([DUET, "worker", "--frontend", worker_address(server), "--role", role,
+                             "--model", model, "--threads", "1", "--ucx-tls", "tcp"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+
+def wait_up(server, instance, joins, timeout=60):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        w = health(server)[instance]
+        if w["up"] and w["joins"] == joins:
+            return
+        time.sleep(0.05)
+    raise AssertionError(health(server))
+
+
+def test_sigkill_a_decode_worker_mid_stream_then_restart_it(tiny_model, start_server, tmp_path):
+    expected = reference(tiny_model, MAX_TOKENS, start_server)
+    s = start_server(tiny_model, "--threads", "1", "--ucx-tls", "tcp", "--router", "round-robin",
+                     "--cluster", cluster_file(tmp_path, 1, 2))
+    workers = health(s)
+    assert [w["role"] for w in workers] == ["prefill", "decode", "decode"]
+    assert all(w["up"] and w["joins"] == 1 for w in workers)
+    # Instance 1 stopped, its half of the requests (round-robin) waits there while instance 2
+    # serves the rest; let it run until each of its streams has a token, stop it there, then kill it.
+    victim = workers[1]["pid"]
+    os.kill(victim, signal.SIGSTOP)
+    streams = Streams(s, MAX_TOKENS)
+    waiting = streams.wait_half_done()
+    assert all(streams.tokens[i] == 0 for i in waiting), streams.tokens
+    os.kill(victim, signal.SIGCONT)
+    streams.wait(lambda: all(streams.tokens[i] > 0 for i in waiting))
+    os.kill(victim, signal.SIGSTOP)
+    os.kill(victim, signal.SIGKILL)
+    m = check_after_fault(s, streams, expected, lost=1)
+    assert m["duet:requests_retried_total"] >= 1, s.stderr()
+    assert f"worker 1 (decode, pid {victim}) lost" in s.stderr()
+
+    # A decode worker started by hand takes the free slot and serves again.
+    worker = start_worker(s, tiny_model, "decode")
+    wait_up(s, 1, joins=2)
+    streams = Streams(s, MAX_TOKENS)
+    streams.join()
+    assert not streams.errors, streams.errors
+    assert (streams.texts, streams.reasons) == expected
+    s.assert_idle()
+    assert s.stop() == 0, s.stderr()
+    assert worker.wait(timeout=30) == 0, worker.stderr.read()
+
+
+def test_sigkill_a_prefill_worker_with_requests_queued_on_it(tiny_model, start_server, tmp_path):
+    expected = reference(tiny_model, MAX_TOKENS, start_server)
+    s = start_server(tiny_model, "--threads", "1", "--ucx-tls", "tcp", "--router", "round-robin",
+                     "--cluster", cluster_file(tmp_path, 2, 1))
+    workers = health(s)
+    # Stopped, instance 0 takes its half of the requests (round-robin) and serves none of them.
+    os.kill(workers[0]["pid"], signal.SIGSTOP)
+    streams = Streams(s, MAX_TOKENS)
+    streams.wait_half_done()
+    os.kill(workers[0]["pid"], signal.SIGKILL)
+    m = check_after_fault(s, streams, expected, lost=0)
+    assert m["duet:requests_retried_total"] >= 1, s.stderr()
+    assert s.stop() == 0, s.stderr()
+
+
+def test_a_worker_that_sends_garbage_is_cut_off_and_the_server_keeps_serving(
+        tiny_model, start_server, tmp_path):
+    expected = reference(tiny_model, MAX_TOKENS, start_server)
+    s = start_server(tiny_model, "--threads", "1", "--cluster", cluster_file(tmp_path, 1, 1),
+                     "--ucx-tls", "tcp")
+    host, port = worker_address(s).split(":")
+    for garbage in [b"GET / HTTP/1.1\r\n\r\n",                      # not a Duet frame
+                    b"DUET\x63\x00\x01\x00\x00\x00\x00\x00",       # an unknown version
+                    b"DUET\x01\x00\x01\x00\xff\xff\xff\xff",       # a body over the bound
+                    b"DUET\x01\x00\x01\x00\x03\x00\x00\x00\x93\x01\x02"]:  # not a map
+        with socket.create_connection((host, int(port)), timeout=10) as c:
+            c.sendall(garbage)
+            c.settimeout(15)
+            try:
+                assert c.recv(1) == b""  # refused: closed without a welcome
+            except ConnectionResetError:
+                pass  # closed with the garbage unread
+    assert s.stderr().count("refused a worker") == 4, s.stderr()
+    assert all(w["up"] and w["joins"] == 1 for w in health(s))
+    client = s.client()
+    assert client.completions.create(model=s.model, prompt=PROMPTS[0],
+                                     max_tokens=MAX_TOKENS,
+                                     temperature=0).choices[0].text == expected[0][0]
+    assert s.stop() == 0, s.stderr()
