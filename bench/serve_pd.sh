@@ -6,8 +6,11 @@
 #   colocated            --instances 2 --threads 1 (--max-num-seqs 16 --max-num-batched-tokens
 #                        8192: the engine limits of the cluster file below)
 #   PD 1P1D, loopback    --cluster 1p1d (tests/data/1p1d-tiny.json) --threads 1
-#                        --kv-transport loopback (decode copies the KV in process)
+#                        --workers thread --kv-transport loopback (instances are threads of
+#                        the server; decode copies the KV in process)
 #   PD 1P1D, UCX shm     the same with --kv-transport ucx --ucx-tls posix,cma
+#   PD 1P1D, processes   --workers process --ucx-tls posix,cma: a duet worker process per
+#                        instance, KV over UCX shared memory between them
 # The yardstick is the colocated layout: two instances that each prefill and decode, on the
 # same two threads the PD layouts split into a prefill and a decode instance. Each server is
 # stopped with SIGTERM (it drains, exits 0) before the next starts; every request must complete
@@ -51,11 +54,13 @@ assert engine["max_num_seqs"] == 16 and engine["max_num_batched_tokens"] == 8192
 json.dump(cluster, open(f"{work}/1p1d.json", "w"), indent=2)
 PY
 
-layouts=(colocated pd-loopback pd-ucx-shm)
+layouts=(colocated pd-loopback pd-ucx-shm pd-processes)
 declare -A args=(
   [colocated]="--instances 2 --threads 1 --max-num-seqs 16 --max-num-batched-tokens 8192"
-  [pd-loopback]="--threads 1 --cluster $work/1p1d.json --kv-transport loopback"
-  [pd-ucx-shm]="--threads 1 --cluster $work/1p1d.json --kv-transport ucx --ucx-tls posix,cma"
+  [pd-loopback]="--threads 1 --cluster $work/1p1d.json --workers thread --kv-transport loopback"
+  [pd-ucx-shm]="--threads 1 --cluster $work/1p1d.json --workers thread --kv-transport ucx
+    --ucx-tls posix,cma"
+  [pd-processes]="--threads 1 --cluster $work/1p1d.json --workers process --ucx-tls posix,cma"
 )
 for layout in "${layouts[@]}"; do
   # shellcheck disable=SC2086  # the flags are meant to split

@@ -172,6 +172,7 @@ void Retry(Impl& s, RequestId id, std::vector<Ending>* endings) {
   Impl::Entry moved = std::move(e);
   s.entries.erase(id);
   moved.tokens_before = got;
+  moved.kv_released = false;
   moved.prefill = r->prefill_instance;
   moved.decode = r->decode_instance;
   moved.request = std::move(r);

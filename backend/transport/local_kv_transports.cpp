@@ -188,6 +188,14 @@ Result<std::unique_ptr<WorkerKvTransport>> WorkerKvTransport::Create(
 
 WorkerKvTransport::~WorkerKvTransport() { progress_.reset(); }
 
+const KvTransferLog* WorkerKvTransport::log() const {
+#if DUET_HAVE_UCX
+  return ucx_;
+#else
+  return nullptr;
+#endif
+}
+
 void WorkerKvTransport::SetSelf(policies::InstanceId self) {
 #if DUET_HAVE_UCX
   if (ucx_) ucx_->SetSelf(self);
@@ -214,7 +222,9 @@ void WorkerKvTransport::ApplyPeers() {
     ucx_->Disconnect(peer);
     if (descriptor.empty()) continue;
     // A peer that cannot be reached shows as failed pulls from it, with the reason logged.
-    if (Status s = ucx_->Connect(peer, descriptor); !s.ok())
+    wired_.erase(peer);
+    const Status s = ucx_->Connect(peer, descriptor);
+    if (!s.ok())
       std::fprintf(stderr, "duet worker: connecting to instance %d: %s\n", peer,
                    s.message().c_str());
   }
@@ -223,6 +233,15 @@ void WorkerKvTransport::ApplyPeers() {
 
 policies::TransferId WorkerKvTransport::Post(const policies::KvTransferRequest& transfer) {
   ApplyPeers();
+#if DUET_HAVE_UCX
+  // The first pull from a peer waits (briefly) for its endpoint's wire-up: UCX 1.13 asserts
+  // when a peer vanishes in the middle of one, and the pull needs it done anyway.
+  if (ucx_ && wired_.insert(transfer.src).second) {
+    if (Status s = ucx_->Flush(transfer.src, 1.0); !s.ok())
+      std::fprintf(stderr, "duet worker: wiring up to instance %d: %s\n", transfer.src,
+                   s.message().c_str());
+  }
+#endif
   return own_->Post(transfer);
 }
 

@@ -11,6 +11,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -22,6 +23,7 @@
 
 namespace duet::backend {
 
+class KvTransferLog;
 class UcxKvTransport;
 
 enum class KvTransportKind { kLoopback, kUcx };
@@ -78,6 +80,8 @@ class WorkerKvTransport final : public policies::KvTransport {
   // Where peers pull this instance's KV from (prefill); empty otherwise.
   const std::string& descriptor() const { return descriptor_; }
   const std::string& path() const { return path_; }
+  // The records of its pulls (UCX); null for a colocated instance's.
+  const KvTransferLog* log() const;
   // Before the engine starts: the instance id the frontend gave it.
   void SetSelf(policies::InstanceId self);
   // Any thread: a prefill peer to pull from joined (or rejoined with a new descriptor), or
@@ -96,6 +100,7 @@ class WorkerKvTransport final : public policies::KvTransport {
   std::string descriptor_;
   std::string path_;
   std::unique_ptr<UcxProgressThread> progress_;
+  std::set<policies::InstanceId> wired_;  // peers pulled from since they (re)connected
   std::mutex mu_;
   std::vector<std::pair<policies::InstanceId, std::string>> pending_peers_;
 };

@@ -170,6 +170,28 @@ Status UcxKvTransport::Connect(policies::InstanceId peer, std::string_view descr
 
 void UcxKvTransport::SetSelf(policies::InstanceId self) { impl_->self = self; }
 
+Status UcxKvTransport::Flush(policies::InstanceId peer, double timeout_s) {
+  auto it = impl_->peers.find(peer);
+  if (it == impl_->peers.end()) return Status::Ok();  // a pull from it fails, saying so
+  ucp_request_param_t param{};
+  void* request = ucp_ep_flush_nbx(it->second.ep, &param);
+  if (request == nullptr) return Status::Ok();
+  if (UCS_PTR_IS_ERR(request)) return UcsError("flush", UCS_PTR_STATUS(request));
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                            std::chrono::duration<double>(timeout_s));
+  ucs_status_t status = UCS_INPROGRESS;
+  while (status == UCS_INPROGRESS && std::chrono::steady_clock::now() < deadline) {
+    ucp_worker_progress(impl_->worker);
+    status = ucp_request_check_status(request);
+  }
+  if (status == UCS_INPROGRESS) ucp_request_cancel(impl_->worker, request);
+  while (ucp_request_check_status(request) == UCS_INPROGRESS) ucp_worker_progress(impl_->worker);
+  ucp_request_free(request);
+  if (status == UCS_INPROGRESS) return Status::Error("UCX flush: the peer did not answer");
+  return status == UCS_OK ? Status::Ok() : UcsError("flush", status);
+}
+
 void UcxKvTransport::Disconnect(policies::InstanceId peer) {
   auto it = impl_->peers.find(peer);
   if (it == impl_->peers.end()) return;

@@ -35,6 +35,10 @@ class UcxKvTransport final : public policies::KvTransport, public KvTransferLog 
   // The instance id this side pulls as (a worker learns it only once registered).
   void SetSelf(policies::InstanceId self);
   Status Connect(policies::InstanceId peer, std::string_view descriptor);
+  // Waits up to `timeout_s` for the endpoint to `peer` to be wired up (the peer must make
+  // progress meanwhile): a peer that goes away later then finds an established endpoint (UCX
+  // 1.13 asserts when one vanishes in the middle of its wire-up). No effect for an unknown peer.
+  Status Flush(policies::InstanceId peer, double timeout_s);
   // Forgets a peer (gone, or about to reconnect with a new descriptor): its endpoint is closed
   // with force, so pulls from it in flight fail. No effect for an unknown peer.
   void Disconnect(policies::InstanceId peer);

@@ -17,6 +17,9 @@
 #include <string>
 #include <vector>
 
+#include <thread>
+
+#include "backend/transport/local_kv_transports.h"
 #if DUET_HAVE_UCX
 #include "backend/transport/ucx_kv_transport.h"
 #endif
@@ -113,6 +116,31 @@ std::vector<Named> Transports() {
                      return h;
                    }});
   }
+  // The transport of a worker process: peers announced from another thread, connected at the
+  // next post; the prefill side progressed by its own thread.
+  all.push_back({"worker_ucx_tcp", [](Region& src, Region& dst) -> std::unique_ptr<Harness> {
+                   KvTransportOptions options{KvTransportKind::kUcx, "tcp", {}};
+                   auto source = WorkerKvTransport::Create(policies::InstanceRole::kPrefill,
+                                                           src.region, options);
+                   auto sink = WorkerKvTransport::Create(policies::InstanceRole::kDecode,
+                                                         dst.region, options);
+                   if (!source.ok() || !sink.ok()) {
+                     ADD_FAILURE() << (source.ok() ? sink.error() : source.error());
+                     return nullptr;
+                   }
+                   (*source)->SetSelf(kPrefill);
+                   (*sink)->SetSelf(kDecode);
+                   EXPECT_TRUE((*sink)->descriptor().empty());  // only prefill sides publish
+                   std::thread([&] { (*sink)->SetPeer(kPrefill, (*source)->descriptor()); }).join();
+                   auto h = std::make_unique<Harness>();
+                   h->transport = sink->get();
+                   h->log = (*sink)->log();
+                   // The source and its progress thread go first: UCX 1.13 asserts in a
+                   // progress call that meets a peer torn down during its wire-up.
+                   h->owned.push_back(std::move(*source));
+                   h->owned.push_back(std::move(*sink));
+                   return h;
+                 }});
 #endif
   return all;
 }
