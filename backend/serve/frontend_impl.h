@@ -66,6 +66,12 @@ struct LiveFrontend::Impl {
                     std::span<const policies::KvCacheEvent> events) override;
     // After each iteration: the requests that finished in it are released.
     void ReleaseFinished();
+    // A new worker takes the slot: the listeners its lost predecessor looked up (of requests
+    // since retried under new ids) are forgotten. No event of the slot may be in progress.
+    void ForgetListeners() {
+      listeners_.clear();
+      finished_.clear();
+    }
 
    private:
     RequestListener* Listener(policies::RequestId id);

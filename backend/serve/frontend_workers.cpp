@@ -411,6 +411,8 @@ void Register(Impl& s, int fd) {
   }
   if (!sent.ok()) return refuse(sent.message());
 
+  // The slot's previous connection has ended (its reader called OnClose after its last frame).
+  s.sinks[static_cast<std::size_t>(slot_id)]->ForgetListeners();
   std::uint64_t generation = 0;
   std::shared_ptr<Connection> connection;
   {

@@ -217,6 +217,10 @@ def test_idle_connection_is_closed_after_the_read_timeout(tiny_model, start_serv
     (["--kv-transport", "nope"], "--kv-transport"),
     (["--cluster", "../../data/1p1d-tiny.json", "--instances", "2"], "--instances and --cluster"),
     (["--cluster", "../../data/1p1d-tiny.json", "--max-num-seqs", "4"], "--max-num-seqs"),
+    (["--workers", "bogus"], "--workers"),
+    (["--workers", "process"], "--workers process needs --cluster"),
+    (["--cluster", "../../data/1p1d-tiny.json", "--kv-transport", "loopback"], "--workers thread"),
+    (["--cluster", "../../data/1p1d-tiny.json", "--worker-port", "70000"], "--worker-port"),
 ])
 def test_bad_flags_are_usage_errors(tiny_model, flags, words):
     # One error line naming the flag, exit 2, and no server started (the command returns).
@@ -225,3 +229,25 @@ def test_bad_flags_are_usage_errors(tiny_model, flags, words):
     assert r.stdout == ""
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("duet: error:") and words in lines[0], r.stderr
+
+
+@pytest.mark.parametrize("flags, words", [
+    (["--role", "router"], "--role"),
+    (["--role", "decode", "--block-tokens", "0"], "--block-tokens"),
+    (["--role", "decode", "--kv-blocks", "-1"], "--kv-blocks"),
+    (["--role", "decode", "--connect-timeout", "0"], "--connect-timeout"),
+    (["--role", "decode", "--threads", "-1"], "--threads"),
+])
+def test_bad_worker_flags_are_usage_errors(tiny_model, flags, words):
+    r = run_duet("worker", "--model", tiny_model, "--frontend", "127.0.0.1:9", *flags, timeout=30)
+    assert r.returncode == 2, r
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("duet: error:") and words in lines[0], r.stderr
+
+
+def test_a_worker_with_no_frontend_to_reach_fails_saying_so(tiny_model):
+    # Nothing listens on the discard port of loopback: the worker gives up after its timeout.
+    r = run_duet("worker", "--model", tiny_model, "--frontend", "127.0.0.1:9", "--role",
+                 "colocated", "--threads", "1", "--connect-timeout", "0.5", timeout=30)
+    assert r.returncode == 1, r
+    assert "reaching the frontend" in r.stderr and "127.0.0.1:9" in r.stderr, r.stderr
