@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # KV pull throughput of the UCX transport (issue 10's goal: 90% of ucx_perftest from 64 KiB up)
 # beside ucx_perftest's ucp_get on the same UCX transport and message sizes, in the same run,
-# over loopback on this machine. Duet: duet_kv_transfer_bench (two UcxKvTransports in one
-# process, the source progressed by its own thread, one block of SIZE per transfer, transfers
-# back to back). Peer: ucx_perftest -t ucp_get, server and client processes (ucx-utils).
+# over loopback on this machine. Duet: duet_kv_transfer_bench, one block of SIZE per transfer,
+# transfers back to back, two ways: same process (two UcxKvTransports, the source progressed by
+# a spinning thread), and two processes as `duet worker` runs them (a prefill worker's
+# transport, progressed by its thread asleep on UCX's wake-up descriptor, pulled from by a
+# decode worker's). Peer: ucx_perftest -t ucp_get, server and client processes (ucx-utils).
 # Usage: bench/kv_transfer.sh [ITERS]   (default 200; 20 warm-up iterations each)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -31,16 +33,34 @@ perftest() {
 
 echo "ITERS=$ITERS; MiB/s (2^20 bytes per second); $(ucx_info -v | head -1 | sed 's/# //')"
 echo
-echo "| UCX_TLS | message bytes | ucx_perftest ucp_get MiB/s | Duet UcxKvTransport MiB/s | of ucx_perftest |"
-echo "|---|---|---|---|---|"
+# Duet across two processes: "SIZE MiB/s" lines.
+two_processes() {
+  local tls=$1 descriptors
+  descriptors=$(mktemp -u)
+  "$BENCH" source "$tls" "$descriptors" "${SIZES[@]}" &
+  local source=$!
+  for _ in $(seq 1 100); do [ -s "$descriptors" ] && break; sleep 0.1; done
+  timeout 300 "$BENCH" sink "$tls" "$descriptors" "$ITERS" "$WARMUP" "${SIZES[@]}" || true
+  kill "$source" 2>/dev/null
+  wait "$source" 2>/dev/null || true
+  rm -f "$descriptors"
+}
+
+ratio() {
+  awk -v a="$1" -v b="$2" 'BEGIN { if (a != "" && b > 0) printf "%.0f%%", 100 * a / b; else print "-" }'
+}
+
+echo "| UCX_TLS | message bytes | ucx_perftest ucp_get MiB/s | Duet, same process MiB/s | of ucx_perftest | Duet, two worker processes MiB/s | of ucx_perftest |"
+echo "|---|---|---|---|---|---|---|"
 for tls in tcp posix,cma; do
-  declare -A duet=()
-  while read -r size rate; do duet[$size]=$rate; done < <("$BENCH" "$tls" "$ITERS" "$WARMUP" "${SIZES[@]}")
+  declare -A same=() two=()
+  while read -r size rate; do same[$size]=$rate; done < <("$BENCH" "$tls" "$ITERS" "$WARMUP" "${SIZES[@]}")
+  while read -r size rate; do two[$size]=$rate; done < <(two_processes "$tls")
   for size in "${SIZES[@]}"; do
     peer=$(perftest "$tls" "$size")
-    ours=${duet[$size]:-}
-    ratio=$(awk -v a="$ours" -v b="$peer" 'BEGIN { if (a != "" && b > 0) printf "%.0f%%", 100 * a / b; else print "-" }')
-    echo "| $tls | $size | ${peer:-failed} | ${ours:-failed} | $ratio |"
+    a=${same[$size]:-}
+    b=${two[$size]:-}
+    echo "| $tls | $size | ${peer:-failed} | ${a:-failed} | $(ratio "$a" "$peer") | ${b:-failed} | $(ratio "$b" "$peer") |"
   done
-  unset duet
+  unset same two
 done

@@ -52,13 +52,16 @@ class WorkerLink final : public policies::Outbox, public policies::EventSink {
     connection_->Send(MessageKind::kEngine, EncodeEngine(w));
   }
 
-  // --- EventSink (engine thread): buffered, sent after each iteration.
+  // --- EventSink (engine thread): buffered, sent after each iteration, but for the token a
+  // decode instance delivers when a pull completes: that one is raised before the iteration's
+  // step, which it would otherwise wait for (a whole step added to the request's TTFT).
   void OnToken(const Request& r, std::int32_t token) override {
     WireEvent e;
     e.kind = WireEvent::Kind::kToken;
     e.request_id = r.id;
     e.token = token;
     events_.events.push_back(std::move(e));
+    if (role_ == InstanceRole::kDecode && r.generated_tokens == 1) FlushEvents();
   }
   void OnFinished(const Request& r) override {
     Push(WireEvent::Kind::kFinished, r);

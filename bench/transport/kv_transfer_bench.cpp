@@ -1,29 +1,75 @@
-// UcxKvTransport's pull throughput (bench/kv_transfer.sh): two transports in one process, the
-// source's worker progressed by its own thread, the sink pulling one block of SIZE bytes per
-// transfer, ITERS transfers one after another (after WARMUP). Prints "SIZE MiB/s" lines.
+// KV pull throughput (bench/kv_transfer.sh), one block of SIZE bytes per transfer, ITERS
+// transfers one after another (after WARMUP). Two arrangements:
+//   same-process: two UcxKvTransports in one process, the source's worker progressed by a thread
+//     spinning on it;
+//   two processes, as `duet worker` runs them: `source` (a prefill worker's WorkerKvTransport,
+//     progressed by its thread asleep on the UCX wake-up descriptor) writes one descriptor per
+//     size to DESCRIPTORS and serves until killed; `sink` (a decode worker's) connects to them
+//     and pulls.
+// Prints "SIZE MiB/s" lines (same-process and sink).
 // Usage: duet_kv_transfer_bench TLS ITERS WARMUP SIZE...
+//        duet_kv_transfer_bench source TLS DESCRIPTORS SIZE...
+//        duet_kv_transfer_bench sink TLS DESCRIPTORS ITERS WARMUP SIZE...
 #include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
+#include <functional>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "backend/transport/local_kv_transports.h"
 #include "backend/transport/ucx_kv_transport.h"
 
 using namespace duet;
 
-int main(int argc, char** argv) {
-  if (argc < 5) {
-    std::fprintf(stderr, "usage: %s TLS ITERS WARMUP SIZE...\n", argv[0]);
-    return 2;
+namespace {
+
+constexpr std::int64_t kBlocks = 4;
+
+std::string Hex(const std::string& bytes) {
+  static const char* digits = "0123456789abcdef";
+  std::string out;
+  for (unsigned char c : bytes) {
+    out.push_back(digits[c >> 4]);
+    out.push_back(digits[c & 15]);
   }
-  const std::string tls = argv[1];
-  const int iters = std::atoi(argv[2]), warmup = std::atoi(argv[3]);
-  for (int a = 4; a < argc; ++a) {
-    const std::int64_t size = std::atoll(argv[a]);
-    constexpr std::int64_t kBlocks = 4;
+  return out;
+}
+
+std::string Unhex(const std::string& hex) {
+  std::string out;
+  for (std::size_t i = 0; i + 1 < hex.size(); i += 2)
+    out.push_back(static_cast<char>(std::stoi(hex.substr(i, 2), nullptr, 16)));
+  return out;
+}
+
+// Pulls block i % kBlocks into block (i + 1) % kBlocks, ITERS + WARMUP times; MiB/s of the
+// timed ones, or a negative number when a transfer failed.
+double Pull(policies::KvTransport& sink, std::int64_t size, int iters, int warmup,
+            const std::function<void()>& progress_source = {}) {
+  double seconds = 0;
+  for (int i = 0; i < warmup + iters; ++i) {
+    const std::vector<backend::BlockId> from = {static_cast<backend::BlockId>(i % kBlocks)};
+    const std::vector<backend::BlockId> to = {static_cast<backend::BlockId>((i + 1) % kBlocks)};
+    const auto start = std::chrono::steady_clock::now();
+    const policies::TransferId id = sink.Post({1, 0, 1, size, from, to});
+    policies::TransferStatus status;
+    while ((status = sink.Poll(id)) == policies::TransferStatus::kInProgress) {
+      if (progress_source) progress_source();
+    }
+    if (status != policies::TransferStatus::kDone) return -1;
+    if (i >= warmup)
+      seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  }
+  return static_cast<double>(size) * iters / seconds / (1 << 20);
+}
+
+int SameProcess(const std::string& tls, int iters, int warmup, std::vector<std::int64_t> sizes) {
+  for (const std::int64_t size : sizes) {
     std::vector<char> src(static_cast<std::size_t>(size * kBlocks), 1);
     std::vector<char> dst(static_cast<std::size_t>(size * kBlocks), 0);
     auto source = backend::UcxKvTransport::Create(0, {src.data(), size, kBlocks}, tls);
@@ -40,29 +86,92 @@ int main(int argc, char** argv) {
     std::thread progress([&] {
       while (!stop.load(std::memory_order_relaxed)) (*source)->Progress();
     });
-    double seconds = 0;
-    for (int i = 0; i < warmup + iters; ++i) {
-      const std::vector<backend::BlockId> from = {static_cast<backend::BlockId>(i % kBlocks)};
-      const std::vector<backend::BlockId> to = {static_cast<backend::BlockId>((i + 1) % kBlocks)};
-      const auto start = std::chrono::steady_clock::now();
-      const policies::TransferId id = (*sink)->Post({1, 0, 1, size, from, to});
-      policies::TransferStatus status;
-      while ((status = (*sink)->Poll(id)) == policies::TransferStatus::kInProgress) {
-      }
-      if (status != policies::TransferStatus::kDone) {
-        std::fprintf(stderr, "transfer failed: %s\n", (*sink)->records().back().error.c_str());
-        stop = true;
-        progress.join();
-        return 1;
-      }
-      if (i >= warmup) {
-        seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      }
-    }
+    const double rate = Pull(**sink, size, iters, warmup);
     stop = true;
     progress.join();
-    std::printf("%lld %.1f\n", static_cast<long long>(size),
-                static_cast<double>(size) * iters / seconds / (1 << 20));
+    if (rate < 0) {
+      std::fprintf(stderr, "transfer failed: %s\n", (*sink)->records().back().error.c_str());
+      return 1;
+    }
+    std::printf("%lld %.1f\n", static_cast<long long>(size), rate);
   }
   return 0;
+}
+
+backend::KvTransportOptions Ucx(const std::string& tls) {
+  return {backend::KvTransportKind::kUcx, tls, {}};
+}
+
+int Source(const std::string& tls, const std::string& path, std::vector<std::int64_t> sizes) {
+  std::vector<std::vector<char>> regions;
+  std::vector<std::unique_ptr<backend::WorkerKvTransport>> sources;
+  std::ofstream out(path + ".tmp");
+  for (const std::int64_t size : sizes) {
+    regions.emplace_back(static_cast<std::size_t>(size * kBlocks), 1);
+    auto t = backend::WorkerKvTransport::Create(
+        policies::InstanceRole::kPrefill, backend::KvRegion{regions.back().data(), size, kBlocks},
+        Ucx(tls));
+    if (!t.ok()) {
+      std::fprintf(stderr, "%s\n", t.error().c_str());
+      return 1;
+    }
+    (*t)->SetSelf(0);
+    out << Hex((*t)->descriptor()) << "\n";
+    sources.push_back(std::move(*t));
+  }
+  out.close();
+  std::rename((path + ".tmp").c_str(), path.c_str());  // the sink sees all of it or nothing
+  while (true) std::this_thread::sleep_for(std::chrono::seconds(1));  // served until killed
+}
+
+int Sink(const std::string& tls, const std::string& path, int iters, int warmup,
+         std::vector<std::int64_t> sizes) {
+  std::ifstream in(path);
+  for (const std::int64_t size : sizes) {
+    std::string line;
+    if (!std::getline(in, line)) {
+      std::fprintf(stderr, "%s: no descriptor for %lld bytes\n", path.c_str(),
+                   static_cast<long long>(size));
+      return 1;
+    }
+    std::vector<char> dst(static_cast<std::size_t>(size * kBlocks), 0);
+    auto sink = backend::WorkerKvTransport::Create(
+        policies::InstanceRole::kDecode, backend::KvRegion{dst.data(), size, kBlocks}, Ucx(tls));
+    if (!sink.ok()) {
+      std::fprintf(stderr, "%s\n", sink.error().c_str());
+      return 1;
+    }
+    (*sink)->SetSelf(1);
+    (*sink)->SetPeer(0, Unhex(line));
+    const double rate = Pull(**sink, size, iters, warmup);
+    if (rate < 0) {
+      std::fprintf(stderr, "transfer failed: %s\n", (*sink)->log()->records().back().error.c_str());
+      return 1;
+    }
+    std::printf("%lld %.1f\n", static_cast<long long>(size), rate);
+  }
+  return 0;
+}
+
+std::vector<std::int64_t> Sizes(int argc, char** argv, int first) {
+  std::vector<std::int64_t> sizes;
+  for (int a = first; a < argc; ++a) sizes.push_back(std::atoll(argv[a]));
+  return sizes;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::string mode = argc > 1 ? argv[1] : "";
+  if (mode == "source" && argc >= 5) return Source(argv[2], argv[3], Sizes(argc, argv, 4));
+  if (mode == "sink" && argc >= 7)
+    return Sink(argv[2], argv[3], std::atoi(argv[4]), std::atoi(argv[5]), Sizes(argc, argv, 6));
+  if (mode != "source" && mode != "sink" && argc >= 5)
+    return SameProcess(argv[1], std::atoi(argv[2]), std::atoi(argv[3]), Sizes(argc, argv, 4));
+  std::fprintf(stderr,
+               "usage: %s TLS ITERS WARMUP SIZE...\n"
+               "       %s source TLS DESCRIPTORS SIZE...\n"
+               "       %s sink TLS DESCRIPTORS ITERS WARMUP SIZE...\n",
+               argv[0], argv[0], argv[0]);
+  return 2;
 }
