@@ -28,10 +28,8 @@ struct LiveFrontend::Impl::Fleet {
   struct Slot {
     InstanceRole role = InstanceRole::kColocated;
     std::shared_ptr<Connection> connection;  // null while no worker holds the slot
-    bool up = false;
     std::int64_t pid = 0;
     std::int64_t joins = 0;
-    std::int64_t num_blocks = 0;
     std::uint64_t generation = 0;  // of the connection holding it (events of older ones drop)
     std::string kv_descriptor;
     cluster::WorkerLoad load;
@@ -39,6 +37,7 @@ struct LiveFrontend::Impl::Fleet {
     // scrape reads must not fall back when a worker is replaced.
     InstanceLoad carried;
     std::chrono::steady_clock::time_point last_heard;
+    bool up() const { return connection != nullptr; }
   };
 
   WorkerFleet settings;
@@ -234,8 +233,7 @@ void OnClose(Impl& s, InstanceId i, std::uint64_t generation, const std::string&
   {
     std::lock_guard lock(f.mu);
     Impl::Fleet::Slot& slot = f.slots[static_cast<std::size_t>(i)];
-    if (slot.generation != generation || !slot.up) return;
-    slot.up = false;
+    if (slot.generation != generation || !slot.up()) return;
     f.closed.push_back(std::move(slot.connection));
     slot.carried.leases_expired += slot.load.engine.leases_expired;
     slot.carried.kv_load_failures += slot.load.engine.kv_load_failures;
@@ -384,16 +382,15 @@ void Register(Impl& s, int fd) {
   {
     std::lock_guard lock(f.mu);
     for (std::size_t i = 0; i < f.slots.size(); ++i) {
-      if (f.slots[i].role == hello->role && !f.slots[i].up && slot_id == policies::kNoInstance)
+      if (f.slots[i].role == hello->role && !f.slots[i].up() && slot_id == policies::kNoInstance)
         slot_id = static_cast<InstanceId>(i);
-      if (f.slots[i].up && f.slots[i].role == InstanceRole::kPrefill)
+      if (f.slots[i].up() && f.slots[i].role == InstanceRole::kPrefill)
         peers.push_back({static_cast<InstanceId>(i), f.slots[i].kv_descriptor});
     }
   }
   if (slot_id == policies::kNoInstance)
     return refuse(std::string("no free slot for a ") + policies::ToString(hello->role) + " worker");
-  if (hello->role != InstanceRole::kColocated && hello->kv_descriptor.empty() &&
-      hello->role == InstanceRole::kPrefill)
+  if (hello->role == InstanceRole::kPrefill && hello->kv_descriptor.empty())
     return refuse("a prefill worker without a KV descriptor");
 
   cluster::Welcome welcome;
@@ -432,10 +429,8 @@ void Register(Impl& s, int fd) {
         });
     Impl::Fleet::Slot& slot = f.slots[static_cast<std::size_t>(slot_id)];
     slot.connection = connection;
-    slot.up = true;
     slot.pid = hello->pid;
     ++slot.joins;
-    slot.num_blocks = hello->num_blocks;
     slot.generation = generation;
     slot.kv_descriptor = hello->kv_descriptor;
     slot.load = {};
@@ -476,7 +471,7 @@ void AcceptLoop(Impl& s) {
       const auto now = std::chrono::steady_clock::now();
       for (std::size_t i = 0; i < f.slots.size(); ++i) {
         Impl::Fleet::Slot& slot = f.slots[i];
-        if (slot.up && now - slot.last_heard > timeout) {
+        if (slot.up() && now - slot.last_heard > timeout) {
           Log("worker " + std::to_string(i) + " silent for " +
               std::to_string(f.settings.heartbeat_timeout_s) + " s");
           slot.connection->Close();  // OnClose follows on its reader thread
@@ -515,7 +510,7 @@ Status StartFleet(Impl& s, WorkerFleet settings) {
   std::string abandoned;
   while (!all && abandoned.empty() && std::chrono::steady_clock::now() < deadline) {
     all = f.changed.wait_for(lock, std::chrono::milliseconds(200), [&] {
-      return std::ranges::all_of(f.slots, [](const Impl::Fleet::Slot& x) { return x.up; });
+      return std::ranges::all_of(f.slots, [](const Impl::Fleet::Slot& x) { return x.up(); });
     });
     if (!all && f.settings.abandon) {
       lock.unlock();
@@ -526,8 +521,8 @@ Status StartFleet(Impl& s, WorkerFleet settings) {
   std::int64_t fewest_blocks = std::numeric_limits<std::int64_t>::max();
   std::string missing;
   for (std::size_t i = 0; i < f.slots.size(); ++i) {
-    fewest_blocks = std::min(fewest_blocks, f.slots[i].num_blocks);
-    if (!f.slots[i].up)
+    fewest_blocks = std::min(fewest_blocks, f.slots[i].load.kv_blocks_total);
+    if (!f.slots[i].up())
       missing += (missing.empty() ? "" : ", ") + std::to_string(i) + " (" +
                  policies::ToString(f.slots[i].role) + ")";
   }
@@ -560,17 +555,16 @@ void StopFleet(Impl& s) {
     std::unique_lock lock(f.mu);
     f.stopping = true;
     for (Impl::Fleet::Slot& slot : f.slots) {
-      if (!slot.up) continue;
+      if (!slot.up()) continue;
       EngineMessage shutdown{EngineMessage::Kind::kShutdown, nullptr, policies::kNoInstance};
       slot.connection->Send(MessageKind::kEngine, cluster::EncodeEngine({-1, shutdown, {}}));
     }
     // Workers finish what they hold (nothing, after a drain) and leave.
     f.changed.wait_for(lock, std::chrono::seconds(30), [&] {
-      return std::ranges::none_of(f.slots, [](const Impl::Fleet::Slot& x) { return x.up; });
+      return std::ranges::none_of(f.slots, [](const Impl::Fleet::Slot& x) { return x.up(); });
     });
     for (Impl::Fleet::Slot& slot : f.slots) {
       if (slot.connection) connections.push_back(std::move(slot.connection));
-      slot.up = false;
     }
     for (auto& c : f.closed) connections.push_back(std::move(c));
     f.closed.clear();
@@ -587,7 +581,7 @@ std::vector<WorkerStatus> FleetStatus(const Impl& s) {
   std::vector<WorkerStatus> out;
   for (std::size_t i = 0; i < f.slots.size(); ++i) {
     const Impl::Fleet::Slot& slot = f.slots[i];
-    out.push_back({static_cast<InstanceId>(i), slot.role, slot.up, slot.pid, slot.joins});
+    out.push_back({static_cast<InstanceId>(i), slot.role, slot.up(), slot.pid, slot.joins});
   }
   return out;
 }

@@ -186,7 +186,7 @@ Result<std::unique_ptr<WorkerKvTransport>> WorkerKvTransport::Create(
 #endif
 }
 
-WorkerKvTransport::~WorkerKvTransport() { progress_.reset(); }
+WorkerKvTransport::~WorkerKvTransport() = default;  // progress_ stops before ucx_ goes
 
 const KvTransferLog* WorkerKvTransport::log() const {
 #if DUET_HAVE_UCX

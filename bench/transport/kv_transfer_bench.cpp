@@ -15,7 +15,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
-#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -49,8 +48,7 @@ std::string Unhex(const std::string& hex) {
 
 // Pulls block i % kBlocks into block (i + 1) % kBlocks, ITERS + WARMUP times; MiB/s of the
 // timed ones, or a negative number when a transfer failed.
-double Pull(policies::KvTransport& sink, std::int64_t size, int iters, int warmup,
-            const std::function<void()>& progress_source = {}) {
+double Pull(policies::KvTransport& sink, std::int64_t size, int iters, int warmup) {
   double seconds = 0;
   for (int i = 0; i < warmup + iters; ++i) {
     const std::vector<backend::BlockId> from = {static_cast<backend::BlockId>(i % kBlocks)};
@@ -59,7 +57,6 @@ double Pull(policies::KvTransport& sink, std::int64_t size, int iters, int warmu
     const policies::TransferId id = sink.Post({1, 0, 1, size, from, to});
     policies::TransferStatus status;
     while ((status = sink.Poll(id)) == policies::TransferStatus::kInProgress) {
-      if (progress_source) progress_source();
     }
     if (status != policies::TransferStatus::kDone) return -1;
     if (i >= warmup)
