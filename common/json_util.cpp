@@ -18,7 +18,8 @@ Status FieldError(const std::string& where, const std::string& key, const std::s
 std::string DescribeJson(const nlohmann::json& value) {
   if (value.is_array()) return "an array of " + std::to_string(value.size());
   if (value.is_object()) return "an object";
-  std::string text = value.dump();  // scalars: no recursion; parsed strings are valid UTF-8
+  // Scalars only (no recursion). MessagePack strings need not be UTF-8: replace bad bytes.
+  std::string text = value.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
   constexpr std::size_t kMaxChars = 80;
   if (text.size() > kMaxChars) text = text.substr(0, kMaxChars) + "...";
   return text;

@@ -248,6 +248,7 @@ TEST(Wire, MalformedBodiesAreErrorsNamingTheField) {
        },
        "must hold the prompt"},
       {[](auto& j) { j["request"]["token_ids"][0] = -3; }, "'token_ids[0]'"},
+      {[](auto& j) { j["request"]["token_ids"][0] = std::string("\xb6\xb6"); }, "'token_ids[0]'"},
       {[](auto& j) { j["request"]["block_hashes"] = {1, 2, 3, 4, 5, 6}; }, "'block_hashes'"},
       {[](auto& j) { j["request"]["sampling"]["top_p"] = 0; }, "'top_p'"},
       {[](auto& j) { j["request"]["sampling"]["temperature"] = "hot"; }, "'temperature'"},

@@ -63,6 +63,8 @@ TEST(JsonUtilTest, DescribeJsonIsShortAndSafe) {
   EXPECT_EQ(DescribeJson(json::object()), "an object");
   EXPECT_EQ(DescribeJson(json("abc")), "\"abc\"");
   EXPECT_EQ(DescribeJson(json(std::string(200, 'a'))).size(), 83u);  // 80 chars and "..."
+  // Strings from MessagePack need not be UTF-8: the bad bytes are replaced, nothing throws.
+  EXPECT_EQ(DescribeJson(json(std::string("a\xff\xfe"))), "\"a\xef\xbf\xbd\xef\xbf\xbd\"");
 }
 
 }  // namespace
