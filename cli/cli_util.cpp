@@ -1,6 +1,7 @@
 // Helpers the `duet` subcommands share: the error exit, argument parsing with --help, where
 // bundled data is found, the trace flags (format, selection) of every command that replays
 // a trace, and the printing of metric distributions.
+#include <unistd.h>
 #include <algorithm>
 #include <boost/program_options.hpp>
 #include <cstdio>
@@ -127,6 +128,18 @@ void PrintDistribution(const char* label, const nlohmann::json& d) {
               FormatStat(d["mean"]).c_str(), FormatStat(d["p50"]).c_str(),
               FormatStat(d["p90"]).c_str(), FormatStat(d["p99"]).c_str(),
               FormatStat(d["max"]).c_str());
+}
+
+void AddProgressOption(po::options_description& opts) {
+  opts.add_options()("progress", po::value<std::string>()->default_value("auto"),
+                     "progress bar: auto (on a terminal), always or never");
+}
+
+Result<bool> ProgressWanted(const po::variables_map& vm) {
+  const std::string progress = vm["progress"].as<std::string>();
+  if (progress != "auto" && progress != "always" && progress != "never")
+    return Status::Error("--progress must be auto, always or never");
+  return progress == "always" || (progress == "auto" && isatty(STDERR_FILENO));
 }
 
 Status CheckThreadsFlag(int threads) {

@@ -54,6 +54,10 @@ void PrintGoodput(const nlohmann::json& summary);
 // A statistic with two decimals, or "n/a" when it is null.
 std::string FormatStat(const nlohmann::json& value);
 
+// --progress auto|always|never: a progress bar on stderr, by default when it is a terminal.
+void AddProgressOption(boost::program_options::options_description& opts);
+Result<bool> ProgressWanted(const boost::program_options::variables_map& vm);
+
 // --threads: 0 (all) up to the cores present; more would only start threads that wait.
 Status CheckThreadsFlag(int threads);
 
@@ -69,6 +73,11 @@ int Worker(int argc, char** argv);  // cli/worker.cpp
 // KV blocks per instance when --kv-blocks is 0 (serve and worker): room for 16 full-context
 // sequences within a 4 GiB KV budget, and at least one full-context sequence.
 std::int64_t DefaultKvBlocks(const models::ModelSpec& spec, std::int32_t block_tokens);
+// A KV cache is allocated up front: one larger than this machine's memory is refused before
+// the allocator fails (generate, calibrate; sized as fp32, the most a backend stores).
+Status CheckKvCacheFits(const models::ModelSpec& config, std::int64_t num_blocks,
+                        std::int32_t block_tokens);
+int Calibrate(int argc, char** argv);      // cli/calibrate.cpp
 int MakeTestModel(int argc, char** argv);  // cli/generate.cpp
 int Generate(int argc, char** argv);       // cli/generate.cpp
 

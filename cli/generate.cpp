@@ -58,6 +58,23 @@ int MakeTestModel(int argc, char** argv) {
   return kExitOk;
 }
 
+Status CheckKvCacheFits(const models::ModelSpec& config, std::int64_t num_blocks,
+                        std::int32_t block_tokens) {
+  // fp32: the most a backend stores per element.
+  const double kv_bytes = static_cast<double>(num_blocks) * block_tokens *
+                          static_cast<double>(config.KvBytesPerToken(models::Dtype::kF32));
+  const double memory_bytes =
+      static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGE_SIZE));
+  if (memory_bytes > 0 && kv_bytes > memory_bytes) {
+    char numbers[128];
+    std::snprintf(numbers, sizeof numbers, "%.1f GB of KV cache, more than the %.1f GB of memory",
+                  kv_bytes / 1e9, memory_bytes / 1e9);
+    return Status::Error(std::to_string(num_blocks) + " blocks need " + numbers +
+                         " this machine has");
+  }
+  return Status::Ok();
+}
+
 int Generate(int argc, char** argv) {
   po::options_description opts("duet generate: run a model on the CPU backend");
   // clang-format off
@@ -166,20 +183,9 @@ int Generate(int argc, char** argv) {
                 kExitUsage);
   }
   placement.num_blocks = kv_blocks_flag != 0 ? kv_blocks_flag : needed;
-  // The KV cache is allocated up front: refuse one larger than this machine's memory instead
-  // of failing in the allocator (fp32: the most a backend stores per element).
-  const double kv_bytes = static_cast<double>(placement.num_blocks) * 16 *
-                          static_cast<double>(model->config.KvBytesPerToken(models::Dtype::kF32));
-  const double memory_bytes =
-      static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGE_SIZE));
-  if (memory_bytes > 0 && kv_bytes > memory_bytes) {
-    char numbers[128];
-    std::snprintf(numbers, sizeof numbers, "%.1f GB of KV cache, more than the %.1f GB of memory",
-                  kv_bytes / 1e9, memory_bytes / 1e9);
-    return Fail("--kv-blocks: " + std::to_string(placement.num_blocks) + " blocks need " + numbers +
-                    " this machine has",
-                kExitUsage);
-  }
+  if (Status s = CheckKvCacheFits(model->config, placement.num_blocks, placement.block_tokens);
+      !s.ok())
+    return Fail("--kv-blocks: " + s.message(), kExitUsage);
   auto forward_model = backend::CreateForwardModel(std::move(*model), placement);
   if (!forward_model) return Fail("--device " + placement.device + ": " + forward_model.error());
 

@@ -22,6 +22,7 @@ void Usage() {
       "  replay           replay a request trace against a live OpenAI-compatible server\n"
       "  serve            serve a model over an OpenAI-compatible HTTP/WebSocket API\n"
       "  worker           one prefill, decode or colocated instance of a duet serve cluster\n"
+      "  calibrate        measure a backend's step times and fit the simulator's cost model\n"
       "  generate         run a model on the CPU backend and print its continuation\n"
       "  make-test-model  write the deterministic tiny test model\n"
       "  version          print the version and the optional backends built in\n\n"
@@ -41,6 +42,7 @@ int main(int argc, char** argv) {
     if (command == "replay") return cli::Replay(argc - 1, argv + 1);
     if (command == "serve") return cli::Serve(argc - 1, argv + 1);
     if (command == "worker") return cli::Worker(argc - 1, argv + 1);
+    if (command == "calibrate") return cli::Calibrate(argc - 1, argv + 1);
     if (command == "generate") return cli::Generate(argc - 1, argv + 1);
     if (command == "make-test-model") return cli::MakeTestModel(argc - 1, argv + 1);
     if (command == "version" || command == "--version") {

@@ -2,7 +2,6 @@
 // `duet serve`, vLLM, SGLang) open loop at the trace's arrival times, and write the same
 // summary.json and requests.csv as `duet simulate` (METRICS.md), so that a simulated and a live
 // run of one trace compare column by column.
-#include <unistd.h>
 
 #include <algorithm>
 #include <boost/program_options.hpp>
@@ -102,10 +101,9 @@ int Replay(int argc, char** argv) {
     ("timeout", po::value<double>()->default_value(600),
      "seconds a request may take from its send to the end of its reply")
     ("slo", po::value<std::string>(), "service-level objectives in ms, e.g. ttft=2000,tpot=100")
-    ("out", po::value<std::string>()->default_value("out"), "output directory")
-    ("progress", po::value<std::string>()->default_value("auto"),
-     "progress bar: auto (on a terminal), always or never");
+    ("out", po::value<std::string>()->default_value("out"), "output directory");
   // clang-format on
+  AddProgressOption(opts);
   AddTraceOptions(opts);
   po::variables_map vm;
   int code = kExitOk;
@@ -133,10 +131,9 @@ int Replay(int argc, char** argv) {
     if (!parsed) return Fail(parsed.error(), kExitUsage);
     slo = *parsed;
   }
-  const std::string progress = vm["progress"].as<std::string>();
-  if (progress != "auto" && progress != "always" && progress != "never")
-    return Fail("--progress must be auto, always or never", kExitUsage);
-  options.progress = progress == "always" || (progress == "auto" && isatty(STDERR_FILENO));
+  auto progress = ProgressWanted(vm);
+  if (!progress) return Fail(progress.error(), kExitUsage);
+  options.progress = *progress;
   const std::string out_dir = vm["out"].as<std::string>();
 
   auto trace = LoadTrace(vm, &code);

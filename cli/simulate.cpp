@@ -1,6 +1,5 @@
 // `duet simulate`: replay a request trace on a simulated PD or colocated cluster, print a
 // summary and write the METRICS.md files.
-#include <unistd.h>
 
 #include <boost/program_options.hpp>
 #include <cstdio>
@@ -91,10 +90,9 @@ bool ParseSimulateArgs(int argc, char** argv, po::variables_map& vm, sim::SimOpt
     ("slo", po::value<std::string>(), "service-level objectives in ms, e.g. ttft=2000,tpot=100")
     ("reject-over-slo",
      "cache-aware router: reject at arrival a request whose estimated TTFT exceeds the TTFT SLO")
-    ("out", po::value<std::string>()->default_value("out"), "output directory")
-    ("progress", po::value<std::string>()->default_value("auto"),
-     "progress bar: auto (on a terminal), always or never");
+    ("out", po::value<std::string>()->default_value("out"), "output directory");
   // clang-format on
+  AddProgressOption(opts);
   AddTraceOptions(opts, "traces/bundled/default.json");
   if (!ParseArgs(argc, argv, opts, vm, exit_code)) return false;
   // Every error below is the command line's.
@@ -118,10 +116,9 @@ bool ParseSimulateArgs(int argc, char** argv, po::variables_map& vm, sim::SimOpt
       return usage("--reject-over-slo needs --router cache-aware and a TTFT SLO (--slo ttft=MS)");
     options.reject_over_slo = true;
   }
-  const std::string progress = vm["progress"].as<std::string>();
-  if (progress != "auto" && progress != "always" && progress != "never")
-    return usage("--progress must be auto, always or never");
-  options.progress = progress == "always" || (progress == "auto" && isatty(STDERR_FILENO));
+  auto progress = ProgressWanted(vm);
+  if (!progress) return usage(progress.error());
+  options.progress = *progress;
   options.out_dir = vm["out"].as<std::string>();
 
   *out = std::move(options);

@@ -35,6 +35,7 @@ RooflineCostModel::RooflineCostModel(ModelSpec model, HardwareSpec hw, RooflineO
   const double kv_width = double(model_.num_key_value_heads) * model_.head_dim;
   const double intermediate = model_.intermediate_size;
   const double bytes_per_element = double(model_.BytesPerElement());
+  const double embedding_bytes = double(model_.vocab_size) * hidden * bytes_per_element;
 
   // 2 FLOPs per multiply-add: q, k, v, o projections and gate, up, down.
   linear_flops_per_token_ =
@@ -43,7 +44,10 @@ RooflineCostModel::RooflineCostModel(ModelSpec model, HardwareSpec hw, RooflineO
   // QK^T and PV each cost 2 * q_width FLOPs per (query, key) pair.
   attention_flops_per_pair_ = layers * 4.0 * q_width;
   lm_head_flops_per_row_ = 2.0 * hidden * double(model_.vocab_size);
-  weight_bytes_ = double(model_.WeightBytes());
+  // A step gathers its tokens' embedding rows; it reads the whole table only as the LM head,
+  // which an untied model keeps as a separate matrix (counted in WeightBytes).
+  weight_bytes_ = double(model_.WeightBytes()) - (model_.tie_word_embeddings ? 0 : embedding_bytes);
+  embedding_row_bytes_ = hidden * bytes_per_element;
   kv_bytes_per_token_ = double(model_.KvBytesPerToken(options_.kv_cache_dtype));
   activation_bytes_per_token_ = bytes_per_element * layers * (4.0 * hidden + 2.0 * intermediate);
   allreduce_bytes_per_token_ = hidden * bytes_per_element;
@@ -53,42 +57,39 @@ RooflineCostModel::RooflineCostModel(ModelSpec model, HardwareSpec hw, RooflineO
   seconds_per_link_byte_ = 1.0 / (hw_.nvlink_bw * options_.comm_efficiency);
 }
 
-StepCostBreakdown RooflineCostModel::Breakdown(const StepShape& shape) const {
-  StepCostBreakdown cost;
-  // One pass over the chunks: tokens, KV context read, causal (query, key) pairs, and the
-  // chunks that emit a logit row.
-  double prefill_tokens = 0;
-  double prefill_context = 0;
-  double prefill_pairs = 0;
-  double logit_rows = 0;
+StepFeatures FeaturesOf(const StepShape& shape) {
+  StepFeatures f;
   for (const PrefillChunk& chunk : shape.prefill) {
     DUET_CHECK(chunk.tokens >= 0 && chunk.context >= 0);
     if (chunk.tokens == 0) continue;
     const double n = double(chunk.tokens);
     const double c = double(chunk.context);
-    prefill_tokens += n;
-    prefill_context += c;
+    f.prefill_chunks += 1.0;
+    f.prefill_tokens += n;
+    f.prefill_context_tokens += c;
     // Token i of the chunk (1-based) attends to the c cached tokens and i chunk tokens.
-    prefill_pairs += n * c + n * (n + 1.0) * 0.5;
-    logit_rows += 1.0;
+    f.prefill_pairs += n * c + n * (n + 1.0) * 0.5;
   }
-  DUET_CHECK(shape.decode_tokens >= 0 && shape.decode_context_tokens >= 0);
-  const double decode_tokens = double(shape.decode_tokens);
-  const double decode_context = double(shape.decode_context_tokens);
-  const double tokens = prefill_tokens + decode_tokens;
-  if (tokens == 0) return cost;  // an empty step costs nothing, not even the overhead
+  DUET_CHECK(shape.decode_tokens >= 0 && shape.decode_context_tokens >= 0 && shape.tp >= 1);
+  f.decode_rows = double(shape.decode_tokens);
+  f.decode_context_tokens = double(shape.decode_context_tokens);
+  f.tp = shape.tp;
+  return f;
+}
 
-  DUET_CHECK(shape.tp >= 1);
-  const double tp = double(shape.tp > 1 ? shape.tp : options_.tp);
-  const double attention_pairs = prefill_pairs + decode_context + decode_tokens;
-  logit_rows += decode_tokens;
-
+StepCostBreakdown RooflineCostModel::Breakdown(const StepShape& shape) const {
+  StepCostBreakdown cost;
+  const StepFeatures f = FeaturesOf(shape);
+  if (f.empty()) return cost;  // an empty step costs nothing, not even the overhead
+  const double tokens = f.tokens();
+  const double tp = double(f.tp > 1 ? f.tp : options_.tp);
   const double flops = tokens * linear_flops_per_token_ +
-                       attention_pairs * attention_flops_per_pair_ +
-                       logit_rows * lm_head_flops_per_row_;
-  const double bytes = weight_bytes_ +
-                       (prefill_context + decode_context + tokens) * kv_bytes_per_token_ +
-                       tokens * activation_bytes_per_token_;
+                       (f.prefill_pairs + f.decode_pairs()) * attention_flops_per_pair_ +
+                       f.logit_rows() * lm_head_flops_per_row_;
+  const double bytes =
+      weight_bytes_ + tokens * embedding_row_bytes_ +
+      (f.prefill_context_tokens + f.decode_context_tokens + tokens) * kv_bytes_per_token_ +
+      tokens * activation_bytes_per_token_;
   cost.flops = flops / tp;
   cost.bytes = bytes / tp;
   cost.compute_s = cost.flops * seconds_per_flop_;

@@ -32,6 +32,25 @@ struct StepShape {
   Tokens TotalTokens() const { return PrefillTokens() + decode_tokens; }
 };
 
+// What a step does, in the quantities its cost depends on: the roofline's inputs, and the
+// columns a fitted cost model (models/step_profile.h) is fitted on. O(chunks) to compute.
+struct StepFeatures {
+  double prefill_chunks = 0;          // chunks with tokens: each emits one logit row
+  double prefill_tokens = 0;          // new prompt tokens
+  double prefill_context_tokens = 0;  // cached tokens those chunks attend to (KV read)
+  double prefill_pairs = 0;           // causal (query, key) pairs of the chunks, context included
+  double decode_rows = 0;             // decoding requests, one token each
+  double decode_context_tokens = 0;   // cached tokens they attend to (KV read)
+  int tp = 1;                         // the shape's TP degree as given (1: the model's own)
+
+  double tokens() const { return prefill_tokens + decode_rows; }
+  double logit_rows() const { return prefill_chunks + decode_rows; }
+  // Pairs of decode attention: each row attends to its context and to itself.
+  double decode_pairs() const { return decode_context_tokens + decode_rows; }
+  bool empty() const { return tokens() == 0; }
+};
+StepFeatures FeaturesOf(const StepShape& shape);
+
 class StepCostModel {
  public:
   virtual ~StepCostModel() = default;
@@ -72,7 +91,8 @@ struct StepCostBreakdown {
 //          + L * 4q * (sum over chunks of n(c + (n+1)/2)          causal attention
 //                      + decode_context_tokens + decode_tokens)
 //          + 2hV * (chunks with tokens + decode_tokens)           LM head
-//   bytes  = WeightBytes                                          weights, once per step
+//   bytes  = WeightBytes - embedding table (when not tied)        weights, once per step
+//          + e * h * T                                           the embedding rows gathered
 //          + KvBytesPerToken * (sum of chunk contexts + decode_context_tokens)   KV read
 //          + KvBytesPerToken * T                                  KV written
 //          + e * L * T * (4h + 2I)                                activations: the residual
@@ -98,7 +118,8 @@ class RooflineCostModel : public StepCostModel {
   double linear_flops_per_token_ = 0;    // all layers
   double attention_flops_per_pair_ = 0;  // one query-key pair, all layers, QK^T and PV
   double lm_head_flops_per_row_ = 0;
-  double weight_bytes_ = 0;
+  double weight_bytes_ = 0;         // read once per step: all but an untied embedding table
+  double embedding_row_bytes_ = 0;  // one token's embedding row, gathered per token
   double kv_bytes_per_token_ = 0;
   double activation_bytes_per_token_ = 0;  // all layers
   double allreduce_bytes_per_token_ = 0;   // one all-reduce of one token's hidden state

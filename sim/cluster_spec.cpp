@@ -178,25 +178,42 @@ Status ParseTiers(const json& doc, const std::string& path, TiersSpec& tiers) {
   return Status::Ok();
 }
 
-Status ParseCostModel(const json& doc, const std::string& path, models::RooflineOptions& r) {
+Status ParseCostModel(const json& doc, const std::string& path, const std::string& data_dir,
+                      CostModelSpec& spec) {
   auto it = doc.find("cost_model");
   if (it == doc.end() || it->is_null()) return Status::Ok();
   const std::string where = path + ": cost_model";
   if (!it->is_object()) return Status::Error(where + ": must be an object");
   auto kind = JsonStringOr(*it, "kind", "roofline", where);
   if (!kind) return kind.status();
-  if (*kind != "roofline")
-    return FieldError(where, "kind", "must be 'roofline', got '" + *kind + "'");
   struct Field {
     const char* key;
     double* out;
     double scale;
   };
+  models::RooflineOptions& r = spec.roofline;
   const Field fields[] = {{"compute_efficiency", &r.compute_efficiency, 1.0},
                           {"memory_efficiency", &r.memory_efficiency, 1.0},
                           {"comm_efficiency", &r.comm_efficiency, 1.0},
                           {"step_overhead_ms", &r.step_overhead, 1e-3},
                           {"allreduce_latency_us", &r.allreduce_latency, 1e-6}};
+  if (*kind == "fitted") {
+    for (const Field& f : fields) {
+      if (JsonHas(*it, f.key))
+        return FieldError(where, f.key, "applies to kind 'roofline' only (the profile fits it)");
+    }
+    auto profile = JsonString(*it, "profile", where);
+    if (!profile) return profile.status();
+    spec.profile_path =
+        ResolveRef(*profile, path, (fs::path(data_dir) / "sim" / "profiles").string());
+    auto loaded = models::LoadStepProfile(spec.profile_path);
+    if (!loaded) return Status::Error(where + ": field 'profile': " + loaded.error());
+    spec.profile = std::make_shared<const models::StepProfile>(std::move(*loaded));
+    return Status::Ok();
+  }
+  if (*kind != "roofline")
+    return FieldError(where, "kind", "must be 'roofline' or 'fitted', got '" + *kind + "'");
+  if (JsonHas(*it, "profile")) return FieldError(where, "profile", "applies to kind 'fitted' only");
   for (const Field& f : fields) {
     const bool efficiency = f.scale == 1.0;
     auto v = efficiency
@@ -205,6 +222,25 @@ Status ParseCostModel(const json& doc, const std::string& path, models::Roofline
                                 where, *f.out / f.scale);
     if (!v) return v.status();
     *f.out = *v * f.scale;
+  }
+  return Status::Ok();
+}
+
+// A fitted cost model prices the model it was measured on, at the TP degrees it was fitted for.
+Status CheckProfileFits(const ClusterSpec& c, const std::string& path) {
+  const models::StepProfile* profile = c.cost_model.profile.get();
+  if (!profile) return Status::Ok();
+  const std::string where = path + ": cost_model: profile " + c.cost_model.profile_path;
+  if (auto mismatch = models::ArchitectureMismatch(profile->model, c.model))
+    return Status::Error(where + " was measured on another model than '" + c.model.name + "' (" +
+                         *mismatch + ")");
+  for (const InstanceSpec& inst : c.instances) {
+    if (profile->FitFor(inst.tp)) continue;
+    std::string have;
+    for (const models::StepFit& fit : profile->fits)
+      have += (have.empty() ? "" : ", ") + std::to_string(fit.tp);
+    return Status::Error(where + " has no fit for tp " + std::to_string(inst.tp) + " (instance " +
+                         inst.name + "; it has tp " + have + ")");
   }
   return Status::Ok();
 }
@@ -293,8 +329,8 @@ Result<ClusterSpec> ParseClusterSpec(const json& doc, const std::string& path,
   c.frontend_link = *fe;
 
   DUET_RETURN_IF_ERROR(ParseEngine(doc, path, c.engine));
-  DUET_RETURN_IF_ERROR(ParseCostModel(doc, path, c.roofline));
-  c.roofline.kv_cache_dtype = c.engine.memory.kv_cache_dtype;
+  DUET_RETURN_IF_ERROR(ParseCostModel(doc, path, data_dir, c.cost_model));
+  c.cost_model.roofline.kv_cache_dtype = c.engine.memory.kv_cache_dtype;
   DUET_RETURN_IF_ERROR(ParseTiers(doc, path, c.tiers));
   // A tier must hold at least one engine block (every TP shard's share of it).
   for (int k = 0; k < policies::kNumLowerTiers; ++k) {
@@ -378,7 +414,23 @@ Result<ClusterSpec> ParseClusterSpec(const json& doc, const std::string& path,
     return Status::Error(path + ": instances mix colocated and prefill/decode roles");
   if ((p > 0) != (d > 0))
     return Status::Error(path + ": PD mode needs at least one prefill and one decode instance");
+  DUET_RETURN_IF_ERROR(CheckProfileFits(c, path));
   return c;
+}
+
+std::unique_ptr<models::StepCostModel> MakeStepCostModel(const ClusterSpec& cluster,
+                                                         const InstanceSpec& instance) {
+  if (const models::StepProfile* profile = cluster.cost_model.profile.get()) {
+    const models::StepFit* fit = profile->FitFor(instance.tp);
+    DUET_CHECK(fit);  // CheckProfileFits
+    return std::make_unique<models::FittedCostModel>(*fit);
+  }
+  models::RooflineOptions roofline = cluster.cost_model.roofline;
+  roofline.tp = instance.tp;
+  const NodeSpec& node = cluster.nodes[static_cast<std::size_t>(instance.node)];
+  models::HardwareSpec gpu = node.gpu;
+  gpu.nvlink_bw = node.nvlink.bandwidth;
+  return std::make_unique<models::RooflineCostModel>(cluster.model, gpu, roofline);
 }
 
 }  // namespace duet::sim

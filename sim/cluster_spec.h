@@ -4,6 +4,7 @@
 // the file and the field. No SimGrid here: sim/platform.cpp turns a spec into a platform.
 #pragma once
 
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -11,6 +12,7 @@
 #include "common/units.h"
 #include "models/cost_model.h"
 #include "models/model_spec.h"
+#include "models/step_profile.h"
 #include "policies/engine.h"
 #include "policies/kv_tiers.h"
 
@@ -74,6 +76,14 @@ struct EngineSpec {
   policies::KvLoadFailurePolicy kv_load_failure_policy = policies::KvLoadFailurePolicy::kFail;
 };
 
+// How steps are priced ("cost_model" in the cluster file): the roofline (default) or a fit
+// from a step profile (`duet calibrate`), by name under sim/profiles/ or a path ending in .json.
+struct CostModelSpec {
+  models::RooflineOptions roofline;                    // kind "roofline"; tp is per instance
+  std::string profile_path;                            // kind "fitted"
+  std::shared_ptr<const models::StepProfile> profile;  // null: the roofline
+};
+
 struct ClusterSpec {
   std::string name;
   std::string path;
@@ -84,7 +94,7 @@ struct ClusterSpec {
   std::vector<InstanceSpec> instances;
   EngineSpec engine;
   TiersSpec tiers;
-  models::RooflineOptions roofline;  // tp is per instance
+  CostModelSpec cost_model;
 
   bool pd() const;
   int CountRole(policies::InstanceRole role) const;
@@ -92,12 +102,18 @@ struct ClusterSpec {
   Bytes KvBytesPerToken() const { return model.KvBytesPerToken(engine.memory.kv_cache_dtype); }
 };
 
+// The step-cost model of one instance: the roofline on its node's GPU (TP all-reduces over the
+// node's NVLink as the file gives it), or the profile's fit for its TP degree.
+std::unique_ptr<models::StepCostModel> MakeStepCostModel(const ClusterSpec& cluster,
+                                                         const InstanceSpec& instance);
+
 // Loads a cluster file. "model" and "gpu" name files under <data_dir>/models/specs and
 // <data_dir>/models/hardware (or give a path ending in .json, relative to the cluster file);
 // "model" may also be a Hugging Face model directory (a path with a '/').
 // Errors: missing or mistyped fields, non-positive bandwidths, negative latencies, unknown
-// roles, instances that do not fit on their node, mixed colocated and PD roles, and a model
-// that does not fit in GPU memory.
+// roles, instances that do not fit on their node, mixed colocated and PD roles, a model that
+// does not fit in GPU memory, and a step profile measured on another model or lacking a fit
+// for an instance's TP degree.
 Result<ClusterSpec> LoadClusterSpec(const std::string& path, const std::string& data_dir);
 Result<ClusterSpec> ParseClusterSpec(const nlohmann::json& doc, const std::string& path,
                                      const std::string& data_dir);

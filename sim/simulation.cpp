@@ -17,6 +17,7 @@
 #include <memory>
 #include <unordered_map>
 
+#include "common/progress.h"
 #include "policies/block_hash.h"
 #include "policies/engine.h"
 #include "sim/platform.h"
@@ -149,7 +150,7 @@ struct World {
   const SimOptions& options;
   Platform platform;
   std::vector<Request> requests;
-  std::vector<std::unique_ptr<models::RooflineCostModel>> costs;
+  std::vector<std::unique_ptr<models::StepCostModel>> costs;
   std::vector<std::unique_ptr<SimPorts>> ports;
   std::vector<std::unique_ptr<policies::InstanceEngine>> engines;
   std::vector<sg4::Mailbox*> mailboxes;
@@ -420,14 +421,10 @@ void SimSink::DrawProgress(bool final) {
   const std::size_t step = std::max<std::size_t>(1, total / 100);
   if (!final && world_.finished - last_drawn_ < step && world_.finished != total) return;
   last_drawn_ = world_.finished;
-  constexpr int kWidth = 30;
-  const double frac = total ? static_cast<double>(world_.finished) / total : 1.0;
-  const int filled = static_cast<int>(frac * kWidth);
-  std::fprintf(stderr, "\r[%s%s] %3d%%  %zu/%zu requests  simulated %.1f s",
-               std::string(filled, '#').c_str(), std::string(kWidth - filled, '.').c_str(),
-               static_cast<int>(frac * 100), world_.finished, total, sg4::Engine::get_clock());
-  if (world_.finished == total) std::fprintf(stderr, "\n");
-  std::fflush(stderr);
+  char detail[96];
+  std::snprintf(detail, sizeof detail, "%zu/%zu requests  simulated %.1f s", world_.finished, total,
+                sg4::Engine::get_clock());
+  duet::DrawProgress(world_.finished, total, detail);
 }
 
 Tokens EngineCacheView::CachedPrefixTokens(InstanceId instance, const Request& request) const {
@@ -716,13 +713,7 @@ Result<SimReport> Simulate(const ClusterSpec& cluster, const traces::Trace& trac
           w.platform.gpus[static_cast<std::size_t>(spec.node)][static_cast<std::size_t>(g)]);
     w.hosts.push_back(std::move(hosts));
     w.mailboxes.push_back(sg4::Mailbox::by_name("instance-" + spec.name));
-    models::RooflineOptions roofline = cluster.roofline;
-    roofline.tp = spec.tp;
-    // TP all-reduces run over the node's NVLink as the cluster file gives it.
-    const NodeSpec& node = cluster.nodes[static_cast<std::size_t>(spec.node)];
-    models::HardwareSpec gpu = node.gpu;
-    gpu.nvlink_bw = node.nvlink.bandwidth;
-    w.costs.push_back(std::make_unique<models::RooflineCostModel>(cluster.model, gpu, roofline));
+    w.costs.push_back(MakeStepCostModel(cluster, spec));
   }
   if (cluster.tiers.any()) {
     w.storage = std::make_unique<SimStorage>(w);

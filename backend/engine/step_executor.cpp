@@ -6,19 +6,16 @@
 #include <fstream>
 
 #include "kernels/cpu/sampling.h"
+#include "models/step_profile.h"
 
 namespace duet::backend {
 
 using policies::Request;
 
 nlohmann::json StepTiming::ToJson() const {
-  nlohmann::json prefill = nlohmann::json::array();
-  for (const auto& c : shape.prefill) prefill.push_back({c.tokens, c.context});
-  return {{"prefill", prefill},
-          {"decode_tokens", shape.decode_tokens},
-          {"decode_context_tokens", shape.decode_context_tokens},
-          {"tp", shape.tp},
-          {"seconds", seconds}};
+  nlohmann::json line = models::StepShapeToJson(shape);
+  line["seconds"] = seconds;
+  return line;
 }
 
 Status WriteStepTimings(const std::vector<StepTiming>& timings, const std::string& path) {

@@ -20,7 +20,8 @@ namespace duet::backend {
 struct StepTiming {
   models::StepShape shape;
   Seconds seconds = 0;
-  nlohmann::json ToJson() const;  // {"prefill": [[tokens, context], ...], "decode_tokens": ..}
+  // models::StepShapeToJson(shape) and "seconds": a line ParseStepMeasurements reads.
+  nlohmann::json ToJson() const;
 };
 Status WriteStepTimings(const std::vector<StepTiming>& timings, const std::string& path);
 

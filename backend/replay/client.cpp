@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "backend/replay/sse.h"
+#include "common/progress.h"
 
 namespace duet::backend::replay {
 namespace {
@@ -270,19 +271,14 @@ class Replay {
     });
   }
 
-  // The house style of sim/simulation.cpp's bar, with what a live run adds.
+  // The bar every command draws, with what a live run adds.
   void DrawProgress() {
     const std::size_t total = trace_.requests.size();
-    constexpr int kWidth = 30;
-    const double frac = total ? static_cast<double>(recorded_) / static_cast<double>(total) : 1.0;
-    const int filled = static_cast<int>(frac * kWidth);
-    std::fprintf(stderr, "\r[%s%s] %3d%%  %zu/%zu requests  %zu in flight  %.1f s",
-                 std::string(static_cast<std::size_t>(filled), '#').c_str(),
-                 std::string(static_cast<std::size_t>(kWidth - filled), '.').c_str(),
-                 static_cast<int>(frac * 100), recorded_, total, in_flight_.size(),
-                 std::chrono::duration<double>(Clock::now() - start_).count());
-    if (recorded_ == total) std::fprintf(stderr, "\n");
-    std::fflush(stderr);
+    char detail[96];
+    std::snprintf(detail, sizeof detail, "%zu/%zu requests  %zu in flight  %.1f s", recorded_,
+                  total, in_flight_.size(),
+                  std::chrono::duration<double>(Clock::now() - start_).count());
+    duet::DrawProgress(recorded_, total, detail);
   }
 
   const traces::Trace& trace_;

@@ -1,0 +1,117 @@
+// The sweep of `duet calibrate` (see step_sweep.h).
+#include "backend/calibrate/step_sweep.h"
+
+#include <algorithm>
+#include <chrono>
+#include <numeric>
+#include <set>
+#include <string>
+
+#include "models/step_profile.h"
+
+namespace duet::backend {
+
+using models::StepShape;
+
+namespace {
+
+// Powers of two from `lo` up to `hi` (and `hi` itself when it is not one).
+std::vector<Tokens> Ladder(Tokens lo, Tokens hi, Tokens factor = 2) {
+  std::vector<Tokens> out;
+  for (Tokens v = lo; v <= hi; v *= factor) out.push_back(v);
+  if (out.empty() || out.back() != hi) out.push_back(hi);
+  return out;
+}
+
+}  // namespace
+
+std::vector<StepShape> CalibrationShapes(const SweepLimits& l) {
+  std::vector<StepShape> shapes;
+  auto fits = [&](Tokens context, Tokens tokens) { return context + tokens <= l.positions; };
+  std::vector<Tokens> contexts = {0};
+  for (Tokens c : Ladder(std::min<Tokens>(256, l.max_context), l.max_context, 4))
+    if (c > 0) contexts.push_back(c);
+  // Prefill: one chunk of n tokens after c cached; then batches of equal fresh chunks, which
+  // tell the per-chunk cost apart from the per-token one.
+  for (Tokens n : Ladder(std::min<Tokens>(16, l.max_tokens), l.max_tokens))
+    for (Tokens c : contexts)
+      if (fits(c, n)) shapes.push_back({{{n, c}}, 0, 0, 1});
+  for (Tokens chunks : {2, 4, 8})
+    for (Tokens n : {Tokens{32}, std::max<Tokens>(1, l.max_tokens / 8)}) {
+      if (n * chunks > l.max_tokens || !fits(0, n)) continue;
+      StepShape s;
+      s.prefill.assign(static_cast<std::size_t>(chunks), {n, 0});
+      shapes.push_back(s);
+    }
+  // Decode: a batch of rows, each after `c` cached tokens.
+  for (Tokens rows : Ladder(1, l.max_batch))
+    for (Tokens c : Ladder(std::min<Tokens>(64, l.max_context), l.max_context, 4))
+      if (fits(c, 1)) shapes.push_back({{}, rows, rows * c, 1});
+  // Mixed: a chunk after a short cached context beside a decode batch at a short and at the
+  // longest context.
+  const Tokens chunk_context = std::min<Tokens>(256, l.max_context);
+  for (Tokens n : Ladder(16, std::max<Tokens>(16, l.max_tokens / 2), 4))
+    for (Tokens rows : {Tokens{2}, Tokens{8}, l.max_batch})
+      for (Tokens c : {l.max_context / 4, l.max_context})
+        if (fits(chunk_context, n) && fits(c, 1))
+          shapes.push_back({{{n, chunk_context}}, rows, rows * c, 1});
+  // Ladders clipped by small limits repeat shapes; time each once.
+  std::vector<StepShape> unique;
+  std::set<std::string> seen;
+  for (const StepShape& s : shapes)
+    if (seen.insert(models::StepShapeToJson(s).dump()).second) unique.push_back(s);
+  return unique;
+}
+
+std::int64_t BlocksFor(const StepShape& s, std::int32_t block_tokens) {
+  auto blocks = [&](Tokens n) { return (n + block_tokens - 1) / block_tokens; };
+  std::int64_t total = 0;
+  for (const models::PrefillChunk& c : s.prefill) total += blocks(c.context + c.tokens);
+  if (s.decode_tokens > 0)
+    total += s.decode_tokens * blocks(s.decode_context_tokens / s.decode_tokens + 1);
+  return total;
+}
+
+StepTimer::StepTimer(ForwardModel& model) : model_(model) {
+  const auto vocab = static_cast<std::int32_t>(model.config().vocab_size);
+  ids_.resize(1 << 16);
+  for (std::size_t i = 0; i < ids_.size(); ++i)
+    ids_[i] = static_cast<std::int32_t>((i * 7919 + 13) % static_cast<std::size_t>(vocab));
+}
+
+Seconds StepTimer::Time(const models::StepShape& s) {
+  Build(s);
+  const auto start = std::chrono::steady_clock::now();
+  model_.Forward(batch_, &logits_);
+  const auto end = std::chrono::steady_clock::now();
+  logits_.clear();
+  return std::chrono::duration<double>(end - start).count();
+}
+
+void StepTimer::Build(const models::StepShape& s) {
+  const std::int32_t bt = model_.block_tokens();
+  batch_.clear();
+  tables_.clear();
+  tables_.reserve(s.prefill.size() + static_cast<std::size_t>(s.decode_tokens));
+  tokens_.clear();
+  Tokens total = s.PrefillTokens() + s.decode_tokens;
+  tokens_.reserve(static_cast<std::size_t>(total));
+  std::int32_t next_block = 0;
+  auto add = [&](Tokens n, Tokens context) {
+    const auto blocks = static_cast<std::int32_t>((context + n + bt - 1) / bt);
+    std::vector<std::int32_t>& table = tables_.emplace_back(static_cast<std::size_t>(blocks));
+    std::iota(table.begin(), table.end(), next_block);
+    next_block += blocks;
+    const std::size_t at = tokens_.size();
+    for (Tokens i = 0; i < n; ++i)
+      tokens_.push_back(ids_[(at + static_cast<std::size_t>(i)) % ids_.size()]);
+    batch_.push_back({{tokens_.data() + at, static_cast<std::size_t>(n)},
+                      context,
+                      table,
+                      SequenceChunk::Logits::kLast});
+  };
+  for (const models::PrefillChunk& c : s.prefill) add(c.tokens, c.context);
+  for (Tokens r = 0; r < s.decode_tokens; ++r) add(1, s.decode_context_tokens / s.decode_tokens);
+}
+
+}  // namespace duet::backend

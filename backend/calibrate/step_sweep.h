@@ -1,0 +1,51 @@
+// The sweep of `duet calibrate`: which step shapes it times on a backend, and the timer that
+// runs one shape's forward pass. The fit is step_fit.h.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "backend/engine/forward_model.h"
+#include "common/units.h"
+#include "models/cost_model.h"
+
+namespace duet::backend {
+
+struct SweepLimits {
+  Tokens max_tokens = 1024;   // largest prefill chunk
+  Tokens max_context = 2048;  // largest cached context per sequence
+  Tokens max_batch = 32;      // largest decode batch
+  Tokens positions = 0;       // the model's max_position_embeddings
+};
+
+// Prefill chunks of 16 tokens up to max_tokens over cached contexts 0, 256, 1024, ... up to
+// max_context, batches of equal fresh chunks; decode batches of 1 to max_batch rows over
+// contexts 64, 256, ... up to max_context; mixed steps of a chunk beside a decode batch. In a
+// fixed order (the fit holds out every 4th shape of each class), each shape once, every
+// sequence within the model's positions.
+std::vector<models::StepShape> CalibrationShapes(const SweepLimits& limits);
+
+// KV blocks a shape needs: each sequence its own, ceil((context + tokens) / block) of them.
+std::int64_t BlocksFor(const models::StepShape& shape, std::int32_t block_tokens);
+
+// Times one forward pass of a shape (prefill chunks and decode rows, each emitting its last
+// logits row, as the engine runs them) over blocks 0.. of the model's cache, which must hold
+// BlocksFor(shape). The cached context is whatever those blocks hold: attention does the same
+// work whatever the values are. Token ids are fixed, spread over the vocabulary.
+class StepTimer {
+ public:
+  explicit StepTimer(ForwardModel& model);
+  Seconds Time(const models::StepShape& shape);
+
+ private:
+  void Build(const models::StepShape& shape);
+
+  ForwardModel& model_;
+  std::vector<std::int32_t> ids_;
+  std::vector<std::int32_t> tokens_;
+  std::vector<std::vector<std::int32_t>> tables_;
+  std::vector<SequenceChunk> batch_;
+  std::vector<float> logits_;
+};
+
+}  // namespace duet::backend

@@ -1,0 +1,278 @@
+// `duet calibrate`: time a backend's forward pass over a sweep of step shapes (prefill chunks
+// of several sizes over several cached contexts, decode batches over several contexts, mixed
+// steps), fit the simulator's step-cost model to the medians (models/step_profile.h), and write
+// the profile: the measurements, the fit, and its error on shapes held out of the fit. With
+// --measurements it fits step times another tool measured instead (scripts/, published data).
+#include <unistd.h>
+
+#include <algorithm>
+#include <boost/program_options.hpp>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <ctime>
+#include <fstream>
+#include <numeric>
+#include <optional>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "backend/calibrate/step_fit.h"
+#include "backend/calibrate/step_sweep.h"
+#include "backend/model/llama_weights.h"
+#include "backend/registry.h"
+#include "cli/commands.h"
+#include "common/json_util.h"
+#include "common/progress.h"
+#include "models/step_profile.h"
+
+namespace duet::cli {
+namespace {
+
+namespace po = boost::program_options;
+using backend::SweepLimits;
+using models::StepShape;
+
+std::string UtcNow() {
+  const std::time_t now = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&now, &tm);
+  char text[32];
+  std::strftime(text, sizeof text, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return text;
+}
+
+std::string CpuName() {
+  std::ifstream in("/proc/cpuinfo");
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("model name", 0) == 0) {
+      const auto colon = line.find(':');
+      if (colon != std::string::npos) return line.substr(line.find_first_not_of(' ', colon + 1));
+    }
+  }
+  return "unknown";
+}
+
+// The model of --measurements mode: a model directory, a spec file, or a bundled spec's name.
+Result<models::ModelSpec> LoadSpec(const std::string& ref) {
+  const bool path = ref.find('/') != std::string::npos ||
+                    (ref.size() > 5 && ref.compare(ref.size() - 5, 5, ".json") == 0);
+  return models::LoadModelSpec(path ? ref : Locate("models/specs/" + ref + ".json"));
+}
+
+// The hardware spec --roofline names: a bundled name or a .json file.
+Result<models::HardwareSpec> LoadGpu(const std::string& ref) {
+  const bool path = ref.size() > 5 && ref.compare(ref.size() - 5, 5, ".json") == 0;
+  return models::LoadHardwareSpec(path ? ref : Locate("models/hardware/" + ref + ".json"));
+}
+
+void PrintFit(const models::StepFit& fit) {
+  std::printf("tp %d: %zu affine piece%s; error on shapes held out of the fit (training):\n",
+              fit.tp, fit.pieces.size(), fit.pieces.size() == 1 ? "" : "s");
+  std::printf("  %-8s %6s %9s %9s %9s\n", "class", "shapes", "mean", "p90", "max");
+  for (std::size_t c = 0; c < models::kShapeClasses; ++c) {
+    const models::FitError& h = fit.held_out[c];
+    const models::FitError& t = fit.training[c];
+    if (h.shapes == 0) continue;
+    std::printf("  %-8s %6d %8.2f%% %8.2f%% %8.2f%%   (%d: mean %.2f%%, max %.2f%%)\n",
+                models::ToString(static_cast<models::ShapeClass>(c)), h.shapes, h.mean_pct,
+                h.p90_pct, h.max_pct, t.shapes, t.mean_pct, t.max_pct);
+  }
+  for (std::size_t c = 0; c < models::kShapeClasses; ++c) {
+    const models::FitError& r = fit.roofline_held_out[c];
+    if (r.shapes == 0) continue;
+    std::printf("  roofline %-8s %6d %8.2f%% %8.2f%% %8.2f%%\n",
+                models::ToString(static_cast<models::ShapeClass>(c)), r.shapes, r.mean_pct,
+                r.p90_pct, r.max_pct);
+  }
+}
+
+Status WriteProfile(const models::StepProfile& profile, const std::string& path) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp);
+    out << models::FormatStepProfile(profile);
+    if (!out) return Status::Error(path + ": cannot write " + tmp);
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    std::remove(tmp.c_str());
+    return Status::Error(path + ": cannot rename " + tmp + " into place");
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+int Calibrate(int argc, char** argv) {
+  po::options_description opts(
+      "duet calibrate: measure a backend's step times and fit the simulator's cost model");
+  // clang-format off
+  opts.add_options()
+    ("help,h", "show this help")
+    ("model", po::value<std::string>()->required(),
+     "Hugging Face model directory; with --measurements also a model spec file or the name of "
+     "a bundled one (models/specs/)")
+    ("out", po::value<std::string>()->required(), "the profile to write (JSON)")
+    ("device", po::value<std::string>()->default_value("cpu"),
+     "cpu or cuda; with --measurements, the name of the device that measured them")
+    ("threads", po::value<int>()->default_value(0), "CPU threads (0: all)")
+    ("repeats", po::value<int>()->default_value(5), "timed runs of each shape, after one untimed")
+    ("max-tokens", po::value<std::int64_t>()->default_value(1024),
+     "largest prefill chunk (default: at most a quarter of the model's context)")
+    ("max-context", po::value<std::int64_t>()->default_value(2048),
+     "largest cached context of a sequence (default: at most half the model's context)")
+    ("max-batch", po::value<std::int64_t>()->default_value(32), "largest decode batch")
+    ("measurements", po::value<std::string>(),
+     "fit these step times (JSON lines: a step shape and \"seconds\") instead of measuring")
+    ("source", po::value<std::string>(),
+     "with --measurements: a JSON file describing where they come from, kept in the profile")
+    ("roofline", po::value<std::string>(),
+     "also report the roofline cost model's error on the held-out shapes, for this GPU "
+     "(a name under models/hardware/ or a .json file; default efficiencies)");
+  // clang-format on
+  AddProgressOption(opts);
+  po::variables_map vm;
+  int code = kExitOk;
+  if (!ParseArgs(argc, argv, opts, vm, &code)) return code;
+  auto progress = ProgressWanted(vm);
+  if (!progress) return Fail(progress.error(), kExitUsage);
+  const std::string out_path = vm["out"].as<std::string>();
+  const std::string device = vm["device"].as<std::string>();
+  std::string command = "duet calibrate";
+  for (int i = 1; i < argc; ++i) command += std::string(" ") + argv[i];
+
+  models::StepProfile profile;
+  profile.source = {{"tool", "duet calibrate"}, {"command", command}, {"date", UtcNow()}};
+
+  if (vm.count("measurements")) {
+    if (device.empty() || device.size() > 200)
+      return Fail("--device: name the device that measured the steps (1 to 200 characters)",
+                  kExitUsage);
+    auto spec = LoadSpec(vm["model"].as<std::string>());
+    if (!spec) return Fail("--model: " + spec.error());
+    profile.model = std::move(*spec);
+    profile.device = device;
+    const std::string path = vm["measurements"].as<std::string>();
+    std::ifstream in(path);
+    if (!in) return Fail("--measurements: cannot open " + path);
+    std::stringstream text;
+    text << in.rdbuf();
+    auto ms = models::ParseStepMeasurements(text.str(), path);
+    if (!ms) return Fail(ms.error());
+    profile.measurements = std::move(*ms);
+    if (vm.count("source")) {
+      auto source = ReadJsonFile(vm["source"].as<std::string>());
+      if (!source) return Fail("--source: " + source.error());
+      if (!source->is_object())
+        return Fail("--source: " + vm["source"].as<std::string>() + ": must be a JSON object");
+      profile.source["measured_by"] = *source;
+    }
+  } else {
+    if (vm.count("source")) return Fail("--source goes with --measurements", kExitUsage);
+    if (device != "cpu" && device != "cuda")
+      return Fail("--device must be cpu or cuda", kExitUsage);
+    const int threads = vm["threads"].as<int>();
+    if (Status s = CheckThreadsFlag(threads); !s.ok()) return Fail(s.message(), kExitUsage);
+    const int repeats = vm["repeats"].as<int>();
+    if (repeats < 1 || repeats > 1000) return Fail("--repeats must be in [1, 1000]", kExitUsage);
+    SweepLimits limits;
+    limits.max_tokens = vm["max-tokens"].as<std::int64_t>();
+    limits.max_context = vm["max-context"].as<std::int64_t>();
+    limits.max_batch = vm["max-batch"].as<std::int64_t>();
+    if (limits.max_tokens < 16 || limits.max_tokens > 65536)
+      return Fail("--max-tokens must be in [16, 65536]", kExitUsage);
+    if (limits.max_context < 64 || limits.max_context > (1 << 20))
+      return Fail("--max-context must be in [64, 1048576]", kExitUsage);
+    if (limits.max_batch < 8 || limits.max_batch > 1024)
+      return Fail("--max-batch must be in [8, 1024]", kExitUsage);
+
+    const std::string model_dir = vm["model"].as<std::string>();
+    auto model = backend::LoadModelDir(model_dir);
+    if (!model) return Fail(model.error());
+    limits.positions = model->config.max_position_embeddings;
+    // Defaults shrink to a short model's context; limits given explicitly must fit in it.
+    if (vm["max-tokens"].defaulted())
+      limits.max_tokens = std::max<Tokens>(16, std::min(limits.max_tokens, limits.positions / 4));
+    if (vm["max-context"].defaulted())
+      limits.max_context = std::max<Tokens>(64, std::min(limits.max_context, limits.positions / 2));
+    if (limits.max_tokens + limits.max_context > limits.positions)
+      return Fail("--max-tokens " + std::to_string(limits.max_tokens) + " after --max-context " +
+                      std::to_string(limits.max_context) + " exceeds " + model_dir +
+                      "'s context of " + std::to_string(limits.positions) +
+                      " tokens (max_position_embeddings)",
+                  kExitUsage);
+    profile.model = model->config;
+    const std::vector<StepShape> shapes = backend::CalibrationShapes(limits);
+
+    backend::ModelPlacement placement;
+    placement.device = device;
+    placement.cpu_threads = threads;
+    placement.num_blocks = 0;
+    for (const StepShape& s : shapes)
+      placement.num_blocks =
+          std::max(placement.num_blocks, backend::BlocksFor(s, placement.block_tokens));
+    if (Status s = CheckKvCacheFits(model->config, placement.num_blocks, placement.block_tokens);
+        !s.ok())
+      return Fail("--max-batch " + std::to_string(limits.max_batch) + " x --max-context " +
+                      std::to_string(limits.max_context) + ": " + s.message(),
+                  kExitUsage);
+    auto forward = backend::CreateForwardModel(std::move(*model), placement);
+    if (!forward) return Fail("--device " + device + ": " + forward.error());
+
+    const int used_threads =
+        threads > 0 ? threads : static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
+    profile.device = device;
+    profile.source["device"] = device == "cpu" ? CpuName() : "cuda device 0";
+    if (device == "cpu") profile.source["threads"] = used_threads;
+    char host[256] = {};
+    gethostname(host, sizeof host - 1);
+    profile.source["host"] = host;
+    profile.source["repeats"] = repeats;
+
+    backend::StepTimer timer(**forward);
+    const auto start = std::chrono::steady_clock::now();
+    for (std::size_t i = 0; i < shapes.size(); ++i) {
+      models::StepMeasurement m;
+      m.shape = shapes[i];
+      timer.Time(m.shape);  // untimed: caches, page faults, lazy initialisation
+      for (int r = 0; r < repeats; ++r) m.seconds.push_back(timer.Time(m.shape));
+      profile.measurements.push_back(std::move(m));
+      if (*progress) {
+        DrawProgress(i + 1, shapes.size(),
+                     std::to_string(i + 1) + "/" + std::to_string(shapes.size()) + " step shapes");
+      }
+    }
+    std::printf("duet calibrate: %zu step shapes x %d repeats on %s in %.1f s\n", shapes.size(),
+                repeats, device.c_str(),
+                std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  }
+
+  std::optional<models::HardwareSpec> gpu;
+  if (vm.count("roofline")) {
+    auto hw = LoadGpu(vm["roofline"].as<std::string>());
+    if (!hw) return Fail("--roofline: " + hw.error());
+    gpu = *hw;
+  }
+  std::set<int> tps;
+  for (const models::StepMeasurement& m : profile.measurements) tps.insert(m.shape.tp);
+  if (tps.empty()) return Fail(vm["measurements"].as<std::string>() + ": no measurements");
+  for (int tp : tps) {
+    auto fit = backend::FitSteps(profile.measurements, tp);
+    if (!fit) return Fail(fit.error());
+    if (gpu) {
+      models::RooflineOptions options;
+      options.tp = tp;
+      const models::RooflineCostModel roofline(profile.model, *gpu, options);
+      fit->roofline_held_out = models::ErrorOf(roofline, profile.measurements, tp, true);
+    }
+    PrintFit(*fit);
+    profile.fits.push_back(std::move(*fit));
+  }
+  if (Status s = WriteProfile(profile, out_path); !s.ok()) return Fail(s.message());
+  std::printf("wrote %s\n", out_path.c_str());
+  return kExitOk;
+}
+
+}  // namespace duet::cli

@@ -1,0 +1,38 @@
+// Fuzz target: step profiles and step-measurement lines (models/step_profile.h). The first byte
+// picks the parser, the rest is its input. Any input is parsed or rejected with an error, never
+// a crash; a parsed profile re-formats to a file that parses to the same JSON, and its fits
+// price steps with finite, non-negative times.
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <string_view>
+
+#include "common/status.h"
+#include "models/step_profile.h"
+
+using namespace duet::models;
+
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+  if (size == 0) return 0;
+  const std::string_view text(reinterpret_cast<const char*>(data) + 1, size - 1);
+  if (data[0] % 2 == 0) {
+    (void)ParseStepMeasurements(text, "fuzz.jsonl");
+    return 0;
+  }
+  const nlohmann::json doc = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (doc.is_discarded()) return 0;
+  auto profile = ParseStepProfile(doc, "fuzz.json");
+  if (!profile.ok()) return 0;
+  const nlohmann::json again = nlohmann::json::parse(FormatStepProfile(*profile));
+  DUET_CHECK(ParseStepProfile(again, "again.json").ok());
+  DUET_CHECK(again == StepProfileToJson(*profile));
+  StepShape shape;
+  shape.prefill = {{4096, 100000}};
+  shape.decode_tokens = 512;
+  shape.decode_context_tokens = 512 * 100000;
+  for (const StepFit& fit : profile->fits) {
+    const double t = FittedCostModel(fit).StepTime(shape);
+    DUET_CHECK(std::isfinite(t) && t >= 0);
+  }
+  return 0;
+}

@@ -1,0 +1,439 @@
+// Step profiles (see step_profile.h): the shape and profile formats, the fitted cost model and
+// its error on measurements.
+#include "models/step_profile.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+#include <utility>
+
+#include "common/json_util.h"
+#include "common/text.h"
+
+namespace duet::models {
+
+using json = nlohmann::json;
+
+namespace {
+
+constexpr std::int64_t kMaxChunkTokens = std::int64_t{1} << 24;
+constexpr std::int64_t kMaxChunks = 1 << 16;
+constexpr std::int64_t kMaxDecodeRows = 1 << 20;
+constexpr std::int64_t kMaxDecodeContext = std::int64_t{1} << 40;
+constexpr std::int64_t kMaxTp = 64;
+constexpr std::size_t kMaxRepeats = 1000;
+constexpr std::size_t kMaxMeasurements = 100000;
+constexpr std::size_t kMaxTimes = std::size_t{1} << 22;  // step times in one file: 32 MiB
+constexpr double kMinStepSeconds = 1e-9;                 // a nanosecond: no step is shorter
+constexpr double kMaxStepSeconds = 3600;
+constexpr double kMaxCoefficient = 1e4;  // seconds per unit: above the longest step
+constexpr std::size_t kMaxSourceBytes = 64 * 1024;
+
+double Percentile(std::vector<double> v, double q) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const double pos = q * double(v.size() - 1);
+  const auto lo = static_cast<std::size_t>(pos);
+  const std::size_t hi = std::min(lo + 1, v.size() - 1);
+  return v[lo] + (v[hi] - v[lo]) * (pos - double(lo));
+}
+
+// ---- JSON ------------------------------------------------------------------------------------
+
+json ErrorToJson(const ClassErrors& errors) {
+  json out = json::object();
+  for (std::size_t c = 0; c < kShapeClasses; ++c) {
+    const FitError& e = errors[c];
+    if (e.shapes == 0) continue;
+    out[ToString(static_cast<ShapeClass>(c))] = {{"shapes", e.shapes},
+                                                 {"mean_pct", e.mean_pct},
+                                                 {"p90_pct", e.p90_pct},
+                                                 {"max_pct", e.max_pct}};
+  }
+  return out;
+}
+
+Status ParseErrors(const json& fit, const std::string& key, const std::string& where,
+                   ClassErrors& out) {
+  if (!JsonHas(fit, key)) return Status::Ok();
+  const json& obj = fit[key];
+  const std::string w = where + ": " + key;
+  if (!obj.is_object()) return Status::Error(w + ": must be an object");
+  for (std::size_t c = 0; c < kShapeClasses; ++c) {
+    const char* name = ToString(static_cast<ShapeClass>(c));
+    if (!JsonHas(obj, name)) continue;
+    const json& e = obj[name];
+    const std::string we = w + "." + name;
+    if (!e.is_object()) return Status::Error(we + ": must be an object");
+    auto shapes = JsonIntIn(e, "shapes", 0, std::int64_t(kMaxMeasurements), we);
+    if (!shapes) return shapes.status();
+    out[c].shapes = static_cast<int>(*shapes);
+    double* fields[] = {&out[c].mean_pct, &out[c].p90_pct, &out[c].max_pct};
+    const char* keys[] = {"mean_pct", "p90_pct", "max_pct"};
+    for (std::size_t k = 0; k < 3; ++k) {
+      auto v = JsonNumberIn(e, keys[k], 0, 1e9, we);
+      if (!v) return v.status();
+      *fields[k] = *v;
+    }
+  }
+  return Status::Ok();
+}
+
+Result<StepFit> ParseFit(const json& fit, const std::string& where) {
+  if (!fit.is_object()) return Status::Error(where + ": must be an object");
+  StepFit out;
+  auto tp = JsonIntIn(fit, "tp", 1, kMaxTp, where);
+  if (!tp) return tp.status();
+  out.tp = static_cast<int>(*tp);
+  if (!JsonHas(fit, "pieces") || !fit["pieces"].is_array() || fit["pieces"].empty() ||
+      fit["pieces"].size() > 2)
+    return FieldError(where, "pieces", "must be an array of 1 or 2 objects");
+  for (std::size_t k = 0; k < fit["pieces"].size(); ++k) {
+    const json& p = fit["pieces"][k];
+    const std::string wp = where + ": pieces[" + std::to_string(k) + "]";
+    if (!p.is_object()) return Status::Error(wp + ": must be an object");
+    for (const auto& [key, value] : p.items()) {
+      if (std::find(kFitColumnNames.begin(), kFitColumnNames.end(), key) == kFitColumnNames.end())
+        return Status::Error(wp + ": unknown column '" + key + "'");
+    }
+    AffinePiece piece;
+    for (std::size_t c = 0; c < kFitColumns; ++c) {
+      auto v = JsonNumberIn(p, std::string(kFitColumnNames[c]), 0, kMaxCoefficient, wp, 0.0);
+      if (!v) return v.status();
+      piece.seconds_per[c] = *v;
+    }
+    out.pieces.push_back(piece);
+  }
+  DUET_RETURN_IF_ERROR(ParseErrors(fit, "training_error", where, out.training));
+  DUET_RETURN_IF_ERROR(ParseErrors(fit, "held_out_error", where, out.held_out));
+  DUET_RETURN_IF_ERROR(ParseErrors(fit, "roofline_held_out_error", where, out.roofline_held_out));
+  return out;
+}
+
+Result<StepMeasurement> ParseMeasurement(const json& obj, const std::string& where) {
+  auto shape = ParseStepShape(obj, where);
+  if (!shape) return shape.status();
+  StepMeasurement m;
+  m.shape = std::move(*shape);
+  if (FeaturesOf(m.shape).empty())
+    return Status::Error(where + ": a step with no tokens (nothing to time)");
+  const auto it = obj.find("seconds");
+  if (it == obj.end() || it->is_null()) return FieldError(where, "seconds", "is missing");
+  const json one = it->is_array() ? *it : json::array({*it});
+  if (one.empty() || one.size() > kMaxRepeats)
+    return FieldError(where, "seconds",
+                      "must be a number or an array of 1 to " + std::to_string(kMaxRepeats));
+  for (const json& v : one) {
+    if (!v.is_number() || !(v.get<double>() >= kMinStepSeconds) ||
+        v.get<double>() > kMaxStepSeconds)
+      return FieldError(where, "seconds",
+                        "must hold times in [1e-9, " + std::to_string(int(kMaxStepSeconds)) +
+                            "] seconds (got " + DescribeJson(v) + ")");
+    m.seconds.push_back(v.get<double>());
+  }
+  auto held = JsonBoolOr(obj, "held_out", false, where);
+  if (!held) return held.status();
+  m.held_out = *held;
+  return m;
+}
+
+}  // namespace
+
+std::array<double, kFitColumns> FitColumns(const StepFeatures& f) {
+  return {1.0,
+          f.prefill_chunks > 0 ? 1.0 : 0.0,
+          f.prefill_chunks,
+          f.prefill_tokens,
+          f.prefill_context_tokens,
+          f.prefill_pairs,
+          f.decode_rows,
+          f.decode_context_tokens};
+}
+
+json StepShapeToJson(const StepShape& shape) {
+  json prefill = json::array();
+  for (const PrefillChunk& c : shape.prefill) prefill.push_back({c.tokens, c.context});
+  return {{"prefill", prefill},
+          {"decode_tokens", shape.decode_tokens},
+          {"decode_context_tokens", shape.decode_context_tokens},
+          {"tp", shape.tp}};
+}
+
+Result<StepShape> ParseStepShape(const json& obj, const std::string& where) {
+  if (!obj.is_object()) return Status::Error(where + ": must be an object");
+  StepShape shape;
+  if (JsonHas(obj, "prefill")) {
+    const json& prefill = obj["prefill"];
+    if (!prefill.is_array() || prefill.size() > std::size_t(kMaxChunks))
+      return FieldError(
+          where, "prefill",
+          "must be an array of at most " + std::to_string(kMaxChunks) + " [tokens, context] pairs");
+    for (std::size_t i = 0; i < prefill.size(); ++i) {
+      const json& pair = prefill[i];
+      const std::string key = "prefill[" + std::to_string(i) + "]";
+      auto bad = [&] {
+        return FieldError(where, key,
+                          "must be [tokens, context] with tokens in [1, " +
+                              std::to_string(kMaxChunkTokens) + "] and context in [0, " +
+                              std::to_string(kMaxChunkTokens) + "] (got " + DescribeJson(pair) +
+                              ")");
+      };
+      if (!pair.is_array() || pair.size() != 2 || !pair[0].is_number_integer() ||
+          !pair[1].is_number_integer())
+        return bad();
+      const std::int64_t tokens = pair[0].get<std::int64_t>();
+      const std::int64_t context = pair[1].get<std::int64_t>();
+      // Unsigned values past INT64_MAX read as negative here, so they fail too.
+      if (tokens < 1 || tokens > kMaxChunkTokens || context < 0 || context > kMaxChunkTokens)
+        return bad();
+      shape.prefill.push_back({tokens, context});
+    }
+  }
+  auto rows = JsonIntIn(obj, "decode_tokens", 0, kMaxDecodeRows, where, 0);
+  if (!rows) return rows.status();
+  auto context = JsonIntIn(obj, "decode_context_tokens", 0, kMaxDecodeContext, where, 0);
+  if (!context) return context.status();
+  auto tp = JsonIntIn(obj, "tp", 1, kMaxTp, where, 1);
+  if (!tp) return tp.status();
+  shape.decode_tokens = *rows;
+  shape.decode_context_tokens = *context;
+  shape.tp = static_cast<int>(*tp);
+  return shape;
+}
+
+const char* ToString(ShapeClass c) {
+  switch (c) {
+    case ShapeClass::kPrefill:
+      return "prefill";
+    case ShapeClass::kDecode:
+      return "decode";
+    case ShapeClass::kMixed:
+      break;
+  }
+  return "mixed";
+}
+
+ShapeClass ClassOf(const StepFeatures& f) {
+  if (f.prefill_chunks > 0 && f.decode_rows > 0) return ShapeClass::kMixed;
+  return f.prefill_chunks > 0 ? ShapeClass::kPrefill : ShapeClass::kDecode;
+}
+
+Seconds StepMeasurement::Median() const { return Percentile(seconds, 0.5); }
+
+Seconds AffinePiece::At(const std::array<double, kFitColumns>& columns) const {
+  Seconds t = 0;
+  for (std::size_t c = 0; c < kFitColumns; ++c) t += seconds_per[c] * columns[c];
+  return t;
+}
+
+Seconds MaxOfPieces(const std::vector<AffinePiece>& pieces,
+                    const std::array<double, kFitColumns>& columns, std::size_t* argmax) {
+  Seconds best = 0;
+  for (std::size_t k = 0; k < pieces.size(); ++k) {
+    const Seconds t = pieces[k].At(columns);
+    if (k == 0 || t > best) {
+      best = t;
+      if (argmax) *argmax = k;
+    }
+  }
+  return best;
+}
+
+Seconds StepFit::Predict(const StepFeatures& f) const {
+  if (f.empty()) return 0;
+  return MaxOfPieces(pieces, FitColumns(f));
+}
+
+const StepFit* StepProfile::FitFor(int tp) const {
+  for (const StepFit& fit : fits)
+    if (fit.tp == tp) return &fit;
+  return nullptr;
+}
+
+ClassErrors ErrorOf(const StepCostModel& model, const std::vector<StepMeasurement>& measurements,
+                    int tp, bool held_out) {
+  std::array<std::vector<double>, kShapeClasses> pct;
+  for (const StepMeasurement& m : measurements) {
+    if (m.shape.tp != tp || m.held_out != held_out) continue;
+    const auto c = static_cast<std::size_t>(ClassOf(FeaturesOf(m.shape)));
+    pct[c].push_back(std::abs(model.StepTime(m.shape) / m.Median() - 1.0) * 100.0);
+  }
+  ClassErrors errors{};
+  for (std::size_t c = 0; c < kShapeClasses; ++c) {
+    const std::vector<double>& v = pct[c];
+    FitError& e = errors[c];
+    e.shapes = static_cast<int>(v.size());
+    if (v.empty()) continue;
+    e.mean_pct = std::accumulate(v.begin(), v.end(), 0.0) / double(v.size());
+    e.p90_pct = Percentile(v, 0.9);
+    e.max_pct = *std::max_element(v.begin(), v.end());
+  }
+  return errors;
+}
+
+json StepProfileToJson(const StepProfile& profile) {
+  json fits = json::array();
+  for (const StepFit& fit : profile.fits) {
+    json pieces = json::array();
+    for (const AffinePiece& p : fit.pieces) {
+      json piece = json::object();
+      for (std::size_t c = 0; c < kFitColumns; ++c)
+        piece[std::string(kFitColumnNames[c])] = p.seconds_per[c];
+      pieces.push_back(piece);
+    }
+    fits.push_back({{"tp", fit.tp},
+                    {"pieces", pieces},
+                    {"training_error", ErrorToJson(fit.training)},
+                    {"held_out_error", ErrorToJson(fit.held_out)},
+                    {"roofline_held_out_error", ErrorToJson(fit.roofline_held_out)}});
+  }
+  json measurements = json::array();
+  for (const StepMeasurement& m : profile.measurements) {
+    json line = StepShapeToJson(m.shape);
+    line["seconds"] = m.seconds;
+    line["held_out"] = m.held_out;
+    measurements.push_back(line);
+  }
+  return {{"format", "duet-step-profile"},
+          {"version", 1},
+          {"device", profile.device},
+          {"source", profile.source.is_object() ? profile.source : json::object()},
+          {"model", ModelSpecToJson(profile.model)},
+          {"fits", fits},
+          {"measurements", measurements}};
+}
+
+std::string FormatStepProfile(const StepProfile& profile) {
+  json doc = StepProfileToJson(profile);
+  const json measurements = std::move(doc["measurements"]);
+  doc.erase("measurements");
+  std::string text = doc.dump(1);
+  text.pop_back();  // the closing brace
+  text += ",\n \"measurements\": [";
+  for (std::size_t i = 0; i < measurements.size(); ++i)
+    text += (i ? ",\n  " : "\n  ") + measurements[i].dump();
+  text += "\n ]\n}\n";
+  return text;
+}
+
+Result<StepProfile> ParseStepProfile(const json& doc, const std::string& where) {
+  if (!doc.is_object()) return Status::Error(where + ": must be a JSON object");
+  auto format = JsonString(doc, "format", where);
+  if (!format) return format.status();
+  if (*format != "duet-step-profile")
+    return FieldError(where, "format", "must be 'duet-step-profile' (got '" + *format + "')");
+  auto version = JsonIntIn(doc, "version", 1, 1, where);
+  if (!version) return version.status();
+  StepProfile profile;
+  auto device = JsonString(doc, "device", where);
+  if (!device) return device.status();
+  if (device->empty() || device->size() > 200)
+    return FieldError(where, "device", "must be a name of 1 to 200 characters");
+  profile.device = *device;
+  if (JsonHas(doc, "source")) {
+    if (!doc["source"].is_object()) return FieldError(where, "source", "must be an object");
+    if (doc["source"].dump(-1, ' ', false, json::error_handler_t::replace).size() > kMaxSourceBytes)
+      return FieldError(where, "source", "is larger than 64 KiB");
+    profile.source = doc["source"];
+  }
+  if (!JsonHas(doc, "model")) return FieldError(where, "model", "is missing");
+  auto model = ParseModelSpec(doc["model"], where + ": model");
+  if (!model) return model.status();
+  profile.model = std::move(*model);
+  if (!JsonHas(doc, "fits") || !doc["fits"].is_array() || doc["fits"].empty() ||
+      doc["fits"].size() > std::size_t(kMaxTp))
+    return FieldError(where, "fits",
+                      "must be an array of 1 to " + std::to_string(kMaxTp) + " fits");
+  for (std::size_t i = 0; i < doc["fits"].size(); ++i) {
+    auto fit = ParseFit(doc["fits"][i], where + ": fits[" + std::to_string(i) + "]");
+    if (!fit) return fit.status();
+    if (profile.FitFor(fit->tp))
+      return Status::Error(where + ": fits[" + std::to_string(i) + "]: a second fit for tp " +
+                           std::to_string(fit->tp));
+    profile.fits.push_back(std::move(*fit));
+  }
+  if (JsonHas(doc, "measurements")) {
+    const json& ms = doc["measurements"];
+    if (!ms.is_array() || ms.size() > kMaxMeasurements)
+      return FieldError(where, "measurements",
+                        "must be an array of at most " + std::to_string(kMaxMeasurements));
+    std::size_t times = 0;
+    for (std::size_t i = 0; i < ms.size(); ++i) {
+      const std::string at = where + ": measurements[" + std::to_string(i) + "]";
+      auto m = ParseMeasurement(ms[i], at);
+      if (!m) return m.status();
+      if ((times += m->seconds.size()) > kMaxTimes)
+        return Status::Error(at + ": more than " + std::to_string(kMaxTimes) + " step times");
+      profile.measurements.push_back(std::move(*m));
+    }
+  }
+  return profile;
+}
+
+Result<StepProfile> LoadStepProfile(const std::string& path) {
+  auto doc = ReadJsonFile(path);
+  if (!doc) return doc.status();
+  return ParseStepProfile(*doc, path);
+}
+
+Result<std::vector<StepMeasurement>> ParseStepMeasurements(std::string_view text,
+                                                           const std::string& where) {
+  std::vector<StepMeasurement> out;
+  std::size_t times = 0;
+  std::size_t line_number = 0;
+  std::size_t start = 0;
+  while (start < text.size()) {
+    std::size_t end = text.find('\n', start);
+    if (end == std::string_view::npos) end = text.size();
+    const std::string_view line = text.substr(start, end - start);
+    start = end + 1;
+    ++line_number;
+    if (line.find_first_not_of(" \t\r") == std::string_view::npos) continue;
+    const std::string at = where + ":" + std::to_string(line_number);
+    const json doc = json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (doc.is_discarded()) return Status::Error(at + ": not valid JSON: " + Excerpt(line, 60));
+    if (out.size() >= kMaxMeasurements)
+      return Status::Error(at + ": more than " + std::to_string(kMaxMeasurements) +
+                           " measurements");
+    auto m = ParseMeasurement(doc, at);
+    if (!m) return m.status();
+    if ((times += m->seconds.size()) > kMaxTimes)
+      return Status::Error(at + ": more than " + std::to_string(kMaxTimes) + " step times");
+    out.push_back(std::move(*m));
+  }
+  return out;
+}
+
+std::optional<std::string> ArchitectureMismatch(const ModelSpec& measured, const ModelSpec& used) {
+  struct Field {
+    const char* name;
+    std::int64_t a, b;
+  };
+  const Field fields[] = {
+      {"num_hidden_layers", measured.num_hidden_layers, used.num_hidden_layers},
+      {"hidden_size", measured.hidden_size, used.hidden_size},
+      {"num_attention_heads", measured.num_attention_heads, used.num_attention_heads},
+      {"num_key_value_heads", measured.num_key_value_heads, used.num_key_value_heads},
+      {"head_dim", measured.head_dim, used.head_dim},
+      {"intermediate_size", measured.intermediate_size, used.intermediate_size},
+      {"vocab_size", measured.vocab_size, used.vocab_size},
+      {"bytes per weight", measured.BytesPerElement(), used.BytesPerElement()},
+      {"tie_word_embeddings", measured.tie_word_embeddings, used.tie_word_embeddings},
+  };
+  for (const Field& f : fields) {
+    if (f.a != f.b)
+      return std::string(f.name) + ": " + std::to_string(f.a) + " vs " + std::to_string(f.b);
+  }
+  return std::nullopt;
+}
+
+FittedCostModel::FittedCostModel(StepFit fit) : fit_(std::move(fit)) {
+  DUET_CHECK(!fit_.pieces.empty());
+}
+
+Seconds FittedCostModel::StepTime(const StepShape& shape) const {
+  return fit_.Predict(FeaturesOf(shape));
+}
+
+}  // namespace duet::models

@@ -1,0 +1,129 @@
+// Step profiles: measured step times and the cost model fitted to them. `duet calibrate`
+// measures a backend's steps (or reads measurements another tool made), fits, and writes a
+// profile (the fit: backend/calibrate/step_fit.h); a cluster file's `"cost_model": {"kind":
+// "fitted", "profile": FILE}` makes the simulator price steps with it. Pure C++.
+//
+// The fitted model is max-affine: a step costs the largest of at most two affine functions of
+// its features (models/cost_model.h's StepFeatures), each with non-negative coefficients. One
+// piece is an affine cost model with a fitted per-step overhead; two capture a roofline's two
+// regimes (a memory-bound piece whose intercept is the weight read, a compute-bound piece that
+// grows with tokens) without naming either. Non-negative coefficients keep the cost monotone:
+// more work never costs less.
+#pragma once
+
+#include <array>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/status.h"
+#include "common/units.h"
+#include "models/cost_model.h"
+#include "models/model_spec.h"
+
+namespace duet::models {
+
+// The columns a fit uses, in this order; names as they appear in profile files.
+inline constexpr std::size_t kFitColumns = 8;
+inline constexpr std::array<std::string_view, kFitColumns> kFitColumnNames = {
+    "step",                   // 1 for every step: the overhead
+    "prefill_step",           // 1 when the step has prefill chunks
+    "prefill_chunk",          // per chunk (each also emits a logit row)
+    "prefill_token",          // per new prompt token
+    "prefill_context_token",  // per cached token a chunk attends to
+    "prefill_pair",           // per causal (query, key) pair of the chunks
+    "decode_row",             // per decoding request
+    "decode_context_token",   // per cached token a decode row attends to
+};
+std::array<double, kFitColumns> FitColumns(const StepFeatures& f);
+
+// The step shape as profile files and step-timing logs write it:
+// {"prefill": [[tokens, context], ...], "decode_tokens": N, "decode_context_tokens": N, "tp": N}
+nlohmann::json StepShapeToJson(const StepShape& shape);
+Result<StepShape> ParseStepShape(const nlohmann::json& obj, const std::string& where);
+
+enum class ShapeClass { kPrefill, kDecode, kMixed };
+inline constexpr std::size_t kShapeClasses = 3;
+const char* ToString(ShapeClass c);
+ShapeClass ClassOf(const StepFeatures& f);  // of a non-empty step
+
+// One step shape timed `seconds.size()` times.
+struct StepMeasurement {
+  StepShape shape;
+  std::vector<Seconds> seconds;  // every repeat, in order
+  bool held_out = false;         // kept out of the fit to measure its error
+  Seconds Median() const;
+};
+
+struct AffinePiece {
+  std::array<double, kFitColumns> seconds_per{};  // seconds per unit of each column
+  Seconds At(const std::array<double, kFitColumns>& columns) const;
+};
+// The largest piece's time (the max-affine model); *argmax, when given, is that piece's index.
+Seconds MaxOfPieces(const std::vector<AffinePiece>& pieces,
+                    const std::array<double, kFitColumns>& columns, std::size_t* argmax = nullptr);
+
+// Relative error of a fit's predictions over some measurements of one class, in percent.
+struct FitError {
+  int shapes = 0;
+  double mean_pct = 0;
+  double p90_pct = 0;
+  double max_pct = 0;
+};
+
+using ClassErrors = std::array<FitError, kShapeClasses>;
+
+struct StepFit {
+  int tp = 1;
+  std::vector<AffinePiece> pieces;  // 1 or 2
+  ClassErrors training{};
+  ClassErrors held_out{};
+  // The roofline's error on the same held-out shapes, where calibrate was asked to compare
+  // (shapes == 0 otherwise).
+  ClassErrors roofline_held_out{};
+  Seconds Predict(const StepFeatures& f) const;  // 0 for an empty step
+};
+
+struct StepProfile {
+  std::string device;         // what ran the steps: "cpu", "cuda", "h100-sxm (aiconfigurator)"
+  nlohmann::json source;      // provenance: tool, version, command, date, host (an object)
+  ModelSpec model;            // the model the steps ran
+  std::vector<StepFit> fits;  // one per TP degree
+  std::vector<StepMeasurement> measurements;
+  const StepFit* FitFor(int tp) const;  // nullptr when none
+};
+
+// The relative error of `model` on the measurements of `tp`: the held-out ones, or the others.
+ClassErrors ErrorOf(const StepCostModel& model, const std::vector<StepMeasurement>& measurements,
+                    int tp, bool held_out);
+
+nlohmann::json StepProfileToJson(const StepProfile& profile);
+// The profile as a file: indented, with one measurement per line (diffs stay readable).
+std::string FormatStepProfile(const StepProfile& profile);
+// Every field bounded; errors name `where` and the field.
+Result<StepProfile> ParseStepProfile(const nlohmann::json& doc, const std::string& where);
+Result<StepProfile> LoadStepProfile(const std::string& path);
+// Measurements as JSON lines (`duet generate --step-timings`, scripts/): a step shape with
+// "seconds" one number or an array of repeats. Blank lines are skipped.
+Result<std::vector<StepMeasurement>> ParseStepMeasurements(std::string_view text,
+                                                           const std::string& where);
+
+// The first architecture field where `measured` and `used` differ, as "field: A vs B";
+// nullopt when a profile measured on `measured` prices `used` faithfully.
+std::optional<std::string> ArchitectureMismatch(const ModelSpec& measured, const ModelSpec& used);
+
+// A StepCostModel from one fit: the fit of the instance's TP degree (a shape's tp is not
+// consulted). Pure and allocation-free per call.
+class FittedCostModel : public StepCostModel {
+ public:
+  explicit FittedCostModel(StepFit fit);
+  Seconds StepTime(const StepShape& shape) const override;
+  const StepFit& fit() const { return fit_; }
+
+ private:
+  StepFit fit_;
+};
+
+}  // namespace duet::models

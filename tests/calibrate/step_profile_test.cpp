@@ -1,0 +1,324 @@
+// Tests for step profiles and the calibration fit: the fit recovers the costs that generated its
+// data (one affine piece, and the roofline's two regimes), held-out error is measured on shapes the
+// fit never saw, the fitted cost is monotone, profiles survive the round trip through JSON, and
+// every malformed field is an error naming where.
+#include "backend/calibrate/step_fit.h"
+
+#include "backend/calibrate/step_sweep.h"
+#include "models/step_profile.h"
+
+#include <gtest/gtest.h>
+
+#include <set>
+#include <string>
+
+namespace duet::models {
+namespace {
+
+using backend::FitSteps;
+
+using json = nlohmann::json;
+
+ModelSpec Model(const std::string& name) {
+  Result<ModelSpec> spec = LoadModelSpec("models/specs/" + name + ".json");
+  EXPECT_TRUE(spec.ok()) << spec.error();
+  return spec.ok() ? *spec : ModelSpec{};
+}
+
+// A sweep like duet calibrate's: prefill chunks over cached contexts, decode batches over
+// contexts, mixed steps.
+std::vector<StepShape> Sweep() {
+  std::vector<StepShape> shapes;
+  for (Tokens n : {16, 64, 128, 256, 512, 1024, 2048, 4096})
+    for (Tokens c : {0, 512, 4096}) {
+      StepShape s;
+      s.prefill = {{n, c}};
+      shapes.push_back(s);
+    }
+  for (Tokens rows : {1, 2, 4, 8, 16, 32, 64, 128, 256})
+    for (Tokens c : {128, 1024, 8192}) {
+      StepShape s;
+      s.decode_tokens = rows;
+      s.decode_context_tokens = rows * c;
+      shapes.push_back(s);
+    }
+  for (Tokens n : {32, 256, 1024})
+    for (Tokens rows : {4, 32, 128}) {
+      StepShape s;
+      s.prefill = {{n, 256}, {n / 2, 0}};
+      s.decode_tokens = rows;
+      s.decode_context_tokens = rows * 2048;
+      shapes.push_back(s);
+    }
+  return shapes;
+}
+
+std::vector<StepMeasurement> Measure(const StepCostModel& truth) {
+  std::vector<StepMeasurement> out;
+  for (const StepShape& s : Sweep()) out.push_back({s, {truth.StepTime(s)}, false});
+  return out;
+}
+
+AffinePiece KnownPiece() {
+  AffinePiece p;
+  p.seconds_per = {2e-3, 5e-4, 1e-4, 3e-6, 1e-7, 2e-10, 4e-5, 2e-8};
+  return p;
+}
+
+TEST(StepProfileTest, OnePieceIsRecoveredExactly) {
+  StepFit truth;
+  truth.pieces = {KnownPiece()};
+  std::vector<StepMeasurement> ms = Measure(FittedCostModel(truth));
+  Result<StepFit> fit = FitSteps(ms, 1, {.held_out_every = 4, .max_pieces = 1});
+  ASSERT_TRUE(fit.ok()) << fit.error();
+  ASSERT_EQ(fit->pieces.size(), 1u);
+  for (std::size_t c = 0; c < kFitColumns; ++c)
+    EXPECT_NEAR(fit->pieces[0].seconds_per[c], truth.pieces[0].seconds_per[c],
+                1e-6 * truth.pieces[0].seconds_per[c])
+        << kFitColumnNames[c];
+  for (std::size_t c = 0; c < kShapeClasses; ++c) {
+    EXPECT_GT(fit->held_out[c].shapes, 0) << ToString(static_cast<ShapeClass>(c));
+    EXPECT_LT(fit->held_out[c].max_pct, 1e-4);
+  }
+  // Every 4th measurement of a class was held out, and only those.
+  int held = 0;
+  for (const StepMeasurement& m : ms) held += m.held_out;
+  EXPECT_EQ(held, 27 / 4 + 24 / 4 + 9 / 4);
+}
+
+TEST(StepProfileTest, TheRooflinesTwoRegimesNeedTwoPieces) {
+  // The roofline is max(memory, compute) + overhead: max-affine in the fit's columns. One piece
+  // misses small prefills (memory-bound) or large ones (compute-bound); two fit it.
+  RooflineOptions options;
+  Result<HardwareSpec> gpu = LoadHardwareSpec("models/hardware/h100-sxm.json");
+  ASSERT_TRUE(gpu.ok()) << gpu.error();
+  const RooflineCostModel roofline(Model("llama-3.1-8b"), *gpu, options);
+  std::vector<StepMeasurement> ms = Measure(roofline);
+
+  Result<StepFit> one = FitSteps(ms, 1, {.held_out_every = 4, .max_pieces = 1});
+  Result<StepFit> two = FitSteps(ms, 1);
+  ASSERT_TRUE(one.ok() && two.ok());
+  EXPECT_EQ(two->pieces.size(), 2u);
+  const auto prefill = static_cast<std::size_t>(ShapeClass::kPrefill);
+  EXPECT_GT(one->held_out[prefill].max_pct, 10.0);
+  for (std::size_t c = 0; c < kShapeClasses; ++c)
+    EXPECT_LT(two->held_out[c].max_pct, 1.0) << ToString(static_cast<ShapeClass>(c));
+  // The fitted overhead is the roofline's: what a step costs beyond its work.
+  const double overhead = std::min(two->pieces[0].seconds_per[0], two->pieces[1].seconds_per[0]);
+  EXPECT_NEAR(overhead, options.step_overhead, 0.1e-3);
+}
+
+TEST(StepProfileTest, FittedCostIsMonotoneAndEmptyStepsAreFree) {
+  RooflineOptions options;
+  Result<HardwareSpec> gpu = LoadHardwareSpec("models/hardware/h100-sxm.json");
+  ASSERT_TRUE(gpu.ok());
+  std::vector<StepMeasurement> ms =
+      Measure(RooflineCostModel(Model("llama-3.1-8b"), *gpu, options));
+  Result<StepFit> fit = FitSteps(ms, 1);
+  ASSERT_TRUE(fit.ok());
+  const FittedCostModel model(*fit);
+  EXPECT_EQ(model.StepTime(StepShape{}), 0.0);
+  Seconds last = 0;
+  for (Tokens n = 1; n <= 16384; n *= 2) {
+    StepShape s;
+    s.prefill = {{n, 100}};
+    s.decode_tokens = 3;
+    s.decode_context_tokens = 3000;
+    const Seconds t = model.StepTime(s);
+    EXPECT_GE(t, last) << n;
+    last = t;
+    s.decode_context_tokens += 1000;
+    EXPECT_GE(model.StepTime(s), t);
+  }
+}
+
+TEST(StepProfileTest, FitNeedsEnoughMeasurementsAndAHeldOutShapePerClass) {
+  std::vector<StepMeasurement> ms;
+  StepShape s;
+  s.decode_tokens = 1;
+  for (int i = 0; i < 5; ++i) ms.push_back({s, {1e-3}, false});
+  Result<StepFit> fit = FitSteps(ms, 1);
+  ASSERT_FALSE(fit.ok());
+  EXPECT_NE(fit.error().find("need at least 16"), std::string::npos) << fit.error();
+
+  StepFit truth;
+  truth.pieces = {KnownPiece()};
+  ms = Measure(FittedCostModel(truth));
+  StepShape mixed;
+  mixed.prefill = {{10, 0}};
+  mixed.decode_tokens = 2;
+  // Three mixed measurements: none is the 4th of its class.
+  std::erase_if(ms, [](const StepMeasurement& m) {
+    return ClassOf(FeaturesOf(m.shape)) == ShapeClass::kMixed;
+  });
+  for (int i = 0; i < 3; ++i) ms.push_back({mixed, {0.01}, false});
+  fit = FitSteps(ms, 1);
+  ASSERT_FALSE(fit.ok());
+  EXPECT_NE(fit.error().find("3 mixed measurements leave none to hold out"), std::string::npos)
+      << fit.error();
+  // Measurements of another TP degree are not this fit's.
+  fit = FitSteps(ms, 2);
+  ASSERT_FALSE(fit.ok());
+  EXPECT_NE(fit.error().find("tp 2: 0 measurements"), std::string::npos) << fit.error();
+}
+
+StepProfile SampleProfile() {
+  StepFit truth;
+  truth.pieces = {KnownPiece()};
+  StepProfile p;
+  p.device = "cpu";
+  p.source = {{"tool", "test"}};
+  p.model = Model("tiny-test");
+  p.measurements = Measure(FittedCostModel(truth));
+  for (StepMeasurement& m : p.measurements) m.seconds = {m.seconds[0], 1.1 * m.seconds[0]};
+  Result<StepFit> fit = FitSteps(p.measurements, 1);
+  EXPECT_TRUE(fit.ok());
+  p.fits = {*fit};
+  return p;
+}
+
+TEST(StepProfileTest, ProfilesSurviveTheRoundTrip) {
+  const StepProfile p = SampleProfile();
+  const json doc = StepProfileToJson(p);
+  const std::string file = FormatStepProfile(p);
+  EXPECT_EQ(json::parse(file), doc);
+  // One line per measurement.
+  std::size_t lines = 0;
+  for (std::size_t at = file.find("\n  {\""); at != std::string::npos;
+       at = file.find("\n  {\"", at + 1))
+    ++lines;
+  EXPECT_EQ(lines, p.measurements.size());
+  Result<StepProfile> back = ParseStepProfile(json::parse(file), "p.json");
+  ASSERT_TRUE(back.ok()) << back.error();
+  EXPECT_EQ(StepProfileToJson(*back), doc);
+  ASSERT_NE(back->FitFor(1), nullptr);
+  EXPECT_EQ(back->FitFor(2), nullptr);
+  EXPECT_EQ(back->measurements.size(), p.measurements.size());
+  EXPECT_DOUBLE_EQ(back->measurements[3].Median(), 1.05 * p.measurements[3].seconds[0]);
+  EXPECT_FALSE(ArchitectureMismatch(back->model, Model("tiny-test")));
+  EXPECT_EQ(ArchitectureMismatch(back->model, Model("llama-3.2-1b")).value_or(""),
+            "num_hidden_layers: 2 vs 16");
+}
+
+TEST(StepProfileTest, MalformedProfilesAreErrorsNamingTheField) {
+  const json good = StepProfileToJson(SampleProfile());
+  struct Case {
+    std::function<void(json&)> change;
+    const char* expected;
+  };
+  const Case cases[] = {
+      {[](json& j) { j["format"] = "other"; },
+       "p.json: field 'format' must be 'duet-step-profile'"},
+      {[](json& j) { j["version"] = 2; }, "field 'version'"},
+      {[](json& j) { j.erase("model"); }, "field 'model' is missing"},
+      {[](json& j) { j["model"]["hidden_size"] = -1; }, "p.json: model"},
+      {[](json& j) { j["device"] = ""; }, "field 'device'"},
+      {[](json& j) { j["source"] = 3; }, "field 'source' must be an object"},
+      {[](json& j) { j["fits"] = json::array(); }, "field 'fits'"},
+      {[](json& j) { j["fits"].push_back(j["fits"][0]); }, "fits[1]: a second fit for tp 1"},
+      {[](json& j) { j["fits"][0]["tp"] = 0; }, "fits[0]: field 'tp'"},
+      {[](json& j) { j["fits"][0]["pieces"] = json::array(); }, "fits[0]: field 'pieces'"},
+      {[](json& j) { j["fits"][0]["pieces"][0]["step"] = -1e-3; }, "pieces[0]: field 'step'"},
+      {[](json& j) { j["fits"][0]["pieces"][0]["step"] = 1e300; }, "pieces[0]: field 'step'"},
+      {[](json& j) { j["fits"][0]["pieces"][0]["warp"] = 1; }, "unknown column 'warp'"},
+      {[](json& j) { j["fits"][0]["held_out_error"]["decode"]["mean_pct"] = "x"; },
+       "held_out_error.decode: field 'mean_pct'"},
+      {[](json& j) { j["measurements"] = 5; }, "field 'measurements'"},
+      {[](json& j) {
+         j["measurements"][2]["prefill"] = {{0, 5}};
+       },
+       "measurements[2]: field 'prefill[0]' must be [tokens, context]"},
+      {[](json& j) {
+         j["measurements"][2]["prefill"] = {{5, -1}};
+       },
+       "field 'prefill[0]'"},
+      {[](json& j) {
+         j["measurements"][2]["prefill"] = {{5, 1, 2}};
+       },
+       "field 'prefill[0]'"},
+      {[](json& j) {
+         j["measurements"][2]["prefill"] = {{std::uint64_t(1) << 63, 0}};
+       },
+       "field 'prefill[0]'"},
+      {[](json& j) { j["measurements"][30]["decode_tokens"] = -4; }, "field 'decode_tokens'"},
+      {[](json& j) { j["measurements"][2]["tp"] = 65; }, "measurements[2]: field 'tp'"},
+      {[](json& j) { j["measurements"][2]["seconds"] = json::array(); }, "field 'seconds'"},
+      {[](json& j) {
+         j["measurements"][2]["seconds"] = {0.1, 0};
+       },
+       "field 'seconds'"},
+      {[](json& j) { j["measurements"][2]["seconds"] = 1e9; }, "field 'seconds'"},
+      {[](json& j) { j["measurements"][2]["seconds"] = 1e-12; }, "field 'seconds'"},
+      {[](json& j) { j["measurements"][2]["seconds"] = "fast"; }, "field 'seconds'"},
+      {[](json& j) {
+         j["measurements"][2]["prefill"] = json::array();
+         j["measurements"][2]["decode_tokens"] = 0;
+       },
+       "measurements[2]: a step with no tokens"},
+  };
+  for (const Case& c : cases) {
+    json doc = good;
+    c.change(doc);
+    Result<StepProfile> r = ParseStepProfile(doc, "p.json");
+    ASSERT_FALSE(r.ok()) << c.expected;
+    EXPECT_NE(r.error().find(c.expected), std::string::npos) << r.error();
+  }
+  EXPECT_FALSE(ParseStepProfile(json::array(), "p.json").ok());
+}
+
+TEST(StepProfileTest, MeasurementLinesNameTheirLine) {
+  Result<std::vector<StepMeasurement>> ms = ParseStepMeasurements(
+      "{\"prefill\": [[128, 0]], \"seconds\": 0.5}\n\n"
+      "{\"decode_tokens\": 4, \"decode_context_tokens\": 400, \"seconds\": [0.01, 0.03, 0.02]}\n",
+      "m.jsonl");
+  ASSERT_TRUE(ms.ok()) << ms.error();
+  ASSERT_EQ(ms->size(), 2u);
+  EXPECT_EQ((*ms)[1].Median(), 0.02);
+  EXPECT_EQ((*ms)[0].shape.prefill[0].tokens, 128);
+
+  auto error = [](const char* text) {
+    auto r = ParseStepMeasurements(text, "m.jsonl");
+    return r.ok() ? std::string("parsed") : r.error();
+  };
+  EXPECT_EQ(error("{\"decode_tokens\": 1, \"seconds\": 1}\n{oops\n"),
+            "m.jsonl:2: not valid JSON: {oops");
+  EXPECT_NE(error("\n\n{\"decode_tokens\": 1}\n").find("m.jsonl:3: field 'seconds' is missing"),
+            std::string::npos);
+}
+
+TEST(CalibrationSweepTest, CoversEveryClassWithinTheModelsPositions) {
+  for (Tokens positions : {Tokens{256}, Tokens{8192}}) {
+    backend::SweepLimits limits;
+    limits.positions = positions;
+    limits.max_tokens = std::min<Tokens>(1024, positions / 4);
+    limits.max_context = std::min<Tokens>(2048, positions / 2);
+    const std::vector<StepShape> shapes = backend::CalibrationShapes(limits);
+    std::array<int, kShapeClasses> per_class{};
+    std::set<std::string> seen;
+    Tokens largest_chunk = 0, largest_batch = 0;
+    for (const StepShape& s : shapes) {
+      EXPECT_TRUE(seen.insert(StepShapeToJson(s).dump()).second) << "twice: " << StepShapeToJson(s);
+      ++per_class[static_cast<std::size_t>(ClassOf(FeaturesOf(s)))];
+      for (const PrefillChunk& c : s.prefill) {
+        EXPECT_LE(c.context + c.tokens, positions);
+        largest_chunk = std::max(largest_chunk, c.tokens);
+      }
+      if (s.decode_tokens > 0) {
+        EXPECT_LE(s.decode_context_tokens / s.decode_tokens + 1, positions);
+      }
+      largest_batch = std::max(largest_batch, s.decode_tokens);
+    }
+    // Enough of every class to hold some out and fit the rest.
+    for (int n : per_class) EXPECT_GE(n, 8) << positions;
+    EXPECT_EQ(largest_chunk, limits.max_tokens);
+    EXPECT_EQ(largest_batch, limits.max_batch);
+  }
+  StepShape s;
+  s.prefill = {{10, 20}, {16, 0}};
+  s.decode_tokens = 3;
+  s.decode_context_tokens = 3 * 40;
+  EXPECT_EQ(backend::BlocksFor(s, 16), 2 + 1 + 3 * 3);  // 30 -> 2, 16 -> 1, 3 x 41 -> 3 each
+}
+
+}  // namespace
+}  // namespace duet::models

@@ -1,0 +1,185 @@
+// `duet calibrate` as a user runs it: the CPU backend's steps measured and fitted into a profile
+// that `duet simulate` then prices steps with; measurements from elsewhere fitted the same way;
+// and bad flags, files and profiles giving one clear error and a non-zero exit.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include "models/step_profile.h"
+#include "tests/sim/e2e_util.h"
+
+namespace duet::e2e {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+class CalibrateTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    model_ = tmp_.File("model");
+    const RunResult made = RunDuet({"make-test-model", "--out", model_});
+    ASSERT_EQ(made.exit_code, 0) << made;
+  }
+  // tests/data/1p1d-tiny.json serving the test model, priced by `cost_model`.
+  std::string Cluster(const json& cost_model) {
+    json cluster = ReadJson(SourceDir() + "/tests/data/1p1d-tiny.json");
+    cluster["model"] = model_;
+    cluster["cost_model"] = cost_model;
+    return tmp_.Write("cluster.json", cluster.dump());
+  }
+
+  TempDir tmp_;
+  std::string model_;
+};
+
+TEST_F(CalibrateTest, MeasuresTheCpuBackendAndTheSimulatorRunsFromTheProfile) {
+  const std::string profile_path = tmp_.File("profile.json");
+  const RunResult r =
+      RunDuet({"calibrate", "--model", model_, "--out", profile_path, "--repeats", "3"});
+  ASSERT_EQ(r.exit_code, 0) << r;
+  EXPECT_TRUE(ContainsAll(r.out, {"step shapes x 3 repeats on cpu", "held out of the fit",
+                                  "prefill", "decode", "mixed", "wrote " + profile_path}));
+  Result<models::StepProfile> profile = models::LoadStepProfile(profile_path);
+  ASSERT_TRUE(profile.ok()) << profile.error();
+  EXPECT_EQ(profile->device, "cpu");
+  EXPECT_EQ(profile->model.hidden_size, 64);
+  EXPECT_EQ(profile->source["tool"], "duet calibrate");
+  EXPECT_EQ(profile->source["repeats"], 3);
+  ASSERT_EQ(profile->fits.size(), 1u);
+  // Every class measured, every 4th shape of each held out and its error reported.
+  int held_out = 0;
+  for (const models::StepMeasurement& m : profile->measurements) {
+    EXPECT_EQ(m.seconds.size(), 3u);
+    held_out += m.held_out;
+  }
+  EXPECT_GE(profile->measurements.size(), 24u);
+  for (std::size_t c = 0; c < models::kShapeClasses; ++c) {
+    EXPECT_GT(profile->fits[0].held_out[c].shapes, 0) << c;
+    EXPECT_GT(profile->fits[0].training[c].shapes, 0) << c;
+  }
+  EXPECT_EQ(held_out, profile->fits[0].held_out[0].shapes + profile->fits[0].held_out[1].shapes +
+                          profile->fits[0].held_out[2].shapes);
+
+  // The simulator prices steps with it: a run whose times follow the profile, not the roofline.
+  const std::string fitted = tmp_.File("fitted"), roofline = tmp_.File("roofline");
+  const std::string trace = tmp_.Write(
+      "trace.jsonl",
+      "{\"timestamp\": 0, \"input_length\": 100, \"output_length\": 8, \"hash_ids\": [1]}\n"
+      "{\"timestamp\": 5, \"input_length\": 60, \"output_length\": 8, \"hash_ids\": [2]}\n");
+  Simulate(fitted, {"--cluster", Cluster({{"kind", "fitted"}, {"profile", profile_path}}),
+                    "--trace", trace});
+  Simulate(roofline, {"--cluster", Cluster({{"kind", "roofline"}}), "--trace", trace});
+  const json a = ReadJson(fitted + "/summary.json"), b = ReadJson(roofline + "/summary.json");
+  EXPECT_EQ(a["requests"]["completed"], 2);
+  EXPECT_NE(a["ttft_ms"]["mean"], b["ttft_ms"]["mean"]);
+}
+
+TEST_F(CalibrateTest, FitsMeasurementsFromElsewhereAndKeepsTheirSource) {
+  // Steps priced by a known affine cost: the fit finds it and the held-out error is ~0.
+  std::string lines;
+  for (int n : {16, 32, 64, 128, 256, 512, 1024, 2048})
+    for (int c : {0, 1000, 4000}) {
+      const double s = 0.002 + 1e-5 * n + 2e-9 * (n * c + n * (n + 1) / 2.0);
+      lines += json{{"prefill", {{n, c}}}, {"seconds", s}}.dump() + "\n";
+    }
+  for (int rows : {1, 4, 16, 64})
+    for (int c : {100, 1000, 10000}) {
+      const double s = 0.002 + 3e-5 * rows + 1e-8 * rows * c;
+      lines += json{{"decode_tokens", rows}, {"decode_context_tokens", rows * c}, {"seconds", s}}
+                   .dump() +
+               "\n";
+    }
+  const std::string measurements = tmp_.Write("m.jsonl", lines);
+  const std::string source = tmp_.Write("source.json", R"({"package": "someone's data"})");
+  const std::string profile_path = tmp_.File("p.json");
+  const RunResult r =
+      RunDuet({"calibrate", "--measurements", measurements, "--model", "llama-3.1-8b", "--device",
+               "h100-sxm", "--source", source, "--roofline", "h100-sxm", "--out", profile_path});
+  ASSERT_EQ(r.exit_code, 0) << r;
+  EXPECT_TRUE(ContainsAll(r.out, {"roofline prefill", "roofline decode"}));
+  Result<models::StepProfile> profile = models::LoadStepProfile(profile_path);
+  ASSERT_TRUE(profile.ok()) << profile.error();
+  EXPECT_EQ(profile->device, "h100-sxm");
+  EXPECT_EQ(profile->source["measured_by"]["package"], "someone's data");
+  EXPECT_EQ(profile->model.num_hidden_layers, 32);
+  const models::StepFit& fit = profile->fits.at(0);
+  EXPECT_LT(fit.held_out[0].max_pct, 0.01);
+  EXPECT_LT(fit.held_out[1].max_pct, 0.01);
+  EXPECT_GT(fit.roofline_held_out[1].shapes, 0);
+}
+
+TEST_F(CalibrateTest, BadFlagsAndFilesAreClearErrors) {
+  const std::string out = tmp_.File("p.json");
+  struct Case {
+    std::vector<std::string> args;
+    int code;
+    std::string message;
+  };
+  const std::string bad_line = tmp_.Write("bad.jsonl",
+                                          "{\"decode_tokens\": 1, \"seconds\": 1}\n"
+                                          "{\"decode_tokens\": -1, \"seconds\": 1}\n");
+  const std::string few = tmp_.Write("few.jsonl", "{\"decode_tokens\": 1, \"seconds\": 1}\n");
+  const std::vector<Case> cases = {
+      {{"--model", model_, "--repeats", "0"}, 2, "--repeats must be in [1, 1000]"},
+      {{"--model", model_, "--max-batch", "2"}, 2, "--max-batch must be in [8, 1024]"},
+      {{"--model", model_, "--device", "tpu"}, 2, "--device must be cpu or cuda"},
+      {{"--model", model_, "--max-tokens", "4096"}, 2, "exceeds"},
+      {{"--model", model_, "--progress", "maybe"}, 2, "--progress must be auto, always or never"},
+      {{"--model", model_, "--source", "x.json"}, 2, "--source goes with --measurements"},
+      {{"--model", tmp_.File("nowhere")}, 1, "nowhere"},
+      {{"--model", model_, "--roofline", "no-such-gpu"}, 1, "--roofline:"},
+      {{"--measurements", tmp_.File("none.jsonl"), "--model", "tiny-test"}, 1, "cannot open"},
+      {{"--measurements", bad_line, "--model", "tiny-test"},
+       1,
+       "bad.jsonl:2: field 'decode_tokens'"},
+      {{"--measurements", few, "--model", "tiny-test"}, 1, "tp 1: 1 measurements to fit"},
+      {{"--measurements", few, "--model", "no-such-model"}, 1, "--model:"},
+  };
+  for (const Case& c : cases) {
+    std::vector<std::string> args = {"calibrate", "--out", out};
+    args.insert(args.end(), c.args.begin(), c.args.end());
+    const RunResult r = RunDuet(args);
+    EXPECT_EQ(r.exit_code, c.code) << r;
+    EXPECT_NE(r.err.find(c.message), std::string::npos) << c.message << "\n" << r;
+    EXPECT_FALSE(fs::exists(out)) << r;
+  }
+}
+
+TEST_F(CalibrateTest, ClusterFilesCheckTheirProfile) {
+  // A profile measured on another model, or without the TP degree an instance runs at, and a
+  // broken profile file, are errors naming the cluster file and what is wrong.
+  const std::string bundled = SourceDir() + "/sim/profiles/h100-sxm-llama-3.1-8b.json";
+  RunResult r =
+      RunDuet({"simulate", "--cluster", Cluster({{"kind", "fitted"}, {"profile", bundled}}),
+               "--out", tmp_.File("o1")});
+  EXPECT_EQ(r.exit_code, 1) << r;
+  EXPECT_TRUE(ContainsAll(r.err, {"cluster.json: cost_model: profile", "measured on another model",
+                                  "num_hidden_layers: 32 vs 2"}));
+
+  const std::string broken = tmp_.Write("broken.json", R"({"format": "duet-step-profile"})");
+  r = RunDuet({"simulate", "--cluster", Cluster({{"kind", "fitted"}, {"profile", broken}}), "--out",
+               tmp_.File("o2")});
+  EXPECT_EQ(r.exit_code, 1) << r;
+  EXPECT_TRUE(ContainsAll(r.err, {"cost_model: field 'profile'", "broken.json: field 'version'"}));
+
+  r = RunDuet({"simulate", "--cluster",
+               Cluster({{"kind", "fitted"}, {"profile", broken}, {"step_overhead_ms", 1}}), "--out",
+               tmp_.File("o3")});
+  EXPECT_EQ(r.exit_code, 1) << r;
+  EXPECT_NE(r.err.find("'step_overhead_ms' applies to kind 'roofline' only"), std::string::npos)
+      << r;
+
+  json cluster = ReadJson(SourceDir() + "/sim/clusters/h100-8p8d-llama8b.json");
+  cluster["cost_model"] = {{"kind", "fitted"}, {"profile", bundled}};
+  cluster["instances"] = {{{"role", "prefill"}, {"count", 1}, {"tp", 8}, {"node", 0}},
+                          {{"role", "decode"}, {"count", 1}, {"tp", 1}, {"node", 1}}};
+  r = RunDuet(
+      {"simulate", "--cluster", tmp_.Write("tp8.json", cluster.dump()), "--out", tmp_.File("o4")});
+  EXPECT_EQ(r.exit_code, 1) << r;
+  EXPECT_NE(r.err.find("has no fit for tp 8 (instance p0; it has tp 1, 2, 4)"), std::string::npos)
+      << r;
+}
+
+}  // namespace
+}  // namespace duet::e2e
