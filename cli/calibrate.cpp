@@ -27,6 +27,7 @@
 #include "common/json_util.h"
 #include "common/progress.h"
 #include "models/step_profile.h"
+#include "sim/cluster_spec.h"
 
 namespace duet::cli {
 namespace {
@@ -55,17 +56,15 @@ std::string CpuName() {
   return "unknown";
 }
 
-// The model of --measurements mode: a model directory, a spec file, or a bundled spec's name.
+// The model of --measurements mode and the GPU of --roofline, named as a cluster file names
+// them (relative paths from the current directory).
 Result<models::ModelSpec> LoadSpec(const std::string& ref) {
-  const bool path = ref.find('/') != std::string::npos ||
-                    (ref.size() > 5 && ref.compare(ref.size() - 5, 5, ".json") == 0);
-  return models::LoadModelSpec(path ? ref : Locate("models/specs/" + ref + ".json"));
+  return models::LoadModelSpec(
+      sim::ResolveRef(ref, "", DataDir() + "/models/specs", /*directories=*/true));
 }
 
-// The hardware spec --roofline names: a bundled name or a .json file.
 Result<models::HardwareSpec> LoadGpu(const std::string& ref) {
-  const bool path = ref.size() > 5 && ref.compare(ref.size() - 5, 5, ".json") == 0;
-  return models::LoadHardwareSpec(path ? ref : Locate("models/hardware/" + ref + ".json"));
+  return models::LoadHardwareSpec(sim::ResolveRef(ref, "", DataDir() + "/models/hardware"));
 }
 
 void PrintFit(const models::StepFit& fit) {

@@ -24,19 +24,6 @@ constexpr std::int64_t kMaxNumSeqs = 1 << 20;
 // A KV lease from a millisecond (tests) to a day.
 constexpr double kMinLeaseSeconds = 1e-3, kMaxLeaseSeconds = 86400;
 
-// Resolves a model or hardware reference: a bare name is looked up in the bundled directory,
-// a path ending in .json is taken relative to the cluster file; so is, with `directories`, any
-// reference with a '/' (a Hugging Face model directory, whose config.json LoadModelSpec reads).
-std::string ResolveRef(const std::string& ref, const std::string& cluster_path,
-                       const std::string& bundled_dir, bool directories = false) {
-  const bool json_file = ref.size() > 5 && ref.compare(ref.size() - 5, 5, ".json") == 0;
-  if (json_file || (directories && ref.find('/') != std::string::npos)) {
-    const fs::path p(ref);
-    return p.is_absolute() ? ref : (fs::path(cluster_path).parent_path() / p).string();
-  }
-  return (fs::path(bundled_dir) / (ref + ".json")).string();
-}
-
 Result<LinkSpec> ParseLink(const json& parent, const std::string& key, const std::string& where,
                            bool required, LinkSpec fallback) {
   auto it = parent.find(key);
@@ -246,6 +233,16 @@ Status CheckProfileFits(const ClusterSpec& c, const std::string& path) {
 }
 
 }  // namespace
+
+std::string ResolveRef(const std::string& ref, const std::string& referrer,
+                       const std::string& bundled_dir, bool directories) {
+  const bool json_file = ref.size() > 5 && ref.compare(ref.size() - 5, 5, ".json") == 0;
+  if (json_file || (directories && ref.find('/') != std::string::npos)) {
+    const fs::path p(ref);
+    return p.is_absolute() ? ref : (fs::path(referrer).parent_path() / p).string();
+  }
+  return (fs::path(bundled_dir) / (ref + ".json")).string();
+}
 
 bool ClusterSpec::pd() const { return CountRole(policies::InstanceRole::kPrefill) > 0; }
 

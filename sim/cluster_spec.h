@@ -102,6 +102,14 @@ struct ClusterSpec {
   Bytes KvBytesPerToken() const { return model.KvBytesPerToken(engine.memory.kv_cache_dtype); }
 };
 
+// Resolves a model, hardware or profile reference: a bare name is looked up in the bundled
+// directory (<bundled_dir>/<name>.json), a path ending in .json is taken relative to the file
+// that names it (`referrer`; "" or a file in the current directory: relative to it); so is,
+// with `directories`, any reference with a '/' (a Hugging Face model directory, whose
+// config.json LoadModelSpec reads).
+std::string ResolveRef(const std::string& ref, const std::string& referrer,
+                       const std::string& bundled_dir, bool directories = false);
+
 // The step-cost model of one instance: the roofline on its node's GPU (TP all-reduces over the
 // node's NVLink as the file gives it), or the profile's fit for its TP degree.
 std::unique_ptr<models::StepCostModel> MakeStepCostModel(const ClusterSpec& cluster,
