@@ -68,22 +68,21 @@ Result<models::HardwareSpec> LoadGpu(const std::string& ref) {
 }
 
 void PrintFit(const models::StepFit& fit) {
-  std::printf("tp %d: %zu affine piece%s; error on shapes held out of the fit (training):\n",
-              fit.tp, fit.pieces.size(), fit.pieces.size() == 1 ? "" : "s");
-  std::printf("  %-8s %6s %9s %9s %9s\n", "class", "shapes", "mean", "p90", "max");
+  std::printf("tp %d: error on shapes held out of the fit (on the training shapes):\n", fit.tp);
+  std::printf("  %-8s %6s %6s %9s %9s %9s\n", "class", "pieces", "shapes", "mean", "p90", "max");
   for (std::size_t c = 0; c < models::kShapeClasses; ++c) {
     const models::FitError& h = fit.held_out[c];
     const models::FitError& t = fit.training[c];
-    if (h.shapes == 0) continue;
-    std::printf("  %-8s %6d %8.2f%% %8.2f%% %8.2f%%   (%d: mean %.2f%%, max %.2f%%)\n",
-                models::ToString(static_cast<models::ShapeClass>(c)), h.shapes, h.mean_pct,
-                h.p90_pct, h.max_pct, t.shapes, t.mean_pct, t.max_pct);
+    std::printf("  %-8s %6zu %6d %8.2f%% %8.2f%% %8.2f%%   (%d: mean %.2f%%, max %.2f%%)\n",
+                models::ToString(static_cast<models::ShapeClass>(c)), fit.pieces[c].size(),
+                h.shapes, h.mean_pct, h.p90_pct, h.max_pct, t.shapes, t.mean_pct, t.max_pct);
   }
+  if (fit.roofline_held_out[0].shapes == 0) return;
+  std::printf("  the roofline on the same held-out shapes:\n");
   for (std::size_t c = 0; c < models::kShapeClasses; ++c) {
     const models::FitError& r = fit.roofline_held_out[c];
-    if (r.shapes == 0) continue;
-    std::printf("  roofline %-8s %6d %8.2f%% %8.2f%% %8.2f%%\n",
-                models::ToString(static_cast<models::ShapeClass>(c)), r.shapes, r.mean_pct,
+    std::printf("  %-8s %6s %6d %8.2f%% %8.2f%% %8.2f%%\n",
+                models::ToString(static_cast<models::ShapeClass>(c)), "", r.shapes, r.mean_pct,
                 r.p90_pct, r.max_pct);
   }
 }

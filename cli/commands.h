@@ -78,6 +78,7 @@ std::int64_t DefaultKvBlocks(const models::ModelSpec& spec, std::int32_t block_t
 Status CheckKvCacheFits(const models::ModelSpec& config, std::int64_t num_blocks,
                         std::int32_t block_tokens);
 int Calibrate(int argc, char** argv);      // cli/calibrate.cpp
+int Validate(int argc, char** argv);       // cli/validate.cpp
 int MakeTestModel(int argc, char** argv);  // cli/generate.cpp
 int Generate(int argc, char** argv);       // cli/generate.cpp
 

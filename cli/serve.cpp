@@ -4,8 +4,6 @@
 // requests are refused, requests in flight complete, then it exits 0. docs/serving.md.
 #include <pthread.h>
 #include <signal.h>
-#include <spawn.h>
-#include <sys/wait.h>
 
 #include <algorithm>
 #include <boost/program_options.hpp>
@@ -24,6 +22,7 @@
 #include "backend/serve/http_server.h"
 #include "backend/serve/live_metrics.h"
 #include "backend/tokenizer/chat_template.h"
+#include "cli/child_processes.h"
 #include "cli/commands.h"
 #include "models/model_spec.h"
 #include "sim/cluster_spec.h"
@@ -78,65 +77,6 @@ class ShutdownSignal {
   std::mutex mutex_;
   std::condition_variable cv_;
   int received_ = 0;
-};
-
-// The worker processes `duet serve --workers process` starts: this binary, in a process group
-// of their own (a terminal's Ctrl-C reaches only the frontend, which drains and then shuts
-// them down) with no signal blocked. Those still running when it goes are killed.
-class SpawnedWorkers {
- public:
-  ~SpawnedWorkers() { Reap(0); }
-  Status Spawn(const std::vector<std::string>& args) {
-    std::vector<std::string> all = {"duet"};
-    all.insert(all.end(), args.begin(), args.end());
-    std::vector<char*> argv;
-    for (std::string& a : all) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    posix_spawnattr_t attr;
-    posix_spawnattr_init(&attr);
-    sigset_t none;
-    sigemptyset(&none);
-    posix_spawnattr_setsigmask(&attr, &none);
-    posix_spawnattr_setpgroup(&attr, 0);
-    posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETPGROUP);
-    pid_t pid = 0;
-    const int rc = posix_spawn(&pid, "/proc/self/exe", nullptr, &attr, argv.data(), environ);
-    posix_spawnattr_destroy(&attr);
-    if (rc != 0) return Status::Error(std::string("starting a worker: ") + std::strerror(rc));
-    pids_.push_back(pid);
-    return Status::Ok();
-  }
-  // A worker that exited already, in words; empty while all run.
-  std::string Exited() {
-    for (pid_t pid : pids_) {
-      int status = 0;
-      if (::waitpid(pid, &status, WNOHANG) != pid) continue;
-      std::erase(pids_, pid);
-      return "worker process " + std::to_string(pid) + " exited (" +
-             (WIFEXITED(status) ? "status " + std::to_string(WEXITSTATUS(status))
-                                : "signal " + std::to_string(WTERMSIG(status))) +
-             "); its error is above";
-    }
-    return "";
-  }
-  // Waits up to `timeout_s` for the workers to exit, then kills the rest.
-  void Reap(Seconds timeout_s) {
-    const auto deadline = std::chrono::steady_clock::now() +
-                          std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                              std::chrono::duration<double>(timeout_s));
-    while (!pids_.empty() && std::chrono::steady_clock::now() < deadline) {
-      std::erase_if(pids_, [](pid_t pid) { return ::waitpid(pid, nullptr, WNOHANG) == pid; });
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-    for (pid_t pid : pids_) {
-      ::kill(pid, SIGKILL);
-      ::waitpid(pid, nullptr, 0);
-    }
-    pids_.clear();
-  }
-
- private:
-  std::vector<pid_t> pids_;
 };
 
 }  // namespace
@@ -344,7 +284,7 @@ int Serve(int argc, char** argv) {
     }
   }
   frontend_options.observer = &metrics;
-  SpawnedWorkers spawned;
+  ChildProcesses spawned;  // --spawn-workers
   Result<std::unique_ptr<LiveFrontend>> frontend = Status::Error("not started");
   if (processes) {
     auto listener = backend::cluster::Listener::Open("127.0.0.1", worker_port);
@@ -353,20 +293,24 @@ int Serve(int argc, char** argv) {
     std::fprintf(stderr, "duet serve: workers register at %s\n", address.c_str());
     if (vm["spawn-workers"].as<bool>()) {
       for (const sim::InstanceSpec& spec : cluster->instances) {
-        const Status s = spawned.Spawn(
+        const auto s = spawned.Spawn(
             {"worker", "--frontend", address, "--role", policies::ToString(spec.role), "--model",
              model_dir, "--device", device, "--block-tokens",
              std::to_string(placement.block_tokens), "--kv-blocks",
              std::to_string(placement.num_blocks), "--threads",
              std::to_string(placement.cpu_threads), "--ucx-tls", vm["ucx-tls"].as<std::string>()});
-        if (!s.ok()) return Fail(s.message());
+        if (!s) return Fail(s.error());
       }
     }
     backend::serve::WorkerFleet fleet;
     fleet.listener = std::move(*listener);
     fleet.config = loaded->config;
     fleet.block_tokens = placement.block_tokens;
-    fleet.abandon = [&] { return shutdown.received() ? "asked to stop" : spawned.Exited(); };
+    fleet.abandon = [&] {
+      if (shutdown.received()) return std::string("asked to stop");
+      const std::string exited = spawned.Exited();
+      return exited.empty() ? exited : "worker " + exited + "; its error is above";
+    };
     frontend = LiveFrontend::StartWithWorkers(std::move(fleet), frontend_options);
     layout += ", a worker process each";
   } else {

@@ -86,24 +86,34 @@ Result<StepFit> ParseFit(const json& fit, const std::string& where) {
   auto tp = JsonIntIn(fit, "tp", 1, kMaxTp, where);
   if (!tp) return tp.status();
   out.tp = static_cast<int>(*tp);
-  if (!JsonHas(fit, "pieces") || !fit["pieces"].is_array() || fit["pieces"].empty() ||
-      fit["pieces"].size() > 2)
-    return FieldError(where, "pieces", "must be an array of 1 or 2 objects");
-  for (std::size_t k = 0; k < fit["pieces"].size(); ++k) {
-    const json& p = fit["pieces"][k];
-    const std::string wp = where + ": pieces[" + std::to_string(k) + "]";
-    if (!p.is_object()) return Status::Error(wp + ": must be an object");
-    for (const auto& [key, value] : p.items()) {
-      if (std::find(kFitColumnNames.begin(), kFitColumnNames.end(), key) == kFitColumnNames.end())
-        return Status::Error(wp + ": unknown column '" + key + "'");
+  if (!JsonHas(fit, "pieces") || !fit["pieces"].is_object())
+    return FieldError(where, "pieces", "must be an object with prefill, decode and mixed");
+  for (const auto& [key, value] : fit["pieces"].items()) {
+    if (key != "prefill" && key != "decode" && key != "mixed")
+      return Status::Error(where + ": pieces: unknown class '" + key + "'");
+  }
+  for (std::size_t c = 0; c < kShapeClasses; ++c) {
+    const std::string name = ToString(static_cast<ShapeClass>(c));
+    const json& list = fit["pieces"].contains(name) ? fit["pieces"][name] : json();
+    const std::string wc = where + ": pieces." + name;
+    if (!list.is_array() || list.empty() || list.size() > 2)
+      return Status::Error(wc + ": must be an array of 1 or 2 pieces");
+    for (std::size_t k = 0; k < list.size(); ++k) {
+      const json& p = list[k];
+      const std::string wp = wc + "[" + std::to_string(k) + "]";
+      if (!p.is_object()) return Status::Error(wp + ": must be an object");
+      for (const auto& [key, value] : p.items()) {
+        if (std::find(kFitColumnNames.begin(), kFitColumnNames.end(), key) == kFitColumnNames.end())
+          return Status::Error(wp + ": unknown column '" + key + "'");
+      }
+      AffinePiece piece;
+      for (std::size_t col = 0; col < kFitColumns; ++col) {
+        auto v = JsonNumberIn(p, std::string(kFitColumnNames[col]), 0, kMaxCoefficient, wp, 0.0);
+        if (!v) return v.status();
+        piece.seconds_per[col] = *v;
+      }
+      out.pieces[c].push_back(piece);
     }
-    AffinePiece piece;
-    for (std::size_t c = 0; c < kFitColumns; ++c) {
-      auto v = JsonNumberIn(p, std::string(kFitColumnNames[c]), 0, kMaxCoefficient, wp, 0.0);
-      if (!v) return v.status();
-      piece.seconds_per[c] = *v;
-    }
-    out.pieces.push_back(piece);
   }
   DUET_RETURN_IF_ERROR(ParseErrors(fit, "training_error", where, out.training));
   DUET_RETURN_IF_ERROR(ParseErrors(fit, "held_out_error", where, out.held_out));
@@ -142,7 +152,6 @@ Result<StepMeasurement> ParseMeasurement(const json& obj, const std::string& whe
 
 std::array<double, kFitColumns> FitColumns(const StepFeatures& f) {
   return {1.0,
-          f.prefill_chunks > 0 ? 1.0 : 0.0,
           f.prefill_chunks,
           f.prefill_tokens,
           f.prefill_context_tokens,
@@ -242,7 +251,7 @@ Seconds MaxOfPieces(const std::vector<AffinePiece>& pieces,
 
 Seconds StepFit::Predict(const StepFeatures& f) const {
   if (f.empty()) return 0;
-  return MaxOfPieces(pieces, FitColumns(f));
+  return MaxOfPieces(pieces[static_cast<std::size_t>(ClassOf(f))], FitColumns(f));
 }
 
 const StepFit* StepProfile::FitFor(int tp) const {
@@ -275,12 +284,16 @@ ClassErrors ErrorOf(const StepCostModel& model, const std::vector<StepMeasuremen
 json StepProfileToJson(const StepProfile& profile) {
   json fits = json::array();
   for (const StepFit& fit : profile.fits) {
-    json pieces = json::array();
-    for (const AffinePiece& p : fit.pieces) {
-      json piece = json::object();
-      for (std::size_t c = 0; c < kFitColumns; ++c)
-        piece[std::string(kFitColumnNames[c])] = p.seconds_per[c];
-      pieces.push_back(piece);
+    json pieces = json::object();
+    for (std::size_t c = 0; c < kShapeClasses; ++c) {
+      json list = json::array();
+      for (const AffinePiece& p : fit.pieces[c]) {
+        json piece = json::object();
+        for (std::size_t col = 0; col < kFitColumns; ++col)
+          piece[std::string(kFitColumnNames[col])] = p.seconds_per[col];
+        list.push_back(piece);
+      }
+      pieces[ToString(static_cast<ShapeClass>(c))] = list;
     }
     fits.push_back({{"tp", fit.tp},
                     {"pieces", pieces},
@@ -429,7 +442,7 @@ std::optional<std::string> ArchitectureMismatch(const ModelSpec& measured, const
 }
 
 FittedCostModel::FittedCostModel(StepFit fit) : fit_(std::move(fit)) {
-  DUET_CHECK(!fit_.pieces.empty());
+  for (const auto& pieces : fit_.pieces) DUET_CHECK(!pieces.empty());
 }
 
 Seconds FittedCostModel::StepTime(const StepShape& shape) const {

@@ -3,12 +3,13 @@
 // profile (the fit: backend/calibrate/step_fit.h); a cluster file's `"cost_model": {"kind":
 // "fitted", "profile": FILE}` makes the simulator price steps with it. Pure C++.
 //
-// The fitted model is max-affine: a step costs the largest of at most two affine functions of
-// its features (models/cost_model.h's StepFeatures), each with non-negative coefficients. One
-// piece is an affine cost model with a fitted per-step overhead; two capture a roofline's two
-// regimes (a memory-bound piece whose intercept is the weight read, a compute-bound piece that
-// grows with tokens) without naming either. Non-negative coefficients keep the cost monotone:
-// more work never costs less.
+// The fitted model is, for each shape class (prefill only, decode only, mixed), max-affine: a
+// step costs the largest of at most two affine functions of its features (models/
+// cost_model.h's StepFeatures), each with non-negative coefficients. One piece is an affine
+// cost model with a fitted per-step overhead; two capture a roofline's two regimes (a
+// memory-bound piece whose intercept is the weight read, a compute-bound piece that grows with
+// tokens) without naming either. Non-negative coefficients keep the cost monotone within a
+// class: more work never costs less.
 #pragma once
 
 #include <array>
@@ -26,10 +27,9 @@
 namespace duet::models {
 
 // The columns a fit uses, in this order; names as they appear in profile files.
-inline constexpr std::size_t kFitColumns = 8;
+inline constexpr std::size_t kFitColumns = 7;
 inline constexpr std::array<std::string_view, kFitColumns> kFitColumnNames = {
     "step",                   // 1 for every step: the overhead
-    "prefill_step",           // 1 when the step has prefill chunks
     "prefill_chunk",          // per chunk (each also emits a logit row)
     "prefill_token",          // per new prompt token
     "prefill_context_token",  // per cached token a chunk attends to
@@ -77,7 +77,10 @@ using ClassErrors = std::array<FitError, kShapeClasses>;
 
 struct StepFit {
   int tp = 1;
-  std::vector<AffinePiece> pieces;  // 1 or 2
+  // Per shape class (prefill, decode, mixed): 1 or 2 pieces each. A class has its own pieces
+  // because backends run its steps on their own paths (a decode-only step skips prefill's
+  // attention kernel, a mixed step runs both), which no one set of coefficients prices well.
+  std::array<std::vector<AffinePiece>, kShapeClasses> pieces;
   ClassErrors training{};
   ClassErrors held_out{};
   // The roofline's error on the same held-out shapes, where calibrate was asked to compare

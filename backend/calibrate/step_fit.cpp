@@ -32,6 +32,8 @@ using models::StepMeasurement;
 
 namespace {
 
+constexpr std::size_t kMinTrainingPerClass = 8;
+
 // ---- Non-negative least squares --------------------------------------------------------------
 
 // min ||A x - b|| subject to x >= 0 (Lawson and Hanson, "Solving Least Squares Problems", 23.3).
@@ -100,6 +102,8 @@ Eigen::VectorXd Nnls(const Eigen::MatrixXd& a_in, const Eigen::VectorXd& b) {
 struct Sample {
   std::array<double, kFitColumns> columns;
   double seconds;  // the median
+  double tokens;   // new tokens: prefill and decode
+  double context;  // cached tokens attended to: prefill and decode
 };
 
 // One piece fitted to `rows` of `samples` for the least relative error.
@@ -156,25 +160,29 @@ std::vector<AffinePiece> Alternate(const std::vector<Sample>& samples,
   return pieces;
 }
 
+double Median(const std::vector<Sample>& samples, const std::vector<std::size_t>& rows,
+              double Sample::*field) {
+  std::vector<double> v;
+  for (std::size_t r : rows) v.push_back(samples[r].*field);
+  std::nth_element(v.begin(), v.begin() + std::ptrdiff_t(v.size() / 2), v.end());
+  return v[v.size() / 2];
+}
+
 // The alternation finds a local optimum, so it starts from three splits and keeps the best:
-// at the median token count (small steps against large ones), by the sign of one piece's
-// error (what it under-prices against what it over-prices), and decode-only steps against
-// steps with prefill.
+// at the median token count (small steps against large ones), at the median cached context
+// (attention-heavy against not), and by the sign of one piece's error (what it under-prices
+// against what it over-prices).
 std::vector<AffinePiece> FitTwoPieces(const std::vector<Sample>& samples,
                                       const std::vector<std::size_t>& rows,
                                       const AffinePiece& one) {
-  std::vector<double> tokens;
-  for (std::size_t r : rows) tokens.push_back(samples[r].columns[3] + samples[r].columns[6]);
-  std::vector<double> sorted = tokens;
-  std::nth_element(sorted.begin(), sorted.begin() + std::ptrdiff_t(sorted.size() / 2),
-                   sorted.end());
-  const double median_tokens = sorted[sorted.size() / 2];
+  const double median_tokens = Median(samples, rows, &Sample::tokens);
+  const double median_context = Median(samples, rows, &Sample::context);
   std::vector<std::vector<std::size_t>> starts(3, std::vector<std::size_t>(rows.size()));
   for (std::size_t i = 0; i < rows.size(); ++i) {
     const Sample& s = samples[rows[i]];
-    starts[0][i] = tokens[i] > median_tokens ? 1 : 0;
-    starts[1][i] = one.At(s.columns) < s.seconds ? 1 : 0;
-    starts[2][i] = s.columns[1] > 0 ? 1 : 0;  // prefill_step
+    starts[0][i] = s.tokens > median_tokens ? 1 : 0;
+    starts[1][i] = s.context > median_context ? 1 : 0;
+    starts[2][i] = one.At(s.columns) < s.seconds ? 1 : 0;
   }
   std::vector<AffinePiece> best;
   double best_error = 0;
@@ -194,7 +202,7 @@ Result<StepFit> FitSteps(std::vector<StepMeasurement>& measurements, int tp,
                          const FitOptions& options) {
   DUET_CHECK(options.held_out_every >= 2 && options.max_pieces >= 1 && options.max_pieces <= 2);
   std::vector<Sample> samples;
-  std::vector<std::size_t> training;
+  std::array<std::vector<std::size_t>, kShapeClasses> training;
   std::array<int, kShapeClasses> seen{};
   std::array<int, kShapeClasses> held{};
   for (StepMeasurement& m : measurements) {
@@ -203,38 +211,42 @@ Result<StepFit> FitSteps(std::vector<StepMeasurement>& measurements, int tp,
     const Seconds median = m.Median();
     if (f.empty() || !(median > 0))
       return Status::Error("a measurement with no tokens or no positive time cannot be fitted");
-    const ShapeClass c = ClassOf(f);
-    const auto ci = static_cast<std::size_t>(c);
-    m.held_out = ++seen[ci] % options.held_out_every == 0;
-    held[ci] += m.held_out ? 1 : 0;
-    if (!m.held_out) training.push_back(samples.size());
-    samples.push_back({FitColumns(f), median});
+    const auto c = static_cast<std::size_t>(ClassOf(f));
+    m.held_out = ++seen[c] % options.held_out_every == 0;
+    held[c] += m.held_out ? 1 : 0;
+    if (!m.held_out) training[c].push_back(samples.size());
+    samples.push_back(
+        {FitColumns(f), median, f.tokens(), f.prefill_context_tokens + f.decode_context_tokens});
   }
-  if (training.size() < 2 * kFitColumns)
-    return Status::Error("tp " + std::to_string(tp) + ": " + std::to_string(training.size()) +
-                         " measurements to fit; need at least " + std::to_string(2 * kFitColumns));
-  for (std::size_t c = 0; c < kShapeClasses; ++c) {
-    if (seen[c] > 0 && held[c] == 0)
-      return Status::Error("tp " + std::to_string(tp) + ": " + std::to_string(seen[c]) + " " +
-                           models::ToString(static_cast<ShapeClass>(c)) +
-                           " measurements leave none to hold out; need at least " +
-                           std::to_string(options.held_out_every));
-  }
+  const std::string where = "tp " + std::to_string(tp) + ": ";
   StepFit fit;
   fit.tp = tp;
-  fit.pieces = {FitPiece(samples, training)};
-  if (options.max_pieces == 2) {
-    std::vector<AffinePiece> two = FitTwoPieces(samples, training, fit.pieces[0]);
-    // The second piece has to earn its place: a tenth less training error.
-    if (RmsRelativeError(two, samples, training) <
-        0.9 * RmsRelativeError(fit.pieces, samples, training))
-      fit.pieces = std::move(two);
-  }
-  for (const AffinePiece& piece : fit.pieces) {
-    for (double v : piece.seconds_per) {
-      if (!std::isfinite(v))
-        return Status::Error("tp " + std::to_string(tp) +
-                             ": the fit did not converge (a coefficient is not finite)");
+  for (std::size_t c = 0; c < kShapeClasses; ++c) {
+    const std::string name = models::ToString(static_cast<ShapeClass>(c));
+    // The simulator prices every class, so each needs its own measurements.
+    if (training[c].size() < kMinTrainingPerClass)
+      return Status::Error(where + std::to_string(training[c].size()) + " " + name +
+                           " measurements to fit; need at least " +
+                           std::to_string(kMinTrainingPerClass));
+    if (held[c] == 0)
+      return Status::Error(where + std::to_string(seen[c]) + " " + name +
+                           " measurements leave none to hold out; need at least " +
+                           std::to_string(options.held_out_every));
+    std::vector<AffinePiece>& pieces = fit.pieces[c];
+    pieces = {FitPiece(samples, training[c])};
+    if (options.max_pieces == 2) {
+      std::vector<AffinePiece> two = FitTwoPieces(samples, training[c], pieces[0]);
+      // The second piece has to earn its place: a tenth less training error.
+      if (RmsRelativeError(two, samples, training[c]) <
+          0.9 * RmsRelativeError(pieces, samples, training[c]))
+        pieces = std::move(two);
+    }
+    for (const AffinePiece& piece : pieces) {
+      for (double v : piece.seconds_per) {
+        if (!std::isfinite(v))
+          return Status::Error(where + name +
+                               ": the fit did not converge (a coefficient is not finite)");
+      }
     }
   }
   const FittedCostModel model(fit);

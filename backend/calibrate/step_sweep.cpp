@@ -55,6 +55,15 @@ std::vector<StepShape> CalibrationShapes(const SweepLimits& l) {
       for (Tokens c : {l.max_context / 4, l.max_context})
         if (fits(chunk_context, n) && fits(c, 1))
           shapes.push_back({{{n, chunk_context}}, rows, rows * c, 1});
+  // ... and several chunks beside a decode batch, which tell a chunk's cost apart.
+  for (Tokens chunks : {2, 4})
+    if (16 * chunks <= l.max_tokens) {
+      StepShape s;
+      s.prefill.assign(static_cast<std::size_t>(chunks), {16, 0});
+      s.decode_tokens = 8;
+      s.decode_context_tokens = 8 * (l.max_context / 4);
+      shapes.push_back(s);
+    }
   // Ladders clipped by small limits repeat shapes; time each once.
   std::vector<StepShape> unique;
   std::set<std::string> seen;

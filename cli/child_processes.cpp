@@ -1,0 +1,104 @@
+#include "cli/child_processes.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <thread>
+
+extern char** environ;
+
+namespace duet::cli {
+namespace {
+
+int ExitStatus(int status) {
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+}  // namespace
+
+Result<pid_t> ChildProcesses::Spawn(const std::vector<std::string>& args,
+                                    const std::string& log_path) {
+  std::vector<std::string> all = {"duet"};
+  all.insert(all.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (std::string& a : all) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  posix_spawn_file_actions_t files;
+  posix_spawn_file_actions_init(&files);
+  if (!log_path.empty()) {
+    posix_spawn_file_actions_addopen(&files, STDOUT_FILENO, log_path.c_str(),
+                                     O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    posix_spawn_file_actions_adddup2(&files, STDOUT_FILENO, STDERR_FILENO);
+  }
+  posix_spawnattr_t attr;
+  posix_spawnattr_init(&attr);
+  sigset_t none;
+  sigemptyset(&none);
+  posix_spawnattr_setsigmask(&attr, &none);
+  posix_spawnattr_setpgroup(&attr, 0);
+  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETPGROUP);
+  pid_t pid = 0;
+  const int rc = posix_spawn(&pid, "/proc/self/exe", &files, &attr, argv.data(), environ);
+  posix_spawnattr_destroy(&attr);
+  posix_spawn_file_actions_destroy(&files);
+  if (rc != 0) return Status::Error("starting duet " + args.front() + ": " + std::strerror(rc));
+  pids_.push_back(pid);
+  return pid;
+}
+
+std::string ChildProcesses::Exited() {
+  for (pid_t pid : pids_) {
+    int status = 0;
+    if (::waitpid(pid, &status, WNOHANG) != pid) continue;
+    std::erase(pids_, pid);
+    return "process " + std::to_string(pid) + " exited (" +
+           (WIFEXITED(status) ? "status " + std::to_string(WEXITSTATUS(status))
+                              : "signal " + std::to_string(WTERMSIG(status))) +
+           ")";
+  }
+  return "";
+}
+
+std::optional<int> ChildProcesses::Wait(pid_t pid, Seconds timeout_s) {
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                            std::chrono::duration<double>(timeout_s));
+  while (true) {
+    int status = 0;
+    if (::waitpid(pid, &status, WNOHANG) == pid) {
+      std::erase(pids_, pid);
+      return ExitStatus(status);
+    }
+    if (std::chrono::steady_clock::now() >= deadline) return std::nullopt;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
+int ChildProcesses::Stop(pid_t pid, Seconds timeout_s) {
+  ::kill(pid, SIGTERM);
+  if (auto status = Wait(pid, timeout_s)) return *status;
+  ::kill(pid, SIGKILL);
+  return Wait(pid, 60).value_or(128 + SIGKILL);
+}
+
+void ChildProcesses::Reap(Seconds timeout_s) {
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                            std::chrono::duration<double>(timeout_s));
+  while (!pids_.empty() && std::chrono::steady_clock::now() < deadline) {
+    std::erase_if(pids_, [](pid_t pid) { return ::waitpid(pid, nullptr, WNOHANG) == pid; });
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  for (pid_t pid : pids_) {
+    ::kill(pid, SIGKILL);
+    ::waitpid(pid, nullptr, 0);
+  }
+  pids_.clear();
+}
+
+}  // namespace duet::cli

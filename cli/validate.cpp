@@ -1,0 +1,332 @@
+// `duet validate`: the simulator's error against a live run of the same trace on the same
+// cluster. For each load (a rate scale of the trace) it starts `duet serve --cluster`, replays
+// the trace against it with `duet replay`, stops it, simulates the same trace on the same
+// cluster file with `duet simulate`, and compares the two summary.json files metric by metric
+// (TTFT, TPOT, ITL and E2E at mean, p50, p90 and p99; output throughput; prefix hit rate).
+// Every run is a child process (SimGrid allows one simulation per process) whose files and log
+// stay in the output directory. Writes validation.json and prints a table; exits 1 when an
+// error exceeds its --tolerance.
+#include <boost/program_options.hpp>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cli/child_processes.h"
+#include "cli/commands.h"
+#include "common/json_util.h"
+#include "common/text.h"
+#include "sim/cluster_spec.h"
+
+namespace duet::cli {
+namespace {
+
+namespace po = boost::program_options;
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+constexpr const char* kDistributions[] = {"ttft_ms", "tpot_ms", "itl_ms", "e2e_ms"};
+constexpr const char* kStatistics[] = {"mean", "p50", "p90", "p99"};
+
+// One compared number: where it is in summary.json, and what a tolerance names it by.
+struct Metric {
+  std::string name;  // "ttft_ms.p50", "throughput.output_tokens_per_s", "prefix_cache.hit_rate"
+  json::json_pointer pointer;
+  std::string statistic;  // "p50", ..., "throughput", "hit_rate": a tolerance's short key
+};
+
+std::vector<Metric> Metrics() {
+  std::vector<Metric> out;
+  for (const char* d : kDistributions)
+    for (const char* s : kStatistics)
+      out.push_back(
+          {std::string(d) + "." + s, json::json_pointer(std::string("/") + d + "/" + s), s});
+  out.push_back({"throughput.output_tokens_per_s",
+                 json::json_pointer("/throughput/output_tokens_per_s"), "throughput"});
+  out.push_back(
+      {"prefix_cache.hit_rate", json::json_pointer("/prefix_cache/hit_rate"), "hit_rate"});
+  return out;
+}
+
+// --tolerance "p50=5,p99=10,ttft_ms.mean=8": percent by statistic or by metric (the metric's
+// own wins).
+Result<std::map<std::string, double>> ParseTolerances(const std::string& text) {
+  std::map<std::string, double> out;
+  if (text.empty()) return out;
+  std::set<std::string> known;
+  for (const Metric& m : Metrics()) {
+    known.insert(m.name);
+    known.insert(m.statistic);
+  }
+  std::stringstream in(text);
+  for (std::string item; std::getline(in, item, ',');) {
+    const auto eq = item.find('=');
+    const std::string key = item.substr(0, eq);
+    if (eq == std::string::npos || !known.count(key))
+      return Status::Error("--tolerance: '" + Excerpt(item, 40) +
+                           "' is not METRIC=PERCENT (METRIC: mean, p50, p90, p99, throughput, "
+                           "hit_rate, or one metric such as ttft_ms.p50)");
+    char* end = nullptr;
+    const std::string value = item.substr(eq + 1);
+    const double pct = std::strtod(value.c_str(), &end);
+    if (value.empty() || *end != '\0' || !(pct >= 0) || !std::isfinite(pct))
+      return Status::Error("--tolerance: '" + Excerpt(item, 40) + "': a percentage >= 0");
+    out[key] = pct;
+  }
+  return out;
+}
+
+// The rate scales of --rate-scales: positive, at most 8.
+Result<std::vector<double>> ParseRateScales(const std::string& text) {
+  std::vector<double> out;
+  std::stringstream in(text);
+  for (std::string item; std::getline(in, item, ',');) {
+    char* end = nullptr;
+    const double r = std::strtod(item.c_str(), &end);
+    if (item.empty() || *end != '\0' || !(r > 0) || r > 1e6)
+      return Status::Error("--rate-scales: '" + Excerpt(item, 40) +
+                           "' is not a rate scale in (0, 1e6]");
+    out.push_back(r);
+  }
+  if (out.empty() || out.size() > 8)
+    return Status::Error("--rate-scales: give 1 to 8 rate scales, e.g. 0.5,1,2");
+  return out;
+}
+
+std::string ReadText(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+// The last lines of a child's log, for an error message.
+std::string Tail(const std::string& path) {
+  const std::string text = ReadText(path);
+  const auto from = text.size() > 600 ? text.size() - 600 : 0;
+  return text.substr(from);
+}
+
+// Waits for `duet serve` to print where it serves ("serving NAME at http://HOST:PORT (...").
+Result<std::string> WaitServing(ChildProcesses& children, pid_t server, const std::string& log,
+                                Seconds timeout_s) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+  while (std::chrono::steady_clock::now() < deadline) {
+    const std::string text = ReadText(log);
+    const auto at = text.find(" at http://");
+    if (text.find("duet serve: serving ") != std::string::npos && at != std::string::npos) {
+      const auto end = text.find(' ', at + 4);
+      return text.substr(at + 4, end - (at + 4));
+    }
+    if (auto status = children.Wait(server, 0))
+      return Status::Error("duet serve exited (status " + std::to_string(*status) +
+                           ") before serving:\n" + Tail(log));
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return Status::Error("duet serve did not start serving within " +
+                       std::to_string(static_cast<int>(timeout_s)) + " s:\n" + Tail(log));
+}
+
+std::string Scale(double r) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%g", r);
+  return text;
+}
+
+}  // namespace
+
+int Validate(int argc, char** argv) {
+  po::options_description opts(
+      "duet validate: the simulator's error against a live run of the same trace");
+  // clang-format off
+  opts.add_options()
+    ("help,h", "show this help")
+    ("cluster", po::value<std::string>()->required(),
+     "the cluster file both worlds run (its cost_model prices the simulated steps: a profile "
+     "duet calibrate measured on this machine)")
+    ("model", po::value<std::string>()->required(), "the model directory duet serve loads")
+    ("rate-scales", po::value<std::string>()->default_value("0.5,1,2"),
+     "the loads: rate scales of the trace, e.g. light, near saturation and overload")
+    ("tolerance", po::value<std::string>()->default_value(""),
+     "the largest error allowed, in percent: p50=5,p99=10 (by statistic), ttft_ms.p50=5 (one "
+     "metric), throughput=2, hit_rate=5; exit 1 when one is exceeded")
+    ("serve-args", po::value<std::string>()->default_value(""),
+     "more arguments for duet serve, space-separated (e.g. --threads 2 --workers thread)")
+    ("out", po::value<std::string>()->default_value("validation"), "output directory");
+  // clang-format on
+  AddTraceOptions(opts);
+  po::variables_map vm;
+  int code = kExitOk;
+  if (!ParseArgs(argc, argv, opts, vm, &code)) return code;
+  auto scales = ParseRateScales(vm["rate-scales"].as<std::string>());
+  if (!scales) return Fail(scales.error(), kExitUsage);
+  auto tolerances = ParseTolerances(vm["tolerance"].as<std::string>());
+  if (!tolerances) return Fail(tolerances.error(), kExitUsage);
+  for (const char* flag : {"rate-scale", "seed"}) {
+    if (!vm[flag].defaulted())
+      return Fail(std::string("--") + flag + ": validate sets it for each run (--rate-scales)",
+                  kExitUsage);
+  }
+  // Checked before anything runs: the trace and the cluster file.
+  int trace_code = kExitOk;
+  auto trace = LoadTrace(vm, &trace_code);
+  if (!trace) return Fail(trace.error(), trace_code);
+  const std::string cluster_path = vm["cluster"].as<std::string>();
+  auto cluster = sim::LoadClusterSpec(cluster_path, DataDir());
+  if (!cluster) return Fail(cluster.error());
+  const std::string out_dir = vm["out"].as<std::string>();
+  std::error_code ec;
+  fs::create_directories(out_dir, ec);
+  if (ec) return Fail("--out: cannot create " + out_dir + ": " + ec.message());
+
+  std::vector<std::string> trace_args = {"--trace", vm["trace"].as<std::string>()};
+  for (const char* flag : {"trace-format", "window"}) {
+    if (vm.count(flag) && !vm[flag].as<std::string>().empty())
+      trace_args.insert(trace_args.end(), {std::string("--") + flag, vm[flag].as<std::string>()});
+  }
+  if (vm["limit"].as<std::size_t>() > 0)
+    trace_args.insert(trace_args.end(), {"--limit", std::to_string(vm["limit"].as<std::size_t>())});
+  std::vector<std::string> serve_extra;
+  {
+    std::stringstream in(vm["serve-args"].as<std::string>());
+    for (std::string word; in >> word;) {
+      for (const char* own : {"--cluster", "--model", "--port", "--kv-blocks"}) {
+        if (word == own) return Fail("--serve-args: validate sets " + word + " itself", kExitUsage);
+      }
+      serve_extra.push_back(word);
+    }
+  }
+
+  const std::vector<Metric> metrics = Metrics();
+  json report = {{"cluster", cluster_path},
+                 {"model", vm["model"].as<std::string>()},
+                 {"trace", vm["trace"].as<std::string>()},
+                 {"loads", json::array()}};
+  bool exceeded = false;
+  ChildProcesses children;
+  for (double r : *scales) {
+    const std::string dir = (fs::path(out_dir) / ("rate-" + Scale(r))).string();
+    fs::create_directories(dir, ec);
+    std::vector<std::string> scale = {"--rate-scale", Scale(r)};
+    std::fprintf(stderr, "duet validate: rate scale %s: live run\n", Scale(r).c_str());
+
+    // The KV capacity the simulator plans from the cluster file, in both worlds.
+    std::vector<std::string> serve = {"serve",
+                                      "--cluster",
+                                      cluster_path,
+                                      "--model",
+                                      vm["model"].as<std::string>(),
+                                      "--port",
+                                      "0",
+                                      "--kv-blocks",
+                                      std::to_string(cluster->instances.front().memory.kv_blocks)};
+    serve.insert(serve.end(), serve_extra.begin(), serve_extra.end());
+    auto server = children.Spawn(serve, dir + "/serve.log");
+    if (!server) return Fail(server.error());
+    auto address = WaitServing(children, *server, dir + "/serve.log", 300);
+    if (!address) return Fail(address.error());
+    // Prompt token ids from the model's vocabulary.
+    std::vector<std::string> replay = {
+        "replay", "--endpoint",   *address,
+        "--out",  dir + "/live",  "--progress",
+        "never",  "--vocab-size", std::to_string(cluster->model.vocab_size)};
+    replay.insert(replay.end(), trace_args.begin(), trace_args.end());
+    replay.insert(replay.end(), scale.begin(), scale.end());
+    auto replayer = children.Spawn(replay, dir + "/replay.log");
+    if (!replayer) return Fail(replayer.error());
+    const int replayed = children.Wait(*replayer, 1e6).value_or(-1);
+    const int served = children.Stop(*server, 120);
+    if (replayed != 0)
+      return Fail("duet replay failed (status " + std::to_string(replayed) + "):\n" +
+                  Tail(dir + "/replay.log"));
+    if (served != 0)
+      return Fail("duet serve failed (status " + std::to_string(served) + "):\n" +
+                  Tail(dir + "/serve.log"));
+
+    std::fprintf(stderr, "duet validate: rate scale %s: simulation\n", Scale(r).c_str());
+    std::vector<std::string> simulate = {"simulate",   "--cluster",  cluster_path, "--out",
+                                         dir + "/sim", "--progress", "never"};
+    simulate.insert(simulate.end(), trace_args.begin(), trace_args.end());
+    simulate.insert(simulate.end(), scale.begin(), scale.end());
+    auto simulator = children.Spawn(simulate, dir + "/simulate.log");
+    if (!simulator) return Fail(simulator.error());
+    const int simulated = children.Wait(*simulator, 1e6).value_or(-1);
+    if (simulated != 0)
+      return Fail("duet simulate failed (status " + std::to_string(simulated) + "):\n" +
+                  Tail(dir + "/simulate.log"));
+
+    auto live = ReadJsonFile(dir + "/live/summary.json");
+    auto simulated_summary = ReadJsonFile(dir + "/sim/summary.json");
+    if (!live) return Fail(live.error());
+    if (!simulated_summary) return Fail(simulated_summary.error());
+    const json& requests = (*live)["requests"];
+    if (requests["failed"].get<std::int64_t>() > 0)
+      return Fail("rate scale " + Scale(r) + ": " + requests["failed"].dump() + " of " +
+                  requests["total"].dump() + " requests failed in the live run (" +
+                  requests["failed_reasons"].dump() + "; " + dir + "/replay.log)");
+    json load = {{"rate_scale", r},
+                 {"completed_live", (*live)["requests"]["completed"]},
+                 {"completed_simulated", (*simulated_summary)["requests"]["completed"]},
+                 {"metrics", json::object()}};
+    for (const Metric& m : metrics) {
+      const json& a = live->contains(m.pointer) ? (*live)[m.pointer] : json();
+      const json& b =
+          simulated_summary->contains(m.pointer) ? (*simulated_summary)[m.pointer] : json();
+      json entry = {{"live", a}, {"simulated", b}, {"error_pct", nullptr}};
+      if (a.is_number() && b.is_number() && a.get<double>() != 0) {
+        const double error = 100.0 * (b.get<double>() - a.get<double>()) / a.get<double>();
+        entry["error_pct"] = error;
+        auto tol = tolerances->find(m.name);
+        if (tol == tolerances->end()) tol = tolerances->find(m.statistic);
+        if (tol != tolerances->end()) {
+          entry["tolerance_pct"] = tol->second;
+          const bool over = std::abs(error) > tol->second;
+          entry["within"] = !over;
+          exceeded |= over;
+        }
+      }
+      load["metrics"][m.name] = entry;
+    }
+    report["loads"].push_back(load);
+  }
+
+  // The table: one row per metric, live / simulated / error per load.
+  std::printf("%-32s", "metric");
+  for (double r : *scales)
+    std::printf(" | %-30s", ("rate x" + Scale(r) + ": live, sim, error").c_str());
+  std::printf("\n");
+  for (const Metric& m : metrics) {
+    std::printf("%-32s", m.name.c_str());
+    for (const json& load : report["loads"]) {
+      const json& e = load["metrics"][m.name];
+      char cell[64];
+      if (e["error_pct"].is_number()) {
+        std::snprintf(cell, sizeof cell, "%.2f, %.2f, %+.1f%%%s", e["live"].get<double>(),
+                      e["simulated"].get<double>(), e["error_pct"].get<double>(),
+                      e.contains("within") && !e["within"].get<bool>() ? " !" : "");
+      } else {
+        std::snprintf(cell, sizeof cell, "n/a");
+      }
+      std::printf(" | %-30s", cell);
+    }
+    std::printf("\n");
+  }
+  const std::string report_path = (fs::path(out_dir) / "validation.json").string();
+  {
+    std::ofstream out(report_path);
+    out << report.dump(1) << "\n";
+    if (!out) return Fail("--out: cannot write " + report_path);
+  }
+  std::printf("wrote %s\n", report_path.c_str());
+  if (exceeded) return Fail("an error exceeds its --tolerance (marked !)");
+  return kExitOk;
+}
+
+}  // namespace duet::cli
