@@ -77,9 +77,10 @@ using ClassErrors = std::array<FitError, kShapeClasses>;
 
 struct StepFit {
   int tp = 1;
-  // Per shape class (prefill, decode, mixed): 1 or 2 pieces each. A class has its own pieces
-  // because backends run its steps on their own paths (a decode-only step skips prefill's
-  // attention kernel, a mixed step runs both), which no one set of coefficients prices well.
+  // Per shape class (prefill, decode, mixed): 1 or 2 pieces each. Prefill-only and decode-only
+  // steps have their own pieces because backends run them on their own paths (a decode-only
+  // step never enters the prefill attention kernel); the fit gives mixed steps pieces fitted
+  // on every class's measurements (backend/calibrate/step_fit.h).
   std::array<std::vector<AffinePiece>, kShapeClasses> pieces;
   ClassErrors training{};
   ClassErrors held_out{};

@@ -232,13 +232,23 @@ Result<StepFit> FitSteps(std::vector<StepMeasurement>& measurements, int tp,
       return Status::Error(where + std::to_string(seen[c]) + " " + name +
                            " measurements leave none to hold out; need at least " +
                            std::to_string(options.held_out_every));
+  }
+  for (std::size_t c = 0; c < kShapeClasses; ++c) {
+    const std::string name = models::ToString(static_cast<ShapeClass>(c));
+    // Mixed steps have every column, and a sweep's mixed shapes vary few of them (a chunk's
+    // cached context, several chunks): their pieces are fitted on every class's measurements,
+    // so that what prefill and decode shapes tell about those columns carries over.
+    std::vector<std::size_t> rows = training[c];
+    if (static_cast<ShapeClass>(c) == ShapeClass::kMixed) {
+      for (std::size_t other = 0; other < kShapeClasses; ++other)
+        if (other != c) rows.insert(rows.end(), training[other].begin(), training[other].end());
+    }
     std::vector<AffinePiece>& pieces = fit.pieces[c];
-    pieces = {FitPiece(samples, training[c])};
+    pieces = {FitPiece(samples, rows)};
     if (options.max_pieces == 2) {
-      std::vector<AffinePiece> two = FitTwoPieces(samples, training[c], pieces[0]);
+      std::vector<AffinePiece> two = FitTwoPieces(samples, rows, pieces[0]);
       // The second piece has to earn its place: a tenth less training error.
-      if (RmsRelativeError(two, samples, training[c]) <
-          0.9 * RmsRelativeError(pieces, samples, training[c]))
+      if (RmsRelativeError(two, samples, rows) < 0.9 * RmsRelativeError(pieces, samples, rows))
         pieces = std::move(two);
     }
     for (const AffinePiece& piece : pieces) {

@@ -15,8 +15,9 @@ struct FitOptions {
   int held_out_every = 4;  // of each class, the 4th, 8th, ... measurement is held out
   int max_pieces = 2;      // 1: one affine function; 2: the larger of two where it pays
 };
-// Marks the held-out measurements (of `tp`), fits each shape class on the rest and measures
-// the error on both. Errors: a class with fewer than 8 training measurements or none held out.
+// Marks the held-out measurements (of `tp`), fits prefill-only and decode-only steps on the
+// rest of their own class and mixed steps on the rest of every class, and measures the error
+// on both. Errors: a class with fewer than 8 training measurements or none held out.
 Result<models::StepFit> FitSteps(std::vector<models::StepMeasurement>& measurements, int tp,
                                  const FitOptions& options = {});
 
