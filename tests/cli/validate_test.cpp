@@ -1,0 +1,126 @@
+// `duet validate` as a user runs it: a real `duet serve` on loopback replayed by `duet replay`,
+// the same trace simulated on the same cluster file priced by a profile `duet calibrate`
+// measured, and the two compared metric by metric; tolerances that fail the run; bad flags.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include "tests/sim/e2e_util.h"
+
+namespace duet::e2e {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+class ValidateTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const RunResult made = RunDuet({"make-test-model", "--out", tmp_.File("model")});
+    ASSERT_EQ(made.exit_code, 0) << made;
+    const RunResult calibrated = RunDuet({"calibrate", "--model", tmp_.File("model"), "--out",
+                                          tmp_.File("profile.json"), "--repeats", "2"});
+    ASSERT_EQ(calibrated.exit_code, 0) << calibrated;
+    // One colocated instance of the test model in engine threads, priced by its profile.
+    tmp_.Write("cluster.json", R"({
+      "model": "./model",
+      "nodes": [{"gpus": 1, "gpu": "tiny-gpu", "nic": {"bandwidth_GBps": 10, "latency_us": 1}}],
+      "instances": [{"role": "colocated"}],
+      "engine": {"max_num_seqs": 8, "reserved_gib": 0.25},
+      "cost_model": {"kind": "fitted", "profile": "profile.json"}})");
+    tmp_.Write("trace.json", R"({"num_requests": 12, "seed": 5, "block_tokens": 16,
+      "arrival": {"process": "poisson", "rate_per_s": 20},
+      "input": {"dist": "uniform", "min": 16, "max": 96},
+      "output": {"dist": "uniform", "min": 4, "max": 16}})");
+  }
+  RunResult Validate(std::vector<std::string> extra,
+                     const std::string& serve_args = "--workers thread --threads 1") {
+    std::vector<std::string> args = {"validate",
+                                     "--cluster",
+                                     tmp_.File("cluster.json"),
+                                     "--model",
+                                     tmp_.File("model"),
+                                     "--trace",
+                                     tmp_.File("trace.json"),
+                                     "--out",
+                                     tmp_.File("out"),
+                                     "--serve-args",
+                                     serve_args};
+    args.insert(args.end(), extra.begin(), extra.end());
+    return RunDuet(args);
+  }
+
+  TempDir tmp_;
+};
+
+TEST_F(ValidateTest, ComparesALiveRunWithTheSimulationAtEachLoad) {
+  const RunResult r = Validate({"--rate-scales", "0.5,2"});
+  ASSERT_EQ(r.exit_code, 0) << r;
+  EXPECT_TRUE(ContainsAll(r.out, {"ttft_ms.p50", "tpot_ms.p99", "throughput.output_tokens_per_s",
+                                  "rate x0.5", "rate x2", "wrote"}));
+  const json report = ReadJson(tmp_.File("out/validation.json"));
+  ASSERT_EQ(report["loads"].size(), 2u);
+  for (const json& load : report["loads"]) {
+    EXPECT_EQ(load["completed_live"], 12) << load;
+    EXPECT_EQ(load["completed_simulated"], 12) << load;
+    // Every request completes in both worlds, so each delivers the offered load: output
+    // throughput agrees closely (both runs span the trace's arrivals plus the last reply).
+    const json& throughput = load["metrics"]["throughput.output_tokens_per_s"];
+    EXPECT_LT(std::abs(throughput["error_pct"].get<double>()), 25) << throughput;
+    const json& ttft = load["metrics"]["ttft_ms.p50"];
+    EXPECT_GT(ttft["live"].get<double>(), 0) << ttft;
+    EXPECT_GT(ttft["simulated"].get<double>(), 0) << ttft;
+    EXPECT_DOUBLE_EQ(ttft["error_pct"].get<double>(),
+                     100 * (ttft["simulated"].get<double>() / ttft["live"].get<double>() - 1));
+  }
+  // The live and simulated runs' own files stay, with the server's log.
+  for (const char* file : {"out/rate-0.5/live/summary.json", "out/rate-0.5/sim/summary.json",
+                           "out/rate-2/serve.log", "out/rate-2/replay.log"})
+    EXPECT_TRUE(fs::exists(tmp_.File(file))) << file;
+}
+
+TEST_F(ValidateTest, AnErrorBeyondItsToleranceFailsTheRun) {
+  // The tiny model's steps take microseconds and its live latency is the server's own: no
+  // simulator comes within 0.01% of it.
+  const RunResult r = Validate({"--rate-scales", "1", "--tolerance", "p50=0.01,throughput=50"});
+  EXPECT_EQ(r.exit_code, 1) << r;
+  EXPECT_NE(r.err.find("an error exceeds its --tolerance"), std::string::npos) << r;
+  const json report = ReadJson(tmp_.File("out/validation.json"));
+  const json& m = report["loads"][0]["metrics"];
+  EXPECT_FALSE(m["ttft_ms.p50"]["within"].get<bool>()) << m;
+  EXPECT_EQ(m["ttft_ms.p50"]["tolerance_pct"], 0.01);
+  EXPECT_TRUE(m["throughput.output_tokens_per_s"]["within"].get<bool>()) << m;
+  EXPECT_FALSE(m["ttft_ms.mean"].contains("within")) << m;  // no tolerance given for it
+}
+
+TEST_F(ValidateTest, BadFlagsAreUsageErrors) {
+  struct Case {
+    std::vector<std::string> args;
+    int code;
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {{"--rate-scales", "0"}, 2, "--rate-scales: '0' is not a rate scale"},
+      {{"--rate-scales", "1,x"}, 2, "--rate-scales: 'x'"},
+      {{"--rate-scales", "1,1,1,1,1,1,1,1,1"}, 2, "give 1 to 8 rate scales"},
+      {{"--tolerance", "p42=5"}, 2, "--tolerance: 'p42=5' is not METRIC=PERCENT"},
+      {{"--tolerance", "p50=-1"}, 2, "a percentage >= 0"},
+      {{"--rate-scale", "2"}, 2, "--rate-scale: validate sets it"},
+  };
+  for (const Case& c : cases) {
+    const RunResult r = Validate(c.args);
+    EXPECT_EQ(r.exit_code, c.code) << r;
+    EXPECT_NE(r.err.find(c.message), std::string::npos) << c.message << "\n" << r;
+    EXPECT_FALSE(fs::exists(tmp_.File("out/validation.json"))) << r;
+  }
+  const RunResult port = Validate({}, "--threads 1 --port 9");
+  EXPECT_EQ(port.exit_code, 2) << port;
+  EXPECT_NE(port.err.find("--serve-args: validate sets --port itself"), std::string::npos) << port;
+  const RunResult missing = RunDuet({"validate", "--cluster", tmp_.File("none.json"), "--model",
+                                     tmp_.File("model"), "--trace", tmp_.File("trace.json")});
+  EXPECT_EQ(missing.exit_code, 1) << missing;
+  EXPECT_NE(missing.err.find("none.json"), std::string::npos) << missing;
+}
+
+}  // namespace
+}  // namespace duet::e2e
