@@ -25,6 +25,8 @@ thread_local bool tls_inside_job = false;
 constexpr int kSpinIterations = 2000;
 
 constexpr std::uint32_t kInitialGeneration = 0;
+// The chunk index of a claim_ that no participant may take (larger than any chunk count).
+constexpr std::uint64_t kClosed = 0xFFFFFFFFu;
 
 inline void CpuRelax() {
 #if defined(__x86_64__) || defined(__i386__)
@@ -62,6 +64,9 @@ void ThreadPool::RunChunks(std::uint32_t job_id) {
     const std::int64_t n = job_n_.load(std::memory_order_relaxed);
     const std::int64_t chunk = job_chunk_.load(std::memory_order_relaxed);
     const std::uint32_t chunks = job_chunks_.load(std::memory_order_relaxed);
+    // Pairs with the release fence in ParallelFor: if any of these loads saw the next job's
+    // parameters, the CAS below sees that job's closing of claim_ and fails.
+    std::atomic_thread_fence(std::memory_order_acquire);
     const auto index = static_cast<std::uint32_t>(claim);
     if (index >= chunks) return;
     if (!claim_.compare_exchange_weak(claim, claim + 1, std::memory_order_acquire,
@@ -110,6 +115,13 @@ void ThreadPool::ParallelFor(std::int64_t n, const RangeFn& fn, std::int64_t min
 
   std::lock_guard<std::mutex> lock(call_mutex_);
   const std::uint32_t job_id = generation_.load(std::memory_order_relaxed) + 1;
+  // Close the previous job's claims before overwriting its parameters. Without this a
+  // participant that had read the previous job's claim_ (all chunks taken) but not yet its
+  // parameters could read this job's chunk count, find the old claim still open, claim it by
+  // CAS and run a chunk of this job early and once more, counting it in done_chunks_ twice or
+  // before the reset below: the caller then hung, or returned while a chunk still ran.
+  claim_.store((static_cast<std::uint64_t>(job_id) << 32) | kClosed, std::memory_order_relaxed);
+  std::atomic_thread_fence(std::memory_order_release);
   job_fn_.store(&fn, std::memory_order_relaxed);
   job_n_.store(n, std::memory_order_relaxed);
   job_chunk_.store(chunk, std::memory_order_relaxed);

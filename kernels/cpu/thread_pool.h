@@ -82,9 +82,11 @@ class ThreadPool {
   std::vector<std::thread> workers_;
   std::mutex call_mutex_;  // one ParallelFor at a time
 
-  // The job: written by the caller before it publishes claim_ (release). A worker reads them
-  // after loading claim_ (acquire) and uses them only if its claim (a CAS on claim_) succeeds,
-  // which proves the job was still open, so they were not yet overwritten by the next job.
+  // The job: written by the caller after it closes claim_ to the previous job (so that no
+  // late participant can claim with an old value) and before it publishes claim_ (release). A
+  // worker reads them after loading claim_ (acquire) and uses them only if its claim (a CAS on
+  // claim_) succeeds; a fence between the reads and the CAS makes the CAS fail whenever a read
+  // saw the next job's values.
   std::atomic<const RangeFn*> job_fn_{nullptr};
   std::atomic<std::int64_t> job_n_{0};
   std::atomic<std::int64_t> job_chunk_{1};
