@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# The simulator's error against live serving on this machine's CPU (docs/validation.md): the
+# ~125M bench model (bf16, random weights) calibrated with `duet calibrate`, then `duet
+# validate` on one colocated instance (engine threads, all cores) at three loads of one
+# synthetic trace (Poisson arrivals, fixed seed, prompts of 64..1024 random token ids, 16..128
+# output tokens). Prints calibrate's fit and validate's table; the run's files stay in WORK.
+# Usage: bench/validate_cpu.sh [RATE_SCALES] [WORK]   (default 0.25,1,2 and a fresh temp dir)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+SCALES="${1:-0.25,1,2}"
+work="${2:-$(mktemp -d)}"
+DUET="$PWD/build/bin/duet"
+[ -x "$DUET" ] || { echo "build first: scripts/setup.sh" >&2; exit 1; }
+mkdir -p "$work"
+cd "$work"
+
+[ -d bench ] || "$DUET" make-test-model --preset bench --out bench >/dev/null
+"$DUET" calibrate --model bench --out profile.json --progress never
+
+# The host as the simulator's "GPU": only its memory matters under a fitted profile (it sizes
+# the KV cache the same way in both worlds: validate gives duet serve the simulator's blocks).
+cat > host.json <<'EOF'
+{"name": "host-cpu", "notes": "this machine's CPU as an instance's device: 2 GiB for weights and KV",
+ "bf16_tflops": 0.1, "hbm_gib": 2, "hbm_bandwidth_gbps": 20, "nvlink_bandwidth_gbps": 10,
+ "pcie_bandwidth_gbps": 10}
+EOF
+cat > cluster.json <<'EOF'
+{"name": "cpu-bench-colo",
+ "model": "./bench",
+ "nodes": [{"gpus": 1, "gpu": "host.json", "nic": {"bandwidth_GBps": 10, "latency_us": 1}}],
+ "instances": [{"role": "colocated"}],
+ "engine": {"max_num_seqs": 32, "max_num_batched_tokens": 2048, "reserved_gib": 0.25},
+ "cost_model": {"kind": "fitted", "profile": "profile.json"}}
+EOF
+cat > trace.json <<'EOF'
+{"description": "bench/validate_cpu.sh: 48 requests, 1 per second at rate scale 1",
+ "num_requests": 48, "seed": 7, "block_tokens": 16,
+ "arrival": {"process": "poisson", "rate_per_s": 1},
+ "input": {"dist": "uniform", "min": 64, "max": 1024},
+ "output": {"dist": "uniform", "min": 16, "max": 128}}
+EOF
+"$DUET" validate --cluster cluster.json --model bench --trace trace.json \
+  --rate-scales "$SCALES" --serve-args "--workers thread" --out validation
+echo "files: $work"
