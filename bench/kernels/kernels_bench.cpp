@@ -1,8 +1,9 @@
 // Google Benchmark timings of the CPU kernels: GEMV (decode) in GB/s of weights read, next to a
 // read-only memory-bandwidth probe over 256 MB with the same thread count; GEMM (prefill) in
-// GFLOP/s; paged decode attention in GB/s of K/V read; and a full decode step of a synthetic
-// ~110M-parameter bf16 Llama-style model. Run: build/bin/duet_kernels_bench
-// [--benchmark_filter=...]
+// GFLOP/s; each matmul kernel on decode batches of 1-32 rows (BM_SmallM, BM_DecodeMatMuls:
+// where MatMul's crossovers come from); paged decode attention in GB/s of K/V read; and a full
+// decode step of a synthetic ~110M-parameter bf16 Llama-style model. Run:
+// build/bin/duet_kernels_bench [--benchmark_filter=...]
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
@@ -12,7 +13,9 @@
 #include <map>
 #include <memory>
 #include <numeric>
+#include <optional>
 #include <random>
+#include <tuple>
 #include <vector>
 
 #include "kernels/cpu/kernels.h"
@@ -77,6 +80,30 @@ std::vector<float> RandomVector(std::int64_t n, std::uint64_t seed) {
   for (float& x : v) x = NextFloat(seed);
   return v;
 }
+
+const char* KernelName(MatMulKernel kernel) {
+  switch (kernel) {
+    case MatMulKernel::kGemv:
+      return "gemv";
+    case MatMulKernel::kGemm:
+      return "gemm";
+    case MatMulKernel::kLibrary:
+      return "onednn";
+  }
+  return "?";
+}
+
+// Forces a benchmark's kernel (arg 3: none) for its lifetime.
+class ScopedKernel {
+ public:
+  explicit ScopedKernel(std::int64_t arg)
+      : saved_(ForceMatMulKernelForTesting(
+            arg == 3 ? std::nullopt : std::optional(static_cast<MatMulKernel>(arg)))) {}
+  ~ScopedKernel() { ForceMatMulKernelForTesting(saved_); }
+
+ private:
+  std::optional<MatMulKernel> saved_;
+};
 
 // ---------------------------------------------------------------------------------------------
 // Memory-bandwidth probe: a read-only sum, vectorised and with independent accumulators so that
@@ -206,8 +233,8 @@ void GemvArgs(benchmark::internal::Benchmark* b) {
 BENCHMARK(BM_Gemv)->Apply(GemvArgs)->UseRealTime()->Unit(benchmark::kMicrosecond);
 
 // ---------------------------------------------------------------------------------------------
-// GEMM. Args: dtype, N, K, threads, M, library (1: MatMul as configured, oneDNN from
-// kLibraryMinRows rows; 0: Duet's own GEMM, the yardstick it replaced).
+// GEMM. Args: dtype, N, K, threads, M, library (1: MatMul as configured: the GEMV below
+// kLibraryMinRows rows, oneDNN from there; 0: Duet's own GEMM, the yardstick oneDNN replaced).
 
 void BM_Gemm(benchmark::State& state) {
   const auto dtype = static_cast<WeightDtype>(state.range(0));
@@ -215,6 +242,7 @@ void BM_Gemm(benchmark::State& state) {
   const int threads = static_cast<int>(state.range(3));
   const bool library = state.range(5) != 0;
   const bool saved = SetGemmLibraryForTesting(library);
+  const ScopedKernel kernel(library ? 3 : static_cast<int>(MatMulKernel::kGemm));
   const OwnedWeight w = MakeWeight(dtype, n, k, 5);
   const std::vector<float> x = RandomVector(m * k, 6);
   std::vector<float> y(static_cast<std::size_t>(m * n));
@@ -227,7 +255,7 @@ void BM_Gemm(benchmark::State& state) {
                                                  benchmark::Counter::kIsIterationInvariantRate);
   state.SetLabel(std::string(WeightDtypeName(dtype)) + " M=" + std::to_string(m) + " " +
                  std::to_string(n) + "x" + std::to_string(k) + ", " + std::to_string(threads) +
-                 " threads, " + (MatMulUsesLibrary(m, dtype) ? "oneDNN" : "duet"));
+                 " threads, " + KernelName(MatMulKernelFor(m, dtype)));
   SetGemmLibraryForTesting(saved);
 }
 
@@ -247,6 +275,121 @@ void GemmArgs(benchmark::internal::Benchmark* b) {
   }
 }
 BENCHMARK(BM_Gemm)->Apply(GemmArgs)->UseRealTime()->Unit(benchmark::kMillisecond);
+
+// ---------------------------------------------------------------------------------------------
+// Small M (decode batches): each kernel MatMul can run, forced, on the bench model's shapes.
+// Args: dtype, N, K, M, kernel (0: the GEMV, 1: Duet's GEMM, 2: oneDNN, 3: MatMul's own
+// choice), threads. Cycles through >= 256 MiB of copies of W (made once per shape and kept), so
+// W comes from DRAM as in a decode step of a model larger than the cache.
+
+const std::vector<OwnedWeight>& DramCopies(WeightDtype dtype, std::int64_t n, std::int64_t k) {
+  static std::map<std::tuple<WeightDtype, std::int64_t, std::int64_t>, std::vector<OwnedWeight>>
+      cache;
+  std::vector<OwnedWeight>& copies = cache[{dtype, n, k}];
+  if (copies.empty()) {
+    const std::int64_t bytes = n * k * static_cast<std::int64_t>(WeightDtypeBytes(dtype));
+    const std::int64_t count = std::max<std::int64_t>(1, (kStreamBytes + bytes - 1) / bytes);
+    for (std::int64_t c = 0; c < count; ++c) copies.push_back(MakeWeight(dtype, n, k, 31 + c));
+  }
+  return copies;
+}
+
+void BM_SmallM(benchmark::State& state) {
+  const auto dtype = static_cast<WeightDtype>(state.range(0));
+  const std::int64_t n = state.range(1), k = state.range(2), m = state.range(3);
+  const ScopedKernel kernel(state.range(4));
+  const int threads = static_cast<int>(state.range(5));
+  const std::vector<OwnedWeight>& weights = DramCopies(dtype, n, k);
+  const std::vector<float> x = RandomVector(m * k, 3);
+  std::vector<float> y(static_cast<std::size_t>(m * n));
+  ThreadPool& pool = Pool(threads);
+  std::size_t next = 0;
+  for (auto _ : state) {
+    MatMul(y.data(), x.data(), m, weights[next].view, nullptr, &pool);
+    benchmark::ClobberMemory();
+    next = (next + 1) % weights.size();
+  }
+  state.SetBytesProcessed(state.iterations() * static_cast<std::int64_t>(weights[0].view.bytes()));
+  state.SetLabel(std::string(WeightDtypeName(dtype)) + " M=" + std::to_string(m) + " " +
+                 std::to_string(n) + "x" + std::to_string(k) + ", " + std::to_string(threads) +
+                 " threads, " + KernelName(MatMulKernelFor(m, dtype)));
+}
+
+// One family per shape (Google Benchmark warns about families of more than 100).
+template <std::int64_t N, std::int64_t K>
+void SmallMArgs(benchmark::internal::Benchmark* b) {
+  for (std::int64_t m = 1; m <= 32; ++m) {
+    for (int kernel : {0, 1, 2})
+      b->Args({static_cast<int>(WeightDtype::kBF16), N, K, m, kernel, 2});
+  }
+}
+BENCHMARK(BM_SmallM)->Apply(SmallMArgs<768, 768>)->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_SmallM)->Apply(SmallMArgs<256, 768>)->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_SmallM)->Apply(SmallMArgs<2048, 768>)->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_SmallM)->Apply(SmallMArgs<768, 2048>)->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_SmallM)->Apply(SmallMArgs<32000, 768>)->UseRealTime()->Unit(benchmark::kMicrosecond);
+
+// fp32 weights (twice the bytes; Duet's GEMM uses them in place) and fp16 ones (which oneDNN
+// does not take), on the most frequent shape.
+void SmallMDtypeArgs(benchmark::internal::Benchmark* b) {
+  for (WeightDtype dtype : {WeightDtype::kF32, WeightDtype::kF16}) {
+    for (std::int64_t m : {1, 2, 4, 6, 8, 10, 12, 14, 16, 20, 24, 28, 32}) {
+      for (int kernel : {0, 1, 2}) {
+        if (dtype == WeightDtype::kF32 || kernel != 2) {
+          b->Args({static_cast<int>(dtype), 2048, 768, m, kernel, 2});
+        }
+      }
+    }
+  }
+}
+BENCHMARK(BM_SmallM)->Apply(SmallMDtypeArgs)->UseRealTime()->Unit(benchmark::kMicrosecond);
+
+// The matrix multiplies of one decode step of M sequences on the bench model (bench preset:
+// hidden 768, 12 layers, 12 heads / 4 KV heads of 64, intermediate 2048, vocabulary 32000,
+// bf16): q, k, v, o, gate, up, down per layer and the lm_head, every weight its own (~200 MB,
+// more than the last-level cache, so read from DRAM as in a real step). Args: M, kernel (as
+// BM_SmallM), threads.
+struct DecodeMatMuls {
+  std::vector<OwnedWeight> weights;  // per layer q, k, v, o, gate, up, down; then lm_head
+  DecodeMatMuls() {
+    std::uint64_t seed = 500;
+    const std::int64_t shapes[][2] = {{768, 768},  {256, 768},  {256, 768}, {768, 768},
+                                      {2048, 768}, {2048, 768}, {768, 2048}};
+    for (int layer = 0; layer < 12; ++layer) {
+      for (const auto& s : shapes)
+        weights.push_back(MakeWeight(WeightDtype::kBF16, s[0], s[1], ++seed));
+    }
+    weights.push_back(MakeWeight(WeightDtype::kBF16, 32000, 768, ++seed));
+  }
+};
+
+void BM_DecodeMatMuls(benchmark::State& state) {
+  static DecodeMatMuls model;
+  const std::int64_t m = state.range(0);
+  const ScopedKernel kernel(state.range(1));
+  ThreadPool& pool = Pool(static_cast<int>(state.range(2)));
+  const std::vector<float> x = RandomVector(m * 2048, 3);
+  std::vector<float> y(static_cast<std::size_t>(m * 32000));
+  std::int64_t bytes = 0;
+  for (const OwnedWeight& w : model.weights) bytes += static_cast<std::int64_t>(w.view.bytes());
+  for (auto _ : state) {
+    for (const OwnedWeight& w : model.weights) {
+      MatMul(y.data(), x.data(), m, w.view, nullptr, &pool);
+    }
+    benchmark::ClobberMemory();
+  }
+  state.SetBytesProcessed(state.iterations() * bytes);
+  state.SetLabel("M=" + std::to_string(m) + ", " + std::to_string(state.range(2)) + " threads, " +
+                 (state.range(1) == 3 ? "auto, " : "") +
+                 KernelName(MatMulKernelFor(m, WeightDtype::kBF16)));
+}
+
+void DecodeMatMulArgs(benchmark::internal::Benchmark* b) {
+  for (std::int64_t m = 1; m <= 32; m += m < 16 ? 1 : 8) {
+    for (int kernel : {3, 0, 1, 2}) b->Args({m, kernel, 2});
+  }
+}
+BENCHMARK(BM_DecodeMatMuls)->Apply(DecodeMatMulArgs)->UseRealTime()->Unit(benchmark::kMillisecond);
 
 // ---------------------------------------------------------------------------------------------
 // Paged decode attention (n_tokens = 1), Llama-3-8B layer shape: 32 heads, 8 KV heads,

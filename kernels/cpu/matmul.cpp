@@ -1,7 +1,9 @@
-// MatMul (see matmul.h). GEMV (m = 1): W read once, four prefetched row streams per thread,
-// bf16/f16 widened in registers, eight FMA chains. GEMM (m > 1): items of (64 rows of in) x (48
-// rows of W) widen W 512 columns at a time into a small fp32 tile and run a 4x3 register-blocked
-// dot-product micro-kernel over it (in and W are both k-contiguous, so no packing is needed).
+// MatMul (see matmul.h). GEMV (few rows): W read once per call, in prefetched interleaved row
+// streams, bf16/f16 widened in registers; one row runs four streams with two FMA chains each,
+// more rows three streams against groups of up to four input rows (each widened W vector feeds
+// an FMA per input row). GEMM: items of (64 rows of in) x (48 rows of W) widen W 512 columns at
+// a time into a small fp32 tile and run a 4x3 register-blocked dot-product micro-kernel over it
+// (in and W are both k-contiguous, so no packing is needed).
 #include "kernels/cpu/matmul.h"
 
 #include <algorithm>
@@ -26,6 +28,15 @@ constexpr std::int64_t kGemvRowsPerStep = 4;  // W rows sharing each load of x
 // the M = 1 bf16 GEMV at ~85% of a plain streaming read; 1-4 KiB ahead measured best (a
 // prefetch past a row's end lands in the stream's next row, which is contiguous).
 constexpr std::int64_t kGemvPrefetchBytes = 2048;
+// The GEMV of m >= 2 rows takes W kGemvMultiStreams rows at a time (interleaved streams, as
+// the one-row GEMV takes four) against groups of up to kGemvGroupInputs rows of in: 3 x 4
+// accumulators, the widened W vectors and an input vector fit the 16 AVX2 registers, and each
+// widened W vector feeds 4 FMAs. Of the blockings tried on the bench model's decode matmuls
+// (streams x group = 4x2, 4x3, 3x3, 3x4, 2x4, 2x6, 1x8, 4x4; also 16-column bf16 loads split
+// by unpacking against pre-permuted inputs, and widening by byte shuffle, to take the widening
+// off the FMA ports), 3x4 with plain widening was fastest, or within noise, for m = 2 to 16.
+constexpr int kGemvMultiStreams = 3;
+constexpr int kGemvGroupInputs = 4;
 constexpr std::int64_t kTileK = 512;  // columns of a converted W tile (fp32: 2 KiB/row)
 constexpr std::int64_t kTileN = 48;   // W rows per GEMM item (multiple of kNr)
 constexpr std::int64_t kTileM = 64;   // in rows per GEMM item (multiple of kMr)
@@ -59,10 +70,17 @@ float DotBaseline(const float* a, const float* b, std::int64_t n) {
          ((partial[2] + partial[6]) + (partial[3] + partial[7]));
 }
 
-void GemvBaseline(const Weight& w, const float* x, std::int64_t n0, std::int64_t n1, float* out) {
+// out[i][n] for the m rows of in and W rows [n0, n1): each W row is widened 256 columns at a
+// time and the piece is used by all m rows while it is in L1. For every (i, n) the sum runs in
+// the same order whatever m is (the m = 1 order).
+void GemvBaseline(const Weight& w, const float* in, std::int64_t m, std::int64_t n0,
+                  std::int64_t n1, float* out) {
+  const std::int64_t cols = w.cols;
   if (w.dtype == WeightDtype::kF32) {
     for (std::int64_t n = n0; n < n1; ++n) {
-      out[n] = DotBaseline(reinterpret_cast<const float*>(RowBytes(w, n)), x, w.cols);
+      const float* row = reinterpret_cast<const float*>(RowBytes(w, n));
+      for (std::int64_t i = 0; i < m; ++i)
+        out[i * w.rows + n] = DotBaseline(row, in + i * cols, cols);
     }
     return;
   }
@@ -70,13 +88,14 @@ void GemvBaseline(const Weight& w, const float* x, std::int64_t n0, std::int64_t
   float converted[kPiece];
   for (std::int64_t n = n0; n < n1; ++n) {
     const char* row = RowBytes(w, n);
-    float sum = 0.0f;
-    for (std::int64_t k = 0; k < w.cols; k += kPiece) {
-      const std::int64_t len = std::min(kPiece, w.cols - k);
+    for (std::int64_t i = 0; i < m; ++i) out[i * w.rows + n] = 0.0f;
+    for (std::int64_t k = 0; k < cols; k += kPiece) {
+      const std::int64_t len = std::min(kPiece, cols - k);
       ConvertToF32(row + k * 2, w.dtype, len, converted);
-      sum += DotBaseline(converted, x + k, len);
+      for (std::int64_t i = 0; i < m; ++i) {
+        out[i * w.rows + n] += DotBaseline(converted, in + i * cols + k, len);
+      }
     }
-    out[n] = sum;
   }
 }
 
@@ -183,17 +202,124 @@ DUET_TARGET_AVX2 void GemvAvx2Typed(const Weight& w, const float* x, std::int64_
   }
 }
 
-DUET_TARGET_AVX2 void GemvAvx2(const Weight& w, const float* x, std::int64_t n0, std::int64_t n1,
-                               float* out) {
+// Columns [k, k + 8) of GemvRowsMultiAvx2.
+template <WeightDtype D, int R, int M>
+DUET_TARGET_AVX2 inline void MultiStepAvx2(const char* const* rows, const float* in,
+                                           std::int64_t ld_in, std::int64_t k,
+                                           __m256 (&acc)[R][M]) {
+  __m256 x[M];
+  for (int i = 0; i < M; ++i) x[i] = _mm256_loadu_ps(in + i * ld_in + k);
+  for (int r = 0; r < R; ++r) {
+    const __m256 wv = Load8<D>(rows[r], k);
+    for (int i = 0; i < M; ++i) acc[r][i] = _mm256_fmadd_ps(wv, x[i], acc[r][i]);
+  }
+}
+
+// out[i][rows[r]] = dot(W row rows[r], in row i) for R rows of W and M rows of in (in rows
+// w.cols floats apart, out rows w.rows apart): each W vector is loaded and widened once and
+// feeds M FMAs. One accumulator chain per (W row, input row), in the same column order whatever
+// R and M are, so how the rows are grouped never changes a result.
+template <WeightDtype D, int R, int M>
+DUET_TARGET_AVX2 void GemvRowsMultiAvx2(const Weight& w, const std::int64_t* row_ids,
+                                        const float* in, float* out) {
+  constexpr std::int64_t kBytes = D == WeightDtype::kF32 ? 4 : 2;
+  const std::int64_t cols = w.cols;
+  const char* rows[R];
+  for (int r = 0; r < R; ++r) rows[r] = RowBytes(w, row_ids[r]);
+  __m256 acc[R][M];
+  for (int r = 0; r < R; ++r) {
+    for (int i = 0; i < M; ++i) acc[r][i] = _mm256_setzero_ps();
+  }
+  std::int64_t k = 0;
+  for (; k + 16 <= cols; k += 16) {
+    for (int r = 0; r < R; ++r) {
+      _mm_prefetch(rows[r] + k * kBytes + kGemvPrefetchBytes, _MM_HINT_T0);
+    }
+    MultiStepAvx2<D, R, M>(rows, in, cols, k, acc);
+    MultiStepAvx2<D, R, M>(rows, in, cols, k + 8, acc);
+  }
+  if (k + 8 <= cols) {
+    MultiStepAvx2<D, R, M>(rows, in, cols, k, acc);
+    k += 8;
+  }
+  if (k < cols) {
+    const __m256i mask = TailMask(cols - k);
+    for (int r = 0; r < R; ++r) {
+      const __m256 wv = Load8Partial<D>(rows[r], k, cols - k);
+      for (int i = 0; i < M; ++i) {
+        acc[r][i] = _mm256_fmadd_ps(wv, _mm256_maskload_ps(in + i * cols + k, mask), acc[r][i]);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    for (int i = 0; i < M; ++i) out[i * w.rows + row_ids[r]] = HorizontalSum(acc[r][i]);
+  }
+}
+
+// `count` (1 <= count <= M) rows of in against R rows of W.
+template <WeightDtype D, int R, int M = kGemvGroupInputs>
+DUET_TARGET_AVX2 void GemvGroupAvx2(const Weight& w, const std::int64_t* row_ids, const float* in,
+                                    std::int64_t count, float* out) {
+  if constexpr (M > 1) {
+    if (count < M) {
+      GemvGroupAvx2<D, R, M - 1>(w, row_ids, in, count, out);
+      return;
+    }
+  }
+  GemvRowsMultiAvx2<D, R, M>(w, row_ids, in, out);
+}
+
+// All m rows of in against R rows of W, in groups of at most kGemvGroupInputs sized evenly
+// (7 rows: 3 + 4; 9: 3 + 3 + 3). The groups after the first reread the R rows from L1, so W
+// still streams from memory once per call.
+template <WeightDtype D, int R>
+DUET_TARGET_AVX2 void GemvGroupsAvx2(const Weight& w, const std::int64_t* row_ids, const float* in,
+                                     std::int64_t m, float* out) {
+  const std::int64_t groups = (m + kGemvGroupInputs - 1) / kGemvGroupInputs;
+  std::int64_t i0 = 0;
+  for (std::int64_t g = 0; g < groups; ++g) {
+    const std::int64_t count = (m - i0) / (groups - g);
+    GemvGroupAvx2<D, R>(w, row_ids, in + i0 * w.cols, count, out + i0 * w.rows);
+    i0 += count;
+  }
+}
+
+// m >= 2 rows of in against W rows [n0, n1), as kGemvMultiStreams interleaved streams of W
+// rows for the reason GemvAvx2Typed gives.
+template <WeightDtype D>
+DUET_TARGET_AVX2 void GemvMultiAvx2Typed(const Weight& w, const float* in, std::int64_t m,
+                                         std::int64_t n0, std::int64_t n1, float* out) {
+  constexpr int R = kGemvMultiStreams;
+  const std::int64_t part = (n1 - n0) / R;
+  for (std::int64_t i = 0; i < part; ++i) {
+    std::int64_t ids[R];
+    for (int r = 0; r < R; ++r) ids[r] = n0 + r * part + i;
+    GemvGroupsAvx2<D, R>(w, ids, in, m, out);
+  }
+  for (std::int64_t n = n0 + R * part; n < n1; ++n) GemvGroupsAvx2<D, 1>(w, &n, in, m, out);
+}
+
+template <WeightDtype D>
+DUET_TARGET_AVX2 void GemvAvx2Dtype(const Weight& w, const float* in, std::int64_t m,
+                                    std::int64_t n0, std::int64_t n1, float* out) {
+  if (m == 1) {
+    GemvAvx2Typed<D>(w, in, n0, n1, out);
+  } else {
+    GemvMultiAvx2Typed<D>(w, in, m, n0, n1, out);
+  }
+}
+
+DUET_TARGET_AVX2 void GemvAvx2(const Weight& w, const float* in, std::int64_t m, std::int64_t n0,
+                               std::int64_t n1, float* out) {
   switch (w.dtype) {
     case WeightDtype::kF32:
-      GemvAvx2Typed<WeightDtype::kF32>(w, x, n0, n1, out);
+      GemvAvx2Dtype<WeightDtype::kF32>(w, in, m, n0, n1, out);
       return;
     case WeightDtype::kBF16:
-      GemvAvx2Typed<WeightDtype::kBF16>(w, x, n0, n1, out);
+      GemvAvx2Dtype<WeightDtype::kBF16>(w, in, m, n0, n1, out);
       return;
     case WeightDtype::kF16:
-      GemvAvx2Typed<WeightDtype::kF16>(w, x, n0, n1, out);
+      GemvAvx2Dtype<WeightDtype::kF16>(w, in, m, n0, n1, out);
       return;
   }
 }
@@ -274,7 +400,8 @@ DUET_TARGET_AVX2 void BlockAvx2(const float* a, std::int64_t lda, const float* b
 
 // ---------------------------------------------------------------------------------------------
 
-using GemvFn = void (*)(const Weight&, const float*, std::int64_t, std::int64_t, float*);
+using GemvFn = void (*)(const Weight&, const float*, std::int64_t, std::int64_t, std::int64_t,
+                        float*);
 using BlockFn = void (*)(const float*, std::int64_t, const float*, std::int64_t, std::int64_t,
                          float*, std::int64_t, int, int, bool);
 
@@ -341,6 +468,12 @@ std::atomic<bool>& LibrarySlot() {
   return slot;
 }
 
+// The kernel ForceMatMulKernelForTesting set, as an int; -1: none.
+std::atomic<int>& ForcedSlot() {
+  static std::atomic<int> slot{-1};
+  return slot;
+}
+
 }  // namespace
 
 bool GemmLibraryEnabled() {
@@ -351,8 +484,29 @@ bool SetGemmLibraryForTesting(bool enabled) {
   return LibrarySlot().exchange(enabled, std::memory_order_relaxed);
 }
 
+MatMulKernel MatMulKernelFor(std::int64_t m, WeightDtype dtype) {
+  const int forced = ForcedSlot().load(std::memory_order_relaxed);
+  // Row counts the GEMV takes either way decide without asking oneDNN (whose first question
+  // probes it), so decode alone never starts the library.
+  if (forced < 0 && m < std::min(kLibraryMinRows, kGemmMinRows)) return MatMulKernel::kGemv;
+  const bool library = GemmLibraryEnabled() && OneDnnSupports(dtype);
+  if (forced >= 0) {
+    const auto kernel = static_cast<MatMulKernel>(forced);
+    return kernel == MatMulKernel::kLibrary && !library ? MatMulKernel::kGemm : kernel;
+  }
+  if (library) return m < kLibraryMinRows ? MatMulKernel::kGemv : MatMulKernel::kLibrary;
+  return m < kGemmMinRows ? MatMulKernel::kGemv : MatMulKernel::kGemm;
+}
+
 bool MatMulUsesLibrary(std::int64_t m, WeightDtype dtype) {
-  return m >= kLibraryMinRows && GemmLibraryEnabled() && OneDnnSupports(dtype);
+  return MatMulKernelFor(m, dtype) == MatMulKernel::kLibrary;
+}
+
+std::optional<MatMulKernel> ForceMatMulKernelForTesting(std::optional<MatMulKernel> kernel) {
+  const int previous =
+      ForcedSlot().exchange(kernel ? static_cast<int>(*kernel) : -1, std::memory_order_relaxed);
+  if (previous < 0) return std::nullopt;
+  return static_cast<MatMulKernel>(previous);
 }
 
 void MatMul(float* out, const float* in, std::int64_t m, const Weight& w, const Weight* bias,
@@ -377,7 +531,8 @@ void MatMul(float* out, const float* in, std::int64_t m, const Weight& w, const 
     }
   }
 
-  if (m == 1) {
+  const MatMulKernel kernel = MatMulKernelFor(m, w.dtype);
+  if (kernel == MatMulKernel::kGemv) {
     const GemvFn gemv = SelectGemv();
     const std::int64_t steps = (n_out + kGemvRowsPerStep - 1) / kGemvRowsPerStep;
     ParallelFor(
@@ -385,14 +540,14 @@ void MatMul(float* out, const float* in, std::int64_t m, const Weight& w, const 
         [&](std::int64_t s0, std::int64_t s1) {
           const std::int64_t n0 = s0 * kGemvRowsPerStep;
           const std::int64_t n1 = std::min(n_out, s1 * kGemvRowsPerStep);
-          gemv(w, in, n0, n1, out);
-          if (bias_f32 != nullptr) AddBias(out, 0, 1, n0, n1, n_out, bias_f32);
+          gemv(w, in, m, n0, n1, out);
+          if (bias_f32 != nullptr) AddBias(out, 0, m, n0, n1, n_out, bias_f32);
         },
         /*min_chunk=*/16);
     return;
   }
 
-  if (MatMulUsesLibrary(m, w.dtype)) {
+  if (kernel == MatMulKernel::kLibrary) {
     OneDnnMatMul(out, in, m, w, pool);
     if (bias_f32 != nullptr) {
       ParallelFor(pool, m, [&](std::int64_t m0, std::int64_t m1) {

@@ -2,14 +2,18 @@
 // that hit every edge of the tiling (N = 1, K = 1, K not a multiple of 8 / 16 / 512, M and N
 // across tile and slice boundaries), all three weight dtypes, fp32 and bf16 biases, both
 // instruction-set paths with and without oneDNN, and bit-identical results for any thread
-// count. Where oneDNN takes a bf16 product, the reference multiplies the inputs rounded to bf16
-// (what the library is documented to do) and is met as tightly as the fp32 paths.
+// count; every row count the GEMV takes, dispatched and forced, and which kernel MatMul picks.
+// Where oneDNN takes a bf16 product, the reference multiplies the inputs rounded to bf16 (what
+// the library is documented to do) and is met as tightly as the fp32 paths.
 #include "kernels/cpu/matmul.h"
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <optional>
+#include <string>
 #include <vector>
 
 #include "tests/kernels/kernel_test_util.h"
@@ -48,7 +52,9 @@ void ExpectMatchesReference(const std::vector<float>& out, const std::vector<flo
         magnitude += std::fabs((*bias)[n]);
       }
       const double got = out[i * w.rows + n];
-      if (std::fabs(got - sum) > 1e-5 * magnitude + 1e-6 && ++failures <= 5) {
+      // Written so that a NaN (an output the kernel never wrote: the tests fill out with NaN)
+      // fails too.
+      if (!(std::fabs(got - sum) <= 1e-5 * magnitude + 1e-6) && ++failures <= 5) {
         ADD_FAILURE() << label << " out[" << i << "][" << n << "] = " << got << ", want " << sum;
       }
     }
@@ -142,6 +148,98 @@ TEST_P(MatMulTest, ResultsAreBitIdenticalForAnyThreadCount) {
       }
     }
   }
+}
+
+const char* KernelName(MatMulKernel kernel) {
+  switch (kernel) {
+    case MatMulKernel::kGemv:
+      return "gemv";
+    case MatMulKernel::kGemm:
+      return "gemm";
+    case MatMulKernel::kLibrary:
+      return "oneDNN";
+  }
+  return "?";
+}
+
+// Sets which kernel MatMul runs (nullopt: its own choice) for its lifetime.
+class ScopedKernel {
+ public:
+  explicit ScopedKernel(std::optional<MatMulKernel> kernel)
+      : saved_(ForceMatMulKernelForTesting(kernel)) {}
+  ~ScopedKernel() { ForceMatMulKernelForTesting(saved_); }
+
+ private:
+  std::optional<MatMulKernel> saved_;
+};
+
+// Decode-sized products: every row count the GEMV takes and two beyond, both as MatMul
+// dispatches them and forced onto the GEMV, over shapes that leave every kind of tail (columns
+// not a multiple of 8 or 16, W rows not a multiple of the interleaved streams, fewer W rows than
+// streams), with and without a bias, and bit-identical for any thread count.
+TEST_P(MatMulTest, SmallRowCountsMatchReferenceForAnyThreadCount) {
+  struct WeightShape {
+    std::int64_t n, k;
+  };
+  const WeightShape shapes[] = {{1, 1}, {2, 7}, {5, 13}, {13, 24}, {67, 41}, {70, 100}, {131, 777}};
+  ThreadPool pool2(2), pool3(3), pool5(5);
+  std::uint32_t seed = 100;
+  for (const std::optional<MatMulKernel> kernel :
+       {std::optional<MatMulKernel>(), std::optional(MatMulKernel::kGemv)}) {
+    const ScopedKernel scoped(kernel);
+    for (std::int64_t m = 1; m <= std::max(kLibraryMinRows, kGemmMinRows) + 1; ++m) {
+      for (const WeightShape& s : shapes) {
+        for (WeightDtype dtype : {WeightDtype::kF32, WeightDtype::kBF16, WeightDtype::kF16}) {
+          const TestWeight w = MakeWeight(dtype, s.n, s.k, ++seed);
+          const TestWeight bias = MakeWeight(WeightDtype::kBF16, 1, s.n, ++seed, -2.0f, 2.0f);
+          const std::vector<double> bias_values(bias.values.begin(), bias.values.end());
+          const Weight bias_view = bias.view();
+          const std::vector<float> in = RandomFloats(static_cast<std::size_t>(m * s.k), ++seed);
+          for (bool with_bias : {false, true}) {
+            const std::string label = std::string(WeightDtypeName(dtype)) +
+                                      " m=" + std::to_string(m) + " n=" + std::to_string(s.n) +
+                                      " k=" + std::to_string(s.k) + (with_bias ? " bias" : "") +
+                                      (kernel ? " forced " : " dispatched ") +
+                                      KernelName(MatMulKernelFor(m, dtype));
+            const Weight* b = with_bias ? &bias_view : nullptr;
+            std::vector<float> single(static_cast<std::size_t>(m * s.n), std::nanf(""));
+            MatMul(single.data(), in.data(), m, w.view(), b, nullptr);
+            ExpectMatchesReference(single, in, w, m, with_bias ? &bias_values : nullptr, label);
+            for (ThreadPool* pool : {&pool2, &pool3, &pool5}) {
+              std::vector<float> multi(single.size(), std::nanf(""));
+              MatMul(multi.data(), in.data(), m, w.view(), b, pool);
+              EXPECT_EQ(std::memcmp(multi.data(), single.data(), single.size() * sizeof(float)), 0)
+                  << label << " threads=" << pool->threads();
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+// MatMul's choice: the GEMV below kLibraryMinRows rows and oneDNN from there where oneDNN
+// takes the product; elsewhere the GEMV below kGemmMinRows and Duet's GEMM from there.
+TEST_P(MatMulTest, SmallRowCountsRunTheGemv) {
+  for (bool library : {false, true}) {
+    const ScopedGemmLibrary scoped(library);
+    for (WeightDtype dtype : {WeightDtype::kF32, WeightDtype::kBF16, WeightDtype::kF16}) {
+      // Whether oneDNN takes this dtype here (an optimised kernel for it on this CPU).
+      const bool onednn = MatMulUsesLibrary(512, dtype);
+      if (!library || GetParam() == Isa::kBaseline || dtype == WeightDtype::kF16) {
+        EXPECT_FALSE(onednn);
+      }
+      const std::int64_t gemv_below = onednn ? kLibraryMinRows : kGemmMinRows;
+      for (std::int64_t m = 1; m <= gemv_below + 2; ++m) {
+        const MatMulKernel want = m < gemv_below ? MatMulKernel::kGemv
+                                  : onednn       ? MatMulKernel::kLibrary
+                                                 : MatMulKernel::kGemm;
+        EXPECT_EQ(MatMulKernelFor(m, dtype), want) << WeightDtypeName(dtype) << " m=" << m;
+      }
+    }
+  }
+  const ScopedKernel forced(MatMulKernel::kGemm);
+  EXPECT_EQ(MatMulKernelFor(1, WeightDtype::kBF16), MatMulKernel::kGemm);
 }
 
 TEST_P(MatMulTest, ZeroRowsIsANoOp) {

@@ -1,10 +1,11 @@
 // Once warm (thread-local scratch sized), the kernels and the pool do not allocate per call:
 // this file replaces the global operator new of the test binary with a counting one and checks
-// that a decode-shaped sequence of calls, repeated, allocates nothing. (Products of
-// kLibraryMinRows rows or more go to oneDNN, which allocates its execution arguments per call:
-// prefill-sized work, where that is noise.)
+// that a decode-shaped sequence of calls, repeated, allocates nothing. (fp32 and bf16 products
+// of kLibraryMinRows rows or more go to oneDNN, which allocates its execution arguments per
+// call: work large enough that that is noise.)
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <new>
@@ -39,8 +40,11 @@ TEST(NoAllocation, DecodeShapedKernelCallsAllocateNothingOnceWarm) {
   const testing::TestWeight gamma = testing::MakeWeight(WeightDtype::kBF16, 1, 64, 2);
   const testing::TestWeight bias = testing::MakeWeight(WeightDtype::kBF16, 1, 96, 3);
   const Weight bias_view = bias.view();
-  const std::vector<float> x = testing::RandomFloats(64 * 8, 4);
-  std::vector<float> y(96 * 8), h(64 * 8);
+  // fp16 weights, which oneDNN does not take: Duet's GEMM from kGemmMinRows rows.
+  const testing::TestWeight w16 = testing::MakeWeight(WeightDtype::kF16, 96, 64, 6);
+  const std::int64_t rows = std::max(kLibraryMinRows, kGemmMinRows);
+  const std::vector<float> x = testing::RandomFloats(static_cast<std::size_t>(64 * rows), 4);
+  std::vector<float> y(static_cast<std::size_t>(96 * rows)), h(64);
   std::vector<float> k_cache(40 * 16 * 2 * 16), v_cache(k_cache.size());
   const PagedKvLayer layer{k_cache.data(), v_cache.data(), 16, 2, 16, 40};
   std::vector<std::int32_t> table(40);
@@ -54,8 +58,9 @@ TEST(NoAllocation, DecodeShapedKernelCallsAllocateNothingOnceWarm) {
     std::int64_t sink = 0;
     pool.ParallelFor(100, [&](std::int64_t b, std::int64_t e) { sink += e - b; });
     RmsNorm(h.data(), x.data(), 1, 64, gamma.view(), 1e-5f, &pool);
-    MatMul(y.data(), h.data(), 1, w.view(), &bias_view, &pool);                 // GEMV
-    MatMul(y.data(), x.data(), kLibraryMinRows - 1, w.view(), nullptr, &pool);  // GEMM
+    MatMul(y.data(), h.data(), 1, w.view(), &bias_view, &pool);                    // GEMV
+    MatMul(y.data(), x.data(), kLibraryMinRows - 1, w.view(), &bias_view, &pool);  // GEMV
+    MatMul(y.data(), x.data(), kGemmMinRows, w16.view(), nullptr, &pool);          // GEMM
     Rope(q.data(), 4, kv.data(), 2, 16, positions, inv_freq.data(), 1.0f, &pool);
     WriteKv(layer, table, 600, 1, kv.data(), kv.data());
     PagedAttention(out.data(), q.data(), 1, 4, layer, table, 600, 0.25f, &pool);
