@@ -12,8 +12,6 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
-#include <map>
-#include <set>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -21,8 +19,8 @@
 
 #include "cli/child_processes.h"
 #include "cli/commands.h"
+#include "cli/validate_flags.h"
 #include "common/json_util.h"
-#include "common/text.h"
 #include "sim/cluster_spec.h"
 
 namespace duet::cli {
@@ -31,74 +29,6 @@ namespace {
 namespace po = boost::program_options;
 namespace fs = std::filesystem;
 using nlohmann::json;
-
-constexpr const char* kDistributions[] = {"ttft_ms", "tpot_ms", "itl_ms", "e2e_ms"};
-constexpr const char* kStatistics[] = {"mean", "p50", "p90", "p99"};
-
-// One compared number: where it is in summary.json, and what a tolerance names it by.
-struct Metric {
-  std::string name;  // "ttft_ms.p50", "throughput.output_tokens_per_s", "prefix_cache.hit_rate"
-  json::json_pointer pointer;
-  std::string statistic;  // "p50", ..., "throughput", "hit_rate": a tolerance's short key
-};
-
-std::vector<Metric> Metrics() {
-  std::vector<Metric> out;
-  for (const char* d : kDistributions)
-    for (const char* s : kStatistics)
-      out.push_back(
-          {std::string(d) + "." + s, json::json_pointer(std::string("/") + d + "/" + s), s});
-  out.push_back({"throughput.output_tokens_per_s",
-                 json::json_pointer("/throughput/output_tokens_per_s"), "throughput"});
-  out.push_back(
-      {"prefix_cache.hit_rate", json::json_pointer("/prefix_cache/hit_rate"), "hit_rate"});
-  return out;
-}
-
-// --tolerance "p50=5,p99=10,ttft_ms.mean=8": percent by statistic or by metric (the metric's
-// own wins).
-Result<std::map<std::string, double>> ParseTolerances(const std::string& text) {
-  std::map<std::string, double> out;
-  if (text.empty()) return out;
-  std::set<std::string> known;
-  for (const Metric& m : Metrics()) {
-    known.insert(m.name);
-    known.insert(m.statistic);
-  }
-  std::stringstream in(text);
-  for (std::string item; std::getline(in, item, ',');) {
-    const auto eq = item.find('=');
-    const std::string key = item.substr(0, eq);
-    if (eq == std::string::npos || !known.count(key))
-      return Status::Error("--tolerance: '" + Excerpt(item, 40) +
-                           "' is not METRIC=PERCENT (METRIC: mean, p50, p90, p99, throughput, "
-                           "hit_rate, or one metric such as ttft_ms.p50)");
-    char* end = nullptr;
-    const std::string value = item.substr(eq + 1);
-    const double pct = std::strtod(value.c_str(), &end);
-    if (value.empty() || *end != '\0' || !(pct >= 0) || !std::isfinite(pct))
-      return Status::Error("--tolerance: '" + Excerpt(item, 40) + "': a percentage >= 0");
-    out[key] = pct;
-  }
-  return out;
-}
-
-// The rate scales of --rate-scales: positive, at most 8.
-Result<std::vector<double>> ParseRateScales(const std::string& text) {
-  std::vector<double> out;
-  std::stringstream in(text);
-  for (std::string item; std::getline(in, item, ',');) {
-    char* end = nullptr;
-    const double r = std::strtod(item.c_str(), &end);
-    if (item.empty() || *end != '\0' || !(r > 0) || r > 1e6)
-      return Status::Error("--rate-scales: '" + Excerpt(item, 40) +
-                           "' is not a rate scale in (0, 1e6]");
-    out.push_back(r);
-  }
-  if (out.empty() || out.size() > 8)
-    return Status::Error("--rate-scales: give 1 to 8 rate scales, e.g. 0.5,1,2");
-  return out;
-}
 
 std::string ReadText(const std::string& path) {
   std::ifstream in(path);
