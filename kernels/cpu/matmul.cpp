@@ -34,7 +34,8 @@ constexpr std::int64_t kGemvPrefetchBytes = 2048;
 // widened W vector feeds 4 FMAs. Of the blockings tried on the bench model's decode matmuls
 // (streams x group = 4x2, 4x3, 3x3, 3x4, 2x4, 2x6, 1x8, 4x4; also 16-column bf16 loads split
 // by unpacking against pre-permuted inputs, and widening by byte shuffle, to take the widening
-// off the FMA ports), 3x4 with plain widening was fastest, or within noise, for m = 2 to 16.
+// off the FMA ports), 3x4 with plain widening was fastest, or within the run-to-run noise
+// (~10% on this shared 2-core machine), for every m from 2 to 16.
 constexpr int kGemvMultiStreams = 3;
 constexpr int kGemvGroupInputs = 4;
 constexpr std::int64_t kTileK = 512;  // columns of a converted W tile (fp32: 2 KiB/row)

@@ -24,14 +24,14 @@ void MatMul(float* out, const float* in, std::int64_t m, const Weight& w, const 
 // costs about as much for 2-4 rows as for 1 (it streams W once; decode is memory-bound) and then
 // grows with m, FMA-bound, while oneDNN costs about the same for any m from 2 to 32, 2.5-3.3x the
 // one-row GEMV (its cost goes with W, not with m). Measured on the bench model's decode shapes
-// (bf16, 2 threads, 2-core Sapphire Rapids VM; bench/kernels BM_SmallM), GEMV time / oneDNN
-// time: 768x2048 0.66 at 8 rows, 0.90 at 11, 0.95 at 12, 1.08 at 13; 2048x768 0.75, 0.99, 1.05,
-// 1.21; 32000x768 (lm_head) 0.78, 0.98, 1.03, 1.18; 768x768 and 256x768 (k, v) still below 1 at
-// 13. So 11 rows is the largest count where the GEMV was not slower on any of them. The sum over
-// the bench model's decode step crosses a row later (GEMV 21.3 ms, oneDNN 22.5 at 12 rows; level
-// at 13), carried by its small projections; the larger shapes, which bigger models are made of,
-// cross at 12. (fp32 weights, twice the bytes, stay memory-bound longer: 2048x768 fp32 crossed
-// at ~16 rows.)
+// (bf16, 2 threads, on the 2-core development VM, a Xeon with AMX; bench/kernels BM_SmallM),
+// GEMV time / oneDNN time: 768x2048 0.66 at 8 rows, 0.90 at 11, 0.95 at 12, 1.08 at 13;
+// 2048x768 0.75, 0.99, 1.05, 1.21; 32000x768 (lm_head) 0.78, 0.98, 1.03, 1.18; 768x768 and
+// 256x768 (k, v) still below 1 at 13. So 11 rows is the largest count where the GEMV was not
+// slower on any of them. The sum over the bench model's decode step (BM_DecodeMatMuls) agrees:
+// GEMV 20.1 ms, oneDNN 23.2 at 11 rows, level within noise at 12 and 13 (the small projections
+// favour the GEMV a little longer; the larger shapes, which bigger models are made of, do not).
+// (fp32 weights, twice the bytes, stay memory-bound longer: 2048x768 fp32 crossed at ~16 rows.)
 inline constexpr std::int64_t kLibraryMinRows = 12;
 // Where oneDNN does not take the product (fp16 weights, the baseline path, DUET_KERNELS_GEMM=
 // duet), rows from which Duet's GEMM runs instead of the GEMV. The GEMM widens W into fp32
