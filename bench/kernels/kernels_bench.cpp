@@ -81,18 +81,6 @@ std::vector<float> RandomVector(std::int64_t n, std::uint64_t seed) {
   return v;
 }
 
-const char* KernelName(MatMulKernel kernel) {
-  switch (kernel) {
-    case MatMulKernel::kGemv:
-      return "gemv";
-    case MatMulKernel::kGemm:
-      return "gemm";
-    case MatMulKernel::kLibrary:
-      return "onednn";
-  }
-  return "?";
-}
-
 // Forces a benchmark's kernel (arg 3: none) for its lifetime.
 class ScopedKernel {
  public:
@@ -255,7 +243,7 @@ void BM_Gemm(benchmark::State& state) {
                                                  benchmark::Counter::kIsIterationInvariantRate);
   state.SetLabel(std::string(WeightDtypeName(dtype)) + " M=" + std::to_string(m) + " " +
                  std::to_string(n) + "x" + std::to_string(k) + ", " + std::to_string(threads) +
-                 " threads, " + KernelName(MatMulKernelFor(m, dtype)));
+                 " threads, " + ToString(MatMulKernelFor(m, dtype)));
   SetGemmLibraryForTesting(saved);
 }
 
@@ -312,7 +300,7 @@ void BM_SmallM(benchmark::State& state) {
   state.SetBytesProcessed(state.iterations() * static_cast<std::int64_t>(weights[0].view.bytes()));
   state.SetLabel(std::string(WeightDtypeName(dtype)) + " M=" + std::to_string(m) + " " +
                  std::to_string(n) + "x" + std::to_string(k) + ", " + std::to_string(threads) +
-                 " threads, " + KernelName(MatMulKernelFor(m, dtype)));
+                 " threads, " + ToString(MatMulKernelFor(m, dtype)));
 }
 
 // One family per shape (Google Benchmark warns about families of more than 100).
@@ -381,7 +369,7 @@ void BM_DecodeMatMuls(benchmark::State& state) {
   state.SetBytesProcessed(state.iterations() * bytes);
   state.SetLabel("M=" + std::to_string(m) + ", " + std::to_string(state.range(2)) + " threads, " +
                  (state.range(1) == 3 ? "auto, " : "") +
-                 KernelName(MatMulKernelFor(m, WeightDtype::kBF16)));
+                 ToString(MatMulKernelFor(m, WeightDtype::kBF16)));
 }
 
 void DecodeMatMulArgs(benchmark::internal::Benchmark* b) {

@@ -499,6 +499,18 @@ MatMulKernel MatMulKernelFor(std::int64_t m, WeightDtype dtype) {
   return m < kGemmMinRows ? MatMulKernel::kGemv : MatMulKernel::kGemm;
 }
 
+const char* ToString(MatMulKernel kernel) {
+  switch (kernel) {
+    case MatMulKernel::kGemv:
+      return "gemv";
+    case MatMulKernel::kGemm:
+      return "gemm";
+    case MatMulKernel::kLibrary:
+      break;
+  }
+  return "onednn";
+}
+
 bool MatMulUsesLibrary(std::int64_t m, WeightDtype dtype) {
   return MatMulKernelFor(m, dtype) == MatMulKernel::kLibrary;
 }

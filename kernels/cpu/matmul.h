@@ -53,6 +53,8 @@ enum class MatMulKernel {
   kGemm,     // Duet's cache-blocked GEMM
   kLibrary,  // oneDNN
 };
+// "gemv", "gemm" or "onednn" (benchmark labels, test messages).
+const char* ToString(MatMulKernel kernel);
 // The kernel MatMul of m rows and weights of this dtype runs now, on this CPU.
 MatMulKernel MatMulKernelFor(std::int64_t m, WeightDtype dtype);
 // Whether that is oneDNN.

@@ -150,18 +150,6 @@ TEST_P(MatMulTest, ResultsAreBitIdenticalForAnyThreadCount) {
   }
 }
 
-const char* KernelName(MatMulKernel kernel) {
-  switch (kernel) {
-    case MatMulKernel::kGemv:
-      return "gemv";
-    case MatMulKernel::kGemm:
-      return "gemm";
-    case MatMulKernel::kLibrary:
-      return "oneDNN";
-  }
-  return "?";
-}
-
 // Sets which kernel MatMul runs (nullopt: its own choice) for its lifetime.
 class ScopedKernel {
  public:
@@ -200,7 +188,7 @@ TEST_P(MatMulTest, SmallRowCountsMatchReferenceForAnyThreadCount) {
                                       " m=" + std::to_string(m) + " n=" + std::to_string(s.n) +
                                       " k=" + std::to_string(s.k) + (with_bias ? " bias" : "") +
                                       (kernel ? " forced " : " dispatched ") +
-                                      KernelName(MatMulKernelFor(m, dtype));
+                                      ToString(MatMulKernelFor(m, dtype));
             const Weight* b = with_bias ? &bias_view : nullptr;
             std::vector<float> single(static_cast<std::size_t>(m * s.n), std::nanf(""));
             MatMul(single.data(), in.data(), m, w.view(), b, nullptr);
