@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "cli/commands.h"
+#include "policies/router.h"
 #include "common/text.h"
 #include "traces/synthetic.h"
 
@@ -140,6 +141,40 @@ Result<bool> ProgressWanted(const po::variables_map& vm) {
   if (progress != "auto" && progress != "always" && progress != "never")
     return Status::Error("--progress must be auto, always or never");
   return progress == "always" || (progress == "auto" && isatty(STDERR_FILENO));
+}
+
+void AddRouterOptions(po::options_description& opts, const char* default_router) {
+  const policies::RouterConfig defaults;
+  // clang-format off
+  opts.add_options()
+    ("router", po::value<std::string>()->default_value(default_router),
+     "round-robin, least-loaded, power-of-two, prefix-aware, cache-aware or kv-aware")
+    ("router-queue-weight", po::value<double>()->default_value(defaults.kv.queue_weight),
+     "kv-aware router: weight of the prefill work queued on an instance (tokens)")
+    ("router-prefill-weight", po::value<double>()->default_value(defaults.kv.prefill_weight),
+     "kv-aware router: weight of the request's tokens an instance has not cached")
+    ("router-decode-weight", po::value<double>()->default_value(defaults.kv.decode_weight),
+     "kv-aware router: weight of decode load (prompt tokens of the requests an instance serves)")
+    ("router-temperature", po::value<double>()->default_value(defaults.kv.temperature),
+     "kv-aware router: 0 takes the cheapest instance; > 0 samples, softer as it grows")
+    ("router-load-guard", po::value<double>()->default_value(defaults.load_guard),
+     "kv-aware and cache-aware routers: skip instances with more requests in flight than this "
+     "many times the mean (plus one); 0: off");
+  // clang-format on
+}
+
+Status ParseRouterOptions(const po::variables_map& vm, policies::RouterConfig* config) {
+  auto kind = policies::ParseRouterKind(vm["router"].as<std::string>());
+  if (!kind) return Status::Error("--router: " + kind.error());
+  config->kind = *kind;
+  config->kv.queue_weight = vm["router-queue-weight"].as<double>();
+  config->kv.prefill_weight = vm["router-prefill-weight"].as<double>();
+  config->kv.decode_weight = vm["router-decode-weight"].as<double>();
+  config->kv.temperature = vm["router-temperature"].as<double>();
+  config->load_guard = vm["router-load-guard"].as<double>();
+  const Status st = policies::CheckRouterConfig(*config);
+  if (!st.ok()) return Status::Error("--router-*: " + st.message());
+  return Status::Ok();
 }
 
 Status CheckThreadsFlag(int threads) {

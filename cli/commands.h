@@ -9,6 +9,7 @@
 #include <string>
 
 #include "common/status.h"
+#include "policies/router.h"
 #include "traces/trace.h"
 
 namespace duet::sim {
@@ -57,6 +58,14 @@ std::string FormatStat(const nlohmann::json& value);
 // --progress auto|always|never: a progress bar on stderr, by default when it is a terminal.
 void AddProgressOption(boost::program_options::options_description& opts);
 Result<bool> ProgressWanted(const boost::program_options::variables_map& vm);
+
+// --router NAME (default `default_router`) and the weights of the kv-aware router and the load
+// guard (policies::RouterConfig), for the commands that route: simulate and serve.
+void AddRouterOptions(boost::program_options::options_description& opts,
+                      const char* default_router);
+// Fills config's kind, kv weights and load guard; errors name the flag.
+Status ParseRouterOptions(const boost::program_options::variables_map& vm,
+                          policies::RouterConfig* config);
 
 // --threads: 0 (all) up to the cores present; more would only start threads that wait.
 Status CheckThreadsFlag(int threads);

@@ -122,8 +122,6 @@ int Serve(int argc, char** argv) {
     ("port", po::value<int>()->default_value(8000), "TCP port (0: any free port)")
     ("api-key", po::value<std::string>(),
      "require 'Authorization: Bearer KEY' on /v1/* (default: $DUET_API_KEY, else none)")
-    ("router", po::value<std::string>()->default_value("least-loaded"),
-     "round-robin, least-loaded, power-of-two or prefix-aware")
     ("max-pending", po::value<std::int64_t>()->default_value(1024),
      "requests in flight at most; more get HTTP 429")
     ("max-num-seqs", po::value<int>()->default_value(256),
@@ -142,6 +140,7 @@ int Serve(int argc, char** argv) {
     ("drain-timeout", po::value<double>()->default_value(60.0),
      "seconds to let requests in flight finish on SIGTERM/SIGINT before aborting them");
   // clang-format on
+  AddRouterOptions(opts, "least-loaded");
   po::variables_map vm;
   int code = 0;
   if (!ParseArgs(argc, argv, opts, vm, &code)) return code;
@@ -201,9 +200,9 @@ int Serve(int argc, char** argv) {
   if (!(drain_timeout_s >= 0)) return Fail("--drain-timeout must be >= 0", kExitUsage);
   const double read_timeout_s = vm["read-timeout"].as<double>();
   if (!(read_timeout_s > 0)) return Fail("--read-timeout must be > 0", kExitUsage);
-  auto router = policies::ParseRouterKind(vm["router"].as<std::string>());
-  if (!router) return Fail("--router: " + router.error(), kExitUsage);
-  if (*router == policies::RouterKind::kCacheAware)
+  policies::RouterConfig router;
+  if (Status st = ParseRouterOptions(vm, &router); !st.ok()) return Fail(st.message(), kExitUsage);
+  if (router.kind == policies::RouterKind::kCacheAware)
     return Fail("--router cache-aware needs a prefill rate; not offered by duet serve yet",
                 kExitUsage);
   std::string api_key;
@@ -263,7 +262,7 @@ int Serve(int argc, char** argv) {
 
   backend::serve::LiveMetrics metrics;
   backend::serve::FrontendOptions frontend_options;
-  frontend_options.router.kind = *router;
+  frontend_options.router = router;
   frontend_options.max_pending_requests = max_pending;
   frontend_options.scheduler.max_num_seqs = max_num_seqs;
   frontend_options.scheduler.max_num_batched_tokens = max_batched;

@@ -85,13 +85,15 @@ bool ParseSimulateArgs(int argc, char** argv, po::variables_map& vm, sim::SimOpt
     ("help,h", "show this help")
     ("cluster", po::value<std::string>()->default_value("sim/clusters/h100-8p8d-llama8b.json"),
      "cluster description (JSON)")
-    ("router", po::value<std::string>()->default_value("prefix-aware"),
-     "round-robin, least-loaded, power-of-two, prefix-aware or cache-aware")
     ("slo", po::value<std::string>(), "service-level objectives in ms, e.g. ttft=2000,tpot=100")
     ("reject-over-slo",
      "cache-aware router: reject at arrival a request whose estimated TTFT exceeds the TTFT SLO")
     ("out", po::value<std::string>()->default_value("out"), "output directory");
   // clang-format on
+  AddRouterOptions(opts, "prefix-aware");
+  opts.add_options()("router-staleness-ms", po::value<double>()->default_value(0),
+                     "the router sees the instances' GPU prefix caches this late (KV events "
+                     "in flight); 0: as they are");
   AddProgressOption(opts);
   AddTraceOptions(opts, "traces/bundled/default.json");
   if (!ParseArgs(argc, argv, opts, vm, exit_code)) return false;
@@ -102,9 +104,14 @@ bool ParseSimulateArgs(int argc, char** argv, po::variables_map& vm, sim::SimOpt
   };
 
   sim::SimOptions options;
-  auto router = policies::ParseRouterKind(vm["router"].as<std::string>());
-  if (!router) return usage("--router: " + router.error());
-  options.router.kind = *router;
+  const Status router = ParseRouterOptions(vm, &options.router);
+  if (!router.ok()) return usage(router.message());
+  const double staleness_ms = vm["router-staleness-ms"].as<double>();
+  // An hour bounds it: a view older than that is no view (and the delay stays finite).
+  if (!(staleness_ms >= 0 && staleness_ms <= 3.6e6))
+    return usage("--router-staleness-ms must be in [0, 3600000], not " +
+                 std::to_string(staleness_ms));
+  options.router_staleness_s = staleness_ms / 1e3;
   options.router.seed = vm["seed"].as<std::uint64_t>();
   if (vm.count("slo")) {
     auto slo = policies::ParseSlo(vm["slo"].as<std::string>());

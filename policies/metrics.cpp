@@ -374,7 +374,7 @@ Status MetricsCollector::WriteRequestsCsv(const std::string& path,
   out << "request_id,arrival_s,input_tokens,output_tokens,cached_tokens,prefill_instance,"
          "decode_instance,queue_ms,ttft_ms,tpot_ms,e2e_ms,kv_transfer_ms,status,reason,"
          "gpu_hit_tokens,dram_hit_tokens,ssd_hit_tokens,remote_hit_tokens,ttft_queue_ms,"
-         "ttft_load_ms,ttft_prefill_ms,ttft_transfer_ms\n";
+         "ttft_load_ms,ttft_prefill_ms,ttft_transfer_ms,router_score\n";
   auto name = [&](InstanceId i) {
     return i == kNoInstance ? std::string()
                             : CsvField(instance_names.at(static_cast<std::size_t>(i)));
@@ -395,10 +395,11 @@ Status MetricsCollector::WriteRequestsCsv(const std::string& path,
     if (done && r->first_scheduled_s >= 0 && r->prefill_done_s >= 0) {
       const TtftParts p = TtftBreakdown(*r);
       out << ',' << Fixed(p.queue_ms, 3) << ',' << Fixed(p.load_ms, 3) << ','
-          << Fixed(p.prefill_ms, 3) << ',' << Fixed(p.transfer_ms, 3) << '\n';
+          << Fixed(p.prefill_ms, 3) << ',' << Fixed(p.transfer_ms, 3);
     } else {
-      out << ",,,,\n";
+      out << ",,,,";
     }
+    out << ',' << (r->router_score ? Fixed(*r->router_score, 3) : "") << '\n';
   }
   out.flush();
   if (!out) return Status::Error(path + ": write failed");

@@ -73,6 +73,7 @@ struct Request {
   RequestState state = RequestState::kArrived;
   InstanceId prefill_instance = kNoInstance;
   InstanceId decode_instance = kNoInstance;
+  std::optional<double> router_score;  // the router's score of prefill_instance (RoutingDecision)
 
   // Progress on the instance that holds the request now.
   Tokens prefill_target = 0;    // tokens to compute in the current prefill (prompt + output

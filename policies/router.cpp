@@ -1,10 +1,12 @@
-// Routing policies: round-robin, least outstanding work, power-of-two choices, and
-// prefix-cache-aware (longest cached prefix balanced against queued prefill work).
+// Routing policies: round-robin, least outstanding work, power-of-two choices, prefix-cache-
+// aware (longest cached prefix balanced against queued prefill work), cache-aware (estimated
+// TTFT) and kv-aware (a weighted cost of prefill work and decode load, with a load guard).
 #include "policies/router.h"
 
 #include <algorithm>
 #include <cmath>
 #include <random>
+#include <unordered_map>
 #include <utility>
 
 namespace duet::policies {
@@ -15,9 +17,10 @@ Result<RouterKind> ParseRouterKind(const std::string& name) {
   if (name == "power-of-two") return RouterKind::kPowerOfTwo;
   if (name == "prefix-aware") return RouterKind::kPrefixAware;
   if (name == "cache-aware") return RouterKind::kCacheAware;
-  return Status::Error(
-      "unknown router '" + name +
-      "' (expected round-robin, least-loaded, power-of-two, prefix-aware or cache-aware)");
+  if (name == "kv-aware") return RouterKind::kKvAware;
+  return Status::Error("unknown router '" + name +
+                       "' (expected round-robin, least-loaded, power-of-two, prefix-aware, "
+                       "cache-aware or kv-aware)");
 }
 
 const char* ToString(RouterKind kind) {
@@ -32,8 +35,34 @@ const char* ToString(RouterKind kind) {
       return "prefix-aware";
     case RouterKind::kCacheAware:
       return "cache-aware";
+    case RouterKind::kKvAware:
+      return "kv-aware";
   }
   return "unknown";
+}
+
+Status CheckRouterConfig(const RouterConfig& config) {
+  auto check = [](double v, const char* name) -> Status {
+    if (!std::isfinite(v) || v < 0)
+      return Status::Error(std::string(name) + " must be a finite number >= 0, not " +
+                           std::to_string(v));
+    return Status::Ok();
+  };
+  DUET_RETURN_IF_ERROR(check(config.kv.queue_weight, "router queue weight"));
+  DUET_RETURN_IF_ERROR(check(config.kv.prefill_weight, "router prefill weight"));
+  DUET_RETURN_IF_ERROR(check(config.kv.decode_weight, "router decode weight"));
+  DUET_RETURN_IF_ERROR(check(config.kv.temperature, "router temperature"));
+  DUET_RETURN_IF_ERROR(check(config.load_guard, "router load guard"));
+  DUET_RETURN_IF_ERROR(check(config.prefill_tokens_per_s, "router prefill rate"));
+  if (config.load_guard > 0 && config.load_guard <= 1)
+    return Status::Error("router load guard must be 0 (off) or above 1 (a multiple of the mean "
+                         "load), not " +
+                         std::to_string(config.load_guard));
+  if (config.kv.queue_weight == 0 && config.kv.decode_weight == 0)
+    return Status::Error(
+        "router queue and decode weights are both 0: no load to weigh, every request would go "
+        "to the instance with the longest prefix");
+  return Status::Ok();
 }
 
 namespace {
@@ -79,19 +108,28 @@ class AccountingRouter : public Router {
           prefill_side_.empty() ? "no prefill instance is up" : "no decode instance is up";
       return d;
     }
-    d.prefill = PickPrefill(request, &d);
-    if (d.prefill == kNoInstance) return d;  // rejected: nothing dispatched
+    const Pick pick = PickPrefill(request, &d);
+    if (pick.instance == kNoInstance) return d;  // rejected: nothing dispatched
+    d.prefill = pick.instance;
+    d.score = pick.score;
     d.decode = all_decode_.empty() ? d.prefill : PickDecode(request);
+    const Tokens work = pick.prefill_work >= 0 ? pick.prefill_work : request.input_tokens;
     auto& p = counters_[static_cast<std::size_t>(d.prefill)];
     ++p.outstanding_requests;
     p.outstanding_prefill_tokens += request.input_tokens;
-    if (d.decode != d.prefill) ++counters_[static_cast<std::size_t>(d.decode)].outstanding_requests;
+    p.outstanding_prefill_work += work;
+    auto& serving = counters_[static_cast<std::size_t>(d.decode)];
+    serving.outstanding_kv_tokens += request.input_tokens;
+    if (d.decode != d.prefill) ++serving.outstanding_requests;
+    // Request ids are unique among requests in flight (the frontends number them).
+    DUET_CHECK(prefill_work_.emplace(request.id, work).second);
     return d;
   }
 
   void OnPrefillDone(const Request& request) override {
     auto& p = counters_[static_cast<std::size_t>(request.prefill_instance)];
     p.outstanding_prefill_tokens -= request.input_tokens;
+    p.outstanding_prefill_work -= TakePrefillWork(request);
     // In PD mode the prefill instance is done with the request once it has prefilled it.
     if (request.decode_instance != request.prefill_instance) --p.outstanding_requests;
   }
@@ -100,12 +138,15 @@ class AccountingRouter : public Router {
     if (request.prefill_instance == kNoInstance) return;  // rejected before routing
     auto& d = counters_[static_cast<std::size_t>(request.decode_instance)];
     --d.outstanding_requests;
+    d.outstanding_kv_tokens -= request.input_tokens;
     // Finished before its prefill completed (failed): undo the prefill-side share too.
     if (request.prefill_done_s < 0) {
       auto& p = counters_[static_cast<std::size_t>(request.prefill_instance)];
       p.outstanding_prefill_tokens -= request.input_tokens;
+      p.outstanding_prefill_work -= TakePrefillWork(request);
       if (request.decode_instance != request.prefill_instance) --p.outstanding_requests;
     }
+    prefill_work_.erase(request.id);
   }
 
   const InstanceLoadCounters& load(InstanceId instance) const override {
@@ -113,9 +154,36 @@ class AccountingRouter : public Router {
   }
 
  protected:
+  struct Pick {
+    InstanceId instance = kNoInstance;
+    Tokens prefill_work = -1;  // tokens the instance will compute; < 0: the whole prompt
+    std::optional<double> score;
+  };
+  // A choice of a policy that does not score: charged the whole prompt.
+  static Pick Unscored(InstanceId instance) { return {instance, -1, std::nullopt}; }
   // May reject instead (returns kNoInstance with decision->reject_reason set).
-  virtual InstanceId PickPrefill(const Request& request, RoutingDecision* decision) = 0;
+  virtual Pick PickPrefill(const Request& request, RoutingDecision* decision) = 0;
   virtual InstanceId PickDecode(const Request& request) = 0;
+
+  // The instances of `side` below the load guard (all of them with the guard off): those with
+  // fewer requests in flight than load_guard times the side's mean plus one. The least loaded
+  // instance always qualifies.
+  const std::vector<InstanceId>& Guarded(const std::vector<InstanceId>& side) {
+    if (config_.load_guard <= 0) return side;
+    double sum = 0;
+    for (InstanceId i : side) sum += static_cast<double>(Counters(i).outstanding_requests);
+    const double limit = config_.load_guard * (sum / static_cast<double>(side.size()) + 1);
+    guarded_.clear();
+    for (InstanceId i : side) {
+      if (static_cast<double>(Counters(i).outstanding_requests) < limit) guarded_.push_back(i);
+    }
+    return guarded_;
+  }
+  const InstanceLoadCounters& Counters(InstanceId i) const {
+    return counters_[static_cast<std::size_t>(i)];
+  }
+  // A portable uniform draw in [0, 1): the top 53 bits of the engine's output.
+  double Uniform() { return static_cast<double>(rng_() >> 11) * 0x1.0p-53; }
 
   // Lexicographic load keys: smaller is less loaded.
   std::pair<Tokens, std::int64_t> PrefillKey(InstanceId i) const {
@@ -160,6 +228,16 @@ class AccountingRouter : public Router {
   const CacheView* cache_;
   std::mt19937_64 rng_;  // the engine's bit stream is specified by the standard: portable
   std::vector<InstanceLoadCounters> counters_;
+
+ private:
+  // The prefill work charged for a request, once: zero after its first call.
+  Tokens TakePrefillWork(const Request& request) {
+    auto it = prefill_work_.find(request.id);
+    if (it == prefill_work_.end()) return 0;
+    return std::exchange(it->second, 0);
+  }
+  std::unordered_map<RequestId, Tokens> prefill_work_;  // by request in flight
+  std::vector<InstanceId> guarded_;                     // scratch for Guarded
 };
 
 class RoundRobinRouter final : public AccountingRouter {
@@ -167,8 +245,8 @@ class RoundRobinRouter final : public AccountingRouter {
   using AccountingRouter::AccountingRouter;
 
  private:
-  InstanceId PickPrefill(const Request&, RoutingDecision*) override {
-    return prefill_side_[next_prefill_++ % prefill_side_.size()];
+  Pick PickPrefill(const Request&, RoutingDecision*) override {
+    return Unscored(prefill_side_[next_prefill_++ % prefill_side_.size()]);
   }
   InstanceId PickDecode(const Request&) override {
     return decode_side_[next_decode_++ % decode_side_.size()];
@@ -181,7 +259,7 @@ class LeastLoadedRouter final : public AccountingRouter {
   using AccountingRouter::AccountingRouter;
 
  private:
-  InstanceId PickPrefill(const Request&, RoutingDecision*) override { return LeastLoadedPrefill(); }
+  Pick PickPrefill(const Request&, RoutingDecision*) override { return Unscored(LeastLoadedPrefill()); }
   InstanceId PickDecode(const Request&) override { return LeastLoadedDecode(); }
 };
 
@@ -190,8 +268,8 @@ class PowerOfTwoRouter final : public AccountingRouter {
   using AccountingRouter::AccountingRouter;
 
  private:
-  InstanceId PickPrefill(const Request&, RoutingDecision*) override {
-    return PowerOfTwo(prefill_side_, [this](InstanceId i) { return PrefillKey(i); });
+  Pick PickPrefill(const Request&, RoutingDecision*) override {
+    return Unscored(PowerOfTwo(prefill_side_, [this](InstanceId i) { return PrefillKey(i); }));
   }
   InstanceId PickDecode(const Request&) override {
     return PowerOfTwo(decode_side_, [this](InstanceId i) { return DecodeKey(i); });
@@ -206,7 +284,7 @@ class PrefixAwareRouter final : public AccountingRouter {
   using AccountingRouter::AccountingRouter;
 
  private:
-  InstanceId PickPrefill(const Request& request, RoutingDecision*) override {
+  Pick PickPrefill(const Request& request, RoutingDecision*) override {
     InstanceId best = kNoInstance;
     Tokens best_cost = 0, best_cached = 0;
     for (InstanceId i : prefill_side_) {
@@ -218,14 +296,17 @@ class PrefixAwareRouter final : public AccountingRouter {
         best_cached = cached;
       }
     }
-    return best;
+    return {best, request.input_tokens - best_cached, static_cast<double>(best_cost)};
   }
   InstanceId PickDecode(const Request&) override { return LeastLoadedDecode(); }
 };
 
 // In the manner of Mooncake's conductor: for every prefill instance estimate the request's
-// TTFT there as the queued prefill work, plus its own tokens that no tier holds, at the
-// prefill rate, plus the time to load what the lower tiers hold; choose the least. Ties go to
+// TTFT there as the queued prefill work (what the requests queued there compute after their
+// cache hits), plus its own tokens that no tier there holds, at the prefill rate, plus the time
+// to load what the lower tiers hold; choose the least among those under the load guard. It
+// differs from prefix-aware where the tiers hold a prefix or where queued requests had hits
+// (prefix-aware counts their whole prompts, and the GPU cache only). Ties go to
 // the longer reuse, then the lower id. With reject_ttft_ms set, a request whose best estimate
 // exceeds it is rejected at once (it could only miss its SLO and slow the others down).
 class CacheAwareRouter final : public AccountingRouter {
@@ -233,16 +314,16 @@ class CacheAwareRouter final : public AccountingRouter {
   using AccountingRouter::AccountingRouter;
 
  private:
-  InstanceId PickPrefill(const Request& request, RoutingDecision* decision) override {
+  Pick PickPrefill(const Request& request, RoutingDecision* decision) override {
     InstanceId best = kNoInstance;
     Seconds best_s = 0;
     Tokens best_reuse = 0;
-    for (InstanceId i : prefill_side_) {
+    for (InstanceId i : Guarded(prefill_side_)) {
       const PrefixReuse reuse = cache_->Reuse(i, request);
       const Tokens uncached = request.input_tokens - reuse.gpu_tokens - reuse.tier_tokens;
-      const Seconds est =
-          static_cast<double>(PrefillKey(i).first + uncached) / config_.prefill_tokens_per_s +
-          reuse.load_s;
+      const Seconds est = static_cast<double>(Counters(i).outstanding_prefill_work + uncached) /
+                              config_.prefill_tokens_per_s +
+                          reuse.load_s;
       const Tokens reused = reuse.gpu_tokens + reuse.tier_tokens;
       if (best == kNoInstance || est < best_s || (est == best_s && reused > best_reuse)) {
         best = i;
@@ -256,17 +337,98 @@ class CacheAwareRouter final : public AccountingRouter {
           "estimated TTFT over the SLO: " + std::to_string(std::lround(best_s * 1e3)) +
           " ms exceeds the TTFT SLO of " + std::to_string(std::lround(*config_.reject_ttft_ms)) +
           " ms";
-      return kNoInstance;
+      return {};
+    }
+    return {best, request.input_tokens - best_reuse, best_s * 1e3};
+  }
+  InstanceId PickDecode(const Request&) override { return LeastLoadedDecode(); }
+};
+
+// Scores every candidate below the load guard by KvAwareWeights' cost and takes the cheapest
+// (or samples by temperature). PD decode side: the least KV in flight among the guarded.
+class KvAwareRouter final : public AccountingRouter {
+ public:
+  using AccountingRouter::AccountingRouter;
+
+ private:
+  struct Candidate {
+    InstanceId instance;
+    double cost;
+    Tokens reused;    // prompt tokens its caches hold (all tiers)
+    Tokens uncached;  // prompt tokens it would compute
+  };
+
+  Pick PickPrefill(const Request& request, RoutingDecision*) override {
+    const bool colocated = all_decode_.empty();
+    const KvAwareWeights& w = config_.kv;
+    candidates_.clear();
+    for (InstanceId i : Guarded(prefill_side_)) {
+      const InstanceLoadCounters& c = Counters(i);
+      const PrefixReuse reuse = cache_->Reuse(i, request);
+      const Tokens reused = reuse.gpu_tokens + reuse.tier_tokens;
+      const Tokens uncached = request.input_tokens - reused;
+      const double queued = static_cast<double>(c.outstanding_prefill_work);
+      const double prefill =
+          static_cast<double>(uncached) + reuse.load_s * config_.prefill_tokens_per_s;
+      const double decode =
+          colocated ? static_cast<double>(c.outstanding_kv_tokens + request.input_tokens) : 0.0;
+      candidates_.push_back(
+          {i, w.queue_weight * queued + w.prefill_weight * prefill + w.decode_weight * decode,
+           reused, uncached});
+    }
+    const Candidate& c = w.temperature > 0 ? Sample() : Cheapest();
+    return {c.instance, c.uncached, c.cost};
+  }
+
+  InstanceId PickDecode(const Request&) override {
+    InstanceId best = kNoInstance;
+    for (InstanceId i : Guarded(decode_side_)) {
+      if (best == kNoInstance || DecodeLoad(i) < DecodeLoad(best)) best = i;
     }
     return best;
   }
-  InstanceId PickDecode(const Request&) override { return LeastLoadedDecode(); }
+  std::pair<Tokens, std::int64_t> DecodeLoad(InstanceId i) const {
+    return {Counters(i).outstanding_kv_tokens, Counters(i).outstanding_requests};
+  }
+
+  const Candidate& Cheapest() const {
+    const Candidate* best = &candidates_.front();
+    for (const Candidate& c : candidates_) {
+      if (c.cost < best->cost || (c.cost == best->cost && c.reused > best->reused)) best = &c;
+    }
+    return *best;
+  }
+
+  const Candidate& Sample() {
+    double lo = candidates_.front().cost, hi = lo;
+    for (const Candidate& c : candidates_) {
+      lo = std::min(lo, c.cost);
+      hi = std::max(hi, c.cost);
+    }
+    const double span = hi > lo ? hi - lo : 1.0;
+    weights_.clear();
+    double total = 0;
+    for (const Candidate& c : candidates_) {
+      weights_.push_back(std::exp(-(c.cost - lo) / span / config_.kv.temperature));
+      total += weights_.back();
+    }
+    double x = Uniform() * total;
+    for (std::size_t k = 0; k < candidates_.size(); ++k) {
+      x -= weights_[k];
+      if (x < 0) return candidates_[k];
+    }
+    return Cheapest();  // rounding left x >= 0: the cheapest carries the most weight
+  }
+
+  std::vector<Candidate> candidates_;  // scratch, per request
+  std::vector<double> weights_;
 };
 
 }  // namespace
 
 std::unique_ptr<Router> MakeRouter(const RouterConfig& config, std::vector<InstanceId> prefill_side,
                                    std::vector<InstanceId> decode_side, const CacheView* cache) {
+  DUET_CHECK_MSG(CheckRouterConfig(config).ok(), CheckRouterConfig(config).message());
   switch (config.kind) {
     case RouterKind::kRoundRobin:
       return std::make_unique<RoundRobinRouter>(config, std::move(prefill_side),
@@ -285,6 +447,10 @@ std::unique_ptr<Router> MakeRouter(const RouterConfig& config, std::vector<Insta
       DUET_CHECK(cache != nullptr && config.prefill_tokens_per_s > 0);
       return std::make_unique<CacheAwareRouter>(config, std::move(prefill_side),
                                                 std::move(decode_side), cache);
+    case RouterKind::kKvAware:
+      DUET_CHECK(cache != nullptr);
+      return std::make_unique<KvAwareRouter>(config, std::move(prefill_side),
+                                             std::move(decode_side), cache);
   }
   return nullptr;
 }

@@ -1,7 +1,8 @@
 // Router / load balancer of the frontend: picks the instance that prefills a request and, in
 // PD mode, the one that decodes it. Callers depend on Router; MakeRouter builds the configured
 // policy. Load is the router's own accounting of what it dispatched (as real routers do);
-// prefix-cache state is read through a CacheView (in a real deployment, from KV events).
+// prefix-cache state is read through a CacheView (in a real deployment, from KV events, which
+// may lag the caches).
 #pragma once
 
 #include <cstdint>
@@ -15,8 +16,15 @@
 
 namespace duet::policies {
 
-enum class RouterKind { kRoundRobin, kLeastLoaded, kPowerOfTwo, kPrefixAware, kCacheAware };
-// "round-robin", "least-loaded", "power-of-two", "prefix-aware", "cache-aware".
+enum class RouterKind {
+  kRoundRobin,
+  kLeastLoaded,
+  kPowerOfTwo,
+  kPrefixAware,
+  kCacheAware,
+  kKvAware
+};
+// "round-robin", "least-loaded", "power-of-two", "prefix-aware", "cache-aware", "kv-aware".
 Result<RouterKind> ParseRouterKind(const std::string& name);
 const char* ToString(RouterKind kind);
 
@@ -38,19 +46,60 @@ class CacheView {
   }
 };
 
+// The kv-aware router's cost of serving a request on a candidate instance, in tokens:
+//   queue_weight   * prefill work queued there
+// + prefill_weight * (the request's prompt tokens that no cache tier there holds + the time to
+//                     load what the lower tiers hold, at the prefill rate)
+// + decode_weight  * (prompt tokens of the requests it serves now + this request's),
+// the shape of Dynamo's and llm-d's KV-aware scorers. Queued prefill work is what the router
+// charged at dispatch: each request's tokens that were not cached where it went. The decode
+// term is the KV that the instance's decode steps read (colocated instances: the candidate's;
+// PD: the decode side is chosen by it alone). A queue weight below the prefill weight keeps a
+// request with the instance that holds its prefix while its queue is short, so prefixes are
+// not copied across instances (which costs every later request's hits); the decode weight
+// keeps hot prefixes from piling decode batches onto a few instances. The defaults were chosen
+// on the Mooncake conversation trace and a synthetic prefix-heavy one (docs/routing.md).
+struct KvAwareWeights {
+  double queue_weight = 0.5;
+  double prefill_weight = 1.0;
+  double decode_weight = 0.1;
+  // 0: the least cost wins (ties: longer reuse, then lower id). > 0: an instance is drawn with
+  // probability proportional to exp(-c / temperature), c its cost scaled to [0, 1] over the
+  // candidates (0: cheapest, 1: dearest), as Dynamo samples.
+  double temperature = 0;
+};
+
 struct RouterConfig {
   RouterKind kind = RouterKind::kRoundRobin;
-  std::uint64_t seed = 1;  // power-of-two sampling
+  std::uint64_t seed = 1;  // power-of-two and kv-aware (temperature > 0) sampling
   // cache-aware: the prefill rate (tokens/s) that turns queued and uncached tokens into time.
+  // kv-aware: turns the time to load a prefix from the lower tiers into tokens (0: loads are
+  // free to it).
   double prefill_tokens_per_s = 0;
   // cache-aware: reject at arrival a request whose best estimated TTFT exceeds this (ms).
   std::optional<double> reject_ttft_ms;
+  KvAwareWeights kv;  // kv-aware
+  // kv-aware and cache-aware, > 0: an instance serving more than load_guard times the mean
+  // number of requests in flight on its side (plus one) is not a candidate, so that no
+  // instance runs far above the mean however much of a prefix it holds. 0: off.
+  double load_guard = 0;
 };
+
+// An error naming the field for a weight, temperature or guard that is negative or not
+// finite, a load_guard in (0, 1] (it would exclude every instance), or kv-aware queue and
+// decode weights that are both zero (no load term).
+Status CheckRouterConfig(const RouterConfig& config);
 
 // The router's accounting of one instance.
 struct InstanceLoadCounters {
   std::int64_t outstanding_requests = 0;  // dispatched, not yet handed on or finished
   Tokens outstanding_prefill_tokens = 0;  // prompt tokens dispatched, not yet prefilled
+  // Of those, the tokens the router expected to compute: each prompt less what the instance's
+  // caches held for it at dispatch (cache-blind routers: the whole prompt).
+  Tokens outstanding_prefill_work = 0;
+  // Prompt tokens of the requests this instance serves (colocated) or decodes (PD), dispatched
+  // and not finished: the KV its decode steps read, less the output so far.
+  Tokens outstanding_kv_tokens = 0;
 };
 
 struct RoutingDecision {
@@ -58,6 +107,10 @@ struct RoutingDecision {
   InstanceId decode = kNoInstance;   // PD only; colocated: same as prefill
   std::string reject_reason;         // non-empty: rejected, no instance chosen or charged
   Seconds estimated_ttft_s = -1;     // cache-aware: the chosen instance's TTFT estimate
+  // The policy's score of the chosen prefill instance (kv-aware: its cost in tokens;
+  // cache-aware: estimated TTFT in ms; prefix-aware: its queued plus uncached tokens); absent
+  // for policies that do not score (round-robin, least-loaded, power-of-two).
+  std::optional<double> score;
 };
 
 class Router {
@@ -75,8 +128,9 @@ class Router {
 };
 
 // `prefill_side`: instances that prefill (colocated: all instances). `decode_side`: PD decode
-// instances, empty in colocated mode. `cache` may be null except for kPrefixAware and
-// kCacheAware; kCacheAware needs config.prefill_tokens_per_s > 0.
+// instances, empty in colocated mode. `cache` may be null except for kPrefixAware, kCacheAware
+// and kKvAware; kCacheAware needs config.prefill_tokens_per_s > 0. `config` must pass
+// CheckRouterConfig.
 std::unique_ptr<Router> MakeRouter(const RouterConfig& config, std::vector<InstanceId> prefill_side,
                                    std::vector<InstanceId> decode_side, const CacheView* cache);
 

@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <deque>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -20,6 +21,7 @@
 #include "common/progress.h"
 #include "policies/block_hash.h"
 #include "policies/engine.h"
+#include "policies/kv_event_index.h"
 #include "sim/platform.h"
 
 namespace duet::sim {
@@ -127,6 +129,8 @@ class SimSink final : public policies::EventSink {
   void OnPrefillDone(const Request& request) override;
   void OnTokenGaps(Seconds gap_s, std::int64_t count) override;
   void OnPreempted(const Request& request, InstanceId instance) override;
+  // With a stale router view: queued for delivery router_staleness_s from now.
+  void OnKvEvents(InstanceId instance, std::span<const policies::KvCacheEvent> events) override;
 
  private:
   void DrawProgress(bool final);
@@ -134,6 +138,8 @@ class SimSink final : public policies::EventSink {
   std::size_t last_drawn_ = 0;
 };
 
+// What the router knows of the instances' caches: their GPU prefix caches from the block
+// managers, or with a staleness from the KV events delivered so far; the lower tiers as they are.
 class EngineCacheView final : public policies::CacheView {
  public:
   explicit EngineCacheView(World& world) : world_(world) {}
@@ -161,6 +167,19 @@ struct World {
   std::unique_ptr<policies::TierManager> tiers;  // null without tiers
   std::unique_ptr<EngineCacheView> cache_view;
   std::unique_ptr<policies::Router> router;
+  // Stale router view (router_staleness_s > 0): the GPU caches as KV events delivered so far
+  // describe them, and the events still in flight, in delivery order.
+  struct KvEventsInFlight {
+    Seconds deliver_s;
+    InstanceId instance;
+    std::vector<policies::KvCacheEvent> events;
+  };
+  std::unique_ptr<policies::KvEventIndex> stale_index;
+  std::deque<KvEventsInFlight> kv_events_in_flight;
+  // The pooled reference: one prefix cache with the summed GPU KV blocks of the instances that
+  // prefill, seeing every routed request at its arrival (hit tokens, as the engines count them).
+  std::unique_ptr<policies::KvBlockManager> pooled;
+  Tokens pooled_lookup_tokens = 0, pooled_hit_tokens = 0;
   sg4::Mailbox* done_mailbox = nullptr;
   bool frontend_waiting = false;
   std::size_t finished = 0;
@@ -416,6 +435,12 @@ void SimSink::OnPreempted(const Request& request, InstanceId instance) {
   world_.metrics.OnPreempted(request, instance);
 }
 
+void SimSink::OnKvEvents(InstanceId instance, std::span<const policies::KvCacheEvent> events) {
+  world_.kv_events_in_flight.push_back(
+      {sg4::Engine::get_clock() + world_.options.router_staleness_s, instance,
+       std::vector<policies::KvCacheEvent>(events.begin(), events.end())});
+}
+
 void SimSink::DrawProgress(bool final) {
   const std::size_t total = world_.requests.size();
   const std::size_t step = std::max<std::size_t>(1, total / 100);
@@ -428,6 +453,7 @@ void SimSink::DrawProgress(bool final) {
 }
 
 Tokens EngineCacheView::CachedPrefixTokens(InstanceId instance, const Request& request) const {
+  if (world_.stale_index) return world_.stale_index->CachedPrefixTokens(instance, request);
   const auto& blocks = world_.engines[static_cast<std::size_t>(instance)]->blocks();
   return blocks.BlocksToTokens(blocks.CachedPrefixBlocks(request.block_hashes));
 }
@@ -450,6 +476,29 @@ policies::PrefixReuse EngineCacheView::Reuse(InstanceId instance, const Request&
 Tokens AdmissibleTokens(const World& w, InstanceId i) {
   const auto& blocks = w.engines[static_cast<std::size_t>(i)]->blocks();
   return w.cluster.engine.scheduler.AdmissibleTokens(blocks.num_blocks(), blocks.block_tokens());
+}
+
+// Hands the stale router view the KV events whose delivery time has come.
+void DeliverKvEvents(World& w) {
+  const Seconds now = sg4::Engine::get_clock();
+  while (!w.kv_events_in_flight.empty() && w.kv_events_in_flight.front().deliver_s <= now) {
+    const auto& e = w.kv_events_in_flight.front();
+    w.stale_index->Apply(e.instance, e.events);
+    w.kv_events_in_flight.pop_front();
+  }
+}
+
+// The pooled reference cache sees `r`: its hit counted as an engine counts one (at least one
+// prompt token computed), then its prompt cached and released, most recently used.
+void LookUpPooled(World& w, const Request& r) {
+  if (!w.pooled || r.input_tokens <= 0) return;
+  const auto hit =
+      w.pooled->Allocate(r.id, r.block_hashes, r.input_tokens, r.input_tokens - 1);
+  if (!hit) return;  // larger than every prefill instance together: admission rejected it
+  w.pooled_lookup_tokens += r.input_tokens;
+  w.pooled_hit_tokens += *hit;
+  w.pooled->Register(r.id, r.block_hashes, r.input_tokens);
+  w.pooled->Free(r.id);
 }
 
 void Frontend(World& w, const std::vector<InstanceId>& prefill_side,
@@ -494,6 +543,7 @@ void Frontend(World& w, const std::vector<InstanceId>& prefill_side,
     }
     r.block_hashes = policies::EngineBlockHashes(tr.block_ids, w.trace.block_tokens, r.input_tokens,
                                                  block_tokens);
+    DeliverKvEvents(w);
     const policies::RoutingDecision d = w.router->Route(r);
     if (!d.reject_reason.empty()) {
       r.state = RequestState::kRejected;
@@ -504,6 +554,8 @@ void Frontend(World& w, const std::vector<InstanceId>& prefill_side,
     }
     r.prefill_instance = d.prefill;
     r.decode_instance = d.decode;
+    r.router_score = d.score;
+    LookUpPooled(w, r);
     r.state = RequestState::kQueued;
     // The request carries its token ids: 4 bytes a token.
     w.CountRoute(w.platform.frontend, w.hosts[static_cast<std::size_t>(d.prefill)].front(),
@@ -735,9 +787,23 @@ Result<SimReport> Simulate(const ClusterSpec& cluster, const traces::Trace& trac
     config.scheduler = cluster.engine.scheduler;
     config.kv_lease_s = cluster.engine.kv_lease_s;
     config.kv_load_failure_policy = cluster.engine.kv_load_failure_policy;
+    config.publish_kv_events = options.router_staleness_s > 0 &&
+                               cluster.engine.enable_prefix_caching &&
+                               spec.role != policies::InstanceRole::kDecode;
     SimPorts* p = w.ports.back().get();
     w.engines.push_back(std::make_unique<policies::InstanceEngine>(
         config, policies::EnginePorts{p, p, p, p, p, w.sink.get(), w.tiers.get()}));
+  }
+  if (options.router_staleness_s > 0) {
+    w.stale_index = std::make_unique<policies::KvEventIndex>(
+        static_cast<int>(cluster.instances.size()), cluster.engine.block_tokens);
+  }
+  if (cluster.engine.enable_prefix_caching) {
+    std::int64_t pooled_blocks = 0;
+    for (InstanceId i : prefill_side)
+      pooled_blocks += cluster.instances[static_cast<std::size_t>(i)].memory.kv_blocks;
+    w.pooled =
+        std::make_unique<policies::KvBlockManager>(pooled_blocks, cluster.engine.block_tokens);
   }
   policies::RouterConfig router = options.router;
   {
@@ -795,8 +861,24 @@ Result<SimReport> Simulate(const ClusterSpec& cluster, const traces::Trace& trac
                            {"mode", cluster.pd() ? "pd" : "colocated"},
                            {"instances", cluster.instances.size()},
                            {"router", policies::ToString(options.router.kind)},
+                           {"router_options",
+                            {{"queue_weight", options.router.kv.queue_weight},
+                             {"prefill_weight", options.router.kv.prefill_weight},
+                             {"decode_weight", options.router.kv.decode_weight},
+                             {"temperature", options.router.kv.temperature},
+                             {"load_guard", options.router.load_guard},
+                             {"staleness_ms", options.router_staleness_s * 1e3}}},
                            {"trace", trace.source},
                            {"seed", options.router.seed}};
+  report.summary["prefix_cache"]["pooled_reference"] = {
+      {"capacity_blocks", w.pooled ? w.pooled->num_blocks() : 0},
+      {"lookup_tokens", w.pooled_lookup_tokens},
+      {"hit_tokens", w.pooled_hit_tokens},
+      {"hit_rate", w.pooled_lookup_tokens > 0
+                       ? policies::Round(static_cast<double>(w.pooled_hit_tokens) /
+                                             static_cast<double>(w.pooled_lookup_tokens),
+                                         6)
+                       : 0.0}};
   report.summary["tiers"] = TiersSummary(w);
   OutputFiles files(options.out_dir);
   DUET_RETURN_IF_ERROR(WriteLinksCsv(w, files.Add("links.csv")));

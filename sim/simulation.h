@@ -21,6 +21,9 @@ struct SimOptions {
   bool progress = false;  // a progress bar on stderr
   // cache-aware router: reject at arrival a request whose estimated TTFT exceeds slo.ttft_ms.
   bool reject_over_slo = false;
+  // > 0: the router reads the GPU prefix caches from KV events delivered this late (a real
+  // router's view); 0: from the block managers directly. Lower tiers are always read as is.
+  Seconds router_staleness_s = 0;
 };
 
 struct SimReport {

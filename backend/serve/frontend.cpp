@@ -153,6 +153,7 @@ Status InitImpl(LiveFrontend::Impl& s, const FrontendOptions& options,
                 const std::vector<policies::InstanceRole>& roles) {
   if (options.max_pending_requests < 1)
     return Status::Error("max_pending_requests must be at least 1");
+  DUET_RETURN_IF_ERROR(policies::CheckRouterConfig(options.router));
   if (options.router.kind == policies::RouterKind::kCacheAware &&
       options.router.prefill_tokens_per_s <= 0)
     return Status::Error("the cache-aware router needs a prefill rate (prefill_tokens_per_s)");
@@ -313,6 +314,7 @@ Admission LiveFrontend::Submit(LiveRequest request, std::shared_ptr<RequestListe
   if (!d.reject_reason.empty()) return {AdmitStatus::kQueueFull, 0, d.reject_reason};
   r->prefill_instance = d.prefill;
   r->decode_instance = s.pd ? d.decode : d.prefill;
+  r->router_score = d.score;
   Request* raw = r.get();
   const RequestId id = r->id;
   Impl::Entry entry{std::move(r), std::move(listener), d.prefill, raw->decode_instance, false};

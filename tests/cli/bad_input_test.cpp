@@ -172,6 +172,27 @@ TEST_F(BadInputTest, UnknownRouter) {
   EXPECT_TRUE(ContainsAll(r.err, {"--router", "'random-walk'", "round-robin"}));
 }
 
+TEST_F(BadInputTest, BadRouterOptions) {
+  struct Case {
+    std::vector<std::string> args;
+    std::vector<std::string> expected;
+  };
+  for (const Case& c : std::vector<Case>{
+           {{"--router-decode-weight", "-1"}, {"--router-*", "decode weight", "-1"}},
+           {{"--router-temperature", "nan"}, {"--router-*", "temperature"}},
+           {{"--router-load-guard", "0.5"}, {"--router-*", "load guard", "above 1"}},
+           {{"--router-queue-weight", "0", "--router-decode-weight", "0"}, {"both 0"}},
+           {{"--router-staleness-ms", "-5"}, {"--router-staleness-ms", "[0, 3600000]"}},
+           {{"--router-staleness-ms", "inf"}, {"--router-staleness-ms"}},
+       }) {
+    std::vector<std::string> args = {"--cluster", kBundledCluster, "--trace", GoodTrace(),
+                                     "--router", "kv-aware"};
+    args.insert(args.end(), c.args.begin(), c.args.end());
+    const RunResult r = ExpectFailure(args, kUsageError);
+    for (const std::string& e : c.expected) EXPECT_TRUE(ContainsAll(r.err, {e})) << c.args[0];
+  }
+}
+
 TEST_F(BadInputTest, UnknownOption) {
   const RunResult r = ExpectFailure(
       {"--cluster", kBundledCluster, "--trace", GoodTrace(), "--no-such-flag", "1"}, kUsageError);

@@ -187,6 +187,7 @@ TEST(MetricsCollector, WritesRequestsCsvInIdOrderWithMetricsMdColumns) {
   tiered.cached_tokens = 60;
   tiered.tier_hit_tokens = {16, 32, 0};
   tiered.load_wait_s = 0.1;
+  tiered.router_score = 1234.5678;  // written to 3 decimals; unscored requests leave it empty
   m.OnFinished(tiered);
   Request rej;
   rej.id = 2;
@@ -205,12 +206,12 @@ TEST(MetricsCollector, WritesRequestsCsvInIdOrderWithMetricsMdColumns) {
             "request_id,arrival_s,input_tokens,output_tokens,cached_tokens,prefill_instance,"
             "decode_instance,queue_ms,ttft_ms,tpot_ms,e2e_ms,kv_transfer_ms,status,reason,"
             "gpu_hit_tokens,dram_hit_tokens,ssd_hit_tokens,remote_hit_tokens,ttft_queue_ms,"
-            "ttft_load_ms,ttft_prefill_ms,ttft_transfer_ms\n"
-            "2,0.250000,9,1,0,,,,,,,,rejected,\"needs 10, max 5\",0,0,0,0,,,,\n"
+            "ttft_load_ms,ttft_prefill_ms,ttft_transfer_ms,router_score\n"
+            "2,0.250000,9,1,0,,,,,,,,rejected,\"needs 10, max 5\",0,0,0,0,,,,,\n"
             "5,1.000000,100,3,20,p0,d0,10.000,500.000,500.000,1500.000,5.000,completed,,20,0,0,0,"
-            "10.000,0.000,485.000,5.000\n"
+            "10.000,0.000,485.000,5.000,\n"
             "7,2.000000,100,3,60,p0,d0,10.000,500.000,500.000,1500.000,5.000,completed,,12,16,32,0,"
-            "10.000,100.000,385.000,5.000\n");
+            "10.000,100.000,385.000,5.000,1234.568\n");
   // The summary splits the hits by tier and the TTFT into its parts.
   const nlohmann::json s = m.Summary(3, Slo{});
   EXPECT_EQ(s["prefix_cache"]["hit_tokens"], 80);

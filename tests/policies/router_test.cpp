@@ -1,9 +1,10 @@
 // Routers: round-robin, least outstanding work, power-of-two choices, prefix-aware, cache-aware
-// (with SLO rejection); PD pairs.
+// (with SLO rejection), kv-aware (weights, load guard, sampling); PD pairs; their accounting.
 #include "policies/router.h"
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <map>
 
 namespace duet::policies {
@@ -39,8 +40,11 @@ RouterConfig Config(RouterKind kind, std::uint64_t seed) {
   return config;
 }
 
+// Each with a fresh id: a router tracks the requests in flight by id.
 Request MakeRequest(Tokens input) {
+  static RequestId next_id = 1;
   Request r;
+  r.id = next_id++;
   r.input_tokens = input;
   r.output_tokens = 10;
   return r;
@@ -183,7 +187,17 @@ TEST(Router, CacheAwareWeighsTierHitsAgainstTheirLoadTime) {
   EXPECT_EQ(d.prefill, 1);
   EXPECT_EQ(d.decode, 3);
   EXPECT_NEAR(d.estimated_ttft_s, 0.45, 1e-9);
-  // Its 10000 queued tokens now cost instance 1 a second more: instance 0 (0.9 s) wins.
+  ASSERT_TRUE(d.score.has_value());
+  EXPECT_NEAR(*d.score, 450, 1e-6);  // ms
+  // What queues on instance 1 is the 4000 tokens that request computes, not its 10000-token
+  // prompt: 0.8 s + 0.05 s there still beats 0.9 s on instance 0 (prefix-aware's accounting
+  // would have charged 1 s and sent it to 0).
+  EXPECT_EQ(router->load(1).outstanding_prefill_work, 4000);
+  EXPECT_EQ(router->load(1).outstanding_prefill_tokens, 10000);
+  d = router->Route(MakeRequest(10000));
+  EXPECT_EQ(d.prefill, 1);
+  EXPECT_NEAR(d.estimated_ttft_s, 0.85, 1e-9);
+  // Now 1.25 s there: instance 0 (0.9 s) wins.
   d = router->Route(MakeRequest(10000));
   EXPECT_EQ(d.prefill, 0);
   EXPECT_TRUE(d.reject_reason.empty());
@@ -204,6 +218,161 @@ TEST(Router, CacheAwareRejectsWhatCannotMeetTheTtftSlo) {
   // Nothing was charged for it.
   EXPECT_EQ(router->load(0).outstanding_prefill_tokens, 4000);
   EXPECT_EQ(router->load(1).outstanding_requests, 1);
+}
+
+}  // namespace
+}  // namespace duet::policies
+
+namespace duet::policies {
+namespace {
+
+RouterConfig KvAware(double queue, double prefill, double decode) {
+  RouterConfig config = Config(RouterKind::kKvAware, 1);
+  config.kv.queue_weight = queue;
+  config.kv.prefill_weight = prefill;
+  config.kv.decode_weight = decode;
+  return config;
+}
+
+// Routes `r` and records where it went, as a frontend does.
+RoutingDecision RouteAndPlace(Router& router, Request& r) {
+  const RoutingDecision d = router.Route(r);
+  r.prefill_instance = d.prefill;
+  r.decode_instance = d.decode;
+  return d;
+}
+
+TEST(Router, KvAwareScoresQueuedWorkUncachedTokensAndDecodeLoad) {
+  FixedCache cache;
+  auto router = MakeRouter(KvAware(0.5, 1.0, 0.1), {0, 1}, {}, &cache);
+  // Instance 1 holds 3000 of 4000 tokens: 0.5*0 + 1000 + 0.1*4000 = 1400 against 4400.
+  cache.cached = {{1, 3000}};
+  Request a = MakeRequest(4000);
+  auto d = RouteAndPlace(*router, a);
+  EXPECT_EQ(d.prefill, 1);
+  ASSERT_TRUE(d.score.has_value());
+  EXPECT_DOUBLE_EQ(*d.score, 1400);
+  EXPECT_EQ(router->load(1).outstanding_prefill_work, 1000);
+  EXPECT_EQ(router->load(1).outstanding_kv_tokens, 4000);
+  // The same again: 1 costs 0.5*1000 + 1000 + 0.1*8000 = 2300; 0 costs 4000 + 400 = 4400.
+  Request b = MakeRequest(4000);
+  EXPECT_EQ(RouteAndPlace(*router, b).prefill, 1);
+  // Counting the queue in full, instance 1 takes three (costs 1400, 2800, 4200) before the
+  // fourth would cost 1*3000 + 1000 + 0.1*16000 = 5600 > 4400.
+  auto full = MakeRouter(KvAware(1.0, 1.0, 0.1), {0, 1}, {}, &cache);
+  for (int k = 0; k < 3; ++k) {
+    Request r = MakeRequest(4000);
+    EXPECT_EQ(RouteAndPlace(*full, r).prefill, 1) << k;
+  }
+  Request tipped = MakeRequest(4000);
+  EXPECT_EQ(RouteAndPlace(*full, tipped).prefill, 0);
+}
+
+TEST(Router, KvAwareReleasesItsChargesAtPrefillAndFinish) {
+  FixedCache cache;
+  cache.cached = {{0, 600}};
+  auto router = MakeRouter(KvAware(0.5, 1.0, 0.1), {0, 1}, {2}, &cache);
+  Request r = MakeRequest(1000);
+  const auto d = RouteAndPlace(*router, r);
+  EXPECT_EQ(d.prefill, 0);
+  EXPECT_EQ(d.decode, 2);
+  EXPECT_EQ(router->load(0).outstanding_prefill_work, 400);
+  EXPECT_EQ(router->load(0).outstanding_kv_tokens, 0);  // PD: the decode side holds the KV
+  EXPECT_EQ(router->load(2).outstanding_kv_tokens, 1000);
+  r.prefill_done_s = 1;
+  router->OnPrefillDone(r);
+  EXPECT_EQ(router->load(0).outstanding_prefill_work, 0);
+  EXPECT_EQ(router->load(0).outstanding_requests, 0);
+  router->OnFinished(r);
+  EXPECT_EQ(router->load(2).outstanding_kv_tokens, 0);
+  EXPECT_EQ(router->load(2).outstanding_requests, 0);
+  // A request that fails before its prefill completes releases both sides at once.
+  Request failed = MakeRequest(1000);
+  RouteAndPlace(*router, failed);
+  router->OnFinished(failed);
+  for (InstanceId i : {0, 1, 2}) {
+    EXPECT_EQ(router->load(i).outstanding_prefill_work, 0) << i;
+    EXPECT_EQ(router->load(i).outstanding_prefill_tokens, 0) << i;
+    EXPECT_EQ(router->load(i).outstanding_kv_tokens, 0) << i;
+    EXPECT_EQ(router->load(i).outstanding_requests, 0) << i;
+  }
+}
+
+TEST(Router, KvAwareDecodesWhereTheLeastKvIsInFlight) {
+  FixedCache cache;
+  auto router = MakeRouter(KvAware(0.5, 1.0, 0.1), {0}, {1, 2}, &cache);
+  Request big = MakeRequest(9000);
+  EXPECT_EQ(RouteAndPlace(*router, big).decode, 1);
+  // Two small ones both go to 2: 100 and then 200 tokens there against 9000 on 1 (a count of
+  // requests would have sent the second back to 1).
+  for (int k = 0; k < 2; ++k) {
+    Request small = MakeRequest(100);
+    EXPECT_EQ(RouteAndPlace(*router, small).decode, 2) << k;
+  }
+}
+
+TEST(Router, LoadGuardKeepsAHotPrefixFromDrawingEveryRequest) {
+  FixedCache cache;
+  cache.cached = {{0, 7900}};  // instance 0 holds nearly every prompt
+  RouterConfig config = KvAware(0.5, 1.0, 0.0);
+  auto unguarded = MakeRouter(config, {0, 1, 2, 3}, {}, &cache);
+  config.load_guard = 2;
+  auto guarded = MakeRouter(config, {0, 1, 2, 3}, {}, &cache);
+  std::map<InstanceId, int> free_count, guarded_count;
+  for (int k = 0; k < 40; ++k) {
+    Request a = MakeRequest(8000), b = MakeRequest(8000);
+    ++free_count[RouteAndPlace(*unguarded, a).prefill];
+    ++guarded_count[RouteAndPlace(*guarded, b).prefill];
+  }
+  // Unguarded, 100 tokens of work each: 80 requests would have to queue there before another
+  // instance's 8000 uncached tokens cost less.
+  EXPECT_EQ(free_count[0], 40);
+  // Guarded: instance 0 takes a request only while it has fewer than 2 * (mean + 1) in flight.
+  double total = 0;
+  for (InstanceId i : {0, 1, 2, 3}) total += guarded->load(i).outstanding_requests;
+  const double mean = total / 4;
+  EXPECT_LE(guarded->load(0).outstanding_requests, 2 * (mean + 1));
+  EXPECT_LT(guarded_count[0], 40);
+  EXPECT_GT(guarded_count[0], guarded_count[1]);  // it still draws the most
+}
+
+TEST(Router, KvAwareSamplingIsSeededAndFavoursTheCheapest) {
+  FixedCache cache;
+  cache.cached = {{2, 900}};
+  RouterConfig config = KvAware(0.0, 1.0, 0.001);  // all but idle: the prefix decides
+  config.kv.temperature = 0.5;
+  config.seed = 9;
+  auto a = MakeRouter(config, {0, 1, 2}, {}, &cache);
+  auto b = MakeRouter(config, {0, 1, 2}, {}, &cache);
+  std::map<InstanceId, int> count;
+  for (int k = 0; k < 600; ++k) {
+    Request ra = MakeRequest(1000), rb = MakeRequest(1000);
+    const InstanceId pa = a->Route(ra).prefill;
+    EXPECT_EQ(pa, b->Route(rb).prefill);
+    ++count[pa];
+  }
+  // Costs scaled to [0, 1]: 2 is 0, the others about 1: weights 1 : e^-2 : e^-2, so 2 draws
+  // about 79% (the decode term nudges the others' costs as requests accumulate).
+  EXPECT_GT(count[2], 400);
+  EXPECT_GT(count[0], 30);
+  EXPECT_GT(count[1], 30);
+}
+
+TEST(Router, ConfigChecksNameTheBadField) {
+  RouterConfig config = KvAware(0.5, 1.0, 0.1);
+  EXPECT_TRUE(CheckRouterConfig(config).ok());
+  config.kv.decode_weight = -1;
+  EXPECT_NE(CheckRouterConfig(config).message().find("decode weight"), std::string::npos);
+  config = KvAware(0.5, 1.0, 0.1);
+  config.kv.temperature = std::nan("");
+  EXPECT_NE(CheckRouterConfig(config).message().find("temperature"), std::string::npos);
+  config = KvAware(0.5, 1.0, 0.1);
+  config.load_guard = 1.0;  // would exclude every instance at the mean
+  EXPECT_NE(CheckRouterConfig(config).message().find("load guard"), std::string::npos);
+  config = KvAware(0.0, 1.0, 0.0);
+  EXPECT_NE(CheckRouterConfig(config).message().find("both 0"), std::string::npos);
+  EXPECT_EQ(*ParseRouterKind("kv-aware"), RouterKind::kKvAware);
+  EXPECT_STREQ(ToString(RouterKind::kKvAware), "kv-aware");
 }
 
 }  // namespace
