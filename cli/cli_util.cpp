@@ -12,8 +12,8 @@
 #include <vector>
 
 #include "cli/commands.h"
-#include "policies/router.h"
 #include "common/text.h"
+#include "policies/router.h"
 #include "traces/synthetic.h"
 
 namespace po = boost::program_options;

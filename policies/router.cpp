@@ -55,9 +55,10 @@ Status CheckRouterConfig(const RouterConfig& config) {
   DUET_RETURN_IF_ERROR(check(config.load_guard, "router load guard"));
   DUET_RETURN_IF_ERROR(check(config.prefill_tokens_per_s, "router prefill rate"));
   if (config.load_guard > 0 && config.load_guard <= 1)
-    return Status::Error("router load guard must be 0 (off) or above 1 (a multiple of the mean "
-                         "load), not " +
-                         std::to_string(config.load_guard));
+    return Status::Error(
+        "router load guard must be 0 (off) or above 1 (a multiple of the mean "
+        "load), not " +
+        std::to_string(config.load_guard));
   if (config.kv.queue_weight == 0 && config.kv.decode_weight == 0)
     return Status::Error(
         "router queue and decode weights are both 0: no load to weigh, every request would go "
@@ -259,7 +260,9 @@ class LeastLoadedRouter final : public AccountingRouter {
   using AccountingRouter::AccountingRouter;
 
  private:
-  Pick PickPrefill(const Request&, RoutingDecision*) override { return Unscored(LeastLoadedPrefill()); }
+  Pick PickPrefill(const Request&, RoutingDecision*) override {
+    return Unscored(LeastLoadedPrefill());
+  }
   InstanceId PickDecode(const Request&) override { return LeastLoadedDecode(); }
 };
 

@@ -492,8 +492,7 @@ void DeliverKvEvents(World& w) {
 // prompt token computed), then its prompt cached and released, most recently used.
 void LookUpPooled(World& w, const Request& r) {
   if (!w.pooled || r.input_tokens <= 0) return;
-  const auto hit =
-      w.pooled->Allocate(r.id, r.block_hashes, r.input_tokens, r.input_tokens - 1);
+  const auto hit = w.pooled->Allocate(r.id, r.block_hashes, r.input_tokens, r.input_tokens - 1);
   if (!hit) return;  // larger than every prefill instance together: admission rejected it
   w.pooled_lookup_tokens += r.input_tokens;
   w.pooled_hit_tokens += *hit;

@@ -185,8 +185,8 @@ TEST_F(BadInputTest, BadRouterOptions) {
            {{"--router-staleness-ms", "-5"}, {"--router-staleness-ms", "[0, 3600000]"}},
            {{"--router-staleness-ms", "inf"}, {"--router-staleness-ms"}},
        }) {
-    std::vector<std::string> args = {"--cluster", kBundledCluster, "--trace", GoodTrace(),
-                                     "--router", "kv-aware"};
+    std::vector<std::string> args = {"--cluster", kBundledCluster, "--trace",
+                                     GoodTrace(), "--router",      "kv-aware"};
     args.insert(args.end(), c.args.begin(), c.args.end());
     const RunResult r = ExpectFailure(args, kUsageError);
     for (const std::string& e : c.expected) EXPECT_TRUE(ContainsAll(r.err, {e})) << c.args[0];

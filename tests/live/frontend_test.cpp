@@ -182,25 +182,28 @@ TEST_F(Frontend, StopTokenEndsTheRequest) {
             std::vector<std::int32_t>(greedy.begin(), greedy.begin() + first_stop + 1));
 }
 
-TEST_F(Frontend, PrefixAwareRoutingFollowsTheKvEvents) {
-  FrontendOptions options;
-  options.router.kind = policies::RouterKind::kPrefixAware;
-  auto frontend = Start(3, options);
-  const auto prompt = Prompt(70, 9);  // 4 full blocks
-  auto first = std::make_shared<Collector>();
-  ASSERT_EQ(frontend->Submit({prompt, 4, {}}, first).status, AdmitStatus::kAccepted);
-  const auto info1 = first->Wait();
-  ASSERT_TRUE(info1);
-  EXPECT_EQ(info1->cached_tokens, 0);
-  // The engine publishes its KV events after the iteration that ended the request.
-  std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  for (int i = 0; i < 3; ++i) {
-    auto again = std::make_shared<Collector>();
-    ASSERT_EQ(frontend->Submit({prompt, 4, {}}, again).status, AdmitStatus::kAccepted);
-    const auto info = again->Wait();
-    ASSERT_TRUE(info);
-    EXPECT_EQ(info->instance, info1->instance) << "repeat " << i;
-    EXPECT_EQ(info->cached_tokens, 64) << "repeat " << i;
+TEST_F(Frontend, PrefixAndKvAwareRoutingFollowTheKvEvents) {
+  for (const auto kind : {policies::RouterKind::kPrefixAware, policies::RouterKind::kKvAware}) {
+    SCOPED_TRACE(policies::ToString(kind));
+    FrontendOptions options;
+    options.router.kind = kind;
+    auto frontend = Start(3, options);
+    const auto prompt = Prompt(70, 9);  // 4 full blocks
+    auto first = std::make_shared<Collector>();
+    ASSERT_EQ(frontend->Submit({prompt, 4, {}}, first).status, AdmitStatus::kAccepted);
+    const auto info1 = first->Wait();
+    ASSERT_TRUE(info1);
+    EXPECT_EQ(info1->cached_tokens, 0);
+    // The engine publishes its KV events after the iteration that ended the request.
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    for (int i = 0; i < 3; ++i) {
+      auto again = std::make_shared<Collector>();
+      ASSERT_EQ(frontend->Submit({prompt, 4, {}}, again).status, AdmitStatus::kAccepted);
+      const auto info = again->Wait();
+      ASSERT_TRUE(info);
+      EXPECT_EQ(info->instance, info1->instance) << "repeat " << i;
+      EXPECT_EQ(info->cached_tokens, 64) << "repeat " << i;
+    }
   }
 }
 

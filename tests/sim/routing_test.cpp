@@ -21,8 +21,10 @@ nlohmann::json TwoColocated() {
 }
 
 std::string Line(double ms, int input, int output, std::vector<int> ids) {
-  return nlohmann::json(
-             {{"timestamp", ms}, {"input_length", input}, {"output_length", output}, {"hash_ids", ids}})
+  return nlohmann::json({{"timestamp", ms},
+                         {"input_length", input},
+                         {"output_length", output},
+                         {"hash_ids", ids}})
              .dump() +
          "\n";
 }
@@ -34,16 +36,17 @@ TEST(PooledReference, CountsEveryLongestPreviouslySeenPrefix) {
   // Mooncake blocks are 512 tokens, the engine's 16. Far below the caches' capacity: no
   // eviction, so each request hits the longest prefix seen before it, at most its prompt less
   // one token, in whole engine blocks.
-  const std::string trace = tmp.Write(
-      "t.jsonl", Line(0, 1024, 4, {1, 2}) +           // new: 0
-                     Line(100, 1536, 4, {1, 2, 3}) +  // 1024 (blocks 1, 2)
-                     Line(200, 512, 4, {1}) +         // block 1 but one token: 496
-                     Line(300, 512, 4, {9}) +         // new: 0
-                     Line(400, 1300, 4, {1, 2, 7}));  // 1024
+  const std::string trace =
+      tmp.Write("t.jsonl", Line(0, 1024, 4, {1, 2}) +           // new: 0
+                               Line(100, 1536, 4, {1, 2, 3}) +  // 1024 (blocks 1, 2)
+                               Line(200, 512, 4, {1}) +         // block 1 but one token: 496
+                               Line(300, 512, 4, {9}) +         // new: 0
+                               Line(400, 1300, 4, {1, 2, 7}));  // 1024
   for (const char* router : {"round-robin", "kv-aware"}) {
     const std::string out = tmp.File(std::string("out-") + router);
     Simulate(out, {"--cluster", colo, "--trace", trace, "--router", router});
-    const nlohmann::json pooled = ReadJson(out + "/summary.json")["prefix_cache"]["pooled_reference"];
+    const nlohmann::json pooled =
+        ReadJson(out + "/summary.json")["prefix_cache"]["pooled_reference"];
     EXPECT_EQ(pooled["lookup_tokens"].get<std::int64_t>(), 1024 + 1536 + 512 + 512 + 1300);
     EXPECT_EQ(pooled["hit_tokens"].get<std::int64_t>(), 1024 + 496 + 1024) << router;
   }
@@ -67,16 +70,16 @@ TEST(RouterStaleness, AFollowUpFindsItsPrefixOnlyOnceTheEventsArrive) {
   TempDir tmp;
   const std::string colo = tmp.File("colo.json");
   WriteJson(colo, TwoColocated());
-  const std::string trace = tmp.Write("t.jsonl", Line(0, 512, 8, {50}) +
-                                                     Line(0, 2048, 4, {1, 2, 3, 4}) +
-                                                     Line(5000, 2560, 4, {1, 2, 3, 4, 5}));
+  const std::string trace =
+      tmp.Write("t.jsonl", Line(0, 512, 8, {50}) + Line(0, 2048, 4, {1, 2, 3, 4}) +
+                               Line(5000, 2560, 4, {1, 2, 3, 4, 5}));
   struct Case {
     const char* staleness_ms;
     const char* b_instance;
     const char* b_cached;
   };
-  for (const Case& c : {Case{"0", "c1", "2048"}, Case{"1000", "c1", "2048"},
-                        Case{"60000", "c0", "0"}}) {
+  for (const Case& c :
+       {Case{"0", "c1", "2048"}, Case{"1000", "c1", "2048"}, Case{"60000", "c0", "0"}}) {
     const std::string out = tmp.File(std::string("out-") + c.staleness_ms);
     Simulate(out, {"--cluster", colo, "--trace", trace, "--router", "kv-aware",
                    "--router-staleness-ms", c.staleness_ms});
@@ -88,8 +91,7 @@ TEST(RouterStaleness, AFollowUpFindsItsPrefixOnlyOnceTheEventsArrive) {
     EXPECT_EQ(csv.Get(2, "cached_tokens"), c.b_cached) << "staleness " << c.staleness_ms;
     EXPECT_FALSE(csv.Get(2, "router_score").empty());
     const nlohmann::json s = ReadJson(out + "/summary.json");
-    EXPECT_EQ(s["run"]["router_options"]["staleness_ms"].get<double>(),
-              std::stod(c.staleness_ms));
+    EXPECT_EQ(s["run"]["router_options"]["staleness_ms"].get<double>(), std::stod(c.staleness_ms));
   }
 }
 

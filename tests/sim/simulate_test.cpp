@@ -507,8 +507,8 @@ std::vector<std::string> InstanceColumn(const Csv& csv, const std::string& colum
 TEST(Routers, EveryRouterCompletesAllRequests) {
   TempDir tmp;
   std::map<std::string, std::vector<std::string>> assignments;
-  for (const std::string router : {"round-robin", "least-loaded", "power-of-two", "prefix-aware",
-                                   "cache-aware", "kv-aware"}) {
+  for (const std::string router :
+       {"round-robin", "least-loaded", "power-of-two", "prefix-aware", "cache-aware", "kv-aware"}) {
     const std::string out = tmp.File(router);
     Simulate(out, RouterRun(router, "1"));
     const nlohmann::json s = ReadJson(out + "/summary.json");
@@ -522,7 +522,8 @@ TEST(Routers, EveryRouterCompletesAllRequests) {
       EXPECT_EQ(csv.Get(i, "prefill_instance").substr(0, 1), "p");
       EXPECT_EQ(csv.Get(i, "decode_instance").substr(0, 1), "d");
       // Policies that score say so; the others leave the column empty.
-      const bool scores = router == "prefix-aware" || router == "cache-aware" || router == "kv-aware";
+      const bool scores =
+          router == "prefix-aware" || router == "cache-aware" || router == "kv-aware";
       EXPECT_EQ(csv.Get(i, "router_score").empty(), !scores) << router << " request " << i;
       prefill_used.insert(csv.Get(i, "prefill_instance"));
       decode_used.insert(csv.Get(i, "decode_instance"));
