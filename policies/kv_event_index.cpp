@@ -3,18 +3,19 @@
 
 namespace duet::policies {
 
-KvEventIndex::KvEventIndex(int num_instances, Tokens block_tokens)
-    : cached_(static_cast<std::size_t>(num_instances)), block_tokens_(block_tokens) {
+KvEventIndex::KvEventIndex(int num_instances, Tokens block_tokens) : block_tokens_(block_tokens) {
   DUET_CHECK(num_instances > 0 && block_tokens > 0);
+  cached_.reserve(static_cast<std::size_t>(num_instances));
+  for (int i = 0; i < num_instances; ++i) cached_.emplace_back(kInitialEntries);
 }
 
 void KvEventIndex::Apply(InstanceId instance, std::span<const KvCacheEvent> events) {
   auto& set = cached_.at(static_cast<std::size_t>(instance));
   for (const KvCacheEvent& e : events) {
     if (e.stored) {
-      set.insert(e.hash);
+      set.InsertGrowing(e.hash, 0);
     } else {
-      set.erase(e.hash);
+      set.Erase(e.hash);
     }
   }
 }
@@ -23,7 +24,7 @@ Tokens KvEventIndex::CachedPrefixTokens(InstanceId instance, const Request& requ
   const auto& set = cached_.at(static_cast<std::size_t>(instance));
   Tokens tokens = 0;
   for (BlockHash h : request.block_hashes) {
-    if (!set.count(h)) break;
+    if (set.Find(h) == BlockHashIndex::kAbsent) break;
     tokens += block_tokens_;
   }
   return tokens;

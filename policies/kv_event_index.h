@@ -4,10 +4,10 @@
 #pragma once
 
 #include <span>
-#include <unordered_set>
 #include <vector>
 
 #include "policies/block_manager.h"
+#include "policies/hash_index.h"
 #include "policies/router.h"
 
 namespace duet::policies {
@@ -23,7 +23,8 @@ class KvEventIndex final : public CacheView {
   std::size_t blocks(InstanceId instance) const;
 
  private:
-  std::vector<std::unordered_set<BlockHash>> cached_;  // per instance
+  static constexpr std::int64_t kInitialEntries = 1024;  // each grows by doubling
+  std::vector<BlockHashIndex> cached_;                   // per instance: the hashes (values unused)
   Tokens block_tokens_;
 };
 
