@@ -7,7 +7,9 @@ every request: summary.json prefix_cache.pooled_reference), TTFT p99 and TPOT p9
 kv-aware whether it meets the goal of issue 13: a hit rate of at least 90% of the pooled
 reference with TTFT p99 and TPOT p99 within 10% of least-loaded's.
 
-Usage: bench/routers.py [--out FILE] [--rates 1,4] [--routers a,b]   Standard library only.
+Usage: bench/routers.py [--out FILE] [--rates 1,4] [--routers a,b] [--traces a,b]
+(traces: mooncake, prefix-heavy (the default pair) and multi-turn, the bundled session trace;
+its rate scale speeds up conversation starts, not think times). Standard library only.
 Needs ../shared/traces/mooncake_conversation.jsonl (skipped with a message when absent)."""
 import argparse
 import datetime
@@ -21,8 +23,9 @@ import tempfile
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ROUTERS = ["round-robin", "least-loaded", "power-of-two", "prefix-aware", "cache-aware", "kv-aware"]
 CLUSTERS = ["h100-16colo-llama8b", "h100-8p8d-llama8b"]
-TRACES = [("mooncake", "../shared/traces/mooncake_conversation.jsonl"),
-          ("prefix-heavy", "traces/bundled/prefix-heavy.json")]
+TRACES = {"mooncake": "../shared/traces/mooncake_conversation.jsonl",
+          "prefix-heavy": "traces/bundled/prefix-heavy.json",
+          "multi-turn": "traces/bundled/multi-turn.json"}
 
 
 def simulate(duet, cluster, trace, rate, router, out):
@@ -37,6 +40,7 @@ def main():
     ap.add_argument("--out", help="also write the table here")
     ap.add_argument("--rates", default="1,4")
     ap.add_argument("--routers", default=",".join(ROUTERS))
+    ap.add_argument("--traces", default="mooncake,prefix-heavy")
     ap.add_argument("--duet", default=os.path.join(ROOT, "build", "bin", "duet"))
     args = ap.parse_args()
     os.chdir(ROOT)
@@ -52,7 +56,8 @@ def main():
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     with tempfile.TemporaryDirectory() as tmp:
-        for trace_name, trace in TRACES:
+        for trace_name in args.traces.split(","):
+            trace = TRACES[trace_name]
             if not os.path.exists(trace):
                 print(f"skipping {trace_name}: {trace} not found", file=sys.stderr)
                 continue

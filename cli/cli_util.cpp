@@ -163,6 +163,42 @@ void AddRouterOptions(po::options_description& opts, const char* default_router)
   // clang-format on
 }
 
+void AddClosedLoopOptions(po::options_description& opts) {
+  // clang-format off
+  opts.add_options()
+    ("concurrency", po::value<std::size_t>()->default_value(0),
+     "closed loop: N virtual users, each sending the trace's next request once its previous "
+     "one finished (arrival times are ignored); 0: open loop at the trace's times")
+    ("think-time-ms", po::value<double>()->default_value(0),
+     "closed loop: a user's pause between a reply and its next request")
+    ("duration", po::value<double>(),
+     "closed loop: send no request after this many seconds (default: until the trace runs out)");
+  // clang-format on
+}
+
+Status ParseClosedLoopOptions(const po::variables_map& vm, traces::ClosedLoop* loop) {
+  loop->users = vm["concurrency"].as<std::size_t>();
+  const double think_ms = vm["think-time-ms"].as<double>();
+  if (loop->users > 1'000'000) return Status::Error("--concurrency must be at most 1000000");
+  if (loop->users == 0 && (!vm["think-time-ms"].defaulted() || vm.count("duration")))
+    return Status::Error("--think-time-ms and --duration need a closed loop (--concurrency N)");
+  if (loop->users > 0 && !vm["rate-scale"].defaulted())
+    return Status::Error(
+        "--rate-scale has no effect in a closed loop (--concurrency): users send when their "
+        "previous request finished");
+  // An hour bounds a think time, the trace horizon a duration: times stay finite.
+  if (!(think_ms >= 0 && think_ms <= 3.6e6))
+    return Status::Error("--think-time-ms must be in [0, 3600000]");
+  loop->think_s = think_ms / 1e3;
+  if (vm.count("duration")) {
+    const double duration = vm["duration"].as<double>();
+    if (!(duration > 0 && duration <= traces::kMaxArrivalS))
+      return Status::Error("--duration must be in (0, 1e8] seconds");
+    loop->duration_s = duration;
+  }
+  return Status::Ok();
+}
+
 Status ParseRouterOptions(const po::variables_map& vm, policies::RouterConfig* config) {
   auto kind = policies::ParseRouterKind(vm["router"].as<std::string>());
   if (!kind) return Status::Error("--router: " + kind.error());

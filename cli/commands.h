@@ -10,6 +10,7 @@
 
 #include "common/status.h"
 #include "policies/router.h"
+#include "traces/arrivals.h"
 #include "traces/trace.h"
 
 namespace duet::sim {
@@ -66,6 +67,12 @@ void AddRouterOptions(boost::program_options::options_description& opts,
 // Fills config's kind, kv weights and load guard; errors name the flag.
 Status ParseRouterOptions(const boost::program_options::variables_map& vm,
                           policies::RouterConfig* config);
+
+// --concurrency, --think-time-ms, --duration: a closed loop (simulate and replay); parsed with
+// the trace options (--rate-scale is refused with it). Errors name the flag.
+void AddClosedLoopOptions(boost::program_options::options_description& opts);
+Status ParseClosedLoopOptions(const boost::program_options::variables_map& vm,
+                              traces::ClosedLoop* loop);
 
 // --threads: 0 (all) up to the cores present; more would only start threads that wait.
 Status CheckThreadsFlag(int threads);

@@ -103,6 +103,7 @@ int Replay(int argc, char** argv) {
     ("slo", po::value<std::string>(), "service-level objectives in ms, e.g. ttft=2000,tpot=100")
     ("out", po::value<std::string>()->default_value("out"), "output directory");
   // clang-format on
+  AddClosedLoopOptions(opts);
   AddProgressOption(opts);
   AddTraceOptions(opts);
   po::variables_map vm;
@@ -131,6 +132,8 @@ int Replay(int argc, char** argv) {
     if (!parsed) return Fail(parsed.error(), kExitUsage);
     slo = *parsed;
   }
+  if (Status s = ParseClosedLoopOptions(vm, &options.closed_loop); !s.ok())
+    return Fail(s.message(), kExitUsage);
   auto progress = ProgressWanted(vm);
   if (!progress) return Fail(progress.error(), kExitUsage);
   options.progress = *progress;
@@ -138,6 +141,8 @@ int Replay(int argc, char** argv) {
 
   auto trace = LoadTrace(vm, &code);
   if (!trace) return Fail(trace.error(), code);
+  if (Status s = backend::replay::CheckReplayable(*trace); !s.ok())
+    return Fail(s.message(), kExitUsage);
 
   // The server must answer before anything is written.
   const Seconds preflight_s = std::min(options.timeout_s, kPreflightTimeoutS);
@@ -159,7 +164,9 @@ int Replay(int argc, char** argv) {
   auto report = backend::replay::RunReplay(*trace, options, metrics);
   if (!report) return Fail(report.error());
 
-  nlohmann::json summary = metrics.Summary(trace->requests.size(), slo);
+  // Every request sent has a record, and so has every one an interruption left unsent; a closed
+  // loop that ran out of time sent part of the trace.
+  nlohmann::json summary = metrics.Summary(metrics.finished(), slo);
   nlohmann::json errors = nlohmann::json::object();
   for (const auto& [kind, n] : report->errors) errors[kind] = n;
   summary["replay"] = {{"endpoint", options.endpoint.url},
@@ -177,6 +184,7 @@ int Replay(int argc, char** argv) {
   summary["run"] = {{"trace", trace->source},
                     {"rate_scale", vm["rate-scale"].as<double>()},
                     {"limit", vm["limit"].as<std::size_t>()},
+                    {"closed_loop", traces::ToJson(options.closed_loop)},
                     {"window", vm.count("window") ? vm["window"].as<std::string>() : ""},
                     {"seed", options.prompt.seed},
                     {"vocab_size", options.prompt.vocab_size}};

@@ -38,8 +38,20 @@ void PrintSummary(const nlohmann::json& s, const std::string& out_dir) {
       "  duration       %.1f s of traffic; simulated %.1f s in %.2f s wall (%.0fx), %lld events\n",
       s["duration_s"].get<double>(), simulated, wall, wall > 0 ? simulated / wall : 0.0,
       static_cast<long long>(sim["events"].get<std::int64_t>()));
+  std::printf("  GPU-hours      %.4f (%d GPUs held for the simulated time)\n",
+              s["gpu_hours"].get<double>(), run["gpus"].get<int>());
+  if (run["closed_loop"]["users"].get<std::size_t>() > 0) {
+    std::printf("  closed loop    %zu users, think time %g ms\n",
+                run["closed_loop"]["users"].get<std::size_t>(),
+                run["closed_loop"]["think_time_ms"].get<double>());
+  }
   PrintThroughputAndLatencies(s);
+  PrintDistribution("TTST ms", s["ttst_ms"]);
   PrintDistribution("queue ms", s["queue_ms"]);
+  if (s["sessions"]["count"].get<std::size_t>() > 0) {
+    std::printf("  sessions       %zu\n", s["sessions"]["count"].get<std::size_t>());
+    PrintDistribution("tok/s/session", s["sessions"]["output_tokens_per_s"]);
+  }
   const auto& pc = s["prefix_cache"];
   std::printf("  prefix cache   hit rate %.2f%% (%lld of %lld prompt tokens)",
               100 * pc["hit_rate"].get<double>(),
@@ -94,6 +106,7 @@ bool ParseSimulateArgs(int argc, char** argv, po::variables_map& vm, sim::SimOpt
   opts.add_options()("router-staleness-ms", po::value<double>()->default_value(0),
                      "the router sees the instances' GPU prefix caches this late (KV events "
                      "in flight); 0: as they are");
+  AddClosedLoopOptions(opts);
   AddProgressOption(opts);
   AddTraceOptions(opts, "traces/bundled/default.json");
   if (!ParseArgs(argc, argv, opts, vm, exit_code)) return false;
@@ -123,6 +136,8 @@ bool ParseSimulateArgs(int argc, char** argv, po::variables_map& vm, sim::SimOpt
       return usage("--reject-over-slo needs --router cache-aware and a TTFT SLO (--slo ttft=MS)");
     options.reject_over_slo = true;
   }
+  if (Status s = ParseClosedLoopOptions(vm, &options.closed_loop); !s.ok())
+    return usage(s.message());
   auto progress = ProgressWanted(vm);
   if (!progress) return usage(progress.error());
   options.progress = *progress;

@@ -67,4 +67,15 @@ std::vector<BlockHash> TokenBlockHashes(std::span<const std::int32_t> token_ids,
   return hashes;
 }
 
+void ExtendUniqueBlockHashes(std::vector<BlockHash>& hashes, std::uint64_t salt,
+                             std::int64_t blocks) {
+  if (blocks <= static_cast<std::int64_t>(hashes.size())) return;
+  BlockHash parent = hashes.empty() ? kRoot : hashes.back();
+  const std::uint64_t key = SplitMix64(salt ^ 0x756e69717565ULL);  // "unique": its own domain
+  for (auto j = static_cast<std::int64_t>(hashes.size()); j < blocks; ++j) {
+    parent = SplitMix64(SplitMix64(parent ^ key) ^ static_cast<std::uint64_t>(j));
+    hashes.push_back(parent);
+  }
+}
+
 }  // namespace duet::policies

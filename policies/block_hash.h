@@ -25,4 +25,10 @@ std::vector<BlockHash> EngineBlockHashes(std::span<const std::uint64_t> trace_id
 std::vector<BlockHash> TokenBlockHashes(std::span<const std::int32_t> token_ids,
                                         Tokens engine_block_tokens);
 
+// Appends to `hashes` until it names `blocks` blocks, each chained on the one before and salted
+// with `salt`: content no other request shares (a session turn's new tokens, its output),
+// though a later turn that continues it inherits the hashes.
+void ExtendUniqueBlockHashes(std::vector<BlockHash>& hashes, std::uint64_t salt,
+                             std::int64_t blocks);
+
 }  // namespace duet::policies

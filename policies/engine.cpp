@@ -457,6 +457,7 @@ void InstanceEngine::Apply(const StepPlan& plan, const StepResult& result, bool 
   }
   const Tokens steps = static_cast<Tokens>(step_end_s.size());
   for (Request* r : plan.decodes) {
+    if (r->second_token_s < 0 && r->generated_tokens == 1) r->second_token_s = step_end_s[0];
     r->generated_tokens += steps;
     r->computed_tokens = r->SequenceTokens() - 1;
     r->last_token_s = end_s;
@@ -507,6 +508,7 @@ void InstanceEngine::FinishPrefill(Request* r, Seconds t, const SampledToken* to
     r->first_token_s = t;
   } else {
     ports_.sink->OnTokenGaps(t - r->last_token_s, 1);  // the token after a recompute
+    if (r->second_token_s < 0) r->second_token_s = t;
   }
   r->last_token_s = t;
   r->state = RequestState::kDecoding;
@@ -525,6 +527,11 @@ void InstanceEngine::Complete(Request* r, Seconds t, FinishReason reason) {
   r->finish_reason = reason;
   r->finished_s = t;
   scheduler_.RemoveRunning(r);
+  // Hashes past the prompt name its output's blocks (a later turn continues this context):
+  // they join the prefix cache where the request ran whole.
+  if (config_.role == InstanceRole::kColocated &&
+      static_cast<Tokens>(r->block_hashes.size()) * config_.block_tokens > r->input_tokens)
+    blocks_.Register(r->id, r->block_hashes, r->computed_tokens);
   blocks_.Free(r->id);
   ports_.sink->OnFinished(*r);
 }

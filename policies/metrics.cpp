@@ -247,7 +247,13 @@ void MetricsCollector::OnPreempted(const Request&, InstanceId) { ++preemptions_;
 nlohmann::json MetricsCollector::Summary(std::size_t total_requests, const Slo& slo) const {
   std::size_t completed = 0, rejected = 0, failed = 0, met = 0;
   std::map<std::string, std::int64_t> rejected_reasons, failed_reasons;
-  std::vector<double> ttft, tpot, e2e, queue, transfer_ms;
+  std::vector<double> ttft, ttst, tpot, e2e, queue, transfer_ms;
+  // Per session: output tokens of its completed requests, first arrival, last finish.
+  struct SessionSpan {
+    Tokens output_tokens = 0;
+    Seconds first_arrival_s = std::numeric_limits<double>::infinity(), last_finish_s = 0;
+  };
+  std::map<std::int64_t, SessionSpan> sessions;
   std::vector<double> part_queue, part_load, part_prefill, part_transfer;
   Tokens lookup = 0, hit = 0, output_tokens = 0, total_tokens = 0;
   std::array<Tokens, kNumLowerTiers> tier_hit{};
@@ -274,6 +280,13 @@ nlohmann::json MetricsCollector::Summary(std::size_t total_requests, const Slo& 
       case RequestState::kCompleted:
         ++completed;
         ttft.push_back(TtftMs(r));
+        if (r.second_token_s >= 0) ttst.push_back(Ms(r.second_token_s - r.arrival_s));
+        if (r.session >= 0) {
+          SessionSpan& span = sessions[r.session];
+          span.output_tokens += r.output_tokens;
+          span.first_arrival_s = std::min(span.first_arrival_s, r.arrival_s);
+          span.last_finish_s = std::max(span.last_finish_s, r.finished_s);
+        }
         if (r.first_scheduled_s >= 0 && r.prefill_done_s >= 0) {
           const TtftParts parts = TtftBreakdown(r);
           part_queue.push_back(parts.queue_ms);
@@ -322,6 +335,7 @@ nlohmann::json MetricsCollector::Summary(std::size_t total_requests, const Slo& 
   const nlohmann::json transfer_json = ToJson(transfer, none);
   s["duration_s"] = Round(duration_s, 6);
   s["ttft_ms"] = ToJson(Summarize(ttft), none);
+  s["ttst_ms"] = ToJson(Summarize(ttst), none);
   s["tpot_ms"] = ToJson(Summarize(tpot), none);
   s["itl_ms"] = ToJson(gaps_ms_.Summarize(), none);
   s["e2e_ms"] = ToJson(Summarize(e2e), none);
@@ -355,6 +369,14 @@ nlohmann::json MetricsCollector::Summary(std::size_t total_requests, const Slo& 
                        {"hit_tokens", hit},
                        {"hit_rate", rate(hit)},
                        {"by_tier", by_tier}};
+  std::vector<double> session_rates;
+  for (const auto& [id, span] : sessions) {
+    const Seconds span_s = span.last_finish_s - span.first_arrival_s;
+    if (span_s > 0) session_rates.push_back(static_cast<double>(span.output_tokens) / span_s);
+  }
+  s["sessions"] = {
+      {"count", session_rates.size()},
+      {"output_tokens_per_s", ToJson(Summarize(session_rates), session_rates.empty())}};
   s["kv_transfer"] = {{"transfers", transfer.count},
                       {"bytes", transfer_bytes},
                       {"time_ms", nlohmann::json::object()}};
@@ -374,7 +396,7 @@ Status MetricsCollector::WriteRequestsCsv(const std::string& path,
   out << "request_id,arrival_s,input_tokens,output_tokens,cached_tokens,prefill_instance,"
          "decode_instance,queue_ms,ttft_ms,tpot_ms,e2e_ms,kv_transfer_ms,status,reason,"
          "gpu_hit_tokens,dram_hit_tokens,ssd_hit_tokens,remote_hit_tokens,ttft_queue_ms,"
-         "ttft_load_ms,ttft_prefill_ms,ttft_transfer_ms,router_score\n";
+         "ttft_load_ms,ttft_prefill_ms,ttft_transfer_ms,router_score,ttst_ms,session\n";
   auto name = [&](InstanceId i) {
     return i == kNoInstance ? std::string()
                             : CsvField(instance_names.at(static_cast<std::size_t>(i)));
@@ -399,7 +421,9 @@ Status MetricsCollector::WriteRequestsCsv(const std::string& path,
     } else {
       out << ",,,,";
     }
-    out << ',' << (r->router_score ? Fixed(*r->router_score, 3) : "") << '\n';
+    out << ',' << (r->router_score ? Fixed(*r->router_score, 3) : "") << ','
+        << (done && r->second_token_s >= 0 ? Fixed(Ms(r->second_token_s - r->arrival_s), 3) : "")
+        << ',' << (r->session >= 0 ? std::to_string(r->session) : "") << '\n';
   }
   out.flush();
   if (!out) return Status::Error(path + ": write failed");

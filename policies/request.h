@@ -64,7 +64,9 @@ struct Request {
   // the real backend a stop token can end the request earlier, and this becomes the count.
   Tokens output_tokens = 0;
   // Chained hashes of the prompt's full engine blocks (prefix identity); may cover fewer
-  // blocks than the prompt when the trace has no content information for the rest.
+  // blocks than the prompt when the trace has no content information for the rest. When a
+  // later request continues this one's context (a session's next turn), they go on over the
+  // output's full blocks, which a colocated instance caches at completion.
   std::vector<BlockHash> block_hashes;
   // Real backend only (empty in simulation): the prompt's token ids, then each generated one.
   std::vector<std::int32_t> token_ids;
@@ -74,6 +76,9 @@ struct Request {
   InstanceId prefill_instance = kNoInstance;
   InstanceId decode_instance = kNoInstance;
   std::optional<double> router_score;  // the router's score of prefill_instance (RoutingDecision)
+  // The session (or closed-loop user) the request belongs to, for per-session throughput; -1:
+  // none.
+  std::int64_t session = -1;
 
   // Progress on the instance that holds the request now.
   Tokens prefill_target = 0;    // tokens to compute in the current prefill (prompt + output
@@ -99,6 +104,7 @@ struct Request {
   Seconds prefill_done_s = -1;  // end of the prefill step that produced the first token
   Seconds kv_ready_s = -1;      // PD: KV usable on the decode instance
   Seconds first_token_s = -1;   // first token delivered to the client
+  Seconds second_token_s = -1;  // the second one (PD: the first from the decode instance)
   Seconds last_token_s = -1;
   Seconds finished_s = -1;
   FinishReason finish_reason = FinishReason::kNone;

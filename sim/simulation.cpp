@@ -23,6 +23,7 @@
 #include "policies/engine.h"
 #include "policies/kv_event_index.h"
 #include "sim/platform.h"
+#include "traces/arrivals.h"
 
 namespace duet::sim {
 
@@ -180,6 +181,17 @@ struct World {
   // prefill, seeing every routed request at its arrival (hit tokens, as the engines count them).
   std::unique_ptr<policies::KvBlockManager> pooled;
   Tokens pooled_lookup_tokens = 0, pooled_hit_tokens = 0;
+  // When requests are sent (open loop, sessions, closed loop) and, with sessions, how many
+  // later turns still need each request's context hashes.
+  std::optional<traces::Arrivals> arrivals;
+  std::vector<std::uint32_t> continuations_left;
+  std::vector<std::size_t> parent_of;    // per request with a parent: the parent's index
+  std::vector<std::int64_t> session_of;  // per request: its session's number, -1 none
+  // Arrival times that depend on finishes: the frontend sleeps on `wake` until the next known
+  // arrival, and a finish wakes it.
+  sg4::MutexPtr wake_mutex;
+  sg4::ConditionVariablePtr wake;
+  bool frontend_sleeping = false;
   sg4::Mailbox* done_mailbox = nullptr;
   bool frontend_waiting = false;
   std::size_t finished = 0;
@@ -203,6 +215,8 @@ struct World {
   World(const ClusterSpec& c, const traces::Trace& t, const SimOptions& o)
       : cluster(c), trace(t), options(o) {}
 };
+
+std::optional<Tokens> CachePooled(World& w, const Request& r, Tokens tokens);
 
 SimPorts::SimPorts(World& world, InstanceId id)
     : world_(world), id_(id), mailbox_(world.mailboxes[static_cast<std::size_t>(id)]) {}
@@ -411,14 +425,25 @@ void SimStorage::AppendWaitables(std::vector<sg4::CommPtr>* out) const {
 
 void SimSink::OnFinished(const Request& request) {
   // Nothing reads a finished request's prefix hashes again (routing, admission and offload
-  // are behind it): free them, about 6 KB per Mooncake request, before the record is copied.
-  Request& r = world_.requests[static_cast<std::size_t>(&request - world_.requests.data())];
-  std::vector<policies::BlockHash>().swap(r.block_hashes);
+  // are behind it) unless a later turn continues its context: free them, about 6 KB per
+  // Mooncake request, before the record is copied.
+  const auto k = static_cast<std::size_t>(&request - world_.requests.data());
+  Request& r = world_.requests[k];
+  if (world_.continuations_left.empty() || world_.continuations_left[k] == 0) {
+    std::vector<policies::BlockHash>().swap(r.block_hashes);
+  } else if (world_.pooled && !world_.cluster.pd() && r.state == RequestState::kCompleted) {
+    // Colocated instances cache the output of a request that later turns continue (the engine
+    // does, at completion): so does the pooled reference.
+    CachePooled(world_, r, r.input_tokens + r.output_tokens - 1);
+  }
   world_.metrics.OnFinished(request);
   world_.router->OnFinished(request);
   ++world_.finished;
   if (world_.options.progress) DrawProgress(false);
-  if (world_.finished == world_.requests.size() && world_.frontend_waiting) {
+  world_.arrivals->OnFinished(k, sg4::Engine::get_clock(), r.state == RequestState::kCompleted);
+  if (world_.frontend_sleeping) world_.wake->notify_all();
+  if (world_.finished == world_.arrivals->released() && world_.arrivals->Exhausted() &&
+      world_.frontend_waiting) {
     // SimGrid needs a non-null payload to tell a send from a receive.
     static int done_token = 0;
     world_.done_mailbox->put_init(&done_token, 0)->detach();
@@ -488,16 +513,57 @@ void DeliverKvEvents(World& w) {
   }
 }
 
-// The pooled reference cache sees `r`: its hit counted as an engine counts one (at least one
-// prompt token computed), then its prompt cached and released, most recently used.
+// The pooled reference cache takes the first `tokens` of `r`'s context, most recently used;
+// returns the tokens it already held (at least one token computed, as an engine counts hits),
+// or nullopt when they do not fit.
+std::optional<Tokens> CachePooled(World& w, const Request& r, Tokens tokens) {
+  const auto hit = w.pooled->Allocate(r.id, r.block_hashes, tokens, tokens - 1);
+  if (!hit) return std::nullopt;
+  w.pooled->Register(r.id, r.block_hashes, tokens);
+  w.pooled->Free(r.id);
+  return hit;
+}
+
+// The pooled reference cache sees `r` at its arrival: its hit counted, its prompt cached.
 void LookUpPooled(World& w, const Request& r) {
   if (!w.pooled || r.input_tokens <= 0) return;
-  const auto hit = w.pooled->Allocate(r.id, r.block_hashes, r.input_tokens, r.input_tokens - 1);
+  const auto hit = CachePooled(w, r, r.input_tokens);
   if (!hit) return;  // larger than every prefill instance together: admission rejected it
   w.pooled_lookup_tokens += r.input_tokens;
   w.pooled_hit_tokens += *hit;
-  w.pooled->Register(r.id, r.block_hashes, r.input_tokens);
-  w.pooled->Free(r.id);
+}
+
+// A later turn of request `p` took its context hashes (or will never need them): once no turn
+// needs them and `p` finished, they go.
+void ReleaseContext(World& w, std::size_t p) {
+  if (--w.continuations_left[p] == 0 && policies::IsFinished(w.requests[p].state))
+    std::vector<policies::BlockHash>().swap(w.requests[p].block_hashes);
+}
+
+// Request `k`'s prefix hashes, set when it is sent. A later turn of a session inherits its
+// parent's context hashes (prompt and output, computed when the parent was sent), then names
+// its new tokens as its own; a request that later turns continue names its output too.
+void SetBlockHashes(World& w, std::size_t k) {
+  Request& r = w.requests[k];
+  const traces::TraceRequest& tr = w.trace.requests[k];
+  const Tokens block = w.cluster.engine.block_tokens;
+  if (tr.parent) {
+    const std::size_t p = w.parent_of[k];
+    Request& parent = w.requests[p];
+    const auto inherited = std::min<std::size_t>(
+        parent.block_hashes.size(), static_cast<std::size_t>(tr.context_tokens / block));
+    r.block_hashes.assign(parent.block_hashes.begin(),
+                          parent.block_hashes.begin() + static_cast<std::ptrdiff_t>(inherited));
+    ReleaseContext(w, p);
+    policies::ExtendUniqueBlockHashes(r.block_hashes, r.id, r.input_tokens / block);
+  } else {
+    r.block_hashes =
+        policies::EngineBlockHashes(tr.block_ids, w.trace.block_tokens, r.input_tokens, block);
+  }
+  // Prompt content no trace id names, and the output, are this request's own.
+  if (!w.continuations_left.empty() && w.continuations_left[k] > 0)
+    policies::ExtendUniqueBlockHashes(r.block_hashes, r.id,
+                                      (r.input_tokens + r.output_tokens) / block);
 }
 
 void Frontend(World& w, const std::vector<InstanceId>& prefill_side,
@@ -509,48 +575,37 @@ void Frontend(World& w, const std::vector<InstanceId>& prefill_side,
   for (InstanceId i : prefill_side) prefill_limit = std::min(prefill_limit, AdmissibleTokens(w, i));
   for (InstanceId i : decode_side.empty() ? prefill_side : decode_side)
     serve_limit = std::min(serve_limit, AdmissibleTokens(w, i));
-  const Tokens block_tokens = w.cluster.engine.block_tokens;
   // The model's context: the prompt and every output token need a position.
   const Tokens context_tokens = w.cluster.model.max_position_embeddings;
 
-  for (std::size_t k = 0; k < w.requests.size(); ++k) {
+  auto reject = [&](Request& r, std::string reason) {
+    r.state = RequestState::kRejected;
+    r.finished_s = sg4::Engine::get_clock();
+    r.reason = std::move(reason);
+    w.sink->OnFinished(r);
+  };
+  // Sends request `k`: admission checks, routing, the message to its prefill instance.
+  auto send = [&](std::size_t k, Seconds arrival_s) {
     Request& r = w.requests[k];
-    const traces::TraceRequest& tr = w.trace.requests[k];
-    if (r.arrival_s > sg4::Engine::get_clock()) {
-      sg4::this_actor::sleep_until(r.arrival_s);
-      ++w.events;
-    }
+    r.arrival_s = arrival_s;
+    const std::int64_t user = w.arrivals->user(k);
+    r.session = user >= 0 ? user : w.session_of.empty() ? -1 : w.session_of[k];
+    SetBlockHashes(w, k);
     // Reasons read "<class>: <detail>": the summary counts them by class.
     const Tokens footprint = r.input_tokens + r.output_tokens;
     if (footprint > context_tokens) {
-      r.state = RequestState::kRejected;
-      r.finished_s = sg4::Engine::get_clock();
-      r.reason = "exceeds the model's context: needs " + std::to_string(footprint) +
-                 " positions (prompt and output); " + w.cluster.model.name +
-                 " has max_position_embeddings " + std::to_string(context_tokens);
-      w.sink->OnFinished(r);
-      continue;
+      return reject(r, "exceeds the model's context: needs " + std::to_string(footprint) +
+                           " positions (prompt and output); " + w.cluster.model.name +
+                           " has max_position_embeddings " + std::to_string(context_tokens));
     }
     if (r.input_tokens > prefill_limit || footprint > serve_limit) {
-      r.state = RequestState::kRejected;
-      r.finished_s = sg4::Engine::get_clock();
-      r.reason = "exceeds KV capacity: needs " + std::to_string(footprint) +
-                 " KV tokens; an instance admits at most " +
-                 std::to_string(std::min(prefill_limit, serve_limit));
-      w.sink->OnFinished(r);
-      continue;
+      return reject(r, "exceeds KV capacity: needs " + std::to_string(footprint) +
+                           " KV tokens; an instance admits at most " +
+                           std::to_string(std::min(prefill_limit, serve_limit)));
     }
-    r.block_hashes = policies::EngineBlockHashes(tr.block_ids, w.trace.block_tokens, r.input_tokens,
-                                                 block_tokens);
     DeliverKvEvents(w);
     const policies::RoutingDecision d = w.router->Route(r);
-    if (!d.reject_reason.empty()) {
-      r.state = RequestState::kRejected;
-      r.finished_s = sg4::Engine::get_clock();
-      r.reason = d.reject_reason;
-      w.sink->OnFinished(r);
-      continue;
-    }
+    if (!d.reject_reason.empty()) return reject(r, d.reject_reason);
     r.prefill_instance = d.prefill;
     r.decode_instance = d.decode;
     r.router_score = d.score;
@@ -563,8 +618,41 @@ void Frontend(World& w, const std::vector<InstanceId>& prefill_side,
         ->put_init(new EngineMessage{EngineMessage::Kind::kNewRequest, &r, policies::kNoInstance},
                    static_cast<std::uint64_t>(r.input_tokens) * 4)
         ->detach();
+  };
+
+  traces::Arrivals& arrivals = *w.arrivals;
+  for (;;) {
+    // A request whose dependency was rejected or failed is never sent.
+    while (const auto dropped = arrivals.TakeDropped()) {
+      Request& r = w.requests[dropped->index];
+      r.arrival_s = sg4::Engine::get_clock();
+      if (w.trace.requests[dropped->index].parent) ReleaseContext(w, w.parent_of[dropped->index]);
+      const Request& cause = w.requests[dropped->cause];
+      reject(r, std::string("dependency not completed: request ") + std::to_string(cause.id) +
+                    " was " + policies::ToString(cause.state));
+    }
+    if (const auto due = arrivals.TakeDue(sg4::Engine::get_clock())) {
+      send(due->index, due->arrival_s);
+      continue;
+    }
+    if (arrivals.Exhausted()) break;
+    const std::optional<Seconds> next = arrivals.NextArrival();
+    if (!arrivals.dynamic()) {
+      sg4::this_actor::sleep_until(*next);
+    } else {
+      // Until the next known arrival, or a finish that may bring one sooner.
+      std::unique_lock lock(*w.wake_mutex);
+      w.frontend_sleeping = true;
+      if (next) {
+        w.wake->wait_until(lock, *next);
+      } else {
+        w.wake->wait(lock);
+      }
+      w.frontend_sleeping = false;
+    }
+    ++w.events;
   }
-  if (w.finished < w.requests.size()) {
+  if (w.finished < arrivals.released()) {
     w.frontend_waiting = true;
     w.done_mailbox->get<int>();
     ++w.events;
@@ -749,6 +837,31 @@ Result<SimReport> Simulate(const ClusterSpec& cluster, const traces::Trace& trac
     r.input_tokens = tr.input_tokens;
     r.output_tokens = tr.output_tokens;
   }
+  auto arrivals = traces::Arrivals::Create(trace, options.closed_loop);
+  if (!arrivals) return arrivals.status();
+  w.arrivals.emplace(std::move(*arrivals));
+  if (trace.HasDependencies()) {
+    std::unordered_map<std::uint64_t, std::size_t> index;
+    std::map<std::string, std::int64_t> sessions;
+    w.continuations_left.assign(trace.requests.size(), 0);
+    w.parent_of.assign(trace.requests.size(), 0);
+    w.session_of.assign(trace.requests.size(), -1);
+    for (std::size_t k = 0; k < trace.requests.size(); ++k) {
+      const traces::TraceRequest& tr = trace.requests[k];
+      index.emplace(tr.id, k);
+      if (!tr.session.empty())
+        w.session_of[k] =
+            sessions.emplace(tr.session, static_cast<std::int64_t>(sessions.size())).first->second;
+      if (!tr.parent) continue;
+      // Arrivals::Create checked that every dependency is in the trace.
+      w.parent_of[k] = index.at(*tr.parent);
+      ++w.continuations_left[w.parent_of[k]];
+    }
+  }
+  if (w.arrivals->dynamic()) {
+    w.wake_mutex = sg4::Mutex::create();
+    w.wake = sg4::ConditionVariable::create();
+  }
   w.done_mailbox = sg4::Mailbox::by_name("frontend-done");
   w.sink = std::make_unique<SimSink>(w);
   w.cache_view = std::make_unique<EngineCacheView>(w);
@@ -846,7 +959,8 @@ Result<SimReport> Simulate(const ClusterSpec& cluster, const traces::Trace& trac
     return Status::Error("simulation ended in a broken state: " + w.errors.front());
 
   SimReport report;
-  report.summary = w.metrics.Summary(w.requests.size(), options.slo);
+  // A closed loop that ran out of time sent only part of the trace.
+  report.summary = w.metrics.Summary(w.arrivals->released(), options.slo);
   std::int64_t steps = 0;
   for (const auto& e : w.engines) steps += e->steps();
   const double wall_s =
@@ -855,7 +969,13 @@ Result<SimReport> Simulate(const ClusterSpec& cluster, const traces::Trace& trac
                            {"simulated_s", std::round(sg4::Engine::get_clock() * 1e6) / 1e6},
                            {"events", w.events},
                            {"engine_steps", steps}};
+  int gpus = 0;
+  for (const InstanceSpec& inst : cluster.instances) gpus += static_cast<int>(inst.gpus.size());
+  // The cluster is held for the whole simulated time, idle GPUs included.
+  report.summary["gpu_hours"] = policies::Round(gpus * sg4::Engine::get_clock() / 3600.0, 6);
   report.summary["run"] = {{"cluster", cluster.name},
+                           {"gpus", gpus},
+                           {"closed_loop", traces::ToJson(options.closed_loop)},
                            {"model", cluster.model.name},
                            {"mode", cluster.pd() ? "pd" : "colocated"},
                            {"instances", cluster.instances.size()},

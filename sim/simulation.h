@@ -10,6 +10,7 @@
 #include "policies/metrics.h"
 #include "policies/router.h"
 #include "sim/cluster_spec.h"
+#include "traces/arrivals.h"
 #include "traces/trace.h"
 
 namespace duet::sim {
@@ -24,6 +25,8 @@ struct SimOptions {
   // > 0: the router reads the GPU prefix caches from KV events delivered this late (a real
   // router's view); 0: from the block managers directly. Lower tiers are always read as is.
   Seconds router_staleness_s = 0;
+  // users > 0: a closed loop replaces the trace's arrival times (traces/arrivals.h).
+  traces::ClosedLoop closed_loop;
 };
 
 struct SimReport {

@@ -12,6 +12,8 @@
 #include <sstream>
 #include <string>
 #include <string_view>
+#include <unordered_map>
+#include <vector>
 
 #include "common/json_util.h"
 #include "common/text.h"
@@ -180,9 +182,109 @@ bool FastParseLine(std::string_view text, TraceRequest& request) {
 
 // ---- Full path ------------------------------------------------------------------------------
 
+// What the lines read so far define for the lines after them: request and session names.
+struct Names {
+  std::unordered_map<std::string, std::pair<std::uint64_t, std::size_t>> requests;  // id, line
+  std::unordered_map<std::string, std::uint64_t> session_last;  // the session's latest request
+};
+
+// A request or session name: a non-empty string, or a non-negative integer (read as its decimal
+// text, so 5 and "5" name the same request).
+Result<std::string> ReadName(const nlohmann::json& value, const std::string& where,
+                             const char* field) {
+  if (value.is_string() && value.get_ref<const std::string&>().empty())
+    return FieldError(where, field, "must not be empty");
+  if (value.is_string()) return value.get<std::string>();
+  if (value.is_number_unsigned()) return std::to_string(value.get<std::uint64_t>());
+  return FieldError(where, field, "must be a string or a non-negative integer");
+}
+
+// The session fields of a line (docs/workloads.md), after its Mooncake fields were read.
+// `requests`: the lines before, in file order (ids are positions).
+Status ParseDependencies(const nlohmann::json& obj, bool has_timestamp,
+                         const std::vector<TraceRequest>& requests, Names& names,
+                         const std::string& where, std::size_t line, TraceRequest& request) {
+  auto earlier = [&](const nlohmann::json& value, const char* field) -> Result<std::uint64_t> {
+    auto name = ReadName(value, where, field);
+    if (!name) return name.status();
+    auto it = names.requests.find(*name);
+    if (it == names.requests.end())
+      return FieldError(where, field,
+                        "names '" + Excerpt(*name, 64) + "', which no earlier request_id is");
+    return it->second.first;
+  };
+  if (auto it = obj.find("session_id"); it != obj.end() && !it->is_null()) {
+    auto name = ReadName(*it, where, "session_id");
+    if (!name) return name.status();
+    request.session = *name;
+  }
+  if (auto it = obj.find("parent"); it != obj.end() && !it->is_null()) {
+    auto parent = earlier(*it, "parent");
+    if (!parent) return parent.status();
+    request.parent = *parent;
+  } else if (!request.session.empty()) {
+    // A session's turns follow each other in file order.
+    if (auto last = names.session_last.find(request.session); last != names.session_last.end())
+      request.parent = last->second;
+  }
+  if (auto it = obj.find("after"); it != obj.end() && !it->is_null()) {
+    if (!it->is_array()) return FieldError(where, "after", "must be an array of request_ids");
+    for (const nlohmann::json& value : *it) {
+      auto id = earlier(value, "after");
+      if (!id) return id.status();
+      if (std::find(request.after.begin(), request.after.end(), *id) == request.after.end())
+        request.after.push_back(*id);
+    }
+  }
+  if (JsonHas(obj, "delay")) {
+    if (!request.HasDependencies())
+      return FieldError(where, "delay",
+                        "needs a request to follow (parent, an earlier turn of its session_id, "
+                        "or after)");
+    auto delay = JsonNumberIn(obj, "delay", 0, kMaxArrivalS * 1000.0, where);
+    if (!delay) return delay.status();
+    request.delay_s = *delay / 1000.0;
+  }
+  if (!has_timestamp && !request.HasDependencies())
+    return FieldError(where, "timestamp", "is missing");
+  if (request.parent) {
+    const TraceRequest& parent = requests[*request.parent];
+    if (request.session.empty()) request.session = parent.session;
+    if (!request.block_ids.empty())
+      return FieldError(where, "hash_ids",
+                        "must be empty for a request with a parent: its prompt is the parent's "
+                        "context, then input_length new tokens");
+    request.context_tokens = parent.input_tokens + parent.output_tokens;
+    if (request.context_tokens + request.input_tokens > kMaxRequestTokens)
+      return FieldError(where, "input_length",
+                        "makes the prompt, after the parent's " +
+                            std::to_string(request.context_tokens) +
+                            " tokens of context, longer "
+                            "than " +
+                            std::to_string(kMaxRequestTokens) + " tokens");
+    request.input_tokens += request.context_tokens;
+  }
+  // Sent after its dependencies: never before they arrived.
+  if (request.parent)
+    request.arrival_s = std::max(request.arrival_s, requests[*request.parent].arrival_s);
+  for (std::uint64_t id : request.after)
+    request.arrival_s = std::max(request.arrival_s, requests[id].arrival_s);
+  if (auto it = obj.find("request_id"); it != obj.end() && !it->is_null()) {
+    auto name = ReadName(*it, where, "request_id");
+    if (!name) return name.status();
+    auto [pos, inserted] = names.requests.try_emplace(*name, request.id, line);
+    if (!inserted)
+      return FieldError(where, "request_id",
+                        "'" + Excerpt(*name, 64) + "' is already the request_id of line " +
+                            std::to_string(pos->second.second));
+  }
+  if (!request.session.empty()) names.session_last[request.session] = request.id;
+  return Status::Ok();
+}
+
 // Parses one non-blank line into `request` (id and block_ids filled, arrival in seconds).
 Status ParseLine(std::string_view text, const std::string& source, std::size_t line,
-                 TraceRequest& request) {
+                 const std::vector<TraceRequest>& earlier, Names& names, TraceRequest& request) {
   nlohmann::json obj = nlohmann::json::parse(text.begin(), text.end(), nullptr,
                                              /*allow_exceptions=*/false);
   if (obj.is_discarded()) {
@@ -197,19 +299,23 @@ Status ParseLine(std::string_view text, const std::string& source, std::size_t l
   }
   if (!obj.is_object()) return LineError(source, line, "expected a JSON object");
 
+  // Checked once the dependencies are known: a request that follows others may omit it.
   auto ts = obj.find("timestamp");
-  if (ts == obj.end()) return FieldError(LineWhere(source, line), "timestamp", "is missing");
-  if (!ts->is_number() || !std::isfinite(ts->get<double>()) || ts->get<double>() < 0) {
-    return FieldError(LineWhere(source, line), "timestamp",
-                      "must be a non-negative number (milliseconds)");
+  const bool has_timestamp = ts != obj.end() && !ts->is_null();
+  request.arrival_s = 0;
+  if (has_timestamp) {
+    if (!ts->is_number() || !std::isfinite(ts->get<double>()) || ts->get<double>() < 0) {
+      return FieldError(LineWhere(source, line), "timestamp",
+                        "must be a non-negative number (milliseconds)");
+    }
+    if (ts->get<double>() > kMaxArrivalS * 1000.0) {
+      char limit[32];
+      std::snprintf(limit, sizeof limit, "%g", kMaxArrivalS * 1000.0);
+      return FieldError(LineWhere(source, line), "timestamp",
+                        std::string("must be at most ") + limit + " ms (the trace horizon)");
+    }
+    request.arrival_s = ts->get<double>() / 1000.0;
   }
-  if (ts->get<double>() > kMaxArrivalS * 1000.0) {
-    char limit[32];
-    std::snprintf(limit, sizeof limit, "%g", kMaxArrivalS * 1000.0);
-    return FieldError(LineWhere(source, line), "timestamp",
-                      std::string("must be at most ") + limit + " ms (the trace horizon)");
-  }
-  request.arrival_s = ts->get<double>() / 1000.0;
 
   auto input = ReadLength(obj, "input_length", source, line);
   if (!input) return input.status();
@@ -219,7 +325,14 @@ Status ParseLine(std::string_view text, const std::string& source, std::size_t l
   request.output_tokens = *output;
 
   auto ids = obj.find("hash_ids");
-  if (ids == obj.end()) return FieldError(LineWhere(source, line), "hash_ids", "is missing");
+  // A request that continues a parent's context has none of its own.
+  const bool follows = JsonHas(obj, "parent") || JsonHas(obj, "session_id");
+  if (ids == obj.end() || (follows && ids->is_null())) {
+    if (!follows) return FieldError(LineWhere(source, line), "hash_ids", "is missing");
+    request.block_ids.clear();
+    return ParseDependencies(obj, has_timestamp, earlier, names, LineWhere(source, line), line,
+                             request);
+  }
   if (!ids->is_array()) {
     return FieldError(LineWhere(source, line), "hash_ids",
                       "must be an array of non-negative integers");
@@ -244,13 +357,15 @@ Status ParseLine(std::string_view text, const std::string& source, std::size_t l
     }
     request.block_ids.push_back(id.get<std::uint64_t>());
   }
-  return Status::Ok();
+  return ParseDependencies(obj, has_timestamp, earlier, names, LineWhere(source, line), line,
+                           request);
 }
 
 Result<Trace> ParseMooncakeText(std::string_view text, const std::string& source_name) {
   Trace trace;
   trace.source = source_name;
   trace.block_tokens = kMooncakeBlockTokens;
+  Names names;
   std::size_t line = 0;
   std::size_t pos = 0;
   while (pos < text.size()) {
@@ -263,12 +378,13 @@ Result<Trace> ParseMooncakeText(std::string_view text, const std::string& source
     TraceRequest request;
     request.id = trace.requests.size();
     if (!FastParseLine(content, request)) {
-      DUET_RETURN_IF_ERROR(ParseLine(content, source_name, line, request));
+      DUET_RETURN_IF_ERROR(ParseLine(content, source_name, line, trace.requests, names, request));
     }
     trace.requests.push_back(std::move(request));
   }
   if (trace.requests.empty()) return Status::Error(source_name + ": no requests");
-  // Timestamps may go backwards in a trace; replay needs arrival order, file order on ties.
+  // Timestamps may go backwards in a trace; replay needs arrival order, file order on ties
+  // (which keeps every request after its dependencies: its arrival bound is at least theirs).
   std::stable_sort(
       trace.requests.begin(), trace.requests.end(),
       [](const TraceRequest& a, const TraceRequest& b) { return a.arrival_s < b.arrival_s; });

@@ -35,6 +35,21 @@ constexpr std::uint64_t kMaxTraceBytes = std::uint64_t{2} << 30;
 constexpr double kMinCv = 1e-3;   // below this the gamma shape 1/cv^2 gets absurdly large
 constexpr double kMaxCv = 100.0;  // above this nearly every gap underflows to 0
 constexpr double kMaxSigma = 10.0;
+// Sessions: turns per session and think time between turns (ms).
+constexpr Tokens kMaxTurns = 10'000;
+constexpr Tokens kMaxThinkTimeMs = 3'600'000;  // one hour
+
+// What a distribution may produce: values in [lowest, highest] (lognormal and trace clamps
+// default to [lowest, default_max]), and whether it may sample a trace.
+struct LengthLimits {
+  Tokens lowest = 1;
+  Tokens highest = kMaxTokens;
+  Tokens default_max = kDefaultMaxTokens;
+  bool allow_trace = true;
+};
+constexpr LengthLimits kTokenLimits{};
+constexpr LengthLimits kTurnLimits{1, kMaxTurns, kMaxTurns, false};
+constexpr LengthLimits kThinkTimeLimits{0, kMaxThinkTimeMs, kDefaultMaxTokens, false};
 
 // ---- Sampling -------------------------------------------------------------------------------
 
@@ -102,28 +117,34 @@ Tokens ClampTokens(double value, Tokens min, Tokens max) {
 // ---- Validation -----------------------------------------------------------------------------
 
 Status CheckTokenRange(Tokens value, const std::string& where, const std::string& field,
-                       Tokens lowest) {
-  if (value < lowest || value > kMaxTokens) {
+                       Tokens lowest, Tokens highest = kMaxTokens) {
+  if (value < lowest || value > highest) {
     return FieldError(where, field,
                       "must be between " + std::to_string(lowest) + " and " +
-                          std::to_string(kMaxTokens) + ", got " + std::to_string(value));
+                          std::to_string(highest) + ", got " + std::to_string(value));
   }
   return Status::Ok();
 }
 
-Status ValidateLength(const LengthDist& dist, const std::string& where) {
+Status ValidateLength(const LengthDist& dist, const std::string& where,
+                      const LengthLimits& limits = kTokenLimits) {
   switch (dist.kind) {
     case LengthDist::Kind::kFixed:
-      return CheckTokenRange(dist.value, where, "value", 1);
+      return CheckTokenRange(dist.value, where, "value", limits.lowest, limits.highest);
     case LengthDist::Kind::kLognormal:
-      if (!std::isfinite(dist.mean) || dist.mean <= 0 || dist.mean > kMaxTokens) {
-        return FieldError(where, "mean", "must be > 0 and at most " + std::to_string(kMaxTokens));
+      if (!std::isfinite(dist.mean) || dist.mean <= 0 ||
+          dist.mean > static_cast<double>(limits.highest)) {
+        return FieldError(where, "mean",
+                          "must be > 0 and at most " + std::to_string(limits.highest));
       }
       if (!std::isfinite(dist.sigma) || dist.sigma < 0 || dist.sigma > kMaxSigma) {
         return FieldError(where, "sigma", "must be between 0 and 10");
       }
       break;
     case LengthDist::Kind::kTrace:
+      if (!limits.allow_trace) {
+        return FieldError(where, "dist", "must be one of: fixed, uniform, lognormal");
+      }
       if (dist.trace_path.empty()) return FieldError(where, "path", "must not be empty");
       if (dist.trace_format == TraceFormat::kSynthetic) {
         return FieldError(where, "format", "must be one of: mooncake, azure");
@@ -132,8 +153,8 @@ Status ValidateLength(const LengthDist& dist, const std::string& where) {
     case LengthDist::Kind::kUniform:
       break;
   }
-  DUET_RETURN_IF_ERROR(CheckTokenRange(dist.min, where, "min", 1));
-  DUET_RETURN_IF_ERROR(CheckTokenRange(dist.max, where, "max", 1));
+  DUET_RETURN_IF_ERROR(CheckTokenRange(dist.min, where, "min", limits.lowest, limits.highest));
+  DUET_RETURN_IF_ERROR(CheckTokenRange(dist.max, where, "max", limits.lowest, limits.highest));
   if (dist.min > dist.max) {
     return FieldError(
         where, "min",
@@ -171,6 +192,20 @@ Status ValidateSpec(const SyntheticSpec& spec, const std::string& where) {
   }
   if (!std::isfinite(spec.prefix_zipf) || spec.prefix_zipf < 0) {
     return FieldError(prefix_where, "zipf", "must be >= 0 (0: uniform)");
+  }
+  if (spec.sessions) {
+    const std::string sessions_where = where + ": sessions";
+    DUET_RETURN_IF_ERROR(
+        ValidateLength(spec.sessions->turns, sessions_where + ": turns", kTurnLimits));
+    DUET_RETURN_IF_ERROR(
+        ValidateLength(spec.sessions->new_tokens, sessions_where + ": new_tokens"));
+    DUET_RETURN_IF_ERROR(ValidateLength(spec.sessions->think_time_ms,
+                                        sessions_where + ": think_time_ms", kThinkTimeLimits));
+    // 0 in a code-built spec means no limit; the JSON key takes 1..1e9.
+    if (spec.sessions->max_context_tokens != 0) {
+      DUET_RETURN_IF_ERROR(CheckTokenRange(spec.sessions->max_context_tokens, sessions_where,
+                                           "max_context_tokens", 1));
+    }
   }
   return Status::Ok();
 }
@@ -226,7 +261,8 @@ Result<Tokens> TokenField(const nlohmann::json& obj, const std::string& key, Tok
 }
 
 Result<LengthDist> ParseLength(const nlohmann::json& doc, const std::string& key,
-                               const std::string& where, const std::string& base_dir) {
+                               const std::string& where, const std::string& base_dir,
+                               const LengthLimits& limits = kTokenLimits) {
   auto field = ObjectField(doc, key, where, /*required=*/true);
   if (!field) return field.status();
   const nlohmann::json& obj = **field;
@@ -251,7 +287,7 @@ Result<LengthDist> ParseLength(const nlohmann::json& doc, const std::string& key
     if (!max) return max.status();
     dist.min = *min;
     dist.max = *max;
-  } else if (*dist_name == "lognormal" || *dist_name == "trace") {
+  } else if (*dist_name == "lognormal" || (*dist_name == "trace" && limits.allow_trace)) {
     if (*dist_name == "lognormal") {
       DUET_RETURN_IF_ERROR(CheckKeys(obj, here, {"dist", "mean", "sigma", "min", "max"}));
       dist.kind = LengthDist::Kind::kLognormal;
@@ -282,18 +318,19 @@ Result<LengthDist> ParseLength(const nlohmann::json& doc, const std::string& key
       }
       dist.trace_path = trace_path.string();
     }
-    auto min = TokenField(obj, "min", kDefaultMinTokens, /*required=*/false, here);
+    auto min = TokenField(obj, "min", limits.lowest, /*required=*/false, here);
     if (!min) return min.status();
-    auto max = TokenField(obj, "max", kDefaultMaxTokens, /*required=*/false, here);
+    auto max = TokenField(obj, "max", std::min(limits.default_max, limits.highest),
+                          /*required=*/false, here);
     if (!max) return max.status();
     dist.min = *min;
     dist.max = *max;
   } else {
-    return FieldError(
-        here, "dist",
-        "must be one of: fixed, uniform, lognormal, trace (got '" + *dist_name + "')");
+    return FieldError(here, "dist",
+                      std::string("must be one of: fixed, uniform, lognormal") +
+                          (limits.allow_trace ? ", trace" : "") + " (got '" + *dist_name + "')");
   }
-  DUET_RETURN_IF_ERROR(ValidateLength(dist, here));
+  DUET_RETURN_IF_ERROR(ValidateLength(dist, here, limits));
   return dist;
 }
 
@@ -339,7 +376,7 @@ Result<SyntheticSpec> ParseSyntheticSpec(const nlohmann::json& doc, const std::s
   if (!doc.is_object()) return Status::Error(where + ": top level must be a JSON object");
   DUET_RETURN_IF_ERROR(CheckKeys(doc, where,
                                  {"description", "num_requests", "seed", "block_tokens", "arrival",
-                                  "input", "output", "prefix"}));
+                                  "input", "output", "prefix", "sessions"}));
   SyntheticSpec spec;
 
   auto num_requests = JsonInt(doc, "num_requests", where);
@@ -410,6 +447,31 @@ Result<SyntheticSpec> ParseSyntheticSpec(const nlohmann::json& doc, const std::s
     spec.prefix_zipf = *zipf;
   }
 
+  auto sessions = ObjectField(doc, "sessions", where, /*required=*/false);
+  if (!sessions) return sessions.status();
+  if (*sessions != nullptr) {
+    const nlohmann::json& obj = **sessions;
+    const std::string sessions_where = where + ": sessions";
+    DUET_RETURN_IF_ERROR(CheckKeys(obj, sessions_where,
+                                   {"turns", "new_tokens", "think_time_ms", "max_context_tokens"}));
+    SessionSpec session;
+    auto turns = ParseLength(obj, "turns", sessions_where, base_dir, kTurnLimits);
+    if (!turns) return turns.status();
+    session.turns = std::move(*turns);
+    auto new_tokens = ParseLength(obj, "new_tokens", sessions_where, base_dir);
+    if (!new_tokens) return new_tokens.status();
+    session.new_tokens = std::move(*new_tokens);
+    if (JsonHas(obj, "think_time_ms")) {
+      auto think = ParseLength(obj, "think_time_ms", sessions_where, base_dir, kThinkTimeLimits);
+      if (!think) return think.status();
+      session.think_time_ms = std::move(*think);
+    }
+    auto max_context = JsonIntIn(obj, "max_context_tokens", 1, kMaxTokens, sessions_where, 0);
+    if (!max_context) return max_context.status();
+    session.max_context_tokens = *max_context;
+    spec.sessions = std::move(session);
+  }
+
   DUET_RETURN_IF_ERROR(ValidateSpec(spec, where));
   return spec;
 }
@@ -443,6 +505,12 @@ Result<Trace> GenerateSynthetic(const SyntheticSpec& spec) {
     if (!rows) return rows.status();
     output_rows = std::move(*rows);
   }
+  LengthRows new_rows;  // sessions' new tokens per later turn (the trace's input lengths)
+  if (spec.sessions && spec.sessions->new_tokens.kind == LengthDist::Kind::kTrace) {
+    auto rows = LoadRows(spec.sessions->new_tokens, "sessions: new_tokens");
+    if (!rows) return rows.status();
+    new_rows = std::move(*rows);
+  }
 
   // Zipf group weights P(g) ~ 1/(g+1)^s as a cumulative table; s == 0 is drawn uniformly.
   std::vector<double> group_cdf;
@@ -470,7 +538,8 @@ Result<Trace> GenerateSynthetic(const SyntheticSpec& spec) {
       spec.input.kind == LengthDist::Kind::kFixed ? spec.input.value : spec.input.min;
   const std::uint64_t min_blocks = static_cast<std::uint64_t>(
       (std::max<Tokens>(min_input, 1) + prefix_tokens + spec.block_tokens - 1) / spec.block_tokens);
-  if (trace_bytes <= kMaxTraceBytes &&
+  // (With sessions only first turns have block ids: the draws below still check each one.)
+  if (!spec.sessions && trace_bytes <= kMaxTraceBytes &&
       min_blocks * sizeof(std::uint64_t) > (kMaxTraceBytes - trace_bytes) / spec.num_requests) {
     return Status::Error(
         "synthetic spec: fields 'num_requests' (" + std::to_string(spec.num_requests) +
@@ -492,19 +561,15 @@ Result<Trace> GenerateSynthetic(const SyntheticSpec& spec) {
   // Arrival shape and scale: Gamma(k = 1/cv^2, theta = cv^2/rate) has mean 1/rate and CV cv.
   const double gamma_shape = 1.0 / (spec.gamma_cv * spec.gamma_cv);
   const double gamma_scale = spec.gamma_cv * spec.gamma_cv / spec.rate_per_s;
-  Seconds arrival_s = 0;  // the first request arrives at 0, like the real traces
-  for (std::size_t i = 0; i < spec.num_requests; ++i) {
-    // Draw order per request is fixed (gap, group, input, output): part of determinism.
-    if (i > 0) {
-      arrival_s += spec.arrival == SyntheticSpec::Arrival::kPoisson
-                       ? sampler.Exponential() / spec.rate_per_s
-                       : sampler.Gamma(gamma_shape) * gamma_scale;
-      if (arrival_s > kMaxArrivalS) {
-        return Status::Error(
-            "synthetic spec: fields 'num_requests' and 'arrival.rate_per_s' put request " +
-            std::to_string(i) + " past the 1e8 s trace horizon: fewer requests or a higher rate");
-      }
-    }
+  // The gap to the next arrival (of a request, or of a session's start).
+  auto gap_s = [&]() {
+    return spec.arrival == SyntheticSpec::Arrival::kPoisson
+               ? sampler.Exponential() / spec.rate_per_s
+               : sampler.Gamma(gamma_shape) * gamma_scale;
+  };
+  // Request i standing alone (or a session's first turn) arriving at `arrival_s`: its prefix
+  // group, input and output lengths, and block ids, drawn in that order.
+  auto draw_request = [&](std::size_t i, Seconds arrival_s) -> Result<TraceRequest> {
     std::uint64_t group = 0;
     if (spec.prefix_groups > 0) {
       if (group_cdf.empty()) {
@@ -556,7 +621,83 @@ Result<Trace> GenerateSynthetic(const SyntheticSpec& spec) {
     for (std::uint64_t b = 0; b < blocks; ++b) {
       request.block_ids[b] = b < prefix_blocks ? group * prefix_blocks + b : next_unique_id++;
     }
-    trace.requests.push_back(std::move(request));
+    return request;
+  };
+
+  if (!spec.sessions) {
+    Seconds arrival_s = 0;  // the first request arrives at 0, like the real traces
+    for (std::size_t i = 0; i < spec.num_requests; ++i) {
+      // Draw order per request is fixed (gap, group, input, output): part of determinism.
+      if (i > 0) {
+        arrival_s += gap_s();
+        if (arrival_s > kMaxArrivalS) {
+          return Status::Error(
+              "synthetic spec: fields 'num_requests' and 'arrival.rate_per_s' put request " +
+              std::to_string(i) + " past the 1e8 s trace horizon: fewer requests or a higher rate");
+        }
+      }
+      auto request = draw_request(i, arrival_s);
+      if (!request) return request.status();
+      trace.requests.push_back(std::move(*request));
+    }
+    return trace;
+  }
+
+  // Sessions: draw order per session (gap, turns, then turn 1 as above) and per later turn
+  // (new tokens, output, think time). Each session's turns are emitted together, in session
+  // start order: arrivals stay sorted and every parent comes just before its child.
+  const SessionSpec& sessions = *spec.sessions;
+  const Tokens context_limit =
+      sessions.max_context_tokens > 0 ? sessions.max_context_tokens : kMaxTokens;
+  auto sample_new_tokens = [&]() {
+    return new_rows.rows.empty()
+               ? SampleLength(sessions.new_tokens, sampler)
+               : std::clamp(new_rows.rows[sampler.Below(new_rows.rows.size())].first,
+                            sessions.new_tokens.min, sessions.new_tokens.max);
+  };
+  // A later turn's output: from "output" as for turn 1 (a joint trace's output column).
+  auto sample_output = [&]() {
+    if (!output_from_trace) return SampleLength(spec.output, sampler);
+    const LengthRows& rows = joint ? input_rows : output_rows;
+    return std::clamp(rows.rows[sampler.Below(rows.rows.size())].second, spec.output.min,
+                      spec.output.max);
+  };
+  Seconds start_s = 0;  // the first session starts at 0
+  for (std::size_t session = 0; trace.requests.size() < spec.num_requests; ++session) {
+    if (session > 0) {
+      start_s += gap_s();
+      if (start_s > kMaxArrivalS) {
+        return Status::Error(
+            "synthetic spec: fields 'num_requests' and 'arrival.rate_per_s' put session " +
+            std::to_string(session) +
+            " past the 1e8 s trace horizon: fewer requests or a higher rate");
+      }
+    }
+    const Tokens turns = SampleLength(sessions.turns, sampler);
+    auto first = draw_request(trace.requests.size(), start_s);
+    if (!first) return first.status();
+    first->session = "s";
+    first->session += std::to_string(session);
+    trace.requests.push_back(std::move(*first));
+    for (Tokens turn = 2; turn <= turns && trace.requests.size() < spec.num_requests; ++turn) {
+      const Tokens new_tokens = sample_new_tokens();
+      const Tokens output_tokens = sample_output();
+      const Tokens think_ms = SampleLength(sessions.think_time_ms, sampler);
+      const TraceRequest& previous = trace.requests.back();
+      const Tokens context_tokens = previous.input_tokens + previous.output_tokens;
+      const Tokens input_tokens = context_tokens + new_tokens;
+      if (input_tokens + output_tokens > context_limit) break;  // the session ends here
+      TraceRequest request;
+      request.id = trace.requests.size();
+      request.arrival_s = start_s;
+      request.input_tokens = input_tokens;
+      request.output_tokens = output_tokens;
+      request.parent = previous.id;
+      request.context_tokens = context_tokens;
+      request.delay_s = static_cast<double>(think_ms) / 1000.0;
+      request.session = previous.session;
+      trace.requests.push_back(std::move(request));
+    }
   }
   return trace;
 }

@@ -8,7 +8,11 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <string>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
 
 #include "traces/synthetic.h"
 
@@ -72,9 +76,35 @@ Status WriteMooncake(const Trace& trace, const std::string& path) {
   if (!out) return Status::Error(path + ": cannot open for writing");
   // Written by hand rather than via nlohmann::json, whose objects would sort the keys; the
   // key order and spacing match the published trace.
+  // Dependencies name requests by their line in this file; only those named get a request_id.
+  std::unordered_map<std::uint64_t, std::size_t> line_of;
+  std::vector<bool> named(trace.requests.size(), false);
+  for (std::size_t k = 0; k < trace.requests.size(); ++k) {
+    const TraceRequest& r = trace.requests[k];
+    // Only earlier lines are in line_of yet.
+    auto name = [&](std::uint64_t id) {
+      auto it = line_of.find(id);
+      if (it == line_of.end()) return false;
+      named[it->second] = true;
+      return true;
+    };
+    bool ok = !r.parent || name(*r.parent);
+    for (std::uint64_t id : r.after) ok = ok && name(id);
+    if (!ok)
+      return Status::Error(path + ": request " + std::to_string(r.id) +
+                           " depends on a request not before it in the trace");
+    if (r.delay_s > 0 && !r.HasDependencies())
+      return Status::Error(path + ": request " + std::to_string(r.id) +
+                           " has a delay but follows no request");
+    line_of.emplace(r.id, k);
+  }
+  auto write_name = [&](std::string& out, std::uint64_t id) {
+    out += std::to_string(line_of.at(id));
+  };
   std::string line;
   char number[32];
-  for (const TraceRequest& r : trace.requests) {
+  for (std::size_t k = 0; k < trace.requests.size(); ++k) {
+    const TraceRequest& r = trace.requests[k];
     if (!(r.arrival_s >= 0 && r.arrival_s <= kMaxWritableArrivalS)) {  // NaN fails too
       return Status::Error(path + ": request " + std::to_string(r.id) +
                            " has an invalid arrival time");
@@ -84,19 +114,45 @@ Status WriteMooncake(const Trace& trace, const std::string& path) {
     std::snprintf(number, sizeof(number), "%lld", timestamp_ms);
     line += "{\"timestamp\": ";
     line += number;
-    line += ", \"input_length\": " + std::to_string(r.input_tokens);
+    // With a parent, input_length counts the new tokens after the parent's context.
+    line += ", \"input_length\": " + std::to_string(r.input_tokens - r.context_tokens);
     line += ", \"output_length\": " + std::to_string(r.output_tokens);
     line += ", \"hash_ids\": [";
     for (std::size_t i = 0; i < r.block_ids.size(); ++i) {
       if (i > 0) line += ", ";
       line += std::to_string(r.block_ids[i]);
     }
-    line += "]}\n";
+    line += "]";
+    if (named[k]) line += ", \"request_id\": " + std::to_string(k);
+    if (!r.session.empty()) line += ", \"session_id\": " + nlohmann::json(r.session).dump();
+    if (r.parent) {
+      line += ", \"parent\": ";
+      write_name(line, *r.parent);
+    }
+    if (!r.after.empty()) {
+      line += ", \"after\": [";
+      for (std::size_t i = 0; i < r.after.size(); ++i) {
+        if (i > 0) line += ", ";
+        write_name(line, r.after[i]);
+      }
+      line += "]";
+    }
+    if (r.delay_s > 0) {
+      std::snprintf(number, sizeof(number), "%lld", std::llround(r.delay_s * 1000.0));
+      line += ", \"delay\": ";
+      line += number;
+    }
+    line += "}\n";
     out << line;
   }
   out.flush();
   if (!out) return Status::Error(path + ": write error");
   return Status::Ok();
+}
+
+bool Trace::HasDependencies() const {
+  return std::any_of(requests.begin(), requests.end(),
+                     [](const TraceRequest& r) { return r.HasDependencies(); });
 }
 
 Status ScaleRate(Trace& trace, double factor) {
@@ -126,9 +182,16 @@ Status KeepWindow(Trace& trace, Seconds start_s, Seconds end_s) {
     return Status::Error("time window [" + FormatNumber(start_s) + ", " + FormatNumber(end_s) +
                          ") must have 0 <= start < end");
   }
+  // Dependencies come first in arrival order: one pass sees each request's before it.
   std::vector<TraceRequest> kept;
+  std::unordered_set<std::uint64_t> kept_ids;
   for (TraceRequest& r : trace.requests) {
-    if (r.arrival_s >= start_s && r.arrival_s < end_s) kept.push_back(std::move(r));
+    if (!(r.arrival_s >= start_s && r.arrival_s < end_s)) continue;
+    bool context = !r.parent || kept_ids.count(*r.parent);
+    for (std::uint64_t id : r.after) context = context && kept_ids.count(id);
+    if (!context) continue;
+    kept_ids.insert(r.id);
+    kept.push_back(std::move(r));
   }
   if (kept.empty()) {
     // Nothing was moved out, so the trace is unchanged on this error.

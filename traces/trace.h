@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <istream>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -16,18 +17,37 @@ namespace duet::traces {
 // One request as recorded. `block_ids` carries prefix identity: entry i names the content of
 // prompt tokens [i*block_tokens, (i+1)*block_tokens) together with everything before it
 // being equal (Mooncake semantics); the last block may be partial. Empty: no prefix info.
+//
+// Dependencies (session and agentic traces, docs/workloads.md): a request may continue a
+// parent's context and wait for other requests. It is sent `delay_s` after the last of its
+// parent and `after` requests finished, and not before arrival_s, which for such a request is
+// a lower bound (at least every dependency's). Dependencies always come earlier in the file.
 struct TraceRequest {
   std::uint64_t id = 0;  // position in the trace file, 0-based, kept through selections
   Seconds arrival_s = 0;
+  // The whole prompt. With a parent: context_tokens (the parent's prompt and output) and then
+  // the turn's new tokens.
   Tokens input_tokens = 0;
   Tokens output_tokens = 0;
+  // Prefix identity of the prompt; empty for a request with a parent (its prompt is the
+  // parent's context, then new tokens of its own).
   std::vector<std::uint64_t> block_ids;
+  std::optional<std::uint64_t> parent;  // id of the request whose context this one continues
+  Tokens context_tokens = 0;            // the parent's input_tokens + output_tokens
+  std::vector<std::uint64_t> after;     // ids of further requests it waits for
+  Seconds delay_s = 0;                  // think time after its dependencies finished
+  std::string session;                  // session name; "" for none
+
+  bool HasDependencies() const { return parent.has_value() || !after.empty(); }
 };
 
 struct Trace {
   std::string source;                  // file path, or "synthetic" for generated traces
   Tokens block_tokens = 512;           // tokens covered by one block_ids entry
   std::vector<TraceRequest> requests;  // sorted by arrival_s (stable: file order on ties)
+
+  // Whether any request depends on another (a session or agentic trace).
+  bool HasDependencies() const;
 };
 
 enum class TraceFormat { kMooncake, kAzure, kSynthetic };
@@ -40,8 +60,10 @@ inline constexpr Seconds kMaxArrivalS = 1e8;
 // "mooncake", "azure", "synthetic"; error names the accepted values.
 Result<TraceFormat> ParseTraceFormat(const std::string& name);
 
-// Mooncake FAST'25 JSONL: {"timestamp": ms, "input_length", "output_length", "hash_ids": [...]}.
-// Errors name `source_name`, the 1-based line and the field. Blank lines are skipped.
+// Mooncake FAST'25 JSONL: {"timestamp": ms, "input_length", "output_length", "hash_ids": [...]},
+// with the optional session fields of docs/workloads.md ("request_id", "session_id", "parent",
+// "after", "delay"; aiperf's mooncake_trace sessions read the same). Errors name `source_name`,
+// the 1-based line and the field. Blank lines are skipped.
 Result<Trace> ParseMooncake(std::istream& in, const std::string& source_name);
 Result<Trace> ReadMooncake(const std::string& path);
 
@@ -53,7 +75,8 @@ Result<Trace> ReadAzure(const std::string& path);
 // Reads `path` in `format`; for kSynthetic, `path` is a synthetic spec JSON (synthetic.h).
 Result<Trace> ReadTrace(const std::string& path, TraceFormat format);
 
-// Writes Mooncake JSONL (timestamps rounded to ms), e.g. to save a generated trace.
+// Writes Mooncake JSONL (timestamps and delays rounded to ms), e.g. to save a generated trace;
+// ParseMooncake reads it back to the same trace, dependencies included.
 Status WriteMooncake(const Trace& trace, const std::string& path);
 
 // Selections. Each keeps request ids and arrival order.
@@ -63,6 +86,7 @@ Status ScaleRate(Trace& trace, double factor);
 // Keeps the first `n` requests (n == 0: keep all).
 void KeepFirst(Trace& trace, std::size_t n);
 // Keeps requests with start_s <= arrival_s < end_s and shifts arrivals so the first is 0.
+// A request whose dependency falls outside the window is dropped too (its context is gone).
 Status KeepWindow(Trace& trace, Seconds start_s, Seconds end_s);
 
 }  // namespace duet::traces

@@ -90,7 +90,8 @@ class Replay;
 // One request: its connection, parser state and timings. Owned by its pending handlers.
 class Session : public std::enable_shared_from_this<Session> {
  public:
-  Session(Replay& run, std::size_t index, const traces::TraceRequest& request);
+  // `arrival_s`: its scheduled send on the run's clock.
+  Session(Replay& run, std::size_t index, const traces::TraceRequest& request, Seconds arrival_s);
   void Start(std::string body);
   // Ends the request now (SIGINT): a failed record, unless it already finished.
   void Interrupt() { Fail(kInterrupted, "interrupted before the reply ended"); }
@@ -113,6 +114,7 @@ class Session : public std::enable_shared_from_this<Session> {
   Replay& run_;
   std::size_t index_;
   const traces::TraceRequest& request_;
+  Seconds arrival_s_;
   tcp::socket socket_;
   net::steady_timer deadline_;
   beast::flat_buffer buffer_;
@@ -136,15 +138,20 @@ class Session : public std::enable_shared_from_this<Session> {
 class Replay {
  public:
   Replay(const traces::Trace& trace, const ReplayOptions& options,
-         policies::MetricsCollector& metrics, tcp::resolver::results_type addresses)
+         policies::MetricsCollector& metrics, tcp::resolver::results_type addresses,
+         traces::Arrivals arrivals)
       : trace_(trace),
         options_(options),
         metrics_(metrics),
         addresses_(std::move(addresses)),
+        arrivals_(std::move(arrivals)),
         timer_(io_),
         progress_timer_(io_),
         signals_(io_, SIGINT, SIGTERM) {
-    first_arrival_s_ = trace.requests.empty() ? 0.0 : trace.requests.front().arrival_s;
+    // A closed loop's users start at 0; an open loop at the trace's first arrival.
+    first_arrival_s_ = trace.requests.empty() || options.closed_loop.users > 0
+                           ? 0.0
+                           : trace.requests.front().arrival_s;
   }
 
   ReplayReport Run() {
@@ -187,41 +194,44 @@ class Replay {
     metrics_.OnFinished(record);
     in_flight_.erase(index);
     ++recorded_;
+    if (!stopping_) {
+      // A closed-loop user is free again.
+      arrivals_.OnFinished(index, RunSeconds(Clock::now()),
+                           record.state == RequestState::kCompleted);
+      if (arrivals_.dynamic()) LaunchDue();
+    }
     CheckDone();
   }
 
  private:
-  Clock::time_point DueTime(std::size_t k) const {
-    return start_ + ToDuration(trace_.requests[k].arrival_s - first_arrival_s_);
-  }
-
+  // The next send the arrivals know of (none while a closed loop's users are all busy).
   void ScheduleNext() {
-    if (next_ >= trace_.requests.size() || stopping_) return;
-    timer_.expires_at(DueTime(next_));
+    const std::optional<Seconds> next = arrivals_.NextArrival();
+    if (!next || stopping_) return;
+    timer_.expires_at(start_ + ToDuration(*next - first_arrival_s_));
     timer_.async_wait([this](const boost::system::error_code& ec) {
       if (!ec && !stopping_) LaunchDue();
     });
   }
 
   void LaunchDue() {
-    // Everything due is sent now, in trace order; lateness is measured per request.
-    for (Clock::time_point now = Clock::now();
-         next_ < trace_.requests.size() && DueTime(next_) <= now; now = Clock::now()) {
-      const std::size_t k = next_++;
-      send_lag_ms_.push_back(std::chrono::duration<double, std::milli>(now - DueTime(k)).count());
-      Launch(k);
+    // Everything due is sent now, in order; lateness is measured per request.
+    for (Seconds now = RunSeconds(Clock::now()); const auto due = arrivals_.TakeDue(now);
+         now = RunSeconds(Clock::now())) {
+      send_lag_ms_.push_back((now - due->arrival_s) * 1e3);
+      Launch(due->index, due->arrival_s);
     }
     ScheduleNext();
   }
 
-  void Launch(std::size_t k) {
+  void Launch(std::size_t k, Seconds arrival_s) {
     const traces::TraceRequest& r = trace_.requests[k];
     // The body exists only while the request is being sent: memory stays bounded by the
     // requests in flight, not by the trace.
     std::string body = CompletionRequestBody(
         options_.model, traces::BuildPrompt(r, trace_.block_tokens, options_.prompt),
         r.output_tokens);
-    auto session = std::make_shared<Session>(*this, k, r);
+    auto session = std::make_shared<Session>(*this, k, r, arrival_s);
     in_flight_.emplace(k, session);
     ++report_.sent;
     report_.max_in_flight =
@@ -239,8 +249,9 @@ class Replay {
     for (const auto& weak : sessions) {
       if (auto s = weak.lock()) s->Interrupt();
     }
-    for (; next_ < trace_.requests.size(); ++next_) {
-      const traces::TraceRequest& r = trace_.requests[next_];
+    // Open and closed loops send in trace order: those from released() on were not sent.
+    for (std::size_t next = arrivals_.released(); next < trace_.requests.size(); ++next) {
+      const traces::TraceRequest& r = trace_.requests[next];
       Request record;
       record.id = r.id;
       record.arrival_s = r.arrival_s;
@@ -248,13 +259,17 @@ class Replay {
       record.output_tokens = r.output_tokens;
       record.state = RequestState::kFailed;
       record.reason = "not sent: the run was interrupted";
-      Record(next_, record, {}, kNotSent, {});
+      Record(next, record, {}, kNotSent, {});
     }
     CheckDone();
   }
 
   void CheckDone() {
-    if (recorded_ < trace_.requests.size()) return;
+    // Interrupted: every request has a record. Otherwise: nothing more will be sent, and every
+    // request sent has its record (a closed loop that ran out of time sends part of the trace).
+    if (stopping_ ? recorded_ < trace_.requests.size()
+                  : !arrivals_.Exhausted() || recorded_ < arrivals_.released())
+      return;
     // Nothing left to send or read: cancel what keeps the loop alive so run() returns.
     timer_.cancel();
     progress_timer_.cancel();
@@ -285,13 +300,13 @@ class Replay {
   const ReplayOptions& options_;
   policies::MetricsCollector& metrics_;
   tcp::resolver::results_type addresses_;
-  net::io_context io_{1};  // one thread: the caller's
+  traces::Arrivals arrivals_;  // when each request is sent
+  net::io_context io_{1};      // one thread: the caller's
   net::steady_timer timer_;
   net::steady_timer progress_timer_;
   net::signal_set signals_;
   Clock::time_point start_;
   Seconds first_arrival_s_ = 0;
-  std::size_t next_ = 0;      // the next request to send
   std::size_t recorded_ = 0;  // requests with a final record
   bool stopping_ = false;
   std::unordered_map<std::size_t, std::weak_ptr<Session>> in_flight_;
@@ -299,8 +314,14 @@ class Replay {
   ReplayReport report_;
 };
 
-Session::Session(Replay& run, std::size_t index, const traces::TraceRequest& request)
-    : run_(run), index_(index), request_(request), socket_(run.io()), deadline_(run.io()) {}
+Session::Session(Replay& run, std::size_t index, const traces::TraceRequest& request,
+                 Seconds arrival_s)
+    : run_(run),
+      index_(index),
+      request_(request),
+      arrival_s_(arrival_s),
+      socket_(run.io()),
+      deadline_(run.io()) {}
 
 void Session::Start(std::string body) {
   const ReplayOptions& o = run_.options();
@@ -467,7 +488,7 @@ void Session::OnEnd(Clock::time_point now) {
 void Session::Complete() {
   Request r;
   r.id = request_.id;
-  r.arrival_s = request_.arrival_s;
+  r.arrival_s = arrival_s_;
   r.input_tokens = request_.input_tokens;
   r.state = RequestState::kCompleted;
   r.finish_reason = ParseFinishReason(finish_reason_);
@@ -489,7 +510,7 @@ void Session::Complete() {
 void Session::Reject(const std::string& reason) {
   Request r;
   r.id = request_.id;
-  r.arrival_s = request_.arrival_s;
+  r.arrival_s = arrival_s_;
   r.input_tokens = request_.input_tokens;
   r.output_tokens = request_.output_tokens;
   r.state = RequestState::kRejected;
@@ -502,7 +523,7 @@ void Session::Fail(const std::string& kind, const std::string& reason) {
   if (finished_) return;
   Request r;
   r.id = request_.id;
-  r.arrival_s = request_.arrival_s;
+  r.arrival_s = arrival_s_;
   r.input_tokens = request_.input_tokens;
   r.output_tokens = request_.output_tokens;
   r.state = RequestState::kFailed;
@@ -608,6 +629,14 @@ Status CheckReachable(const Endpoint& endpoint, Seconds timeout_s) {
   return Status::Ok();
 }
 
+Status CheckReplayable(const traces::Trace& trace) {
+  if (!trace.HasDependencies()) return Status::Ok();
+  return Status::Error(trace.source +
+                       ": its requests follow others (sessions, agent steps), which duet replay "
+                       "cannot send yet (a turn's prompt must carry the server's reply); duet "
+                       "simulate runs it");
+}
+
 Result<ReplayReport> RunReplay(const traces::Trace& trace, const ReplayOptions& options,
                                policies::MetricsCollector& metrics) {
   if (options.model.empty()) return Status::Error("no model name to send");
@@ -619,7 +648,10 @@ Result<ReplayReport> RunReplay(const traces::Trace& trace, const ReplayOptions& 
   net::io_context resolver_io;
   auto addresses = Resolve(resolver_io, options.endpoint);
   if (!addresses) return addresses.status();
-  Replay replay(trace, options, metrics, *addresses);
+  DUET_RETURN_IF_ERROR(CheckReplayable(trace));
+  auto arrivals = traces::Arrivals::Create(trace, options.closed_loop);
+  if (!arrivals) return arrivals.status();
+  Replay replay(trace, options, metrics, *addresses, std::move(*arrivals));
   return replay.Run();
 }
 

@@ -13,6 +13,7 @@
 #include "common/status.h"
 #include "common/units.h"
 #include "policies/metrics.h"
+#include "traces/arrivals.h"
 #include "traces/prompt.h"
 #include "traces/trace.h"
 
@@ -28,6 +29,8 @@ struct ReplayOptions {
   traces::PromptOptions prompt;
   Seconds timeout_s = 600;  // per request: its send to the end of its reply; <= kMaxTimeoutS
   bool progress = false;    // redraw a progress bar on stderr
+  // users > 0: a closed loop replaces the trace's arrival times (traces/arrivals.h).
+  traces::ClosedLoop closed_loop;
 };
 
 // Facts about the run that the request records do not hold (summary.json's "replay" section).
@@ -52,6 +55,9 @@ Result<std::string> QueryFirstModel(const Endpoint& endpoint, const std::string&
                                     Seconds timeout_s);
 // Opens (and closes) one TCP connection to the endpoint. Blocks for at most `timeout_s`.
 Status CheckReachable(const Endpoint& endpoint, Seconds timeout_s);
+
+// Whether `trace` can be replayed live: not yet one whose requests follow others.
+Status CheckReplayable(const traces::Trace& trace);
 
 // Replays `trace` and returns when every request has a final record in `metrics` (completed,
 // rejected: HTTP 429 or 503, or failed: any other error, a timeout, an interruption; requests

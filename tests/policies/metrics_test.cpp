@@ -178,6 +178,34 @@ TEST(MetricsCollector, WithNoCompletedRequestLatenciesAreNull) {
   EXPECT_EQ(s["kv_transfer"]["transfers"], 0);
 }
 
+// Per session: output tokens of its completed requests over its first arrival to its last
+// finish. Session 0: 3 + 3 tokens over [1.0, 3.5] s = 2.4 tok/s; session 1: 3 over [4, 5.5] s =
+// 2; the request with no session and the rejected one count nowhere.
+TEST(MetricsCollector, SessionThroughputAndTimeToSecondToken) {
+  MetricsCollector m;
+  Request a = Completed(0, 1.0, 0.5, 1.5, 3), b = Completed(1, 2.0, 0.5, 1.5, 3);
+  Request c = Completed(2, 4.0, 0.5, 1.5, 3), alone = Completed(3, 0.0, 0.5, 9.0, 3);
+  a.session = b.session = 0;
+  c.session = 1;
+  a.second_token_s = 1.6;  // 600 ms after arrival
+  c.second_token_s = 4.8;  // 800 ms
+  Request rejected;
+  rejected.id = 4;
+  rejected.session = 1;
+  rejected.output_tokens = 50;
+  rejected.state = RequestState::kRejected;
+  for (const Request& r : {a, b, c, alone, rejected}) m.OnFinished(r);
+  const auto s = m.Summary(5, Slo{});
+  EXPECT_EQ(s["sessions"]["count"], 2);
+  EXPECT_DOUBLE_EQ(s["sessions"]["output_tokens_per_s"]["mean"].get<double>(), 2.2);
+  EXPECT_DOUBLE_EQ(s["sessions"]["output_tokens_per_s"]["max"].get<double>(), 2.4);
+  EXPECT_DOUBLE_EQ(s["ttst_ms"]["mean"].get<double>(), 700);
+  EXPECT_EQ(s["ttst_ms"]["max"], 800);
+  // None: null, like every distribution without a sample.
+  EXPECT_TRUE(
+      MetricsCollector().Summary(0, Slo{})["sessions"]["output_tokens_per_s"]["p50"].is_null());
+}
+
 TEST(MetricsCollector, WritesRequestsCsvInIdOrderWithMetricsMdColumns) {
   MetricsCollector m;
   m.OnFinished(Completed(5, 1.0, 0.5, 1.5, 3));
@@ -188,6 +216,8 @@ TEST(MetricsCollector, WritesRequestsCsvInIdOrderWithMetricsMdColumns) {
   tiered.tier_hit_tokens = {16, 32, 0};
   tiered.load_wait_s = 0.1;
   tiered.router_score = 1234.5678;  // written to 3 decimals; unscored requests leave it empty
+  tiered.second_token_s = 2.7;
+  tiered.session = 3;
   m.OnFinished(tiered);
   Request rej;
   rej.id = 2;
@@ -206,12 +236,12 @@ TEST(MetricsCollector, WritesRequestsCsvInIdOrderWithMetricsMdColumns) {
             "request_id,arrival_s,input_tokens,output_tokens,cached_tokens,prefill_instance,"
             "decode_instance,queue_ms,ttft_ms,tpot_ms,e2e_ms,kv_transfer_ms,status,reason,"
             "gpu_hit_tokens,dram_hit_tokens,ssd_hit_tokens,remote_hit_tokens,ttft_queue_ms,"
-            "ttft_load_ms,ttft_prefill_ms,ttft_transfer_ms,router_score\n"
-            "2,0.250000,9,1,0,,,,,,,,rejected,\"needs 10, max 5\",0,0,0,0,,,,,\n"
+            "ttft_load_ms,ttft_prefill_ms,ttft_transfer_ms,router_score,ttst_ms,session\n"
+            "2,0.250000,9,1,0,,,,,,,,rejected,\"needs 10, max 5\",0,0,0,0,,,,,,,\n"
             "5,1.000000,100,3,20,p0,d0,10.000,500.000,500.000,1500.000,5.000,completed,,20,0,0,0,"
-            "10.000,0.000,485.000,5.000,\n"
+            "10.000,0.000,485.000,5.000,,,\n"
             "7,2.000000,100,3,60,p0,d0,10.000,500.000,500.000,1500.000,5.000,completed,,12,16,32,0,"
-            "10.000,100.000,385.000,5.000,1234.568\n");
+            "10.000,100.000,385.000,5.000,1234.568,700.000,3\n");
   // The summary splits the hits by tier and the TTFT into its parts.
   const nlohmann::json s = m.Summary(3, Slo{});
   EXPECT_EQ(s["prefix_cache"]["hit_tokens"], 80);

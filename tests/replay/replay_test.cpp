@@ -224,6 +224,51 @@ TEST_F(ReplayTest, ReadsDuetsQueueTimeAndInstance) {
   for (const std::string& a : server.Authorizations()) EXPECT_EQ(a, "") << "no key was given";
 }
 
+// A closed loop of 3 users over 9 normal 4-token requests (about 160 ms each): 3 in flight at
+// most, the first 3 sent at 0 and every later one when an earlier one's reply ended.
+TEST_F(ReplayTest, ClosedLoopSendsWhenAUserIsFree) {
+  FakeServer server;
+  std::string text;
+  for (int i = 0; i < 9; ++i)
+    text += R"({"timestamp": )" + std::to_string(i * 1000) +
+            R"(, "input_length": 64, "output_length": 4, "hash_ids": []})" + "\n";
+  const std::string trace = tmp_.Write("nine.jsonl", text);
+  const std::string out = tmp_.File("out");
+  const RunResult r =
+      Replay({"--endpoint", server.url(), "--trace", trace, "--out", out, "--concurrency", "3"});
+  ASSERT_EQ(r.exit_code, 0) << r;
+  const nlohmann::json s = ReadJson(out + "/summary.json");
+  EXPECT_EQ(s["replay"]["max_in_flight"], 3);
+  EXPECT_EQ(s["requests"]["completed"], 9);
+  const Csv csv = Csv::Read(out + "/requests.csv");
+  ASSERT_EQ(csv.size(), 9u);
+  auto finished = [&](std::size_t i) {
+    return csv.Number(i, "arrival_s") * 1e3 + csv.Number(i, "e2e_ms");
+  };
+  for (std::size_t i = 0; i < 9; ++i) {
+    const double sent_ms = csv.Number(i, "arrival_s") * 1e3;
+    if (i < 3) {
+      EXPECT_EQ(sent_ms, 0.0) << "request " << i;
+      continue;
+    }
+    bool after_a_reply = false;
+    for (std::size_t j = 0; j < i; ++j)
+      after_a_reply |= sent_ms >= finished(j) && sent_ms <= finished(j) + kLateMs;
+    EXPECT_TRUE(after_a_reply) << "request " << i << " sent at " << sent_ms << " ms";
+  }
+
+  // With a think time past the duration, the first three are all that is sent.
+  const std::string out2 = tmp_.File("out2");
+  const RunResult r2 =
+      Replay({"--endpoint", server.url(), "--trace", trace, "--out", out2, "--concurrency", "3",
+              "--think-time-ms", "1000", "--duration", "0.5"});
+  ASSERT_EQ(r2.exit_code, 0) << r2;
+  const nlohmann::json s2 = ReadJson(out2 + "/summary.json");
+  EXPECT_EQ(s2["requests"]["total"], 3);
+  EXPECT_EQ(s2["replay"]["sent"], 3);
+  EXPECT_LT(s2["replay"]["wall_s"].get<double>(), 1.0);
+}
+
 TEST_F(ReplayTest, TimeoutFailsSlowRequestsAndTheRunEnds) {
   FakeServer server;
   const std::string out = tmp_.File("out");

@@ -5,6 +5,8 @@
 #include <cmath>
 #include <fstream>
 #include <limits>
+#include <optional>
+#include <sstream>
 
 #include "tests/traces/test_util.h"
 #include "traces/synthetic.h"
@@ -107,6 +109,35 @@ TEST(KeepWindow, BadOrEmptyWindowIsAnError) {
   EXPECT_EQ(trace.requests.size(), 3u);  // unchanged on error
 }
 
+TEST(KeepWindow, DropsADependentWhoseParentIsOutsideAndKeepsOneWhoseParentIsInside) {
+  Trace trace = MakeTrace({1, 3, 4, 4.5, 5, 6, 6, 20});
+  // 1 continues 0 (outside the window), 2 continues 1: both go. 4 continues 3 (inside): kept.
+  // 5 waits for 0 by `after`: goes. 6 waits for 3 and 4: kept. 7 is past the window.
+  trace.requests[1].parent = 0;
+  trace.requests[2].parent = 1;
+  trace.requests[4].parent = 3;
+  trace.requests[5].after = {0};
+  trace.requests[6].after = {3, 4};
+  EXPECT_TRUE(trace.HasDependencies());
+  ASSERT_TRUE(KeepWindow(trace, 2, 10).ok());
+  EXPECT_EQ(Ids(trace), (std::vector<std::uint64_t>{3, 4, 6}));
+  EXPECT_EQ(trace.requests[0].arrival_s, 0.0);  // shifted by 4.5, the first kept arrival
+  EXPECT_EQ(trace.requests[1].arrival_s, 0.5);
+  EXPECT_EQ(trace.requests[1].parent, std::optional<std::uint64_t>(3));
+  EXPECT_EQ(trace.requests[2].after, (std::vector<std::uint64_t>{3, 4}));
+}
+
+TEST(KeepWindow, DependentsOfADroppedDependentGoToo) {
+  // Only the dependents are inside the window; nothing is left.
+  Trace trace = MakeTrace({0, 5, 6});
+  trace.requests[1].parent = 0;
+  trace.requests[2].parent = 1;
+  Status status = KeepWindow(trace, 1, 10);
+  ASSERT_FALSE(status.ok());
+  EXPECT_TRUE(ContainsAll(status.message(), {"no requests in window"}));
+  EXPECT_EQ(trace.requests.size(), 3u);
+}
+
 TEST(ReadTrace, DispatchesOnFormat) {
   auto mooncake = ReadTrace(testing::MooncakePath(), TraceFormat::kMooncake);
   ASSERT_TRUE(mooncake.ok()) << mooncake.error();
@@ -171,6 +202,124 @@ TEST(WriteMooncake, GeneratedTraceRoundTrips) {
   }
 }
 
+// Every field of a request, dependencies included.
+void ExpectSameRequest(const TraceRequest& a, const TraceRequest& b) {
+  EXPECT_EQ(a.id, b.id);
+  EXPECT_EQ(a.arrival_s, b.arrival_s) << a.id;
+  EXPECT_EQ(a.input_tokens, b.input_tokens) << a.id;
+  EXPECT_EQ(a.output_tokens, b.output_tokens) << a.id;
+  EXPECT_EQ(a.block_ids, b.block_ids) << a.id;
+  EXPECT_EQ(a.parent, b.parent) << a.id;
+  EXPECT_EQ(a.context_tokens, b.context_tokens) << a.id;
+  EXPECT_EQ(a.after, b.after) << a.id;
+  EXPECT_EQ(a.delay_s, b.delay_s) << a.id;
+  EXPECT_EQ(a.session, b.session) << a.id;
+}
+
+// Sessions (a chain, a fork, a session without parent on its first line), `after`, delays and
+// names that need JSON escapes: written and read back, the trace is the same.
+constexpr const char* kSessionTrace =
+    R"({"timestamp": 0, "input_length": 600, "output_length": 20, "hash_ids": [1, 2], "session_id": "chat \"1\"", "request_id": "root"})"
+    "\n"
+    R"({"timestamp": 0, "input_length": 100, "output_length": 1, "hash_ids": [9], "request_id": 1})"
+    "\n"
+    R"({"input_length": 50, "output_length": 30, "session_id": "chat \"1\"", "delay": 1500})"
+    "\n"
+    R"({"timestamp": 1250, "input_length": 7, "output_length": 2, "parent": "root", "delay": 12})"
+    "\n"
+    R"({"timestamp": 1250, "input_length": 30, "output_length": 3, "hash_ids": [], "request_id": "x", "after": [1, "root"]})"
+    "\n"
+    R"({"timestamp": 1251, "input_length": 8, "output_length": 8, "hash_ids": [5], "session_id": 42, "after": ["x"], "delay": 1})"
+    "\n"
+    R"({"input_length": 9, "output_length": 9, "session_id": 42, "after": ["x"], "request_id": "last"})"
+    "\n";
+
+TEST(WriteMooncake, SessionTraceRoundTripsWithEveryField) {
+  testing::TempDir dir;
+  auto original = ReadMooncake(dir.Write("in.jsonl", kSessionTrace));
+  ASSERT_TRUE(original.ok()) << original.error();
+  ASSERT_EQ(original->requests.size(), 7u);
+  // File order is arrival order here, so ids are positions in the written file too.
+  for (std::size_t i = 0; i < 7; ++i) ASSERT_EQ(original->requests[i].id, i);
+  EXPECT_EQ(original->requests[6].parent, std::optional<std::uint64_t>(5));
+  EXPECT_EQ(original->requests[6].after, (std::vector<std::uint64_t>{4}));
+
+  ASSERT_TRUE(WriteMooncake(*original, dir.File("out.jsonl")).ok());
+  auto read = ReadMooncake(dir.File("out.jsonl"));
+  ASSERT_TRUE(read.ok()) << read.error();
+  ASSERT_EQ(read->requests.size(), original->requests.size());
+  for (std::size_t i = 0; i < read->requests.size(); ++i) {
+    ExpectSameRequest(original->requests[i], read->requests[i]);
+  }
+  // Written twice, the file is the same.
+  ASSERT_TRUE(WriteMooncake(*read, dir.File("again.jsonl")).ok());
+  std::ifstream a(dir.File("out.jsonl")), b(dir.File("again.jsonl"));
+  std::stringstream text_a, text_b;
+  text_a << a.rdbuf();
+  text_b << b.rdbuf();
+  EXPECT_EQ(text_a.str(), text_b.str());
+}
+
+TEST(WriteMooncake, DependencyLinesKeepTheirShape) {
+  testing::TempDir dir;
+  Trace trace = MakeTrace({0, 0, 1});
+  trace.requests[0].session = "s";
+  trace.requests[1].session = "s";
+  trace.requests[1].parent = 0;
+  trace.requests[1].context_tokens = 101;  // 100 + 1
+  trace.requests[1].input_tokens = 101 + 5;
+  trace.requests[1].delay_s = 2.5;
+  trace.requests[2].after = {0, 1};
+  ASSERT_TRUE(WriteMooncake(trace, dir.File("t.jsonl")).ok());
+  std::ifstream in(dir.File("t.jsonl"));
+  std::string line;
+  std::vector<std::string> lines;
+  while (std::getline(in, line)) lines.push_back(line);
+  ASSERT_EQ(lines.size(), 3u);
+  EXPECT_EQ(
+      lines[0],
+      R"({"timestamp": 0, "input_length": 100, "output_length": 1, "hash_ids": [], "request_id": 0, "session_id": "s"})");
+  EXPECT_EQ(
+      lines[1],
+      R"({"timestamp": 0, "input_length": 5, "output_length": 2, "hash_ids": [], "request_id": 1, "session_id": "s", "parent": 0, "delay": 2500})");
+  EXPECT_EQ(
+      lines[2],
+      R"({"timestamp": 1000, "input_length": 102, "output_length": 3, "hash_ids": [], "after": [0, 1]})");
+}
+
+TEST(WriteMooncake, SortedTraceGetsRenumberedReferences) {
+  // Timestamps going backwards: after sorting, ids are no longer positions. The written file
+  // names requests by their new lines, and reading it back gives the same dependencies.
+  testing::TempDir dir;
+  auto original = ReadMooncake(dir.Write(
+      "in.jsonl",
+      R"({"timestamp": 900, "input_length": 10, "output_length": 1, "hash_ids": [1], "session_id": "a"})"
+      "\n"
+      R"({"timestamp": 100, "input_length": 20, "output_length": 2, "hash_ids": [2], "session_id": "b"})"
+      "\n"
+      R"({"input_length": 3, "output_length": 1, "session_id": "a", "delay": 100})"
+      "\n"
+      R"({"input_length": 4, "output_length": 1, "session_id": "b", "delay": 200})"
+      "\n"));
+  ASSERT_TRUE(original.ok()) << original.error();
+  EXPECT_EQ(Ids(*original), (std::vector<std::uint64_t>{1, 3, 0, 2}));
+  ASSERT_TRUE(WriteMooncake(*original, dir.File("out.jsonl")).ok());
+  auto read = ReadMooncake(dir.File("out.jsonl"));
+  ASSERT_TRUE(read.ok()) << read.error();
+  EXPECT_EQ(Ids(*read), (std::vector<std::uint64_t>{0, 1, 2, 3}));
+  EXPECT_EQ(read->requests[1].parent, std::optional<std::uint64_t>(0));
+  EXPECT_EQ(read->requests[3].parent, std::optional<std::uint64_t>(2));
+  for (std::size_t i = 0; i < 4; ++i) {
+    const TraceRequest& a = original->requests[i];
+    const TraceRequest& b = read->requests[i];
+    EXPECT_EQ(a.arrival_s, b.arrival_s);
+    EXPECT_EQ(a.input_tokens, b.input_tokens);
+    EXPECT_EQ(a.context_tokens, b.context_tokens);
+    EXPECT_EQ(a.delay_s, b.delay_s);
+    EXPECT_EQ(a.session, b.session);
+  }
+}
+
 TEST(WriteMooncake, RefusesBlocksOtherThan512Tokens) {
   testing::TempDir dir;
   Trace trace = MakeTrace({0});
@@ -179,6 +328,22 @@ TEST(WriteMooncake, RefusesBlocksOtherThan512Tokens) {
   Status status = WriteMooncake(trace, dir.File("t.jsonl"));
   ASSERT_FALSE(status.ok());
   EXPECT_TRUE(ContainsAll(status.message(), {"t.jsonl", "block_tokens 64"}));
+}
+
+// What the reader would refuse is not written: a request that depends on itself, or has a
+// delay but follows nothing.
+TEST(WriteMooncake, RefusesDependenciesTheReaderWouldRefuse) {
+  testing::TempDir dir;
+  Trace self = MakeTrace({0, 1});
+  self.requests[1].parent = self.requests[1].id;
+  Status status = WriteMooncake(self, dir.File("t.jsonl"));
+  ASSERT_FALSE(status.ok());
+  EXPECT_TRUE(ContainsAll(status.message(), {"t.jsonl", "request 1", "not before it"}));
+  Trace delay = MakeTrace({0, 1});
+  delay.requests[1].delay_s = 0.5;
+  status = WriteMooncake(delay, dir.File("t.jsonl"));
+  ASSERT_FALSE(status.ok());
+  EXPECT_TRUE(ContainsAll(status.message(), {"request 1", "delay but follows no request"}));
 }
 
 TEST(WriteMooncake, UnwritablePathIsAnError) {

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <optional>
 #include <set>
 
 #include "tests/traces/test_util.h"
@@ -356,6 +357,287 @@ TEST(SyntheticPrefix, ZipfAndUniformGroupFrequencies) {
   for (const auto& [g, count] : counts) EXPECT_NEAR(count / 20000.0, 0.125, 0.012) << g;
 }
 
+// ---- Sessions --------------------------------------------------------------------------------
+
+// "s<i>" (built by appending: GCC 12 warns falsely about "s" + std::to_string(i)).
+std::string SessionName(std::size_t i) {
+  std::string name = "s";
+  name += std::to_string(i);
+  return name;
+}
+
+// BaseSpec (inputs 100, outputs 10 tokens) in sessions of `turns` turns adding 20 tokens each,
+// 1.5 s apart.
+SyntheticSpec SessionSpecOf(std::size_t n, Tokens turns) {
+  SyntheticSpec spec = BaseSpec(n);
+  SessionSpec sessions;
+  sessions.turns = FixedLength(turns);
+  sessions.new_tokens = FixedLength(20);
+  sessions.think_time_ms = FixedLength(1500);
+  spec.sessions = sessions;
+  return spec;
+}
+
+TEST(SyntheticSessions, FixedTurnsGiveHandComputedPromptsAndContexts) {
+  // 7 requests in sessions of 3: s0 and s1 complete, s2 cut short after its first turn.
+  const Trace trace = Generate(SessionSpecOf(7, 3));
+  ASSERT_EQ(trace.requests.size(), 7u);
+  EXPECT_TRUE(trace.HasDependencies());
+  // Turn 1: 100 + 10. Turn 2: 110 of context + 20 new = 130, + 10. Turn 3: 140 + 20 = 160.
+  const Tokens inputs[] = {100, 130, 160, 100, 130, 160, 100};
+  const Tokens contexts[] = {0, 110, 140, 0, 110, 140, 0};
+  for (std::size_t i = 0; i < 7; ++i) {
+    const TraceRequest& r = trace.requests[i];
+    const std::size_t turn = i % 3;  // 0-based
+    EXPECT_EQ(r.id, i);
+    EXPECT_EQ(r.input_tokens, inputs[i]) << i;
+    EXPECT_EQ(r.output_tokens, 10) << i;
+    EXPECT_EQ(r.context_tokens, contexts[i]) << i;
+    EXPECT_EQ(r.session, SessionName(i / 3)) << i;
+    EXPECT_TRUE(r.after.empty());
+    // Every turn arrives at its session's start, a lower bound for the later ones.
+    EXPECT_EQ(r.arrival_s, trace.requests[i - turn].arrival_s) << i;
+    if (turn == 0) {
+      EXPECT_FALSE(r.parent) << i;
+      EXPECT_EQ(r.delay_s, 0.0) << i;
+      EXPECT_EQ(r.block_ids.size(), 1u) << i;
+    } else {
+      EXPECT_EQ(r.parent, std::optional<std::uint64_t>(i - 1)) << i;
+      EXPECT_EQ(r.delay_s, 1.5) << i;
+      EXPECT_TRUE(r.block_ids.empty()) << i;
+    }
+  }
+  EXPECT_EQ(trace.requests[0].arrival_s, 0.0);
+  EXPECT_GT(trace.requests[3].arrival_s, 0.0);
+  EXPECT_GE(trace.requests[6].arrival_s, trace.requests[3].arrival_s);
+  // First turns get unique blocks as without sessions.
+  EXPECT_NE(trace.requests[0].block_ids, trace.requests[3].block_ids);
+}
+
+TEST(SyntheticSessions, FirstTurnsShareTheSystemPrompt) {
+  SyntheticSpec spec = SessionSpecOf(20, 2);
+  spec.prefix_groups = 1;
+  spec.prefix_tokens = 512;
+  const Trace trace = Generate(spec);
+  ASSERT_EQ(trace.requests.size(), 20u);
+  for (std::size_t i = 0; i < 20; i += 2) {
+    const TraceRequest& first = trace.requests[i];
+    const TraceRequest& second = trace.requests[i + 1];
+    EXPECT_EQ(first.input_tokens, 612);
+    ASSERT_EQ(first.block_ids.size(), 2u);
+    EXPECT_EQ(first.block_ids[0], 0u);  // the group's one prefix block
+    EXPECT_EQ(second.context_tokens, 622);
+    EXPECT_EQ(second.input_tokens, 642);
+    EXPECT_TRUE(second.block_ids.empty());
+  }
+}
+
+TEST(SyntheticSessions, MaxContextTokensEndsSessionsEarly) {
+  // Turn 2 needs 130 + 10 = 140 tokens, turn 3 160 + 10 = 170: with a limit of 150 every
+  // session stops after two turns, and 6 requests take 3 sessions.
+  SyntheticSpec spec = SessionSpecOf(6, 5);
+  spec.sessions->max_context_tokens = 150;
+  Trace trace = Generate(spec);
+  ASSERT_EQ(trace.requests.size(), 6u);
+  for (std::size_t i = 0; i < 6; ++i) {
+    EXPECT_EQ(trace.requests[i].session, SessionName(i / 2)) << i;
+    EXPECT_EQ(trace.requests[i].parent.has_value(), i % 2 == 1) << i;
+  }
+  // 140 fits exactly.
+  spec.sessions->max_context_tokens = 140;
+  trace = Generate(spec);
+  EXPECT_EQ(trace.requests[1].parent, std::optional<std::uint64_t>(0));
+  // Below 140 every session is its first turn alone, which is never cut.
+  spec.sessions->max_context_tokens = 139;
+  trace = Generate(spec);
+  ASSERT_EQ(trace.requests.size(), 6u);
+  for (std::size_t i = 0; i < 6; ++i) {
+    EXPECT_FALSE(trace.requests[i].parent) << i;
+    EXPECT_EQ(trace.requests[i].session, SessionName(i)) << i;
+  }
+  EXPECT_FALSE(trace.HasDependencies());
+}
+
+TEST(SyntheticSessions, SameSeedSameTraceOtherSeedDifferent) {
+  SyntheticSpec spec = BaseSpec(400);
+  spec.input = {LengthDist::Kind::kLognormal, 0, 1, 50000, 2000, 0.9, "", {}};
+  spec.output = {LengthDist::Kind::kUniform, 0, 1, 500, 0, 0, "", {}};
+  spec.prefix_groups = 3;
+  spec.prefix_tokens = 700;
+  SessionSpec sessions;
+  sessions.turns = {LengthDist::Kind::kUniform, 0, 1, 6, 0, 0, "", {}};
+  sessions.new_tokens = {LengthDist::Kind::kLognormal, 0, 1, 4000, 300, 1.0, "", {}};
+  sessions.think_time_ms = {LengthDist::Kind::kUniform, 0, 0, 20000, 0, 0, "", {}};
+  sessions.max_context_tokens = 30000;
+  spec.sessions = sessions;
+  spec.seed = 5;
+  const Trace a = Generate(spec);
+  const Trace b = Generate(spec);
+  spec.seed = 6;
+  const Trace c = Generate(spec);
+  ASSERT_EQ(a.requests.size(), 400u);
+  ASSERT_EQ(b.requests.size(), 400u);
+  ASSERT_EQ(c.requests.size(), 400u);
+  std::size_t differing = 0, follow_ups = 0;
+  std::set<Tokens> turn_counts;
+  for (std::size_t i = 0; i < 400; ++i) {
+    const TraceRequest& x = a.requests[i];
+    const TraceRequest& y = b.requests[i];
+    EXPECT_EQ(x.id, i);
+    EXPECT_EQ(x.arrival_s, y.arrival_s);
+    EXPECT_EQ(x.input_tokens, y.input_tokens);
+    EXPECT_EQ(x.output_tokens, y.output_tokens);
+    EXPECT_EQ(x.block_ids, y.block_ids);
+    EXPECT_EQ(x.parent, y.parent);
+    EXPECT_EQ(x.context_tokens, y.context_tokens);
+    EXPECT_EQ(x.delay_s, y.delay_s);
+    EXPECT_EQ(x.session, y.session);
+    if (i > 0) {
+      ASSERT_LE(a.requests[i - 1].arrival_s, x.arrival_s);
+    }
+    if (x.parent) {
+      ++follow_ups;
+      const TraceRequest& parent = a.requests[*x.parent];
+      EXPECT_EQ(*x.parent, i - 1);
+      EXPECT_EQ(x.context_tokens, parent.input_tokens + parent.output_tokens);
+      EXPECT_GE(x.input_tokens, x.context_tokens + 1);
+      EXPECT_LE(x.input_tokens, x.context_tokens + 4000);
+      EXPECT_LE(x.input_tokens + x.output_tokens, 30000);
+      EXPECT_GE(x.delay_s, 0.0);
+      EXPECT_LE(x.delay_s, 20.0);
+      EXPECT_EQ(x.session, parent.session);
+      EXPECT_EQ(x.arrival_s, parent.arrival_s);
+    } else {
+      EXPECT_EQ(static_cast<Tokens>(x.block_ids.size()), (x.input_tokens + 511) / 512);
+    }
+    if (x.input_tokens != c.requests[i].input_tokens || x.arrival_s != c.requests[i].arrival_s) {
+      ++differing;
+    }
+  }
+  // Uniform 1..6 turns: about 5/6 of the requests follow another.
+  EXPECT_GT(follow_ups, 250u);
+  EXPECT_GT(differing, 300u);
+}
+
+TEST(SyntheticSessions, WithoutSessionsTheTraceIsUnchanged) {
+  // An empty session spec is not the same as none: none keeps the draws of a plain trace.
+  SyntheticSpec spec = BaseSpec(6);
+  spec.input = {LengthDist::Kind::kUniform, 0, 1, 1000, 0, 0, "", {}};
+  spec.seed = 42;
+  const Trace plain = Generate(spec);
+  for (const auto& r : plain.requests) {
+    EXPECT_FALSE(r.HasDependencies());
+    EXPECT_EQ(r.session, "");
+  }
+  // Sessions of one turn draw the turns too, so their inputs differ from the plain trace's.
+  spec.sessions = SessionSpec{};
+  spec.sessions->new_tokens = FixedLength(1);
+  const Trace single = Generate(spec);
+  ASSERT_EQ(single.requests.size(), 6u);
+  EXPECT_FALSE(single.HasDependencies());
+  EXPECT_EQ(single.requests[5].session, "s5");
+}
+
+TEST(SyntheticSessions, NewTokensSampledFromATrace) {
+  testing::TempDir dir;
+  const std::string path = dir.Write(
+      "small.jsonl", R"({"timestamp": 0, "input_length": 7, "output_length": 1, "hash_ids": [1]})"
+                     "\n"
+                     R"({"timestamp": 5, "input_length": 9, "output_length": 2, "hash_ids": [2]})"
+                     "\n");
+  SyntheticSpec spec = SessionSpecOf(200, 4);
+  spec.sessions->new_tokens = {LengthDist::Kind::kTrace, 0, 1, 8, 0, 0, path,
+                               TraceFormat::kMooncake};
+  std::set<Tokens> added;
+  for (const auto& r : Generate(spec).requests) {
+    if (r.parent) added.insert(r.input_tokens - r.context_tokens);
+  }
+  EXPECT_EQ(added, (std::set<Tokens>{7, 8}));  // 9 clamped to max 8
+}
+
+TEST(SyntheticSessions, RoundTripsThroughMooncake) {
+  SyntheticSpec spec = BaseSpec(300);
+  spec.rate_per_s = 2;
+  spec.input = {LengthDist::Kind::kUniform, 0, 1, 3000, 0, 0, "", {}};
+  spec.output = {LengthDist::Kind::kUniform, 0, 1, 300, 0, 0, "", {}};
+  spec.prefix_groups = 4;
+  spec.prefix_tokens = 1024;
+  SessionSpec sessions;
+  sessions.turns = {LengthDist::Kind::kUniform, 0, 1, 5, 0, 0, "", {}};
+  sessions.new_tokens = {LengthDist::Kind::kUniform, 0, 1, 500, 0, 0, "", {}};
+  sessions.think_time_ms = {LengthDist::Kind::kLognormal, 0, 0, 60000, 3000, 1.0, "", {}};
+  spec.sessions = sessions;
+  spec.seed = 9;
+  const Trace generated = Generate(spec);
+  ASSERT_EQ(generated.requests.size(), 300u);
+
+  testing::TempDir dir;
+  ASSERT_TRUE(WriteMooncake(generated, dir.File("sessions.jsonl")).ok());
+  auto read = ReadMooncake(dir.File("sessions.jsonl"));
+  ASSERT_TRUE(read.ok()) << read.error();
+  ASSERT_EQ(read->requests.size(), generated.requests.size());
+  for (std::size_t i = 0; i < read->requests.size(); ++i) {
+    const TraceRequest& a = generated.requests[i];
+    const TraceRequest& b = read->requests[i];
+    EXPECT_EQ(a.id, b.id);
+    EXPECT_NEAR(a.arrival_s, b.arrival_s, 0.0005 + 1e-12);  // rounded to whole ms
+    EXPECT_EQ(a.input_tokens, b.input_tokens);
+    EXPECT_EQ(a.output_tokens, b.output_tokens);
+    EXPECT_EQ(a.block_ids, b.block_ids);
+    EXPECT_EQ(a.parent, b.parent);
+    EXPECT_EQ(a.context_tokens, b.context_tokens);
+    EXPECT_EQ(a.after, b.after);
+    EXPECT_EQ(a.delay_s, b.delay_s);  // whole ms
+    EXPECT_EQ(a.session, b.session);
+  }
+}
+
+TEST(SyntheticSessions, ParsesTheSessionsObject) {
+  auto spec = ParseText(R"({
+    "num_requests": 10,
+    "arrival": {"process": "poisson", "rate_per_s": 2.0},
+    "input": {"dist": "fixed", "value": 100},
+    "output": {"dist": "fixed", "value": 10},
+    "sessions": {"turns": {"dist": "lognormal", "mean": 4, "sigma": 0.5},
+                 "new_tokens": {"dist": "uniform", "min": 5, "max": 50},
+                 "think_time_ms": {"dist": "uniform", "min": 0, "max": 3600000},
+                 "max_context_tokens": 32768}})");
+  ASSERT_TRUE(spec.ok()) << spec.error();
+  ASSERT_TRUE(spec->sessions);
+  EXPECT_EQ(spec->sessions->turns.kind, LengthDist::Kind::kLognormal);
+  EXPECT_EQ(spec->sessions->turns.min, 1);
+  EXPECT_EQ(spec->sessions->turns.max, 10000);  // the default clamp of turns
+  EXPECT_EQ(spec->sessions->new_tokens.min, 5);
+  EXPECT_EQ(spec->sessions->new_tokens.max, 50);
+  EXPECT_EQ(spec->sessions->think_time_ms.min, 0);
+  EXPECT_EQ(spec->sessions->think_time_ms.max, 3600000);
+  EXPECT_EQ(spec->sessions->max_context_tokens, 32768);
+
+  auto minimal = ParseText(R"({
+    "num_requests": 10,
+    "arrival": {"process": "poisson", "rate_per_s": 2.0},
+    "input": {"dist": "fixed", "value": 100},
+    "output": {"dist": "fixed", "value": 10},
+    "sessions": {"turns": {"dist": "fixed", "value": 3},
+                 "new_tokens": {"dist": "fixed", "value": 20}}})");
+  ASSERT_TRUE(minimal.ok()) << minimal.error();
+  EXPECT_EQ(minimal->sessions->think_time_ms.kind, LengthDist::Kind::kFixed);
+  EXPECT_EQ(minimal->sessions->think_time_ms.value, 0);  // no think time by default
+  EXPECT_EQ(minimal->sessions->max_context_tokens, 0);   // no limit by default
+  EXPECT_FALSE(ParseText(kMinimalSpec)->sessions);
+  auto think_lognormal = ParseText(R"({
+    "num_requests": 10,
+    "arrival": {"process": "poisson", "rate_per_s": 2.0},
+    "input": {"dist": "fixed", "value": 100},
+    "output": {"dist": "fixed", "value": 10},
+    "sessions": {"turns": {"dist": "fixed", "value": 3},
+                 "new_tokens": {"dist": "fixed", "value": 20},
+                 "think_time_ms": {"dist": "lognormal", "mean": 5000, "sigma": 1}}})");
+  ASSERT_TRUE(think_lognormal.ok()) << think_lognormal.error();
+  EXPECT_EQ(think_lognormal->sessions->think_time_ms.min, 0);
+  EXPECT_EQ(think_lognormal->sessions->think_time_ms.max, 1000000);
+}
+
 // ---- Spec parsing and validation -------------------------------------------------------------
 
 TEST(SyntheticSpecParse, ReadsAllFields) {
@@ -472,7 +754,69 @@ INSTANTIATE_TEST_SUITE_P(
                 {"prefix", "'zipf'"}},
         BadSpec{"PrefixNegativeGroups",
                 R"({"prefix": {"groups": -4, "tokens": 512}})",
-                {"prefix", "'groups'"}}),
+                {"prefix", "'groups'"}},
+        BadSpec{"SessionsNotObject", R"({"sessions": [1]})", {"field 'sessions'", "object"}},
+        BadSpec{"SessionsUnknownKey",
+                R"({"sessions": {"turn": {"dist": "fixed", "value": 2}}})",
+                {"sessions", "field 'turn'", "not recognized"}},
+        BadSpec{"SessionsTurnsMissing",
+                R"({"sessions": {"new_tokens": {"dist": "fixed", "value": 5}}})",
+                {"sessions", "field 'turns'", "missing"}},
+        BadSpec{"SessionsNewTokensMissing",
+                R"({"sessions": {"turns": {"dist": "fixed", "value": 2}}})",
+                {"sessions", "field 'new_tokens'", "missing"}},
+        BadSpec{"SessionsTurnsZero",
+                R"({"sessions": {"turns": {"dist": "fixed", "value": 0},
+                                 "new_tokens": {"dist": "fixed", "value": 5}}})",
+                {"sessions: turns", "field 'value'"}},
+        BadSpec{"SessionsTurnsTooMany",
+                R"({"sessions": {"turns": {"dist": "uniform", "min": 1, "max": 10001},
+                                 "new_tokens": {"dist": "fixed", "value": 5}}})",
+                {"sessions: turns", "field 'max'", "10000"}},
+        BadSpec{"SessionsTurnsFromATrace",
+                R"({"sessions": {"turns": {"dist": "trace", "path": "x.jsonl"},
+                                 "new_tokens": {"dist": "fixed", "value": 5}}})",
+                {"sessions: turns", "field 'dist'", "fixed, uniform, lognormal"}},
+        BadSpec{"SessionsNewTokensZero",
+                R"({"sessions": {"turns": {"dist": "fixed", "value": 2},
+                                 "new_tokens": {"dist": "uniform", "min": 0, "max": 5}}})",
+                {"sessions: new_tokens", "field 'min'"}},
+        BadSpec{"SessionsThinkTimeNegative",
+                R"({"sessions": {"turns": {"dist": "fixed", "value": 2},
+                                 "new_tokens": {"dist": "fixed", "value": 5},
+                                 "think_time_ms": {"dist": "fixed", "value": -1}}})",
+                {"sessions: think_time_ms", "field 'value'"}},
+        BadSpec{"SessionsThinkTimePastAnHour",
+                R"({"sessions": {"turns": {"dist": "fixed", "value": 2},
+                                 "new_tokens": {"dist": "fixed", "value": 5},
+                                 "think_time_ms": {"dist": "fixed", "value": 3600001}}})",
+                {"sessions: think_time_ms", "field 'value'", "3600000"}},
+        BadSpec{"SessionsThinkTimeLognormalMeanPastAnHour",
+                R"({"sessions": {"turns": {"dist": "fixed", "value": 2},
+                                 "new_tokens": {"dist": "fixed", "value": 5},
+                                 "think_time_ms": {"dist": "lognormal", "mean": 4e6,
+                                                   "sigma": 1}}})",
+                {"sessions: think_time_ms", "field 'mean'"}},
+        BadSpec{"SessionsThinkTimeFromATrace",
+                R"({"sessions": {"turns": {"dist": "fixed", "value": 2},
+                                 "new_tokens": {"dist": "fixed", "value": 5},
+                                 "think_time_ms": {"dist": "trace", "path": "x.jsonl"}}})",
+                {"sessions: think_time_ms", "field 'dist'"}},
+        BadSpec{"SessionsMaxContextZero",
+                R"({"sessions": {"turns": {"dist": "fixed", "value": 2},
+                                 "new_tokens": {"dist": "fixed", "value": 5},
+                                 "max_context_tokens": 0}})",
+                {"sessions", "field 'max_context_tokens'", "1000000000"}},
+        BadSpec{"SessionsMaxContextTooLarge",
+                R"({"sessions": {"turns": {"dist": "fixed", "value": 2},
+                                 "new_tokens": {"dist": "fixed", "value": 5},
+                                 "max_context_tokens": 1000000001}})",
+                {"sessions", "field 'max_context_tokens'"}},
+        BadSpec{"SessionsMaxContextFractional",
+                R"({"sessions": {"turns": {"dist": "fixed", "value": 2},
+                                 "new_tokens": {"dist": "fixed", "value": 5},
+                                 "max_context_tokens": 100.5}})",
+                {"sessions", "field 'max_context_tokens'"}}),
     [](const ::testing::TestParamInfo<BadSpec>& info) { return info.param.name; });
 
 TEST(SyntheticSpecParse, GenerateValidatesCodeBuiltSpecs) {
@@ -483,6 +827,24 @@ TEST(SyntheticSpecParse, GenerateValidatesCodeBuiltSpecs) {
   EXPECT_TRUE(ContainsAll(trace.error(), {"arrival", "'rate_per_s'"}));
   spec = BaseSpec(0);
   EXPECT_TRUE(ContainsAll(GenerateSynthetic(spec).error(), {"'num_requests'"}));
+}
+
+TEST(SyntheticSpecParse, GenerateValidatesCodeBuiltSessions) {
+  SyntheticSpec spec = BaseSpec(10);
+  spec.sessions = SessionSpec{};  // new_tokens left unset
+  EXPECT_TRUE(ContainsAll(GenerateSynthetic(spec).error(),
+                          {"synthetic spec: sessions: new_tokens", "'value'"}));
+  spec.sessions->new_tokens = FixedLength(5);
+  spec.sessions->turns = FixedLength(0);
+  EXPECT_TRUE(ContainsAll(GenerateSynthetic(spec).error(), {"sessions: turns", "'value'"}));
+  spec.sessions->turns = FixedLength(2);
+  spec.sessions->think_time_ms = {LengthDist::Kind::kTrace, 0, 0, 10, 0, 0, "t.jsonl", {}};
+  EXPECT_TRUE(ContainsAll(GenerateSynthetic(spec).error(), {"sessions: think_time_ms", "'dist'"}));
+  spec.sessions->think_time_ms = FixedLength(0);
+  spec.sessions->max_context_tokens = -5;
+  EXPECT_TRUE(ContainsAll(GenerateSynthetic(spec).error(), {"sessions", "'max_context_tokens'"}));
+  spec.sessions->max_context_tokens = 0;
+  EXPECT_TRUE(GenerateSynthetic(spec).ok());
 }
 
 TEST(SyntheticSpecParse, FileErrorsNameThePath) {
