@@ -100,7 +100,10 @@ bool ParseSimulateArgs(int argc, char** argv, po::variables_map& vm, sim::SimOpt
     ("slo", po::value<std::string>(), "service-level objectives in ms, e.g. ttft=2000,tpot=100")
     ("reject-over-slo",
      "cache-aware router: reject at arrival a request whose estimated TTFT exceeds the TTFT SLO")
-    ("out", po::value<std::string>()->default_value("out"), "output directory");
+    ("out", po::value<std::string>()->default_value("out"), "output directory")
+    ("timeline", po::value<std::string>(),
+     "also write a Perfetto / Chrome trace of the run to FILE (JSON; open it in "
+     "ui.perfetto.dev): steps per instance, KV transfers, tier I/O, request lifecycles");
   // clang-format on
   AddRouterOptions(opts, "prefix-aware");
   opts.add_options()("router-staleness-ms", po::value<double>()->default_value(0),
@@ -142,6 +145,10 @@ bool ParseSimulateArgs(int argc, char** argv, po::variables_map& vm, sim::SimOpt
   if (!progress) return usage(progress.error());
   options.progress = *progress;
   options.out_dir = vm["out"].as<std::string>();
+  if (vm.count("timeline")) {
+    options.timeline_path = vm["timeline"].as<std::string>();
+    if (options.timeline_path.empty()) return usage("--timeline needs a file name");
+  }
 
   *out = std::move(options);
   *exit_code = kExitOk;
@@ -164,6 +171,9 @@ int Simulate(int argc, char** argv) {
   auto report = sim::RunSimulation(*cluster, *trace, options);
   if (!report) return Fail(report.error());
   PrintSummary(report->summary, options.out_dir);
+  if (!options.timeline_path.empty())
+    std::printf("  timeline       %s (open it in ui.perfetto.dev)\n",
+                options.timeline_path.c_str());
   return kExitOk;
 }
 

@@ -12,6 +12,7 @@ PACKAGES=(
   libboost-dev                   # Boost.Beast/Asio (header-only): `duet replay`'s HTTP client, `duet serve`
   prometheus-cpp-dev             # `duet serve`'s /metrics (metric families, text exposition)
   python3-venv                   # .venv/ for the Python tests (scripts/venv.sh)
+  nodejs                         # runs Perfetto's trace processor (WebAssembly) in tests/sim/python
   nlohmann-json3-dev             # JSON for specs, traces and outputs
   libpcre2-dev                   # the tokenizer's pre-tokenization regex
   libgtest-dev libgmock-dev      # the test suite

@@ -23,6 +23,7 @@
 #include "policies/engine.h"
 #include "policies/kv_event_index.h"
 #include "sim/platform.h"
+#include "sim/timeline.h"
 #include "traces/arrivals.h"
 
 namespace duet::sim {
@@ -63,6 +64,9 @@ class SimPorts final : public policies::Clock,
   void StartReceiving();
 
  private:
+  // Execute without the timeline's record.
+  void ExecuteSteps(const policies::StepPlan& plan, policies::StepEvents& events,
+                    policies::StepResult* result);
   // Layer-wise loading: a step whose prefills wait for loads from the lower tiers cannot end
   // before the last of them arrived, and ends one layer's compute after it. Waits for those
   // still in flight after the computation (the engine takes events meanwhile) and moves the
@@ -77,7 +81,12 @@ class SimPorts final : public policies::Clock,
   sg4::Mailbox* mailbox_;
   sg4::CommPtr receive_;
   EngineMessage* received_ = nullptr;
-  std::map<policies::TransferId, std::vector<sg4::CommPtr>> transfers_;
+  struct InFlight {
+    std::vector<sg4::CommPtr> comms;  // one per TP shard
+    policies::KvTransferRequest transfer;
+    Seconds posted_s;
+  };
+  std::map<policies::TransferId, InFlight> transfers_;
   policies::TransferId next_transfer_ = 1;
   std::vector<sg4::CommPtr> waitables_;  // reused
 };
@@ -107,8 +116,7 @@ class SimStorage final : public policies::TierStorage {
  private:
   struct Op {
     const sg4::Actor* owner;
-    policies::TierKind tier;
-    bool read;
+    policies::TierIo io;
     Seconds posted_s;
     std::vector<sg4::CommPtr> comms;
   };
@@ -168,6 +176,7 @@ struct World {
   std::unique_ptr<policies::TierManager> tiers;  // null without tiers
   std::unique_ptr<EngineCacheView> cache_view;
   std::unique_ptr<policies::Router> router;
+  std::unique_ptr<Timeline> timeline;  // with --timeline
   // Stale router view (router_staleness_s > 0): the GPU caches as KV events delivered so far
   // describe them, and the events still in flight, in delivery order.
   struct KvEventsInFlight {
@@ -235,8 +244,8 @@ bool SimPorts::TryReceive(EngineMessage* message) {
 bool SimPorts::WaitAny(double timeout) {
   waitables_.clear();
   waitables_.push_back(receive_);
-  for (const auto& [id, comms] : transfers_) {
-    for (const auto& c : comms) waitables_.push_back(c);
+  for (const auto& [id, t] : transfers_) {
+    for (const auto& c : t.comms) waitables_.push_back(c);
   }
   if (world_.storage) world_.storage->AppendWaitables(&waitables_);
   const ssize_t woken = sg4::Comm::wait_any_for(waitables_, timeout);
@@ -269,29 +278,52 @@ policies::TransferId SimPorts::Post(const policies::KvTransferRequest& transfer)
     comms.push_back(world_.Transfer(src[s % src.size()], dst[s % dst.size()], shard_bytes));
   }
   const policies::TransferId id = next_transfer_++;
-  transfers_.emplace(id, std::move(comms));
+  policies::KvTransferRequest kept = transfer;
+  kept.src_blocks = kept.dst_blocks = {};  // the engine's, valid only during this call
+  transfers_.emplace(id, InFlight{std::move(comms), kept, Now()});
   return id;
 }
 
 policies::TransferStatus SimPorts::Poll(policies::TransferId id) {
   auto it = transfers_.find(id);
   DUET_CHECK(it != transfers_.end());
+  policies::TransferStatus status = policies::TransferStatus::kDone;
   try {
-    auto& comms = it->second;
+    auto& comms = it->second.comms;
     comms.erase(
         std::remove_if(comms.begin(), comms.end(), [](const sg4::CommPtr& c) { return c->test(); }),
         comms.end());
     if (!comms.empty()) return policies::TransferStatus::kInProgress;
   } catch (const simgrid::Exception&) {
-    transfers_.erase(it);
-    return policies::TransferStatus::kFailed;
+    status = policies::TransferStatus::kFailed;
+  }
+  if (world_.timeline) {
+    const policies::KvTransferRequest& t = it->second.transfer;
+    world_.timeline->Add(Timeline::Transfer{t.request, t.src, t.dst, t.bytes, it->second.posted_s,
+                                            Now(), status == policies::TransferStatus::kFailed});
   }
   transfers_.erase(it);
-  return policies::TransferStatus::kDone;
+  return status;
 }
 
 void SimPorts::Execute(const policies::StepPlan& plan, policies::StepEvents& events,
                        policies::StepResult* result) {
+  const Seconds start_s = Now();
+  ExecuteSteps(plan, events, result);
+  if (!world_.timeline) return;
+  const models::StepShape shape = plan.Shape();
+  Seconds step_start_s = start_s;
+  for (const Seconds end_s : result->step_end_s) {
+    world_.timeline->Add(Timeline::Step{id_, step_start_s, end_s, shape.PrefillTokens(),
+                                        shape.decode_tokens,
+                                        static_cast<std::int32_t>(plan.prefills.size()),
+                                        static_cast<std::int32_t>(plan.decodes.size())});
+    step_start_s = end_s;
+  }
+}
+
+void SimPorts::ExecuteSteps(const policies::StepPlan& plan, policies::StepEvents& events,
+                            policies::StepResult* result) {
   const auto& cost = *world_.costs[static_cast<std::size_t>(id_)];
   const Seconds start = Now();
   std::vector<Seconds>* step_end_s = &result->step_end_s;
@@ -366,8 +398,7 @@ sg4::Host* SimStorage::TierHost(policies::TierKind kind, int node) const {
 policies::TierIoId SimStorage::Post(const policies::TierIo& io) {
   Op op;
   op.owner = sg4::Actor::self();
-  op.tier = io.tier;
-  op.read = io.read;
+  op.io = io;
   op.posted_s = sg4::Engine::get_clock();
   sg4::Host* tier = TierHost(io.tier, io.node);
   if (io.instance != policies::kNoInstance) {
@@ -404,8 +435,14 @@ policies::TransferStatus SimStorage::Poll(policies::TierIoId id) {
     status = policies::TransferStatus::kFailed;
   }
   // The owner waits on its I/O, so it polls at the instant the I/O ends.
-  IoTimes& t = times_[static_cast<std::size_t>(it->second.tier)][it->second.read ? 1 : 0];
+  const policies::TierIo& io = it->second.io;
+  IoTimes& t = times_[static_cast<std::size_t>(io.tier)][io.read ? 1 : 0];
   const Seconds took = sg4::Engine::get_clock() - it->second.posted_s;
+  if (world_.timeline) {
+    world_.timeline->Add(Timeline::TierIo{io.tier, io.node, io.read, io.instance, io.bytes,
+                                          it->second.posted_s, sg4::Engine::get_clock(),
+                                          status == policies::TransferStatus::kFailed});
+  }
   ++t.count;
   t.total_s += took;
   t.max_s = std::max(t.max_s, took);
@@ -778,9 +815,13 @@ class OutputFiles {
     std::error_code ignored;
     for (const auto& [tmp, final_path] : files_) std::filesystem::remove(tmp, ignored);
   }
-  // Where to write `name` for now.
-  std::string Add(const std::string& name) {
-    files_.emplace_back(dir_ / ("." + name + ".tmp"), dir_ / name);
+  // Where to write `name` (in the output directory, or a path elsewhere) for now.
+  std::string Add(const std::string& name) { return AddPath(dir_ / name); }
+  std::string AddPath(const std::filesystem::path& path) {
+    std::string hidden = ".";  // appended, not `"." + ...`: GCC 12 warns falsely (-Wrestrict)
+    hidden += path.filename().string();
+    hidden += ".tmp";
+    files_.emplace_back(path.parent_path() / hidden, path);
     return files_.back().first.string();
   }
   Status Commit() {
@@ -906,6 +947,7 @@ Result<SimReport> Simulate(const ClusterSpec& cluster, const traces::Trace& trac
     w.engines.push_back(std::make_unique<policies::InstanceEngine>(
         config, policies::EnginePorts{p, p, p, p, p, w.sink.get(), w.tiers.get()}));
   }
+  if (!options.timeline_path.empty()) w.timeline = std::make_unique<Timeline>();
   if (options.router_staleness_s > 0) {
     w.stale_index = std::make_unique<policies::KvEventIndex>(
         static_cast<int>(cluster.instances.size()), cluster.engine.block_tokens);
@@ -1004,6 +1046,10 @@ Result<SimReport> Simulate(const ClusterSpec& cluster, const traces::Trace& trac
   std::vector<std::string> names;
   for (const auto& inst : cluster.instances) names.push_back(inst.name);
   DUET_RETURN_IF_ERROR(w.metrics.WriteRequestsCsv(files.Add("requests.csv"), names));
+  if (w.timeline) {
+    DUET_RETURN_IF_ERROR(
+        w.timeline->Write(files.AddPath(options.timeline_path), names, w.requests));
+  }
   const std::string summary_path = files.Add("summary.json");
   std::ofstream out(summary_path);
   out << report.summary.dump(2) << "\n";
@@ -1030,6 +1076,16 @@ Result<SimReport> RunSimulation(const ClusterSpec& cluster, const traces::Trace&
     return Status::Error(options.out_dir + ": cannot write into the output directory");
   }
   fs::remove(probe, ec);
+  if (!options.timeline_path.empty()) {
+    fs::path dir = fs::path(options.timeline_path).parent_path();
+    if (dir.empty()) dir = ".";
+    const fs::path timeline_probe = dir / ".duet-write-test.tmp";
+    if (fs::is_directory(options.timeline_path, ec) || !std::ofstream(timeline_probe)) {
+      if (!existed) fs::remove(options.out_dir, ec);
+      return Status::Error(options.timeline_path + ": cannot write the timeline there");
+    }
+    fs::remove(timeline_probe, ec);
+  }
   Result<SimReport> report = Simulate(cluster, trace, options);
   // A failed run leaves nothing behind: not even the directory it created (if still empty).
   if (!report.ok() && !existed) fs::remove(options.out_dir, ec);

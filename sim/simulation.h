@@ -1,5 +1,6 @@
 // `duet simulate`: replays a trace against a cluster on SimGrid and writes METRICS.md files
-// (summary.json, requests.csv) and links.csv (bytes and busy time per link and disk).
+// (summary.json, requests.csv), links.csv (bytes and busy time per link and disk) and, when
+// asked, a timeline.
 // One simulation per process (SimGrid's engine is a process-wide singleton).
 #pragma once
 
@@ -27,6 +28,8 @@ struct SimOptions {
   Seconds router_staleness_s = 0;
   // users > 0: a closed loop replaces the trace's arrival times (traces/arrivals.h).
   traces::ClosedLoop closed_loop;
+  // Non-empty: also write a Perfetto / Chrome trace of the run there (sim/timeline.h).
+  std::string timeline_path;
 };
 
 struct SimReport {

@@ -193,6 +193,22 @@ TEST_F(BadInputTest, BadRouterOptions) {
   }
 }
 
+// A timeline that cannot be written stops the run before it starts: nothing is written.
+TEST_F(BadInputTest, UnwritableTimeline) {
+  const std::string missing_dir = tmp_.File("no-such-dir") + "/t.json";
+  RunResult r = ExpectFailure(
+      {"--cluster", kBundledCluster, "--trace", GoodTrace(), "--timeline", missing_dir},
+      kInputError);
+  EXPECT_TRUE(ContainsAll(r.err, {missing_dir, "cannot write the timeline"}));
+  r = ExpectFailure(
+      {"--cluster", kBundledCluster, "--trace", GoodTrace(), "--timeline", tmp_.path().string()},
+      kInputError);
+  EXPECT_TRUE(ContainsAll(r.err, {"cannot write the timeline"}));
+  r = ExpectFailure({"--cluster", kBundledCluster, "--trace", GoodTrace(), "--timeline", ""},
+                    kUsageError);
+  EXPECT_TRUE(ContainsAll(r.err, {"--timeline needs a file name"}));
+}
+
 TEST_F(BadInputTest, UnknownOption) {
   const RunResult r = ExpectFailure(
       {"--cluster", kBundledCluster, "--trace", GoodTrace(), "--no-such-flag", "1"}, kUsageError);

@@ -1,0 +1,58 @@
+// `duet simulate --timeline FILE`: what the simulated cluster did, as a Chrome / Perfetto trace
+// (JSON trace-event format, docs/outputs.md): a track per instance with each engine step as a
+// slice, a track per KV route with each transfer, a track per tier and direction with each I/O,
+// flow arrows from a request's last prefill step over its KV transfer to its first decode
+// step, and each request's lifecycle as nested async slices. Opens in ui.perfetto.dev as is.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "policies/kv_tiers.h"
+#include "policies/request.h"
+
+namespace duet::sim {
+
+class Timeline {
+ public:
+  // One engine step: its tokens and requests (a decode run's steps each get one).
+  struct Step {
+    policies::InstanceId instance;
+    Seconds start_s, end_s;
+    Tokens prefill_tokens, decode_tokens;
+    std::int32_t prefill_requests, decode_requests;
+  };
+  struct Transfer {
+    policies::RequestId request;
+    policies::InstanceId src, dst;
+    Bytes bytes;
+    Seconds start_s, end_s;
+    bool failed;
+  };
+  struct TierIo {
+    policies::TierKind tier;
+    int node;
+    bool read;
+    policies::InstanceId instance;  // kNoInstance: between two tiers
+    Bytes bytes;
+    Seconds start_s, end_s;
+    bool failed;
+  };
+
+  void Add(const Step& s) { steps_.push_back(s); }
+  void Add(const Transfer& t) { transfers_.push_back(t); }
+  void Add(const TierIo& io) { tier_ios_.push_back(io); }
+
+  // Writes the trace to `path`; requests give the lifecycles and the flows' end points.
+  Status Write(const std::string& path, const std::vector<std::string>& instance_names,
+               const std::vector<policies::Request>& requests) const;
+
+ private:
+  std::vector<Step> steps_;
+  std::vector<Transfer> transfers_;
+  std::vector<TierIo> tier_ios_;
+};
+
+}  // namespace duet::sim
