@@ -54,6 +54,8 @@ std::string CsvField(const std::string& s) {
 
 double Ms(Seconds s) { return s * 1000.0; }
 double TtftMs(const Request& r) { return Ms(r.first_token_s - r.arrival_s); }
+// Time to second token, as AIPerf defines it: the first token to the second.
+double TtstMs(const Request& r) { return Ms(r.second_token_s - r.first_token_s); }
 double E2eMs(const Request& r) { return Ms(r.finished_s - r.arrival_s); }
 bool HasTpot(const Request& r) { return r.output_tokens > 1; }
 Tokens TierHitTokens(const Request& r) {
@@ -280,7 +282,7 @@ nlohmann::json MetricsCollector::Summary(std::size_t total_requests, const Slo& 
       case RequestState::kCompleted:
         ++completed;
         ttft.push_back(TtftMs(r));
-        if (r.second_token_s >= 0) ttst.push_back(Ms(r.second_token_s - r.arrival_s));
+        if (r.second_token_s >= 0) ttst.push_back(TtstMs(r));
         if (r.session >= 0) {
           SessionSpan& span = sessions[r.session];
           span.output_tokens += r.output_tokens;
@@ -422,8 +424,8 @@ Status MetricsCollector::WriteRequestsCsv(const std::string& path,
       out << ",,,,";
     }
     out << ',' << (r->router_score ? Fixed(*r->router_score, 3) : "") << ','
-        << (done && r->second_token_s >= 0 ? Fixed(Ms(r->second_token_s - r->arrival_s), 3) : "")
-        << ',' << (r->session >= 0 ? std::to_string(r->session) : "") << '\n';
+        << (done && r->second_token_s >= 0 ? Fixed(TtstMs(*r), 3) : "") << ','
+        << (r->session >= 0 ? std::to_string(r->session) : "") << '\n';
   }
   out.flush();
   if (!out) return Status::Error(path + ": write failed");

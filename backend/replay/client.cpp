@@ -178,8 +178,10 @@ class Replay {
   }
 
   // A session's final record; `gaps_s` are its inter-token gaps (completed requests only).
-  void Record(std::size_t index, const Request& record, const std::vector<double>& gaps_s,
+  void Record(std::size_t index, Request record, const std::vector<double>& gaps_s,
               const std::string& error_kind, const CompletionChunk& usage) {
+    // A closed-loop user is the request's session (per-user throughput).
+    if (arrivals_.user(index) >= 0) record.session = arrivals_.user(index);
     if (record.state == RequestState::kCompleted) {
       for (double g : gaps_s) metrics_.OnTokenGaps(g, 1);
       if (usage.cached_tokens) ++report_.cached_tokens_reported;
@@ -499,6 +501,8 @@ void Session::Complete() {
   const Clock::time_point last = token_chunks_ ? last_token_ : finish_seen_;
   r.first_token_s = run_.RunSeconds(first);
   r.last_token_s = run_.RunSeconds(last);
+  // The second chunk that carries tokens (AIPerf's TTST: first chunk to second).
+  if (!gaps_s_.empty()) r.second_token_s = r.first_token_s + gaps_s_.front();
   r.finished_s = r.last_token_s;  // E2E: arrival to the last token
   r.generated_tokens = r.output_tokens;
   r.cached_tokens = usage_.cached_tokens.value_or(0);

@@ -187,8 +187,8 @@ TEST(MetricsCollector, SessionThroughputAndTimeToSecondToken) {
   Request c = Completed(2, 4.0, 0.5, 1.5, 3), alone = Completed(3, 0.0, 0.5, 9.0, 3);
   a.session = b.session = 0;
   c.session = 1;
-  a.second_token_s = 1.6;  // 600 ms after arrival
-  c.second_token_s = 4.8;  // 800 ms
+  a.second_token_s = 1.6;  // first token at 1.5: 100 ms after it
+  c.second_token_s = 4.8;  // first at 4.5: 300 ms
   Request rejected;
   rejected.id = 4;
   rejected.session = 1;
@@ -199,8 +199,8 @@ TEST(MetricsCollector, SessionThroughputAndTimeToSecondToken) {
   EXPECT_EQ(s["sessions"]["count"], 2);
   EXPECT_DOUBLE_EQ(s["sessions"]["output_tokens_per_s"]["mean"].get<double>(), 2.2);
   EXPECT_DOUBLE_EQ(s["sessions"]["output_tokens_per_s"]["max"].get<double>(), 2.4);
-  EXPECT_DOUBLE_EQ(s["ttst_ms"]["mean"].get<double>(), 700);
-  EXPECT_EQ(s["ttst_ms"]["max"], 800);
+  EXPECT_DOUBLE_EQ(s["ttst_ms"]["mean"].get<double>(), 200);
+  EXPECT_EQ(s["ttst_ms"]["max"], 300);
   // None: null, like every distribution without a sample.
   EXPECT_TRUE(
       MetricsCollector().Summary(0, Slo{})["sessions"]["output_tokens_per_s"]["p50"].is_null());
@@ -241,7 +241,7 @@ TEST(MetricsCollector, WritesRequestsCsvInIdOrderWithMetricsMdColumns) {
             "5,1.000000,100,3,20,p0,d0,10.000,500.000,500.000,1500.000,5.000,completed,,20,0,0,0,"
             "10.000,0.000,485.000,5.000,,,\n"
             "7,2.000000,100,3,60,p0,d0,10.000,500.000,500.000,1500.000,5.000,completed,,12,16,32,0,"
-            "10.000,100.000,385.000,5.000,1234.568,700.000,3\n");
+            "10.000,100.000,385.000,5.000,1234.568,200.000,3\n");
   // The summary splits the hits by tier and the TTFT into its parts.
   const nlohmann::json s = m.Summary(3, Slo{});
   EXPECT_EQ(s["prefix_cache"]["hit_tokens"], 80);

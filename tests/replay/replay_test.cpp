@@ -100,6 +100,10 @@ TEST_F(ReplayTest, MeasuresTheServersTimingAndCounts) {
     EXPECT_TRUE(Late(e2e, kFirstChunkMs + kGapMs * (e.chunks - 1), id + " E2E"));
     const double tpot = csv.Number(e.row, "tpot_ms");
     EXPECT_NEAR(tpot, (e2e - ttft) / (e.output_tokens - 1), 0.002) << id;
+    // TTST: first token chunk to second, one gap (less when the two arrive in one read).
+    const double ttst = csv.Number(e.row, "ttst_ms");
+    EXPECT_GE(ttst, 0) << id;
+    EXPECT_LE(ttst, kGapMs + kLateMs) << id;
     EXPECT_NEAR(tpot, kGapMs * (e.chunks - 1) / (e.output_tokens - 1), 3.0) << id;
   }
   EXPECT_EQ(csv.Get(3, "status"), "rejected");
@@ -240,6 +244,7 @@ TEST_F(ReplayTest, ClosedLoopSendsWhenAUserIsFree) {
   const nlohmann::json s = ReadJson(out + "/summary.json");
   EXPECT_EQ(s["replay"]["max_in_flight"], 3);
   EXPECT_EQ(s["requests"]["completed"], 9);
+  EXPECT_EQ(s["sessions"]["count"], 3);  // one per user
   const Csv csv = Csv::Read(out + "/requests.csv");
   ASSERT_EQ(csv.size(), 9u);
   auto finished = [&](std::size_t i) {
