@@ -149,12 +149,18 @@ void AddRouterOptions(po::options_description& opts, const char* default_router)
   opts.add_options()
     ("router", po::value<std::string>()->default_value(default_router),
      "round-robin, least-loaded, power-of-two, prefix-aware, cache-aware or kv-aware")
-    ("router-queue-weight", po::value<double>()->default_value(defaults.kv.queue_weight),
-     "kv-aware router: weight of the prefill work queued on an instance (tokens)")
+    ("router-queue-weight", po::value<double>(),
+     "kv-aware router: weight of the prefill work queued on an instance (tokens); default 0.5 "
+     "with colocated instances, 0.1 in PD")
     ("router-prefill-weight", po::value<double>()->default_value(defaults.kv.prefill_weight),
      "kv-aware router: weight of the request's tokens an instance has not cached")
     ("router-decode-weight", po::value<double>()->default_value(defaults.kv.decode_weight),
      "kv-aware router: weight of decode load (prompt tokens of the requests an instance serves)")
+    ("router-footprint-weight", po::value<double>()->default_value(defaults.kv.footprint_weight),
+     "kv-aware router: weight of the prompt tokens routed to an instance lately (its cache's "
+     "working set)")
+    ("router-footprint-window", po::value<double>()->default_value(defaults.kv.footprint_window_s),
+     "kv-aware router: seconds over which the footprint decays (by e)")
     ("router-temperature", po::value<double>()->default_value(defaults.kv.temperature),
      "kv-aware router: 0 takes the cheapest instance; > 0 samples, softer as it grows")
     ("router-load-guard", po::value<double>()->default_value(defaults.load_guard),
@@ -203,9 +209,12 @@ Status ParseRouterOptions(const po::variables_map& vm, policies::RouterConfig* c
   auto kind = policies::ParseRouterKind(vm["router"].as<std::string>());
   if (!kind) return Status::Error("--router: " + kind.error());
   config->kind = *kind;
-  config->kv.queue_weight = vm["router-queue-weight"].as<double>();
+  if (vm.count("router-queue-weight"))
+    config->kv.queue_weight = vm["router-queue-weight"].as<double>();
   config->kv.prefill_weight = vm["router-prefill-weight"].as<double>();
   config->kv.decode_weight = vm["router-decode-weight"].as<double>();
+  config->kv.footprint_weight = vm["router-footprint-weight"].as<double>();
+  config->kv.footprint_window_s = vm["router-footprint-window"].as<double>();
   config->kv.temperature = vm["router-temperature"].as<double>();
   config->load_guard = vm["router-load-guard"].as<double>();
   const Status st = policies::CheckRouterConfig(*config);

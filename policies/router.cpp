@@ -48,9 +48,14 @@ Status CheckRouterConfig(const RouterConfig& config) {
                            std::to_string(v));
     return Status::Ok();
   };
-  DUET_RETURN_IF_ERROR(check(config.kv.queue_weight, "router queue weight"));
+  if (config.kv.queue_weight)
+    DUET_RETURN_IF_ERROR(check(*config.kv.queue_weight, "router queue weight"));
   DUET_RETURN_IF_ERROR(check(config.kv.prefill_weight, "router prefill weight"));
   DUET_RETURN_IF_ERROR(check(config.kv.decode_weight, "router decode weight"));
+  DUET_RETURN_IF_ERROR(check(config.kv.footprint_weight, "router footprint weight"));
+  if (!(config.kv.footprint_window_s > 0 && config.kv.footprint_window_s <= 3600))
+    return Status::Error("router footprint window must be in (0, 3600] seconds, not " +
+                         std::to_string(config.kv.footprint_window_s));
   DUET_RETURN_IF_ERROR(check(config.kv.temperature, "router temperature"));
   DUET_RETURN_IF_ERROR(check(config.load_guard, "router load guard"));
   DUET_RETURN_IF_ERROR(check(config.prefill_tokens_per_s, "router prefill rate"));
@@ -59,7 +64,7 @@ Status CheckRouterConfig(const RouterConfig& config) {
         "router load guard must be 0 (off) or above 1 (a multiple of the mean "
         "load), not " +
         std::to_string(config.load_guard));
-  if (config.kv.queue_weight == 0 && config.kv.decode_weight == 0)
+  if (config.kv.queue_weight == 0.0 && config.kv.decode_weight == 0)
     return Status::Error(
         "router queue and decode weights are both 0: no load to weigh, every request would go "
         "to the instance with the longest prefix");
@@ -375,12 +380,30 @@ class KvAwareRouter final : public AccountingRouter {
           static_cast<double>(uncached) + reuse.load_s * config_.prefill_tokens_per_s;
       const double decode =
           colocated ? static_cast<double>(c.outstanding_kv_tokens + request.input_tokens) : 0.0;
-      candidates_.push_back(
-          {i, w.queue_weight * queued + w.prefill_weight * prefill + w.decode_weight * decode,
-           reused, uncached});
+      candidates_.push_back({i,
+                             w.QueueWeight(colocated) * queued + w.prefill_weight * prefill +
+                                 w.decode_weight * decode +
+                                 w.footprint_weight * Footprint(i, request.arrival_s),
+                             reused, uncached});
     }
     const Candidate& c = w.temperature > 0 ? Sample() : Cheapest();
+    footprint_[static_cast<std::size_t>(c.instance)] += static_cast<double>(request.input_tokens);
     return {c.instance, c.uncached, c.cost};
+  }
+
+  // Prompt tokens routed to instance i, each decayed by exp(-age / footprint_window_s), as of
+  // `now` (request arrivals: they do not go backwards).
+  double Footprint(InstanceId i, Seconds now) {
+    const auto k = static_cast<std::size_t>(i);
+    if (footprint_.size() <= k) {
+      footprint_.resize(k + 1, 0.0);
+      footprint_as_of_s_.resize(k + 1, now);
+    }
+    if (now > footprint_as_of_s_[k]) {
+      footprint_[k] *= std::exp(-(now - footprint_as_of_s_[k]) / config_.kv.footprint_window_s);
+      footprint_as_of_s_[k] = now;
+    }
+    return footprint_[k];
   }
 
   InstanceId PickDecode(const Request&) override {
@@ -425,6 +448,7 @@ class KvAwareRouter final : public AccountingRouter {
 
   std::vector<Candidate> candidates_;  // scratch, per request
   std::vector<double> weights_;
+  std::vector<double> footprint_, footprint_as_of_s_;  // per instance id
 };
 
 }  // namespace

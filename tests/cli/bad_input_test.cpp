@@ -184,6 +184,8 @@ TEST_F(BadInputTest, BadRouterOptions) {
            {{"--router-queue-weight", "0", "--router-decode-weight", "0"}, {"both 0"}},
            {{"--router-staleness-ms", "-5"}, {"--router-staleness-ms", "[0, 3600000]"}},
            {{"--router-staleness-ms", "inf"}, {"--router-staleness-ms"}},
+           {{"--router-footprint-weight", "-1"}, {"--router-*", "footprint weight"}},
+           {{"--router-footprint-window", "0"}, {"--router-*", "footprint window", "(0, 3600]"}},
        }) {
     std::vector<std::string> args = {"--cluster", kBundledCluster, "--trace",
                                      GoodTrace(), "--router",      "kv-aware"};

@@ -226,11 +226,13 @@ TEST(Router, CacheAwareRejectsWhatCannotMeetTheTtftSlo) {
 namespace duet::policies {
 namespace {
 
+// The footprint term off: the tests of the other terms compute their costs without it.
 RouterConfig KvAware(double queue, double prefill, double decode) {
   RouterConfig config = Config(RouterKind::kKvAware, 1);
   config.kv.queue_weight = queue;
   config.kv.prefill_weight = prefill;
   config.kv.decode_weight = decode;
+  config.kv.footprint_weight = 0;
   return config;
 }
 
@@ -358,6 +360,51 @@ TEST(Router, KvAwareSamplingIsSeededAndFavoursTheCheapest) {
   EXPECT_GT(count[1], 30);
 }
 
+// Where no instance holds a prompt, equal queues leave the footprint to decide: the prompt
+// goes where fewer tokens were routed lately. It fades with time, and never outweighs a
+// prefix an instance holds.
+TEST(Router, KvAwareSpreadsNewPromptsByFootprint) {
+  FixedCache cache;
+  RouterConfig config = KvAware(0.1, 1.0, 0.1);
+  config.kv.footprint_weight = 0.001;
+  config.kv.footprint_window_s = 10;
+  auto router = MakeRouter(config, {0, 1}, {2}, &cache);
+  auto serve = [&](Request& r, Seconds at) {
+    r.arrival_s = at;
+    const RoutingDecision d = RouteAndPlace(*router, r);
+    r.prefill_done_s = at;
+    router->OnPrefillDone(r);
+    router->OnFinished(r);  // no queue left behind: only the footprint remains
+    return d;
+  };
+  Request a = MakeRequest(8000);
+  EXPECT_EQ(serve(a, 0).prefill, 0);  // all alike: the lower id
+  // One second later 0's footprint is 8000 e^-0.1 = 7239 tokens (7.2 of cost), 1's none.
+  Request b = MakeRequest(100);
+  const RoutingDecision db = serve(b, 1);
+  EXPECT_EQ(db.prefill, 1);
+  EXPECT_DOUBLE_EQ(*db.score, 100);
+  // Then 1 has 100 tokens' footprint against 0's 7239: the next new prompt goes to 1 again.
+  Request c = MakeRequest(100);
+  EXPECT_EQ(serve(c, 1).prefill, 1);
+  // A prefix held on 0 outweighs its footprint: 1000 uncached tokens against 2000.
+  cache.cached = {{0, 1000}};
+  Request d = MakeRequest(2000);
+  EXPECT_EQ(serve(d, 2).prefill, 0);
+  // Without the term, alike instances fall back to the lower id.
+  config.kv.footprint_weight = 0;
+  auto plain = MakeRouter(config, {0, 1}, {2}, &cache);
+  cache.cached.clear();
+  Request e = MakeRequest(8000), f = MakeRequest(100);
+  e.arrival_s = 0;
+  f.arrival_s = 1;
+  RouteAndPlace(*plain, e);
+  e.prefill_done_s = 0;
+  plain->OnPrefillDone(e);
+  plain->OnFinished(e);
+  EXPECT_EQ(RouteAndPlace(*plain, f).prefill, 0);
+}
+
 TEST(Router, ConfigChecksNameTheBadField) {
   RouterConfig config = KvAware(0.5, 1.0, 0.1);
   EXPECT_TRUE(CheckRouterConfig(config).ok());
@@ -371,6 +418,12 @@ TEST(Router, ConfigChecksNameTheBadField) {
   EXPECT_NE(CheckRouterConfig(config).message().find("load guard"), std::string::npos);
   config = KvAware(0.0, 1.0, 0.0);
   EXPECT_NE(CheckRouterConfig(config).message().find("both 0"), std::string::npos);
+  config = KvAware(0.5, 1.0, 0.1);
+  config.kv.footprint_weight = -0.5;
+  EXPECT_NE(CheckRouterConfig(config).message().find("footprint weight"), std::string::npos);
+  config = KvAware(0.5, 1.0, 0.1);
+  config.kv.footprint_window_s = 0;
+  EXPECT_NE(CheckRouterConfig(config).message().find("footprint window"), std::string::npos);
   EXPECT_EQ(*ParseRouterKind("kv-aware"), RouterKind::kKvAware);
   EXPECT_STREQ(ToString(RouterKind::kKvAware), "kv-aware");
 }
