@@ -150,12 +150,16 @@ void AddRouterOptions(po::options_description& opts, const char* default_router)
     ("router", po::value<std::string>()->default_value(default_router),
      "round-robin, least-loaded, power-of-two, prefix-aware, cache-aware or kv-aware")
     ("router-queue-weight", po::value<double>(),
-     "kv-aware router: weight of the prefill work queued on an instance (tokens); default 0.5 "
+     "kv-aware router: weight of the prefill work queued on an instance (tokens); default 0.25 "
      "with colocated instances, 0.1 in PD")
     ("router-prefill-weight", po::value<double>()->default_value(defaults.kv.prefill_weight),
      "kv-aware router: weight of the request's tokens an instance has not cached")
     ("router-decode-weight", po::value<double>()->default_value(defaults.kv.decode_weight),
      "kv-aware router: weight of decode load (prompt tokens of the requests an instance serves)")
+    ("router-interference-weight",
+     po::value<double>()->default_value(defaults.kv.interference_weight),
+     "kv-aware router, colocated instances: weight of the tokens a request would compute times "
+     "the requests its prefill would stall there")
     ("router-footprint-weight", po::value<double>()->default_value(defaults.kv.footprint_weight),
      "kv-aware router: weight of the prompt tokens routed to an instance lately (its cache's "
      "working set)")
@@ -213,6 +217,7 @@ Status ParseRouterOptions(const po::variables_map& vm, policies::RouterConfig* c
     config->kv.queue_weight = vm["router-queue-weight"].as<double>();
   config->kv.prefill_weight = vm["router-prefill-weight"].as<double>();
   config->kv.decode_weight = vm["router-decode-weight"].as<double>();
+  config->kv.interference_weight = vm["router-interference-weight"].as<double>();
   config->kv.footprint_weight = vm["router-footprint-weight"].as<double>();
   config->kv.footprint_window_s = vm["router-footprint-window"].as<double>();
   config->kv.temperature = vm["router-temperature"].as<double>();

@@ -52,6 +52,7 @@ Status CheckRouterConfig(const RouterConfig& config) {
     DUET_RETURN_IF_ERROR(check(*config.kv.queue_weight, "router queue weight"));
   DUET_RETURN_IF_ERROR(check(config.kv.prefill_weight, "router prefill weight"));
   DUET_RETURN_IF_ERROR(check(config.kv.decode_weight, "router decode weight"));
+  DUET_RETURN_IF_ERROR(check(config.kv.interference_weight, "router interference weight"));
   DUET_RETURN_IF_ERROR(check(config.kv.footprint_weight, "router footprint weight"));
   if (!(config.kv.footprint_window_s > 0 && config.kv.footprint_window_s <= 3600))
     return Status::Error("router footprint window must be in (0, 3600] seconds, not " +
@@ -380,9 +381,12 @@ class KvAwareRouter final : public AccountingRouter {
           static_cast<double>(uncached) + reuse.load_s * config_.prefill_tokens_per_s;
       const double decode =
           colocated ? static_cast<double>(c.outstanding_kv_tokens + request.input_tokens) : 0.0;
+      const double interference =
+          colocated ? static_cast<double>(uncached) * static_cast<double>(c.outstanding_requests)
+                    : 0.0;
       candidates_.push_back({i,
                              w.QueueWeight(colocated) * queued + w.prefill_weight * prefill +
-                                 w.decode_weight * decode +
+                                 w.decode_weight * decode + w.interference_weight * interference +
                                  w.footprint_weight * Footprint(i, request.arrival_s),
                              reused, uncached});
     }

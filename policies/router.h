@@ -47,32 +47,37 @@ class CacheView {
 };
 
 // The kv-aware router's cost of serving a request on a candidate instance, in tokens:
-//   queue_weight   * prefill work queued there
-// + prefill_weight * (the request's prompt tokens that no cache tier there holds + the time to
-//                     load what the lower tiers hold, at the prefill rate)
-// + decode_weight  * (prompt tokens of the requests it serves now + this request's)
-// + footprint_weight * prompt tokens routed there lately (decayed over footprint_window_s),
-// the shape of Dynamo's and llm-d's KV-aware scorers, with a term of its own for the cache. Queued
-// prefill work is what the router charged at dispatch: each request's tokens that were not cached
-// where it went. The decode term is the KV that the instance's decode steps read (colocated
-// instances: the candidate's; PD: the decode side is chosen by it alone). A queue weight below the
-// prefill weight keeps a request with the instance that holds its prefix while its queue is short,
-// so prefixes are not copied across instances (which costs every later request's hits); the decode
-// weight keeps hot prefixes from piling decode batches onto a few instances. The footprint
-// estimates the working set an instance's cache must hold (what was routed there and will be asked
-// for again): where no instance holds a request's prefix (a new conversation, a new prefix) it goes
-// where that working set is smallest, not merely where the queue is short, so caches fill evenly
-// instead of one thrashing while another idles. Its weight is small: it decides between instances
-// that are otherwise alike and never outweighs a held prefix. The defaults were chosen on the
+//   queue_weight        * prefill work queued there
+// + prefill_weight      * (the request's prompt tokens that no cache tier there holds + the
+//                          time to load what the lower tiers hold, at the prefill rate)
+// + decode_weight       * (prompt tokens of the requests it serves now + this request's)
+// + interference_weight * the tokens it would compute x the requests it serves now
+// + footprint_weight    * prompt tokens routed there lately (decayed over footprint_window_s),
+// the shape of Dynamo's and llm-d's KV-aware scorers, with terms of its own for decode stalls
+// and for the cache. The decode and interference terms apply to colocated instances only.
+// Queued prefill work is what the router charged at dispatch: each request's tokens that were
+// not cached where it went. The decode term is the KV that the instance's decode steps read
+// (PD: the decode side is chosen by it alone). A queue weight below the prefill weight keeps a
+// request with the instance that holds its prefix while its queue is short, so prefixes are
+// not copied across instances (which costs every later request's hits); the decode weight
+// keeps hot prefixes from piling decode batches onto a few instances. On a colocated instance
+// a request's prefill chunks stall every decode running there: the interference term charges
+// that, so a prompt with much to compute goes where few requests would wait on it. The
+// footprint estimates the working set an instance's cache must hold (what was routed there and
+// will be asked for again): where no instance holds a request's prefix (a new conversation, a
+// new prefix) the request goes where that working set is smallest, not merely where the queue
+// is short, so caches fill evenly instead of one thrashing while another idles; its weight is
+// small beside a held prefix (1,000 tokens of prefix weigh as much as a million of footprint). The defaults were chosen on the
 // Mooncake conversation trace, a synthetic prefix-heavy one and a multi-turn one, at 1x and 4x
 // their rates (docs/routing.md).
 struct KvAwareWeights {
-  // Unset: 0.5 where instances are colocated, whose queued prefill work also stalls their own
+  // Unset: 0.25 where instances are colocated, whose queued prefill work also stalls their own
   // decode steps, and 0.1 in PD, where it only delays first tokens (docs/routing.md).
   std::optional<double> queue_weight;
-  double QueueWeight(bool colocated) const { return queue_weight.value_or(colocated ? 0.5 : 0.1); }
+  double QueueWeight(bool colocated) const { return queue_weight.value_or(colocated ? 0.25 : 0.1); }
   double prefill_weight = 1.0;
   double decode_weight = 0.1;
+  double interference_weight = 0.05;
   double footprint_weight = 0.001;
   Seconds footprint_window_s = 60;  // the footprint's decay time constant, (0, 3600]
   // 0: the least cost wins (ties: longer reuse, then lower id). > 0: an instance is drawn with

@@ -1026,6 +1026,7 @@ Result<SimReport> Simulate(const ClusterSpec& cluster, const traces::Trace& trac
                             {{"queue_weight", options.router.kv.QueueWeight(!cluster.pd())},
                              {"prefill_weight", options.router.kv.prefill_weight},
                              {"decode_weight", options.router.kv.decode_weight},
+                             {"interference_weight", options.router.kv.interference_weight},
                              {"footprint_weight", options.router.kv.footprint_weight},
                              {"footprint_window_s", options.router.kv.footprint_window_s},
                              {"temperature", options.router.kv.temperature},

@@ -185,6 +185,7 @@ TEST_F(BadInputTest, BadRouterOptions) {
            {{"--router-staleness-ms", "-5"}, {"--router-staleness-ms", "[0, 3600000]"}},
            {{"--router-staleness-ms", "inf"}, {"--router-staleness-ms"}},
            {{"--router-footprint-weight", "-1"}, {"--router-*", "footprint weight"}},
+           {{"--router-interference-weight", "nan"}, {"--router-*", "interference weight"}},
            {{"--router-footprint-window", "0"}, {"--router-*", "footprint window", "(0, 3600]"}},
        }) {
     std::vector<std::string> args = {"--cluster", kBundledCluster, "--trace",

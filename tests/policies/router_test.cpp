@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 #include <map>
 
 namespace duet::policies {
@@ -226,12 +227,14 @@ TEST(Router, CacheAwareRejectsWhatCannotMeetTheTtftSlo) {
 namespace duet::policies {
 namespace {
 
-// The footprint term off: the tests of the other terms compute their costs without it.
+// The interference and footprint terms off: the tests of the other terms compute their costs
+// without them.
 RouterConfig KvAware(double queue, double prefill, double decode) {
   RouterConfig config = Config(RouterKind::kKvAware, 1);
   config.kv.queue_weight = queue;
   config.kv.prefill_weight = prefill;
   config.kv.decode_weight = decode;
+  config.kv.interference_weight = 0;
   config.kv.footprint_weight = 0;
   return config;
 }
@@ -405,6 +408,41 @@ TEST(Router, KvAwareSpreadsNewPromptsByFootprint) {
   EXPECT_EQ(RouteAndPlace(*plain, f).prefill, 0);
 }
 
+// Colocated, a prompt's prefill stalls the decodes running where it goes: with the queues
+// empty and nothing cached, 3 requests in flight on instance 0 against 1 on instance 1 cost
+// 0.05 x 2000 x 3 = 300 tokens there against 100, so the prompt goes to 1. A prefix held on 0
+// that spares 1,500 of its 2,000 tokens outweighs that (500 + 0.05 x 500 x 3 = 575 against
+// 2,000 + 100).
+TEST(Router, KvAwareChargesColocatedPrefillsForTheDecodesTheyStall) {
+  FixedCache cache;
+  RouterConfig config = KvAware(0.25, 1.0, 0.0);
+  config.kv.interference_weight = 0.05;
+  auto router = MakeRouter(config, {0, 1}, {}, &cache);
+  // Requests decoding (prefilled: no queued work left) 3 on instance 0, 1 on instance 1.
+  for (InstanceId target : {0, 0, 0, 1}) {
+    cache.cached = {{target, 99}};  // 1 uncached token: each goes where it is told
+    Request r = MakeRequest(100);
+    ASSERT_EQ(RouteAndPlace(*router, r).prefill, target);
+    r.prefill_done_s = 0;
+    router->OnPrefillDone(r);
+  }
+  ASSERT_EQ(router->load(0).outstanding_requests, 3);
+  ASSERT_EQ(router->load(0).outstanding_prefill_work, 0);
+  cache.cached.clear();
+  Request fresh = MakeRequest(2000);
+  const RoutingDecision d = RouteAndPlace(*router, fresh);
+  EXPECT_EQ(d.prefill, 1);
+  EXPECT_DOUBLE_EQ(*d.score, 2000 + 0.05 * 2000 * 1);
+  cache.cached = {{0, 1500}};
+  Request held = MakeRequest(2000);
+  const RoutingDecision h = RouteAndPlace(*router, held);
+  EXPECT_EQ(h.prefill, 0);
+  EXPECT_DOUBLE_EQ(*h.score, 500 + 0.05 * 500 * 3);
+  // PD: prefill instances run no decodes, and the term does not apply.
+  auto pd = MakeRouter(config, {0, 1}, {2}, &cache);
+  EXPECT_EQ(pd->Route(MakeRequest(2000)).score, std::optional<double>(500));
+}
+
 TEST(Router, ConfigChecksNameTheBadField) {
   RouterConfig config = KvAware(0.5, 1.0, 0.1);
   EXPECT_TRUE(CheckRouterConfig(config).ok());
@@ -418,6 +456,9 @@ TEST(Router, ConfigChecksNameTheBadField) {
   EXPECT_NE(CheckRouterConfig(config).message().find("load guard"), std::string::npos);
   config = KvAware(0.0, 1.0, 0.0);
   EXPECT_NE(CheckRouterConfig(config).message().find("both 0"), std::string::npos);
+  config = KvAware(0.5, 1.0, 0.1);
+  config.kv.interference_weight = std::numeric_limits<double>::infinity();
+  EXPECT_NE(CheckRouterConfig(config).message().find("interference weight"), std::string::npos);
   config = KvAware(0.5, 1.0, 0.1);
   config.kv.footprint_weight = -0.5;
   EXPECT_NE(CheckRouterConfig(config).message().find("footprint weight"), std::string::npos);
