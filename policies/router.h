@@ -67,9 +67,9 @@ class CacheView {
 // will be asked for again): where no instance holds a request's prefix (a new conversation, a
 // new prefix) the request goes where that working set is smallest, not merely where the queue
 // is short, so caches fill evenly instead of one thrashing while another idles; its weight is
-// small beside a held prefix (1,000 tokens of prefix weigh as much as a million of footprint). The defaults were chosen on the
-// Mooncake conversation trace, a synthetic prefix-heavy one and a multi-turn one, at 1x and 4x
-// their rates (docs/routing.md).
+// small beside a held prefix (1,000 tokens of prefix weigh as much as a million of
+// footprint). The defaults were chosen on the Mooncake conversation trace, a synthetic
+// prefix-heavy one and a multi-turn one, at 1x and 4x their rates (docs/routing.md).
 struct KvAwareWeights {
   // Unset: 0.25 where instances are colocated, whose queued prefill work also stalls their own
   // decode steps, and 0.1 in PD, where it only delays first tokens (docs/routing.md).

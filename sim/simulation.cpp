@@ -194,7 +194,6 @@ struct World {
   // later turns still need each request's context hashes.
   std::optional<traces::Arrivals> arrivals;
   std::vector<std::uint32_t> continuations_left;
-  std::vector<std::size_t> parent_of;    // per request with a parent: the parent's index
   std::vector<std::int64_t> session_of;  // per request: its session's number, -1 none
   // Arrival times that depend on finishes: the frontend sleeps on `wake` until the next known
   // arrival, and a finish wakes it.
@@ -584,14 +583,13 @@ void SetBlockHashes(World& w, std::size_t k) {
   Request& r = w.requests[k];
   const traces::TraceRequest& tr = w.trace.requests[k];
   const Tokens block = w.cluster.engine.block_tokens;
-  if (tr.parent) {
-    const std::size_t p = w.parent_of[k];
-    Request& parent = w.requests[p];
+  if (const auto p = w.arrivals->parent(k)) {
+    Request& parent = w.requests[*p];
     const auto inherited = std::min<std::size_t>(
         parent.block_hashes.size(), static_cast<std::size_t>(tr.context_tokens / block));
     r.block_hashes.assign(parent.block_hashes.begin(),
                           parent.block_hashes.begin() + static_cast<std::ptrdiff_t>(inherited));
-    ReleaseContext(w, p);
+    ReleaseContext(w, *p);
     policies::ExtendUniqueBlockHashes(r.block_hashes, r.id, r.input_tokens / block);
   } else {
     r.block_hashes =
@@ -663,7 +661,7 @@ void Frontend(World& w, const std::vector<InstanceId>& prefill_side,
     while (const auto dropped = arrivals.TakeDropped()) {
       Request& r = w.requests[dropped->index];
       r.arrival_s = sg4::Engine::get_clock();
-      if (w.trace.requests[dropped->index].parent) ReleaseContext(w, w.parent_of[dropped->index]);
+      if (const auto parent = w.arrivals->parent(dropped->index)) ReleaseContext(w, *parent);
       const Request& cause = w.requests[dropped->cause];
       reject(r, std::string("dependency not completed: request ") + std::to_string(cause.id) +
                     " was " + policies::ToString(cause.state));
@@ -882,21 +880,15 @@ Result<SimReport> Simulate(const ClusterSpec& cluster, const traces::Trace& trac
   if (!arrivals) return arrivals.status();
   w.arrivals.emplace(std::move(*arrivals));
   if (trace.HasDependencies()) {
-    std::unordered_map<std::uint64_t, std::size_t> index;
     std::map<std::string, std::int64_t> sessions;
     w.continuations_left.assign(trace.requests.size(), 0);
-    w.parent_of.assign(trace.requests.size(), 0);
     w.session_of.assign(trace.requests.size(), -1);
     for (std::size_t k = 0; k < trace.requests.size(); ++k) {
       const traces::TraceRequest& tr = trace.requests[k];
-      index.emplace(tr.id, k);
       if (!tr.session.empty())
         w.session_of[k] =
             sessions.emplace(tr.session, static_cast<std::int64_t>(sessions.size())).first->second;
-      if (!tr.parent) continue;
-      // Arrivals::Create checked that every dependency is in the trace.
-      w.parent_of[k] = index.at(*tr.parent);
-      ++w.continuations_left[w.parent_of[k]];
+      if (const auto parent = w.arrivals->parent(k)) ++w.continuations_left[*parent];
     }
   }
   if (w.arrivals->dynamic()) {

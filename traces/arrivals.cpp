@@ -41,6 +41,7 @@ Result<Arrivals> Arrivals::Create(const Trace& trace, const ClosedLoop& loop) {
   a.dependents_.resize(n);
   a.ready_s_.assign(n, 0);
   a.dropped_.assign(n, false);
+  a.parent_.assign(n, kNone);
   for (std::size_t k = 0; k < n; ++k) {
     const TraceRequest& r = trace.requests[k];
     std::vector<std::uint64_t> deps = r.after;
@@ -59,6 +60,7 @@ Result<Arrivals> Arrivals::Create(const Trace& trace, const ClosedLoop& loop) {
       if (std::find(a.dependents_[it->second].begin(), a.dependents_[it->second].end(), k) !=
           a.dependents_[it->second].end())
         continue;
+      if (r.parent && id == *r.parent) a.parent_[k] = it->second;
       a.dependents_[it->second].push_back(static_cast<std::uint32_t>(k));
       ++a.pending_[k];
     }

@@ -59,6 +59,11 @@ class Arrivals {
   bool Exhausted() const;
   // Requests sent or dropped so far: the run's total once it is over.
   std::size_t released() const { return released_; }
+  // The index of the request whose context request `index` continues (TraceRequest::parent).
+  std::optional<std::size_t> parent(std::size_t index) const {
+    if (parent_.empty() || parent_[index] == kNone) return std::nullopt;
+    return parent_[index];
+  }
   // The closed-loop user that sent request `index` (-1: open loop).
   std::int64_t user(std::size_t index) const { return user_of_.empty() ? -1 : user_of_[index]; }
 
@@ -80,6 +85,8 @@ class Arrivals {
   std::vector<std::vector<std::uint32_t>> dependents_;
   std::vector<Seconds> ready_s_;
   std::vector<bool> dropped_;
+  static constexpr std::size_t kNone = static_cast<std::size_t>(-1);
+  std::vector<std::size_t> parent_;               // kNone: no parent
   std::size_t waiting_ = 0;                       // dependents neither released nor dropped
   using Timed = std::pair<Seconds, std::size_t>;  // (time, request or user), earliest first
   std::priority_queue<Timed, std::vector<Timed>, std::greater<>> ready_;
