@@ -81,6 +81,11 @@ void PrintSummary(const nlohmann::json& s, const std::string& out_dir) {
               static_cast<double>(kv["bytes"].get<std::int64_t>()) / 1e9,
               FormatStat(kv["time_ms"]["mean"]).c_str(), FormatStat(kv["time_ms"]["p99"]).c_str());
   PrintGoodput(s);
+  if (sim["stopped_early"].get<bool>())
+    std::printf(
+        "  stopped early  at %.1f s: the attainment asked for was out of reach; requests "
+        "not finished by then count as failed\n",
+        simulated);
   std::printf("  wrote          %s, %s, %s\n",
               (fs::path(out_dir) / "summary.json").string().c_str(),
               (fs::path(out_dir) / "requests.csv").string().c_str(),
@@ -98,6 +103,9 @@ bool ParseSimulateArgs(int argc, char** argv, po::variables_map& vm, sim::SimOpt
     ("cluster", po::value<std::string>()->default_value("sim/clusters/h100-8p8d-llama8b.json"),
      "cluster description (JSON)")
     ("slo", po::value<std::string>(), "service-level objectives in ms, e.g. ttft=2000,tpot=100")
+    ("stop-below-attainment", po::value<double>(),
+     "with --slo: stop the run once more requests have missed the SLO than this attainment "
+     "(a fraction in (0, 1]) allows; the summary says so (sim.stopped_early)")
     ("reject-over-slo",
      "cache-aware router: reject at arrival a request whose estimated TTFT exceeds the TTFT SLO")
     ("out", po::value<std::string>()->default_value("out"), "output directory")
@@ -141,6 +149,15 @@ bool ParseSimulateArgs(int argc, char** argv, po::variables_map& vm, sim::SimOpt
   }
   if (Status s = ParseClosedLoopOptions(vm, &options.closed_loop); !s.ok())
     return usage(s.message());
+  if (vm.count("stop-below-attainment")) {
+    const double a = vm["stop-below-attainment"].as<double>();
+    if (!(a > 0 && a <= 1))
+      return usage("--stop-below-attainment must be in (0, 1], not " + std::to_string(a));
+    if (!options.slo.any()) return usage("--stop-below-attainment needs an SLO (--slo)");
+    if (options.closed_loop.users > 0)
+      return usage("--stop-below-attainment needs an open loop (not --concurrency)");
+    options.stop_below_attainment = a;
+  }
   auto progress = ProgressWanted(vm);
   if (!progress) return usage(progress.error());
   options.progress = *progress;
@@ -164,6 +181,7 @@ int Simulate(int argc, char** argv) {
   const std::string cluster_path = Locate(vm["cluster"].as<std::string>());
   auto cluster = sim::LoadClusterSpec(cluster_path, DataDir());
   if (!cluster) return Fail(cluster.error());
+  if (cluster->router && vm["router"].defaulted()) options.router.kind = *cluster->router;
 
   auto trace = LoadTrace(vm, &code);
   if (!trace) return Fail(trace.error(), code);

@@ -265,6 +265,12 @@ Result<ClusterSpec> ParseClusterSpec(const json& doc, const std::string& path,
   auto name = JsonStringOr(doc, "name", fs::path(path).stem().string(), path);
   if (!name) return name.status();
   c.name = *name;
+  if (auto it = doc.find("router"); it != doc.end() && !it->is_null()) {
+    if (!it->is_string()) return FieldError(path, "router", "must be a string");
+    auto kind = policies::ParseRouterKind(it->get<std::string>());
+    if (!kind) return FieldError(path, "router", kind.error());
+    c.router = *kind;
+  }
 
   auto model_ref = JsonString(doc, "model", path);
   if (!model_ref) return model_ref.status();

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -15,6 +16,7 @@
 #include "models/step_profile.h"
 #include "policies/engine.h"
 #include "policies/kv_tiers.h"
+#include "policies/router.h"
 
 namespace duet::sim {
 
@@ -95,6 +97,9 @@ struct ClusterSpec {
   EngineSpec engine;
   TiersSpec tiers;
   CostModelSpec cost_model;
+  // "router": the routing policy this deployment runs (what `duet plan` chose); a --router flag
+  // overrides it. nullopt: the command's default.
+  std::optional<policies::RouterKind> router;
 
   bool pd() const;
   int CountRole(policies::InstanceRole role) const;

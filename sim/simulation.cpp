@@ -203,6 +203,9 @@ struct World {
   sg4::Mailbox* done_mailbox = nullptr;
   bool frontend_waiting = false;
   std::size_t finished = 0;
+  // options.stop_below_attainment: the SLO misses an attainment of it allows, those so far.
+  std::size_t allowed_misses = 0, misses = 0;
+  bool stopped_early = false;
   std::int64_t events = 0;  // actor wake-ups: arrivals, steps and runs, waits ended
   // Bytes each link carried (links.csv), counted on the route of every transfer started.
   std::unordered_map<const sg4::Link*, double> link_bytes;
@@ -475,6 +478,14 @@ void SimSink::OnFinished(const Request& request) {
   world_.metrics.OnFinished(request);
   world_.router->OnFinished(request);
   ++world_.finished;
+  if (world_.options.stop_below_attainment > 0 && !world_.options.slo.Met(r) &&
+      ++world_.misses > world_.allowed_misses) {
+    // The target is out of reach: end every actor, this one last. Nothing after this point
+    // runs, and the run's end skips the checks of a drained cluster.
+    world_.stopped_early = true;
+    sg4::Actor::kill_all();
+    sg4::this_actor::exit();
+  }
   if (world_.options.progress) DrawProgress(false);
   world_.arrivals->OnFinished(k, sg4::Engine::get_clock(), r.state == RequestState::kCompleted);
   if (world_.frontend_sleeping) world_.wake->notify_all();
@@ -879,6 +890,16 @@ Result<SimReport> Simulate(const ClusterSpec& cluster, const traces::Trace& trac
   auto arrivals = traces::Arrivals::Create(trace, options.closed_loop);
   if (!arrivals) return arrivals.status();
   w.arrivals.emplace(std::move(*arrivals));
+  if (options.stop_below_attainment > 0) {
+    if (!options.slo.any() || options.closed_loop.users > 0 ||
+        !(options.stop_below_attainment <= 1))
+      return Status::Error(
+          "stopping below an attainment needs one in (0, 1], an SLO and an open loop");
+    // Met requests must reach ceil(a * N): the rest may miss.
+    const auto n = static_cast<double>(trace.requests.size());
+    w.allowed_misses =
+        static_cast<std::size_t>(n - std::ceil(options.stop_below_attainment * n - 1e-9));
+  }
   if (trace.HasDependencies()) {
     std::map<std::string, std::int64_t> sessions;
     w.continuations_left.assign(trace.requests.size(), 0);
@@ -985,7 +1006,7 @@ Result<SimReport> Simulate(const ClusterSpec& cluster, const traces::Trace& trac
   } catch (const std::exception& e) {
     return Status::Error(std::string("simulation failed: ") + e.what());
   }
-  if (w.tiers) {
+  if (w.tiers && !w.stopped_early) {
     if (Status s = w.tiers->CheckInvariants(/*expect_idle=*/true); !s.ok())
       w.errors.push_back(s.message());
   }
@@ -994,7 +1015,9 @@ Result<SimReport> Simulate(const ClusterSpec& cluster, const traces::Trace& trac
 
   SimReport report;
   // A closed loop that ran out of time sent only part of the trace.
-  report.summary = w.metrics.Summary(w.arrivals->released(), options.slo);
+  // A run stopped early counts what it never finished as failed.
+  report.summary = w.metrics.Summary(
+      w.stopped_early ? trace.requests.size() : w.arrivals->released(), options.slo);
   std::int64_t steps = 0;
   for (const auto& e : w.engines) steps += e->steps();
   const double wall_s =
@@ -1002,7 +1025,8 @@ Result<SimReport> Simulate(const ClusterSpec& cluster, const traces::Trace& trac
   report.summary["sim"] = {{"wall_s", std::round(wall_s * 1000) / 1000},
                            {"simulated_s", std::round(sg4::Engine::get_clock() * 1e6) / 1e6},
                            {"events", w.events},
-                           {"engine_steps", steps}};
+                           {"engine_steps", steps},
+                           {"stopped_early", w.stopped_early}};
   int gpus = 0;
   for (const InstanceSpec& inst : cluster.instances) gpus += static_cast<int>(inst.gpus.size());
   // The cluster is held for the whole simulated time, idle GPUs included.

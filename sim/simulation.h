@@ -30,6 +30,11 @@ struct SimOptions {
   traces::ClosedLoop closed_loop;
   // Non-empty: also write a Perfetto / Chrome trace of the run there (sim/timeline.h).
   std::string timeline_path;
+  // > 0 (with an SLO, open loop): stop the run as soon as more requests have missed the SLO
+  // than an attainment of this fraction allows; the summary then says so (sim.stopped_early)
+  // and counts the requests not yet finished as failed. What a capacity search needs to know
+  // of a configuration that cannot meet its target, at a fraction of a full run's cost.
+  double stop_below_attainment = 0;
 };
 
 struct SimReport {
