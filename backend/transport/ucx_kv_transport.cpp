@@ -59,6 +59,17 @@ struct UcxKvTransport::Impl {
     if (UCS_PTR_IS_PTR(close)) ucp_request_free(close);
   }
 
+  void FlushWorker(std::chrono::milliseconds limit) {
+    ucp_request_param_t param{};
+    void* flush = ucp_worker_flush_nbx(worker, &param);
+    const auto deadline = std::chrono::steady_clock::now() + limit;
+    while (UCS_PTR_IS_PTR(flush) && ucp_request_check_status(flush) == UCS_INPROGRESS &&
+           std::chrono::steady_clock::now() < deadline) {
+      ucp_worker_progress(worker);
+    }
+    if (UCS_PTR_IS_PTR(flush)) ucp_request_free(flush);  // released once done, if not yet
+  }
+
   ~Impl() {
     for (auto& [id, t] : transfers) {
       for (void* r : t.requests) {
@@ -66,6 +77,10 @@ struct UcxKvTransport::Impl {
         ucp_request_free(r);
       }
     }
+    // UCX 1.13 aborts in ucp_worker_destroy when a wireup message (the reply to a peer that
+    // connected to this worker a moment ago) is still pending on an endpoint the worker made
+    // for itself: let pending wireup traffic go out first, for at most 200 ms.
+    if (worker) FlushWorker(std::chrono::milliseconds(200));
     for (auto& [id, p] : peers) Close(p);
     if (memh) ucp_mem_unmap(context, memh);
     if (worker) ucp_worker_destroy(worker);
