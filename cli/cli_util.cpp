@@ -227,6 +227,34 @@ Status ParseRouterOptions(const po::variables_map& vm, policies::RouterConfig* c
   return Status::Ok();
 }
 
+void AddRunnerOptions(po::options_description& opts) {
+  // clang-format off
+  opts.add_options()
+    ("jobs", po::value<int>()->default_value(0),
+     "simulations at once (0: one per core present, or per CPU of the Ray cluster)")
+    ("ray", po::value<std::string>(),
+     "run the simulations as tasks on the Ray cluster whose head is at HOST:PORT (the duet "
+     "binary and the trace at the same paths on its nodes)");
+  // clang-format on
+}
+
+Status CheckRunnerOptions(const po::variables_map& vm) {
+  const int jobs = vm["jobs"].as<int>();
+  if (vm.count("ray")) {
+    if (jobs < 0 || jobs > 100000)
+      return Status::Error("--jobs must be between 0 (one per CPU) and 100000 with --ray");
+    if (vm["ray"].as<std::string>().find(':') == std::string::npos)
+      return Status::Error("--ray needs HOST:PORT, not '" + Excerpt(vm["ray"].as<std::string>()) +
+                           "'");
+    return Status::Ok();
+  }
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  if (jobs < 0 || jobs > cores)
+    return Status::Error("--jobs must be between 0 (one per core) and the " +
+                         std::to_string(cores) + " cores present");
+  return Status::Ok();
+}
+
 Status CheckThreadsFlag(int threads) {
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   if (threads < 0 || threads > cores)

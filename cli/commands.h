@@ -74,10 +74,18 @@ void AddClosedLoopOptions(boost::program_options::options_description& opts);
 Status ParseClosedLoopOptions(const boost::program_options::variables_map& vm,
                               traces::ClosedLoop* loop);
 
+// --jobs N and --ray HOST:PORT, for the commands that run many simulations (plan, sweep; the
+// runner they make: cli/sim_runner.h). CheckRunnerOptions: --jobs at most the cores present
+// without --ray, --ray a HOST:PORT; errors name the flag.
+void AddRunnerOptions(boost::program_options::options_description& opts);
+Status CheckRunnerOptions(const boost::program_options::variables_map& vm);
+
 // --threads: 0 (all) up to the cores present; more would only start threads that wait.
 Status CheckThreadsFlag(int threads);
 
 int Simulate(int argc, char** argv);  // cli/simulate.cpp
+int Plan(int argc, char** argv);      // cli/plan.cpp
+int Sweep(int argc, char** argv);     // cli/sweep.cpp
 // The command-line half of `duet simulate` (no file is read): the flags into `vm` and
 // `options`. False when the caller should return *exit_code at once: --help printed (0) or a
 // usage error reported (2). Also what fuzz/cli_args_fuzz.cpp exercises.

@@ -19,6 +19,10 @@ void Usage() {
       "usage: duet <command> [options]\n\n"
       "commands:\n"
       "  simulate         replay a request trace on a simulated PD or colocated cluster\n"
+      "  plan             the cheapest cluster that meets an SLO on a trace, searched by "
+      "simulation\n"
+      "  sweep            every setup of a scenario file at every rate scale, simulated (here or "
+      "on Ray)\n"
       "  replay           replay a request trace against a live OpenAI-compatible server\n"
       "  serve            serve a model over an OpenAI-compatible HTTP/WebSocket API\n"
       "  worker           one prefill, decode or colocated instance of a duet serve cluster\n"
@@ -40,6 +44,8 @@ int main(int argc, char** argv) {
   const std::string command = argv[1];
   try {
     if (command == "simulate") return cli::Simulate(argc - 1, argv + 1);
+    if (command == "plan") return cli::Plan(argc - 1, argv + 1);
+    if (command == "sweep") return cli::Sweep(argc - 1, argv + 1);
     if (command == "replay") return cli::Replay(argc - 1, argv + 1);
     if (command == "serve") return cli::Serve(argc - 1, argv + 1);
     if (command == "worker") return cli::Worker(argc - 1, argv + 1);

@@ -1,5 +1,7 @@
-// Printable, bounded excerpts of untrusted text (see text.h).
+// Printable, bounded excerpts of untrusted text, and numbers written short (see text.h).
 #include "common/text.h"
+
+#include <cstdio>
 
 namespace duet {
 namespace {
@@ -56,6 +58,12 @@ std::string Excerpt(std::string_view text, std::size_t max_bytes) {
   }
   if (i < text.size()) out += "...";
   return out;
+}
+
+std::string ShortNumber(double x) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.10g", x);
+  return buf;
 }
 
 }  // namespace duet

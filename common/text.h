@@ -14,4 +14,8 @@ namespace duet {
 // as \xNN escapes; valid UTF-8 beyond ASCII is kept.
 std::string Excerpt(std::string_view text, std::size_t max_bytes = 80);
 
+// A number as a person writes it, to 10 significant digits: 2 for 2.0, 1.5, 0.001, 1e+20.
+// Stable for file names and CSV cells (the same double always gives the same text).
+std::string ShortNumber(double x);
+
 }  // namespace duet

@@ -49,6 +49,8 @@ const std::map<std::string, Rule> kRules = {
     {"models", {{"common", "models"}, {}, true}},
     {"policies", {{"common", "models", "traces", "policies"}, {}, true}},
     {"sim", {{"common", "models", "traces", "policies", "sim"}, {"simgrid"}, false}},
+    // plan: the capacity search; runs simulations as processes, so no SimGrid of its own.
+    {"plan", {{"common", "models", "traces", "policies", "sim", "plan"}, {}, false}},
     {"kernels", {{"common", "kernels"}, {}, false}},
     {"kernels/cuda", {{"common", "kernels"}, {"cuda"}, false}},
     {"backend",
@@ -56,7 +58,9 @@ const std::map<std::string, Rule> kRules = {
       {"cuda", "ucx", "nccl", "http"},
       false}},
     {"cli",
-     {{"common", "models", "traces", "policies", "kernels", "sim", "backend", "cli"}, {}, false}},
+     {{"common", "models", "traces", "policies", "kernels", "sim", "plan", "backend", "cli"},
+      {},
+      false}},
 };
 
 const Rule& RuleFor(const std::string& dir) {
@@ -106,7 +110,7 @@ bool IsSource(const fs::path& p) {
 TEST(Layering, EveryLayerIncludesOnlyWhatItsRuleAllows) {
   const fs::path root(DUET_SOURCE_DIR);
   for (const std::string top :
-       {"common", "traces", "models", "policies", "sim", "kernels", "backend", "cli"}) {
+       {"common", "traces", "models", "policies", "sim", "plan", "kernels", "backend", "cli"}) {
     int files = 0;
     for (const auto& entry : fs::recursive_directory_iterator(root / top)) {
       if (!entry.is_regular_file() || !IsSource(entry.path())) continue;
@@ -137,6 +141,8 @@ TEST(Layering, TheCheckerRejectsForbiddenIncludes) {
   // kernels: CUDA only under kernels/cuda; never policies/ or above.
   EXPECT_EQ(Violations("kernels/cpu", path).size(), 9u);
   EXPECT_EQ(Violations("kernels/cuda", path).size(), 8u);
+  // plan: the layers up to sim/, no restricted library (SimGrid included), not backend/.
+  EXPECT_EQ(Violations("plan", path).size(), 7u);
   // cli: any Duet layer, none of the restricted libraries directly.
   EXPECT_EQ(Violations("cli", path).size(), 6u);
   fs::remove(path);

@@ -1,0 +1,205 @@
+#include "plan/space.h"
+
+#include "common/text.h"
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <optional>
+#include <tuple>
+
+namespace duet::plan {
+namespace {
+
+// Nodes a first fit needs for `groups` of (count, tp) instances, in order.
+int NodesNeeded(const std::vector<std::pair<int, int>>& groups, int gpus_per_node) {
+  std::vector<int> free;
+  for (const auto& group : groups) {
+    const int tp = group.second;
+    for (int k = 0; k < group.first; ++k) {
+      auto it = std::find_if(free.begin(), free.end(), [tp](int f) { return f >= tp; });
+      if (it == free.end()) it = free.insert(free.end(), gpus_per_node);
+      *it -= tp;
+    }
+  }
+  return static_cast<int>(free.size());
+}
+
+}  // namespace
+
+std::string Candidate::Key() const {
+  std::string k = pd ? "pd-" : "colo-";
+  k.append(std::to_string(prefill)).append("xtp").append(std::to_string(prefill_tp));
+  if (pd)
+    k.append("-").append(std::to_string(decode)).append("xtp").append(std::to_string(decode_tp));
+  k.append("-b").append(std::to_string(token_budget));
+  k.append("-dram").append(ShortNumber(dram_gib));
+  k.append("-ssd").append(ShortNumber(ssd_tib));
+  k.append("-").append(policies::ToString(router));
+  return k;
+}
+
+std::string Candidate::Layout() const {
+  if (!pd) return std::to_string(prefill) + " TP" + std::to_string(prefill_tp) + " colocated";
+  return std::to_string(prefill) + " TP" + std::to_string(prefill_tp) + " prefill + " +
+         std::to_string(decode) + " TP" + std::to_string(decode_tp) + " decode";
+}
+
+std::size_t CountCandidates(const SpaceOptions& o) {
+  std::size_t shapes = 0;
+  for (int tp : o.tp) {
+    if (tp > o.gpus_per_node) continue;
+    if (o.colocated) shapes += static_cast<std::size_t>(o.max_gpus / tp);
+    if (!o.pd) continue;
+    for (int dtp : o.decode_tp) {
+      if (dtp > o.gpus_per_node) continue;
+      for (int p = 1; p * tp + dtp <= o.max_gpus; ++p)
+        shapes += static_cast<std::size_t>((o.max_gpus - p * tp) / dtp);
+    }
+  }
+  std::size_t tiers = 0;
+  for (double dram : o.dram_gib)
+    for (double ssd : o.ssd_tib) tiers += ssd > 0 && dram <= 0 ? 0 : 1;
+  return shapes * o.token_budgets.size() * tiers * o.routers.size();
+}
+
+std::vector<Candidate> Enumerate(const SpaceOptions& o, const Prices& prices) {
+  std::vector<Candidate> shapes;  // layout and counts; the rest is multiplied in below
+  for (int tp : o.tp) {
+    if (tp > o.gpus_per_node) continue;
+    if (o.colocated) {
+      for (int n = 1; n * tp <= o.max_gpus; ++n) {
+        Candidate c;
+        c.prefill = n;
+        c.prefill_tp = tp;
+        c.gpus = n * tp;
+        c.nodes = NodesNeeded({{n, tp}}, o.gpus_per_node);
+        shapes.push_back(c);
+      }
+    }
+    if (!o.pd) continue;
+    for (int dtp : o.decode_tp) {
+      if (dtp > o.gpus_per_node) continue;
+      for (int p = 1; p * tp + dtp <= o.max_gpus; ++p) {
+        for (int d = 1; p * tp + d * dtp <= o.max_gpus; ++d) {
+          Candidate c;
+          c.pd = true;
+          c.prefill = p;
+          c.prefill_tp = tp;
+          c.decode = d;
+          c.decode_tp = dtp;
+          c.gpus = p * tp + d * dtp;
+          c.nodes = NodesNeeded({{p, tp}, {d, dtp}}, o.gpus_per_node);
+          shapes.push_back(c);
+        }
+      }
+    }
+  }
+  std::vector<Candidate> out;
+  for (const Candidate& shape : shapes) {
+    for (Tokens budget : o.token_budgets) {
+      for (double dram : o.dram_gib) {
+        for (double ssd : o.ssd_tib) {
+          if (ssd > 0 && dram <= 0) continue;
+          for (policies::RouterKind router : o.routers) {
+            Candidate c = shape;
+            c.token_budget = budget;
+            c.dram_gib = dram;
+            c.ssd_tib = ssd;
+            c.router = router;
+            c.cost_per_hour = c.gpus * prices.gpu_hour +
+                              c.nodes * (dram * prices.dram_gib_hour + ssd * prices.ssd_tib_hour);
+            out.push_back(c);
+          }
+        }
+      }
+    }
+  }
+  std::sort(out.begin(), out.end(), [](const Candidate& a, const Candidate& b) {
+    return std::make_tuple(a.cost_per_hour, a.gpus, a.pd, a.Key()) <
+           std::make_tuple(b.cost_per_hour, b.gpus, b.pd, b.Key());
+  });
+  return out;
+}
+
+std::vector<std::size_t> CheaperNeighbours(const std::vector<Candidate>& all, std::size_t winner) {
+  const Candidate& w = all[winner];
+  auto fields = [](const Candidate& c) {
+    return std::array<double, 7>{static_cast<double>(c.prefill),
+                                 static_cast<double>(c.decode),
+                                 static_cast<double>(c.prefill_tp),
+                                 static_cast<double>(c.decode_tp),
+                                 static_cast<double>(c.token_budget),
+                                 c.dram_gib,
+                                 c.ssd_tib};
+  };
+  const auto wf = fields(w);
+  // Per dimension, the closest lower value among candidates equal to the winner elsewhere.
+  std::array<std::optional<std::size_t>, 7> best;
+  for (std::size_t k = 0; k < all.size(); ++k) {
+    const Candidate& c = all[k];
+    if (c.pd != w.pd || c.router != w.router || !(c.cost_per_hour < w.cost_per_hour)) continue;
+    const auto cf = fields(c);
+    int differs = -1, count = 0;
+    for (int i = 0; i < 7; ++i) {
+      if (cf[i] != wf[i]) {
+        differs = i;
+        ++count;
+      }
+    }
+    if (count != 1 || cf[differs] > wf[differs]) continue;
+    auto& b = best[static_cast<std::size_t>(differs)];
+    if (!b || fields(all[*b])[differs] < cf[differs]) b = k;
+  }
+  std::vector<std::size_t> out;
+  for (const auto& b : best)
+    if (b) out.push_back(*b);
+  return out;
+}
+
+nlohmann::json ClusterDocument(const nlohmann::json& base, const Candidate& c) {
+  nlohmann::json doc = base;
+  doc["name"] = c.Key();
+  doc["description"] = "duet plan candidate: " + c.Layout() + ", token budget " +
+                       std::to_string(c.token_budget) + ", " + ShortNumber(c.dram_gib) +
+                       " GiB DRAM and " + ShortNumber(c.ssd_tib) + " TiB SSD per node, router " +
+                       policies::ToString(c.router) + ".";
+  doc["router"] = policies::ToString(c.router);
+  // One node group: the base's first, as many as the first fit needs.
+  nlohmann::json node = base.at("nodes").at(0);
+  node["count"] = c.nodes;
+  doc["nodes"] = nlohmann::json::array({node});
+  if (c.pd) {
+    doc["instances"] = {{{"role", "prefill"}, {"count", c.prefill}, {"tp", c.prefill_tp}},
+                        {{"role", "decode"}, {"count", c.decode}, {"tp", c.decode_tp}}};
+  } else {
+    doc["instances"] = {{{"role", "colocated"}, {"count", c.prefill}, {"tp", c.prefill_tp}}};
+  }
+  doc["engine"]["max_num_batched_tokens"] = c.token_budget;
+  const nlohmann::json base_tiers = base.value("tiers", nlohmann::json::object());
+  nlohmann::json tiers = nlohmann::json::object();
+  if (base_tiers.contains("remote")) tiers["remote"] = base_tiers["remote"];
+  if (c.dram_gib > 0) {
+    nlohmann::json dram = base_tiers.value(
+        "dram", nlohmann::json{
+                    {"placement", "write-through"}, {"eviction", "lru"}, {"bandwidth_GBps", 300}});
+    dram["capacity_gib"] = c.dram_gib;
+    tiers["dram"] = dram;
+  }
+  if (c.ssd_tib > 0) {
+    nlohmann::json ssd = base_tiers.value("ssd", nlohmann::json{{"placement", "write-back"},
+                                                                {"eviction", "arc"},
+                                                                {"read_GBps", 28},
+                                                                {"write_GBps", 14}});
+    ssd["capacity_gib"] = c.ssd_tib * 1024;
+    tiers["ssd"] = ssd;
+  }
+  if (tiers.empty()) {
+    doc.erase("tiers");
+  } else {
+    doc["tiers"] = tiers;
+  }
+  return doc;
+}
+
+}  // namespace duet::plan

@@ -1,0 +1,73 @@
+// The clusters `duet plan` chooses among: colocated or PD layouts of one model on one GPU type,
+// with their instance counts and TP degrees, the engine's token budget, host DRAM and SSD KV
+// tiers per node and the router; what each costs per hour; and each as a cluster file built on
+// a base cluster (links, engine settings, tier parameters, cost model).
+#pragma once
+
+#include <cstddef>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "common/units.h"
+#include "policies/router.h"
+
+namespace duet::plan {
+
+struct SpaceOptions {
+  int max_gpus = 16;
+  int gpus_per_node = 8;
+  bool colocated = true, pd = true;
+  std::vector<int> tp = {1, 2, 4};  // colocated instances and PD prefill instances
+  std::vector<int> decode_tp = {1};
+  std::vector<Tokens> token_budgets = {8192, 16384};
+  std::vector<double> dram_gib = {0, 512};  // per node
+  std::vector<double> ssd_tib = {0, 4};     // per node; only with DRAM
+  std::vector<policies::RouterKind> routers = {policies::RouterKind::kKvAware,
+                                               policies::RouterKind::kPrefixAware};
+};
+
+// Hourly prices: a GPU, a GiB of host DRAM and a TiB of SSD (defaults: docs/planning.md).
+struct Prices {
+  double gpu_hour = 2.5;
+  double dram_gib_hour = 0.002;
+  double ssd_tib_hour = 0.05;
+};
+
+struct Candidate {
+  bool pd = false;
+  int prefill = 0, prefill_tp = 1;  // colocated: the instances and their TP degree
+  int decode = 0, decode_tp = 1;
+  Tokens token_budget = 0;
+  double dram_gib = 0, ssd_tib = 0;  // per node
+  policies::RouterKind router = policies::RouterKind::kKvAware;
+  int gpus = 0, nodes = 0;
+  double cost_per_hour = 0;
+
+  // Unique and safe as a file name: "pd-2xtp4-3xtp1-b8192-dram512-ssd0-kv-aware".
+  std::string Key() const;
+  // "2 TP4 prefill + 3 TP1 decode" or "4 TP2 colocated".
+  std::string Layout() const;
+};
+
+// The most candidates a search may hold (about 200 bytes each).
+inline constexpr std::size_t kMaxCandidates = 1000000;
+// How many candidates Enumerate would give, counted without building them.
+std::size_t CountCandidates(const SpaceOptions& options);
+
+// Every candidate within the options, cheapest first (ties: fewer GPUs, then colocated, then by
+// key), priced by `prices`. Nodes are filled first fit, prefill instances first, as a cluster
+// file places them.
+std::vector<Candidate> Enumerate(const SpaceOptions& options, const Prices& prices);
+
+// The candidates one step cheaper than all[winner] along one dimension: one instance fewer of
+// a role, the next lower TP degree, DRAM or SSD size. What a check of the winner simulates to
+// show that nothing just below it would do.
+std::vector<std::size_t> CheaperNeighbours(const std::vector<Candidate>& all, std::size_t winner);
+
+// The candidate as a cluster file: `base` with its nodes, instances, token budget, DRAM and SSD
+// tiers and router replaced (tier parameters other than capacity come from the base's tiers
+// where it has them, else the bundled tiered clusters' values).
+nlohmann::json ClusterDocument(const nlohmann::json& base, const Candidate& candidate);
+
+}  // namespace duet::plan

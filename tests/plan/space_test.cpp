@@ -1,0 +1,171 @@
+#include "plan/space.h"
+
+#include <gtest/gtest.h>
+
+#include <set>
+
+#include "plan/bounds.h"
+#include "plan/scenario.h"
+#include "sim/cluster_spec.h"
+#include "tests/sim/e2e_util.h"
+
+namespace duet::plan {
+namespace {
+
+TEST(Space, CountsWhatItEnumeratesCheapestFirstAndEveryKeyOnce) {
+  for (int max_gpus : {1, 3, 8, 16}) {
+    SpaceOptions o;
+    o.max_gpus = max_gpus;
+    o.tp = {1, 2, 4, 8};
+    o.decode_tp = {1, 2};
+    const auto all = Enumerate(o, Prices{});
+    EXPECT_EQ(all.size(), CountCandidates(o)) << max_gpus << " GPUs";
+    std::set<std::string> keys;
+    for (std::size_t k = 0; k < all.size(); ++k) {
+      EXPECT_TRUE(keys.insert(all[k].Key()).second) << all[k].Key();
+      EXPECT_LE(all[k].gpus, max_gpus);
+      if (k > 0) {
+        EXPECT_LE(all[k - 1].cost_per_hour, all[k].cost_per_hour);
+      }
+      if (all[k].ssd_tib > 0) {
+        EXPECT_GT(all[k].dram_gib, 0) << "SSD only below DRAM";
+      }
+    }
+  }
+}
+
+TEST(Space, PricesGpusAndTheTiersOfEveryNodeAFirstFitFills) {
+  SpaceOptions o;
+  o.max_gpus = 12;
+  o.tp = {4};
+  o.decode_tp = {1};
+  o.token_budgets = {8192};
+  o.dram_gib = {512};
+  o.ssd_tib = {4};
+  o.routers = {policies::RouterKind::kKvAware};
+  const Prices prices{2.0, 0.01, 1.0};
+  for (const Candidate& c : Enumerate(o, prices)) {
+    if (c.pd && c.prefill == 2 && c.decode == 1) {
+      // Two TP4 prefill instances fill node 0; the decode instance opens node 1.
+      EXPECT_EQ(c.gpus, 9);
+      EXPECT_EQ(c.nodes, 2);
+      EXPECT_DOUBLE_EQ(c.cost_per_hour, 9 * 2.0 + 2 * (512 * 0.01 + 4 * 1.0));
+      EXPECT_EQ(c.Key(), "pd-2xtp4-1xtp1-b8192-dram512-ssd4-kv-aware");
+      EXPECT_EQ(c.Layout(), "2 TP4 prefill + 1 TP1 decode");
+    }
+    if (!c.pd && c.prefill == 3) {
+      EXPECT_EQ(c.nodes, 2);  // 12 GPUs: one node and a half
+    }
+  }
+}
+
+TEST(Space, EveryCandidateIsAClusterFileTheSimulatorTakes) {
+  const nlohmann::json base =
+      e2e::ReadJson(e2e::SourceDir() + "/sim/clusters/h100-8p8d-llama8b-tiered.json");
+  SpaceOptions o;
+  o.max_gpus = 10;
+  for (const Candidate& c : Enumerate(o, Prices{})) {
+    auto spec = sim::ParseClusterSpec(ClusterDocument(base, c), "candidate.json", DUET_SOURCE_DIR);
+    ASSERT_TRUE(spec.ok()) << c.Key() << ": " << spec.error();
+    EXPECT_EQ(spec->router, c.router);
+    EXPECT_EQ(spec->CountRole(policies::InstanceRole::kPrefill), c.pd ? c.prefill : 0);
+    EXPECT_EQ(spec->CountRole(policies::InstanceRole::kDecode), c.pd ? c.decode : 0);
+    EXPECT_EQ(static_cast<int>(spec->nodes.size()), c.nodes);
+    EXPECT_EQ(spec->engine.scheduler.max_num_batched_tokens, c.token_budget);
+    EXPECT_EQ(spec->tiers.dram.enabled, c.dram_gib > 0);
+    EXPECT_EQ(spec->tiers.ssd.enabled, c.ssd_tib > 0);
+    if (c.ssd_tib > 0) {
+      EXPECT_EQ(spec->tiers.ssd.capacity_bytes, c.ssd_tib * 1024 * kGiB);
+    }
+  }
+}
+
+TEST(Space, CheaperNeighboursAreOneStepDownAlongOneDimension) {
+  SpaceOptions o;
+  o.max_gpus = 8;
+  o.tp = {1, 2, 4};
+  o.routers = {policies::RouterKind::kKvAware};
+  o.token_budgets = {8192};
+  const auto all = Enumerate(o, Prices{});
+  std::size_t winner = all.size();
+  for (std::size_t k = 0; k < all.size(); ++k)
+    if (all[k].Key() == "colo-2xtp4-b8192-dram512-ssd4-kv-aware") winner = k;
+  ASSERT_LT(winner, all.size());
+  std::set<std::string> keys;
+  for (std::size_t k : CheaperNeighbours(all, winner)) keys.insert(all[k].Key());
+  EXPECT_EQ(keys, (std::set<std::string>{"colo-1xtp4-b8192-dram512-ssd4-kv-aware",
+                                         "colo-2xtp2-b8192-dram512-ssd4-kv-aware",
+                                         "colo-2xtp4-b8192-dram512-ssd0-kv-aware"}))
+      << "no DRAM-only neighbour: SSD needs DRAM";
+}
+
+TEST(Bounds, ReusableTokensAreTheLongestPrefixAnyEarlierRequestHad) {
+  traces::Trace trace;
+  trace.block_tokens = 32;
+  auto add = [&](std::vector<std::uint64_t> ids, Tokens input) {
+    traces::TraceRequest r;
+    r.id = trace.requests.size();
+    r.block_ids = std::move(ids);
+    r.input_tokens = input;
+    trace.requests.push_back(r);
+  };
+  add({1, 2, 3}, 96);
+  add({1, 2, 4}, 90);  // shares two blocks: 64 tokens
+  add({1, 2, 4}, 80);  // shares 2 full blocks and 16 tokens of the third: 16-token engine blocks
+  add({5, 2, 3}, 96);  // a different first block: nothing
+  const auto reuse = ReusableTokens(trace, 16);
+  EXPECT_EQ(reuse, (std::vector<Tokens>{0, 64, 80, 0}));
+}
+
+// Step time: 1 s a step plus 1 ms a prefill token.
+class LinearCost final : public models::StepCostModel {
+ public:
+  Seconds StepTime(const models::StepShape& s) const override {
+    return 1.0 + 1e-3 * static_cast<double>(s.PrefillTokens());
+  }
+};
+
+TEST(Bounds, APrefillFloorIsItsChunksAloneOnAnIdleInstance) {
+  traces::Trace trace;
+  traces::TraceRequest r;
+  r.input_tokens = 2500;
+  trace.requests = {r, r};
+  const auto floors = PrefillFloors(trace, {0, 2000}, LinearCost{}, 1000, 1);
+  // 3 chunks (1000, 1000, 500): 3 s + 2.5 s; then 500 tokens left in one chunk: 1.5 s.
+  EXPECT_DOUBLE_EQ(floors[0], 5.5);
+  EXPECT_DOUBLE_EQ(floors[1], 1.5);
+  EXPECT_EQ(CountAbove(floors, 2.0), 1u);
+}
+
+TEST(Scenario, TheBundledFileAndErrorsThatNameTheField) {
+  const std::string path = e2e::SourceDir() + "/sim/scenarios/pd-offload.json";
+  auto s = ParseScenario(e2e::ReadJson(path), path);
+  ASSERT_TRUE(s.ok()) << s.error();
+  EXPECT_EQ(s->rate_scales, (std::vector<double>{1, 2, 4}));
+  ASSERT_EQ(s->setups.size(), 4u);
+  EXPECT_EQ(s->setups[3].slug, "d-pd-offload");
+  const std::vector<std::pair<std::string, std::string>> bad = {
+      {R"({"rate_scales": [1], "setups": [{"name": "a", "cluster": "c"}]})", "'trace' is missing"},
+      {R"({"trace": "t", "rate_scales": [0], "setups": [{"name": "a", "cluster": "c"}]})",
+       "'rate_scales' holds 0"},
+      {R"({"trace": "t", "rate_scales": [1], "setups": []})", "'setups' must be"},
+      {R"({"trace": "t", "rate_scales": [1], "setups": [{"name": "a"}]})",
+       "'setups[0].cluster' is missing"},
+      {R"({"trace": "t", "rate_scales": [1], "setups": [{"name": "A b", "cluster": "c"},
+          {"name": "a-b", "cluster": "d"}]})",
+       "'setups[1].name' 'a-b' names the same directory"},
+      {R"({"trace": "t", "router": "best", "rate_scales": [1],
+          "setups": [{"name": "a", "cluster": "c"}]})",
+       "'router'"},
+      {R"({"trace": "t", "rate_scales": [1], "setups": [{"name": "a\"b", "cluster": "c"}]})",
+       "may not hold quotes"}};
+  for (const auto& [text, message] : bad) {
+    auto r = ParseScenario(nlohmann::json::parse(text), "s.json");
+    ASSERT_FALSE(r.ok()) << text;
+    EXPECT_EQ(r.error().rfind("s.json: field ", 0), 0u) << r.error();
+    EXPECT_NE(r.error().find(message), std::string::npos) << r.error();
+  }
+}
+
+}  // namespace
+}  // namespace duet::plan

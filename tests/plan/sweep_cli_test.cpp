@@ -1,0 +1,107 @@
+// `duet sweep` end to end: every setup at every rate scale, one results.csv row per run that
+// agrees with the run's own files, a second sweep that resumes, and a broken scenario refused.
+#include <gtest/gtest.h>
+
+#include <sstream>
+
+#include "tests/sim/e2e_util.h"
+
+namespace duet::e2e {
+namespace {
+
+std::vector<std::map<std::string, std::string>> ReadCsv(const std::string& path) {
+  std::istringstream in(ReadFile(path));
+  std::string line;
+  std::getline(in, line);
+  std::vector<std::string> header;
+  std::istringstream h(line);
+  for (std::string col; std::getline(h, col, ',');) header.push_back(col);
+  std::vector<std::map<std::string, std::string>> rows;
+  while (std::getline(in, line)) {
+    std::map<std::string, std::string> row;
+    std::istringstream r(line);
+    std::string cell;
+    for (std::size_t k = 0; k < header.size() && std::getline(r, cell, ','); ++k)
+      row[header[k]] = cell;
+    rows.push_back(row);
+  }
+  return rows;
+}
+
+std::string Scenario(const TempDir& tmp) {
+  nlohmann::json colo = ReadJson(SourceDir() + "/sim/clusters/h100-16colo-llama8b.json");
+  colo["nodes"][0]["count"] = 1;
+  colo["instances"][0]["count"] = 2;
+  WriteJson(tmp.File("colo.json"), colo);
+  const nlohmann::json scenario = {
+      {"name", "test"},
+      {"trace", "traces/bundled/default.json"},
+      {"slo", "ttft=1000,tpot=50"},
+      {"rate_scales", {1, 4}},
+      {"setups",
+       {{{"name", "colocated x2"}, {"cluster", tmp.File("colo.json")}, {"router", "kv-aware"}},
+        {{"name", "PD 8+8"}, {"cluster", "sim/clusters/h100-8p8d-llama8b.json"}}}}};
+  WriteJson(tmp.File("scenario.json"), scenario);
+  return tmp.File("scenario.json");
+}
+
+TEST(SweepCli, EveryRunHasARowThatAgreesWithItsFilesAndASecondSweepResumes) {
+  TempDir tmp;
+  const std::string scenario = Scenario(tmp);
+  const RunResult r =
+      RunDuet({"sweep", "--scenario", scenario, "--out", tmp.File("out"), "--progress", "never"});
+  ASSERT_EQ(r.exit_code, 0) << r;
+  EXPECT_NE(r.out.find("4 runs (0 resumed)"), std::string::npos) << r;
+  const auto rows = ReadCsv(tmp.File("out/results.csv"));
+  ASSERT_EQ(rows.size(), 4u);
+  const std::vector<std::pair<std::string, std::string>> order = {
+      {"\"colocated x2\"", "colocated-x2/rate-1"},
+      {"\"PD 8+8\"", "pd-8-8/rate-1"},
+      {"\"colocated x2\"", "colocated-x2/rate-4"},
+      {"\"PD 8+8\"", "pd-8-8/rate-4"}};
+  for (std::size_t k = 0; k < rows.size(); ++k) {
+    const auto& row = rows[k];
+    EXPECT_EQ(row.at("setup"), order[k].first);
+    const std::string dir = tmp.File("out/runs/" + order[k].second);
+    const nlohmann::json s = ReadJson(dir + "/summary.json");
+    EXPECT_EQ(std::stoi(row.at("completed")), s["requests"]["completed"].get<int>());
+    EXPECT_DOUBLE_EQ(std::stod(row.at("attainment")), s["goodput"]["attainment"].get<double>());
+    EXPECT_EQ(s["run"]["router"], k % 2 == 0 ? "kv-aware" : "prefix-aware");
+    // Little's law over the completed requests of requests.csv.
+    double sum = 0, first = 1e300, last = -1e300;
+    for (const auto& req : ReadCsv(dir + "/requests.csv")) {
+      if (req.at("status") != "completed") continue;
+      const double a = std::stod(req.at("arrival_s"));
+      const double end = a + std::stod(req.at("e2e_ms")) / 1e3;
+      sum += end - a;
+      first = std::min(first, a);
+      last = std::max(last, end);
+    }
+    EXPECT_NEAR(std::stod(row.at("mean_concurrency")), sum / (last - first), 1e-3);
+    EXPECT_GE(std::stoi(row.at("peak_concurrency")), std::stod(row.at("mean_concurrency")));
+  }
+  const RunResult again =
+      RunDuet({"sweep", "--scenario", scenario, "--out", tmp.File("out"), "--progress", "never"});
+  ASSERT_EQ(again.exit_code, 0) << again;
+  EXPECT_NE(again.out.find("4 runs (4 resumed)"), std::string::npos) << again;
+}
+
+TEST(SweepCli, ABrokenScenarioOrFlagIsRefusedNamingIt) {
+  TempDir tmp;
+  WriteFile(tmp.File("bad.json"),
+            R"({"trace": "t", "rate_scales": [1], "setups": [{"name": "a"}]})");
+  RunResult r = RunDuet({"sweep", "--scenario", tmp.File("bad.json"), "--out", tmp.File("out")});
+  EXPECT_EQ(r.exit_code, 1) << r;
+  EXPECT_NE(r.err.find("bad.json: field 'setups[0].cluster' is missing"), std::string::npos) << r;
+  r = RunDuet(
+      {"sweep", "--scenario", Scenario(tmp), "--jobs", "100000", "--out", tmp.File("out2")});
+  EXPECT_EQ(r.exit_code, 2) << r;
+  EXPECT_NE(r.err.find("--jobs"), std::string::npos) << r;
+  r = RunDuet(
+      {"sweep", "--scenario", Scenario(tmp), "--ray", "nowhere", "--out", tmp.File("out3")});
+  EXPECT_EQ(r.exit_code, 2) << r;
+  EXPECT_NE(r.err.find("--ray needs HOST:PORT"), std::string::npos) << r;
+}
+
+}  // namespace
+}  // namespace duet::e2e
