@@ -1,6 +1,6 @@
 // The `duet` subcommands and what they share: the exit convention (0 success, 1 bad input files
-// or a failed run, 2 a bad command line; errors go to stderr as one "duet: error: ..." line),
-// argument parsing, where bundled data is found, and the trace flags.
+// or a failed run, 2 a bad command line, 130 stopped by a signal; errors go to stderr as one
+// "duet: error: ..." line), argument parsing, where bundled data is found, and the trace flags.
 #pragma once
 
 #include <boost/program_options.hpp>
@@ -25,6 +25,7 @@ namespace duet::cli {
 inline constexpr int kExitOk = 0;
 inline constexpr int kExitError = 1;
 inline constexpr int kExitUsage = 2;
+inline constexpr int kExitSignal = 130;  // stopped by SIGINT or SIGTERM, as a shell reports it
 
 int Fail(const std::string& message, int code = kExitError);
 

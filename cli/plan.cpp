@@ -30,16 +30,6 @@ namespace fs = std::filesystem;
 namespace duet::cli {
 namespace {
 
-// A reference to a file (a path ending in .json or with a '/') made absolute against the base
-// cluster's directory, so the candidate files elsewhere still find it; bundled names stay.
-void AbsolutizeRef(nlohmann::json& value, const fs::path& base_dir) {
-  if (!value.is_string()) return;
-  const std::string ref = value.get<std::string>();
-  if (ref.find('/') == std::string::npos && fs::path(ref).extension() != ".json") return;
-  if (fs::path(ref).is_absolute()) return;
-  value = fs::absolute(base_dir / ref).lexically_normal().string();
-}
-
 struct RunResult {
   bool met = false;
   double attainment = 0;
@@ -83,22 +73,18 @@ int Plan(int argc, char** argv) {
   if (!base.is_object() || !base.contains("nodes") || !base["nodes"].is_array() ||
       base["nodes"].empty() || !base["nodes"][0].is_object())
     return Fail(base_path + ": not a cluster file with nodes");
-  const fs::path base_dir = fs::absolute(base_path).parent_path();
-  AbsolutizeRef(base["model"], base_dir);
-  AbsolutizeRef(base["nodes"][0]["gpu"], base_dir);
-  if (base.contains("cost_model") && base["cost_model"].is_object())
-    AbsolutizeRef(base["cost_model"]["profile"], base_dir);
+  sim::AbsolutizeClusterRefs(base, fs::absolute(base_path).parent_path().string());
   bool other_hardware = false;
   if (vm.count("model")) {
     other_hardware |= base.value("model", "") != vm["model"].as<std::string>();
     base["model"] = vm["model"].as<std::string>();
-    AbsolutizeRef(base["model"], fs::current_path());
   }
   if (vm.count("gpu")) {
     other_hardware |= base["nodes"][0].value("gpu", "") != vm["gpu"].as<std::string>();
     base["nodes"][0]["gpu"] = vm["gpu"].as<std::string>();
-    AbsolutizeRef(base["nodes"][0]["gpu"], fs::current_path());
   }
+  // --model and --gpu paths are the command line's: relative to the current directory.
+  sim::AbsolutizeClusterRefs(base, fs::current_path().string());
   if (other_hardware && base.contains("cost_model") &&
       base["cost_model"].value("kind", "") == "fitted") {
     std::printf(
@@ -184,19 +170,11 @@ int Plan(int argc, char** argv) {
   std::error_code ec;
   fs::create_directories(out_dir / "runs", ec);
   if (ec) return Fail(out_dir.string() + ": cannot create the results directory: " + ec.message());
-  const fs::path inputs_path = out_dir / "inputs.json";
-  if (fs::exists(inputs_path)) {
-    auto previous = ReadJsonFile(inputs_path.string());
-    if (!previous) return Fail(previous.error());
-    if (*previous != inputs)
-      return Fail(out_dir.string() +
-                  " holds a search of other inputs (trace, SLO, attainment or base cluster): "
-                  "give another --out or remove it");
-  } else {
-    std::ofstream f(inputs_path);
-    f << inputs.dump(2) << "\n";
-    if (!f) return Fail(inputs_path.string() + ": write failed");
-  }
+  if (Status st =
+          ClaimResultsDir(out_dir.string(), inputs,
+                          "a search of other inputs (trace, SLO, attainment or base cluster)");
+      !st.ok())
+    return Fail(st.message());
 
   // The search.
   plan::Search search(candidates.size(), rates.size(), out_of_reach, exhaustive);
@@ -205,6 +183,7 @@ int Plan(int argc, char** argv) {
     return out_dir / "runs" / candidates[j.candidate].Key() /
            ("rate-" + ShortNumber(rates[j.rate]));
   };
+  CatchStopSignals();
   auto made = MakeRunner(vm, (out_dir / "ray.log").string());
   if (!made) return Fail(made.error());
   std::unique_ptr<SimRunner> runner = std::move(*made);
@@ -232,6 +211,10 @@ int Plan(int argc, char** argv) {
     }
   };
   while (!search.Done()) {
+    if (StopRequested())
+      return Fail("stopped by a signal; the runs that finished are in " + out_dir.string() +
+                      ": the same command resumes there",
+                  kExitSignal);
     while (static_cast<int>(running.size()) < runner->slots()) {
       auto job = search.Next();
       if (!job) break;

@@ -9,8 +9,10 @@
 
 #include <algorithm>
 #include <chrono>
+#include <csignal>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -18,6 +20,7 @@
 
 #include "cli/child_processes.h"
 #include "cli/commands.h"
+#include "common/json_util.h"
 
 extern char** environ;
 
@@ -219,6 +222,37 @@ class RayRunner final : public SimRunner {
 };
 
 }  // namespace
+
+Status ClaimResultsDir(const std::string& out_dir, const nlohmann::json& inputs,
+                       const std::string& other) {
+  const fs::path path = fs::path(out_dir) / "inputs.json";
+  if (fs::exists(path)) {
+    auto previous = ReadJsonFile(path.string());
+    if (!previous) return previous.status();
+    if (*previous != inputs)
+      return Status::Error(out_dir + " holds " + other + ": give another --out or remove it");
+    return Status::Ok();
+  }
+  std::ofstream f(path);
+  f << inputs.dump(2) << "\n";
+  if (!f) return Status::Error(path.string() + ": write failed");
+  return Status::Ok();
+}
+
+namespace {
+volatile std::sig_atomic_t stop_requested = 0;
+extern "C" void OnStopSignal(int) { stop_requested = 1; }
+}  // namespace
+
+void CatchStopSignals() {
+  struct sigaction sa {};
+  sa.sa_handler = OnStopSignal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+}
+
+bool StopRequested() { return stop_requested != 0; }
 
 Result<std::unique_ptr<SimRunner>> MakeRunner(const boost::program_options::variables_map& vm,
                                               const std::string& ray_log) {

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
@@ -34,6 +35,18 @@ class SimRunner {
   // Stops a running simulation; it is not reported.
   virtual void Cancel(std::uint64_t id) = 0;
 };
+
+// A results directory of many runs (plan, sweep) belongs to the inputs it was made for: records
+// them in OUT/inputs.json the first time, and refuses a directory that records others (`other`
+// says what those are, for the message), so that a resume never mixes two searches.
+Status ClaimResultsDir(const std::string& out_dir, const nlohmann::json& inputs,
+                       const std::string& other);
+
+// SIGINT and SIGTERM set a flag instead of ending the process, so that a command running many
+// simulations can stop them (a runner's destructor does) and say where it stopped; the runs that
+// finished stay in its results directory.
+void CatchStopSignals();
+bool StopRequested();
 
 // From the flags AddRunnerOptions (cli/commands.h) adds. With --ray: connects to the Ray cluster
 // whose head is at that address, --jobs tasks at once (0: one per CPU it has); its messages go to

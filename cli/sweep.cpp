@@ -7,15 +7,18 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 
 #include "cli/commands.h"
 #include "cli/sim_runner.h"
+#include "cli/validate_flags.h"
 #include "common/json_util.h"
 #include "common/progress.h"
 #include "common/text.h"
 #include "plan/scenario.h"
 #include "policies/metrics.h"
+#include "sim/cluster_spec.h"
 
 namespace po = boost::program_options;
 namespace fs = std::filesystem;
@@ -86,7 +89,9 @@ int Sweep(int argc, char** argv) {
      "scenario file (JSON: trace, rate_scales, setups [{name, cluster}], optional router, slo; "
      "docs/scenarios.md)")
     ("out", po::value<std::string>()->default_value("out/sweep"),
-     "results directory; a sweep interrupted there resumes");
+     "results directory; a sweep interrupted there resumes")
+    ("rate-scales", po::value<std::string>(),
+     "1 to 8 rate scales to run instead of the scenario's, e.g. 1,2,4");
   // clang-format on
   AddRunnerOptions(opts);
   AddProgressOption(opts);
@@ -101,12 +106,59 @@ int Sweep(int argc, char** argv) {
   if (!doc) return Fail(doc.error());
   auto scenario = plan::ParseScenario(*doc, scenario_path);
   if (!scenario) return Fail(scenario.error());
+  if (vm.count("rate-scales")) {
+    auto rates = ParseRateScales(vm["rate-scales"].as<std::string>());
+    if (!rates) return Fail(rates.error(), kExitUsage);
+    scenario->rate_scales = *rates;
+  }
   // Absolute: a Ray task runs in a directory of its own.
   scenario->trace = fs::absolute(Locate(scenario->trace)).lexically_normal().string();
   const fs::path out_dir = vm["out"].as<std::string>();
   std::error_code ec;
   fs::create_directories(out_dir / "runs", ec);
   if (ec) return Fail(out_dir.string() + ": cannot create the results directory: " + ec.message());
+
+  // Each setup's cluster file: as named, or patched into OUT/runs/SETUP/cluster.json, checked
+  // before anything runs.
+  std::map<std::string, fs::path> clusters;
+  for (const plan::Setup& s : scenario->setups) {
+    fs::path cluster = fs::absolute(Locate(s.cluster));
+    if (!fs::is_regular_file(cluster))
+      return Fail(scenario_path + ": setup '" + s.name + "': cluster file " + s.cluster +
+                  " not found");
+    if (!s.patch.empty()) {
+      auto original = ReadJsonFile(cluster.string());
+      if (!original) return Fail(original.error());
+      nlohmann::json patched;
+      try {
+        patched = original->patch(s.patch);
+      } catch (const nlohmann::json::exception& e) {
+        return Fail(scenario_path + ": setup '" + s.name + "': patch does not apply to " +
+                    s.cluster + ": " + e.what());
+      }
+      sim::AbsolutizeClusterRefs(patched, cluster.parent_path().string());
+      cluster = out_dir / "runs" / s.slug / "cluster.json";
+      fs::create_directories(cluster.parent_path(), ec);
+      std::ofstream f(cluster);
+      f << patched.dump(2) << "\n";
+      if (!f) return Fail(cluster.string() + ": write failed");
+    }
+    auto spec = sim::LoadClusterSpec(cluster.string(), DataDir());
+    if (!spec) return Fail(scenario_path + ": setup '" + s.name + "': " + spec.error());
+    clusters[s.slug] = cluster;
+  }
+  // What this sweep is (the scenario and every cluster file it runs), so that a resume into a
+  // directory of another sweep is refused rather than mixed with it.
+  nlohmann::json inputs = {{"scenario", *doc}, {"clusters", nlohmann::json::object()}};
+  for (const auto& [slug, path] : clusters) {
+    auto c = ReadJsonFile(path.string());
+    if (!c) return Fail(c.error());
+    inputs["clusters"][slug] = *c;
+  }
+  if (Status st = ClaimResultsDir(out_dir.string(), inputs,
+                                  "a sweep of another scenario or other cluster files");
+      !st.ok())
+    return Fail(st.message());
 
   struct Run {
     const plan::Setup* setup;
@@ -118,11 +170,16 @@ int Sweep(int argc, char** argv) {
     for (const plan::Setup& s : scenario->setups)
       runs.push_back({&s, rate, out_dir / "runs" / s.slug / ("rate-" + ShortNumber(rate))});
 
+  CatchStopSignals();
   auto made = MakeRunner(vm, (out_dir / "ray.log").string());
   if (!made) return Fail(made.error());
   std::unique_ptr<SimRunner> runner = std::move(*made);
   std::size_t next = 0, running = 0, done = 0, resumed = 0;
   while (done < runs.size()) {
+    if (StopRequested())
+      return Fail("stopped by a signal; the runs that finished are in " + out_dir.string() +
+                      ": the same command resumes there",
+                  kExitSignal);
     while (next < runs.size() && static_cast<int>(running) < runner->slots()) {
       const Run& r = runs[next];
       if (fs::exists(r.dir / "summary.json")) {
@@ -131,9 +188,7 @@ int Sweep(int argc, char** argv) {
       }
       fs::remove_all(r.dir, ec);
       fs::create_directories(r.dir, ec);
-      const fs::path cluster = fs::absolute(Locate(r.setup->cluster));
-      if (!fs::is_regular_file(cluster))
-        return Fail(r.setup->name + ": cluster file " + r.setup->cluster + " not found");
+      const fs::path& cluster = clusters.at(r.setup->slug);
       std::vector<std::string> args = {
           "--cluster",         cluster.string(), "--trace",      scenario->trace, "--rate-scale",
           ShortNumber(r.rate), "--out",          r.dir.string(), "--progress",    "never"};
@@ -165,7 +220,7 @@ int Sweep(int argc, char** argv) {
   std::ofstream csv(csv_path);
   csv << "setup,rate_scale,completed,total,ttft_mean_ms,ttft_p90_ms,ttft_p99_ms,tpot_mean_ms,"
          "tpot_p99_ms,output_tokens_per_s,prefix_hit_rate,dram_hit_rate,ssd_hit_rate,"
-         "mean_concurrency,peak_concurrency,attainment\n";
+         "mean_concurrency,peak_concurrency,attainment,run\n";
   for (const Run& r : runs) {
     auto s = ReadJsonFile((r.dir / "summary.json").string());
     if (!s) return Fail(s.error());
@@ -182,7 +237,8 @@ int Sweep(int argc, char** argv) {
           << Cell(j["prefix_cache"]["hit_rate"]) << "," << Cell(by["dram"]["hit_rate"]) << ","
           << Cell(by["ssd"]["hit_rate"]) << ","
           << ShortNumber(std::round(conc->first * 1000) / 1000) << "," << conc->second << ","
-          << (scenario->slo.empty() ? "" : Cell(j["goodput"]["attainment"])) << "\n";
+          << (scenario->slo.empty() ? "" : Cell(j["goodput"]["attainment"])) << ","
+          << fs::relative(r.dir, out_dir).generic_string() << "\n";
     } catch (const std::exception& e) {
       return Fail((r.dir / "summary.json").string() + ": not a duet summary: " + e.what());
     }

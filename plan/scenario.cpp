@@ -3,6 +3,7 @@
 #include <cctype>
 #include <set>
 
+#include "common/text.h"
 #include "policies/metrics.h"
 #include "policies/router.h"
 
@@ -76,6 +77,17 @@ Result<Scenario> ParseScenario(const nlohmann::json& doc_value, const std::strin
       return error(where + ".router", policies::ParseRouterKind(setup.router).error());
     if (setup.name.find_first_of("\"\n\r") != std::string::npos)
       return error(where + ".name", "may not hold quotes or line breaks (it is a CSV cell)");
+    if (auto patch = j.find("patch"); patch != j.end() && !patch->is_null()) {
+      if (!patch->is_array() || patch->size() > 1000)
+        return error(where + ".patch", "must be an array of at most 1000 JSON Patch operations");
+      for (const auto& op : *patch) {
+        if (!op.is_object() || !op.contains("op") || !op["op"].is_string() ||
+            !op.contains("path") || !op["path"].is_string())
+          return error(where + ".patch",
+                       "holds " + Excerpt(op.dump()) + ", not an operation with op and path");
+      }
+      setup.patch = *patch;
+    }
     setup.slug = Slug(setup.name);
     if (setup.slug.empty()) return error(where + ".name", "needs a letter or digit");
     if (!slugs.insert(setup.slug).second)

@@ -14,6 +14,9 @@ struct Setup {
   std::string name;
   std::string slug;  // the name as a directory name: "(a) PD + offload" -> "a-pd-offload"
   std::string cluster, router;
+  // RFC 6902 JSON Patch operations applied to the cluster file (a variant of it: another NIC,
+  // tier size, P:D split); empty: none.
+  nlohmann::json patch = nlohmann::json::array();
 };
 
 struct Scenario {

@@ -252,6 +252,25 @@ int ClusterSpec::CountRole(policies::InstanceRole role) const {
   return n;
 }
 
+void AbsolutizeClusterRefs(nlohmann::json& doc, const std::string& dir) {
+  auto absolutize = [&](nlohmann::json& value) {
+    if (!value.is_string()) return;
+    const std::string ref = value.get<std::string>();
+    if (ref.find('/') == std::string::npos && fs::path(ref).extension() != ".json") return;
+    if (ref.empty() || fs::path(ref).is_absolute()) return;
+    value = fs::absolute(fs::path(dir) / ref).lexically_normal().string();
+  };
+  if (!doc.is_object()) return;
+  if (doc.contains("model")) absolutize(doc["model"]);
+  if (auto nodes = doc.find("nodes"); nodes != doc.end() && nodes->is_array()) {
+    for (auto& group : *nodes)
+      if (group.is_object() && group.contains("gpu")) absolutize(group["gpu"]);
+  }
+  if (auto cm = doc.find("cost_model");
+      cm != doc.end() && cm->is_object() && cm->contains("profile"))
+    absolutize((*cm)["profile"]);
+}
+
 Result<ClusterSpec> LoadClusterSpec(const std::string& path, const std::string& data_dir) {
   auto doc = ReadJsonFile(path);
   if (!doc) return doc.status();

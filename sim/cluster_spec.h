@@ -115,6 +115,12 @@ struct ClusterSpec {
 std::string ResolveRef(const std::string& ref, const std::string& referrer,
                        const std::string& bundled_dir, bool directories = false);
 
+// A cluster document moved elsewhere (a candidate of `duet plan`, a patched setup of `duet
+// sweep`): its file references (model, every node group's gpu, the cost model's profile) that
+// are paths made absolute against `dir`, the directory of the file it came from; bundled names
+// stay as they are.
+void AbsolutizeClusterRefs(nlohmann::json& doc, const std::string& dir);
+
 // The step-cost model of one instance: the roofline on its node's GPU (TP all-reduces over the
 // node's NVLink as the file gives it), or the profile's fit for its TP degree.
 std::unique_ptr<models::StepCostModel> MakeStepCostModel(const ClusterSpec& cluster,

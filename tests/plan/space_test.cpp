@@ -158,7 +158,13 @@ TEST(Scenario, TheBundledFileAndErrorsThatNameTheField) {
           "setups": [{"name": "a", "cluster": "c"}]})",
        "'router'"},
       {R"({"trace": "t", "rate_scales": [1], "setups": [{"name": "a\"b", "cluster": "c"}]})",
-       "may not hold quotes"}};
+       "may not hold quotes"},
+      {R"({"trace": "t", "rate_scales": [1], "setups": [{"name": "a", "cluster": "c",
+          "patch": {"op": "remove"}}]})",
+       "'setups[0].patch' must be an array"},
+      {R"({"trace": "t", "rate_scales": [1], "setups": [{"name": "a", "cluster": "c",
+          "patch": [{"op": "remove"}]}]})",
+       "not an operation with op and path"}};
   for (const auto& [text, message] : bad) {
     auto r = ParseScenario(nlohmann::json::parse(text), "s.json");
     ASSERT_FALSE(r.ok()) << text;

@@ -2,7 +2,14 @@
 // agrees with the run's own files, a second sweep that resumes, and a broken scenario refused.
 #include <gtest/gtest.h>
 
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
 #include <sstream>
+#include <thread>
 
 #include "tests/sim/e2e_util.h"
 
@@ -84,6 +91,68 @@ TEST(SweepCli, EveryRunHasARowThatAgreesWithItsFilesAndASecondSweepResumes) {
       RunDuet({"sweep", "--scenario", scenario, "--out", tmp.File("out"), "--progress", "never"});
   ASSERT_EQ(again.exit_code, 0) << again;
   EXPECT_NE(again.out.find("4 runs (4 resumed)"), std::string::npos) << again;
+}
+
+// Processes whose command line mentions `text` (the simulations of a sweep into a directory).
+int ProcessesMentioning(const std::string& text) {
+  int n = 0;
+  for (const auto& entry : fs::directory_iterator("/proc")) {
+    const std::string name = entry.path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream in(entry.path() / "cmdline");
+    std::string cmdline((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    if (cmdline.find(text) != std::string::npos) ++n;
+  }
+  return n;
+}
+
+TEST(SweepCli, SigintStopsTheSimulationsAndTheSameCommandResumes) {
+  TempDir tmp;
+  nlohmann::json scenario = ReadJson(Scenario(tmp));
+  scenario["rate_scales"] = nlohmann::json::array();
+  for (int k = 1; k <= 40; ++k) scenario["rate_scales"].push_back(k * 0.25);
+  scenario["setups"] = nlohmann::json::array({scenario["setups"][0]});
+  WriteJson(tmp.File("long.json"), scenario);
+  const std::string out = tmp.File("out");
+  const std::vector<std::string> args = {"sweep", "--scenario", tmp.File("long.json"),
+                                         "--out", out,          "--jobs",
+                                         "1",     "--progress", "never"};
+  std::vector<std::string> argv_s = {DuetBinary()};
+  argv_s.insert(argv_s.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (auto& a : argv_s) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  const std::string err = tmp.File("stderr");
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    ::chdir(SourceDir().c_str());
+    std::FILE* f = std::freopen(err.c_str(), "w", stderr);
+    (void)f;
+    ::execv(argv[0], argv.data());
+    ::_exit(127);
+  }
+  // Wait (bounded) for the first run to finish, then interrupt.
+  bool started = false;
+  for (int i = 0; i < 600 && !started; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    started = fs::exists(out + "/runs/colocated-x2/rate-0.25/summary.json");
+  }
+  ASSERT_TRUE(started) << "no run finished in 30 s";
+  ::kill(pid, SIGINT);
+  int status = 0;
+  for (int i = 0; i < 600 && ::waitpid(pid, &status, WNOHANG) == 0; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  ASSERT_TRUE(WIFEXITED(status)) << "the sweep did not exit after SIGINT";
+  EXPECT_EQ(WEXITSTATUS(status), 130);
+  EXPECT_NE(ReadFile(err).find("stopped by a signal"), std::string::npos) << ReadFile(err);
+  EXPECT_FALSE(fs::exists(out + "/results.csv"));
+  EXPECT_EQ(ProcessesMentioning(out), 0) << "simulations outlived the sweep";
+
+  const RunResult again = RunDuet(args);
+  ASSERT_EQ(again.exit_code, 0) << again;
+  EXPECT_EQ(again.out.find("40 runs (0 resumed)"), std::string::npos) << again;
+  EXPECT_EQ(ReadCsv(out + "/results.csv").size(), 40u);
 }
 
 TEST(SweepCli, ABrokenScenarioOrFlagIsRefusedNamingIt) {
