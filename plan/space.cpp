@@ -1,12 +1,12 @@
 #include "plan/space.h"
 
-#include "common/text.h"
-
 #include <algorithm>
 #include <array>
 #include <cmath>
 #include <optional>
 #include <tuple>
+
+#include "common/text.h"
 
 namespace duet::plan {
 namespace {

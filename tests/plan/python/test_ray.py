@@ -97,8 +97,8 @@ def test_a_sweep_on_ray_writes_the_files_a_local_sweep_writes(ray_address, tmp_p
     assert "4 runs (0 resumed)" in out
     assert (tmp_path / "ray" / "results.csv").read_bytes() == \
         (tmp_path / "local" / "results.csv").read_bytes()
-    # 4 runs: summary.json, requests.csv, links.csv each, and results.csv.
-    assert same_files(tmp_path / "local", tmp_path / "ray") == 13
+    # 4 runs: summary.json, requests.csv, links.csv each; results.csv and inputs.json.
+    assert same_files(tmp_path / "local", tmp_path / "ray") == 14
     rows = (tmp_path / "ray" / "results.csv").read_text().splitlines()
     assert len(rows) == 5 and rows[1].startswith('"colocated x2",2,')
 
