@@ -118,47 +118,47 @@ int Sweep(int argc, char** argv) {
   fs::create_directories(out_dir / "runs", ec);
   if (ec) return Fail(out_dir.string() + ": cannot create the results directory: " + ec.message());
 
-  // Each setup's cluster file: as named, or patched into OUT/runs/SETUP/cluster.json, checked
-  // before anything runs.
+  // Each setup's cluster file: as named, or patched (into OUT/runs/SETUP/cluster.json once the
+  // directory is this sweep's); every one checked before anything runs.
   std::map<std::string, fs::path> clusters;
+  std::map<std::string, nlohmann::json> patched;
+  nlohmann::json inputs = {{"scenario", *doc}, {"clusters", nlohmann::json::object()}};
   for (const plan::Setup& s : scenario->setups) {
-    fs::path cluster = fs::absolute(Locate(s.cluster));
-    if (!fs::is_regular_file(cluster))
+    const fs::path original = fs::absolute(Locate(s.cluster));
+    if (!fs::is_regular_file(original))
       return Fail(scenario_path + ": setup '" + s.name + "': cluster file " + s.cluster +
                   " not found");
+    auto cluster_doc = ReadJsonFile(original.string());
+    if (!cluster_doc) return Fail(cluster_doc.error());
+    clusters[s.slug] = original;
     if (!s.patch.empty()) {
-      auto original = ReadJsonFile(cluster.string());
-      if (!original) return Fail(original.error());
-      nlohmann::json patched;
       try {
-        patched = original->patch(s.patch);
+        *cluster_doc = cluster_doc->patch(s.patch);
       } catch (const nlohmann::json::exception& e) {
         return Fail(scenario_path + ": setup '" + s.name + "': patch does not apply to " +
                     s.cluster + ": " + e.what());
       }
-      sim::AbsolutizeClusterRefs(patched, cluster.parent_path().string());
-      cluster = out_dir / "runs" / s.slug / "cluster.json";
-      fs::create_directories(cluster.parent_path(), ec);
-      std::ofstream f(cluster);
-      f << patched.dump(2) << "\n";
-      if (!f) return Fail(cluster.string() + ": write failed");
+      sim::AbsolutizeClusterRefs(*cluster_doc, original.parent_path().string());
+      clusters[s.slug] = out_dir / "runs" / s.slug / "cluster.json";
+      patched[s.slug] = *cluster_doc;
     }
-    auto spec = sim::LoadClusterSpec(cluster.string(), DataDir());
+    auto spec = sim::ParseClusterSpec(*cluster_doc, original.string(), DataDir());
     if (!spec) return Fail(scenario_path + ": setup '" + s.name + "': " + spec.error());
-    clusters[s.slug] = cluster;
+    inputs["clusters"][s.slug] = *cluster_doc;
   }
   // What this sweep is (the scenario and every cluster file it runs), so that a resume into a
   // directory of another sweep is refused rather than mixed with it.
-  nlohmann::json inputs = {{"scenario", *doc}, {"clusters", nlohmann::json::object()}};
-  for (const auto& [slug, path] : clusters) {
-    auto c = ReadJsonFile(path.string());
-    if (!c) return Fail(c.error());
-    inputs["clusters"][slug] = *c;
-  }
   if (Status st = ClaimResultsDir(out_dir.string(), inputs,
                                   "a sweep of another scenario or other cluster files");
       !st.ok())
     return Fail(st.message());
+  for (const auto& [slug, cluster_doc] : patched) {
+    const fs::path& path = clusters.at(slug);
+    fs::create_directories(path.parent_path(), ec);
+    std::ofstream f(path);
+    f << cluster_doc.dump(2) << "\n";
+    if (!f) return Fail(path.string() + ": write failed");
+  }
 
   struct Run {
     const plan::Setup* setup;

@@ -35,19 +35,22 @@ std::vector<std::map<std::string, std::string>> ReadCsv(const std::string& path)
   return rows;
 }
 
+// Two setups: the bundled colocated cluster cut to 2 instances on one node by a JSON Patch, and
+// the bundled PD cluster as it is.
 std::string Scenario(const TempDir& tmp) {
-  nlohmann::json colo = ReadJson(SourceDir() + "/sim/clusters/h100-16colo-llama8b.json");
-  colo["nodes"][0]["count"] = 1;
-  colo["instances"][0]["count"] = 2;
-  WriteJson(tmp.File("colo.json"), colo);
-  const nlohmann::json scenario = {
-      {"name", "test"},
-      {"trace", "traces/bundled/default.json"},
-      {"slo", "ttft=1000,tpot=50"},
-      {"rate_scales", {1, 4}},
-      {"setups",
-       {{{"name", "colocated x2"}, {"cluster", tmp.File("colo.json")}, {"router", "kv-aware"}},
-        {{"name", "PD 8+8"}, {"cluster", "sim/clusters/h100-8p8d-llama8b.json"}}}}};
+  nlohmann::json patch = nlohmann::json::array();
+  patch.push_back({{"op", "replace"}, {"path", "/instances/0/count"}, {"value", 2}});
+  patch.push_back({{"op", "replace"}, {"path", "/nodes/0/count"}, {"value", 1}});
+  nlohmann::json colo = {{"name", "colocated x2"},
+                         {"cluster", "sim/clusters/h100-16colo-llama8b.json"},
+                         {"patch", patch},
+                         {"router", "kv-aware"}};
+  nlohmann::json pd = {{"name", "PD 8+8"}, {"cluster", "sim/clusters/h100-8p8d-llama8b.json"}};
+  const nlohmann::json scenario = {{"name", "test"},
+                                   {"trace", "traces/bundled/default.json"},
+                                   {"slo", "ttft=1000,tpot=50"},
+                                   {"rate_scales", {1, 4}},
+                                   {"setups", nlohmann::json::array({colo, pd})}};
   WriteJson(tmp.File("scenario.json"), scenario);
   return tmp.File("scenario.json");
 }
@@ -59,6 +62,10 @@ TEST(SweepCli, EveryRunHasARowThatAgreesWithItsFilesAndASecondSweepResumes) {
       RunDuet({"sweep", "--scenario", scenario, "--out", tmp.File("out"), "--progress", "never"});
   ASSERT_EQ(r.exit_code, 0) << r;
   EXPECT_NE(r.out.find("4 runs (0 resumed)"), std::string::npos) << r;
+  // The patched cluster file is kept beside its runs, and is what they ran.
+  const nlohmann::json patched = ReadJson(tmp.File("out/runs/colocated-x2/cluster.json"));
+  EXPECT_EQ(patched["instances"][0]["count"], 2);
+  EXPECT_EQ(ReadJson(tmp.File("out/runs/colocated-x2/rate-1/summary.json"))["run"]["instances"], 2);
   const auto rows = ReadCsv(tmp.File("out/results.csv"));
   ASSERT_EQ(rows.size(), 4u);
   const std::vector<std::pair<std::string, std::string>> order = {
@@ -91,6 +98,16 @@ TEST(SweepCli, EveryRunHasARowThatAgreesWithItsFilesAndASecondSweepResumes) {
       RunDuet({"sweep", "--scenario", scenario, "--out", tmp.File("out"), "--progress", "never"});
   ASSERT_EQ(again.exit_code, 0) << again;
   EXPECT_NE(again.out.find("4 runs (4 resumed)"), std::string::npos) << again;
+
+  // Another patch is another sweep: refused there, and the directory left as it was.
+  nlohmann::json other = ReadJson(scenario);
+  other["setups"][0]["patch"][0]["value"] = 3;
+  WriteJson(tmp.File("other.json"), other);
+  const RunResult refused = RunDuet({"sweep", "--scenario", tmp.File("other.json"), "--out",
+                                     tmp.File("out"), "--progress", "never"});
+  EXPECT_EQ(refused.exit_code, 1) << refused;
+  EXPECT_NE(refused.err.find("holds a sweep of another scenario"), std::string::npos) << refused;
+  EXPECT_EQ(ReadJson(tmp.File("out/runs/colocated-x2/cluster.json"))["instances"][0]["count"], 2);
 }
 
 // Processes whose command line mentions `text` (the simulations of a sweep into a directory).
@@ -162,6 +179,13 @@ TEST(SweepCli, ABrokenScenarioOrFlagIsRefusedNamingIt) {
   RunResult r = RunDuet({"sweep", "--scenario", tmp.File("bad.json"), "--out", tmp.File("out")});
   EXPECT_EQ(r.exit_code, 1) << r;
   EXPECT_NE(r.err.find("bad.json: field 'setups[0].cluster' is missing"), std::string::npos) << r;
+  nlohmann::json scenario = ReadJson(Scenario(tmp));
+  scenario["setups"][0]["patch"][0]["path"] = "/instances/7/count";
+  WriteJson(tmp.File("bad-patch.json"), scenario);
+  r = RunDuet({"sweep", "--scenario", tmp.File("bad-patch.json"), "--out", tmp.File("out1")});
+  EXPECT_EQ(r.exit_code, 1) << r;
+  EXPECT_NE(r.err.find("setup 'colocated x2': patch does not apply"), std::string::npos) << r;
+  EXPECT_FALSE(fs::exists(tmp.File("out1/runs/colocated-x2"))) << "wrote before checking";
   r = RunDuet(
       {"sweep", "--scenario", Scenario(tmp), "--jobs", "100000", "--out", tmp.File("out2")});
   EXPECT_EQ(r.exit_code, 2) << r;
