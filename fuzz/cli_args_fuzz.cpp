@@ -3,33 +3,17 @@
 // give options, help, or a usage error (exit 2) with a message; never a crash, an escaping
 // exception, or a file read.
 #include <cstdint>
-#include <string>
-#include <vector>
 
 #include "cli/commands.h"
+#include "fuzz/command_line.h"
 #include "sim/simulation.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
-  std::vector<std::string> args = {"simulate"};
-  std::string current;
-  for (std::size_t i = 0; i < size && args.size() < 64; ++i) {
-    const char c = static_cast<char>(data[i]);
-    if (c == '\n') {
-      args.push_back(current);
-      current.clear();
-    } else if (c != '\0') {  // argv strings cannot hold NUL
-      current += c;
-    }
-  }
-  if (!current.empty()) args.push_back(current);
-  std::vector<char*> argv;
-  for (std::string& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
+  FuzzCommandLine line("simulate", data, size);
   boost::program_options::variables_map vm;
   duet::sim::SimOptions options;
   int code = -1;
-  const bool ok =
-      duet::cli::ParseSimulateArgs(static_cast<int>(args.size()), argv.data(), vm, &options, &code);
+  const bool ok = duet::cli::ParseSimulateArgs(line.argc(), line.argv.data(), vm, &options, &code);
   if (ok ? code != duet::cli::kExitOk : code != duet::cli::kExitOk && code != duet::cli::kExitUsage)
     __builtin_trap();
   return 0;

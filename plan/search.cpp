@@ -77,7 +77,6 @@ void Search::AdvanceLevel() {
 
 void Search::Report(const Job& job, bool met) {
   Forget(job);
-  ++simulated_;
   results_[job.candidate * rates_ + job.rate] = met ? Outcome::kMet : Outcome::kMissed;
   if (exhaustive_) {
     if (cursor_ >= n_ * rates_ && running_.empty()) {

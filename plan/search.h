@@ -54,8 +54,6 @@ class Search {
   // then none does at higher rates either, in a pruned search).
   std::vector<std::optional<std::size_t>> Winners() const;
   Outcome At(std::size_t candidate, std::size_t rate) const;
-  std::size_t simulated() const { return simulated_; }
-  std::size_t running() const { return running_.size(); }
 
  private:
   bool MissedAtOrBelow(std::size_t candidate, std::size_t rate) const;
@@ -66,7 +64,6 @@ class Search {
   bool exhaustive_;
   std::vector<Outcome> results_;  // candidate-major: [c * rates_ + r]
   std::vector<Job> running_;
-  std::size_t simulated_ = 0;
   // Pruned: the rate being searched, the next candidate to consider at it, the cheapest known
   // to meet there, and the winners of the rates already decided.
   std::size_t level_ = 0, cursor_ = 0;
