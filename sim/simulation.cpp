@@ -23,6 +23,7 @@
 #include "policies/block_hash.h"
 #include "policies/engine.h"
 #include "policies/kv_event_index.h"
+#include "policies/prefix_lru.h"
 #include "sim/platform.h"
 #include "sim/timeline.h"
 #include "traces/arrivals.h"
@@ -225,7 +226,7 @@ struct World {
   std::deque<KvEventsInFlight> kv_events_in_flight;
   // The pooled reference: one prefix cache with the summed GPU KV blocks of the instances that
   // prefill, seeing every routed request at its arrival (hit tokens, as the engines count them).
-  std::unique_ptr<policies::KvBlockManager> pooled;
+  std::unique_ptr<policies::PrefixLru> pooled;
   Tokens pooled_lookup_tokens = 0, pooled_hit_tokens = 0;
   // When requests are sent (open loop, sessions, closed loop) and, with sessions, how many
   // later turns still need each request's context hashes.
@@ -298,8 +299,6 @@ const sg4::CommPtr& SimInbox::Waitable() {
   if (entries_.empty() && !doorbell_) doorbell_ = doorbell_mailbox_->get_async(&doorbell_payload_);
   return entries_.empty() ? doorbell_ : entries_.front().comm;
 }
-
-std::optional<Tokens> CachePooled(World& w, const Request& r, Tokens tokens);
 
 SimPorts::SimPorts(World& world, InstanceId id)
     : world_(world), id_(id), inbox_(*world.inboxes[static_cast<std::size_t>(id)]) {}
@@ -536,7 +535,7 @@ void SimSink::OnFinished(const Request& request) {
   } else if (world_.pooled && !world_.cluster.pd() && r.state == RequestState::kCompleted) {
     // Colocated instances cache the output of a request that later turns continue (the engine
     // does, at completion): so does the pooled reference.
-    CachePooled(world_, r, r.input_tokens + r.output_tokens - 1);
+    world_.pooled->Touch(r.block_hashes, r.input_tokens + r.output_tokens - 1);
   }
   world_.metrics.OnFinished(request);
   world_.router->OnFinished(request);
@@ -623,21 +622,10 @@ void DeliverKvEvents(World& w) {
   }
 }
 
-// The pooled reference cache takes the first `tokens` of `r`'s context, most recently used;
-// returns the tokens it already held (at least one token computed, as an engine counts hits),
-// or nullopt when they do not fit.
-std::optional<Tokens> CachePooled(World& w, const Request& r, Tokens tokens) {
-  const auto hit = w.pooled->Allocate(r.id, r.block_hashes, tokens, tokens - 1);
-  if (!hit) return std::nullopt;
-  w.pooled->Register(r.id, r.block_hashes, tokens);
-  w.pooled->Free(r.id);
-  return hit;
-}
-
 // The pooled reference cache sees `r` at its arrival: its hit counted, its prompt cached.
 void LookUpPooled(World& w, const Request& r) {
   if (!w.pooled || r.input_tokens <= 0) return;
-  const auto hit = CachePooled(w, r, r.input_tokens);
+  const auto hit = w.pooled->Touch(r.block_hashes, r.input_tokens);
   if (!hit) return;  // larger than every prefill instance together: admission rejected it
   w.pooled_lookup_tokens += r.input_tokens;
   w.pooled_hit_tokens += *hit;
@@ -1029,8 +1017,7 @@ Result<SimReport> Simulate(const ClusterSpec& cluster, const traces::Trace& trac
     std::int64_t pooled_blocks = 0;
     for (InstanceId i : prefill_side)
       pooled_blocks += cluster.instances[static_cast<std::size_t>(i)].memory.kv_blocks;
-    w.pooled =
-        std::make_unique<policies::KvBlockManager>(pooled_blocks, cluster.engine.block_tokens);
+    w.pooled = std::make_unique<policies::PrefixLru>(pooled_blocks, cluster.engine.block_tokens);
   }
   policies::RouterConfig router = options.router;
   {
