@@ -17,14 +17,20 @@ KvBlockManager::KvBlockManager(std::int64_t num_blocks, Tokens block_tokens,
              block_tokens > 0);
 }
 
+namespace {
+// How many iterations ahead the per-block loops prefetch: the blocks' records and index slots
+// are scattered (cache misses), the loops' iterations otherwise independent.
+constexpr std::size_t kAhead = 8;
+}  // namespace
+
 std::int64_t KvBlockManager::CachedPrefixBlocks(std::span<const BlockHash> hashes) const {
   if (!enable_prefix_caching_) return 0;
-  std::int64_t n = 0;
-  for (BlockHash h : hashes) {
-    if (cached_.Find(h) == BlockHashIndex::kAbsent) break;
-    ++n;
+  std::size_t n = 0;
+  for (; n < hashes.size(); ++n) {
+    if (n + kAhead < hashes.size()) cached_.Prefetch(hashes[n + kAhead]);
+    if (cached_.Find(hashes[n]) == BlockHashIndex::kAbsent) break;
   }
-  return n;
+  return static_cast<std::int64_t>(n);
 }
 
 void KvBlockManager::FindHits(std::span<const BlockHash> hashes, Tokens max_hit_tokens) const {
@@ -33,6 +39,7 @@ void KvBlockManager::FindHits(std::span<const BlockHash> hashes, Tokens max_hit_
   const auto limit = std::min<std::size_t>(
       hashes.size(), static_cast<std::size_t>(std::max<Tokens>(0, max_hit_tokens) / block_tokens_));
   for (std::size_t i = 0; i < limit; ++i) {
+    if (i + kAhead < limit) cached_.Prefetch(hashes[i + kAhead]);
     const BlockId id = cached_.Find(hashes[i]);
     if (id == BlockHashIndex::kAbsent) break;
     hit_ids_.push_back(id);
@@ -60,7 +67,9 @@ std::optional<Tokens> KvBlockManager::Allocate(RequestId request, std::span<cons
   TableEntry entry;
   entry.blocks.reserve(static_cast<std::size_t>(total));
   // Reference the hit blocks first so that eviction for the new blocks cannot take them.
-  for (BlockId id : hit_ids_) {
+  for (std::size_t i = 0; i < hit_ids_.size(); ++i) {
+    if (i + kAhead < hit_ids_.size()) Prefetch(hit_ids_[i + kAhead]);
+    const BlockId id = hit_ids_[i];
     Block& b = blocks_[static_cast<std::size_t>(id)];
     if (b.ref_count == 0) LruRemove(id);
     ++b.ref_count;
@@ -106,6 +115,10 @@ void KvBlockManager::Register(RequestId request, std::span<const BlockHash> hash
       {computed_tokens / block_tokens_, static_cast<std::int64_t>(hashes.size()),
        static_cast<std::int64_t>(entry.blocks.size())});
   for (std::int64_t i = entry.registered; i < upto; ++i) {
+    if (i + static_cast<std::int64_t>(kAhead) < upto) {
+      cached_.Prefetch(hashes[static_cast<std::size_t>(i) + kAhead]);
+      Prefetch(entry.blocks[static_cast<std::size_t>(i) + kAhead]);
+    }
     const BlockHash h = hashes[static_cast<std::size_t>(i)];
     const BlockId id = entry.blocks[static_cast<std::size_t>(i)];
     Block& b = blocks_[static_cast<std::size_t>(id)];
@@ -123,7 +136,11 @@ void KvBlockManager::Free(RequestId request) {
   auto it = tables_.find(request);
   if (it == tables_.end()) return;
   // Tail first: the tail of a prompt is the least likely to be shared, so it is evicted first.
-  for (auto b = it->second.blocks.rbegin(); b != it->second.blocks.rend(); ++b) Release(*b);
+  const std::vector<BlockId>& blocks = it->second.blocks;
+  for (std::size_t i = blocks.size(); i-- > 0;) {
+    if (i >= kAhead) Prefetch(blocks[i - kAhead]);
+    Release(blocks[i]);
+  }
   tables_.erase(it);
 }
 
@@ -152,34 +169,42 @@ void KvBlockManager::TakeBlocks(std::int64_t n, std::vector<BlockId>* out) {
                              num_blocks_ - static_cast<std::int64_t>(blocks_.size()));
   for (std::int64_t k = 0; k < fresh; ++k) out->push_back(static_cast<BlockId>(blocks_.size() + k));
   blocks_.resize(blocks_.size() + static_cast<std::size_t>(fresh));
-  for (std::int64_t k = static_cast<std::int64_t>(released) + fresh; k < n; ++k)
-    out->push_back(TakeBlock());
-  for (std::size_t i = start; i < out->size(); ++i)
+  Evict(n - static_cast<std::int64_t>(released) - fresh, out);
+  for (std::size_t i = start; i < out->size(); ++i) {
+    if (i + kAhead < out->size()) Prefetch((*out)[i + kAhead]);
     blocks_[static_cast<std::size_t>((*out)[i])].ref_count = 1;
+  }
 }
 
-KvBlockManager::BlockId KvBlockManager::TakeBlock() {
-  // Released blocks first, then never-used ones in id order (low ids first keeps tests
-  // readable), then the least recently used cached block.
-  if (!free_list_.empty()) {
-    const BlockId id = free_list_.back();
-    free_list_.pop_back();
-    return id;
+void KvBlockManager::Evict(std::int64_t n, std::vector<BlockId>* out) {
+  if (n <= 0) return;
+  DUET_CHECK(n <= lru_size());
+  // Victims in queue order; their records load ahead, then their index slots.
+  const std::size_t first = out->size();
+  std::size_t i = lru_head_;
+  for (std::int64_t taken = 0; taken < n; ++i) {
+    if (i + kAhead < lru_.size()) Prefetch(lru_[i + kAhead].id);
+    const LruEntry& e = lru_[i];
+    if (!Live(e)) {
+      --lru_stale_;
+      continue;
+    }
+    Block& b = blocks_[static_cast<std::size_t>(e.id)];
+    b.in_lru = false;
+    cached_.Prefetch(b.hash);
+    out->push_back(e.id);
+    ++taken;
   }
-  if (static_cast<std::int64_t>(blocks_.size()) < num_blocks_) {
-    blocks_.emplace_back();
-    return static_cast<BlockId>(blocks_.size() - 1);
+  lru_head_ = i;
+  for (std::size_t k = first; k < out->size(); ++k) {
+    Block& b = blocks_[static_cast<std::size_t>((*out)[k])];
+    cached_.Erase(b.hash);
+    if (event_log_) event_log_->push_back({b.hash, false});
+    b.hash = 0;
+    b.cached = false;
   }
-  DUET_CHECK(lru_head_ >= 0);
-  const BlockId id = lru_head_;
-  LruRemove(id);
-  Block& b = blocks_[static_cast<std::size_t>(id)];
-  cached_.Erase(b.hash);
-  if (event_log_) event_log_->push_back({b.hash, false});
-  b.cached = false;
-  b.hash = 0;
-  ++evictions_;
-  return id;
+  evictions_ += n;
+  CompactLru();
 }
 
 void KvBlockManager::Release(BlockId id) {
@@ -197,33 +222,35 @@ void KvBlockManager::LruPushBack(BlockId id) {
   Block& b = blocks_[static_cast<std::size_t>(id)];
   DUET_CHECK(!b.in_lru);
   b.in_lru = true;
-  b.lru_prev = lru_tail_;
-  b.lru_next = -1;
-  if (lru_tail_ >= 0) {
-    blocks_[static_cast<std::size_t>(lru_tail_)].lru_next = id;
-  } else {
-    lru_head_ = id;
-  }
-  lru_tail_ = id;
-  ++lru_size_;
+  lru_.push_back({id, ++b.lru_push});
 }
 
 void KvBlockManager::LruRemove(BlockId id) {
   Block& b = blocks_[static_cast<std::size_t>(id)];
   DUET_CHECK(b.in_lru);
-  if (b.lru_prev >= 0) {
-    blocks_[static_cast<std::size_t>(b.lru_prev)].lru_next = b.lru_next;
-  } else {
-    lru_head_ = b.lru_next;
-  }
-  if (b.lru_next >= 0) {
-    blocks_[static_cast<std::size_t>(b.lru_next)].lru_prev = b.lru_prev;
-  } else {
-    lru_tail_ = b.lru_prev;
-  }
-  b.lru_prev = b.lru_next = -1;
   b.in_lru = false;
-  --lru_size_;
+  ++lru_stale_;
+  CompactLru();
+}
+
+void KvBlockManager::CompactLru() {
+  // Spent entries go once they are most of the array; stale ones once they outnumber the live
+  // ones. Either way each entry is moved O(1) times on average.
+  const std::size_t pending = lru_.size() - lru_head_;
+  if (lru_head_ > pending && lru_head_ > kInitialIndexEntries) {
+    lru_.erase(lru_.begin(), lru_.begin() + static_cast<std::ptrdiff_t>(lru_head_));
+    lru_head_ = 0;
+  }
+  if (lru_stale_ > std::max<std::int64_t>(lru_size(), kInitialIndexEntries)) {
+    std::size_t kept = 0;
+    for (std::size_t i = lru_head_; i < lru_.size(); ++i) {
+      if (i + kAhead < lru_.size()) Prefetch(lru_[i + kAhead].id);
+      if (Live(lru_[i])) lru_[kept++] = lru_[i];
+    }
+    lru_.resize(kept);
+    lru_head_ = 0;
+    lru_stale_ = 0;
+  }
 }
 
 Status KvBlockManager::CheckInvariants() const {
@@ -242,14 +269,19 @@ Status KvBlockManager::CheckInvariants() const {
     if (in_free[static_cast<std::size_t>(id)]++)
       return Status::Error("block " + std::to_string(id) + " is twice in the free list");
   }
-  std::int64_t lru_count = 0;
-  for (BlockId id = lru_head_, prev = -1; id >= 0;
-       prev = id, id = blocks_[static_cast<std::size_t>(id)].lru_next) {
-    if (blocks_[static_cast<std::size_t>(id)].lru_prev != prev)
-      return Status::Error("LRU list is broken at block " + std::to_string(id));
-    if (++lru_count > static_cast<std::int64_t>(n)) return Status::Error("LRU list has a cycle");
+  std::vector<char> queued(n, 0);
+  std::int64_t stale = 0;
+  for (std::size_t i = lru_head_; i < lru_.size(); ++i) {
+    const LruEntry& e = lru_[i];
+    if (e.id < 0 || static_cast<std::size_t>(e.id) >= n)
+      return Status::Error("LRU queue holds invalid block " + std::to_string(e.id));
+    if (!Live(e)) {
+      ++stale;
+    } else if (queued[static_cast<std::size_t>(e.id)]++) {
+      return Status::Error("block " + std::to_string(e.id) + " is live twice in the LRU queue");
+    }
   }
-  if (lru_count != lru_size_) return Status::Error("LRU size does not match its list");
+  if (stale != lru_stale_) return Status::Error("LRU stale count does not match its queue");
   std::int64_t used = 0, lru = 0, free_count = 0;
   for (std::size_t i = 0; i < n; ++i) {
     const Block& b = blocks_[i];
@@ -262,6 +294,9 @@ Status KvBlockManager::CheckInvariants() const {
       return Status::Error(name + " is in " + std::to_string(places) +
                            " of {in use, LRU, free list} (leaked or double-counted)");
     if (b.in_lru && !b.cached) return Status::Error(name + " is in the LRU but not cached");
+    if (b.in_lru != (queued[i] != 0))
+      return Status::Error(name + (b.in_lru ? " is evictable but not queued in the LRU"
+                                            : " is queued in the LRU but not evictable"));
     if (in_free[i] && b.cached) return Status::Error(name + " is free but still cached");
     if (b.cached && cached_.Find(b.hash) != static_cast<BlockId>(i))
       return Status::Error(name + " is marked cached but the index does not point at it");
@@ -286,8 +321,9 @@ Status KvBlockManager::CheckInvariants() const {
 
 std::vector<BlockHash> KvBlockManager::EvictionOrder() const {
   std::vector<BlockHash> order;
-  for (BlockId id = lru_head_; id >= 0; id = blocks_[static_cast<std::size_t>(id)].lru_next)
-    order.push_back(blocks_[static_cast<std::size_t>(id)].hash);
+  for (std::size_t i = lru_head_; i < lru_.size(); ++i) {
+    if (Live(lru_[i])) order.push_back(blocks_[static_cast<std::size_t>(lru_[i].id)].hash);
+  }
   return order;
 }
 

@@ -67,7 +67,7 @@ class KvBlockManager {
   std::int64_t num_blocks() const { return num_blocks_; }
   Tokens block_tokens() const { return block_tokens_; }
   // Blocks that an allocation can take: never-used/freed ones plus evictable cached ones.
-  std::int64_t kv_blocks_free() const { return kv_blocks_uncached_free() + lru_size_; }
+  std::int64_t kv_blocks_free() const { return kv_blocks_uncached_free() + lru_size(); }
   std::int64_t kv_blocks_uncached_free() const {
     return static_cast<std::int64_t>(free_list_.size()) + num_blocks_ -
            static_cast<std::int64_t>(blocks_.size());
@@ -85,7 +85,8 @@ class KvBlockManager {
 
   // Full consistency check: every block is in exactly one of {free list, LRU, in use}; the
   // reference counts equal the table references; the cache index points at blocks holding
-  // those hashes; no free block is cached. Returns the first violation found.
+  // those hashes; no free block is cached; the LRU queue holds each evictable block once.
+  // Returns the first violation found.
   Status CheckInvariants() const;
 
   // When set, every block published in the prefix cache (Register) and every cached block
@@ -99,10 +100,16 @@ class KvBlockManager {
   struct Block {
     BlockHash hash = 0;
     std::int32_t ref_count = 0;
-    bool cached = false;    // registered in cached_
-    BlockId lru_prev = -1;  // LRU links, valid when ref_count == 0 && cached
-    BlockId lru_next = -1;
-    bool in_lru = false;
+    std::uint32_t lru_push = 0;  // times pushed on the LRU queue: names its entry there
+    bool cached = false;         // registered in cached_
+    bool in_lru = false;         // evictable: ref_count == 0 && cached
+  };
+  // The LRU order is a queue of pushes. A block leaving it early (reused by a hit) leaves a
+  // stale entry behind, skipped when reached: the queue is an array, so an eviction reads the
+  // next victims' records ahead instead of chasing a linked list's scattered nodes.
+  struct LruEntry {
+    BlockId id;
+    std::uint32_t push;  // the entry is live while blocks_[id] is in the LRU with this push
   };
   struct TableEntry {
     std::vector<BlockId> blocks;
@@ -111,11 +118,22 @@ class KvBlockManager {
 
   // Leading hit blocks of `hashes` (at most max_hit_tokens worth), into hit_ids_.
   void FindHits(std::span<const BlockHash> hashes, Tokens max_hit_tokens) const;
-  BlockId TakeBlock();  // from the free list, else evicts the LRU head; requires one available
-  // Appends `n` blocks taken as by n TakeBlock calls, each with one reference; requires them.
+  // Appends `n` blocks, each with one reference: released ones (last released first), never
+  // used ones in id order, then the least recently used cached ones. Requires them.
   void TakeBlocks(std::int64_t n, std::vector<BlockId>* out);
+  // Appends the `n` least recently used cached blocks, evicted. Requires them.
+  void Evict(std::int64_t n, std::vector<BlockId>* out);
+  void Prefetch(BlockId id) const { __builtin_prefetch(&blocks_[static_cast<std::size_t>(id)]); }
   void LruPushBack(BlockId id);
-  void LruRemove(BlockId id);
+  void LruRemove(BlockId id);  // leaves a stale entry
+  void CompactLru();           // drops spent and, when they are many, stale entries
+  bool Live(const LruEntry& e) const {
+    const Block& b = blocks_[static_cast<std::size_t>(e.id)];
+    return b.in_lru && b.lru_push == e.push;
+  }
+  std::int64_t lru_size() const {
+    return static_cast<std::int64_t>(lru_.size() - lru_head_) - lru_stale_;
+  }
   void Release(BlockId id);  // drops one reference
 
   // Per-block state exists only for blocks used at least once (ids below blocks_.size()), so
@@ -128,8 +146,9 @@ class KvBlockManager {
   BlockHashIndex cached_;
   mutable std::vector<BlockId> hit_ids_;  // scratch for FindHits
   std::unordered_map<RequestId, TableEntry> tables_;
-  BlockId lru_head_ = -1, lru_tail_ = -1;
-  std::int64_t lru_size_ = 0;
+  std::vector<LruEntry> lru_;  // entries before lru_head_ are spent
+  std::size_t lru_head_ = 0;
+  std::int64_t lru_stale_ = 0;  // stale entries at or after lru_head_
   std::int64_t evictions_ = 0;
   std::vector<KvCacheEvent>* event_log_ = nullptr;
   Tokens block_tokens_;

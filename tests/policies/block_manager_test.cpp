@@ -164,6 +164,38 @@ TEST(KvBlockManager, PrefixCachingOffNeverHits) {
 
 // A long random workload (allocate with shared prefixes, register, grow, shrink, free) keeps
 // every invariant; at the end, with everything freed, no block is in use.
+// The LRU order is a queue that blocks leave early by going stale (a hit) and late by being
+// evicted: both kinds of dead entries are dropped in bulk once there are many, and the order
+// of the live ones must not change.
+TEST(KvBlockManager, LruQueueDropsDeadEntriesKeepingTheOrder) {
+  const Tokens bt = 16;
+  KvBlockManager m(2000, bt);
+  std::vector<BlockHash> a;
+  for (BlockHash h = 1; h <= 1500; ++h) a.push_back(h * 0x9e3779b97f4a7c15ULL);
+  ASSERT_TRUE(m.Allocate(1, a, 1500 * bt, 1500 * bt - 1));
+  m.Register(1, a, 1500 * bt);
+  m.Free(1);
+  // Each use of the chain makes 1,499 entries stale (the hits) and pushes them again.
+  for (RequestId id = 2; id <= 4; ++id) {
+    ASSERT_EQ(m.Allocate(id, a, 1500 * bt, 1500 * bt - 1), 1499 * bt);
+    ASSERT_TRUE(m.CheckInvariants().ok()) << m.CheckInvariants().message();
+    m.Free(id);
+  }
+  std::vector<BlockHash> order(a.rbegin(), a.rend());  // freed tail first
+  ASSERT_EQ(m.EvictionOrder(), order);
+  // 1,800 new blocks: 500 free ones, then 1,300 evicted from the tail of the chain.
+  ASSERT_TRUE(m.Allocate(5, {}, 1800 * bt, 0));
+  EXPECT_EQ(m.evictions(), 1300);
+  EXPECT_EQ(m.CachedPrefixBlocks(a), 200);
+  EXPECT_EQ(m.EvictionOrder(), std::vector<BlockHash>(order.begin() + 1300, order.end()));
+  EXPECT_TRUE(m.CheckInvariants().ok()) << m.CheckInvariants().message();
+  m.Free(5);
+  // The freed blocks are uncached: the 200 cached ones are still the next to be evicted.
+  ASSERT_TRUE(m.Allocate(6, {}, 2000 * bt, 0));
+  EXPECT_EQ(m.CachedPrefixBlocks(a), 0);
+  EXPECT_TRUE(m.CheckInvariants().ok()) << m.CheckInvariants().message();
+}
+
 TEST(KvBlockManager, RandomWorkloadKeepsInvariants) {
   KvBlockManager m(64, 4);
   std::mt19937_64 rng(7);
