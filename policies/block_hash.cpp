@@ -8,7 +8,8 @@
 namespace duet::policies {
 namespace {
 
-constexpr BlockHash kRoot = 0x6475657400000000ULL;  // "duet": the root of every chain
+constexpr BlockHash kRoot = 0x6475657400000000ULL;   // "duet": the root of every chain
+constexpr std::uint64_t kContent = 0x7472616365ULL;  // "trace": trace-id content
 
 }  // namespace
 
@@ -31,12 +32,14 @@ std::vector<BlockHash> EngineBlockHashes(std::span<const std::uint64_t> trace_id
         offset + engine_block_tokens <= trace_block_tokens
             ? first_trace
             : first_trace + (offset + engine_block_tokens - 1) / trace_block_tokens;
-    std::uint64_t h = SplitMix64(parent);
+    // The block's content: the trace ids it overlaps and its offset inside the first (which
+    // tells apart engine blocks of one trace block). It does not depend on the chain, so only
+    // the last mix waits for the parent's hash: the blocks' contents are mixed in parallel.
+    std::uint64_t content = SplitMix64(kContent ^ static_cast<std::uint64_t>(offset));
     for (Tokens t = first_trace; t <= last_trace; ++t) {
-      h = SplitMix64(h ^ trace_ids[static_cast<std::size_t>(t)]);
+      content = SplitMix64(content ^ trace_ids[static_cast<std::size_t>(t)]);
     }
-    // The offset inside the first trace block tells apart engine blocks of one trace block.
-    h = SplitMix64(h ^ static_cast<std::uint64_t>(offset));
+    const BlockHash h = SplitMix64(parent ^ content);
     hashes.push_back(h);
     parent = h;
     offset += engine_block_tokens;

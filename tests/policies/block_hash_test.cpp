@@ -77,10 +77,11 @@ TEST(EngineBlockHashes, EqualsTheDefinitionForAnyBlockSizes) {
       const Tokens covered = std::min<Tokens>(input, static_cast<Tokens>(ids.size()) * trace_block);
       for (Tokens j = 0; j < covered / engine_block; ++j) {
         const Tokens first = j * engine_block, last = first + engine_block - 1;
-        std::uint64_t h = mix(parent);
+        std::uint64_t content =
+            mix(0x7472616365ULL ^ static_cast<std::uint64_t>(first % trace_block));
         for (Tokens t = first / trace_block; t <= last / trace_block; ++t)
-          h = mix(h ^ ids[static_cast<std::size_t>(t)]);
-        h = mix(h ^ static_cast<std::uint64_t>(first % trace_block));
+          content = mix(content ^ ids[static_cast<std::size_t>(t)]);
+        const BlockHash h = mix(parent ^ content);
         expected.push_back(h);
         parent = h;
       }
