@@ -179,7 +179,8 @@ void KvBlockManager::TakeBlocks(std::int64_t n, std::vector<BlockId>* out) {
 void KvBlockManager::Evict(std::int64_t n, std::vector<BlockId>* out) {
   if (n <= 0) return;
   DUET_CHECK(n <= lru_size());
-  // Victims in queue order; their records load ahead, then their index slots.
+  // Victims in queue order, their records loaded ahead; then their index entries erased, the
+  // slots loaded ahead.
   const std::size_t first = out->size();
   std::size_t i = lru_head_;
   for (std::int64_t taken = 0; taken < n; ++i) {
@@ -189,14 +190,14 @@ void KvBlockManager::Evict(std::int64_t n, std::vector<BlockId>* out) {
       --lru_stale_;
       continue;
     }
-    Block& b = blocks_[static_cast<std::size_t>(e.id)];
-    b.in_lru = false;
-    cached_.Prefetch(b.hash);
+    blocks_[static_cast<std::size_t>(e.id)].in_lru = false;
     out->push_back(e.id);
     ++taken;
   }
   lru_head_ = i;
   for (std::size_t k = first; k < out->size(); ++k) {
+    if (k + kAhead < out->size())
+      cached_.Prefetch(blocks_[static_cast<std::size_t>((*out)[k + kAhead])].hash);
     Block& b = blocks_[static_cast<std::size_t>((*out)[k])];
     cached_.Erase(b.hash);
     if (event_log_) event_log_->push_back({b.hash, false});

@@ -27,6 +27,20 @@ const char* ToString(TierPlacement placement) {
   return placement == TierPlacement::kWriteThrough ? "write-through" : "write-back";
 }
 
+namespace {
+
+// Loops over a request's block hashes look each up in stores of up to millions of blocks: two
+// dependent cache misses per block (index slot, entry). They prefetch both ahead.
+constexpr std::size_t kAhead = 8;
+
+void PrefetchAhead(const KvTierStore* s, std::span<const BlockHash> hashes, std::size_t i) {
+  if (s == nullptr) return;
+  if (i + 2 * kAhead < hashes.size()) s->PrefetchSlot(hashes[i + 2 * kAhead]);
+  if (i + kAhead < hashes.size()) s->PrefetchEntry(hashes[i + kAhead]);
+}
+
+}  // namespace
+
 TierManager::TierManager(TierSetup setup, TierStorage* storage)
     : setup_(std::move(setup)), storage_(storage) {
   DUET_CHECK(storage_ != nullptr && setup_.block_bytes > 0);
@@ -73,7 +87,9 @@ void TierManager::Progress(InstanceId instance) {
       continue;
     }
     TierCounters& c = counters_[static_cast<std::size_t>(w.tier)];
-    for (BlockHash h : w.hashes) {
+    for (std::size_t k = 0; k < w.hashes.size(); ++k) {
+      PrefetchAhead(w.store, w.hashes, k);
+      const BlockHash h = w.hashes[k];
       if (status == TransferStatus::kDone) {
         w.store->EndWrite(h);
         ++c.written_blocks;
@@ -95,7 +111,10 @@ void TierManager::ProgressLoad(Load& load) {
     if (s == TransferStatus::kInProgress) continue;
     part.done = true;
     load.failed |= s == TransferStatus::kFailed;
-    for (BlockHash h : part.hashes) part.store->Unpin(h);
+    for (std::size_t k = 0; k < part.hashes.size(); ++k) {
+      PrefetchAhead(part.store, part.hashes, k);
+      part.store->Unpin(part.hashes[k]);
+    }
   }
 }
 
@@ -117,6 +136,7 @@ TierHits TierManager::Lookup(InstanceId instance, std::span<const BlockHash> has
   const KvTierStore* s[kNumLowerTiers];
   for (int k = 0; k < kNumLowerTiers; ++k) s[k] = store(static_cast<TierKind>(k), node);
   for (std::int64_t i = first; i < end; ++i) {
+    for (const KvTierStore* t : s) PrefetchAhead(t, hashes, static_cast<std::size_t>(i));
     const BlockHash h = hashes[static_cast<std::size_t>(i)];
     int found = -1;
     for (int k = 0; k < kNumLowerTiers && found < 0; ++k) {
@@ -137,6 +157,8 @@ LoadId TierManager::BeginLoad(InstanceId instance, std::span<const BlockHash> ha
   const std::int64_t end = first + hits.total();
   DUET_CHECK(end <= static_cast<std::int64_t>(hashes.size()));
   for (std::int64_t i = first; i < end; ++i) {
+    for (int k = 0; k < kNumLowerTiers; ++k)
+      PrefetchAhead(store(static_cast<TierKind>(k), node), hashes, static_cast<std::size_t>(i));
     const BlockHash h = hashes[static_cast<std::size_t>(i)];
     int k = 0;
     for (; k < kNumLowerTiers; ++k) {
@@ -200,7 +222,9 @@ void TierManager::Write(int kind, int node, InstanceId instance, int from,
   KvTierStore* s = Store(tier, node);
   TierCounters& c = counters_[static_cast<std::size_t>(kind)];
   std::vector<BlockHash> accepted, evicted;
-  for (BlockHash h : hashes) {
+  for (std::size_t i = 0; i < hashes.size(); ++i) {
+    PrefetchAhead(s, hashes, i);
+    const BlockHash h = hashes[i];
     switch (s->BeginWrite(h, &evicted)) {
       case KvTierStore::WriteStart::kStarted:
         accepted.push_back(h);
@@ -266,6 +290,7 @@ std::int64_t TierManager::Prefetch(InstanceId instance, std::span<const BlockHas
   std::vector<BlockHash> from_ssd, from_remote;
   for (auto i = static_cast<std::size_t>(std::max<std::int64_t>(0, first)); i < hashes.size();
        ++i) {
+    for (const KvTierStore* t : {dram, ssd, remote}) PrefetchAhead(t, hashes, i);
     const BlockHash h = hashes[i];
     if (dram->Contains(h)) continue;
     if (ssd && ssd->Contains(h)) {
