@@ -91,6 +91,13 @@ bool KvTierStore::EvictFrom(List list, std::vector<BlockHash>* evicted) {
   } else {
     DropEntry(e);
   }
+  // Evictions come one per write once the tier is full: start loading the next victim's index
+  // slot and successor now (its entry was just read), so the next eviction finds them.
+  if (const std::int32_t next = lists_[list].head; next >= 0) {
+    const Entry& x = slab_[static_cast<std::size_t>(next)];
+    entries_.Prefetch(x.hash);
+    if (x.next >= 0) __builtin_prefetch(&slab_[static_cast<std::size_t>(x.next)]);
+  }
   return true;
 }
 
@@ -220,14 +227,14 @@ std::vector<BlockHash> KvTierStore::EvictionOrder() const {
 
 Status KvTierStore::CheckInvariants() const {
   std::int64_t seen = 0, writing = 0, pinned = 0, ghosts = 0;
+  std::vector<char> listed(slab_.size(), 0);
   for (int l = 0; l < kNumLists; ++l) {
     std::int64_t n = 0;
     for (std::int32_t e = lists_[l].head, prev = -1; e >= 0;
          prev = e, e = slab_[static_cast<std::size_t>(e)].next) {
       const Entry& x = slab_[static_cast<std::size_t>(e)];
-      if (x.prev != prev || x.list != l) return Status::Error("tier list is broken");
-      if (entries_.Find(x.hash) != e)
-        return Status::Error("tier list entry missing from the index");
+      if (x.prev != prev || x.list != l || listed[static_cast<std::size_t>(e)]++)
+        return Status::Error("tier list is broken");
       const bool ghost = l == kB1 || l == kB2;
       if (ghost && (x.writing || x.pins))
         return Status::Error("a ghost entry is being written or read");
@@ -239,8 +246,18 @@ Status KvTierStore::CheckInvariants() const {
     if (n != lists_[l].size) return Status::Error("tier list size does not match its list");
     seen += n;
   }
+  // Each index entry names a listed entry holding its hash (one scan of the index rather than a
+  // lookup per listed entry: these stores hold millions). Distinct hashes name distinct
+  // entries, so with equal counts the index and the lists hold the same blocks.
   if (seen != static_cast<std::int64_t>(entries_.size()))
     return Status::Error("tier index holds entries that are on no list");
+  bool indexed = true;
+  entries_.ForEach([&](BlockHash hash, std::int32_t e) {
+    indexed = indexed && e >= 0 && static_cast<std::size_t>(e) < slab_.size() &&
+              listed[static_cast<std::size_t>(e)] &&
+              slab_[static_cast<std::size_t>(e)].hash == hash;
+  });
+  if (!indexed) return Status::Error("tier list entry missing from the index");
   if (writing != writing_ || pinned != pinned_ || ghosts != ghosts_)
     return Status::Error("tier counters do not match the lists");
   if (used_blocks() > capacity_)
