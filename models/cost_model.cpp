@@ -77,6 +77,16 @@ StepFeatures FeaturesOf(const StepShape& shape) {
   return f;
 }
 
+void StepCostModel::AppendDecodeRunEnds(StepShape shape, int steps, Seconds start,
+                                        std::vector<Seconds>* ends) const {
+  Seconds t = start;
+  for (int s = 0; s < steps; ++s) {
+    t += StepTime(shape);
+    ends->push_back(t);
+    shape.decode_context_tokens += shape.decode_tokens;
+  }
+}
+
 StepCostBreakdown RooflineCostModel::Breakdown(const StepShape& shape) const {
   StepCostBreakdown cost;
   const StepFeatures f = FeaturesOf(shape);

@@ -57,6 +57,11 @@ class StepCostModel {
   // Predicted wall time of the step. Must be > 0 for a non-empty step, and pure: the same
   // shape always gives the same time. Thread-safe (const).
   virtual Seconds StepTime(const StepShape& shape) const = 0;
+  // A decode run: `steps` steps of `shape` (decodes only), step s attending over s more tokens
+  // per request than step 0. Appends each step's end time, the first step starting at
+  // `start`: the times StepTime gives step by step, which a model may compute faster.
+  virtual void AppendDecodeRunEnds(StepShape shape, int steps, Seconds start,
+                                   std::vector<Seconds>* ends) const;
 };
 
 struct RooflineOptions {

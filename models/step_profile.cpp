@@ -448,4 +448,36 @@ Seconds FittedCostModel::StepTime(const StepShape& shape) const {
   return fit_.Predict(FeaturesOf(shape));
 }
 
+void FittedCostModel::AppendDecodeRunEnds(StepShape shape, int steps, Seconds start,
+                                          std::vector<Seconds>* ends) const {
+  const StepFeatures f = FeaturesOf(shape);
+  if (f.empty() || ClassOf(f) != ShapeClass::kDecode)
+    return StepCostModel::AppendDecodeRunEnds(std::move(shape), steps, start, ends);
+  // From step to step only the decode context changes, the last column, and AffinePiece::At
+  // sums the columns in order: each piece's sum before it is the same for every step, and
+  // adding the last term to it gives At's result bit for bit. (Decode runs are most of the
+  // simulator's 2.6 million steps on the Mooncake trace.)
+  static_assert(kFitColumns == 7, "the decode context is FitColumns' last column");
+  constexpr std::size_t kLast = kFitColumns - 1;
+  const std::vector<AffinePiece>& pieces =
+      fit_.pieces[static_cast<std::size_t>(ShapeClass::kDecode)];
+  const std::array<double, kFitColumns> columns = FitColumns(f);
+  std::vector<Seconds> before(pieces.size(), 0.0);
+  for (std::size_t k = 0; k < pieces.size(); ++k) {
+    for (std::size_t c = 0; c < kLast; ++c) before[k] += pieces[k].seconds_per[c] * columns[c];
+  }
+  Seconds t = start;
+  for (int s = 0; s < steps; ++s) {
+    const auto context = static_cast<double>(shape.decode_context_tokens);
+    Seconds best = 0;
+    for (std::size_t k = 0; k < pieces.size(); ++k) {
+      const Seconds v = before[k] + pieces[k].seconds_per[kLast] * context;
+      if (k == 0 || v > best) best = v;
+    }
+    t += best;
+    ends->push_back(t);
+    shape.decode_context_tokens += shape.decode_tokens;
+  }
+}
+
 }  // namespace duet::models

@@ -124,6 +124,8 @@ class FittedCostModel : public StepCostModel {
  public:
   explicit FittedCostModel(StepFit fit);
   Seconds StepTime(const StepShape& shape) const override;
+  void AppendDecodeRunEnds(StepShape shape, int steps, Seconds start,
+                           std::vector<Seconds>* ends) const override;
   const StepFit& fit() const { return fit_; }
 
  private:

@@ -399,13 +399,7 @@ void SimPorts::ExecuteSteps(const policies::StepPlan& plan, policies::StepEvents
     if (!plan.awaited_loads.empty()) FinishOverlappedLoads(plan, start, events, result);
     return;
   }
-  // A decode run: step s attends over s more tokens per request than step 0.
-  Seconds t = start;
-  for (int s = 0; s < plan.max_steps; ++s) {
-    t += cost.StepTime(shape);
-    step_end_s->push_back(t);
-    shape.decode_context_tokens += shape.decode_tokens;
-  }
+  cost.AppendDecodeRunEnds(shape, plan.max_steps, start, step_end_s);
   if (!WaitAny(step_end_s->back() - start)) return;  // ran to the end undisturbed
   // New work arrived: finish the step in progress and stop at its boundary.
   const Seconds now = Now();

@@ -148,6 +148,50 @@ TEST(StepProfileTest, FittedCostIsMonotoneAndEmptyStepsAreFree) {
   }
 }
 
+// The simulator times a decode run in one call; each step's end must be the one that StepTime
+// gives step by step, to the bit (runs are cut at any step boundary, outputs compared exactly):
+// the bundled profile, and decode pieces whose maximum changes during a run.
+TEST(StepProfileTest, DecodeRunsEndWhereTheirStepsDoBitForBit) {
+  Result<StepProfile> profile = LoadStepProfile("sim/profiles/h100-sxm-llama-3.1-8b.json");
+  ASSERT_TRUE(profile.ok()) << profile.error();
+  std::vector<StepFit> fits = profile->fits;
+  StepFit crossing;  // (fixed, per context token): the second leads past 1e6 tokens
+  for (auto& pieces : crossing.pieces) pieces = {KnownPiece()};
+  crossing.pieces[static_cast<std::size_t>(ShapeClass::kDecode)].clear();
+  for (const auto& [fixed, per_token] : {std::pair{3e-3, 1e-9}, {1e-3, 3e-9}, {0.0, 1e-9}}) {
+    AffinePiece p = KnownPiece();
+    p.seconds_per[0] = fixed;
+    p.seconds_per[kFitColumns - 1] = per_token;
+    crossing.pieces[static_cast<std::size_t>(ShapeClass::kDecode)].push_back(p);
+  }
+  fits.push_back(crossing);
+  for (const StepFit& fit : fits) {
+    const FittedCostModel model(fit);
+    std::set<std::size_t> leaders;
+    for (Tokens rows : {1, 7, 64, 255}) {
+      StepShape s;
+      s.tp = fit.tp;
+      s.decode_tokens = rows;
+      s.decode_context_tokens = rows * 1000 + 3;
+      std::vector<Seconds> run, stepwise;
+      model.AppendDecodeRunEnds(s, 3000, 12.5, &run);
+      model.StepCostModel::AppendDecodeRunEnds(s, 3000, 12.5, &stepwise);
+      ASSERT_EQ(run.size(), 3000u);
+      for (std::size_t i = 0; i < run.size(); ++i) {
+        ASSERT_EQ(run[i], stepwise[i]) << "tp " << fit.tp << ", rows " << rows << ", step " << i;
+        std::size_t leader = 0;
+        MaxOfPieces(fit.pieces[static_cast<std::size_t>(ShapeClass::kDecode)],
+                    FitColumns(FeaturesOf(s)), &leader);
+        leaders.insert(leader);
+        s.decode_context_tokens += s.decode_tokens;
+      }
+    }
+    if (&fit == &fits.back()) {
+      EXPECT_EQ(leaders, (std::set<std::size_t>{0, 1}));
+    }
+  }
+}
+
 TEST(StepProfileTest, FitNeedsEnoughMeasurementsAndAHeldOutShapePerClass) {
   StepFit truth;
   truth.pieces = {{{KnownPiece()}, {KnownPiece()}, {KnownPiece()}}};
