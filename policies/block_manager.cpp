@@ -26,11 +26,18 @@ constexpr std::size_t kAhead = 8;
 std::int64_t KvBlockManager::CachedPrefixBlocks(std::span<const BlockHash> hashes) const {
   if (!enable_prefix_caching_) return 0;
   std::size_t n = 0;
-  for (; n < hashes.size(); ++n) {
-    if (n + kAhead < hashes.size()) cached_.Prefetch(hashes[n + kAhead]);
-    if (cached_.Find(hashes[n]) == BlockHashIndex::kAbsent) break;
+  for (BlockId at = -1; n < hashes.size(); ++n) {
+    at = CachedChild(at, hashes[n]);
+    if (at < 0) break;
   }
   return static_cast<std::int64_t>(n);
+}
+
+KvBlockManager::BlockId KvBlockManager::CachedAt(std::span<const BlockHash> hashes,
+                                                 std::size_t i) const {
+  BlockId at = -1;
+  for (std::size_t k = 0; k <= i && (k == 0 || at >= 0); ++k) at = CachedChild(at, hashes[k]);
+  return at;
 }
 
 void KvBlockManager::FindHits(std::span<const BlockHash> hashes, Tokens max_hit_tokens) const {
@@ -38,11 +45,10 @@ void KvBlockManager::FindHits(std::span<const BlockHash> hashes, Tokens max_hit_
   if (!enable_prefix_caching_) return;
   const auto limit = std::min<std::size_t>(
       hashes.size(), static_cast<std::size_t>(std::max<Tokens>(0, max_hit_tokens) / block_tokens_));
-  for (std::size_t i = 0; i < limit; ++i) {
-    if (i + kAhead < limit) cached_.Prefetch(hashes[i + kAhead]);
-    const BlockId id = cached_.Find(hashes[i]);
-    if (id == BlockHashIndex::kAbsent) break;
-    hit_ids_.push_back(id);
+  for (BlockId at = -1; hit_ids_.size() < limit;) {
+    at = CachedChild(at, hashes[hit_ids_.size()]);
+    if (at < 0) break;
+    hit_ids_.push_back(at);
   }
 }
 
@@ -115,18 +121,38 @@ void KvBlockManager::Register(RequestId request, std::span<const BlockHash> hash
       {computed_tokens / block_tokens_, static_cast<std::int64_t>(hashes.size()),
        static_cast<std::int64_t>(entry.blocks.size())});
   for (std::int64_t i = entry.registered; i < upto; ++i) {
-    if (i + static_cast<std::int64_t>(kAhead) < upto) {
-      cached_.Prefetch(hashes[static_cast<std::size_t>(i) + kAhead]);
-      Prefetch(entry.blocks[static_cast<std::size_t>(i) + kAhead]);
+    const auto k = static_cast<std::size_t>(i);
+    if (k + kAhead < static_cast<std::size_t>(upto)) Prefetch(entry.blocks[k + kAhead]);
+    const BlockHash h = hashes[k];
+    const BlockId id = entry.blocks[k];
+    if (blocks_[static_cast<std::size_t>(id)].cached) continue;
+    // The cached block of the previous position: normally this table's, which this request
+    // holds, so it outlives the new block in the cache (released after it, used whenever it
+    // is) and may link to it. If this table's is a private copy, the new block is indexed.
+    BlockId parent = -1;
+    bool link = false;
+    if (k > 0) {
+      parent = entry.blocks[k - 1];
+      const Block& p = blocks_[static_cast<std::size_t>(parent)];
+      link = p.cached && p.hash == hashes[k - 1];
+      if (!link) parent = CachedAt(hashes, k - 1);
     }
-    const BlockHash h = hashes[static_cast<std::size_t>(i)];
-    const BlockId id = entry.blocks[static_cast<std::size_t>(i)];
-    Block& b = blocks_[static_cast<std::size_t>(id)];
     // Another request computed the same block concurrently: keep the first copy cached; this
     // one stays private and returns to the free list when released.
-    if (b.cached || !cached_.InsertGrowing(h, id)) continue;
+    if (CachedChild(parent, h) >= 0) continue;
+    Block& b = blocks_[static_cast<std::size_t>(id)];
     b.hash = h;
     b.cached = true;
+    ++num_cached_;
+    if (link) {
+      BlockId& child = blocks_[static_cast<std::size_t>(parent)].child;
+      link = child < 0 || !blocks_[static_cast<std::size_t>(child)].cached;
+      if (link) child = id;
+    }
+    if (!link) {
+      cached_.InsertGrowing(h, id);
+      b.indexed = true;
+    }
     if (event_log_) event_log_->push_back({h, true});
   }
   entry.registered = std::max(entry.registered, upto);
@@ -196,14 +222,15 @@ void KvBlockManager::Evict(std::int64_t n, std::vector<BlockId>* out) {
   }
   lru_head_ = i;
   for (std::size_t k = first; k < out->size(); ++k) {
-    if (k + kAhead < out->size())
-      cached_.Prefetch(blocks_[static_cast<std::size_t>((*out)[k + kAhead])].hash);
     Block& b = blocks_[static_cast<std::size_t>((*out)[k])];
-    cached_.Erase(b.hash);
+    // A linked block's parent outlives it in the cache: nothing links to it once it goes.
+    if (b.indexed) cached_.Erase(b.hash);
     if (event_log_) event_log_->push_back({b.hash, false});
     b.hash = 0;
-    b.cached = false;
+    b.child = -1;
+    b.cached = b.indexed = false;
   }
+  num_cached_ -= n;
   evictions_ += n;
   CompactLru();
 }
@@ -283,6 +310,24 @@ Status KvBlockManager::CheckInvariants() const {
     }
   }
   if (stale != lru_stale_) return Status::Error("LRU stale count does not match its queue");
+  // Cached blocks that a cached parent links to; hashes of all cached blocks.
+  std::vector<char> linked(n, 0);
+  std::vector<BlockHash> hashes;
+  for (std::size_t i = 0; i < n; ++i) {
+    const Block& b = blocks_[i];
+    if (!b.cached) continue;
+    hashes.push_back(b.hash);
+    if (b.child < 0) continue;
+    if (static_cast<std::size_t>(b.child) >= n)
+      return Status::Error("block " + std::to_string(i) + " links to invalid block " +
+                           std::to_string(b.child));
+    linked[static_cast<std::size_t>(b.child)] = 1;
+  }
+  std::sort(hashes.begin(), hashes.end());
+  if (std::adjacent_find(hashes.begin(), hashes.end()) != hashes.end())
+    return Status::Error("a hash is cached in two blocks");
+  if (static_cast<std::int64_t>(hashes.size()) != num_cached_)
+    return Status::Error("the cached block count does not match the blocks");
   std::int64_t used = 0, lru = 0, free_count = 0;
   for (std::size_t i = 0; i < n; ++i) {
     const Block& b = blocks_[i];
@@ -299,8 +344,10 @@ Status KvBlockManager::CheckInvariants() const {
       return Status::Error(name + (b.in_lru ? " is evictable but not queued in the LRU"
                                             : " is queued in the LRU but not evictable"));
     if (in_free[i] && b.cached) return Status::Error(name + " is free but still cached");
-    if (b.cached && cached_.Find(b.hash) != static_cast<BlockId>(i))
-      return Status::Error(name + " is marked cached but the index does not point at it");
+    if (b.indexed && (!b.cached || cached_.Find(b.hash) != static_cast<BlockId>(i)))
+      return Status::Error(name + " is marked indexed but the index does not point at it");
+    if (b.cached && !b.indexed && !linked[i])
+      return Status::Error(name + " is cached but neither indexed nor linked from a block");
     used += b.ref_count > 0;
     lru += b.in_lru;
     free_count += in_free[i];
@@ -308,7 +355,7 @@ Status KvBlockManager::CheckInvariants() const {
   Status index_status;
   cached_.ForEach([&](BlockHash hash, BlockId id) {
     const Block& b = blocks_[static_cast<std::size_t>(id)];
-    if (index_status.ok() && (!b.cached || b.hash != hash))
+    if (index_status.ok() && (!b.indexed || b.hash != hash))
       index_status = Status::Error("cache index entry points at block " + std::to_string(id) +
                                    " which does not hold that hash");
   });

@@ -1,6 +1,12 @@
 // Paged KV block manager of one instance: fixed-size blocks, a prefix cache keyed by chained
 // block hashes with reference counts, and LRU eviction of unreferenced cached blocks.
 // Owns each request's block table. Not thread-safe: one engine loop drives it.
+//
+// Hashes must chain (policies/block_hash.h): equal hashes at a position mean equal prefixes.
+// The cache is then a tree, and it is kept as one: a cached block links to one cached child
+// (the block registered after it in the same table, typically), and only the blocks no parent
+// links to are in the hash index. A request's blocks are found by following links from its
+// first block, and registering or evicting a linked block touches no index.
 #pragma once
 
 #include <cstdint>
@@ -73,7 +79,7 @@ class KvBlockManager {
            static_cast<std::int64_t>(blocks_.size());
   }
   std::int64_t kv_blocks_used() const { return num_blocks() - kv_blocks_free(); }
-  std::int64_t kv_blocks_cached() const { return static_cast<std::int64_t>(cached_.size()); }
+  std::int64_t kv_blocks_cached() const { return num_cached_; }
   std::int64_t evictions() const { return evictions_; }
   double usage() const {
     return num_blocks() ? static_cast<double>(kv_blocks_used()) / num_blocks() : 0.0;
@@ -85,7 +91,8 @@ class KvBlockManager {
 
   // Full consistency check: every block is in exactly one of {free list, LRU, in use}; the
   // reference counts equal the table references; the cache index points at blocks holding
-  // those hashes; no free block is cached; the LRU queue holds each evictable block once.
+  // those hashes; each cached block is indexed or linked from a cached block, and no hash is
+  // cached twice; no free block is cached; the LRU queue holds each evictable block once.
   // Returns the first violation found.
   Status CheckInvariants() const;
 
@@ -101,7 +108,9 @@ class KvBlockManager {
     BlockHash hash = 0;
     std::int32_t ref_count = 0;
     std::uint32_t lru_push = 0;  // times pushed on the LRU queue: names its entry there
-    bool cached = false;         // registered in cached_
+    BlockId child = -1;          // a cached child, if this is cached (may have been evicted since)
+    bool cached = false;         // in the prefix cache: indexed, or linked as a parent's child
+    bool indexed = false;        // in cached_
     bool in_lru = false;         // evictable: ref_count == 0 && cached
   };
   // The LRU order is a queue of pushes. A block leaving it early (reused by a hit) leaves a
@@ -118,6 +127,20 @@ class KvBlockManager {
 
   // Leading hit blocks of `hashes` (at most max_hit_tokens worth), into hit_ids_.
   void FindHits(std::span<const BlockHash> hashes, Tokens max_hit_tokens) const;
+  // The cached block holding `hash`, whose parent is the cached block `parent` (-1: the root),
+  // or -1.
+  BlockId CachedChild(BlockId parent, BlockHash hash) const {
+    if (parent >= 0) {
+      const BlockId c = blocks_[static_cast<std::size_t>(parent)].child;
+      if (c >= 0) {
+        const Block& b = blocks_[static_cast<std::size_t>(c)];
+        if (b.cached && b.hash == hash) return c;
+      }
+    }
+    return cached_.Find(hash);
+  }
+  // The cached block holding hashes[i], found from the root, or -1.
+  BlockId CachedAt(std::span<const BlockHash> hashes, std::size_t i) const;
   // Appends `n` blocks, each with one reference: released ones (last released first), never
   // used ones in id order, then the least recently used cached ones. Requires them.
   void TakeBlocks(std::int64_t n, std::vector<BlockId>* out);
@@ -143,7 +166,8 @@ class KvBlockManager {
   std::int64_t num_blocks_;
   std::vector<Block> blocks_;
   std::vector<BlockId> free_list_;  // released blocks, taken before never-used ones
-  BlockHashIndex cached_;
+  BlockHashIndex cached_;           // cached blocks that no parent links to
+  std::int64_t num_cached_ = 0;
   mutable std::vector<BlockId> hit_ids_;  // scratch for FindHits
   std::unordered_map<RequestId, TableEntry> tables_;
   std::vector<LruEntry> lru_;  // entries before lru_head_ are spent
