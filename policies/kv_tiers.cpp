@@ -87,6 +87,7 @@ void TierManager::Progress(InstanceId instance) {
       continue;
     }
     TierCounters& c = counters_[static_cast<std::size_t>(w.tier)];
+    ++changes_;
     for (std::size_t k = 0; k < w.hashes.size(); ++k) {
       PrefetchAhead(w.store, w.hashes, k);
       const BlockHash h = w.hashes[k];
@@ -133,6 +134,12 @@ TierHits TierManager::Lookup(InstanceId instance, std::span<const BlockHash> has
   const int node = NodeOf(instance);
   const auto end = std::min<std::int64_t>(static_cast<std::int64_t>(hashes.size()),
                                           first + std::max<std::int64_t>(0, max_blocks));
+  if (first < 0 || first >= end) return hits;
+  if (static_cast<std::size_t>(node) >= last_lookup_.size()) last_lookup_.resize(node + 1u);
+  LastLookup& last = last_lookup_[static_cast<std::size_t>(node)];
+  if (last.changes == changes_ && last.first == first && last.end == end &&
+      std::equal(last.read.begin(), last.read.end(), hashes.begin() + first))
+    return last.hits;
   const KvTierStore* s[kNumLowerTiers];
   for (int k = 0; k < kNumLowerTiers; ++k) s[k] = store(static_cast<TierKind>(k), node);
   for (std::int64_t i = first; i < end; ++i) {
@@ -145,6 +152,13 @@ TierHits TierManager::Lookup(InstanceId instance, std::span<const BlockHash> has
     if (found < 0) break;
     ++hits.blocks[static_cast<std::size_t>(found)];
   }
+  // What decided the result: the hits and the first block no tier holds.
+  const std::int64_t read = std::min(end, first + hits.total() + 1) - first;
+  last.changes = changes_;
+  last.first = first;
+  last.end = end;
+  last.read.assign(hashes.begin() + first, hashes.begin() + first + read);
+  last.hits = hits;
   return hits;
 }
 
@@ -221,6 +235,7 @@ void TierManager::Write(int kind, int node, InstanceId instance, int from,
   const auto tier = static_cast<TierKind>(kind);
   KvTierStore* s = Store(tier, node);
   TierCounters& c = counters_[static_cast<std::size_t>(kind)];
+  ++changes_;
   std::vector<BlockHash> accepted, evicted;
   for (std::size_t i = 0; i < hashes.size(); ++i) {
     PrefetchAhead(s, hashes, i);

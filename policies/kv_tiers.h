@@ -130,6 +130,15 @@ class TierManager {
     InstanceId owner;
     std::vector<BlockHash> hashes;
   };
+  // The last lookup on each node, with the hashes it read. A router asks for one request's
+  // blocks on every candidate instance in turn, mostly from the same first block, and a node's
+  // stores change only when a write starts or ends (changes_ counts those).
+  struct LastLookup {
+    std::uint64_t changes = ~std::uint64_t{0};
+    std::int64_t first = -1, end = -1;
+    std::vector<BlockHash> read;  // hashes[first, first + read.size())
+    TierHits hits;
+  };
   struct Load {
     LoadId id;
     struct Part {
@@ -164,6 +173,8 @@ class TierManager {
   std::vector<Load> loads_;
   LoadId next_load_ = 1;
   std::vector<BlockHash> scratch_;
+  std::uint64_t changes_ = 0;
+  mutable std::vector<LastLookup> last_lookup_;  // by node
 };
 
 }  // namespace duet::policies

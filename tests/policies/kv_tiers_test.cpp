@@ -79,6 +79,32 @@ TEST(TierManager, WriteThroughCopiesComputedBlocksDownAndShowsThemOnceWritten) {
   EXPECT_TRUE(m.CheckInvariants(true).ok()) << m.CheckInvariants(true).message();
 }
 
+// A router looks one request up on several instances of a node in a row: the manager reuses
+// its last lookup of a node, but never past a change of the stores or of the hashes.
+TEST(TierManager, RepeatedLookupsSeeEveryChangeOfTheStoresAndOfTheHashes) {
+  ListStorage storage;
+  TierManager m(Tiers(3, TierPlacement::kWriteThrough, 0, TierPlacement::kWriteThrough), &storage);
+  std::vector<BlockHash> prompt = {11, 12, 13};
+  m.OnComputed(0, prompt);
+  storage.CompleteAll();
+  m.Progress(0);
+  EXPECT_EQ(m.Lookup(0, prompt, 0, 100).total(), 3);
+  EXPECT_EQ(m.Lookup(0, prompt, 0, 100).total(), 3);
+  prompt[1] = 99;  // same vector, same place, other content
+  EXPECT_EQ(m.Lookup(0, prompt, 0, 100).total(), 1);
+  prompt[1] = 12;
+  EXPECT_EQ(m.Lookup(0, prompt, 1, 100).total(), 2);
+  EXPECT_EQ(m.Lookup(0, prompt, 0, 100).total(), 3);
+  // Writing three other blocks evicts all three (the write has only started: not readable).
+  m.OnComputed(0, std::vector<BlockHash>{21, 22, 23});
+  EXPECT_EQ(m.Lookup(0, prompt, 0, 100).total(), 0);
+  EXPECT_EQ(m.Lookup(0, std::vector<BlockHash>{21, 22, 23}, 0, 100).total(), 0);
+  storage.CompleteAll();
+  m.Progress(0);
+  EXPECT_EQ(m.Lookup(0, std::vector<BlockHash>{21, 22, 23}, 0, 100).total(), 3);
+  EXPECT_EQ(m.Lookup(1, std::vector<BlockHash>{21, 22, 23}, 0, 100).total(), 0);  // other node
+}
+
 TEST(TierManager, WriteBackCopiesDownOnlyWhatTheTierAboveEvicts) {
   ListStorage storage;
   TierManager m(Tiers(2, TierPlacement::kWriteBack, 8, TierPlacement::kWriteBack), &storage);
