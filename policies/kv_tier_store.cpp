@@ -2,6 +2,7 @@
 #include "policies/kv_tier_store.h"
 
 #include <algorithm>
+#include <array>
 
 namespace duet::policies {
 
@@ -112,7 +113,8 @@ bool KvTierStore::ArcReplace(bool hit_in_b2, std::vector<BlockHash>* evicted) {
   return EvictFrom(kT2, evicted) || EvictFrom(kT1, evicted);
 }
 
-KvTierStore::WriteStart KvTierStore::BeginWrite(BlockHash hash, std::vector<BlockHash>* evicted) {
+KvTierStore::WriteStart KvTierStore::BeginWrite(BlockHash hash, std::vector<BlockHash>* evicted,
+                                                std::int32_t* entry) {
   if (capacity_ == 0) return WriteStart::kNoRoom;
   List target = kMain;
   bool hit_in_b2 = false;
@@ -165,23 +167,24 @@ KvTierStore::WriteStart KvTierStore::BeginWrite(BlockHash hash, std::vector<Bloc
   slab_[static_cast<std::size_t>(e)].writing = true;
   PushMru(e, target);
   ++writing_;
+  if (entry) *entry = e;
   peak_used_ = std::max(peak_used_, used_blocks());
   return WriteStart::kStarted;
 }
 
-void KvTierStore::EndWrite(BlockHash hash) {
-  const std::int32_t e = entries_.Find(hash);
-  DUET_CHECK_MSG(e != BlockHashIndex::kAbsent, "EndWrite of a block that is not being written");
+void KvTierStore::EndWriteAt(std::int32_t e) {
+  DUET_CHECK_MSG(e >= 0 && static_cast<std::size_t>(e) < slab_.size(),
+                 "EndWrite of a block that is not being written");
   Entry& x = slab_[static_cast<std::size_t>(e)];
-  DUET_CHECK(x.writing);
+  DUET_CHECK_MSG(x.writing, "EndWrite of a block that is not being written");
   x.writing = false;
   --writing_;
 }
 
-void KvTierStore::AbortWrite(BlockHash hash) {
-  const std::int32_t e = entries_.Find(hash);
-  DUET_CHECK_MSG(e != BlockHashIndex::kAbsent, "AbortWrite of a block that is not being written");
-  DUET_CHECK(slab_[static_cast<std::size_t>(e)].writing);
+void KvTierStore::AbortWriteAt(std::int32_t e) {
+  DUET_CHECK_MSG(e >= 0 && static_cast<std::size_t>(e) < slab_.size() &&
+                     slab_[static_cast<std::size_t>(e)].writing,
+                 "AbortWrite of a block that is not being written");
   --writing_;
   DropEntry(e);
 }
@@ -226,36 +229,59 @@ std::vector<BlockHash> KvTierStore::EvictionOrder() const {
 }
 
 Status KvTierStore::CheckInvariants() const {
-  std::int64_t seen = 0, writing = 0, pinned = 0, ghosts = 0;
-  std::vector<char> listed(slab_.size(), 0);
-  for (int l = 0; l < kNumLists; ++l) {
-    std::int64_t n = 0;
-    for (std::int32_t e = lists_[l].head, prev = -1; e >= 0;
-         prev = e, e = slab_[static_cast<std::size_t>(e)].next) {
-      const Entry& x = slab_[static_cast<std::size_t>(e)];
-      if (x.prev != prev || x.list != l || listed[static_cast<std::size_t>(e)]++)
-        return Status::Error("tier list is broken");
-      const bool ghost = l == kB1 || l == kB2;
-      if (ghost && (x.writing || x.pins))
-        return Status::Error("a ghost entry is being written or read");
-      writing += x.writing;
-      pinned += x.pins > 0;
-      ghosts += ghost;
-      if (++n > static_cast<std::int64_t>(slab_.size())) return Status::Error("tier list cycle");
-    }
-    if (n != lists_[l].size) return Status::Error("tier list size does not match its list");
-    seen += n;
+  // One pass over the entries in slab order rather than a walk along each list (a chain of
+  // scattered loads through millions of entries, at the end of every tiered run): every entry
+  // in use is linked both ways with neighbours on its own list, the entries without a
+  // predecessor or successor are their list's ends, and the lists hold as many as they count.
+  // (A cycle detached from every list's ends would pass; each list has one head and one tail.)
+  const std::size_t n = slab_.size();
+  std::vector<char> free(n, 0);
+  for (std::int32_t e : free_slots_) {
+    if (e < 0 || static_cast<std::size_t>(e) >= n || free[static_cast<std::size_t>(e)]++)
+      return Status::Error("tier free slots are broken");
   }
-  // Each index entry names a listed entry holding its hash (one scan of the index rather than a
-  // lookup per listed entry: these stores hold millions). Distinct hashes name distinct
-  // entries, so with equal counts the index and the lists hold the same blocks.
+  auto neighbour = [&](std::int32_t e, List list) {
+    return e >= 0 && static_cast<std::size_t>(e) < n && !free[static_cast<std::size_t>(e)] &&
+           slab_[static_cast<std::size_t>(e)].list == list;
+  };
+  std::int64_t seen = 0, writing = 0, pinned = 0, ghosts = 0;
+  std::array<std::int64_t, kNumLists> counts{};
+  for (std::size_t i = 0; i < n; ++i) {
+    if (free[i]) continue;
+    const auto e = static_cast<std::int32_t>(i);
+    const Entry& x = slab_[i];
+    if (x.list >= kNumLists) return Status::Error("tier list is broken");
+    const ListHead& l = lists_[x.list];
+    const bool prev_ok =
+        x.prev < 0 ? l.head == e
+                   : neighbour(x.prev, x.list) && slab_[static_cast<std::size_t>(x.prev)].next == e;
+    const bool next_ok =
+        x.next < 0 ? l.tail == e
+                   : neighbour(x.next, x.list) && slab_[static_cast<std::size_t>(x.next)].prev == e;
+    if (!prev_ok || !next_ok) return Status::Error("tier list is broken");
+    const bool ghost = x.list == kB1 || x.list == kB2;
+    if (ghost && (x.writing || x.pins))
+      return Status::Error("a ghost entry is being written or read");
+    ++counts[x.list];
+    writing += x.writing;
+    pinned += x.pins > 0;
+    ghosts += ghost;
+    ++seen;
+  }
+  for (int l = 0; l < kNumLists; ++l) {
+    if (counts[static_cast<std::size_t>(l)] != lists_[l].size ||
+        (lists_[l].size == 0) != (lists_[l].head < 0 && lists_[l].tail < 0))
+      return Status::Error("tier list size does not match its list");
+  }
+  // Each index entry names an entry in use holding its hash (one scan of the index rather than a
+  // lookup per entry). Distinct hashes name distinct entries, so with equal counts the index
+  // and the lists hold the same blocks.
   if (seen != static_cast<std::int64_t>(entries_.size()))
     return Status::Error("tier index holds entries that are on no list");
   bool indexed = true;
   entries_.ForEach([&](BlockHash hash, std::int32_t e) {
     indexed = indexed && e >= 0 && static_cast<std::size_t>(e) < slab_.size() &&
-              listed[static_cast<std::size_t>(e)] &&
-              slab_[static_cast<std::size_t>(e)].hash == hash;
+              !free[static_cast<std::size_t>(e)] && slab_[static_cast<std::size_t>(e)].hash == hash;
   });
   if (!indexed) return Status::Error("tier list entry missing from the index");
   if (writing != writing_ || pinned != pinned_ || ghosts != ghosts_)

@@ -30,12 +30,17 @@ class KvTierStore {
     kNoRoom,   // full of blocks that cannot be evicted now (being written or read)
   };
   // Reserves room for `hash`, evicting as the policy says; evicted hashes are appended to
-  // `evicted` (they were readable and are gone now).
-  WriteStart BeginWrite(BlockHash hash, std::vector<BlockHash>* evicted);
+  // `evicted` (they were readable and are gone now). When started, `*entry` (if given) names
+  // the block's entry until its write ends: EndWrite and AbortWrite take it instead of the
+  // hash, saving a lookup in an index of millions.
+  WriteStart BeginWrite(BlockHash hash, std::vector<BlockHash>* evicted,
+                        std::int32_t* entry = nullptr);
   // The write of `hash` finished: the block becomes readable (and evictable once unpinned).
-  void EndWrite(BlockHash hash);
+  void EndWrite(BlockHash hash) { EndWriteAt(Find(hash)); }
+  void EndWriteAt(std::int32_t entry);
   // The write of `hash` failed: its room is released and it never becomes readable.
-  void AbortWrite(BlockHash hash);
+  void AbortWrite(BlockHash hash) { AbortWriteAt(Find(hash)); }
+  void AbortWriteAt(std::int32_t entry);
 
   // Readable: written completely and not evicted since.
   bool Contains(BlockHash hash) const;
@@ -52,8 +57,8 @@ class KvTierStore {
   // index probe begins, or (once that is loaded) its entry. A store of millions of blocks
   // misses the cache on both; a loop issues them a few blocks ahead so the misses overlap.
   void PrefetchSlot(BlockHash hash) const { entries_.Prefetch(hash); }
-  void PrefetchEntry(BlockHash hash) const {
-    const std::int32_t e = entries_.Find(hash);
+  void PrefetchEntry(BlockHash hash) const { PrefetchEntryAt(entries_.Find(hash)); }
+  void PrefetchEntryAt(std::int32_t e) const {
     if (e != BlockHashIndex::kAbsent) __builtin_prefetch(&slab_[static_cast<std::size_t>(e)]);
   }
   std::int64_t writing_blocks() const { return writing_; }

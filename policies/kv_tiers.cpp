@@ -88,14 +88,13 @@ void TierManager::Progress(InstanceId instance) {
     }
     TierCounters& c = counters_[static_cast<std::size_t>(w.tier)];
     ++changes_;
-    for (std::size_t k = 0; k < w.hashes.size(); ++k) {
-      PrefetchAhead(w.store, w.hashes, k);
-      const BlockHash h = w.hashes[k];
+    for (std::size_t k = 0; k < w.entries.size(); ++k) {
+      if (k + kAhead < w.entries.size()) w.store->PrefetchEntryAt(w.entries[k + kAhead]);
       if (status == TransferStatus::kDone) {
-        w.store->EndWrite(h);
+        w.store->EndWriteAt(w.entries[k]);
         ++c.written_blocks;
       } else {
-        w.store->AbortWrite(h);
+        w.store->AbortWriteAt(w.entries[k]);
       }
     }
     // Order does not matter: swap-remove.
@@ -237,12 +236,15 @@ void TierManager::Write(int kind, int node, InstanceId instance, int from,
   TierCounters& c = counters_[static_cast<std::size_t>(kind)];
   ++changes_;
   std::vector<BlockHash> accepted, evicted;
+  std::vector<std::int32_t> entries;
   for (std::size_t i = 0; i < hashes.size(); ++i) {
     PrefetchAhead(s, hashes, i);
     const BlockHash h = hashes[i];
-    switch (s->BeginWrite(h, &evicted)) {
+    std::int32_t entry = -1;
+    switch (s->BeginWrite(h, &evicted, &entry)) {
       case KvTierStore::WriteStart::kStarted:
         accepted.push_back(h);
+        entries.push_back(entry);
         break;
       case KvTierStore::WriteStart::kPresent:
         break;
@@ -272,7 +274,7 @@ void TierManager::Write(int kind, int node, InstanceId instance, int from,
     if (static_cast<std::size_t>(owner) >= pending_writes_.size())
       pending_writes_.resize(static_cast<std::size_t>(owner) + 1);
     pending_writes_[static_cast<std::size_t>(owner)].push_back(
-        {id, s, tier, owner, std::move(accepted)});
+        {id, s, tier, owner, std::move(entries)});
     ++num_pending_writes_;
   }
   // Write-back below: what this tier evicted moves down.
