@@ -246,7 +246,14 @@ Status KvTierStore::CheckInvariants() const {
   };
   std::int64_t seen = 0, writing = 0, pinned = 0, ghosts = 0;
   std::array<std::int64_t, kNumLists> counts{};
+  constexpr std::size_t kAhead = 8;  // its scattered loads (neighbours, index slots) start early
   for (std::size_t i = 0; i < n; ++i) {
+    if (i + kAhead < n && !free[i + kAhead]) {
+      const Entry& ahead = slab_[i + kAhead];
+      if (ahead.prev >= 0) __builtin_prefetch(&slab_[static_cast<std::size_t>(ahead.prev)]);
+      if (ahead.next >= 0) __builtin_prefetch(&slab_[static_cast<std::size_t>(ahead.next)]);
+      entries_.Prefetch(ahead.hash);
+    }
     if (free[i]) continue;
     const auto e = static_cast<std::int32_t>(i);
     const Entry& x = slab_[i];
@@ -259,6 +266,7 @@ Status KvTierStore::CheckInvariants() const {
         x.next < 0 ? l.tail == e
                    : neighbour(x.next, x.list) && slab_[static_cast<std::size_t>(x.next)].prev == e;
     if (!prev_ok || !next_ok) return Status::Error("tier list is broken");
+    if (entries_.Find(x.hash) != e) return Status::Error("tier list entry missing from the index");
     const bool ghost = x.list == kB1 || x.list == kB2;
     if (ghost && (x.writing || x.pins))
       return Status::Error("a ghost entry is being written or read");
@@ -273,17 +281,9 @@ Status KvTierStore::CheckInvariants() const {
         (lists_[l].size == 0) != (lists_[l].head < 0 && lists_[l].tail < 0))
       return Status::Error("tier list size does not match its list");
   }
-  // Each index entry names an entry in use holding its hash (one scan of the index rather than a
-  // lookup per entry). Distinct hashes name distinct entries, so with equal counts the index
-  // and the lists hold the same blocks.
+  // Every entry in use is indexed under its hash: with equal counts, the index holds nothing else.
   if (seen != static_cast<std::int64_t>(entries_.size()))
     return Status::Error("tier index holds entries that are on no list");
-  bool indexed = true;
-  entries_.ForEach([&](BlockHash hash, std::int32_t e) {
-    indexed = indexed && e >= 0 && static_cast<std::size_t>(e) < slab_.size() &&
-              !free[static_cast<std::size_t>(e)] && slab_[static_cast<std::size_t>(e)].hash == hash;
-  });
-  if (!indexed) return Status::Error("tier list entry missing from the index");
   if (writing != writing_ || pinned != pinned_ || ghosts != ghosts_)
     return Status::Error("tier counters do not match the lists");
   if (used_blocks() > capacity_)
