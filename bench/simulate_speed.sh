@@ -6,12 +6,13 @@
 # on the same inputs; the same simulation with decode-step coalescing off (one engine step
 # per simulated event); for the clusters with KV tiers, the same cluster without tiers.
 # Usage: bench/simulate_speed.sh [REPEATS] [PREV_COMMIT]
-#   (median of REPEATS runs, default 3; PREV_COMMIT default 05a30f1, main before issue 12;
-#    "none" skips the previous version)
+#   (median of REPEATS runs, default 3; PREV_COMMIT default 8a629b9, main before the
+#    2026-11-24 speed work of issue 12; it must read today's cluster files (fitted cost models
+#    came in after 05a30f1); "none" skips the previous version)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 REPEATS="${1:-3}"
-PREV_COMMIT="${2:-05a30f1}"
+PREV_COMMIT="${2:-8a629b9}"
 TRACE=../shared/traces/mooncake_conversation.jsonl
 DUET=build/bin/duet
 [ -x "$DUET" ] || { echo "build first: scripts/setup.sh" >&2; exit 1; }
