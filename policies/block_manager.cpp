@@ -18,9 +18,11 @@ KvBlockManager::KvBlockManager(std::int64_t num_blocks, Tokens block_tokens,
 }
 
 namespace {
-// How many iterations ahead the per-block loops prefetch: the blocks' records and index slots
-// are scattered (cache misses), the loops' iterations otherwise independent.
+// How many iterations ahead the per-block loops prefetch: the blocks' records are scattered
+// (cache misses), the loops' iterations otherwise independent.
 constexpr std::size_t kAhead = 8;
+// Dead LRU queue entries are dropped in bulk once there are at least this many.
+constexpr std::int64_t kMinDeadEntries = 1024;
 }  // namespace
 
 std::int64_t KvBlockManager::CachedPrefixBlocks(std::span<const BlockHash> hashes) const {
@@ -205,8 +207,7 @@ void KvBlockManager::TakeBlocks(std::int64_t n, std::vector<BlockId>* out) {
 void KvBlockManager::Evict(std::int64_t n, std::vector<BlockId>* out) {
   if (n <= 0) return;
   DUET_CHECK(n <= lru_size());
-  // Victims in queue order, their records loaded ahead; then their index entries erased, the
-  // slots loaded ahead.
+  // Victims in queue order, their records loaded ahead; then they leave the cache.
   const std::size_t first = out->size();
   std::size_t i = lru_head_;
   for (std::int64_t taken = 0; taken < n; ++i) {
@@ -223,7 +224,8 @@ void KvBlockManager::Evict(std::int64_t n, std::vector<BlockId>* out) {
   lru_head_ = i;
   for (std::size_t k = first; k < out->size(); ++k) {
     Block& b = blocks_[static_cast<std::size_t>((*out)[k])];
-    // A linked block's parent outlives it in the cache: nothing links to it once it goes.
+    // A linked block goes before its parent, whose link then names a block that no longer
+    // holds that hash: links are checked when followed, so nothing needs unlinking.
     if (b.indexed) cached_.Erase(b.hash);
     if (event_log_) event_log_->push_back({b.hash, false});
     b.hash = 0;
@@ -265,11 +267,11 @@ void KvBlockManager::CompactLru() {
   // Spent entries go once they are most of the array; stale ones once they outnumber the live
   // ones. Either way each entry is moved O(1) times on average.
   const std::size_t pending = lru_.size() - lru_head_;
-  if (lru_head_ > pending && lru_head_ > kInitialIndexEntries) {
+  if (lru_head_ > pending && static_cast<std::int64_t>(lru_head_) > kMinDeadEntries) {
     lru_.erase(lru_.begin(), lru_.begin() + static_cast<std::ptrdiff_t>(lru_head_));
     lru_head_ = 0;
   }
-  if (lru_stale_ > std::max<std::int64_t>(lru_size(), kInitialIndexEntries)) {
+  if (lru_stale_ > std::max(lru_size(), kMinDeadEntries)) {
     std::size_t kept = 0;
     for (std::size_t i = lru_head_; i < lru_.size(); ++i) {
       if (i + kAhead < lru_.size()) Prefetch(lru_[i + kAhead].id);

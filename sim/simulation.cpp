@@ -64,8 +64,9 @@ class SimInbox {
   // Called by the receiving instance only.
   bool TryReceive(EngineMessage* message);
   // The communication whose end lets TryReceive take a message: the oldest message's, or with
-  // none in flight the doorbell's receive. `waiting`: the receiver blocks until then.
+  // none in flight the doorbell's receive (posted now if need be).
   const sg4::CommPtr& Waitable();
+  // Set while the receiver blocks on Waitable(): with none in flight, a sender rings the bell.
   void set_waiting(bool waiting) { waiting_ = waiting; }
 
  private:
