@@ -117,17 +117,22 @@ def start_worker(server, model, role):
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
 
-def run_in_bursts(pid, condition, timeout=30):
-    """Lets a stopped process run in bursts of about a millisecond until condition() holds, and
-    leaves it stopped: it gets little further than the condition (the tiny model streams 200
-    tokens in a few milliseconds, which one longer run on a loaded machine would finish)."""
+def run_in_bursts(pid, condition, progress, timeout=30):
+    """Lets a stopped process run in bursts until condition() holds, and leaves it stopped: it
+    gets little further than the condition. The tiny model streams a reply in a few
+    milliseconds, so a burst starts as short as two signals in a row and lengthens (to 1 ms at
+    most) only while progress() does not move; a loaded machine may not run it that briefly."""
     deadline = time.monotonic() + timeout
+    burst = 0.0
     while not condition():
         assert time.monotonic() < deadline, "the stopped process never got there"
+        before = progress()
         os.kill(pid, signal.SIGCONT)
-        time.sleep(0.001)
+        if burst:
+            time.sleep(burst)
         os.kill(pid, signal.SIGSTOP)
         time.sleep(0.005)
+        burst = 0.0 if progress() != before else min(max(2 * burst, 1e-4), 1e-3)
 
 
 def wait_up(server, instance, joins, timeout=60):
@@ -154,7 +159,8 @@ def test_sigkill_a_decode_worker_mid_stream_then_restart_it(tiny_model, start_se
     streams = Streams(s, MAX_TOKENS)
     waiting = streams.wait_half_done()
     assert all(streams.tokens[i] == 0 for i in waiting), streams.tokens
-    run_in_bursts(victim, lambda: all(streams.tokens[i] > 0 for i in waiting))
+    run_in_bursts(victim, lambda: all(streams.tokens[i] > 0 for i in waiting),
+                  lambda: sum(streams.tokens[i] for i in waiting))
     time.sleep(0.2)  # what it sent before it stopped arrives
     assert any(streams.reasons[i] is None for i in waiting), streams.tokens
     os.kill(victim, signal.SIGKILL)
