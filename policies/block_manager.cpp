@@ -27,26 +27,13 @@ constexpr std::int64_t kMinDeadEntries = 1024;
 
 std::int64_t KvBlockManager::CachedPrefixBlocks(std::span<const BlockHash> hashes) const {
   if (!enable_prefix_caching_) return 0;
-  std::size_t n = 0;
-  for (BlockId at = -1; n < hashes.size(); ++n) {
-    at = CachedChild(at, hashes[n]);
-    if (at < 0) break;
-  }
-  return static_cast<std::int64_t>(n);
+  WalkCached(hashes, hashes.size());
+  return static_cast<std::int64_t>(hit_ids_.size());
 }
 
-KvBlockManager::BlockId KvBlockManager::CachedAt(std::span<const BlockHash> hashes,
-                                                 std::size_t i) const {
-  BlockId at = -1;
-  for (std::size_t k = 0; k <= i && (k == 0 || at >= 0); ++k) at = CachedChild(at, hashes[k]);
-  return at;
-}
-
-void KvBlockManager::FindHits(std::span<const BlockHash> hashes, Tokens max_hit_tokens) const {
+void KvBlockManager::WalkCached(std::span<const BlockHash> hashes, std::size_t limit) const {
   hit_ids_.clear();
-  if (!enable_prefix_caching_) return;
-  const auto limit = std::min<std::size_t>(
-      hashes.size(), static_cast<std::size_t>(std::max<Tokens>(0, max_hit_tokens) / block_tokens_));
+  limit = std::min(limit, hashes.size());
   for (BlockId at = -1; hit_ids_.size() < limit;) {
     at = CachedChild(at, hashes[hit_ids_.size()]);
     if (at < 0) break;
@@ -56,7 +43,10 @@ void KvBlockManager::FindHits(std::span<const BlockHash> hashes, Tokens max_hit_
 
 std::int64_t KvBlockManager::BlocksNeeded(std::span<const BlockHash> hashes, Tokens tokens,
                                           Tokens max_hit_tokens) const {
-  FindHits(hashes, max_hit_tokens);
+  hit_ids_.clear();
+  if (enable_prefix_caching_)
+    WalkCached(hashes,
+               static_cast<std::size_t>(std::max<Tokens>(0, max_hit_tokens) / block_tokens_));
   // Hit blocks that sit in the LRU stop being available once referenced.
   std::int64_t hit_evictable = 0;
   for (BlockId id : hit_ids_) hit_evictable += blocks_[static_cast<std::size_t>(id)].ref_count == 0;
@@ -137,7 +127,10 @@ void KvBlockManager::Register(RequestId request, std::span<const BlockHash> hash
       parent = entry.blocks[k - 1];
       const Block& p = blocks_[static_cast<std::size_t>(parent)];
       link = p.cached && p.hash == hashes[k - 1];
-      if (!link) parent = CachedAt(hashes, k - 1);
+      if (!link) {
+        WalkCached(hashes, k);
+        parent = hit_ids_.size() == k ? hit_ids_.back() : -1;
+      }
     }
     // Another request computed the same block concurrently: keep the first copy cached; this
     // one stays private and returns to the free list when released.

@@ -125,8 +125,8 @@ class KvBlockManager {
     std::int64_t registered = 0;  // leading blocks already offered to the cache
   };
 
-  // Leading hit blocks of `hashes` (at most max_hit_tokens worth), into hit_ids_.
-  void FindHits(std::span<const BlockHash> hashes, Tokens max_hit_tokens) const;
+  // The cached blocks holding the leading `hashes` (at most `limit`), into hit_ids_.
+  void WalkCached(std::span<const BlockHash> hashes, std::size_t limit) const;
   // The cached block holding `hash`, whose parent is the cached block `parent` (-1: the root),
   // or -1.
   BlockId CachedChild(BlockId parent, BlockHash hash) const {
@@ -139,8 +139,6 @@ class KvBlockManager {
     }
     return cached_.Find(hash);
   }
-  // The cached block holding hashes[i], found from the root, or -1.
-  BlockId CachedAt(std::span<const BlockHash> hashes, std::size_t i) const;
   // Appends `n` blocks, each with one reference: released ones (last released first), never
   // used ones in id order, then the least recently used cached ones. Requires them.
   void TakeBlocks(std::int64_t n, std::vector<BlockId>* out);
@@ -168,7 +166,7 @@ class KvBlockManager {
   std::vector<BlockId> free_list_;  // released blocks, taken before never-used ones
   BlockHashIndex cached_;           // cached blocks that no parent links to
   std::int64_t num_cached_ = 0;
-  mutable std::vector<BlockId> hit_ids_;  // scratch for FindHits
+  mutable std::vector<BlockId> hit_ids_;  // scratch for WalkCached
   std::unordered_map<RequestId, TableEntry> tables_;
   std::vector<LruEntry> lru_;  // entries before lru_head_ are spent
   std::size_t lru_head_ = 0;
