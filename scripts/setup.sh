@@ -18,6 +18,7 @@ PACKAGES=(
   libgtest-dev libgmock-dev      # the test suite
   libbenchmark-dev               # kernel micro-benchmarks (bench/)
   libdnnl-dev                    # oneDNN: the CPU backend's prefill matrix multiplies
+  ocl-icd-opencl-dev             # OpenCL headers and loader: Debian's oneDNN CMake config requires them (a Recommends of libdnnl-dev)
   libeigen3-dev                  # least squares for the step-cost fit (duet calibrate)
   libucx-dev                     # optional UCX KV transport (found and reported by CMake)
   clang libclang-rt-14-dev       # scripts/sanitize.sh and scripts/fuzz.sh: ASan, UBSan, libFuzzer
