@@ -1,10 +1,12 @@
 // One KV tier's contents: LRU and ARC eviction order on hand-built cases, blocks readable only
 // once their write finished, in-flight and pinned blocks never evicted, and a random workload
-// against a shadow model (nothing readable that was never written, capacity never exceeded).
+// against a shadow model (nothing readable that was never written, capacity never exceeded,
+// LRU order kept).
 #include "policies/kv_tier_store.h"
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <random>
 #include <set>
 
@@ -111,11 +113,15 @@ TEST(KvTierStore, ArcAdaptsItsTargetOnGhostHits) {
 
 // Random operations against a shadow of what was written and not evicted since: a block is
 // readable exactly when the shadow says so, and the store never holds more than its capacity.
+// Under LRU the shadow also keeps the recency order, which the store's eviction order must
+// equal.
 TEST(KvTierStore, RandomWorkloadMatchesShadowModel) {
   for (EvictionPolicy policy : {EvictionPolicy::kLru, EvictionPolicy::kArc}) {
     SCOPED_TRACE(ToString(policy));
     constexpr std::int64_t kCapacity = 24;
     KvTierStore s(kCapacity, policy);
+    std::vector<BlockHash> recency;  // LRU: readable and in-flight blocks, least recent first
+    auto forget = [&](BlockHash h) { recency.erase(std::find(recency.begin(), recency.end(), h)); };
     std::mt19937_64 rng(42);
     std::set<BlockHash> readable, writing;
     std::multiset<BlockHash> pins;
@@ -131,8 +137,12 @@ TEST(KvTierStore, RandomWorkloadMatchesShadowModel) {
             ASSERT_TRUE(readable.count(e)) << "evicted a block that was not readable: " << e;
             ASSERT_FALSE(pins.count(e)) << "evicted a pinned block: " << e;
             readable.erase(e);
+            forget(e);
           }
-          if (st == Start::kStarted) writing.insert(h);
+          if (st == Start::kStarted) {
+            writing.insert(h);
+            recency.push_back(h);
+          }
           if (st == Start::kPresent) {
             ASSERT_TRUE(readable.count(h) || writing.count(h));
           }
@@ -144,6 +154,7 @@ TEST(KvTierStore, RandomWorkloadMatchesShadowModel) {
             writing.erase(w);
             if (rng() % 10 == 0) {
               s.AbortWrite(w);
+              forget(w);
             } else {
               s.EndWrite(w);
               readable.insert(w);
@@ -154,6 +165,8 @@ TEST(KvTierStore, RandomWorkloadMatchesShadowModel) {
           if (readable.count(h)) {
             s.PinForRead(h);
             pins.insert(h);
+            forget(h);
+            recency.push_back(h);
           }
           break;
         case 4:
@@ -166,6 +179,9 @@ TEST(KvTierStore, RandomWorkloadMatchesShadowModel) {
       for (BlockHash x = 1; x <= 80; ++x) ASSERT_EQ(s.Contains(x), readable.count(x) == 1) << x;
       ASSERT_LE(s.used_blocks(), kCapacity);
       ASSERT_EQ(s.used_blocks(), static_cast<std::int64_t>(readable.size() + writing.size()));
+      if (policy == EvictionPolicy::kLru) {
+        ASSERT_EQ(s.EvictionOrder(), recency);
+      }
       if (step % 97 == 0) {
         ASSERT_TRUE(s.CheckInvariants().ok()) << s.CheckInvariants().message();
       }
