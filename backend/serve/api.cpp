@@ -187,11 +187,12 @@ GenerationCall::GenerationCall(const GenerationParams& params,
       formatter_(params.endpoint,
                  NewReplyId(params.endpoint == Endpoint::kChatCompletions ? "chatcmpl-" : "cmpl-"),
                  static_cast<std::int64_t>(std::time(nullptr)), model_->name,
-                 params.stream && params.include_usage),
+                 params.stream && params.include_usage, params.return_token_ids),
       text_(model_->tokenizer, params.stop, params.skip_special_tokens),
       stream_(params.stream),
       include_usage_(params.stream && params.include_usage),
-      continuous_usage_(include_usage_ && params.continuous_usage_stats) {}
+      continuous_usage_(include_usage_ && params.continuous_usage_stats),
+      return_token_ids_(params.return_token_ids) {}
 
 std::variant<std::shared_ptr<GenerationCall>, ApiError> GenerationCall::Start(
     const GenerationParams& params, std::shared_ptr<const ServedModel> model, Post post,
@@ -247,6 +248,8 @@ void GenerationCall::Pump() {
   if (finished_ || cancelled_) return;
   std::string text;
   for (std::int32_t token : tokens) {
+    // A token after a stop string's match is not counted, nor returned.
+    if (return_token_ids_ && !text_.stopped()) ids_.push_back(token);
     text += text_.Push(token);
     if (text_.stopped() && !aborted_for_stop_) {
       // The stop string ends the request here; the engine frees its blocks at the next step
@@ -258,8 +261,9 @@ void GenerationCall::Pump() {
   if (stream_) {
     if (!text.empty()) {
       const Usage so_far = UsageSoFar();
-      deliver_(
-          {formatter_.TextChunk(text, continuous_usage_ ? &so_far : nullptr), false, 200, false});
+      deliver_({formatter_.TextChunk(text, continuous_usage_ ? &so_far : nullptr, ids_), false, 200,
+                false});
+      ids_.clear();
     }
   } else {
     whole_text_ += text;
@@ -301,11 +305,12 @@ void GenerationCall::Finish(const FinishInfo& info) {
   duet.queue_ms = info.queue_s >= 0 ? info.queue_s * 1000.0 : -1;
   duet.instance = info.instance;
   if (!stream_) {
-    deliver_({formatter_.FullReply(whole_text_ + tail, reason, usage, duet), true, 200, false});
+    deliver_(
+        {formatter_.FullReply(whole_text_ + tail, reason, usage, duet, ids_), true, 200, false});
     return;
   }
-  deliver_({formatter_.FinishChunk(tail, reason, duet, continuous_usage_ ? &usage : nullptr), false,
-            200, false});
+  deliver_({formatter_.FinishChunk(tail, reason, duet, continuous_usage_ ? &usage : nullptr, ids_),
+            false, 200, false});
   if (include_usage_) deliver_({formatter_.UsageChunk(usage, duet), false, 200, false});
   deliver_({std::string(kDone), true, 200, true});
 }

@@ -105,6 +105,10 @@ class GenerationCall {
   bool continuous_usage_;  // every chunk carries the usage so far
   Tokens prompt_tokens_ = 0;
   std::string whole_text_;  // not streamed: the text so far
+  bool return_token_ids_;
+  // return_token_ids: ids of the tokens counted into the reply and not yet in a chunk (all of
+  // them, not streamed); a chunk whose text is held back leaves its ids to the next one.
+  std::vector<std::int32_t> ids_;
   policies::RequestId id_ = 0;
   bool aborted_for_stop_ = false;
   bool finished_ = false;

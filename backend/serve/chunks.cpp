@@ -16,12 +16,13 @@ namespace duet::backend::serve {
 using json = nlohmann::ordered_json;
 
 ReplyFormatter::ReplyFormatter(Endpoint endpoint, std::string id, std::int64_t created,
-                               std::string model, bool include_usage)
+                               std::string model, bool include_usage, bool token_ids)
     : endpoint_(endpoint),
       id_(std::move(id)),
       created_(created),
       model_(std::move(model)),
-      include_usage_(include_usage) {
+      include_usage_(include_usage),
+      token_ids_(token_ids) {
   BuildTextTemplate();
 }
 
@@ -46,8 +47,8 @@ json ReplyFormatter::Envelope(bool chunk) const {
   return json{{"id", id_}, {"object", object}, {"created", created_}, {"model", model_}};
 }
 
-json ReplyFormatter::Choice(std::string_view text, const json& finish_reason, bool role,
-                            bool chunk) const {
+json ReplyFormatter::Choice(std::string_view text, const json& finish_reason, bool role, bool chunk,
+                            std::span<const std::int32_t> ids) const {
   json choice = {{"index", 0}};
   if (endpoint_ == Endpoint::kCompletions) {
     choice["text"] = text;
@@ -61,6 +62,7 @@ json ReplyFormatter::Choice(std::string_view text, const json& finish_reason, bo
   }
   choice["logprobs"] = nullptr;
   choice["finish_reason"] = finish_reason;
+  if (token_ids_) choice["token_ids"] = json(std::vector<std::int32_t>(ids.begin(), ids.end()));
   return choice;
 }
 
@@ -71,11 +73,13 @@ std::string ReplyFormatter::RoleChunk() const {
   return DumpJson(out);
 }
 
-std::string ReplyFormatter::TextChunk(std::string_view text, const Usage* usage) const {
-  if (text.empty()) {
-    // A chat delta without content has another shape: the general path.
+std::string ReplyFormatter::TextChunk(std::string_view text, const Usage* usage,
+                                      std::span<const std::int32_t> ids) const {
+  if (text.empty() || token_ids_) {
+    // A chat delta without content has another shape, and token ids another tail: the general
+    // path.
     json out = Envelope(true);
-    out["choices"] = json::array({Choice(text, nullptr, false, true)});
+    out["choices"] = json::array({Choice(text, nullptr, false, true, ids)});
     if (include_usage_) out["usage"] = usage ? UsageJson(*usage) : json(nullptr);
     return DumpJson(out);
   }
@@ -102,9 +106,10 @@ std::string ReplyFormatter::TextChunk(std::string_view text, const Usage* usage)
 }
 
 std::string ReplyFormatter::FinishChunk(std::string_view text, std::string_view finish_reason,
-                                        const DuetExtension& duet, const Usage* usage) const {
+                                        const DuetExtension& duet, const Usage* usage,
+                                        std::span<const std::int32_t> ids) const {
   json out = Envelope(true);
-  out["choices"] = json::array({Choice(text, json(finish_reason), false, true)});
+  out["choices"] = json::array({Choice(text, json(finish_reason), false, true, ids)});
   if (include_usage_) {
     out["usage"] = usage ? UsageJson(*usage) : json(nullptr);
   } else {
@@ -122,9 +127,10 @@ std::string ReplyFormatter::UsageChunk(const Usage& usage, const DuetExtension& 
 }
 
 std::string ReplyFormatter::FullReply(std::string_view text, std::string_view finish_reason,
-                                      const Usage& usage, const DuetExtension& duet) const {
+                                      const Usage& usage, const DuetExtension& duet,
+                                      std::span<const std::int32_t> ids) const {
   json out = Envelope(false);
-  out["choices"] = json::array({Choice(text, json(finish_reason), false, false)});
+  out["choices"] = json::array({Choice(text, json(finish_reason), false, false, ids)});
   out["usage"] = UsageJson(usage);
   out["duet"] = DuetJson(duet);
   return DumpJson(out);

@@ -1,13 +1,15 @@
 // The JSON of OpenAI replies, streamed and not: completion and chat-completion chunks (role
 // first, then content deltas, finish_reason null until the last), the usage chunk, whole
 // replies, and Duet's "duet" extension field (queue_ms, instance) in the final chunk and in
-// whole replies; plus the SSE framing. Pure formatting: no I/O, no state beyond the reply's
-// identity. Not thread-safe (one request's replies, from one thread).
+// whole replies; with vLLM's return_token_ids, each choice also carries the ids of the tokens
+// its text came from ("token_ids"); plus the SSE framing. Pure formatting: no I/O, no state beyond
+// the reply's identity. Not thread-safe (one request's replies, from one thread).
 #pragma once
 
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 
@@ -30,24 +32,27 @@ struct DuetExtension {
 class ReplyFormatter {
  public:
   // `id` is the reply's id ("cmpl-..." / "chatcmpl-..."), `created` Unix seconds.
+  // `token_ids`: choices carry "token_ids" (the ids given to each call below; ignored else).
   ReplyFormatter(Endpoint endpoint, std::string id, std::int64_t created, std::string model,
-                 bool include_usage);
+                 bool include_usage, bool token_ids = false);
 
   // Streamed chunks, each one JSON object (serialized):
   // chat only, first: the assistant role with empty content.
   std::string RoleChunk() const;
   // A piece of text, finish_reason null. `usage` (continuous usage stats, with include_usage):
   // the usage so far; else the chunk's usage is null.
-  std::string TextChunk(std::string_view text, const Usage* usage = nullptr) const;
+  std::string TextChunk(std::string_view text, const Usage* usage = nullptr,
+                        std::span<const std::int32_t> ids = {}) const;
   // The last choice chunk: the rest of the text (may be empty) and the finish reason. Carries
   // `duet` unless include_usage (then the usage chunk, which follows, does). `usage` as above.
   std::string FinishChunk(std::string_view text, std::string_view finish_reason,
-                          const DuetExtension& duet, const Usage* usage = nullptr) const;
+                          const DuetExtension& duet, const Usage* usage = nullptr,
+                          std::span<const std::int32_t> ids = {}) const;
   // include_usage: empty choices, the usage, and `duet`.
   std::string UsageChunk(const Usage& usage, const DuetExtension& duet) const;
   // Not streamed: the whole reply with usage and `duet`.
   std::string FullReply(std::string_view text, std::string_view finish_reason, const Usage& usage,
-                        const DuetExtension& duet) const;
+                        const DuetExtension& duet, std::span<const std::int32_t> ids = {}) const;
 
  private:
   nlohmann::ordered_json Envelope(bool chunk) const;
@@ -56,13 +61,15 @@ class ReplyFormatter {
   // chunk of each token costs one string escape, not a JSON document.
   void BuildTextTemplate();
   nlohmann::ordered_json Choice(std::string_view text, const nlohmann::ordered_json& finish_reason,
-                                bool role, bool chunk) const;
+                                bool role, bool chunk,
+                                std::span<const std::int32_t> ids = {}) const;
 
   Endpoint endpoint_;
   std::string id_;
   std::int64_t created_;
   std::string model_;
   bool include_usage_;
+  bool token_ids_;
   std::string text_head_, text_tail_;
 };
 

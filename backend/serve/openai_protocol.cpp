@@ -297,6 +297,9 @@ std::map<std::string, FieldReader> CommonFields() {
   f["ignore_eos"] = [](const json& v, GenerationParams* out) {
     return ReadBool(v, "ignore_eos", &out->ignore_eos);
   };
+  f["return_token_ids"] = [](const json& v, GenerationParams* out) {
+    return ReadBool(v, "return_token_ids", &out->return_token_ids);
+  };
   f["skip_special_tokens"] = [](const json& v, GenerationParams* out) {
     return ReadBool(v, "skip_special_tokens", &out->skip_special_tokens);
   };

@@ -66,6 +66,9 @@ struct GenerationParams {
   // vLLM's extension: with include_usage, every streamed chunk carries the usage so far.
   bool continuous_usage_stats = false;
   bool stream_options_given = false;  // refused unless the request streams (api.h decides)
+  // vLLM's extension: each choice carries the ids of its tokens ("token_ids"), so a client can
+  // continue the conversation with exactly the tokens generated (duet replay's sessions).
+  bool return_token_ids = false;
 };
 
 // Limits on what a request may ask for (beyond the model's own, checked later).

@@ -26,6 +26,25 @@ TEST(Chunks, CompletionStreamWithoutUsage) {
             0u);
 }
 
+// vLLM's return_token_ids: each choice carries the ids its text came from (none: an empty list).
+TEST(Chunks, TokenIdsInEveryChoiceWhenAskedFor) {
+  ReplyFormatter f(Endpoint::kCompletions, "cmpl-1", 1, "tiny", false, /*token_ids=*/true);
+  const std::vector<std::int32_t> ids = {17, 4};
+  EXPECT_EQ(json::parse(f.TextChunk("Hel", nullptr, ids)), json::parse(R"({
+    "id": "cmpl-1", "object": "text_completion", "created": 1, "model": "tiny",
+    "choices": [{"index": 0, "text": "Hel", "logprobs": null, "finish_reason": null,
+                 "token_ids": [17, 4]}]})"));
+  EXPECT_EQ(json::parse(f.FinishChunk("", "length", {1, 0}))["choices"][0]["token_ids"],
+            json::array());
+  EXPECT_EQ(
+      json::parse(f.FullReply("Hel", "length", {3, 2, 0}, {1, 0}, ids))["choices"][0]["token_ids"],
+      json::parse("[17, 4]"));
+  // Not asked for: no such field, whatever ids are given.
+  ReplyFormatter plain(Endpoint::kCompletions, "cmpl-1", 1, "tiny", false);
+  EXPECT_FALSE(
+      json::parse(plain.TextChunk("Hel", nullptr, ids))["choices"][0].contains("token_ids"));
+}
+
 TEST(Chunks, ChatStreamWithUsage) {
   ReplyFormatter f(Endpoint::kChatCompletions, "chatcmpl-2", 5, "m", true);
   EXPECT_EQ(json::parse(f.RoleChunk()), json::parse(R"({

@@ -73,6 +73,7 @@ TEST(OpenAiProtocol, SamplingAndStopFields) {
                                                   {"stop", {"a", "bc"}},
                                                   {"stop_token_ids", {9}},
                                                   {"ignore_eos", true},
+                                                  {"return_token_ids", true},
                                                   {"skip_special_tokens", false},
                                                   {"stream", true},
                                                   {"stream_options", {{"include_usage", true}}},
@@ -94,6 +95,7 @@ TEST(OpenAiProtocol, SamplingAndStopFields) {
   EXPECT_EQ(p.stop, (std::vector<std::string>{"a", "bc"}));
   EXPECT_EQ(p.stop_token_ids, (std::vector<std::int32_t>{9}));
   EXPECT_TRUE(p.ignore_eos);
+  EXPECT_TRUE(p.return_token_ids);
   EXPECT_FALSE(p.skip_special_tokens);
   EXPECT_TRUE(p.stream);
   EXPECT_TRUE(p.include_usage);
@@ -192,6 +194,7 @@ INSTANTIATE_TEST_SUITE_P(
                 "stop", "at most 16"},
         BadCase{kC, Completion({{"stop_token_ids", {"a"}}}), "stop_token_ids[0]", "integer"},
         BadCase{kC, Completion({{"ignore_eos", 1}}), "ignore_eos", "boolean"},
+        BadCase{kC, Completion({{"return_token_ids", "yes"}}), "return_token_ids", "boolean"},
         BadCase{kC, Completion({{"stream", "yes"}}), "stream", "boolean"},
         BadCase{kC, Completion({{"stream_options", {{"include_usage", 1}}}}),
                 "stream_options.include_usage", "boolean"},
