@@ -233,7 +233,6 @@ struct World {
   // later turns still need each request's context hashes.
   std::optional<traces::Arrivals> arrivals;
   std::vector<std::uint32_t> continuations_left;
-  std::vector<std::int64_t> session_of;  // per request: its session's number, -1 none
   // Arrival times that depend on finishes: the frontend sleeps on `wake` until the next known
   // arrival, and a finish wakes it.
   sg4::MutexPtr wake_mutex;
@@ -680,8 +679,7 @@ void Frontend(World& w, const std::vector<InstanceId>& prefill_side,
   auto send = [&](std::size_t k, Seconds arrival_s) {
     Request& r = w.requests[k];
     r.arrival_s = arrival_s;
-    const std::int64_t user = w.arrivals->user(k);
-    r.session = user >= 0 ? user : w.session_of.empty() ? -1 : w.session_of[k];
+    r.session = w.arrivals->session(k);
     SetBlockHashes(w, k);
     // Reasons read "<class>: <detail>": the summary counts them by class.
     const Tokens footprint = r.input_tokens + r.output_tokens;
@@ -944,16 +942,9 @@ Result<SimReport> Simulate(const ClusterSpec& cluster, const traces::Trace& trac
         static_cast<std::size_t>(n - std::ceil(options.stop_below_attainment * n - 1e-9));
   }
   if (trace.HasDependencies()) {
-    std::map<std::string, std::int64_t> sessions;
-    w.continuations_left.assign(trace.requests.size(), 0);
-    w.session_of.assign(trace.requests.size(), -1);
-    for (std::size_t k = 0; k < trace.requests.size(); ++k) {
-      const traces::TraceRequest& tr = trace.requests[k];
-      if (!tr.session.empty())
-        w.session_of[k] =
-            sessions.emplace(tr.session, static_cast<std::int64_t>(sessions.size())).first->second;
-      if (const auto parent = w.arrivals->parent(k)) ++w.continuations_left[*parent];
-    }
+    w.continuations_left.resize(trace.requests.size());
+    for (std::size_t k = 0; k < trace.requests.size(); ++k)
+      w.continuations_left[k] = w.arrivals->continuations(k);
   }
   if (w.arrivals->dynamic()) {
     w.wake_mutex = sg4::Mutex::create();

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <string>
 #include <unordered_map>
 
@@ -42,8 +43,14 @@ Result<Arrivals> Arrivals::Create(const Trace& trace, const ClosedLoop& loop) {
   a.ready_s_.assign(n, 0);
   a.dropped_.assign(n, false);
   a.parent_.assign(n, kNone);
+  a.continuations_.assign(n, 0);
+  a.session_of_.assign(n, -1);
+  std::map<std::string, std::int64_t> sessions;
   for (std::size_t k = 0; k < n; ++k) {
     const TraceRequest& r = trace.requests[k];
+    if (!r.session.empty())
+      a.session_of_[k] =
+          sessions.emplace(r.session, static_cast<std::int64_t>(sessions.size())).first->second;
     std::vector<std::uint64_t> deps = r.after;
     if (r.parent) deps.push_back(*r.parent);
     for (std::uint64_t id : deps) {
@@ -60,7 +67,10 @@ Result<Arrivals> Arrivals::Create(const Trace& trace, const ClosedLoop& loop) {
       if (std::find(a.dependents_[it->second].begin(), a.dependents_[it->second].end(), k) !=
           a.dependents_[it->second].end())
         continue;
-      if (r.parent && id == *r.parent) a.parent_[k] = it->second;
+      if (r.parent && id == *r.parent) {
+        a.parent_[k] = it->second;
+        ++a.continuations_[it->second];
+      }
       a.dependents_[it->second].push_back(static_cast<std::uint32_t>(k));
       ++a.pending_[k];
     }

@@ -64,6 +64,16 @@ class Arrivals {
     if (parent_.empty() || parent_[index] == kNone) return std::nullopt;
     return parent_[index];
   }
+  // How many requests continue request `index`'s context (name it as their parent).
+  std::uint32_t continuations(std::size_t index) const {
+    return continuations_.empty() ? 0 : continuations_[index];
+  }
+  // The number of request `index`'s session (its closed-loop user, or its trace session in
+  // order of first appearance), -1 for none.
+  std::int64_t session(std::size_t index) const {
+    if (!user_of_.empty()) return user_of_[index];
+    return session_of_.empty() ? -1 : session_of_[index];
+  }
   // The closed-loop user that sent request `index` (-1: open loop).
   std::int64_t user(std::size_t index) const { return user_of_.empty() ? -1 : user_of_[index]; }
 
@@ -87,6 +97,8 @@ class Arrivals {
   std::vector<bool> dropped_;
   static constexpr std::size_t kNone = static_cast<std::size_t>(-1);
   std::vector<std::size_t> parent_;               // kNone: no parent
+  std::vector<std::uint32_t> continuations_;      // requests naming each one as their parent
+  std::vector<std::int64_t> session_of_;          // trace sessions, numbered; -1: none
   std::size_t waiting_ = 0;                       // dependents neither released nor dropped
   using Timed = std::pair<Seconds, std::size_t>;  // (time, request or user), earliest first
   std::priority_queue<Timed, std::vector<Timed>, std::greater<>> ready_;
