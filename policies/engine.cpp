@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "policies/block_hash.h"
+
 namespace duet::policies {
 
 const char* ToString(InstanceRole role) {
@@ -527,11 +529,16 @@ void InstanceEngine::Complete(Request* r, Seconds t, FinishReason reason) {
   r->finish_reason = reason;
   r->finished_s = t;
   scheduler_.RemoveRunning(r);
-  // Hashes past the prompt name its output's blocks (a later turn continues this context):
-  // they join the prefix cache where the request ran whole.
-  if (config_.role == InstanceRole::kColocated &&
-      static_cast<Tokens>(r->block_hashes.size()) * config_.block_tokens > r->input_tokens)
-    blocks_.Register(r->id, r->block_hashes, r->computed_tokens);
+  // Hashes past the prompt name its output's blocks: they join the prefix cache where the
+  // request ran whole, for a later turn that continues this context. The real backend names
+  // them by the tokens generated, as vLLM does for every request; the simulator's hashes reach
+  // past the prompt only for a request that a later turn of its trace continues.
+  if (config_.role == InstanceRole::kColocated) {
+    if (static_cast<Tokens>(r->token_ids.size()) > r->input_tokens)
+      r->block_hashes = TokenBlockHashes(r->token_ids, config_.block_tokens);
+    if (static_cast<Tokens>(r->block_hashes.size()) * config_.block_tokens > r->input_tokens)
+      blocks_.Register(r->id, r->block_hashes, r->computed_tokens);
+  }
   blocks_.Free(r->id);
   ports_.sink->OnFinished(*r);
 }
