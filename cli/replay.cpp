@@ -141,8 +141,9 @@ int Replay(int argc, char** argv) {
 
   auto trace = LoadTrace(vm, &code);
   if (!trace) return Fail(trace.error(), code);
-  if (Status s = backend::replay::CheckReplayable(*trace); !s.ok())
-    return Fail(s.message(), kExitUsage);
+  // A closed loop over a trace whose requests follow others is refused before anything runs.
+  if (auto arrivals = traces::Arrivals::Create(*trace, options.closed_loop); !arrivals)
+    return Fail(arrivals.error(), kExitUsage);
 
   // The server must answer before anything is written.
   const Seconds preflight_s = std::min(options.timeout_s, kPreflightTimeoutS);

@@ -35,17 +35,19 @@ using policies::Request;
 using policies::RequestState;
 
 // Error kinds (keys of summary.json's replay.errors; docs/outputs.md lists them).
-constexpr const char* kConnect = "connect";                    // no TCP connection
-constexpr const char* kSend = "send";                          // writing the request failed
-constexpr const char* kRead = "read";                          // a socket error while reading
-constexpr const char* kClosed = "closed_mid_stream";           // connection closed early
-constexpr const char* kMalformed = "malformed_stream";         // not a completion stream
-constexpr const char* kStreamError = "stream_error";           // an error object in the stream
-constexpr const char* kNoFinish = "no_finish_reason";          // ended without a finish_reason
-constexpr const char* kTimeout = "timeout";                    // --timeout passed
-constexpr const char* kInterrupted = "interrupted";            // SIGINT/SIGTERM while in flight
-constexpr const char* kNotSent = "not_sent";                   // SIGINT/SIGTERM before its send
-constexpr std::size_t kErrorBodyBytes = 4096;                  // kept of an HTTP error reply
+constexpr const char* kConnect = "connect";             // no TCP connection
+constexpr const char* kSend = "send";                   // writing the request failed
+constexpr const char* kRead = "read";                   // a socket error while reading
+constexpr const char* kClosed = "closed_mid_stream";    // connection closed early
+constexpr const char* kMalformed = "malformed_stream";  // not a completion stream
+constexpr const char* kStreamError = "stream_error";    // an error object in the stream
+constexpr const char* kNoFinish = "no_finish_reason";   // ended without a finish_reason
+constexpr const char* kTimeout = "timeout";             // --timeout passed
+constexpr const char* kInterrupted = "interrupted";     // SIGINT/SIGTERM while in flight
+constexpr const char* kNotSent = "not_sent";            // SIGINT/SIGTERM before its send
+constexpr const char* kDependency = "dependency";       // never sent: a request it follows did not
+                                                        // complete, or its reply had no token ids
+constexpr std::size_t kErrorBodyBytes = 4096;           // kept of an HTTP error reply
 constexpr std::size_t kJsonBodyBytes = std::size_t{64} << 20;  // a non-streamed reply, at most
 constexpr Seconds kProgressPeriodS = 0.5;
 
@@ -90,8 +92,9 @@ class Replay;
 // One request: its connection, parser state and timings. Owned by its pending handlers.
 class Session : public std::enable_shared_from_this<Session> {
  public:
-  // `arrival_s`: its scheduled send on the run's clock.
-  Session(Replay& run, std::size_t index, const traces::TraceRequest& request, Seconds arrival_s);
+  // `arrival_s`: its scheduled send on the run's clock; `prompt_tokens`: the prompt sent.
+  Session(Replay& run, std::size_t index, const traces::TraceRequest& request, Seconds arrival_s,
+          Tokens prompt_tokens);
   void Start(std::string body);
   // Ends the request now (SIGINT): a failed record, unless it already finished.
   void Interrupt() { Fail(kInterrupted, "interrupted before the reply ended"); }
@@ -115,6 +118,7 @@ class Session : public std::enable_shared_from_this<Session> {
   std::size_t index_;
   const traces::TraceRequest& request_;
   Seconds arrival_s_;
+  Tokens prompt_tokens_;
   tcp::socket socket_;
   net::steady_timer deadline_;
   beast::flat_buffer buffer_;
@@ -132,7 +136,8 @@ class Session : public std::enable_shared_from_this<Session> {
   Clock::time_point first_token_, last_token_, finish_seen_;
   std::vector<double> gaps_s_;
   std::string finish_reason_;
-  CompletionChunk usage_;  // usage and "duet" fields, the last seen of each
+  CompletionChunk usage_;                // usage and "duet" fields, the last seen of each
+  std::vector<std::int32_t> reply_ids_;  // the choices' token_ids, in order
 };
 
 class Replay {
@@ -152,6 +157,10 @@ class Replay {
     first_arrival_s_ = trace.requests.empty() || options.closed_loop.users > 0
                            ? 0.0
                            : trace.requests.front().arrival_s;
+    states_.assign(trace.requests.size(), RequestState::kArrived);
+    continuations_left_.resize(trace.requests.size());
+    for (std::size_t k = 0; k < trace.requests.size(); ++k)
+      continuations_left_[k] = arrivals_.continuations(k);
   }
 
   ReplayReport Run() {
@@ -177,11 +186,30 @@ class Replay {
     return first_arrival_s_ + std::chrono::duration<double>(t - start_).count();
   }
 
-  // A session's final record; `gaps_s` are its inter-token gaps (completed requests only).
+  // A session's final record; `gaps_s` are its inter-token gaps (completed requests only);
+  // `reply_ids` the generated tokens' ids the server returned (asked for when later turns
+  // continue this request's context).
   void Record(std::size_t index, Request record, const std::vector<double>& gaps_s,
-              const std::string& error_kind, const CompletionChunk& usage) {
-    // A closed-loop user is the request's session (per-user throughput).
-    if (arrivals_.user(index) >= 0) record.session = arrivals_.user(index);
+              const std::string& error_kind, const CompletionChunk& usage,
+              std::vector<std::int32_t> reply_ids = {}) {
+    // Its session: a closed-loop user, or the trace's (per-user throughput).
+    record.session = arrivals_.session(index);
+    bool continued = record.state == RequestState::kCompleted;
+    if (const auto context = contexts_.find(index); context != contexts_.end()) {
+      // Later turns send this prompt and the reply's very tokens; without them they cannot.
+      if (continued && static_cast<Tokens>(reply_ids.size()) != record.output_tokens) {
+        unusable_[index] = "its reply carried " + std::to_string(reply_ids.size()) +
+                           " token ids for " + std::to_string(record.output_tokens) +
+                           " tokens (later turns need them: the server must support "
+                           "return_token_ids)";
+        continued = false;
+      }
+      if (continued) {
+        context->second.insert(context->second.end(), reply_ids.begin(), reply_ids.end());
+      } else {
+        contexts_.erase(context);
+      }
+    }
     if (record.state == RequestState::kCompleted) {
       for (double g : gaps_s) metrics_.OnTokenGaps(g, 1);
       if (usage.cached_tokens) ++report_.cached_tokens_reported;
@@ -195,11 +223,11 @@ class Replay {
       report_.instances_seen = std::max(report_.instances_seen, record.prefill_instance + 1);
     metrics_.OnFinished(record);
     in_flight_.erase(index);
+    states_[index] = record.state;
     ++recorded_;
     if (!stopping_) {
-      // A closed-loop user is free again.
-      arrivals_.OnFinished(index, RunSeconds(Clock::now()),
-                           record.state == RequestState::kCompleted);
+      // A closed-loop user is free again; requests that follow this one may be due (or never).
+      arrivals_.OnFinished(index, RunSeconds(Clock::now()), continued);
       if (arrivals_.dynamic()) LaunchDue();
     }
     CheckDone();
@@ -216,7 +244,43 @@ class Replay {
     });
   }
 
+  // Requests that will never be sent because one they follow did not complete: rejected, as
+  // the simulator records them.
+  void RecordDropped() {
+    while (const auto dropped = arrivals_.TakeDropped()) {
+      const traces::TraceRequest& r = trace_.requests[dropped->index];
+      const auto unusable = unusable_.find(dropped->cause);
+      Request record;
+      record.id = r.id;
+      record.arrival_s = record.finished_s = RunSeconds(Clock::now());
+      record.input_tokens = r.input_tokens;
+      record.output_tokens = r.output_tokens;
+      record.state = RequestState::kRejected;
+      record.session = arrivals_.session(dropped->index);
+      const std::string cause = "request " + std::to_string(trace_.requests[dropped->cause].id);
+      record.reason = unusable != unusable_.end()
+                          ? "dependency unusable: " + cause + " completed, but " + unusable->second
+                          : "dependency not completed: " + cause + " was " +
+                                policies::ToString(states_[dropped->cause]);
+      ++report_.errors[kDependency];
+      metrics_.OnFinished(record);
+      states_[dropped->index] = record.state;
+      // Last: it may free the reason read above.
+      if (const auto parent = arrivals_.parent(dropped->index)) ReleaseContext(*parent);
+      ++recorded_;
+    }
+  }
+
+  // A later turn of request `parent` was sent or dropped: its context is freed after the last.
+  void ReleaseContext(std::size_t parent) {
+    if (--continuations_left_[parent] == 0) {
+      contexts_.erase(parent);
+      unusable_.erase(parent);
+    }
+  }
+
   void LaunchDue() {
+    RecordDropped();
     // Everything due is sent now, in order; lateness is measured per request.
     for (Seconds now = RunSeconds(Clock::now()); const auto due = arrivals_.TakeDue(now);
          now = RunSeconds(Clock::now())) {
@@ -228,12 +292,29 @@ class Replay {
 
   void Launch(std::size_t k, Seconds arrival_s) {
     const traces::TraceRequest& r = trace_.requests[k];
-    // The body exists only while the request is being sent: memory stays bounded by the
-    // requests in flight, not by the trace.
-    std::string body = CompletionRequestBody(
-        options_.model, traces::BuildPrompt(r, trace_.block_tokens, options_.prompt),
-        r.output_tokens);
-    auto session = std::make_shared<Session>(*this, k, r, arrival_s);
+    std::vector<std::int32_t> prompt;
+    if (const auto parent = arrivals_.parent(k)) {
+      // A later turn: the parent's prompt and reply as the server saw and wrote them, then
+      // this turn's new tokens (its own, as BuildPrompt makes them for a request without
+      // block ids).
+      prompt = contexts_.at(*parent);
+      ReleaseContext(*parent);
+      traces::TraceRequest turn = r;
+      turn.input_tokens = std::max<Tokens>(0, r.input_tokens - r.context_tokens);
+      const std::vector<std::int32_t> fresh =
+          traces::BuildPrompt(turn, trace_.block_tokens, options_.prompt);
+      prompt.insert(prompt.end(), fresh.begin(), fresh.end());
+    } else {
+      prompt = traces::BuildPrompt(r, trace_.block_tokens, options_.prompt);
+    }
+    const bool continued = arrivals_.continuations(k) > 0;
+    // The body exists only while the request is being sent, and a prompt only until the last
+    // turn that continues it is sent: memory stays bounded by the requests in flight and the
+    // conversations open, not by the trace.
+    std::string body = CompletionRequestBody(options_.model, prompt, r.output_tokens, continued);
+    auto session =
+        std::make_shared<Session>(*this, k, r, arrival_s, static_cast<Tokens>(prompt.size()));
+    if (continued) contexts_[k] = std::move(prompt);
     in_flight_.emplace(k, session);
     ++report_.sent;
     report_.max_in_flight =
@@ -251,8 +332,9 @@ class Replay {
     for (const auto& weak : sessions) {
       if (auto s = weak.lock()) s->Interrupt();
     }
-    // Open and closed loops send in trace order: those from released() on were not sent.
-    for (std::size_t next = arrivals_.released(); next < trace_.requests.size(); ++next) {
+    // Every request without a record now was never sent.
+    for (std::size_t next = 0; next < trace_.requests.size(); ++next) {
+      if (policies::IsFinished(states_[next])) continue;
       const traces::TraceRequest& r = trace_.requests[next];
       Request record;
       record.id = r.id;
@@ -312,16 +394,23 @@ class Replay {
   std::size_t recorded_ = 0;  // requests with a final record
   bool stopping_ = false;
   std::unordered_map<std::size_t, std::weak_ptr<Session>> in_flight_;
+  std::vector<RequestState> states_;  // per request: its final record's, once it has one
+  // Sessions: the prompt and reply of each request whose later turns are not all sent yet,
+  // and why one that completed cannot be continued.
+  std::unordered_map<std::size_t, std::vector<std::int32_t>> contexts_;
+  std::vector<std::uint32_t> continuations_left_;
+  std::unordered_map<std::size_t, std::string> unusable_;
   std::vector<double> send_lag_ms_;
   ReplayReport report_;
 };
 
 Session::Session(Replay& run, std::size_t index, const traces::TraceRequest& request,
-                 Seconds arrival_s)
+                 Seconds arrival_s, Tokens prompt_tokens)
     : run_(run),
       index_(index),
       request_(request),
       arrival_s_(arrival_s),
+      prompt_tokens_(prompt_tokens),
       socket_(run.io()),
       deadline_(run.io()) {}
 
@@ -455,6 +544,7 @@ void Session::OnEvent(const SseEvent& event, Clock::time_point now) {
     finish_reason_ = chunk->finish_reason;
     finish_seen_ = now;
   }
+  reply_ids_.insert(reply_ids_.end(), chunk->token_ids.begin(), chunk->token_ids.end());
   if (chunk->prompt_tokens) usage_.prompt_tokens = chunk->prompt_tokens;
   if (chunk->completion_tokens) usage_.completion_tokens = chunk->completion_tokens;
   if (chunk->cached_tokens) usage_.cached_tokens = chunk->cached_tokens;
@@ -491,7 +581,7 @@ void Session::Complete() {
   Request r;
   r.id = request_.id;
   r.arrival_s = arrival_s_;
-  r.input_tokens = request_.input_tokens;
+  r.input_tokens = prompt_tokens_;
   r.state = RequestState::kCompleted;
   r.finish_reason = ParseFinishReason(finish_reason_);
   r.output_tokens = usage_.completion_tokens.value_or(token_chunks_);
@@ -515,7 +605,7 @@ void Session::Reject(const std::string& reason) {
   Request r;
   r.id = request_.id;
   r.arrival_s = arrival_s_;
-  r.input_tokens = request_.input_tokens;
+  r.input_tokens = prompt_tokens_;
   r.output_tokens = request_.output_tokens;
   r.state = RequestState::kRejected;
   r.reason = reason;
@@ -528,7 +618,7 @@ void Session::Fail(const std::string& kind, const std::string& reason) {
   Request r;
   r.id = request_.id;
   r.arrival_s = arrival_s_;
-  r.input_tokens = request_.input_tokens;
+  r.input_tokens = prompt_tokens_;
   r.output_tokens = request_.output_tokens;
   r.state = RequestState::kFailed;
   r.finish_reason = policies::FinishReason::kError;
@@ -544,7 +634,7 @@ void Session::Finish(Request record, const std::string& kind) {
   boost::system::error_code ignored;
   socket_.shutdown(tcp::socket::shutdown_both, ignored);
   socket_.close(ignored);
-  run_.Record(index_, record, gaps_s_, kind, usage_);
+  run_.Record(index_, record, gaps_s_, kind, usage_, std::move(reply_ids_));
 }
 
 std::string Session::Received() const {
@@ -633,14 +723,6 @@ Status CheckReachable(const Endpoint& endpoint, Seconds timeout_s) {
   return Status::Ok();
 }
 
-Status CheckReplayable(const traces::Trace& trace) {
-  if (!trace.HasDependencies()) return Status::Ok();
-  return Status::Error(trace.source +
-                       ": its requests follow others (sessions, agent steps), which duet replay "
-                       "cannot send yet (a turn's prompt must carry the server's reply); duet "
-                       "simulate runs it");
-}
-
 Result<ReplayReport> RunReplay(const traces::Trace& trace, const ReplayOptions& options,
                                policies::MetricsCollector& metrics) {
   if (options.model.empty()) return Status::Error("no model name to send");
@@ -652,7 +734,6 @@ Result<ReplayReport> RunReplay(const traces::Trace& trace, const ReplayOptions& 
   net::io_context resolver_io;
   auto addresses = Resolve(resolver_io, options.endpoint);
   if (!addresses) return addresses.status();
-  DUET_RETURN_IF_ERROR(CheckReplayable(trace));
   auto arrivals = traces::Arrivals::Create(trace, options.closed_loop);
   if (!arrivals) return arrivals.status();
   Replay replay(trace, options, metrics, *addresses, std::move(*arrivals));

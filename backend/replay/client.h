@@ -1,7 +1,9 @@
-// `duet replay`'s load generator: sends a trace's requests to an OpenAI-compatible server open
-// loop at their (scaled) arrival times, reads every streamed reply as it arrives, and turns each
-// into the final request record the metrics collector (policies/metrics.h) takes, so a live run
-// writes the same files as a simulated one. Boost.Beast/Asio, asynchronous on one io_context run
+// `duet replay`'s load generator: sends a trace's requests to an OpenAI-compatible server when
+// traces::Arrivals says (open loop at their (scaled) arrival times, session turns after their
+// predecessors, or a closed loop), a later turn's prompt carrying its predecessor's prompt and
+// reply token ids; reads every streamed reply as it arrives, and turns each into the final
+// request record the metrics collector (policies/metrics.h) takes, so a live run writes the same
+// files as a simulated one. Boost.Beast/Asio, asynchronous on one io_context run
 // by the calling thread: one connection per request, thousands in flight, no thread per request.
 #pragma once
 
@@ -56,18 +58,15 @@ Result<std::string> QueryFirstModel(const Endpoint& endpoint, const std::string&
 // Opens (and closes) one TCP connection to the endpoint. Blocks for at most `timeout_s`.
 Status CheckReachable(const Endpoint& endpoint, Seconds timeout_s);
 
-// Whether `trace` can be replayed live: not yet one whose requests follow others.
-Status CheckReplayable(const traces::Trace& trace);
-
 // Replays `trace` and returns when every request has a final record in `metrics` (completed,
-// rejected: HTTP 429 or 503, or failed: any other error, a timeout, an interruption; requests
-// never sent are failed too), so the collector ends with exactly one record per trace request.
-// Errors only when the run cannot start (bad options, or the host does not resolve). Request k is
-// sent at start + (arrival_k - arrival_0); its record's arrival_s is the trace's arrival_k, and its
-// other times are on the same clock (steady clock since the start, offset by arrival_0), so
-// TTFT and E2E run from the scheduled send. SIGINT and SIGTERM end the run early: requests in
-// flight fail ("interrupted") and the rest are recorded as not sent. Blocks the calling thread,
-// which runs the network loop.
+// rejected: HTTP 429 or 503, or a turn whose predecessor cannot be continued; or failed: any
+// other error, a timeout, an interruption; requests never sent are failed too), so the collector
+// ends with exactly one record per trace request. Errors only when the run cannot start (bad
+// options, or the host does not resolve). Request k is sent at start + (arrival_k - arrival_0); its
+// record's arrival_s is the trace's arrival_k, and its other times are on the same clock (steady
+// clock since the start, offset by arrival_0), so TTFT and E2E run from the scheduled send. SIGINT
+// and SIGTERM end the run early: requests in flight fail ("interrupted") and the rest are recorded
+// as not sent. Blocks the calling thread, which runs the network loop.
 Result<ReplayReport> RunReplay(const traces::Trace& trace, const ReplayOptions& options,
                                policies::MetricsCollector& metrics);
 

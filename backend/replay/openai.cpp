@@ -4,6 +4,7 @@
 #include "backend/replay/openai.h"
 
 #include <cmath>
+#include <limits>
 #include <nlohmann/json.hpp>
 
 #include "common/text.h"
@@ -138,14 +139,15 @@ Result<Endpoint> ParseEndpoint(const std::string& url) {
 }
 
 std::string CompletionRequestBody(const std::string& model, const std::vector<std::int32_t>& prompt,
-                                  Tokens max_tokens) {
-  const json body = {{"model", model},
-                     {"prompt", prompt},
-                     {"max_tokens", max_tokens},
-                     {"stream", true},
-                     {"stream_options", {{"include_usage", true}}},
-                     {"ignore_eos", true},
-                     {"temperature", 0}};
+                                  Tokens max_tokens, bool return_token_ids) {
+  json body = {{"model", model},
+               {"prompt", prompt},
+               {"max_tokens", max_tokens},
+               {"stream", true},
+               {"stream_options", {{"include_usage", true}}},
+               {"ignore_eos", true},
+               {"temperature", 0}};
+  if (return_token_ids) body["return_token_ids"] = true;
   return body.dump();
 }
 
@@ -178,8 +180,16 @@ Result<CompletionChunk> ParseCompletionChunk(std::string_view data) {
       if (!choice.is_object()) return Status::Error("a choice is not an object: " + choice.dump());
       if (const auto t = choice.find("text"); t != choice.end() && t->is_string())
         c.carries_tokens |= !t->get_ref<const std::string&>().empty();
-      if (const auto t = choice.find("token_ids"); t != choice.end() && t->is_array())
+      if (const auto t = choice.find("token_ids"); t != choice.end() && !t->is_null()) {
+        if (!t->is_array()) return Status::Error("token_ids must be an array, got " + t->dump());
+        for (const json& id : *t) {
+          if (!id.is_number_integer() || id.get<std::int64_t>() < 0 ||
+              id.get<std::int64_t>() > std::numeric_limits<std::int32_t>::max())
+            return Status::Error("token_ids holds " + id.dump() + ", not a token id");
+          c.token_ids.push_back(id.get<std::int32_t>());
+        }
         c.carries_tokens |= !t->empty();
+      }
       if (const auto d = choice.find("delta"); d != choice.end() && d->is_object()) {
         const auto t = d->find("content");
         if (t != d->end() && t->is_string())

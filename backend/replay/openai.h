@@ -28,16 +28,18 @@ struct Endpoint {
 Result<Endpoint> ParseEndpoint(const std::string& url);
 
 // The body of POST /v1/completions: the prompt as token ids, exactly max_tokens generated
-// (ignore_eos), greedy, streamed with a final usage chunk.
+// (ignore_eos), greedy, streamed with a final usage chunk. `return_token_ids`: asks for the
+// generated tokens' ids (vLLM's and Duet's extension), which a later turn's prompt carries.
 std::string CompletionRequestBody(const std::string& model, const std::vector<std::int32_t>& prompt,
-                                  Tokens max_tokens);
+                                  Tokens max_tokens, bool return_token_ids = false);
 
 // What one "data:" payload of a completion stream (or a whole non-streamed reply) says.
 struct CompletionChunk {
-  bool done = false;                 // the "[DONE]" sentinel; nothing else is set
-  bool carries_tokens = false;       // a choice carries generated text or token ids
-  std::string finish_reason;         // "stop", "length", ...; empty while generating
-  std::optional<std::string> error;  // an error object in place of a chunk: its message
+  bool done = false;                    // the "[DONE]" sentinel; nothing else is set
+  bool carries_tokens = false;          // a choice carries generated text or token ids
+  std::string finish_reason;            // "stop", "length", ...; empty while generating
+  std::vector<std::int32_t> token_ids;  // the choices' "token_ids" (return_token_ids)
+  std::optional<std::string> error;     // an error object in place of a chunk: its message
   // Usage (OpenAI "usage"; the last chunk with stream_options.include_usage).
   std::optional<Tokens> prompt_tokens, completion_tokens;
   std::optional<Tokens> cached_tokens;  // usage.prompt_tokens_details.cached_tokens

@@ -3,7 +3,9 @@
 // the test wants them (HTTP/1.1 chunked, SSE events split across writes, CRLF line ends,
 // comments). It streams one chunk per token at known times after each request arrives
 // (first_chunk_delay_s, then chunk_gap_s apart), reports usage with the prompt tokens a prefix
-// cache of 16-token blocks would have held, and can add Duet's "duet" object. max_tokens picks
+// cache of 16-token blocks would have held, and can add Duet's "duet" object. Asked for
+// return_token_ids, each token chunk carries its token's id: kReplyTokenBase + its position in
+// the reply (unless token_ids is off, as on servers without the extension). max_tokens picks
 // a misbehaviour, so one trace exercises them all:
 //   7: HTTP 429 (queue full);  13: closes the connection after 3 chunks;  11: a chunk that is
 //   not JSON;  17: HTTP 500;  20: two tokens per chunk (10 chunks; usage says 20);
@@ -46,7 +48,9 @@ struct FakeServerOptions {
   bool duet_fields = false;   // add {"duet": {"queue_ms": kQueueMs, "instance": max_tokens % 2}}
   bool report_cached = true;  // usage.prompt_tokens_details.cached_tokens
   bool list_models = true;    // answer GET /v1/models (else 404)
+  bool token_ids = true;      // honour return_token_ids
 };
+inline constexpr std::int32_t kReplyTokenBase = 7000;
 inline constexpr double kQueueMs = 5.5;
 inline constexpr const char* kModelName = "fake-model";
 
@@ -181,6 +185,7 @@ class FakeServer {
           "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream; charset=utf-8\r\n"
           "Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n");
     const int per_chunk = max_tokens == kTwoPerChunkTokens ? 2 : 1;
+    const bool token_ids = options_.token_ids && body.value("return_token_ids", false);
     const int chunks = max_tokens / per_chunk;
     // The whole stream, laid out in advance; ends[k] is where token event k ends. Line ends
     // alternate between "\n" (even k) and "\r\n" (odd k), with a comment every third event.
@@ -192,12 +197,16 @@ class FakeServer {
       if (max_tokens == kGarbageTokens && k == 1) {
         all += "data: this is not JSON" + eol + eol;
       } else {
-        const nlohmann::json choice = {
-            {"index", 0},
-            {"text", per_chunk == 2 ? " tok tok" : " tok"},
-            {"logprobs", nullptr},
-            {"finish_reason",
-             k + 1 == chunks ? nlohmann::json("length") : nlohmann::json(nullptr)}};
+        nlohmann::json choice = {{"index", 0},
+                                 {"text", per_chunk == 2 ? " tok tok" : " tok"},
+                                 {"logprobs", nullptr},
+                                 {"finish_reason", k + 1 == chunks ? nlohmann::json("length")
+                                                                   : nlohmann::json(nullptr)}};
+        if (token_ids) {
+          choice["token_ids"] = nlohmann::json::array();
+          for (int t = 0; t < per_chunk; ++t)
+            choice["token_ids"].push_back(kReplyTokenBase + k * per_chunk + t);
+        }
         const nlohmann::json data = {{"id", "cmpl-1"},
                                      {"object", "text_completion"},
                                      {"model", kModelName},

@@ -75,6 +75,26 @@ TEST(CompletionRequest, BodyAsvLLMTakesIt) {
   EXPECT_EQ(body, nlohmann::json::parse(R"({"model": "m\"odel", "prompt": [16, 17, 31999],
       "max_tokens": 42, "stream": true, "stream_options": {"include_usage": true},
       "ignore_eos": true, "temperature": 0})"));
+  // A request whose context later turns continue asks for its reply's token ids.
+  EXPECT_EQ(nlohmann::json::parse(CompletionRequestBody("m", {16}, 2, true))["return_token_ids"],
+            true);
+}
+
+TEST(Chunk, TokenIdsAreReadAndChecked) {
+  auto c = ParseCompletionChunk(R"({"choices":[{"text":"ab","token_ids":[5, 2147483647]}]})");
+  ASSERT_TRUE(c.ok()) << c.error();
+  EXPECT_EQ(c->token_ids, (std::vector<std::int32_t>{5, 2147483647}));
+  c = ParseCompletionChunk(R"({"choices":[{"text":"ab","token_ids":null}]})");
+  ASSERT_TRUE(c.ok()) << c.error();
+  EXPECT_TRUE(c->token_ids.empty());
+  for (const char* bad : {R"({"choices":[{"text":"a","token_ids":5}]})",
+                          R"({"choices":[{"text":"a","token_ids":[-1]}]})",
+                          R"({"choices":[{"text":"a","token_ids":[2147483648]}]})",
+                          R"({"choices":[{"text":"a","token_ids":["5"]}]})"}) {
+    c = ParseCompletionChunk(bad);
+    ASSERT_FALSE(c.ok()) << bad;
+    EXPECT_NE(c.error().find("token_ids"), std::string::npos) << c.error();
+  }
 }
 
 TEST(Chunk, TokenChunkFinishAndUsage) {

@@ -7,6 +7,8 @@
 #include <gtest/gtest-spi.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -274,6 +276,114 @@ TEST_F(ReplayTest, ClosedLoopSendsWhenAUserIsFree) {
   EXPECT_LT(s2["replay"]["wall_s"].get<double>(), 1.0);
 }
 
+// Session turns live: a later turn is sent its think time after its predecessor's reply ended,
+// and its prompt is the predecessor's prompt, the reply's very token ids (which the request
+// that later turns continue asked for), then new tokens of its own.
+TEST_F(ReplayTest, SessionTurnsCarryThePredecessorsPromptAndReply) {
+  FakeServer server;
+  const std::string trace = tmp_.Write(
+      "sessions.jsonl",
+      R"({"timestamp": 0, "input_length": 64, "output_length": 4, "hash_ids": [1], "session_id": "a"}
+{"timestamp": 50, "input_length": 32, "output_length": 5, "hash_ids": [2], "session_id": "b"}
+{"input_length": 10, "output_length": 3, "session_id": "a", "delay": 100}
+{"input_length": 6, "output_length": 2, "session_id": "a"}
+)");
+  const std::string out = tmp_.File("out");
+  // Prompt ids below the fake server's reply ids: where each came from shows.
+  const RunResult r = Replay({"--endpoint", server.url(), "--trace", trace, "--out", out,
+                              "--vocab-size", std::to_string(replay_test::kReplyTokenBase)});
+  ASSERT_EQ(r.exit_code, 0) << r;
+  const nlohmann::json s = ReadJson(out + "/summary.json");
+  EXPECT_EQ(s["requests"]["completed"], 4) << s.dump(2);
+  EXPECT_EQ(s["sessions"]["count"], 2);
+  EXPECT_EQ(s["replay"]["prompt_tokens_mismatched"], 0);
+
+  // The bodies by prompt length: 64, 32, then 64 + 4 + 10 = 78 and 78 + 3 + 6 = 87.
+  std::map<std::size_t, nlohmann::json> by_length;
+  for (const nlohmann::json& b : server.Completions()) by_length[b["prompt"].size()] = b;
+  ASSERT_EQ(by_length.size(), 4u);
+  ASSERT_TRUE(by_length.count(64) && by_length.count(78) && by_length.count(87));
+  const auto p0 = by_length[64]["prompt"].get<std::vector<std::int32_t>>();
+  const auto p1 = by_length[78]["prompt"].get<std::vector<std::int32_t>>();
+  const auto p2 = by_length[87]["prompt"].get<std::vector<std::int32_t>>();
+  auto reply = [](int n) {
+    std::vector<std::int32_t> ids;
+    for (int t = 0; t < n; ++t) ids.push_back(replay_test::kReplyTokenBase + t);
+    return ids;
+  };
+  auto expect_continues = [&](const std::vector<std::int32_t>& turn,
+                              const std::vector<std::int32_t>& parent, int reply_tokens) {
+    std::vector<std::int32_t> context = parent;
+    const std::vector<std::int32_t> ids = reply(reply_tokens);
+    context.insert(context.end(), ids.begin(), ids.end());
+    ASSERT_GT(turn.size(), context.size());
+    EXPECT_TRUE(std::equal(context.begin(), context.end(), turn.begin()));
+    // The new tokens are the turn's own: no reply id, none of the context repeated.
+    for (std::size_t i = context.size(); i < turn.size(); ++i)
+      EXPECT_LT(turn[i], replay_test::kReplyTokenBase) << i;
+  };
+  expect_continues(p1, p0, 4);
+  expect_continues(p2, p1, 3);
+  // Only the requests that later turns continue ask for their reply's ids.
+  EXPECT_EQ(by_length[64].value("return_token_ids", false), true);
+  EXPECT_EQ(by_length[78].value("return_token_ids", false), true);
+  EXPECT_FALSE(by_length[87].contains("return_token_ids"));
+  EXPECT_FALSE(by_length[32].contains("return_token_ids"));
+
+  // requests.csv in trace order: sessions, prompts sent, and the think time after the reply.
+  const Csv csv = Csv::Read(out + "/requests.csv");
+  ASSERT_EQ(csv.size(), 4u);
+  const std::vector<std::string> sessions = {"0", "1", "0", "0"};
+  const std::vector<double> inputs = {64, 32, 78, 87};
+  for (std::size_t i = 0; i < 4; ++i) {
+    EXPECT_EQ(csv.Get(i, "session"), sessions[i]) << i;
+    EXPECT_EQ(csv.Number(i, "input_tokens"), inputs[i]) << i;
+  }
+  auto finished_ms = [&](std::size_t i) {
+    return csv.Number(i, "arrival_s") * 1e3 + csv.Number(i, "e2e_ms");
+  };
+  EXPECT_TRUE(Late(csv.Number(2, "arrival_s") * 1e3, finished_ms(0) + 100, "turn 2's send"));
+  EXPECT_TRUE(Late(csv.Number(3, "arrival_s") * 1e3, finished_ms(2), "turn 3's send"));
+}
+
+// A turn cannot be sent when its predecessor was not served (rejected: HTTP 429), nor when the
+// server did not return the reply's token ids: it is rejected with the reason, and the run goes
+// on.
+TEST_F(ReplayTest, TurnsWhosePredecessorCannotBeContinuedAreRejected) {
+  FakeServerOptions options;
+  options.token_ids = false;
+  FakeServer server(options);
+  const std::string trace = tmp_.Write(
+      "sessions.jsonl",
+      R"({"timestamp": 0, "input_length": 64, "output_length": 4, "hash_ids": [1], "session_id": "a"}
+{"timestamp": 0, "input_length": 64, "output_length": 7, "hash_ids": [2], "session_id": "b"}
+{"input_length": 10, "output_length": 3, "session_id": "a"}
+{"input_length": 10, "output_length": 3, "session_id": "b"}
+{"input_length": 10, "output_length": 3, "session_id": "b"}
+{"timestamp": 0, "input_length": 16, "output_length": 2, "hash_ids": [3]}
+)");
+  const std::string out = tmp_.File("out");
+  const RunResult r = Replay({"--endpoint", server.url(), "--trace", trace, "--out", out});
+  ASSERT_EQ(r.exit_code, 0) << r;
+  EXPECT_EQ(server.Completions().size(), 3u);  // the three first turns
+  const nlohmann::json s = ReadJson(out + "/summary.json");
+  EXPECT_EQ(s["requests"]["total"], 6);
+  EXPECT_EQ(s["requests"]["completed"], 2);
+  EXPECT_EQ(s["replay"]["errors"], nlohmann::json({{"http_429", 1}, {"dependency", 3}}));
+  const Csv csv = Csv::Read(out + "/requests.csv");
+  ASSERT_EQ(csv.size(), 6u);
+  EXPECT_EQ(csv.Get(0, "status"), "completed");
+  EXPECT_EQ(csv.Get(1, "status"), "rejected");
+  EXPECT_EQ(csv.Get(2, "status"), "rejected");
+  EXPECT_TRUE(ContainsAll(csv.Get(2, "reason"), {"dependency unusable: request 0 completed",
+                                                 "0 token ids for 4", "return_token_ids"}))
+      << csv.Get(2, "reason");
+  EXPECT_EQ(csv.Get(3, "reason"), "dependency not completed: request 1 was rejected");
+  EXPECT_EQ(csv.Get(4, "reason"), "dependency not completed: request 3 was rejected");
+  EXPECT_EQ(csv.Get(5, "status"), "completed");
+  ExpectMetricsSchema(out, RunKind::kLive);
+}
+
 TEST_F(ReplayTest, TimeoutFailsSlowRequestsAndTheRunEnds) {
   FakeServer server;
   const std::string out = tmp_.File("out");
@@ -352,6 +462,10 @@ TEST_F(ReplayTest, BadCommandLinesAndTracesWriteNothing) {
   const std::string bad_trace = tmp_.Write("bad.jsonl",
                                            "{\"timestamp\": 0, \"input_length\": 10, "
                                            "\"output_length\": 2, \"hash_ids\": [1]}\n{oops\n");
+  const std::string session_trace = tmp_.Write(
+      "session.jsonl",
+      "{\"timestamp\": 0, \"input_length\": 10, \"output_length\": 2, \"session_id\": 1}\n"
+      "{\"input_length\": 10, \"output_length\": 2, \"session_id\": 1}\n");
   struct Case {
     std::vector<std::string> args;
     int exit_code;
@@ -366,6 +480,9 @@ TEST_F(ReplayTest, BadCommandLinesAndTracesWriteNothing) {
       {{"--endpoint", server.url(), "--trace", trace_, "--timeout", "0"}, 2, {"--timeout"}},
       {{"--endpoint", server.url(), "--trace", trace_, "--progress", "maybe"}, 2, {"--progress"}},
       {{"--endpoint", server.url(), "--trace", trace_, "--rate-scale", "0"}, 2, {"--rate-scale"}},
+      {{"--endpoint", server.url(), "--trace", session_trace, "--concurrency", "2"},
+       2,
+       {session_trace, "closed loop", "follow others"}},
       {{"--trace", trace_}, 2, {"--endpoint"}},
       {{"--endpoint", server.url()}, 2, {"--trace"}},
       {{"--endpoint", server.url(), "--trace", bad_trace}, 1, {bad_trace + ":2:", "invalid JSON"}},

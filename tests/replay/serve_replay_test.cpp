@@ -2,7 +2,9 @@
 // 127.0.0.1): a small synthetic trace with shared prefixes replays end to end, every request
 // completes, the files pass the METRICS.md schema check for live runs, Duet's queue time and
 // instances reach requests.csv, shared prefixes hit the server's prefix cache, and
-// `duet simulate` of the same trace writes the same columns for the same requests.
+// `duet simulate` of the same trace writes the same columns for the same requests; a session
+// trace's turns carry their predecessors' replies to the server, whose cache hits on them as the
+// simulator's do.
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <poll.h>
@@ -159,6 +161,58 @@ TEST(ServeReplay, ATraceReplaysEndToEndAndComparesColumnByColumnWithTheSimulator
   ASSERT_EQ(sim_rows.size(), rows.size());
   for (std::size_t i = 0; i < rows.size(); ++i) {
     for (const char* column : {"request_id", "input_tokens", "output_tokens"})
+      EXPECT_EQ(rows.Get(i, column), sim_rows.Get(i, column)) << column << " of row " << i;
+  }
+}
+
+// A conversation replayed live: each turn's prompt carries the previous turn's prompt and the
+// reply's very tokens, so the server's prefix cache holds the reply's full blocks (the engine
+// caches output at completion) and a turn hits more than its predecessor's prompt. The
+// simulator, which caches a continued request's output the same way, finds the same hits.
+TEST(ServeReplay, ASessionsTurnsHitTheirPredecessorsReplyLiveAndSimulated) {
+  TempDir tmp;
+  const std::string model = tmp.File("model");
+  const RunResult made = RunDuet({"make-test-model", "--out", model});
+  ASSERT_EQ(made.exit_code, 0) << made;
+  // Prompts of 70, 70 + 40 + 12 = 122 and 122 + 20 + 9 = 151 tokens.
+  const std::string trace = tmp.Write("session.jsonl", R"(
+{"timestamp": 0, "input_length": 70, "output_length": 40, "hash_ids": [1], "session_id": "a"}
+{"input_length": 12, "output_length": 20, "session_id": "a", "delay": 50}
+{"input_length": 9, "output_length": 10, "session_id": "a", "delay": 50}
+)");
+  ServeProcess server({"--model", model, "--port", "0", "--instances", "1", "--threads", "1"},
+                      tmp.File("serve.log"));
+  ASSERT_FALSE(server.url().empty()) << "duet serve did not start:\n"
+                                     << ReadFile(tmp.File("serve.log"));
+  const std::string live = tmp.File("live");
+  const RunResult replay = RunDuet({"replay", "--endpoint", server.url(), "--trace", trace,
+                                    "--vocab-size", "512", "--out", live, "--timeout", "120"});
+  EXPECT_EQ(replay.exit_code, 0) << replay;
+  EXPECT_EQ(server.Stop(), 0) << ReadFile(tmp.File("serve.log"));
+  ExpectMetricsSchema(live, RunKind::kLive);
+  const Csv rows = Csv::Read(live + "/requests.csv");
+  ASSERT_EQ(rows.size(), 3u);
+  const std::vector<double> inputs = {70, 122, 151};
+  for (std::size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(rows.Get(i, "status"), "completed") << i;
+    EXPECT_EQ(rows.Number(i, "input_tokens"), inputs[i]) << i;
+  }
+  // More than the predecessor's whole prompt: blocks of its reply were hits.
+  EXPECT_GT(rows.Number(1, "cached_tokens"), 70);
+  EXPECT_GT(rows.Number(2, "cached_tokens"), 122);
+
+  nlohmann::json cluster = ReadJson(SourceDir() + "/tests/data/2colo-tiny-dram.json");
+  cluster["model"] = model;
+  cluster.erase("tiers");
+  cluster["instances"][0]["count"] = 1;
+  const std::string cluster_path = tmp.File("cluster.json");
+  WriteJson(cluster_path, cluster);
+  const std::string simulated = tmp.File("simulated");
+  Simulate(simulated, {"--cluster", cluster_path, "--trace", trace});
+  const Csv sim_rows = Csv::Read(simulated + "/requests.csv");
+  ASSERT_EQ(sim_rows.size(), 3u);
+  for (std::size_t i = 0; i < 3; ++i) {
+    for (const char* column : {"input_tokens", "output_tokens", "cached_tokens", "session"})
       EXPECT_EQ(rows.Get(i, column), sim_rows.Get(i, column)) << column << " of row " << i;
   }
 }
