@@ -105,6 +105,40 @@ constexpr const char* kTraceSpec = R"({
 })";
 constexpr int kRequests = 30;
 
+// Serves the test model `model` (`duet serve` with `serve_args` added), replays `trace` against
+// it, stops the server and checks the files: the directory they are in.
+std::string ServeAndReplay(TempDir& tmp, const std::string& model, const std::string& trace,
+                           const std::vector<std::string>& serve_args) {
+  std::vector<std::string> args = {"--model", model, "--port", "0", "--threads", "1"};
+  args.insert(args.end(), serve_args.begin(), serve_args.end());
+  ServeProcess server(args, tmp.File("serve.log"));
+  EXPECT_FALSE(server.url().empty()) << "duet serve did not start:\n"
+                                     << ReadFile(tmp.File("serve.log"));
+  const std::string live = tmp.File("live");
+  const RunResult replay = RunDuet({"replay", "--endpoint", server.url(), "--trace", trace,
+                                    "--vocab-size", "512", "--out", live, "--timeout", "120"});
+  EXPECT_EQ(replay.exit_code, 0) << replay;
+  EXPECT_EQ(server.Stop(), 0) << ReadFile(tmp.File("serve.log"));
+  ExpectMetricsSchema(live, RunKind::kLive);
+  return live;
+}
+
+// `trace` simulated on `instances` colocated instances of the test model `model`: the
+// requests.csv rows.
+Csv SimulateOnTheTestModel(TempDir& tmp, const std::string& model, const std::string& trace,
+                           int instances) {
+  nlohmann::json cluster = ReadJson(SourceDir() + "/tests/data/2colo-tiny-dram.json");
+  cluster["model"] = model;
+  cluster.erase("tiers");
+  cluster["instances"][0]["count"] = instances;
+  const std::string cluster_path = tmp.File("cluster.json");
+  WriteJson(cluster_path, cluster);
+  const std::string simulated = tmp.File("simulated");
+  Simulate(simulated, {"--cluster", cluster_path, "--trace", trace});
+  ExpectMetricsSchema(simulated, RunKind::kSimulated);
+  return Csv::Read(simulated + "/requests.csv");
+}
+
 TEST(ServeReplay, ATraceReplaysEndToEndAndComparesColumnByColumnWithTheSimulator) {
   TempDir tmp;
   const std::string model = tmp.File("model");
@@ -115,18 +149,8 @@ TEST(ServeReplay, ATraceReplaysEndToEndAndComparesColumnByColumnWithTheSimulator
   // Round-robin: both instances serve whatever the timing (least-loaded sends every request
   // to the first instance when each one finishes before the next arrives, as the test model's
   // do on an idle machine).
-  ServeProcess server({"--model", model, "--port", "0", "--instances", "2", "--threads", "1",
-                       "--router", "round-robin"},
-                      tmp.File("serve.log"));
-  ASSERT_FALSE(server.url().empty()) << "duet serve did not start:\n"
-                                     << ReadFile(tmp.File("serve.log"));
-  const std::string live = tmp.File("live");
-  const RunResult replay = RunDuet({"replay", "--endpoint", server.url(), "--trace", trace,
-                                    "--vocab-size", "512", "--out", live, "--timeout", "120"});
-  EXPECT_EQ(replay.exit_code, 0) << replay;
-  EXPECT_EQ(server.Stop(), 0) << ReadFile(tmp.File("serve.log"));
-
-  ExpectMetricsSchema(live, RunKind::kLive);
+  const std::string live =
+      ServeAndReplay(tmp, model, trace, {"--instances", "2", "--router", "round-robin"});
   const nlohmann::json s = ReadJson(live + "/summary.json");
   EXPECT_EQ(s["requests"]["total"], kRequests);
   EXPECT_EQ(s["requests"]["completed"], kRequests) << s.dump(2);
@@ -145,17 +169,9 @@ TEST(ServeReplay, ATraceReplaysEndToEndAndComparesColumnByColumnWithTheSimulator
 
   // The same trace simulated on two colocated instances of the same model: the same columns,
   // the same requests with the same token counts.
-  nlohmann::json cluster = ReadJson(SourceDir() + "/tests/data/2colo-tiny-dram.json");
-  cluster["model"] = model;
-  cluster.erase("tiers");
-  const std::string cluster_path = tmp.File("cluster.json");
-  WriteJson(cluster_path, cluster);
-  const std::string simulated = tmp.File("simulated");
-  Simulate(simulated, {"--cluster", cluster_path, "--trace", trace});
-  ExpectMetricsSchema(simulated, RunKind::kSimulated);
-  const Csv sim_rows = Csv::Read(simulated + "/requests.csv");
+  const Csv sim_rows = SimulateOnTheTestModel(tmp, model, trace, 2);
   const std::string live_csv = ReadFile(live + "/requests.csv");
-  const std::string sim_csv = ReadFile(simulated + "/requests.csv");
+  const std::string sim_csv = ReadFile(tmp.File("simulated") + "/requests.csv");
   ASSERT_NE(live_csv.find('\n'), std::string::npos);
   EXPECT_EQ(live_csv.substr(0, live_csv.find('\n')), sim_csv.substr(0, sim_csv.find('\n')));
   ASSERT_EQ(sim_rows.size(), rows.size());
@@ -180,16 +196,7 @@ TEST(ServeReplay, ASessionsTurnsHitTheirPredecessorsReplyLiveAndSimulated) {
 {"input_length": 12, "output_length": 20, "session_id": "a", "delay": 50}
 {"input_length": 9, "output_length": 10, "session_id": "a", "delay": 50}
 )");
-  ServeProcess server({"--model", model, "--port", "0", "--instances", "1", "--threads", "1"},
-                      tmp.File("serve.log"));
-  ASSERT_FALSE(server.url().empty()) << "duet serve did not start:\n"
-                                     << ReadFile(tmp.File("serve.log"));
-  const std::string live = tmp.File("live");
-  const RunResult replay = RunDuet({"replay", "--endpoint", server.url(), "--trace", trace,
-                                    "--vocab-size", "512", "--out", live, "--timeout", "120"});
-  EXPECT_EQ(replay.exit_code, 0) << replay;
-  EXPECT_EQ(server.Stop(), 0) << ReadFile(tmp.File("serve.log"));
-  ExpectMetricsSchema(live, RunKind::kLive);
+  const std::string live = ServeAndReplay(tmp, model, trace, {"--instances", "1"});
   const Csv rows = Csv::Read(live + "/requests.csv");
   ASSERT_EQ(rows.size(), 3u);
   const std::vector<double> inputs = {70, 122, 151};
@@ -201,15 +208,7 @@ TEST(ServeReplay, ASessionsTurnsHitTheirPredecessorsReplyLiveAndSimulated) {
   EXPECT_GT(rows.Number(1, "cached_tokens"), 70);
   EXPECT_GT(rows.Number(2, "cached_tokens"), 122);
 
-  nlohmann::json cluster = ReadJson(SourceDir() + "/tests/data/2colo-tiny-dram.json");
-  cluster["model"] = model;
-  cluster.erase("tiers");
-  cluster["instances"][0]["count"] = 1;
-  const std::string cluster_path = tmp.File("cluster.json");
-  WriteJson(cluster_path, cluster);
-  const std::string simulated = tmp.File("simulated");
-  Simulate(simulated, {"--cluster", cluster_path, "--trace", trace});
-  const Csv sim_rows = Csv::Read(simulated + "/requests.csv");
+  const Csv sim_rows = SimulateOnTheTestModel(tmp, model, trace, 1);
   ASSERT_EQ(sim_rows.size(), 3u);
   for (std::size_t i = 0; i < 3; ++i) {
     for (const char* column : {"input_tokens", "output_tokens", "cached_tokens", "session"})
