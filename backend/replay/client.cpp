@@ -7,6 +7,7 @@
 
 #include <sys/resource.h>
 
+#include <algorithm>
 #include <array>
 #include <boost/asio.hpp>
 #include <boost/beast/core.hpp>
@@ -544,7 +545,12 @@ void Session::OnEvent(const SseEvent& event, Clock::time_point now) {
     finish_reason_ = chunk->finish_reason;
     finish_seen_ = now;
   }
-  reply_ids_.insert(reply_ids_.end(), chunk->token_ids.begin(), chunk->token_ids.end());
+  // Kept up to one past the tokens asked for: more is a mismatch already (and a server that
+  // streams ids without end cannot exhaust memory).
+  const std::size_t room = static_cast<std::size_t>(request_.output_tokens) + 1 - reply_ids_.size();
+  reply_ids_.insert(reply_ids_.end(), chunk->token_ids.begin(),
+                    chunk->token_ids.begin() +
+                        static_cast<std::ptrdiff_t>(std::min(room, chunk->token_ids.size())));
   if (chunk->prompt_tokens) usage_.prompt_tokens = chunk->prompt_tokens;
   if (chunk->completion_tokens) usage_.completion_tokens = chunk->completion_tokens;
   if (chunk->cached_tokens) usage_.cached_tokens = chunk->cached_tokens;
