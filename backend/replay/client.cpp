@@ -36,19 +36,18 @@ using policies::Request;
 using policies::RequestState;
 
 // Error kinds (keys of summary.json's replay.errors; docs/outputs.md lists them).
-constexpr const char* kConnect = "connect";             // no TCP connection
-constexpr const char* kSend = "send";                   // writing the request failed
-constexpr const char* kRead = "read";                   // a socket error while reading
-constexpr const char* kClosed = "closed_mid_stream";    // connection closed early
-constexpr const char* kMalformed = "malformed_stream";  // not a completion stream
-constexpr const char* kStreamError = "stream_error";    // an error object in the stream
-constexpr const char* kNoFinish = "no_finish_reason";   // ended without a finish_reason
-constexpr const char* kTimeout = "timeout";             // --timeout passed
-constexpr const char* kInterrupted = "interrupted";     // SIGINT/SIGTERM while in flight
-constexpr const char* kNotSent = "not_sent";            // SIGINT/SIGTERM before its send
-constexpr const char* kDependency = "dependency";       // never sent: a request it follows did not
-                                                        // complete, or its reply had no token ids
-constexpr std::size_t kErrorBodyBytes = 4096;           // kept of an HTTP error reply
+constexpr const char* kConnect = "connect";                    // no TCP connection
+constexpr const char* kSend = "send";                          // writing the request failed
+constexpr const char* kRead = "read";                          // a socket error while reading
+constexpr const char* kClosed = "closed_mid_stream";           // connection closed early
+constexpr const char* kMalformed = "malformed_stream";         // not a completion stream
+constexpr const char* kStreamError = "stream_error";           // an error object in the stream
+constexpr const char* kNoFinish = "no_finish_reason";          // ended without a finish_reason
+constexpr const char* kTimeout = "timeout";                    // --timeout passed
+constexpr const char* kInterrupted = "interrupted";            // SIGINT/SIGTERM while in flight
+constexpr const char* kNotSent = "not_sent";                   // SIGINT/SIGTERM before its send
+constexpr const char* kDependency = "dependency";              // its dependency cannot go on
+constexpr std::size_t kErrorBodyBytes = 4096;                  // kept of an HTTP error reply
 constexpr std::size_t kJsonBodyBytes = std::size_t{64} << 20;  // a non-streamed reply, at most
 constexpr Seconds kProgressPeriodS = 0.5;
 
