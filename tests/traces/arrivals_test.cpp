@@ -250,6 +250,28 @@ TEST(ArrivalsDependencies, IdsNeedNotBePositions) {
   EXPECT_TRUE(a.Exhausted());
 }
 
+// A parent also listed in `after` is still the parent (its context is continued), counted once.
+TEST(ArrivalsDependencies, AParentAlsoInAfterStaysTheParent) {
+  Trace trace = MakeTrace({{0, std::nullopt, {}, 0}, {0, std::nullopt, {}, 0}, {0, 0, {1, 0}, 0}});
+  trace.requests[0].session = "a";
+  trace.requests[2].session = "a";
+  trace.requests[1].session = "b";
+  Arrivals a = Make(trace);
+  EXPECT_EQ(a.parent(2), 0u);
+  EXPECT_EQ(a.continuations(0), 1u);
+  EXPECT_EQ(a.continuations(1), 0u);
+  EXPECT_EQ(a.session(0), 0);
+  EXPECT_EQ(a.session(1), 1);
+  EXPECT_EQ(a.session(2), 0);
+  EXPECT_TRUE(Takes(a, 0, 0, 0));
+  EXPECT_TRUE(Takes(a, 0, 1, 0));
+  a.OnFinished(1, 1, true);
+  EXPECT_FALSE(a.TakeDue(5));  // still waits for its parent
+  a.OnFinished(0, 2, true);
+  EXPECT_TRUE(Takes(a, 2, 2, 2));
+  EXPECT_TRUE(a.Exhausted());
+}
+
 // ---- Closed loop -----------------------------------------------------------------------------
 
 TEST(ArrivalsClosedLoop, UsersSendTheNextRequestAfterThinkTime) {
