@@ -278,15 +278,18 @@ TEST_F(ReplayTest, ClosedLoopSendsWhenAUserIsFree) {
 
 // Session turns live: a later turn is sent its think time after its predecessor's reply ended,
 // and its prompt is the predecessor's prompt, the reply's very token ids (which the request
-// that later turns continue asked for), then new tokens of its own.
+// that later turns continue asked for), then new tokens of its own. An agent step that waits
+// for two requests (after) is sent its delay after the later one finished, with a prompt of
+// its own.
 TEST_F(ReplayTest, SessionTurnsCarryThePredecessorsPromptAndReply) {
   FakeServer server;
   const std::string trace = tmp_.Write(
       "sessions.jsonl",
       R"({"timestamp": 0, "input_length": 64, "output_length": 4, "hash_ids": [1], "session_id": "a"}
-{"timestamp": 50, "input_length": 32, "output_length": 5, "hash_ids": [2], "session_id": "b"}
+{"timestamp": 50, "input_length": 32, "output_length": 5, "hash_ids": [2], "session_id": "b", "request_id": "b1"}
 {"input_length": 10, "output_length": 3, "session_id": "a", "delay": 100}
-{"input_length": 6, "output_length": 2, "session_id": "a"}
+{"input_length": 6, "output_length": 2, "session_id": "a", "request_id": "a3"}
+{"timestamp": 0, "input_length": 20, "output_length": 2, "hash_ids": [5], "after": ["b1", "a3"], "delay": 50}
 )");
   const std::string out = tmp_.File("out");
   // Prompt ids below the fake server's reply ids: where each came from shows.
@@ -294,14 +297,14 @@ TEST_F(ReplayTest, SessionTurnsCarryThePredecessorsPromptAndReply) {
                               "--vocab-size", std::to_string(replay_test::kReplyTokenBase)});
   ASSERT_EQ(r.exit_code, 0) << r;
   const nlohmann::json s = ReadJson(out + "/summary.json");
-  EXPECT_EQ(s["requests"]["completed"], 4) << s.dump(2);
+  EXPECT_EQ(s["requests"]["completed"], 5) << s.dump(2);
   EXPECT_EQ(s["sessions"]["count"], 2);
   EXPECT_EQ(s["replay"]["prompt_tokens_mismatched"], 0);
 
   // The bodies by prompt length: 64, 32, then 64 + 4 + 10 = 78 and 78 + 3 + 6 = 87.
   std::map<std::size_t, nlohmann::json> by_length;
   for (const nlohmann::json& b : server.Completions()) by_length[b["prompt"].size()] = b;
-  ASSERT_EQ(by_length.size(), 4u);
+  ASSERT_EQ(by_length.size(), 5u);
   ASSERT_TRUE(by_length.count(64) && by_length.count(78) && by_length.count(87));
   const auto p0 = by_length[64]["prompt"].get<std::vector<std::int32_t>>();
   const auto p1 = by_length[78]["prompt"].get<std::vector<std::int32_t>>();
@@ -329,13 +332,14 @@ TEST_F(ReplayTest, SessionTurnsCarryThePredecessorsPromptAndReply) {
   EXPECT_EQ(by_length[78].value("return_token_ids", false), true);
   EXPECT_FALSE(by_length[87].contains("return_token_ids"));
   EXPECT_FALSE(by_length[32].contains("return_token_ids"));
+  EXPECT_FALSE(by_length[20].contains("return_token_ids"));
 
   // requests.csv in trace order: sessions, prompts sent, and the think time after the reply.
   const Csv csv = Csv::Read(out + "/requests.csv");
-  ASSERT_EQ(csv.size(), 4u);
-  const std::vector<std::string> sessions = {"0", "1", "0", "0"};
-  const std::vector<double> inputs = {64, 32, 78, 87};
-  for (std::size_t i = 0; i < 4; ++i) {
+  ASSERT_EQ(csv.size(), 5u);
+  const std::vector<std::string> sessions = {"0", "1", "0", "0", ""};  // the step has none
+  const std::vector<double> inputs = {64, 32, 78, 87, 20};
+  for (std::size_t i = 0; i < 5; ++i) {
     EXPECT_EQ(csv.Get(i, "session"), sessions[i]) << i;
     EXPECT_EQ(csv.Number(i, "input_tokens"), inputs[i]) << i;
   }
@@ -344,6 +348,8 @@ TEST_F(ReplayTest, SessionTurnsCarryThePredecessorsPromptAndReply) {
   };
   EXPECT_TRUE(Late(csv.Number(2, "arrival_s") * 1e3, finished_ms(0) + 100, "turn 2's send"));
   EXPECT_TRUE(Late(csv.Number(3, "arrival_s") * 1e3, finished_ms(2), "turn 3's send"));
+  EXPECT_TRUE(Late(csv.Number(4, "arrival_s") * 1e3, std::max(finished_ms(1), finished_ms(3)) + 50,
+                   "the agent step's send"));
 }
 
 // A turn cannot be sent when its predecessor was not served (rejected: HTTP 429), nor when the
