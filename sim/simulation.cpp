@@ -232,7 +232,6 @@ struct World {
   // When requests are sent (open loop, sessions, closed loop) and, with sessions, how many
   // later turns still need each request's context hashes.
   std::optional<traces::Arrivals> arrivals;
-  std::vector<std::uint32_t> continuations_left;
   // Arrival times that depend on finishes: the frontend sleeps on `wake` until the next known
   // arrival, and a finish wakes it.
   sg4::MutexPtr wake_mutex;
@@ -524,7 +523,7 @@ void SimSink::OnFinished(const Request& request) {
   // Mooncake request, before the record is copied.
   const auto k = static_cast<std::size_t>(&request - world_.requests.data());
   Request& r = world_.requests[k];
-  if (world_.continuations_left.empty() || world_.continuations_left[k] == 0) {
+  if (world_.arrivals->continuations_left(k) == 0) {
     std::vector<policies::BlockHash>().swap(r.block_hashes);
   } else if (world_.pooled && !world_.cluster.pd() && r.state == RequestState::kCompleted) {
     // Colocated instances cache the output of a request that later turns continue (the engine
@@ -628,7 +627,7 @@ void LookUpPooled(World& w, const Request& r) {
 // A later turn of request `p` took its context hashes (or will never need them): once no turn
 // needs them and `p` finished, they go.
 void ReleaseContext(World& w, std::size_t p) {
-  if (--w.continuations_left[p] == 0 && policies::IsFinished(w.requests[p].state))
+  if (w.arrivals->continuations_left(p) == 0 && policies::IsFinished(w.requests[p].state))
     std::vector<policies::BlockHash>().swap(w.requests[p].block_hashes);
 }
 
@@ -652,7 +651,7 @@ void SetBlockHashes(World& w, std::size_t k) {
         policies::EngineBlockHashes(tr.block_ids, w.trace.block_tokens, r.input_tokens, block);
   }
   // Prompt content no trace id names, and the output, are this request's own.
-  if (!w.continuations_left.empty() && w.continuations_left[k] > 0)
+  if (w.arrivals->continuations_left(k) > 0)
     policies::ExtendUniqueBlockHashes(r.block_hashes, r.id,
                                       (r.input_tokens + r.output_tokens) / block);
 }
@@ -940,11 +939,6 @@ Result<SimReport> Simulate(const ClusterSpec& cluster, const traces::Trace& trac
     const auto n = static_cast<double>(trace.requests.size());
     w.allowed_misses =
         static_cast<std::size_t>(n - std::ceil(options.stop_below_attainment * n - 1e-9));
-  }
-  if (trace.HasDependencies()) {
-    w.continuations_left.resize(trace.requests.size());
-    for (std::size_t k = 0; k < trace.requests.size(); ++k)
-      w.continuations_left[k] = w.arrivals->continuations(k);
   }
   if (w.arrivals->dynamic()) {
     w.wake_mutex = sg4::Mutex::create();

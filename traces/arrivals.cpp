@@ -126,6 +126,7 @@ std::optional<Arrivals::Due> Arrivals::TakeDue(Seconds now) {
   const auto [ready_s, k] = ready_.top();
   ready_.pop();
   ++released_;
+  if (parent_[k] != kNone) --continuations_[parent_[k]];
   return Due{k, ready_s};
 }
 
@@ -172,6 +173,7 @@ std::optional<Arrivals::Dropped> Arrivals::TakeDropped() {
   const Dropped d = dropped_queue_.front();
   dropped_queue_.pop_front();
   ++released_;
+  if (parent_[d.index] != kNone) --continuations_[parent_[d.index]];
   return d;
 }
 

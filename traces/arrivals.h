@@ -64,8 +64,9 @@ class Arrivals {
     if (parent_.empty() || parent_[index] == kNone) return std::nullopt;
     return parent_[index];
   }
-  // How many requests continue request `index`'s context (name it as their parent).
-  std::uint32_t continuations(std::size_t index) const {
+  // How many requests that continue request `index`'s context (name it as their parent) are
+  // neither sent (TakeDue) nor dropped (TakeDropped) yet: its context is needed until then.
+  std::uint32_t continuations_left(std::size_t index) const {
     return continuations_.empty() ? 0 : continuations_[index];
   }
   // The number of request `index`'s session (its closed-loop user, or its trace session in
@@ -97,7 +98,7 @@ class Arrivals {
   std::vector<bool> dropped_;
   static constexpr std::size_t kNone = static_cast<std::size_t>(-1);
   std::vector<std::size_t> parent_;               // kNone: no parent
-  std::vector<std::uint32_t> continuations_;      // requests naming each one as their parent
+  std::vector<std::uint32_t> continuations_;      // continuations_left, per request
   std::vector<std::int64_t> session_of_;          // trace sessions, numbered; -1: none
   std::size_t waiting_ = 0;                       // dependents neither released nor dropped
   using Timed = std::pair<Seconds, std::size_t>;  // (time, request or user), earliest first

@@ -158,9 +158,6 @@ class Replay {
                            ? 0.0
                            : trace.requests.front().arrival_s;
     states_.assign(trace.requests.size(), RequestState::kArrived);
-    continuations_left_.resize(trace.requests.size());
-    for (std::size_t k = 0; k < trace.requests.size(); ++k)
-      continuations_left_[k] = arrivals_.continuations(k);
   }
 
   ReplayReport Run() {
@@ -273,7 +270,7 @@ class Replay {
 
   // A later turn of request `parent` was sent or dropped: its context is freed after the last.
   void ReleaseContext(std::size_t parent) {
-    if (--continuations_left_[parent] == 0) {
+    if (arrivals_.continuations_left(parent) == 0) {
       contexts_.erase(parent);
       unusable_.erase(parent);
     }
@@ -307,7 +304,7 @@ class Replay {
     } else {
       prompt = traces::BuildPrompt(r, trace_.block_tokens, options_.prompt);
     }
-    const bool continued = arrivals_.continuations(k) > 0;
+    const bool continued = arrivals_.continuations_left(k) > 0;
     // The body exists only while the request is being sent, and a prompt only until the last
     // turn that continues it is sent: memory stays bounded by the requests in flight and the
     // conversations open, not by the trace.
@@ -398,7 +395,6 @@ class Replay {
   // Sessions: the prompt and reply of each request whose later turns are not all sent yet,
   // and why one that completed cannot be continued.
   std::unordered_map<std::size_t, std::vector<std::int32_t>> contexts_;
-  std::vector<std::uint32_t> continuations_left_;
   std::unordered_map<std::size_t, std::string> unusable_;
   std::vector<double> send_lag_ms_;
   ReplayReport report_;

@@ -258,8 +258,8 @@ TEST(ArrivalsDependencies, AParentAlsoInAfterStaysTheParent) {
   trace.requests[1].session = "b";
   Arrivals a = Make(trace);
   EXPECT_EQ(a.parent(2), 0u);
-  EXPECT_EQ(a.continuations(0), 1u);
-  EXPECT_EQ(a.continuations(1), 0u);
+  EXPECT_EQ(a.continuations_left(0), 1u);
+  EXPECT_EQ(a.continuations_left(1), 0u);
   EXPECT_EQ(a.session(0), 0);
   EXPECT_EQ(a.session(1), 1);
   EXPECT_EQ(a.session(2), 0);
@@ -269,6 +269,7 @@ TEST(ArrivalsDependencies, AParentAlsoInAfterStaysTheParent) {
   EXPECT_FALSE(a.TakeDue(5));  // still waits for its parent
   a.OnFinished(0, 2, true);
   EXPECT_TRUE(Takes(a, 2, 2, 2));
+  EXPECT_EQ(a.continuations_left(0), 0u);  // sent: its parent's context is no longer needed
   EXPECT_TRUE(a.Exhausted());
 }
 
