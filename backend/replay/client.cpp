@@ -245,20 +245,15 @@ class Replay {
   // the simulator records them.
   void RecordDropped() {
     while (const auto dropped = arrivals_.TakeDropped()) {
-      const traces::TraceRequest& r = trace_.requests[dropped->index];
       const auto unusable = unusable_.find(dropped->cause);
-      Request record;
-      record.id = r.id;
-      record.arrival_s = record.finished_s = RunSeconds(Clock::now());
-      record.input_tokens = r.input_tokens;
-      record.output_tokens = r.output_tokens;
-      record.state = RequestState::kRejected;
-      record.session = arrivals_.session(dropped->index);
       const std::string cause = "request " + std::to_string(trace_.requests[dropped->cause].id);
-      record.reason = unusable != unusable_.end()
-                          ? "dependency unusable: " + cause + " completed, but " + unusable->second
-                          : "dependency not completed: " + cause + " was " +
-                                policies::ToString(states_[dropped->cause]);
+      Request record =
+          UnsentRecord(dropped->index, RunSeconds(Clock::now()), RequestState::kRejected,
+                       unusable != unusable_.end()
+                           ? "dependency unusable: " + cause + " completed, but " + unusable->second
+                           : "dependency not completed: " + cause + " was " +
+                                 policies::ToString(states_[dropped->cause]));
+      record.finished_s = record.arrival_s;
       ++report_.errors[kDependency];
       metrics_.OnFinished(record);
       states_[dropped->index] = record.state;
@@ -266,6 +261,21 @@ class Replay {
       if (const auto parent = arrivals_.parent(dropped->index)) ReleaseContext(*parent);
       ++recorded_;
     }
+  }
+
+  // The final record of request `index`, never sent.
+  Request UnsentRecord(std::size_t index, Seconds arrival_s, RequestState state,
+                       std::string reason) const {
+    const traces::TraceRequest& r = trace_.requests[index];
+    Request record;
+    record.id = r.id;
+    record.arrival_s = arrival_s;
+    record.input_tokens = r.input_tokens;
+    record.output_tokens = r.output_tokens;
+    record.state = state;
+    record.session = arrivals_.session(index);
+    record.reason = std::move(reason);
+    return record;
   }
 
   // A later turn of request `parent` was sent or dropped: its context is freed after the last.
@@ -332,15 +342,10 @@ class Replay {
     // Every request without a record now was never sent.
     for (std::size_t next = 0; next < trace_.requests.size(); ++next) {
       if (policies::IsFinished(states_[next])) continue;
-      const traces::TraceRequest& r = trace_.requests[next];
-      Request record;
-      record.id = r.id;
-      record.arrival_s = r.arrival_s;
-      record.input_tokens = r.input_tokens;
-      record.output_tokens = r.output_tokens;
-      record.state = RequestState::kFailed;
-      record.reason = "not sent: the run was interrupted";
-      Record(next, record, {}, kNotSent, {});
+      Record(next,
+             UnsentRecord(next, trace_.requests[next].arrival_s, RequestState::kFailed,
+                          "not sent: the run was interrupted"),
+             {}, kNotSent, {});
     }
     CheckDone();
   }
