@@ -6,11 +6,16 @@
 // stop a run before it writes anything.
 #include <gtest/gtest-spi.h>
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "tests/common/metrics_schema.h"
@@ -387,6 +392,59 @@ TEST_F(ReplayTest, TurnsWhosePredecessorCannotBeContinuedAreRejected) {
   EXPECT_EQ(csv.Get(3, "reason"), "dependency not completed: request 1 was rejected");
   EXPECT_EQ(csv.Get(4, "reason"), "dependency not completed: request 3 was rejected");
   EXPECT_EQ(csv.Get(5, "status"), "completed");
+  ExpectMetricsSchema(out, RunKind::kLive);
+}
+
+// SIGINT ends a run early: the request in flight fails ("interrupted"), every request not sent
+// yet is recorded as not sent, whatever order the trace's dependencies send them in (here a
+// later turn, due in a minute, waits while a request after it in arrival order was sent), and
+// the files are written.
+TEST_F(ReplayTest, SigintRecordsTheRequestsNotSentAndWritesTheFiles) {
+  FakeServer server;
+  const std::string trace = tmp_.Write(
+      "sessions.jsonl",
+      R"({"timestamp": 0, "input_length": 64, "output_length": 4, "hash_ids": [1], "session_id": "a"}
+{"timestamp": 300, "input_length": 32, "output_length": 60, "hash_ids": [2]}
+{"input_length": 10, "output_length": 4, "session_id": "a", "delay": 60000}
+)");
+  const std::string out = tmp_.File("out");
+  std::vector<std::string> argv_s = {DuetBinary(), "replay", "--endpoint", server.url(), "--trace",
+                                     trace,        "--out",  out,          "--progress", "never"};
+  std::vector<char*> argv;
+  for (auto& a : argv_s) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    std::FILE* f = std::freopen(tmp_.File("stderr").c_str(), "w", stderr);
+    (void)f;
+    ::execv(argv[0], argv.data());
+    ::_exit(127);
+  }
+  // The second request is streaming (1.3 s of chunks) once the server has its body.
+  bool streaming = false;
+  for (int i = 0; i < 300 && !streaming; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    streaming = server.Completions().size() == 2;
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  ::kill(pid, SIGINT);
+  int status = 0;
+  for (int i = 0; i < 300 && ::waitpid(pid, &status, WNOHANG) == 0; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  ASSERT_TRUE(streaming) << "the second request was never sent";
+  ASSERT_TRUE(WIFEXITED(status)) << "duet replay did not exit after SIGINT";
+  EXPECT_EQ(WEXITSTATUS(status), 1) << ReadFile(tmp_.File("stderr"));
+
+  const nlohmann::json s = ReadJson(out + "/summary.json");
+  EXPECT_EQ(s["replay"]["interrupted"], true);
+  EXPECT_EQ(s["replay"]["errors"], nlohmann::json({{"interrupted", 1}, {"not_sent", 1}}));
+  const Csv csv = Csv::Read(out + "/requests.csv");
+  ASSERT_EQ(csv.size(), 3u);
+  for (std::size_t i = 0; i < 3; ++i) EXPECT_EQ(csv.Get(i, "request_id"), std::to_string(i));
+  EXPECT_EQ(csv.Get(0, "status"), "completed");
+  EXPECT_EQ(csv.Get(1, "reason"), "interrupted before the reply ended");
+  EXPECT_EQ(csv.Get(2, "reason"), "not sent: the run was interrupted");
   ExpectMetricsSchema(out, RunKind::kLive);
 }
 
