@@ -2,7 +2,8 @@
 # KV pull throughput of the UCX transport (issue 10's goal: 90% of ucx_perftest from 64 KiB up)
 # beside ucx_perftest's ucp_get on the same UCX transport and message sizes, in the same run,
 # over loopback on this machine. Duet: duet_kv_transfer_bench, one block of SIZE per transfer,
-# transfers back to back, two ways: same process (two UcxKvTransports, the source progressed by
+# transfers back to back, from a source region in memory UCX allocated (as a prefill worker's KV)
+# into one on the heap (as a decode worker's), two ways: same process (two UcxKvTransports, the source progressed by
 # a spinning thread), and two processes as `duet worker` runs them (a prefill worker's
 # transport, progressed by its thread asleep on UCX's wake-up descriptor, pulled from by a
 # decode worker's). Peer: ucx_perftest -t ucp_get, server and client processes (ucx-utils).
@@ -13,7 +14,7 @@ ITERS="${1:-200}"
 WARMUP=20
 BENCH=build/bin/duet_kv_transfer_bench
 [ -x "$BENCH" ] || { echo "build first (needs UCX): scripts/setup.sh" >&2; exit 1; }
-command -v ucx_perftest >/dev/null || { echo "needs ucx_perftest: apt-get install ucx-utils" >&2; exit 1; }
+command -v ucx_perftest >/dev/null || { echo "needs ucx_perftest (ucx-utils): scripts/setup.sh" >&2; exit 1; }
 SIZES=(65536 262144 1048576 4194304 16777216)
 port=13500
 
