@@ -27,9 +27,12 @@ std::string DescribeFeatures() {
 Result<std::unique_ptr<ForwardModel>> CreateForwardModel(LoadedModel model,
                                                          const ModelPlacement& placement) {
   if (placement.device == "cpu") {
-    auto m = CpuModel::Create(std::move(model),
-                              {placement.num_blocks, placement.block_tokens, placement.cpu_threads,
-                               /*kv_cache_dtype=*/std::nullopt});
+    CpuModelOptions options;
+    options.num_blocks = placement.num_blocks;
+    options.block_tokens = placement.block_tokens;
+    options.threads = placement.cpu_threads;
+    options.kv_allocator = placement.kv_allocator;
+    auto m = CpuModel::Create(std::move(model), options);
     if (!m) return m.status();
     return std::unique_ptr<ForwardModel>(std::move(*m));
   }

@@ -29,6 +29,9 @@ struct ModelPlacement {
   std::int64_t num_blocks = 0;  // KV cache blocks
   std::int32_t block_tokens = 16;
   int cpu_threads = 0;  // cpu: 0 = one per hardware thread
+  // cpu: where the KV cache lives (KvTransportAllocator's, for the transport that moves it);
+  // null: the heap. cuda keeps its cache in device memory.
+  KvAllocator kv_allocator;
 };
 // The model on the device asked for. Errors: an unknown device, "cuda" in a build without
 // CUDA or on a machine without a device, and the models' own errors.

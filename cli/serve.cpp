@@ -22,6 +22,7 @@
 #include "backend/serve/http_server.h"
 #include "backend/serve/live_metrics.h"
 #include "backend/tokenizer/chat_template.h"
+#include "backend/transport/local_kv_transports.h"
 #include "cli/child_processes.h"
 #include "cli/commands.h"
 #include "models/model_spec.h"
@@ -250,11 +251,22 @@ int Serve(int argc, char** argv) {
   placement.cpu_threads =
       threads > 0 ? threads
                   : std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / instances);
+  // Prefill instances keep their KV where the transport's peers read it fastest (UCX's shared
+  // memory, as `duet worker` does); decode instances pull into the heap.
+  const backend::KvAllocator pulled_from =
+      cluster && cluster->pd() && kv_transport
+          ? backend::KvTransportAllocator(
+                {*kv_transport, vm["ucx-tls"].as<std::string>(), /*wrap=*/{}})
+          : nullptr;
   std::vector<std::unique_ptr<backend::ForwardModel>> models;
   for (int i = 0; i < instances && !processes; ++i) {
     if (shutdown.received()) return kExitOk;  // asked to stop while loading: nothing to drain
     auto instance_model = i == 0 ? std::move(loaded) : backend::LoadModelDir(model_dir);
     if (!instance_model) return Fail(instance_model.error());
+    placement.kv_allocator = cluster && cluster->instances[static_cast<std::size_t>(i)].role ==
+                                            policies::InstanceRole::kPrefill
+                                 ? pulled_from
+                                 : nullptr;
     auto forward = backend::CreateForwardModel(std::move(*instance_model), placement);
     if (!forward) return Fail("--device " + device + ": " + forward.error());
     models.push_back(std::move(*forward));

@@ -8,6 +8,7 @@
 
 #include "backend/cluster/worker.h"
 #include "backend/registry.h"
+#include "backend/transport/local_kv_transports.h"
 #include "cli/commands.h"
 
 namespace po = boost::program_options;
@@ -74,6 +75,10 @@ int Worker(int argc, char** argv) {
   placement.block_tokens = block_tokens;
   placement.num_blocks = kv_blocks > 0 ? kv_blocks : DefaultKvBlocks(loaded->config, block_tokens);
   placement.cpu_threads = threads;
+  // A prefill worker's KV goes where decode workers read it fastest (UCX's shared memory);
+  // a decode worker pulls into the heap.
+  if (options.role == policies::InstanceRole::kPrefill)
+    placement.kv_allocator = backend::KvTransportAllocator(options.kv_transport);
   auto model = backend::CreateForwardModel(std::move(*loaded), placement);
   if (!model) return Fail("--device " + device + ": " + model.error());
 

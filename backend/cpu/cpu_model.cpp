@@ -10,6 +10,17 @@ namespace k = kernels::cpu;
 
 namespace {
 
+// The model's own KV memory.
+class HeapKvMemory final : public KvMemory {
+ public:
+  explicit HeapKvMemory(std::int64_t bytes)
+      : bytes_(new unsigned char[static_cast<std::size_t>(bytes)]) {}
+  void* data() override { return bytes_.get(); }
+
+ private:
+  std::unique_ptr<unsigned char[]> bytes_;
+};
+
 // The loader admits exactly the dtypes the kernels take.
 k::WeightDtype KernelDtype(Dtype dtype) {
   switch (dtype) {
@@ -60,9 +71,16 @@ Result<std::unique_ptr<CpuModel>> CpuModel::Create(LoadedModel model,
   m->lm_head_ = w.lm_head_tied ? m->embed_ : m->ToWeight(w.lm_head);
   // Sized by the one KV formula: kv_bytes_per_token() for every token of every block.
   m->kv_dtype_ = options.kv_cache_dtype.value_or(c.AutoKvCacheDtype());
-  m->kv_cache_.assign(
-      static_cast<std::size_t>(options.num_blocks * options.block_tokens * m->kv_bytes_per_token()),
-      0);
+  m->kv_bytes_ = options.num_blocks * options.block_tokens * m->kv_bytes_per_token();
+  if (options.kv_allocator) {
+    auto memory = options.kv_allocator(m->kv_bytes_);
+    if (!memory.ok()) return Status::Error("allocating the KV cache: " + memory.error());
+    m->kv_memory_ = std::move(*memory);
+  } else {
+    m->kv_memory_ = std::make_unique<HeapKvMemory>(m->kv_bytes_);
+  }
+  m->kv_cache_ = static_cast<unsigned char*>(m->kv_memory_->data());
+  std::memset(m->kv_cache_, 0, static_cast<std::size_t>(m->kv_bytes_));
   for (const LlamaLayerWeights& lw : w.layers) {
     Layer l;
     l.input_norm = m->ToWeight(lw.input_layernorm);
@@ -84,8 +102,8 @@ Result<std::unique_ptr<CpuModel>> CpuModel::Create(LoadedModel model,
 }
 
 std::optional<KvRegion> CpuModel::kv_region() {
-  return KvRegion{kv_cache_.data(), options_.block_tokens * kv_bytes_per_token(),
-                  options_.num_blocks};
+  return KvRegion{kv_cache_, options_.block_tokens * kv_bytes_per_token(), options_.num_blocks,
+                  options_.kv_allocator ? kv_memory_.get() : nullptr};
 }
 
 k::PagedKvLayer CpuModel::KvLayer(std::int64_t layer) {
@@ -101,7 +119,7 @@ k::PagedKvLayer CpuModel::KvLayer(std::int64_t layer) {
   const std::int64_t block_elements = kv.block_elements();
   kv.block_stride = 2 * static_cast<std::int64_t>(layers_.size()) * block_elements;
   const auto element_bytes = static_cast<std::int64_t>(models::DtypeBytes(kv_dtype_));
-  unsigned char* k_base = kv_cache_.data() + 2 * layer * block_elements * element_bytes;
+  unsigned char* k_base = kv_cache_ + 2 * layer * block_elements * element_bytes;
   kv.k = k_base;
   kv.v = k_base + block_elements * element_bytes;
   return kv;

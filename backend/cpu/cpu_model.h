@@ -26,6 +26,8 @@ struct CpuModelOptions {
   // The KV cache's dtype; nullopt: the model's (ModelSpec::AutoKvCacheDtype, the simulator's
   // "auto"). fp32, bf16 and f16 caches are kept; attention reads them widened to fp32.
   std::optional<models::Dtype> kv_cache_dtype;
+  // Where the KV cache lives (a transport's memory: forward_model.h); null: the heap.
+  KvAllocator kv_allocator;
 };
 
 class CpuModel final : public ForwardModel {
@@ -40,9 +42,7 @@ class CpuModel final : public ForwardModel {
   std::int64_t num_blocks() const override { return options_.num_blocks; }
   std::int32_t block_tokens() const override { return options_.block_tokens; }
   models::Dtype kv_cache_dtype() const override { return kv_dtype_; }
-  std::int64_t kv_cache_bytes() const override {
-    return static_cast<std::int64_t>(kv_cache_.size());
-  }
+  std::int64_t kv_cache_bytes() const override { return kv_bytes_; }
   std::optional<KvRegion> kv_region() override;
   int threads() const { return pool_.threads(); }
   // Bytes a decode step must read at least: every weight once (the memory roofline's numerator).
@@ -65,7 +65,9 @@ class CpuModel final : public ForwardModel {
   kernels::cpu::Weight embed_, final_norm_, lm_head_;
   std::vector<Layer> layers_;
   models::Dtype kv_dtype_ = models::Dtype::kF32;
-  std::vector<unsigned char> kv_cache_;        // the block-major region
+  std::unique_ptr<KvMemory> kv_memory_;  // the block-major region
+  unsigned char* kv_cache_ = nullptr;    // its bytes
+  std::int64_t kv_bytes_ = 0;
   std::vector<std::vector<float>> realigned_;  // copies of the rare unaligned tensors
   std::int64_t weight_bytes_ = 0;
   // Scratch, reused across passes.

@@ -5,10 +5,13 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <optional>
 #include <span>
 #include <vector>
 
+#include "common/status.h"
 #include "models/model_spec.h"
 
 namespace duet::backend {
@@ -21,6 +24,18 @@ struct SequenceChunk {
   enum class Logits { kNone, kLast, kAll } logits = Logits::kLast;
 };
 
+// Memory a model keeps its KV cache in. A model allocates its own unless it is given a
+// KvAllocator: a transport's, whose memory its peers reach faster than memory it only registers
+// (UCX allocates shared memory that a peer process on this machine maps and copies from,
+// instead of a system call per pull).
+class KvMemory {
+ public:
+  virtual ~KvMemory() = default;
+  virtual void* data() = 0;
+};
+// `bytes` of KvMemory, or why not. The contents are unspecified: the model clears them.
+using KvAllocator = std::function<Result<std::unique_ptr<KvMemory>>(std::int64_t bytes)>;
+
 // The KV cache as memory that a transport or a tier can register once: block b is the
 // block_bytes bytes at base + b * block_bytes and holds every layer's K and V of that block's
 // tokens (block-major). Copying those bytes into another model's block (same config, block
@@ -29,6 +44,8 @@ struct KvRegion {
   void* base = nullptr;
   std::int64_t block_bytes = 0;
   std::int64_t num_blocks = 0;
+  // What a KvAllocator gave the model for it; null when the model allocated it itself.
+  KvMemory* memory = nullptr;
 };
 
 class ForwardModel {

@@ -29,6 +29,23 @@ Result<KvTransportKind> ParseKvTransportKind(const std::string& name) {
   return Status::Error("unknown KV transport '" + name + "' (loopback or ucx)");
 }
 
+KvAllocator KvTransportAllocator(const KvTransportOptions& options) {
+#if DUET_HAVE_UCX
+  if (options.kind == KvTransportKind::kUcx) {
+    return [tls = options.ucx_tls](std::int64_t bytes) -> Result<std::unique_ptr<KvMemory>> {
+      auto memory = UcxKvMemory::Allocate(bytes, tls);
+      if (!memory.ok()) {
+        return Status::Error("KV transport (UCX_TLS '" + tls + "'): " + memory.error());
+      }
+      return std::unique_ptr<KvMemory>(std::move(*memory));
+    };
+  }
+#else
+  (void)options;
+#endif
+  return nullptr;
+}
+
 // What one instance pulls with (`own`, maybe wrapped).
 struct LocalKvTransports::Side {
   std::unique_ptr<policies::KvTransport> own;

@@ -39,6 +39,11 @@ struct KvTransportOptions {
       wrap;
 };
 
+// Where a model whose KV these transports move should keep it (ModelPlacement::kv_allocator):
+// UCX's own memory (UcxKvMemory: shared memory that peers on this machine copy from directly);
+// null, the model's heap, for loopback.
+KvAllocator KvTransportAllocator(const KvTransportOptions& options);
+
 // Progresses the UCX workers of instances that are only pulled from (see above).
 class UcxProgressThread;
 

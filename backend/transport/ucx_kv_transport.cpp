@@ -18,15 +18,88 @@ Status UcsError(const char* what, ucs_status_t status) {
   return Status::Error(std::string("UCX ") + what + ": " + ucs_status_string(status));
 }
 
+// A UCP context for RMA with wake-up, over `tls` (empty: UCX's choice).
+Result<ucp_context_h> InitContext(const std::string& tls) {
+  ucp_config_t* config = nullptr;
+  if (ucs_status_t s = ucp_config_read(nullptr, nullptr, &config); s != UCS_OK) {
+    return UcsError("config", s);
+  }
+  if (!tls.empty()) {
+    if (ucs_status_t s = ucp_config_modify(config, "TLS", tls.c_str()); s != UCS_OK) {
+      ucp_config_release(config);
+      return UcsError(("TLS " + tls).c_str(), s);
+    }
+  }
+  ucp_params_t params{};
+  params.field_mask = UCP_PARAM_FIELD_FEATURES;
+  params.features = UCP_FEATURE_RMA | UCP_FEATURE_WAKEUP;
+  ucp_context_h context = nullptr;
+  const ucs_status_t init = ucp_init(&params, config, &context);
+  ucp_config_release(config);
+  if (init != UCS_OK) return UcsError("init", init);
+  return context;
+}
+
 }  // namespace
+
+// A context and the memory registered (or allocated) in it, released when the last of the
+// UcxKvMemory and the transports over it goes.
+struct UcxKvMemory::Mapping {
+  std::string tls;
+  ucp_context_h context = nullptr;
+  ucp_mem_h memh = nullptr;
+  void* base = nullptr;
+  std::size_t length = 0;
+  ~Mapping() {
+    if (memh) ucp_mem_unmap(context, memh);
+    if (context) ucp_cleanup(context);
+  }
+  // Maps `length` bytes at `address` in a new context: registers them, or allocates them
+  // when address is null.
+  static Result<std::shared_ptr<Mapping>> Create(void* address, std::size_t length,
+                                                 const std::string& tls) {
+    auto m = std::make_shared<Mapping>();
+    m->tls = tls;
+    auto context = InitContext(tls);
+    if (!context.ok()) return context.status();
+    m->context = *context;
+    ucp_mem_map_params_t map{};
+    map.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH |
+                     UCP_MEM_MAP_PARAM_FIELD_FLAGS;
+    map.address = address;
+    map.length = length;
+    map.flags = address == nullptr ? UCP_MEM_MAP_ALLOCATE : 0;
+    if (ucs_status_t s = ucp_mem_map(m->context, &map, &m->memh); s != UCS_OK) {
+      m->memh = nullptr;
+      return UcsError(address ? "registering the KV region" : "allocating the KV region", s);
+    }
+    ucp_mem_attr_t attr{};
+    attr.field_mask = UCP_MEM_ATTR_FIELD_ADDRESS | UCP_MEM_ATTR_FIELD_LENGTH;
+    if (ucs_status_t s = ucp_mem_query(m->memh, &attr); s != UCS_OK) {
+      return UcsError("querying the KV region", s);
+    }
+    m->base = attr.address;
+    m->length = attr.length;
+    return m;
+  }
+};
+
+Result<std::unique_ptr<UcxKvMemory>> UcxKvMemory::Allocate(std::int64_t bytes,
+                                                           const std::string& tls) {
+  if (bytes <= 0) return Status::Error("UCX KV memory: nothing to allocate");
+  auto mapping = Mapping::Create(nullptr, static_cast<std::size_t>(bytes), tls);
+  if (!mapping.ok()) return mapping.status();
+  return std::unique_ptr<UcxKvMemory>(new UcxKvMemory(std::move(*mapping)));
+}
+
+void* UcxKvMemory::data() { return mapping_->base; }
 
 struct UcxKvTransport::Impl {
   policies::InstanceId self = policies::kNoInstance;
   std::string path;
   KvRegion region;
-  ucp_context_h context = nullptr;
+  std::shared_ptr<UcxKvMemory::Mapping> mapping;  // released after the worker is destroyed
   ucp_worker_h worker = nullptr;
-  ucp_mem_h memh = nullptr;
   std::string address;     // this worker's
   std::string remote_key;  // this region's, packed
   struct Peer {
@@ -82,9 +155,7 @@ struct UcxKvTransport::Impl {
     // for itself: let pending wireup traffic go out first, for at most 200 ms.
     if (worker) FlushWorker(std::chrono::milliseconds(200));
     for (auto& [id, p] : peers) Close(p);
-    if (memh) ucp_mem_unmap(context, memh);
     if (worker) ucp_worker_destroy(worker);
-    if (context) ucp_cleanup(context);
   }
 };
 
@@ -101,27 +172,28 @@ Result<std::unique_ptr<UcxKvTransport>> UcxKvTransport::Create(policies::Instanc
   impl->self = self;
   impl->region = region;
   impl->path = "ucx:" + (tls.empty() ? std::string("auto") : tls);
-  ucp_config_t* config = nullptr;
-  if (ucs_status_t s = ucp_config_read(nullptr, nullptr, &config); s != UCS_OK) {
-    return UcsError("config", s);
-  }
-  if (!tls.empty()) {
-    if (ucs_status_t s = ucp_config_modify(config, "TLS", tls.c_str()); s != UCS_OK) {
-      ucp_config_release(config);
-      return UcsError(("TLS " + tls).c_str(), s);
+  const auto length = static_cast<std::size_t>(region.block_bytes * region.num_blocks);
+  if (auto* memory = dynamic_cast<UcxKvMemory*>(region.memory)) {
+    impl->mapping = memory->mapping_;
+    const auto* base = static_cast<const char*>(impl->mapping->base);
+    const auto* begin = static_cast<const char*>(region.base);
+    if (begin < base || begin + length > base + impl->mapping->length) {
+      return Status::Error("UCX KV transport: the KV region lies outside its UCX memory");
     }
+    if (impl->mapping->tls != tls) {
+      return Status::Error("UCX KV transport: the KV memory was allocated for UCX_TLS '" +
+                           impl->mapping->tls + "', not '" + tls + "'");
+    }
+  } else {
+    auto mapping = UcxKvMemory::Mapping::Create(region.base, length, tls);
+    if (!mapping.ok()) return mapping.status();
+    impl->mapping = std::move(*mapping);
   }
-  ucp_params_t params{};
-  params.field_mask = UCP_PARAM_FIELD_FEATURES;
-  params.features = UCP_FEATURE_RMA | UCP_FEATURE_WAKEUP;
-  const ucs_status_t init = ucp_init(&params, config, &impl->context);
-  ucp_config_release(config);
-  if (init != UCS_OK) return UcsError("init", init);
+  const ucp_context_h context = impl->mapping->context;
   ucp_worker_params_t worker_params{};
   worker_params.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
   worker_params.thread_mode = UCS_THREAD_MODE_SINGLE;
-  if (ucs_status_t s = ucp_worker_create(impl->context, &worker_params, &impl->worker);
-      s != UCS_OK) {
+  if (ucs_status_t s = ucp_worker_create(context, &worker_params, &impl->worker); s != UCS_OK) {
     return UcsError("worker", s);
   }
   ucp_address_t* address = nullptr;
@@ -131,16 +203,9 @@ Result<std::unique_ptr<UcxKvTransport>> UcxKvTransport::Create(policies::Instanc
   }
   impl->address.assign(reinterpret_cast<const char*>(address), address_size);
   ucp_worker_release_address(impl->worker, address);
-  ucp_mem_map_params_t map{};
-  map.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
-  map.address = region.base;
-  map.length = static_cast<std::size_t>(region.block_bytes * region.num_blocks);
-  if (ucs_status_t s = ucp_mem_map(impl->context, &map, &impl->memh); s != UCS_OK) {
-    return UcsError("registering the KV region", s);
-  }
   void* key = nullptr;
   std::size_t key_size = 0;
-  if (ucs_status_t s = ucp_rkey_pack(impl->context, impl->memh, &key, &key_size); s != UCS_OK) {
+  if (ucs_status_t s = ucp_rkey_pack(context, impl->mapping->memh, &key, &key_size); s != UCS_OK) {
     return UcsError("packing the remote key", s);
   }
   impl->remote_key.assign(static_cast<const char*>(key), key_size);

@@ -22,9 +22,29 @@
 
 namespace duet::backend {
 
+// KV memory that UCX allocates (ucp_mem_map with UCP_MEM_MAP_ALLOCATE) in a UCP context of its
+// own, which a UcxKvTransport over it shares: on this machine shared memory (System V or POSIX,
+// where UCX_TLS allows them), which a peer's UCX maps into its own address space when it
+// connects, so a pull over shared memory is one memcpy by the puller instead of a system call
+// per get (cma), as for memory the transport only registers. Without a shared-memory transport
+// (tcp), ordinary memory. It stays allocated while a transport over it lives.
+class UcxKvMemory final : public KvMemory {
+ public:
+  static Result<std::unique_ptr<UcxKvMemory>> Allocate(std::int64_t bytes, const std::string& tls);
+  void* data() override;
+  struct Mapping;  // the UCP context and the registration
+
+ private:
+  friend class UcxKvTransport;
+  explicit UcxKvMemory(std::shared_ptr<Mapping> mapping) : mapping_(std::move(mapping)) {}
+  std::shared_ptr<Mapping> mapping_;
+};
+
 class UcxKvTransport final : public policies::KvTransport, public KvTransferLog {
  public:
-  // tls: UCX_TLS for this transport ("tcp", "posix,cma", ...); empty: UCX's choice.
+  // tls: UCX_TLS for this transport ("tcp", "posix,cma", ...); empty: UCX's choice. A region
+  // whose memory is a UcxKvMemory (allocated for the same tls) is used as UCX allocated it;
+  // any other is registered.
   static Result<std::unique_ptr<UcxKvTransport>> Create(policies::InstanceId self, KvRegion region,
                                                         const std::string& tls);
   ~UcxKvTransport() override;

@@ -1,5 +1,7 @@
 // KV pull throughput (bench/kv_transfer.sh), one block of SIZE bytes per transfer, ITERS
-// transfers one after another (after WARMUP). Two arrangements:
+// transfers one after another (after WARMUP). The source region is in memory UCX allocated
+// (KvTransportAllocator), the destination on the heap, as `duet worker` and PD `duet serve`
+// place a prefill and a decode instance's KV. Two arrangements:
 //   same-process: two UcxKvTransports in one process, the source's worker progressed by a thread
 //     spinning on it;
 //   two processes, as `duet worker` runs them: `source` (a prefill worker's WorkerKvTransport,
@@ -14,6 +16,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <memory>
 #include <string>
@@ -65,11 +68,34 @@ double Pull(policies::KvTransport& sink, std::int64_t size, int iters, int warmu
   return static_cast<double>(size) * iters / seconds / (1 << 20);
 }
 
+backend::KvTransportOptions Ucx(const std::string& tls) {
+  return {backend::KvTransportKind::kUcx, tls, {}};
+}
+
+// A source region of kBlocks blocks of `size` bytes in memory UCX allocated, filled with ones.
+struct SourceRegion {
+  std::unique_ptr<backend::KvMemory> memory;
+  backend::KvRegion region;
+  static Result<SourceRegion> Allocate(const std::string& tls, std::int64_t size) {
+    auto memory = backend::KvTransportAllocator(Ucx(tls))(size * kBlocks);
+    if (!memory.ok()) return memory.status();
+    SourceRegion r;
+    r.memory = std::move(*memory);
+    std::memset(r.memory->data(), 1, static_cast<std::size_t>(size * kBlocks));
+    r.region = {r.memory->data(), size, kBlocks, r.memory.get()};
+    return r;
+  }
+};
+
 int SameProcess(const std::string& tls, int iters, int warmup, std::vector<std::int64_t> sizes) {
   for (const std::int64_t size : sizes) {
-    std::vector<char> src(static_cast<std::size_t>(size * kBlocks), 1);
+    auto src = SourceRegion::Allocate(tls, size);
+    if (!src.ok()) {
+      std::fprintf(stderr, "%s\n", src.error().c_str());
+      return 1;
+    }
     std::vector<char> dst(static_cast<std::size_t>(size * kBlocks), 0);
-    auto source = backend::UcxKvTransport::Create(0, {src.data(), size, kBlocks}, tls);
+    auto source = backend::UcxKvTransport::Create(0, src->region, tls);
     auto sink = backend::UcxKvTransport::Create(1, {dst.data(), size, kBlocks}, tls);
     if (!source.ok() || !sink.ok()) {
       std::fprintf(stderr, "%s\n", (source.ok() ? sink.error() : source.error()).c_str());
@@ -95,19 +121,19 @@ int SameProcess(const std::string& tls, int iters, int warmup, std::vector<std::
   return 0;
 }
 
-backend::KvTransportOptions Ucx(const std::string& tls) {
-  return {backend::KvTransportKind::kUcx, tls, {}};
-}
-
 int Source(const std::string& tls, const std::string& path, std::vector<std::int64_t> sizes) {
-  std::vector<std::vector<char>> regions;
+  std::vector<SourceRegion> regions;
   std::vector<std::unique_ptr<backend::WorkerKvTransport>> sources;
   std::ofstream out(path + ".tmp");
   for (const std::int64_t size : sizes) {
-    regions.emplace_back(static_cast<std::size_t>(size * kBlocks), 1);
-    auto t = backend::WorkerKvTransport::Create(
-        policies::InstanceRole::kPrefill, backend::KvRegion{regions.back().data(), size, kBlocks},
-        Ucx(tls));
+    auto region = SourceRegion::Allocate(tls, size);
+    if (!region.ok()) {
+      std::fprintf(stderr, "%s\n", region.error().c_str());
+      return 1;
+    }
+    regions.push_back(std::move(*region));
+    auto t = backend::WorkerKvTransport::Create(policies::InstanceRole::kPrefill,
+                                                regions.back().region, Ucx(tls));
     if (!t.ok()) {
       std::fprintf(stderr, "%s\n", t.error().c_str());
       return 1;

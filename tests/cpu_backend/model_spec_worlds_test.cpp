@@ -74,9 +74,11 @@ void ExpectSameInBothWorlds(const TestModelOptions& options) {
   // cluster's default kv_cache_dtype ("auto": the model's dtype), and its block-major region
   // covers it block by block.
   const std::int64_t num_blocks = 7, block_tokens = 16;
-  Result<std::unique_ptr<CpuModel>> cpu = CpuModel::Create(
-      std::move(*loaded),
-      {num_blocks, std::int32_t(block_tokens), 1, /*kv_cache_dtype=*/std::nullopt});
+  CpuModelOptions cpu_options;
+  cpu_options.num_blocks = num_blocks;
+  cpu_options.block_tokens = std::int32_t(block_tokens);
+  cpu_options.threads = 1;
+  Result<std::unique_ptr<CpuModel>> cpu = CpuModel::Create(std::move(*loaded), cpu_options);
   ASSERT_TRUE(cpu.ok()) << cpu.error();
   EXPECT_EQ((*cpu)->kv_cache_dtype(), options.dtype);
   EXPECT_EQ((*cpu)->kv_bytes_per_token(), simulated->KvBytesPerToken());
@@ -85,6 +87,53 @@ void ExpectSameInBothWorlds(const TestModelOptions& options) {
   ASSERT_TRUE(region.has_value());
   EXPECT_EQ(region->num_blocks, num_blocks);
   EXPECT_EQ(region->block_bytes, block_tokens * simulated->KvBytesPerToken());
+}
+
+// Memory that a KvAllocator hands out, filled with a pattern the model must clear.
+class PatternKvMemory final : public KvMemory {
+ public:
+  explicit PatternKvMemory(std::int64_t bytes) : bytes_(static_cast<std::size_t>(bytes), 0xab) {}
+  void* data() override { return bytes_.data(); }
+  const std::vector<unsigned char>& bytes() const { return bytes_; }
+
+ private:
+  std::vector<unsigned char> bytes_;
+};
+
+TEST(ModelSpecWorlds, TheKvCacheLivesWhereTheAllocatorPutsIt) {
+  TempModelDir dir;
+  ASSERT_TRUE(WriteTestModel(dir.path(), TestModelOptions()).ok());
+  CpuModelOptions options;
+  options.num_blocks = 5;
+  options.threads = 1;
+  std::vector<std::int64_t> asked;
+  PatternKvMemory* given = nullptr;
+  options.kv_allocator = [&](std::int64_t bytes) -> Result<std::unique_ptr<KvMemory>> {
+    asked.push_back(bytes);
+    auto memory = std::make_unique<PatternKvMemory>(bytes);
+    given = memory.get();
+    return std::unique_ptr<KvMemory>(std::move(memory));
+  };
+  Result<LoadedModel> loaded = LoadModelDir(dir.path());
+  ASSERT_TRUE(loaded.ok()) << loaded.error();
+  auto model = CpuModel::Create(std::move(*loaded), options);
+  ASSERT_TRUE(model.ok()) << model.error();
+  ASSERT_EQ(asked, std::vector<std::int64_t>{(*model)->kv_cache_bytes()});
+  const std::optional<KvRegion> region = (*model)->kv_region();
+  ASSERT_TRUE(region.has_value());
+  EXPECT_EQ(region->base, given->data());
+  EXPECT_EQ(region->memory, given);  // a transport finds the memory it allocated
+  for (unsigned char b : given->bytes()) ASSERT_EQ(b, 0);  // cleared, as the heap's
+
+  // An allocator that fails fails the model, saying where.
+  Result<LoadedModel> again = LoadModelDir(dir.path());
+  ASSERT_TRUE(again.ok()) << again.error();
+  options.kv_allocator = [](std::int64_t) -> Result<std::unique_ptr<KvMemory>> {
+    return Status::Error("no shared memory left");
+  };
+  auto failed = CpuModel::Create(std::move(*again), options);
+  ASSERT_FALSE(failed.ok());
+  EXPECT_EQ(failed.error(), "allocating the KV cache: no shared memory left");
 }
 
 TEST(ModelSpecWorlds, TinyTestModelInBothWorlds) {

@@ -46,7 +46,11 @@ class Parity : public ::testing::Test {
                                          std::optional<models::Dtype> kv_dtype = {}) {
     auto loaded = LoadModelDir(dir_);
     EXPECT_TRUE(loaded.ok()) << loaded.error();
-    auto model = CpuModel::Create(std::move(*loaded), {num_blocks, 16, 2, kv_dtype});
+    CpuModelOptions options;
+    options.num_blocks = num_blocks;
+    options.threads = 2;
+    options.kv_cache_dtype = kv_dtype;
+    auto model = CpuModel::Create(std::move(*loaded), options);
     EXPECT_TRUE(model.ok()) << model.error();
     return std::move(*model);
   }

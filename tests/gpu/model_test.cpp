@@ -38,7 +38,10 @@ class CudaParity : public ::testing::Test {
     if (!dir_.empty()) fs::remove_all(dir_);
   }
   std::unique_ptr<CpuModel> Cpu(std::int64_t blocks = 64) {
-    auto m = CpuModel::Create(*loaded_, {blocks, 16, 2, /*kv_cache_dtype=*/std::nullopt});
+    CpuModelOptions options;
+    options.num_blocks = blocks;
+    options.threads = 2;
+    auto m = CpuModel::Create(*loaded_, options);
     EXPECT_TRUE(m.ok()) << m.error();
     return std::move(*m);
   }

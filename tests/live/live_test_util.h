@@ -72,8 +72,10 @@ class Frontend : public ::testing::Test {
   static std::unique_ptr<CpuModel> Model(std::int64_t num_blocks) {
     auto loaded = LoadModelDir(dir_);
     EXPECT_TRUE(loaded.ok()) << loaded.error();
-    auto model =
-        CpuModel::Create(std::move(*loaded), {num_blocks, 16, 1, /*kv_cache_dtype=*/std::nullopt});
+    CpuModelOptions options;
+    options.num_blocks = num_blocks;
+    options.threads = 1;
+    auto model = CpuModel::Create(std::move(*loaded), options);
     EXPECT_TRUE(model.ok()) << model.error();
     return std::move(*model);
   }

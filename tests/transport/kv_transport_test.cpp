@@ -11,6 +11,8 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cstdio>
+#include <fstream>
 #include <functional>
 #include <memory>
 #include <numeric>
@@ -33,18 +35,38 @@ using policies::TransferStatus;
 
 constexpr policies::InstanceId kPrefill = 0, kDecode = 1;
 
-// A KV region: num_blocks blocks of block_bytes, each byte a function of (seed, offset).
+// A KV region: num_blocks blocks of block_bytes, each byte a function of (seed, offset), in
+// memory from `allocator` (null: the heap).
 struct Region {
-  std::vector<unsigned char> bytes;
+  std::vector<unsigned char> heap;
+  std::unique_ptr<KvMemory> memory;
   KvRegion region;
-  Region(std::int64_t block_bytes, std::int64_t num_blocks, unsigned seed)
-      : bytes(static_cast<std::size_t>(block_bytes * num_blocks)) {
-    for (std::size_t i = 0; i < bytes.size(); ++i) {
+  Region(std::int64_t block_bytes, std::int64_t num_blocks, unsigned seed,
+         const KvAllocator& allocator = nullptr) {
+    const auto size = static_cast<std::size_t>(block_bytes * num_blocks);
+    unsigned char* bytes = nullptr;
+    if (allocator) {
+      auto m = allocator(block_bytes * num_blocks);
+      EXPECT_TRUE(m.ok()) << m.error();
+      if (m.ok()) memory = std::move(*m);
+      bytes = memory ? static_cast<unsigned char*>(memory->data()) : nullptr;
+    } else {
+      heap.resize(size);
+      bytes = heap.data();
+    }
+    for (std::size_t i = 0; bytes && i < size; ++i) {
       bytes[i] = static_cast<unsigned char>((i * 131 + seed * 7 + i / 4096) & 0xff);
     }
-    region = {bytes.data(), block_bytes, num_blocks};
+    region = {bytes, block_bytes, num_blocks, memory.get()};
   }
-  const unsigned char* Block(std::int64_t b) const { return bytes.data() + b * region.block_bytes; }
+  const unsigned char* Block(std::int64_t b) const {
+    return static_cast<const unsigned char*>(region.base) + b * region.block_bytes;
+  }
+  std::int64_t size() const { return region.block_bytes * region.num_blocks; }
+  bool operator==(const Region& other) const {
+    return size() == other.size() &&
+           std::memcmp(region.base, other.region.base, static_cast<std::size_t>(size())) == 0;
+  }
 };
 
 // One transport under test: where to post (the destination side's transport) and how to let
@@ -62,6 +84,7 @@ using Factory = std::function<std::unique_ptr<Harness>(Region& src, Region& dst)
 struct Named {
   std::string name;
   Factory make;
+  KvAllocator memory = nullptr;  // where both regions live (null: the heap)
 };
 
 std::vector<Named> Transports() {
@@ -92,29 +115,37 @@ std::vector<Named> Transports() {
                    return h;
                  }});
 #if DUET_HAVE_UCX
+  // Regions on the heap (registered), and in memory UCX allocated (UcxKvMemory, what
+  // `duet worker` and PD `duet serve` give their models: over shared memory a peer maps it and
+  // copies from it directly).
   for (const std::string tls : {"tcp", "posix,cma"}) {
-    all.push_back({"ucx_" + std::string(tls == "tcp" ? "tcp" : "shm"),
-                   [tls](Region& src, Region& dst) -> std::unique_ptr<Harness> {
-                     auto source = UcxKvTransport::Create(kPrefill, src.region, tls);
-                     auto sink = UcxKvTransport::Create(kDecode, dst.region, tls);
-                     if (!source.ok() || !sink.ok()) {
-                       ADD_FAILURE() << (source.ok() ? sink.error() : source.error());
-                       return nullptr;
-                     }
-                     const Status connected = (*sink)->Connect(kPrefill, (*source)->Descriptor());
-                     if (!connected.ok()) {
-                       ADD_FAILURE() << connected.message();
-                       return nullptr;
-                     }
-                     auto h = std::make_unique<Harness>();
-                     UcxKvTransport* source_ptr = source->get();
-                     h->progress_source = [source_ptr] { source_ptr->Progress(); };
-                     h->transport = sink->get();
-                     h->log = sink->get();
-                     h->owned.push_back(std::move(*sink));  // destroyed before the source
-                     h->owned.push_back(std::move(*source));
-                     return h;
-                   }});
+    for (const bool ucx_memory : {false, true}) {
+      const KvTransportOptions options{KvTransportKind::kUcx, tls, {}};
+      all.push_back(
+          {std::string(ucx_memory ? "ucx_memory_" : "ucx_") + (tls == "tcp" ? "tcp" : "shm"),
+           [tls](Region& src, Region& dst) -> std::unique_ptr<Harness> {
+             auto source = UcxKvTransport::Create(kPrefill, src.region, tls);
+             auto sink = UcxKvTransport::Create(kDecode, dst.region, tls);
+             if (!source.ok() || !sink.ok()) {
+               ADD_FAILURE() << (source.ok() ? sink.error() : source.error());
+               return nullptr;
+             }
+             const Status connected = (*sink)->Connect(kPrefill, (*source)->Descriptor());
+             if (!connected.ok()) {
+               ADD_FAILURE() << connected.message();
+               return nullptr;
+             }
+             auto h = std::make_unique<Harness>();
+             UcxKvTransport* source_ptr = source->get();
+             h->progress_source = [source_ptr] { source_ptr->Progress(); };
+             h->transport = sink->get();
+             h->log = sink->get();
+             h->owned.push_back(std::move(*sink));  // destroyed before the source
+             h->owned.push_back(std::move(*source));
+             return h;
+           },
+           ucx_memory ? KvTransportAllocator(options) : nullptr});
+    }
   }
   // The transport of a worker process: peers announced from another thread, connected at the
   // next post; the prefill side progressed by its own thread.
@@ -148,8 +179,8 @@ std::vector<Named> Transports() {
 class KvTransportContract : public ::testing::TestWithParam<Named> {
  protected:
   static constexpr std::int64_t kBlockBytes = 4096;
-  Region src_{kBlockBytes, 24, 1};
-  Region dst_{kBlockBytes, 40, 2};
+  Region src_{kBlockBytes, 24, 1, GetParam().memory};
+  Region dst_{kBlockBytes, 40, 2, GetParam().memory};
   Region dst_before_{kBlockBytes, 40, 2};  // dst_'s initial contents
 
   // Polls until the transfer finishes, letting the source progress; bounded (10 s).
@@ -275,7 +306,7 @@ class FaultInjection : public ::testing::Test {
     return {9, kPrefill, kDecode, 4 * 256, src, dst};
   }
   bool BlockMoved(int i) const { return std::memcmp(dst_.Block(4 + i), src_.Block(i), 256) == 0; }
-  bool Untouched() const { return dst_.bytes == dst_before_.bytes; }
+  bool Untouched() const { return dst_ == dst_before_; }
 };
 
 TEST_F(FaultInjection, FailedTransfersFailAndMoveNothing) {
@@ -375,6 +406,63 @@ TEST(UcxTransport, ConnectRejectsAMalformedDescriptorAndASecondConnection) {
   EXPECT_NE(bad.message().find("UCX KV descriptor"), std::string::npos) << bad.message();
   ASSERT_TRUE((*tb)->Connect(kPrefill, (*ta)->Descriptor()).ok());
   EXPECT_FALSE((*tb)->Connect(kPrefill, (*ta)->Descriptor()).ok());
+}
+
+// The permissions of the mapping of this process that holds `address` ("rw-s": shared), from
+// /proc/self/maps; empty when none does.
+std::string MappingPermissions(const void* address) {
+  std::ifstream maps("/proc/self/maps");
+  const auto a = reinterpret_cast<std::uintptr_t>(address);
+  std::string line;
+  while (std::getline(maps, line)) {
+    std::uintptr_t begin = 0, end = 0;
+    char perms[5] = {};
+    if (std::sscanf(line.c_str(), "%lx-%lx %4s", &begin, &end, perms) == 3 && begin <= a && a < end)
+      return perms;
+  }
+  return "";
+}
+
+TEST(UcxKvMemory, OverSharedMemoryTransportsIsSharedMemory) {
+  // What lets a peer process copy from it directly rather than by a system call per pull.
+  auto memory = UcxKvMemory::Allocate(1 << 20, "posix,cma");
+  ASSERT_TRUE(memory.ok()) << memory.error();
+  EXPECT_EQ(MappingPermissions((*memory)->data()), "rw-s");
+  auto any = UcxKvMemory::Allocate(1 << 20, "");  // UCX's choice, as `duet worker` defaults
+  ASSERT_TRUE(any.ok()) << any.error();
+  EXPECT_EQ(MappingPermissions((*any)->data()), "rw-s");
+  EXPECT_FALSE(UcxKvMemory::Allocate(0, "").ok());
+}
+
+TEST(UcxKvMemory, ATransportOverItChecksItsRegionAndKeepsItAllocated) {
+  const KvTransportOptions options{KvTransportKind::kUcx, "posix,cma", {}};
+  Region src(4096, 4, 5, KvTransportAllocator(options));
+  Region dst(4096, 4, 6);
+  const Region src_before(4096, 4, 5);
+  KvRegion outside = src.region;
+  outside.base = static_cast<char*>(outside.base) + 4096;  // its last block past the memory
+  auto bad = UcxKvTransport::Create(kPrefill, outside, "posix,cma");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.error(), "UCX KV transport: the KV region lies outside its UCX memory");
+  auto other_tls = UcxKvTransport::Create(kPrefill, src.region, "tcp");
+  ASSERT_FALSE(other_tls.ok());
+  EXPECT_EQ(other_tls.error(),
+            "UCX KV transport: the KV memory was allocated for UCX_TLS 'posix,cma', not 'tcp'");
+
+  auto source = UcxKvTransport::Create(kPrefill, src.region, "posix,cma");
+  auto sink = UcxKvTransport::Create(kDecode, dst.region, "posix,cma");
+  ASSERT_TRUE(source.ok() && sink.ok());
+  ASSERT_TRUE((*sink)->Connect(kPrefill, (*source)->Descriptor()).ok());
+  src.memory.reset();  // the model goes first; the transport still serves the memory
+  const std::vector<BlockId> blocks = {0, 1, 2, 3};
+  const TransferId id = (*sink)->Post({1, kPrefill, kDecode, 4 * 4096, blocks, blocks});
+  TransferStatus status = TransferStatus::kInProgress;
+  for (int i = 0; i < 100000 && status == TransferStatus::kInProgress; ++i) {
+    (*source)->Progress();
+    status = (*sink)->Poll(id);
+  }
+  ASSERT_EQ(status, TransferStatus::kDone);
+  EXPECT_TRUE(dst == src_before);
 }
 #else
 TEST(UcxTransport, NotInThisBuild) {
