@@ -1,12 +1,12 @@
 // The UCX KV transport: the decode side pulls a request's blocks with RMA gets from the
-// prefill side's registered KV region (one ucp_get_nbx per run of consecutive blocks), over
-// whichever UCX transports are allowed (tcp, shared memory, cma on this machine; CUDA memory
-// where UCX has it). Each side registers its region once (ucp_mem_map) and publishes a
-// descriptor: its worker address, the region's address, block size and count, and the packed
-// remote key, in a versioned, bounded binary format that the frontend relays; a peer Connects
-// with it. A side that is pulled from must call Progress() now and then (over tcp, UCX serves
-// a get with the target's help), or sleep on WakeupFd() between calls. Not thread-safe: one
-// thread at a time uses an instance.
+// prefill side's KV region (one ucp_get_nbx per run of consecutive blocks), over whichever UCX
+// transports are allowed (tcp, shared memory, cma on this machine; CUDA memory where UCX has
+// it). Each side maps its region once (ucp_mem_map: registered, or allocated by UCX where the
+// model's memory is a UcxKvMemory) and publishes a descriptor: its worker address, the
+// region's address, block size and count, and the packed remote key, in a versioned, bounded
+// binary format that the frontend relays; a peer Connects with it. A side that is pulled from
+// must call Progress() now and then (over tcp, UCX serves a get with the target's help), or
+// sleep on WakeupFd() between calls. Not thread-safe: one thread at a time uses an instance.
 #pragma once
 
 #include <cstdint>
