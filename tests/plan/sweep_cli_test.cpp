@@ -134,21 +134,9 @@ TEST(SweepCli, SigintStopsTheSimulationsAndTheSameCommandResumes) {
   const std::vector<std::string> args = {"sweep", "--scenario", tmp.File("long.json"),
                                          "--out", out,          "--jobs",
                                          "1",     "--progress", "never"};
-  std::vector<std::string> argv_s = {DuetBinary()};
-  argv_s.insert(argv_s.end(), args.begin(), args.end());
-  std::vector<char*> argv;
-  for (auto& a : argv_s) argv.push_back(a.data());
-  argv.push_back(nullptr);
   const std::string err = tmp.File("stderr");
-  const pid_t pid = ::fork();
+  const pid_t pid = SpawnDuet(args, err);
   ASSERT_GE(pid, 0);
-  if (pid == 0) {
-    ::chdir(SourceDir().c_str());
-    std::FILE* f = std::freopen(err.c_str(), "w", stderr);
-    (void)f;
-    ::execv(argv[0], argv.data());
-    ::_exit(127);
-  }
   // Wait (bounded) for the first run to finish, then interrupt.
   bool started = false;
   for (int i = 0; i < 600 && !started; ++i) {
@@ -157,11 +145,9 @@ TEST(SweepCli, SigintStopsTheSimulationsAndTheSameCommandResumes) {
   }
   ASSERT_TRUE(started) << "no run finished in 30 s";
   ::kill(pid, SIGINT);
-  int status = 0;
-  for (int i = 0; i < 600 && ::waitpid(pid, &status, WNOHANG) == 0; ++i)
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  ASSERT_TRUE(WIFEXITED(status)) << "the sweep did not exit after SIGINT";
-  EXPECT_EQ(WEXITSTATUS(status), 130);
+  const std::optional<int> status = WaitForExit(pid, std::chrono::seconds(30));
+  ASSERT_TRUE(status && WIFEXITED(*status)) << "the sweep did not exit after SIGINT";
+  EXPECT_EQ(WEXITSTATUS(*status), 130);
   EXPECT_NE(ReadFile(err).find("stopped by a signal"), std::string::npos) << ReadFile(err);
   EXPECT_FALSE(fs::exists(out + "/results.csv"));
   EXPECT_EQ(ProcessesMentioning(out), 0) << "simulations outlived the sweep";

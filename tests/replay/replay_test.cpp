@@ -408,19 +408,10 @@ TEST_F(ReplayTest, SigintRecordsTheRequestsNotSentAndWritesTheFiles) {
 {"input_length": 10, "output_length": 4, "session_id": "a", "delay": 60000}
 )");
   const std::string out = tmp_.File("out");
-  std::vector<std::string> argv_s = {DuetBinary(), "replay", "--endpoint", server.url(), "--trace",
-                                     trace,        "--out",  out,          "--progress", "never"};
-  std::vector<char*> argv;
-  for (auto& a : argv_s) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  const pid_t pid = ::fork();
+  const pid_t pid = SpawnDuet(
+      {"replay", "--endpoint", server.url(), "--trace", trace, "--out", out, "--progress", "never"},
+      tmp_.File("stderr"));
   ASSERT_GE(pid, 0);
-  if (pid == 0) {
-    std::FILE* f = std::freopen(tmp_.File("stderr").c_str(), "w", stderr);
-    (void)f;
-    ::execv(argv[0], argv.data());
-    ::_exit(127);
-  }
   // The second request is streaming (1.3 s of chunks) once the server has its body.
   bool streaming = false;
   for (int i = 0; i < 300 && !streaming; ++i) {
@@ -429,12 +420,10 @@ TEST_F(ReplayTest, SigintRecordsTheRequestsNotSentAndWritesTheFiles) {
   }
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
   ::kill(pid, SIGINT);
-  int status = 0;
-  for (int i = 0; i < 300 && ::waitpid(pid, &status, WNOHANG) == 0; ++i)
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  const std::optional<int> status = WaitForExit(pid, std::chrono::seconds(6));
   ASSERT_TRUE(streaming) << "the second request was never sent";
-  ASSERT_TRUE(WIFEXITED(status)) << "duet replay did not exit after SIGINT";
-  EXPECT_EQ(WEXITSTATUS(status), 1) << ReadFile(tmp_.File("stderr"));
+  ASSERT_TRUE(status && WIFEXITED(*status)) << "duet replay did not exit after SIGINT";
+  EXPECT_EQ(WEXITSTATUS(*status), 1) << ReadFile(tmp_.File("stderr"));
 
   const nlohmann::json s = ReadJson(out + "/summary.json");
   EXPECT_EQ(s["replay"]["interrupted"], true);

@@ -8,19 +8,24 @@
 #pragma once
 
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <initializer_list>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "tests/common/shared_traces.h"
@@ -142,6 +147,40 @@ inline RunResult RunDuet(const std::vector<std::string>& args) {
   fs::remove(out_path, ignored);
   fs::remove(err_path, ignored);
   return r;
+}
+
+// Starts `duet args...` from the source root with stderr into `stderr_path`, and does not wait:
+// its pid (-1 when fork failed). For tests that signal a run in progress, then WaitForExit.
+inline pid_t SpawnDuet(const std::vector<std::string>& args, const std::string& stderr_path) {
+  std::vector<std::string> argv_s = {DuetBinary()};
+  argv_s.insert(argv_s.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (auto& a : argv_s) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    if (::chdir(SourceDir().c_str()) != 0) ::_exit(127);
+    if (!std::freopen(stderr_path.c_str(), "w", stderr)) ::_exit(127);
+    ::execv(argv[0], argv.data());
+    ::_exit(127);
+  }
+  return pid;
+}
+
+// The wait status of `pid` once it exits, within `timeout`; nullopt when it did not (it is
+// then killed and reaped).
+inline std::optional<int> WaitForExit(pid_t pid, std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  int status = 0;
+  while (::waitpid(pid, &status, WNOHANG) == 0) {
+    if (std::chrono::steady_clock::now() >= deadline) {
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, nullptr, 0);
+      return std::nullopt;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return status;
 }
 
 // Runs `duet simulate` with `args` plus --out `out_dir`; fails the current test (with the
