@@ -10,17 +10,6 @@ namespace k = kernels::cpu;
 
 namespace {
 
-// The model's own KV memory.
-class HeapKvMemory final : public KvMemory {
- public:
-  explicit HeapKvMemory(std::int64_t bytes)
-      : bytes_(new unsigned char[static_cast<std::size_t>(bytes)]) {}
-  void* data() override { return bytes_.get(); }
-
- private:
-  std::unique_ptr<unsigned char[]> bytes_;
-};
-
 // The loader admits exactly the dtypes the kernels take.
 k::WeightDtype KernelDtype(Dtype dtype) {
   switch (dtype) {
@@ -77,7 +66,7 @@ Result<std::unique_ptr<CpuModel>> CpuModel::Create(LoadedModel model,
     if (!memory.ok()) return Status::Error("allocating the KV cache: " + memory.error());
     m->kv_memory_ = std::move(*memory);
   } else {
-    m->kv_memory_ = std::make_unique<HeapKvMemory>(m->kv_bytes_);
+    m->kv_memory_ = AllocateHeapKvMemory(m->kv_bytes_);
   }
   m->kv_cache_ = static_cast<unsigned char*>(m->kv_memory_->data());
   std::memset(m->kv_cache_, 0, static_cast<std::size_t>(m->kv_bytes_));

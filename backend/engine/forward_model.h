@@ -35,6 +35,10 @@ class KvMemory {
 };
 // `bytes` of KvMemory, or why not. The contents are unspecified: the model clears them.
 using KvAllocator = std::function<Result<std::unique_ptr<KvMemory>>(std::int64_t bytes)>;
+// What a model keeps its KV cache in without an allocator: heap memory aligned to a page, as
+// UCX's and CUDA's allocations are (new[] aligns to 16 bytes), so that a block starts on a
+// cache line and a copy of whole blocks (a decode instance's pull) splits none.
+std::unique_ptr<KvMemory> AllocateHeapKvMemory(std::int64_t bytes);
 
 // The KV cache as memory that a transport or a tier can register once: block b is the
 // block_bytes bytes at base + b * block_bytes and holds every layer's K and V of that block's

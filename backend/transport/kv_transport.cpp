@@ -55,19 +55,6 @@ void KvTransferLog::Record(KvTransferRecord record) {
   records_.push_back(std::move(record));
 }
 
-std::vector<BlockRun> BlockRuns(std::span<const BlockId> src, std::span<const BlockId> dst) {
-  std::vector<BlockRun> runs;
-  for (std::size_t i = 0; i < src.size(); ++i) {
-    if (!runs.empty() && runs.back().src_block + runs.back().blocks == src[i] &&
-        runs.back().dst_block + runs.back().blocks == dst[i]) {
-      ++runs.back().blocks;
-    } else {
-      runs.push_back({src[i], dst[i], 1});
-    }
-  }
-  return runs;
-}
-
 void LoopbackKvTransport::Register(policies::InstanceId instance, KvRegion region) {
   DUET_CHECK(region.base != nullptr && region.block_bytes > 0 && region.num_blocks > 0);
   regions_[instance] = region;
@@ -85,11 +72,12 @@ TransferId LoopbackKvTransport::Post(const policies::KvTransferRequest& transfer
       transfer.request, transfer.src, transfer.dst, 0, 0, "loopback", false, {}};
   record.error = CheckKvTransfer(transfer, src, dst);
   if (record.error.empty()) {
-    for (const BlockRun& run : BlockRuns(transfer.src_blocks, transfer.dst_blocks)) {
+    ForEachBlockRun(transfer.src_blocks, transfer.dst_blocks, [&](const BlockRun& run) {
       std::memcpy(static_cast<char*>(dst->base) + run.dst_block * dst->block_bytes,
                   static_cast<const char*>(src->base) + run.src_block * src->block_bytes,
                   static_cast<std::size_t>(run.blocks * src->block_bytes));
-    }
+      return true;
+    });
     record.bytes = static_cast<std::int64_t>(transfer.src_blocks.size()) * src->block_bytes;
     record.ok = true;
   }

@@ -49,7 +49,21 @@ struct BlockRun {
   std::int64_t dst_block = 0;
   std::int64_t blocks = 0;
 };
-std::vector<BlockRun> BlockRuns(std::span<const BlockId> src, std::span<const BlockId> dst);
+// Calls `f(run)` for the runs of src[i] -> dst[i] (i < src.size(); dst at least as long), in
+// order, until f returns false. Allocates nothing: it runs once per transfer.
+template <typename F>
+void ForEachBlockRun(std::span<const BlockId> src, std::span<const BlockId> dst, F&& f) {
+  for (std::size_t i = 0; i < src.size();) {
+    BlockRun run{src[i], dst[i], 1};
+    for (std::size_t j = i + 1; j < src.size() && src[j] == run.src_block + run.blocks &&
+                                dst[j] == run.dst_block + run.blocks;
+         ++j) {
+      ++run.blocks;
+    }
+    if (!f(run)) return;
+    i += static_cast<std::size_t>(run.blocks);
+  }
+}
 
 // What a transport moved since it started, by every record it ever made.
 struct KvTransferTotals {

@@ -224,14 +224,17 @@ void WorkerKvTransport::SetSelf(policies::InstanceId self) {
 void WorkerKvTransport::SetPeer(policies::InstanceId peer, std::string descriptor) {
   std::lock_guard lock(mu_);
   pending_peers_.emplace_back(peer, std::move(descriptor));
+  peers_pending_.store(true, std::memory_order_release);
 }
 
 void WorkerKvTransport::ApplyPeers() {
+  // Every Post and Poll asks: no lock unless a peer changed.
+  if (!peers_pending_.load(std::memory_order_acquire)) return;
   std::vector<std::pair<policies::InstanceId, std::string>> peers;
   {
     std::lock_guard lock(mu_);
-    if (pending_peers_.empty()) return;
     peers.swap(pending_peers_);
+    peers_pending_.store(false, std::memory_order_relaxed);
   }
 #if DUET_HAVE_UCX
   if (!ucx_) return;

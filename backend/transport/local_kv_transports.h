@@ -7,6 +7,7 @@
 // prefill step could not give), asleep on their wake-up descriptors while nothing happens.
 #pragma once
 
+#include <atomic>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -107,7 +108,8 @@ class WorkerKvTransport final : public policies::KvTransport {
   std::unique_ptr<UcxProgressThread> progress_;
   std::set<policies::InstanceId> wired_;  // peers pulled from since they (re)connected
   std::mutex mu_;
-  std::vector<std::pair<policies::InstanceId, std::string>> pending_peers_;
+  std::vector<std::pair<policies::InstanceId, std::string>> pending_peers_;  // under mu_
+  std::atomic<bool> peers_pending_{false};  // pending_peers_ may be non-empty
 };
 
 }  // namespace duet::backend

@@ -1,22 +1,24 @@
 // KV pull throughput (bench/kv_transfer.sh), one block of SIZE bytes per transfer, ITERS
-// transfers one after another (after WARMUP). The source region is in memory UCX allocated
-// (KvTransportAllocator), the destination on the heap, as `duet worker` and PD `duet serve`
-// place a prefill and a decode instance's KV. Two arrangements:
+// transfers (after WARMUP), --window of them in flight at once (default 1: one after another).
+// The source region is in memory UCX allocated (KvTransportAllocator), the destination on the
+// heap, as `duet worker` and PD `duet serve` place a prefill and a decode instance's KV; each
+// side has --blocks blocks (default 1, ucx_perftest's footprint). Two arrangements:
 //   same-process: two UcxKvTransports in one process, the source's worker progressed by a thread
 //     spinning on it;
 //   two processes, as `duet worker` runs them: `source` (a prefill worker's WorkerKvTransport,
-//     progressed by its thread asleep on the UCX wake-up descriptor) writes one descriptor per
-//     size to DESCRIPTORS and serves until killed; `sink` (a decode worker's) connects to them
-//     and pulls.
+//     progressed by its thread asleep on the UCX wake-up descriptor) writes a "SIZE DESCRIPTOR"
+//     line per size to DESCRIPTORS and serves until killed; `sink` (a decode worker's)
+//     connects to those of its sizes and pulls.
 // Prints "SIZE MiB/s" lines (same-process and sink).
-// Usage: duet_kv_transfer_bench TLS ITERS WARMUP SIZE...
-//        duet_kv_transfer_bench source TLS DESCRIPTORS SIZE...
-//        duet_kv_transfer_bench sink TLS DESCRIPTORS ITERS WARMUP SIZE...
+// Usage: duet_kv_transfer_bench [--blocks N] [--window N] TLS ITERS WARMUP SIZE...
+//        duet_kv_transfer_bench [--blocks N] source TLS DESCRIPTORS SIZE...
+//        duet_kv_transfer_bench [--blocks N] [--window N] sink TLS DESCRIPTORS ITERS WARMUP SIZE...
 #include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <fstream>
 #include <memory>
 #include <string>
@@ -30,7 +32,9 @@ using namespace duet;
 
 namespace {
 
-constexpr std::int64_t kBlocks = 4;
+// Blocks per side (--blocks): 1 is ucx_perftest's footprint (one buffer a side); more cycle
+// through more memory, as a KV cache does.
+std::int64_t kBlocks = 1;
 
 std::string Hex(const std::string& bytes) {
   static const char* digits = "0123456789abcdef";
@@ -49,22 +53,41 @@ std::string Unhex(const std::string& hex) {
   return out;
 }
 
-// Pulls block i % kBlocks into block (i + 1) % kBlocks, ITERS + WARMUP times; MiB/s of the
-// timed ones, or a negative number when a transfer failed.
+// Transfers in flight at once (--window): ucx_perftest keeps its gets in flight without limit;
+// a decode engine has a pull in flight per request it admits.
+int kWindow = 1;
+
+// Pulls block i % kBlocks into block (i + 1) % kBlocks, WARMUP then ITERS times, at most
+// kWindow in flight (each polled in the order posted); MiB/s over the ITERS (the time from the
+// warm-up's end to the last one's), or a negative number when a transfer failed.
 double Pull(policies::KvTransport& sink, std::int64_t size, int iters, int warmup) {
-  double seconds = 0;
-  for (int i = 0; i < warmup + iters; ++i) {
-    const std::vector<backend::BlockId> from = {static_cast<backend::BlockId>(i % kBlocks)};
-    const std::vector<backend::BlockId> to = {static_cast<backend::BlockId>((i + 1) % kBlocks)};
-    const auto start = std::chrono::steady_clock::now();
-    const policies::TransferId id = sink.Post({1, 0, 1, size, from, to});
+  std::deque<policies::TransferId> in_flight;
+  std::vector<backend::BlockId> from(1), to(1);
+  auto finish_oldest = [&] {
     policies::TransferStatus status;
-    while ((status = sink.Poll(id)) == policies::TransferStatus::kInProgress) {
+    while ((status = sink.Poll(in_flight.front())) == policies::TransferStatus::kInProgress) {
     }
-    if (status != policies::TransferStatus::kDone) return -1;
-    if (i >= warmup)
-      seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    in_flight.pop_front();
+    return status == policies::TransferStatus::kDone;
+  };
+  std::chrono::steady_clock::time_point start;
+  for (int i = 0; i < warmup + iters; ++i) {
+    if (i == warmup) {
+      while (!in_flight.empty()) {
+        if (!finish_oldest()) return -1;
+      }
+      start = std::chrono::steady_clock::now();
+    }
+    from[0] = static_cast<backend::BlockId>(i % kBlocks);
+    to[0] = static_cast<backend::BlockId>((i + 1) % kBlocks);
+    in_flight.push_back(sink.Post({1, 0, 1, size, from, to}));
+    if (static_cast<int>(in_flight.size()) >= kWindow && !finish_oldest()) return -1;
   }
+  while (!in_flight.empty()) {
+    if (!finish_oldest()) return -1;
+  }
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return static_cast<double>(size) * iters / seconds / (1 << 20);
 }
 
@@ -87,6 +110,14 @@ struct SourceRegion {
   }
 };
 
+// A destination region of kBlocks blocks of `size` bytes where a decode instance keeps its KV
+// (the model's own heap memory), cleared.
+std::unique_ptr<backend::KvMemory> Destination(std::int64_t size) {
+  auto memory = backend::AllocateHeapKvMemory(size * kBlocks);
+  std::memset(memory->data(), 0, static_cast<std::size_t>(size * kBlocks));
+  return memory;
+}
+
 int SameProcess(const std::string& tls, int iters, int warmup, std::vector<std::int64_t> sizes) {
   for (const std::int64_t size : sizes) {
     auto src = SourceRegion::Allocate(tls, size);
@@ -94,9 +125,9 @@ int SameProcess(const std::string& tls, int iters, int warmup, std::vector<std::
       std::fprintf(stderr, "%s\n", src.error().c_str());
       return 1;
     }
-    std::vector<char> dst(static_cast<std::size_t>(size * kBlocks), 0);
+    const auto dst = Destination(size);
     auto source = backend::UcxKvTransport::Create(0, src->region, tls);
-    auto sink = backend::UcxKvTransport::Create(1, {dst.data(), size, kBlocks}, tls);
+    auto sink = backend::UcxKvTransport::Create(1, {dst->data(), size, kBlocks}, tls);
     if (!source.ok() || !sink.ok()) {
       std::fprintf(stderr, "%s\n", (source.ok() ? sink.error() : source.error()).c_str());
       return 1;
@@ -139,7 +170,7 @@ int Source(const std::string& tls, const std::string& path, std::vector<std::int
       return 1;
     }
     (*t)->SetSelf(0);
-    out << Hex((*t)->descriptor()) << "\n";
+    out << size << " " << Hex((*t)->descriptor()) << "\n";
     sources.push_back(std::move(*t));
   }
   out.close();
@@ -149,17 +180,20 @@ int Source(const std::string& tls, const std::string& path, std::vector<std::int
 
 int Sink(const std::string& tls, const std::string& path, int iters, int warmup,
          std::vector<std::int64_t> sizes) {
-  std::ifstream in(path);
   for (const std::int64_t size : sizes) {
+    std::ifstream in(path);
+    std::int64_t served = 0;
     std::string line;
-    if (!std::getline(in, line)) {
+    while (in >> served >> line && served != size) {
+    }
+    if (served != size) {
       std::fprintf(stderr, "%s: no descriptor for %lld bytes\n", path.c_str(),
                    static_cast<long long>(size));
       return 1;
     }
-    std::vector<char> dst(static_cast<std::size_t>(size * kBlocks), 0);
+    const auto dst = Destination(size);
     auto sink = backend::WorkerKvTransport::Create(
-        policies::InstanceRole::kDecode, backend::KvRegion{dst.data(), size, kBlocks}, Ucx(tls));
+        policies::InstanceRole::kDecode, backend::KvRegion{dst->data(), size, kBlocks}, Ucx(tls));
     if (!sink.ok()) {
       std::fprintf(stderr, "%s\n", sink.error().c_str());
       return 1;
@@ -185,6 +219,21 @@ std::vector<std::int64_t> Sizes(int argc, char** argv, int first) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Leading options: --blocks N, --window N (each at least 1).
+  while (argc > 2 && (std::string(argv[1]) == "--blocks" || std::string(argv[1]) == "--window")) {
+    const long long value = std::atoll(argv[2]);
+    if (value < 1) {
+      std::fprintf(stderr, "%s must be at least 1\n", argv[1]);
+      return 2;
+    }
+    if (std::string(argv[1]) == "--blocks") {
+      kBlocks = value;
+    } else {
+      kWindow = static_cast<int>(value);
+    }
+    argc -= 2;
+    argv += 2;
+  }
   const std::string mode = argc > 1 ? argv[1] : "";
   if (mode == "source" && argc >= 5) return Source(argv[2], argv[3], Sizes(argc, argv, 4));
   if (mode == "sink" && argc >= 7)
@@ -192,9 +241,9 @@ int main(int argc, char** argv) {
   if (mode != "source" && mode != "sink" && argc >= 5)
     return SameProcess(argv[1], std::atoi(argv[2]), std::atoi(argv[3]), Sizes(argc, argv, 4));
   std::fprintf(stderr,
-               "usage: %s TLS ITERS WARMUP SIZE...\n"
-               "       %s source TLS DESCRIPTORS SIZE...\n"
-               "       %s sink TLS DESCRIPTORS ITERS WARMUP SIZE...\n",
+               "usage: %s [--blocks N] [--window N] TLS ITERS WARMUP SIZE...\n"
+               "       %s [--blocks N] source TLS DESCRIPTORS SIZE...\n"
+               "       %s [--blocks N] [--window N] sink TLS DESCRIPTORS ITERS WARMUP SIZE...\n",
                argv[0], argv[0], argv[0]);
   return 2;
 }

@@ -16,6 +16,7 @@
 #include <functional>
 #include <memory>
 #include <numeric>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -252,6 +253,39 @@ TEST_P(KvTransportContract, TransfersInFlightTogetherFinishIndependently) {
   EXPECT_EQ(h->log->records().size(), 8u);
 }
 
+// A transport may reuse what a finished transfer held (UCX reuses its slot), never its id:
+// transfers posted while others come and go keep distinct ids and finish as themselves.
+TEST_P(KvTransportContract, IdsStayDistinctAsTransfersComeAndGo) {
+  auto h = GetParam().make(src_, dst_);
+  ASSERT_NE(h, nullptr);
+  const std::vector<std::vector<BlockId>> src = {{0, 1}, {2}, {3, 4}, {5}, {6, 7}};
+  const std::vector<std::vector<BlockId>> dst = {{30, 31}, {32}, {33, 34}, {35}, {36, 37}};
+  std::set<TransferId> ids;
+  const TransferId first = h->transport->Post(Transfer(src[0], dst[0], 200));
+  ids.insert(first);
+  TransferId previous = first;
+  for (std::size_t i = 1; i < src.size(); ++i) {
+    // One in flight (the previous) while the next is posted, then the previous finishes.
+    const TransferId id = h->transport->Post(Transfer(src[i], dst[i], 200 + i));
+    EXPECT_TRUE(ids.insert(id).second) << "id " << id << " given twice";
+    EXPECT_EQ(Wait(*h, previous), TransferStatus::kDone);
+    previous = id;
+  }
+  EXPECT_EQ(Wait(*h, previous), TransferStatus::kDone);
+  std::vector<BlockId> all_src, all_dst;
+  for (std::size_t i = 0; i < src.size(); ++i) {
+    all_src.insert(all_src.end(), src[i].begin(), src[i].end());
+    all_dst.insert(all_dst.end(), dst[i].begin(), dst[i].end());
+  }
+  ExpectMoved(all_src, all_dst);
+  ASSERT_EQ(h->log->records().size(), src.size());
+  for (std::size_t i = 0; i < src.size(); ++i) {
+    const KvTransferRecord& r = h->log->records()[i];
+    EXPECT_EQ(r.request, static_cast<policies::RequestId>(200 + i)) << "record " << i;
+    EXPECT_EQ(r.bytes, static_cast<std::int64_t>(src[i].size()) * kBlockBytes) << "record " << i;
+  }
+}
+
 TEST_P(KvTransportContract, BadTransfersFailAndMoveNothing) {
   auto h = GetParam().make(src_, dst_);
   ASSERT_NE(h, nullptr);
@@ -351,14 +385,27 @@ TEST_F(FaultInjection, TheRuleChoosesPerTransfer) {
 
 TEST(BlockRuns, MergesBlocksConsecutiveOnBothSides) {
   const std::vector<BlockId> src = {1, 2, 3, 7, 8, 4};
-  const std::vector<BlockId> dst = {5, 6, 9, 10, 11, 12};
-  const std::vector<BlockRun> runs = BlockRuns(src, dst);
+  const std::vector<BlockId> dst = {5, 6, 9, 10, 11, 12, 13};  // longer: room to grow
+  std::vector<BlockRun> runs;
+  ForEachBlockRun(src, dst, [&](const BlockRun& run) {
+    runs.push_back(run);
+    return true;
+  });
   ASSERT_EQ(runs.size(), 4u);
   EXPECT_EQ(runs[0].src_block, 1);
+  EXPECT_EQ(runs[0].dst_block, 5);
   EXPECT_EQ(runs[0].blocks, 2);  // 1,2 -> 5,6
   EXPECT_EQ(runs[1].blocks, 1);  // 3 -> 9 (dst jumps)
+  EXPECT_EQ(runs[2].src_block, 7);
+  EXPECT_EQ(runs[2].dst_block, 10);
   EXPECT_EQ(runs[2].blocks, 2);  // 7,8 -> 10,11
-  EXPECT_EQ(runs[3].blocks, 1);  // 4 -> 12
+  EXPECT_EQ(runs[3].src_block, 4);
+  EXPECT_EQ(runs[3].dst_block, 12);
+  EXPECT_EQ(runs[3].blocks, 1);  // 4 -> 12 (src jumps back)
+
+  int calls = 0;  // false stops the walk
+  ForEachBlockRun(src, dst, [&](const BlockRun&) { return ++calls < 2; });
+  EXPECT_EQ(calls, 2);
 }
 
 TEST(UcxDescriptor, RoundTripsAndRejectsEveryMalformation) {
