@@ -1,5 +1,5 @@
 // KV pull throughput (bench/kv_transfer.sh), one block of SIZE bytes per transfer, ITERS
-// transfers (after WARMUP), --window of them in flight at once (default 1: one after another).
+// transfers one after another (after WARMUP).
 // The source region is in memory UCX allocated (KvTransportAllocator), the destination on the
 // heap, as `duet worker` and PD `duet serve` place a prefill and a decode instance's KV; each
 // side has --blocks blocks (default 1, ucx_perftest's footprint). Two arrangements:
@@ -10,15 +10,14 @@
 //     line per size to DESCRIPTORS and serves until killed; `sink` (a decode worker's)
 //     connects to those of its sizes and pulls.
 // Prints "SIZE MiB/s" lines (same-process and sink).
-// Usage: duet_kv_transfer_bench [--blocks N] [--window N] TLS ITERS WARMUP SIZE...
+// Usage: duet_kv_transfer_bench [--blocks N] TLS ITERS WARMUP SIZE...
 //        duet_kv_transfer_bench [--blocks N] source TLS DESCRIPTORS SIZE...
-//        duet_kv_transfer_bench [--blocks N] [--window N] sink TLS DESCRIPTORS ITERS WARMUP SIZE...
+//        duet_kv_transfer_bench [--blocks N] sink TLS DESCRIPTORS ITERS WARMUP SIZE...
 #include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <deque>
 #include <fstream>
 #include <memory>
 #include <string>
@@ -53,38 +52,22 @@ std::string Unhex(const std::string& hex) {
   return out;
 }
 
-// Transfers in flight at once (--window): ucx_perftest keeps its gets in flight without limit;
-// a decode engine has a pull in flight per request it admits.
-int kWindow = 1;
-
-// Pulls block i % kBlocks into block (i + 1) % kBlocks, WARMUP then ITERS times, at most
-// kWindow in flight (each polled in the order posted); MiB/s over the ITERS (the time from the
-// warm-up's end to the last one's), or a negative number when a transfer failed.
+// Pulls block i % kBlocks into block (i + 1) % kBlocks, WARMUP then ITERS times, each polled
+// until done before the next is posted; MiB/s over the ITERS (the time from the warm-up's end
+// to the last one's, not a sum of per-transfer times: no clock read per transfer), or a
+// negative number when a transfer failed.
 double Pull(policies::KvTransport& sink, std::int64_t size, int iters, int warmup) {
-  std::deque<policies::TransferId> in_flight;
   std::vector<backend::BlockId> from(1), to(1);
-  auto finish_oldest = [&] {
-    policies::TransferStatus status;
-    while ((status = sink.Poll(in_flight.front())) == policies::TransferStatus::kInProgress) {
-    }
-    in_flight.pop_front();
-    return status == policies::TransferStatus::kDone;
-  };
   std::chrono::steady_clock::time_point start;
   for (int i = 0; i < warmup + iters; ++i) {
-    if (i == warmup) {
-      while (!in_flight.empty()) {
-        if (!finish_oldest()) return -1;
-      }
-      start = std::chrono::steady_clock::now();
-    }
+    if (i == warmup) start = std::chrono::steady_clock::now();
     from[0] = static_cast<backend::BlockId>(i % kBlocks);
     to[0] = static_cast<backend::BlockId>((i + 1) % kBlocks);
-    in_flight.push_back(sink.Post({1, 0, 1, size, from, to}));
-    if (static_cast<int>(in_flight.size()) >= kWindow && !finish_oldest()) return -1;
-  }
-  while (!in_flight.empty()) {
-    if (!finish_oldest()) return -1;
+    const policies::TransferId id = sink.Post({1, 0, 1, size, from, to});
+    policies::TransferStatus status;
+    while ((status = sink.Poll(id)) == policies::TransferStatus::kInProgress) {
+    }
+    if (status != policies::TransferStatus::kDone) return -1;
   }
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -219,17 +202,11 @@ std::vector<std::int64_t> Sizes(int argc, char** argv, int first) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  // Leading options: --blocks N, --window N (each at least 1).
-  while (argc > 2 && (std::string(argv[1]) == "--blocks" || std::string(argv[1]) == "--window")) {
-    const long long value = std::atoll(argv[2]);
-    if (value < 1) {
-      std::fprintf(stderr, "%s must be at least 1\n", argv[1]);
+  if (argc > 2 && std::string(argv[1]) == "--blocks") {
+    kBlocks = std::atoll(argv[2]);
+    if (kBlocks < 1) {
+      std::fprintf(stderr, "--blocks must be at least 1\n");
       return 2;
-    }
-    if (std::string(argv[1]) == "--blocks") {
-      kBlocks = value;
-    } else {
-      kWindow = static_cast<int>(value);
     }
     argc -= 2;
     argv += 2;
@@ -241,9 +218,9 @@ int main(int argc, char** argv) {
   if (mode != "source" && mode != "sink" && argc >= 5)
     return SameProcess(argv[1], std::atoi(argv[2]), std::atoi(argv[3]), Sizes(argc, argv, 4));
   std::fprintf(stderr,
-               "usage: %s [--blocks N] [--window N] TLS ITERS WARMUP SIZE...\n"
+               "usage: %s [--blocks N] TLS ITERS WARMUP SIZE...\n"
                "       %s [--blocks N] source TLS DESCRIPTORS SIZE...\n"
-               "       %s [--blocks N] [--window N] sink TLS DESCRIPTORS ITERS WARMUP SIZE...\n",
+               "       %s [--blocks N] sink TLS DESCRIPTORS ITERS WARMUP SIZE...\n",
                argv[0], argv[0], argv[0]);
   return 2;
 }
