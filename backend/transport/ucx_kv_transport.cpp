@@ -119,6 +119,7 @@ struct UcxKvTransport::Impl {
     std::chrono::steady_clock::time_point start;
   };
   static constexpr int kSlotBits = 24;
+  static constexpr TransferId kSlotMask = (TransferId{1} << kSlotBits) - 1;
   std::vector<Transfer> transfers;
   std::vector<std::uint32_t> free_slots;
   std::uint64_t sequence = 1;
@@ -126,8 +127,7 @@ struct UcxKvTransport::Impl {
   Transfer& NewTransfer() {
     std::uint32_t slot;
     if (free_slots.empty()) {
-      DUET_CHECK_MSG(transfers.size() < (std::size_t{1} << kSlotBits),
-                     "too many KV pulls in flight");
+      DUET_CHECK_MSG(transfers.size() <= kSlotMask, "too many KV pulls in flight");
       slot = static_cast<std::uint32_t>(transfers.size());
       transfers.emplace_back();
     } else {
@@ -139,11 +139,11 @@ struct UcxKvTransport::Impl {
     return t;
   }
   Transfer* Find(TransferId id) {
-    const std::size_t slot = id & ((TransferId{1} << kSlotBits) - 1);
+    const std::size_t slot = id & kSlotMask;
     return slot < transfers.size() && transfers[slot].id == id ? &transfers[slot] : nullptr;
   }
   void Release(Transfer& t) {
-    free_slots.push_back(static_cast<std::uint32_t>(t.id & ((TransferId{1} << kSlotBits) - 1)));
+    free_slots.push_back(static_cast<std::uint32_t>(t.id & kSlotMask));
     t.id = 0;
     t.requests.clear();
   }

@@ -260,10 +260,8 @@ TEST_P(KvTransportContract, IdsStayDistinctAsTransfersComeAndGo) {
   ASSERT_NE(h, nullptr);
   const std::vector<std::vector<BlockId>> src = {{0, 1}, {2}, {3, 4}, {5}, {6, 7}};
   const std::vector<std::vector<BlockId>> dst = {{30, 31}, {32}, {33, 34}, {35}, {36, 37}};
-  std::set<TransferId> ids;
-  const TransferId first = h->transport->Post(Transfer(src[0], dst[0], 200));
-  ids.insert(first);
-  TransferId previous = first;
+  TransferId previous = h->transport->Post(Transfer(src[0], dst[0], 200));
+  std::set<TransferId> ids = {previous};
   for (std::size_t i = 1; i < src.size(); ++i) {
     // One in flight (the previous) while the next is posted, then the previous finishes.
     const TransferId id = h->transport->Post(Transfer(src[i], dst[i], 200 + i));
