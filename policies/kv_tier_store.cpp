@@ -16,94 +16,148 @@ const char* ToString(EvictionPolicy policy) {
   return policy == EvictionPolicy::kLru ? "lru" : "arc";
 }
 
+namespace {
+constexpr std::size_t kAhead = 8;               // queue records whose slots load ahead
+constexpr std::int64_t kMinDeadRecords = 1024;  // spent or stale records kept before compacting
+constexpr std::size_t kInitialSlots = 16;
+}  // namespace
+
 KvTierStore::KvTierStore(std::int64_t capacity_blocks, EvictionPolicy policy)
-    : capacity_(capacity_blocks), policy_(policy) {
+    : capacity_(capacity_blocks), policy_(policy), table_(kInitialSlots), mask_(kInitialSlots - 1) {
   DUET_CHECK(capacity_blocks >= 0);
 }
 
+std::int32_t KvTierStore::Find(BlockHash hash) const {
+  for (std::size_t i = hash & mask_;; i = (i + 1) & mask_) {
+    const Slot& x = table_[i];
+    if (x.list == kEmpty) return -1;
+    if (x.hash == hash) return static_cast<std::int32_t>(i);
+  }
+}
+
 std::int32_t KvTierStore::NewEntry(BlockHash hash) {
-  std::int32_t e;
-  if (!free_slots_.empty()) {
-    e = free_slots_.back();
-    free_slots_.pop_back();
-    slab_[static_cast<std::size_t>(e)] = Entry{};
-  } else {
-    e = static_cast<std::int32_t>(slab_.size());
-    slab_.emplace_back();
+  // At most half the slots are taken: probes stay short.
+  if (static_cast<std::size_t>(entries_ + 1) * 2 > table_.size()) Grow();
+  std::size_t i = hash & mask_;
+  while (table_[i].list != kEmpty) i = (i + 1) & mask_;
+  Slot& x = table_[i];
+  x = Slot{};
+  x.hash = hash;
+  x.list = kUnlisted;
+  ++entries_;
+  return static_cast<std::int32_t>(i);
+}
+
+void KvTierStore::Remove(std::int32_t i) {
+  if (at(i).list != kUnlisted) Unlink(i);
+  --entries_;
+  // Backward shift: later entries of the probe run move into the hole where their probe allows,
+  // and their queue records follow them.
+  auto hole = static_cast<std::size_t>(i);
+  for (std::size_t j = (hole + 1) & mask_; table_[j].list != kEmpty; j = (j + 1) & mask_) {
+    const std::size_t home = table_[j].hash & mask_;
+    // Entry j may fill the hole if its home is not in the cyclic range (hole, j].
+    const bool home_in_range = hole <= j ? (hole < home && home <= j) : (hole < home || home <= j);
+    if (home_in_range) continue;
+    table_[hole] = table_[j];
+    hole = j;
   }
-  slab_[static_cast<std::size_t>(e)].hash = hash;
-  entries_.InsertGrowing(hash, e);
-  return e;
+  table_[hole] = Slot{};
 }
 
-void KvTierStore::DropEntry(std::int32_t e) {
-  Unlink(e);
-  entries_.Erase(slab_[static_cast<std::size_t>(e)].hash);
-  free_slots_.push_back(e);
+void KvTierStore::Grow() {
+  const std::size_t slots = table_.size() * 2;
+  DUET_CHECK_MSG(slots <= (std::size_t{1} << 31), "tier store outgrew its 2^31 slots");
+  std::vector<Slot> old(slots);
+  old.swap(table_);
+  mask_ = slots - 1;
+  for (const Slot& x : old) {
+    if (x.list == kEmpty) continue;
+    std::size_t i = x.hash & mask_;
+    while (table_[i].list != kEmpty) i = (i + 1) & mask_;
+    table_[i] = x;
+  }
 }
 
-void KvTierStore::PushMru(std::int32_t e, List list) {
-  Entry& x = slab_[static_cast<std::size_t>(e)];
-  ListHead& l = lists_[list];
+void KvTierStore::PushMru(std::int32_t i, List list) {
+  Slot& x = at(i);
+  Queue& q = lists_[list];
   x.list = list;
-  x.prev = l.tail;
-  x.next = -1;
-  if (l.tail >= 0) {
-    slab_[static_cast<std::size_t>(l.tail)].next = e;
-  } else {
-    l.head = e;
-  }
-  l.tail = e;
-  ++l.size;
+  x.pos = q.base + static_cast<std::uint32_t>(q.records.size());
+  q.records.push_back(x.hash);
+  ++q.size;
   if (list == kB1 || list == kB2) ++ghosts_;
+  Compact(list);
 }
 
-void KvTierStore::Unlink(std::int32_t e) {
-  Entry& x = slab_[static_cast<std::size_t>(e)];
-  ListHead& l = lists_[x.list];
-  if (x.prev >= 0) {
-    slab_[static_cast<std::size_t>(x.prev)].next = x.next;
-  } else {
-    l.head = x.next;
-  }
-  if (x.next >= 0) {
-    slab_[static_cast<std::size_t>(x.next)].prev = x.prev;
-  } else {
-    l.tail = x.prev;
-  }
-  x.prev = x.next = -1;
-  --l.size;
+void KvTierStore::Unlink(std::int32_t i) {
+  Slot& x = at(i);
+  --lists_[x.list].size;
   if (x.list == kB1 || x.list == kB2) --ghosts_;
+  x.list = kUnlisted;
+}
+
+void KvTierStore::Compact(List list) {
+  // Spent records go once they are most of the array; stale ones once they outnumber the live
+  // ones. Either way each record is moved O(1) times on average.
+  Queue& q = lists_[list];
+  DUET_CHECK(q.records.size() < (std::size_t{1} << 32));
+  const std::size_t pending = q.records.size() - q.head;
+  if (q.head > pending && static_cast<std::int64_t>(q.head) > kMinDeadRecords) {
+    q.records.erase(q.records.begin(), q.records.begin() + static_cast<std::ptrdiff_t>(q.head));
+    q.base += static_cast<std::uint32_t>(q.head);
+    q.head = 0;
+  }
+  if (q.stale() > std::max(q.size, kMinDeadRecords)) {
+    std::size_t kept = 0;
+    for (std::size_t k = q.head; k < q.records.size(); ++k) {
+      if (k + kAhead < q.records.size()) Prefetch(q.records[k + kAhead]);
+      const std::int32_t i = LiveSlot(list, k);
+      if (i < 0) continue;
+      at(i).pos = q.base + static_cast<std::uint32_t>(kept);
+      q.records[kept++] = q.records[k];
+    }
+    q.records.resize(kept);
+    q.head = 0;
+  }
+}
+
+std::int32_t KvTierStore::Oldest(List list, bool evictable) {
+  Queue& q = lists_[list];
+  bool front = true;  // every record before k is spent or stale
+  for (std::size_t k = q.head; k < q.records.size(); ++k) {
+    // Evictions come one per write once the tier is full, each a record or so on: load the
+    // next victims' slots now, so the evictions to come find them.
+    if (k + kAhead < q.records.size()) Prefetch(q.records[k + kAhead]);
+    const std::int32_t i = LiveSlot(list, k);
+    if (i < 0) {
+      if (front) q.head = k + 1;
+      continue;
+    }
+    if (!evictable || Evictable(at(i))) return i;
+    front = false;
+  }
+  return -1;
 }
 
 bool KvTierStore::EvictFrom(List list, std::vector<BlockHash>* evicted) {
   // The least recently used block that is neither being written nor read.
-  std::int32_t e = lists_[list].head;
-  while (e >= 0 && !Evictable(slab_[static_cast<std::size_t>(e)]))
-    e = slab_[static_cast<std::size_t>(e)].next;
-  if (e < 0) return false;
-  const BlockHash hash = slab_[static_cast<std::size_t>(e)].hash;
-  evicted->push_back(hash);
+  const std::int32_t i = Oldest(list, /*evictable=*/true);
+  if (i < 0) return false;
+  evicted->push_back(at(i).hash);
   ++evictions_;
   if (policy_ == EvictionPolicy::kArc) {
     // The block leaves the cache but its name stays in the matching ghost list.
-    Unlink(e);
-    PushMru(e, list == kT1 ? kB1 : kB2);
+    Unlink(i);
+    PushMru(i, list == kT1 ? kB1 : kB2);
   } else {
-    DropEntry(e);
-  }
-  // Evictions come one per write once the tier is full: start loading the next victim's index
-  // slot and successor now (its entry was just read), so the next eviction finds them.
-  if (const std::int32_t next = lists_[list].head; next >= 0) {
-    const Entry& x = slab_[static_cast<std::size_t>(next)];
-    entries_.Prefetch(x.hash);
-    if (x.next >= 0) __builtin_prefetch(&slab_[static_cast<std::size_t>(x.next)]);
+    Remove(i);
   }
   return true;
 }
 
 void KvTierStore::DropGhostLru(List list) {
-  if (lists_[list].head >= 0) DropEntry(lists_[list].head);
+  if (const std::int32_t i = Oldest(list, /*evictable=*/false); i >= 0) Remove(i);
 }
 
 bool KvTierStore::ArcReplace(bool hit_in_b2, std::vector<BlockHash>* evicted) {
@@ -113,16 +167,12 @@ bool KvTierStore::ArcReplace(bool hit_in_b2, std::vector<BlockHash>* evicted) {
   return EvictFrom(kT2, evicted) || EvictFrom(kT1, evicted);
 }
 
-KvTierStore::WriteStart KvTierStore::BeginWrite(BlockHash hash, std::vector<BlockHash>* evicted,
-                                                std::int32_t* entry) {
+KvTierStore::WriteStart KvTierStore::BeginWrite(BlockHash hash, std::vector<BlockHash>* evicted) {
   if (capacity_ == 0) return WriteStart::kNoRoom;
   List target = kMain;
   bool hit_in_b2 = false;
-  std::int32_t ghost = entries_.Find(hash);
-  if (ghost != BlockHashIndex::kAbsent) {
-    const Entry& x = slab_[static_cast<std::size_t>(ghost)];
-    if (x.list != kB1 && x.list != kB2) return WriteStart::kPresent;
-  }
+  std::int32_t ghost = Find(hash);
+  if (ghost >= 0 && at(ghost).list != kB1 && at(ghost).list != kB2) return WriteStart::kPresent;
   if (policy_ == EvictionPolicy::kLru) {
     while (used_blocks() >= capacity_) {
       if (!EvictFrom(kMain, evicted)) return WriteStart::kNoRoom;
@@ -133,7 +183,7 @@ KvTierStore::WriteStart KvTierStore::BeginWrite(BlockHash hash, std::vector<Bloc
     const auto b2 = static_cast<double>(lists_[kB2].size);
     if (ghost >= 0) {
       // A ghost hit: the list it was evicted from was too small; adapt the target.
-      hit_in_b2 = slab_[static_cast<std::size_t>(ghost)].list == kB2;
+      hit_in_b2 = at(ghost).list == kB2;
       if (hit_in_b2) {
         arc_p_ = std::max(0.0, arc_p_ - std::max(1.0, b1 / b2));
       } else {
@@ -146,7 +196,7 @@ KvTierStore::WriteStart KvTierStore::BeginWrite(BlockHash hash, std::vector<Bloc
       const auto l1 = static_cast<double>(lists_[kT1].size) + b1;
       if (l1 >= c && b1 > 0) {
         DropGhostLru(kB1);
-      } else if (l1 < c && static_cast<double>(entries_.size()) >= 2 * c && b2 > 0) {
+      } else if (l1 < c && static_cast<double>(entries_) >= 2 * c && b2 > 0) {
         DropGhostLru(kB2);
       }
     }
@@ -156,62 +206,56 @@ KvTierStore::WriteStart KvTierStore::BeginWrite(BlockHash hash, std::vector<Bloc
     // Ghost lists never outgrow the cache.
     while (lists_[kB1].size > capacity_) DropGhostLru(kB1);
     while (lists_[kB2].size > capacity_) DropGhostLru(kB2);
-    if (ghost >= 0 && entries_.Find(hash) == BlockHashIndex::kAbsent) ghost = -1;  // trimmed
+    // Removals shift entries: find the ghost again (it may have been trimmed).
+    if (ghost >= 0) ghost = Find(hash);
   }
-  std::int32_t e = ghost;
-  if (e >= 0) {
-    Unlink(e);
+  std::int32_t i = ghost;
+  if (i >= 0) {
+    Unlink(i);
   } else {
-    e = NewEntry(hash);
+    i = NewEntry(hash);
   }
-  slab_[static_cast<std::size_t>(e)].writing = true;
-  PushMru(e, target);
+  at(i).writing = 1;
+  PushMru(i, target);
   ++writing_;
-  if (entry) *entry = e;
   peak_used_ = std::max(peak_used_, used_blocks());
   return WriteStart::kStarted;
 }
 
-void KvTierStore::EndWriteAt(std::int32_t e) {
-  DUET_CHECK_MSG(e >= 0 && static_cast<std::size_t>(e) < slab_.size(),
-                 "EndWrite of a block that is not being written");
-  Entry& x = slab_[static_cast<std::size_t>(e)];
-  DUET_CHECK_MSG(x.writing, "EndWrite of a block that is not being written");
-  x.writing = false;
+void KvTierStore::EndWrite(BlockHash hash) {
+  const std::int32_t i = Find(hash);
+  DUET_CHECK_MSG(i >= 0 && at(i).writing, "EndWrite of a block that is not being written");
+  at(i).writing = 0;
   --writing_;
 }
 
-void KvTierStore::AbortWriteAt(std::int32_t e) {
-  DUET_CHECK_MSG(e >= 0 && static_cast<std::size_t>(e) < slab_.size() &&
-                     slab_[static_cast<std::size_t>(e)].writing,
-                 "AbortWrite of a block that is not being written");
+void KvTierStore::AbortWrite(BlockHash hash) {
+  const std::int32_t i = Find(hash);
+  DUET_CHECK_MSG(i >= 0 && at(i).writing, "AbortWrite of a block that is not being written");
   --writing_;
-  DropEntry(e);
+  Remove(i);
 }
 
 bool KvTierStore::Contains(BlockHash hash) const {
-  const std::int32_t e = entries_.Find(hash);
-  if (e == BlockHashIndex::kAbsent) return false;
-  const Entry& x = slab_[static_cast<std::size_t>(e)];
-  return !x.writing && x.list != kB1 && x.list != kB2;
+  const std::int32_t i = Find(hash);
+  return i >= 0 && !at(i).writing && at(i).list != kB1 && at(i).list != kB2;
 }
 
 void KvTierStore::PinForRead(BlockHash hash) {
-  DUET_CHECK(Contains(hash));
-  const std::int32_t e = entries_.Find(hash);
-  Entry& x = slab_[static_cast<std::size_t>(e)];
+  const std::int32_t i = Find(hash);
+  DUET_CHECK(i >= 0 && !at(i).writing && at(i).list != kB1 && at(i).list != kB2);
+  Slot& x = at(i);
+  DUET_CHECK(x.pins < kMaxPins);
   if (x.pins++ == 0) ++pinned_;
   // A hit: most recently used; under ARC a second use moves the block to the frequency list.
-  Unlink(e);
-  PushMru(e, policy_ == EvictionPolicy::kArc ? kT2 : kMain);
+  Unlink(i);
+  PushMru(i, policy_ == EvictionPolicy::kArc ? kT2 : kMain);
 }
 
 void KvTierStore::Unpin(BlockHash hash) {
-  const std::int32_t e = entries_.Find(hash);
-  DUET_CHECK(e != BlockHashIndex::kAbsent);
-  Entry& x = slab_[static_cast<std::size_t>(e)];
-  DUET_CHECK(x.pins > 0);
-  if (--x.pins == 0) --pinned_;
+  const std::int32_t i = Find(hash);
+  DUET_CHECK(i >= 0 && at(i).pins > 0);
+  if (--at(i).pins == 0) --pinned_;
 }
 
 std::vector<BlockHash> KvTierStore::EvictionOrder() const {
@@ -222,51 +266,28 @@ std::vector<BlockHash> KvTierStore::EvictionOrder() const {
   const List lists[2] = {first, first == kT1 ? kT2 : kT1};
   for (List l : lists) {
     if (policy_ == EvictionPolicy::kLru && l == kT2) break;
-    for (std::int32_t e = lists_[l].head; e >= 0; e = slab_[static_cast<std::size_t>(e)].next)
-      order.push_back(slab_[static_cast<std::size_t>(e)].hash);
+    const Queue& q = lists_[l];
+    for (std::size_t i = q.head; i < q.records.size(); ++i) {
+      if (LiveSlot(l, i) >= 0) order.push_back(q.records[i]);
+    }
   }
   return order;
 }
 
 Status KvTierStore::CheckInvariants() const {
-  // One pass over the entries in slab order rather than a walk along each list (a chain of
-  // scattered loads through millions of entries, at the end of every tiered run): every entry
-  // in use is linked both ways with neighbours on its own list, the entries without a
-  // predecessor or successor are their list's ends, and the lists hold as many as they count.
-  // (A cycle detached from every list's ends would pass; each list has one head and one tail.)
-  const std::size_t n = slab_.size();
-  std::vector<char> free(n, 0);
-  for (std::int32_t e : free_slots_) {
-    if (e < 0 || static_cast<std::size_t>(e) >= n || free[static_cast<std::size_t>(e)]++)
-      return Status::Error("tier free slots are broken");
-  }
-  auto neighbour = [&](std::int32_t e, List list) {
-    return e >= 0 && static_cast<std::size_t>(e) < n && !free[static_cast<std::size_t>(e)] &&
-           slab_[static_cast<std::size_t>(e)].list == list;
-  };
-  std::int64_t seen = 0, writing = 0, pinned = 0, ghosts = 0;
+  // One pass over the table in slot order, one along each queue: every entry is found by its
+  // hash (no empty slot cuts its probe) and is live in its own list's queue exactly once, and
+  // the counts match.
+  const std::size_t n = table_.size();
+  if (n == 0 || (n & (n - 1)) != 0 || mask_ != n - 1) return Status::Error("tier table is broken");
+  std::int64_t entries = 0, writing = 0, pinned = 0, ghosts = 0;
   std::array<std::int64_t, kNumLists> counts{};
-  constexpr std::size_t kAhead = 8;  // its scattered loads (neighbours, index slots) start early
   for (std::size_t i = 0; i < n; ++i) {
-    if (i + kAhead < n && !free[i + kAhead]) {
-      const Entry& ahead = slab_[i + kAhead];
-      if (ahead.prev >= 0) __builtin_prefetch(&slab_[static_cast<std::size_t>(ahead.prev)]);
-      if (ahead.next >= 0) __builtin_prefetch(&slab_[static_cast<std::size_t>(ahead.next)]);
-      entries_.Prefetch(ahead.hash);
-    }
-    if (free[i]) continue;
-    const auto e = static_cast<std::int32_t>(i);
-    const Entry& x = slab_[i];
-    if (x.list >= kNumLists) return Status::Error("tier list is broken");
-    const ListHead& l = lists_[x.list];
-    const bool prev_ok =
-        x.prev < 0 ? l.head == e
-                   : neighbour(x.prev, x.list) && slab_[static_cast<std::size_t>(x.prev)].next == e;
-    const bool next_ok =
-        x.next < 0 ? l.tail == e
-                   : neighbour(x.next, x.list) && slab_[static_cast<std::size_t>(x.next)].prev == e;
-    if (!prev_ok || !next_ok) return Status::Error("tier list is broken");
-    if (entries_.Find(x.hash) != e) return Status::Error("tier list entry missing from the index");
+    const Slot& x = table_[i];
+    if (x.list == kEmpty) continue;
+    if (x.list >= kNumLists) return Status::Error("a tier entry is on no list");
+    if (Find(x.hash) != static_cast<std::int32_t>(i))
+      return Status::Error("tier entry not found under its hash");
     const bool ghost = x.list == kB1 || x.list == kB2;
     if (ghost && (x.writing || x.pins))
       return Status::Error("a ghost entry is being written or read");
@@ -274,16 +295,21 @@ Status KvTierStore::CheckInvariants() const {
     writing += x.writing;
     pinned += x.pins > 0;
     ghosts += ghost;
-    ++seen;
+    ++entries;
   }
   for (int l = 0; l < kNumLists; ++l) {
-    if (counts[static_cast<std::size_t>(l)] != lists_[l].size ||
-        (lists_[l].size == 0) != (lists_[l].head < 0 && lists_[l].tail < 0))
+    const Queue& q = lists_[l];
+    if (q.head > q.records.size()) return Status::Error("tier queue head is past its end");
+    std::int64_t live = 0;
+    for (std::size_t k = q.head; k < q.records.size(); ++k) {
+      if (k + kAhead < q.records.size()) Prefetch(q.records[k + kAhead]);
+      // A live record is the one its entry names (positions are distinct): at most one each.
+      live += LiveSlot(static_cast<List>(l), k) >= 0;
+    }
+    if (live != q.size || counts[static_cast<std::size_t>(l)] != q.size)
       return Status::Error("tier list size does not match its list");
   }
-  // Every entry in use is indexed under its hash: with equal counts, the index holds nothing else.
-  if (seen != static_cast<std::int64_t>(entries_.size()))
-    return Status::Error("tier index holds entries that are on no list");
+  if (entries != entries_) return Status::Error("tier entry count does not match the table");
   if (writing != writing_ || pinned != pinned_ || ghosts != ghosts_)
     return Status::Error("tier counters do not match the lists");
   if (used_blocks() > capacity_)

@@ -10,7 +10,6 @@
 #include <vector>
 
 #include "common/status.h"
-#include "policies/hash_index.h"
 #include "policies/request.h"
 
 namespace duet::policies {
@@ -30,17 +29,12 @@ class KvTierStore {
     kNoRoom,   // full of blocks that cannot be evicted now (being written or read)
   };
   // Reserves room for `hash`, evicting as the policy says; evicted hashes are appended to
-  // `evicted` (they were readable and are gone now). When started, `*entry` (if given) names
-  // the block's entry until its write ends: EndWrite and AbortWrite take it instead of the
-  // hash, saving a lookup in an index of millions.
-  WriteStart BeginWrite(BlockHash hash, std::vector<BlockHash>* evicted,
-                        std::int32_t* entry = nullptr);
+  // `evicted` (they were readable and are gone now).
+  WriteStart BeginWrite(BlockHash hash, std::vector<BlockHash>* evicted);
   // The write of `hash` finished: the block becomes readable (and evictable once unpinned).
-  void EndWrite(BlockHash hash) { EndWriteAt(Find(hash)); }
-  void EndWriteAt(std::int32_t entry);
+  void EndWrite(BlockHash hash);
   // The write of `hash` failed: its room is released and it never becomes readable.
-  void AbortWrite(BlockHash hash) { AbortWriteAt(Find(hash)); }
-  void AbortWriteAt(std::int32_t entry);
+  void AbortWrite(BlockHash hash);
 
   // Readable: written completely and not evicted since.
   bool Contains(BlockHash hash) const;
@@ -51,16 +45,11 @@ class KvTierStore {
 
   std::int64_t capacity_blocks() const { return capacity_; }
   // Blocks that take room: readable plus being written.
-  std::int64_t used_blocks() const { return static_cast<std::int64_t>(entries_.size()) - ghosts_; }
-  std::int32_t Find(BlockHash hash) const { return entries_.Find(hash); }
-  // Hints for loops over many hashes (no effect on contents): start loading where `hash`'s
-  // index probe begins, or (once that is loaded) its entry. A store of millions of blocks
-  // misses the cache on both; a loop issues them a few blocks ahead so the misses overlap.
-  void PrefetchSlot(BlockHash hash) const { entries_.Prefetch(hash); }
-  void PrefetchEntry(BlockHash hash) const { PrefetchEntryAt(entries_.Find(hash)); }
-  void PrefetchEntryAt(std::int32_t e) const {
-    if (e != BlockHashIndex::kAbsent) __builtin_prefetch(&slab_[static_cast<std::size_t>(e)]);
-  }
+  std::int64_t used_blocks() const { return entries_ - ghosts_; }
+  // A hint for loops over many hashes (no effect on contents): start loading the slot where
+  // `hash`'s probe begins. A store of millions of blocks misses the cache there; a loop issues
+  // it a few blocks ahead so the misses overlap.
+  void Prefetch(BlockHash hash) const { __builtin_prefetch(&table_[hash & mask_]); }
   std::int64_t writing_blocks() const { return writing_; }
   std::int64_t pinned_blocks() const { return pinned_; }
   std::int64_t evictions() const { return evictions_; }
@@ -73,29 +62,71 @@ class KvTierStore {
   // ARC's target size of its recency list (0 for LRU).
   double arc_target() const { return arc_p_; }
 
-  // Lists consistent with the index, counts consistent with the lists, capacity respected.
+  // Every entry reachable by its hash, the queues consistent with the entries, counts
+  // consistent with both, capacity respected.
   Status CheckInvariants() const;
 
  private:
   // Lists: kLru (LRU policy), T1/T2 (ARC residents), B1/B2 (ARC ghosts: hashes only).
-  enum List : std::uint8_t { kMain = 0, kT1 = 0, kT2 = 1, kB1 = 2, kB2 = 3, kNumLists = 4 };
-  struct Entry {
-    BlockHash hash = 0;
-    std::int32_t prev = -1, next = -1;
-    std::int32_t pins = 0;
-    List list = kMain;
-    bool writing = false;
+  enum List : std::uint8_t {
+    kMain = 0,
+    kT1 = 0,
+    kT2 = 1,
+    kB1 = 2,
+    kB2 = 3,
+    kNumLists = 4,
+    kUnlisted = 4,  // an entry between lists, within one operation
+    kEmpty = 5,     // a free slot
   };
-  struct ListHead {
-    std::int32_t head = -1, tail = -1;  // head: least recently used
-    std::int64_t size = 0;
+  // The entries live in the hash table itself (open addressing, linear probing, backward-shift
+  // deletion): one cache miss per block looked up, where an index beside an array of entries
+  // costs two. 16 bytes: a store holds millions.
+  struct Slot {
+    BlockHash hash = 0;
+    std::uint32_t pos = 0;  // on a list: its record's position in the list's queue
+    std::uint32_t pins : 28 = 0;
+    std::uint32_t list : 3 = kEmpty;  // a List
+    std::uint32_t writing : 1 = 0;
+  };
+  static constexpr std::uint32_t kMaxPins = (1u << 28) - 1;
+  // A list's order (least recently used first) is an array queue of the hashes pushed on it. An
+  // entry that leaves its place early (a hit, an eviction, a move to a ghost list, a failed
+  // write) leaves its record behind, stale, skipped when reached; an entry names its live
+  // record by position, so entries move in the table freely. An eviction reads the queue front
+  // to back, loading the next victims' slots ahead, where a linked list would chase scattered
+  // nodes one at a time.
+  struct Queue {
+    std::vector<BlockHash> records;  // records before head are spent
+    std::size_t head = 0;
+    std::uint32_t base = 0;  // position of records[0] (positions count modulo 2^32)
+    std::int64_t size = 0;   // live records: the list's entries
+    std::int64_t stale() const { return static_cast<std::int64_t>(records.size() - head) - size; }
   };
 
+  Slot& at(std::int32_t i) { return table_[static_cast<std::size_t>(i)]; }
+  const Slot& at(std::int32_t i) const { return table_[static_cast<std::size_t>(i)]; }
+  // The slot of record k of `list`'s queue if it is its entry's live record, or -1.
+  std::int32_t LiveSlot(List list, std::size_t k) const {
+    const Queue& q = lists_[list];
+    const std::int32_t i = Find(q.records[k]);
+    return i >= 0 && at(i).list == list && at(i).pos == q.base + static_cast<std::uint32_t>(k) ? i
+                                                                                               : -1;
+  }
+  // The slot holding `hash`, or -1.
+  std::int32_t Find(BlockHash hash) const;
+  // A slot for `hash`, which the table does not hold; on no list yet.
   std::int32_t NewEntry(BlockHash hash);
-  void DropEntry(std::int32_t e);  // unlinks and forgets
-  void PushMru(std::int32_t e, List list);
-  void Unlink(std::int32_t e);
-  bool Evictable(const Entry& e) const { return !e.writing && e.pins == 0; }
+  // The entry leaves its list (if on one) and the table; later entries may move.
+  void Remove(std::int32_t i);
+  void Grow();  // doubles the table
+  void PushMru(std::int32_t i, List list);
+  // The entry leaves its list, staying in the table until PushMru puts it on one again.
+  void Unlink(std::int32_t i);
+  bool Evictable(const Slot& x) const { return !x.writing && x.pins == 0; }
+  // The least recently used entry of `list` (evictable only, if asked), or -1. Drops the stale
+  // records it passes at the queue's front.
+  std::int32_t Oldest(List list, bool evictable);
+  void Compact(List list);  // drops spent and, when they are many, stale records
   // Evicts one block from `list` (least recently used evictable one). False if none.
   bool EvictFrom(List list, std::vector<BlockHash>* evicted);
   // ARC's REPLACE; falls back to the other list when the preferred one has nothing evictable.
@@ -104,10 +135,10 @@ class KvTierStore {
 
   std::int64_t capacity_;
   EvictionPolicy policy_;
-  std::vector<Entry> slab_;
-  std::vector<std::int32_t> free_slots_;
-  BlockHashIndex entries_{16};  // hash -> slab index: residents, in-flight and ghosts
-  ListHead lists_[kNumLists];
+  std::vector<Slot> table_;  // a power of two of slots
+  std::size_t mask_ = 0;
+  std::int64_t entries_ = 0;  // residents, in-flight and ghosts
+  Queue lists_[kNumLists];
   std::int64_t ghosts_ = 0;
   std::int64_t writing_ = 0, pinned_ = 0, evictions_ = 0, peak_used_ = 0;
   double arc_p_ = 0;  // ARC: target size of T1

@@ -29,14 +29,12 @@ const char* ToString(TierPlacement placement) {
 
 namespace {
 
-// Loops over a request's block hashes look each up in stores of up to millions of blocks: two
-// dependent cache misses per block (index slot, entry). They prefetch both ahead.
+// Loops over a request's block hashes look each up in stores of up to millions of blocks, a
+// cache miss per block. They prefetch ahead.
 constexpr std::size_t kAhead = 8;
 
 void PrefetchAhead(const KvTierStore* s, std::span<const BlockHash> hashes, std::size_t i) {
-  if (s == nullptr) return;
-  if (i + 2 * kAhead < hashes.size()) s->PrefetchSlot(hashes[i + 2 * kAhead]);
-  if (i + kAhead < hashes.size()) s->PrefetchEntry(hashes[i + kAhead]);
+  if (s != nullptr && i + kAhead < hashes.size()) s->Prefetch(hashes[i + kAhead]);
 }
 
 }  // namespace
@@ -88,13 +86,13 @@ void TierManager::Progress(InstanceId instance) {
     }
     TierCounters& c = counters_[static_cast<std::size_t>(w.tier)];
     ++changes_;
-    for (std::size_t k = 0; k < w.entries.size(); ++k) {
-      if (k + kAhead < w.entries.size()) w.store->PrefetchEntryAt(w.entries[k + kAhead]);
+    for (std::size_t k = 0; k < w.hashes.size(); ++k) {
+      PrefetchAhead(w.store, w.hashes, k);
       if (status == TransferStatus::kDone) {
-        w.store->EndWriteAt(w.entries[k]);
+        w.store->EndWrite(w.hashes[k]);
         ++c.written_blocks;
       } else {
-        w.store->AbortWriteAt(w.entries[k]);
+        w.store->AbortWrite(w.hashes[k]);
       }
     }
     // Order does not matter: swap-remove.
@@ -236,15 +234,12 @@ void TierManager::Write(int kind, int node, InstanceId instance, int from,
   TierCounters& c = counters_[static_cast<std::size_t>(kind)];
   ++changes_;
   std::vector<BlockHash> accepted, evicted;
-  std::vector<std::int32_t> entries;
   for (std::size_t i = 0; i < hashes.size(); ++i) {
     PrefetchAhead(s, hashes, i);
     const BlockHash h = hashes[i];
-    std::int32_t entry = -1;
-    switch (s->BeginWrite(h, &evicted, &entry)) {
+    switch (s->BeginWrite(h, &evicted)) {
       case KvTierStore::WriteStart::kStarted:
         accepted.push_back(h);
-        entries.push_back(entry);
         break;
       case KvTierStore::WriteStart::kPresent:
         break;
@@ -274,7 +269,7 @@ void TierManager::Write(int kind, int node, InstanceId instance, int from,
     if (static_cast<std::size_t>(owner) >= pending_writes_.size())
       pending_writes_.resize(static_cast<std::size_t>(owner) + 1);
     pending_writes_[static_cast<std::size_t>(owner)].push_back(
-        {id, s, tier, owner, std::move(entries)});
+        {id, s, tier, owner, std::move(accepted)});
     ++num_pending_writes_;
   }
   // Write-back below: what this tier evicted moves down.

@@ -128,7 +128,7 @@ class TierManager {
     KvTierStore* store;
     TierKind tier;
     InstanceId owner;
-    std::vector<std::int32_t> entries;  // the blocks' store entries, fixed while written
+    std::vector<BlockHash> hashes;
   };
   // The last lookup on each node, with the hashes it read. A router asks for one request's
   // blocks on every candidate instance in turn, mostly from the same first block, and a node's
