@@ -51,8 +51,8 @@ std::int32_t KvTierStore::NewEntry(BlockHash hash) {
 void KvTierStore::Remove(std::int32_t i) {
   if (at(i).list != kUnlisted) Unlink(i);
   --entries_;
-  // Backward shift: later entries of the probe run move into the hole where their probe allows,
-  // and their queue records follow them.
+  // Backward shift: later entries of the probe run move into the hole where their probe allows
+  // (queue records name entries by hash, so nothing else changes).
   auto hole = static_cast<std::size_t>(i);
   for (std::size_t j = (hole + 1) & mask_; table_[j].list != kEmpty; j = (j + 1) & mask_) {
     const std::size_t home = table_[j].hash & mask_;
@@ -238,12 +238,12 @@ void KvTierStore::AbortWrite(BlockHash hash) {
 
 bool KvTierStore::Contains(BlockHash hash) const {
   const std::int32_t i = Find(hash);
-  return i >= 0 && !at(i).writing && at(i).list != kB1 && at(i).list != kB2;
+  return i >= 0 && Readable(at(i));
 }
 
 void KvTierStore::PinForRead(BlockHash hash) {
   const std::int32_t i = Find(hash);
-  DUET_CHECK(i >= 0 && !at(i).writing && at(i).list != kB1 && at(i).list != kB2);
+  DUET_CHECK(i >= 0 && Readable(at(i)));
   Slot& x = at(i);
   DUET_CHECK(x.pins < kMaxPins);
   if (x.pins++ == 0) ++pinned_;

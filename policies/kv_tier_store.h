@@ -123,6 +123,8 @@ class KvTierStore {
   // The entry leaves its list, staying in the table until PushMru puts it on one again.
   void Unlink(std::int32_t i);
   bool Evictable(const Slot& x) const { return !x.writing && x.pins == 0; }
+  // Written completely and resident (not a ghost).
+  bool Readable(const Slot& x) const { return !x.writing && (x.list == kT1 || x.list == kT2); }
   // The least recently used entry of `list` (evictable only, if asked), or -1. Drops the stale
   // records it passes at the queue's front.
   std::int32_t Oldest(List list, bool evictable);
