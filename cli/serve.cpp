@@ -138,6 +138,9 @@ int Serve(int argc, char** argv) {
      "the model name clients send (default: --model as given)")
     ("read-timeout", po::value<double>()->default_value(60.0),
      "seconds a connection may take to send a request, idle keep-alive time included")
+    ("step-log", po::value<std::string>(),
+     "write every engine step (shape, forward-pass and iteration time) to FILE as JSON lines, "
+     "emptied first; worker processes append to it")
     ("drain-timeout", po::value<double>()->default_value(60.0),
      "seconds to let requests in flight finish on SIGTERM/SIGINT before aborting them");
   // clang-format on
@@ -212,6 +215,14 @@ int Serve(int argc, char** argv) {
     if (api_key.empty()) return Fail("--api-key must not be empty", kExitUsage);
   } else if (const char* env = std::getenv("DUET_API_KEY"); env && *env) {
     api_key = env;
+  }
+
+  std::unique_ptr<backend::StepLog> step_log;
+  if (vm.count("step-log")) {
+    auto opened =
+        backend::StepLog::Open(vm["step-log"].as<std::string>(), backend::StepLog::Mode::kTruncate);
+    if (!opened) return Fail("--step-log: " + opened.error());
+    step_log = std::move(*opened);
   }
 
   ShutdownSignal shutdown;  // before any thread starts
@@ -295,6 +306,7 @@ int Serve(int argc, char** argv) {
     }
   }
   frontend_options.observer = &metrics;
+  frontend_options.step_log = step_log.get();
   ChildProcesses spawned;  // --spawn-workers
   Result<std::unique_ptr<LiveFrontend>> frontend = Status::Error("not started");
   if (processes) {
@@ -304,12 +316,25 @@ int Serve(int argc, char** argv) {
     std::fprintf(stderr, "duet serve: workers register at %s\n", address.c_str());
     if (vm["spawn-workers"].as<bool>()) {
       for (const sim::InstanceSpec& spec : cluster->instances) {
-        const auto s = spawned.Spawn(
-            {"worker", "--frontend", address, "--role", policies::ToString(spec.role), "--model",
-             model_dir, "--device", device, "--block-tokens",
-             std::to_string(placement.block_tokens), "--kv-blocks",
-             std::to_string(placement.num_blocks), "--threads",
-             std::to_string(placement.cpu_threads), "--ucx-tls", vm["ucx-tls"].as<std::string>()});
+        std::vector<std::string> args = {"worker",
+                                         "--frontend",
+                                         address,
+                                         "--role",
+                                         policies::ToString(spec.role),
+                                         "--model",
+                                         model_dir,
+                                         "--device",
+                                         device,
+                                         "--block-tokens",
+                                         std::to_string(placement.block_tokens),
+                                         "--kv-blocks",
+                                         std::to_string(placement.num_blocks),
+                                         "--threads",
+                                         std::to_string(placement.cpu_threads),
+                                         "--ucx-tls",
+                                         vm["ucx-tls"].as<std::string>()};
+        if (step_log) args.insert(args.end(), {"--step-log", vm["step-log"].as<std::string>()});
+        const auto s = spawned.Spawn(args);
         if (!s) return Fail(s.error());
       }
     }
@@ -361,6 +386,9 @@ int Serve(int argc, char** argv) {
     std::fprintf(stderr, "duet serve: %lld requests aborted after --drain-timeout\n",
                  static_cast<long long>(aborted));
   if (!written) std::fprintf(stderr, "duet serve: some replies were not fully written\n");
+  if (step_log) {
+    if (Status s = step_log->Close(); !s.ok()) return Fail("--step-log: " + s.message());
+  }
   std::fprintf(stderr, "duet serve: stopped\n");
   return kExitOk;
 }

@@ -4,8 +4,11 @@
 // cluster file with `duet simulate`, and compares the two summary.json files metric by metric
 // (TTFT, TPOT, ITL and E2E at mean, p50, p90 and p99; output throughput; prefix hit rate).
 // Every run is a child process (SimGrid allows one simulation per process) whose files and log
-// stay in the output directory. Writes validation.json and prints a table; exits 1 when an
-// error exceeds its --tolerance.
+// stay in the output directory. The server's step log says where the error comes from: the
+// live steps' forward passes against the cost model's price for their shapes, and the time
+// each live iteration spends outside its forward pass. Writes validation.json and prints a
+// table; exits 1 when an error exceeds its --tolerance.
+#include <algorithm>
 #include <boost/program_options.hpp>
 #include <chrono>
 #include <cmath>
@@ -17,6 +20,7 @@
 #include <thread>
 #include <vector>
 
+#include "backend/engine/step_log.h"
 #include "cli/child_processes.h"
 #include "cli/commands.h"
 #include "cli/validate_flags.h"
@@ -62,6 +66,111 @@ Result<std::string> WaitServing(ChildProcesses& children, pid_t server, const st
   }
   return Status::Error("duet serve did not start serving within " +
                        std::to_string(static_cast<int>(timeout_s)) + " s:\n" + Tail(log));
+}
+
+// The live steps of one load (the server's step log) beside the cost model's price for their
+// shapes, by shape class, and the live iterations' time outside their forward passes.
+Result<json> AttributeSteps(const std::string& step_log, const sim::ClusterSpec& cluster,
+                            const json& simulated_summary) {
+  struct Class {
+    std::int64_t steps = 0;
+    double forward_s = 0, priced_s = 0;
+    std::vector<double> errors;  // per step, priced / forward - 1
+  };
+  std::array<Class, models::kShapeClasses> classes;
+  std::vector<std::unique_ptr<models::StepCostModel>> cost_models;
+  for (const sim::InstanceSpec& instance : cluster.instances)
+    cost_models.push_back(sim::MakeStepCostModel(cluster, instance));
+  // By quarter of the live run (from the first step's start to the last's): whether the same
+  // shapes ran slower in one stretch of it (a machine's speed moving) or throughout.
+  struct Step {
+    Seconds start_s, forward_s, priced_s;
+  };
+  std::vector<Step> by_start;
+  double iteration_s = 0;
+  Status bad_instance = Status::Ok();
+  const Status read =
+      backend::ReadStepLog(ReadText(step_log), step_log, [&](const backend::StepLogLine& line) {
+        if (line.instance >= static_cast<int>(cost_models.size())) {
+          if (bad_instance.ok())
+            bad_instance = Status::Error(step_log + ": instance " + std::to_string(line.instance) +
+                                         " is not in the cluster file");
+          return;
+        }
+        Class& c =
+            classes[static_cast<std::size_t>(models::ClassOf(models::FeaturesOf(line.step.shape)))];
+        const double priced =
+            cost_models[static_cast<std::size_t>(line.instance)]->StepTime(line.step.shape);
+        ++c.steps;
+        c.forward_s += line.step.seconds;
+        c.priced_s += priced;
+        c.errors.push_back(priced / line.step.seconds - 1);
+        iteration_s += line.iteration_s;
+        by_start.push_back({line.start_s, line.step.seconds, priced});
+      });
+  if (!read.ok()) return read;
+  if (!bad_instance.ok()) return bad_instance;
+  auto pct = [](double priced, double measured) {
+    return measured > 0 ? json(100 * (priced / measured - 1)) : json();
+  };
+  json out = {{"classes", json::object()}};
+  std::int64_t steps = 0;
+  double forward_s = 0, priced_s = 0;
+  for (std::size_t k = 0; k < classes.size(); ++k) {
+    Class& c = classes[k];
+    steps += c.steps;
+    forward_s += c.forward_s;
+    priced_s += c.priced_s;
+    json median;
+    if (!c.errors.empty()) {
+      auto mid = c.errors.begin() + static_cast<std::ptrdiff_t>(c.errors.size() / 2);
+      std::nth_element(c.errors.begin(), mid, c.errors.end());
+      median = 100 * *mid;
+    }
+    out["classes"][models::ToString(static_cast<models::ShapeClass>(k))] = {
+        {"steps", c.steps},
+        {"forward_s", c.forward_s},
+        {"priced_s", c.priced_s},
+        {"error_pct", pct(c.priced_s, c.forward_s)},
+        {"median_step_error_pct", median}};
+  }
+  out["live_steps"] = steps;
+  const json::json_pointer simulated_steps("/sim/engine_steps");
+  out["simulated_steps"] =
+      simulated_summary.contains(simulated_steps) ? simulated_summary[simulated_steps] : json();
+  out["forward_s"] = forward_s;
+  out["priced_s"] = priced_s;
+  out["priced_error_pct"] = pct(priced_s, forward_s);
+  out["iteration_s"] = iteration_s;
+  out["outside_forward_ms_per_step"] =
+      steps > 0 ? json(1e3 * (iteration_s - forward_s) / static_cast<double>(steps)) : json();
+  std::array<double, 4> quarter_forward{}, quarter_priced{};
+  if (!by_start.empty()) {
+    const auto [first, last] =
+        std::minmax_element(by_start.begin(), by_start.end(),
+                            [](const Step& a, const Step& b) { return a.start_s < b.start_s; });
+    const double span = last->start_s - first->start_s;
+    for (const Step& s : by_start) {
+      const auto q = span > 0
+                         ? std::min<std::size_t>(
+                               3, static_cast<std::size_t>(4 * (s.start_s - first->start_s) / span))
+                         : 0;
+      quarter_forward[q] += s.forward_s;
+      quarter_priced[q] += s.priced_s;
+    }
+  }
+  out["priced_error_pct_by_quarter"] = json::array();
+  for (std::size_t q = 0; q < 4; ++q)
+    out["priced_error_pct_by_quarter"].push_back(pct(quarter_priced[q], quarter_forward[q]));
+  return out;
+}
+
+// "+1.2%", or "n/a" for a null.
+std::string Percent(const json& value) {
+  if (!value.is_number()) return "n/a";
+  char text[32];
+  std::snprintf(text, sizeof text, "%+.1f%%", value.get<double>());
+  return text;
 }
 
 std::string Scale(double r) {
@@ -127,7 +236,7 @@ int Validate(int argc, char** argv) {
   {
     std::stringstream in(vm["serve-args"].as<std::string>());
     for (std::string word; in >> word;) {
-      for (const char* own : {"--cluster", "--model", "--port", "--kv-blocks"}) {
+      for (const char* own : {"--cluster", "--model", "--port", "--kv-blocks", "--step-log"}) {
         if (word == own) return Fail("--serve-args: validate sets " + word + " itself", kExitUsage);
       }
       serve_extra.push_back(word);
@@ -156,7 +265,9 @@ int Validate(int argc, char** argv) {
                                       "--port",
                                       "0",
                                       "--kv-blocks",
-                                      std::to_string(cluster->instances.front().memory.kv_blocks)};
+                                      std::to_string(cluster->instances.front().memory.kv_blocks),
+                                      "--step-log",
+                                      dir + "/steps.jsonl"};
     serve.insert(serve.end(), serve_extra.begin(), serve_extra.end());
     auto server = children.Spawn(serve, dir + "/serve.log");
     if (!server) return Fail(server.error());
@@ -224,6 +335,9 @@ int Validate(int argc, char** argv) {
       }
       load["metrics"][m.name] = entry;
     }
+    auto steps = AttributeSteps(dir + "/steps.jsonl", *cluster, *simulated_summary);
+    if (!steps) return Fail(steps.error());
+    load["steps"] = *steps;
     report["loads"].push_back(load);
   }
 
@@ -247,6 +361,30 @@ int Validate(int argc, char** argv) {
       std::printf(" | %-30s", cell);
     }
     std::printf("\n");
+  }
+  // Where the error comes from, per load.
+  for (const json& load : report["loads"]) {
+    const json& s = load["steps"];
+    std::string classes;
+    for (const auto& [name, c] : s["classes"].items()) {
+      if (c["steps"].get<std::int64_t>() == 0) continue;
+      classes += (classes.empty() ? "" : ", ") + name + " " + Percent(c["error_pct"]);
+    }
+    std::string quarters;
+    for (const json& q : s["priced_error_pct_by_quarter"])
+      quarters += (quarters.empty() ? "" : ", ") + Percent(q);
+    std::printf(
+        "steps at x%s: %lld live, %s simulated; the cost model prices the live steps' forward "
+        "passes (%.2f s) at %s (%s; by quarter of the run %s); each live iteration spends %.2f "
+        "ms outside its forward pass\n",
+        Scale(load["rate_scale"].get<double>()).c_str(),
+        static_cast<long long>(s["live_steps"].get<std::int64_t>()),
+        s["simulated_steps"].is_number() ? s["simulated_steps"].dump().c_str() : "n/a",
+        s["forward_s"].get<double>(), Percent(s["priced_error_pct"]).c_str(), classes.c_str(),
+        quarters.c_str(),
+        s["outside_forward_ms_per_step"].is_number()
+            ? s["outside_forward_ms_per_step"].get<double>()
+            : 0.0);
   }
   const std::string report_path = (fs::path(out_dir) / "validation.json").string();
   {

@@ -33,7 +33,9 @@ int Worker(int argc, char** argv) {
     ("ucx-tls", po::value<std::string>()->default_value(""),
      "PD: the UCX transports for KV (UCX_TLS: tcp, posix,cma, ...; empty: UCX's choice)")
     ("connect-timeout", po::value<double>()->default_value(60.0),
-     "seconds to reach the frontend and be welcomed");
+     "seconds to reach the frontend and be welcomed")
+    ("step-log", po::value<std::string>(),
+     "append every engine step (shape, forward-pass and iteration time) to FILE as JSON lines");
   // clang-format on
   po::variables_map vm;
   int code = 0;
@@ -68,6 +70,15 @@ int Worker(int argc, char** argv) {
     options.kv_transport.ucx_tls = vm["ucx-tls"].as<std::string>();
   }
 
+  std::unique_ptr<backend::StepLog> step_log;
+  if (vm.count("step-log")) {
+    auto opened =
+        backend::StepLog::Open(vm["step-log"].as<std::string>(), backend::StepLog::Mode::kAppend);
+    if (!opened) return Fail("--step-log: " + opened.error());
+    step_log = std::move(*opened);
+    options.step_log = step_log.get();
+  }
+
   auto loaded = backend::LoadModelDir(vm["model"].as<std::string>());
   if (!loaded) return Fail(loaded.error());
   backend::ModelPlacement placement;
@@ -84,6 +95,10 @@ int Worker(int argc, char** argv) {
 
   const Status s = backend::cluster::RunWorker(std::move(*model), options);
   if (!s.ok()) return Fail("worker: " + s.message());
+  if (step_log) {
+    if (Status closed = step_log->Close(); !closed.ok())
+      return Fail("--step-log: " + closed.message());
+  }
   std::fprintf(stderr, "duet worker: shut down by the frontend\n");
   return kExitOk;
 }

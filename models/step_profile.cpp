@@ -120,7 +120,9 @@ Result<StepFit> ParseFit(const json& fit, const std::string& where) {
   return out;
 }
 
-Result<StepMeasurement> ParseMeasurement(const json& obj, const std::string& where) {
+}  // namespace
+
+Result<StepMeasurement> ParseStepMeasurement(const json& obj, const std::string& where) {
   auto shape = ParseStepShape(obj, where);
   if (!shape) return shape.status();
   StepMeasurement m;
@@ -146,8 +148,6 @@ Result<StepMeasurement> ParseMeasurement(const json& obj, const std::string& whe
   m.held_out = *held;
   return m;
 }
-
-}  // namespace
 
 std::array<double, kFitColumns> FitColumns(const StepFeatures& f) {
   return {1.0,
@@ -373,7 +373,7 @@ Result<StepProfile> ParseStepProfile(const json& doc, const std::string& where) 
     std::size_t times = 0;
     for (std::size_t i = 0; i < ms.size(); ++i) {
       const std::string at = where + ": measurements[" + std::to_string(i) + "]";
-      auto m = ParseMeasurement(ms[i], at);
+      auto m = ParseStepMeasurement(ms[i], at);
       if (!m) return m.status();
       if ((times += m->seconds.size()) > kMaxTimes)
         return Status::Error(at + ": more than " + std::to_string(kMaxTimes) + " step times");
@@ -408,7 +408,7 @@ Result<std::vector<StepMeasurement>> ParseStepMeasurements(std::string_view text
     if (out.size() >= kMaxMeasurements)
       return Status::Error(at + ": more than " + std::to_string(kMaxMeasurements) +
                            " measurements");
-    auto m = ParseMeasurement(doc, at);
+    auto m = ParseStepMeasurement(doc, at);
     if (!m) return m.status();
     if ((times += m->seconds.size()) > kMaxTimes)
       return Status::Error(at + ": more than " + std::to_string(kMaxTimes) + " step times");

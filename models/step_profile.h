@@ -109,8 +109,11 @@ std::string FormatStepProfile(const StepProfile& profile);
 // Every field bounded; errors name `where` and the field.
 Result<StepProfile> ParseStepProfile(const nlohmann::json& doc, const std::string& where);
 Result<StepProfile> LoadStepProfile(const std::string& path);
-// Measurements as JSON lines (`duet generate --step-timings`, scripts/): a step shape with
-// "seconds" one number or an array of repeats. Blank lines are skipped.
+// One measurement: a step shape with "seconds" one number or an array of repeats, and
+// optionally "held_out"; other fields are ignored.
+Result<StepMeasurement> ParseStepMeasurement(const nlohmann::json& obj, const std::string& where);
+// Measurements as JSON lines (`duet generate --timings`, `duet serve --step-log`, scripts/), one
+// ParseStepMeasurement object a line. Blank lines are skipped.
 Result<std::vector<StepMeasurement>> ParseStepMeasurements(std::string_view text,
                                                            const std::string& where);
 

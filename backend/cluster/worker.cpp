@@ -305,7 +305,7 @@ Status RunWorker(std::unique_ptr<ForwardModel> model, const WorkerOptions& optio
 
   WorkerLink link(options.role, config.vocab_size, **transport);
   EngineThread engine(engine_config, *model,
-                      EngineThread::Ports{&clock, &link, transport->get(), &link},
+                      EngineThread::Ports{&clock, &link, transport->get(), &link, options.step_log},
                       [&link] { link.AfterIteration(); });
   Connection connection(
       *fd, [&link](const FrameHeader& h, std::string body) { link.OnFrame(h, body); },

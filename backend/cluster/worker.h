@@ -9,6 +9,7 @@
 #include <string>
 
 #include "backend/engine/forward_model.h"
+#include "backend/engine/step_log.h"
 #include "backend/transport/local_kv_transports.h"
 #include "common/status.h"
 #include "policies/engine.h"
@@ -20,6 +21,7 @@ struct WorkerOptions {
   policies::InstanceRole role = policies::InstanceRole::kColocated;
   KvTransportOptions kv_transport;  // PD: UCX (loopback cannot cross processes)
   Seconds connect_timeout_s = 60;   // to reach the frontend and be welcomed
+  StepLog* step_log = nullptr;      // every engine step, when set
 };
 
 // Blocks until the frontend sends kShutdown (returns Ok once the work held is done) or the

@@ -9,10 +9,11 @@ EngineThread::EngineThread(policies::EngineConfig config, ForwardModel& model, P
                            std::function<void()> after_iteration)
     : clock_(*ports.clock),
       inbox_(*ports.clock),
-      executor_(model, *ports.clock, {.record_timings = false}),
+      executor_(model, *ports.clock, {.keep_last = ports.step_log != nullptr}),
       engine_(config, policies::EnginePorts{ports.clock, &inbox_, ports.outbox, &executor_,
                                             ports.transport, ports.sink, nullptr}),
-      after_iteration_(std::move(after_iteration)) {
+      after_iteration_(std::move(after_iteration)),
+      step_log_(ports.step_log) {
   PublishLoad();
 }
 
@@ -31,8 +32,11 @@ void EngineThread::Stop() {
 
 void EngineThread::Loop() {
   while (true) {
+    const Seconds start = step_log_ ? clock_.Now() : 0;
     const bool stepped = engine_.RunOnce();
     if (after_iteration_) after_iteration_();
+    if (stepped && step_log_)
+      step_log_->Write({engine_.config().id, start, clock_.Now() - start, executor_.last_timing()});
     PublishLoad();
     if (stepped) continue;
     if (engine_.done()) return;

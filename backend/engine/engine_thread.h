@@ -11,6 +11,7 @@
 #include "backend/engine/forward_model.h"
 #include "backend/engine/realtime_ports.h"
 #include "backend/engine/step_executor.h"
+#include "backend/engine/step_log.h"
 #include "policies/engine.h"
 
 namespace duet::backend {
@@ -35,6 +36,7 @@ class EngineThread {
     policies::Outbox* outbox = nullptr;
     policies::KvTransport* transport = nullptr;  // used on this thread only
     policies::EventSink* sink = nullptr;         // called on this thread
+    StepLog* step_log = nullptr;                 // every step, when set (shared by threads)
   };
 
   // `model` (which holds the KV memory) must outlive the thread. `after_iteration`, if set,
@@ -67,6 +69,7 @@ class EngineThread {
   ModelStepExecutor executor_;
   policies::InstanceEngine engine_;
   std::function<void()> after_iteration_;
+  StepLog* step_log_;
   std::atomic<std::int64_t> waiting_{0}, running_{0}, kv_used_{0}, kv_free_{0};
   std::atomic<std::int64_t> leases_held_{0}, leases_expired_{0}, load_failures_{0},
       load_recomputes_{0};

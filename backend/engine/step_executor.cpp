@@ -94,8 +94,10 @@ void ModelStepExecutor::Execute(const policies::StepPlan& plan, policies::StepEv
                                    SamplerFor(*r), static_cast<std::uint64_t>(r->token_ids.size()));
     result->tokens.push_back({r->id, token, Contains(r->sampling.stop_token_ids, token)});
   }
-  if (options_.record_timings)
-    timings_.push_back({plan.Shape(), std::chrono::duration<double>(t1 - t0).count()});
+  if (options_.record_timings || options_.keep_last) {
+    last_ = {plan.Shape(), std::chrono::duration<double>(t1 - t0).count()};
+    if (options_.record_timings) timings_.push_back(last_);
+  }
   result->step_end_s.push_back(clock_.Now());
 }
 

@@ -29,6 +29,7 @@ class ModelStepExecutor final : public policies::StepExecutor {
  public:
   struct Options {
     bool record_timings = false;  // keep every step's StepTiming (timings()); grows per step
+    bool keep_last = false;       // keep the last step's StepTiming (last_timing())
   };
 
   // `clock` stamps the end of each step (the engine's clock).
@@ -41,12 +42,14 @@ class ModelStepExecutor final : public policies::StepExecutor {
                policies::StepResult* result) override;
 
   const std::vector<StepTiming>& timings() const { return timings_; }
+  const StepTiming& last_timing() const { return last_; }
 
  private:
   ForwardModel& model_;
   const policies::Clock& clock_;
   Options options_;
   std::vector<StepTiming> timings_;
+  StepTiming last_;
   std::vector<SequenceChunk> chunks_;
   std::vector<const policies::Request*> sampled_;  // requests that get a token, in plan order
   std::vector<float> logits_;

@@ -242,7 +242,8 @@ Result<std::unique_ptr<LiveFrontend>> LiveFrontend::Start(
     Impl::InstanceSink* sink = s.sinks[static_cast<std::size_t>(i)].get();
     auto thread = std::make_unique<EngineThread>(
         c, *s.models[static_cast<std::size_t>(i)],
-        EngineThread::Ports{&s.clock, s.outbox.get(), &s.transports->transport(i), sink},
+        EngineThread::Ports{&s.clock, s.outbox.get(), &s.transports->transport(i), sink,
+                            options.step_log},
         [sink] { sink->ReleaseFinished(); });
     s.outbox->Add(&thread->inbox());
     s.instances.push_back(std::make_unique<LocalInstance>(std::move(thread)));

@@ -15,6 +15,7 @@
 
 #include "backend/cluster/connection.h"
 #include "backend/engine/forward_model.h"
+#include "backend/engine/step_log.h"
 #include "backend/transport/local_kv_transports.h"
 #include "common/status.h"
 #include "policies/engine.h"
@@ -84,6 +85,9 @@ struct FrontendOptions {
   // Receives every engine's lifecycle events (the Prometheus metrics): called from every engine
   // thread, so it must be thread-safe. May be null. Must outlive the frontend.
   policies::EventSink* observer = nullptr;
+  // Every engine step of the instances in this process, when set (--step-log). Must outlive
+  // the frontend.
+  StepLog* step_log = nullptr;
 };
 
 // A worker slot, for /health and /metrics.

@@ -1,9 +1,14 @@
 // `duet validate` as a user runs it: a real `duet serve` on loopback replayed by `duet replay`,
 // the same trace simulated on the same cluster file priced by a profile `duet calibrate`
-// measured, and the two compared metric by metric; tolerances that fail the run; bad flags.
+// measured, and the two compared metric by metric; the live steps (the server's step log)
+// priced by the same profile; tolerances that fail the run; bad flags.
 #include <gtest/gtest.h>
 
+#include <array>
 #include <filesystem>
+#include <fstream>
+
+#include "models/step_profile.h"
 
 #include "tests/sim/e2e_util.h"
 
@@ -53,11 +58,78 @@ class ValidateTest : public ::testing::Test {
   TempDir tmp_;
 };
 
+// The prompt tokens the live run's requests sent (its requests.csv).
+std::int64_t PromptTokens(const std::string& requests_csv) {
+  std::ifstream in(requests_csv);
+  std::string line;
+  std::getline(in, line);
+  EXPECT_EQ(line.rfind("request_id,arrival_s,input_tokens,", 0), 0u) << line;
+  std::int64_t total = 0;
+  while (std::getline(in, line)) {
+    const auto a = line.find(',') + 1, b = line.find(',', a) + 1;
+    total += std::stoll(line.substr(b, line.find(',', b) - b));
+  }
+  return total;
+}
+
+// The live steps' forward passes beside the profile's price for their shapes: recomputed here
+// from the server's step log and the profile.
+void ExpectStepsAttributed(const json& load, const std::string& dir, const models::StepFit& fit) {
+  const std::string step_log = dir + "/steps.jsonl";
+  const json& s = load["steps"];
+  std::int64_t steps = 0, prompt_tokens = 0;
+  double forward_s = 0, priced_s = 0, iteration_s = 0;
+  std::vector<std::array<double, 3>> by_start;  // start, forward, priced
+  std::ifstream in(step_log);
+  for (std::string line; std::getline(in, line);) {
+    const json doc = json::parse(line);
+    auto shape = models::ParseStepShape(doc, step_log);
+    ASSERT_TRUE(shape.ok()) << shape.error();
+    ++steps;
+    prompt_tokens += shape->PrefillTokens();
+    forward_s += doc["seconds"].get<double>();
+    iteration_s += doc["iteration_s"].get<double>();
+    const double priced = models::FittedCostModel(fit).StepTime(*shape);
+    priced_s += priced;
+    by_start.push_back({doc["start_s"].get<double>(), doc["seconds"].get<double>(), priced});
+  }
+  EXPECT_EQ(prompt_tokens, PromptTokens(dir + "/live/requests.csv")) << "each prefilled once";
+  EXPECT_EQ(s["live_steps"], steps);
+  std::int64_t class_steps = 0;
+  for (const auto& [name, c] : s["classes"].items()) class_steps += c["steps"].get<std::int64_t>();
+  EXPECT_EQ(class_steps, steps);
+  EXPECT_NEAR(s["forward_s"].get<double>(), forward_s, 1e-9 * forward_s);
+  EXPECT_NEAR(s["priced_s"].get<double>(), priced_s, 1e-9 * priced_s);
+  EXPECT_NEAR(s["priced_error_pct"].get<double>(), 100 * (priced_s / forward_s - 1), 1e-6);
+  EXPECT_NEAR(s["outside_forward_ms_per_step"].get<double>(),
+              1e3 * (iteration_s - forward_s) / static_cast<double>(steps), 1e-6);
+  EXPECT_GT(s["simulated_steps"].get<std::int64_t>(), 0) << s;
+  // By quarter of the run, from the first step's start to the last's.
+  ASSERT_FALSE(by_start.empty());
+  const double first = by_start.front()[0], span = by_start.back()[0] - first;
+  std::array<double, 4> forward{}, priced{};
+  for (const auto& [start, f, p] : by_start) {
+    const auto q = std::min<std::size_t>(3, static_cast<std::size_t>(4 * (start - first) / span));
+    forward[q] += f;
+    priced[q] += p;
+  }
+  ASSERT_EQ(s["priced_error_pct_by_quarter"].size(), 4u) << s;
+  for (std::size_t q = 0; q < 4; ++q) {
+    const json& e = s["priced_error_pct_by_quarter"][q];
+    if (forward[q] == 0) {
+      EXPECT_TRUE(e.is_null()) << q;
+    } else {
+      EXPECT_NEAR(e.get<double>(), 100 * (priced[q] / forward[q] - 1), 1e-6) << q;
+    }
+  }
+}
+
 TEST_F(ValidateTest, ComparesALiveRunWithTheSimulationAtEachLoad) {
   const RunResult r = Validate({"--rate-scales", "0.5,2"});
   ASSERT_EQ(r.exit_code, 0) << r;
-  EXPECT_TRUE(ContainsAll(r.out, {"ttft_ms.p50", "tpot_ms.p99", "throughput.output_tokens_per_s",
-                                  "rate x0.5", "rate x2", "wrote"}));
+  EXPECT_TRUE(ContainsAll(
+      r.out, {"ttft_ms.p50", "tpot_ms.p99", "throughput.output_tokens_per_s", "rate x0.5",
+              "rate x2", "steps at x0.5", "steps at x2", "outside its forward pass", "wrote"}));
   const json report = ReadJson(tmp_.File("out/validation.json"));
   ASSERT_EQ(report["loads"].size(), 2u);
   for (const json& load : report["loads"]) {
@@ -73,16 +145,24 @@ TEST_F(ValidateTest, ComparesALiveRunWithTheSimulationAtEachLoad) {
     EXPECT_DOUBLE_EQ(ttft["error_pct"].get<double>(),
                      100 * (ttft["simulated"].get<double>() / ttft["live"].get<double>() - 1));
   }
-  // The live and simulated runs' own files stay, with the server's log.
-  for (const char* file : {"out/rate-0.5/live/summary.json", "out/rate-0.5/sim/summary.json",
-                           "out/rate-2/serve.log", "out/rate-2/replay.log"})
+  auto profile = models::LoadStepProfile(tmp_.File("profile.json"));
+  ASSERT_TRUE(profile.ok()) << profile.error();
+  ExpectStepsAttributed(report["loads"][0], tmp_.File("out/rate-0.5"), profile->fits.at(0));
+  ExpectStepsAttributed(report["loads"][1], tmp_.File("out/rate-2"), profile->fits.at(0));
+  // The live and simulated runs' own files stay, with the server's logs.
+  for (const char* file :
+       {"out/rate-0.5/live/summary.json", "out/rate-0.5/sim/summary.json", "out/rate-2/serve.log",
+        "out/rate-2/replay.log", "out/rate-2/steps.jsonl"})
     EXPECT_TRUE(fs::exists(tmp_.File(file))) << file;
 }
 
 TEST_F(ValidateTest, AnErrorBeyondItsToleranceFailsTheRun) {
   // The tiny model's steps take microseconds and its live latency is the server's own: no
   // simulator comes within 0.01% of it.
-  const RunResult r = Validate({"--rate-scales", "1", "--tolerance", "p50=0.01,throughput=50"});
+  // The instance in a worker process of its own (duet serve's default with --cluster), which
+  // appends its steps to the server's step log.
+  const RunResult r =
+      Validate({"--rate-scales", "1", "--tolerance", "p50=0.01,throughput=50"}, "--threads 1");
   EXPECT_EQ(r.exit_code, 1) << r;
   EXPECT_NE(r.err.find("an error exceeds its --tolerance"), std::string::npos) << r;
   const json report = ReadJson(tmp_.File("out/validation.json"));
@@ -91,6 +171,9 @@ TEST_F(ValidateTest, AnErrorBeyondItsToleranceFailsTheRun) {
   EXPECT_EQ(m["ttft_ms.p50"]["tolerance_pct"], 0.01);
   EXPECT_TRUE(m["throughput.output_tokens_per_s"]["within"].get<bool>()) << m;
   EXPECT_FALSE(m["ttft_ms.mean"].contains("within")) << m;  // no tolerance given for it
+  auto profile = models::LoadStepProfile(tmp_.File("profile.json"));
+  ASSERT_TRUE(profile.ok()) << profile.error();
+  ExpectStepsAttributed(report["loads"][0], tmp_.File("out/rate-1"), profile->fits.at(0));
 }
 
 TEST_F(ValidateTest, BadFlagsAreUsageErrors) {
@@ -116,6 +199,9 @@ TEST_F(ValidateTest, BadFlagsAreUsageErrors) {
   const RunResult port = Validate({}, "--threads 1 --port 9");
   EXPECT_EQ(port.exit_code, 2) << port;
   EXPECT_NE(port.err.find("--serve-args: validate sets --port itself"), std::string::npos) << port;
+  const RunResult log = Validate({}, "--step-log steps.jsonl");
+  EXPECT_EQ(log.exit_code, 2) << log;
+  EXPECT_NE(log.err.find("validate sets --step-log itself"), std::string::npos) << log;
   const RunResult missing = RunDuet({"validate", "--cluster", tmp_.File("none.json"), "--model",
                                      tmp_.File("model"), "--trace", tmp_.File("trace.json")});
   EXPECT_EQ(missing.exit_code, 1) << missing;

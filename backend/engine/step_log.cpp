@@ -1,0 +1,88 @@
+// The live servers' step log (see step_log.h).
+#include "backend/engine/step_log.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <limits>
+
+#include "common/json_util.h"
+#include "models/step_profile.h"
+
+namespace duet::backend {
+
+Result<std::unique_ptr<StepLog>> StepLog::Open(const std::string& path, Mode mode) {
+  // Appending either way: another writer may share the file once it is emptied.
+  const int flags =
+      O_WRONLY | O_CREAT | O_CLOEXEC | O_APPEND | (mode == Mode::kTruncate ? O_TRUNC : 0);
+  const int fd = ::open(path.c_str(), flags, 0644);
+  if (fd < 0) return Status::Error(path + ": cannot open for writing: " + std::strerror(errno));
+  return std::unique_ptr<StepLog>(new StepLog(path, fd));
+}
+
+StepLog::~StepLog() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+std::string FormatStepLogLine(const StepLogLine& line) {
+  nlohmann::json doc = line.step.ToJson();
+  doc["instance"] = line.instance;
+  doc["start_s"] = line.start_s;
+  doc["iteration_s"] = line.iteration_s;
+  return doc.dump() + "\n";
+}
+
+void StepLog::Write(const StepLogLine& line) {
+  const std::string text = FormatStepLogLine(line);
+  // One write: with O_APPEND the line lands whole at the end of the file.
+  const ssize_t n = ::write(fd_, text.data(), text.size());
+  if (n != static_cast<ssize_t>(text.size())) {
+    int expected = 0;
+    write_errno_.compare_exchange_strong(expected, n < 0 ? errno : EIO);
+  }
+}
+
+Status ReadStepLog(std::string_view text, const std::string& where,
+                   const std::function<void(const StepLogLine&)>& each) {
+  // A server's clock runs for at most years; an iteration lasts at most a step's longest time.
+  constexpr double kMaxTime = 1e9;
+  std::size_t line_number = 0;
+  for (std::size_t start = 0; start < text.size();) {
+    std::size_t end = text.find('\n', start);
+    if (end == std::string_view::npos) end = text.size();
+    const std::string_view line = text.substr(start, end - start);
+    start = end + 1;
+    ++line_number;
+    if (line.find_first_not_of(" \t\r") == std::string_view::npos) continue;
+    const std::string at = where + ":" + std::to_string(line_number);
+    const nlohmann::json doc = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (doc.is_discarded()) return Status::Error(at + ": not valid JSON");
+    auto m = models::ParseStepMeasurement(doc, at);
+    if (!m) return m.status();
+    if (m->seconds.size() != 1) return FieldError(at, "seconds", "must be one number");
+    auto instance =
+        JsonIntIn(doc, "instance", 0, std::numeric_limits<policies::InstanceId>::max(), at);
+    if (!instance) return instance.status();
+    auto start_s = JsonNumberIn(doc, "start_s", 0, kMaxTime, at);
+    if (!start_s) return start_s.status();
+    auto iteration_s = JsonNumberIn(doc, "iteration_s", m->seconds[0], kMaxTime, at);
+    if (!iteration_s) return iteration_s.status();
+    each({static_cast<policies::InstanceId>(*instance),
+          *start_s,
+          *iteration_s,
+          {std::move(m->shape), m->seconds[0]}});
+  }
+  return Status::Ok();
+}
+
+Status StepLog::Close() {
+  int error = write_errno_.load();
+  if (fd_ >= 0 && ::close(fd_) != 0 && error == 0) error = errno;
+  fd_ = -1;
+  if (error != 0) return Status::Error(path_ + ": writing the step log: " + std::strerror(error));
+  return Status::Ok();
+}
+
+}  // namespace duet::backend

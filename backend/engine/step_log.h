@@ -1,0 +1,59 @@
+// Every engine step of a live server as one JSON line, written as it happens (`duet serve
+// --step-log`, `duet worker --step-log`, docs/serving.md): the step's shape and its forward
+// pass's time as "seconds" (a line `duet calibrate --measurements` reads), the instance
+// ("instance"), when the iteration that ran it began on the server's clock ("start_s") and
+// how long that whole iteration took ("iteration_s": scheduling, the forward pass, sampling
+// and handing the tokens on). `duet validate` reads it to say where the simulator's error
+// comes from.
+#pragma once
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "backend/engine/step_executor.h"
+#include "common/status.h"
+
+namespace duet::backend {
+
+// One line of a step log.
+struct StepLogLine {
+  policies::InstanceId instance = 0;
+  Seconds start_s = 0;
+  Seconds iteration_s = 0;
+  StepTiming step;  // the shape and its forward pass's time
+};
+// The line as the log holds it (its newline included).
+std::string FormatStepLogLine(const StepLogLine& line);
+// Calls `each` for every line of a step log, in order (blank lines skipped); stops at the first
+// bad line with an error naming `where`:line and the field. One step's "seconds" is one
+// number, at most its "iteration_s".
+Status ReadStepLog(std::string_view text, const std::string& where,
+                   const std::function<void(const StepLogLine&)>& each);
+
+class StepLog {
+ public:
+  // kTruncate empties the file first. Either way each line is one write(2) to a file opened
+  // with O_APPEND, so writers in several threads and processes share one file without mixing
+  // their lines.
+  enum class Mode { kTruncate, kAppend };
+  static Result<std::unique_ptr<StepLog>> Open(const std::string& path, Mode mode);
+  ~StepLog();
+  StepLog(const StepLog&) = delete;
+  StepLog& operator=(const StepLog&) = delete;
+
+  // Any thread. A failed write is remembered (Close reports it); the engine goes on.
+  void Write(const StepLogLine& line);
+  // Ok, or the first write that failed.
+  Status Close();
+
+ private:
+  StepLog(std::string path, int fd) : path_(std::move(path)), fd_(fd) {}
+  std::string path_;
+  int fd_ = -1;
+  std::atomic<int> write_errno_{0};
+};
+
+}  // namespace duet::backend

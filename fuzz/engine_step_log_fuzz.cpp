@@ -1,0 +1,28 @@
+// Fuzz target: a live server's step log (backend/engine/step_log.h), which `duet validate`
+// reads. Any input is read or rejected with an error, never a crash; every line read has a
+// forward pass within its iteration, and formats to a line that reads back the same.
+#include <cstddef>
+#include <cstdint>
+#include <string_view>
+
+#include "backend/engine/step_log.h"
+#include "models/step_profile.h"
+
+using namespace duet;
+
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+  const std::string_view text(reinterpret_cast<const char*>(data), size);
+  (void)backend::ReadStepLog(text, "fuzz.jsonl", [](const backend::StepLogLine& line) {
+    DUET_CHECK(line.instance >= 0 && line.step.seconds <= line.iteration_s);
+    const std::string again = backend::FormatStepLogLine(line);
+    int lines = 0;
+    const Status read = backend::ReadStepLog(again, "again", [&](const backend::StepLogLine& l) {
+      ++lines;
+      DUET_CHECK(l.instance == line.instance && l.start_s == line.start_s &&
+                 l.iteration_s == line.iteration_s && l.step.seconds == line.step.seconds);
+      DUET_CHECK(models::StepShapeToJson(l.step.shape) == models::StepShapeToJson(line.step.shape));
+    });
+    DUET_CHECK(read.ok() && lines == 1);
+  });
+  return 0;
+}

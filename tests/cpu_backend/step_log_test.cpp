@@ -1,0 +1,132 @@
+// The live servers' step log: lines from several threads and several writers on one file land
+// whole and read back as written, `duet calibrate --measurements` reads the same file, bad
+// lines are named, and a write that fails is reported when the log closes.
+#include "backend/engine/step_log.h"
+
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <set>
+#include <sstream>
+#include <thread>
+#include <vector>
+
+#include "models/step_profile.h"
+#include "tests/model/temp_dir.h"
+
+namespace duet::backend {
+namespace {
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+// Line k of writer w: a decode step of k + 1 rows, or a prefill chunk on every third line.
+StepLogLine LineOf(int w, int k) {
+  StepLogLine line;
+  line.instance = w;
+  line.start_s = k * 0.25;
+  line.step.seconds = 1e-3 * (k + 1);
+  line.iteration_s = line.step.seconds + 1e-4;
+  if (k % 3 == 0) {
+    line.step.shape.prefill = {{16 + k, 32 * w}};
+  } else {
+    line.step.shape.decode_tokens = k + 1;
+    line.step.shape.decode_context_tokens = 100 * (k + 1);
+  }
+  return line;
+}
+
+TEST(StepLogTest, ConcurrentWritersLandWholeLinesThatReadBackAsWritten) {
+  TempDir dir;
+  const std::string path = dir.File("steps.jsonl");
+  dir.Write("steps.jsonl", "left from an earlier run\n");
+  auto first = StepLog::Open(path, StepLog::Mode::kTruncate);  // a server: empties it
+  ASSERT_TRUE(first.ok()) << first.error();
+  auto second = StepLog::Open(path, StepLog::Mode::kAppend);  // a worker process's own
+  ASSERT_TRUE(second.ok()) << second.error();
+  constexpr int kWriters = 4, kLines = 500;
+  std::vector<std::thread> threads;
+  for (int w = 0; w < kWriters; ++w) {
+    StepLog* log = (w % 2 == 0 ? *first : *second).get();
+    threads.emplace_back([log, w] {
+      for (int k = 0; k < kLines; ++k) log->Write(LineOf(w, k));
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  ASSERT_TRUE((*first)->Close().ok());
+  ASSERT_TRUE((*second)->Close().ok());
+
+  const std::string text = ReadFile(path);
+  std::vector<int> next(kWriters, 0);  // each writer's lines stay in its order
+  const Status read = ReadStepLog(text, path, [&](const StepLogLine& line) {
+    ASSERT_GE(line.instance, 0);
+    ASSERT_LT(line.instance, kWriters);
+    const StepLogLine want = LineOf(line.instance, next[line.instance]++);
+    EXPECT_EQ(line.start_s, want.start_s);
+    EXPECT_EQ(line.iteration_s, want.iteration_s);
+    EXPECT_EQ(line.step.seconds, want.step.seconds);
+    EXPECT_EQ(models::StepShapeToJson(line.step.shape), models::StepShapeToJson(want.step.shape));
+  });
+  ASSERT_TRUE(read.ok()) << read.message();
+  EXPECT_EQ(next, std::vector<int>(kWriters, kLines));
+
+  // The same file is a measurements file: `duet calibrate --measurements` fits it.
+  auto measurements = models::ParseStepMeasurements(text, path);
+  ASSERT_TRUE(measurements.ok()) << measurements.error();
+  EXPECT_EQ(measurements->size(), std::size_t{kWriters * kLines});
+}
+
+TEST(StepLogTest, BadLinesAreNamedWithTheirLineAndField) {
+  const std::string good = FormatStepLogLine(LineOf(0, 1));
+  struct Case {
+    std::string text;
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {good + "{not json\n", "log:2: not valid JSON"},
+      {R"({"decode_tokens": 2, "decode_context_tokens": 9, "seconds": [0.1, 0.2],)"
+       R"( "instance": 0, "start_s": 0, "iteration_s": 1})",
+       "log:1: field 'seconds' must be one number"},
+      {R"({"decode_tokens": 2, "decode_context_tokens": 9, "seconds": 0.1, "start_s": 0,)"
+       R"( "iteration_s": 1})",
+       "log:1: field 'instance' is missing"},
+      {R"({"decode_tokens": 2, "decode_context_tokens": 9, "seconds": 0.1, "instance": 0,)"
+       R"( "start_s": 0, "iteration_s": 0.05})",
+       "log:1: field 'iteration_s'"},
+      {R"({"decode_tokens": 0, "seconds": 0.1, "instance": 0, "start_s": 0, "iteration_s": 1})",
+       "log:1: a step with no tokens"},
+  };
+  for (const Case& c : cases) {
+    int lines = 0;
+    const Status read = ReadStepLog(c.text, "log", [&](const StepLogLine&) { ++lines; });
+    ASSERT_FALSE(read.ok()) << c.text;
+    EXPECT_NE(read.message().find(c.message), std::string::npos) << read.message();
+  }
+  int lines = 0;
+  EXPECT_TRUE(ReadStepLog(good + "\n" + good, "log", [&](const StepLogLine&) { ++lines; }).ok());
+  EXPECT_EQ(lines, 2);
+}
+
+TEST(StepLogTest, AFailedWriteIsReportedWhenTheLogCloses) {
+  // Every write to /dev/full fails (ENOSPC): the engine goes on, Close says so.
+  auto log = StepLog::Open("/dev/full", StepLog::Mode::kAppend);
+  ASSERT_TRUE(log.ok()) << log.error();
+  (*log)->Write(LineOf(0, 0));
+  const Status closed = (*log)->Close();
+  ASSERT_FALSE(closed.ok());
+  EXPECT_NE(closed.message().find("/dev/full: writing the step log"), std::string::npos)
+      << closed.message();
+
+  TempDir dir;
+  auto missing = StepLog::Open(dir.File("no/such/dir/steps.jsonl"), StepLog::Mode::kTruncate);
+  ASSERT_FALSE(missing.ok());
+  EXPECT_NE(missing.error().find("no/such/dir/steps.jsonl: cannot open"), std::string::npos)
+      << missing.error();
+}
+
+}  // namespace
+}  // namespace duet::backend
