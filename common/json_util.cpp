@@ -11,6 +11,25 @@
 
 namespace duet {
 
+Status ForEachJsonLine(
+    std::string_view text, const std::string& where,
+    const std::function<Status(const nlohmann::json& doc, const std::string& at)>& each) {
+  std::size_t line_number = 0;
+  for (std::size_t start = 0; start < text.size();) {
+    std::size_t end = text.find('\n', start);
+    if (end == std::string_view::npos) end = text.size();
+    const std::string_view line = text.substr(start, end - start);
+    start = end + 1;
+    ++line_number;
+    if (line.find_first_not_of(" \t\r") == std::string_view::npos) continue;
+    const std::string at = where + ":" + std::to_string(line_number);
+    const nlohmann::json doc = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (doc.is_discarded()) return Status::Error(at + ": not valid JSON: " + Excerpt(line, 60));
+    DUET_RETURN_IF_ERROR(each(doc, at));
+  }
+  return Status::Ok();
+}
+
 Status FieldError(const std::string& where, const std::string& key, const std::string& what) {
   return Status::Error(where + ": field '" + key + "' " + what);
 }

@@ -5,9 +5,11 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include "common/status.h"
 
@@ -15,6 +17,13 @@ namespace duet {
 
 // Reads and parses a JSON file; the error names the path and the parse position.
 Result<nlohmann::json> ReadJsonFile(const std::string& path);
+
+// JSON lines: calls `each` with every non-blank line parsed and "<where>:<line number>", in
+// order; stops at the first line that is not JSON ("<where>:N: not valid JSON: <excerpt>") or
+// that `each` refuses, with that error.
+Status ForEachJsonLine(
+    std::string_view text, const std::string& where,
+    const std::function<Status(const nlohmann::json& doc, const std::string& at)>& each);
 
 // The one wording of a field error: "<where>: field '<key>' <what>".
 Status FieldError(const std::string& where, const std::string& key, const std::string& what);

@@ -8,7 +8,6 @@
 #include <utility>
 
 #include "common/json_util.h"
-#include "common/text.h"
 
 namespace duet::models {
 
@@ -393,18 +392,7 @@ Result<std::vector<StepMeasurement>> ParseStepMeasurements(std::string_view text
                                                            const std::string& where) {
   std::vector<StepMeasurement> out;
   std::size_t times = 0;
-  std::size_t line_number = 0;
-  std::size_t start = 0;
-  while (start < text.size()) {
-    std::size_t end = text.find('\n', start);
-    if (end == std::string_view::npos) end = text.size();
-    const std::string_view line = text.substr(start, end - start);
-    start = end + 1;
-    ++line_number;
-    if (line.find_first_not_of(" \t\r") == std::string_view::npos) continue;
-    const std::string at = where + ":" + std::to_string(line_number);
-    const json doc = json::parse(line, nullptr, /*allow_exceptions=*/false);
-    if (doc.is_discarded()) return Status::Error(at + ": not valid JSON: " + Excerpt(line, 60));
+  DUET_RETURN_IF_ERROR(ForEachJsonLine(text, where, [&](const json& doc, const std::string& at) {
     if (out.size() >= kMaxMeasurements)
       return Status::Error(at + ": more than " + std::to_string(kMaxMeasurements) +
                            " measurements");
@@ -413,7 +401,8 @@ Result<std::vector<StepMeasurement>> ParseStepMeasurements(std::string_view text
     if ((times += m->seconds.size()) > kMaxTimes)
       return Status::Error(at + ": more than " + std::to_string(kMaxTimes) + " step times");
     out.push_back(std::move(*m));
-  }
+    return Status::Ok();
+  }));
   return out;
 }
 

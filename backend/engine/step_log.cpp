@@ -48,17 +48,7 @@ Status ReadStepLog(std::string_view text, const std::string& where,
                    const std::function<void(const StepLogLine&)>& each) {
   // A server's clock runs for at most years; an iteration lasts at most a step's longest time.
   constexpr double kMaxTime = 1e9;
-  std::size_t line_number = 0;
-  for (std::size_t start = 0; start < text.size();) {
-    std::size_t end = text.find('\n', start);
-    if (end == std::string_view::npos) end = text.size();
-    const std::string_view line = text.substr(start, end - start);
-    start = end + 1;
-    ++line_number;
-    if (line.find_first_not_of(" \t\r") == std::string_view::npos) continue;
-    const std::string at = where + ":" + std::to_string(line_number);
-    const nlohmann::json doc = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
-    if (doc.is_discarded()) return Status::Error(at + ": not valid JSON");
+  return ForEachJsonLine(text, where, [&](const nlohmann::json& doc, const std::string& at) {
     auto m = models::ParseStepMeasurement(doc, at);
     if (!m) return m.status();
     if (m->seconds.size() != 1) return FieldError(at, "seconds", "must be one number");
@@ -73,8 +63,8 @@ Status ReadStepLog(std::string_view text, const std::string& where,
           *start_s,
           *iteration_s,
           {std::move(m->shape), m->seconds[0]}});
-  }
-  return Status::Ok();
+    return Status::Ok();
+  });
 }
 
 Status StepLog::Close() {
