@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <thread>
 
@@ -84,6 +85,74 @@ int ChildProcesses::Stop(pid_t pid, Seconds timeout_s) {
   if (auto status = Wait(pid, timeout_s)) return *status;
   ::kill(pid, SIGKILL);
   return Wait(pid, 60).value_or(128 + SIGKILL);
+}
+
+void Supervisor::Keep(pid_t pid, std::vector<std::string> args) {
+  DUET_CHECK(!thread_.joinable());
+  kept_.push_back({pid, std::move(args), 0, options_.first_delay_s, {}});
+}
+
+void Supervisor::Start() {
+  DUET_CHECK(!thread_.joinable());
+  thread_ = std::thread([this] { Loop(); });
+}
+
+void Supervisor::Stop() {
+  {
+    std::lock_guard lock(mu_);
+    stop_ = true;
+  }
+  wake_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+void Supervisor::Loop() {
+  constexpr Seconds kMaxDelay = 30;
+  const char* name = options_.name.c_str();
+  std::unique_lock lock(mu_);
+  while (!stop_) {
+    for (Kept& k : kept_) {
+      const auto now = std::chrono::steady_clock::now();
+      if (k.pid != 0) {
+        const std::optional<int> status = children_.Wait(k.pid, 0);
+        if (!status) continue;
+        if (*status == 0) {  // it was asked to stop: keep it stopped
+          k.pid = -1;
+          continue;
+        }
+        if (k.restarts >= options_.max_restarts) {
+          std::fprintf(stderr,
+                       "%s %d exited (status %d); not starting it again after %d restarts\n", name,
+                       static_cast<int>(k.pid), *status, k.restarts);
+          k.pid = -1;
+          continue;
+        }
+        std::fprintf(stderr,
+                     "%s %d exited (status %d); starting it again in %.1f s (restart "
+                     "%d of %d)\n",
+                     name, static_cast<int>(k.pid), *status, k.delay_s, k.restarts + 1,
+                     options_.max_restarts);
+        k.pid = 0;
+        k.due = now + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                          std::chrono::duration<double>(k.delay_s));
+      }
+      if (k.pid == 0 && now >= k.due) {
+        ++k.restarts;
+        k.delay_s = std::min(2 * k.delay_s, kMaxDelay);
+        auto pid = children_.Spawn(k.args);
+        if (pid) {
+          k.pid = *pid;
+          std::fprintf(stderr, "%s started again as pid %d\n", name, static_cast<int>(*pid));
+        } else {  // tried again after the next delay, while restarts are left
+          std::fprintf(stderr, "%s: %s\n", name, pid.error().c_str());
+          k.pid = k.restarts < options_.max_restarts ? 0 : -1;
+          k.due = now + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                            std::chrono::duration<double>(k.delay_s));
+        }
+      }
+    }
+    wake_.wait_for(lock, std::chrono::milliseconds(100));
+  }
 }
 
 void ChildProcesses::Reap(Seconds timeout_s) {

@@ -6,8 +6,11 @@
 
 #include <sys/types.h>
 
+#include <condition_variable>
+#include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "common/status.h"
@@ -36,6 +39,49 @@ class ChildProcesses {
 
  private:
   std::vector<pid_t> pids_;
+};
+
+// Keeps some children of a ChildProcesses running (duet serve's worker processes): a thread
+// notices one that exited unasked (a crash, SIGKILL, the OOM killer: any exit but status 0) and
+// starts it again with the same arguments, after a delay that doubles from `first_delay_s` (to
+// 30 s at most), at most `max_restarts` times each. While it runs it alone waits for the set's
+// children: Stop() it before stopping or reaping them.
+class Supervisor {
+ public:
+  struct Options {
+    int max_restarts = 5;
+    Seconds first_delay_s = 0.5;
+    std::string name = "process";  // its log lines begin "NAME PID exited ..."
+  };
+  Supervisor(ChildProcesses& children, Options options)
+      : children_(children), options_(std::move(options)) {}
+  ~Supervisor() { Stop(); }
+  Supervisor(const Supervisor&) = delete;
+  Supervisor& operator=(const Supervisor&) = delete;
+
+  // Before Start: keep `pid`, started with `args`, running.
+  void Keep(pid_t pid, std::vector<std::string> args);
+  void Start();
+  // Ends the thread; the children it started stay in the set.
+  void Stop();
+
+ private:
+  struct Kept {
+    pid_t pid = 0;  // running; 0: to start again at `due`; -1: left stopped
+    std::vector<std::string> args;
+    int restarts = 0;
+    Seconds delay_s = 0;
+    std::chrono::steady_clock::time_point due;
+  };
+  void Loop();
+
+  ChildProcesses& children_;
+  Options options_;
+  std::vector<Kept> kept_;
+  std::mutex mu_;
+  std::condition_variable wake_;
+  bool stop_ = false;
+  std::thread thread_;
 };
 
 }  // namespace duet::cli

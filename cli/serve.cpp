@@ -110,6 +110,9 @@ int Serve(int argc, char** argv) {
      "or thread (an engine thread each in this process; the default otherwise)")
     ("worker-port", po::value<int>()->default_value(0),
      "--workers process: the loopback TCP port where workers register (0: any free port)")
+    ("worker-restarts", po::value<int>()->default_value(5),
+     "times duet serve starts a worker process of its own again when it exits unasked (each; "
+     "0: never)")
     ("spawn-workers", po::value<bool>()->default_value(true),
      "--workers process: start the workers (false: wait for duet worker processes started "
      "by hand or an orchestrator)")
@@ -198,6 +201,9 @@ int Serve(int argc, char** argv) {
     return Fail("--max-num-batched-tokens must be in 1..16777216", kExitUsage);
   const int threads = vm["threads"].as<int>();
   if (Status s = CheckThreadsFlag(threads); !s.ok()) return Fail(s.message(), kExitUsage);
+  const int worker_restarts = vm["worker-restarts"].as<int>();
+  if (worker_restarts < 0 || worker_restarts > 1000)
+    return Fail("--worker-restarts must be in 0..1000", kExitUsage);
   const int io_threads = vm["io-threads"].as<int>();
   if (io_threads < 1 || io_threads > 64) return Fail("--io-threads must be in 1..64", kExitUsage);
   const double drain_timeout_s = vm["drain-timeout"].as<double>();
@@ -308,6 +314,8 @@ int Serve(int argc, char** argv) {
   frontend_options.observer = &metrics;
   frontend_options.step_log = step_log.get();
   ChildProcesses spawned;  // --spawn-workers
+  Supervisor supervisor(spawned,
+                        {.max_restarts = worker_restarts, .name = "duet serve: worker process"});
   Result<std::unique_ptr<LiveFrontend>> frontend = Status::Error("not started");
   if (processes) {
     auto listener = backend::cluster::Listener::Open("127.0.0.1", worker_port);
@@ -336,6 +344,7 @@ int Serve(int argc, char** argv) {
         if (step_log) args.insert(args.end(), {"--step-log", vm["step-log"].as<std::string>()});
         const auto s = spawned.Spawn(args);
         if (!s) return Fail(s.error());
+        supervisor.Keep(*s, std::move(args));
       }
     }
     backend::serve::WorkerFleet fleet;
@@ -354,6 +363,7 @@ int Serve(int argc, char** argv) {
   }
   if (!frontend) return Fail(frontend.error());
   std::unique_ptr<LiveFrontend> live = std::move(*frontend);
+  supervisor.Start();  // every worker registered: from now on one that exits is started again
 
   model->vocab_size = live->model_config().vocab_size;
   model->max_request_tokens = live->max_request_tokens();
@@ -371,6 +381,7 @@ int Serve(int argc, char** argv) {
   std::fflush(stdout);
 
   const int signal = shutdown.Wait();
+  supervisor.Stop();  // workers the frontend shuts down stay down
   std::fprintf(stderr, "duet serve: %s, draining %lld replies in flight\n",
                signal == SIGTERM ? "SIGTERM" : "SIGINT",
                static_cast<long long>((*server)->replies_in_flight()));

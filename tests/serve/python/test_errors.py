@@ -221,6 +221,7 @@ def test_idle_connection_is_closed_after_the_read_timeout(tiny_model, start_serv
     (["--workers", "process"], "--workers process needs --cluster"),
     (["--cluster", "../../data/1p1d-tiny.json", "--kv-transport", "loopback"], "--workers thread"),
     (["--cluster", "../../data/1p1d-tiny.json", "--worker-port", "70000"], "--worker-port"),
+    (["--worker-restarts", "-1"], "--worker-restarts"),
 ])
 def test_bad_flags_are_usage_errors(tiny_model, flags, words):
     # One error line naming the flag, exit 2, and no server started (the command returns).
@@ -243,6 +244,15 @@ def test_bad_worker_flags_are_usage_errors(tiny_model, flags, words):
     assert r.returncode == 2, r
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("duet: error:") and words in lines[0], r.stderr
+
+
+def test_a_step_log_that_cannot_be_written_fails_at_start(tiny_model, tmp_path):
+    missing = str(tmp_path / "no" / "steps.jsonl")
+    for command in (["serve", "--port", "0"],
+                    ["worker", "--frontend", "127.0.0.1:9", "--role", "colocated"]):
+        r = run_duet(*command, "--model", tiny_model, "--step-log", missing, timeout=30)
+        assert r.returncode == 1, r
+        assert f"--step-log: {missing}: cannot open for writing" in r.stderr, r.stderr
 
 
 def test_a_worker_with_no_frontend_to_reach_fails_saying_so(tiny_model):

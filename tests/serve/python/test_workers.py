@@ -3,7 +3,9 @@ or a prefill worker killed with SIGKILL while streams are in flight. Every strea
 text equal to the colocated server's greedy reply (so no token was lost or repeated where the
 request moved to a survivor), the survivors hold no KV block and no lease afterwards, /health and
 /metrics say which worker is down, and a worker started again by hand rejoins its slot and
-serves. A malformed message from a worker costs that worker, never the server."""
+serves; `duet serve` starts a worker of its own again when it dies, as often as
+--worker-restarts allows. A malformed message from a worker costs that worker, never the
+server."""
 
 import json
 import os
@@ -148,7 +150,7 @@ def wait_up(server, instance, joins, timeout=60):
 def test_sigkill_a_decode_worker_mid_stream_then_restart_it(tiny_model, start_server, tmp_path):
     expected = reference(tiny_model, MAX_TOKENS, start_server)
     s = start_server(tiny_model, "--threads", "1", "--ucx-tls", "tcp", "--router", "round-robin",
-                     "--cluster", cluster_file(tmp_path, 1, 2))
+                     "--cluster", cluster_file(tmp_path, 1, 2), "--worker-restarts", "0")
     workers = health(s)
     assert [w["role"] for w in workers] == ["prefill", "decode", "decode"]
     assert all(w["up"] and w["joins"] == 1 for w in workers)
@@ -183,7 +185,7 @@ def test_sigkill_a_decode_worker_mid_stream_then_restart_it(tiny_model, start_se
 def test_sigkill_a_prefill_worker_with_requests_queued_on_it(tiny_model, start_server, tmp_path):
     expected = reference(tiny_model, MAX_TOKENS, start_server)
     s = start_server(tiny_model, "--threads", "1", "--ucx-tls", "tcp", "--router", "round-robin",
-                     "--cluster", cluster_file(tmp_path, 2, 1))
+                     "--cluster", cluster_file(tmp_path, 2, 1), "--worker-restarts", "0")
     workers = health(s)
     # Stopped, instance 0 takes its half of the requests (round-robin) and serves none of them.
     os.kill(workers[0]["pid"], signal.SIGSTOP)
@@ -192,6 +194,38 @@ def test_sigkill_a_prefill_worker_with_requests_queued_on_it(tiny_model, start_s
     os.kill(workers[0]["pid"], signal.SIGKILL)
     m = check_after_fault(s, streams, expected, lost=0)
     assert m["duet:requests_retried_total"] >= 1, s.stderr()
+    assert s.stop() == 0, s.stderr()
+
+
+def test_serve_starts_its_workers_again_when_they_die(tiny_model, start_server, tmp_path):
+    expected = reference(tiny_model, MAX_TOKENS, start_server)
+    s = start_server(tiny_model, "--threads", "1", "--ucx-tls", "tcp",
+                     "--cluster", cluster_file(tmp_path, 1, 1), "--worker-restarts", "1")
+    for instance, role in [(0, "prefill"), (1, "decode")]:
+        before = health(s)[instance]
+        os.kill(before["pid"], signal.SIGKILL)
+        wait_up(s, instance, joins=2)
+        after = health(s)[instance]
+        assert after["role"] == role and after["pid"] != before["pid"], after
+        assert f"worker process {before['pid']} exited (status {128 + signal.SIGKILL}); " \
+               "starting it again in 0.5 s (restart 1 of 1)" in s.stderr()
+    # Greedy replies through the restarted pair equal the colocated server's.
+    streams = Streams(s, MAX_TOKENS)
+    streams.join()
+    assert not streams.errors, streams.errors
+    assert (streams.texts, streams.reasons) == expected
+    s.assert_idle()
+    # Its one restart used, a decode worker killed again stays down.
+    pid = health(s)[1]["pid"]
+    os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while f"worker process {pid} exited" not in s.stderr():
+        assert time.monotonic() < deadline, s.stderr()
+        time.sleep(0.05)
+    assert f"worker process {pid} exited (status {128 + signal.SIGKILL}); not starting it " \
+           "again after 1 restarts" in s.stderr()
+    time.sleep(1.0)
+    assert health(s)[1]["up"] is False
     assert s.stop() == 0, s.stderr()
 
 
