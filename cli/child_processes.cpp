@@ -94,6 +94,7 @@ void Supervisor::Keep(pid_t pid, std::vector<std::string> args) {
 
 void Supervisor::Start() {
   DUET_CHECK(!thread_.joinable());
+  if (kept_.empty()) return;  // nothing to keep running
   thread_ = std::thread([this] { Loop(); });
 }
 
