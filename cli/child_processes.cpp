@@ -66,6 +66,7 @@ std::string ChildProcesses::Exited() {
 }
 
 std::optional<int> ChildProcesses::Wait(pid_t pid, Seconds timeout_s) {
+  DUET_CHECK(pid > 0);  // waitpid would take 0 and -1 for a group or any child
   const auto deadline = std::chrono::steady_clock::now() +
                         std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                             std::chrono::duration<double>(timeout_s));
@@ -114,7 +115,7 @@ void Supervisor::Loop() {
   while (!stop_) {
     for (Kept& k : kept_) {
       const auto now = std::chrono::steady_clock::now();
-      if (k.pid != 0) {
+      if (k.pid > 0) {  // (-1 must never reach waitpid: it means any child)
         const std::optional<int> status = children_.Wait(k.pid, 0);
         if (!status) continue;
         if (*status == 0) {  // it was asked to stop: keep it stopped
