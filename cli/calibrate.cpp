@@ -69,19 +69,27 @@ Result<models::HardwareSpec> LoadGpu(const std::string& ref) {
 
 void PrintFit(const models::StepFit& fit) {
   std::printf("tp %d: error on shapes held out of the fit (on the training shapes):\n", fit.tp);
-  std::printf("  %-8s %6s %6s %9s %9s %9s\n", "class", "pieces", "shapes", "mean", "p90", "max");
+  // pieces: "2", or "1|2@16" where a class is split at 16 rows.
+  std::printf("  %-8s %9s %6s %9s %9s %9s\n", "class", "pieces", "shapes", "mean", "p90", "max");
   for (std::size_t c = 0; c < models::kShapeClasses; ++c) {
     const models::FitError& h = fit.held_out[c];
     const models::FitError& t = fit.training[c];
-    std::printf("  %-8s %6zu %6d %8.2f%% %8.2f%% %8.2f%%   (%d: mean %.2f%%, max %.2f%%)\n",
-                models::ToString(static_cast<models::ShapeClass>(c)), fit.pieces[c].size(),
-                h.shapes, h.mean_pct, h.p90_pct, h.max_pct, t.shapes, t.mean_pct, t.max_pct);
+    std::string pieces = std::to_string(fit.pieces[c].size());
+    if (fit.split_rows[c] > 0) {
+      char split[48];
+      std::snprintf(split, sizeof split, "|%zu@%lld", fit.pieces_above[c].size(),
+                    static_cast<long long>(fit.split_rows[c]));
+      pieces += split;
+    }
+    std::printf("  %-8s %9s %6d %8.2f%% %8.2f%% %8.2f%%   (%d: mean %.2f%%, max %.2f%%)\n",
+                models::ToString(static_cast<models::ShapeClass>(c)), pieces.c_str(), h.shapes,
+                h.mean_pct, h.p90_pct, h.max_pct, t.shapes, t.mean_pct, t.max_pct);
   }
   if (fit.roofline_held_out[0].shapes == 0) return;
   std::printf("  the roofline on the same held-out shapes:\n");
   for (std::size_t c = 0; c < models::kShapeClasses; ++c) {
     const models::FitError& r = fit.roofline_held_out[c];
-    std::printf("  %-8s %6s %6d %8.2f%% %8.2f%% %8.2f%%\n",
+    std::printf("  %-8s %9s %6d %8.2f%% %8.2f%% %8.2f%%\n",
                 models::ToString(static_cast<models::ShapeClass>(c)), "", r.shapes, r.mean_pct,
                 r.p90_pct, r.max_pct);
   }
@@ -116,7 +124,8 @@ int Calibrate(int argc, char** argv) {
     ("device", po::value<std::string>()->default_value("cpu"),
      "cpu or cuda; with --measurements, the name of the device that measured them")
     ("threads", po::value<int>()->default_value(0), "CPU threads (0: all)")
-    ("repeats", po::value<int>()->default_value(5), "timed runs of each shape, after one untimed")
+    ("repeats", po::value<int>()->default_value(5),
+     "timed runs of each shape, in passes over every shape after an untimed one")
     ("max-tokens", po::value<std::int64_t>()->default_value(1024),
      "largest prefill chunk (default: at most a quarter of the model's context)")
     ("max-context", po::value<std::int64_t>()->default_value(2048),
@@ -231,15 +240,26 @@ int Calibrate(int argc, char** argv) {
 
     backend::StepTimer timer(**forward);
     const auto start = std::chrono::steady_clock::now();
-    for (std::size_t i = 0; i < shapes.size(); ++i) {
-      models::StepMeasurement m;
-      m.shape = shapes[i];
-      timer.Time(m.shape);  // untimed: caches, page faults, lazy initialisation
-      for (int r = 0; r < repeats; ++r) m.seconds.push_back(timer.Time(m.shape));
-      profile.measurements.push_back(std::move(m));
-      if (*progress) {
-        DrawProgress(i + 1, shapes.size(),
-                     std::to_string(i + 1) + "/" + std::to_string(shapes.size()) + " step shapes");
+    // The repeats are passes over every shape, not runs of one shape back to back: a machine
+    // whose speed drifts during the sweep (10-20% within minutes on a shared VM, see
+    // docs/validation.md) then spreads the drift over every shape's repeats, where the median
+    // absorbs it, instead of biasing the shapes timed while it was slow. The first pass is
+    // untimed: caches, page faults, lazy initialisation.
+    const std::size_t runs = shapes.size() * static_cast<std::size_t>(repeats + 1);
+    profile.measurements.resize(shapes.size());
+    for (int pass = 0; pass <= repeats; ++pass) {
+      for (std::size_t i = 0; i < shapes.size(); ++i) {
+        models::StepMeasurement& m = profile.measurements[i];
+        m.shape = shapes[i];
+        const Seconds t = timer.Time(m.shape);
+        if (pass > 0) m.seconds.push_back(t);
+        if (*progress) {
+          const std::size_t done = static_cast<std::size_t>(pass) * shapes.size() + i + 1;
+          DrawProgress(done, runs,
+                       "pass " + std::to_string(pass) + "/" + std::to_string(repeats) + ", " +
+                           std::to_string(i + 1) + "/" + std::to_string(shapes.size()) +
+                           " step shapes");
+        }
       }
     }
     std::printf("duet calibrate: %zu step shapes x %d repeats on %s in %.1f s\n", shapes.size(),

@@ -78,6 +78,45 @@ Status ParseErrors(const json& fit, const std::string& key, const std::string& w
   return Status::Ok();
 }
 
+std::optional<std::size_t> ClassNamed(std::string_view name) {
+  for (std::size_t c = 0; c < kShapeClasses; ++c)
+    if (name == ToString(static_cast<ShapeClass>(c))) return c;
+  return std::nullopt;
+}
+
+json PiecesToJson(const std::vector<AffinePiece>& pieces) {
+  json list = json::array();
+  for (const AffinePiece& p : pieces) {
+    json piece = json::object();
+    for (std::size_t col = 0; col < kFitColumns; ++col)
+      piece[std::string(kFitColumnNames[col])] = p.seconds_per[col];
+    list.push_back(piece);
+  }
+  return list;
+}
+
+Status ParsePieces(const json& list, const std::string& where, std::vector<AffinePiece>& out) {
+  if (!list.is_array() || list.empty() || list.size() > 2)
+    return Status::Error(where + ": must be an array of 1 or 2 pieces");
+  for (std::size_t k = 0; k < list.size(); ++k) {
+    const json& p = list[k];
+    const std::string wp = where + "[" + std::to_string(k) + "]";
+    if (!p.is_object()) return Status::Error(wp + ": must be an object");
+    for (const auto& [key, value] : p.items()) {
+      if (std::find(kFitColumnNames.begin(), kFitColumnNames.end(), key) == kFitColumnNames.end())
+        return Status::Error(wp + ": unknown column '" + key + "'");
+    }
+    AffinePiece piece;
+    for (std::size_t col = 0; col < kFitColumns; ++col) {
+      auto v = JsonNumberIn(p, std::string(kFitColumnNames[col]), 0, kMaxCoefficient, wp, 0.0);
+      if (!v) return v.status();
+      piece.seconds_per[col] = *v;
+    }
+    out.push_back(piece);
+  }
+  return Status::Ok();
+}
+
 Result<StepFit> ParseFit(const json& fit, const std::string& where) {
   if (!fit.is_object()) return Status::Error(where + ": must be an object");
   StepFit out;
@@ -87,30 +126,26 @@ Result<StepFit> ParseFit(const json& fit, const std::string& where) {
   if (!JsonHas(fit, "pieces") || !fit["pieces"].is_object())
     return FieldError(where, "pieces", "must be an object with prefill, decode and mixed");
   for (const auto& [key, value] : fit["pieces"].items()) {
-    if (key != "prefill" && key != "decode" && key != "mixed")
-      return Status::Error(where + ": pieces: unknown class '" + key + "'");
+    if (!ClassNamed(key)) return Status::Error(where + ": pieces: unknown class '" + key + "'");
   }
   for (std::size_t c = 0; c < kShapeClasses; ++c) {
     const std::string name = ToString(static_cast<ShapeClass>(c));
     const json& list = fit["pieces"].contains(name) ? fit["pieces"][name] : json();
-    const std::string wc = where + ": pieces." + name;
-    if (!list.is_array() || list.empty() || list.size() > 2)
-      return Status::Error(wc + ": must be an array of 1 or 2 pieces");
-    for (std::size_t k = 0; k < list.size(); ++k) {
-      const json& p = list[k];
-      const std::string wp = wc + "[" + std::to_string(k) + "]";
-      if (!p.is_object()) return Status::Error(wp + ": must be an object");
-      for (const auto& [key, value] : p.items()) {
-        if (std::find(kFitColumnNames.begin(), kFitColumnNames.end(), key) == kFitColumnNames.end())
-          return Status::Error(wp + ": unknown column '" + key + "'");
-      }
-      AffinePiece piece;
-      for (std::size_t col = 0; col < kFitColumns; ++col) {
-        auto v = JsonNumberIn(p, std::string(kFitColumnNames[col]), 0, kMaxCoefficient, wp, 0.0);
-        if (!v) return v.status();
-        piece.seconds_per[col] = *v;
-      }
-      out.pieces[c].push_back(piece);
+    DUET_RETURN_IF_ERROR(ParsePieces(list, where + ": pieces." + name, out.pieces[c]));
+  }
+  if (JsonHas(fit, "split")) {
+    const json& split = fit["split"];
+    if (!split.is_object()) return FieldError(where, "split", "must be an object");
+    for (const auto& [key, value] : split.items()) {
+      const std::optional<std::size_t> i = ClassNamed(key);
+      if (!i) return Status::Error(where + ": split: unknown class '" + key + "'");
+      const std::string wc = where + ": split." + key;
+      if (!value.is_object()) return Status::Error(wc + ": must be an object");
+      auto rows = JsonIntIn(value, "rows", 2, kMaxChunkTokens, wc);
+      if (!rows) return rows.status();
+      out.split_rows[*i] = *rows;
+      const json& list = value.contains("pieces") ? value["pieces"] : json();
+      DUET_RETURN_IF_ERROR(ParsePieces(list, wc + ".pieces", out.pieces_above[*i]));
     }
   }
   DUET_RETURN_IF_ERROR(ParseErrors(fit, "training_error", where, out.training));
@@ -247,9 +282,15 @@ Seconds MaxOfPieces(const std::vector<AffinePiece>& pieces,
   return best;
 }
 
+const std::vector<AffinePiece>& StepFit::PiecesFor(ShapeClass c, double rows) const {
+  const auto i = static_cast<std::size_t>(c);
+  return split_rows[i] > 0 && rows >= static_cast<double>(split_rows[i]) ? pieces_above[i]
+                                                                         : pieces[i];
+}
+
 Seconds StepFit::Predict(const StepFeatures& f) const {
   if (f.empty()) return 0;
-  return MaxOfPieces(pieces[static_cast<std::size_t>(ClassOf(f))], FitColumns(f));
+  return MaxOfPieces(PiecesFor(ClassOf(f), f.tokens()), FitColumns(f));
 }
 
 const StepFit* StepProfile::FitFor(int tp) const {
@@ -283,21 +324,19 @@ json StepProfileToJson(const StepProfile& profile) {
   json fits = json::array();
   for (const StepFit& fit : profile.fits) {
     json pieces = json::object();
+    json split = json::object();
     for (std::size_t c = 0; c < kShapeClasses; ++c) {
-      json list = json::array();
-      for (const AffinePiece& p : fit.pieces[c]) {
-        json piece = json::object();
-        for (std::size_t col = 0; col < kFitColumns; ++col)
-          piece[std::string(kFitColumnNames[col])] = p.seconds_per[col];
-        list.push_back(piece);
-      }
-      pieces[ToString(static_cast<ShapeClass>(c))] = list;
+      const char* name = ToString(static_cast<ShapeClass>(c));
+      pieces[name] = PiecesToJson(fit.pieces[c]);
+      if (fit.split_rows[c] > 0)
+        split[name] = {{"rows", fit.split_rows[c]}, {"pieces", PiecesToJson(fit.pieces_above[c])}};
     }
-    fits.push_back({{"tp", fit.tp},
-                    {"pieces", pieces},
-                    {"training_error", ErrorToJson(fit.training)},
-                    {"held_out_error", ErrorToJson(fit.held_out)},
-                    {"roofline_held_out_error", ErrorToJson(fit.roofline_held_out)}});
+    json out = {{"tp", fit.tp}, {"pieces", pieces}};
+    if (!split.empty()) out["split"] = split;
+    out["training_error"] = ErrorToJson(fit.training);
+    out["held_out_error"] = ErrorToJson(fit.held_out);
+    out["roofline_held_out_error"] = ErrorToJson(fit.roofline_held_out);
+    fits.push_back(std::move(out));
   }
   json measurements = json::array();
   for (const StepMeasurement& m : profile.measurements) {
@@ -430,7 +469,10 @@ std::optional<std::string> ArchitectureMismatch(const ModelSpec& measured, const
 }
 
 FittedCostModel::FittedCostModel(StepFit fit) : fit_(std::move(fit)) {
-  for (const auto& pieces : fit_.pieces) DUET_CHECK(!pieces.empty());
+  for (std::size_t c = 0; c < kShapeClasses; ++c) {
+    DUET_CHECK(!fit_.pieces[c].empty());
+    DUET_CHECK(fit_.split_rows[c] == 0 || !fit_.pieces_above[c].empty());
+  }
 }
 
 Seconds FittedCostModel::StepTime(const StepShape& shape) const {
@@ -448,8 +490,7 @@ void FittedCostModel::AppendDecodeRunEnds(StepShape shape, int steps, Seconds st
   // simulator's 2.6 million steps on the Mooncake trace.)
   static_assert(kFitColumns == 7, "the decode context is FitColumns' last column");
   constexpr std::size_t kLast = kFitColumns - 1;
-  const std::vector<AffinePiece>& pieces =
-      fit_.pieces[static_cast<std::size_t>(ShapeClass::kDecode)];
+  const std::vector<AffinePiece>& pieces = fit_.PiecesFor(ShapeClass::kDecode, f.tokens());
   const std::array<double, kFitColumns> columns = FitColumns(f);
   std::vector<Seconds> before(pieces.size(), 0.0);
   for (std::size_t k = 0; k < pieces.size(); ++k) {

@@ -5,7 +5,8 @@
 //
 // The fitted model is, for each shape class (prefill only, decode only, mixed), max-affine: a
 // step costs the largest of at most two affine functions of its features (models/
-// cost_model.h's StepFeatures), each with non-negative coefficients. One piece is an affine
+// cost_model.h's StepFeatures), each with non-negative coefficients; a class may be split in
+// two at a row count, each side max-affine (StepFit::split_rows). One piece is an affine
 // cost model with a fitted per-step overhead; two capture a roofline's two regimes (a
 // memory-bound piece whose intercept is the weight read, a compute-bound piece that grows with
 // tokens) without naming either. Non-negative coefficients keep the cost monotone within a
@@ -82,6 +83,14 @@ struct StepFit {
   // step never enters the prefill attention kernel); the fit gives mixed steps pieces fitted
   // on every class's measurements (backend/calibrate/step_fit.h).
   std::array<std::vector<AffinePiece>, kShapeClasses> pieces;
+  // Where a class is split (split_rows > 0): steps with at least that many rows in their matrix
+  // multiplies (prefill tokens plus decode rows, StepFeatures::tokens) are priced by
+  // pieces_above instead, 1 or 2 pieces. Backends change kernels with the row count, and a
+  // change to a faster kernel makes the cost concave in rows, which no max-affine function is:
+  // the CPU backend's decode steps run a weight-streaming GEMV below 12 rows and oneDNN from 12.
+  std::array<Tokens, kShapeClasses> split_rows{};
+  std::array<std::vector<AffinePiece>, kShapeClasses> pieces_above;
+  const std::vector<AffinePiece>& PiecesFor(ShapeClass c, double rows) const;
   ClassErrors training{};
   ClassErrors held_out{};
   // The roofline's error on the same held-out shapes, where calibrate was asked to compare

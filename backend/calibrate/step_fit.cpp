@@ -11,6 +11,8 @@
 #include <Eigen/Dense>
 #include <algorithm>
 #include <cmath>
+#include <map>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -134,13 +136,16 @@ double RmsRelativeError(const std::vector<AffinePiece>& pieces, const std::vecto
 }
 
 // Two pieces by alternating between refitting each piece on its measurements and assigning each
-// measurement to the piece that prices it highest, from a given first assignment.
+// measurement to the piece that prices it highest, from a given first assignment. Keeps the
+// pieces with the least error seen: an assignment can leave a piece with nothing to fit, and
+// the alternation need not improve at every step.
 std::vector<AffinePiece> Alternate(const std::vector<Sample>& samples,
                                    const std::vector<std::size_t>& rows,
                                    std::vector<std::size_t> assignment) {
-  std::vector<AffinePiece> pieces;
+  std::vector<AffinePiece> best;
+  double best_error = 0;
   for (int iteration = 0; iteration < 50; ++iteration) {
-    pieces.clear();
+    std::vector<AffinePiece> pieces;
     for (std::size_t k = 0; k < 2; ++k) {
       std::vector<std::size_t> mine;
       for (std::size_t i = 0; i < rows.size(); ++i)
@@ -148,6 +153,11 @@ std::vector<AffinePiece> Alternate(const std::vector<Sample>& samples,
       if (!mine.empty()) pieces.push_back(FitPiece(samples, mine));
     }
     if (pieces.size() < 2) break;
+    const double error = RmsRelativeError(pieces, samples, rows);
+    if (best.empty() || error < best_error) {
+      best = pieces;
+      best_error = error;
+    }
     bool changed = false;
     for (std::size_t i = 0; i < rows.size(); ++i) {
       std::size_t k = 0;
@@ -157,7 +167,7 @@ std::vector<AffinePiece> Alternate(const std::vector<Sample>& samples,
     }
     if (!changed) break;
   }
-  return pieces;
+  return best;
 }
 
 double Median(const std::vector<Sample>& samples, const std::vector<std::size_t>& rows,
@@ -168,26 +178,39 @@ double Median(const std::vector<Sample>& samples, const std::vector<std::size_t>
   return v[v.size() / 2];
 }
 
-// The alternation finds a local optimum, so it starts from three splits and keeps the best:
-// at the median token count (small steps against large ones), at the median cached context
-// (attention-heavy against not), and by the sign of one piece's error (what it under-prices
-// against what it over-prices).
+// The alternation finds a local optimum, so it starts from several splits and keeps the best:
+// small steps against large ones at up to kTokenSplits token counts (a backend's kernels change
+// regime at a batch size that the median need not be near: the CPU's matrix multiplies go from
+// a weight-streaming GEMV to oneDNN at 12 rows), at the median cached context (attention-heavy
+// against not), and by the sign of one piece's error (what it under-prices against what it
+// over-prices). Empty when no start keeps two pieces.
+constexpr std::size_t kTokenSplits = 8;
 std::vector<AffinePiece> FitTwoPieces(const std::vector<Sample>& samples,
                                       const std::vector<std::size_t>& rows,
                                       const AffinePiece& one) {
-  const double median_tokens = Median(samples, rows, &Sample::tokens);
+  std::vector<double> token_counts;
+  for (std::size_t r : rows) token_counts.push_back(samples[r].tokens);
+  std::sort(token_counts.begin(), token_counts.end());
+  token_counts.erase(std::unique(token_counts.begin(), token_counts.end()), token_counts.end());
+  token_counts.pop_back();  // a split above the largest count leaves one side empty
+  std::vector<double> splits;
+  for (std::size_t k = 0; k < std::min(kTokenSplits, token_counts.size()); ++k)
+    splits.push_back(
+        token_counts[k * token_counts.size() / std::min(kTokenSplits, token_counts.size())]);
   const double median_context = Median(samples, rows, &Sample::context);
-  std::vector<std::vector<std::size_t>> starts(3, std::vector<std::size_t>(rows.size()));
+  std::vector<std::vector<std::size_t>> starts(splits.size() + 2,
+                                               std::vector<std::size_t>(rows.size()));
   for (std::size_t i = 0; i < rows.size(); ++i) {
     const Sample& s = samples[rows[i]];
-    starts[0][i] = s.tokens > median_tokens ? 1 : 0;
-    starts[1][i] = s.context > median_context ? 1 : 0;
-    starts[2][i] = one.At(s.columns) < s.seconds ? 1 : 0;
+    for (std::size_t k = 0; k < splits.size(); ++k) starts[k][i] = s.tokens > splits[k] ? 1 : 0;
+    starts[splits.size()][i] = s.context > median_context ? 1 : 0;
+    starts[splits.size() + 1][i] = one.At(s.columns) < s.seconds ? 1 : 0;
   }
   std::vector<AffinePiece> best;
   double best_error = 0;
   for (std::vector<std::size_t>& start : starts) {
     std::vector<AffinePiece> pieces = Alternate(samples, rows, std::move(start));
+    if (pieces.empty()) continue;
     const double error = RmsRelativeError(pieces, samples, rows);
     if (best.empty() || error < best_error) {
       best = std::move(pieces);
@@ -196,6 +219,89 @@ std::vector<AffinePiece> FitTwoPieces(const std::vector<Sample>& samples,
   }
   return best;
 }
+// Whether a model with training error `candidate` earns its place beside a simpler one with
+// `current`: a tenth less error, where there is error to lose (not rounding's).
+bool Improves(double candidate, double current) {
+  return current > 1e-9 && candidate < 0.9 * current;
+}
+
+// 1 or 2 pieces (max_pieces) fitted to `rows`; the second where it Improves on one.
+std::vector<AffinePiece> FitClass(const std::vector<Sample>& samples,
+                                  const std::vector<std::size_t>& rows, int max_pieces) {
+  std::vector<AffinePiece> pieces = {FitPiece(samples, rows)};
+  if (max_pieces == 2) {
+    std::vector<AffinePiece> two = FitTwoPieces(samples, rows, pieces[0]);
+    if (!two.empty() &&
+        Improves(RmsRelativeError(two, samples, rows), RmsRelativeError(pieces, samples, rows)))
+      pieces = std::move(two);
+  }
+  return pieces;
+}
+
+// A class split at a row count (StepFit::split_rows).
+struct Split {
+  Tokens rows = 0;
+  std::vector<AffinePiece> below;
+  std::vector<AffinePiece> above;
+};
+
+// The split of `rows` at a row count that prices them best, where it Improves on `unsplit`;
+// nullopt where none does. Candidates are the measured row counts (at most
+// kSplitCandidates of them, spread over their range) that leave kMinPerSide measurements on each
+// side; a split at a measured count prices every count between it and the one below it as the
+// lower side does.
+constexpr std::size_t kSplitCandidates = 32;
+constexpr std::size_t kMinPerSide = 6;
+std::optional<Split> FitSplit(const std::vector<Sample>& samples,
+                              const std::vector<std::size_t>& rows, int max_pieces,
+                              const std::vector<AffinePiece>& unsplit) {
+  std::vector<double> counts;
+  for (std::size_t r : rows) counts.push_back(samples[r].tokens);
+  std::sort(counts.begin(), counts.end());
+  std::vector<double> candidates;
+  for (std::size_t i = kMinPerSide; i + kMinPerSide <= counts.size(); ++i)
+    if (counts[i] != counts[i - 1]) candidates.push_back(counts[i]);
+  if (candidates.size() > kSplitCandidates) {
+    std::vector<double> spread;
+    for (std::size_t k = 0; k < kSplitCandidates; ++k)
+      spread.push_back(candidates[k * candidates.size() / kSplitCandidates]);
+    candidates = std::move(spread);
+  }
+  // The best split for each number of pieces (2 to 4); more pieces have to Improve on fewer,
+  // as within a class: data that two splits fit equally well (a kernel change between two
+  // measured counts) gets the split with the fewer pieces.
+  std::map<std::size_t, std::pair<double, Split>> best;
+  for (double at : candidates) {
+    std::vector<std::size_t> below;
+    std::vector<std::size_t> above;
+    for (std::size_t r : rows) (samples[r].tokens < at ? below : above).push_back(r);
+    Split split{static_cast<Tokens>(at), FitClass(samples, below, max_pieces),
+                FitClass(samples, above, max_pieces)};
+    const double sum_sq =
+        std::pow(RmsRelativeError(split.below, samples, below), 2) * double(below.size()) +
+        std::pow(RmsRelativeError(split.above, samples, above), 2) * double(above.size());
+    const double error = std::sqrt(sum_sq / double(rows.size()));
+    const std::size_t pieces = split.below.size() + split.above.size();
+    auto it = best.find(pieces);
+    if (it == best.end() || error < it->second.first) best[pieces] = {error, std::move(split)};
+  }
+  if (best.empty()) return std::nullopt;
+  auto pick = best.begin();
+  for (auto it = std::next(best.begin()); it != best.end(); ++it)
+    if (Improves(it->second.first, pick->second.first)) pick = it;
+  if (!Improves(pick->second.first, RmsRelativeError(unsplit, samples, rows))) return std::nullopt;
+  return std::move(pick->second.second);
+}
+
+// Whether the i-th (from 0) of a class's n measurements is held out: one in each whole run of
+// `every`, at a place that moves back by one from one run to the next. Sweeps vary one
+// dimension fastest (a shape at 4 cached contexts, then the next size at the same 4): holding
+// out every 4th would hold out only the longest context, which measures how the fit
+// extrapolates beyond what it saw, not how it describes the sweep.
+bool HeldOut(int i, int n, int every) {
+  return i < n / every * every && (i + i / every) % every == every - 1;
+}
+
 }  // namespace
 
 Result<StepFit> FitSteps(std::vector<StepMeasurement>& measurements, int tp,
@@ -203,6 +309,11 @@ Result<StepFit> FitSteps(std::vector<StepMeasurement>& measurements, int tp,
   DUET_CHECK(options.held_out_every >= 2 && options.max_pieces >= 1 && options.max_pieces <= 2);
   std::vector<Sample> samples;
   std::array<std::vector<std::size_t>, kShapeClasses> training;
+  std::array<int, kShapeClasses> count{};
+  for (const StepMeasurement& m : measurements) {
+    const StepFeatures f = FeaturesOf(m.shape);
+    if (m.shape.tp == tp && !f.empty()) ++count[static_cast<std::size_t>(ClassOf(f))];
+  }
   std::array<int, kShapeClasses> seen{};
   std::array<int, kShapeClasses> held{};
   for (StepMeasurement& m : measurements) {
@@ -212,7 +323,7 @@ Result<StepFit> FitSteps(std::vector<StepMeasurement>& measurements, int tp,
     if (f.empty() || !(median > 0))
       return Status::Error("a measurement with no tokens or no positive time cannot be fitted");
     const auto c = static_cast<std::size_t>(ClassOf(f));
-    m.held_out = ++seen[c] % options.held_out_every == 0;
+    m.held_out = HeldOut(seen[c]++, count[c], options.held_out_every);
     held[c] += m.held_out ? 1 : 0;
     if (!m.held_out) training[c].push_back(samples.size());
     samples.push_back(
@@ -243,19 +354,21 @@ Result<StepFit> FitSteps(std::vector<StepMeasurement>& measurements, int tp,
       for (std::size_t other = 0; other < kShapeClasses; ++other)
         if (other != c) rows.insert(rows.end(), training[other].begin(), training[other].end());
     }
-    std::vector<AffinePiece>& pieces = fit.pieces[c];
-    pieces = {FitPiece(samples, rows)};
-    if (options.max_pieces == 2) {
-      std::vector<AffinePiece> two = FitTwoPieces(samples, rows, pieces[0]);
-      // The second piece has to earn its place: a tenth less training error.
-      if (RmsRelativeError(two, samples, rows) < 0.9 * RmsRelativeError(pieces, samples, rows))
-        pieces = std::move(two);
+    fit.pieces[c] = FitClass(samples, rows, options.max_pieces);
+    if (options.split_decode && static_cast<ShapeClass>(c) == ShapeClass::kDecode) {
+      if (std::optional<Split> split = FitSplit(samples, rows, options.max_pieces, fit.pieces[c])) {
+        fit.pieces[c] = std::move(split->below);
+        fit.split_rows[c] = split->rows;
+        fit.pieces_above[c] = std::move(split->above);
+      }
     }
-    for (const AffinePiece& piece : pieces) {
-      for (double v : piece.seconds_per) {
-        if (!std::isfinite(v))
-          return Status::Error(where + name +
-                               ": the fit did not converge (a coefficient is not finite)");
+    for (const auto* pieces : {&fit.pieces[c], &fit.pieces_above[c]}) {
+      for (const AffinePiece& piece : *pieces) {
+        for (double v : piece.seconds_per) {
+          if (!std::isfinite(v))
+            return Status::Error(where + name +
+                                 ": the fit did not converge (a coefficient is not finite)");
+        }
       }
     }
   }

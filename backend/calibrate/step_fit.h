@@ -12,8 +12,15 @@
 namespace duet::backend {
 
 struct FitOptions {
-  int held_out_every = 4;  // of each class, the 4th, 8th, ... measurement is held out
-  int max_pieces = 2;      // 1: one affine function; 2: the larger of two where it pays
+  // Of each class, one measurement in each whole run of `held_out_every` is held out, at a place
+  // that moves back by one from one run to the next (the 4th, 7th, 10th, 13th, 20th, ...), so
+  // that a sweep's shapes are held out across its grid.
+  int held_out_every = 4;
+  int max_pieces = 2;  // 1: one affine function; 2: the larger of two where it pays
+  // Decode steps split in two at a batch size where it pays (StepFit::split_rows): backends
+  // change kernels at small row counts (a GEMV, then a GEMM), and only decode batches are that
+  // small; prefill and mixed steps, with their 16 or more rows, are never split.
+  bool split_decode = true;
 };
 // Marks the held-out measurements (of `tp`), fits prefill-only and decode-only steps on the
 // rest of their own class and mixed steps on the rest of every class, and measures the error

@@ -43,8 +43,14 @@ std::vector<StepShape> CalibrationShapes(const SweepLimits& l) {
       s.prefill.assign(static_cast<std::size_t>(chunks), {n, 0});
       shapes.push_back(s);
     }
-  // Decode: a batch of rows, each after `c` cached tokens.
-  for (Tokens rows : Ladder(1, l.max_batch))
+  // Decode: a batch of rows, each after `c` cached tokens; from 8 rows on, also halfway between
+  // powers of two, where backends change kernels (the CPU's matrix multiplies from a GEMV to
+  // oneDNN at 12 rows): the fit can split a class at a measured row count (step_fit.h), and the
+  // closer the counts the closer the split to the change.
+  std::vector<Tokens> batches = Ladder(1, l.max_batch);
+  for (Tokens rows = 8; rows * 3 / 2 < l.max_batch; rows *= 2) batches.push_back(rows * 3 / 2);
+  std::sort(batches.begin(), batches.end());
+  for (Tokens rows : batches)
     for (Tokens c : Ladder(std::min<Tokens>(64, l.max_context), l.max_context, 4))
       if (fits(c, 1)) shapes.push_back({{}, rows, rows * c, 1});
   // Mixed: a chunk after a short cached context beside a decode batch at a short and at the

@@ -19,10 +19,10 @@ struct SweepLimits {
 };
 
 // Prefill chunks of 16 tokens up to max_tokens over cached contexts 0, 256, 1024, ... up to
-// max_context, batches of equal fresh chunks; decode batches of 1 to max_batch rows over
-// contexts 64, 256, ... up to max_context; mixed steps of a chunk beside a decode batch. In a
-// fixed order (the fit holds out every 4th shape of each class), each shape once, every
-// sequence within the model's positions.
+// max_context, batches of equal fresh chunks; decode batches of 1, 2, 4, 8, 12, 16, 24, ...
+// up to max_batch rows over contexts 64, 256, ... up to max_context; mixed steps of a chunk beside
+// a decode batch. In a fixed order (the fit holds out one in four shapes of each class), each shape
+// once, every sequence within the model's positions.
 std::vector<models::StepShape> CalibrationShapes(const SweepLimits& limits);
 
 // KV blocks a shape needs: each sequence its own, ceil((context + tokens) / block) of them.
