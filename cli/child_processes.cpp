@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 
 #include <algorithm>
@@ -72,13 +73,23 @@ std::optional<int> ChildProcesses::Wait(pid_t pid, Seconds timeout_s) {
                             std::chrono::duration<double>(timeout_s));
   while (true) {
     int status = 0;
-    if (::waitpid(pid, &status, WNOHANG) == pid) {
+    struct rusage ru {};
+    if (::wait4(pid, &status, WNOHANG, &ru) == pid) {
       std::erase(pids_, pid);
+      usage_[pid] = {static_cast<double>(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
+                         static_cast<double>(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) * 1e-6,
+                     static_cast<std::int64_t>(ru.ru_nivcsw)};
       return ExitStatus(status);
     }
     if (std::chrono::steady_clock::now() >= deadline) return std::nullopt;
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
+}
+
+std::optional<ChildUsage> ChildProcesses::UsageOf(pid_t pid) const {
+  const auto it = usage_.find(pid);
+  if (it == usage_.end()) return std::nullopt;
+  return it->second;
 }
 
 int ChildProcesses::Stop(pid_t pid, Seconds timeout_s) {

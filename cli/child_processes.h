@@ -8,6 +8,8 @@
 
 #include <chrono>
 #include <condition_variable>
+#include <cstdint>
+#include <map>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -18,6 +20,12 @@
 #include "common/units.h"
 
 namespace duet::cli {
+
+// What a child process used, from its exit (wait4): its own and its reaped children's.
+struct ChildUsage {
+  Seconds cpu_s = 0;                      // user plus system CPU time
+  std::int64_t involuntary_switches = 0;  // times the kernel took a CPU from it (ru_nivcsw)
+};
 
 class ChildProcesses {
  public:
@@ -37,9 +45,12 @@ class ChildProcesses {
   int Stop(pid_t pid, Seconds timeout_s);
   // Waits up to `timeout_s` for every child to exit, then kills the rest.
   void Reap(Seconds timeout_s);
+  // What a child that Wait or Stop saw exit used; nullopt for any other pid.
+  std::optional<ChildUsage> UsageOf(pid_t pid) const;
 
  private:
   std::vector<pid_t> pids_;
+  std::map<pid_t, ChildUsage> usage_;
 };
 
 // Keeps some children of a ChildProcesses running (duet serve's worker processes): a thread

@@ -8,6 +8,8 @@
 // live steps' forward passes against the cost model's price for their shapes, and the time
 // each live iteration spends outside its forward pass. Writes validation.json and prints a
 // table; exits 1 when an error exceeds its --tolerance.
+#include <unistd.h>
+
 #include <algorithm>
 #include <boost/program_options.hpp>
 #include <chrono>
@@ -280,9 +282,12 @@ int Validate(int argc, char** argv) {
         "never",  "--vocab-size", std::to_string(cluster->model.vocab_size)};
     replay.insert(replay.end(), trace_args.begin(), trace_args.end());
     replay.insert(replay.end(), scale.begin(), scale.end());
+    const auto replay_start = std::chrono::steady_clock::now();
     auto replayer = children.Spawn(replay, dir + "/replay.log");
     if (!replayer) return Fail(replayer.error());
     const int replayed = children.Wait(*replayer, 1e6).value_or(-1);
+    const double replay_s =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - replay_start).count();
     const int served = children.Stop(*server, 120);
     if (replayed != 0)
       return Fail("duet replay failed (status " + std::to_string(replayed) + "):\n" +
@@ -338,6 +343,18 @@ int Validate(int argc, char** argv) {
     auto steps = AttributeSteps(dir + "/steps.jsonl", *cluster, *simulated_summary);
     if (!steps) return Fail(steps.error());
     load["steps"] = *steps;
+    // The machine the live run shared: the replay client runs beside the server, and what
+    // either takes from the engine's cores lengthens its forward passes, which calibration
+    // timed on an idle machine.
+    const ChildUsage client = children.UsageOf(*replayer).value_or(ChildUsage{});
+    const ChildUsage server_usage = children.UsageOf(*server).value_or(ChildUsage{});
+    load["cpu"] = {{"replay_s", replay_s},
+                   {"cores", static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN))},
+                   {"client_cpu_s", client.cpu_s},
+                   {"client_cores", client.cpu_s / replay_s},
+                   {"client_involuntary_switches", client.involuntary_switches},
+                   {"server_cpu_s", server_usage.cpu_s},
+                   {"server_involuntary_switches", server_usage.involuntary_switches}};
     report["loads"].push_back(load);
   }
 
@@ -385,6 +402,14 @@ int Validate(int argc, char** argv) {
         s["outside_forward_ms_per_step"].is_number()
             ? s["outside_forward_ms_per_step"].get<double>()
             : 0.0);
+    const json& cpu = load["cpu"];
+    std::printf(
+        "cpu at x%s: over the %.1f s replay the client used %.1f CPU-s (%.2f of %d cores); the "
+        "server, from its start to its stop, %.1f CPU-s, preempted %lld times\n",
+        Scale(load["rate_scale"].get<double>()).c_str(), cpu["replay_s"].get<double>(),
+        cpu["client_cpu_s"].get<double>(), cpu["client_cores"].get<double>(),
+        cpu["cores"].get<int>(), cpu["server_cpu_s"].get<double>(),
+        static_cast<long long>(cpu["server_involuntary_switches"].get<std::int64_t>()));
   }
   const std::string report_path = (fs::path(out_dir) / "validation.json").string();
   {

@@ -122,14 +122,24 @@ void ExpectStepsAttributed(const json& load, const std::string& dir, const model
       EXPECT_NEAR(e.get<double>(), 100 * (priced[q] / forward[q] - 1), 1e-6) << q;
     }
   }
+  // The CPU the client and the server used: the server's includes every forward pass, run on
+  // its engine thread (and the pool's), so it is at least their time less what preemption took;
+  // the client's is its own, a share of the cores over the replay.
+  const json& cpu = load["cpu"];
+  EXPECT_GT(cpu["server_cpu_s"].get<double>(), 0.5 * forward_s) << cpu;
+  EXPECT_GT(cpu["client_cpu_s"].get<double>(), 0) << cpu;
+  EXPECT_NEAR(cpu["client_cores"].get<double>(),
+              cpu["client_cpu_s"].get<double>() / cpu["replay_s"].get<double>(), 1e-9);
+  EXPECT_LE(cpu["client_cores"].get<double>(), cpu["cores"].get<double>()) << cpu;
 }
 
 TEST_F(ValidateTest, ComparesALiveRunWithTheSimulationAtEachLoad) {
   const RunResult r = Validate({"--rate-scales", "0.5,2"});
   ASSERT_EQ(r.exit_code, 0) << r;
-  EXPECT_TRUE(ContainsAll(
-      r.out, {"ttft_ms.p50", "tpot_ms.p99", "throughput.output_tokens_per_s", "rate x0.5",
-              "rate x2", "steps at x0.5", "steps at x2", "outside its forward pass", "wrote"}));
+  EXPECT_TRUE(
+      ContainsAll(r.out, {"ttft_ms.p50", "tpot_ms.p99", "throughput.output_tokens_per_s",
+                          "rate x0.5", "rate x2", "steps at x0.5", "steps at x2",
+                          "outside its forward pass", "cpu at x0.5", "cpu at x2", "wrote"}));
   const json report = ReadJson(tmp_.File("out/validation.json"));
   ASSERT_EQ(report["loads"].size(), 2u);
   for (const json& load : report["loads"]) {
