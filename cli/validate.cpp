@@ -11,12 +11,14 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <bit>
 #include <boost/program_options.hpp>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -71,7 +73,8 @@ Result<std::string> WaitServing(ChildProcesses& children, pid_t server, const st
 }
 
 // The live steps of one load (the server's step log) beside the cost model's price for their
-// shapes, by shape class, and the live iterations' time outside their forward passes.
+// shapes, by shape class, decode steps also by batch size (1, 2-3, 4-7, ...: backends change
+// kernels with it), and the live iterations' time outside their forward passes.
 Result<json> AttributeSteps(const std::string& step_log, const sim::ClusterSpec& cluster,
                             const json& simulated_summary) {
   struct Class {
@@ -80,6 +83,7 @@ Result<json> AttributeSteps(const std::string& step_log, const sim::ClusterSpec&
     std::vector<double> errors;  // per step, priced / forward - 1
   };
   std::array<Class, models::kShapeClasses> classes;
+  std::map<int, Class> decode_bands;  // by floor(log2(rows))
   std::vector<std::unique_ptr<models::StepCostModel>> cost_models;
   for (const sim::InstanceSpec& instance : cluster.instances)
     cost_models.push_back(sim::MakeStepCostModel(cluster, instance));
@@ -99,14 +103,19 @@ Result<json> AttributeSteps(const std::string& step_log, const sim::ClusterSpec&
                                          " is not in the cluster file");
           return;
         }
-        Class& c =
-            classes[static_cast<std::size_t>(models::ClassOf(models::FeaturesOf(line.step.shape)))];
+        const models::ShapeClass shape_class = models::ClassOf(models::FeaturesOf(line.step.shape));
         const double priced =
             cost_models[static_cast<std::size_t>(line.instance)]->StepTime(line.step.shape);
-        ++c.steps;
-        c.forward_s += line.step.seconds;
-        c.priced_s += priced;
-        c.errors.push_back(priced / line.step.seconds - 1);
+        auto add = [&](Class& c) {
+          ++c.steps;
+          c.forward_s += line.step.seconds;
+          c.priced_s += priced;
+          c.errors.push_back(priced / line.step.seconds - 1);
+        };
+        add(classes[static_cast<std::size_t>(shape_class)]);
+        if (shape_class == models::ShapeClass::kDecode)
+          add(decode_bands
+                  [std::bit_width(static_cast<std::uint64_t>(line.step.shape.decode_tokens)) - 1]);
         iteration_s += line.iteration_s;
         by_start.push_back({line.start_s, line.step.seconds, priced});
       });
@@ -135,6 +144,15 @@ Result<json> AttributeSteps(const std::string& step_log, const sim::ClusterSpec&
         {"priced_s", c.priced_s},
         {"error_pct", pct(c.priced_s, c.forward_s)},
         {"median_step_error_pct", median}};
+  }
+  out["decode_by_rows"] = json::array();
+  for (const auto& [band, c] : decode_bands) {
+    out["decode_by_rows"].push_back({{"rows_from", std::int64_t{1} << band},
+                                     {"rows_to", (std::int64_t{2} << band) - 1},
+                                     {"steps", c.steps},
+                                     {"forward_s", c.forward_s},
+                                     {"priced_s", c.priced_s},
+                                     {"error_pct", pct(c.priced_s, c.forward_s)}});
   }
   out["live_steps"] = steps;
   const json::json_pointer simulated_steps("/sim/engine_steps");
@@ -390,15 +408,22 @@ int Validate(int argc, char** argv) {
     std::string quarters;
     for (const json& q : s["priced_error_pct_by_quarter"])
       quarters += (quarters.empty() ? "" : ", ") + Percent(q);
+    std::string bands;
+    for (const json& b : s["decode_by_rows"]) {
+      const auto from = b["rows_from"].get<std::int64_t>(), to = b["rows_to"].get<std::int64_t>();
+      bands += (bands.empty() ? "" : ", ") + std::to_string(from) +
+               (to > from ? "-" + std::to_string(to) : std::string()) + " " +
+               Percent(b["error_pct"]);
+    }
     std::printf(
         "steps at x%s: %lld live, %s simulated; the cost model prices the live steps' forward "
-        "passes (%.2f s) at %s (%s; by quarter of the run %s); each live iteration spends %.2f "
-        "ms outside its forward pass\n",
+        "passes (%.2f s) at %s (%s; decode by batch rows %s; by quarter of the run %s); each live "
+        "iteration spends %.2f ms outside its forward pass\n",
         Scale(load["rate_scale"].get<double>()).c_str(),
         static_cast<long long>(s["live_steps"].get<std::int64_t>()),
         s["simulated_steps"].is_number() ? s["simulated_steps"].dump().c_str() : "n/a",
         s["forward_s"].get<double>(), Percent(s["priced_error_pct"]).c_str(), classes.c_str(),
-        quarters.c_str(),
+        bands.empty() ? "n/a" : bands.c_str(), quarters.c_str(),
         s["outside_forward_ms_per_step"].is_number()
             ? s["outside_forward_ms_per_step"].get<double>()
             : 0.0);

@@ -7,6 +7,7 @@
 #include <array>
 #include <filesystem>
 #include <fstream>
+#include <map>
 
 #include "models/step_profile.h"
 
@@ -79,7 +80,8 @@ void ExpectStepsAttributed(const json& load, const std::string& dir, const model
   const json& s = load["steps"];
   std::int64_t steps = 0, prompt_tokens = 0;
   double forward_s = 0, priced_s = 0, iteration_s = 0;
-  std::vector<std::array<double, 3>> by_start;  // start, forward, priced
+  std::vector<std::array<double, 3>> by_start;                 // start, forward, priced
+  std::map<std::int64_t, std::array<double, 3>> decode_bands;  // rows_from: steps, forward, priced
   std::ifstream in(step_log);
   for (std::string line; std::getline(in, line);) {
     const json doc = json::parse(line);
@@ -91,6 +93,14 @@ void ExpectStepsAttributed(const json& load, const std::string& dir, const model
     iteration_s += doc["iteration_s"].get<double>();
     const double priced = models::FittedCostModel(fit).StepTime(*shape);
     priced_s += priced;
+    if (shape->prefill.empty()) {  // decode only: bands 1, 2-3, 4-7, ...
+      std::int64_t from = 1;
+      while (2 * from <= shape->decode_tokens) from *= 2;
+      auto& band = decode_bands[from];
+      band[0] += 1;
+      band[1] += doc["seconds"].get<double>();
+      band[2] += priced;
+    }
     by_start.push_back({doc["start_s"].get<double>(), doc["seconds"].get<double>(), priced});
   }
   EXPECT_EQ(prompt_tokens, PromptTokens(dir + "/live/requests.csv")) << "each prefilled once";
@@ -104,6 +114,16 @@ void ExpectStepsAttributed(const json& load, const std::string& dir, const model
   EXPECT_NEAR(s["outside_forward_ms_per_step"].get<double>(),
               1e3 * (iteration_s - forward_s) / static_cast<double>(steps), 1e-6);
   EXPECT_GT(s["simulated_steps"].get<std::int64_t>(), 0) << s;
+  ASSERT_EQ(s["decode_by_rows"].size(), decode_bands.size()) << s;
+  std::size_t i = 0;
+  for (const auto& [from, band] : decode_bands) {
+    const json& b = s["decode_by_rows"][i++];
+    EXPECT_EQ(b["rows_from"], from);
+    EXPECT_EQ(b["rows_to"], 2 * from - 1);
+    EXPECT_EQ(b["steps"], band[0]);
+    EXPECT_NEAR(b["error_pct"].get<double>(), 100 * (band[2] / band[1] - 1), 1e-6) << from;
+  }
+  EXPECT_GE(decode_bands.size(), 2u) << "batches of one size only: the bands go untested";
   // By quarter of the run, from the first step's start to the last's.
   ASSERT_FALSE(by_start.empty());
   const double first = by_start.front()[0], span = by_start.back()[0] - first;
@@ -136,10 +156,10 @@ void ExpectStepsAttributed(const json& load, const std::string& dir, const model
 TEST_F(ValidateTest, ComparesALiveRunWithTheSimulationAtEachLoad) {
   const RunResult r = Validate({"--rate-scales", "0.5,2"});
   ASSERT_EQ(r.exit_code, 0) << r;
-  EXPECT_TRUE(
-      ContainsAll(r.out, {"ttft_ms.p50", "tpot_ms.p99", "throughput.output_tokens_per_s",
-                          "rate x0.5", "rate x2", "steps at x0.5", "steps at x2",
-                          "outside its forward pass", "cpu at x0.5", "cpu at x2", "wrote"}));
+  EXPECT_TRUE(ContainsAll(
+      r.out, {"ttft_ms.p50", "tpot_ms.p99", "throughput.output_tokens_per_s", "rate x0.5",
+              "rate x2", "steps at x0.5", "steps at x2", "outside its forward pass",
+              "decode by batch rows 1 ", "cpu at x0.5", "cpu at x2", "wrote"}));
   const json report = ReadJson(tmp_.File("out/validation.json"));
   ASSERT_EQ(report["loads"].size(), 2u);
   for (const json& load : report["loads"]) {
