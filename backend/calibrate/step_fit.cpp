@@ -219,6 +219,7 @@ std::vector<AffinePiece> FitTwoPieces(const std::vector<Sample>& samples,
   }
   return best;
 }
+
 // Whether a model with training error `candidate` earns its place beside a simpler one with
 // `current`: a tenth less error, where there is error to lose (not rounding's).
 bool Improves(double candidate, double current) {
