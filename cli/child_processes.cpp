@@ -122,6 +122,10 @@ void Supervisor::Stop() {
 void Supervisor::Loop() {
   constexpr Seconds kMaxDelay = 30;
   const char* name = options_.name.c_str();
+  auto after = [](std::chrono::steady_clock::time_point t, Seconds delay_s) {
+    return t + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                   std::chrono::duration<double>(delay_s));
+  };
   std::unique_lock lock(mu_);
   while (!stop_) {
     for (Kept& k : kept_) {
@@ -146,8 +150,7 @@ void Supervisor::Loop() {
                      name, static_cast<int>(k.pid), *status, k.delay_s, k.restarts + 1,
                      options_.max_restarts);
         k.pid = 0;
-        k.due = now + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                          std::chrono::duration<double>(k.delay_s));
+        k.due = after(now, k.delay_s);
       }
       if (k.pid == 0 && now >= k.due) {
         ++k.restarts;
@@ -159,8 +162,7 @@ void Supervisor::Loop() {
         } else {  // tried again after the next delay, while restarts are left
           std::fprintf(stderr, "%s: %s\n", name, pid.error().c_str());
           k.pid = k.restarts < options_.max_restarts ? 0 : -1;
-          k.due = now + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                            std::chrono::duration<double>(k.delay_s));
+          k.due = after(now, k.delay_s);
         }
       }
     }

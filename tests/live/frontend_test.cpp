@@ -97,7 +97,6 @@ TEST_F(Frontend, TheStepLogHasEveryStepOfEveryInstance) {
     logged_prompt[i] += line.step.shape.PrefillTokens();
     logged_rows[i] += line.step.shape.decode_tokens;
     EXPECT_GE(line.start_s, free_from[i]);
-    EXPECT_LE(line.step.seconds, line.iteration_s);
     free_from[i] = line.start_s + line.iteration_s;
   });
   ASSERT_TRUE(read.ok()) << read.message();
