@@ -3,6 +3,8 @@
 // steps), fit the simulator's step-cost model to the medians (models/step_profile.h), and write
 // the profile: the measurements, the fit, and its error on shapes held out of the fit. With
 // --measurements it fits step times another tool measured instead (scripts/, published data).
+// With --transport it also times KV transfers between two instances' KV regions through each
+// named transport and fits each as a link (latency plus bytes over bandwidth).
 #include <unistd.h>
 
 #include <algorithm>
@@ -10,19 +12,25 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <ctime>
 #include <fstream>
+#include <memory>
 #include <numeric>
 #include <optional>
 #include <set>
+#include <span>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "backend/calibrate/step_fit.h"
 #include "backend/calibrate/step_sweep.h"
 #include "backend/model/llama_weights.h"
 #include "backend/registry.h"
+#include "backend/transport/kv_transport.h"
+#include "backend/transport/local_kv_transports.h"
 #include "cli/commands.h"
 #include "common/json_util.h"
 #include "common/progress.h"
@@ -95,6 +103,103 @@ void PrintFit(const models::StepFit& fit) {
   }
 }
 
+// Times KV transfers of 1 to `max_blocks` blocks of `block_bytes` (TransferBlockCounts) from a
+// prefill instance's KV region to a decode instance's through `options`' transport, as a PD
+// `duet serve` in one process places them (the prefill side's memory from the transport's
+// allocator, the decode side's on the heap): `repeats` passes over every size, each transfer
+// from Post to the poll that sees it done. Then fits the link.
+// Each transfer moves the blocks after the previous one's, around a ring of at least 256 MiB a
+// side, so that what it reads and writes is out of the CPU's caches, as the KV of a prefill
+// step is by the time it is pulled (the step streamed the weights after writing the first
+// layers' KV). Moving the same blocks again and again would time cache-to-cache copies below
+// the cache's size and memory copies above it, which no latency plus bandwidth describes.
+// Before the timed passes the whole ring moves once, untimed: over shared memory a puller's
+// first read of each page of the peer's region page-faults (UCX maps the peer's segment into
+// the puller), which a server pays once per page of its peer's KV pool.
+Result<models::LinkFit> TimeTransport(const std::string& name,
+                                      const backend::KvTransportOptions& options,
+                                      std::int64_t block_bytes, std::int64_t max_blocks,
+                                      int repeats, bool progress) {
+  constexpr std::int64_t kRingBytes = std::int64_t{256} << 20;
+  const std::int64_t ring = std::max(2 * max_blocks, (kRingBytes + block_bytes - 1) / block_bytes);
+  const std::int64_t bytes = block_bytes * ring;
+  const backend::KvAllocator allocate = backend::KvTransportAllocator(options);
+  std::unique_ptr<backend::KvMemory> src;
+  if (allocate) {
+    auto memory = allocate(bytes);
+    if (!memory) return memory.status();
+    src = std::move(*memory);
+  } else {
+    src = backend::AllocateHeapKvMemory(bytes);
+  }
+  const std::unique_ptr<backend::KvMemory> dst = backend::AllocateHeapKvMemory(bytes);
+  std::memset(src->data(), 1, static_cast<std::size_t>(bytes));  // every page mapped
+  std::memset(dst->data(), 0, static_cast<std::size_t>(bytes));
+  auto transports = backend::LocalKvTransports::Create(
+      {{src->data(), block_bytes, ring, src.get()}, {dst->data(), block_bytes, ring, dst.get()}},
+      {policies::InstanceRole::kPrefill, policies::InstanceRole::kDecode}, options);
+  if (!transports) return transports.status();
+  policies::KvTransport& pull = (*transports)->transport(1);
+
+  const std::vector<std::int64_t> counts = backend::TransferBlockCounts(max_blocks);
+  std::vector<backend::BlockId> blocks(static_cast<std::size_t>(ring));
+  std::iota(blocks.begin(), blocks.end(), 0);
+  std::int64_t next = 0;  // the ring's first block not moved lately
+  // Moves the next `count` blocks of the ring; its time, or an error.
+  auto move = [&](std::int64_t count) -> Result<Seconds> {
+    if (next + count > ring) next = 0;
+    const std::span<const backend::BlockId> moved(blocks.data() + next,
+                                                  static_cast<std::size_t>(count));
+    next += count;
+    const std::int64_t moved_bytes = count * block_bytes;
+    const auto start = std::chrono::steady_clock::now();
+    const policies::TransferId id = pull.Post({1, 0, 1, moved_bytes, moved, moved});
+    policies::TransferStatus status;
+    while ((status = pull.Poll(id)) == policies::TransferStatus::kInProgress) {
+      if (std::chrono::steady_clock::now() - start > std::chrono::seconds(60))
+        return Status::Error("--transport " + name + ": a transfer of " +
+                             std::to_string(moved_bytes) + " bytes did not finish in 60 s");
+    }
+    if (status != policies::TransferStatus::kDone)
+      return Status::Error("--transport " + name + ": a transfer of " +
+                           std::to_string(moved_bytes) + " bytes failed");
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  };
+  for (std::int64_t moved = 0; moved < ring; moved += max_blocks) {
+    if (auto t = move(max_blocks); !t) return t.status();
+  }
+  std::vector<models::TransferMeasurement> ms(counts.size());
+  for (int pass = 0; pass < repeats; ++pass) {
+    for (std::size_t i = 0; i < counts.size(); ++i) {
+      ms[i].bytes = counts[i] * block_bytes;
+      auto t = move(counts[i]);
+      if (!t) return t.status();
+      ms[i].seconds.push_back(*t);
+      if (progress)
+        DrawProgress(static_cast<std::size_t>(pass) * counts.size() + i + 1,
+                     counts.size() * static_cast<std::size_t>(repeats),
+                     name + ": pass " + std::to_string(pass + 1) + "/" + std::to_string(repeats));
+    }
+  }
+  auto link = backend::FitLink(std::move(ms));
+  if (!link) return Status::Error("--transport " + name + ": " + link.error());
+  link->transport = name;
+  link->path = (*transports)->path();
+  return link;
+}
+
+void PrintLink(const models::LinkFit& link) {
+  std::printf(
+      "transport %s (%s): latency %.1f us, bandwidth %.3f GB/s over %lld to %lld bytes\n"
+      "  error on sizes held out of the fit: %d, mean %.2f%%, max %.2f%%   (%d: mean %.2f%%, "
+      "max %.2f%%)\n",
+      link.transport.c_str(), link.path.c_str(), link.latency * 1e6, link.bandwidth / 1e9,
+      static_cast<long long>(link.measurements.front().bytes),
+      static_cast<long long>(link.measurements.back().bytes), link.held_out.shapes,
+      link.held_out.mean_pct, link.held_out.max_pct, link.training.shapes, link.training.mean_pct,
+      link.training.max_pct);
+}
+
 Status WriteProfile(const models::StepProfile& profile, const std::string& path) {
   const std::string tmp = path + ".tmp";
   {
@@ -137,7 +242,13 @@ int Calibrate(int argc, char** argv) {
      "with --measurements: a JSON file describing where they come from, kept in the profile")
     ("roofline", po::value<std::string>(),
      "also report the roofline cost model's error on the held-out shapes, for this GPU "
-     "(a name under models/hardware/ or a .json file; default efficiencies)");
+     "(a name under models/hardware/ or a .json file; default efficiencies)")
+    ("transport", po::value<std::string>(),
+     "also time KV transfers between two instances through these transports (loopback, ucx; "
+     "comma-separated) and fit each as a link, up to --max-context tokens a transfer")
+    ("ucx-tls", po::value<std::string>()->default_value(""),
+     "with --transport ucx: the UCX transports (UCX_TLS: tcp, posix,cma, ...; empty: UCX's "
+     "choice, as duet serve's --ucx-tls)");
   // clang-format on
   AddProgressOption(opts);
   po::variables_map vm;
@@ -153,7 +264,14 @@ int Calibrate(int argc, char** argv) {
   models::StepProfile profile;
   profile.source = {{"tool", "duet calibrate"}, {"command", command}, {"date", UtcNow()}};
 
+  if (!vm["ucx-tls"].defaulted() &&
+      (!vm.count("transport") ||
+       vm["transport"].as<std::string>().find("ucx") == std::string::npos))
+    return Fail("--ucx-tls goes with --transport ucx", kExitUsage);
   if (vm.count("measurements")) {
+    if (vm.count("transport"))
+      return Fail("--transport times this machine's transports: not with --measurements",
+                  kExitUsage);
     if (device.empty() || device.size() > 200)
       return Fail("--device: name the device that measured the steps (1 to 200 characters)",
                   kExitUsage);
@@ -178,6 +296,20 @@ int Calibrate(int argc, char** argv) {
     }
   } else {
     if (vm.count("source")) return Fail("--source goes with --measurements", kExitUsage);
+    std::vector<std::pair<std::string, backend::KvTransportOptions>> transports;
+    if (vm.count("transport")) {
+      if (device != "cpu")
+        return Fail("--transport: only KV in host memory (--device cpu) is timed yet", kExitUsage);
+      std::stringstream names(vm["transport"].as<std::string>());
+      for (std::string name; std::getline(names, name, ',');) {
+        auto kind = backend::ParseKvTransportKind(name);
+        if (!kind) return Fail("--transport: " + kind.error(), kExitUsage);
+        for (const auto& [seen, options] : transports)
+          if (seen == name) return Fail("--transport: " + name + " named twice", kExitUsage);
+        transports.push_back({name, {*kind, vm["ucx-tls"].as<std::string>(), {}}});
+      }
+      if (transports.empty()) return Fail("--transport: name a transport", kExitUsage);
+    }
     if (device != "cpu" && device != "cuda")
       return Fail("--device must be cpu or cuda", kExitUsage);
     const int threads = vm["threads"].as<int>();
@@ -265,6 +397,18 @@ int Calibrate(int argc, char** argv) {
     std::printf("duet calibrate: %zu step shapes x %d repeats on %s in %.1f s\n", shapes.size(),
                 repeats, device.c_str(),
                 std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+
+    // Transfers of up to the longest cached context the sweep covers, in the model's blocks.
+    const std::optional<backend::KvRegion> region = (*forward)->kv_region();
+    for (const auto& [name, options] : transports) {
+      if (!region) return Fail("--transport: the model on " + device + " has no KV region");
+      const std::int64_t max_blocks =
+          (limits.max_context + placement.block_tokens - 1) / placement.block_tokens;
+      auto link = TimeTransport(name, options, region->block_bytes, max_blocks, repeats, *progress);
+      if (!link) return Fail(link.error());
+      PrintLink(*link);
+      profile.links.push_back(std::move(*link));
+    }
   }
 
   std::optional<models::HardwareSpec> gpu;

@@ -27,6 +27,11 @@ constexpr double kMinStepSeconds = 1e-9;                 // a nanosecond: no ste
 constexpr double kMaxStepSeconds = 3600;
 constexpr double kMaxCoefficient = 1e4;  // seconds per unit: above the longest step
 constexpr std::size_t kMaxSourceBytes = 64 * 1024;
+constexpr std::size_t kMaxLinks = 16;
+constexpr std::size_t kMaxTransferSizes = 1000;
+constexpr std::int64_t kMaxTransferBytes = std::int64_t{1} << 40;
+// A link's fit, bounded as cluster files bound their links (sim/cluster_spec.cpp).
+constexpr double kMinBandwidthGBps = 1e-6, kMaxBandwidthGBps = 1e6, kMaxLatencyUs = 1e6;
 
 double Percentile(std::vector<double> v, double q) {
   if (v.empty()) return 0;
@@ -39,15 +44,34 @@ double Percentile(std::vector<double> v, double q) {
 
 // ---- JSON ------------------------------------------------------------------------------------
 
+json FitErrorToJson(const FitError& e) {
+  return {{"shapes", e.shapes},
+          {"mean_pct", e.mean_pct},
+          {"p90_pct", e.p90_pct},
+          {"max_pct", e.max_pct}};
+}
+
+Result<FitError> ParseFitError(const json& e, const std::string& where) {
+  if (!e.is_object()) return Status::Error(where + ": must be an object");
+  FitError out;
+  auto shapes = JsonIntIn(e, "shapes", 0, std::int64_t(kMaxMeasurements), where);
+  if (!shapes) return shapes.status();
+  out.shapes = static_cast<int>(*shapes);
+  double* fields[] = {&out.mean_pct, &out.p90_pct, &out.max_pct};
+  const char* keys[] = {"mean_pct", "p90_pct", "max_pct"};
+  for (std::size_t k = 0; k < 3; ++k) {
+    auto v = JsonNumberIn(e, keys[k], 0, 1e9, where);
+    if (!v) return v.status();
+    *fields[k] = *v;
+  }
+  return out;
+}
+
 json ErrorToJson(const ClassErrors& errors) {
   json out = json::object();
   for (std::size_t c = 0; c < kShapeClasses; ++c) {
-    const FitError& e = errors[c];
-    if (e.shapes == 0) continue;
-    out[ToString(static_cast<ShapeClass>(c))] = {{"shapes", e.shapes},
-                                                 {"mean_pct", e.mean_pct},
-                                                 {"p90_pct", e.p90_pct},
-                                                 {"max_pct", e.max_pct}};
+    if (errors[c].shapes == 0) continue;
+    out[ToString(static_cast<ShapeClass>(c))] = FitErrorToJson(errors[c]);
   }
   return out;
 }
@@ -61,19 +85,9 @@ Status ParseErrors(const json& fit, const std::string& key, const std::string& w
   for (std::size_t c = 0; c < kShapeClasses; ++c) {
     const char* name = ToString(static_cast<ShapeClass>(c));
     if (!JsonHas(obj, name)) continue;
-    const json& e = obj[name];
-    const std::string we = w + "." + name;
-    if (!e.is_object()) return Status::Error(we + ": must be an object");
-    auto shapes = JsonIntIn(e, "shapes", 0, std::int64_t(kMaxMeasurements), we);
-    if (!shapes) return shapes.status();
-    out[c].shapes = static_cast<int>(*shapes);
-    double* fields[] = {&out[c].mean_pct, &out[c].p90_pct, &out[c].max_pct};
-    const char* keys[] = {"mean_pct", "p90_pct", "max_pct"};
-    for (std::size_t k = 0; k < 3; ++k) {
-      auto v = JsonNumberIn(e, keys[k], 0, 1e9, we);
-      if (!v) return v.status();
-      *fields[k] = *v;
-    }
+    auto e = ParseFitError(obj[name], w + "." + name);
+    if (!e) return e.status();
+    out[c] = *e;
   }
   return Status::Ok();
 }
@@ -154,6 +168,91 @@ Result<StepFit> ParseFit(const json& fit, const std::string& where) {
   return out;
 }
 
+// "seconds": one number or an array of repeats, each in [1e-9, 3600].
+Result<std::vector<Seconds>> ParseSeconds(const json& obj, const std::string& where) {
+  const auto it = obj.find("seconds");
+  if (it == obj.end() || it->is_null()) return FieldError(where, "seconds", "is missing");
+  const json one = it->is_array() ? *it : json::array({*it});
+  if (one.empty() || one.size() > kMaxRepeats)
+    return FieldError(where, "seconds",
+                      "must be a number or an array of 1 to " + std::to_string(kMaxRepeats));
+  std::vector<Seconds> out;
+  for (const json& v : one) {
+    if (!v.is_number() || !(v.get<double>() >= kMinStepSeconds) ||
+        v.get<double>() > kMaxStepSeconds)
+      return FieldError(where, "seconds",
+                        "must hold times in [1e-9, " + std::to_string(int(kMaxStepSeconds)) +
+                            "] seconds (got " + DescribeJson(v) + ")");
+    out.push_back(v.get<double>());
+  }
+  return out;
+}
+
+json LinkToJson(const LinkFit& link) {
+  json measurements = json::array();
+  for (const TransferMeasurement& m : link.measurements)
+    measurements.push_back({{"bytes", m.bytes}, {"seconds", m.seconds}, {"held_out", m.held_out}});
+  return {{"transport", link.transport},
+          {"path", link.path},
+          {"latency_us", link.latency * 1e6},
+          {"bandwidth_GBps", link.bandwidth / 1e9},
+          {"training_error", FitErrorToJson(link.training)},
+          {"held_out_error", FitErrorToJson(link.held_out)},
+          {"measurements", measurements}};
+}
+
+// `times`: the step and transfer times read so far, bounded by kMaxTimes.
+Result<LinkFit> ParseLink(const json& obj, const std::string& where, std::size_t& times) {
+  if (!obj.is_object()) return Status::Error(where + ": must be an object");
+  LinkFit link;
+  auto transport = JsonString(obj, "transport", where);
+  if (!transport) return transport.status();
+  if (transport->empty() || transport->size() > 64)
+    return FieldError(where, "transport", "must be a name of 1 to 64 characters");
+  link.transport = *transport;
+  auto path = JsonStringOr(obj, "path", "", where);
+  if (!path) return path.status();
+  if (path->size() > 200) return FieldError(where, "path", "is longer than 200 characters");
+  link.path = *path;
+  auto latency = JsonNumberIn(obj, "latency_us", 0, kMaxLatencyUs, where);
+  if (!latency) return latency.status();
+  auto bandwidth = JsonNumberIn(obj, "bandwidth_GBps", kMinBandwidthGBps, kMaxBandwidthGBps, where);
+  if (!bandwidth) return bandwidth.status();
+  link.latency = *latency * 1e-6;
+  link.bandwidth = *bandwidth * 1e9;
+  for (auto [key, out] :
+       {std::pair{"training_error", &link.training}, std::pair{"held_out_error", &link.held_out}}) {
+    if (!JsonHas(obj, key)) continue;
+    auto e = ParseFitError(obj[key], where + ": " + key);
+    if (!e) return e.status();
+    *out = *e;
+  }
+  if (JsonHas(obj, "measurements")) {
+    const json& ms = obj["measurements"];
+    if (!ms.is_array() || ms.size() > kMaxTransferSizes)
+      return FieldError(where, "measurements",
+                        "must be an array of at most " + std::to_string(kMaxTransferSizes));
+    for (std::size_t i = 0; i < ms.size(); ++i) {
+      const std::string at = where + ": measurements[" + std::to_string(i) + "]";
+      if (!ms[i].is_object()) return Status::Error(at + ": must be an object");
+      TransferMeasurement m;
+      auto bytes = JsonIntIn(ms[i], "bytes", 1, kMaxTransferBytes, at);
+      if (!bytes) return bytes.status();
+      m.bytes = *bytes;
+      auto seconds = ParseSeconds(ms[i], at);
+      if (!seconds) return seconds.status();
+      m.seconds = std::move(*seconds);
+      if ((times += m.seconds.size()) > kMaxTimes)
+        return Status::Error(at + ": more than " + std::to_string(kMaxTimes) + " times");
+      auto held = JsonBoolOr(ms[i], "held_out", false, at);
+      if (!held) return held.status();
+      m.held_out = *held;
+      link.measurements.push_back(std::move(m));
+    }
+  }
+  return link;
+}
+
 }  // namespace
 
 Result<StepMeasurement> ParseStepMeasurement(const json& obj, const std::string& where) {
@@ -163,20 +262,9 @@ Result<StepMeasurement> ParseStepMeasurement(const json& obj, const std::string&
   m.shape = std::move(*shape);
   if (FeaturesOf(m.shape).empty())
     return Status::Error(where + ": a step with no tokens (nothing to time)");
-  const auto it = obj.find("seconds");
-  if (it == obj.end() || it->is_null()) return FieldError(where, "seconds", "is missing");
-  const json one = it->is_array() ? *it : json::array({*it});
-  if (one.empty() || one.size() > kMaxRepeats)
-    return FieldError(where, "seconds",
-                      "must be a number or an array of 1 to " + std::to_string(kMaxRepeats));
-  for (const json& v : one) {
-    if (!v.is_number() || !(v.get<double>() >= kMinStepSeconds) ||
-        v.get<double>() > kMaxStepSeconds)
-      return FieldError(where, "seconds",
-                        "must hold times in [1e-9, " + std::to_string(int(kMaxStepSeconds)) +
-                            "] seconds (got " + DescribeJson(v) + ")");
-    m.seconds.push_back(v.get<double>());
-  }
+  auto seconds = ParseSeconds(obj, where);
+  if (!seconds) return seconds.status();
+  m.seconds = std::move(*seconds);
   auto held = JsonBoolOr(obj, "held_out", false, where);
   if (!held) return held.status();
   m.held_out = *held;
@@ -263,6 +351,8 @@ ShapeClass ClassOf(const StepFeatures& f) {
 
 Seconds StepMeasurement::Median() const { return Percentile(seconds, 0.5); }
 
+Seconds TransferMeasurement::Median() const { return Percentile(seconds, 0.5); }
+
 Seconds AffinePiece::At(const std::array<double, kFitColumns>& columns) const {
   Seconds t = 0;
   for (std::size_t c = 0; c < kFitColumns; ++c) t += seconds_per[c] * columns[c];
@@ -299,6 +389,22 @@ const StepFit* StepProfile::FitFor(int tp) const {
   return nullptr;
 }
 
+const LinkFit* StepProfile::LinkFor(std::string_view transport) const {
+  for (const LinkFit& link : links)
+    if (link.transport == transport) return &link;
+  return nullptr;
+}
+
+FitError SummarizeErrors(const std::vector<double>& pct) {
+  FitError e;
+  e.shapes = static_cast<int>(pct.size());
+  if (pct.empty()) return e;
+  e.mean_pct = std::accumulate(pct.begin(), pct.end(), 0.0) / double(pct.size());
+  e.p90_pct = Percentile(pct, 0.9);
+  e.max_pct = *std::max_element(pct.begin(), pct.end());
+  return e;
+}
+
 ClassErrors ErrorOf(const StepCostModel& model, const std::vector<StepMeasurement>& measurements,
                     int tp, bool held_out) {
   std::array<std::vector<double>, kShapeClasses> pct;
@@ -308,15 +414,7 @@ ClassErrors ErrorOf(const StepCostModel& model, const std::vector<StepMeasuremen
     pct[c].push_back(std::abs(model.StepTime(m.shape) / m.Median() - 1.0) * 100.0);
   }
   ClassErrors errors{};
-  for (std::size_t c = 0; c < kShapeClasses; ++c) {
-    const std::vector<double>& v = pct[c];
-    FitError& e = errors[c];
-    e.shapes = static_cast<int>(v.size());
-    if (v.empty()) continue;
-    e.mean_pct = std::accumulate(v.begin(), v.end(), 0.0) / double(v.size());
-    e.p90_pct = Percentile(v, 0.9);
-    e.max_pct = *std::max_element(v.begin(), v.end());
-  }
+  for (std::size_t c = 0; c < kShapeClasses; ++c) errors[c] = SummarizeErrors(pct[c]);
   return errors;
 }
 
@@ -345,25 +443,53 @@ json StepProfileToJson(const StepProfile& profile) {
     line["held_out"] = m.held_out;
     measurements.push_back(line);
   }
-  return {{"format", "duet-step-profile"},
-          {"version", 1},
-          {"device", profile.device},
-          {"source", profile.source.is_object() ? profile.source : json::object()},
-          {"model", ModelSpecToJson(profile.model)},
-          {"fits", fits},
-          {"measurements", measurements}};
+  json doc = {{"format", "duet-step-profile"},
+              {"version", 1},
+              {"device", profile.device},
+              {"source", profile.source.is_object() ? profile.source : json::object()},
+              {"model", ModelSpecToJson(profile.model)},
+              {"fits", fits},
+              {"measurements", measurements}};
+  if (!profile.links.empty()) {
+    json links = json::array();
+    for (const LinkFit& link : profile.links) links.push_back(LinkToJson(link));
+    doc["links"] = std::move(links);
+  }
+  return doc;
 }
 
 std::string FormatStepProfile(const StepProfile& profile) {
   json doc = StepProfileToJson(profile);
   const json measurements = std::move(doc["measurements"]);
   doc.erase("measurements");
+  json links = json::array();
+  if (doc.contains("links")) {
+    links = std::move(doc["links"]);
+    doc.erase("links");
+  }
+  // A list with one element a line (`indent` before each).
+  auto lines = [](const json& list, const char* indent) {
+    std::string text = "[";
+    for (std::size_t i = 0; i < list.size(); ++i)
+      text += (i ? ",\n" : "\n") + std::string(indent) + list[i].dump();
+    return text + "\n" + std::string(indent).substr(1) + "]";
+  };
   std::string text = doc.dump(1);
   text.pop_back();  // the closing brace
-  text += ",\n \"measurements\": [";
-  for (std::size_t i = 0; i < measurements.size(); ++i)
-    text += (i ? ",\n  " : "\n  ") + measurements[i].dump();
-  text += "\n ]\n}\n";
+  if (!links.empty()) {
+    // Each link's own fields on its first line, then its measurements one a line.
+    text += ",\n \"links\": [";
+    for (std::size_t i = 0; i < links.size(); ++i) {
+      json link = links[i];
+      const json ms = std::move(link["measurements"]);
+      link.erase("measurements");
+      std::string head = link.dump();
+      head.pop_back();
+      text += (i ? ",\n  " : "\n  ") + head + ", \"measurements\": " + lines(ms, "    ") + "}";
+    }
+    text += "\n ]";
+  }
+  text += ",\n \"measurements\": " + lines(measurements, "  ") + "\n}\n";
   return text;
 }
 
@@ -403,12 +529,12 @@ Result<StepProfile> ParseStepProfile(const json& doc, const std::string& where) 
                            std::to_string(fit->tp));
     profile.fits.push_back(std::move(*fit));
   }
+  std::size_t times = 0;
   if (JsonHas(doc, "measurements")) {
     const json& ms = doc["measurements"];
     if (!ms.is_array() || ms.size() > kMaxMeasurements)
       return FieldError(where, "measurements",
                         "must be an array of at most " + std::to_string(kMaxMeasurements));
-    std::size_t times = 0;
     for (std::size_t i = 0; i < ms.size(); ++i) {
       const std::string at = where + ": measurements[" + std::to_string(i) + "]";
       auto m = ParseStepMeasurement(ms[i], at);
@@ -416,6 +542,20 @@ Result<StepProfile> ParseStepProfile(const json& doc, const std::string& where) 
       if ((times += m->seconds.size()) > kMaxTimes)
         return Status::Error(at + ": more than " + std::to_string(kMaxTimes) + " step times");
       profile.measurements.push_back(std::move(*m));
+    }
+  }
+  if (JsonHas(doc, "links")) {
+    const json& links = doc["links"];
+    if (!links.is_array() || links.size() > kMaxLinks)
+      return FieldError(where, "links",
+                        "must be an array of at most " + std::to_string(kMaxLinks) + " links");
+    for (std::size_t i = 0; i < links.size(); ++i) {
+      const std::string at = where + ": links[" + std::to_string(i) + "]";
+      auto link = ParseLink(links[i], at, times);
+      if (!link) return link.status();
+      if (profile.LinkFor(link->transport))
+        return Status::Error(at + ": a second link for transport '" + link->transport + "'");
+      profile.links.push_back(std::move(*link));
     }
   }
   return profile;

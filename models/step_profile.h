@@ -99,14 +99,41 @@ struct StepFit {
   Seconds Predict(const StepFeatures& f) const;  // 0 for an empty step
 };
 
+// One transfer size moved `seconds.size()` times through a KV transport.
+struct TransferMeasurement {
+  Bytes bytes = 0;
+  std::vector<Seconds> seconds;  // every repeat, in order
+  bool held_out = false;         // kept out of the fit to measure its error
+  Seconds Median() const;
+};
+
+// A KV transport between two instances on one machine (`duet calibrate --transport`), fitted
+// as the simulator's links are described: latency plus bytes over bandwidth. A cluster file's
+// node gives it to the path between its devices: "nvlink": {"fitted": "<transport>"}.
+struct LinkFit {
+  std::string transport;  // what cluster files name it by: "loopback", "ucx"
+  std::string path;  // how it moved the bytes: "loopback", "ucx:posix,cma", "ucx:" (UCX's choice)
+  Seconds latency = 0;
+  BytesPerSecond bandwidth = 0;
+  FitError training;  // relative error on the sizes fitted
+  FitError held_out;  // and on those held out of the fit
+  std::vector<TransferMeasurement> measurements;
+  Seconds Time(Bytes bytes) const { return latency + static_cast<double>(bytes) / bandwidth; }
+};
+
 struct StepProfile {
   std::string device;         // what ran the steps: "cpu", "cuda", "h100-sxm (aiconfigurator)"
   nlohmann::json source;      // provenance: tool, version, command, date, host (an object)
   ModelSpec model;            // the model the steps ran
   std::vector<StepFit> fits;  // one per TP degree
   std::vector<StepMeasurement> measurements;
+  std::vector<LinkFit> links;           // one per transport timed; none when none was
   const StepFit* FitFor(int tp) const;  // nullptr when none
+  const LinkFit* LinkFor(std::string_view transport) const;  // nullptr when none
 };
+
+// Relative errors (percent) summarised: their count, mean, p90 and max.
+FitError SummarizeErrors(const std::vector<double>& pct);
 
 // The relative error of `model` on the measurements of `tp`: the held-out ones, or the others.
 ClassErrors ErrorOf(const StepCostModel& model, const std::vector<StepMeasurement>& measurements,

@@ -24,8 +24,14 @@ constexpr std::int64_t kMaxNumSeqs = 1 << 20;
 // A KV lease from a millisecond (tests) to a day.
 constexpr double kMinLeaseSeconds = 1e-3, kMaxLeaseSeconds = 86400;
 
+// A link: {"bandwidth_GBps": B, "latency_us": L}. A node's "nvlink" (`cost_model` given) may
+// instead name a transport that the fitted cost model's profile holds a link fit for
+// ({"fitted": "ucx"}): `duet calibrate --transport` times KV transfers between two instances on
+// one machine, so the fit describes the path between two of a node's devices, which crosses two
+// NVLink hops; each hop gets the fitted bandwidth and half the fitted latency.
 Result<LinkSpec> ParseLink(const json& parent, const std::string& key, const std::string& where,
-                           bool required, LinkSpec fallback) {
+                           bool required, LinkSpec fallback,
+                           const CostModelSpec* cost_model = nullptr) {
   auto it = parent.find(key);
   if (it == parent.end() || it->is_null()) {
     if (required) return FieldError(where, key, "is missing");
@@ -33,6 +39,34 @@ Result<LinkSpec> ParseLink(const json& parent, const std::string& key, const std
   }
   const std::string here = where + "." + key;
   if (!it->is_object()) return Status::Error(here + ": must be an object");
+  if (JsonHas(*it, "fitted")) {
+    if (!cost_model)
+      return FieldError(here, "fitted",
+                        "only a node's nvlink may be fitted (duet calibrate times the path "
+                        "between two devices of one machine)");
+    if (JsonHas(*it, "bandwidth_GBps") || JsonHas(*it, "latency_us"))
+      return FieldError(here, "fitted",
+                        "excludes bandwidth_GBps and latency_us (the fit gives them)");
+    auto name = JsonString(*it, "fitted", here);
+    if (!name) return name.status();
+    const models::StepProfile* profile = cost_model->profile.get();
+    if (!profile)
+      return FieldError(here, "fitted",
+                        "needs cost_model kind 'fitted': its profile holds the links");
+    const models::LinkFit* link = profile->LinkFor(*name);
+    if (!link) {
+      std::string have;
+      for (const models::LinkFit& l : profile->links)
+        have += (have.empty() ? "" : ", ") + l.transport;
+      return FieldError(here, "fitted",
+                        "profile " + cost_model->profile_path + " has no link for transport '" +
+                            *name + "' (" +
+                            (have.empty() ? "it has none: duet calibrate --transport times them"
+                                          : "it has " + have) +
+                            ")");
+    }
+    return LinkSpec{link->bandwidth, link->latency / 2};
+  }
   auto bw = JsonNumberIn(*it, "bandwidth_GBps", kMinBandwidthGBps, kMaxBandwidthGBps, here);
   if (!bw) return bw.status();
   auto lat = JsonNumberIn(*it, "latency_us", 0, kMaxLatencyUs, here, 0.0);
@@ -298,6 +332,9 @@ Result<ClusterSpec> ParseClusterSpec(const json& doc, const std::string& path,
   if (!model) return Status::Error(path + ": field 'model': " + model.error());
   c.model = *model;
 
+  // Before the nodes: their nvlink may name a link the profile fitted.
+  DUET_RETURN_IF_ERROR(ParseCostModel(doc, path, data_dir, c.cost_model));
+
   // Nodes: a list of groups, each {"count": n, "gpus": g, "gpu": name, links...}.
   auto nodes_it = doc.find("nodes");
   if (nodes_it == doc.end() || nodes_it->is_null()) return FieldError(path, "nodes", "is missing");
@@ -321,7 +358,7 @@ Result<ClusterSpec> ParseClusterSpec(const json& doc, const std::string& path,
     NodeSpec node;
     node.gpus = static_cast<int>(*gpus);
     node.gpu = *hw;
-    auto nvlink = ParseLink(group, "nvlink", where, false, {hw->nvlink_bw, 1e-6});
+    auto nvlink = ParseLink(group, "nvlink", where, false, {hw->nvlink_bw, 1e-6}, &c.cost_model);
     auto pcie = ParseLink(group, "pcie", where, false, {hw->pcie_bw, 1e-6});
     auto nic = ParseLink(group, "nic", where, true, {});
     if (!nvlink) return nvlink.status();
@@ -351,7 +388,6 @@ Result<ClusterSpec> ParseClusterSpec(const json& doc, const std::string& path,
   c.frontend_link = *fe;
 
   DUET_RETURN_IF_ERROR(ParseEngine(doc, path, c.engine));
-  DUET_RETURN_IF_ERROR(ParseCostModel(doc, path, data_dir, c.cost_model));
   c.cost_model.roofline.kv_cache_dtype = c.engine.memory.kv_cache_dtype;
   DUET_RETURN_IF_ERROR(ParseTiers(doc, path, c.tiers));
   // A tier must hold at least one engine block (every TP shard's share of it).

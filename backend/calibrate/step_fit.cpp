@@ -379,4 +379,60 @@ Result<StepFit> FitSteps(std::vector<StepMeasurement>& measurements, int tp,
   return fit;
 }
 
+Result<models::LinkFit> FitLink(std::vector<models::TransferMeasurement> measurements,
+                                const FitOptions& options) {
+  DUET_CHECK(options.held_out_every >= 2);
+  const int n = static_cast<int>(measurements.size());
+  const int needed = std::max(5, options.held_out_every + 1);
+  if (n < needed)
+    return Status::Error("a link fit needs at least " + std::to_string(needed) +
+                         " transfer sizes (got " + std::to_string(n) + ")");
+  const auto [smallest, largest] =
+      std::minmax_element(measurements.begin(), measurements.end(),
+                          [](const auto& x, const auto& y) { return x.bytes < y.bytes; });
+  // Rows of the weighted least squares: the model's time over the measured one should be 1,
+  // so each row is (1/t, x/t) against 1, with x the bytes scaled to the largest (conditioning).
+  const auto scale = static_cast<double>(largest->bytes);
+  double uu = 0, uv = 0, vv = 0, u1 = 0, v1 = 0;
+  for (int i = 0; i < n; ++i) {
+    models::TransferMeasurement& m = measurements[static_cast<std::size_t>(i)];
+    m.held_out = HeldOut(i, n, options.held_out_every);
+    if (m.held_out) continue;
+    const double u = 1 / m.Median(), v = static_cast<double>(m.bytes) / scale / m.Median();
+    uu += u * u;
+    uv += u * v;
+    vv += v * v;
+    u1 += u;
+    v1 += v;
+  }
+  const double det = uu * vv - uv * uv;
+  double a = det > 0 ? (u1 * vv - v1 * uv) / det : 0;  // latency, seconds
+  double b = det > 0 ? (uu * v1 - uv * u1) / det : 0;  // seconds per `scale` bytes
+  if (a < 0) {  // the best line crosses below the origin: no latency, bandwidth alone
+    a = 0;
+    b = v1 / vv;
+  }
+  // b is the bytes' share of the largest transfer's time: none (to rounding) is no bandwidth.
+  if (!(b > 1e-6 * largest->Median()) || !std::isfinite(a))
+    return Status::Error("transfer times do not grow with size over " +
+                         std::to_string(smallest->bytes) + " to " + std::to_string(largest->bytes) +
+                         " bytes: no bandwidth to fit (time larger transfers)");
+  models::LinkFit link;
+  link.latency = a;
+  link.bandwidth = scale / b;
+  // The bounds a profile's links are read with (models/step_profile.cpp).
+  if (link.bandwidth > 1e15 || link.bandwidth < 1e3 || link.latency > 1)
+    return Status::Error(
+        "the transfer times fit no link of at most 1 s latency and 1e-6 to 1e6 GB/s");
+  std::vector<double> held_pct, training_pct;
+  for (const models::TransferMeasurement& m : measurements) {
+    const double pct = std::abs(link.Time(m.bytes) / m.Median() - 1) * 100;
+    (m.held_out ? held_pct : training_pct).push_back(pct);
+  }
+  link.held_out = models::SummarizeErrors(held_pct);
+  link.training = models::SummarizeErrors(training_pct);
+  link.measurements = std::move(measurements);
+  return link;
+}
+
 }  // namespace duet::backend

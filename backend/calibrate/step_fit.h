@@ -28,4 +28,13 @@ struct FitOptions {
 Result<models::StepFit> FitSteps(std::vector<models::StepMeasurement>& measurements, int tp,
                                  const FitOptions& options = {});
 
+// A KV transport's transfer times (the median of each size) fitted as latency plus bytes over
+// bandwidth, the relative error minimised by least squares (small transfers count as much as
+// large ones), latency at least 0. The sizes are held out as FitSteps holds out a class's shapes
+// (by position, so pass them sorted by size: the smallest and the largest are never held out).
+// Returns the fit with its measurements, held-out ones marked, and its error on both; the
+// caller names the transport. Errors: fewer than 5 sizes, or times that do not grow with size.
+Result<models::LinkFit> FitLink(std::vector<models::TransferMeasurement> measurements,
+                                const FitOptions& options = {});
+
 }  // namespace duet::backend

@@ -78,6 +78,16 @@ std::vector<StepShape> CalibrationShapes(const SweepLimits& l) {
   return unique;
 }
 
+std::vector<std::int64_t> TransferBlockCounts(std::int64_t max_blocks) {
+  std::vector<std::int64_t> counts;
+  for (std::int64_t p = 1; p < max_blocks; p *= 2) {
+    counts.push_back(p);
+    if (p >= 2 && p + p / 2 < max_blocks) counts.push_back(p + p / 2);
+  }
+  counts.push_back(max_blocks);
+  return counts;
+}
+
 std::int64_t BlocksFor(const StepShape& s, std::int32_t block_tokens) {
   auto blocks = [&](Tokens n) { return (n + block_tokens - 1) / block_tokens; };
   std::int64_t total = 0;

@@ -25,6 +25,10 @@ struct SweepLimits {
 // once, every sequence within the model's positions.
 std::vector<models::StepShape> CalibrationShapes(const SweepLimits& limits);
 
+// The KV transfers `duet calibrate --transport` times, in blocks: 1, 2, 3, 4, 6, 8, 12, ...
+// (powers of two and halfway between) up to max_blocks, which is always among them. Ascending.
+std::vector<std::int64_t> TransferBlockCounts(std::int64_t max_blocks);
+
 // KV blocks a shape needs: each sequence its own, ceil((context + tokens) / block) of them.
 std::int64_t BlocksFor(const models::StepShape& shape, std::int32_t block_tokens);
 

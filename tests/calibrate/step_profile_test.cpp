@@ -303,6 +303,16 @@ TEST(StepProfileTest, FitNeedsEnoughMeasurementsAndAHeldOutShapePerClass) {
   EXPECT_NE(fit.error().find("tp 2: 0 prefill measurements"), std::string::npos) << fit.error();
 }
 
+// KV transfers of the sweep's sizes (blocks of 192 KiB) taking `time(bytes)` each, twice.
+std::vector<TransferMeasurement> Transfers(const std::function<double(double)>& time) {
+  std::vector<TransferMeasurement> ms;
+  for (std::int64_t blocks : backend::TransferBlockCounts(128)) {
+    const Bytes bytes = blocks * 196608;
+    ms.push_back({bytes, {time(double(bytes)), time(double(bytes))}, false});
+  }
+  return ms;
+}
+
 StepProfile SampleProfile() {
   const StepFit truth = KernelChangeAt12();
   StepProfile p;
@@ -315,6 +325,11 @@ StepProfile SampleProfile() {
   EXPECT_TRUE(fit.ok());
   EXPECT_EQ(fit->split_rows[kDecode], 12);  // the round trip carries a split
   p.fits = {*fit};
+  Result<LinkFit> link = backend::FitLink(Transfers([](double b) { return 2e-5 + b / 12e9; }));
+  EXPECT_TRUE(link.ok());
+  link->transport = "loopback";
+  link->path = "loopback";
+  p.links = {*link};
   return p;
 }
 
@@ -325,10 +340,15 @@ TEST(StepProfileTest, ProfilesSurviveTheRoundTrip) {
   EXPECT_EQ(json::parse(file), doc);
   // One line per measurement.
   std::size_t lines = 0;
-  for (std::size_t at = file.find("\n  {\""); at != std::string::npos;
-       at = file.find("\n  {\"", at + 1))
+  for (std::size_t at = file.find("\n  {\"decode_context_tokens\""); at != std::string::npos;
+       at = file.find("\n  {\"decode_context_tokens\"", at + 1))
     ++lines;
   EXPECT_EQ(lines, p.measurements.size());
+  std::size_t transfer_lines = 0;
+  for (std::size_t at = file.find("\n    {\"bytes\""); at != std::string::npos;
+       at = file.find("\n    {\"bytes\"", at + 1))
+    ++transfer_lines;
+  EXPECT_EQ(transfer_lines, p.links[0].measurements.size());
   Result<StepProfile> back = ParseStepProfile(json::parse(file), "p.json");
   ASSERT_TRUE(back.ok()) << back.error();
   EXPECT_EQ(StepProfileToJson(*back), doc);
@@ -336,6 +356,9 @@ TEST(StepProfileTest, ProfilesSurviveTheRoundTrip) {
   EXPECT_EQ(back->FitFor(2), nullptr);
   EXPECT_EQ(back->measurements.size(), p.measurements.size());
   EXPECT_DOUBLE_EQ(back->measurements[3].Median(), 1.05 * p.measurements[3].seconds[0]);
+  ASSERT_NE(back->LinkFor("loopback"), nullptr);
+  EXPECT_EQ(back->LinkFor("ucx"), nullptr);
+  EXPECT_NEAR(back->LinkFor("loopback")->Time(1 << 20), 2e-5 + (1 << 20) / 12e9, 1e-12);
   EXPECT_FALSE(ArchitectureMismatch(back->model, Model("tiny-test")));
   EXPECT_EQ(ArchitectureMismatch(back->model, Model("llama-3.2-1b")).value_or(""),
             "num_hidden_layers: 2 vs 16");
@@ -413,6 +436,21 @@ TEST(StepProfileTest, MalformedProfilesAreErrorsNamingTheField) {
          j["measurements"][2]["decode_tokens"] = 0;
        },
        "measurements[2]: a step with no tokens"},
+      {[](json& j) { j["links"] = json::object(); }, "field 'links' must be an array"},
+      {[](json& j) { j["links"][0]["transport"] = ""; }, "links[0]: field 'transport'"},
+      {[](json& j) { j["links"].push_back(j["links"][0]); },
+       "links[1]: a second link for transport 'loopback'"},
+      {[](json& j) { j["links"][0]["bandwidth_GBps"] = 0; }, "links[0]: field 'bandwidth_GBps'"},
+      {[](json& j) { j["links"][0]["bandwidth_GBps"] = 1e300; },
+       "links[0]: field 'bandwidth_GBps'"},
+      {[](json& j) { j["links"][0]["latency_us"] = -1; }, "links[0]: field 'latency_us'"},
+      {[](json& j) { j["links"][0].erase("latency_us"); }, "links[0]: field 'latency_us'"},
+      {[](json& j) { j["links"][0]["measurements"][1]["bytes"] = 0; },
+       "links[0]: measurements[1]: field 'bytes'"},
+      {[](json& j) { j["links"][0]["measurements"][1]["seconds"] = json::array(); },
+       "links[0]: measurements[1]: field 'seconds'"},
+      {[](json& j) { j["links"][0]["held_out_error"]["max_pct"] = "x"; },
+       "links[0]: held_out_error: field 'max_pct'"},
   };
   for (const Case& c : cases) {
     json doc = good;
@@ -442,6 +480,58 @@ TEST(StepProfileTest, MeasurementLinesNameTheirLine) {
             "m.jsonl:2: not valid JSON: {oops");
   EXPECT_NE(error("\n\n{\"decode_tokens\": 1}\n").find("m.jsonl:3: field 'seconds' is missing"),
             std::string::npos);
+}
+
+TEST(LinkFitTest, LatencyAndBandwidthAreRecoveredExactly) {
+  Result<LinkFit> link = backend::FitLink(Transfers([](double b) { return 2e-5 + b / 12e9; }));
+  ASSERT_TRUE(link.ok()) << link.error();
+  EXPECT_NEAR(link->latency, 2e-5, 1e-12);
+  EXPECT_NEAR(link->bandwidth / 12e9, 1, 1e-9);
+  EXPECT_LT(link->held_out.max_pct, 1e-6);
+  // One in four sizes held out, never the smallest or the largest (no extrapolation).
+  ASSERT_EQ(link->measurements.size(), 14u);
+  EXPECT_EQ(link->held_out.shapes, 3);
+  EXPECT_EQ(link->training.shapes, 11);
+  EXPECT_FALSE(link->measurements.front().held_out);
+  EXPECT_FALSE(link->measurements.back().held_out);
+  EXPECT_TRUE(link->measurements[3].held_out);
+}
+
+TEST(LinkFitTest, RelativeErrorIsWhatTheFitMinimises) {
+  // The smallest transfers take twice the line's time: a fit of absolute error would follow
+  // the large transfers and miss the small ones by half; in relative terms no size may be off
+  // by more than the doubling splits between them.
+  auto time = [](double b) { return (b < 1e6 ? 2 : 1) * (1e-6 + b / 10e9); };
+  Result<LinkFit> link = backend::FitLink(Transfers(time));
+  ASSERT_TRUE(link.ok()) << link.error();
+  for (const TransferMeasurement& m : link->measurements) {
+    EXPECT_LT(std::abs(link->Time(m.bytes) / m.Median() - 1), 0.5) << m.bytes;
+  }
+  // A line that crosses below the origin: no latency, the bandwidth alone.
+  link = backend::FitLink(Transfers([](double b) { return b / 10e9 - 2e-6; }));
+  ASSERT_TRUE(link.ok()) << link.error();
+  EXPECT_EQ(link->latency, 0);
+  EXPECT_LT(link->training.max_pct, 11);
+}
+
+TEST(LinkFitTest, TooFewSizesOrFlatTimesAreErrors) {
+  std::vector<TransferMeasurement> ms = Transfers([](double b) { return b / 1e10; });
+  ms.resize(4);
+  Result<LinkFit> link = backend::FitLink(ms);
+  ASSERT_FALSE(link.ok());
+  EXPECT_NE(link.error().find("at least 5 transfer sizes (got 4)"), std::string::npos)
+      << link.error();
+  link = backend::FitLink(Transfers([](double) { return 1e-3; }));
+  ASSERT_FALSE(link.ok());
+  EXPECT_NE(link.error().find("do not grow with size"), std::string::npos) << link.error();
+}
+
+TEST(CalibrationSweepTest, TransferSizesArePowersOfTwoAndHalfwayUpToTheLargest) {
+  EXPECT_EQ(backend::TransferBlockCounts(128),
+            (std::vector<std::int64_t>{1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128}));
+  EXPECT_EQ(backend::TransferBlockCounts(6), (std::vector<std::int64_t>{1, 2, 3, 4, 6}));
+  EXPECT_EQ(backend::TransferBlockCounts(5), (std::vector<std::int64_t>{1, 2, 3, 4, 5}));
+  EXPECT_EQ(backend::TransferBlockCounts(1), (std::vector<std::int64_t>{1}));
 }
 
 // What the fit holds out of duet calibrate's sweep spans it: decode shapes at every batch size

@@ -3,10 +3,14 @@
 // and bad flags, files and profiles giving one clear error and a non-zero exit.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <filesystem>
+#include <functional>
 
 #include "models/step_profile.h"
 #include "tests/sim/e2e_util.h"
+#include "tests/sim/model_util.h"
 
 namespace duet::e2e {
 namespace {
@@ -73,6 +77,103 @@ TEST_F(CalibrateTest, MeasuresTheCpuBackendAndTheSimulatorRunsFromTheProfile) {
   const json a = ReadJson(fitted + "/summary.json"), b = ReadJson(roofline + "/summary.json");
   EXPECT_EQ(a["requests"]["completed"], 2);
   EXPECT_NE(a["ttft_ms"]["mean"], b["ttft_ms"]["mean"]);
+}
+
+// `--transport loopback` times KV transfers between two instances and fits a link; a cluster
+// whose node names it ("nvlink": {"fitted": "loopback"}) moves a PD request's KV in the time
+// the fitted latency and bandwidth give; naming it where it cannot apply is an error.
+TEST_F(CalibrateTest, TimesKvTransfersAndTheSimulatorMovesKvOverTheFittedLink) {
+  const std::string profile_path = tmp_.File("profile.json");
+  RunResult r = RunDuet({"calibrate", "--model", model_, "--out", profile_path, "--repeats", "2",
+                         "--transport", "loopback"});
+  ASSERT_EQ(r.exit_code, 0) << r;
+  EXPECT_TRUE(
+      ContainsAll(r.out, {"transport loopback (loopback): latency", "held out of the fit"}));
+  Result<models::StepProfile> profile = models::LoadStepProfile(profile_path);
+  ASSERT_TRUE(profile.ok()) << profile.error();
+  ASSERT_EQ(profile->links.size(), 1u);
+  const models::LinkFit& link = profile->links[0];
+  EXPECT_EQ(link.transport, "loopback");
+  EXPECT_EQ(link.path, "loopback");
+  // Whole blocks, 1 to the blocks of the longest context, smallest first, each timed twice;
+  // the errors reported are the fit's on these very measurements.
+  ASSERT_GE(link.measurements.size(), 5u);
+  const Bytes block = link.measurements[0].bytes;
+  std::vector<double> held, training;
+  for (std::size_t i = 0; i < link.measurements.size(); ++i) {
+    const models::TransferMeasurement& m = link.measurements[i];
+    EXPECT_EQ(m.bytes % block, 0) << i;
+    if (i > 0) {
+      EXPECT_GT(m.bytes, link.measurements[i - 1].bytes) << i;
+    }
+    EXPECT_EQ(m.seconds.size(), 2u) << i;
+    (m.held_out ? held : training).push_back(std::abs(link.Time(m.bytes) / m.Median() - 1) * 100);
+  }
+  ASSERT_FALSE(held.empty());
+  EXPECT_EQ(link.held_out.shapes, static_cast<int>(held.size()));
+  EXPECT_NEAR(link.held_out.max_pct, *std::max_element(held.begin(), held.end()), 1e-6);
+  EXPECT_NEAR(link.training.max_pct, *std::max_element(training.begin(), training.end()), 1e-6);
+
+  // A slow link in its place, so that the KV transfer's time stands out; one node, the two
+  // instances on its two devices, whose path the fit describes.
+  json doc = ReadJson(profile_path);
+  doc["links"][0]["latency_us"] = 3000;
+  doc["links"][0]["bandwidth_GBps"] = 0.02;
+  const std::string slow = tmp_.Write("slow.json", doc.dump());
+  json cluster = ReadJson(SourceDir() + "/tests/data/1p1d-tiny.json");
+  cluster["model"] = model_;
+  cluster["cost_model"] = {{"kind", "fitted"}, {"profile", slow}};
+  cluster["nodes"][0]["count"] = 1;
+  cluster["nodes"][0]["gpus"] = 2;
+  cluster["nodes"][0]["nvlink"] = {{"fitted", "loopback"}};
+  cluster["instances"][1]["node"] = 0;
+  const Tokens input = 200;
+  const std::string trace = tmp_.Write(
+      "one.jsonl",
+      json{{"timestamp", 0}, {"input_length", input}, {"output_length", 4}, {"hash_ids", {1}}}
+          .dump());
+  const std::string out = tmp_.File("out");
+  Simulate(out, {"--cluster", tmp_.Write("fitted-link.json", cluster.dump()), "--trace", trace});
+  // The prefill instance's KvReady message, then the KV, each over the two NVLink hops of half
+  // the fitted latency each.
+  Result<models::ModelSpec> model = models::LoadModelSpec(model_);
+  ASSERT_TRUE(model.ok()) << model.error();
+  const double kv_bytes = static_cast<double>(input * model->KvBytesPerToken());
+  const Link hop{0.02e9, 1.5e-3};
+  const double kv_s =
+      MessageSeconds(kControlMessageBytes, {hop, hop}) + MessageSeconds(kv_bytes, {hop, hop});
+  ASSERT_GT(kv_bytes / 0.02e9, 0.005) << "the bytes' share must stand out too";
+  const Csv csv = Csv::Read(out + "/requests.csv");
+  ASSERT_EQ(csv.size(), 1u);
+  EXPECT_NEAR(csv.Number(0, "kv_transfer_ms"), kv_s * 1e3, kCsvTolMs);
+
+  // Errors name the node's link and what is wrong.
+  struct Case {
+    std::function<void(json&)> change;
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {[](json& c) {
+         c["cost_model"] = {{"kind", "roofline"}};
+       },
+       "nodes[0].nvlink: field 'fitted' needs cost_model kind 'fitted'"},
+      {[](json& c) { c["nodes"][0]["nvlink"]["fitted"] = "ucx"; },
+       "has no link for transport 'ucx' (it has loopback)"},
+      {[](json& c) { c["nodes"][0]["nvlink"]["latency_us"] = 1; },
+       "nodes[0].nvlink: field 'fitted' excludes bandwidth_GBps and latency_us"},
+      {[](json& c) {
+         c["nodes"][0]["nic"] = {{"fitted", "loopback"}};
+       },
+       "nodes[0].nic: field 'fitted' only a node's nvlink may be fitted"},
+  };
+  for (const Case& c : cases) {
+    json bad = cluster;
+    c.change(bad);
+    r = RunDuet({"simulate", "--cluster", tmp_.Write("bad.json", bad.dump()), "--trace", trace,
+                 "--out", tmp_.File("bad-out")});
+    EXPECT_EQ(r.exit_code, 1) << r;
+    EXPECT_NE(r.err.find(c.message), std::string::npos) << c.message << "\n" << r;
+  }
 }
 
 TEST_F(CalibrateTest, FitsMeasurementsFromElsewhereAndKeepsTheirSource) {
@@ -145,6 +246,17 @@ TEST_F(CalibrateTest, BadFlagsAndFilesAreClearErrors) {
        "bad.jsonl:2: field 'decode_tokens'"},
       {{"--measurements", few, "--model", "tiny-test"}, 1, "tp 1: 0 prefill measurements to fit"},
       {{"--measurements", few, "--model", "no-such-model"}, 1, "--model:"},
+      {{"--model", model_, "--transport", "pigeon"},
+       2,
+       "--transport: unknown KV transport 'pigeon'"},
+      {{"--model", model_, "--transport", "loopback,loopback"}, 2, "loopback named twice"},
+      {{"--model", model_, "--transport", "loopback", "--device", "cuda"},
+       2,
+       "--transport: only KV in host memory"},
+      {{"--model", model_, "--ucx-tls", "tcp"}, 2, "--ucx-tls goes with --transport ucx"},
+      {{"--measurements", few, "--model", "tiny-test", "--transport", "loopback"},
+       2,
+       "not with --measurements"},
   };
   for (const Case& c : cases) {
     std::vector<std::string> args = {"calibrate", "--out", out};
