@@ -2,7 +2,8 @@
 // cluster. For each load (a rate scale of the trace) it starts `duet serve --cluster`, replays
 // the trace against it with `duet replay`, stops it, simulates the same trace on the same
 // cluster file with `duet simulate`, and compares the two summary.json files metric by metric
-// (TTFT, TPOT, ITL and E2E at mean, p50, p90 and p99; output throughput; prefix hit rate).
+// (TTFT, TPOT, ITL and E2E at mean, p50, p90 and p99; output throughput; prefix hit rate; PD's
+// KV transfer time).
 // Every run is a child process (SimGrid allows one simulation per process) whose files and log
 // stay in the output directory. The server's step log says where the error comes from: the
 // live steps' forward passes against the cost model's price for their shapes, and the time
@@ -215,7 +216,7 @@ int Validate(int argc, char** argv) {
      "the loads: rate scales of the trace, e.g. light, near saturation and overload")
     ("tolerance", po::value<std::string>()->default_value(""),
      "the largest error allowed, in percent: p50=5,p99=10 (by statistic), ttft_ms.p50=5 (one "
-     "metric), throughput=2, hit_rate=5; exit 1 when one is exceeded")
+     "metric), throughput=2, hit_rate=5, kv_transfer=20 (PD); exit 1 when one is exceeded")
     ("serve-args", po::value<std::string>()->default_value(""),
      "more arguments for duet serve, space-separated (e.g. --threads 2 --workers thread)")
     ("out", po::value<std::string>()->default_value("validation"), "output directory");

@@ -27,6 +27,11 @@ std::vector<Metric> Metrics() {
                  json::json_pointer("/throughput/output_tokens_per_s"), "throughput"});
   out.push_back(
       {"prefix_cache.hit_rate", json::json_pointer("/prefix_cache/hit_rate"), "hit_rate"});
+  // PD: the end of a prefill to its KV usable on the decode instance (0 in both worlds when
+  // colocated, so not compared there).
+  for (const char* s : {"mean", "p50", "p99"})
+    out.push_back({std::string("kv_transfer_ms.") + s,
+                   json::json_pointer(std::string("/kv_transfer/time_ms/") + s), "kv_transfer"});
   return out;
 }
 
@@ -45,7 +50,7 @@ Result<std::map<std::string, double>> ParseTolerances(const std::string& text) {
     if (eq == std::string::npos || !known.count(key))
       return Status::Error("--tolerance: '" + Excerpt(item, 40) +
                            "' is not METRIC=PERCENT (METRIC: mean, p50, p90, p99, throughput, "
-                           "hit_rate, or one metric such as ttft_ms.p50)");
+                           "hit_rate, kv_transfer, or one metric such as ttft_ms.p50)");
     char* end = nullptr;
     const std::string value = item.substr(eq + 1);
     const double pct = std::strtod(value.c_str(), &end);

@@ -556,6 +556,9 @@ void Session::OnEvent(const SseEvent& event, Clock::time_point now) {
   if (chunk->cached_tokens) usage_.cached_tokens = chunk->cached_tokens;
   if (chunk->duet_queue_ms) usage_.duet_queue_ms = chunk->duet_queue_ms;
   if (chunk->duet_instance) usage_.duet_instance = chunk->duet_instance;
+  if (chunk->duet_prefill_done_ms) usage_.duet_prefill_done_ms = chunk->duet_prefill_done_ms;
+  if (chunk->duet_kv_transfer_ms) usage_.duet_kv_transfer_ms = chunk->duet_kv_transfer_ms;
+  if (chunk->duet_kv_transfer_bytes) usage_.duet_kv_transfer_bytes = chunk->duet_kv_transfer_bytes;
 }
 
 void Session::OnEnd(Clock::time_point now) {
@@ -604,6 +607,15 @@ void Session::Complete() {
   r.cached_tokens = usage_.cached_tokens.value_or(0);
   if (usage_.duet_queue_ms) r.first_scheduled_s = r.arrival_s + *usage_.duet_queue_ms / 1000.0;
   if (usage_.duet_instance) r.prefill_instance = r.decode_instance = *usage_.duet_instance;
+  // The server's times from its arrival, on this run's clock from the scheduled send, as
+  // queue_ms is (the request's way to the server counts into neither).
+  if (usage_.duet_prefill_done_ms) {
+    r.prefill_done_s = r.arrival_s + *usage_.duet_prefill_done_ms / 1000.0;
+    if (usage_.duet_kv_transfer_ms) {
+      r.kv_ready_s = r.prefill_done_s + *usage_.duet_kv_transfer_ms / 1000.0;
+      r.kv_transfer_bytes = usage_.duet_kv_transfer_bytes.value_or(0);
+    }
+  }
   Finish(std::move(r), "");
 }
 

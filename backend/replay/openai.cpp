@@ -215,11 +215,17 @@ Result<CompletionChunk> ParseCompletionChunk(std::string_view data) {
   }
   if (const auto d = j.find("duet"); d != j.end() && !d->is_null()) {
     if (!d->is_object()) return Status::Error("duet must be an object, got " + d->dump());
-    if (const auto q = d->find("queue_ms"); q != d->end() && !q->is_null()) {
+    for (auto [key, out] : {std::pair{"queue_ms", &c.duet_queue_ms},
+                            std::pair{"prefill_done_ms", &c.duet_prefill_done_ms},
+                            std::pair{"kv_transfer_ms", &c.duet_kv_transfer_ms}}) {
+      const auto q = d->find(key);
+      if (q == d->end() || q->is_null()) continue;
       if (!q->is_number() || !std::isfinite(q->get<double>()) || q->get<double>() < 0)
-        return Status::Error("duet.queue_ms must be a number >= 0, got " + q->dump());
-      c.duet_queue_ms = q->get<double>();
+        return Status::Error(std::string("duet.") + key + " must be a number >= 0, got " +
+                             q->dump());
+      *out = q->get<double>();
     }
+    DUET_RETURN_IF_ERROR(ReadCount(*d, "kv_transfer_bytes", "duet.", c.duet_kv_transfer_bytes));
     if (const auto i = d->find("instance"); i != d->end() && !i->is_null()) {
       // Bounded so that instance names stay a small table.
       if (!i->is_number_integer() || i->get<std::int64_t>() < 0 || i->get<std::int64_t>() > 65535)

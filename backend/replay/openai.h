@@ -44,9 +44,13 @@ struct CompletionChunk {
   std::optional<Tokens> prompt_tokens, completion_tokens;
   std::optional<Tokens> cached_tokens;  // usage.prompt_tokens_details.cached_tokens
   // Duet's extension, a top-level "duet" object in the final chunk: arrival at the server to
-  // the first prefill step, and the instance that served the request.
+  // the first prefill step, the instance that served the request, arrival to the end of its
+  // prefill, and (PD) the end of its prefill to its KV usable on the decode instance.
   std::optional<double> duet_queue_ms;
   std::optional<int> duet_instance;
+  std::optional<double> duet_prefill_done_ms;
+  std::optional<double> duet_kv_transfer_ms;
+  std::optional<Tokens> duet_kv_transfer_bytes;
 };
 // Errors say what is malformed (not JSON, a field of the wrong type) for the request's reason.
 Result<CompletionChunk> ParseCompletionChunk(std::string_view data);

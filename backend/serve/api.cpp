@@ -304,6 +304,11 @@ void GenerationCall::Finish(const FinishInfo& info) {
   DuetExtension duet;
   duet.queue_ms = info.queue_s >= 0 ? info.queue_s * 1000.0 : -1;
   duet.instance = info.instance;
+  duet.prefill_done_ms = info.prefill_done_s >= 0 ? info.prefill_done_s * 1000.0 : -1;
+  if (info.kv_transfer_s >= 0) {
+    duet.kv_transfer_ms = info.kv_transfer_s * 1000.0;
+    duet.kv_transfer_bytes = info.kv_transfer_bytes;
+  }
   if (!stream_) {
     deliver_(
         {formatter_.FullReply(whole_text_ + tail, reason, usage, duet, ids_), true, 200, false});

@@ -144,8 +144,13 @@ json UsageJson(const Usage& usage) {
 }
 
 json DuetJson(const DuetExtension& duet) {
-  return json{{"queue_ms", duet.queue_ms >= 0 ? json(duet.queue_ms) : json()},
-              {"instance", duet.instance >= 0 ? json(duet.instance) : json()}};
+  auto known = [](double v) { return v >= 0 ? json(v) : json(); };
+  return json{
+      {"queue_ms", known(duet.queue_ms)},
+      {"instance", duet.instance >= 0 ? json(duet.instance) : json()},
+      {"prefill_done_ms", known(duet.prefill_done_ms)},
+      {"kv_transfer_ms", known(duet.kv_transfer_ms)},
+      {"kv_transfer_bytes", duet.kv_transfer_bytes >= 0 ? json(duet.kv_transfer_bytes) : json()}};
 }
 
 std::string SseData(std::string_view payload) {

@@ -23,10 +23,14 @@ struct Usage {
   std::int64_t cached_tokens = 0;  // prompt tokens served from the prefix cache
 };
 
-// Duet's extension: where the request was served and how long it queued.
+// Duet's extension: where the request was served, how long it queued, when its prefill ended
+// and (PD) how long its KV took to reach the decode instance. < 0: unknown (null).
 struct DuetExtension {
-  double queue_ms = -1;  // arrival to first scheduled; < 0: unknown (null)
-  int instance = -1;     // < 0: unknown (null)
+  double queue_ms = -1;         // arrival to first scheduled
+  int instance = -1;            // the instance that finished it
+  double prefill_done_ms = -1;  // arrival to the end of its prefill step
+  double kv_transfer_ms = -1;   // PD: end of its prefill to its KV usable on the decode instance
+  std::int64_t kv_transfer_bytes = -1;  // PD: the KV bytes that moved
 };
 
 class ReplyFormatter {

@@ -50,6 +50,11 @@ void LiveFrontend::Impl::InstanceSink::OnFinished(const Request& r) {
   info.cached_tokens = r.cached_tokens;
   info.instance = id_;
   if (r.first_scheduled_s >= 0) info.queue_s = r.first_scheduled_s - r.arrival_s;
+  if (r.prefill_done_s >= 0) info.prefill_done_s = r.prefill_done_s - r.arrival_s;
+  if (r.prefill_done_s >= 0 && r.kv_ready_s >= r.prefill_done_s) {
+    info.kv_transfer_s = r.kv_ready_s - r.prefill_done_s;
+    info.kv_transfer_bytes = r.kv_transfer_bytes;
+  }
   RequestListener* listener = Listener(r.id);
   {
     // Its slot is free before anyone hears of the end, so a client that saw it may send the

@@ -34,7 +34,10 @@ struct FinishInfo {
   Tokens completion_tokens = 0;  // tokens generated (a stop token included)
   Tokens cached_tokens = 0;      // prompt tokens served from the prefix cache
   policies::InstanceId instance = policies::kNoInstance;  // the instance that finished it
-  Seconds queue_s = -1;  // arrival to its first admission to a batch (-1: never admitted)
+  Seconds queue_s = -1;         // arrival to its first admission to a batch (-1: never admitted)
+  Seconds prefill_done_s = -1;  // arrival to the end of its prefill step (-1: none)
+  Seconds kv_transfer_s = -1;   // PD: end of its prefill to its KV usable on the decode instance
+  Bytes kv_transfer_bytes = 0;  // PD: the KV bytes moved
 };
 
 // Receives one request's output. Called on the engine thread of the instance serving it, in

@@ -186,6 +186,38 @@ TEST_F(ValidateTest, ComparesALiveRunWithTheSimulationAtEachLoad) {
     EXPECT_TRUE(fs::exists(tmp_.File(file))) << file;
 }
 
+// PD: a prefill and a decode instance on one node's two devices, KV between them over the link
+// `duet calibrate --transport loopback` fitted. The live KV transfers (from the replies' duet
+// field) and the simulated ones move the same bytes, and their times are compared.
+TEST_F(ValidateTest, ComparesKvTransfersOnAPdCluster) {
+  const RunResult calibrated =
+      RunDuet({"calibrate", "--model", tmp_.File("model"), "--out", tmp_.File("profile.json"),
+               "--repeats", "2", "--transport", "loopback"});
+  ASSERT_EQ(calibrated.exit_code, 0) << calibrated;
+  json cluster = ReadJson(tmp_.File("cluster.json"));
+  cluster["nodes"][0]["gpus"] = 2;
+  cluster["nodes"][0]["nvlink"] = {{"fitted", "loopback"}};
+  cluster["instances"] = {{{"role", "prefill"}, {"node", 0}}, {{"role", "decode"}, {"node", 0}}};
+  tmp_.Write("cluster.json", cluster.dump());
+  const RunResult r = Validate({"--rate-scales", "1", "--tolerance", "kv_transfer=1e6"},
+                               "--workers thread --kv-transport loopback --threads 1");
+  ASSERT_EQ(r.exit_code, 0) << r;
+  EXPECT_TRUE(ContainsAll(r.out, {"kv_transfer_ms.mean", "kv_transfer_ms.p99"}));
+  const json live = ReadJson(tmp_.File("out/rate-1/live/summary.json"));
+  const json sim = ReadJson(tmp_.File("out/rate-1/sim/summary.json"));
+  EXPECT_EQ(live["kv_transfer"]["transfers"], 12) << live["kv_transfer"];  // every request decodes
+  EXPECT_EQ(live["kv_transfer"]["transfers"], sim["kv_transfer"]["transfers"]);
+  EXPECT_EQ(live["kv_transfer"]["bytes"], sim["kv_transfer"]["bytes"]);
+  const json report = ReadJson(tmp_.File("out/validation.json"));
+  for (const char* stat : {"mean", "p50", "p99"}) {
+    const json& m = report["loads"][0]["metrics"][std::string("kv_transfer_ms.") + stat];
+    EXPECT_EQ(m["live"], live["kv_transfer"]["time_ms"][stat]) << m;
+    EXPECT_GT(m["live"].get<double>(), 0) << m;
+    EXPECT_GT(m["simulated"].get<double>(), 0) << m;
+    EXPECT_TRUE(m["within"].get<bool>()) << m;  // --tolerance kv_transfer applies to all three
+  }
+}
+
 TEST_F(ValidateTest, AnErrorBeyondItsToleranceFailsTheRun) {
   // The tiny model's steps take microseconds and its live latency is the server's own: no
   // simulator comes within 0.01% of it.

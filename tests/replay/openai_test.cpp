@@ -112,7 +112,7 @@ TEST(Chunk, TokenChunkFinishAndUsage) {
   EXPECT_EQ(c->finish_reason, "length");
 
   c = ParseCompletionChunk(
-      R"({"choices":[],"usage":{"prompt_tokens":1024,"total_tokens":1034,"completion_tokens":10,"prompt_tokens_details":{"cached_tokens":512}},"duet":{"queue_ms":3.25,"instance":2}})");
+      R"({"choices":[],"usage":{"prompt_tokens":1024,"total_tokens":1034,"completion_tokens":10,"prompt_tokens_details":{"cached_tokens":512}},"duet":{"queue_ms":3.25,"instance":2,"prefill_done_ms":40.5,"kv_transfer_ms":1.25,"kv_transfer_bytes":73728}})");
   ASSERT_TRUE(c.ok()) << c.error();
   EXPECT_FALSE(c->carries_tokens);
   EXPECT_EQ(c->prompt_tokens, 1024);
@@ -120,6 +120,9 @@ TEST(Chunk, TokenChunkFinishAndUsage) {
   EXPECT_EQ(c->cached_tokens, 512);
   EXPECT_EQ(c->duet_queue_ms, 3.25);
   EXPECT_EQ(c->duet_instance, 2);
+  EXPECT_EQ(c->duet_prefill_done_ms, 40.5);
+  EXPECT_EQ(c->duet_kv_transfer_ms, 1.25);
+  EXPECT_EQ(c->duet_kv_transfer_bytes, 73728);
 
   // vLLM without --enable-prompt-tokens-details: the details are null, cached tokens unknown.
   c = ParseCompletionChunk(
@@ -175,6 +178,9 @@ TEST(Chunk, MalformedChunksSayWhat) {
       {R"({"usage":{"prompt_tokens_details":{"cached_tokens":1.5}}})",
        "usage.prompt_tokens_details.cached_tokens"},
       {R"({"duet":{"queue_ms":-1}})", "duet.queue_ms"},
+      {R"({"duet":{"prefill_done_ms":"soon"}})", "duet.prefill_done_ms must be a number >= 0"},
+      {R"({"duet":{"kv_transfer_ms":-0.5}})", "duet.kv_transfer_ms must be a number >= 0"},
+      {R"({"duet":{"kv_transfer_bytes":-5}})", "duet.kv_transfer_bytes must be a non-negative"},
       {R"({"duet":{"instance":70000}})", "duet.instance"},
       {R"({"duet":7})", "duet must be an object"},
   };

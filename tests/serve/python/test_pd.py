@@ -2,7 +2,11 @@
 process each: prefill instances hand each prompt's KV to a decode instance, which pulls it
 through a real transport (loopback between threads; UCX over tcp and over shared memory).
 Greedy replies, plain and streamed, equal the colocated server's token for token; /metrics counts one KV transfer per request that decodes, and no lease, failure or block
-is left behind. A cluster file that cannot be served is an error naming it."""
+is left behind; a reply's `duet` field says how long its KV took and how many bytes moved. A
+cluster file that cannot be served is an error naming it."""
+
+import json
+from pathlib import Path
 
 import pytest
 
@@ -60,10 +64,22 @@ def test_pd_replies_equal_the_colocated_server(tiny_model, start_server, colocat
         assert "a worker process each" in s.ready_line, s.ready_line
     assert replies(s, stream=False) == colocated
     assert replies(s, stream=True) == colocated
+    # The reply's own account of its KV: every prompt token's keys and values, in the model's
+    # dtype, moved after its prefill and before its first decode.
+    config = json.loads((Path(tiny_model) / "config.json").read_text())
+    dtype_bytes = {"float32": 4, "bfloat16": 2, "float16": 2}[config["torch_dtype"]]
+    per_token = (config["num_hidden_layers"] * 2 * config["num_key_value_heads"] *
+                 config["head_dim"] * dtype_bytes)
+    r = s.client().completions.create(model=s.model, prompt=PROMPTS[1], max_tokens=4,
+                                      temperature=0)
+    duet = r.model_extra["duet"]
+    assert duet["kv_transfer_bytes"] == r.usage.prompt_tokens * per_token, duet
+    assert 0 <= duet["kv_transfer_ms"] < 10_000, duet
+    assert duet["prefill_done_ms"] >= duet["queue_ms"] >= 0, duet
     s.assert_idle()
     m = s.metrics()
     decoding = sum(1 for n in MAX_TOKENS if n > 1)
-    assert m["duet:kv_transfer_seconds_count"] == 2 * decoding
+    assert m["duet:kv_transfer_seconds_count"] == 2 * decoding + 1
     assert m["duet:kv_leases_held"] == 0
     assert m["duet:kv_leases_expired_total"] == 0
     assert m["duet:kv_load_failures_total"] == 0
