@@ -5,7 +5,8 @@
 # 64..1024 random token ids, 16..128 output tokens) on
 #   colocated: one colocated instance (engine threads, all cores), or
 #   1p1d: a prefill and a decode worker process, one thread each, KV over UCX (its own choice
-#         of transport on this machine), the profile calibrated on one thread.
+#         of transport on this machine), the profile calibrated on one thread with the UCX
+#         transfers fitted as the link between the node's two devices.
 # Prints calibrate's fit and validate's table; the run's files stay in WORK.
 # Usage: bench/validate_cpu.sh [RATE_SCALES] [WORK] [colocated|1p1d]
 #        (default 0.25,1,2, a fresh temp dir, colocated)
@@ -15,10 +16,11 @@ SCALES="${1:-0.25,1,2}"
 work="${2:-$(mktemp -d)}"
 layout="${3:-colocated}"
 case "$layout" in
-  colocated) threads=0; serve_args="--workers thread"
-             instances='[{"role": "colocated"}]'; nodes=1 ;;
-  1p1d) threads=1; serve_args="--threads 1"
-        instances='[{"role": "prefill", "node": 0}, {"role": "decode", "node": 1}]'; nodes=2 ;;
+  colocated) threads=0; serve_args="--workers thread"; calibrate_args=()
+             instances='[{"role": "colocated"}]'; devices=1; nvlink='' ;;
+  1p1d) threads=1; serve_args="--threads 1"; calibrate_args=(--transport ucx)
+        instances='[{"role": "prefill", "node": 0}, {"role": "decode", "node": 0}]'; devices=2
+        nvlink='"nvlink": {"fitted": "ucx"},' ;;
   *) echo "layout must be colocated or 1p1d" >&2; exit 2 ;;
 esac
 DUET="$PWD/build/bin/duet"
@@ -27,7 +29,8 @@ mkdir -p "$work"
 cd "$work"
 
 [ -d bench ] || "$DUET" make-test-model --preset bench --out bench >/dev/null
-"$DUET" calibrate --model bench --out profile.json --progress never --threads "$threads"
+"$DUET" calibrate --model bench --out profile.json --progress never --threads "$threads" \
+  "${calibrate_args[@]}"
 
 # The host as the simulator's "GPU": only its memory matters under a fitted profile (it sizes
 # the KV cache the same way in both worlds: validate gives duet serve the simulator's blocks).
@@ -36,12 +39,12 @@ cat > host.json <<'EOF'
  "bf16_tflops": 0.1, "hbm_gib": 2, "hbm_bandwidth_gbps": 20, "nvlink_bandwidth_gbps": 10,
  "pcie_bandwidth_gbps": 10}
 EOF
-# PD: a request's KV (36 KiB a token) crosses a 10 GB/s link in the simulation, a few ms for
-# the longest prompt against its prefill's second; KV transfer is not fitted yet (calibration.md).
+# PD: both instances on one node, the KV between its two devices over the link calibrate
+# fitted to UCX's transfers (calibration.md); the NIC carries only the frontend's messages.
 cat > cluster.json <<EOF
 {"name": "cpu-bench-$layout",
  "model": "./bench",
- "nodes": [{"count": $nodes, "gpus": 1, "gpu": "host.json",
+ "nodes": [{"count": 1, "gpus": $devices, "gpu": "host.json", $nvlink
             "nic": {"bandwidth_GBps": 10, "latency_us": 50}}],
  "network": {"switch": {"bandwidth_GBps": 10, "latency_us": 1},
              "frontend": {"bandwidth_GBps": 10, "latency_us": 20}},
