@@ -116,12 +116,16 @@ void PrintFit(const models::StepFit& fit) {
 // Before the timed passes the whole ring moves once, untimed: over shared memory a puller's
 // first read of each page of the peer's region page-faults (UCX maps the peer's segment into
 // the puller), which a server pays once per page of its peer's KV pool.
+std::int64_t TransferRingBlocks(std::int64_t block_bytes, std::int64_t max_blocks) {
+  constexpr std::int64_t kRingBytes = std::int64_t{256} << 20;
+  return std::max(2 * max_blocks, (kRingBytes + block_bytes - 1) / block_bytes);
+}
+
 Result<models::LinkFit> TimeTransport(const std::string& name,
                                       const backend::KvTransportOptions& options,
                                       std::int64_t block_bytes, std::int64_t max_blocks,
                                       int repeats, bool progress) {
-  constexpr std::int64_t kRingBytes = std::int64_t{256} << 20;
-  const std::int64_t ring = std::max(2 * max_blocks, (kRingBytes + block_bytes - 1) / block_bytes);
+  const std::int64_t ring = TransferRingBlocks(block_bytes, max_blocks);
   const std::int64_t bytes = block_bytes * ring;
   const backend::KvAllocator allocate = backend::KvTransportAllocator(options);
   std::unique_ptr<backend::KvMemory> src;
@@ -404,6 +408,14 @@ int Calibrate(int argc, char** argv) {
       if (!region) return Fail("--transport: the model on " + device + " has no KV region");
       const std::int64_t max_blocks =
           (limits.max_context + placement.block_tokens - 1) / placement.block_tokens;
+      // Two rings (a side each) beside the sweep's KV cache, which stays allocated.
+      const std::int64_t ring = TransferRingBlocks(region->block_bytes, max_blocks);
+      if (Status s = CheckKvCacheFits(profile.model, placement.num_blocks + 2 * ring,
+                                      placement.block_tokens);
+          !s.ok())
+        return Fail("--transport with --max-context " + std::to_string(limits.max_context) + ": " +
+                        s.message(),
+                    kExitUsage);
       auto link = TimeTransport(name, options, region->block_bytes, max_blocks, repeats, *progress);
       if (!link) return Fail(link.error());
       PrintLink(*link);
