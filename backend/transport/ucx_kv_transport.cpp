@@ -2,10 +2,14 @@
 // local KV region mapped once, one endpoint and unpacked remote key per connected peer.
 #include "backend/transport/ucx_kv_transport.h"
 
+#include <sys/mman.h>
 #include <ucp/api/ucp.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cstring>
+#include <memory>
+#include <thread>
 
 namespace duet::backend {
 
@@ -94,6 +98,29 @@ Result<std::unique_ptr<UcxKvMemory>> UcxKvMemory::Allocate(std::int64_t bytes,
 
 void* UcxKvMemory::data() { return mapping_->base; }
 
+namespace {
+
+// Over shared memory UCX maps a peer's KV region into this process (ucp_rkey_ptr gives its
+// address here), and a pull is a memcpy from it; the first read of each page then page-faults,
+// which made the first pull of each part of a prefill worker's pool several times slower than
+// the rest (docs/validation.md). Maps every page of it at once, on a thread of its own: the
+// kernel fills the page tables (MADV_POPULATE_READ, Linux 5.14), or, where it cannot, one read
+// a page does. Pulls meanwhile read what is mapped and fault on the rest, as before.
+std::shared_ptr<std::thread> MapPeerPages(void* local, std::int64_t bytes) {
+  return std::make_shared<std::thread>([local, bytes] {
+    const auto page = static_cast<std::uintptr_t>(sysconf(_SC_PAGESIZE));
+    const auto from = reinterpret_cast<std::uintptr_t>(local) & ~(page - 1);
+    const auto to = reinterpret_cast<std::uintptr_t>(local) + static_cast<std::uintptr_t>(bytes);
+#ifdef MADV_POPULATE_READ
+    if (madvise(reinterpret_cast<void*>(from), to - from, MADV_POPULATE_READ) == 0) return;
+#endif
+    for (std::uintptr_t a = from; a < to; a += page)
+      (void)*reinterpret_cast<volatile const unsigned char*>(a);
+  });
+}
+
+}  // namespace
+
 struct UcxKvTransport::Impl {
   policies::InstanceId self = policies::kNoInstance;
   std::string path;
@@ -107,6 +134,7 @@ struct UcxKvTransport::Impl {
     ucp_rkey_h rkey = nullptr;
     std::uint64_t base = 0;
     KvRegion region;
+    std::shared_ptr<std::thread> map_pages;  // MapPeerPages, joined before the rkey goes
   };
   std::map<policies::InstanceId, Peer> peers;
   // Transfers in flight, in slots reused once they finish, so that a pull allocates nothing
@@ -149,6 +177,7 @@ struct UcxKvTransport::Impl {
   }
 
   void Close(Peer& p) {
+    if (p.map_pages && p.map_pages->joinable()) p.map_pages->join();
     if (p.rkey) ucp_rkey_destroy(p.rkey);
     if (!p.ep) return;
     ucp_request_param_t param{};
@@ -275,6 +304,9 @@ Status UcxKvTransport::Connect(policies::InstanceId peer, std::string_view descr
     impl_->Close(p);
     return UcsError("remote key", s);
   }
+  void* local = nullptr;
+  if (ucp_rkey_ptr(p.rkey, p.base, &local) == UCS_OK)
+    p.map_pages = MapPeerPages(local, p.region.block_bytes * p.region.num_blocks);
   impl_->peers[peer] = p;
   return Status::Ok();
 }
