@@ -112,7 +112,8 @@ struct TransferMeasurement {
 // node gives it to the path between its devices: "nvlink": {"fitted": "<transport>"}.
 struct LinkFit {
   std::string transport;  // what cluster files name it by: "loopback", "ucx"
-  std::string path;  // how it moved the bytes: "loopback", "ucx:posix,cma", "ucx:" (UCX's choice)
+  // How it moved the bytes: "loopback", "ucx:posix,cma", "ucx:auto" (UCX's own choice).
+  std::string path;
   Seconds latency = 0;
   BytesPerSecond bandwidth = 0;
   FitError training;  // relative error on the sizes fitted
