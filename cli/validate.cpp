@@ -30,6 +30,7 @@
 #include "cli/commands.h"
 #include "cli/validate_flags.h"
 #include "common/json_util.h"
+#include "models/step_profile.h"
 #include "sim/cluster_spec.h"
 
 namespace duet::cli {
@@ -184,6 +185,43 @@ Result<json> AttributeSteps(const std::string& step_log, const sim::ClusterSpec&
   for (std::size_t q = 0; q < 4; ++q)
     out["priced_error_pct_by_quarter"].push_back(pct(quarter_priced[q], quarter_forward[q]));
   return out;
+}
+
+// The cluster file again, its fitted profile's pieces of each shape class scaled by what that
+// class's live steps took over their price (`steps`: AttributeSteps'; a class without live steps
+// is left as it is), written to DIR/profile-as-live.json and DIR/cluster-as-live.json: a
+// simulation from it prices steps as they ran live, so the error left in it is not the step
+// costs'. Returns the cluster file's path and the scale of each class (1 where unscaled).
+Result<std::pair<std::string, json>> WriteClusterAsLive(const sim::ClusterSpec& cluster,
+                                                        const json& steps, const std::string& dir) {
+  models::StepProfile profile = *cluster.cost_model.profile;
+  json scales = json::object();
+  for (std::size_t c = 0; c < models::kShapeClasses; ++c) {
+    const char* name = models::ToString(static_cast<models::ShapeClass>(c));
+    const json& cls = steps["classes"][name];
+    double k = 1;
+    if (cls["forward_s"].get<double>() > 0 && cls["priced_s"].get<double>() > 0)
+      k = cls["forward_s"].get<double>() / cls["priced_s"].get<double>();
+    scales[name] = k;
+    for (models::StepFit& fit : profile.fits) {
+      for (auto* pieces : {&fit.pieces[c], &fit.pieces_above[c]})
+        for (models::AffinePiece& piece : *pieces)
+          for (double& v : piece.seconds_per) v *= k;
+    }
+  }
+  const std::string profile_path = fs::absolute(fs::path(dir) / "profile-as-live.json").string();
+  const std::string cluster_path = (fs::path(dir) / "cluster-as-live.json").string();
+  auto doc = ReadJsonFile(cluster.path);
+  if (!doc) return doc.status();
+  sim::AbsolutizeClusterRefs(*doc, fs::absolute(cluster.path).parent_path().string());
+  (*doc)["cost_model"]["profile"] = profile_path;
+  for (const auto& [path, text] : {std::pair{profile_path, models::FormatStepProfile(profile)},
+                                   std::pair{cluster_path, doc->dump(1) + "\n"}}) {
+    std::ofstream out(path);
+    out << text;
+    if (!out) return Status::Error("--out: cannot write " + path);
+  }
+  return std::make_pair(cluster_path, scales);
 }
 
 // "+1.2%", or "n/a" for a null.
@@ -362,6 +400,32 @@ int Validate(int argc, char** argv) {
     auto steps = AttributeSteps(dir + "/steps.jsonl", *cluster, *simulated_summary);
     if (!steps) return Fail(steps.error());
     load["steps"] = *steps;
+    // The same simulation with the steps priced as they ran live: how much of each error the
+    // step costs account for.
+    if (cluster->cost_model.profile) {
+      auto as_live = WriteClusterAsLive(*cluster, *steps, dir);
+      if (!as_live) return Fail(as_live.error());
+      std::vector<std::string> again = {"simulate",           "--cluster",  as_live->first, "--out",
+                                        dir + "/sim-as-live", "--progress", "never"};
+      again.insert(again.end(), trace_args.begin(), trace_args.end());
+      again.insert(again.end(), scale.begin(), scale.end());
+      auto run = children.Spawn(again, dir + "/simulate-as-live.log");
+      if (!run) return Fail(run.error());
+      if (const int status = children.Wait(*run, 1e6).value_or(-1); status != 0)
+        return Fail("duet simulate (steps priced as they ran live) failed (status " +
+                    std::to_string(status) + "):\n" + Tail(dir + "/simulate-as-live.log"));
+      auto summary = ReadJsonFile(dir + "/sim-as-live/summary.json");
+      if (!summary) return Fail(summary.error());
+      load["as_live"] = {{"scales", as_live->second}};
+      for (const Metric& m : metrics) {
+        json& entry = load["metrics"][m.name];
+        const json& b = summary->contains(m.pointer) ? (*summary)[m.pointer] : json();
+        entry["simulated_as_live"] = b;
+        entry["error_as_live_pct"] = nullptr;
+        if (b.is_number() && entry["live"].is_number() && entry["live"].get<double>() != 0)
+          entry["error_as_live_pct"] = 100.0 * (b.get<double>() / entry["live"].get<double>() - 1);
+      }
+    }
     // The machine the live run shared: the replay client runs beside the server, and what
     // either takes from the engine's cores lengthens its forward passes, which calibration
     // timed on an idle machine.
@@ -428,6 +492,19 @@ int Validate(int argc, char** argv) {
         s["outside_forward_ms_per_step"].is_number()
             ? s["outside_forward_ms_per_step"].get<double>()
             : 0.0);
+    if (load.contains("as_live")) {
+      const json& k = load["as_live"]["scales"];
+      std::string errors;
+      for (const char* name :
+           {"ttft_ms.p50", "tpot_ms.p50", "e2e_ms.p50", "ttft_ms.p99", "tpot_ms.p99", "e2e_ms.p99"})
+        errors += std::string(errors.empty() ? "" : ", ") + name + " " +
+                  Percent(load["metrics"][name]["error_as_live_pct"]);
+      std::printf(
+          "as live at x%s: with the steps priced as they ran live (prefill x%.3f, decode x%.3f, "
+          "mixed x%.3f) the simulation's errors are %s\n",
+          Scale(load["rate_scale"].get<double>()).c_str(), k["prefill"].get<double>(),
+          k["decode"].get<double>(), k["mixed"].get<double>(), errors.c_str());
+    }
     const json& cpu = load["cpu"];
     std::printf(
         "cpu at x%s: over the %.1f s replay the client used %.1f CPU-s (%.2f of %d cores); the "

@@ -73,6 +73,38 @@ std::int64_t PromptTokens(const std::string& requests_csv) {
   return total;
 }
 
+// The simulation again with each shape class's pieces scaled by its live steps' time over their
+// price: the scales, the profile written with them, and the errors of that simulation.
+void ExpectSimulatedAsLive(const json& load, const std::string& dir, const models::StepFit& fit) {
+  ASSERT_TRUE(load.contains("as_live")) << load;
+  auto scaled = models::LoadStepProfile(dir + "/profile-as-live.json");
+  ASSERT_TRUE(scaled.ok()) << scaled.error();
+  const models::StepFit& as_live = scaled->fits.at(0);
+  for (std::size_t c = 0; c < models::kShapeClasses; ++c) {
+    const char* name = models::ToString(static_cast<models::ShapeClass>(c));
+    const json& cls = load["steps"]["classes"][name];
+    const double k = cls["steps"].get<std::int64_t>() > 0
+                         ? cls["forward_s"].get<double>() / cls["priced_s"].get<double>()
+                         : 1.0;
+    EXPECT_NEAR(load["as_live"]["scales"][name].get<double>(), k, 1e-12) << name;
+    ASSERT_EQ(as_live.pieces[c].size(), fit.pieces[c].size()) << name;
+    for (std::size_t p = 0; p < fit.pieces[c].size(); ++p)
+      for (std::size_t col = 0; col < models::kFitColumns; ++col)
+        EXPECT_NEAR(as_live.pieces[c][p].seconds_per[col], k * fit.pieces[c][p].seconds_per[col],
+                    1e-12 + 1e-9 * k * fit.pieces[c][p].seconds_per[col])
+            << name << " piece " << p << " column " << col;
+  }
+  const json live = ReadJson(dir + "/live/summary.json");
+  const json sim = ReadJson(dir + "/sim-as-live/summary.json");
+  EXPECT_EQ(sim["requests"]["completed"], live["requests"]["completed"]);
+  for (const char* name : {"ttft_ms.p50", "e2e_ms.p99", "tpot_ms.mean"}) {
+    const json& m = load["metrics"][name];
+    EXPECT_DOUBLE_EQ(m["error_as_live_pct"].get<double>(),
+                     100 * (m["simulated_as_live"].get<double>() / m["live"].get<double>() - 1))
+        << m;
+  }
+}
+
 // The live steps' forward passes beside the profile's price for their shapes: recomputed here
 // from the server's step log and the profile.
 void ExpectStepsAttributed(const json& load, const std::string& dir, const models::StepFit& fit) {
@@ -159,7 +191,8 @@ TEST_F(ValidateTest, ComparesALiveRunWithTheSimulationAtEachLoad) {
   EXPECT_TRUE(ContainsAll(
       r.out, {"ttft_ms.p50", "tpot_ms.p99", "throughput.output_tokens_per_s", "rate x0.5",
               "rate x2", "steps at x0.5", "steps at x2", "outside its forward pass",
-              "decode by batch rows 1 ", "cpu at x0.5", "cpu at x2", "wrote"}));
+              "decode by batch rows 1 ", "cpu at x0.5", "cpu at x2", "as live at x0.5",
+              "with the steps priced as they ran live", "wrote"}));
   const json report = ReadJson(tmp_.File("out/validation.json"));
   ASSERT_EQ(report["loads"].size(), 2u);
   for (const json& load : report["loads"]) {
@@ -179,6 +212,8 @@ TEST_F(ValidateTest, ComparesALiveRunWithTheSimulationAtEachLoad) {
   ASSERT_TRUE(profile.ok()) << profile.error();
   ExpectStepsAttributed(report["loads"][0], tmp_.File("out/rate-0.5"), profile->fits.at(0));
   ExpectStepsAttributed(report["loads"][1], tmp_.File("out/rate-2"), profile->fits.at(0));
+  ExpectSimulatedAsLive(report["loads"][0], tmp_.File("out/rate-0.5"), profile->fits.at(0));
+  ExpectSimulatedAsLive(report["loads"][1], tmp_.File("out/rate-2"), profile->fits.at(0));
   // The live and simulated runs' own files stay, with the server's logs.
   for (const char* file :
        {"out/rate-0.5/live/summary.json", "out/rate-0.5/sim/summary.json", "out/rate-2/serve.log",
