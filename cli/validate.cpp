@@ -85,6 +85,10 @@ Result<json> AttributeSteps(const std::string& step_log, const sim::ClusterSpec&
     std::vector<double> errors;  // per step, priced / forward - 1
   };
   std::array<Class, models::kShapeClasses> classes;
+  // Of each class, the steps a fitted profile prices with the pieces above its split (the
+  // class's split rows or more: StepFit::PiecesFor).
+  std::array<Class, models::kShapeClasses> above_split;
+  const models::StepProfile* profile = cluster.cost_model.profile.get();
   std::map<int, Class> decode_bands;  // by floor(log2(rows))
   std::vector<std::unique_ptr<models::StepCostModel>> cost_models;
   for (const sim::InstanceSpec& instance : cluster.instances)
@@ -115,6 +119,13 @@ Result<json> AttributeSteps(const std::string& step_log, const sim::ClusterSpec&
           c.errors.push_back(priced / line.step.seconds - 1);
         };
         add(classes[static_cast<std::size_t>(shape_class)]);
+        const auto& instance = cluster.instances[static_cast<std::size_t>(line.instance)];
+        if (const models::StepFit* fit = profile ? profile->FitFor(instance.tp) : nullptr) {
+          const Tokens split = fit->split_rows[static_cast<std::size_t>(shape_class)];
+          if (split > 0 &&
+              models::FeaturesOf(line.step.shape).tokens() >= static_cast<double>(split))
+            add(above_split[static_cast<std::size_t>(shape_class)]);
+        }
         if (shape_class == models::ShapeClass::kDecode)
           add(decode_bands
                   [std::bit_width(static_cast<std::uint64_t>(line.step.shape.decode_tokens)) - 1]);
@@ -140,12 +151,18 @@ Result<json> AttributeSteps(const std::string& step_log, const sim::ClusterSpec&
       std::nth_element(c.errors.begin(), mid, c.errors.end());
       median = 100 * *mid;
     }
-    out["classes"][models::ToString(static_cast<models::ShapeClass>(k))] = {
-        {"steps", c.steps},
-        {"forward_s", c.forward_s},
-        {"priced_s", c.priced_s},
-        {"error_pct", pct(c.priced_s, c.forward_s)},
-        {"median_step_error_pct", median}};
+    json& entry = out["classes"][models::ToString(static_cast<models::ShapeClass>(k))];
+    entry = {{"steps", c.steps},
+             {"forward_s", c.forward_s},
+             {"priced_s", c.priced_s},
+             {"error_pct", pct(c.priced_s, c.forward_s)},
+             {"median_step_error_pct", median}};
+    const Class& a = above_split[k];
+    if (a.steps > 0)
+      entry["above_split"] = {{"steps", a.steps},
+                              {"forward_s", a.forward_s},
+                              {"priced_s", a.priced_s},
+                              {"error_pct", pct(a.priced_s, a.forward_s)}};
   }
   out["decode_by_rows"] = json::array();
   for (const auto& [band, c] : decode_bands) {
@@ -187,26 +204,40 @@ Result<json> AttributeSteps(const std::string& step_log, const sim::ClusterSpec&
   return out;
 }
 
-// The cluster file again, its fitted profile's pieces of each shape class scaled by what that
-// class's live steps took over their price (`steps`: AttributeSteps'; a class without live steps
-// is left as it is), written to DIR/profile-as-live.json and DIR/cluster-as-live.json: a
-// simulation from it prices steps as they ran live, so the error left in it is not the step
-// costs'. Returns the cluster file's path and the scale of each class (1 where unscaled).
+// The cluster file again, its fitted profile's pieces of each shape class scaled by what the
+// live steps they priced took over their price (`steps`: AttributeSteps'; below and above a
+// class's split apart; pieces that priced no live step are left as they are), written to
+// DIR/profile-as-live.json and DIR/cluster-as-live.json: a simulation from it prices steps as
+// they ran live, so the error left in it is not the step costs'. Returns the cluster file's path
+// and the scales: per class, and "<class> above split" where a class is split.
 Result<std::pair<std::string, json>> WriteClusterAsLive(const sim::ClusterSpec& cluster,
                                                         const json& steps, const std::string& dir) {
   models::StepProfile profile = *cluster.cost_model.profile;
   json scales = json::object();
+  auto ratio = [](double forward_s, double priced_s) {
+    return forward_s > 0 && priced_s > 0 ? forward_s / priced_s : 1.0;
+  };
   for (std::size_t c = 0; c < models::kShapeClasses; ++c) {
-    const char* name = models::ToString(static_cast<models::ShapeClass>(c));
+    const std::string name = models::ToString(static_cast<models::ShapeClass>(c));
     const json& cls = steps["classes"][name];
-    double k = 1;
-    if (cls["forward_s"].get<double>() > 0 && cls["priced_s"].get<double>() > 0)
-      k = cls["forward_s"].get<double>() / cls["priced_s"].get<double>();
+    std::int64_t below_steps = cls["steps"].get<std::int64_t>();
+    double forward_s = cls["forward_s"].get<double>(), priced_s = cls["priced_s"].get<double>();
+    double k_above = 1;
+    if (cls.contains("above_split")) {
+      const json& a = cls["above_split"];
+      k_above = ratio(a["forward_s"].get<double>(), a["priced_s"].get<double>());
+      below_steps -= a["steps"].get<std::int64_t>();
+      forward_s -= a["forward_s"].get<double>();
+      priced_s -= a["priced_s"].get<double>();
+      scales[name + " above split"] = k_above;
+    }
+    const double k = below_steps > 0 ? ratio(forward_s, priced_s) : 1.0;
     scales[name] = k;
     for (models::StepFit& fit : profile.fits) {
-      for (auto* pieces : {&fit.pieces[c], &fit.pieces_above[c]})
-        for (models::AffinePiece& piece : *pieces)
-          for (double& v : piece.seconds_per) v *= k;
+      for (models::AffinePiece& piece : fit.pieces[c])
+        for (double& v : piece.seconds_per) v *= k;
+      for (models::AffinePiece& piece : fit.pieces_above[c])
+        for (double& v : piece.seconds_per) v *= k_above;
     }
   }
   const std::string profile_path = fs::absolute(fs::path(dir) / "profile-as-live.json").string();
@@ -493,17 +524,21 @@ int Validate(int argc, char** argv) {
             ? s["outside_forward_ms_per_step"].get<double>()
             : 0.0);
     if (load.contains("as_live")) {
-      const json& k = load["as_live"]["scales"];
+      std::string scales;
+      for (const auto& [name, k] : load["as_live"]["scales"].items()) {
+        char scale[64];
+        std::snprintf(scale, sizeof scale, "%s x%.3f", name.c_str(), k.get<double>());
+        scales += (scales.empty() ? "" : ", ") + std::string(scale);
+      }
       std::string errors;
       for (const char* name :
            {"ttft_ms.p50", "tpot_ms.p50", "e2e_ms.p50", "ttft_ms.p99", "tpot_ms.p99", "e2e_ms.p99"})
         errors += std::string(errors.empty() ? "" : ", ") + name + " " +
                   Percent(load["metrics"][name]["error_as_live_pct"]);
       std::printf(
-          "as live at x%s: with the steps priced as they ran live (prefill x%.3f, decode x%.3f, "
-          "mixed x%.3f) the simulation's errors are %s\n",
-          Scale(load["rate_scale"].get<double>()).c_str(), k["prefill"].get<double>(),
-          k["decode"].get<double>(), k["mixed"].get<double>(), errors.c_str());
+          "as live at x%s: with the steps priced as they ran live (%s) the simulation's errors "
+          "are %s\n",
+          Scale(load["rate_scale"].get<double>()).c_str(), scales.c_str(), errors.c_str());
     }
     const json& cpu = load["cpu"];
     std::printf(

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <tuple>
 
 #include "models/step_profile.h"
 
@@ -73,27 +74,50 @@ std::int64_t PromptTokens(const std::string& requests_csv) {
   return total;
 }
 
-// The simulation again with each shape class's pieces scaled by its live steps' time over their
-// price: the scales, the profile written with them, and the errors of that simulation.
+// The simulation again with its steps priced as they ran live: each class's pieces (and, where
+// the class is split, its pieces above the split apart) scaled by the live forward passes they
+// priced over their price, recomputed here from the step log; the errors of that simulation.
 void ExpectSimulatedAsLive(const json& load, const std::string& dir, const models::StepFit& fit) {
   ASSERT_TRUE(load.contains("as_live")) << load;
+  std::array<std::array<double, 2>, models::kShapeClasses> forward{}, priced{};  // below, above
+  std::ifstream in(dir + "/steps.jsonl");
+  for (std::string line; std::getline(in, line);) {
+    const json doc = json::parse(line);
+    auto shape = models::ParseStepShape(doc, "steps.jsonl");
+    ASSERT_TRUE(shape.ok()) << shape.error();
+    const models::StepFeatures f = models::FeaturesOf(*shape);
+    const auto c = static_cast<std::size_t>(models::ClassOf(f));
+    const bool above = fit.split_rows[c] > 0 && f.tokens() >= double(fit.split_rows[c]);
+    forward[c][above] += doc["seconds"].get<double>();
+    priced[c][above] += models::FittedCostModel(fit).StepTime(*shape);
+  }
   auto scaled = models::LoadStepProfile(dir + "/profile-as-live.json");
   ASSERT_TRUE(scaled.ok()) << scaled.error();
   const models::StepFit& as_live = scaled->fits.at(0);
+  const json& scales = load["as_live"]["scales"];
+  int split_classes = 0;
   for (std::size_t c = 0; c < models::kShapeClasses; ++c) {
-    const char* name = models::ToString(static_cast<models::ShapeClass>(c));
-    const json& cls = load["steps"]["classes"][name];
-    const double k = cls["steps"].get<std::int64_t>() > 0
-                         ? cls["forward_s"].get<double>() / cls["priced_s"].get<double>()
-                         : 1.0;
-    EXPECT_NEAR(load["as_live"]["scales"][name].get<double>(), k, 1e-12) << name;
-    ASSERT_EQ(as_live.pieces[c].size(), fit.pieces[c].size()) << name;
-    for (std::size_t p = 0; p < fit.pieces[c].size(); ++p)
-      for (std::size_t col = 0; col < models::kFitColumns; ++col)
-        EXPECT_NEAR(as_live.pieces[c][p].seconds_per[col], k * fit.pieces[c][p].seconds_per[col],
-                    1e-12 + 1e-9 * k * fit.pieces[c][p].seconds_per[col])
-            << name << " piece " << p << " column " << col;
+    const std::string name = models::ToString(static_cast<models::ShapeClass>(c));
+    const double k = forward[c][0] > 0 ? forward[c][0] / priced[c][0] : 1.0;
+    const double k_above = forward[c][1] > 0 ? forward[c][1] / priced[c][1] : 1.0;
+    EXPECT_NEAR(scales[name].get<double>(), k, 1e-9 * k) << name;
+    if (forward[c][1] > 0) {
+      ++split_classes;
+      EXPECT_NEAR(scales[name + " above split"].get<double>(), k_above, 1e-9 * k_above) << name;
+    }
+    for (auto [pieces, original, scale] :
+         {std::tuple{&as_live.pieces[c], &fit.pieces[c], k},
+          std::tuple{&as_live.pieces_above[c], &fit.pieces_above[c], k_above}}) {
+      ASSERT_EQ(pieces->size(), original->size()) << name;
+      for (std::size_t p = 0; p < original->size(); ++p)
+        for (std::size_t col = 0; col < models::kFitColumns; ++col) {
+          const double want = scale * (*original)[p].seconds_per[col];
+          EXPECT_NEAR((*pieces)[p].seconds_per[col], want, 1e-15 + 1e-9 * want)
+              << name << " piece " << p << " column " << col;
+        }
+    }
   }
+  EXPECT_EQ(scales.size(), models::kShapeClasses + split_classes) << scales;
   const json live = ReadJson(dir + "/live/summary.json");
   const json sim = ReadJson(dir + "/sim-as-live/summary.json");
   EXPECT_EQ(sim["requests"]["completed"], live["requests"]["completed"]);
@@ -229,6 +253,12 @@ TEST_F(ValidateTest, ComparesKvTransfersOnAPdCluster) {
       RunDuet({"calibrate", "--model", tmp_.File("model"), "--out", tmp_.File("profile.json"),
                "--repeats", "2", "--transport", "loopback"});
   ASSERT_EQ(calibrated.exit_code, 0) << calibrated;
+  // Decode split at 2 rows (the same pieces on both sides, as if a kernel changed there), so
+  // that the simulation with the steps priced as they ran live scales the two sides apart.
+  json doc = ReadJson(tmp_.File("profile.json"));
+  doc["fits"][0]["split"] = {
+      {"decode", {{"rows", 2}, {"pieces", doc["fits"][0]["pieces"]["decode"]}}}};
+  tmp_.Write("profile.json", doc.dump());
   json cluster = ReadJson(tmp_.File("cluster.json"));
   cluster["nodes"][0]["gpus"] = 2;
   cluster["nodes"][0]["nvlink"] = {{"fitted", "loopback"}};
@@ -251,6 +281,11 @@ TEST_F(ValidateTest, ComparesKvTransfersOnAPdCluster) {
     EXPECT_GT(m["simulated"].get<double>(), 0) << m;
     EXPECT_TRUE(m["within"].get<bool>()) << m;  // --tolerance kv_transfer applies to all three
   }
+  auto profile = models::LoadStepProfile(tmp_.File("profile.json"));
+  ASSERT_TRUE(profile.ok()) << profile.error();
+  ExpectSimulatedAsLive(report["loads"][0], tmp_.File("out/rate-1"), profile->fits.at(0));
+  EXPECT_TRUE(report["loads"][0]["as_live"]["scales"].contains("decode above split"))
+      << "no decode batch of 2 rows or more: the split goes untested";
 }
 
 TEST_F(ValidateTest, AnErrorBeyondItsToleranceFailsTheRun) {
