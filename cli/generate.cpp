@@ -10,7 +10,6 @@
 #include <cstdio>
 #include <fstream>
 #include <iostream>
-#include <numeric>
 #include <thread>
 
 #include "backend/engine/local_engine.h"
@@ -95,8 +94,9 @@ int Generate(int argc, char** argv) {
     ("kv-blocks", po::value<std::int64_t>()->default_value(0),
      "KV cache blocks of 16 tokens (0: enough for this prompt)")
     ("timings", po::value<std::string>(), "write each step's shape and measured time (JSONL)")
-    ("warmup", "run the prompt and one decode step through the model once before generating, "
-     "untimed (benchmarks: one-time costs such as kernel compilation out of the timings)");
+    ("warmup", "run the prompt, a decode step after it and a 16-row decode step through the "
+     "model once before generating, untimed (benchmarks: one-time costs such as kernel "
+     "compilation out of the timings; duet serve does the same at start)");
   // clang-format on
   po::variables_map vm;
   int code = 0;
@@ -189,18 +189,9 @@ int Generate(int argc, char** argv) {
   auto forward_model = backend::CreateForwardModel(std::move(*model), placement);
   if (!forward_model) return Fail("--device " + placement.device + ": " + forward_model.error());
 
-  if (vm.count("warmup")) {
-    // Straight through the model, not the engine: nothing enters the prefix cache, and the
-    // blocks it writes are overwritten by the run.
-    std::vector<std::int32_t> table(static_cast<std::size_t>((prompt_tokens + 16) / 16));
-    std::iota(table.begin(), table.end(), 0);
-    std::vector<float> logits;
-    const backend::SequenceChunk prefill{prompt, 0, table, backend::SequenceChunk::Logits::kLast};
-    (*forward_model)->Forward({&prefill, 1}, &logits);
-    const backend::SequenceChunk decode{
-        {prompt.data(), 1}, prompt_tokens, table, backend::SequenceChunk::Logits::kLast};
-    (*forward_model)->Forward({&decode, 1}, &logits);
-  }
+  // Straight through the model, not the engine: nothing enters the prefix cache, and the
+  // blocks it writes are overwritten by the run.
+  if (vm.count("warmup")) backend::WarmUp(**forward_model, prompt);
 
   backend::IncrementalDecoder decoder(*tokenizer, /*skip_special_tokens=*/true);
   backend::LocalEngineOptions options;

@@ -2,6 +2,7 @@
 #include "backend/engine/engine_thread.h"
 
 #include <algorithm>
+#include <future>
 
 namespace duet::backend {
 
@@ -9,6 +10,7 @@ EngineThread::EngineThread(policies::EngineConfig config, ForwardModel& model, P
                            std::function<void()> after_iteration)
     : clock_(*ports.clock),
       inbox_(*ports.clock),
+      model_(model),
       executor_(model, *ports.clock, {.keep_last = ports.step_log != nullptr}),
       engine_(config, policies::EnginePorts{ports.clock, &inbox_, ports.outbox, &executor_,
                                             ports.transport, ports.sink, nullptr}),
@@ -21,7 +23,14 @@ EngineThread::~EngineThread() { Stop(); }
 
 void EngineThread::Start() {
   DUET_CHECK(!thread_.joinable());
-  thread_ = std::thread([this] { Loop(); });
+  std::promise<void> warm;
+  std::future<void> warmed = warm.get_future();
+  thread_ = std::thread([this, &warm] {
+    WarmUp(model_, WarmUpPrompt(model_));
+    warm.set_value();
+    Loop();
+  });
+  warmed.wait();
 }
 
 void EngineThread::Stop() {

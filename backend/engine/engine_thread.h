@@ -50,6 +50,8 @@ class EngineThread {
   EngineThread& operator=(const EngineThread&) = delete;
 
   ThreadSafeInbox& inbox() { return inbox_; }
+  // Starts the thread and returns once it has warmed the model up (WarmUp, on that thread):
+  // the first request meets no cold step.
   void Start();
   // Sends kShutdown and joins: the engine serves what it holds to the end first.
   void Stop();
@@ -66,6 +68,7 @@ class EngineThread {
 
   const SteadyClock& clock_;
   ThreadSafeInbox inbox_;
+  ForwardModel& model_;
   ModelStepExecutor executor_;
   policies::InstanceEngine engine_;
   std::function<void()> after_iteration_;

@@ -1,7 +1,10 @@
 // The host-side greedy default of ForwardModel (see forward_model.h).
 #include "backend/engine/forward_model.h"
 
+#include <algorithm>
 #include <new>
+#include <numeric>
+#include <vector>
 
 #include "kernels/cpu/sampling.h"
 
@@ -27,6 +30,43 @@ class HeapKvMemory final : public KvMemory {
 
 std::unique_ptr<KvMemory> AllocateHeapKvMemory(std::int64_t bytes) {
   return std::make_unique<HeapKvMemory>(bytes);
+}
+
+void WarmUp(ForwardModel& model, std::span<const std::int32_t> prompt) {
+  if (prompt.empty()) return;
+  const auto context = static_cast<std::int64_t>(prompt.size());
+  std::vector<std::int32_t> table(
+      static_cast<std::size_t>((context + 1 + model.block_tokens() - 1) / model.block_tokens()));
+  std::iota(table.begin(), table.end(), 0);
+  DUET_CHECK(static_cast<std::int64_t>(table.size()) <= model.num_blocks());
+  std::vector<float> logits;
+  const SequenceChunk prefill{prompt, 0, table, SequenceChunk::Logits::kLast};
+  model.Forward({&prefill, 1}, &logits);
+  // One decode row after the prompt (the backends' small-batch path), then 16 rows (their
+  // matrix-multiply path), each of a one-token sequence in a block of its own: no two rows
+  // write or read the same KV.
+  const SequenceChunk row{prompt.first(1), context, table, SequenceChunk::Logits::kLast};
+  logits.clear();
+  model.Forward({&row, 1}, &logits);
+  const std::int64_t rows = std::min<std::int64_t>(16, model.num_blocks());
+  if (model.block_tokens() < 2) return;
+  std::vector<std::int32_t> blocks(static_cast<std::size_t>(rows));
+  std::iota(blocks.begin(), blocks.end(), 0);
+  std::vector<SequenceChunk> batch;
+  for (const std::int32_t& b : blocks)
+    batch.push_back({prompt.first(1), 1, {&b, 1}, SequenceChunk::Logits::kLast});
+  logits.clear();
+  model.Forward(batch, &logits);
+}
+
+std::vector<std::int32_t> WarmUpPrompt(const ForwardModel& model) {
+  const models::ModelSpec& config = model.config();
+  std::int64_t tokens = std::min<std::int64_t>(512, config.max_position_embeddings - 1);
+  tokens = std::min(tokens, model.num_blocks() * model.block_tokens() - 1);
+  std::vector<std::int32_t> prompt;
+  for (std::int64_t i = 0; i < tokens; ++i)
+    prompt.push_back(static_cast<std::int32_t>((i * 7919) % config.vocab_size));
+  return prompt;
 }
 
 void ForwardModel::ForwardGreedy(std::span<const SequenceChunk> batch,

@@ -12,7 +12,10 @@
 #include <filesystem>
 #include <fstream>
 #include <mutex>
+#include <set>
 #include <thread>
+#include <tuple>
+#include <vector>
 
 #include "backend/cpu/cpu_model.h"
 #include "backend/engine/local_engine.h"
@@ -55,6 +58,94 @@ TEST_F(Frontend, ConcurrentRequestsOnTwoInstancesEqualTheLocalEngine) {
   EXPECT_GT(instance_used[0], 0);
   EXPECT_GT(instance_used[1], 0);
   EXPECT_TRUE(EventuallyNoBlocksUsed(*frontend));
+}
+
+// A model that records each pass's thread and batch, passing it on.
+class RecordingModel final : public ForwardModel {
+ public:
+  struct Pass {
+    std::thread::id thread;
+    std::vector<std::tuple<std::size_t, std::int64_t, std::vector<std::int32_t>>>
+        rows;  // tokens, context, blocks
+  };
+  explicit RecordingModel(std::unique_ptr<ForwardModel> inner) : inner_(std::move(inner)) {}
+  void Forward(std::span<const SequenceChunk> batch, std::vector<float>* logits) override {
+    Record(batch);
+    inner_->Forward(batch, logits);
+  }
+  void ForwardGreedy(std::span<const SequenceChunk> batch,
+                     std::vector<std::int32_t>* tokens) override {
+    Record(batch);
+    inner_->ForwardGreedy(batch, tokens);
+  }
+  const models::ModelSpec& config() const override { return inner_->config(); }
+  std::int64_t num_blocks() const override { return inner_->num_blocks(); }
+  std::int32_t block_tokens() const override { return inner_->block_tokens(); }
+  models::Dtype kv_cache_dtype() const override { return inner_->kv_cache_dtype(); }
+  std::int64_t kv_cache_bytes() const override { return inner_->kv_cache_bytes(); }
+  std::vector<Pass> passes() {
+    std::lock_guard lock(mu_);
+    return passes_;
+  }
+
+ private:
+  void Record(std::span<const SequenceChunk> batch) {
+    Pass pass{std::this_thread::get_id(), {}};
+    for (const SequenceChunk& c : batch)
+      pass.rows.emplace_back(c.tokens.size(), c.context_before,
+                             std::vector<std::int32_t>(c.block_table.begin(), c.block_table.end()));
+    std::lock_guard lock(mu_);
+    passes_.push_back(std::move(pass));
+  }
+  std::unique_ptr<ForwardModel> inner_;
+  std::mutex mu_;
+  std::vector<Pass> passes_;
+};
+
+// Each engine thread runs its model through a prefill, a decode step after it and a 16-row
+// decode step before the frontend serves (WarmUp), on its own thread: the first request meets
+// no cold step. The step log (below) and the replies (above) show none of it.
+TEST_F(Frontend, EachEngineThreadWarmsItsModelUpBeforeServing) {
+  std::vector<RecordingModel*> recorders;
+  std::vector<std::unique_ptr<ForwardModel>> models;
+  for (int i = 0; i < 2; ++i) {
+    auto m = std::make_unique<RecordingModel>(Model(64));
+    recorders.push_back(m.get());
+    models.push_back(std::move(m));
+  }
+  const std::size_t prompt = WarmUpPrompt(*models[0]).size();
+  ASSERT_GT(prompt, 16u);
+  auto frontend = LiveFrontend::Start(std::move(models), {});
+  ASSERT_TRUE(frontend.ok()) << frontend.error();
+  for (RecordingModel* r : recorders) {
+    const auto passes = r->passes();  // Start has returned: warmed, and nothing submitted
+    ASSERT_EQ(passes.size(), 3u);
+    EXPECT_NE(passes[0].thread, std::this_thread::get_id());
+    ASSERT_EQ(passes[0].rows.size(), 1u);
+    EXPECT_EQ(std::get<0>(passes[0].rows[0]), prompt);  // the prompt, from position 0
+    EXPECT_EQ(std::get<1>(passes[0].rows[0]), 0);
+    ASSERT_EQ(passes[1].rows.size(), 1u);
+    EXPECT_EQ(std::get<0>(passes[1].rows[0]), 1u);  // one token after it
+    EXPECT_EQ(std::get<1>(passes[1].rows[0]), static_cast<std::int64_t>(prompt));
+    ASSERT_EQ(passes[2].rows.size(), 16u);  // 16 one-token sequences, a block each
+    std::set<std::int32_t> blocks;
+    for (const auto& [tokens, context, table] : passes[2].rows) {
+      EXPECT_EQ(tokens, 1u);
+      EXPECT_EQ(context, 1);
+      ASSERT_EQ(table.size(), 1u);
+      blocks.insert(table[0]);
+    }
+    EXPECT_EQ(blocks.size(), 16u);
+    for (const auto& pass : passes) EXPECT_EQ(pass.thread, passes[0].thread);
+  }
+  // A request's passes run on the thread that warmed the model up.
+  auto listener = std::make_shared<Collector>();
+  ASSERT_EQ((*frontend)->Submit({Prompt(12, 3), 2, {}}, listener).status, AdmitStatus::kAccepted);
+  const auto info = listener->Wait();
+  ASSERT_TRUE(info);
+  const auto passes = recorders[static_cast<std::size_t>(info->instance)]->passes();
+  ASSERT_GT(passes.size(), 3u);
+  EXPECT_EQ(passes.back().thread, passes[0].thread);
 }
 
 TEST_F(Frontend, TheStepLogHasEveryStepOfEveryInstance) {
