@@ -7,10 +7,11 @@
 namespace duet::backend {
 
 EngineThread::EngineThread(policies::EngineConfig config, ForwardModel& model, Ports ports,
-                           std::function<void()> after_iteration)
+                           std::function<void()> after_iteration, bool warm_up)
     : clock_(*ports.clock),
       inbox_(*ports.clock),
       model_(model),
+      warm_up_(warm_up),
       executor_(model, *ports.clock, {.keep_last = ports.step_log != nullptr}),
       engine_(config, policies::EnginePorts{ports.clock, &inbox_, ports.outbox, &executor_,
                                             ports.transport, ports.sink, nullptr}),
@@ -26,7 +27,7 @@ void EngineThread::Start() {
   std::promise<void> warm;
   std::future<void> warmed = warm.get_future();
   thread_ = std::thread([this, &warm] {
-    WarmUp(model_, WarmUpPrompt(model_));
+    if (warm_up_) WarmUp(model_, WarmUpPrompt(model_));
     warm.set_value();
     Loop();
   });

@@ -41,17 +41,18 @@ class EngineThread {
 
   // `model` (which holds the KV memory) must outlive the thread. `after_iteration`, if set,
   // runs on the engine thread after every iteration of the loop (the requests finished in it
-  // are no longer referenced by the engine then).
+  // are no longer referenced by the engine then). `warm_up`: Start warms the model up first
+  // (false where the caller has: a worker process warms up before it registers).
   EngineThread(policies::EngineConfig config, ForwardModel& model, Ports ports,
-               std::function<void()> after_iteration);
+               std::function<void()> after_iteration, bool warm_up = true);
   // Stop(), if not done yet.
   ~EngineThread();
   EngineThread(const EngineThread&) = delete;
   EngineThread& operator=(const EngineThread&) = delete;
 
   ThreadSafeInbox& inbox() { return inbox_; }
-  // Starts the thread and returns once it has warmed the model up (WarmUp, on that thread):
-  // the first request meets no cold step.
+  // Starts the thread and returns once it has warmed the model up (WarmUp, on that thread,
+  // unless told not to): the first request meets no cold step.
   void Start();
   // Sends kShutdown and joins: the engine serves what it holds to the end first.
   void Stop();
@@ -69,6 +70,7 @@ class EngineThread {
   const SteadyClock& clock_;
   ThreadSafeInbox inbox_;
   ForwardModel& model_;
+  bool warm_up_;
   ModelStepExecutor executor_;
   policies::InstanceEngine engine_;
   std::function<void()> after_iteration_;
