@@ -35,8 +35,11 @@ class ValidateTest : public ::testing::Test {
       "instances": [{"role": "colocated"}],
       "engine": {"max_num_seqs": 8, "reserved_gib": 0.25},
       "cost_model": {"kind": "fitted", "profile": "profile.json"}})");
+    // Bursts (requests arriving together: 1 and 2, 6 to 8, 10 and 11) so that decode batches of
+    // several rows run however fast the test model's steps are (they take well under a
+    // millisecond once the server has warmed up).
     tmp_.Write("trace.json", R"({"num_requests": 12, "seed": 5, "block_tokens": 16,
-      "arrival": {"process": "poisson", "rate_per_s": 20},
+      "arrival": {"process": "gamma", "rate_per_s": 20, "cv": 4},
       "input": {"dist": "uniform", "min": 16, "max": 96},
       "output": {"dist": "uniform", "min": 4, "max": 16}})");
   }
