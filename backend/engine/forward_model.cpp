@@ -48,8 +48,8 @@ void WarmUp(ForwardModel& model, std::span<const std::int32_t> prompt) {
   const SequenceChunk row{prompt.first(1), context, table, SequenceChunk::Logits::kLast};
   logits.clear();
   model.Forward({&row, 1}, &logits);
-  const std::int64_t rows = std::min<std::int64_t>(16, model.num_blocks());
   if (model.block_tokens() < 2) return;
+  const std::int64_t rows = std::min<std::int64_t>(16, model.num_blocks());
   std::vector<std::int32_t> blocks(static_cast<std::size_t>(rows));
   std::iota(blocks.begin(), blocks.end(), 0);
   std::vector<SequenceChunk> batch;

@@ -551,14 +551,7 @@ void Session::OnEvent(const SseEvent& event, Clock::time_point now) {
   reply_ids_.insert(reply_ids_.end(), chunk->token_ids.begin(),
                     chunk->token_ids.begin() +
                         static_cast<std::ptrdiff_t>(std::min(room, chunk->token_ids.size())));
-  if (chunk->prompt_tokens) usage_.prompt_tokens = chunk->prompt_tokens;
-  if (chunk->completion_tokens) usage_.completion_tokens = chunk->completion_tokens;
-  if (chunk->cached_tokens) usage_.cached_tokens = chunk->cached_tokens;
-  if (chunk->duet_queue_ms) usage_.duet_queue_ms = chunk->duet_queue_ms;
-  if (chunk->duet_instance) usage_.duet_instance = chunk->duet_instance;
-  if (chunk->duet_prefill_done_ms) usage_.duet_prefill_done_ms = chunk->duet_prefill_done_ms;
-  if (chunk->duet_kv_transfer_ms) usage_.duet_kv_transfer_ms = chunk->duet_kv_transfer_ms;
-  if (chunk->duet_kv_transfer_bytes) usage_.duet_kv_transfer_bytes = chunk->duet_kv_transfer_bytes;
+  usage_.KeepReports(*chunk);
 }
 
 void Session::OnEnd(Clock::time_point now) {

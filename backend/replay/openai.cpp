@@ -151,6 +151,20 @@ std::string CompletionRequestBody(const std::string& model, const std::vector<st
   return body.dump();
 }
 
+void CompletionChunk::KeepReports(const CompletionChunk& newer) {
+  auto keep = [](auto& field, const auto& reported) {
+    if (reported) field = reported;
+  };
+  keep(prompt_tokens, newer.prompt_tokens);
+  keep(completion_tokens, newer.completion_tokens);
+  keep(cached_tokens, newer.cached_tokens);
+  keep(duet_queue_ms, newer.duet_queue_ms);
+  keep(duet_instance, newer.duet_instance);
+  keep(duet_prefill_done_ms, newer.duet_prefill_done_ms);
+  keep(duet_kv_transfer_ms, newer.duet_kv_transfer_ms);
+  keep(duet_kv_transfer_bytes, newer.duet_kv_transfer_bytes);
+}
+
 Result<CompletionChunk> ParseCompletionChunk(std::string_view data) {
   CompletionChunk c;
   std::string_view trimmed = data;

@@ -51,6 +51,10 @@ struct CompletionChunk {
   std::optional<double> duet_prefill_done_ms;
   std::optional<double> duet_kv_transfer_ms;
   std::optional<Tokens> duet_kv_transfer_bytes;
+
+  // Takes each usage and "duet" field that `newer` reports (a stream spreads them over chunks:
+  // the last report of each counts).
+  void KeepReports(const CompletionChunk& newer);
 };
 // Errors say what is malformed (not JSON, a field of the wrong type) for the request's reason.
 Result<CompletionChunk> ParseCompletionChunk(std::string_view data);

@@ -131,6 +131,27 @@ TEST(Chunk, TokenChunkFinishAndUsage) {
   EXPECT_FALSE(c->cached_tokens);
 }
 
+TEST(Chunk, KeepsTheLastReportOfEachField) {
+  // A stream spreads its reports over chunks; a chunk that leaves a field out keeps the earlier
+  // report of it.
+  auto first = ParseCompletionChunk(
+      R"({"choices":[],"usage":{"prompt_tokens":7,"completion_tokens":1},"duet":{"queue_ms":2,"instance":1}})");
+  auto last = ParseCompletionChunk(
+      R"({"choices":[],"usage":{"prompt_tokens":7,"completion_tokens":9},"duet":{"prefill_done_ms":30,"kv_transfer_ms":4,"kv_transfer_bytes":512}})");
+  ASSERT_TRUE(first.ok() && last.ok());
+  CompletionChunk kept;
+  kept.KeepReports(*first);
+  kept.KeepReports(*last);
+  EXPECT_EQ(kept.prompt_tokens, 7);
+  EXPECT_EQ(kept.completion_tokens, 9);
+  EXPECT_FALSE(kept.cached_tokens);
+  EXPECT_EQ(kept.duet_queue_ms, 2);
+  EXPECT_EQ(kept.duet_instance, 1);
+  EXPECT_EQ(kept.duet_prefill_done_ms, 30);
+  EXPECT_EQ(kept.duet_kv_transfer_ms, 4);
+  EXPECT_EQ(kept.duet_kv_transfer_bytes, 512);
+}
+
 TEST(Chunk, OtherShapesThatCarryTokens) {
   for (const char* data : {R"({"choices":[{"text":"","token_ids":[5]}]})",
                            R"({"choices":[{"delta":{"content":"x"}}]})",

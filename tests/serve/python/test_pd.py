@@ -6,6 +6,7 @@ is left behind; a reply's `duet` field says how long its KV took and how many by
 cluster file that cannot be served is an error naming it."""
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -70,12 +71,16 @@ def test_pd_replies_equal_the_colocated_server(tiny_model, start_server, colocat
     dtype_bytes = {"float32": 4, "bfloat16": 2, "float16": 2}[config["torch_dtype"]]
     per_token = (config["num_hidden_layers"] * 2 * config["num_key_value_heads"] *
                  config["head_dim"] * dtype_bytes)
+    sent = time.monotonic()
     r = s.client().completions.create(model=s.model, prompt=PROMPTS[1], max_tokens=4,
                                       temperature=0)
+    elapsed_ms = (time.monotonic() - sent) * 1000
     duet = r.model_extra["duet"]
     assert duet["kv_transfer_bytes"] == r.usage.prompt_tokens * per_token, duet
-    assert 0 <= duet["kv_transfer_ms"] < 10_000, duet
+    # Both times count from the request's arrival at the server: the transfer ended within
+    # what the client waited for the whole reply.
     assert duet["prefill_done_ms"] >= duet["queue_ms"] >= 0, duet
+    assert 0 <= duet["kv_transfer_ms"] <= elapsed_ms - duet["prefill_done_ms"], (duet, elapsed_ms)
     s.assert_idle()
     m = s.metrics()
     decoding = sum(1 for n in MAX_TOKENS if n > 1)
