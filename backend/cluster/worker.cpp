@@ -265,8 +265,8 @@ Status RunWorker(std::unique_ptr<ForwardModel> model, const WorkerOptions& optio
   // Warm up before registering, not on the engine thread when it starts (EngineThread::Start's
   // default): the frontend routes to a worker as soon as it registers, and a warm-up after that
   // delayed the first request by as much (0.5 s for the bench model on one thread). The engine
-  // thread's own per-thread kernel state starts cold; the memory, the weights' pages first, is
-  // warm.
+  // thread's own per-thread kernel state starts cold, which costs its first steps a few
+  // milliseconds; the memory, the weights' pages first, is warm.
   WarmUp(*model, WarmUpPrompt(*model));
 
   // Register: hello, then the frontend's welcome.
