@@ -6,6 +6,8 @@
 #include <ucp/api/ucp.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <memory>
@@ -103,21 +105,47 @@ namespace {
 // Over shared memory UCX maps a peer's KV region into this process (ucp_rkey_ptr gives its
 // address here), and a pull is a memcpy from it; the first read of each page then page-faults,
 // which made the first pull of each part of a prefill worker's pool several times slower than
-// the rest (docs/validation.md). Maps every page of it at once, on a thread of its own: the
-// kernel fills the page tables (MADV_POPULATE_READ, Linux 5.14), or, where it cannot, one read
-// a page does. Pulls meanwhile read what is mapped and fault on the rest, as before.
-std::shared_ptr<std::thread> MapPeerPages(void* local, std::int64_t bytes) {
-  return std::make_shared<std::thread>([local, bytes] {
+// the rest (docs/validation.md). Maps every page of it, on a thread of its own: the kernel
+// fills the page tables (MADV_POPULATE_READ, Linux 5.14), or, where it cannot, one read a page
+// does. Pulls meanwhile read what is mapped and fault on the rest, as before.
+//
+// In chunks: one madvise holds the process's memory-map lock for all of its length (a GiB
+// region: a few hundred milliseconds), and every other thread's mmap waits behind it; a
+// decode worker's first step, which allocates, took 230 ms instead of 11 (docs/validation.md).
+// Between chunks the lock is free, and Stop ends the work at the next one.
+class PeerPageMapper {
+ public:
+  static constexpr std::uintptr_t kChunkBytes = std::uintptr_t{16} << 20;
+
+  PeerPageMapper(void* local, std::int64_t bytes)
+      : thread_([this, local, bytes] { Map(local, bytes); }) {}
+  ~PeerPageMapper() { Stop(); }
+  PeerPageMapper(const PeerPageMapper&) = delete;
+  PeerPageMapper& operator=(const PeerPageMapper&) = delete;
+  void Stop() {
+    stop_ = true;
+    if (thread_.joinable()) thread_.join();
+  }
+
+ private:
+  void Map(void* local, std::int64_t bytes) {
     const auto page = static_cast<std::uintptr_t>(sysconf(_SC_PAGESIZE));
     const auto from = reinterpret_cast<std::uintptr_t>(local) & ~(page - 1);
     const auto to = reinterpret_cast<std::uintptr_t>(local) + static_cast<std::uintptr_t>(bytes);
+    for (std::uintptr_t a = from; a < to && !stop_.load(std::memory_order_relaxed);
+         a += kChunkBytes) {
+      const std::uintptr_t end = std::min(to, a + kChunkBytes);
 #ifdef MADV_POPULATE_READ
-    if (madvise(reinterpret_cast<void*>(from), to - from, MADV_POPULATE_READ) == 0) return;
+      if (madvise(reinterpret_cast<void*>(a), end - a, MADV_POPULATE_READ) == 0) continue;
 #endif
-    for (std::uintptr_t a = from; a < to; a += page)
-      (void)*reinterpret_cast<volatile const unsigned char*>(a);
-  });
-}
+      for (std::uintptr_t p = a; p < end; p += page)
+        (void)*reinterpret_cast<volatile const unsigned char*>(p);
+    }
+  }
+
+  std::atomic<bool> stop_{false};  // before thread_: set before the thread starts
+  std::thread thread_;
+};
 
 }  // namespace
 
@@ -134,7 +162,7 @@ struct UcxKvTransport::Impl {
     ucp_rkey_h rkey = nullptr;
     std::uint64_t base = 0;
     KvRegion region;
-    std::shared_ptr<std::thread> map_pages;  // MapPeerPages, joined before the rkey goes
+    std::shared_ptr<PeerPageMapper> map_pages;  // stopped before the rkey goes
   };
   std::map<policies::InstanceId, Peer> peers;
   // Transfers in flight, in slots reused once they finish, so that a pull allocates nothing
@@ -177,7 +205,7 @@ struct UcxKvTransport::Impl {
   }
 
   void Close(Peer& p) {
-    if (p.map_pages && p.map_pages->joinable()) p.map_pages->join();
+    if (p.map_pages) p.map_pages->Stop();
     if (p.rkey) ucp_rkey_destroy(p.rkey);
     if (!p.ep) return;
     ucp_request_param_t param{};
@@ -306,7 +334,8 @@ Status UcxKvTransport::Connect(policies::InstanceId peer, std::string_view descr
   }
   void* local = nullptr;
   if (ucp_rkey_ptr(p.rkey, p.base, &local) == UCS_OK)
-    p.map_pages = MapPeerPages(local, p.region.block_bytes * p.region.num_blocks);
+    p.map_pages =
+        std::make_shared<PeerPageMapper>(local, p.region.block_bytes * p.region.num_blocks);
   impl_->peers[peer] = p;
   return Status::Ok();
 }
