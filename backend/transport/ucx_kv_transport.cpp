@@ -111,7 +111,8 @@ namespace {
 //
 // In chunks: one madvise holds the process's memory-map lock for all of its length (a GiB
 // region: a few hundred milliseconds), and every other thread's mmap waits behind it; a
-// decode worker's first step, which allocates, took 230 ms instead of 11 (docs/validation.md).
+// decode worker's first step, which allocates, took over 200 ms instead of about 11 or 27 as
+// now (docs/validation.md).
 // Between chunks the lock is free, and Stop ends the work at the next one.
 class PeerPageMapper {
  public:
