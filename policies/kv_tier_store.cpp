@@ -23,23 +23,19 @@ constexpr std::size_t kInitialSlots = 16;
 }  // namespace
 
 KvTierStore::KvTierStore(std::int64_t capacity_blocks, EvictionPolicy policy)
-    : capacity_(capacity_blocks), policy_(policy), table_(kInitialSlots), mask_(kInitialSlots - 1) {
+    : capacity_(capacity_blocks), policy_(policy), table_(kInitialSlots) {
   DUET_CHECK(capacity_blocks >= 0);
 }
 
 std::int32_t KvTierStore::Find(BlockHash hash) const {
-  for (std::size_t i = hash & mask_;; i = (i + 1) & mask_) {
-    const Slot& x = table_[i];
-    if (x.list == kEmpty) return -1;
-    if (x.hash == hash) return static_cast<std::int32_t>(i);
-  }
+  // The table has at most 2^31 slots (Grow).
+  return static_cast<std::int32_t>(table_.Find(hash));
 }
 
 std::int32_t KvTierStore::NewEntry(BlockHash hash) {
   // At most half the slots are taken: probes stay short.
-  if (static_cast<std::size_t>(entries_ + 1) * 2 > table_.size()) Grow();
-  std::size_t i = hash & mask_;
-  while (table_[i].list != kEmpty) i = (i + 1) & mask_;
+  if (static_cast<std::size_t>(entries_ + 1) * 2 > table_.slots()) Grow();
+  const std::size_t i = table_.FreeSlotFor(hash);
   Slot& x = table_[i];
   x = Slot{};
   x.hash = hash;
@@ -51,32 +47,14 @@ std::int32_t KvTierStore::NewEntry(BlockHash hash) {
 void KvTierStore::Remove(std::int32_t i) {
   if (at(i).list != kUnlisted) Unlink(i);
   --entries_;
-  // Backward shift: later entries of the probe run move into the hole where their probe allows
-  // (queue records name entries by hash, so nothing else changes).
-  auto hole = static_cast<std::size_t>(i);
-  for (std::size_t j = (hole + 1) & mask_; table_[j].list != kEmpty; j = (j + 1) & mask_) {
-    const std::size_t home = table_[j].hash & mask_;
-    // Entry j may fill the hole if its home is not in the cyclic range (hole, j].
-    const bool home_in_range = hole <= j ? (hole < home && home <= j) : (hole < home || home <= j);
-    if (home_in_range) continue;
-    table_[hole] = table_[j];
-    hole = j;
-  }
-  table_[hole] = Slot{};
+  // Later entries may move (queue records name entries by hash, so nothing else changes).
+  table_.EraseAt(static_cast<std::size_t>(i));
 }
 
 void KvTierStore::Grow() {
-  const std::size_t slots = table_.size() * 2;
+  const std::size_t slots = table_.slots() * 2;
   DUET_CHECK_MSG(slots <= (std::size_t{1} << 31), "tier store outgrew its 2^31 slots");
-  std::vector<Slot> old(slots);
-  old.swap(table_);
-  mask_ = slots - 1;
-  for (const Slot& x : old) {
-    if (x.list == kEmpty) continue;
-    std::size_t i = x.hash & mask_;
-    while (table_[i].list != kEmpty) i = (i + 1) & mask_;
-    table_[i] = x;
-  }
+  table_.Rehash(slots);
 }
 
 void KvTierStore::PushMru(std::int32_t i, List list) {
@@ -278,8 +256,7 @@ Status KvTierStore::CheckInvariants() const {
   // One pass over the table in slot order, one along each queue: every entry is found by its
   // hash (no empty slot cuts its probe) and is live in its own list's queue exactly once, and
   // the counts match.
-  const std::size_t n = table_.size();
-  if (n == 0 || (n & (n - 1)) != 0 || mask_ != n - 1) return Status::Error("tier table is broken");
+  const std::size_t n = table_.slots();
   std::int64_t entries = 0, writing = 0, pinned = 0, ghosts = 0;
   std::array<std::int64_t, kNumLists> counts{};
   for (std::size_t i = 0; i < n; ++i) {

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "policies/hash_index.h"
 #include "policies/request.h"
 
 namespace duet::policies {
@@ -49,7 +50,7 @@ class KvTierStore {
   // A hint for loops over many hashes (no effect on contents): start loading the slot where
   // `hash`'s probe begins. A store of millions of blocks misses the cache there; a loop issues
   // it a few blocks ahead so the misses overlap.
-  void Prefetch(BlockHash hash) const { __builtin_prefetch(&table_[hash & mask_]); }
+  void Prefetch(BlockHash hash) const { table_.Prefetch(hash); }
   std::int64_t writing_blocks() const { return writing_; }
   std::int64_t pinned_blocks() const { return pinned_; }
   std::int64_t evictions() const { return evictions_; }
@@ -78,9 +79,9 @@ class KvTierStore {
     kUnlisted = 4,  // an entry between lists, within one operation
     kEmpty = 5,     // a free slot
   };
-  // The entries live in the hash table itself (open addressing, linear probing, backward-shift
-  // deletion): one cache miss per block looked up, where an index beside an array of entries
-  // costs two. 16 bytes: a store holds millions.
+  // The entries live in the hash table itself (hash_index.h's LinearProbeTable): one cache miss
+  // per block looked up, where an index beside an array of entries costs two. 16 bytes: a store
+  // holds millions.
   struct Slot {
     BlockHash hash = 0;
     std::uint32_t pos = 0;  // on a list: its record's position in the list's queue
@@ -89,6 +90,11 @@ class KvTierStore {
     std::uint32_t writing : 1 = 0;
   };
   static constexpr std::uint32_t kMaxPins = (1u << 28) - 1;
+  struct SlotTraits {
+    static std::uint64_t Key(const Slot& x) { return x.hash; }
+    static bool Empty(const Slot& x) { return x.list == kEmpty; }
+    static Slot EmptySlot() { return Slot{}; }
+  };
   // A list's order (least recently used first) is an array queue of the hashes pushed on it. An
   // entry that leaves its place early (a hit, an eviction, a move to a ghost list, a failed
   // write) leaves its record behind, stale, skipped when reached; an entry names its live
@@ -137,8 +143,7 @@ class KvTierStore {
 
   std::int64_t capacity_;
   EvictionPolicy policy_;
-  std::vector<Slot> table_;  // a power of two of slots
-  std::size_t mask_ = 0;
+  LinearProbeTable<Slot, SlotTraits> table_;
   std::int64_t entries_ = 0;  // residents, in-flight and ghosts
   Queue lists_[kNumLists];
   std::int64_t ghosts_ = 0;
