@@ -295,7 +295,6 @@ int Plan(int argc, char** argv) {
   std::ofstream frontier(out_dir / "frontier.csv");
   frontier << "rate,key,layout,gpus,cost_per_hour\n";
   nlohmann::json frontier_json = nlohmann::json::array();
-  std::optional<std::size_t> last;
   for (std::size_t r = 0; r < rates.size(); ++r) {
     if (!winners[r]) break;
     const plan::Candidate& c = candidates[*winners[r]];
