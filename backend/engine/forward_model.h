@@ -82,12 +82,11 @@ class ForwardModel {
 // Runs a prefill of `prompt`, a decode step after it and a decode step of 16 one-token
 // sequences straight through the model, over KV blocks 0.. (nothing enters an engine's cache;
 // later use overwrites what it wrote), so that the passes after it do not meet cold memory, caches
-// and kernels: a server's first steps ran 17-23% slower, and a decode worker's first decode step 25
-// times slower, than the same shapes later (docs/validation.md). Best called on the thread that
-// will run the model, before it serves: oneDNN keeps its primitives, and kernels their scratch,
-// per thread (a worker process calls it on its main thread, before it registers, and its engine
-// thread's first step still runs cold). `prompt` must fit the model's positions and blocks
-// (WarmUpPrompt's does).
+// and kernels: a server's first prefills ran 17-23% slower than the same shapes later
+// (docs/validation.md). Best called on the thread that will run the model, before it serves:
+// oneDNN keeps its primitives, and kernels their scratch, per thread (a worker process calls it
+// on its main thread, before it registers; its engine thread's first steps then cost a few
+// milliseconds more). `prompt` must fit the model's positions and blocks (WarmUpPrompt's does).
 void WarmUp(ForwardModel& model, std::span<const std::int32_t> prompt);
 // Up to 512 token ids spread over the vocabulary, as many as the model's positions and KV
 // blocks leave room for beside the decode token (none when they leave none).
