@@ -3,7 +3,10 @@
 # process, one steady clock) sets the moment each token left the engine against the moment the
 # client had received it (counted through continuous usage stats), with STREAMS streams of the
 # tiny test model opened at once; beside it, in the same run and interleaved, the same streams
-# submitted in-process (listeners on the engine thread: no HTTP, detokenization or JSON).
+# submitted in-process (listeners on the engine thread: no HTTP, detokenization or JSON), and
+# the floor: the same streams as raw loopback TCP connections, one 300-byte send per token by
+# one writer thread and read by the same kind of client (what any server that gives each stream
+# a connection and each token a write spends at least).
 # Prints one markdown row per mode with the medians over RUNS runs.
 # Usage: bench/serve_sse.sh [STREAMS] [RUNS]   (default 1000 streams, 5 runs)
 set -euo pipefail

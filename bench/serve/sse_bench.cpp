@@ -5,7 +5,9 @@
 // client has received it, counted exactly through vLLM's continuous usage stats (every chunk
 // says how many tokens the request has so far). The yardstick, in the same run: the same
 // streams submitted to the frontend in-process, each token taken by a listener on the engine
-// thread (no HTTP, no detokenization, no JSON).
+// thread (no HTTP, no detokenization, no JSON). The floor, in the same run: the same streams
+// as raw loopback TCP connections, one fixed-size send per token by one writer thread (the
+// least that any server giving each stream a connection and each token a write must spend).
 // Usage: duet_sse_bench [--streams N] [--prompt-tokens P] [--max-tokens M] [--io-threads T]
 //                       [--runs R]   (prints one JSON object per mode and run)
 #include <utility>  // before Asio: Boost 1.74's awaitable.hpp uses std::exchange
@@ -15,6 +17,7 @@
 #include <boost/beast/http.hpp>
 
 #include <sys/resource.h>
+#include <sys/socket.h>
 
 #include <chrono>
 #include <condition_variable>
@@ -321,6 +324,135 @@ nlohmann::json RunHttp(const std::string& model_dir, const Config& c) {
   return report;
 }
 
+// ---- The floor: raw loopback TCP, one send per token --------------------------------------
+
+// One streamed completion chunk with continuous usage stats, as the server sends it (about 300
+// bytes from the tiny model: "data: {...}" and its blank line).
+constexpr std::size_t kChunkBytes = 300;
+
+// As a server's io thread: sends a chunk on a stream's socket for every token the engine
+// thread hands it, in the order they came. Nothing else: no HTTP, JSON or detokenization.
+class RawWriter {
+ public:
+  explicit RawWriter(std::vector<int> fds) : fds_(std::move(fds)), thread_([this] { Loop(); }) {}
+  ~RawWriter() {
+    {
+      std::lock_guard lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_one();
+    thread_.join();
+  }
+  void Push(int stream) {  // the engine thread
+    bool wake = false;
+    {
+      std::lock_guard lock(mu_);
+      wake = queue_.empty();
+      queue_.push_back(stream);
+    }
+    if (wake) cv_.notify_one();
+  }
+
+ private:
+  void Loop() {
+    const std::string chunk(kChunkBytes, 'x');
+    std::vector<int> batch;
+    while (true) {
+      {
+        std::unique_lock lock(mu_);
+        cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+        if (queue_.empty()) return;
+        batch.swap(queue_);
+      }
+      for (int s : batch) {
+        if (::send(fds_[static_cast<std::size_t>(s)], chunk.data(), chunk.size(), MSG_NOSIGNAL) !=
+            static_cast<ssize_t>(chunk.size()))
+          std::fprintf(stderr, "sse_bench: raw send to stream %d failed\n", s);
+      }
+      batch.clear();
+    }
+  }
+
+  std::vector<int> fds_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<int> queue_;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+class RawTaker final : public backend::serve::RequestListener {
+ public:
+  RawTaker(RawWriter* writer, int stream) : writer_(writer), stream_(stream) {}
+  void OnToken(std::int32_t) override { writer_->Push(stream_); }
+  void OnFinished(const backend::serve::FinishInfo&) override {}
+
+ private:
+  RawWriter* writer_;
+  int stream_;
+};
+
+// The client's end of one raw stream: a token is a whole chunk received.
+class RawStream : public std::enable_shared_from_this<RawStream> {
+ public:
+  RawStream(tcp::socket socket, int tokens, std::vector<Clock::time_point>* times)
+      : socket_(std::move(socket)), tokens_(tokens), times_(times) {}
+  void Read() {
+    socket_.async_read_some(
+        net::buffer(piece_), [self = shared_from_this()](beast::error_code ec, std::size_t n) {
+          const Clock::time_point now = Clock::now();
+          if (ec) {
+            std::fprintf(stderr, "sse_bench: raw read: %s\n", ec.message().c_str());
+            return;
+          }
+          self->bytes_ += n;
+          while (self->times_->size() < self->bytes_ / kChunkBytes) self->times_->push_back(now);
+          if (static_cast<int>(self->times_->size()) < self->tokens_) self->Read();
+        });
+  }
+
+ private:
+  tcp::socket socket_;
+  int tokens_;
+  std::vector<Clock::time_point>* times_;
+  std::size_t bytes_ = 0;
+  char piece_[16384];
+};
+
+nlohmann::json RunRawTcp(const std::string& model_dir, const Config& c) {
+  EmissionLog emitted(c.streams);
+  auto frontend = StartFrontend(model_dir, c, &emitted);
+  net::io_context io;
+  tcp::acceptor acceptor(io, tcp::endpoint(net::ip::make_address("127.0.0.1"), 0));
+  std::vector<tcp::socket> server_side;
+  std::vector<std::shared_ptr<RawStream>> streams;
+  Receipts got(c.streams);
+  for (int i = 0; i < c.streams; ++i) {
+    tcp::socket client(io);
+    client.connect(acceptor.local_endpoint());
+    server_side.push_back(acceptor.accept());
+    client.set_option(tcp::no_delay(true));
+    server_side.back().set_option(tcp::no_delay(true));
+    streams.push_back(std::make_shared<RawStream>(std::move(client), c.max_tokens,
+                                                  &got.times[static_cast<std::size_t>(i)]));
+  }
+  std::vector<int> fds;
+  for (auto& s : server_side) fds.push_back(s.native_handle());
+  RawWriter writer(fds);
+  got.start = Clock::now();
+  got.cpu_start_s = ProcessCpuSeconds();
+  for (int i = 0; i < c.streams; ++i) {
+    backend::serve::LiveRequest r{Prompt(i, c.prompt_tokens), c.max_tokens, {}};
+    const auto a = frontend->Submit(std::move(r), std::make_shared<RawTaker>(&writer, i));
+    if (a.status != backend::serve::AdmitStatus::kAccepted) throw std::runtime_error(a.message);
+    streams[static_cast<std::size_t>(i)]->Read();
+  }
+  io.run();  // until every stream has all its tokens
+  nlohmann::json report = Report("raw-tcp", c, emitted, got, Clock::now());
+  frontend.reset();
+  return report;
+}
+
 }  // namespace
 }  // namespace duet::bench
 
@@ -360,7 +492,7 @@ int main(int argc, char** argv) {
   try {
     for (int run = 0; run < c.runs; ++run) {
       // Interleaved: each run measures the yardstick and the server back to back.
-      for (auto* mode : {&bench::RunInProcess, &bench::RunHttp}) {
+      for (auto* mode : {&bench::RunInProcess, &bench::RunRawTcp, &bench::RunHttp}) {
         nlohmann::json r = (*mode)(dir, c);
         r["run"] = run;
         std::printf("%s\n", r.dump().c_str());
