@@ -233,6 +233,8 @@ void TierManager::Write(int kind, int node, InstanceId instance, int from,
   KvTierStore* s = Store(tier, node);
   TierCounters& c = counters_[static_cast<std::size_t>(kind)];
   ++changes_;
+  // Locals, not members reused across calls: Post may let other engines run before it returns
+  // (in simulation it is a simcall, and other actors run meanwhile), and they call Write too.
   std::vector<BlockHash> accepted, evicted;
   for (std::size_t i = 0; i < hashes.size(); ++i) {
     PrefetchAhead(s, hashes, i);

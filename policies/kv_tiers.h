@@ -172,7 +172,6 @@ class TierManager {
   std::size_t num_pending_writes_ = 0;
   std::vector<Load> loads_;
   LoadId next_load_ = 1;
-  std::vector<BlockHash> scratch_;
   std::uint64_t changes_ = 0;
   mutable std::vector<LastLookup> last_lookup_;  // by node
 };
