@@ -3,28 +3,17 @@
 
 #include <cstring>
 
+#include "backend/transport/descriptor_bytes.h"
+
 namespace duet::backend {
 namespace {
+
+using descriptor_bytes::Put;
+using descriptor_bytes::Take;
 
 constexpr char kMagic[4] = {'D', 'K', 'V', 'U'};
 constexpr std::uint32_t kVersion = 1;
 constexpr std::uint32_t kMaxBlob = 64 * 1024;
-
-template <typename T>
-void Put(std::string& out, T value) {
-  char bytes[sizeof(T)];
-  std::memcpy(bytes, &value, sizeof(T));  // little-endian hosts only (x86-64, aarch64)
-  out.append(bytes, sizeof(T));
-}
-
-// Reads from the front of `in`, failing (false) when too short.
-template <typename T>
-bool Take(std::string_view& in, T* value) {
-  if (in.size() < sizeof(T)) return false;
-  std::memcpy(value, in.data(), sizeof(T));
-  in.remove_prefix(sizeof(T));
-  return true;
-}
 
 bool TakeBlob(std::string_view& in, std::string* blob) {
   std::uint32_t size = 0;
@@ -66,9 +55,7 @@ Result<UcxPeerDescriptor> ParseUcxDescriptor(std::string_view in) {
   if (!Take(in, &d.base) || !Take(in, &block_bytes) || !Take(in, &num_blocks)) {
     return Status::Error(what + "truncated in its region");
   }
-  // The region must fit in an address space: block_bytes * num_blocks without overflow.
-  if (block_bytes <= 0 || num_blocks <= 0 || block_bytes > (std::int64_t{1} << 40) ||
-      num_blocks > (std::int64_t{1} << 31) || block_bytes > INT64_MAX / num_blocks) {
+  if (!descriptor_bytes::RegionInRange(block_bytes, num_blocks)) {
     return Status::Error(what + "region of " + std::to_string(num_blocks) + " blocks of " +
                          std::to_string(block_bytes) + " bytes is out of range");
   }

@@ -1,12 +1,9 @@
-// The KV transport contract, run against every transport this build has (loopback, UCX over
-// tcp and over shared memory, the fault-injecting wrapper passing everything through): the
-// named blocks move into the named blocks and nothing else changes; transfers in flight
-// together finish independently; a transfer that names unknown instances or blocks outside a
-// region, or gives fewer destination than source blocks, fails and moves nothing; each finished
-// transfer leaves a record. Then the fault-injecting wrapper's faults, and the UCX descriptor
-// format's parser on malformed input.
+// The KV transport contract (kv_transport_contract.h), run against every transport this build
+// has that needs no device (loopback, UCX over tcp and over shared memory, the worker
+// processes' UCX transport, the fault-injecting wrapper passing everything through; tests/gpu
+// runs it over CUDA IPC). Then the fault-injecting wrapper's faults, and the UCX and CUDA IPC
+// descriptor formats' parsers on malformed input.
 #include "backend/transport/kv_transport.h"
-#include "backend/transport/ucx_descriptor.h"
 
 #include <gtest/gtest.h>
 
@@ -18,11 +15,13 @@
 #include <numeric>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
-#include <thread>
-
+#include "backend/transport/cuda_ipc_descriptor.h"
 #include "backend/transport/local_kv_transports.h"
+#include "backend/transport/ucx_descriptor.h"
+#include "tests/transport/kv_transport_contract.h"
 #if DUET_HAVE_UCX
 #include "backend/transport/ucx_kv_transport.h"
 #endif
@@ -30,63 +29,16 @@
 namespace duet::backend {
 namespace {
 
+using contract::Harness;
+using contract::kDecode;
+using contract::kPrefill;
+using contract::KvTransportContract;
+using contract::Named;
+using contract::Region;
+using contract::RegionMemory;
 using policies::KvTransferRequest;
 using policies::TransferId;
 using policies::TransferStatus;
-
-constexpr policies::InstanceId kPrefill = 0, kDecode = 1;
-
-// A KV region: num_blocks blocks of block_bytes, each byte a function of (seed, offset), in
-// memory from `allocator` (null: the heap).
-struct Region {
-  std::vector<unsigned char> heap;
-  std::unique_ptr<KvMemory> memory;
-  KvRegion region;
-  Region(std::int64_t block_bytes, std::int64_t num_blocks, unsigned seed,
-         const KvAllocator& allocator = nullptr) {
-    const auto size = static_cast<std::size_t>(block_bytes * num_blocks);
-    unsigned char* bytes = nullptr;
-    if (allocator) {
-      auto m = allocator(block_bytes * num_blocks);
-      EXPECT_TRUE(m.ok()) << m.error();
-      if (m.ok()) memory = std::move(*m);
-      bytes = memory ? static_cast<unsigned char*>(memory->data()) : nullptr;
-    } else {
-      heap.resize(size);
-      bytes = heap.data();
-    }
-    for (std::size_t i = 0; bytes && i < size; ++i) {
-      bytes[i] = static_cast<unsigned char>((i * 131 + seed * 7 + i / 4096) & 0xff);
-    }
-    region = {bytes, block_bytes, num_blocks, memory.get()};
-  }
-  const unsigned char* Block(std::int64_t b) const {
-    return static_cast<const unsigned char*>(region.base) + b * region.block_bytes;
-  }
-  std::int64_t size() const { return region.block_bytes * region.num_blocks; }
-  bool operator==(const Region& other) const {
-    return size() == other.size() &&
-           std::memcmp(region.base, other.region.base, static_cast<std::size_t>(size())) == 0;
-  }
-};
-
-// One transport under test: where to post (the destination side's transport) and how to let
-// the source side make progress.
-struct Harness {
-  std::string name;
-  std::vector<std::unique_ptr<policies::KvTransport>> owned;
-  policies::KvTransport* transport = nullptr;
-  const KvTransferLog* log = nullptr;
-  std::function<void()> progress_source = [] {};
-};
-
-using Factory = std::function<std::unique_ptr<Harness>(Region& src, Region& dst)>;
-
-struct Named {
-  std::string name;
-  Factory make;
-  KvAllocator memory = nullptr;  // where both regions live (null: the heap)
-};
 
 std::vector<Named> Transports() {
   std::vector<Named> all;
@@ -145,7 +97,7 @@ std::vector<Named> Transports() {
              h->owned.push_back(std::move(*source));
              return h;
            },
-           ucx_memory ? KvTransportAllocator(options) : nullptr});
+           RegionMemory{ucx_memory ? KvTransportAllocator(options) : nullptr, {}, {}}});
     }
   }
   // The transport of a worker process: peers announced from another thread, connected at the
@@ -176,146 +128,6 @@ std::vector<Named> Transports() {
 #endif
   return all;
 }
-
-class KvTransportContract : public ::testing::TestWithParam<Named> {
- protected:
-  static constexpr std::int64_t kBlockBytes = 4096;
-  Region src_{kBlockBytes, 24, 1, GetParam().memory};
-  Region dst_{kBlockBytes, 40, 2, GetParam().memory};
-  Region dst_before_{kBlockBytes, 40, 2};  // dst_'s initial contents
-
-  // Polls until the transfer finishes, letting the source progress; bounded (10 s).
-  TransferStatus Wait(Harness& h, TransferId id) {
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-    while (std::chrono::steady_clock::now() < deadline) {
-      h.progress_source();
-      const TransferStatus s = h.transport->Poll(id);
-      if (s != TransferStatus::kInProgress) return s;
-    }
-    ADD_FAILURE() << "transfer " << id << " did not finish in 10 s";
-    return TransferStatus::kInProgress;
-  }
-
-  // Every destination block is what it was, except block dst[i], which holds source block
-  // src[i].
-  void ExpectMoved(const std::vector<BlockId>& src, const std::vector<BlockId>& dst) {
-    std::vector<int> from(static_cast<std::size_t>(dst_.region.num_blocks), -1);
-    for (std::size_t i = 0; i < src.size(); ++i) from[static_cast<std::size_t>(dst[i])] = src[i];
-    for (std::int64_t b = 0; b < dst_.region.num_blocks; ++b) {
-      const unsigned char* want = from[static_cast<std::size_t>(b)] >= 0
-                                      ? src_.Block(from[static_cast<std::size_t>(b)])
-                                      : dst_before_.Block(b);
-      EXPECT_EQ(std::memcmp(dst_.Block(b), want, kBlockBytes), 0) << "destination block " << b;
-    }
-  }
-
-  KvTransferRequest Transfer(const std::vector<BlockId>& src, const std::vector<BlockId>& dst,
-                             policies::RequestId request = 7) {
-    return {request, kPrefill, kDecode, static_cast<Bytes>(src.size()) * kBlockBytes, src, dst};
-  }
-};
-
-TEST_P(KvTransportContract, MovesTheNamedBlocksAndNothingElse) {
-  auto h = GetParam().make(src_, dst_);
-  ASSERT_NE(h, nullptr);
-  // Runs of consecutive blocks on both sides, and blocks out of order.
-  const std::vector<BlockId> src = {3, 4, 5, 9, 1, 2, 23};
-  const std::vector<BlockId> dst = {10, 11, 12, 20, 0, 1, 39, 5};  // one more: room to grow
-  const TransferId id = h->transport->Post(Transfer(src, dst));
-  ASSERT_EQ(Wait(*h, id), TransferStatus::kDone);
-  ExpectMoved(src, dst);
-  ASSERT_EQ(h->log->records().size(), 1u);
-  const KvTransferRecord& r = h->log->records()[0];
-  EXPECT_TRUE(r.ok) << r.error;
-  EXPECT_EQ(r.request, 7);
-  EXPECT_EQ(r.src, kPrefill);
-  EXPECT_EQ(r.dst, kDecode);
-  EXPECT_EQ(r.bytes, 7 * kBlockBytes);
-  EXPECT_FALSE(r.path.empty());
-}
-
-TEST_P(KvTransportContract, TransfersInFlightTogetherFinishIndependently) {
-  auto h = GetParam().make(src_, dst_);
-  ASSERT_NE(h, nullptr);
-  std::vector<TransferId> ids;
-  std::vector<BlockId> all_src, all_dst;
-  for (BlockId i = 0; i < 8; ++i) {
-    const std::vector<BlockId> src = {BlockId(2 * i), BlockId(2 * i + 1)};
-    const std::vector<BlockId> dst = {BlockId(39 - 2 * i), BlockId(38 - 2 * i)};
-    ids.push_back(h->transport->Post(Transfer(src, dst, 100 + i)));
-    all_src.insert(all_src.end(), src.begin(), src.end());
-    all_dst.insert(all_dst.end(), dst.begin(), dst.end());
-  }
-  for (auto it = ids.rbegin(); it != ids.rend(); ++it) {
-    EXPECT_EQ(Wait(*h, *it), TransferStatus::kDone);
-  }
-  ExpectMoved(all_src, all_dst);
-  EXPECT_EQ(h->log->records().size(), 8u);
-}
-
-// A transport may reuse what a finished transfer held (UCX reuses its slot), never its id:
-// transfers posted while others come and go keep distinct ids and finish as themselves.
-TEST_P(KvTransportContract, IdsStayDistinctAsTransfersComeAndGo) {
-  auto h = GetParam().make(src_, dst_);
-  ASSERT_NE(h, nullptr);
-  const std::vector<std::vector<BlockId>> src = {{0, 1}, {2}, {3, 4}, {5}, {6, 7}};
-  const std::vector<std::vector<BlockId>> dst = {{30, 31}, {32}, {33, 34}, {35}, {36, 37}};
-  TransferId previous = h->transport->Post(Transfer(src[0], dst[0], 200));
-  std::set<TransferId> ids = {previous};
-  for (std::size_t i = 1; i < src.size(); ++i) {
-    // One in flight (the previous) while the next is posted, then the previous finishes.
-    const TransferId id = h->transport->Post(Transfer(src[i], dst[i], 200 + i));
-    EXPECT_TRUE(ids.insert(id).second) << "id " << id << " given twice";
-    EXPECT_EQ(Wait(*h, previous), TransferStatus::kDone);
-    previous = id;
-  }
-  EXPECT_EQ(Wait(*h, previous), TransferStatus::kDone);
-  std::vector<BlockId> all_src, all_dst;
-  for (std::size_t i = 0; i < src.size(); ++i) {
-    all_src.insert(all_src.end(), src[i].begin(), src[i].end());
-    all_dst.insert(all_dst.end(), dst[i].begin(), dst[i].end());
-  }
-  ExpectMoved(all_src, all_dst);
-  ASSERT_EQ(h->log->records().size(), src.size());
-  for (std::size_t i = 0; i < src.size(); ++i) {
-    const KvTransferRecord& r = h->log->records()[i];
-    EXPECT_EQ(r.request, static_cast<policies::RequestId>(200 + i)) << "record " << i;
-    EXPECT_EQ(r.bytes, static_cast<std::int64_t>(src[i].size()) * kBlockBytes) << "record " << i;
-  }
-}
-
-TEST_P(KvTransportContract, BadTransfersFailAndMoveNothing) {
-  auto h = GetParam().make(src_, dst_);
-  ASSERT_NE(h, nullptr);
-  // The block lists live here: a request's spans must outlive its Post.
-  struct Bad {
-    std::vector<BlockId> src, dst;
-    policies::InstanceId src_instance = kPrefill;
-    Bytes extra_bytes = 0;
-  };
-  const std::vector<Bad> bad = {
-      {{0, 24}, {0, 1}},        // source block past the region
-      {{0, 1}, {0, 40}},        // destination block past the region
-      {{0, -1}, {0, 1}},        // negative id
-      {{0, 1, 2}, {0, 1}},      // fewer destination blocks
-      {{0}, {0}, 5},            // unknown source instance
-      {{0}, {0}, kPrefill, 1},  // more bytes than the source blocks hold
-  };
-  for (std::size_t i = 0; i < bad.size(); ++i) {
-    KvTransferRequest t = Transfer(bad[i].src, bad[i].dst);
-    t.src = bad[i].src_instance;
-    t.bytes += bad[i].extra_bytes;
-    EXPECT_EQ(Wait(*h, h->transport->Post(t)), TransferStatus::kFailed) << "case " << i;
-  }
-  ExpectMoved({}, {});
-  ASSERT_EQ(h->log->records().size(), bad.size());
-  for (const KvTransferRecord& r : h->log->records()) {
-    EXPECT_FALSE(r.ok);
-    EXPECT_FALSE(r.error.empty());
-    EXPECT_EQ(r.bytes, 0);
-  }
-}
-
 INSTANTIATE_TEST_SUITE_P(Transports, KvTransportContract, ::testing::ValuesIn(Transports()),
                          [](const ::testing::TestParamInfo<Named>& info) {
                            return info.param.name;
@@ -337,7 +149,10 @@ class FaultInjection : public ::testing::Test {
     static const std::vector<BlockId> src = {0, 1, 2, 3}, dst = {4, 5, 6, 7};
     return {9, kPrefill, kDecode, 4 * 256, src, dst};
   }
-  bool BlockMoved(int i) const { return std::memcmp(dst_.Block(4 + i), src_.Block(i), 256) == 0; }
+  bool BlockMoved(int i) const {
+    const std::vector<unsigned char> dst = dst_.Bytes(), src = src_.Bytes();
+    return std::memcmp(dst.data() + (4 + i) * 256, src.data() + i * 256, 256) == 0;
+  }
   bool Untouched() const { return dst_ == dst_before_; }
 };
 
@@ -441,6 +256,54 @@ TEST(UcxDescriptor, RoundTripsAndRejectsEveryMalformation) {
 }
 
 #if DUET_HAVE_UCX
+TEST(CudaIpcDescriptor, RoundTripsAndRejectsEveryMalformation) {
+  CudaIpcPeerDescriptor d;
+  d.pid = 4242;
+  for (std::size_t i = 0; i < d.device_uuid.size(); ++i) d.device_uuid[i] = 0xa0 + i;
+  for (std::size_t i = 0; i < d.handle.size(); ++i) d.handle[i] = static_cast<unsigned char>(i);
+  d.base = 0x7f0012345000;
+  d.offset = 4096;
+  d.block_bytes = 65536;
+  d.num_blocks = 100;
+  const std::string bytes = EncodeCudaIpcDescriptor(d);
+  Result<CudaIpcPeerDescriptor> back = ParseCudaIpcDescriptor(bytes);
+  ASSERT_TRUE(back.ok()) << back.error();
+  EXPECT_EQ(back->pid, d.pid);
+  EXPECT_EQ(back->device_uuid, d.device_uuid);
+  EXPECT_EQ(back->handle, d.handle);
+  EXPECT_EQ(back->base, d.base);
+  EXPECT_EQ(back->offset, d.offset);
+  EXPECT_EQ(back->block_bytes, d.block_bytes);
+  EXPECT_EQ(back->num_blocks, d.num_blocks);
+  for (std::size_t n = 0; n < bytes.size(); ++n) {
+    EXPECT_FALSE(ParseCudaIpcDescriptor(std::string_view(bytes).substr(0, n)).ok()) << n;
+  }
+  auto error = [](const CudaIpcPeerDescriptor& x) {
+    const auto r = ParseCudaIpcDescriptor(EncodeCudaIpcDescriptor(x));
+    return r.ok() ? std::string() : r.error();
+  };
+  EXPECT_NE(ParseCudaIpcDescriptor(bytes + "x").error().find("after its end"), std::string::npos);
+  std::string wrong_version = bytes;
+  wrong_version[4] = 2;
+  EXPECT_NE(ParseCudaIpcDescriptor(wrong_version).error().find("version 2"), std::string::npos);
+  std::string ucx = bytes;
+  ucx[3] = 'U';  // another transport's descriptor
+  EXPECT_NE(ParseCudaIpcDescriptor(ucx).error().find("DKVC"), std::string::npos);
+  CudaIpcPeerDescriptor x = d;
+  x.num_blocks = 0;
+  EXPECT_NE(error(x).find("out of range"), std::string::npos);
+  x = d;
+  x.block_bytes = std::int64_t{1} << 40;
+  x.num_blocks = std::int64_t{1} << 31;  // their product overflows
+  EXPECT_NE(error(x).find("out of range"), std::string::npos);
+  x = d;
+  x.base = ~std::uint64_t{0} - 4096;  // the region would wrap past the address space
+  EXPECT_NE(error(x).find("address out of range"), std::string::npos);
+  x = d;
+  x.pid = 0;
+  EXPECT_NE(error(x).find("process id 0"), std::string::npos);
+}
+
 TEST(UcxTransport, ConnectRejectsAMalformedDescriptorAndASecondConnection) {
   Region a(256, 4, 1), b(256, 4, 2);
   auto ta = UcxKvTransport::Create(kPrefill, a.region, "tcp");
@@ -481,7 +344,7 @@ TEST(UcxKvMemory, OverSharedMemoryTransportsIsSharedMemory) {
 
 TEST(UcxKvMemory, ATransportOverItChecksItsRegionAndKeepsItAllocated) {
   const KvTransportOptions options{KvTransportKind::kUcx, "posix,cma", {}};
-  Region src(4096, 4, 5, KvTransportAllocator(options));
+  Region src(4096, 4, 5, RegionMemory{KvTransportAllocator(options), {}, {}});
   Region dst(4096, 4, 6);
   const Region src_before(4096, 4, 5);
   KvRegion outside = src.region;

@@ -1,0 +1,253 @@
+// The KV transport contract, as a parameterized suite that every transport's tests instantiate
+// with their transports (tests/transport: loopback, UCX and the fault-injecting wrapper;
+// tests/gpu: CUDA IPC over device memory): the named blocks move into the named blocks and
+// nothing else changes; transfers in flight together finish independently; ids stay distinct;
+// a transfer that names unknown instances or blocks outside a region, or gives fewer
+// destination than source blocks, fails and moves nothing; each finished transfer leaves a
+// record.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "backend/transport/kv_transport.h"
+
+namespace duet::backend::contract {
+
+using policies::KvTransferRequest;
+using policies::TransferId;
+using policies::TransferStatus;
+
+constexpr policies::InstanceId kPrefill = 0, kDecode = 1;
+
+// Where a region's bytes live: the heap (no allocator), or memory from `allocate`, which the
+// test writes and reads through `write` and `read` (null: memcpy; device memory needs copies).
+struct RegionMemory {
+  KvAllocator allocate = nullptr;
+  std::function<void(void*dst, const void*src, std::size_t n)> write, read;
+};
+
+// Byte i of a region made with `seed`.
+inline unsigned char PatternByte(std::size_t i, unsigned seed) {
+  return static_cast<unsigned char>((i * 131 + seed * 7 + i / 4096) & 0xff);
+}
+
+// A KV region: num_blocks blocks of block_bytes, byte i PatternByte(i, seed).
+struct Region {
+  RegionMemory where;
+  std::vector<unsigned char> heap;
+  std::unique_ptr<KvMemory> memory;
+  KvRegion region;
+  Region(std::int64_t block_bytes, std::int64_t num_blocks, unsigned seed,
+         RegionMemory memory_from = {})
+      : where(std::move(memory_from)) {
+    const auto size = static_cast<std::size_t>(block_bytes * num_blocks);
+    std::vector<unsigned char> bytes(size);
+    for (std::size_t i = 0; i < size; ++i) bytes[i] = PatternByte(i, seed);
+    void* base = nullptr;
+    if (where.allocate) {
+      auto m = where.allocate(block_bytes * num_blocks);
+      EXPECT_TRUE(m.ok()) << m.error();
+      if (m.ok()) memory = std::move(*m);
+      base = memory ? memory->data() : nullptr;
+      if (base) (where.write ? where.write : Copy)(base, bytes.data(), size);
+    } else {
+      heap = std::move(bytes);
+      base = heap.data();
+    }
+    region = {base, block_bytes, num_blocks, memory.get()};
+  }
+  std::int64_t size() const { return region.block_bytes * region.num_blocks; }
+  // What the region holds now.
+  std::vector<unsigned char> Bytes() const {
+    std::vector<unsigned char> out(static_cast<std::size_t>(size()));
+    if (region.base) (where.read ? where.read : Copy)(out.data(), region.base, out.size());
+    return out;
+  }
+  bool operator==(const Region& other) const { return Bytes() == other.Bytes(); }
+
+ private:
+  static void Copy(void* dst, const void* src, std::size_t n) { std::memcpy(dst, src, n); }
+};
+
+// One transport under test: where to post (the destination side's transport) and how to let
+// the source side make progress.
+struct Harness {
+  std::string name;
+  std::vector<std::shared_ptr<void>> keep_alive;  // what else it needs (after `owned` goes)
+  std::vector<std::unique_ptr<policies::KvTransport>> owned;
+  policies::KvTransport* transport = nullptr;
+  const KvTransferLog* log = nullptr;
+  std::function<void()> progress_source = [] {};
+};
+
+using Factory = std::function<std::unique_ptr<Harness>(Region& src, Region& dst)>;
+
+struct Named {
+  std::string name;
+  Factory make;
+  RegionMemory memory = {};  // where both regions live (default: the heap)
+  // Why it cannot run here (the test skips saying so); null or empty: it can.
+  std::function<std::string()> unavailable = nullptr;
+};
+
+class KvTransportContract : public ::testing::TestWithParam<Named> {
+ protected:
+  static constexpr std::int64_t kBlockBytes = 4096;
+  // Made in SetUp, once the transport is known to run here.
+  std::optional<Region> src_, dst_;
+  std::optional<Region> dst_before_;  // dst_'s initial contents
+
+  void SetUp() override {
+    if (GetParam().unavailable) {
+      if (const std::string why = GetParam().unavailable(); !why.empty()) GTEST_SKIP() << why;
+    }
+    src_.emplace(kBlockBytes, 24, 1, GetParam().memory);
+    dst_.emplace(kBlockBytes, 40, 2, GetParam().memory);
+    dst_before_.emplace(kBlockBytes, 40, 2);
+  }
+
+  // Polls until the transfer finishes, letting the source progress; bounded (10 s).
+  TransferStatus Wait(Harness& h, TransferId id) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (std::chrono::steady_clock::now() < deadline) {
+      h.progress_source();
+      const TransferStatus s = h.transport->Poll(id);
+      if (s != TransferStatus::kInProgress) return s;
+    }
+    ADD_FAILURE() << "transfer " << id << " did not finish in 10 s";
+    return TransferStatus::kInProgress;
+  }
+
+  // Every destination block is what it was, except block dst[i], which holds source block
+  // src[i].
+  void ExpectMoved(const std::vector<BlockId>& src, const std::vector<BlockId>& dst) {
+    const std::vector<unsigned char> now = dst_->Bytes(), before = dst_before_->Bytes(),
+                                     from_src = src_->Bytes();
+    std::vector<int> from(static_cast<std::size_t>(dst_->region.num_blocks), -1);
+    for (std::size_t i = 0; i < src.size(); ++i) from[static_cast<std::size_t>(dst[i])] = src[i];
+    for (std::int64_t b = 0; b < dst_->region.num_blocks; ++b) {
+      const int f = from[static_cast<std::size_t>(b)];
+      const unsigned char* want =
+          f >= 0 ? from_src.data() + f * kBlockBytes : before.data() + b * kBlockBytes;
+      EXPECT_EQ(std::memcmp(now.data() + b * kBlockBytes, want, kBlockBytes), 0)
+          << "destination block " << b;
+    }
+  }
+
+  KvTransferRequest Transfer(const std::vector<BlockId>& src, const std::vector<BlockId>& dst,
+                             policies::RequestId request = 7) {
+    return {request, kPrefill, kDecode, static_cast<Bytes>(src.size()) * kBlockBytes, src, dst};
+  }
+};
+
+TEST_P(KvTransportContract, MovesTheNamedBlocksAndNothingElse) {
+  auto h = GetParam().make(*src_, *dst_);
+  ASSERT_NE(h, nullptr);
+  // Runs of consecutive blocks on both sides, and blocks out of order.
+  const std::vector<BlockId> src = {3, 4, 5, 9, 1, 2, 23};
+  const std::vector<BlockId> dst = {10, 11, 12, 20, 0, 1, 39, 5};  // one more: room to grow
+  const TransferId id = h->transport->Post(Transfer(src, dst));
+  ASSERT_EQ(Wait(*h, id), TransferStatus::kDone);
+  ExpectMoved(src, dst);
+  ASSERT_EQ(h->log->records().size(), 1u);
+  const KvTransferRecord& r = h->log->records()[0];
+  EXPECT_TRUE(r.ok) << r.error;
+  EXPECT_EQ(r.request, 7);
+  EXPECT_EQ(r.src, kPrefill);
+  EXPECT_EQ(r.dst, kDecode);
+  EXPECT_EQ(r.bytes, 7 * kBlockBytes);
+  EXPECT_FALSE(r.path.empty());
+}
+
+TEST_P(KvTransportContract, TransfersInFlightTogetherFinishIndependently) {
+  auto h = GetParam().make(*src_, *dst_);
+  ASSERT_NE(h, nullptr);
+  std::vector<TransferId> ids;
+  std::vector<BlockId> all_src, all_dst;
+  for (BlockId i = 0; i < 8; ++i) {
+    const std::vector<BlockId> src = {BlockId(2 * i), BlockId(2 * i + 1)};
+    const std::vector<BlockId> dst = {BlockId(39 - 2 * i), BlockId(38 - 2 * i)};
+    ids.push_back(h->transport->Post(Transfer(src, dst, 100 + i)));
+    all_src.insert(all_src.end(), src.begin(), src.end());
+    all_dst.insert(all_dst.end(), dst.begin(), dst.end());
+  }
+  for (auto it = ids.rbegin(); it != ids.rend(); ++it) {
+    EXPECT_EQ(Wait(*h, *it), TransferStatus::kDone);
+  }
+  ExpectMoved(all_src, all_dst);
+  EXPECT_EQ(h->log->records().size(), 8u);
+}
+
+// A transport may reuse what a finished transfer held (UCX reuses its slot), never its id:
+// transfers posted while others come and go keep distinct ids and finish as themselves.
+TEST_P(KvTransportContract, IdsStayDistinctAsTransfersComeAndGo) {
+  auto h = GetParam().make(*src_, *dst_);
+  ASSERT_NE(h, nullptr);
+  const std::vector<std::vector<BlockId>> src = {{0, 1}, {2}, {3, 4}, {5}, {6, 7}};
+  const std::vector<std::vector<BlockId>> dst = {{30, 31}, {32}, {33, 34}, {35}, {36, 37}};
+  TransferId previous = h->transport->Post(Transfer(src[0], dst[0], 200));
+  std::set<TransferId> ids = {previous};
+  for (std::size_t i = 1; i < src.size(); ++i) {
+    // One in flight (the previous) while the next is posted, then the previous finishes.
+    const TransferId id = h->transport->Post(Transfer(src[i], dst[i], 200 + i));
+    EXPECT_TRUE(ids.insert(id).second) << "id " << id << " given twice";
+    EXPECT_EQ(Wait(*h, previous), TransferStatus::kDone);
+    previous = id;
+  }
+  EXPECT_EQ(Wait(*h, previous), TransferStatus::kDone);
+  std::vector<BlockId> all_src, all_dst;
+  for (std::size_t i = 0; i < src.size(); ++i) {
+    all_src.insert(all_src.end(), src[i].begin(), src[i].end());
+    all_dst.insert(all_dst.end(), dst[i].begin(), dst[i].end());
+  }
+  ExpectMoved(all_src, all_dst);
+  ASSERT_EQ(h->log->records().size(), src.size());
+  for (std::size_t i = 0; i < src.size(); ++i) {
+    const KvTransferRecord& r = h->log->records()[i];
+    EXPECT_EQ(r.request, static_cast<policies::RequestId>(200 + i)) << "record " << i;
+    EXPECT_EQ(r.bytes, static_cast<std::int64_t>(src[i].size()) * kBlockBytes) << "record " << i;
+  }
+}
+
+TEST_P(KvTransportContract, BadTransfersFailAndMoveNothing) {
+  auto h = GetParam().make(*src_, *dst_);
+  ASSERT_NE(h, nullptr);
+  // The block lists live here: a request's spans must outlive its Post.
+  struct Bad {
+    std::vector<BlockId> src, dst;
+    policies::InstanceId src_instance = kPrefill;
+    Bytes extra_bytes = 0;
+  };
+  const std::vector<Bad> bad = {
+      {{0, 24}, {0, 1}},        // source block past the region
+      {{0, 1}, {0, 40}},        // destination block past the region
+      {{0, -1}, {0, 1}},        // negative id
+      {{0, 1, 2}, {0, 1}},      // fewer destination blocks
+      {{0}, {0}, 5},            // unknown source instance
+      {{0}, {0}, kPrefill, 1},  // more bytes than the source blocks hold
+  };
+  for (std::size_t i = 0; i < bad.size(); ++i) {
+    KvTransferRequest t = Transfer(bad[i].src, bad[i].dst);
+    t.src = bad[i].src_instance;
+    t.bytes += bad[i].extra_bytes;
+    EXPECT_EQ(Wait(*h, h->transport->Post(t)), TransferStatus::kFailed) << "case " << i;
+  }
+  ExpectMoved({}, {});
+  ASSERT_EQ(h->log->records().size(), bad.size());
+  for (const KvTransferRecord& r : h->log->records()) {
+    EXPECT_FALSE(r.ok);
+    EXPECT_FALSE(r.error.empty());
+    EXPECT_EQ(r.bytes, 0);
+  }
+}
+
+}  // namespace duet::backend::contract
