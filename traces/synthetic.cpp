@@ -20,8 +20,7 @@
 namespace duet::traces {
 namespace {
 
-// Clamp defaults for lognormal and trace lengths.
-constexpr Tokens kDefaultMinTokens = 1;
+// The default upper clamp of lognormal and trace lengths.
 constexpr Tokens kDefaultMaxTokens = 1'000'000;
 // Sanity bounds: beyond these a spec is surely a typo, and sizes would overflow downstream.
 constexpr Tokens kMaxTokens = 1'000'000'000;
