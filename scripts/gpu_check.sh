@@ -10,7 +10,8 @@
 # Each step's log goes to LOG_DIR; a table of the steps' outcomes is printed last.
 # Usage: scripts/gpu_check.sh [BIN_DIR] [LOG_DIR]   (default build/bin, build/gpu-check)
 # STEPS (environment) picks some of: tests sanitizers serve bench (default: all, in that order).
-# BIN_DIR holds duet, duet_gpu_tests and duet_cuda_bench, with the CUDA plugin in BIN_DIR/../lib.
+# BIN_DIR holds duet, duet_gpu_tests, duet_cuda_ipc_peer (which the CUDA IPC transport's test
+# starts) and duet_cuda_bench, with the CUDA plugin in BIN_DIR/../lib.
 # Exit status: the number of steps that failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."

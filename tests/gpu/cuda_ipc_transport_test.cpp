@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -75,7 +76,11 @@ class PeerProcess {
   std::string Start(std::int64_t block_bytes, std::int64_t blocks, unsigned seed) {
     int fds[2];
     if (::pipe(fds) != 0) return {};
-    const std::string bin = std::string(DUET_BINARY_DIR) + "/bin/duet_cuda_ipc_peer";
+    // Beside this test's executable (gpu_check.sh runs binaries copied elsewhere).
+    std::error_code ec;
+    const std::string bin =
+        (std::filesystem::read_symlink("/proc/self/exe", ec).parent_path() / "duet_cuda_ipc_peer")
+            .string();
     const std::string a = std::to_string(block_bytes), b = std::to_string(blocks),
                       c = std::to_string(seed);
     pid_ = ::fork();
