@@ -1,7 +1,7 @@
 // The CUDA IPC KV descriptor format (see cuda_ipc_descriptor.h).
 #include "backend/transport/cuda_ipc_descriptor.h"
 
-#include <cstring>
+#include <string_view>
 
 #include "backend/transport/descriptor_bytes.h"
 
@@ -11,13 +11,13 @@ namespace {
 using descriptor_bytes::Put;
 using descriptor_bytes::Take;
 
-constexpr char kMagic[4] = {'D', 'K', 'V', 'C'};
+constexpr std::string_view kMagic = "DKVC";
 constexpr std::uint32_t kVersion = 1;
 
 }  // namespace
 
 std::string EncodeCudaIpcDescriptor(const CudaIpcPeerDescriptor& d) {
-  std::string out(kMagic, sizeof kMagic);
+  std::string out(kMagic);
   Put(out, kVersion);
   Put(out, d.pid);
   Put(out, d.device_uuid);
@@ -31,25 +31,14 @@ std::string EncodeCudaIpcDescriptor(const CudaIpcPeerDescriptor& d) {
 
 Result<CudaIpcPeerDescriptor> ParseCudaIpcDescriptor(std::string_view in) {
   const std::string what = "CUDA IPC KV descriptor: ";
-  if (in.size() < sizeof kMagic || std::memcmp(in.data(), kMagic, sizeof kMagic) != 0)
-    return Status::Error(what + "does not start with DKVC");
-  in.remove_prefix(sizeof kMagic);
-  std::uint32_t version = 0;
-  if (!Take(in, &version)) return Status::Error(what + "truncated before its version");
-  if (version != kVersion) {
-    return Status::Error(what + "version " + std::to_string(version) + ", this build reads " +
-                         std::to_string(kVersion));
-  }
+  DUET_RETURN_IF_ERROR(descriptor_bytes::TakeHeader(in, kMagic, kVersion, what));
   CudaIpcPeerDescriptor d;
   if (!Take(in, &d.pid) || !Take(in, &d.device_uuid) || !Take(in, &d.handle))
     return Status::Error(what + "truncated in its process, device or handle");
   if (!Take(in, &d.base) || !Take(in, &d.offset) || !Take(in, &d.block_bytes) ||
       !Take(in, &d.num_blocks))
     return Status::Error(what + "truncated in its region");
-  if (!descriptor_bytes::RegionInRange(d.block_bytes, d.num_blocks)) {
-    return Status::Error(what + "region of " + std::to_string(d.num_blocks) + " blocks of " +
-                         std::to_string(d.block_bytes) + " bytes is out of range");
-  }
+  DUET_RETURN_IF_ERROR(descriptor_bytes::CheckRegion(d.block_bytes, d.num_blocks, what));
   // The region lies inside its allocation, and inside an address space.
   const auto size = static_cast<std::uint64_t>(d.block_bytes * d.num_blocks);
   if (d.offset > (std::uint64_t{1} << 48) || d.base > UINT64_MAX - size)

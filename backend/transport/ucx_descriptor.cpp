@@ -1,7 +1,7 @@
 // The UCX KV descriptor format (see ucx_descriptor.h).
 #include "backend/transport/ucx_descriptor.h"
 
-#include <cstring>
+#include <string_view>
 
 #include "backend/transport/descriptor_bytes.h"
 
@@ -11,7 +11,7 @@ namespace {
 using descriptor_bytes::Put;
 using descriptor_bytes::Take;
 
-constexpr char kMagic[4] = {'D', 'K', 'V', 'U'};
+constexpr std::string_view kMagic = "DKVU";
 constexpr std::uint32_t kVersion = 1;
 constexpr std::uint32_t kMaxBlob = 64 * 1024;
 
@@ -26,7 +26,7 @@ bool TakeBlob(std::string_view& in, std::string* blob) {
 }  // namespace
 
 std::string EncodeUcxDescriptor(const UcxPeerDescriptor& d) {
-  std::string out(kMagic, sizeof kMagic);
+  std::string out(kMagic);
   Put(out, kVersion);
   Put(out, d.base);
   Put(out, static_cast<std::int64_t>(d.region.block_bytes));
@@ -40,25 +40,13 @@ std::string EncodeUcxDescriptor(const UcxPeerDescriptor& d) {
 
 Result<UcxPeerDescriptor> ParseUcxDescriptor(std::string_view in) {
   const std::string what = "UCX KV descriptor: ";
-  if (in.size() < sizeof kMagic || std::memcmp(in.data(), kMagic, sizeof kMagic) != 0) {
-    return Status::Error(what + "does not start with DKVU");
-  }
-  in.remove_prefix(sizeof kMagic);
-  std::uint32_t version = 0;
-  if (!Take(in, &version)) return Status::Error(what + "truncated before its version");
-  if (version != kVersion) {
-    return Status::Error(what + "version " + std::to_string(version) + ", this build reads " +
-                         std::to_string(kVersion));
-  }
+  DUET_RETURN_IF_ERROR(descriptor_bytes::TakeHeader(in, kMagic, kVersion, what));
   UcxPeerDescriptor d;
   std::int64_t block_bytes = 0, num_blocks = 0;
   if (!Take(in, &d.base) || !Take(in, &block_bytes) || !Take(in, &num_blocks)) {
     return Status::Error(what + "truncated in its region");
   }
-  if (!descriptor_bytes::RegionInRange(block_bytes, num_blocks)) {
-    return Status::Error(what + "region of " + std::to_string(num_blocks) + " blocks of " +
-                         std::to_string(block_bytes) + " bytes is out of range");
-  }
+  DUET_RETURN_IF_ERROR(descriptor_bytes::CheckRegion(block_bytes, num_blocks, what));
   d.region.block_bytes = block_bytes;
   d.region.num_blocks = num_blocks;
   if (!TakeBlob(in, &d.worker_address) || d.worker_address.empty()) {
