@@ -32,7 +32,8 @@ constexpr policies::InstanceId kPrefill = 0, kDecode = 1;
 // test writes and reads through `write` and `read` (null: memcpy; device memory needs copies).
 struct RegionMemory {
   KvAllocator allocate = nullptr;
-  std::function<void(void*dst, const void*src, std::size_t n)> write, read;
+  using Copier = std::function<void(void* to, const void* from, std::size_t n)>;
+  Copier write, read;
 };
 
 // Byte i of a region made with `seed`.
