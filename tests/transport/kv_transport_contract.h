@@ -82,7 +82,6 @@ struct Region {
 // One transport under test: where to post (the destination side's transport) and how to let
 // the source side make progress.
 struct Harness {
-  std::string name;
   std::vector<std::shared_ptr<void>> keep_alive;  // what else it needs (after `owned` goes)
   std::vector<std::unique_ptr<policies::KvTransport>> owned;
   policies::KvTransport* transport = nullptr;
