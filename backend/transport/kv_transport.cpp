@@ -14,45 +14,12 @@ using policies::TransferStatus;
 
 std::string CheckKvTransfer(const policies::KvTransferRequest& transfer, const KvRegion* src,
                             const KvRegion* dst) {
-  if (src == nullptr) return "unknown source instance " + std::to_string(transfer.src);
-  if (dst == nullptr) return "unknown destination instance " + std::to_string(transfer.dst);
-  if (src->block_bytes != dst->block_bytes) {
-    return "block sizes differ: " + std::to_string(src->block_bytes) + " bytes at the source, " +
-           std::to_string(dst->block_bytes) + " at the destination";
-  }
-  if (transfer.dst_blocks.size() < transfer.src_blocks.size()) {
-    return std::to_string(transfer.src_blocks.size()) + " source blocks but only " +
-           std::to_string(transfer.dst_blocks.size()) + " destination blocks";
-  }
-  auto outside = [](std::span<const BlockId> ids, const KvRegion& region) {
-    for (BlockId id : ids) {
-      if (id < 0 || id >= region.num_blocks) return std::to_string(id);
-    }
-    return std::string();
+  auto layout = [](const KvRegion& r) {
+    return policies::KvBlockLayout{r.block_bytes, r.num_blocks};
   };
-  if (std::string id = outside(transfer.src_blocks, *src); !id.empty()) {
-    return "source block " + id + " outside its " + std::to_string(src->num_blocks) + " blocks";
-  }
-  if (std::string id = outside(transfer.dst_blocks, *dst); !id.empty()) {
-    return "destination block " + id + " outside its " + std::to_string(dst->num_blocks) +
-           " blocks";
-  }
-  const std::int64_t held =
-      static_cast<std::int64_t>(transfer.src_blocks.size()) * src->block_bytes;
-  if (transfer.bytes < 0 || transfer.bytes > held) {
-    return std::to_string(transfer.bytes) + " bytes asked of " +
-           std::to_string(transfer.src_blocks.size()) + " blocks holding " + std::to_string(held);
-  }
-  return {};
-}
-
-void KvTransferLog::Record(KvTransferRecord record) {
-  ++totals_.transfers;
-  if (!record.ok) ++totals_.failed;
-  totals_.bytes += record.bytes;
-  totals_.seconds += record.seconds;
-  if (records_.size() == kMaxRecords) records_.pop_front();
-  records_.push_back(std::move(record));
+  const policies::KvBlockLayout s = src ? layout(*src) : policies::KvBlockLayout{},
+                                d = dst ? layout(*dst) : policies::KvBlockLayout{};
+  return policies::CheckKvTransfer(transfer, src ? &s : nullptr, dst ? &d : nullptr);
 }
 
 void LoopbackKvTransport::Register(policies::InstanceId instance, KvRegion region) {

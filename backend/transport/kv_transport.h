@@ -2,9 +2,8 @@
 // transfer moves a request's KV blocks from the source instance's KV region into the
 // destination's (ForwardModel::kv_region(): block b is block_bytes bytes at base + b *
 // block_bytes): block i of src_blocks into block i of dst_blocks. Every transport checks a
-// transfer before moving anything (CheckKvTransfer); one that fails the check fails on its
-// first poll, with the reason in its record. Every finished transfer leaves a record (bytes,
-// seconds, path): the measured costs that calibration fits the simulator's links to.
+// transfer before moving anything and leaves a record of every finished transfer, as
+// policies/kv_transfer.h says (the simulated transport, sim/sim_kv_transport.h, does too).
 //
 // Here: LoopbackKvTransport (instances in one process, memcpy) and FaultInjectingKvTransport
 // (fails, delays, drops or truncates the transfers of the transport it wraps, for tests);
@@ -12,7 +11,6 @@
 #pragma once
 
 #include <cstdint>
-#include <deque>
 #include <functional>
 #include <map>
 #include <span>
@@ -20,26 +18,18 @@
 #include <vector>
 
 #include "backend/engine/forward_model.h"
+#include "policies/kv_transfer.h"
 #include "policies/ports.h"
 
 namespace duet::backend {
 
 using BlockId = policies::KvBlockManager::BlockId;
 
-struct KvTransferRecord {
-  policies::RequestId request = 0;
-  policies::InstanceId src = policies::kNoInstance;
-  policies::InstanceId dst = policies::kNoInstance;
-  std::int64_t bytes = 0;  // moved (0 when the transfer failed before moving)
-  double seconds = 0;      // from Post to the poll that saw it finish
-  std::string path;        // "loopback", "ucx:tcp", ...
-  bool ok = false;
-  std::string error;  // why it failed
-};
+using policies::KvTransferLog;
+using policies::KvTransferRecord;
+using policies::KvTransferTotals;
 
-// Why a transfer between these regions cannot proceed; empty when it can: the regions exist
-// and share a block size, the lists name blocks inside their regions, and the destination list
-// is at least as long as the source's. `bytes` must be what the source blocks hold at most.
+// policies::CheckKvTransfer over the regions' block layouts (null: unknown instance).
 std::string CheckKvTransfer(const policies::KvTransferRequest& transfer, const KvRegion* src,
                             const KvRegion* dst);
 
@@ -64,30 +54,6 @@ void ForEachBlockRun(std::span<const BlockId> src, std::span<const BlockId> dst,
     i += static_cast<std::size_t>(run.blocks);
   }
 }
-
-// What a transport moved since it started, by every record it ever made.
-struct KvTransferTotals {
-  std::int64_t transfers = 0;
-  std::int64_t failed = 0;
-  std::int64_t bytes = 0;
-  double seconds = 0;
-};
-
-// Records of the transfers a transport finished, oldest first: the last kMaxRecords of them
-// (a server runs for days), and totals over all. Read on the thread that uses the transport.
-class KvTransferLog {
- public:
-  static constexpr std::size_t kMaxRecords = 1 << 16;
-  const std::deque<KvTransferRecord>& records() const { return records_; }
-  const KvTransferTotals& totals() const { return totals_; }
-
- protected:
-  void Record(KvTransferRecord record);
-
- private:
-  std::deque<KvTransferRecord> records_;
-  KvTransferTotals totals_;
-};
 
 // Instances in one process: a transfer is one memcpy per block run, done in Post.
 class LoopbackKvTransport final : public policies::KvTransport, public KvTransferLog {

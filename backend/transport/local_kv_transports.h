@@ -22,9 +22,13 @@
 #include "policies/engine.h"
 #include "policies/ports.h"
 
+namespace duet::policies {
+class KvTransferLog;
+}
+
 namespace duet::backend {
 
-class KvTransferLog;
+using policies::KvTransferLog;
 class UcxKvTransport;
 
 enum class KvTransportKind { kLoopback, kUcx };
