@@ -1,6 +1,8 @@
 // SimGrid platform construction from a ClusterSpec (see platform.h).
 #include "sim/platform.h"
 
+#include <xbt/log.h>
+
 #include <string>
 
 namespace duet::sim {
@@ -15,6 +17,20 @@ sg4::Link* MakeLink(sg4::NetZone* zone, const std::string& name, const LinkSpec&
 }
 
 }  // namespace
+
+std::unique_ptr<sg4::Engine> MakeEngine() {
+  int argc = 1;
+  static char arg0[] = "duet";
+  char* argv[] = {arg0, nullptr};
+  auto engine = std::make_unique<sg4::Engine>(&argc, argv);
+  xbt_log_control_set("root.thresh:critical");
+  sg4::Engine::set_config("network/model:CM02");
+  sg4::Engine::set_config("network/crosstraffic:0");
+  sg4::Engine::set_config("network/TCP-gamma:0");
+  sg4::Engine::set_config("network/weight-S:0");
+  sg4::Engine::set_config("contexts/factory:raw");
+  return engine;
+}
 
 Platform BuildPlatform(const ClusterSpec& cluster) {
   Platform p;

@@ -10,6 +10,8 @@
 #pragma once
 
 #include <simgrid/s4u.hpp>
+
+#include <memory>
 #include <vector>
 
 #include "sim/cluster_spec.h"
@@ -23,6 +25,12 @@ struct Platform {
   std::vector<simgrid::s4u::Host*> ssds;               // [node], with an SSD tier only
   simgrid::s4u::Host* remote_store = nullptr;          // with a remote tier only
 };
+
+// A SimGrid engine set up as every Duet simulation's: SimGrid's own log quiet but for critical
+// errors; max-min bandwidth sharing without TCP corrections, so a transfer alone on its route
+// takes latency + bytes / bandwidth and concurrent transfers share the bottleneck link fairly.
+// One engine at a time per process; build the platform after it.
+std::unique_ptr<simgrid::s4u::Engine> MakeEngine();
 
 Platform BuildPlatform(const ClusterSpec& cluster);
 

@@ -3,7 +3,6 @@
 // shared engine loop. SimGrid exceptions are caught here and turned into Status values.
 #include "sim/simulation.h"
 
-#include <xbt/log.h>
 #include <simgrid/s4u.hpp>
 
 #include <algorithm>
@@ -25,6 +24,7 @@
 #include "policies/kv_event_index.h"
 #include "policies/prefix_lru.h"
 #include "sim/platform.h"
+#include "sim/sim_kv_transport.h"
 #include "sim/timeline.h"
 #include "traces/arrivals.h"
 
@@ -84,22 +84,19 @@ class SimInbox {
 };
 
 // Ports of one instance, on SimGrid: the clock is the simulated clock, the inbox a SimInbox,
-// steps sleep for the cost model's time, KV transfers are host-to-host communications that
-// share the platform's links.
+// steps sleep for the cost model's time, KV transfers go over a SimKvTransport.
 class SimPorts final : public policies::Clock,
                        public policies::Inbox,
                        public policies::Outbox,
-                       public policies::StepExecutor,
-                       public policies::KvTransport {
+                       public policies::StepExecutor {
  public:
   SimPorts(World& world, InstanceId id);
+  SimKvTransport& transport() { return transport_; }
 
   Seconds Now() const override { return sg4::Engine::get_clock(); }
   bool TryReceive(EngineMessage* message) override;
   void WaitUntil(Seconds deadline) override;
   void Send(InstanceId to, const EngineMessage& message) override;
-  policies::TransferId Post(const policies::KvTransferRequest& transfer) override;
-  policies::TransferStatus Poll(policies::TransferId id) override;
   bool CoalescesDecodeRuns() const override { return true; }
   void Execute(const policies::StepPlan& plan, policies::StepEvents& events,
                policies::StepResult* result) override;
@@ -120,13 +117,7 @@ class SimPorts final : public policies::Clock,
   World& world_;
   InstanceId id_;
   SimInbox& inbox_;
-  struct InFlight {
-    std::vector<sg4::CommPtr> comms;  // one per TP shard
-    policies::KvTransferRequest transfer;
-    Seconds posted_s;
-  };
-  std::map<policies::TransferId, InFlight> transfers_;
-  policies::TransferId next_transfer_ = 1;
+  SimKvTransport transport_;
   std::vector<sg4::CommPtr> waitables_;  // reused
 };
 
@@ -208,7 +199,7 @@ struct World {
   std::vector<std::unique_ptr<SimPorts>> ports;
   std::vector<std::unique_ptr<policies::InstanceEngine>> engines;
   std::vector<std::unique_ptr<SimInbox>> inboxes;
-  std::vector<std::vector<sg4::Host*>> hosts;  // per instance, its GPUs
+  std::vector<SimKvEndpoint> instances;  // per instance, its GPUs and KV blocks
   policies::MetricsCollector metrics;
   std::unique_ptr<SimSink> sink;
   std::unique_ptr<SimStorage> storage;
@@ -300,16 +291,22 @@ const sg4::CommPtr& SimInbox::Waitable() {
 }
 
 SimPorts::SimPorts(World& world, InstanceId id)
-    : world_(world), id_(id), inbox_(*world.inboxes[static_cast<std::size_t>(id)]) {}
+    : world_(world),
+      id_(id),
+      inbox_(*world.inboxes[static_cast<std::size_t>(id)]),
+      transport_(
+          world.instances,
+          [&world](sg4::Host* src, sg4::Host* dst, std::uint64_t bytes) {
+            return world.Transfer(src, dst, bytes);
+          },
+          world.timeline.get()) {}
 
 bool SimPorts::TryReceive(EngineMessage* message) { return inbox_.TryReceive(message); }
 
 bool SimPorts::WaitAny(double timeout) {
   waitables_.clear();
   waitables_.push_back(inbox_.Waitable());
-  for (const auto& [id, t] : transfers_) {
-    for (const auto& c : t.comms) waitables_.push_back(c);
-  }
+  transport_.AppendWaitables(&waitables_);
   if (world_.storage) world_.storage->AppendWaitables(&waitables_);
   inbox_.set_waiting(true);
   const ssize_t woken = sg4::Comm::wait_any_for(waitables_, timeout);
@@ -324,49 +321,10 @@ void SimPorts::WaitUntil(Seconds deadline) {
 }
 
 void SimPorts::Send(InstanceId to, const EngineMessage& message) {
-  world_.CountRoute(world_.hosts[static_cast<std::size_t>(id_)].front(),
-                    world_.hosts[static_cast<std::size_t>(to)].front(), kControlMessageBytes);
+  world_.CountRoute(world_.instances[static_cast<std::size_t>(id_)].gpus.front(),
+                    world_.instances[static_cast<std::size_t>(to)].gpus.front(),
+                    kControlMessageBytes);
   world_.inboxes[static_cast<std::size_t>(to)]->Send(message, kControlMessageBytes);
-}
-
-policies::TransferId SimPorts::Post(const policies::KvTransferRequest& transfer) {
-  // Each TP shard moves between corresponding GPUs, in parallel.
-  const auto& src = world_.hosts[static_cast<std::size_t>(transfer.src)];
-  const auto& dst = world_.hosts[static_cast<std::size_t>(transfer.dst)];
-  const std::size_t shards = std::max(src.size(), dst.size());
-  const auto shard_bytes =
-      static_cast<std::uint64_t>(std::ceil(static_cast<double>(transfer.bytes) / shards));
-  std::vector<sg4::CommPtr> comms;
-  for (std::size_t s = 0; s < shards; ++s) {
-    comms.push_back(world_.Transfer(src[s % src.size()], dst[s % dst.size()], shard_bytes));
-  }
-  const policies::TransferId id = next_transfer_++;
-  policies::KvTransferRequest kept = transfer;
-  kept.src_blocks = kept.dst_blocks = {};  // the engine's, valid only during this call
-  transfers_.emplace(id, InFlight{std::move(comms), kept, Now()});
-  return id;
-}
-
-policies::TransferStatus SimPorts::Poll(policies::TransferId id) {
-  auto it = transfers_.find(id);
-  DUET_CHECK(it != transfers_.end());
-  policies::TransferStatus status = policies::TransferStatus::kDone;
-  try {
-    auto& comms = it->second.comms;
-    comms.erase(
-        std::remove_if(comms.begin(), comms.end(), [](const sg4::CommPtr& c) { return c->test(); }),
-        comms.end());
-    if (!comms.empty()) return policies::TransferStatus::kInProgress;
-  } catch (const simgrid::Exception&) {
-    status = policies::TransferStatus::kFailed;
-  }
-  if (world_.timeline) {
-    const policies::KvTransferRequest& t = it->second.transfer;
-    world_.timeline->Add(Timeline::Transfer{t.request, t.src, t.dst, t.bytes, it->second.posted_s,
-                                            Now(), status == policies::TransferStatus::kFailed});
-  }
-  transfers_.erase(it);
-  return status;
 }
 
 void SimPorts::Execute(const policies::StepPlan& plan, policies::StepEvents& events,
@@ -460,7 +418,7 @@ policies::TierIoId SimStorage::Post(const policies::TierIo& io) {
   sg4::Host* tier = TierHost(io.tier, io.node);
   if (io.instance != policies::kNoInstance) {
     // Between the tier and the instance's GPUs, a shard each.
-    const auto& gpus = world_.hosts[static_cast<std::size_t>(io.instance)];
+    const auto& gpus = world_.instances[static_cast<std::size_t>(io.instance)].gpus;
     const auto shard =
         static_cast<std::uint64_t>(std::ceil(static_cast<double>(io.bytes) / gpus.size()));
     for (sg4::Host* gpu : gpus) {
@@ -701,7 +659,7 @@ void Frontend(World& w, const std::vector<InstanceId>& prefill_side,
     LookUpPooled(w, r);
     r.state = RequestState::kQueued;
     // The request carries its token ids: 4 bytes a token.
-    w.CountRoute(w.platform.frontend, w.hosts[static_cast<std::size_t>(d.prefill)].front(),
+    w.CountRoute(w.platform.frontend, w.instances[static_cast<std::size_t>(d.prefill)].gpus.front(),
                  static_cast<double>(r.input_tokens) * 4);
     w.inboxes[static_cast<std::size_t>(d.prefill)]->Send(
         EngineMessage{EngineMessage::Kind::kNewRequest, &r, policies::kNoInstance},
@@ -746,7 +704,7 @@ void Frontend(World& w, const std::vector<InstanceId>& prefill_side,
     ++w.events;
   }
   for (std::size_t i = 0; i < w.engines.size(); ++i) {
-    w.CountRoute(w.platform.frontend, w.hosts[i].front(), kControlMessageBytes);
+    w.CountRoute(w.platform.frontend, w.instances[i].gpus.front(), kControlMessageBytes);
     w.inboxes[i]->Send(
         EngineMessage{EngineMessage::Kind::kShutdown, nullptr, policies::kNoInstance},
         kControlMessageBytes);
@@ -903,18 +861,7 @@ Result<SimReport> Simulate(const ClusterSpec& cluster, const traces::Trace& trac
   namespace fs = std::filesystem;
   const auto wall_start = std::chrono::steady_clock::now();
 
-  int argc = 1;
-  char arg0[] = "duet";
-  char* argv[] = {arg0, nullptr};
-  sg4::Engine engine(&argc, argv);
-  xbt_log_control_set("root.thresh:critical");
-  // Max-min bandwidth sharing without TCP corrections: a transfer alone on its route takes
-  // latency + bytes / bandwidth; concurrent transfers share the bottleneck link fairly.
-  sg4::Engine::set_config("network/model:CM02");
-  sg4::Engine::set_config("network/crosstraffic:0");
-  sg4::Engine::set_config("network/TCP-gamma:0");
-  sg4::Engine::set_config("network/weight-S:0");
-  sg4::Engine::set_config("contexts/factory:raw");
+  const std::unique_ptr<sg4::Engine> engine = MakeEngine();
 
   World w(cluster, trace, options);
   w.platform = BuildPlatform(cluster);
@@ -957,14 +904,17 @@ Result<SimReport> Simulate(const ClusterSpec& cluster, const traces::Trace& trac
     for (int g : spec.gpus)
       hosts.push_back(
           w.platform.gpus[static_cast<std::size_t>(spec.node)][static_cast<std::size_t>(g)]);
-    w.hosts.push_back(std::move(hosts));
-    w.inboxes.push_back(std::make_unique<SimInbox>(w.hosts.back().front(), spec.name));
+    w.instances.push_back(
+        {std::move(hosts),
+         {cluster.engine.block_tokens * cluster.KvBytesPerToken(), spec.memory.kv_blocks}});
+    w.inboxes.push_back(std::make_unique<SimInbox>(w.instances.back().gpus.front(), spec.name));
     w.costs.push_back(MakeStepCostModel(cluster, spec));
   }
   if (cluster.tiers.any()) {
     w.storage = std::make_unique<SimStorage>(w);
     w.tiers = std::make_unique<policies::TierManager>(TierSetupFor(cluster), w.storage.get());
   }
+  if (!options.timeline_path.empty()) w.timeline = std::make_unique<Timeline>();
   for (std::size_t i = 0; i < cluster.instances.size(); ++i) {
     const InstanceSpec& spec = cluster.instances[i];
     w.ports.push_back(std::make_unique<SimPorts>(w, static_cast<InstanceId>(i)));
@@ -986,9 +936,8 @@ Result<SimReport> Simulate(const ClusterSpec& cluster, const traces::Trace& trac
                                spec.role != policies::InstanceRole::kDecode;
     SimPorts* p = w.ports.back().get();
     w.engines.push_back(std::make_unique<policies::InstanceEngine>(
-        config, policies::EnginePorts{p, p, p, p, p, w.sink.get(), w.tiers.get()}));
+        config, policies::EnginePorts{p, p, p, p, &p->transport(), w.sink.get(), w.tiers.get()}));
   }
-  if (!options.timeline_path.empty()) w.timeline = std::make_unique<Timeline>();
   if (options.router_staleness_s > 0) {
     w.stale_index = std::make_unique<policies::KvEventIndex>(
         static_cast<int>(cluster.instances.size()), cluster.engine.block_tokens);
@@ -1014,7 +963,7 @@ Result<SimReport> Simulate(const ClusterSpec& cluster, const traces::Trace& trac
   w.router = policies::MakeRouter(router, prefill_side, decode_side, w.cache_view.get());
 
   for (std::size_t i = 0; i < w.engines.size(); ++i) {
-    sg4::Actor::create(cluster.instances[i].name, w.hosts[i].front(), [&w, i] {
+    sg4::Actor::create(cluster.instances[i].name, w.instances[i].gpus.front(), [&w, i] {
       w.engines[i]->Run();
       if (Status s = w.engines[i]->CheckInvariants(); !s.ok()) w.errors.push_back(s.message());
     });
@@ -1022,7 +971,7 @@ Result<SimReport> Simulate(const ClusterSpec& cluster, const traces::Trace& trac
   sg4::Actor::create("frontend", w.platform.frontend,
                      [&w, prefill_side, decode_side] { Frontend(w, prefill_side, decode_side); });
   try {
-    engine.run();
+    engine->run();
   } catch (const std::exception& e) {
     return Status::Error(std::string("simulation failed: ") + e.what());
   }

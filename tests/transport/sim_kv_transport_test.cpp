@@ -1,0 +1,184 @@
+// The simulated KV transport (sim/sim_kv_transport.h) under the transport contract, on the
+// platform of a bundled PD cluster (a prefill GPU on one node, a decode GPU on the other), and
+// its times against the platform's links. Posted and polled from the test's thread, the
+// simulated clock advanced with Engine::run_until. SimGrid allows one engine per process: the
+// tests share one, each with transports of its own.
+#include "sim/sim_kv_transport.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "sim/cluster_spec.h"
+#include "sim/platform.h"
+#include "tests/transport/kv_transport_contract.h"
+
+namespace duet::sim {
+namespace {
+
+namespace sg4 = simgrid::s4u;
+using backend::contract::Harness;
+using backend::contract::kDecode;
+using backend::contract::kPrefill;
+using backend::contract::KvTransportContract;
+using backend::contract::Named;
+using backend::contract::Region;
+using policies::KvBlockLayout;
+using policies::KvTransferRequest;
+using policies::TransferId;
+using policies::TransferStatus;
+
+// 8 prefill instances on node 0, 8 decode instances on node 1, one GPU each (TP1): a transfer
+// goes over PCIe, NIC, switch, NIC, PCIe.
+const char* const kPdCluster = "sim/clusters/h100-8p8d-llama8b.json";
+
+// The process's engine and the cluster's platform, made on first use and kept to the end (no
+// SimGrid engine may follow another); null platform when the cluster did not load.
+struct Simulation {
+  std::unique_ptr<sg4::Engine> engine;
+  std::unique_ptr<Platform> platform;
+};
+Simulation& Shared() {
+  static Simulation* const shared = [] {
+    auto* s = new Simulation;
+    s->engine = MakeEngine();
+    auto cluster = LoadClusterSpec(kPdCluster, DUET_SOURCE_DIR);
+    EXPECT_TRUE(cluster.ok()) << cluster.error();
+    if (cluster.ok()) s->platform = std::make_unique<Platform>(BuildPlatform(*cluster));
+    return s;
+  }();
+  return *shared;
+}
+
+// A simulated transport with instance kPrefill on the first `tp` GPUs of node 0, kDecode on
+// node 1's.
+struct World {
+  std::vector<SimKvEndpoint> endpoints;
+  std::unique_ptr<SimKvTransport> transport;
+
+  World(KvBlockLayout src, KvBlockLayout dst, std::size_t tp = 1) {
+    const Platform* platform = Shared().platform.get();
+    if (!platform) return;
+    auto gpus = [&](int node) {
+      const auto& all = platform->gpus[static_cast<std::size_t>(node)];
+      return std::vector<sg4::Host*>(all.begin(), all.begin() + static_cast<std::ptrdiff_t>(tp));
+    };
+    static_assert(kPrefill == 0 && kDecode == 1);
+    endpoints = {{gpus(0), src}, {gpus(1), dst}};
+    transport = std::make_unique<SimKvTransport>(
+        endpoints, [](sg4::Host* from, sg4::Host* to, std::uint64_t bytes) {
+          return sg4::Comm::sendto_async(from, to, bytes);
+        });
+  }
+  // Advances the simulated clock by `seconds`.
+  static void Run(double seconds) {
+    Shared().engine->run_until(sg4::Engine::get_clock() + seconds);
+  }
+  // Polls every kPollS until the transfer finishes; bounded (1 s of simulated time).
+  static constexpr double kPollS = 1e-6;
+  TransferStatus Wait(TransferId id) {
+    for (int i = 0; i < 1'000'000; ++i) {
+      const TransferStatus s = transport->Poll(id);
+      if (s != TransferStatus::kInProgress) return s;
+      Run(kPollS);
+    }
+    ADD_FAILURE() << "transfer " << id << " did not finish in 1 s of simulated time";
+    return TransferStatus::kInProgress;
+  }
+};
+
+KvBlockLayout LayoutOf(const Region& r) { return {r.region.block_bytes, r.region.num_blocks}; }
+
+std::vector<Named> Transports() {
+  Named sim{"sim", [](Region& src, Region& dst) {
+              auto h = std::make_unique<Harness>();
+              auto world = std::make_shared<World>(LayoutOf(src), LayoutOf(dst));
+              if (!world->transport) return std::unique_ptr<Harness>();
+              h->transport = world->transport.get();
+              h->log = world->transport.get();
+              h->progress_source = [] { World::Run(1e-5); };
+              h->keep_alive.push_back(std::move(world));
+              return h;
+            }};
+  sim.moves_bytes = false;
+  return {sim};
+}
+INSTANTIATE_TEST_SUITE_P(Simulated, KvTransportContract, ::testing::ValuesIn(Transports()),
+                         [](const ::testing::TestParamInfo<Named>& info) {
+                           return info.param.name;
+                         });
+
+// What a lone transfer takes on the route between the two instances' first GPUs: the route's
+// latency plus its bytes over the narrowest link (CM02 without TCP corrections, as MakeEngine
+// sets up).
+double LoneTransferSeconds(const World& w, double bytes) {
+  std::vector<sg4::Link*> links;
+  double latency = 0;
+  w.endpoints.front().gpus.front()->route_to(w.endpoints.back().gpus.front(), links, &latency);
+  EXPECT_EQ(links.size(), 5u) << "PCIe, NIC, switch, NIC, PCIe";
+  double bandwidth = links.front()->get_bandwidth();
+  for (const sg4::Link* l : links) bandwidth = std::min(bandwidth, l->get_bandwidth());
+  return latency + bytes / bandwidth;
+}
+
+constexpr KvBlockLayout kLayout{1 << 20, 64};  // 1 MiB blocks
+
+TEST(SimKvTransport, ALoneTransferTakesLatencyPlusBytesOverTheNarrowestLink) {
+  World w(kLayout, kLayout);
+  ASSERT_NE(w.transport, nullptr);
+  const std::vector<policies::KvBlockManager::BlockId> src = {0, 1, 2, 3}, dst = {7, 8, 9, 10};
+  const Bytes bytes = 4 * kLayout.block_bytes - 1000;  // a partly filled last block
+  const double start = sg4::Engine::get_clock();
+  ASSERT_EQ(w.Wait(w.transport->Post({5, kPrefill, kDecode, bytes, src, dst})),
+            TransferStatus::kDone);
+  const double want = LoneTransferSeconds(w, static_cast<double>(bytes));
+  ASSERT_EQ(w.transport->records().size(), 1u);
+  const policies::KvTransferRecord& r = w.transport->records().front();
+  EXPECT_TRUE(r.ok) << r.error;
+  EXPECT_EQ(r.bytes, bytes);
+  EXPECT_EQ(r.path, "sim");
+  // Seen finished at the first poll after its modelled end.
+  EXPECT_GE(r.seconds, want * (1 - 1e-9));
+  EXPECT_LE(r.seconds, want + World::kPollS);
+  EXPECT_NEAR(sg4::Engine::get_clock() - start, r.seconds, 1e-12);
+}
+
+TEST(SimKvTransport, TransfersOnOneRouteShareItsBandwidth) {
+  World w(kLayout, kLayout);
+  ASSERT_NE(w.transport, nullptr);
+  const std::vector<policies::KvBlockManager::BlockId> a = {0, 1, 2, 3}, b = {4, 5, 6, 7};
+  const Bytes bytes = 4 * kLayout.block_bytes;
+  const TransferId first = w.transport->Post({1, kPrefill, kDecode, bytes, a, a});
+  const TransferId second = w.transport->Post({2, kPrefill, kDecode, bytes, b, b});
+  EXPECT_EQ(w.Wait(first), TransferStatus::kDone);
+  EXPECT_EQ(w.Wait(second), TransferStatus::kDone);
+  // Together they move twice the bytes over the same narrowest link, at once.
+  const double want = LoneTransferSeconds(w, 2.0 * static_cast<double>(bytes));
+  ASSERT_EQ(w.transport->records().size(), 2u);
+  for (const policies::KvTransferRecord& r : w.transport->records()) {
+    EXPECT_GE(r.seconds, want * (1 - 1e-9)) << "request " << r.request;
+    EXPECT_LE(r.seconds, want + World::kPollS) << "request " << r.request;
+  }
+}
+
+TEST(SimKvTransport, TensorParallelShardsMoveInParallel) {
+  // TP2 on both sides: each shard moves half the bytes between corresponding GPUs, each over
+  // its own PCIe and NIC; the switch is wide enough for both.
+  World w(kLayout, kLayout, 2);
+  ASSERT_NE(w.transport, nullptr);
+  const std::vector<policies::KvBlockManager::BlockId> blocks = {0, 1, 2, 3};
+  const Bytes bytes = 4 * kLayout.block_bytes;
+  ASSERT_EQ(w.Wait(w.transport->Post({3, kPrefill, kDecode, bytes, blocks, blocks})),
+            TransferStatus::kDone);
+  const double want = LoneTransferSeconds(w, static_cast<double>(bytes) / 2);
+  const policies::KvTransferRecord& r = w.transport->records().front();
+  EXPECT_EQ(r.bytes, bytes);
+  EXPECT_GE(r.seconds, want * (1 - 1e-9));
+  EXPECT_LE(r.seconds, want + World::kPollS);
+}
+
+}  // namespace
+}  // namespace duet::sim
