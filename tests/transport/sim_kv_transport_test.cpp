@@ -180,5 +180,30 @@ TEST(SimKvTransport, TensorParallelShardsMoveInParallel) {
   EXPECT_LE(r.seconds, want + World::kPollS);
 }
 
+TEST(SimKvTransport, ALinkFailingMidTransferFailsItWithItsRecord) {
+  World w(kLayout, kLayout);
+  ASSERT_NE(w.transport, nullptr);
+  std::vector<sg4::Link*> route;
+  w.endpoints.front().gpus.front()->route_to(w.endpoints.back().gpus.front(), route, nullptr);
+  ASSERT_FALSE(route.empty());
+  const std::vector<policies::KvBlockManager::BlockId> blocks = {0, 1, 2, 3};
+  const TransferId id =
+      w.transport->Post({4, kPrefill, kDecode, 4 * kLayout.block_bytes, blocks, blocks});
+  World::Run(LoneTransferSeconds(w, 4.0 * kLayout.block_bytes) / 2);
+  EXPECT_EQ(w.transport->Poll(id), TransferStatus::kInProgress);
+  sg4::Link* nic = route[1];
+  nic->turn_off();
+  World::Run(World::kPollS);
+  const TransferStatus status = w.Wait(id);
+  nic->turn_on();  // the platform is shared with the other tests
+  EXPECT_EQ(status, TransferStatus::kFailed);
+  ASSERT_EQ(w.transport->records().size(), 1u);
+  const policies::KvTransferRecord& r = w.transport->records().front();
+  EXPECT_FALSE(r.ok);
+  EXPECT_EQ(r.bytes, 0);
+  EXPECT_NE(r.error.find("the simulated transfer failed"), std::string::npos) << r.error;
+  EXPECT_EQ(w.transport->totals().failed, 1);
+}
+
 }  // namespace
 }  // namespace duet::sim
