@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "common/status.h"
+#include "sim/comms.h"
 
 namespace duet::sim {
 
@@ -52,18 +53,7 @@ TransferStatus SimKvTransport::Poll(TransferId id) {
   DUET_CHECK_MSG(it != transfers_.end(), "poll of an unknown or finished transfer");
   InFlight& t = it->second;
   if (t.record.error.empty()) {
-    // A communication that failed (a link on its route turned off) must not be tested:
-    // SimGrid 3.32 aborts on a test of a failed activity.
-    std::string failed;
-    try {
-      std::erase_if(t.comms, [&](const sg4::CommPtr& c) {
-        if (c->get_state() != sg4::Activity::State::FAILED) return c->test();
-        failed = "a link on its route failed";
-        return true;
-      });
-    } catch (const simgrid::Exception& e) {
-      failed = e.what();
-    }
+    const std::string failed = DropFinished(t.comms);
     if (!failed.empty()) {
       t.record.error = "the simulated transfer failed: " + failed;
     } else if (!t.comms.empty()) {

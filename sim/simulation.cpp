@@ -23,6 +23,7 @@
 #include "policies/engine.h"
 #include "policies/kv_event_index.h"
 #include "policies/prefix_lru.h"
+#include "sim/comms.h"
 #include "sim/platform.h"
 #include "sim/sim_kv_transport.h"
 #include "sim/timeline.h"
@@ -440,15 +441,10 @@ policies::TransferStatus SimStorage::Poll(policies::TierIoId id) {
   auto it = ops_.find(id);
   DUET_CHECK(it != ops_.end());
   if (it->second.owner != sg4::Actor::self()) return policies::TransferStatus::kInProgress;
-  policies::TransferStatus status = policies::TransferStatus::kDone;
-  try {
-    auto& c = it->second.comms;
-    c.erase(std::remove_if(c.begin(), c.end(), [](const sg4::CommPtr& x) { return x->test(); }),
-            c.end());
-    if (!c.empty()) return policies::TransferStatus::kInProgress;
-  } catch (const simgrid::Exception&) {
-    status = policies::TransferStatus::kFailed;
-  }
+  const bool failed = !DropFinished(it->second.comms).empty();
+  if (!failed && !it->second.comms.empty()) return policies::TransferStatus::kInProgress;
+  const policies::TransferStatus status =
+      failed ? policies::TransferStatus::kFailed : policies::TransferStatus::kDone;
   // The owner waits on its I/O, so it polls at the instant the I/O ends.
   const policies::TierIo& io = it->second.io;
   IoTimes& t = times_[static_cast<std::size_t>(io.tier)][io.read ? 1 : 0];

@@ -1,0 +1,28 @@
+// Polling SimGrid communications, for the ports that post them (KV transfers, tier I/O).
+#pragma once
+
+#include <simgrid/s4u.hpp>
+
+#include <string>
+#include <vector>
+
+namespace duet::sim {
+
+// Drops the communications of `comms` that finished. Returns why one failed (a link on its
+// route turned off), or empty. A failed one is not tested: SimGrid 3.32 aborts on a test of a
+// failed activity.
+inline std::string DropFinished(std::vector<simgrid::s4u::CommPtr>& comms) {
+  std::string failed;
+  try {
+    std::erase_if(comms, [&](const simgrid::s4u::CommPtr& c) {
+      if (c->get_state() != simgrid::s4u::Activity::State::FAILED) return c->test();
+      failed = "a link on its route failed";
+      return true;
+    });
+  } catch (const simgrid::Exception& e) {
+    failed = e.what();
+  }
+  return failed;
+}
+
+}  // namespace duet::sim
