@@ -1,12 +1,19 @@
-// Polling SimGrid communications, for the ports that post them (KV transfers, tier I/O).
+// Starting and polling SimGrid communications, for the ports that post them (KV transfers,
+// tier I/O).
 #pragma once
 
 #include <simgrid/s4u.hpp>
 
+#include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
 namespace duet::sim {
+
+// Starts moving `bytes` from `src` to `dst` now (a simulation also counts them per link).
+using StartComm = std::function<simgrid::s4u::CommPtr(
+    simgrid::s4u::Host* src, simgrid::s4u::Host* dst, std::uint64_t bytes)>;
 
 // Drops the communications of `comms` that finished. Returns why one failed (a link on its
 // route turned off), or empty. A failed one is not tested: SimGrid 3.32 aborts on a test of a

@@ -7,7 +7,6 @@
 #include <utility>
 
 #include "common/status.h"
-#include "sim/comms.h"
 
 namespace duet::sim {
 
@@ -15,7 +14,7 @@ namespace sg4 = simgrid::s4u;
 using policies::TransferId;
 using policies::TransferStatus;
 
-SimKvTransport::SimKvTransport(const std::vector<SimKvEndpoint>& endpoints, Start start,
+SimKvTransport::SimKvTransport(const std::vector<SimKvEndpoint>& endpoints, StartComm start,
                                Timeline* timeline)
     : endpoints_(endpoints), start_(std::move(start)), timeline_(timeline) {}
 

@@ -11,13 +11,12 @@
 
 #include <simgrid/s4u.hpp>
 
-#include <cstdint>
-#include <functional>
 #include <map>
 #include <vector>
 
 #include "policies/kv_transfer.h"
 #include "policies/ports.h"
+#include "sim/comms.h"
 #include "sim/timeline.h"
 
 namespace duet::sim {
@@ -30,13 +29,9 @@ struct SimKvEndpoint {
 
 class SimKvTransport final : public policies::KvTransport, public policies::KvTransferLog {
  public:
-  // Starts moving `bytes` from `src` to `dst` now (the simulation also counts them per link).
-  using Start = std::function<simgrid::s4u::CommPtr(simgrid::s4u::Host* src,
-                                                    simgrid::s4u::Host* dst, std::uint64_t bytes)>;
-
-  // `endpoints[i]` is instance i; they outlive the transport. Finished transfers also go to
-  // `timeline` where it is not null.
-  SimKvTransport(const std::vector<SimKvEndpoint>& endpoints, Start start,
+  // `endpoints[i]` is instance i; they outlive the transport. Transfers start with `start`.
+  // Finished transfers also go to `timeline` where it is not null.
+  SimKvTransport(const std::vector<SimKvEndpoint>& endpoints, StartComm start,
                  Timeline* timeline = nullptr);
 
   policies::TransferId Post(const policies::KvTransferRequest& transfer) override;
@@ -52,7 +47,7 @@ class SimKvTransport final : public policies::KvTransport, public policies::KvTr
     Seconds posted_s;
   };
   const std::vector<SimKvEndpoint>& endpoints_;
-  Start start_;
+  StartComm start_;
   Timeline* timeline_;
   std::map<policies::TransferId, InFlight> transfers_;
   policies::TransferId next_ = 1;

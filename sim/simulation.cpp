@@ -6,14 +6,12 @@
 #include <simgrid/s4u.hpp>
 
 #include <algorithm>
-#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <deque>
 #include <filesystem>
 #include <fstream>
-#include <map>
 #include <memory>
 #include <unordered_map>
 #include <utility>
@@ -26,6 +24,7 @@
 #include "sim/comms.h"
 #include "sim/platform.h"
 #include "sim/sim_kv_transport.h"
+#include "sim/sim_tier_storage.h"
 #include "sim/timeline.h"
 #include "traces/arrivals.h"
 
@@ -122,44 +121,6 @@ class SimPorts final : public policies::Clock,
   std::vector<sg4::CommPtr> waitables_;  // reused
 };
 
-// The tier storage port on SimGrid: a tier write or read is one communication between the
-// GPU (one per TP shard), the node host (DRAM), the node's SSD or the remote store; the bytes
-// stream through every link on the route at once. Only the actor that posted an I/O tests it
-// (SimGrid 3.32 crashes when another actor tests a communication), and each engine also waits
-// on its own I/O, so it notices completions at the instant they happen.
-class SimStorage final : public policies::TierStorage {
- public:
-  explicit SimStorage(World& world) : world_(world) {}
-  policies::TierIoId Post(const policies::TierIo& io) override;
-  policies::TransferStatus Poll(policies::TierIoId id) override;
-  // The communications in flight that the calling actor posted.
-  void AppendWaitables(std::vector<sg4::CommPtr>* out) const;
-
-  // Time from posting to completion of the I/O of one tier, in one direction.
-  struct IoTimes {
-    std::int64_t count = 0;
-    Seconds total_s = 0, max_s = 0;
-  };
-  const IoTimes& times(policies::TierKind kind, bool read) const {
-    return times_[static_cast<std::size_t>(kind)][read ? 1 : 0];
-  }
-
- private:
-  struct Op {
-    const sg4::Actor* owner;
-    policies::TierIo io;
-    Seconds posted_s;
-    std::vector<sg4::CommPtr> comms;
-  };
-  sg4::Host* TierHost(policies::TierKind kind, int node) const;
-
-  World& world_;
-  std::unordered_map<policies::TierIoId, Op> ops_;
-  std::map<const sg4::Actor*, std::vector<policies::TierIoId>> by_owner_;
-  policies::TierIoId next_ = 1;
-  std::array<std::array<IoTimes, 2>, policies::kNumLowerTiers> times_{};
-};
-
 // Forwards lifecycle events to the metrics collector and the router, counts finished
 // requests, draws the progress bar, and wakes the frontend when the last request finished.
 class SimSink final : public policies::EventSink {
@@ -203,7 +164,7 @@ struct World {
   std::vector<SimKvEndpoint> instances;  // per instance, its GPUs and KV blocks
   policies::MetricsCollector metrics;
   std::unique_ptr<SimSink> sink;
-  std::unique_ptr<SimStorage> storage;
+  std::unique_ptr<SimTierStorage> storage;
   std::unique_ptr<policies::TierManager> tiers;  // null without tiers
   std::unique_ptr<EngineCacheView> cache_view;
   std::unique_ptr<policies::Router> router;
@@ -244,6 +205,12 @@ struct World {
   sg4::CommPtr Transfer(sg4::Host* src, sg4::Host* dst, std::uint64_t bytes) {
     CountRoute(src, dst, static_cast<double>(bytes));
     return sg4::Comm::sendto_async(src, dst, bytes);
+  }
+  // Transfer, for the ports.
+  StartComm Starter() {
+    return [this](sg4::Host* src, sg4::Host* dst, std::uint64_t bytes) {
+      return Transfer(src, dst, bytes);
+    };
   }
   void CountRoute(const sg4::Host* src, const sg4::Host* dst, double bytes) {
     route_scratch.clear();
@@ -295,12 +262,7 @@ SimPorts::SimPorts(World& world, InstanceId id)
     : world_(world),
       id_(id),
       inbox_(*world.inboxes[static_cast<std::size_t>(id)]),
-      transport_(
-          world.instances,
-          [&world](sg4::Host* src, sg4::Host* dst, std::uint64_t bytes) {
-            return world.Transfer(src, dst, bytes);
-          },
-          world.timeline.get()) {}
+      transport_(world.instances, world.Starter(), world.timeline.get()) {}
 
 bool SimPorts::TryReceive(EngineMessage* message) { return inbox_.TryReceive(message); }
 
@@ -396,79 +358,6 @@ void SimPorts::FinishOverlappedLoads(const policies::StepPlan& plan, Seconds ste
   }
   result->load_wait_s = end - step_end;
   result->step_end_s.back() = end;
-}
-
-sg4::Host* SimStorage::TierHost(policies::TierKind kind, int node) const {
-  const Platform& p = world_.platform;
-  switch (kind) {
-    case policies::TierKind::kDram:
-      return p.node_hosts.at(static_cast<std::size_t>(node));
-    case policies::TierKind::kSsd:
-      return p.ssds.at(static_cast<std::size_t>(node));
-    case policies::TierKind::kRemote:
-      return p.remote_store;
-  }
-  return nullptr;
-}
-
-policies::TierIoId SimStorage::Post(const policies::TierIo& io) {
-  Op op;
-  op.owner = sg4::Actor::self();
-  op.io = io;
-  op.posted_s = sg4::Engine::get_clock();
-  sg4::Host* tier = TierHost(io.tier, io.node);
-  if (io.instance != policies::kNoInstance) {
-    // Between the tier and the instance's GPUs, a shard each.
-    const auto& gpus = world_.instances[static_cast<std::size_t>(io.instance)].gpus;
-    const auto shard =
-        static_cast<std::uint64_t>(std::ceil(static_cast<double>(io.bytes) / gpus.size()));
-    for (sg4::Host* gpu : gpus) {
-      op.comms.push_back(io.read ? world_.Transfer(tier, gpu, shard)
-                                 : world_.Transfer(gpu, tier, shard));
-    }
-  } else {
-    // Tier to tier (write-back, or write-through below the first tier).
-    op.comms.push_back(
-        world_.Transfer(TierHost(io.from, io.node), tier, static_cast<std::uint64_t>(io.bytes)));
-  }
-  const policies::TierIoId id = next_++;
-  by_owner_[op.owner].push_back(id);
-  ops_.emplace(id, std::move(op));
-  return id;
-}
-
-policies::TransferStatus SimStorage::Poll(policies::TierIoId id) {
-  auto it = ops_.find(id);
-  DUET_CHECK(it != ops_.end());
-  if (it->second.owner != sg4::Actor::self()) return policies::TransferStatus::kInProgress;
-  const bool failed = !DropFinished(it->second.comms).empty();
-  if (!failed && !it->second.comms.empty()) return policies::TransferStatus::kInProgress;
-  const policies::TransferStatus status =
-      failed ? policies::TransferStatus::kFailed : policies::TransferStatus::kDone;
-  // The owner waits on its I/O, so it polls at the instant the I/O ends.
-  const policies::TierIo& io = it->second.io;
-  IoTimes& t = times_[static_cast<std::size_t>(io.tier)][io.read ? 1 : 0];
-  const Seconds took = sg4::Engine::get_clock() - it->second.posted_s;
-  if (world_.timeline) {
-    world_.timeline->Add(Timeline::TierIo{io.tier, io.node, io.read, io.instance, io.bytes,
-                                          it->second.posted_s, sg4::Engine::get_clock(),
-                                          status == policies::TransferStatus::kFailed});
-  }
-  ++t.count;
-  t.total_s += took;
-  t.max_s = std::max(t.max_s, took);
-  auto& ids = by_owner_[it->second.owner];
-  ids.erase(std::find(ids.begin(), ids.end(), id));
-  ops_.erase(it);
-  return status;
-}
-
-void SimStorage::AppendWaitables(std::vector<sg4::CommPtr>* out) const {
-  auto it = by_owner_.find(sg4::Actor::self());
-  if (it == by_owner_.end()) return;
-  for (policies::TierIoId id : it->second) {
-    for (const auto& c : ops_.at(id).comms) out->push_back(c);
-  }
 }
 
 void SimSink::OnFinished(const Request& request) {
@@ -763,7 +652,7 @@ nlohmann::json TiersSummary(const World& w) {
     j["prefetch_blocks"] = c.prefetch_blocks;
     j["peak_used_blocks"] = peak;
     for (bool read : {false, true}) {
-      SimStorage::IoTimes t;
+      SimTierStorage::IoTimes t;
       if (w.storage) t = w.storage->times(kind, read);
       j[read ? "read_time_ms" : "write_time_ms"] = {
           {"mean", t.count ? std::round(t.total_s / static_cast<double>(t.count) * 1e6) / 1e3 : 0},
@@ -906,11 +795,12 @@ Result<SimReport> Simulate(const ClusterSpec& cluster, const traces::Trace& trac
     w.inboxes.push_back(std::make_unique<SimInbox>(w.instances.back().gpus.front(), spec.name));
     w.costs.push_back(MakeStepCostModel(cluster, spec));
   }
+  if (!options.timeline_path.empty()) w.timeline = std::make_unique<Timeline>();
   if (cluster.tiers.any()) {
-    w.storage = std::make_unique<SimStorage>(w);
+    w.storage =
+        std::make_unique<SimTierStorage>(w.platform, w.instances, w.Starter(), w.timeline.get());
     w.tiers = std::make_unique<policies::TierManager>(TierSetupFor(cluster), w.storage.get());
   }
-  if (!options.timeline_path.empty()) w.timeline = std::make_unique<Timeline>();
   for (std::size_t i = 0; i < cluster.instances.size(); ++i) {
     const InstanceSpec& spec = cluster.instances[i];
     w.ports.push_back(std::make_unique<SimPorts>(w, static_cast<InstanceId>(i)));

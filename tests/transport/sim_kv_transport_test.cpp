@@ -1,8 +1,7 @@
 // The simulated KV transport (sim/sim_kv_transport.h) under the transport contract, on the
-// platform of a bundled PD cluster (a prefill GPU on one node, a decode GPU on the other), and
-// its times against the platform's links. Posted and polled from the test's thread, the
-// simulated clock advanced with Engine::run_until. SimGrid allows one engine per process: the
-// tests share one, each with transports of its own.
+// platform of a bundled PD cluster (a prefill GPU on one node, a decode GPU on the other;
+// tests/sim/shared_simulation.h), and its times against the platform's links. Posted and
+// polled from the test's thread; the tests share one engine, each with transports of its own.
 #include "sim/sim_kv_transport.h"
 
 #include <gtest/gtest.h>
@@ -12,8 +11,8 @@
 #include <string>
 #include <vector>
 
-#include "sim/cluster_spec.h"
 #include "sim/platform.h"
+#include "tests/sim/shared_simulation.h"
 #include "tests/transport/kv_transport_contract.h"
 
 namespace duet::sim {
@@ -31,28 +30,6 @@ using policies::KvTransferRequest;
 using policies::TransferId;
 using policies::TransferStatus;
 
-// 8 prefill instances on node 0, 8 decode instances on node 1, one GPU each (TP1): a transfer
-// goes over PCIe, NIC, switch, NIC, PCIe.
-const char* const kPdCluster = "sim/clusters/h100-8p8d-llama8b.json";
-
-// The process's engine and the cluster's platform, made on first use and kept to the end (no
-// SimGrid engine may follow another); null platform when the cluster did not load.
-struct Simulation {
-  std::unique_ptr<sg4::Engine> engine;
-  std::unique_ptr<Platform> platform;
-};
-Simulation& Shared() {
-  static Simulation* const shared = [] {
-    auto* s = new Simulation;
-    s->engine = MakeEngine();
-    auto cluster = LoadClusterSpec(kPdCluster, DUET_SOURCE_DIR);
-    EXPECT_TRUE(cluster.ok()) << cluster.error();
-    if (cluster.ok()) s->platform = std::make_unique<Platform>(BuildPlatform(*cluster));
-    return s;
-  }();
-  return *shared;
-}
-
 // A simulated transport with instance kPrefill on the first `tp` GPUs of node 0, kDecode on
 // node 1's.
 struct World {
@@ -60,7 +37,7 @@ struct World {
   std::unique_ptr<SimKvTransport> transport;
 
   World(KvBlockLayout src, KvBlockLayout dst, std::size_t tp = 1) {
-    const Platform* platform = Shared().platform.get();
+    const Platform* platform = testing::Shared().platform.get();
     if (!platform) return;
     auto gpus = [&](int node) {
       const auto& all = platform->gpus[static_cast<std::size_t>(node)];
@@ -74,16 +51,13 @@ struct World {
         });
   }
   // Advances the simulated clock by `seconds`.
-  static void Run(double seconds) {
-    Shared().engine->run_until(sg4::Engine::get_clock() + seconds);
-  }
   // Polls every kPollS until the transfer finishes; bounded (1 s of simulated time).
   static constexpr double kPollS = 1e-6;
   TransferStatus Wait(TransferId id) {
     for (int i = 0; i < 1'000'000; ++i) {
       const TransferStatus s = transport->Poll(id);
       if (s != TransferStatus::kInProgress) return s;
-      Run(kPollS);
+      testing::RunFor(kPollS);
     }
     ADD_FAILURE() << "transfer " << id << " did not finish in 1 s of simulated time";
     return TransferStatus::kInProgress;
@@ -99,7 +73,7 @@ std::vector<Named> Transports() {
               if (!world->transport) return std::unique_ptr<Harness>();
               h->transport = world->transport.get();
               h->log = world->transport.get();
-              h->progress_source = [] { World::Run(1e-5); };
+              h->progress_source = [] { testing::RunFor(1e-5); };
               h->keep_alive.push_back(std::move(world));
               return h;
             }};
@@ -111,17 +85,10 @@ INSTANTIATE_TEST_SUITE_P(Simulated, KvTransportContract, ::testing::ValuesIn(Tra
                            return info.param.name;
                          });
 
-// What a lone transfer takes on the route between the two instances' first GPUs: the route's
-// latency plus its bytes over the narrowest link (CM02 without TCP corrections, as MakeEngine
-// sets up).
+// What a lone transfer takes between the two instances' first GPUs.
 double LoneTransferSeconds(const World& w, double bytes) {
-  std::vector<sg4::Link*> links;
-  double latency = 0;
-  w.endpoints.front().gpus.front()->route_to(w.endpoints.back().gpus.front(), links, &latency);
-  EXPECT_EQ(links.size(), 5u) << "PCIe, NIC, switch, NIC, PCIe";
-  double bandwidth = links.front()->get_bandwidth();
-  for (const sg4::Link* l : links) bandwidth = std::min(bandwidth, l->get_bandwidth());
-  return latency + bytes / bandwidth;
+  return testing::LoneTransferSeconds(w.endpoints.front().gpus.front(),
+                                      w.endpoints.back().gpus.front(), bytes);
 }
 
 constexpr KvBlockLayout kLayout{1 << 20, 64};  // 1 MiB blocks
@@ -189,11 +156,11 @@ TEST(SimKvTransport, ALinkFailingMidTransferFailsItWithItsRecord) {
   const std::vector<policies::KvBlockManager::BlockId> blocks = {0, 1, 2, 3};
   const TransferId id =
       w.transport->Post({4, kPrefill, kDecode, 4 * kLayout.block_bytes, blocks, blocks});
-  World::Run(LoneTransferSeconds(w, 4.0 * kLayout.block_bytes) / 2);
+  testing::RunFor(LoneTransferSeconds(w, 4.0 * kLayout.block_bytes) / 2);
   EXPECT_EQ(w.transport->Poll(id), TransferStatus::kInProgress);
   sg4::Link* nic = route[1];
   nic->turn_off();
-  World::Run(World::kPollS);
+  testing::RunFor(World::kPollS);
   const TransferStatus status = w.Wait(id);
   nic->turn_on();  // the platform is shared with the other tests
   EXPECT_EQ(status, TransferStatus::kFailed);
