@@ -14,7 +14,6 @@
 #include <array>
 #include <cstdint>
 #include <map>
-#include <string>
 #include <unordered_map>
 #include <vector>
 

@@ -10,7 +10,9 @@
 
 #include <simgrid/s4u.hpp>
 
+#include <algorithm>
 #include <memory>
+#include <vector>
 
 #include "sim/cluster_spec.h"
 #include "sim/platform.h"
