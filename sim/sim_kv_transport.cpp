@@ -2,7 +2,6 @@
 #include "sim/sim_kv_transport.h"
 
 #include <algorithm>
-#include <cmath>
 #include <string>
 #include <utility>
 
@@ -35,8 +34,7 @@ TransferId SimKvTransport::Post(const policies::KvTransferRequest& transfer) {
   if (t.record.error.empty()) {
     // Each TP shard moves between corresponding GPUs, in parallel.
     const std::size_t shards = std::max(src->gpus.size(), dst->gpus.size());
-    const auto shard_bytes =
-        static_cast<std::uint64_t>(std::ceil(static_cast<double>(transfer.bytes) / shards));
+    const std::uint64_t shard_bytes = ShardBytes(transfer.bytes, shards);
     for (std::size_t s = 0; s < shards; ++s) {
       t.comms.push_back(
           start_(src->gpus[s % src->gpus.size()], dst->gpus[s % dst->gpus.size()], shard_bytes));

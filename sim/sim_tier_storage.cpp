@@ -2,7 +2,6 @@
 #include "sim/sim_tier_storage.h"
 
 #include <algorithm>
-#include <cmath>
 #include <utility>
 
 #include "common/status.h"
@@ -48,8 +47,7 @@ policies::TierIoId SimTierStorage::Post(const policies::TierIo& io) {
   if (op.started && to_instance) {
     // A shard each.
     const auto& gpus = instances_[static_cast<std::size_t>(io.instance)].gpus;
-    const auto shard =
-        static_cast<std::uint64_t>(std::ceil(static_cast<double>(io.bytes) / gpus.size()));
+    const std::uint64_t shard = ShardBytes(io.bytes, gpus.size());
     for (sg4::Host* gpu : gpus) {
       op.comms.push_back(io.read ? start_(tier, gpu, shard) : start_(gpu, tier, shard));
     }
@@ -72,11 +70,10 @@ policies::TransferStatus SimTierStorage::Poll(policies::TierIoId id) {
       failed ? policies::TransferStatus::kFailed : policies::TransferStatus::kDone;
   // The owner waits on its I/O, so it polls at the instant the I/O ends.
   const policies::TierIo& io = it->second.io;
-  const Seconds took = sg4::Engine::get_clock() - it->second.posted_s;
+  const Seconds now = sg4::Engine::get_clock(), took = now - it->second.posted_s;
   if (timeline_) {
     timeline_->Add(Timeline::TierIo{io.tier, io.node, io.read, io.instance, io.bytes,
-                                    it->second.posted_s, sg4::Engine::get_clock(),
-                                    status == policies::TransferStatus::kFailed});
+                                    it->second.posted_s, now, failed});
   }
   if (!failed) {  // then io.tier named a tier
     IoTimes& t = times_[static_cast<std::size_t>(io.tier)][io.read ? 1 : 0];

@@ -14,7 +14,9 @@
 #include <memory>
 #include <vector>
 
+#include "policies/ports.h"
 #include "sim/cluster_spec.h"
+#include "sim/comms.h"
 #include "sim/platform.h"
 
 namespace duet::sim::testing {
@@ -43,9 +45,32 @@ inline SharedSimulation& Shared() {
   return *shared;
 }
 
+// Starts a communication with nothing counted (the tests' ports' StartComm).
+inline StartComm DirectStart() {
+  return [](simgrid::s4u::Host* src, simgrid::s4u::Host* dst, std::uint64_t bytes) {
+    return simgrid::s4u::Comm::sendto_async(src, dst, bytes);
+  };
+}
+
+// How often PollUntilDone polls, in simulated seconds: a finish is seen at most this late.
+inline constexpr double kPollS = 1e-6;
+
 // Advances the simulated clock by `seconds`.
 inline void RunFor(double seconds) {
   Shared().engine->run_until(simgrid::s4u::Engine::get_clock() + seconds);
+}
+
+// Calls poll() every kPollS of simulated time until it returns other than kInProgress, for at
+// most `limit_s`; returns that status (kInProgress, with a test failure, when time ran out).
+template <typename Poll>
+policies::TransferStatus PollUntilDone(Poll poll, double limit_s) {
+  for (double waited = 0; waited <= limit_s; waited += kPollS) {
+    const policies::TransferStatus s = poll();
+    if (s != policies::TransferStatus::kInProgress) return s;
+    RunFor(kPollS);
+  }
+  ADD_FAILURE() << "not finished in " << limit_s << " s of simulated time";
+  return policies::TransferStatus::kInProgress;
 }
 
 // What a transfer alone on the route from `src` to `dst` takes: the route's latency plus its

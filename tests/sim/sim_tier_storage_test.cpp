@@ -20,7 +20,7 @@ using policies::TierKind;
 using policies::TransferStatus;
 
 constexpr Bytes kBytes = 64 << 20;
-constexpr double kPollS = 1e-6;
+using testing::kPollS;
 
 // Instance 0 on GPU 0 of node 0, instance 1 on GPUs 0 and 1 of node 1 (TP2).
 struct Storage {
@@ -31,23 +31,15 @@ struct Storage {
   Storage() {
     if (!platform) return;
     instances = {{{platform->gpus[0][0]}, {}}, {{platform->gpus[1][0], platform->gpus[1][1]}, {}}};
-    storage = std::make_unique<SimTierStorage>(
-        *platform, instances, [](sg4::Host* from, sg4::Host* to, std::uint64_t bytes) {
-          return sg4::Comm::sendto_async(from, to, bytes);
-        });
+    storage = std::make_unique<SimTierStorage>(*platform, instances, testing::DirectStart());
   }
-  // Posts `io`, polls every kPollS until it finishes (bounded: 10 s simulated); returns its
-  // status and how long it took.
+  // Posts `io` and polls until it finishes (bounded: 10 s simulated); returns its status and
+  // how long it took.
   std::pair<TransferStatus, double> Run(const TierIo& io) {
     const double start = sg4::Engine::get_clock();
     const policies::TierIoId id = storage->Post(io);
-    for (int i = 0; i < 10'000'000; ++i) {
-      const TransferStatus s = storage->Poll(id);
-      if (s != TransferStatus::kInProgress) return {s, sg4::Engine::get_clock() - start};
-      testing::RunFor(kPollS);
-    }
-    ADD_FAILURE() << "tier I/O did not finish in 10 s of simulated time";
-    return {TransferStatus::kInProgress, 0};
+    const TransferStatus s = testing::PollUntilDone([&] { return storage->Poll(id); }, 10.0);
+    return {s, sg4::Engine::get_clock() - start};
   }
 };
 

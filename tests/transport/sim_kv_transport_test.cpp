@@ -45,22 +45,11 @@ struct World {
     };
     static_assert(kPrefill == 0 && kDecode == 1);
     endpoints = {{gpus(0), src}, {gpus(1), dst}};
-    transport = std::make_unique<SimKvTransport>(
-        endpoints, [](sg4::Host* from, sg4::Host* to, std::uint64_t bytes) {
-          return sg4::Comm::sendto_async(from, to, bytes);
-        });
+    transport = std::make_unique<SimKvTransport>(endpoints, testing::DirectStart());
   }
-  // Advances the simulated clock by `seconds`.
-  // Polls every kPollS until the transfer finishes; bounded (1 s of simulated time).
-  static constexpr double kPollS = 1e-6;
+  // Polls until the transfer finishes (bounded: 1 s of simulated time).
   TransferStatus Wait(TransferId id) {
-    for (int i = 0; i < 1'000'000; ++i) {
-      const TransferStatus s = transport->Poll(id);
-      if (s != TransferStatus::kInProgress) return s;
-      testing::RunFor(kPollS);
-    }
-    ADD_FAILURE() << "transfer " << id << " did not finish in 1 s of simulated time";
-    return TransferStatus::kInProgress;
+    return testing::PollUntilDone([&] { return transport->Poll(id); }, 1.0);
   }
 };
 
@@ -109,7 +98,7 @@ TEST(SimKvTransport, ALoneTransferTakesLatencyPlusBytesOverTheNarrowestLink) {
   EXPECT_EQ(r.path, "sim");
   // Seen finished at the first poll after its modelled end.
   EXPECT_GE(r.seconds, want * (1 - 1e-9));
-  EXPECT_LE(r.seconds, want + World::kPollS);
+  EXPECT_LE(r.seconds, want + testing::kPollS);
   EXPECT_NEAR(sg4::Engine::get_clock() - start, r.seconds, 1e-12);
 }
 
@@ -127,7 +116,7 @@ TEST(SimKvTransport, TransfersOnOneRouteShareItsBandwidth) {
   ASSERT_EQ(w.transport->records().size(), 2u);
   for (const policies::KvTransferRecord& r : w.transport->records()) {
     EXPECT_GE(r.seconds, want * (1 - 1e-9)) << "request " << r.request;
-    EXPECT_LE(r.seconds, want + World::kPollS) << "request " << r.request;
+    EXPECT_LE(r.seconds, want + testing::kPollS) << "request " << r.request;
   }
 }
 
@@ -144,7 +133,7 @@ TEST(SimKvTransport, TensorParallelShardsMoveInParallel) {
   const policies::KvTransferRecord& r = w.transport->records().front();
   EXPECT_EQ(r.bytes, bytes);
   EXPECT_GE(r.seconds, want * (1 - 1e-9));
-  EXPECT_LE(r.seconds, want + World::kPollS);
+  EXPECT_LE(r.seconds, want + testing::kPollS);
 }
 
 TEST(SimKvTransport, ALinkFailingMidTransferFailsItWithItsRecord) {
@@ -160,7 +149,7 @@ TEST(SimKvTransport, ALinkFailingMidTransferFailsItWithItsRecord) {
   EXPECT_EQ(w.transport->Poll(id), TransferStatus::kInProgress);
   sg4::Link* nic = route[1];
   nic->turn_off();
-  testing::RunFor(World::kPollS);
+  testing::RunFor(testing::kPollS);
   const TransferStatus status = w.Wait(id);
   nic->turn_on();  // the platform is shared with the other tests
   EXPECT_EQ(status, TransferStatus::kFailed);
