@@ -7,7 +7,12 @@
 // id), and a lower KV tier's store keeps its entries in the slots themselves (kv_tier_store.h).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
+#include <cstdlib>
+#include <new>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "common/status.h"
@@ -18,12 +23,33 @@ namespace duet::policies {
 // `static Slot EmptySlot()`.
 template <typename Slot, typename Traits>
 class LinearProbeTable {
+  // Slots live in malloc'd memory so that doubling can realloc: a large table then keeps its
+  // pages (the kernel remaps them), where a fresh array would fault in and zero new ones for
+  // every slot, the old table's size over again.
+  static_assert(std::is_trivially_copyable_v<Slot>);
+
  public:
   static constexpr std::int64_t kNone = -1;
 
-  explicit LinearProbeTable(std::size_t slots) { Reset(slots); }
+  explicit LinearProbeTable(std::size_t slots) {
+    DUET_CHECK(slots > 0 && (slots & (slots - 1)) == 0);
+    Resize(slots);
+    std::fill(slots_, slots_ + slots, Traits::EmptySlot());
+  }
+  LinearProbeTable(const LinearProbeTable& other) {
+    Resize(other.slots());
+    std::copy(other.slots_, other.slots_ + other.slots(), slots_);
+  }
+  LinearProbeTable(LinearProbeTable&& other) noexcept
+      : slots_(std::exchange(other.slots_, nullptr)), mask_(std::exchange(other.mask_, 0)) {}
+  LinearProbeTable& operator=(LinearProbeTable other) noexcept {
+    std::swap(slots_, other.slots_);
+    std::swap(mask_, other.mask_);
+    return *this;
+  }
+  ~LinearProbeTable() { std::free(slots_); }
 
-  std::size_t slots() const { return slots_.size(); }
+  std::size_t slots() const { return slots_ ? mask_ + 1 : 0; }
   Slot& operator[](std::size_t i) { return slots_[i]; }
   const Slot& operator[](std::size_t i) const { return slots_[i]; }
 
@@ -68,24 +94,65 @@ class LinearProbeTable {
     slots_[hole] = Traits::EmptySlot();
   }
 
-  // Moves every entry into a table of `slots` slots (a power of two, more than the entries).
-  void Rehash(std::size_t slots) {
-    std::vector<Slot> old;
-    old.swap(slots_);
-    Reset(slots);
-    for (const Slot& s : old) {
-      if (!Traits::Empty(s)) slots_[FreeSlotFor(Traits::Key(s))] = s;
+  // Whether every entry can be found: none has an empty slot between its home and its slot. One
+  // pass in slot order, no probing. False also for a table with no empty slot.
+  bool AllReachable() const {
+    const std::size_t n = slots();
+    std::size_t e = 0;
+    while (e < n && !Traits::Empty(slots_[e])) ++e;
+    if (e == n) return false;
+    std::size_t run = 0;  // full slots just before the one visited
+    for (std::size_t k = 1; k < n; ++k) {
+      const std::size_t i = (e + k) & mask_;
+      if (Traits::Empty(slots_[i])) {
+        run = 0;
+        continue;
+      }
+      // The home must lie in this run of full slots: at most `run` slots back, cyclically.
+      if (((i - Traits::Key(slots_[i])) & mask_) > run) return false;
+      ++run;
     }
+    return true;
+  }
+
+  // Doubles the slots in place; entries may move. The table must have an empty slot.
+  //
+  // An entry's home h becomes h or h + n (n: the old size). Entries are taken out and put back
+  // in slot order, starting after an empty slot s so that no old probe run wraps into slots not
+  // yet visited. The entry taken from slot i lands at or before slot i (now empty) if its home
+  // stays h; else in the new half, or past its end into slots before i. Either way its probe
+  // crosses only entries already put back, which never move again, so no later step cuts it.
+  // The entries before s (the run wrapping from the end to the start) wait aside and go in last,
+  // into a consistent table.
+  void Double() {
+    const std::size_t n = slots();
+    DUET_CHECK_MSG(n <= (std::size_t{1} << 62) / sizeof(Slot), "hash table too large");
+    Resize(2 * n);
+    std::fill(slots_ + n, slots_ + 2 * n, Traits::EmptySlot());
+    std::size_t s = 0;
+    while (s < n && !Traits::Empty(slots_[s])) ++s;
+    DUET_CHECK_MSG(s < n, "Double of a full hash table");
+    std::vector<Slot> aside(slots_, slots_ + s);
+    std::fill(slots_, slots_ + s, Traits::EmptySlot());
+    for (std::size_t i = s + 1; i < n; ++i) {
+      if (Traits::Empty(slots_[i])) continue;
+      const Slot x = slots_[i];
+      slots_[i] = Traits::EmptySlot();
+      slots_[FreeSlotFor(Traits::Key(x))] = x;
+    }
+    for (const Slot& x : aside) slots_[FreeSlotFor(Traits::Key(x))] = x;
   }
 
  private:
-  void Reset(std::size_t slots) {
-    DUET_CHECK(slots > 0 && (slots & (slots - 1)) == 0);
-    slots_.assign(slots, Traits::EmptySlot());
+  // Sets the size to `slots` (a power of two), keeping the first min(old, new) slots.
+  void Resize(std::size_t slots) {
+    void* p = std::realloc(slots_, slots * sizeof(Slot));
+    if (p == nullptr) throw std::bad_alloc();
+    slots_ = static_cast<Slot*>(p);
     mask_ = slots - 1;
   }
 
-  std::vector<Slot> slots_;
+  Slot* slots_ = nullptr;
   std::size_t mask_ = 0;
 };
 
@@ -117,7 +184,7 @@ class BlockHashIndex {
 
   // Inserts like Insert, first doubling the table when it would become more than half full.
   bool InsertGrowing(std::uint64_t key, std::int32_t value) {
-    if ((size_ + 1) * 2 > table_.slots()) table_.Rehash(table_.slots() * 2);
+    if ((size_ + 1) * 2 > table_.slots()) table_.Double();
     return Insert(key, value);
   }
 

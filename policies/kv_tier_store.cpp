@@ -27,14 +27,10 @@ KvTierStore::KvTierStore(std::int64_t capacity_blocks, EvictionPolicy policy)
   DUET_CHECK(capacity_blocks >= 0);
 }
 
-std::int32_t KvTierStore::Find(BlockHash hash) const {
-  // The table has at most 2^31 slots (Grow).
-  return static_cast<std::int32_t>(table_.Find(hash));
-}
-
 std::int32_t KvTierStore::NewEntry(BlockHash hash) {
-  // At most half the slots are taken: probes stay short.
-  if (static_cast<std::size_t>(entries_ + 1) * 2 > table_.slots()) Grow();
+  // At most three quarters of the slots are taken: probes stay within a cache line or two, and
+  // a store of millions of blocks takes a third less memory than at half.
+  if (static_cast<std::size_t>(entries_ + 1) * 4 > table_.slots() * 3) Grow();
   const std::size_t i = table_.FreeSlotFor(hash);
   Slot& x = table_[i];
   x = Slot{};
@@ -52,9 +48,8 @@ void KvTierStore::Remove(std::int32_t i) {
 }
 
 void KvTierStore::Grow() {
-  const std::size_t slots = table_.slots() * 2;
-  DUET_CHECK_MSG(slots <= (std::size_t{1} << 31), "tier store outgrew its 2^31 slots");
-  table_.Rehash(slots);
+  DUET_CHECK_MSG(table_.slots() * 2 <= (std::size_t{1} << 31), "tier store outgrew its 2^31 slots");
+  table_.Double();
 }
 
 void KvTierStore::PushMru(std::int32_t i, List list) {
@@ -65,7 +60,12 @@ void KvTierStore::PushMru(std::int32_t i, List list) {
   q.records.push_back(x.hash);
   ++q.size;
   if (list == kB1 || list == kB2) ++ghosts_;
-  Compact(list);
+  // Compact's two conditions, checked here so that a push that needs none (nearly all) costs no
+  // call.
+  const std::size_t pending = q.records.size() - q.head;
+  if ((q.head > pending && static_cast<std::int64_t>(q.head) > kMinDeadRecords) ||
+      q.stale() > std::max(q.size, kMinDeadRecords))
+    Compact(list);
 }
 
 void KvTierStore::Unlink(std::int32_t i) {
@@ -124,6 +124,7 @@ bool KvTierStore::EvictFrom(List list, std::vector<BlockHash>* evicted) {
   if (i < 0) return false;
   evicted->push_back(at(i).hash);
   ++evictions_;
+  const std::uint32_t pos = at(i).pos;
   if (policy_ == EvictionPolicy::kArc) {
     // The block leaves the cache but its name stays in the matching ghost list.
     Unlink(i);
@@ -131,11 +132,23 @@ bool KvTierStore::EvictFrom(List list, std::vector<BlockHash>* evicted) {
   } else {
     Remove(i);
   }
+  SpendIfFirst(list, pos);
   return true;
 }
 
+void KvTierStore::SpendIfFirst(List list, std::uint32_t pos) {
+  // Without this the next Oldest would look the stale record up again: a cache miss per
+  // eviction, in a table of millions of slots.
+  Queue& q = lists_[list];
+  if (q.head < q.records.size() && q.base + static_cast<std::uint32_t>(q.head) == pos) ++q.head;
+}
+
 void KvTierStore::DropGhostLru(List list) {
-  if (const std::int32_t i = Oldest(list, /*evictable=*/false); i >= 0) Remove(i);
+  if (const std::int32_t i = Oldest(list, /*evictable=*/false); i >= 0) {
+    const std::uint32_t pos = at(i).pos;
+    Remove(i);
+    SpendIfFirst(list, pos);
+  }
 }
 
 bool KvTierStore::ArcReplace(bool hit_in_b2, std::vector<BlockHash>* evicted) {
@@ -219,15 +232,16 @@ bool KvTierStore::Contains(BlockHash hash) const {
   return i >= 0 && Readable(at(i));
 }
 
-void KvTierStore::PinForRead(BlockHash hash) {
+bool KvTierStore::PinForRead(BlockHash hash) {
   const std::int32_t i = Find(hash);
-  DUET_CHECK(i >= 0 && Readable(at(i)));
+  if (i < 0 || !Readable(at(i))) return false;
   Slot& x = at(i);
   DUET_CHECK(x.pins < kMaxPins);
   if (x.pins++ == 0) ++pinned_;
   // A hit: most recently used; under ARC a second use moves the block to the frequency list.
   Unlink(i);
   PushMru(i, policy_ == EvictionPolicy::kArc ? kT2 : kMain);
+  return true;
 }
 
 void KvTierStore::Unpin(BlockHash hash) {
@@ -253,18 +267,35 @@ std::vector<BlockHash> KvTierStore::EvictionOrder() const {
 }
 
 Status KvTierStore::CheckInvariants() const {
-  // One pass over the table in slot order, one along each queue: every entry is found by its
-  // hash (no empty slot cuts its probe) and is live in its own list's queue exactly once, and
-  // the counts match.
+  // One pass over the table in slot order: every entry can be found by its hash (no empty slot
+  // cuts its probe) and names a record of its own list's queue that holds its hash (its live
+  // record; entries have distinct hashes, so distinct records), and each list has as many
+  // entries as it counts.
+  if (!table_.AllReachable()) return Status::Error("a tier entry cannot be found under its hash");
+  for (const Queue& q : lists_) {
+    if (q.head > q.records.size() || q.records.size() >= (std::size_t{1} << 32))
+      return Status::Error("tier queue head is past its end");
+  }
   const std::size_t n = table_.slots();
   std::int64_t entries = 0, writing = 0, pinned = 0, ghosts = 0;
   std::array<std::int64_t, kNumLists> counts{};
+  // The record an entry names, or nullptr if its position is outside its queue's live part.
+  auto record = [&](const Slot& x) -> const BlockHash* {
+    const Queue& q = lists_[x.list];
+    const std::uint32_t k = x.pos - q.base;  // positions count modulo 2^32
+    return k >= q.head && k < q.records.size() ? &q.records[k] : nullptr;
+  };
   for (std::size_t i = 0; i < n; ++i) {
+    // Records are read in slot order, so at random: load a few ahead.
+    if (i + kAhead < n && table_[i + kAhead].list < kNumLists) {
+      if (const BlockHash* r = record(table_[i + kAhead])) __builtin_prefetch(r);
+    }
     const Slot& x = table_[i];
     if (x.list == kEmpty) continue;
     if (x.list >= kNumLists) return Status::Error("a tier entry is on no list");
-    if (Find(x.hash) != static_cast<std::int32_t>(i))
-      return Status::Error("tier entry not found under its hash");
+    const BlockHash* r = record(x);
+    if (r == nullptr || *r != x.hash)
+      return Status::Error("a tier entry's record in its list's queue is missing");
     const bool ghost = x.list == kB1 || x.list == kB2;
     if (ghost && (x.writing || x.pins))
       return Status::Error("a ghost entry is being written or read");
@@ -275,15 +306,7 @@ Status KvTierStore::CheckInvariants() const {
     ++entries;
   }
   for (int l = 0; l < kNumLists; ++l) {
-    const Queue& q = lists_[l];
-    if (q.head > q.records.size()) return Status::Error("tier queue head is past its end");
-    std::int64_t live = 0;
-    for (std::size_t k = q.head; k < q.records.size(); ++k) {
-      if (k + kAhead < q.records.size()) Prefetch(q.records[k + kAhead]);
-      // A live record is the one its entry names (positions are distinct): at most one each.
-      live += LiveSlot(static_cast<List>(l), k) >= 0;
-    }
-    if (live != q.size || counts[static_cast<std::size_t>(l)] != q.size)
+    if (counts[static_cast<std::size_t>(l)] != lists_[l].size)
       return Status::Error("tier list size does not match its list");
   }
   if (entries != entries_) return Status::Error("tier entry count does not match the table");

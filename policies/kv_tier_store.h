@@ -39,9 +39,10 @@ class KvTierStore {
 
   // Readable: written completely and not evicted since.
   bool Contains(BlockHash hash) const;
-  // A hit: the block is about to be read. Updates recency (LRU) or recency/frequency (ARC) and
-  // pins it against eviction until Unpin. Requires Contains(hash).
-  void PinForRead(BlockHash hash);
+  // A hit if the block is readable (Contains): it is about to be read. Updates recency (LRU) or
+  // recency/frequency (ARC) and pins it against eviction until Unpin. False, changing nothing,
+  // if it is not readable.
+  bool PinForRead(BlockHash hash);
   void Unpin(BlockHash hash);
 
   std::int64_t capacity_blocks() const { return capacity_; }
@@ -118,8 +119,10 @@ class KvTierStore {
     return i >= 0 && at(i).list == list && at(i).pos == q.base + static_cast<std::uint32_t>(k) ? i
                                                                                                : -1;
   }
-  // The slot holding `hash`, or -1.
-  std::int32_t Find(BlockHash hash) const;
+  // The slot holding `hash`, or -1. Inline: every operation starts with one.
+  std::int32_t Find(BlockHash hash) const {
+    return static_cast<std::int32_t>(table_.Find(hash));  // at most 2^31 slots (Grow)
+  }
   // A slot for `hash`, which the table does not hold; on no list yet.
   std::int32_t NewEntry(BlockHash hash);
   // The entry leaves its list (if on one) and the table; later entries may move.
@@ -135,6 +138,9 @@ class KvTierStore {
   // records it passes at the queue's front.
   std::int32_t Oldest(List list, bool evictable);
   void Compact(List list);  // drops spent and, when they are many, stale records
+  // An entry whose record was at `pos` just left `list`: if that record is the queue's first, the
+  // queue's head moves past it.
+  void SpendIfFirst(List list, std::uint32_t pos);
   // Evicts one block from `list` (least recently used evictable one). False if none.
   bool EvictFrom(List list, std::vector<BlockHash>* evicted);
   // ARC's REPLACE; falls back to the other list when the preferred one has nothing evictable.

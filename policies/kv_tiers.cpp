@@ -174,8 +174,7 @@ LoadId TierManager::BeginLoad(InstanceId instance, std::span<const BlockHash> ha
     int k = 0;
     for (; k < kNumLowerTiers; ++k) {
       KvTierStore* s = Store(static_cast<TierKind>(k), node);
-      if (s && s->Contains(h)) {
-        s->PinForRead(h);
+      if (s && s->PinForRead(h)) {
         per_tier[static_cast<std::size_t>(k)].push_back(h);
         break;
       }

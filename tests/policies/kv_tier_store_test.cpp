@@ -22,7 +22,7 @@ void Write(KvTierStore& s, BlockHash h, std::vector<BlockHash>* evicted = nullpt
 }
 
 void Hit(KvTierStore& s, BlockHash h) {
-  s.PinForRead(h);
+  ASSERT_TRUE(s.PinForRead(h)) << h;
   s.Unpin(h);
 }
 
@@ -63,8 +63,11 @@ TEST(KvTierStore, InFlightAndPinnedBlocksAreNeverEvicted) {
   KvTierStore s(2, EvictionPolicy::kLru);
   std::vector<BlockHash> evicted;
   Write(s, 1);
-  s.PinForRead(1);
+  ASSERT_TRUE(s.PinForRead(1));
   ASSERT_EQ(s.BeginWrite(2, &evicted), Start::kStarted);  // in flight
+  EXPECT_FALSE(s.PinForRead(2)) << "a block being written cannot be read yet";
+  EXPECT_FALSE(s.PinForRead(9)) << "nor one never written";
+  EXPECT_EQ(s.pinned_blocks(), 1);
   EXPECT_EQ(s.BeginWrite(3, &evicted), Start::kNoRoom);
   EXPECT_TRUE(evicted.empty());
   EXPECT_EQ(s.used_blocks(), 2);
@@ -163,7 +166,7 @@ TEST(KvTierStore, RandomWorkloadMatchesShadowModel) {
           break;
         case 3:
           if (readable.count(h)) {
-            s.PinForRead(h);
+            ASSERT_TRUE(s.PinForRead(h));
             pins.insert(h);
             forget(h);
             recency.push_back(h);
