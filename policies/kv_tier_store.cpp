@@ -97,6 +97,10 @@ void KvTierStore::Compact(List list) {
     }
     q.records.resize(kept);
     q.head = 0;
+    // Writes in flight on this list moved with their blocks (all live: they stay in one run).
+    if (list == kT1 || list == kT2) {
+      for (Flight& f : flights_[list]) f.begin = at(Find(f.first)).pos;
+    }
   }
 }
 
@@ -158,15 +162,40 @@ bool KvTierStore::ArcReplace(bool hit_in_b2, std::vector<BlockHash>* evicted) {
   return EvictFrom(kT2, evicted) || EvictFrom(kT1, evicted);
 }
 
-KvTierStore::WriteStart KvTierStore::BeginWrite(BlockHash hash, std::vector<BlockHash>* evicted) {
-  if (capacity_ == 0) return WriteStart::kNoRoom;
+KvTierStore::WriteStart KvTierStore::BeginWrite(std::span<const BlockHash> hashes,
+                                                std::vector<BlockHash>* started,
+                                                std::vector<BlockHash>* evicted) {
+  WriteStart result;
+  const WriteId id = next_write_;
+  for (std::size_t k = 0; k < hashes.size(); ++k) {
+    // Blocks of a request land anywhere in a table of millions of slots: load ahead.
+    if (k + kAhead < hashes.size()) Prefetch(hashes[k + kAhead]);
+    switch (BeginOne(hashes[k], id, evicted)) {
+      case OneStart::kStarted:
+        started->push_back(hashes[k]);
+        result.id = id;
+        break;
+      case OneStart::kPresent:
+        break;
+      case OneStart::kNoRoom:
+        ++result.no_room;
+        break;
+    }
+  }
+  if (result.id != 0) ++next_write_;
+  return result;
+}
+
+KvTierStore::OneStart KvTierStore::BeginOne(BlockHash hash, WriteId id,
+                                            std::vector<BlockHash>* evicted) {
+  if (capacity_ == 0) return OneStart::kNoRoom;
   List target = kMain;
   bool hit_in_b2 = false;
   std::int32_t ghost = Find(hash);
-  if (ghost >= 0 && at(ghost).list != kB1 && at(ghost).list != kB2) return WriteStart::kPresent;
+  if (ghost >= 0 && at(ghost).list != kB1 && at(ghost).list != kB2) return OneStart::kPresent;
   if (policy_ == EvictionPolicy::kLru) {
     while (used_blocks() >= capacity_) {
-      if (!EvictFrom(kMain, evicted)) return WriteStart::kNoRoom;
+      if (!EvictFrom(kMain, evicted)) return OneStart::kNoRoom;
     }
   } else {
     const auto c = static_cast<double>(capacity_);
@@ -192,7 +221,7 @@ KvTierStore::WriteStart KvTierStore::BeginWrite(BlockHash hash, std::vector<Bloc
       }
     }
     while (used_blocks() >= capacity_) {
-      if (!ArcReplace(hit_in_b2, evicted)) return WriteStart::kNoRoom;
+      if (!ArcReplace(hit_in_b2, evicted)) return OneStart::kNoRoom;
     }
     // Ghost lists never outgrow the cache.
     while (lists_[kB1].size > capacity_) DropGhostLru(kB1);
@@ -206,25 +235,61 @@ KvTierStore::WriteStart KvTierStore::BeginWrite(BlockHash hash, std::vector<Bloc
   } else {
     i = NewEntry(hash);
   }
-  at(i).writing = 1;
   PushMru(i, target);
+  // The write's run on this list grows by this block (nothing else was pushed on it since).
+  std::vector<Flight>& flights = flights_[target];
+  const Slot& x = at(i);
+  if (!flights.empty() && flights.back().id == id) {
+    DUET_CHECK(flights.back().begin + flights.back().blocks == x.pos);
+    ++flights.back().blocks;
+  } else {
+    flights.push_back({id, x.hash, x.pos, 1});
+  }
   ++writing_;
   peak_used_ = std::max(peak_used_, used_blocks());
-  return WriteStart::kStarted;
+  return OneStart::kStarted;
 }
 
-void KvTierStore::EndWrite(BlockHash hash) {
-  const std::int32_t i = Find(hash);
-  DUET_CHECK_MSG(i >= 0 && at(i).writing, "EndWrite of a block that is not being written");
-  at(i).writing = 0;
-  --writing_;
+std::int64_t KvTierStore::Land(WriteId id) {
+  std::int64_t blocks = 0;
+  for (std::vector<Flight>& flights : flights_) {
+    auto it =
+        std::find_if(flights.begin(), flights.end(), [id](const Flight& f) { return f.id == id; });
+    if (it == flights.end()) continue;
+    blocks += it->blocks;
+    flights.erase(it);
+  }
+  DUET_CHECK_MSG(blocks > 0, "end of a tier write that is not in flight");
+  writing_ -= blocks;
+  return blocks;
 }
 
-void KvTierStore::AbortWrite(BlockHash hash) {
-  const std::int32_t i = Find(hash);
-  DUET_CHECK_MSG(i >= 0 && at(i).writing, "AbortWrite of a block that is not being written");
-  --writing_;
-  Remove(i);
+void KvTierStore::EndWrite(WriteId id) { Land(id); }
+
+void KvTierStore::AbortWrite(WriteId id, std::span<const BlockHash> started) {
+  for (BlockHash h : started) {
+    const std::int32_t i = Find(h);
+    DUET_CHECK_MSG(i >= 0 && Writing(at(i)), "AbortWrite of a block that is not being written");
+  }
+  DUET_CHECK_MSG(Land(id) == static_cast<std::int64_t>(started.size()),
+                 "AbortWrite names other blocks than its write started");
+  // Removals move entries: each is looked up again.
+  for (BlockHash h : started) Remove(Find(h));
+}
+
+bool KvTierStore::Writing(const Slot& x) const {
+  if (x.list != kT1 && x.list != kT2) return false;
+  const std::vector<Flight>& flights = flights_[x.list];
+  if (flights.empty()) return false;
+  // Positions relative to the queue's first record, where they are ordered.
+  const std::uint32_t base = lists_[x.list].base;
+  const std::uint32_t p = x.pos - base;
+  if (p < flights.front().begin - base) return false;  // older than every write in flight
+  auto it =
+      std::upper_bound(flights.begin(), flights.end(), p,
+                       [base](std::uint32_t v, const Flight& f) { return v < f.begin - base; });
+  --it;
+  return p - (it->begin - base) < it->blocks;
 }
 
 bool KvTierStore::Contains(BlockHash hash) const {
@@ -297,10 +362,9 @@ Status KvTierStore::CheckInvariants() const {
     if (r == nullptr || *r != x.hash)
       return Status::Error("a tier entry's record in its list's queue is missing");
     const bool ghost = x.list == kB1 || x.list == kB2;
-    if (ghost && (x.writing || x.pins))
-      return Status::Error("a ghost entry is being written or read");
+    if (ghost && x.pins) return Status::Error("a ghost entry is being read");
     ++counts[x.list];
-    writing += x.writing;
+    writing += Writing(x);
     pinned += x.pins > 0;
     ghosts += ghost;
     ++entries;
@@ -309,6 +373,26 @@ Status KvTierStore::CheckInvariants() const {
     if (counts[static_cast<std::size_t>(l)] != lists_[l].size)
       return Status::Error("tier list size does not match its list");
   }
+  // Each write in flight: runs in position order, apart, each of live records of its list
+  // (which Writing counted above; the sum must match).
+  std::int64_t in_flight = 0;
+  for (int l = 0; l < 2; ++l) {
+    const Queue& q = lists_[l];
+    std::uint32_t end = static_cast<std::uint32_t>(q.head);
+    for (const Flight& f : flights_[l]) {
+      const std::uint32_t begin = f.begin - q.base;
+      if (f.blocks == 0 || begin < end || begin + f.blocks > q.records.size() ||
+          q.records[begin] != f.first)
+        return Status::Error("a tier write in flight is out of order or outside its list");
+      for (std::uint32_t k = begin; k < begin + f.blocks; ++k) {
+        if (LiveSlot(static_cast<List>(l), k) < 0)
+          return Status::Error("a tier write in flight holds a block no longer on its list");
+      }
+      end = begin + f.blocks;
+      in_flight += f.blocks;
+    }
+  }
+  if (in_flight != writing_) return Status::Error("tier writes in flight do not match the count");
   if (entries != entries_) return Status::Error("tier entry count does not match the table");
   if (writing != writing_ || pinned != pinned_ || ghosts != ghosts_)
     return Status::Error("tier counters do not match the lists");

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -24,18 +25,24 @@ class KvTierStore {
  public:
   KvTierStore(std::int64_t capacity_blocks, EvictionPolicy policy);
 
-  enum class WriteStart {
-    kStarted,  // space reserved; the block becomes readable at EndWrite
-    kPresent,  // already held or being written: nothing to do
-    kNoRoom,   // full of blocks that cannot be evicted now (being written or read)
+  // Names one write of blocks into the tier, from BeginWrite to its EndWrite or AbortWrite.
+  using WriteId = std::uint64_t;
+  struct WriteStart {
+    WriteId id = 0;            // 0: no block started
+    std::int64_t no_room = 0;  // blocks refused: the tier is full of blocks being written or read
   };
-  // Reserves room for `hash`, evicting as the policy says; evicted hashes are appended to
-  // `evicted` (they were readable and are gone now).
-  WriteStart BeginWrite(BlockHash hash, std::vector<BlockHash>* evicted);
-  // The write of `hash` finished: the block becomes readable (and evictable once unpinned).
-  void EndWrite(BlockHash hash);
-  // The write of `hash` failed: its room is released and it never becomes readable.
-  void AbortWrite(BlockHash hash);
+  // Starts one write of the blocks of `hashes` that the tier neither holds nor is writing
+  // (those it does are skipped): reserves room for each, evicting as the policy says (evicted
+  // hashes, readable until now, are appended to `evicted`), and appends it to `started`. The
+  // started blocks become readable together, at EndWrite(id).
+  WriteStart BeginWrite(std::span<const BlockHash> hashes, std::vector<BlockHash>* started,
+                        std::vector<BlockHash>* evicted);
+  // The write finished: its blocks become readable (and evictable once unpinned). Costs the same
+  // whatever the write's size: no block is looked up.
+  void EndWrite(WriteId id);
+  // The write failed: its blocks' room is released and they never become readable. `started`
+  // is what BeginWrite appended for it.
+  void AbortWrite(WriteId id, std::span<const BlockHash> started);
 
   // Readable: written completely and not evicted since.
   bool Contains(BlockHash hash) const;
@@ -86,11 +93,10 @@ class KvTierStore {
   struct Slot {
     BlockHash hash = 0;
     std::uint32_t pos = 0;  // on a list: its record's position in the list's queue
-    std::uint32_t pins : 28 = 0;
+    std::uint32_t pins : 29 = 0;
     std::uint32_t list : 3 = kEmpty;  // a List
-    std::uint32_t writing : 1 = 0;
   };
-  static constexpr std::uint32_t kMaxPins = (1u << 28) - 1;
+  static constexpr std::uint32_t kMaxPins = (1u << 29) - 1;
   struct SlotTraits {
     static std::uint64_t Key(const Slot& x) { return x.hash; }
     static bool Empty(const Slot& x) { return x.list == kEmpty; }
@@ -131,9 +137,25 @@ class KvTierStore {
   void PushMru(std::int32_t i, List list);
   // The entry leaves its list, staying in the table until PushMru puts it on one again.
   void Unlink(std::int32_t i);
-  bool Evictable(const Slot& x) const { return !x.writing && x.pins == 0; }
+  // A write in flight holds one run of consecutive positions on each list its blocks went to
+  // (T1, the main list; T2 for ARC's ghost hits): nothing else is pushed on those lists while its
+  // blocks are, and they stay in place until it ends (neither readable nor evictable). So a
+  // block is being written exactly when its position lies in such a run, and a write ends
+  // without a look-up per block, in tables where each look-up is a cache miss.
+  struct Flight {
+    WriteId id;
+    BlockHash first;      // its first block on the list (found again when positions move)
+    std::uint32_t begin;  // that block's position
+    std::uint32_t blocks;
+  };
+  enum class OneStart { kStarted, kPresent, kNoRoom };
+  OneStart BeginOne(BlockHash hash, WriteId id, std::vector<BlockHash>* evicted);
+  // Ends write `id` on every list; returns its blocks.
+  std::int64_t Land(WriteId id);
+  bool Writing(const Slot& x) const;
+  bool Evictable(const Slot& x) const { return x.pins == 0 && !Writing(x); }
   // Written completely and resident (not a ghost).
-  bool Readable(const Slot& x) const { return !x.writing && (x.list == kT1 || x.list == kT2); }
+  bool Readable(const Slot& x) const { return (x.list == kT1 || x.list == kT2) && !Writing(x); }
   // The least recently used entry of `list` (evictable only, if asked), or -1. Drops the stale
   // records it passes at the queue's front.
   std::int32_t Oldest(List list, bool evictable);
@@ -153,6 +175,8 @@ class KvTierStore {
   std::int64_t entries_ = 0;  // residents, in-flight and ghosts
   Queue lists_[kNumLists];
   std::int64_t ghosts_ = 0;
+  std::vector<Flight> flights_[2];  // on T1 (the main list) and T2, in position order
+  WriteId next_write_ = 1;
   std::int64_t writing_ = 0, pinned_ = 0, evictions_ = 0, peak_used_ = 0;
   double arc_p_ = 0;  // ARC: target size of T1
 };

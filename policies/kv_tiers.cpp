@@ -84,16 +84,13 @@ void TierManager::Progress(InstanceId instance) {
       ++i;
       continue;
     }
-    TierCounters& c = counters_[static_cast<std::size_t>(w.tier)];
     ++changes_;
-    for (std::size_t k = 0; k < w.hashes.size(); ++k) {
-      PrefetchAhead(w.store, w.hashes, k);
-      if (status == TransferStatus::kDone) {
-        w.store->EndWrite(w.hashes[k]);
-        ++c.written_blocks;
-      } else {
-        w.store->AbortWrite(w.hashes[k]);
-      }
+    if (status == TransferStatus::kDone) {
+      w.store->EndWrite(w.write);
+      counters_[static_cast<std::size_t>(w.tier)].written_blocks +=
+          static_cast<std::int64_t>(w.hashes.size());
+    } else {
+      w.store->AbortWrite(w.write, w.hashes);
     }
     // Order does not matter: swap-remove.
     pending[i] = std::move(pending.back());
@@ -235,20 +232,8 @@ void TierManager::Write(int kind, int node, InstanceId instance, int from,
   // Locals, not members reused across calls: Post may let other engines run before it returns
   // (in simulation it is a simcall, and other actors run meanwhile), and they call Write too.
   std::vector<BlockHash> accepted, evicted;
-  for (std::size_t i = 0; i < hashes.size(); ++i) {
-    PrefetchAhead(s, hashes, i);
-    const BlockHash h = hashes[i];
-    switch (s->BeginWrite(h, &evicted)) {
-      case KvTierStore::WriteStart::kStarted:
-        accepted.push_back(h);
-        break;
-      case KvTierStore::WriteStart::kPresent:
-        break;
-      case KvTierStore::WriteStart::kNoRoom:
-        ++c.dropped_writes;
-        break;
-    }
-  }
+  const KvTierStore::WriteStart started = s->BeginWrite(hashes, &accepted, &evicted);
+  c.dropped_writes += started.no_room;
   const int below = Below(kind);
   auto placement_below = [&] { return setup_.tiers[static_cast<std::size_t>(below)].placement; };
   if (!accepted.empty()) {
@@ -270,7 +255,7 @@ void TierManager::Write(int kind, int node, InstanceId instance, int from,
     if (static_cast<std::size_t>(owner) >= pending_writes_.size())
       pending_writes_.resize(static_cast<std::size_t>(owner) + 1);
     pending_writes_[static_cast<std::size_t>(owner)].push_back(
-        {id, s, tier, owner, std::move(accepted)});
+        {id, s, started.id, tier, owner, std::move(accepted)});
     ++num_pending_writes_;
   }
   // Write-back below: what this tier evicted moves down.

@@ -126,6 +126,7 @@ class TierManager {
   struct PendingWrite {
     TierIoId io;
     KvTierStore* store;
+    KvTierStore::WriteId write;
     TierKind tier;
     InstanceId owner;
     std::vector<BlockHash> hashes;
