@@ -5,6 +5,7 @@
 # version of Duet (PREV_COMMIT, built from `git archive` in build-prev/, Release, no CUDA)
 # on the same inputs; the same simulation with decode-step coalescing off (one engine step
 # per simulated event); for the clusters with KV tiers, the same cluster without tiers.
+# The two versions' runs of a row are taken in turn (this, previous, this, ...).
 # Usage: bench/simulate_speed.sh [REPEATS] [PREV_COMMIT]
 #   (median of REPEATS runs, default 3; PREV_COMMIT default 8a629b9, main before the
 #    2026-11-24 speed work of issue 12; it must read today's cluster files (fitted cost models
@@ -33,17 +34,29 @@ fi
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
-run() {  # run LABEL CLUSTER ROUTER [BINARY] -> one line of results (median wall of REPEATS)
-  local label=$1 cluster=$2 router=$3 duet=${4:-$DUET}
-  local walls=() rss=0
+run() {  # run LABEL CLUSTER ROUTER [WITH_PREV] -> its row (median wall of REPEATS), and with
+  # WITH_PREV=prev the previous version's row, the two versions' runs taken in turn so that
+  # both see the same stretch of this VM's speed, which drifts by tens of percent
+  local label=$1 cluster=$2 router=$3 with_prev=${4:-}
+  local binaries=("$DUET") labels=("$label")
+  if [ "$with_prev" = prev ] && [ -n "$PREV" ]; then
+    binaries+=("$PREV")
+    labels+=("$label, previous version (yardstick)")
+  fi
+  local b
+  for b in "${!binaries[@]}"; do : >"$work/walls.$b" && echo 0 >"$work/rss.$b"; done
   for ((i = 0; i < REPEATS; i++)); do
-    /usr/bin/time -f "%e %M" -o "$work/time" "$duet" simulate --cluster "$cluster" \
-      --trace "$TRACE" --router "$router" --out "$work/out" --progress never >/dev/null
-    read -r wall kb <"$work/time"
-    walls+=("$wall")
-    ((kb > rss)) && rss=$kb
+    for b in "${!binaries[@]}"; do
+      /usr/bin/time -f "%e %M" -o "$work/time" "${binaries[$b]}" simulate --cluster "$cluster" \
+        --trace "$TRACE" --router "$router" --out "$work/out.$b" --progress never >/dev/null
+      read -r wall kb <"$work/time"
+      echo "$wall" >>"$work/walls.$b"
+      ((kb > $(cat "$work/rss.$b"))) && echo "$kb" >"$work/rss.$b"
+    done
   done
-  python3 - "$label" "$work/out/summary.json" "$rss" "${walls[@]}" <<'PY'
+  for b in "${!binaries[@]}"; do
+    python3 - "${labels[$b]}" "$work/out.$b/summary.json" "$(cat "$work/rss.$b")" \
+      $(cat "$work/walls.$b") <<'PY'
 import json, statistics, sys
 label, path, rss_kb, walls = sys.argv[1], sys.argv[2], int(sys.argv[3]), [float(w) for w in sys.argv[4:]]
 s = json.load(open(path))
@@ -53,6 +66,7 @@ done = s["requests"]["completed"] + s["requests"]["rejected"]
 print(f"| {label} | {done}/{s['requests']['total']} | {wall:.2f} | {sim['simulated_s']/wall:,.0f} "
       f"| {sim['events']:,} | {sim['events']/wall:,.0f} | {sim['engine_steps']:,} | {rss_kb/1024:.0f} |")
 PY
+  done
 }
 
 uncoalesced() {  # a copy of cluster $1 with decode-step coalescing off
@@ -71,19 +85,14 @@ echo "this version: $(git rev-parse --short HEAD)$(git diff --quiet HEAD -- . ':
 echo
 echo "| run | requests done | wall s | simulated s / wall s | events | events / s | engine steps | peak MiB |"
 echo "|---|---|---|---|---|---|---|---|"
-prev() {  # prev LABEL CLUSTER ROUTER: the previous version's row, if any
-  [ -n "$PREV" ] && run "$1, previous version (yardstick)" "$2" "$3" "$PREV" || true
-}
 for cluster in sim/clusters/h100-8p8d-llama8b.json sim/clusters/h100-16colo-llama8b.json; do
   name=$(basename "$cluster" .json)
-  run "$name, prefix-aware" "$cluster" prefix-aware
-  prev "$name, prefix-aware" "$cluster" prefix-aware
+  run "$name, prefix-aware" "$cluster" prefix-aware prev
   run "$name, round-robin" "$cluster" round-robin
   run "$name, prefix-aware, no coalescing (yardstick)" "$(uncoalesced "$cluster")" prefix-aware
 done
 for cluster in sim/clusters/h100-8p8d-llama8b-tiered.json sim/clusters/h100-16colo-llama8b-tiered.json; do
   name=$(basename "$cluster" .json)
-  run "$name, cache-aware" "$cluster" cache-aware
-  prev "$name, cache-aware" "$cluster" cache-aware
+  run "$name, cache-aware" "$cluster" cache-aware prev
   run "${name%-tiered}, cache-aware (GPU-only yardstick)" "${cluster%-tiered.json}.json" cache-aware
 done
