@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds every fuzz target with clang's libFuzzer (plus ASan and UBSan) in build-san/ (see
 # scripts/san-configure.sh) and runs each for SECONDS (default 60) on a scratch copy of its
-# seed corpus in fuzz/corpus/. Any crash, sanitizer report or timeout fails the script.
+# seed corpus in fuzz/corpus/, as many at a time as there are cores. Any crash, sanitizer
+# report or timeout fails the script.
 # Usage: scripts/fuzz.sh [SECONDS] [TARGET...]   e.g. scripts/fuzz.sh 300 trace_mooncake_fuzz
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -18,24 +19,38 @@ export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}"
 failed=()
 artifacts=build-san/fuzz-artifacts
 mkdir -p "$artifacts"
-for t in "${targets[@]}"; do
-  corpus=$(mktemp -d)
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+# One target: its log and exit status land in $work/TARGET.{log,rc}.
+fuzz_one() {
+  local t=$1 corpus="$work/$1.corpus" rc=0
+  mkdir "$corpus"
   cp -r "fuzz/corpus/${t%_fuzz}/." "$corpus/"
-  log=$(mktemp)
-  echo "== $t for ${SECONDS_EACH}s"
   # -close_fd_mask=3: the targets' own stdout/stderr (help text, error lines) stay quiet;
   # libFuzzer's reports still reach the log.
   # -seed=1: the same sequence of inputs every run (the time budget decides how far it gets).
-  if build-san/bin/"$t" -seed=1 -max_total_time="$SECONDS_EACH" -rss_limit_mb=2048 -timeout=30 \
-      -close_fd_mask=3 -print_final_stats=1 -artifact_prefix="$artifacts/$t-" "$corpus" \
-      >"$log" 2>&1; then
-    grep -E "^stat::(number_of_executed_units|new_units_added)" "$log" || true
+  build-san/bin/"$t" -seed=1 -max_total_time="$SECONDS_EACH" -rss_limit_mb=2048 -timeout=30 \
+    -close_fd_mask=3 -print_final_stats=1 -artifact_prefix="$artifacts/$t-" "$corpus" \
+    >"$work/$t.log" 2>&1 || rc=$?
+  echo "$rc" >"$work/$t.rc"
+  rm -rf "$corpus"
+}
+# As many targets at a time as there are cores (each fuzzer is one process on one core).
+jobs=$(nproc)
+for t in "${targets[@]}"; do
+  while (($(jobs -rp | wc -l) >= jobs)); do wait -n || true; done
+  echo "== $t for ${SECONDS_EACH}s"
+  fuzz_one "$t" &
+done
+wait
+for t in "${targets[@]}"; do
+  if [ "$(cat "$work/$t.rc" 2>/dev/null)" = 0 ]; then
+    echo "$t: $(grep -E "^stat::(number_of_executed_units|new_units_added)" "$work/$t.log" | tr '\n' ' ')"
   else
     failed+=("$t")
-    tail -n 60 "$log"
+    tail -n 60 "$work/$t.log"
     echo "fuzz: $t failed; the input is in $artifacts/ (add it to fuzz/corpus/${t%_fuzz}/ once fixed)"
   fi
-  rm -rf "$corpus" "$log"
 done
 if ((${#failed[@]})); then
   echo "fuzz: FAILED: ${failed[*]}" >&2
