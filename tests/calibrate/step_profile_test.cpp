@@ -13,18 +13,14 @@
 #include <set>
 #include <string>
 
+#include "tests/models/bundled_specs.h"
+
 namespace duet::models {
 namespace {
 
 using backend::FitSteps;
 
 using json = nlohmann::json;
-
-ModelSpec Model(const std::string& name) {
-  Result<ModelSpec> spec = LoadModelSpec("models/specs/" + name + ".json");
-  EXPECT_TRUE(spec.ok()) << spec.error();
-  return spec.ok() ? *spec : ModelSpec{};
-}
 
 // A sweep like duet calibrate's: prefill chunks over cached contexts, decode batches over
 // contexts, mixed steps.

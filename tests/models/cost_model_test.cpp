@@ -9,20 +9,10 @@
 #include <cstdio>
 #include <string>
 
+#include "tests/models/bundled_specs.h"
+
 namespace duet::models {
 namespace {
-
-ModelSpec Model(const std::string& name) {
-  Result<ModelSpec> spec = LoadModelSpec("models/specs/" + name + ".json");
-  EXPECT_TRUE(spec.ok()) << spec.error();
-  return spec.ok() ? *spec : ModelSpec{};
-}
-
-HardwareSpec Gpu(const std::string& name) {
-  Result<HardwareSpec> hw = LoadHardwareSpec("models/hardware/" + name + ".json");
-  EXPECT_TRUE(hw.ok()) << hw.error();
-  return hw.ok() ? *hw : HardwareSpec{};
-}
 
 RooflineCostModel Llama8bOnH100(int tp = 1) {
   RooflineOptions options;
