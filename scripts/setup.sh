@@ -43,11 +43,7 @@ fi
 
 BUILD_TYPE="${DUET_BUILD_TYPE:-Release}"
 if [ ! -f build/CMakeCache.txt ]; then
-  launcher=()
-  if command -v ccache >/dev/null; then
-    launcher=(-DCMAKE_C_COMPILER_LAUNCHER=ccache -DCMAKE_CXX_COMPILER_LAUNCHER=ccache
-              -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
-  fi
+  source scripts/ccache_args.sh
   cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE="$BUILD_TYPE" "${launcher[@]}" ${DUET_CMAKE_ARGS:-}
 fi
 cmake --build build -j "$(nproc)"
