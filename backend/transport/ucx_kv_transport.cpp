@@ -411,8 +411,9 @@ TransferStatus UcxKvTransport::Poll(TransferId id) {
   DUET_CHECK_MSG(found != nullptr, "poll of an unknown or finished transfer");
   Impl::Transfer& t = *found;
   // Gets that completed when posted (a copy from a peer's mapped shared memory) need no
-  // progress: a pull of 64 KiB is about a microsecond, and a progress call is a tenth of it.
-  // The worker is still progressed every kIdlePolls polls for what else it serves.
+  // progress, and a 64 KiB pull over shared memory takes about 1.5 us: a progress call per poll
+  // cost 1-3% of its rate (docs/benchmarks.md). The worker is still progressed every kIdlePolls
+  // polls for what else it serves.
   if (!t.requests.empty() || ++im.polls_without_progress >= Impl::kIdlePolls) {
     im.polls_without_progress = 0;
     Progress();
