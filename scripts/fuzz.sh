@@ -36,9 +36,9 @@ fuzz_one() {
   rm -rf "$corpus"
 }
 # As many targets at a time as there are cores (each fuzzer is one process on one core).
-jobs=$(nproc)
+parallel=$(nproc)
 for t in "${targets[@]}"; do
-  while (($(jobs -rp | wc -l) >= jobs)); do wait -n || true; done
+  while (($(jobs -rp | wc -l) >= parallel)); do wait -n || true; done
   echo "== $t for ${SECONDS_EACH}s"
   fuzz_one "$t" &
 done
