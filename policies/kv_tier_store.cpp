@@ -22,12 +22,18 @@ constexpr std::int64_t kMinDeadRecords = 1024;  // spent or stale records kept b
 constexpr std::size_t kInitialSlots = 16;
 }  // namespace
 
+// The helpers of the write and eviction paths below (NewEntry, Remove, PushMru, Unlink, Oldest,
+// EvictFrom, SpendIfFirst, Writing) are always inlined: each is a few instructions around one
+// access to the table or a queue, run once or more for every block written (millions in a run),
+// and as calls, with their register saves, they cost about 5% of the tiered PD run's wall time
+// (docs/benchmarks.md).
+
 KvTierStore::KvTierStore(std::int64_t capacity_blocks, EvictionPolicy policy)
     : capacity_(capacity_blocks), policy_(policy), table_(kInitialSlots) {
   DUET_CHECK(capacity_blocks >= 0);
 }
 
-std::int32_t KvTierStore::NewEntry(BlockHash hash) {
+[[gnu::always_inline]] inline std::int32_t KvTierStore::NewEntry(BlockHash hash) {
   // At most three quarters of the slots are taken: probes stay within a cache line or two, and
   // a store of millions of blocks takes a third less memory than at half.
   if (static_cast<std::size_t>(entries_ + 1) * 4 > table_.slots() * 3) Grow();
@@ -40,7 +46,7 @@ std::int32_t KvTierStore::NewEntry(BlockHash hash) {
   return static_cast<std::int32_t>(i);
 }
 
-void KvTierStore::Remove(std::int32_t i) {
+[[gnu::always_inline]] inline void KvTierStore::Remove(std::int32_t i) {
   if (at(i).list != kUnlisted) Unlink(i);
   --entries_;
   // Later entries may move (queue records name entries by hash, so nothing else changes).
@@ -52,7 +58,7 @@ void KvTierStore::Grow() {
   table_.Double();
 }
 
-void KvTierStore::PushMru(std::int32_t i, List list) {
+[[gnu::always_inline]] inline void KvTierStore::PushMru(std::int32_t i, List list) {
   Slot& x = at(i);
   Queue& q = lists_[list];
   x.list = list;
@@ -68,7 +74,7 @@ void KvTierStore::PushMru(std::int32_t i, List list) {
     Compact(list);
 }
 
-void KvTierStore::Unlink(std::int32_t i) {
+[[gnu::always_inline]] inline void KvTierStore::Unlink(std::int32_t i) {
   Slot& x = at(i);
   --lists_[x.list].size;
   if (x.list == kB1 || x.list == kB2) --ghosts_;
@@ -104,7 +110,7 @@ void KvTierStore::Compact(List list) {
   }
 }
 
-std::int32_t KvTierStore::Oldest(List list, bool evictable) {
+[[gnu::always_inline]] inline std::int32_t KvTierStore::Oldest(List list, bool evictable) {
   Queue& q = lists_[list];
   bool front = true;  // every record before k is spent or stale
   for (std::size_t k = q.head; k < q.records.size(); ++k) {
@@ -122,7 +128,8 @@ std::int32_t KvTierStore::Oldest(List list, bool evictable) {
   return -1;
 }
 
-bool KvTierStore::EvictFrom(List list, std::vector<BlockHash>* evicted) {
+[[gnu::always_inline]] inline bool KvTierStore::EvictFrom(List list,
+                                                          std::vector<BlockHash>* evicted) {
   // The least recently used block that is neither being written nor read.
   const std::int32_t i = Oldest(list, /*evictable=*/true);
   if (i < 0) return false;
@@ -140,7 +147,7 @@ bool KvTierStore::EvictFrom(List list, std::vector<BlockHash>* evicted) {
   return true;
 }
 
-void KvTierStore::SpendIfFirst(List list, std::uint32_t pos) {
+[[gnu::always_inline]] inline void KvTierStore::SpendIfFirst(List list, std::uint32_t pos) {
   // Without this the next Oldest would look the stale record up again: a cache miss per
   // eviction, in a table of millions of slots.
   Queue& q = lists_[list];
@@ -277,7 +284,7 @@ void KvTierStore::AbortWrite(WriteId id, std::span<const BlockHash> started) {
   for (BlockHash h : started) Remove(Find(h));
 }
 
-bool KvTierStore::Writing(const Slot& x) const {
+[[gnu::always_inline]] inline bool KvTierStore::Writing(const Slot& x) const {
   if (x.list != kT1 && x.list != kT2) return false;
   const std::vector<Flight>& flights = flights_[x.list];
   if (flights.empty()) return false;
