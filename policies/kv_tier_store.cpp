@@ -25,7 +25,7 @@ constexpr std::size_t kInitialSlots = 16;
 // The helpers of the write and eviction paths below (NewEntry, Remove, PushMru, Unlink, Oldest,
 // EvictFrom, SpendIfFirst, Writing) are always inlined: each is a few instructions around one
 // access to the table or a queue, run once or more for every block written (millions in a run),
-// and as calls, with their register saves, they cost about 5% of the tiered PD run's wall time
+// and as calls, with their register saves, they cost about 4% of the tiered PD run's wall time
 // (docs/benchmarks.md).
 
 KvTierStore::KvTierStore(std::int64_t capacity_blocks, EvictionPolicy policy)
