@@ -4,7 +4,8 @@
 # events per second and peak memory, beside yardsticks from the same run: the previous
 # version of Duet (PREV_COMMIT, built from `git archive` in build-prev/, Release, no CUDA)
 # on the same inputs; the same simulation with decode-step coalescing off (one engine step
-# per simulated event); for the clusters with KV tiers, the same cluster without tiers.
+# per simulated event); for the clusters with KV tiers, the same cluster without tiers, and
+# the tiered PD cluster with one of its two tiers only.
 # The two versions' runs of a row are taken in turn (this, previous, this, ...).
 # Usage: bench/simulate_speed.sh [REPEATS] [PREV_COMMIT]
 #   (median of REPEATS runs, default 3; PREV_COMMIT default 8a629b9, main before the
@@ -69,14 +70,17 @@ PY
   done
 }
 
-uncoalesced() {  # a copy of cluster $1 with decode-step coalescing off
-  python3 - "$1" "$work/$(basename "$1" .json)-uncoalesced.json" <<'PY'
+variant() {  # variant CLUSTER NAME EDIT: the path of a copy of CLUSTER with EDIT (Python on its
+  # dict c) applied
+  local out
+  out="$work/$(basename "$1" .json)-$2.json"
+  python3 - "$1" "$out" "$3" <<'PY'
 import json, sys
 c = json.load(open(sys.argv[1]))
-c.setdefault("engine", {})["coalesce_decode_steps"] = False
+exec(sys.argv[3])
 json.dump(c, open(sys.argv[2], "w"))
 PY
-  echo "$work/$(basename "$1" .json)-uncoalesced.json"
+  echo "$out"
 }
 
 echo "duet simulate speed: $(date -u +%Y-%m-%d), $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
@@ -89,10 +93,18 @@ for cluster in sim/clusters/h100-8p8d-llama8b.json sim/clusters/h100-16colo-llam
   name=$(basename "$cluster" .json)
   run "$name, prefix-aware" "$cluster" prefix-aware prev
   run "$name, round-robin" "$cluster" round-robin
-  run "$name, prefix-aware, no coalescing (yardstick)" "$(uncoalesced "$cluster")" prefix-aware
+  run "$name, prefix-aware, no coalescing (yardstick)" \
+    "$(variant "$cluster" uncoalesced 'c.setdefault("engine", {})["coalesce_decode_steps"] = False')" \
+    prefix-aware
 done
 for cluster in sim/clusters/h100-8p8d-llama8b-tiered.json sim/clusters/h100-16colo-llama8b-tiered.json; do
   name=$(basename "$cluster" .json)
   run "$name, cache-aware" "$cluster" cache-aware prev
   run "${name%-tiered}, cache-aware (GPU-only yardstick)" "${cluster%-tiered.json}.json" cache-aware
 done
+# What each tier of the tiered PD cluster costs alone.
+cluster=sim/clusters/h100-8p8d-llama8b-tiered.json
+run "h100-8p8d-llama8b-tiered without its SSD tier, cache-aware (yardstick)" \
+  "$(variant "$cluster" dram-only 'del c["tiers"]["ssd"]')" cache-aware
+run "h100-8p8d-llama8b-tiered without its DRAM tier, cache-aware (yardstick)" \
+  "$(variant "$cluster" ssd-only 'del c["tiers"]["dram"]')" cache-aware
