@@ -56,6 +56,17 @@ struct SamplingParams {
   std::vector<std::string> stop_strings;
 };
 
+// What the engine's sampler requires of a request's settings, checked in the engine's own
+// types (float): every edge that builds SamplingParams from a client's values (the HTTP
+// server, the worker wire) calls this after converting them, so that no value it let through
+// can trip the sampler's invariants (a top_p of 1e-300 is positive as a double and 0 as a
+// float). Empty when the settings are valid; otherwise the field and what is wrong with it.
+struct SamplingProblem {
+  std::string field;    // "temperature", "top_p", "top_k" or "stop_token_ids"
+  std::string message;  // "must be in (0, 1], got 0 as the engine's 32-bit float"
+};
+std::optional<SamplingProblem> CheckSampling(const SamplingParams& sampling);
+
 struct Request {
   RequestId id = 0;
   Seconds arrival_s = 0;

@@ -280,7 +280,6 @@ Result<Request> RequestFromJson(const json& j, bool full, const std::string& whe
   DUET_WIRE_TRY(temperature, JsonNumberIn(s, "temperature", 0, 1e6, sw, 0.0));
   r.sampling.temperature = static_cast<float>(temperature);
   DUET_WIRE_TRY(top_p, JsonNumberIn(s, "top_p", 0, 1, sw, 1.0));
-  if (!(top_p > 0)) return FieldError(sw, "top_p", "must be > 0");
   r.sampling.top_p = static_cast<float>(top_p);
   DUET_WIRE_TRY(top_k, JsonIntIn(s, "top_k", 0, std::numeric_limits<std::int32_t>::max(), sw, 0));
   r.sampling.top_k = static_cast<std::int32_t>(top_k);
@@ -293,6 +292,9 @@ Result<Request> RequestFromJson(const json& j, bool full, const std::string& whe
                    sw, &r.sampling.stop_token_ids);
       !st.ok())
     return st;
+  // Checked as the engine holds them (floats), not as they arrived.
+  if (auto problem = policies::CheckSampling(r.sampling))
+    return FieldError(sw, problem->field, problem->message);
   return r;
 }
 
@@ -319,7 +321,7 @@ Result<FrameHeader> ParseFrameHeader(std::string_view bytes) {
   }
   const std::uint16_t kind = GetU16(bytes, 6);
   if (kind < static_cast<std::uint16_t>(MessageKind::kHello) ||
-      kind > static_cast<std::uint16_t>(MessageKind::kHeartbeat))
+      kind > static_cast<std::uint16_t>(MessageKind::kRefused))
     return Status::Error("frame header: unknown message kind " + std::to_string(kind));
   h.kind = static_cast<MessageKind>(kind);
   h.body_bytes = GetU32(bytes, 8);
@@ -580,6 +582,31 @@ Result<WorkerLoad> ParseHeartbeat(std::string_view body) {
   DUET_WIRE_TRY(j, Unpack(body, "heartbeat"));
   if (!JsonHas(j, "load")) return FieldError("heartbeat", "load", "is missing");
   return LoadFromJson(j.at("load"), "heartbeat: load");
+}
+
+std::string EncodeRefused(const Refusal& refusal) {
+  return Pack(
+      {{"request_id", refusal.request_id}, {"reason", refusal.reason.substr(0, kMaxReasonBytes)}});
+}
+
+Result<Refusal> ParseRefused(std::string_view body) {
+  const std::string where = "refusal";
+  DUET_WIRE_TRY(j, Unpack(body, "refusal"));
+  Refusal r;
+  if (!JsonHas(j, "request_id")) return FieldError(where, "request_id", "is missing");
+  DUET_WIRE_TRY(id, U64(j.at("request_id"), where, "request_id"));
+  r.request_id = id;
+  DUET_WIRE_TRY(reason, BoundedString(j, "reason", kMaxReasonBytes, where));
+  r.reason = std::move(reason);
+  return r;
+}
+
+std::optional<policies::RequestId> EngineRequestId(std::string_view body) {
+  auto j = Unpack(body, "engine message");
+  if (!j.ok() || !JsonHas(*j, "request_id")) return std::nullopt;
+  auto id = U64(j->at("request_id"), "engine message", "request_id");
+  if (!id.ok()) return std::nullopt;
+  return *id;
 }
 
 }  // namespace duet::backend::cluster

@@ -36,6 +36,7 @@ enum class MessageKind : std::uint16_t {
   kEngine = 4,     // either way: an engine message (worker -> frontend: relay it to `to`)
   kEvents = 5,     // worker -> frontend: what one engine iteration produced, and the load
   kHeartbeat = 6,  // worker -> frontend: the load, when no iteration ran for a while
+  kRefused = 7,    // worker -> frontend: it refused an engine message naming this request
 };
 
 struct FrameHeader {
@@ -105,12 +106,20 @@ struct Events {
   WorkerLoad load;
 };
 
+// A worker could not take an engine message (a value it cannot hold, a request it holds
+// already): the request it named ends with an error instead of the link.
+struct Refusal {
+  policies::RequestId request_id = 0;
+  std::string reason;
+};
+
 std::string EncodeHello(const Hello& hello);
 std::string EncodeWelcome(const Welcome& welcome);
 std::string EncodePeer(const Peer& peer);
 std::string EncodeEngine(const WireEngineMessage& message);
 std::string EncodeEvents(const Events& events);
 std::string EncodeHeartbeat(const WorkerLoad& load);
+std::string EncodeRefused(const Refusal& refusal);
 
 Result<Hello> ParseHello(std::string_view body);
 Result<Welcome> ParseWelcome(std::string_view body);
@@ -118,6 +127,10 @@ Result<Peer> ParsePeer(std::string_view body);
 Result<WireEngineMessage> ParseEngine(std::string_view body);
 Result<Events> ParseEvents(std::string_view body);
 Result<WorkerLoad> ParseHeartbeat(std::string_view body);
+Result<Refusal> ParseRefused(std::string_view body);
+// The request an engine message names, read even when the rest of it does not parse (to
+// refuse that request); nullopt when the body has no readable request_id.
+std::optional<policies::RequestId> EngineRequestId(std::string_view body);
 
 // A whole frame (header and body) of `kind`.
 std::string Frame(MessageKind kind, const std::string& body);

@@ -95,13 +95,18 @@ class WorkerLink final : public policies::Outbox, public policies::EventSink {
     handed_off_.clear();
   }
 
-  // Reader thread: one frame from the frontend. A malformed message ends the link.
+  // Reader thread: one frame from the frontend. A message this worker cannot take is refused
+  // and the link stays: the framing is intact (the reader checked the header), and one bad
+  // message, a bug on the frontend's side, must cost no more than the request it names,
+  // which the frontend then ends with an error.
   void OnFrame(const FrameHeader& header, const std::string& body) {
     Status s = Handle(header, body);
     if (s.ok()) return;
-    std::fprintf(stderr, "duet worker: rejected a message from the frontend: %s\n",
+    std::fprintf(stderr, "duet worker: refused a message from the frontend: %s\n",
                  s.message().c_str());
-    connection_->Close();
+    if (header.kind != MessageKind::kEngine) return;
+    if (const auto id = EngineRequestId(body))
+      connection_->Send(MessageKind::kRefused, EncodeRefused({*id, s.message()}));
   }
 
   // When the link is lost: ends everything held, so the engine thread stops at once.

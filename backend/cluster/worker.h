@@ -25,8 +25,9 @@ struct WorkerOptions {
 };
 
 // Blocks until the frontend sends kShutdown (returns Ok once the work held is done) or the
-// connection is lost, or a message from it is malformed (an error saying so; the work held is
-// abandoned: the frontend retries it elsewhere).
+// connection is lost (an error saying so; the work held is abandoned: the frontend retries it
+// elsewhere). An engine message it cannot take is refused (kRefused, naming its request) and
+// the link stays.
 Status RunWorker(std::unique_ptr<ForwardModel> model, const WorkerOptions& options);
 
 }  // namespace duet::backend::cluster

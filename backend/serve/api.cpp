@@ -87,6 +87,10 @@ std::optional<ApiError> BuildLiveRequest(const GenerationParams& params, const S
   s.top_k = params.top_k;
   s.seed = params.seed;
   s.stop_strings = params.stop;
+  // In the engine's types now: a value the parser took as a double may not survive the
+  // conversion (top_p 1e-300 is 0 as a float).
+  if (auto problem = policies::CheckSampling(s))
+    return BadRequest("'" + problem->field + "' " + problem->message, problem->field);
   if (!params.ignore_eos) {
     s.stop_token_ids = model.eos_token_ids;
     if (chat)

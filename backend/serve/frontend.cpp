@@ -284,6 +284,8 @@ Admission LiveFrontend::Submit(LiveRequest request, std::shared_ptr<RequestListe
   const models::ModelSpec& config = s.config;
   if (request.prompt.empty()) return {AdmitStatus::kInvalid, 0, "the prompt is empty"};
   if (request.max_tokens < 1) return {AdmitStatus::kInvalid, 0, "max_tokens must be at least 1"};
+  if (auto problem = policies::CheckSampling(request.sampling))
+    return {AdmitStatus::kInvalid, 0, "'" + problem->field + "' " + problem->message};
   for (std::int32_t id : request.prompt) {
     if (id < 0 || id >= config.vocab_size)
       return {AdmitStatus::kInvalid, 0,

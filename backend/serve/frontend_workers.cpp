@@ -187,6 +187,44 @@ void Finish(std::vector<Ending>& endings) {
   for (Ending& e : endings) e.listener->OnFinished(e.info);
 }
 
+// The instances of `e`'s route other than `i` drop what they hold of it: an abort, and a
+// KV-release for a prefill side's lease. Caller holds s.mu.
+void LetGoElsewhere(Impl& s, RequestId id, const Impl::Entry& e, InstanceId i) {
+  EngineMessage abort{EngineMessage::Kind::kAbort, nullptr, policies::kNoInstance};
+  abort.request_id = id;
+  EngineMessage release{EngineMessage::Kind::kKvRelease, nullptr, policies::kNoInstance};
+  release.request_id = id;
+  for (InstanceId other : {e.prefill, e.decode}) {
+    if (other == i) continue;
+    s.instances[static_cast<std::size_t>(other)]->Post(abort);
+    if (s.options.roles[static_cast<std::size_t>(other)] == InstanceRole::kPrefill)
+      s.instances[static_cast<std::size_t>(other)]->Post(release);
+  }
+}
+
+// Worker `i` refused an engine message for a request (a value it cannot hold: a bug, since
+// the frontend checks what it forwards): that request ends with an error, which its client
+// gets as a 500, and every instance on its route lets go of it; the worker stays.
+void OnRefused(Impl& s, InstanceId i, const cluster::Refusal& refusal) {
+  std::vector<Ending> endings;
+  {
+    std::lock_guard lock(s.mu);
+    auto it = s.entries.find(refusal.request_id);
+    if (it == s.entries.end() || it->second.finished || !OnRoute(it->second, i)) return;
+    const Impl::Entry& e = it->second;
+    s.router->OnFinished(*e.request);
+    // The refusing worker may hold an earlier copy (a request it refused as held already).
+    EngineMessage abort{EngineMessage::Kind::kAbort, nullptr, policies::kNoInstance};
+    abort.request_id = refusal.request_id;
+    s.instances[static_cast<std::size_t>(i)]->Post(abort);
+    LetGoElsewhere(s, refusal.request_id, e, i);
+    EndHere(s, refusal.request_id, policies::FinishReason::kError,
+            "worker " + std::to_string(i) + " refused it: " + refusal.reason, &endings);
+  }
+  s.changed.notify_all();
+  Finish(endings);
+}
+
 // Worker `i` is gone: no more routing to it; the survivors drop what they hold of its requests
 // (leases, pulls from it) and those requests start again elsewhere.
 void Failover(Impl& s, InstanceId i) {
@@ -210,16 +248,7 @@ void Failover(Impl& s, InstanceId i) {
       // Past its handoff (the decode side released the prefill side's KV), a request no
       // longer needs its prefill instance.
       if (e.prefill == i && e.decode != i && e.kv_released) continue;
-      EngineMessage abort{EngineMessage::Kind::kAbort, nullptr, policies::kNoInstance};
-      abort.request_id = id;
-      EngineMessage release{EngineMessage::Kind::kKvRelease, nullptr, policies::kNoInstance};
-      release.request_id = id;
-      for (InstanceId other : {e.prefill, e.decode}) {
-        if (other == i) continue;
-        s.instances[static_cast<std::size_t>(other)]->Post(abort);
-        if (s.options.roles[static_cast<std::size_t>(other)] == InstanceRole::kPrefill)
-          s.instances[static_cast<std::size_t>(other)]->Post(release);
-      }
+      LetGoElsewhere(s, id, e, i);
       Retry(s, id, &endings);
     }
   }
@@ -298,6 +327,15 @@ Status OnFrame(Impl& s, InstanceId i, const cluster::FrameHeader& header, const 
       release.request_id = w->message.request_id;
       Remote(s, i).Post(release);
     }
+    return Status::Ok();
+  }
+  if (header.kind == MessageKind::kRefused) {
+    auto refusal = cluster::ParseRefused(body);
+    if (!refusal.ok()) return refusal.status();
+    heard(nullptr);
+    Log("worker " + std::to_string(i) + " refused request " + std::to_string(refusal->request_id) +
+        ": " + refusal->reason);
+    OnRefused(s, i, *refusal);
     return Status::Ok();
   }
   if (header.kind != MessageKind::kEvents)

@@ -297,5 +297,44 @@ TEST(Wire, MalformedBodiesAreErrorsNamingTheField) {
   EXPECT_NE(ParseWelcome(Pack(welcome)).error().find("'kv_lease_s'"), std::string::npos);
 }
 
+// Finding 2 of issue 40: a top_p that is positive as a double but 0 as the engine's float used
+// to pass the parser, and the worker holding it would trip the sampler's invariant.
+TEST(Wire, SamplingValuesAreCheckedAsTheEngineHoldsThem) {
+  const nlohmann::json good = Unpack(EncodeEngine(KvReady()));
+  auto with_sampling = [&](const char* key, double value) {
+    nlohmann::json j = good;
+    j["request"]["sampling"][key] = value;
+    return ParseEngine(Pack(j));
+  };
+  for (double tiny : {1e-300, 5e-324, 1e-46}) {
+    auto parsed = with_sampling("top_p", tiny);
+    ASSERT_FALSE(parsed.ok()) << tiny;
+    EXPECT_NE(parsed.error().find("'top_p'"), std::string::npos) << parsed.error();
+    EXPECT_NE(parsed.error().find("32-bit float"), std::string::npos) << parsed.error();
+  }
+  // A subnormal float is still positive: valid.
+  ASSERT_TRUE(with_sampling("top_p", 1e-40).ok());
+  EXPECT_GT(with_sampling("top_p", 1e-40)->request->sampling.top_p, 0.0f);
+  // Temperatures that round to 0 are greedy, and valid.
+  ASSERT_TRUE(with_sampling("temperature", 1e-300).ok());
+  EXPECT_EQ(with_sampling("temperature", 1e-300)->request->sampling.temperature, 0.0f);
+}
+
+TEST(Wire, ARefusalNamesTheRequestOfAMessageThatDoesNotParse) {
+  const Refusal refusal{0xfedcba9876543210ull, "request 1: 'top_p' must be in (0, 1]"};
+  auto parsed = ParseRefused(EncodeRefused(refusal));
+  ASSERT_TRUE(parsed.ok()) << parsed.error();
+  EXPECT_EQ(parsed->request_id, refusal.request_id);
+  EXPECT_EQ(parsed->reason, refusal.reason);
+  EXPECT_FALSE(ParseRefused(Pack({{"reason", "x"}})).ok());
+  // The request id of an engine message whose request is broken, for the refusal.
+  nlohmann::json broken = Unpack(EncodeEngine(KvReady()));
+  broken["request"]["sampling"]["top_p"] = 1e-300;
+  ASSERT_FALSE(ParseEngine(Pack(broken)).ok());
+  EXPECT_EQ(EngineRequestId(Pack(broken)), std::optional<policies::RequestId>(42));
+  EXPECT_EQ(EngineRequestId("\xc1"), std::nullopt);
+  EXPECT_EQ(EngineRequestId(Pack({{"request_id", -1}})), std::nullopt);
+}
+
 }  // namespace
 }  // namespace duet::backend::cluster
