@@ -101,7 +101,8 @@ int ChildProcesses::Stop(pid_t pid, Seconds timeout_s) {
 
 void Supervisor::Keep(pid_t pid, std::vector<std::string> args) {
   DUET_CHECK(!thread_.joinable());
-  kept_.push_back({pid, std::move(args), 0, options_.first_delay_s, {}});
+  kept_.push_back(
+      {pid, std::move(args), 0, options_.first_delay_s, {}, std::chrono::steady_clock::now()});
 }
 
 void Supervisor::Start() {
@@ -137,6 +138,10 @@ void Supervisor::Loop() {
           k.pid = -1;
           continue;
         }
+        if (now >= after(k.started, options_.healthy_after_s)) {
+          k.restarts = 0;
+          k.delay_s = options_.first_delay_s;
+        }
         if (k.restarts >= options_.max_restarts) {
           std::fprintf(stderr,
                        "%s %d exited (status %d); not starting it again after %d restarts\n", name,
@@ -158,6 +163,7 @@ void Supervisor::Loop() {
         auto pid = children_.Spawn(k.args);
         if (pid) {
           k.pid = *pid;
+          k.started = now;
           std::fprintf(stderr, "%s started again as pid %d\n", name, static_cast<int>(*pid));
         } else {  // tried again after the next delay, while restarts are left
           std::fprintf(stderr, "%s: %s\n", name, pid.error().c_str());

@@ -56,13 +56,16 @@ class ChildProcesses {
 // Keeps some children of a ChildProcesses running (duet serve's worker processes): a thread
 // notices one that exited unasked (a crash, SIGKILL, the OOM killer: any exit but status 0) and
 // starts it again with the same arguments, after a delay that doubles from `first_delay_s` (to
-// 30 s at most), at most `max_restarts` times each. While it runs it alone waits for the set's
-// children: Stop() it before stopping or reaping them.
+// 30 s at most), at most `max_restarts` times each. One that had run for `healthy_after_s` when
+// it exited was healthy: its restarts and delay start over, so that rare crashes over a long
+// life never spend its budget, while a crash loop still does. While it runs it alone waits for
+// the set's children: Stop() it before stopping or reaping them.
 class Supervisor {
  public:
   struct Options {
     int max_restarts = 5;
     Seconds first_delay_s = 0.5;
+    Seconds healthy_after_s = 300;
     std::string name = "process";  // its log lines begin "NAME PID exited ..."
   };
   Supervisor(ChildProcesses& children, Options options)
@@ -84,6 +87,7 @@ class Supervisor {
     int restarts = 0;
     Seconds delay_s = 0;
     std::chrono::steady_clock::time_point due;
+    std::chrono::steady_clock::time_point started;  // of the process running now
   };
   void Loop();
 

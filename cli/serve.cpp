@@ -113,6 +113,9 @@ int Serve(int argc, char** argv) {
     ("worker-restarts", po::value<int>()->default_value(5),
      "times duet serve starts a worker process of its own again when it exits unasked (each; "
      "0: never)")
+    ("worker-healthy-after", po::value<double>()->default_value(300.0),
+     "seconds after which a worker process that exits counts as having run healthy: its "
+     "restarts (and their delay) start over")
     ("spawn-workers", po::value<bool>()->default_value(true),
      "--workers process: start the workers (false: wait for duet worker processes started "
      "by hand or an orchestrator)")
@@ -204,6 +207,9 @@ int Serve(int argc, char** argv) {
   const int worker_restarts = vm["worker-restarts"].as<int>();
   if (worker_restarts < 0 || worker_restarts > 1000)
     return Fail("--worker-restarts must be in 0..1000", kExitUsage);
+  const double worker_healthy_after_s = vm["worker-healthy-after"].as<double>();
+  if (!(worker_healthy_after_s > 0) || worker_healthy_after_s > 1e6)
+    return Fail("--worker-healthy-after must be in (0, 1000000]", kExitUsage);
   const int io_threads = vm["io-threads"].as<int>();
   if (io_threads < 1 || io_threads > 64) return Fail("--io-threads must be in 1..64", kExitUsage);
   const double drain_timeout_s = vm["drain-timeout"].as<double>();
@@ -314,8 +320,9 @@ int Serve(int argc, char** argv) {
   frontend_options.observer = &metrics;
   frontend_options.step_log = step_log.get();
   ChildProcesses spawned;  // --spawn-workers
-  Supervisor supervisor(spawned,
-                        {.max_restarts = worker_restarts, .name = "duet serve: worker process"});
+  Supervisor supervisor(spawned, {.max_restarts = worker_restarts,
+                                  .healthy_after_s = worker_healthy_after_s,
+                                  .name = "duet serve: worker process"});
   Result<std::unique_ptr<LiveFrontend>> frontend = Status::Error("not started");
   if (processes) {
     auto listener = backend::cluster::Listener::Open("127.0.0.1", worker_port);

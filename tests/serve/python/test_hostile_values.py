@@ -3,7 +3,8 @@ generation endpoints set to 1e-300, -0.0, 1e300 and denormals (of a double and o
 400 or a normal reply, from a server whose instances are engine threads and from a PD server of
 worker processes; neither goes down, no worker exits, and the server serves afterwards. The
 values are checked in the engine's own types at the edge (top_p 1e-300 is positive as a double
-and 0 as the engine's float)."""
+and 0 as the engine's float). And a worker process's restart budget recovers once it has run
+healthy for --worker-healthy-after seconds, while a crash loop still spends it."""
 
 import json
 import os
@@ -124,4 +125,64 @@ def test_pd_workers_never_see_a_value_they_cannot_hold(tiny_model, start_server,
     for sign in ["exited (status", ") lost: ", "refused request", "rejected a message"]:
         assert sign not in log, log
     s.assert_idle()
+    assert s.stop() == 0, s.stderr()
+
+
+def worker_pids(server):
+    """The `duet worker` children of a server, by role."""
+    pids = {}
+    for task in os.listdir(f"/proc/{server.proc.pid}/task"):
+        with open(f"/proc/{server.proc.pid}/task/{task}/children") as f:
+            for pid in f.read().split():
+                with open(f"/proc/{pid}/cmdline", "rb") as c:
+                    args = c.read().split(b"\0")
+                if b"worker" in args and b"--role" in args:
+                    pids[args[args.index(b"--role") + 1].decode()] = int(pid)
+    return pids
+
+
+def wait_for(predicate, what, timeout=60):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"not within {timeout} s: {what}")
+
+
+def restarted(server, role, old_pid):
+    """Waits until the worker of `role` is a new process and serves; returns its pid."""
+    def new_pid():
+        pid = worker_pids(server).get(role)
+        return pid if pid != old_pid else None
+
+    pid = wait_for(new_pid, f"a new {role} worker")
+    wait_for(lambda: f"pid {pid}) joined" in server.stderr(), f"{role} worker {pid} joined")
+    return pid
+
+
+def test_a_worker_restart_budget_recovers_after_healthy_running(tiny_model, start_server,
+                                                                tmp_path):
+    if not has_ucx():
+        pytest.skip("this build has no UCX (libucx-dev): PD worker processes are not tested")
+    healthy_s = 3
+    s = start_server(tiny_model, "--threads", "1", "--ucx-tls", "tcp",
+                     "--cluster", cluster_file(tmp_path, 1, 1), "--worker-restarts", "1",
+                     "--worker-healthy-after", str(healthy_s))
+    pid = worker_pids(s)["decode"]
+    # A crash after healthy running: restarted, its one restart spent.
+    time.sleep(healthy_s + 0.5)
+    os.kill(pid, signal.SIGKILL)
+    pid = restarted(s, "decode", pid)
+    # It runs healthy again: the budget is back, and the next crash is restarted too.
+    time.sleep(healthy_s + 0.5)
+    os.kill(pid, signal.SIGKILL)
+    pid = restarted(s, "decode", pid)
+    assert s.stderr().count("(restart 1 of 1)") == 2, s.stderr()
+    still_serves(s)
+    # A crash loop still spends it: killed again at once, it stays down.
+    os.kill(pid, signal.SIGKILL)
+    wait_for(lambda: "not starting it again after 1 restarts" in s.stderr(),
+             "the restart budget spent")
     assert s.stop() == 0, s.stderr()
