@@ -469,8 +469,13 @@ void Register(Impl& s, int fd) {
       hello->block_tokens != w.block_tokens) {
     return refuse("it serves another model or block size than the frontend's");
   }
-  if (s.max_request_tokens > 0 && s.options.scheduler.AdmissibleTokens(
-                                      hello->num_blocks, w.block_tokens) < s.max_request_tokens) {
+  Tokens most_tokens = 0;  // set by StartFleet once every slot was first taken
+  {
+    std::lock_guard lock(s.mu);
+    most_tokens = s.max_request_tokens;
+  }
+  if (most_tokens > 0 &&
+      s.options.scheduler.AdmissibleTokens(hello->num_blocks, w.block_tokens) < most_tokens) {
     return refuse("it holds " + std::to_string(hello->num_blocks) +
                   " KV blocks, too few for the longest request the frontend admits");
   }
