@@ -55,10 +55,11 @@ std::string Pack(const json& j) {
 // Every message, both directions, is decoded here: the bytes are walked first (no recursion),
 // so the decoder below never meets a nesting deeper than kMaxNestingDepth or a length past the
 // body's end.
-Result<json> Unpack(std::string_view body, const char* what) {
+Result<json> Unpack(std::string_view body, const char* what,
+                    std::size_t max_values = std::numeric_limits<std::size_t>::max()) {
   if (body.size() > kMaxFrameBodyBytes)
     return Status::Error(std::string(what) + ": body larger than the frame bound");
-  if (Status s = CheckMessagePack(body); !s.ok())
+  if (Status s = CheckMessagePack(body, kMaxNestingDepth, max_values); !s.ok())
     return Status::Error(std::string(what) + ": " + s.message());
   json j =
       json::from_msgpack(body.begin(), body.end(), /*strict=*/true, /*allow_exceptions=*/false);
@@ -365,12 +366,13 @@ std::uint64_t BigEndian(std::string_view b, std::size_t at, int width) {
 
 }  // namespace
 
-Status CheckMessagePack(std::string_view body, int max_depth) {
+Status CheckMessagePack(std::string_view body, int max_depth, std::size_t max_values) {
   // pending[d]: the values still to read in the container open at level d (level 0: the one
   // top-level value). A level is pushed per container, so the walk's own memory is bounded by
   // max_depth.
   std::vector<std::uint64_t> pending = {1};
   std::size_t at = 0;
+  std::size_t values = 0;
   const std::size_t size = body.size();
   auto error = [&](const std::string& what) {
     return Status::Error("MessagePack at byte " + std::to_string(at) + ": " + what);
@@ -382,6 +384,7 @@ Status CheckMessagePack(std::string_view body, int max_depth) {
     }
     --pending.back();
     if (at >= size) return error("the body ends inside a value");
+    if (++values > max_values) return error("more than " + std::to_string(max_values) + " values");
     const auto type = static_cast<unsigned char>(body[at]);
     TypeLayout layout{0, 0, Holds::kValue};  // fixints
     std::uint64_t count = 0;                 // of a fixmap's pairs or a fixarray's values
@@ -476,7 +479,7 @@ std::string EncodeHello(const Hello& h) {
 
 Result<Hello> ParseHello(std::string_view body) {
   const std::string where = "hello";
-  DUET_WIRE_TRY(j, Unpack(body, "hello"));
+  DUET_WIRE_TRY(j, Unpack(body, "hello", kMaxHandshakeValues));
   Hello h;
   DUET_WIRE_TRY(role, JsonIntIn(j, "role", 0, 2, where));
   h.role = static_cast<policies::InstanceRole>(role);
@@ -507,7 +510,7 @@ std::string EncodeChallenge(const Challenge& c) {
 }
 
 Result<Challenge> ParseChallenge(std::string_view body) {
-  DUET_WIRE_TRY(j, Unpack(body, "challenge"));
+  DUET_WIRE_TRY(j, Unpack(body, "challenge", kMaxHandshakeValues));
   Challenge c;
   DUET_WIRE_TRY(nonce, FixedBinary(j, "nonce", kNonceBytes, "challenge"));
   c.nonce = std::move(nonce);
@@ -521,7 +524,7 @@ std::string EncodeProof(const std::string& proof) {
 }
 
 Result<std::string> ParseProof(std::string_view body) {
-  DUET_WIRE_TRY(j, Unpack(body, "proof"));
+  DUET_WIRE_TRY(j, Unpack(body, "proof", kMaxHandshakeValues));
   return FixedBinary(j, "proof", kProofBytes, "proof");
 }
 

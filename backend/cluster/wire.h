@@ -13,6 +13,7 @@
 
 #include <array>
 #include <cstdint>
+#include <limits>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -147,10 +148,15 @@ Result<WorkerLoad> ParseHeartbeat(std::string_view body);
 Result<Challenge> ParseChallenge(std::string_view body);
 Result<std::string> ParseProof(std::string_view body);  // the proof's bytes
 
-// Whether `body` is one MessagePack value, nested at most `max_depth` deep, every length and
-// element count within the bytes that follow it: checked iteratively before the recursive
-// decoder sees it. An error names the offset and what is wrong.
-Status CheckMessagePack(std::string_view body, int max_depth = kMaxNestingDepth);
+// Whether `body` is one MessagePack value, nested at most `max_depth` deep, of at most
+// `max_values` values in all (containers and what they hold), every length and element count
+// within the bytes that follow it: checked iteratively before the recursive decoder sees it.
+// An error names the offset and what is wrong.
+Status CheckMessagePack(std::string_view body, int max_depth = kMaxNestingDepth,
+                        std::size_t max_values = std::numeric_limits<std::size_t>::max());
+// The values a handshake message (hello, challenge, proof) may hold: it is decoded before the
+// peer proved anything, and a megabyte of empty arrays would decode into tens of megabytes.
+inline constexpr std::size_t kMaxHandshakeValues = 256;
 
 // The bounds of a load report (each field; the frontend checks them against the worker's
 // hello too): a count of requests and of blocks, and a cumulative counter.

@@ -74,6 +74,14 @@ TEST(LinkSecurity, TheWalkAcceptsWhatTheEncodersWriteAndRefusesLies) {
   EXPECT_NE(error(std::string("\x92\x91\x01", 3)).find("ends inside a value"), std::string::npos);
   EXPECT_NE(error(std::string("\x01\x02", 2)).find("bytes after the value"), std::string::npos);
   EXPECT_NE(error(std::string("\xc1", 1)).find("0xc1"), std::string::npos);
+  // Before the handshake's proof: a hello of a thousand empty arrays (each a heap allocation
+  // when decoded) is refused by its count.
+  EXPECT_TRUE(CheckMessagePack(std::string("\x93\x90\x90\x90", 4), kMaxNestingDepth, 4).ok());
+  EXPECT_FALSE(CheckMessagePack(std::string("\x93\x90\x90\x90", 4), kMaxNestingDepth, 3).ok());
+  const std::string arrays = std::string("\xdc\x03\xe8", 3) + std::string(1000, '\x90');
+  EXPECT_TRUE(CheckMessagePack(arrays).ok());
+  EXPECT_NE(ParseHello("\x81\xa4role" + arrays).error().find("more than 256 values"),
+            std::string::npos);
   EXPECT_NE(error(std::string("\xcb\x00", 2)).find("runs past"), std::string::npos);
   EXPECT_NE(error(std::string("\xc6\x00", 2)).find("inside a value's header"), std::string::npos);
 }
