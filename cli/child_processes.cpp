@@ -30,6 +30,17 @@ Result<pid_t> ChildProcesses::Spawn(const std::vector<std::string>& args,
   std::vector<char*> argv;
   for (std::string& a : all) argv.push_back(a.data());
   argv.push_back(nullptr);
+  // This environment, SetEnv's variables in place of any of the same name.
+  std::vector<std::string> env_strings;
+  for (char** e = environ; *e != nullptr; ++e) {
+    const std::string_view entry(*e);
+    const std::string_view name = entry.substr(0, entry.find('='));
+    if (env_.find(std::string(name)) == env_.end()) env_strings.emplace_back(entry);
+  }
+  for (const auto& [name, value] : env_) env_strings.push_back(name + "=" + value);
+  std::vector<char*> envp;
+  for (std::string& e : env_strings) envp.push_back(e.data());
+  envp.push_back(nullptr);
   posix_spawn_file_actions_t files;
   posix_spawn_file_actions_init(&files);
   if (!log_path.empty()) {
@@ -37,6 +48,10 @@ Result<pid_t> ChildProcesses::Spawn(const std::vector<std::string>& args,
                                      O_WRONLY | O_CREAT | O_TRUNC, 0644);
     posix_spawn_file_actions_adddup2(&files, STDOUT_FILENO, STDERR_FILENO);
   }
+  // Every other descriptor closes in the child before exec (close_range): the backstop for
+  // those opened without close-on-exec (Asio's sockets: the HTTP listener, clients' sockets),
+  // which a worker would otherwise hold open for as long as it lives.
+  posix_spawn_file_actions_addclosefrom_np(&files, STDERR_FILENO + 1);
   posix_spawnattr_t attr;
   posix_spawnattr_init(&attr);
   sigset_t none;
@@ -45,12 +60,16 @@ Result<pid_t> ChildProcesses::Spawn(const std::vector<std::string>& args,
   posix_spawnattr_setpgroup(&attr, 0);
   posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETPGROUP);
   pid_t pid = 0;
-  const int rc = posix_spawn(&pid, "/proc/self/exe", &files, &attr, argv.data(), environ);
+  const int rc = posix_spawn(&pid, "/proc/self/exe", &files, &attr, argv.data(), envp.data());
   posix_spawnattr_destroy(&attr);
   posix_spawn_file_actions_destroy(&files);
   if (rc != 0) return Status::Error("starting duet " + args.front() + ": " + std::strerror(rc));
   pids_.push_back(pid);
   return pid;
+}
+
+void ChildProcesses::SetEnv(const std::string& name, const std::string& value) {
+  env_[name] = value;
 }
 
 std::string ChildProcesses::Exited() {

@@ -34,8 +34,13 @@ class ChildProcesses {
   ChildProcesses& operator=(const ChildProcesses&) = delete;
   ~ChildProcesses() { Reap(0); }
 
-  // Starts `duet args...`; stdout and stderr go to `log_path` when it is not empty.
+  // Starts `duet args...`; stdout and stderr go to `log_path` when it is not empty. The child
+  // gets this process's environment (with SetEnv's variables) and no descriptor but 0-2: a
+  // socket or file opened without close-on-exec (a library's) stays here.
   Result<pid_t> Spawn(const std::vector<std::string>& args, const std::string& log_path = "");
+  // `name`=`value` in the environment of every child started from now on (this process's own
+  // stays as it is: setenv is not safe while other threads run).
+  void SetEnv(const std::string& name, const std::string& value);
   // A child that exited already, as "process PID exited (status N)"; empty while all run.
   std::string Exited();
   // Waits up to `timeout_s` for `pid` to exit: its exit status, or 128 + the signal that ended
@@ -51,6 +56,7 @@ class ChildProcesses {
  private:
   std::vector<pid_t> pids_;
   std::map<pid_t, ChildUsage> usage_;
+  std::map<std::string, std::string> env_;  // SetEnv's
 };
 
 // Keeps some children of a ChildProcesses running (duet serve's worker processes): a thread

@@ -16,6 +16,7 @@
 #include <mutex>
 #include <thread>
 
+#include "backend/cluster/link_auth.h"
 #include "backend/registry.h"
 #include "backend/serve/api.h"
 #include "backend/serve/frontend.h"
@@ -119,6 +120,10 @@ int Serve(int argc, char** argv) {
     ("spawn-workers", po::value<bool>()->default_value(true),
      "--workers process: start the workers (false: wait for duet worker processes started "
      "by hand or an orchestrator)")
+    ("worker-secret-file", po::value<std::string>(),
+     "--workers process: a file holding the secret workers prove they hold when they register "
+     "(default: $DUET_WORKER_SECRET, else a fresh one for the workers duet serve starts; "
+     "required with --spawn-workers false)")
     ("kv-transport", po::value<std::string>()->default_value("auto"),
      "PD: how decode instances pull KV from prefill instances: loopback (threads only), ucx, or "
      "auto (ucx between processes, loopback between threads)")
@@ -229,6 +234,31 @@ int Serve(int argc, char** argv) {
     api_key = env;
   }
 
+  // The worker link's secret: the user's, or one made here for the workers this process
+  // starts. Workers started by hand cannot know a generated one, so without --spawn-workers
+  // one must be given: an unauthenticated worker port would take any local process as a
+  // worker and hand it users' prompts.
+  std::string worker_secret;
+  if (processes) {
+    auto loaded_secret = backend::cluster::LoadWorkerSecret(
+        vm.count("worker-secret-file") ? vm["worker-secret-file"].as<std::string>() : "");
+    if (!loaded_secret) return Fail("--worker-secret-file: " + loaded_secret.error(), kExitUsage);
+    worker_secret = std::move(*loaded_secret);
+    if (worker_secret.empty() && !vm["spawn-workers"].as<bool>()) {
+      return Fail(std::string("--spawn-workers false: workers started elsewhere prove they hold a "
+                              "shared secret; give it with --worker-secret-file FILE (or $") +
+                      backend::cluster::kWorkerSecretEnv + "), here and to each duet worker",
+                  kExitUsage);
+    }
+    if (worker_secret.empty()) {
+      auto generated = backend::cluster::GenerateWorkerSecret();
+      if (!generated) return Fail(generated.error());
+      worker_secret = std::move(*generated);
+    }
+  } else if (vm.count("worker-secret-file")) {
+    return Fail("--worker-secret-file is for --workers process", kExitUsage);
+  }
+
   std::unique_ptr<backend::StepLog> step_log;
   if (vm.count("step-log")) {
     auto opened =
@@ -329,6 +359,8 @@ int Serve(int argc, char** argv) {
     if (!listener) return Fail("--worker-port: " + listener.error());
     const std::string address = "127.0.0.1:" + std::to_string((*listener)->port());
     std::fprintf(stderr, "duet serve: workers register at %s\n", address.c_str());
+    // In the environment of the workers it starts (restarts too), never on their command line.
+    spawned.SetEnv(backend::cluster::kWorkerSecretEnv, worker_secret);
     if (vm["spawn-workers"].as<bool>()) {
       for (const sim::InstanceSpec& spec : cluster->instances) {
         std::vector<std::string> args = {"worker",
@@ -358,6 +390,7 @@ int Serve(int argc, char** argv) {
     fleet.listener = std::move(*listener);
     fleet.config = loaded->config;
     fleet.block_tokens = placement.block_tokens;
+    fleet.secret = worker_secret;
     fleet.abandon = [&] {
       if (shutdown.received()) return std::string("asked to stop");
       const std::string exited = spawned.Exited();

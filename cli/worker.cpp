@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <thread>
 
+#include "backend/cluster/link_auth.h"
 #include "backend/cluster/worker.h"
 #include "backend/registry.h"
 #include "backend/transport/local_kv_transports.h"
@@ -32,6 +33,9 @@ int Worker(int argc, char** argv) {
     ("threads", po::value<int>()->default_value(0), "CPU threads (0: every hardware thread)")
     ("ucx-tls", po::value<std::string>()->default_value(""),
      "PD: the UCX transports for KV (UCX_TLS: tcp, posix,cma, ...; empty: UCX's choice)")
+    ("worker-secret-file", po::value<std::string>(),
+     "a file holding the secret shared with the frontend (duet serve --worker-secret-file; "
+     "default: $DUET_WORKER_SECRET, which duet serve sets for the workers it starts)")
     ("connect-timeout", po::value<double>()->default_value(60.0),
      "seconds to reach the frontend and be welcomed")
     ("step-log", po::value<std::string>(),
@@ -69,6 +73,17 @@ int Worker(int argc, char** argv) {
     options.kv_transport.kind = *kind;
     options.kv_transport.ucx_tls = vm["ucx-tls"].as<std::string>();
   }
+
+  auto secret = backend::cluster::LoadWorkerSecret(
+      vm.count("worker-secret-file") ? vm["worker-secret-file"].as<std::string>() : "");
+  if (!secret) return Fail("--worker-secret-file: " + secret.error(), kExitUsage);
+  if (secret->empty()) {
+    return Fail(std::string("the frontend takes only workers holding its secret: give it with "
+                            "--worker-secret-file FILE or $") +
+                    backend::cluster::kWorkerSecretEnv,
+                kExitUsage);
+  }
+  options.secret = std::move(*secret);
 
   std::unique_ptr<backend::StepLog> step_log;
   if (vm.count("step-log")) {

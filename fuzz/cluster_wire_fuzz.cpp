@@ -1,7 +1,7 @@
 // Fuzz target: the messages between the frontend and its workers (backend/cluster/wire.h). The
-// first byte picks the parser (frame header, or one message kind's body), the rest is its
-// input. Any input is parsed or rejected with an error, never a crash; what parses re-encodes
-// to bytes that parse again.
+// first byte picks the parser (frame header, or one message kind's body, the handshake's
+// included), the rest is its input. Any input is parsed or rejected with an error, never a
+// crash; what parses re-encodes to bytes that parse again.
 #include <cstddef>
 #include <cstdint>
 #include <string_view>
@@ -14,7 +14,7 @@ using namespace duet::backend::cluster;
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   if (size == 0) return 0;
   const std::string_view body(reinterpret_cast<const char*>(data) + 1, size - 1);
-  switch (data[0] % 7) {
+  switch (data[0] % 9) {
     case 0:
       (void)ParseFrameHeader(body);
       break;
@@ -33,9 +33,16 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     case 5:
       if (auto m = ParseEvents(body); m.ok()) DUET_CHECK(ParseEvents(EncodeEvents(*m)).ok());
       break;
-    default:
+    case 6:
       if (auto m = ParseHeartbeat(body); m.ok())
         DUET_CHECK(ParseHeartbeat(EncodeHeartbeat(*m)).ok());
+      break;
+    case 7:
+      if (auto m = ParseChallenge(body); m.ok())
+        DUET_CHECK(ParseChallenge(EncodeChallenge(*m)).ok());
+      break;
+    default:
+      if (auto m = ParseProof(body); m.ok()) DUET_CHECK(ParseProof(EncodeProof(*m)).ok());
       break;
   }
   return 0;

@@ -21,6 +21,7 @@ PACKAGES=(
   ocl-icd-opencl-dev             # OpenCL headers and loader: Debian's oneDNN CMake config requires them (a Recommends of libdnnl-dev)
   libeigen3-dev                  # least squares for the step-cost fit (duet calibrate)
   libucx-dev                     # optional UCX KV transport (found and reported by CMake)
+  libssl-dev                     # libcrypto: HMAC-SHA256 of the worker link's challenge and response
   ucx-utils                      # ucx_perftest: the yardstick of bench/kv_transfer.sh
   clang libclang-rt-14-dev       # scripts/sanitize.sh and scripts/fuzz.sh: ASan, UBSan, libFuzzer
   ccache                         # compiler cache: a clean clone (CI) rebuilds what it built before in seconds

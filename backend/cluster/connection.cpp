@@ -76,12 +76,18 @@ void NoDelay(int fd) {
 }
 
 // Reads one frame; `deadline` bounds the wait (max: none).
-Result<ReadFrameResult> ReadOneFrame(int fd, std::chrono::steady_clock::time_point deadline) {
+Result<ReadFrameResult> ReadOneFrame(int fd, std::chrono::steady_clock::time_point deadline,
+                                     std::uint32_t max_body_bytes = kMaxFrameBodyBytes) {
   std::string header(kFrameHeaderBytes, '\0');
   std::string why;
   if (!ReadAll(fd, header.data(), header.size(), &why, deadline)) return Status::Error(why);
   Result<FrameHeader> h = ParseFrameHeader(header);
   if (!h.ok()) return h.status();
+  if (h->body_bytes > max_body_bytes) {
+    return Status::Error("a frame body of " + std::to_string(h->body_bytes) +
+                         " bytes, more than the " + std::to_string(max_body_bytes) +
+                         " allowed here");
+  }
   ReadFrameResult frame{*h, std::string(h->body_bytes, '\0')};
   if (!ReadAll(fd, frame.body.data(), frame.body.size(), &why, deadline)) return Status::Error(why);
   return frame;
@@ -172,10 +178,12 @@ Status WriteFrame(int fd, MessageKind kind, const std::string& body) {
   return Status::Ok();
 }
 
-Result<ReadFrameResult> ReadFrame(int fd, Seconds timeout_s) {
-  return ReadOneFrame(fd, std::chrono::steady_clock::now() +
-                              std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                                  std::chrono::duration<double>(timeout_s)));
+Result<ReadFrameResult> ReadFrame(int fd, Seconds timeout_s, std::uint32_t max_body_bytes) {
+  return ReadOneFrame(fd,
+                      std::chrono::steady_clock::now() +
+                          std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                              std::chrono::duration<double>(timeout_s)),
+                      max_body_bytes);
 }
 
 Connection::Connection(int fd, FrameHandler on_frame, CloseHandler on_close)

@@ -20,7 +20,8 @@
 
 namespace duet::backend::cluster {
 
-// A listening TCP socket.
+// A listening TCP socket; it and the connections it accepts are close-on-exec (a process
+// this one starts must not hold them).
 class Listener {
  public:
   // host: an IPv4 address ("127.0.0.1"); port 0: any free port.
@@ -49,9 +50,12 @@ struct ReadFrameResult {
   FrameHeader header;
   std::string body;
 };
-// Waits up to `timeout_s` for a whole frame. An error names what was wrong (the peer closed,
-// a malformed header, a timeout).
-Result<ReadFrameResult> ReadFrame(int fd, Seconds timeout_s);
+// Waits up to `timeout_s` for a whole frame of at most `max_body_bytes` (less than the frame
+// bound before the peer authenticated: its header alone would otherwise have this side
+// allocate 64 MiB). An error names what was wrong (the peer closed, a malformed header or
+// length, a timeout).
+Result<ReadFrameResult> ReadFrame(int fd, Seconds timeout_s,
+                                  std::uint32_t max_body_bytes = kMaxFrameBodyBytes);
 
 class Connection {
  public:

@@ -52,9 +52,15 @@ std::string Pack(const json& j) {
   return {bytes.begin(), bytes.end()};
 }
 
-Result<json> Unpack(std::string_view body, const char* what) {
+// Every message, both directions, is decoded here: the bytes are walked first (no recursion),
+// so the decoder below never meets a nesting deeper than kMaxNestingDepth or a length past the
+// body's end.
+Result<json> Unpack(std::string_view body, const char* what,
+                    std::size_t max_values = std::numeric_limits<std::size_t>::max()) {
   if (body.size() > kMaxFrameBodyBytes)
     return Status::Error(std::string(what) + ": body larger than the frame bound");
+  if (Status s = CheckMessagePack(body, kMaxNestingDepth, max_values); !s.ok())
+    return Status::Error(std::string(what) + ": " + s.message());
   json j =
       json::from_msgpack(body.begin(), body.end(), /*strict=*/true, /*allow_exceptions=*/false);
   if (j.is_discarded()) return Status::Error(std::string(what) + ": not a MessagePack value");
@@ -81,6 +87,16 @@ Result<std::string> BinaryField(const json& j, const std::string& key, std::size
   if (v.get_binary().size() > max)
     return FieldError(where, key, "is longer than " + std::to_string(max) + " bytes");
   return std::string(v.get_binary().begin(), v.get_binary().end());
+}
+
+// A binary field of exactly `bytes` bytes (nonces, proofs).
+Result<std::string> FixedBinary(const json& j, const std::string& key, std::size_t bytes,
+                                const std::string& where) {
+  if (!JsonHas(j, key)) return FieldError(where, key, "is missing");
+  DUET_WIRE_TRY(v, BinaryField(j, key, bytes, where));
+  if (v.size() != bytes)
+    return FieldError(where, key, "must be " + std::to_string(bytes) + " bytes");
+  return v;
 }
 
 Result<std::string> BoundedString(const json& j, const std::string& key, std::size_t max,
@@ -125,32 +141,37 @@ Result<std::uint64_t> U64(const json& e, const std::string& where, const std::st
   return FieldError(where, key, "must be an unsigned 64-bit integer (got " + DescribeJson(e) + ")");
 }
 
-// The load's fields by name.
-std::vector<std::pair<const char*, std::int64_t*>> LoadFields(WorkerLoad& l) {
+// The load's fields by name, with the most each may say.
+struct LoadField {
+  const char* key;
+  std::int64_t* field;
+  std::int64_t max;
+};
+std::vector<LoadField> LoadFields(WorkerLoad& l) {
   InstanceLoad& e = l.engine;
-  return {{"waiting", &e.waiting},
-          {"running", &e.running},
-          {"kv_used", &e.kv_blocks_used},
-          {"kv_free", &e.kv_blocks_free},
-          {"kv_total", &l.kv_blocks_total},
-          {"leases_held", &e.leases_held},
-          {"leases_expired", &e.leases_expired},
-          {"load_failures", &e.kv_load_failures},
-          {"load_recomputes", &e.kv_load_recomputes}};
+  return {{"waiting", &e.waiting, kMaxLoadRequests},
+          {"running", &e.running, kMaxLoadRequests},
+          {"kv_used", &e.kv_blocks_used, kMaxLoadBlocks},
+          {"kv_free", &e.kv_blocks_free, kMaxLoadBlocks},
+          {"kv_total", &l.kv_blocks_total, kMaxLoadBlocks},
+          {"leases_held", &e.leases_held, kMaxLoadRequests},
+          {"leases_expired", &e.leases_expired, kMaxLoadCounter},
+          {"load_failures", &e.kv_load_failures, kMaxLoadCounter},
+          {"load_recomputes", &e.kv_load_recomputes, kMaxLoadCounter}};
 }
 
 json LoadToJson(WorkerLoad l) {
   json j = json::object();
-  for (const auto& [key, field] : LoadFields(l)) j[key] = *field;
+  for (const LoadField& f : LoadFields(l)) j[f.key] = *f.field;
   return j;
 }
 
 Result<WorkerLoad> LoadFromJson(const json& j, const std::string& where) {
   if (!j.is_object()) return Status::Error(where + ": must be a map");
   WorkerLoad l;
-  for (const auto& [key, field] : LoadFields(l)) {
-    DUET_WIRE_TRY(v, JsonIntIn(j, key, 0, std::numeric_limits<std::int64_t>::max(), where));
-    *field = v;
+  for (const LoadField& f : LoadFields(l)) {
+    DUET_WIRE_TRY(v, JsonIntIn(j, f.key, 0, f.max, where));
+    *f.field = v;
   }
   return l;
 }
@@ -298,7 +319,116 @@ Result<Request> RequestFromJson(const json& j, bool full, const std::string& whe
   return r;
 }
 
+bool KnownKind(std::uint16_t kind) {
+  switch (static_cast<MessageKind>(kind)) {
+    case MessageKind::kHello:
+    case MessageKind::kWelcome:
+    case MessageKind::kPeer:
+    case MessageKind::kEngine:
+    case MessageKind::kEvents:
+    case MessageKind::kHeartbeat:
+    case MessageKind::kRefused:
+    case MessageKind::kChallenge:
+    case MessageKind::kProof:
+      return true;
+  }
+  return false;
+}
+
+// What a MessagePack type byte in 0xc0..0xdf introduces: the width of the length or count
+// that follows it (0: none), the bytes of a fixed-size value, and what it holds.
+enum class Holds : std::uint8_t { kNothing, kValue, kBytes, kExt, kArray, kMap };
+struct TypeLayout {
+  std::uint8_t length_bytes;
+  std::uint8_t fixed_bytes;
+  Holds holds;
+};
+// clang-format off
+constexpr TypeLayout kTypeLayouts[32] = {
+    {0, 0, Holds::kValue}, {0, 0, Holds::kNothing},               // nil, (never used)
+    {0, 0, Holds::kValue}, {0, 0, Holds::kValue},                 // false, true
+    {1, 0, Holds::kBytes}, {2, 0, Holds::kBytes}, {4, 0, Holds::kBytes},  // bin 8/16/32
+    {1, 0, Holds::kExt}, {2, 0, Holds::kExt}, {4, 0, Holds::kExt},        // ext 8/16/32
+    {0, 4, Holds::kValue}, {0, 8, Holds::kValue},                 // float 32/64
+    {0, 1, Holds::kValue}, {0, 2, Holds::kValue}, {0, 4, Holds::kValue}, {0, 8, Holds::kValue},
+    {0, 1, Holds::kValue}, {0, 2, Holds::kValue}, {0, 4, Holds::kValue}, {0, 8, Holds::kValue},
+    {0, 2, Holds::kValue}, {0, 3, Holds::kValue}, {0, 5, Holds::kValue}, {0, 9, Holds::kValue},
+    {0, 17, Holds::kValue},                                       // fixext 1/2/4/8/16 (+ type)
+    {1, 0, Holds::kBytes}, {2, 0, Holds::kBytes}, {4, 0, Holds::kBytes},  // str 8/16/32
+    {2, 0, Holds::kArray}, {4, 0, Holds::kArray},                 // array 16/32
+    {2, 0, Holds::kMap}, {4, 0, Holds::kMap},                     // map 16/32
+};
+// clang-format on
+
+// A big-endian unsigned integer of `width` bytes at `at`.
+std::uint64_t BigEndian(std::string_view b, std::size_t at, int width) {
+  std::uint64_t v = 0;
+  for (int i = 0; i < width; ++i) v = v << 8 | static_cast<unsigned char>(b[at + i]);
+  return v;
+}
+
 }  // namespace
+
+Status CheckMessagePack(std::string_view body, int max_depth, std::size_t max_values) {
+  // pending[d]: the values still to read in the container open at level d (level 0: the one
+  // top-level value). A level is pushed per container, so the walk's own memory is bounded by
+  // max_depth.
+  std::vector<std::uint64_t> pending = {1};
+  std::size_t at = 0;
+  std::size_t values = 0;
+  const std::size_t size = body.size();
+  auto error = [&](const std::string& what) {
+    return Status::Error("MessagePack at byte " + std::to_string(at) + ": " + what);
+  };
+  while (!pending.empty()) {
+    if (pending.back() == 0) {
+      pending.pop_back();
+      continue;
+    }
+    --pending.back();
+    if (at >= size) return error("the body ends inside a value");
+    if (++values > max_values) return error("more than " + std::to_string(max_values) + " values");
+    const auto type = static_cast<unsigned char>(body[at]);
+    TypeLayout layout{0, 0, Holds::kValue};  // fixints
+    std::uint64_t count = 0;                 // of a fixmap's pairs or a fixarray's values
+    if (type >= 0x80 && type <= 0x8f) {
+      layout.holds = Holds::kMap;
+      count = type & 0x0f;
+    } else if (type >= 0x90 && type <= 0x9f) {
+      layout.holds = Holds::kArray;
+      count = type & 0x0f;
+    } else if (type >= 0xa0 && type <= 0xbf) {
+      layout.fixed_bytes = type & 0x1f;  // fixstr
+    } else if (type >= 0xc0 && type <= 0xdf) {
+      layout = kTypeLayouts[type - 0xc0];
+    }
+    if (layout.holds == Holds::kNothing) return error("byte 0xc1 is not a MessagePack type");
+    std::size_t header = 1 + layout.length_bytes + (layout.holds == Holds::kExt ? 1 : 0);
+    if (size - at < header) return error("the body ends inside a value's header");
+    if (layout.length_bytes > 0) count = BigEndian(body, at + 1, layout.length_bytes);
+    at += header;
+    const bool container = layout.holds == Holds::kMap || layout.holds == Holds::kArray;
+    // Bytes of the value itself, or the values inside: every value takes a byte at least, so
+    // a count past the bytes left is a lie the decoder would otherwise believe for as long as
+    // it reads.
+    const std::uint64_t payload = container                 ? 0
+                                  : layout.length_bytes > 0 ? count
+                                                            : layout.fixed_bytes;
+    const std::uint64_t items = !container ? 0 : layout.holds == Holds::kMap ? 2 * count : count;
+    if (payload > size - at)
+      return error("a length of " + std::to_string(payload) + " bytes runs past the body's end");
+    if (items > size - at)
+      return error("a count of " + std::to_string(items) + " values runs past the body's end");
+    at += static_cast<std::size_t>(payload);
+    if (container) {
+      if (static_cast<int>(pending.size()) > max_depth)
+        return error("maps and arrays nested more than " + std::to_string(max_depth) + " deep");
+      if (items > 0) pending.push_back(items);
+    }
+  }
+  if (at != size) return error("bytes after the value");
+  return Status::Ok();
+}
 
 std::string EncodeFrameHeader(MessageKind kind, std::uint32_t body_bytes) {
   std::string out(kMagic, sizeof kMagic);
@@ -320,8 +450,7 @@ Result<FrameHeader> ParseFrameHeader(std::string_view bytes) {
                          ", this build speaks " + std::to_string(kWireVersion));
   }
   const std::uint16_t kind = GetU16(bytes, 6);
-  if (kind < static_cast<std::uint16_t>(MessageKind::kHello) ||
-      kind > static_cast<std::uint16_t>(MessageKind::kRefused))
+  if (!KnownKind(kind))
     return Status::Error("frame header: unknown message kind " + std::to_string(kind));
   h.kind = static_cast<MessageKind>(kind);
   h.body_bytes = GetU32(bytes, 8);
@@ -347,12 +476,13 @@ std::string EncodeHello(const Hello& h) {
                {"kv_bytes_per_token", h.kv_bytes_per_token},
                {"max_position_embeddings", h.max_position_embeddings},
                {"num_blocks", h.num_blocks},
-               {"kv", json::binary({h.kv_descriptor.begin(), h.kv_descriptor.end()})}});
+               {"kv", json::binary({h.kv_descriptor.begin(), h.kv_descriptor.end()})},
+               {"nonce", json::binary({h.nonce.begin(), h.nonce.end()})}});
 }
 
 Result<Hello> ParseHello(std::string_view body) {
   const std::string where = "hello";
-  DUET_WIRE_TRY(j, Unpack(body, "hello"));
+  DUET_WIRE_TRY(j, Unpack(body, "hello", kMaxHandshakeValues));
   Hello h;
   DUET_WIRE_TRY(role, JsonIntIn(j, "role", 0, 2, where));
   h.role = static_cast<policies::InstanceRole>(role);
@@ -372,7 +502,33 @@ Result<Hello> ParseHello(std::string_view body) {
   h.num_blocks = blocks;
   DUET_WIRE_TRY(kv, BinaryField(j, "kv", kMaxDescriptorBytes, where));
   h.kv_descriptor = std::move(kv);
+  DUET_WIRE_TRY(nonce, FixedBinary(j, "nonce", kNonceBytes, where));
+  h.nonce = std::move(nonce);
   return h;
+}
+
+std::string EncodeChallenge(const Challenge& c) {
+  return Pack({{"nonce", json::binary({c.nonce.begin(), c.nonce.end()})},
+               {"proof", json::binary({c.proof.begin(), c.proof.end()})}});
+}
+
+Result<Challenge> ParseChallenge(std::string_view body) {
+  DUET_WIRE_TRY(j, Unpack(body, "challenge", kMaxHandshakeValues));
+  Challenge c;
+  DUET_WIRE_TRY(nonce, FixedBinary(j, "nonce", kNonceBytes, "challenge"));
+  c.nonce = std::move(nonce);
+  DUET_WIRE_TRY(proof, FixedBinary(j, "proof", kProofBytes, "challenge"));
+  c.proof = std::move(proof);
+  return c;
+}
+
+std::string EncodeProof(const std::string& proof) {
+  return Pack({{"proof", json::binary({proof.begin(), proof.end()})}});
+}
+
+Result<std::string> ParseProof(std::string_view body) {
+  DUET_WIRE_TRY(j, Unpack(body, "proof", kMaxHandshakeValues));
+  return FixedBinary(j, "proof", kProofBytes, "proof");
 }
 
 std::string EncodeWelcome(const Welcome& w) {

@@ -1,13 +1,19 @@
 // The messages between the frontend of `duet serve` and its worker processes (`duet worker`),
 // and their framing on a byte stream. A frame is a 12-byte header, "DUET", the protocol
 // version (u16), the message kind (u16) and the body's length (u32), little-endian, then the
-// body: one MessagePack map (nlohmann_json's codec). Bodies are bounded (kMaxFrameBodyBytes);
-// every field is checked on the way in, so a malformed, oversized or out-of-range message is
-// an error naming what is wrong, never a crash or a request the engine cannot hold.
+// body: one MessagePack map (nlohmann_json's codec). Bodies are bounded (kMaxFrameBodyBytes),
+// their nesting and declared lengths checked before decoding (kMaxNestingDepth); every field
+// is checked on the way in, so a malformed, oversized or out-of-range message is an error
+// naming what is wrong, never a crash or a request the engine cannot hold.
+//
+// A link opens with a mutual challenge and response over a shared secret (link_auth.h): the
+// worker's hello carries its nonce, the frontend's challenge its own nonce and its proof, the
+// worker's proof answers; only then does the frontend welcome it.
 #pragma once
 
 #include <array>
 #include <cstdint>
+#include <limits>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -24,10 +30,20 @@
 
 namespace duet::backend::cluster {
 
-inline constexpr std::uint16_t kWireVersion = 1;
+// 2: the hello's nonce, the challenge and the proof (link authentication).
+inline constexpr std::uint16_t kWireVersion = 2;
 inline constexpr std::size_t kFrameHeaderBytes = 12;
 // A request descriptor of the longest prompt Duet admits (a few million token ids) fits.
 inline constexpr std::uint32_t kMaxFrameBodyBytes = 64u << 20;
+// Before a peer proved it holds the secret, its frames are at most this (a hello with the
+// largest KV descriptor).
+inline constexpr std::uint32_t kMaxHandshakeBodyBytes = (1u << 20) + 4096;
+// Maps and arrays within maps and arrays: Duet's messages nest 4 deep; the decoder recurses
+// once per level, so an unbounded depth would overflow the stack.
+inline constexpr int kMaxNestingDepth = 32;
+// Bytes of a nonce and of a proof (HMAC-SHA256).
+inline constexpr std::size_t kNonceBytes = 32;
+inline constexpr std::size_t kProofBytes = 32;
 
 enum class MessageKind : std::uint16_t {
   kHello = 1,      // worker -> frontend: who it is, what it serves, where to pull its KV
@@ -37,6 +53,8 @@ enum class MessageKind : std::uint16_t {
   kEvents = 5,     // worker -> frontend: what one engine iteration produced, and the load
   kHeartbeat = 6,  // worker -> frontend: the load, when no iteration ran for a while
   kRefused = 7,    // worker -> frontend: it refused an engine message naming this request
+  kChallenge = 8,  // frontend -> worker: its nonce and its proof of the secret
+  kProof = 9,      // worker -> frontend: its proof of the secret
 };
 
 struct FrameHeader {
@@ -66,6 +84,13 @@ struct Hello {
   std::int64_t max_position_embeddings = 0;
   std::int64_t num_blocks = 0;
   std::string kv_descriptor;  // PD: where peers pull its KV from (a UCX descriptor); else empty
+  std::string nonce;          // kNonceBytes from the worker's CSPRNG (link_auth.h)
+};
+
+// The frontend's answer to a hello: its nonce and its proof that it holds the secret.
+struct Challenge {
+  std::string nonce;  // kNonceBytes
+  std::string proof;  // kProofBytes
 };
 
 struct Welcome {
@@ -120,6 +145,8 @@ std::string EncodeEngine(const WireEngineMessage& message);
 std::string EncodeEvents(const Events& events);
 std::string EncodeHeartbeat(const WorkerLoad& load);
 std::string EncodeRefused(const Refusal& refusal);
+std::string EncodeChallenge(const Challenge& challenge);
+std::string EncodeProof(const std::string& proof);
 
 Result<Hello> ParseHello(std::string_view body);
 Result<Welcome> ParseWelcome(std::string_view body);
@@ -131,6 +158,24 @@ Result<Refusal> ParseRefused(std::string_view body);
 // The request an engine message names, read even when the rest of it does not parse (to
 // refuse that request); nullopt when the body has no readable request_id.
 std::optional<policies::RequestId> EngineRequestId(std::string_view body);
+Result<Challenge> ParseChallenge(std::string_view body);
+Result<std::string> ParseProof(std::string_view body);  // the proof's bytes
+
+// Whether `body` is one MessagePack value, nested at most `max_depth` deep, of at most
+// `max_values` values in all (containers and what they hold), every length and element count
+// within the bytes that follow it: checked iteratively before the recursive decoder sees it.
+// An error names the offset and what is wrong.
+Status CheckMessagePack(std::string_view body, int max_depth = kMaxNestingDepth,
+                        std::size_t max_values = std::numeric_limits<std::size_t>::max());
+// The values a handshake message (hello, challenge, proof) may hold: it is decoded before the
+// peer proved anything, and a megabyte of empty arrays would decode into tens of megabytes.
+inline constexpr std::size_t kMaxHandshakeValues = 256;
+
+// The bounds of a load report (each field; the frontend checks them against the worker's
+// hello too): a count of requests and of blocks, and a cumulative counter.
+inline constexpr std::int64_t kMaxLoadRequests = std::int64_t{1} << 24;
+inline constexpr std::int64_t kMaxLoadBlocks = std::int64_t{1} << 31;
+inline constexpr std::int64_t kMaxLoadCounter = std::int64_t{1} << 48;
 
 // A whole frame (header and body) of `kind`.
 std::string Frame(MessageKind kind, const std::string& body);

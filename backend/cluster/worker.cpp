@@ -11,6 +11,7 @@
 #include <unordered_set>
 
 #include "backend/cluster/connection.h"
+#include "backend/cluster/link_auth.h"
 #include "backend/cluster/wire.h"
 #include "backend/engine/engine_thread.h"
 
@@ -287,21 +288,45 @@ Status RunWorker(std::unique_ptr<ForwardModel> model, const WorkerOptions& optio
   hello.max_position_embeddings = config.max_position_embeddings;
   hello.num_blocks = model->num_blocks();
   hello.kv_descriptor = (*transport)->descriptor();
-  if (Status s = WriteFrame(*fd, MessageKind::kHello, EncodeHello(hello)); !s.ok()) {
+  auto nonce = RandomBytes(kNonceBytes);
+  if (!nonce.ok()) {
     ::close(*fd);
-    return Status::Error("registering with the frontend: " + s.message());
+    return nonce.status();
   }
-  auto reply = ReadFrame(*fd, options.connect_timeout_s);
+  hello.nonce = *nonce;
+  const std::string hello_body = EncodeHello(hello);
+  auto fail = [&](const std::string& why) {
+    ::close(*fd);
+    return Status::Error("registering with the frontend at " + options.frontend + ": " + why);
+  };
+  if (Status s = WriteFrame(*fd, MessageKind::kHello, hello_body); !s.ok())
+    return fail(s.message());
+  // The frontend proves it holds the secret first, over this worker's nonce; then this worker
+  // proves it over the frontend's nonce.
+  auto reply = ReadFrame(*fd, options.connect_timeout_s, kMaxHandshakeBodyBytes);
+  if (!reply.ok()) return fail(reply.error() + " (the frontend's log says why it refused)");
+  if (reply->header.kind != MessageKind::kChallenge)
+    return fail("the frontend answered the hello with no challenge (another duet version?)");
+  Result<Challenge> challenge = ParseChallenge(reply->body);
+  if (!challenge.ok()) return fail(challenge.error());
+  if (!ProofMatches(LinkProof(options.secret, ProofSide::kFrontend, hello_body, challenge->nonce),
+                    challenge->proof)) {
+    return fail(std::string("the frontend did not prove it holds the worker secret (another "
+                            "--worker-secret-file or $") +
+                kWorkerSecretEnv + " than this worker's, or not a duet serve)");
+  }
+  if (Status s = WriteFrame(
+          *fd, MessageKind::kProof,
+          EncodeProof(LinkProof(options.secret, ProofSide::kWorker, hello_body, challenge->nonce)));
+      !s.ok())
+    return fail(s.message());
+  reply = ReadFrame(*fd, options.connect_timeout_s);
   Result<Welcome> welcome =
       !reply.ok() ? Result<Welcome>(Status::Error(reply.error()))
       : reply->header.kind != MessageKind::kWelcome
           ? Result<Welcome>(Status::Error("the frontend answered with no welcome"))
           : ParseWelcome(reply->body);
-  if (!welcome.ok()) {
-    ::close(*fd);
-    return Status::Error("registering with the frontend: " + welcome.error() +
-                         " (the frontend's log says why it refused)");
-  }
+  if (!welcome.ok()) return fail(welcome.error() + " (the frontend's log says why it refused)");
 
   (*transport)->SetSelf(welcome->instance);
   policies::EngineConfig engine_config = welcome->engine;

@@ -22,6 +22,9 @@ struct WorkerOptions {
   KvTransportOptions kv_transport;  // PD: UCX (loopback cannot cross processes)
   Seconds connect_timeout_s = 60;   // to reach the frontend and be welcomed
   StepLog* step_log = nullptr;      // every engine step, when set
+  // The secret shared with the frontend (link_auth.h): each side proves it holds it at hello,
+  // so neither a stray process posing as a frontend nor one posing as a worker gets through.
+  std::string secret;
 };
 
 // Blocks until the frontend sends kShutdown (returns Ok once the work held is done) or the

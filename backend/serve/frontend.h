@@ -136,6 +136,14 @@ struct WorkerFleet {
   // Asked while waiting for registrations: a non-empty answer gives up at once with it (the
   // caller's spawned workers exited, say). May be empty.
   std::function<std::string()> abandon;
+  // The secret every worker proves it holds at hello, as the frontend proves it to them
+  // (cluster/link_auth.h): at least kMinSecretBytes.
+  std::string secret;
+  // A connection has this long for the whole handshake (hello, challenge, proof); at most
+  // max_handshakes run at once, each on a thread of its own, so a silent or slow peer holds up
+  // neither other registrations nor the heartbeat checks.
+  Seconds handshake_timeout_s = 3;
+  int max_handshakes = 16;
 };
 
 class LiveFrontend {

@@ -1,14 +1,22 @@
 // The live frontend over worker processes (see frontend.h, WorkerFleet): registration into
 // role slots, the relay of engine messages between workers, their events into the shared
-// InstanceSink, heartbeats, and the retry of a lost worker's requests on survivors.
+// InstanceSink, heartbeats, and the retry of a lost worker's requests on survivors. A
+// registration is a handshake on a thread of its own (mutual proof of the shared secret, then
+// the model and slot checks); whatever a worker reports afterwards is bounded by what it said
+// at hello.
+#include <sys/socket.h>
+#include <sys/time.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <limits>
+#include <list>
+#include <set>
 #include <thread>
 
+#include "backend/cluster/link_auth.h"
 #include "backend/cluster/wire.h"
 #include "backend/serve/frontend_impl.h"
 #include "policies/block_hash.h"
@@ -37,7 +45,14 @@ struct LiveFrontend::Impl::Fleet {
     // scrape reads must not fall back when a worker is replaced.
     InstanceLoad carried;
     std::chrono::steady_clock::time_point last_heard;
+    // A handshake holds the slot for its worker (two registering at once never get the same).
+    bool joining = false;
     bool up() const { return connection != nullptr; }
+  };
+  // A registration in progress on a thread of its own.
+  struct Handshake {
+    std::thread thread;
+    bool done = false;
   };
 
   WorkerFleet settings;
@@ -47,6 +62,8 @@ struct LiveFrontend::Impl::Fleet {
   std::vector<std::shared_ptr<Connection>> closed;  // to destroy off their own threads
   std::uint64_t next_generation = 1;
   bool stopping = false;
+  std::list<Handshake> handshakes;
+  std::set<int> handshake_fds;  // sockets handshakes hold (StopFleet shuts them down)
   std::thread acceptor;
 };
 
@@ -281,20 +298,48 @@ void OnClose(Impl& s, InstanceId i, std::uint64_t generation, const std::string&
   Failover(s, i);
 }
 
+// What a worker reports of its load against what it said at hello (its KV blocks) and what the
+// frontend can have sent it: a report past them is a broken or hostile worker, whose link ends
+// before the value reaches the router or /metrics. Caller holds the fleet's lock.
+Status CheckLoad(const Impl& s, const Impl::Fleet::Slot& slot, const cluster::WorkerLoad& load) {
+  const std::int64_t total = slot.load.kv_blocks_total;  // from the hello, fixed
+  const InstanceLoad& e = load.engine;
+  auto over = [](const char* what, std::int64_t value, std::int64_t most) {
+    return Status::Error("its load says " + std::string(what) + " " + std::to_string(value) +
+                         ", more than the " + std::to_string(most) + " it can hold");
+  };
+  if (load.kv_blocks_total != total)
+    return Status::Error("its load says " + std::to_string(load.kv_blocks_total) +
+                         " KV blocks in all, not the " + std::to_string(total) + " of its hello");
+  if (e.kv_blocks_used > total) return over("kv_used", e.kv_blocks_used, total);
+  if (e.kv_blocks_free > total) return over("kv_free", e.kv_blocks_free, total);
+  // A running request holds a block at least, and so does a lease.
+  if (e.running > total) return over("running", e.running, total);
+  if (e.leases_held > total) return over("leases_held", e.leases_held, total);
+  // Requests it was sent and has not finished: the frontend's own bound, with room for aborted
+  // and retried ones the worker has yet to drop.
+  const std::int64_t most_waiting = 2 * s.options.max_pending_requests + 1024;
+  if (e.waiting > most_waiting) return over("waiting", e.waiting, most_waiting);
+  return Status::Ok();
+}
+
 // One message from worker `i`. A malformed one ends the connection (logged).
 Status OnFrame(Impl& s, InstanceId i, const cluster::FrameHeader& header, const std::string& body) {
   Impl::Fleet& f = *s.fleet;
   auto heard = [&](const cluster::WorkerLoad* load) {
     std::lock_guard lock(f.mu);
     Impl::Fleet::Slot& slot = f.slots[static_cast<std::size_t>(i)];
+    if (load) {
+      if (Status st = CheckLoad(s, slot, *load); !st.ok()) return st;
+      slot.load = *load;
+    }
     slot.last_heard = std::chrono::steady_clock::now();
-    if (load) slot.load = *load;
+    return Status::Ok();
   };
   if (header.kind == MessageKind::kHeartbeat) {
     auto load = cluster::ParseHeartbeat(body);
     if (!load.ok()) return load.status();
-    heard(&*load);
-    return Status::Ok();
+    return heard(&*load);
   }
   if (header.kind == MessageKind::kEngine) {
     auto w = cluster::ParseEngine(body);
@@ -343,7 +388,7 @@ Status OnFrame(Impl& s, InstanceId i, const cluster::FrameHeader& header, const 
                          std::to_string(static_cast<int>(header.kind)));
   auto events = cluster::ParseEvents(body);
   if (!events.ok()) return events.status();
-  heard(&events->load);
+  if (Status st = heard(&events->load); !st.ok()) return st;
   Impl::InstanceSink& sink = *s.sinks[static_cast<std::size_t>(i)];
   for (cluster::WireEvent& e : events->events) {
     using Kind = cluster::WireEvent::Kind;
@@ -391,45 +436,104 @@ Status OnFrame(Impl& s, InstanceId i, const cluster::FrameHeader& header, const 
   return Status::Ok();
 }
 
-// Takes one registration: a hello naming a role with a free slot and the fleet's model.
+// Takes one registration: a hello, the mutual proof of the secret (link_auth.h), then a role
+// with a free slot and the fleet's model; the whole within handshake_timeout_s. Runs on a
+// handshake thread of its own.
 void Register(Impl& s, int fd) {
   Impl::Fleet& f = *s.fleet;
+  const WorkerFleet& w = f.settings;
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                            std::chrono::duration<double>(w.handshake_timeout_s));
+  auto left_s = [&] {
+    return std::max(
+        0.0, std::chrono::duration<double>(deadline - std::chrono::steady_clock::now()).count());
+  };
+  // A peer that stops reading must not hold this thread past the deadline either.
+  auto send_timeout = [fd](Seconds seconds) {
+    timeval tv{static_cast<time_t>(seconds),
+               static_cast<suseconds_t>((seconds - static_cast<time_t>(seconds)) * 1e6)};
+    ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+  };
+  send_timeout(w.handshake_timeout_s);
+  InstanceId slot_id = policies::kNoInstance;  // reserved for this worker
+  std::string who = "a worker";
+  auto release_fd = [&] {
+    std::lock_guard lock(f.mu);
+    f.handshake_fds.erase(fd);
+    if (slot_id != policies::kNoInstance)
+      f.slots[static_cast<std::size_t>(slot_id)].joining = false;
+  };
   auto refuse = [&](const std::string& why) {
-    Log("refused a worker: " + why);
+    Log("refused " + who + ": " + why);
+    release_fd();
     ::close(fd);
   };
-  auto frame = cluster::ReadFrame(fd, 10.0);
+  auto frame = cluster::ReadFrame(fd, left_s(), cluster::kMaxHandshakeBodyBytes);
   if (!frame.ok()) return refuse(frame.error());
   if (frame->header.kind != MessageKind::kHello) return refuse("its first message is no hello");
   auto hello = cluster::ParseHello(frame->body);
   if (!hello.ok()) return refuse(hello.error());
-  const WorkerFleet& w = f.settings;
+  who = "a worker claiming pid " + std::to_string(hello->pid);
+
+  // Challenge and response: the frontend proves it holds the secret over the worker's nonce,
+  // the worker over the frontend's; neither proof is any use on another connection.
+  auto nonce = cluster::RandomBytes(cluster::kNonceBytes);
+  if (!nonce.ok()) return refuse(nonce.error());
+  const cluster::Challenge challenge{
+      *nonce, cluster::LinkProof(w.secret, cluster::ProofSide::kFrontend, frame->body, *nonce)};
+  if (Status st =
+          cluster::WriteFrame(fd, MessageKind::kChallenge, cluster::EncodeChallenge(challenge));
+      !st.ok())
+    return refuse(st.message());
+  auto answer = cluster::ReadFrame(fd, left_s(), 1024);
+  if (!answer.ok()) {
+    return refuse("no proof that it holds the worker secret (" + answer.error() +
+                  "; a worker holding another secret than this frontend's leaves here)");
+  }
+  auto proof = answer->header.kind == MessageKind::kProof
+                   ? cluster::ParseProof(answer->body)
+                   : Result<std::string>(Status::Error("its second message is no proof"));
+  if (!proof.ok()) return refuse(proof.error());
+  if (!cluster::ProofMatches(
+          cluster::LinkProof(w.secret, cluster::ProofSide::kWorker, frame->body, *nonce), *proof)) {
+    return refuse("its proof of the worker secret is wrong (another --worker-secret-file or $" +
+                  std::string(cluster::kWorkerSecretEnv) +
+                  " than this frontend's, or not a duet worker)");
+  }
+  who = "worker pid " + std::to_string(hello->pid);
+
   if (hello->num_layers != w.config.num_hidden_layers || hello->vocab_size != w.config.vocab_size ||
       hello->block_tokens != w.block_tokens) {
-    return refuse("pid " + std::to_string(hello->pid) +
-                  " serves another model or block size than the frontend's");
+    return refuse("it serves another model or block size than the frontend's");
   }
-  if (s.max_request_tokens > 0 && s.options.scheduler.AdmissibleTokens(
-                                      hello->num_blocks, w.block_tokens) < s.max_request_tokens) {
-    return refuse("pid " + std::to_string(hello->pid) + " holds " +
-                  std::to_string(hello->num_blocks) +
+  Tokens most_tokens = 0;  // set by StartFleet once every slot was first taken
+  {
+    std::lock_guard lock(s.mu);
+    most_tokens = s.max_request_tokens;
+  }
+  if (most_tokens > 0 &&
+      s.options.scheduler.AdmissibleTokens(hello->num_blocks, w.block_tokens) < most_tokens) {
+    return refuse("it holds " + std::to_string(hello->num_blocks) +
                   " KV blocks, too few for the longest request the frontend admits");
   }
-  InstanceId slot_id = policies::kNoInstance;
+  if (hello->role == InstanceRole::kPrefill && hello->kv_descriptor.empty())
+    return refuse("a prefill worker without a KV descriptor");
   std::vector<cluster::Peer> peers;
   {
     std::lock_guard lock(f.mu);
-    for (std::size_t i = 0; i < f.slots.size(); ++i) {
-      if (f.slots[i].role == hello->role && !f.slots[i].up() && slot_id == policies::kNoInstance)
+    for (std::size_t i = 0; i < f.slots.size() && !f.stopping; ++i) {
+      if (f.slots[i].role == hello->role && !f.slots[i].up() && !f.slots[i].joining &&
+          slot_id == policies::kNoInstance) {
         slot_id = static_cast<InstanceId>(i);
+        f.slots[i].joining = true;
+      }
       if (f.slots[i].up() && f.slots[i].role == InstanceRole::kPrefill)
         peers.push_back({static_cast<InstanceId>(i), f.slots[i].kv_descriptor});
     }
   }
   if (slot_id == policies::kNoInstance)
     return refuse(std::string("no free slot for a ") + policies::ToString(hello->role) + " worker");
-  if (hello->role == InstanceRole::kPrefill && hello->kv_descriptor.empty())
-    return refuse("a prefill worker without a KV descriptor");
 
   cluster::Welcome welcome;
   welcome.instance = slot_id;
@@ -445,6 +549,7 @@ void Register(Impl& s, int fd) {
     }
   }
   if (!sent.ok()) return refuse(sent.message());
+  send_timeout(0);  // the connection's writer thread may wait on a slow reader from now on
 
   // The slot's previous connection has ended (its reader called OnClose after its last frame).
   s.sinks[static_cast<std::size_t>(slot_id)]->ForgetListeners();
@@ -452,6 +557,13 @@ void Register(Impl& s, int fd) {
   std::shared_ptr<Connection> connection;
   {
     std::lock_guard lock(f.mu);
+    f.handshake_fds.erase(fd);
+    Impl::Fleet::Slot& slot = f.slots[static_cast<std::size_t>(slot_id)];
+    slot.joining = false;
+    if (f.stopping) {
+      ::close(fd);
+      return;
+    }
     generation = f.next_generation++;
     connection = std::make_shared<Connection>(
         fd,
@@ -465,7 +577,6 @@ void Register(Impl& s, int fd) {
         [&s, slot_id, generation](const std::string& why) {
           OnClose(s, slot_id, generation, why);
         });
-    Impl::Fleet::Slot& slot = f.slots[static_cast<std::size_t>(slot_id)];
     slot.connection = connection;
     slot.pid = hello->pid;
     ++slot.joins;
@@ -493,13 +604,29 @@ void Register(Impl& s, int fd) {
       std::to_string(hello->pid) + ") joined");
 }
 
-// The acceptor thread: registrations, heartbeat deadlines, and the connections that closed.
+// The acceptor thread: registrations (each handed to a handshake thread, at most
+// max_handshakes at once: past that, new connections wait in the listen backlog), heartbeat
+// deadlines, and the connections and handshakes that ended. It never waits on a peer.
 void AcceptLoop(Impl& s) {
   Impl::Fleet& f = *s.fleet;
   const auto timeout = std::chrono::duration<double>(f.settings.heartbeat_timeout_s);
+  const auto tick = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+      std::chrono::duration<double>(f.settings.heartbeat_interval_s));
   while (true) {
-    const int fd = f.settings.listener->Accept(f.settings.heartbeat_interval_s);
+    bool full = false;
+    {
+      std::lock_guard lock(f.mu);
+      full = static_cast<int>(f.handshakes.size()) >= f.settings.max_handshakes;
+    }
+    int fd = -1;
+    if (full) {
+      std::unique_lock lock(f.mu);
+      f.changed.wait_for(lock, tick);
+    } else {
+      fd = f.settings.listener->Accept(f.settings.heartbeat_interval_s);
+    }
     std::vector<std::shared_ptr<Connection>> closed;
+    std::list<Impl::Fleet::Handshake> ended;
     {
       std::lock_guard lock(f.mu);
       if (f.stopping) {
@@ -516,9 +643,25 @@ void AcceptLoop(Impl& s) {
         }
       }
       closed.swap(f.closed);
+      for (auto it = f.handshakes.begin(); it != f.handshakes.end();) {
+        auto next = std::next(it);
+        if (it->done) ended.splice(ended.end(), f.handshakes, it);
+        it = next;
+      }
+      if (fd >= 0) {
+        f.handshake_fds.insert(fd);
+        f.handshakes.emplace_back();
+        Impl::Fleet::Handshake& h = f.handshakes.back();
+        h.thread = std::thread([&s, &h, fd] {
+          Register(s, fd);
+          std::lock_guard done_lock(s.fleet->mu);
+          h.done = true;
+          s.fleet->changed.notify_all();
+        });
+      }
     }
     closed.clear();  // joins their threads, outside the lock
-    if (fd >= 0) Register(s, fd);
+    for (Impl::Fleet::Handshake& h : ended) h.thread.join();
   }
 }
 
@@ -526,6 +669,9 @@ void AcceptLoop(Impl& s) {
 
 Status StartFleet(Impl& s, WorkerFleet settings) {
   if (!settings.listener) return Status::Error("worker processes need a listener");
+  if (settings.secret.size() < cluster::kMinSecretBytes)
+    return Status::Error("worker processes need a shared secret of " +
+                         std::to_string(cluster::kMinSecretBytes) + " bytes at least");
   auto fleet = std::make_unique<Impl::Fleet>();
   fleet->settings = std::move(settings);
   for (InstanceRole role : s.options.roles) {
@@ -609,6 +755,12 @@ void StopFleet(Impl& s) {
   }
   f.settings.listener->Close();
   if (f.acceptor.joinable()) f.acceptor.join();
+  {
+    std::lock_guard lock(f.mu);
+    for (int fd : f.handshake_fds) ::shutdown(fd, SHUT_RDWR);
+  }
+  for (Impl::Fleet::Handshake& h : f.handshakes) h.thread.join();  // each ends at once now
+  f.handshakes.clear();
   for (auto& c : connections) c->Close();
   connections.clear();
 }

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <thread>
@@ -34,6 +35,15 @@ Result<ucp_context_h> InitContext(const std::string& tls) {
     if (ucs_status_t s = ucp_config_modify(config, "TLS", tls.c_str()); s != UCS_OK) {
       ucp_config_release(config);
       return UcsError(("TLS " + tls).c_str(), s);
+    }
+  }
+  // The instances of one `duet serve` share a machine: network transports (tcp) use the
+  // loopback device only, so their listening sockets take no connection from another host.
+  // A user's own UCX_NET_DEVICES (ucp_config_read took it) is kept.
+  if (std::getenv("UCX_NET_DEVICES") == nullptr) {
+    if (ucs_status_t s = ucp_config_modify(config, "NET_DEVICES", "lo"); s != UCS_OK) {
+      ucp_config_release(config);
+      return UcsError("NET_DEVICES lo", s);
     }
   }
   ucp_params_t params{};

@@ -246,7 +246,8 @@ def test_bad_worker_flags_are_usage_errors(tiny_model, flags, words):
     assert len(lines) == 1 and lines[0].startswith("duet: error:") and words in lines[0], r.stderr
 
 
-def test_a_step_log_that_cannot_be_written_fails_at_start(tiny_model, tmp_path):
+def test_a_step_log_that_cannot_be_written_fails_at_start(tiny_model, tmp_path, monkeypatch):
+    monkeypatch.setenv("DUET_WORKER_SECRET", "a worker secret of enough bytes")
     missing = str(tmp_path / "no" / "steps.jsonl")
     for command in (["serve", "--port", "0"],
                     ["worker", "--frontend", "127.0.0.1:9", "--role", "colocated"]):
@@ -255,7 +256,8 @@ def test_a_step_log_that_cannot_be_written_fails_at_start(tiny_model, tmp_path):
         assert f"--step-log: {missing}: cannot open for writing" in r.stderr, r.stderr
 
 
-def test_a_worker_with_no_frontend_to_reach_fails_saying_so(tiny_model):
+def test_a_worker_with_no_frontend_to_reach_fails_saying_so(tiny_model, monkeypatch):
+    monkeypatch.setenv("DUET_WORKER_SECRET", "a worker secret of enough bytes")
     # Nothing listens on the discard port of loopback: the worker gives up after its timeout.
     r = run_duet("worker", "--model", tiny_model, "--frontend", "127.0.0.1:9", "--role",
                  "colocated", "--threads", "1", "--connect-timeout", "0.5", timeout=30)

@@ -112,10 +112,12 @@ def check_after_fault(server, streams, expected, lost):
     return m
 
 
-def start_worker(server, model, role):
-    """`duet worker` by hand, as an orchestrator restarting one would."""
+def start_worker(server, model, role, secret_file):
+    """`duet worker` by hand, as an orchestrator restarting one would (with the secret the
+    server was given)."""
     return subprocess.Popen([DUET, "worker", "--frontend", worker_address(server), "--role", role,
-                             "--model", model, "--threads", "1", "--ucx-tls", "tcp"],
+                             "--model", model, "--threads", "1", "--ucx-tls", "tcp",
+                             "--worker-secret-file", secret_file],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
 
@@ -151,8 +153,11 @@ SLOW_MAX_TOKENS = 32
 
 def test_sigkill_a_decode_worker_mid_stream_then_restart_it(slow_model, start_server, tmp_path):
     expected = reference(slow_model, SLOW_MAX_TOKENS, start_server)
+    secret = tmp_path / "secret"
+    secret.write_text("the worker secret of this test")
     s = start_server(slow_model, "--threads", "1", "--ucx-tls", "tcp", "--router", "round-robin",
-                     "--cluster", cluster_file(tmp_path, 1, 2), "--worker-restarts", "0")
+                     "--cluster", cluster_file(tmp_path, 1, 2), "--worker-restarts", "0",
+                     "--worker-secret-file", str(secret))
     workers = health(s)
     assert [w["role"] for w in workers] == ["prefill", "decode", "decode"]
     assert all(w["up"] and w["joins"] == 1 for w in workers)
@@ -175,7 +180,7 @@ def test_sigkill_a_decode_worker_mid_stream_then_restart_it(slow_model, start_se
     assert f"worker 1 (decode, pid {victim}) lost" in s.stderr()
 
     # A decode worker started by hand takes the free slot and serves again.
-    worker = start_worker(s, slow_model, "decode")
+    worker = start_worker(s, slow_model, "decode", str(secret))
     wait_up(s, 1, joins=2)
     streams = Streams(s, SLOW_MAX_TOKENS)
     streams.join()
