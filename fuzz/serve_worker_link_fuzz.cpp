@@ -20,8 +20,8 @@
 #include <thread>
 
 #include "backend/cluster/connection.h"
-#include "backend/cluster/link_auth.h"
 #include "backend/cluster/wire.h"
+#include "backend/cluster/worker.h"
 #include "backend/serve/frontend.h"
 
 namespace {
@@ -54,22 +54,7 @@ int Register(const std::string& address, policies::InstanceRole role) {
   hello.max_position_embeddings = 256;
   hello.num_blocks = kBlocks;
   hello.kv_descriptor = role == policies::InstanceRole::kPrefill ? "kv" : "";
-  hello.nonce = std::string(cluster::kNonceBytes, 'w');
-  const std::string body = cluster::EncodeHello(hello);
-  auto challenge_frame = cluster::WriteFrame(*fd, cluster::MessageKind::kHello, body).ok()
-                             ? cluster::ReadFrame(*fd, 5.0)
-                             : Result<cluster::ReadFrameResult>(Status::Error("write"));
-  auto challenge = challenge_frame.ok() ? cluster::ParseChallenge(challenge_frame->body)
-                                        : Result<cluster::Challenge>(Status::Error("read"));
-  if (challenge.ok()) {
-    const std::string proof =
-        cluster::LinkProof(kSecret, cluster::ProofSide::kWorker, body, challenge->nonce);
-    auto welcome =
-        cluster::WriteFrame(*fd, cluster::MessageKind::kProof, cluster::EncodeProof(proof)).ok()
-            ? cluster::ReadFrame(*fd, 5.0)
-            : Result<cluster::ReadFrameResult>(Status::Error("write"));
-    if (welcome.ok() && welcome->header.kind == cluster::MessageKind::kWelcome) return *fd;
-  }
+  if (cluster::RegisterWorker(*fd, hello, kSecret, 5.0).ok()) return *fd;
   ::close(*fd);
   return -1;
 }

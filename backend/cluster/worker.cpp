@@ -262,6 +262,41 @@ class WorkerLink final : public policies::Outbox, public policies::EventSink {
 
 }  // namespace
 
+Result<Welcome> RegisterWorker(int fd, Hello hello, std::string_view secret, Seconds timeout_s) {
+  auto nonce = RandomBytes(kNonceBytes);
+  if (!nonce.ok()) return nonce.status();
+  hello.nonce = *nonce;
+  const std::string hello_body = EncodeHello(hello);
+  if (Status s = WriteFrame(fd, MessageKind::kHello, hello_body); !s.ok()) return s;
+  // The frontend proves it holds the secret first, over this worker's nonce; then this worker
+  // proves it over the frontend's nonce.
+  auto reply = ReadFrame(fd, timeout_s, kMaxHandshakeBodyBytes);
+  if (!reply.ok())
+    return Status::Error(reply.error() + " (the frontend's log says why it refused)");
+  if (reply->header.kind != MessageKind::kChallenge)
+    return Status::Error(
+        "the frontend answered the hello with no challenge (another duet version?)");
+  Result<Challenge> challenge = ParseChallenge(reply->body);
+  if (!challenge.ok()) return challenge.status();
+  if (!ProofMatches(LinkProof(secret, ProofSide::kFrontend, hello_body, challenge->nonce),
+                    challenge->proof)) {
+    return Status::Error(std::string("the frontend did not prove it holds the worker secret "
+                                     "(another --worker-secret-file or $") +
+                         kWorkerSecretEnv + " than this worker's, or not a duet serve)");
+  }
+  if (Status s = WriteFrame(
+          fd, MessageKind::kProof,
+          EncodeProof(LinkProof(secret, ProofSide::kWorker, hello_body, challenge->nonce)));
+      !s.ok())
+    return s;
+  reply = ReadFrame(fd, timeout_s);
+  if (!reply.ok())
+    return Status::Error(reply.error() + " (the frontend's log says why it refused)");
+  if (reply->header.kind != MessageKind::kWelcome)
+    return Status::Error("the frontend answered with no welcome");
+  return ParseWelcome(reply->body);
+}
+
 Status RunWorker(std::unique_ptr<ForwardModel> model, const WorkerOptions& options) {
   const models::ModelSpec& config = model->config();
   auto transport =
@@ -288,45 +323,13 @@ Status RunWorker(std::unique_ptr<ForwardModel> model, const WorkerOptions& optio
   hello.max_position_embeddings = config.max_position_embeddings;
   hello.num_blocks = model->num_blocks();
   hello.kv_descriptor = (*transport)->descriptor();
-  auto nonce = RandomBytes(kNonceBytes);
-  if (!nonce.ok()) {
-    ::close(*fd);
-    return nonce.status();
-  }
-  hello.nonce = *nonce;
-  const std::string hello_body = EncodeHello(hello);
-  auto fail = [&](const std::string& why) {
-    ::close(*fd);
-    return Status::Error("registering with the frontend at " + options.frontend + ": " + why);
-  };
-  if (Status s = WriteFrame(*fd, MessageKind::kHello, hello_body); !s.ok())
-    return fail(s.message());
-  // The frontend proves it holds the secret first, over this worker's nonce; then this worker
-  // proves it over the frontend's nonce.
-  auto reply = ReadFrame(*fd, options.connect_timeout_s, kMaxHandshakeBodyBytes);
-  if (!reply.ok()) return fail(reply.error() + " (the frontend's log says why it refused)");
-  if (reply->header.kind != MessageKind::kChallenge)
-    return fail("the frontend answered the hello with no challenge (another duet version?)");
-  Result<Challenge> challenge = ParseChallenge(reply->body);
-  if (!challenge.ok()) return fail(challenge.error());
-  if (!ProofMatches(LinkProof(options.secret, ProofSide::kFrontend, hello_body, challenge->nonce),
-                    challenge->proof)) {
-    return fail(std::string("the frontend did not prove it holds the worker secret (another "
-                            "--worker-secret-file or $") +
-                kWorkerSecretEnv + " than this worker's, or not a duet serve)");
-  }
-  if (Status s = WriteFrame(
-          *fd, MessageKind::kProof,
-          EncodeProof(LinkProof(options.secret, ProofSide::kWorker, hello_body, challenge->nonce)));
-      !s.ok())
-    return fail(s.message());
-  reply = ReadFrame(*fd, options.connect_timeout_s);
   Result<Welcome> welcome =
-      !reply.ok() ? Result<Welcome>(Status::Error(reply.error()))
-      : reply->header.kind != MessageKind::kWelcome
-          ? Result<Welcome>(Status::Error("the frontend answered with no welcome"))
-          : ParseWelcome(reply->body);
-  if (!welcome.ok()) return fail(welcome.error() + " (the frontend's log says why it refused)");
+      RegisterWorker(*fd, std::move(hello), options.secret, options.connect_timeout_s);
+  if (!welcome.ok()) {
+    ::close(*fd);
+    return Status::Error("registering with the frontend at " + options.frontend + ": " +
+                         welcome.error());
+  }
 
   (*transport)->SetSelf(welcome->instance);
   policies::EngineConfig engine_config = welcome->engine;

@@ -7,7 +7,9 @@
 
 #include <memory>
 #include <string>
+#include <string_view>
 
+#include "backend/cluster/wire.h"
 #include "backend/engine/forward_model.h"
 #include "backend/engine/step_log.h"
 #include "backend/transport/local_kv_transports.h"
@@ -26,6 +28,11 @@ struct WorkerOptions {
   // so neither a stray process posing as a frontend nor one posing as a worker gets through.
   std::string secret;
 };
+
+// A worker's side of registration on `fd`, connected to the frontend (not closed here): the
+// hello (its nonce drawn here), the frontend's challenge checked against `secret`, this side's
+// proof, and the welcome, each read within `timeout_s`. An error names the step that failed.
+Result<Welcome> RegisterWorker(int fd, Hello hello, std::string_view secret, Seconds timeout_s);
 
 // Blocks until the frontend sends kShutdown (returns Ok once the work held is done) or the
 // connection is lost (an error saying so; the work held is abandoned: the frontend retries it
