@@ -48,7 +48,14 @@ struct LiveFrontend::Impl {
     // PD worker processes: the decode side released the prefill side's KV (the request no
     // longer needs its prefill instance).
     bool kv_released = false;
+    // Worker processes lost while they served it (its attempts so far, less one).
+    int workers_lost = 0;
   };
+
+  // A request is retried after the loss of a worker serving it at most this often: one that
+  // crashes every worker it reaches (a bug an engine invariant catches) ends with an error
+  // after taking down this many, instead of spending every worker's restarts.
+  static constexpr int kMaxWorkersLost = 2;
 
   // An instance's events (on its engine thread, or the reader thread of its worker's
   // connection): tokens and final records to the request's listener, lifecycle to the router

@@ -169,6 +169,13 @@ void Retry(Impl& s, RequestId id, std::vector<Ending>* endings) {
   if (got >= e.max_tokens) return EndHere(s, id, policies::FinishReason::kLength, "", endings);
   if (delivered > 0 && std::ranges::find(stops, old.token_ids.back()) != stops.end())
     return EndHere(s, id, policies::FinishReason::kStop, "", endings);
+  if (++e.workers_lost > Impl::kMaxWorkersLost) {
+    return EndHere(s, id, policies::FinishReason::kError,
+                   "the workers serving it were lost " + std::to_string(e.workers_lost) +
+                       " times; it is not retried again (a request that crashes its worker "
+                       "would take every worker down)",
+                   endings);
+  }
 
   auto r = std::make_unique<Request>();
   r->id = s.next_id++;

@@ -17,7 +17,8 @@ from conftest import cluster_file, has_ucx
 
 VALUES = [1e-300, -0.0, 1e300, 5e-324, 1e-40]
 
-COMPLETION_FIELDS = {
+# The numeric fields each endpoint takes, and where the number goes in each.
+COMMON_FIELDS = {
     "max_tokens": lambda x: x,
     "temperature": lambda x: x,
     "top_p": lambda x: x,
@@ -26,26 +27,12 @@ COMPLETION_FIELDS = {
     "n": lambda x: x,
     "frequency_penalty": lambda x: x,
     "presence_penalty": lambda x: x,
-    "best_of": lambda x: x,
-    "logprobs": lambda x: x,
-    "prompt": lambda x: [x],
     "stop_token_ids": lambda x: [x],
     "logit_bias": lambda x: {"1": x},
 }
-CHAT_FIELDS = {
-    "max_tokens": lambda x: x,
-    "max_completion_tokens": lambda x: x,
-    "temperature": lambda x: x,
-    "top_p": lambda x: x,
-    "top_k": lambda x: x,
-    "seed": lambda x: x,
-    "n": lambda x: x,
-    "frequency_penalty": lambda x: x,
-    "presence_penalty": lambda x: x,
-    "top_logprobs": lambda x: x,
-    "stop_token_ids": lambda x: [x],
-    "logit_bias": lambda x: {"1": x},
-}
+COMPLETION_FIELDS = dict(COMMON_FIELDS, best_of=lambda x: x, logprobs=lambda x: x,
+                         prompt=lambda x: [x])
+CHAT_FIELDS = dict(COMMON_FIELDS, max_completion_tokens=lambda x: x, top_logprobs=lambda x: x)
 
 
 def hostile_requests(model):
