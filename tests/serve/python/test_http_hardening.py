@@ -132,14 +132,6 @@ def slow_server(slow_model, start_server):
     assert s.stop() == 0, s.stderr()
 
 
-@pytest.fixture(scope="module")
-def server(tiny_model, start_server):
-    s = start_server(tiny_model, "--threads", "1")
-    yield s
-    s.assert_idle()
-    assert s.stop() == 0, s.stderr()
-
-
 # Finding 5: bytes that arrive while a request generates.
 
 @pytest.mark.parametrize("stream", [True, False])
