@@ -305,6 +305,10 @@ def test_thousands_of_idle_connections_from_one_client_do_not_lock_others_out(ti
     count = 5000  # past the default --max-connections of 4096
     raise_open_files(count + 1000)
     s = start_server(tiny_model, "--threads", "1")
+    # duet serve raised its soft open-files limit to the hard one.
+    with open(f"/proc/{s.proc.pid}/limits") as f:
+        soft, hard = next(line for line in f if line.startswith("Max open files")).split()[3:5]
+    assert soft == hard, (soft, hard)
     socks = []
     try:
         for _ in range(count):
