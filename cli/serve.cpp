@@ -4,6 +4,7 @@
 // requests are refused, requests in flight complete, then it exits 0. docs/serving.md.
 #include <pthread.h>
 #include <signal.h>
+#include <sys/resource.h>
 
 #include <algorithm>
 #include <boost/program_options.hpp>
@@ -81,6 +82,27 @@ class ShutdownSignal {
   int received_ = 0;
 };
 
+// Each connection is a file descriptor: the soft limit goes up to the hard one (often 1024
+// against 4096+ connections), and a limit still below --max-connections is said at start.
+void RaiseOpenFileLimit(int max_connections) {
+  rlimit limit{};
+  if (getrlimit(RLIMIT_NOFILE, &limit) != 0) return;
+  if (limit.rlim_cur < limit.rlim_max) {
+    limit.rlim_cur = limit.rlim_max;
+    if (setrlimit(RLIMIT_NOFILE, &limit) != 0) getrlimit(RLIMIT_NOFILE, &limit);
+  }
+  // Beside the connections: the model's files, the engines', the workers' and stdio.
+  constexpr rlim_t kOtherFiles = 64;
+  if (limit.rlim_cur != RLIM_INFINITY &&
+      limit.rlim_cur < static_cast<rlim_t>(max_connections) + kOtherFiles) {
+    std::fprintf(stderr,
+                 "duet serve: the open files limit (%llu, ulimit -n) is below --max-connections "
+                 "(%d) plus %d; past it new connections wait\n",
+                 static_cast<unsigned long long>(limit.rlim_cur), max_connections,
+                 static_cast<int>(kOtherFiles));
+  }
+}
+
 }  // namespace
 
 // (At the model's own KV dtype.)
@@ -149,6 +171,10 @@ int Serve(int argc, char** argv) {
      "the model name clients send (default: --model as given)")
     ("read-timeout", po::value<double>()->default_value(60.0),
      "seconds a connection may take to send a request, idle keep-alive time included")
+    ("max-connections", po::value<int>()->default_value(4096),
+     "open HTTP connections at most; past it a new one takes the place of the oldest idle one")
+    ("max-connections-per-client", po::value<int>()->default_value(1024),
+     "open HTTP connections at most from one client address, likewise (0: no limit)")
     ("step-log", po::value<std::string>(),
      "write every engine step (shape, forward-pass and iteration time) to FILE as JSON lines, "
      "emptied first; worker processes append to it")
@@ -221,6 +247,12 @@ int Serve(int argc, char** argv) {
   if (!(drain_timeout_s >= 0)) return Fail("--drain-timeout must be >= 0", kExitUsage);
   const double read_timeout_s = vm["read-timeout"].as<double>();
   if (!(read_timeout_s > 0)) return Fail("--read-timeout must be > 0", kExitUsage);
+  const int max_connections = vm["max-connections"].as<int>();
+  if (max_connections < 1 || max_connections > 1 << 20)
+    return Fail("--max-connections must be in 1..1048576", kExitUsage);
+  const int max_connections_per_client = vm["max-connections-per-client"].as<int>();
+  if (max_connections_per_client < 0 || max_connections_per_client > 1 << 20)
+    return Fail("--max-connections-per-client must be in 0..1048576", kExitUsage);
   policies::RouterConfig router;
   if (Status st = ParseRouterOptions(vm, &router); !st.ok()) return Fail(st.message(), kExitUsage);
   if (router.kind == policies::RouterKind::kCacheAware)
@@ -275,6 +307,9 @@ int Serve(int argc, char** argv) {
   server_options.api_key = api_key;
   server_options.io_threads = io_threads;
   server_options.read_timeout_s = read_timeout_s;
+  server_options.max_connections = max_connections;
+  server_options.max_connections_per_client = max_connections_per_client;
+  RaiseOpenFileLimit(max_connections);
   auto server = HttpServer::Start(server_options);
   if (!server) return Fail(server.error());
 

@@ -324,12 +324,94 @@ void GenerationCall::Finish(const FinishInfo& info) {
   deliver_({std::string(kDone), true, 200, true});
 }
 
+namespace {
+
+// The length of the well-formed UTF-8 sequence at the start of `s` (not empty), or 0: overlong
+// forms, surrogates and code points past U+10FFFF are not well-formed (Unicode table 3-7).
+std::size_t Utf8SequenceLength(std::string_view s, std::uint32_t* code_point) {
+  const auto byte = [&](std::size_t i) { return static_cast<unsigned char>(s[i]); };
+  const unsigned char b0 = byte(0);
+  std::size_t length = 0;
+  std::uint32_t cp = 0;
+  unsigned char low = 0x80, high = 0xBF;  // the second byte's range
+  if (b0 < 0x80) {
+    *code_point = b0;
+    return 1;
+  } else if (b0 >= 0xC2 && b0 <= 0xDF) {
+    length = 2, cp = b0 & 0x1F;
+  } else if (b0 >= 0xE0 && b0 <= 0xEF) {
+    length = 3, cp = b0 & 0x0F;
+    if (b0 == 0xE0) low = 0xA0;
+    if (b0 == 0xED) high = 0x9F;
+  } else if (b0 >= 0xF0 && b0 <= 0xF4) {
+    length = 4, cp = b0 & 0x07;
+    if (b0 == 0xF0) low = 0x90;
+    if (b0 == 0xF4) high = 0x8F;
+  } else {
+    return 0;
+  }
+  if (s.size() < length) return 0;
+  for (std::size_t i = 1; i < length; ++i) {
+    const unsigned char b = byte(i);
+    if (b < (i == 1 ? low : 0x80) || b > (i == 1 ? high : 0xBF)) return 0;
+    cp = (cp << 6) | (b & 0x3F);
+  }
+  *code_point = cp;
+  return length;
+}
+
+}  // namespace
+
+std::string EscapeForLog(std::string_view text, std::size_t max_bytes) {
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string out;
+  out.reserve(std::min(text.size(), max_bytes) + 16);
+  std::size_t i = 0;
+  while (i < text.size() && i < max_bytes) {
+    std::uint32_t cp = 0;
+    const std::size_t n = Utf8SequenceLength(text.substr(i), &cp);
+    if (n == 0) {  // not UTF-8: the byte, escaped
+      const auto b = static_cast<unsigned char>(text[i]);
+      out += "\\x";
+      out += kHex[b >> 4];
+      out += kHex[b & 15];
+      i += 1;
+      continue;
+    }
+    if (cp == '\\') {
+      out += "\\\\";
+    } else if (cp == '\n') {
+      out += "\\n";
+    } else if (cp == '\r') {
+      out += "\\r";
+    } else if (cp == '\t') {
+      out += "\\t";
+    } else if (cp < 0x20 || cp == 0x7F) {
+      out += "\\x";
+      out += kHex[cp >> 4];
+      out += kHex[cp & 15];
+    } else if (cp >= 0x80 && cp <= 0x9F) {  // C1 controls: some terminals act on them
+      out += "\\u00";
+      out += kHex[cp >> 4];
+      out += kHex[cp & 15];
+    } else {
+      out.append(text.substr(i, n));
+    }
+    i += n;
+  }
+  if (i < text.size()) out += "...(" + std::to_string(text.size()) + " bytes)";
+  return out;
+}
+
 void LogRequestError(int status, const std::string& method, const std::string& target,
                      const std::string& message) {
+  // Method and target come from the request line, the message may quote the body's values.
+  const std::string line = "duet serve: " + std::to_string(status) + " " +
+                           EscapeForLog(method, 32) + " " + EscapeForLog(target, 200) + ": " +
+                           EscapeForLog(message, 1024) + "\n";
   static std::mutex mutex;
   std::lock_guard<std::mutex> lock(mutex);
-  std::fprintf(stderr, "duet serve: %d %s %s: %s\n", status, method.c_str(), target.c_str(),
-               message.c_str());
+  std::fputs(line.c_str(), stderr);
 }
 
 }  // namespace duet::backend::serve

@@ -10,6 +10,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <variant>
 #include <vector>
 
@@ -115,7 +116,14 @@ class GenerationCall {
   bool cancelled_ = false;
 };
 
+// `text` made safe for one line of a log: control characters (C0, DEL, C1), backslashes and
+// bytes that are not UTF-8 escaped (\n, \r, \t, \\, \xNN, \u0085), so that a client cannot
+// forge a line or send escape codes to a terminal; cut after `max_bytes` bytes of the input
+// with "...(N bytes)" naming the whole length, so that a long value costs a bounded line.
+std::string EscapeForLog(std::string_view text, std::size_t max_bytes = 200);
+
 // One line on stderr for a request that failed ("duet serve: 400 POST /v1/completions: ...").
+// Every part goes through EscapeForLog (the message, which may quote client text, up to 1 KiB).
 // Thread-safe.
 void LogRequestError(int status, const std::string& method, const std::string& target,
                      const std::string& message);

@@ -1,10 +1,14 @@
-// HttpServer on Boost.Beast: an acceptor, one HttpSession per connection (keep-alive, limits,
-// timeouts, SSE streaming with chunked transfer encoding), upgraded to a WsSession on
-// /v1/ws. Each connection runs on its own strand; engine callbacks reach it only through
-// GenerationCall's posted pumps. A pending read during generation notices a client that goes
-// away, which aborts its request in the engine.
+// HttpServer on Boost.Beast: an acceptor, one HttpSession per connection (keep-alive and
+// pipelining, limits, timeouts, SSE streaming with chunked transfer encoding, close-delimited
+// for HTTP/1.0), upgraded to a WsSession on /v1/ws. Each connection runs on its own strand;
+// engine callbacks reach it only through GenerationCall's posted pumps. A pending read during
+// generation notices a client that goes away, which aborts its request in the engine. The
+// connections are counted per client address; idle ones make way for new ones at the limits.
 #include "backend/serve/http_server.h"
 
+#include <fcntl.h>
+
+#include <algorithm>
 #include <atomic>
 #include <boost/asio.hpp>
 #include <boost/beast/core.hpp>
@@ -13,7 +17,9 @@
 #include <chrono>
 #include <condition_variable>
 #include <deque>
+#include <list>
 #include <thread>
+#include <unordered_map>
 
 namespace duet::backend::serve {
 
@@ -42,6 +48,18 @@ std::string PathOf(beast::string_view target) {
 constexpr Seconds kLingerS = 2;                   // reading what a refused client still sends
 constexpr std::size_t kLingerBytes = 64u << 20;   // ... at most this much
 constexpr std::size_t kMaxQueuedWsRequests = 16;  // requests waiting behind the current one
+constexpr std::size_t kReadBytes = 16u << 10;     // one read from a connection, at most
+// What a client may send ahead of its reply (pipelined requests) before the connection is left
+// unread until the reply is out.
+constexpr std::size_t kMaxReadAheadBytes = 64u << 10;
+
+// Worker processes must not inherit the server's sockets (a child holding a client's socket
+// keeps it from seeing its connection close). Forks racing this are covered by the children
+// closing what they inherit.
+void SetCloseOnExec(int fd) {
+  const int flags = ::fcntl(fd, F_GETFD);
+  if (flags >= 0) ::fcntl(fd, F_SETFD, flags | FD_CLOEXEC);
+}
 
 }  // namespace
 
@@ -58,7 +76,20 @@ struct HttpServer::Impl {
   mutable std::mutex model_mutex;
   std::shared_ptr<const ServedModel> model;
 
-  std::atomic<int> connections{0};
+  // Open connections, counted per client address; the idle ones (waiting for a request with
+  // nothing of it received) in the order they became idle, the oldest first.
+  struct Connection {
+    std::string client;
+    bool counted = true;  // false once evicted: no longer counted against the limits
+    bool idle = false;
+    std::list<std::shared_ptr<Connection>>::iterator idle_at;
+    std::function<void()> evict;  // posts the close onto the connection's strand
+  };
+  std::mutex connections_mutex;
+  int open_connections = 0;
+  std::unordered_map<std::string, int> client_connections;
+  std::list<std::shared_ptr<Connection>> idle_connections;
+
   std::mutex replies_mutex;
   std::condition_variable replies_cv;
   std::int64_t replies = 0;  // accepted generation requests whose reply is not fully written
@@ -67,11 +98,34 @@ struct HttpServer::Impl {
     std::lock_guard<std::mutex> lock(model_mutex);
     return model;
   }
+  // "Authorization: Bearer KEY", the scheme in any case (RFC 9110 11.1), the key compared in
+  // a time that does not depend on where it differs.
   bool Authorized(const http::request<http::string_body>& req) const {
     if (options.api_key.empty()) return true;
-    const auto header = req[http::field::authorization];
-    return header == "Bearer " + options.api_key;
+    beast::string_view header = req[http::field::authorization];
+    const auto space = header.find(' ');
+    if (space == beast::string_view::npos || !beast::iequals(header.substr(0, space), "bearer"))
+      return false;
+    beast::string_view key = header.substr(space + 1);
+    while (!key.empty() && (key.front() == ' ' || key.front() == '\t')) key.remove_prefix(1);
+    while (!key.empty() && (key.back() == ' ' || key.back() == '\t')) key.remove_suffix(1);
+    return ConstantTimeEquals(key, options.api_key);
   }
+  static bool ConstantTimeEquals(beast::string_view given, const std::string& expected) {
+    volatile unsigned char diff = given.size() == expected.size() ? 0 : 1;
+    for (std::size_t i = 0; i < expected.size(); ++i) {
+      const unsigned char g = i < given.size() ? static_cast<unsigned char>(given[i]) : 0;
+      diff = diff | (g ^ static_cast<unsigned char>(expected[i]));
+    }
+    return diff == 0;
+  }
+  // A new connection from `client`: counted, or nullptr when it must be refused. Past a limit
+  // it takes the place of the oldest idle connection, whose close is added to `evictions`.
+  std::shared_ptr<Connection> Admit(const std::string& client,
+                                    std::vector<std::function<void()>>* evictions);
+  void Release(Connection* connection);
+  void Uncount(Connection& connection);  // under connections_mutex
+  void SetIdle(const std::shared_ptr<Connection>& connection, bool idle);
   void Accept();
   void StopNow();
   ~Impl() {
@@ -103,19 +157,28 @@ class ReplyGuard {
   Impl* server_;
 };
 
-// Counts one open connection (moves from the HTTP session to its WebSocket session).
+// One open connection's place in the server's count (moves from the HTTP session to its
+// WebSocket session).
 class ConnectionSlot {
  public:
-  explicit ConnectionSlot(Impl* server) : server_(server) { ++server_->connections; }
+  ConnectionSlot(Impl* server, std::shared_ptr<Impl::Connection> connection)
+      : server_(server), connection_(std::move(connection)) {}
   ConnectionSlot(ConnectionSlot&& other) noexcept
-      : server_(std::exchange(other.server_, nullptr)) {}
+      : server_(std::exchange(other.server_, nullptr)), connection_(std::move(other.connection_)) {}
   ConnectionSlot& operator=(ConnectionSlot&&) = delete;
   ~ConnectionSlot() {
-    if (server_) --server_->connections;
+    if (server_) server_->Release(connection_.get());
   }
+  // Waiting for a request with nothing of it received: the first to go when a new connection
+  // needs the place.
+  void SetIdle(bool idle) {
+    if (server_) server_->SetIdle(connection_, idle);
+  }
+  Impl::Connection& connection() { return *connection_; }
 
  private:
   Impl* server_;
+  std::shared_ptr<Impl::Connection> connection_;
 };
 
 ApiError Unavailable(const std::string& message, const char* code) {
@@ -313,28 +376,86 @@ class WsSession : public std::enable_shared_from_this<WsSession> {
 };
 
 // ---------------------------------------------------------------------------------------------
-// HTTP/1.1: requests one after another on a keep-alive connection.
+// HTTP/1.1 (and 1.0): requests one after another on a keep-alive connection, answered in
+// order (pipelined ones after the reply in progress, RFC 9112 9.3.2). While a request
+// generates, a read stays pending on the socket: an error there means the client is gone (its
+// request is aborted); bytes are what it sent ahead (a pipelined request, a stray empty line),
+// kept for the parser up to kMaxReadAheadBytes, past which the connection is not read until
+// the reply is out (TCP backpressure). End of file there is a half-close: the replies still go
+// out, then the connection closes.
 class HttpSession : public std::enable_shared_from_this<HttpSession> {
  public:
-  HttpSession(tcp::socket&& socket, Impl* server)
-      : stream_(std::move(socket)), server_(server), slot_(server) {}
+  HttpSession(tcp::socket&& socket, Impl* server, std::shared_ptr<Impl::Connection> connection)
+      : stream_(std::move(socket)),
+        server_(server),
+        slot_(server, std::move(connection)),
+        hold_(stream_.get_executor()) {}
 
   void Run() {
+    // The server evicts an idle connection from any thread: through its strand.
+    slot_.connection().evict = [weak = weak_from_this(), ex = stream_.get_executor()] {
+      net::post(ex, [weak] {
+        if (auto self = weak.lock()) self->OnEvicted();
+      });
+    };
     net::dispatch(stream_.get_executor(),
                   beast::bind_front_handler(&HttpSession::ReadRequest, shared_from_this()));
   }
 
  private:
   using Request = http::request<http::string_body>;
+  // What a cancelled watch read does when it completes.
+  enum class AfterWatch { kNothing, kReadRequest, kLinger };
 
+  // The next request, from what was read ahead and what comes, in --read-timeout.
   void ReadRequest() {
     if (closed_) return;
+    stream_.expires_after(ToDuration(server_->options.read_timeout_s));
+    AwaitRequest();
+  }
+
+  // Empty lines before a request line are ignored (RFC 9112 2.2). With nothing of a request
+  // received the connection is idle: the first to go when the server needs its place.
+  void AwaitRequest() {
+    SkipEmptyLines();
+    if (buffer_.size() == 0) {
+      if (peer_done_) return Close();  // half-closed, and every reply is out
+      idle_ = true;
+      slot_.SetIdle(true);
+      stream_.async_read_some(
+          buffer_.prepare(kReadBytes),
+          beast::bind_front_handler(&HttpSession::OnRequestBytes, shared_from_this()));
+      return;
+    }
+    method_.clear();
+    target_.clear();
+    head_ = false;
     parser_.emplace();
     parser_->header_limit(static_cast<std::uint32_t>(server_->options.max_header_bytes));
     parser_->body_limit(server_->options.max_body_bytes);
-    stream_.expires_after(ToDuration(server_->options.read_timeout_s));
     http::async_read_header(stream_, buffer_, *parser_,
                             beast::bind_front_handler(&HttpSession::OnHeader, shared_from_this()));
+  }
+
+  void OnRequestBytes(beast::error_code ec, std::size_t n) {
+    idle_ = false;
+    slot_.SetIdle(false);
+    buffer_.commit(n);
+    if (ec) return OnReadError(ec);
+    AwaitRequest();
+  }
+
+  void SkipEmptyLines() {
+    const auto data = buffer_.data();
+    const char* bytes = static_cast<const char*>(data.data());
+    std::size_t n = 0;
+    while (n < data.size() && (bytes[n] == '\r' || bytes[n] == '\n')) ++n;
+    buffer_.consume(n);
+  }
+
+  // Another connection needed this one's place (Impl::Admit).
+  void OnEvicted() {
+    if (idle_) Close();  // else a request started meanwhile: it is served, uncounted
   }
 
   void OnHeader(beast::error_code ec, std::size_t) {
@@ -344,6 +465,13 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
     target_ = std::string(req.target());
     version_ = req.version();
     keep_alive_ = req.keep_alive();
+    head_ = req.method() == http::verb::head;
+    if (auto error = CheckFraming(req)) {
+      keep_alive_ = false;
+      return RespondError(*error, /*close=*/true);
+    }
+    // HTTP/1.0 with Transfer-Encoding: framing that may be faulty; close after it (RFC 9112 6.1).
+    if (version_ < 11 && req.count(http::field::transfer_encoding) > 0) keep_alive_ = false;
     if (const auto length = parser_->content_length();
         length && *length > server_->options.max_body_bytes) {
       return RespondTooLarge();
@@ -361,6 +489,24 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
     ReadBody();
   }
 
+  // A body whose end a proxy in front could see elsewhere than this parser (request smuggling)
+  // is refused, and the connection closed: a transfer coding other than exactly "chunked", or
+  // Transfer-Encoding with Content-Length (RFC 9112 6.1, 6.3).
+  static std::optional<ApiError> CheckFraming(const Request& req) {
+    const std::size_t codings = req.count(http::field::transfer_encoding);
+    if (codings == 0) return std::nullopt;
+    beast::string_view coding = req[http::field::transfer_encoding];
+    while (!coding.empty() && (coding.front() == ' ' || coding.front() == '\t'))
+      coding.remove_prefix(1);
+    while (!coding.empty() && (coding.back() == ' ' || coding.back() == '\t'))
+      coding.remove_suffix(1);
+    if (codings > 1 || !beast::iequals(coding, "chunked"))
+      return BadRequest("Transfer-Encoding other than chunked is not supported");
+    if (req.count(http::field::content_length) > 0)
+      return BadRequest("a request may not have both Transfer-Encoding and Content-Length");
+    return std::nullopt;
+  }
+
   void ReadBody() {
     http::async_read(stream_, buffer_, *parser_,
                      beast::bind_front_handler(&HttpSession::OnRead, shared_from_this()));
@@ -376,7 +522,7 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
                                    "invalid_request_error", "", "headers_too_large"},
                           /*close=*/true);
     }
-    if (ec == http::error::end_of_stream || ec == beast::error::timeout ||
+    if (ec == http::error::end_of_stream || ec == net::error::eof || ec == beast::error::timeout ||
         ec == net::error::connection_reset || ec == net::error::operation_aborted)
       return Close();
     // A malformed request line or header: answer once, then close (the stream is unusable).
@@ -427,36 +573,18 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
     for (const Route& r : kRoutes)
       if (path == r.path) route = &r;
     if (!route) return RespondError(NotFound("no endpoint at " + path));
-    if (req.method() != route->verb) {
+    // HEAD is GET without the body (RFC 9110 9.3.2).
+    const bool get = route->verb == http::verb::get;
+    if (req.method() != route->verb && !(get && head_)) {
+      const std::string allowed = get ? "GET, HEAD" : std::string(http::to_string(route->verb));
       ApiError e{405,
                  std::string(req.method_string()) + " is not allowed on " + path + " (use " +
-                     std::string(http::to_string(route->verb)) + ")",
+                     allowed + ")",
                  "invalid_request_error", "", "method_not_allowed"};
-      allow_ = std::string(http::to_string(route->verb));
+      allow_ = allowed;
       return RespondError(e);
     }
-    if (path == "/health") {
-      if (server_->phase == Phase::kServing) {
-        // Worker processes: which are up (200 while serving, however many are).
-        auto serving = server_->Model();
-        const auto workers = serving ? serving->frontend->Workers() : std::vector<WorkerStatus>{};
-        if (workers.empty()) return Respond(http::status::ok, "", "text/plain");
-        nlohmann::json list = nlohmann::json::array();
-        for (const WorkerStatus& w : workers) {
-          list.push_back({{"instance", w.instance},
-                          {"role", policies::ToString(w.role)},
-                          {"up", w.up},
-                          {"pid", w.pid},
-                          {"joins", w.joins}});
-        }
-        return Respond(http::status::ok, nlohmann::json{{"workers", list}}.dump(),
-                       "application/json");
-      }
-      return RespondError(server_->phase == Phase::kDraining
-                              ? Unavailable("the server is shutting down", "server_draining")
-                              : Unavailable("the model is still loading", "model_loading"),
-                          false, /*log=*/false);
-    }
+    if (path == "/health") return Health(req);
     auto model = server_->Model();
     if (path == "/metrics") {
       if (!model) return RespondError(Unavailable("the model is still loading", "model_loading"));
@@ -472,6 +600,50 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
              std::move(model));
   }
 
+  // 200 while serving with a worker of every role up: an empty body, or with worker processes
+  // the list of them. 503 while loading, draining, or while a role has no worker up (the body
+  // names the roles). Worker PIDs only to a request with the API key, when one is set.
+  void Health(const Request& req) {
+    if (server_->phase != Phase::kServing) {
+      return RespondError(server_->phase == Phase::kDraining
+                              ? Unavailable("the server is shutting down", "server_draining")
+                              : Unavailable("the model is still loading", "model_loading"),
+                          false, /*log=*/false);
+    }
+    auto serving = server_->Model();
+    const auto workers = serving ? serving->frontend->Workers() : std::vector<WorkerStatus>{};
+    if (workers.empty()) return Respond(http::status::ok, "", "text/plain");
+    const bool pids = server_->Authorized(req);
+    json list = json::array();
+    std::vector<policies::InstanceRole> roles, roles_up;
+    for (const WorkerStatus& w : workers) {
+      json entry = {{"instance", w.instance},
+                    {"role", policies::ToString(w.role)},
+                    {"up", w.up},
+                    {"joins", w.joins}};
+      if (pids) entry["pid"] = w.pid;
+      list.push_back(std::move(entry));
+      roles.push_back(w.role);
+      if (w.up) roles_up.push_back(w.role);
+    }
+    std::string down;  // the roles with no worker up
+    for (policies::InstanceRole role :
+         {policies::InstanceRole::kPrefill, policies::InstanceRole::kDecode,
+          policies::InstanceRole::kColocated}) {
+      const auto has = [role](const std::vector<policies::InstanceRole>& v) {
+        return std::find(v.begin(), v.end(), role) != v.end();
+      };
+      if (has(roles) && !has(roles_up))
+        down += std::string(down.empty() ? "" : " or ") + policies::ToString(role);
+    }
+    if (down.empty()) {
+      return Respond(http::status::ok, json{{"workers", list}}.dump(), "application/json");
+    }
+    json body = ErrorJson(Unavailable("no " + down + " worker is up", "no_worker_up"));
+    body["workers"] = std::move(list);
+    Respond(http::status::service_unavailable, DumpJson(body), "application/json");
+  }
+
   void Generate(Endpoint endpoint, std::shared_ptr<const ServedModel> model) {
     if (server_->phase == Phase::kDraining)
       return RespondError(Unavailable("the server is shutting down", "server_draining"));
@@ -482,10 +654,11 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
       if (auto error = ParseGenerationBody(endpoint, body, &params)) return RespondError(*error);
     }
     streaming_ = params.stream;
-    headers_sent_ = final_chunk_sent_ = last_queued_ = false;
+    headers_sent_ = final_chunk_sent_ = last_queued_ = close_delimited_ = false;
     out_.clear();
     // Watch the socket while generating: a client that goes away aborts its request.
     stream_.expires_never();
+    Hold();
     Watch();
     auto post = [ex = stream_.get_executor()](std::function<void()> task) {
       net::post(ex, std::move(task));
@@ -502,24 +675,57 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
     call_ = std::get<std::shared_ptr<GenerationCall>>(std::move(started));
   }
 
-  // A read pending during generation: an error means the client is gone; bytes mean it sent
-  // its next request already (kept in buffer_ for the parser).
+  // The read pending while a request generates (see the class comment). Its read timer stays
+  // off: it was set to never in Generate, and a write sets only its own while a read is pending.
   void Watch() {
+    if (watching_ || peer_done_ || closed_ || buffer_.size() >= kMaxReadAheadBytes) return;
     watching_ = true;
-    stream_.async_read_some(buffer_.prepare(4096),
+    stream_.async_read_some(buffer_.prepare(kReadBytes),
                             beast::bind_front_handler(&HttpSession::OnWatch, shared_from_this()));
   }
 
   void OnWatch(beast::error_code ec, std::size_t n) {
     watching_ = false;
     buffer_.commit(n);
+    const AfterWatch after = std::exchange(after_watch_, AfterWatch::kNothing);
     if (closed_) return;
-    if (next_after_watch_) {  // the reply is out; the watch was cancelled to read the next one
-      next_after_watch_ = false;
-      if (ec && ec != net::error::operation_aborted) return Close();
-      return ReadRequest();
+    if (ec == net::error::eof) {
+      peer_done_ = true;  // a half-close: the client still reads its replies
+    } else if (ec && ec != net::error::operation_aborted) {
+      return after == AfterWatch::kNothing ? Abandon() : Close();  // the client is gone
     }
-    if (ec) return Abandon();
+    switch (after) {
+      case AfterWatch::kReadRequest:
+        return ReadRequest();
+      case AfterWatch::kLinger:
+        return Linger();
+      case AfterWatch::kNothing:
+        break;
+    }
+    if (!ec) Watch();
+  }
+
+  // While a reply is in progress the session must live even when no read or write is pending
+  // (the watch ended at a half-close or at the read-ahead bound; the engine holds only a weak
+  // reference): a wait that never fires holds it, owned by the io_context as any pending
+  // operation is (so destroying the io_context at Stop still frees the session).
+  void Hold() {
+    if (holding_) return;
+    holding_ = true;
+    hold_.expires_at(net::steady_timer::time_point::max());
+    hold_.async_wait([self = shared_from_this()](beast::error_code) {});
+  }
+  void Unhold() {
+    if (!holding_) return;
+    holding_ = false;
+    hold_.cancel();
+  }
+
+  // Cancels the watch read; its completion does `after`.
+  void EndWatch(AfterWatch after) {
+    after_watch_ = after;
+    beast::error_code ignored;
+    stream_.socket().cancel(ignored);
   }
 
   void OnPart(ReplyPart part) {
@@ -545,8 +751,15 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
       stream_res_->set(http::field::server, "duet");
       stream_res_->set(http::field::content_type, "text/event-stream");
       stream_res_->set(http::field::cache_control, "no-cache");
-      stream_res_->keep_alive(keep_alive_);
-      stream_res_->chunked(true);
+      if (version_ < 11) {
+        // HTTP/1.0 has no chunked coding: the body ends where the connection does.
+        close_delimited_ = true;
+        keep_alive_ = false;
+        stream_res_->set(http::field::connection, "close");
+      } else {
+        stream_res_->keep_alive(keep_alive_);
+        stream_res_->chunked(true);
+      }
       stream_sr_ = std::make_shared<http::response_serializer<http::empty_body>>(*stream_res_);
       headers_sent_ = true;
       StartWrite();
@@ -555,9 +768,14 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
       inflight_ = std::move(out_);
       out_.clear();
       StartWrite();
-      net::async_write(stream_, http::make_chunk(net::buffer(inflight_)), std::move(done));
+      if (close_delimited_) {
+        net::async_write(stream_, net::buffer(inflight_), std::move(done));
+      } else {
+        net::async_write(stream_, http::make_chunk(net::buffer(inflight_)), std::move(done));
+      }
     } else if (last_queued_ && !final_chunk_sent_) {
       final_chunk_sent_ = true;
+      if (close_delimited_) return OnReplyWritten();
       StartWrite();
       net::async_write(stream_, http::make_chunk_last(), std::move(done));
     } else if (final_chunk_sent_) {
@@ -576,8 +794,9 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
     WriteStream();
   }
 
-  // The reply's last byte is out: next request, or close.
+  // The reply's last byte is out: the next request (perhaps read ahead already), or close.
   void OnReplyWritten() {
+    Unhold();
     guard_.reset();
     stream_res_.reset();
     stream_sr_.reset();
@@ -586,12 +805,7 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
     // As the reply announced: a connection told "keep-alive" reads its next request even if
     // draining began meanwhile (it is answered, with "close", rather than dropped unanswered).
     if (!keep_alive_) return GracefulClose();
-    if (watching_) {
-      next_after_watch_ = true;
-      beast::error_code ignored;
-      stream_.socket().cancel(ignored);
-      return;
-    }
+    if (watching_) return EndWatch(AfterWatch::kReadRequest);
     ReadRequest();
   }
 
@@ -606,6 +820,11 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
     res->keep_alive(keep_alive_);
     res->body() = std::move(body);
     res->prepare_payload();
+    if (head_) {  // the headers a GET would get, Content-Length included, and no body
+      const std::size_t length = res->body().size();
+      res->body().clear();
+      res->content_length(length);
+    }
     // With the watch read pending this sets only the write timer.
     stream_.expires_after(ToDuration(server_->options.write_timeout_s));
     writing_ = true;
@@ -633,30 +852,29 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
     if (call_) call_->Cancel();
     call_.reset();
     guard_.reset();
+    Unhold();
     Close();
   }
 
   // After a "Connection: close" reply: stop sending, read (and drop) what the client may still
   // be sending for a moment, so that closing does not reset the connection under its reply.
   void GracefulClose() {
-    if (closed_) return;
+    if (closed_ || lingering_) return;
+    lingering_ = true;
     beast::error_code ignored;
     stream_.socket().shutdown(tcp::socket::shutdown_send, ignored);
-    if (watching_) {  // its completion (EOF or cancel) closes
-      next_after_watch_ = false;
-      stream_.socket().cancel(ignored);
-      closed_ = true;
-      return;
-    }
+    buffer_.consume(buffer_.size());
     linger_bytes_ = 0;
-    stream_.expires_after(ToDuration(kLingerS));
+    if (watching_) return EndWatch(AfterWatch::kLinger);
     Linger();
   }
 
   void Linger() {
-    stream_.async_read_some(buffer_.prepare(16384),
+    if (peer_done_) return Close();
+    buffer_.consume(buffer_.size());
+    stream_.expires_after(ToDuration(kLingerS));
+    stream_.async_read_some(buffer_.prepare(kReadBytes),
                             [self = shared_from_this()](beast::error_code ec, std::size_t n) {
-                              self->buffer_.consume(self->buffer_.size());
                               self->linger_bytes_ += n;
                               if (ec || self->linger_bytes_ > kLingerBytes) return self->Close();
                               self->Linger();
@@ -664,6 +882,11 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
   }
 
   void Close() {
+    Unhold();
+    if (idle_) {
+      idle_ = false;
+      slot_.SetIdle(false);
+    }
     if (closed_ && !stream_.socket().is_open()) return;
     closed_ = true;
     beast::error_code ignored;
@@ -674,16 +897,18 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
   beast::tcp_stream stream_;
   Impl* server_;
   ConnectionSlot slot_;
-  beast::flat_buffer buffer_;
+  beast::flat_buffer buffer_;  // received and not parsed yet: the request, and what came after
   std::optional<http::request_parser<http::string_body>> parser_;
   std::string method_, target_, allow_;
   unsigned version_ = 11;
   bool keep_alive_ = true;
+  bool head_ = false;  // a HEAD request: the reply has no body
 
   // The generation reply in progress.
   std::shared_ptr<GenerationCall> call_;
   std::optional<ReplyGuard> guard_;
   bool streaming_ = false;
+  bool close_delimited_ = false;  // HTTP/1.0: no chunked coding; the close ends the body
   bool headers_sent_ = false;
   bool last_queued_ = false;
   bool final_chunk_sent_ = false;
@@ -693,12 +918,73 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
   std::shared_ptr<http::response_serializer<http::empty_body>> stream_sr_;
   bool writing_ = false;
   bool watching_ = false;
-  bool next_after_watch_ = false;
+  AfterWatch after_watch_ = AfterWatch::kNothing;
+  bool peer_done_ = false;  // the client half-closed: nothing more will come
+  bool idle_ = false;       // waiting for a request with nothing of it received
   bool closed_ = false;
+  bool lingering_ = false;
   std::size_t linger_bytes_ = 0;
+  net::steady_timer hold_;  // Hold()
+  bool holding_ = false;
 };
 
 }  // namespace
+
+std::shared_ptr<Impl::Connection> HttpServer::Impl::Admit(
+    const std::string& client, std::vector<std::function<void()>>* evictions) {
+  std::lock_guard<std::mutex> lock(connections_mutex);
+  const auto evict = [&](std::shared_ptr<Connection> victim) {
+    idle_connections.erase(victim->idle_at);
+    victim->idle = false;
+    Uncount(*victim);
+    evictions->push_back(victim->evict);
+  };
+  const int per_client = options.max_connections_per_client;
+  if (const auto it = client_connections.find(client);
+      per_client > 0 && it != client_connections.end() && it->second >= per_client) {
+    const auto victim =
+        std::find_if(idle_connections.begin(), idle_connections.end(),
+                     [&](const std::shared_ptr<Connection>& c) { return c->client == client; });
+    if (victim == idle_connections.end()) return nullptr;
+    evict(*victim);
+  }
+  if (open_connections >= options.max_connections) {
+    if (idle_connections.empty()) return nullptr;
+    evict(idle_connections.front());
+  }
+  auto connection = std::make_shared<Connection>();
+  connection->client = client;
+  ++open_connections;
+  ++client_connections[client];
+  return connection;
+}
+
+void HttpServer::Impl::Uncount(Connection& connection) {
+  if (!connection.counted) return;
+  connection.counted = false;
+  --open_connections;
+  const auto it = client_connections.find(connection.client);
+  if (--it->second == 0) client_connections.erase(it);
+}
+
+void HttpServer::Impl::Release(Connection* connection) {
+  std::lock_guard<std::mutex> lock(connections_mutex);
+  if (connection->idle) idle_connections.erase(connection->idle_at);
+  connection->idle = false;
+  Uncount(*connection);
+}
+
+void HttpServer::Impl::SetIdle(const std::shared_ptr<Connection>& connection, bool idle) {
+  std::lock_guard<std::mutex> lock(connections_mutex);
+  if (connection->idle == idle) return;
+  if (idle) {
+    if (!connection->counted) return;  // evicted already
+    connection->idle_at = idle_connections.insert(idle_connections.end(), connection);
+  } else {
+    idle_connections.erase(connection->idle_at);
+  }
+  connection->idle = idle;
+}
 
 void HttpServer::Impl::Accept() {
   acceptor->async_accept(net::make_strand(*ioc), [this](beast::error_code ec, tcp::socket socket) {
@@ -712,11 +998,17 @@ void HttpServer::Impl::Accept() {
       });
       return;
     }
-    if (connections >= options.max_connections) {
+    SetCloseOnExec(socket.native_handle());
+    beast::error_code peer_ec;
+    const tcp::endpoint peer = socket.remote_endpoint(peer_ec);
+    std::vector<std::function<void()>> evictions;
+    auto connection = peer_ec ? nullptr : Admit(peer.address().to_string(), &evictions);
+    for (const auto& evict : evictions) evict();
+    if (connection) {
+      std::make_shared<HttpSession>(std::move(socket), this, std::move(connection))->Run();
+    } else {
       beast::error_code ignored;
       socket.close(ignored);
-    } else {
-      std::make_shared<HttpSession>(std::move(socket), this)->Run();
     }
     Accept();
   });
@@ -748,6 +1040,7 @@ Result<std::unique_ptr<HttpServer>> HttpServer::Start(const ServerOptions& optio
   const std::string where = options.host + ":" + std::to_string(options.port);
   if (acceptor.open(endpoint.protocol(), ec); ec)
     return Status::Error("cannot open a socket for " + where + ": " + ec.message());
+  SetCloseOnExec(acceptor.native_handle());
   acceptor.set_option(net::socket_base::reuse_address(true), ec);
   if (acceptor.bind(endpoint, ec); ec)
     return Status::Error("cannot bind " + where + ": " + ec.message());

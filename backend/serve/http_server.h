@@ -1,7 +1,8 @@
 // The HTTP and WebSocket server of `duet serve` (Boost.Beast over Asio): a few io threads,
 // one strand per connection, no thread per connection. OpenAI endpoints (/v1/completions,
 // /v1/chat/completions streamed as SSE or whole, /v1/models), /v1/ws (the same replies over
-// WebSocket), /health and /metrics; keep-alive, request size limits and timeouts. It binds
+// WebSocket), /health and /metrics; keep-alive and pipelining, request size limits, timeouts
+// and connection limits. Its sockets are close-on-exec (worker processes never hold them). It binds
 // before the model is loaded (/health answers 503 until SetServing) and drains on request.
 // docs/serving.md describes the protocol. Thread-safe: every public method may be called
 // from any thread (the signal-watching main thread, typically).
@@ -20,13 +21,18 @@ namespace duet::backend::serve {
 struct ServerOptions {
   std::string host = "127.0.0.1";  // loopback unless asked otherwise
   std::uint16_t port = 8000;       // 0: an ephemeral port (port() says which)
-  std::string api_key;             // non-empty: /v1/* needs "Authorization: Bearer <key>"
+  std::string api_key;  // non-empty: /v1/* needs "Authorization: Bearer <key>" (any case)
   int io_threads = 1;
   std::size_t max_body_bytes = 4u << 20;     // larger bodies: 413
   std::size_t max_header_bytes = 16u << 10;  // larger headers: 431
   Seconds read_timeout_s = 60;               // to receive a request, idle keep-alive time included
   Seconds write_timeout_s = 60;              // one write to a client that does not read
-  int max_connections = 4096;                // connections beyond this are closed at once
+  // Open connections at most, and per client address (0: no per-client limit). A connection
+  // past either limit takes the place of the oldest idle one (of that client, for its own
+  // limit): one waiting for a request with nothing of it received yet. With none idle it is
+  // closed at once.
+  int max_connections = 4096;
+  int max_connections_per_client = 1024;
 };
 
 class HttpServer {

@@ -137,3 +137,29 @@ TEST_F(ApiTest, ModelsListsTheServedModelWithItsContext) {
 
 }  // namespace
 }  // namespace duet::backend::serve
+
+namespace duet::backend::serve {
+namespace {
+
+// Log lines (issue 40, finding 12): what a client sent cannot forge a line, reach a terminal as
+// a control sequence, or make a line long.
+TEST(EscapeForLogTest, ControlCharactersBackslashesAndInvalidUtf8AreEscaped) {
+  EXPECT_EQ(EscapeForLog("plain `text` é €"), "plain `text` é €");
+  EXPECT_EQ(EscapeForLog("a\nduet serve: 200\r\t\\"), "a\\nduet serve: 200\\r\\t\\\\");
+  EXPECT_EQ(EscapeForLog(std::string("\x1b[31m\x07\x7f\0", 8)), "\\x1b[31m\\x07\\x7f\\x00");
+  EXPECT_EQ(EscapeForLog("\xc2\x9b"
+                         "2J"),
+            "\\u009b2J");  // C1 CSI
+  EXPECT_EQ(EscapeForLog("\xff\xc0\xaf\xed\xa0\x80\xe2\x82"),
+            "\\xff\\xc0\\xaf\\xed\\xa0\\x80\\xe2\\x82");
+  EXPECT_EQ(EscapeForLog("\xf0\x9f\x98\x80"), "\xf0\x9f\x98\x80");  // a 4-byte character stays
+}
+
+TEST(EscapeForLogTest, LongValuesAreCutWithTheirLength) {
+  EXPECT_EQ(EscapeForLog(std::string(10, 'x'), 10), std::string(10, 'x'));
+  EXPECT_EQ(EscapeForLog(std::string(4 << 20, 'm'), 200),
+            std::string(200, 'm') + "...(4194304 bytes)");
+}
+
+}  // namespace
+}  // namespace duet::backend::serve

@@ -109,8 +109,8 @@ def test_the_client_raises_the_matching_exceptions(server):
 @pytest.mark.parametrize("method,path,status,allow", [
     ("GET", COMPLETIONS, 405, "POST"),
     ("PUT", CHAT, 405, "POST"),
-    ("POST", "/v1/models", 405, "GET"),
-    ("POST", "/health", 405, "GET"),
+    ("POST", "/v1/models", 405, "GET, HEAD"),
+    ("POST", "/health", 405, "GET, HEAD"),
     ("GET", "/v1/embeddings", 404, None),
     ("GET", "/", 404, None),
 ])

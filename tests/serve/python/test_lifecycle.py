@@ -7,6 +7,7 @@ while the streams in flight finish, then the process exits 0; the API key is enf
 import json
 import signal
 import socket
+import struct
 import time
 
 import openai
@@ -73,14 +74,24 @@ def test_client_disconnect_aborts_and_frees_blocks(slow_server):
     s.wait_metric(ABORT, lambda v: v == 2)
     s.assert_idle()
 
-    # Not streamed: the client gives up before the reply.
+    # Not streamed: the client gives up before the reply and resets the connection.
     conn = s.connection(timeout=0.5)
     conn.request("POST", "/v1/completions", body=json.dumps(LONG),
                  headers={"Content-Type": "application/json"})
     with pytest.raises(socket.timeout):
         conn.getresponse()
+    conn.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
     conn.close()
     s.wait_metric(ABORT, lambda v: v == 3)
+    s.assert_idle()
+    # A client that only closes (a FIN) cannot be told from one that half-closed and still
+    # reads (RFC 9112 9.6): a whole reply's request runs to its end, then the reply is dropped.
+    conn = s.connection(timeout=0.5)
+    conn.request("POST", "/v1/completions", body=json.dumps(dict(LONG, max_tokens=8)),
+                 headers={"Content-Type": "application/json"})
+    conn.close()
+    s.wait_metric('duet:request_success_total{finished_reason="length"}', lambda v: v == 1)
+    assert s.metrics()[ABORT] == 3
     s.assert_idle()
 
 

@@ -44,8 +44,11 @@ def reference(model, max_tokens, start_server):
 
 def health(server):
     status, _, body = server.request("GET", "/health")
-    assert status == 200, body
-    return json.loads(body)["workers"]
+    workers = json.loads(body)["workers"]
+    # 503 while a role has no worker up.
+    down = {w["role"] for w in workers} - {w["role"] for w in workers if w["up"]}
+    assert status == (503 if down else 200), body
+    return workers
 
 
 def worker_address(server):
