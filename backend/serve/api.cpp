@@ -7,6 +7,8 @@
 #include <cstdio>
 #include <ctime>
 
+#include "backend/tokenizer/unicode_util.h"
+
 namespace duet::backend::serve {
 
 using nlohmann::json;
@@ -324,52 +326,14 @@ void GenerationCall::Finish(const FinishInfo& info) {
   deliver_({std::string(kDone), true, 200, true});
 }
 
-namespace {
-
-// The length of the well-formed UTF-8 sequence at the start of `s` (not empty), or 0: overlong
-// forms, surrogates and code points past U+10FFFF are not well-formed (Unicode table 3-7).
-std::size_t Utf8SequenceLength(std::string_view s, std::uint32_t* code_point) {
-  const auto byte = [&](std::size_t i) { return static_cast<unsigned char>(s[i]); };
-  const unsigned char b0 = byte(0);
-  std::size_t length = 0;
-  std::uint32_t cp = 0;
-  unsigned char low = 0x80, high = 0xBF;  // the second byte's range
-  if (b0 < 0x80) {
-    *code_point = b0;
-    return 1;
-  } else if (b0 >= 0xC2 && b0 <= 0xDF) {
-    length = 2, cp = b0 & 0x1F;
-  } else if (b0 >= 0xE0 && b0 <= 0xEF) {
-    length = 3, cp = b0 & 0x0F;
-    if (b0 == 0xE0) low = 0xA0;
-    if (b0 == 0xED) high = 0x9F;
-  } else if (b0 >= 0xF0 && b0 <= 0xF4) {
-    length = 4, cp = b0 & 0x07;
-    if (b0 == 0xF0) low = 0x90;
-    if (b0 == 0xF4) high = 0x8F;
-  } else {
-    return 0;
-  }
-  if (s.size() < length) return 0;
-  for (std::size_t i = 1; i < length; ++i) {
-    const unsigned char b = byte(i);
-    if (b < (i == 1 ? low : 0x80) || b > (i == 1 ? high : 0xBF)) return 0;
-    cp = (cp << 6) | (b & 0x3F);
-  }
-  *code_point = cp;
-  return length;
-}
-
-}  // namespace
-
 std::string EscapeForLog(std::string_view text, std::size_t max_bytes) {
   static constexpr char kHex[] = "0123456789abcdef";
   std::string out;
   out.reserve(std::min(text.size(), max_bytes) + 16);
   std::size_t i = 0;
   while (i < text.size() && i < max_bytes) {
-    std::uint32_t cp = 0;
-    const std::size_t n = Utf8SequenceLength(text.substr(i), &cp);
+    char32_t cp = 0;
+    const std::size_t n = unicode::DecodeUtf8(text, i, &cp);
     if (n == 0) {  // not UTF-8: the byte, escaped
       const auto b = static_cast<unsigned char>(text[i]);
       out += "\\x";
