@@ -153,6 +153,42 @@ class Server:
         return self.proc.returncode
 
 
+def wait_for(condition, timeout, what):
+    """Polls condition() until it gives a true value, which it returns; after `timeout` seconds
+    fails with `what` (a string, or a function called for the message then)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(what() if callable(what) else what)
+        time.sleep(0.02)
+
+
+def health(server):
+    """/health's worker list of a server with worker processes, checking its status: 503 while a
+    role has no worker up, else 200."""
+    status, _, body = server.request("GET", "/health")
+    workers = json.loads(body)["workers"]
+    down = {w["role"] for w in workers} - {w["role"] for w in workers if w["up"]}
+    assert status == (503 if down else 200), body
+    return workers
+
+
+def wait_up(server, instance, joins, timeout=60):
+    """Until worker slot `instance` is up after its `joins`-th registration."""
+    wait_for(lambda: health(server)[instance]["up"] and health(server)[instance]["joins"] == joins,
+             timeout, lambda: (health(server), server.stderr()))
+
+
+def worker_address(server):
+    """Where a server's workers register (its log says)."""
+    m = re.search(r"workers register at (127\.0\.0\.1:\d+)", server.stderr())
+    assert m, server.stderr()
+    return m.group(1)
+
+
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory):
     out = str(tmp_path_factory.mktemp("tiny"))

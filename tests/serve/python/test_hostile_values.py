@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from conftest import cluster_file, has_ucx
+from conftest import cluster_file, has_ucx, wait_for
 
 VALUES = [1e-300, -0.0, 1e300, 5e-324, 1e-40]
 
@@ -115,27 +115,25 @@ def test_pd_workers_never_see_a_value_they_cannot_hold(tiny_model, start_server,
     assert s.stop() == 0, s.stderr()
 
 
+def read_proc(path):
+    """A /proc file's bytes; b"" when its thread or process has just exited."""
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except (FileNotFoundError, ProcessLookupError):
+        return b""
+
+
 def worker_pids(server):
-    """The `duet worker` children of a server, by role."""
+    """The `duet worker` children of a server, by role (each child is listed under the thread
+    that started it: the main one, or the restarting supervisor's)."""
     pids = {}
     for task in os.listdir(f"/proc/{server.proc.pid}/task"):
-        with open(f"/proc/{server.proc.pid}/task/{task}/children") as f:
-            for pid in f.read().split():
-                with open(f"/proc/{pid}/cmdline", "rb") as c:
-                    args = c.read().split(b"\0")
-                if b"worker" in args and b"--role" in args:
-                    pids[args[args.index(b"--role") + 1].decode()] = int(pid)
+        for pid in read_proc(f"/proc/{server.proc.pid}/task/{task}/children").split():
+            args = read_proc(f"/proc/{pid.decode()}/cmdline").split(b"\0")
+            if b"worker" in args and b"--role" in args:
+                pids[args[args.index(b"--role") + 1].decode()] = int(pid)
     return pids
-
-
-def wait_for(predicate, what, timeout=60):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"not within {timeout} s: {what}")
 
 
 def restarted(server, role, old_pid):
@@ -144,8 +142,8 @@ def restarted(server, role, old_pid):
         pid = worker_pids(server).get(role)
         return pid if pid != old_pid else None
 
-    pid = wait_for(new_pid, f"a new {role} worker")
-    wait_for(lambda: f"pid {pid}) joined" in server.stderr(), f"{role} worker {pid} joined")
+    pid = wait_for(new_pid, 60, f"a new {role} worker")
+    wait_for(lambda: f"pid {pid}) joined" in server.stderr(), 60, f"{role} worker {pid} joined")
     return pid
 
 
@@ -170,6 +168,6 @@ def test_a_worker_restart_budget_recovers_after_healthy_running(tiny_model, star
     still_serves(s)
     # A crash loop still spends it: killed again at once, it stays down.
     os.kill(pid, signal.SIGKILL)
-    wait_for(lambda: "not starting it again after 1 restarts" in s.stderr(),
+    wait_for(lambda: "not starting it again after 1 restarts" in s.stderr(), 60,
              "the restart budget spent")
     assert s.stop() == 0, s.stderr()

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import DUET, cluster_file, has_ucx
+from conftest import DUET, cluster_file, has_ucx, health, wait_for, wait_up, worker_address
 
 SECRET = "a test secret for the worker link"
 PROMPT = "Tell me a story about the sea"
@@ -211,31 +211,8 @@ def register(address, model_dir, role, secret, version):
 # --- Helpers on a server ------------------------------------------------------------------
 
 
-def health(server):
-    status, _, body = server.request("GET", "/health")
-    return json.loads(body)["workers"]
-
-
-def worker_address(server):
-    m = re.search(r"workers register at (127\.0\.0\.1:\d+)", server.stderr())
-    assert m, server.stderr()
-    return m.group(1)
-
-
-def wait_for(condition, timeout, what):
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, what()
-        time.sleep(0.02)
-
-
 def wait_down(server, instance, timeout=15):
     wait_for(lambda: not health(server)[instance]["up"], timeout, lambda: health(server))
-
-
-def wait_joins(server, instance, joins, timeout=60):
-    wait_for(lambda: health(server)[instance]["up"] and health(server)[instance]["joins"] == joins,
-             timeout, lambda: (health(server), server.stderr()))
 
 
 def serves(server):
@@ -351,7 +328,7 @@ def test_an_impostor_worker_is_refused_and_gets_no_request(tiny_model, start_ser
                                "--model", tiny_model, "--threads", "1", "--ucx-tls", "tcp",
                                "--worker-secret-file", secret_file],
                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    wait_joins(s, 1, joins=2)
+    wait_up(s, 1, joins=2)
     assert serves(s)
 
     # A worker holding another secret: refused, with the reason on both sides.
@@ -409,7 +386,7 @@ def test_silent_connections_hold_up_neither_registration_nor_heartbeat_checks(
     victim = health(s)[1]["pid"]
     killed = time.monotonic()
     os.kill(victim, signal.SIGKILL)
-    wait_joins(s, 1, joins=2, timeout=60)
+    wait_up(s, 1, joins=2, timeout=60)
     assert time.monotonic() - killed < 8, s.stderr()
     # More silent connections, and a worker that stops answering: it is found silent after the
     # 5 s heartbeat timeout, not after the connections' turns.
@@ -472,7 +449,7 @@ def test_workers_hold_none_of_the_http_sockets(tiny_model, start_server, tmp_pat
     assert len(held) == 2 and held <= socket_inodes(s.proc.pid), held
     victim = health(s)[0]["pid"]
     os.kill(victim, signal.SIGKILL)
-    wait_joins(s, 0, joins=2)
+    wait_up(s, 0, joins=2)
     check_workers(held)
     conn.close()
     assert s.stop() == 0, s.stderr()
@@ -493,7 +470,7 @@ def test_a_load_report_out_of_bounds_ends_the_link_and_never_reaches_metrics(
     sock = register(address, tiny_model, "decode", SECRET, 2) or \
         register(address, tiny_model, "decode", SECRET, 1)
     assert sock is not None, s.stderr()
-    wait_joins(s, 1, joins=2, timeout=10)
+    wait_up(s, 1, joins=2, timeout=10)
     version = 2 if "this build speaks 1" not in s.stderr() else 1
     load = {"waiting": 0, "running": 2**63 - 1, "kv_used": 0, "kv_free": 4096,
             "kv_total": 4096, "leases_held": 0, "leases_expired": 0, "load_failures": 0,
@@ -511,7 +488,7 @@ def test_a_load_report_out_of_bounds_ends_the_link_and_never_reaches_metrics(
     # it has KV blocks.
     sock = register(address, tiny_model, "decode", SECRET, version)
     assert sock is not None, s.stderr()
-    wait_joins(s, 1, joins=3, timeout=10)
+    wait_up(s, 1, joins=3, timeout=10)
     load["running"] = 100_000
     sock.sendall(frame(HEARTBEAT, pack({"load": load}), version))
     deadline = time.monotonic() + 3

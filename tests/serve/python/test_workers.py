@@ -7,9 +7,7 @@ serves; `duet serve` starts a worker of its own again when it dies, as often as
 --worker-restarts allows. A malformed message from a worker costs that worker, never the
 server."""
 
-import json
 import os
-import re
 import signal
 import socket
 import subprocess
@@ -18,7 +16,7 @@ import time
 
 import pytest
 
-from conftest import DUET, cluster_file, has_ucx
+from conftest import DUET, cluster_file, has_ucx, health, wait_up, worker_address
 
 PROMPTS = [f"Request {i}: tell me a story about the sea" for i in range(8)]
 # The tiny model's greedy text is varied enough that a lost or repeated token shows in it.
@@ -40,21 +38,6 @@ def reference(model, max_tokens, start_server):
                                          temperature=0).choices[0] for p in PROMPTS]
     assert s.stop() == 0, s.stderr()
     return [c.text for c in choices], [c.finish_reason for c in choices]
-
-
-def health(server):
-    status, _, body = server.request("GET", "/health")
-    workers = json.loads(body)["workers"]
-    # 503 while a role has no worker up.
-    down = {w["role"] for w in workers} - {w["role"] for w in workers if w["up"]}
-    assert status == (503 if down else 200), body
-    return workers
-
-
-def worker_address(server):
-    m = re.search(r"workers register at (127\.0\.0\.1:\d+)", server.stderr())
-    assert m, server.stderr()
-    return m.group(1)
 
 
 class Streams:
@@ -134,16 +117,6 @@ def run_until(pid, condition, timeout=60):
             time.sleep(0.001)
     finally:
         os.kill(pid, signal.SIGSTOP)
-
-
-def wait_up(server, instance, joins, timeout=60):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        w = health(server)[instance]
-        if w["up"] and w["joins"] == joins:
-            return
-        time.sleep(0.05)
-    raise AssertionError(health(server))
 
 
 # The benchmark preset decodes tens of tokens per second on one thread, so a decode worker let
