@@ -85,7 +85,7 @@ std::string LinkProof(std::string_view secret, ProofSide side, std::string_view 
   return std::string(reinterpret_cast<const char*>(mac), mac_bytes);
 }
 
-bool ProofMatches(std::string_view expected, std::string_view got) {
+bool ConstantTimeEquals(std::string_view expected, std::string_view got) {
   return expected.size() == got.size() &&
          CRYPTO_memcmp(expected.data(), got.data(), expected.size()) == 0;
 }

@@ -32,7 +32,8 @@ enum class ProofSide { kFrontend, kWorker };
 // passing as the other's.
 std::string LinkProof(std::string_view secret, ProofSide side, std::string_view hello_body,
                       std::string_view frontend_nonce);
-// `got` equals `expected`, compared in constant time (CRYPTO_memcmp).
-bool ProofMatches(std::string_view expected, std::string_view got);
+// `got` equals `expected`, compared in a time that does not depend on where they differ
+// (CRYPTO_memcmp; only their lengths may show): proofs, and duet serve's API key.
+bool ConstantTimeEquals(std::string_view expected, std::string_view got);
 
 }  // namespace duet::backend::cluster

@@ -278,8 +278,8 @@ Result<Welcome> RegisterWorker(int fd, Hello hello, std::string_view secret, Sec
         "the frontend answered the hello with no challenge (another duet version?)");
   Result<Challenge> challenge = ParseChallenge(reply->body);
   if (!challenge.ok()) return challenge.status();
-  if (!ProofMatches(LinkProof(secret, ProofSide::kFrontend, hello_body, challenge->nonce),
-                    challenge->proof)) {
+  if (!ConstantTimeEquals(LinkProof(secret, ProofSide::kFrontend, hello_body, challenge->nonce),
+                          challenge->proof)) {
     return Status::Error(std::string("the frontend did not prove it holds the worker secret "
                                      "(another --worker-secret-file or $") +
                          kWorkerSecretEnv + " than this worker's, or not a duet serve)");

@@ -502,7 +502,7 @@ void Register(Impl& s, int fd) {
                    ? cluster::ParseProof(answer->body)
                    : Result<std::string>(Status::Error("its second message is no proof"));
   if (!proof.ok()) return refuse(proof.error());
-  if (!cluster::ProofMatches(
+  if (!cluster::ConstantTimeEquals(
           cluster::LinkProof(w.secret, cluster::ProofSide::kWorker, frame->body, *nonce), *proof)) {
     return refuse("its proof of the worker secret is wrong (another --worker-secret-file or $" +
                   std::string(cluster::kWorkerSecretEnv) +

@@ -21,6 +21,8 @@
 #include <thread>
 #include <unordered_map>
 
+#include "backend/cluster/link_auth.h"
+
 namespace duet::backend::serve {
 
 namespace beast = boost::beast;
@@ -109,15 +111,7 @@ struct HttpServer::Impl {
     beast::string_view key = header.substr(space + 1);
     while (!key.empty() && (key.front() == ' ' || key.front() == '\t')) key.remove_prefix(1);
     while (!key.empty() && (key.back() == ' ' || key.back() == '\t')) key.remove_suffix(1);
-    return ConstantTimeEquals(key, options.api_key);
-  }
-  static bool ConstantTimeEquals(beast::string_view given, const std::string& expected) {
-    volatile unsigned char diff = given.size() == expected.size() ? 0 : 1;
-    for (std::size_t i = 0; i < expected.size(); ++i) {
-      const unsigned char g = i < given.size() ? static_cast<unsigned char>(given[i]) : 0;
-      diff = diff | (g ^ static_cast<unsigned char>(expected[i]));
-    }
-    return diff == 0;
+    return cluster::ConstantTimeEquals(options.api_key, std::string_view(key.data(), key.size()));
   }
   // A new connection from `client`: counted, or nullptr when it must be refused. Past a limit
   // it takes the place of the oldest idle connection, whose close is added to `evictions`.

@@ -139,13 +139,15 @@ TEST(LinkSecurity, ProofsBindTheSecretTheSideAndBothNonces) {
   const std::string nonce(kNonceBytes, 'f');
   const std::string worker = LinkProof(secret, ProofSide::kWorker, hello, nonce);
   EXPECT_EQ(worker.size(), kProofBytes);
-  EXPECT_TRUE(ProofMatches(worker, LinkProof(secret, ProofSide::kWorker, hello, nonce)));
-  EXPECT_FALSE(ProofMatches(worker, LinkProof(secret, ProofSide::kFrontend, hello, nonce)));
-  EXPECT_FALSE(ProofMatches(worker, LinkProof(secret + "x", ProofSide::kWorker, hello, nonce)));
-  EXPECT_FALSE(ProofMatches(worker, LinkProof(secret, ProofSide::kWorker, hello + "x", nonce)));
+  EXPECT_TRUE(ConstantTimeEquals(worker, LinkProof(secret, ProofSide::kWorker, hello, nonce)));
+  EXPECT_FALSE(ConstantTimeEquals(worker, LinkProof(secret, ProofSide::kFrontend, hello, nonce)));
   EXPECT_FALSE(
-      ProofMatches(worker, LinkProof(secret, ProofSide::kWorker, hello, std::string(32, 'g'))));
-  EXPECT_FALSE(ProofMatches(worker, worker.substr(1)));
+      ConstantTimeEquals(worker, LinkProof(secret + "x", ProofSide::kWorker, hello, nonce)));
+  EXPECT_FALSE(
+      ConstantTimeEquals(worker, LinkProof(secret, ProofSide::kWorker, hello + "x", nonce)));
+  EXPECT_FALSE(ConstantTimeEquals(
+      worker, LinkProof(secret, ProofSide::kWorker, hello, std::string(32, 'g'))));
+  EXPECT_FALSE(ConstantTimeEquals(worker, worker.substr(1)));
 }
 
 TEST(LinkSecurity, SecretsComeFromAFileOrTheEnvironmentAndAreLongEnough) {

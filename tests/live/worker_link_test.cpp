@@ -178,7 +178,6 @@ TEST_F(WorkerLink, TheFrontendEndsARefusedRequestWithAnErrorAndKeepsTheWorker) {
   auto next = std::make_shared<Collector>();
   ASSERT_EQ(frontend->Submit({Prompt(20, 2), 8, {}}, next).status, AdmitStatus::kAccepted);
   ASSERT_TRUE(worker->NextRequest());
-  frontend->Abort(0);
   worker->connection->Close();
 }
 
