@@ -31,12 +31,17 @@ Result<std::unique_ptr<ForwardModel>> CreateForwardModel(LoadedModel model,
     options.num_blocks = placement.num_blocks;
     options.block_tokens = placement.block_tokens;
     options.threads = placement.cpu_threads;
+    options.kv_cache_dtype = placement.kv_cache_dtype;
     options.kv_allocator = placement.kv_allocator;
     auto m = CpuModel::Create(std::move(model), options);
     if (!m) return m.status();
     return std::unique_ptr<ForwardModel>(std::move(*m));
   }
   if (placement.device == "cuda") {
+    if (placement.kv_cache_dtype && *placement.kv_cache_dtype != models::Dtype::kBF16)
+      return Status::Error(std::string("the cuda backend keeps its KV cache in bfloat16, not ") +
+                           models::TorchDtypeName(*placement.kv_cache_dtype) +
+                           " (engine.kv_cache_dtype)");
 #if DUET_HAVE_CUDA_MODEL
     // The plugin stays loaded for the life of the process (models from it may outlive this).
     // It is looked for beside the executable first (bin/../lib, as the build tree and an

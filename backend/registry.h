@@ -4,12 +4,14 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "backend/engine/forward_model.h"
 #include "backend/model/llama_weights.h"
 #include "common/status.h"
+#include "models/dtype.h"
 
 namespace duet::backend {
 
@@ -29,6 +31,9 @@ struct ModelPlacement {
   std::int64_t num_blocks = 0;  // KV cache blocks
   std::int32_t block_tokens = 16;
   int cpu_threads = 0;  // cpu: 0 = one per hardware thread
+  // The KV cache's dtype (engine.kv_cache_dtype); nullopt: the model's ("auto"). cuda keeps
+  // bfloat16 only.
+  std::optional<models::Dtype> kv_cache_dtype;
   // cpu: where the KV cache lives (KvTransportAllocator's, for the transport that moves it);
   // null: the heap. cuda keeps its cache in device memory.
   KvAllocator kv_allocator;

@@ -34,8 +34,8 @@
 #include "cli/commands.h"
 #include "common/json_util.h"
 #include "common/progress.h"
+#include "deploy/deployment.h"
 #include "models/step_profile.h"
-#include "sim/cluster_spec.h"
 
 namespace duet::cli {
 namespace {
@@ -68,11 +68,11 @@ std::string CpuName() {
 // them (relative paths from the current directory).
 Result<models::ModelSpec> LoadSpec(const std::string& ref) {
   return models::LoadModelSpec(
-      sim::ResolveRef(ref, "", DataDir() + "/models/specs", /*directories=*/true));
+      deploy::ResolveRef(ref, "", DataDir() + "/models/specs", /*directories=*/true));
 }
 
 Result<models::HardwareSpec> LoadGpu(const std::string& ref) {
-  return models::LoadHardwareSpec(sim::ResolveRef(ref, "", DataDir() + "/models/hardware"));
+  return models::LoadHardwareSpec(deploy::ResolveRef(ref, "", DataDir() + "/models/hardware"));
 }
 
 void PrintFit(const models::StepFit& fit) {

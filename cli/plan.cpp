@@ -135,7 +135,7 @@ int Plan(int argc, char** argv) {
       if (ot == over_ttft.end()) {
         const sim::ClusterSpec& spec = *it->second;
         if (reusable.empty()) reusable = plan::ReusableTokens(*trace, spec.engine.block_tokens);
-        auto cost = sim::MakeStepCostModel(spec, spec.instances.front());
+        auto cost = sim::MakeStepCostModel(spec, 0);
         const auto floors =
             plan::PrefillFloors(*trace, reusable, *cost, c.token_budget, c.prefill_tp);
         ot = over_ttft.emplace(key, plan::CountAbove(floors, *flags.slo.ttft_ms / 1e3)).first;

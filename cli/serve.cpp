@@ -27,8 +27,8 @@
 #include "backend/transport/local_kv_transports.h"
 #include "cli/child_processes.h"
 #include "cli/commands.h"
+#include "deploy/deployment.h"
 #include "models/model_spec.h"
-#include "sim/cluster_spec.h"
 
 namespace po = boost::program_options;
 
@@ -192,14 +192,15 @@ int Serve(int argc, char** argv) {
   int instances = vm["instances"].as<int>();
   if (instances < 1 || instances > 64) return Fail("--instances must be in 1..64", kExitUsage);
   // A cluster file gives the instances and the engine settings; flags may not say otherwise.
-  std::optional<sim::ClusterSpec> cluster;
+  std::optional<deploy::Deployment> cluster;
   if (vm.count("cluster")) {
     for (const char* flag : {"instances", "max-num-seqs", "max-num-batched-tokens"}) {
       if (!vm[flag].defaulted())
         return Fail(std::string("--") + flag + " and --cluster: the cluster file says that",
                     kExitUsage);
     }
-    auto loaded_cluster = sim::LoadClusterSpec(vm["cluster"].as<std::string>(), DataDir());
+    // The deployment part of the file, read as the simulator reads it (deploy/).
+    auto loaded_cluster = deploy::LoadDeployment(vm["cluster"].as<std::string>(), DataDir());
     if (!loaded_cluster) return Fail(loaded_cluster.error());
     cluster = std::move(*loaded_cluster);
     instances = static_cast<int>(cluster->instances.size());
@@ -227,12 +228,18 @@ int Serve(int argc, char** argv) {
   if (max_pending < 1) return Fail("--max-pending must be at least 1", kExitUsage);
   const std::int64_t kv_blocks = vm["kv-blocks"].as<std::int64_t>();
   if (kv_blocks < 0) return Fail("--kv-blocks must be >= 0", kExitUsage);
-  const int max_num_seqs = vm["max-num-seqs"].as<int>();
-  if (max_num_seqs < 1 || max_num_seqs > 1 << 20)
-    return Fail("--max-num-seqs must be in 1..1048576", kExitUsage);
-  const std::int64_t max_batched = vm["max-num-batched-tokens"].as<std::int64_t>();
-  if (max_batched < 1 || max_batched > std::int64_t{1} << 24)
-    return Fail("--max-num-batched-tokens must be in 1..16777216", kExitUsage);
+  // The engine settings: the cluster file's, else the flags' (within the same bounds).
+  deploy::EngineSettings engine;
+  if (cluster) {
+    engine = cluster->engine;
+  } else {
+    auto flagged = deploy::ParseEngineSettings(
+        {{"max_num_seqs", vm["max-num-seqs"].as<int>()},
+         {"max_num_batched_tokens", vm["max-num-batched-tokens"].as<std::int64_t>()}},
+        "--max-num-seqs/--max-num-batched-tokens");
+    if (!flagged) return Fail(flagged.error(), kExitUsage);
+    engine = *flagged;
+  }
   const int threads = vm["threads"].as<int>();
   if (Status s = CheckThreadsFlag(threads); !s.ok()) return Fail(s.message(), kExitUsage);
   const int worker_restarts = vm["worker-restarts"].as<int>();
@@ -333,7 +340,8 @@ int Serve(int argc, char** argv) {
 
   backend::ModelPlacement placement;
   placement.device = device;
-  placement.block_tokens = cluster ? static_cast<std::int32_t>(cluster->engine.block_tokens) : 16;
+  placement.block_tokens = static_cast<std::int32_t>(engine.block_tokens);
+  placement.kv_cache_dtype = engine.memory.kv_cache_dtype;
   placement.num_blocks =
       kv_blocks > 0 ? kv_blocks : DefaultKvBlocks(loaded->config, placement.block_tokens);
   placement.cpu_threads =
@@ -364,17 +372,12 @@ int Serve(int argc, char** argv) {
   backend::serve::FrontendOptions frontend_options;
   frontend_options.router = router;
   frontend_options.max_pending_requests = max_pending;
-  frontend_options.scheduler.max_num_seqs = max_num_seqs;
-  frontend_options.scheduler.max_num_batched_tokens = max_batched;
+  frontend_options.engine = engine;
   if (kv_transport) frontend_options.kv_transport.kind = *kv_transport;
   frontend_options.kv_transport.ucx_tls = vm["ucx-tls"].as<std::string>();
   std::string layout = std::to_string(instances) + " instance" + (instances == 1 ? "" : "s");
   if (cluster) {
-    frontend_options.scheduler = cluster->engine.scheduler;
-    frontend_options.enable_prefix_caching = cluster->engine.enable_prefix_caching;
-    frontend_options.kv_lease_s = cluster->engine.kv_lease_s;
-    frontend_options.kv_load_failure_policy = cluster->engine.kv_load_failure_policy;
-    for (const sim::InstanceSpec& spec : cluster->instances)
+    for (const deploy::InstanceSpec& spec : cluster->instances)
       frontend_options.roles.push_back(spec.role);
     if (cluster->pd()) {
       layout = std::to_string(cluster->CountRole(policies::InstanceRole::kPrefill)) +
@@ -397,7 +400,7 @@ int Serve(int argc, char** argv) {
     // In the environment of the workers it starts (restarts too), never on their command line.
     spawned.SetEnv(backend::cluster::kWorkerSecretEnv, worker_secret);
     if (vm["spawn-workers"].as<bool>()) {
-      for (const sim::InstanceSpec& spec : cluster->instances) {
+      for (const deploy::InstanceSpec& spec : cluster->instances) {
         std::vector<std::string> args = {"worker",
                                          "--frontend",
                                          address,
@@ -409,6 +412,10 @@ int Serve(int argc, char** argv) {
                                          device,
                                          "--block-tokens",
                                          std::to_string(placement.block_tokens),
+                                         "--kv-cache-dtype",
+                                         engine.memory.kv_cache_dtype
+                                             ? models::TorchDtypeName(*engine.memory.kv_cache_dtype)
+                                             : "auto",
                                          "--kv-blocks",
                                          std::to_string(placement.num_blocks),
                                          "--threads",
@@ -424,7 +431,6 @@ int Serve(int argc, char** argv) {
     backend::serve::WorkerFleet fleet;
     fleet.listener = std::move(*listener);
     fleet.config = loaded->config;
-    fleet.block_tokens = placement.block_tokens;
     fleet.secret = worker_secret;
     fleet.abandon = [&] {
       if (shutdown.received()) return std::string("asked to stop");

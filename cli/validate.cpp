@@ -91,8 +91,8 @@ Result<json> AttributeSteps(const std::string& step_log, const sim::ClusterSpec&
   const models::StepProfile* profile = cluster.cost_model.profile.get();
   std::map<int, Class> decode_bands;  // by floor(log2(rows))
   std::vector<std::unique_ptr<models::StepCostModel>> cost_models;
-  for (const sim::InstanceSpec& instance : cluster.instances)
-    cost_models.push_back(sim::MakeStepCostModel(cluster, instance));
+  for (std::size_t i = 0; i < cluster.instances.size(); ++i)
+    cost_models.push_back(sim::MakeStepCostModel(cluster, i));
   // By quarter of the live run (from the first step's start to the last's): whether the same
   // shapes ran slower in one stretch of it (a machine's speed moving) or throughout.
   struct Step {
@@ -355,7 +355,7 @@ int Validate(int argc, char** argv) {
                                       "--port",
                                       "0",
                                       "--kv-blocks",
-                                      std::to_string(cluster->instances.front().memory.kv_blocks),
+                                      std::to_string(cluster->placements.front().memory.kv_blocks),
                                       "--step-log",
                                       dir + "/steps.jsonl"};
     serve.insert(serve.end(), serve_extra.begin(), serve_extra.end());

@@ -11,6 +11,8 @@
 #include "backend/registry.h"
 #include "backend/transport/local_kv_transports.h"
 #include "cli/commands.h"
+#include "deploy/deployment.h"
+#include "deploy/engine_settings.h"
 
 namespace po = boost::program_options;
 
@@ -27,7 +29,11 @@ int Worker(int argc, char** argv) {
     ("model", po::value<std::string>()->required(),
      "Hugging Face model directory (the frontend's model)")
     ("device", po::value<std::string>()->default_value("cpu"), "cpu or cuda")
-    ("block-tokens", po::value<int>()->default_value(16), "tokens per KV block (the frontend's)")
+    ("block-tokens", po::value<int>()->default_value(16),
+     "tokens per KV block (the frontend's engine.block_tokens)")
+    ("kv-cache-dtype", po::value<std::string>()->default_value("auto"),
+     "the KV cache's dtype: auto (the model's), bfloat16, float16 or float32 (the frontend's "
+     "engine.kv_cache_dtype)")
     ("kv-blocks", po::value<std::int64_t>()->default_value(0),
      "KV cache blocks (0: 16 full contexts within 4 GiB)")
     ("threads", po::value<int>()->default_value(0), "CPU threads (0: every hardware thread)")
@@ -48,18 +54,18 @@ int Worker(int argc, char** argv) {
   backend::cluster::WorkerOptions options;
   options.frontend = vm["frontend"].as<std::string>();
   const std::string role = vm["role"].as<std::string>();
-  if (role == "prefill") {
-    options.role = policies::InstanceRole::kPrefill;
-  } else if (role == "decode") {
-    options.role = policies::InstanceRole::kDecode;
-  } else if (role != "colocated") {
-    return Fail("--role must be prefill, decode or colocated", kExitUsage);
-  }
+  auto parsed_role = deploy::ParseInstanceRole(role);
+  if (!parsed_role) return Fail("--role " + parsed_role.error(), kExitUsage);
+  options.role = *parsed_role;
   const std::string device = vm["device"].as<std::string>();
   if (device != "cpu" && device != "cuda") return Fail("--device must be cpu or cuda", kExitUsage);
-  const int block_tokens = vm["block-tokens"].as<int>();
-  if (block_tokens < 1 || block_tokens > 4096)
-    return Fail("--block-tokens must be in 1..4096", kExitUsage);
+  // The bounds of the engine settings (a cluster file's, which duet serve hands on).
+  auto engine =
+      deploy::ParseEngineSettings({{"block_tokens", vm["block-tokens"].as<int>()},
+                                   {"kv_cache_dtype", vm["kv-cache-dtype"].as<std::string>()}},
+                                  "duet worker");
+  if (!engine) return Fail(engine.error(), kExitUsage);
+  const auto block_tokens = static_cast<std::int32_t>(engine->block_tokens);
   const std::int64_t kv_blocks = vm["kv-blocks"].as<std::int64_t>();
   if (kv_blocks < 0) return Fail("--kv-blocks must be >= 0", kExitUsage);
   const int threads = vm["threads"].as<int>();
@@ -101,6 +107,7 @@ int Worker(int argc, char** argv) {
   placement.block_tokens = block_tokens;
   placement.num_blocks = kv_blocks > 0 ? kv_blocks : DefaultKvBlocks(loaded->config, block_tokens);
   placement.cpu_threads = threads;
+  placement.kv_cache_dtype = engine->memory.kv_cache_dtype;
   // A prefill worker's KV goes where decode workers read it fastest (UCX's shared memory);
   // a decode worker pulls into the heap.
   if (options.role == policies::InstanceRole::kPrefill)

@@ -13,8 +13,11 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   auto spec = duet::sim::ParseClusterSpec(doc, "fuzz.json", DUET_SOURCE_DIR);
   if (spec.ok()) {
     // Every placed instance got GPUs and a KV capacity.
-    for (const auto& inst : spec->instances) {
-      if (inst.gpus.size() != static_cast<std::size_t>(inst.tp) || inst.memory.kv_blocks < 1)
+    if (spec->placements.size() != spec->instances.size()) __builtin_trap();
+    for (std::size_t i = 0; i < spec->instances.size(); ++i) {
+      const auto& at = spec->placements[i];
+      if (at.gpus.size() != static_cast<std::size_t>(spec->instances[i].tp) ||
+          at.memory.kv_blocks < 1)
         __builtin_trap();
     }
     // Every enabled tier has a capacity and the bandwidths its path needs.

@@ -96,11 +96,11 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   fleet.config.head_dim = 4;
   fleet.config.vocab_size = kVocab;
   fleet.config.max_position_embeddings = 256;
-  fleet.block_tokens = kBlockTokens;
   fleet.register_timeout_s = 20;
   fleet.handshake_timeout_s = 2;
   fleet.secret = kSecret;
   serve::FrontendOptions options;
+  options.engine.block_tokens = kBlockTokens;
   options.roles = {policies::InstanceRole::kPrefill, policies::InstanceRole::kDecode};
   options.router.kind = policies::RouterKind::kRoundRobin;
 

@@ -17,12 +17,6 @@ constexpr double kMinBandwidthGBps = 1e-6, kMaxBandwidthGBps = 1e6;
 constexpr double kMaxLatencyUs = 1e6;    // one second per link
 constexpr double kMinEfficiency = 1e-3;  // of peak FLOP/s, HBM or NVLink bandwidth
 constexpr double kMaxOverheadMs = 1e6;   // per step
-constexpr double kMaxReservedGiB = 1e6;  // the largest HBM a hardware spec may have
-constexpr std::int64_t kMaxBlockTokens = 1 << 16;
-constexpr std::int64_t kMaxBatchedTokens = std::int64_t{1} << 30;
-constexpr std::int64_t kMaxNumSeqs = 1 << 20;
-// A KV lease from a millisecond (tests) to a day.
-constexpr double kMinLeaseSeconds = 1e-3, kMaxLeaseSeconds = 86400;
 
 // A link: {"bandwidth_GBps": B, "latency_us": L}. A node's "nvlink" (`cost_model` given) may
 // instead name a transport that the fitted cost model's profile holds a link fit for
@@ -72,68 +66,6 @@ Result<LinkSpec> ParseLink(const json& parent, const std::string& key, const std
   auto lat = JsonNumberIn(*it, "latency_us", 0, kMaxLatencyUs, here, 0.0);
   if (!lat) return lat.status();
   return LinkSpec{*bw * kGB, *lat * 1e-6};
-}
-
-Result<policies::InstanceRole> ParseRole(const std::string& role, const std::string& where) {
-  if (role == "prefill") return policies::InstanceRole::kPrefill;
-  if (role == "decode") return policies::InstanceRole::kDecode;
-  if (role == "colocated") return policies::InstanceRole::kColocated;
-  return FieldError(where, "role", "must be prefill, decode or colocated, got '" + role + "'");
-}
-
-Status ParseEngine(const json& doc, const std::string& path, EngineSpec& e) {
-  auto it = doc.find("engine");
-  if (it == doc.end() || it->is_null()) return Status::Ok();  // all defaults
-  const std::string where = path + ": engine";
-  if (!it->is_object()) return Status::Error(where + ": must be an object");
-  const json& j = *it;
-  auto block = JsonIntIn(j, "block_tokens", 1, kMaxBlockTokens, where, e.block_tokens);
-  auto batched = JsonIntIn(j, "max_num_batched_tokens", 1, kMaxBatchedTokens, where,
-                           e.scheduler.max_num_batched_tokens);
-  auto seqs = JsonIntIn(j, "max_num_seqs", 1, kMaxNumSeqs, where, e.scheduler.max_num_seqs);
-  auto watermark = JsonNumberOr(j, "watermark", e.scheduler.watermark, where);
-  auto util = JsonNumberOr(j, "gpu_memory_utilization", e.memory.gpu_memory_utilization, where);
-  auto reserved = JsonNumberIn(j, "reserved_gib", 0, kMaxReservedGiB, where,
-                               static_cast<double>(e.memory.reserved_bytes_per_gpu) / kGiB);
-  auto caching = JsonBoolOr(j, "enable_prefix_caching", e.enable_prefix_caching, where);
-  auto coalesce = JsonBoolOr(j, "coalesce_decode_steps", e.coalesce_decode_steps, where);
-  auto overlap = JsonBoolOr(j, "overlap_tier_loads", e.scheduler.overlap_tier_loads, where);
-  auto kv_dtype = JsonStringOr(j, "kv_cache_dtype", "auto", where);
-  auto lease =
-      JsonNumberIn(j, "kv_lease_s", kMinLeaseSeconds, kMaxLeaseSeconds, where, e.kv_lease_s);
-  auto failure_policy = JsonStringOr(j, "kv_load_failure_policy",
-                                     policies::ToString(e.kv_load_failure_policy), where);
-  for (const Status* s :
-       {&block.status(), &batched.status(), &seqs.status(), &watermark.status(), &util.status(),
-        &reserved.status(), &caching.status(), &coalesce.status(), &overlap.status(),
-        &kv_dtype.status(), &lease.status(), &failure_policy.status()}) {
-    if (!s->ok()) return *s;
-  }
-  auto policy = policies::ParseKvLoadFailurePolicy(*failure_policy);
-  if (!policy)
-    return FieldError(where, "kv_load_failure_policy",
-                      "must be fail or recompute, got '" + *failure_policy + "'");
-  if (*kv_dtype != "auto" && !models::DtypeFromTorchName(*kv_dtype))
-    return FieldError(where, "kv_cache_dtype",
-                      "must be auto, bfloat16, float16 or float32, got '" + *kv_dtype + "'");
-  if (!(*watermark >= 0 && *watermark < 1))
-    return FieldError(where, "watermark", "must be in [0, 1)");
-  if (!(*util > 0 && *util <= 1))
-    return FieldError(where, "gpu_memory_utilization", "must be in (0, 1]");
-  e.block_tokens = *block;
-  e.scheduler.max_num_batched_tokens = *batched;
-  e.scheduler.max_num_seqs = static_cast<int>(*seqs);
-  e.scheduler.watermark = *watermark;
-  e.memory.gpu_memory_utilization = *util;
-  e.memory.reserved_bytes_per_gpu = static_cast<Bytes>(*reserved * kGiB);
-  e.memory.block_tokens = *block;
-  e.enable_prefix_caching = *caching;
-  e.coalesce_decode_steps = *coalesce;
-  e.scheduler.overlap_tier_loads = *overlap;
-  e.memory.kv_cache_dtype = models::DtypeFromTorchName(*kv_dtype);  // nullopt: auto
-  e.kv_lease_s = *lease;
-  e.kv_load_failure_policy = *policy;
-  return Status::Ok();
 }
 
 // "tiers": {"dram": {...}, "ssd": {...}, "remote": {...}}, each optional.
@@ -255,7 +187,7 @@ Status CheckProfileFits(const ClusterSpec& c, const std::string& path) {
   if (auto mismatch = models::ArchitectureMismatch(profile->model, c.model))
     return Status::Error(where + " was measured on another model than '" + c.model.name + "' (" +
                          *mismatch + ")");
-  for (const InstanceSpec& inst : c.instances) {
+  for (const deploy::InstanceSpec& inst : c.instances) {
     if (profile->FitFor(inst.tp)) continue;
     std::string have;
     for (const models::StepFit& fit : profile->fits)
@@ -267,24 +199,6 @@ Status CheckProfileFits(const ClusterSpec& c, const std::string& path) {
 }
 
 }  // namespace
-
-std::string ResolveRef(const std::string& ref, const std::string& referrer,
-                       const std::string& bundled_dir, bool directories) {
-  const bool json_file = ref.size() > 5 && ref.compare(ref.size() - 5, 5, ".json") == 0;
-  if (json_file || (directories && ref.find('/') != std::string::npos)) {
-    const fs::path p(ref);
-    return p.is_absolute() ? ref : (fs::path(referrer).parent_path() / p).string();
-  }
-  return (fs::path(bundled_dir) / (ref + ".json")).string();
-}
-
-bool ClusterSpec::pd() const { return CountRole(policies::InstanceRole::kPrefill) > 0; }
-
-int ClusterSpec::CountRole(policies::InstanceRole role) const {
-  int n = 0;
-  for (const auto& i : instances) n += i.role == role;
-  return n;
-}
 
 void AbsolutizeClusterRefs(nlohmann::json& doc, const std::string& dir) {
   auto absolutize = [&](nlohmann::json& value) {
@@ -313,24 +227,10 @@ Result<ClusterSpec> LoadClusterSpec(const std::string& path, const std::string& 
 
 Result<ClusterSpec> ParseClusterSpec(const json& doc, const std::string& path,
                                      const std::string& data_dir) {
+  auto deployment = deploy::ParseDeployment(doc, path, data_dir);
+  if (!deployment) return deployment.status();
   ClusterSpec c;
-  c.path = path;
-  auto name = JsonStringOr(doc, "name", fs::path(path).stem().string(), path);
-  if (!name) return name.status();
-  c.name = *name;
-  if (auto it = doc.find("router"); it != doc.end() && !it->is_null()) {
-    if (!it->is_string()) return FieldError(path, "router", "must be a string");
-    auto kind = policies::ParseRouterKind(it->get<std::string>());
-    if (!kind) return FieldError(path, "router", kind.error());
-    c.router = *kind;
-  }
-
-  auto model_ref = JsonString(doc, "model", path);
-  if (!model_ref) return model_ref.status();
-  auto model = models::LoadModelSpec(ResolveRef(
-      *model_ref, path, (fs::path(data_dir) / "models" / "specs").string(), /*directories=*/true));
-  if (!model) return Status::Error(path + ": field 'model': " + model.error());
-  c.model = *model;
+  static_cast<deploy::Deployment&>(c) = std::move(*deployment);
 
   // Before the nodes: their nvlink may name a link the profile fitted.
   DUET_RETURN_IF_ERROR(ParseCostModel(doc, path, data_dir, c.cost_model));
@@ -387,7 +287,6 @@ Result<ClusterSpec> ParseClusterSpec(const json& doc, const std::string& path,
   c.switch_link = *sw;
   c.frontend_link = *fe;
 
-  DUET_RETURN_IF_ERROR(ParseEngine(doc, path, c.engine));
   c.cost_model.roofline.kv_cache_dtype = c.engine.memory.kv_cache_dtype;
   DUET_RETURN_IF_ERROR(ParseTiers(doc, path, c.tiers));
   // A tier must hold at least one engine block (every TP shard's share of it).
@@ -406,78 +305,43 @@ Result<ClusterSpec> ParseClusterSpec(const json& doc, const std::string& path,
                          ": tiers: need engine.enable_prefix_caching (tiers hold cached "
                          "prefix blocks)");
 
-  // Instances: groups {"role", "count", "tp", "node"?}; GPUs are assigned first-fit.
-  auto inst_it = doc.find("instances");
-  if (inst_it == doc.end() || inst_it->is_null())
-    return FieldError(path, "instances", "is missing");
-  if (!inst_it->is_array() || inst_it->empty())
-    return FieldError(path, "instances", "must be a non-empty array");
+  // Placement: the node the file asks for, else the first node with tp free GPUs.
   std::vector<int> next_gpu(c.nodes.size(), 0);
-  int counters[3] = {0, 0, 0};
-  for (std::size_t g = 0; g < inst_it->size(); ++g) {
-    const json& group = (*inst_it)[g];
-    const std::string where = path + ": instances[" + std::to_string(g) + "]";
-    if (!group.is_object()) return Status::Error(where + ": must be an object");
-    auto role_name = JsonString(group, "role", where);
-    if (!role_name) return role_name.status();
-    auto role = ParseRole(*role_name, where);
-    if (!role) return role.status();
-    auto count = JsonIntOr(group, "count", 1, where);
-    auto tp = JsonIntOr(group, "tp", 1, where);
-    auto node = JsonIntOr(group, "node", -1, where);
-    if (!count) return count.status();
-    if (!tp) return tp.status();
-    if (!node) return node.status();
-    if (*count < 1 || *count > 100000) return FieldError(where, "count", "must be >= 1");
-    if (*tp < 1 || *tp > 64) return FieldError(where, "tp", "must be in [1, 64]");
-    if (*node >= static_cast<std::int64_t>(c.nodes.size()) || *node < -1)
+  for (const deploy::InstanceSpec& inst : c.instances) {
+    const std::string where = path + ": instances[" + std::to_string(inst.group) + "]";
+    if (inst.node >= static_cast<std::int64_t>(c.nodes.size()) || inst.node < -1)
       return FieldError(where, "node",
-                        "is " + std::to_string(*node) + " but there are " +
+                        "is " + std::to_string(inst.node) + " but there are " +
                             std::to_string(c.nodes.size()) + " nodes");
-    for (std::int64_t k = 0; k < *count; ++k) {
-      InstanceSpec inst;
-      inst.role = *role;
-      inst.tp = static_cast<int>(*tp);
-      // First fit: the requested node, else the first node with tp free GPUs.
-      int chosen = -1;
-      for (std::size_t n = 0; n < c.nodes.size(); ++n) {
-        if (*node >= 0 && static_cast<std::int64_t>(n) != *node) continue;
-        if (c.nodes[n].gpus - next_gpu[n] >= inst.tp) {
-          chosen = static_cast<int>(n);
-          break;
-        }
+    int chosen = -1;
+    for (std::size_t n = 0; n < c.nodes.size(); ++n) {
+      if (inst.node >= 0 && static_cast<std::int64_t>(n) != inst.node) continue;
+      if (c.nodes[n].gpus - next_gpu[n] >= inst.tp) {
+        chosen = static_cast<int>(n);
+        break;
       }
-      if (chosen < 0)
-        return Status::Error(where + ": not enough free GPUs for instance " + std::to_string(k) +
-                             " (tp=" + std::to_string(inst.tp) + ")" +
-                             (*node >= 0 ? " on node " + std::to_string(*node) : ""));
-      inst.node = chosen;
-      for (int i = 0; i < inst.tp; ++i) inst.gpus.push_back(next_gpu[chosen]++);
-      const char prefix = *role == policies::InstanceRole::kPrefill  ? 'p'
-                          : *role == policies::InstanceRole::kDecode ? 'd'
-                                                                     : 'c';
-      inst.name = prefix + std::to_string(counters[static_cast<int>(*role)]++);
-      models::MemoryOptions mem = c.engine.memory;
-      mem.tp = inst.tp;
-      auto plan = models::PlanInstanceMemory(c.model, c.nodes[chosen].gpu, mem);
-      if (!plan) return Status::Error(where + ": " + plan.error());
-      inst.memory = *plan;
-      c.instances.push_back(std::move(inst));
     }
+    if (chosen < 0)
+      return Status::Error(where + ": not enough free GPUs for instance " +
+                           std::to_string(inst.index) + " (tp=" + std::to_string(inst.tp) + ")" +
+                           (inst.node >= 0 ? " on node " + std::to_string(inst.node) : ""));
+    InstancePlacement placement;
+    placement.node = chosen;
+    for (int i = 0; i < inst.tp; ++i) placement.gpus.push_back(next_gpu[chosen]++);
+    models::MemoryOptions mem = c.engine.memory;
+    mem.tp = inst.tp;
+    auto plan = models::PlanInstanceMemory(c.model, c.nodes[chosen].gpu, mem);
+    if (!plan) return Status::Error(where + ": " + plan.error());
+    placement.memory = *plan;
+    c.placements.push_back(std::move(placement));
   }
-  const int p = c.CountRole(policies::InstanceRole::kPrefill);
-  const int d = c.CountRole(policies::InstanceRole::kDecode);
-  const int colo = c.CountRole(policies::InstanceRole::kColocated);
-  if (colo > 0 && (p > 0 || d > 0))
-    return Status::Error(path + ": instances mix colocated and prefill/decode roles");
-  if ((p > 0) != (d > 0))
-    return Status::Error(path + ": PD mode needs at least one prefill and one decode instance");
   DUET_RETURN_IF_ERROR(CheckProfileFits(c, path));
   return c;
 }
 
 std::unique_ptr<models::StepCostModel> MakeStepCostModel(const ClusterSpec& cluster,
-                                                         const InstanceSpec& instance) {
+                                                         std::size_t index) {
+  const deploy::InstanceSpec& instance = cluster.instances[index];
   if (const models::StepProfile* profile = cluster.cost_model.profile.get()) {
     const models::StepFit* fit = profile->FitFor(instance.tp);
     DUET_CHECK(fit);  // CheckProfileFits
@@ -485,7 +349,7 @@ std::unique_ptr<models::StepCostModel> MakeStepCostModel(const ClusterSpec& clus
   }
   models::RooflineOptions roofline = cluster.cost_model.roofline;
   roofline.tp = instance.tp;
-  const NodeSpec& node = cluster.nodes[static_cast<std::size_t>(instance.node)];
+  const NodeSpec& node = cluster.nodes[static_cast<std::size_t>(cluster.placements[index].node)];
   models::HardwareSpec gpu = node.gpu;
   gpu.nvlink_bw = node.nvlink.bandwidth;
   return std::make_unique<models::RooflineCostModel>(cluster.model, gpu, roofline);

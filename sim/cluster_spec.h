@@ -1,7 +1,8 @@
-// Cluster descriptions for `duet simulate`: nodes of GPUs with their NVLink, PCIe and NIC
-// links, the switch between nodes, the serving instances placed on them (colocated, or PD
-// prefill/decode), engine limits and the cost model. Parsed from JSON with errors that name
-// the file and the field. No SimGrid here: sim/platform.cpp turns a spec into a platform.
+// Cluster descriptions for `duet simulate`: the deployment (deploy/deployment.h: model,
+// instances and roles, engine settings, router) and where it runs: nodes of GPUs with their
+// NVLink, PCIe and NIC links, the switch between nodes, the instances' placement on them, KV
+// tiers and the cost model. Parsed from JSON with errors that name the file and the field. No
+// SimGrid here: sim/platform.cpp turns a spec into a platform.
 #pragma once
 
 #include <memory>
@@ -11,12 +12,11 @@
 
 #include "common/status.h"
 #include "common/units.h"
+#include "deploy/deployment.h"
 #include "models/cost_model.h"
 #include "models/model_spec.h"
 #include "models/step_profile.h"
-#include "policies/engine.h"
 #include "policies/kv_tiers.h"
-#include "policies/router.h"
 
 namespace duet::sim {
 
@@ -57,25 +57,12 @@ struct TiersSpec {
   }
 };
 
-struct InstanceSpec {
-  std::string name;  // p0.. (prefill), d0.. (decode), c0.. (colocated)
-  policies::InstanceRole role = policies::InstanceRole::kColocated;
-  int tp = 1;
+// Where an instance of the deployment runs: its node, its GPUs there (tp of them, first fit)
+// and the memory plan on that node's GPU.
+struct InstancePlacement {
   int node = 0;
-  std::vector<int> gpus;  // GPU indices on the node, tp of them
+  std::vector<int> gpus;
   models::InstanceMemory memory;
-};
-
-struct EngineSpec {
-  Tokens block_tokens = 16;
-  policies::SchedulerConfig scheduler;
-  models::MemoryOptions memory;  // tp is per instance; kv_cache_dtype ("auto": nullopt)
-  bool enable_prefix_caching = true;
-  bool coalesce_decode_steps = true;
-  // PD: how long a prefill instance holds a request's KV for the decode instance's pull (vLLM's
-  // NIXL connector holds 480 s too), and what a failed pull leads to.
-  Seconds kv_lease_s = 480;
-  policies::KvLoadFailurePolicy kv_load_failure_policy = policies::KvLoadFailurePolicy::kFail;
 };
 
 // How steps are priced ("cost_model" in the cluster file): the roofline (default) or a fit
@@ -86,34 +73,17 @@ struct CostModelSpec {
   std::shared_ptr<const models::StepProfile> profile;  // null: the roofline
 };
 
-struct ClusterSpec {
-  std::string name;
-  std::string path;
-  models::ModelSpec model;
+// The deployment (deploy/deployment.h) and where it runs: nodes, links, tiers, cost model.
+struct ClusterSpec : deploy::Deployment {
   std::vector<NodeSpec> nodes;
-  LinkSpec switch_link;    // shared by all inter-node traffic
-  LinkSpec frontend_link;  // frontend host to the switch
-  std::vector<InstanceSpec> instances;
-  EngineSpec engine;
+  LinkSpec switch_link;                       // shared by all inter-node traffic
+  LinkSpec frontend_link;                     // frontend host to the switch
+  std::vector<InstancePlacement> placements;  // one per instance, in order
   TiersSpec tiers;
   CostModelSpec cost_model;
-  // "router": the routing policy this deployment runs (what `duet plan` chose); a --router flag
-  // overrides it. nullopt: the command's default.
-  std::optional<policies::RouterKind> router;
-
-  bool pd() const;
-  int CountRole(policies::InstanceRole role) const;
-  // KV bytes one token occupies in engine.kv_cache_dtype: what the simulator moves and stores.
-  Bytes KvBytesPerToken() const { return model.KvBytesPerToken(engine.memory.kv_cache_dtype); }
 };
 
-// Resolves a model, hardware or profile reference: a bare name is looked up in the bundled
-// directory (<bundled_dir>/<name>.json), a path ending in .json is taken relative to the file
-// that names it (`referrer`; "" or a file in the current directory: relative to it); so is,
-// with `directories`, any reference with a '/' (a Hugging Face model directory, whose
-// config.json LoadModelSpec reads).
-std::string ResolveRef(const std::string& ref, const std::string& referrer,
-                       const std::string& bundled_dir, bool directories = false);
+using deploy::ResolveRef;
 
 // A cluster document moved elsewhere (a candidate of `duet plan`, a patched setup of `duet
 // sweep`): its file references (model, every node group's gpu, the cost model's profile) that
@@ -124,7 +94,7 @@ void AbsolutizeClusterRefs(nlohmann::json& doc, const std::string& dir);
 // The step-cost model of one instance: the roofline on its node's GPU (TP all-reduces over the
 // node's NVLink as the file gives it), or the profile's fit for its TP degree.
 std::unique_ptr<models::StepCostModel> MakeStepCostModel(const ClusterSpec& cluster,
-                                                         const InstanceSpec& instance);
+                                                         std::size_t instance);
 
 // Loads a cluster file. "model" and "gpu" name files under <data_dir>/models/specs and
 // <data_dir>/models/hardware (or give a path ending in .json, relative to the cluster file);

@@ -18,6 +18,7 @@
 #include <utility>
 
 #include "common/progress.h"
+#include "deploy/engine_settings.h"
 #include "policies/block_hash.h"
 #include "policies/engine.h"
 #include "policies/kv_event_index.h"
@@ -603,7 +604,7 @@ policies::TierSetup TierSetupFor(const ClusterSpec& cluster) {
   setup.block_bytes = cluster.engine.block_tokens * cluster.KvBytesPerToken();
   setup.num_nodes = static_cast<int>(cluster.nodes.size());
   setup.prefetch_to_dram = cluster.tiers.dram.prefetch;
-  for (const InstanceSpec& inst : cluster.instances) setup.instance_node.push_back(inst.node);
+  for (const InstancePlacement& at : cluster.placements) setup.instance_node.push_back(at.node);
   // Routing estimates: the slowest resource on each tier's path into a GPU (first node's).
   const NodeSpec& node = cluster.nodes.front();
   const TiersSpec& t = cluster.tiers;
@@ -783,18 +784,19 @@ Result<SimReport> Simulate(const ClusterSpec& cluster, const traces::Trace& trac
 
   std::vector<InstanceId> prefill_side, decode_side;
   for (std::size_t i = 0; i < cluster.instances.size(); ++i) {
-    const InstanceSpec& spec = cluster.instances[i];
+    const deploy::InstanceSpec& spec = cluster.instances[i];
+    const InstancePlacement& at = cluster.placements[i];
     const auto id = static_cast<InstanceId>(i);
     (spec.role == policies::InstanceRole::kDecode ? decode_side : prefill_side).push_back(id);
     std::vector<sg4::Host*> hosts;
-    for (int g : spec.gpus)
+    for (int g : at.gpus)
       hosts.push_back(
-          w.platform.gpus[static_cast<std::size_t>(spec.node)][static_cast<std::size_t>(g)]);
+          w.platform.gpus[static_cast<std::size_t>(at.node)][static_cast<std::size_t>(g)]);
     w.instances.push_back(
         {std::move(hosts),
-         {cluster.engine.block_tokens * cluster.KvBytesPerToken(), spec.memory.kv_blocks}});
+         {cluster.engine.block_tokens * cluster.KvBytesPerToken(), at.memory.kv_blocks}});
     w.inboxes.push_back(std::make_unique<SimInbox>(w.instances.back().gpus.front(), spec.name));
-    w.costs.push_back(MakeStepCostModel(cluster, spec));
+    w.costs.push_back(MakeStepCostModel(cluster, i));
   }
   if (!options.timeline_path.empty()) w.timeline = std::make_unique<Timeline>();
   if (cluster.tiers.any()) {
@@ -803,21 +805,14 @@ Result<SimReport> Simulate(const ClusterSpec& cluster, const traces::Trace& trac
     w.tiers = std::make_unique<policies::TierManager>(TierSetupFor(cluster), w.storage.get());
   }
   for (std::size_t i = 0; i < cluster.instances.size(); ++i) {
-    const InstanceSpec& spec = cluster.instances[i];
+    const deploy::InstanceSpec& spec = cluster.instances[i];
     w.ports.push_back(std::make_unique<SimPorts>(w, static_cast<InstanceId>(i)));
-    policies::EngineConfig config;
-    config.id = static_cast<InstanceId>(i);
-    config.role = spec.role;
+    policies::EngineConfig config =
+        deploy::MakeEngineConfig(cluster.engine, static_cast<InstanceId>(i), spec.role);
     config.tp = spec.tp;
-    config.num_blocks = spec.memory.kv_blocks;
-    config.block_tokens = cluster.engine.block_tokens;
-    config.enable_prefix_caching = cluster.engine.enable_prefix_caching;
-    config.coalesce_decode_steps = cluster.engine.coalesce_decode_steps;
+    config.num_blocks = cluster.placements[i].memory.kv_blocks;
     config.kv_bytes_per_token = cluster.KvBytesPerToken();
     config.num_layers = cluster.model.num_hidden_layers;
-    config.scheduler = cluster.engine.scheduler;
-    config.kv_lease_s = cluster.engine.kv_lease_s;
-    config.kv_load_failure_policy = cluster.engine.kv_load_failure_policy;
     config.publish_kv_events = options.router_staleness_s > 0 &&
                                cluster.engine.enable_prefix_caching &&
                                spec.role != policies::InstanceRole::kDecode;
@@ -832,7 +827,7 @@ Result<SimReport> Simulate(const ClusterSpec& cluster, const traces::Trace& trac
   if (cluster.engine.enable_prefix_caching) {
     std::int64_t pooled_blocks = 0;
     for (InstanceId i : prefill_side)
-      pooled_blocks += cluster.instances[static_cast<std::size_t>(i)].memory.kv_blocks;
+      pooled_blocks += cluster.placements[static_cast<std::size_t>(i)].memory.kv_blocks;
     w.pooled = std::make_unique<policies::PrefixLru>(pooled_blocks, cluster.engine.block_tokens);
   }
   policies::RouterConfig router = options.router;
@@ -887,7 +882,7 @@ Result<SimReport> Simulate(const ClusterSpec& cluster, const traces::Trace& trac
                            {"engine_steps", steps},
                            {"stopped_early", w.stopped_early}};
   int gpus = 0;
-  for (const InstanceSpec& inst : cluster.instances) gpus += static_cast<int>(inst.gpus.size());
+  for (const InstancePlacement& at : cluster.placements) gpus += static_cast<int>(at.gpus.size());
   // The cluster is held for the whole simulated time, idle GPUs included.
   report.summary["gpu_hours"] = policies::Round(gpus * sg4::Engine::get_clock() / 3600.0, 6);
   report.summary["run"] = {{"cluster", cluster.name},

@@ -532,17 +532,11 @@ Result<std::string> ParseProof(std::string_view body) {
 }
 
 std::string EncodeWelcome(const Welcome& w) {
-  const policies::EngineConfig& e = w.engine;
   return Pack({{"instance", w.instance},
                {"clock_epoch_ns", w.clock_epoch_ns},
                {"heartbeat_interval_s", w.heartbeat_interval_s},
-               {"enable_prefix_caching", e.enable_prefix_caching},
-               {"publish_kv_events", e.publish_kv_events},
-               {"kv_lease_s", e.kv_lease_s},
-               {"kv_load_failure_policy", static_cast<int>(e.kv_load_failure_policy)},
-               {"max_num_batched_tokens", e.scheduler.max_num_batched_tokens},
-               {"max_num_seqs", e.scheduler.max_num_seqs},
-               {"watermark", e.scheduler.watermark}});
+               {"publish_kv_events", w.publish_kv_events},
+               {"engine", deploy::EngineSettingsToJson(w.engine)}});
 }
 
 Result<Welcome> ParseWelcome(std::string_view body) {
@@ -556,21 +550,11 @@ Result<Welcome> ParseWelcome(std::string_view body) {
   w.clock_epoch_ns = epoch;
   DUET_WIRE_TRY(heartbeat, JsonNumberIn(j, "heartbeat_interval_s", 1e-3, 3600, where));
   w.heartbeat_interval_s = heartbeat;
-  policies::EngineConfig& e = w.engine;
-  DUET_WIRE_TRY(caching, JsonBoolOr(j, "enable_prefix_caching", true, where));
-  e.enable_prefix_caching = caching;
   DUET_WIRE_TRY(publish, JsonBoolOr(j, "publish_kv_events", false, where));
-  e.publish_kv_events = publish;
-  DUET_WIRE_TRY(lease, JsonNumberIn(j, "kv_lease_s", 1e-3, 86400, where));
-  e.kv_lease_s = lease;
-  DUET_WIRE_TRY(policy, JsonIntIn(j, "kv_load_failure_policy", 0, 1, where));
-  e.kv_load_failure_policy = static_cast<policies::KvLoadFailurePolicy>(policy);
-  DUET_WIRE_TRY(batched, JsonIntIn(j, "max_num_batched_tokens", 1, std::int64_t{1} << 24, where));
-  e.scheduler.max_num_batched_tokens = batched;
-  DUET_WIRE_TRY(seqs, JsonIntIn(j, "max_num_seqs", 1, 1 << 20, where));
-  e.scheduler.max_num_seqs = static_cast<int>(seqs);
-  DUET_WIRE_TRY(watermark, JsonNumberIn(j, "watermark", 0, 0.5, where));
-  e.scheduler.watermark = watermark;
+  w.publish_kv_events = publish;
+  if (!JsonHas(j, "engine")) return FieldError(where, "engine", "is missing");
+  DUET_WIRE_TRY(engine, deploy::ParseEngineSettings(j["engine"], where + ": engine"));
+  w.engine = engine;
   return w;
 }
 

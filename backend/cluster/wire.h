@@ -22,6 +22,7 @@
 #include "backend/engine/engine_thread.h"
 #include "common/status.h"
 #include "common/units.h"
+#include "deploy/engine_settings.h"
 #include "policies/block_manager.h"
 #include "policies/engine.h"
 #include "policies/ports.h"
@@ -30,8 +31,9 @@
 
 namespace duet::backend::cluster {
 
-// 2: the hello's nonce, the challenge and the proof (link authentication).
-inline constexpr std::uint16_t kWireVersion = 2;
+// 2: the hello's nonce, the challenge and the proof (link authentication). 3: the welcome
+// carries every engine setting (deploy::EngineSettings' codec).
+inline constexpr std::uint16_t kWireVersion = 3;
 inline constexpr std::size_t kFrameHeaderBytes = 12;
 // A request descriptor of the longest prompt Duet admits (a few million token ids) fits.
 inline constexpr std::uint32_t kMaxFrameBodyBytes = 64u << 20;
@@ -96,7 +98,9 @@ struct Challenge {
 struct Welcome {
   policies::InstanceId instance = 0;
   std::int64_t clock_epoch_ns = 0;  // steady-clock time of the run's second 0 (this machine)
-  policies::EngineConfig engine;    // id, role and the model's fields are the worker's
+  // Every engine setting of the deployment, in the cluster file's codec (deploy/).
+  deploy::EngineSettings engine;
+  bool publish_kv_events = false;  // the frontend's router reads this instance's prefix cache
   Seconds heartbeat_interval_s = 0.5;
 };
 

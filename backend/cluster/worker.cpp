@@ -319,7 +319,7 @@ Status RunWorker(std::unique_ptr<ForwardModel> model, const WorkerOptions& optio
   hello.num_layers = config.num_hidden_layers;
   hello.vocab_size = config.vocab_size;
   hello.block_tokens = model->block_tokens();
-  hello.kv_bytes_per_token = config.KvBytesPerToken();
+  hello.kv_bytes_per_token = model->kv_bytes_per_token();
   hello.max_position_embeddings = config.max_position_embeddings;
   hello.num_blocks = model->num_blocks();
   hello.kv_descriptor = (*transport)->descriptor();
@@ -331,13 +331,19 @@ Status RunWorker(std::unique_ptr<ForwardModel> model, const WorkerOptions& optio
                          welcome.error());
   }
 
+  // The frontend checked the hello's block size and KV bytes against these settings.
+  if (welcome->engine.block_tokens != model->block_tokens()) {
+    ::close(*fd);
+    return Status::Error("the frontend's engine.block_tokens is " +
+                         std::to_string(welcome->engine.block_tokens) + ", this worker's " +
+                         std::to_string(model->block_tokens()) + " (--block-tokens)");
+  }
   (*transport)->SetSelf(welcome->instance);
-  policies::EngineConfig engine_config = welcome->engine;
-  engine_config.id = welcome->instance;
-  engine_config.role = options.role;
+  policies::EngineConfig engine_config =
+      deploy::MakeEngineConfig(welcome->engine, welcome->instance, options.role);
+  engine_config.publish_kv_events = welcome->publish_kv_events;
   engine_config.num_blocks = model->num_blocks();
-  engine_config.block_tokens = model->block_tokens();
-  engine_config.kv_bytes_per_token = config.KvBytesPerToken();
+  engine_config.kv_bytes_per_token = model->kv_bytes_per_token();
   engine_config.num_layers = config.num_hidden_layers;
   const SteadyClock clock(std::chrono::steady_clock::time_point(
       std::chrono::duration_cast<std::chrono::steady_clock::duration>(

@@ -162,7 +162,10 @@ Status InitImpl(LiveFrontend::Impl& s, const FrontendOptions& options,
   if (options.router.kind == policies::RouterKind::kCacheAware &&
       options.router.prefill_tokens_per_s <= 0)
     return Status::Error("the cache-aware router needs a prefill rate (prefill_tokens_per_s)");
-  if (!(options.kv_lease_s > 0)) return Status::Error("kv_lease_s must be > 0");
+  // Settings from anywhere but their codec (a test's, a flag's) get its bounds too.
+  auto checked =
+      deploy::ParseEngineSettings(deploy::EngineSettingsToJson(options.engine), "engine");
+  if (!checked) return checked.status();
   s.options = options;
   s.options.roles = roles;
   s.pd = roles.front() != policies::InstanceRole::kColocated;
@@ -182,18 +185,26 @@ Status InitImpl(LiveFrontend::Impl& s, const FrontendOptions& options,
 
 }  // namespace
 
-// The engine settings of instance `id` (the model's fields are filled by whoever holds it).
-policies::EngineConfig InstanceEngineConfig(const FrontendOptions& options, InstanceId id) {
-  policies::EngineConfig c;
-  c.id = id;
-  c.role = options.roles[static_cast<std::size_t>(id)];
-  c.kv_lease_s = options.kv_lease_s;
-  c.kv_load_failure_policy = options.kv_load_failure_policy;
-  c.enable_prefix_caching = options.enable_prefix_caching;
-  // The router reads the prefix caches of the instances that prefill.
-  c.publish_kv_events = options.enable_prefix_caching && c.role != policies::InstanceRole::kDecode;
-  c.scheduler = options.scheduler;
-  return c;
+// Whether the frontend's router reads instance `id`'s prefix cache: the instances that prefill.
+bool PublishesKvEvents(const FrontendOptions& options, InstanceId id) {
+  return options.engine.enable_prefix_caching &&
+         options.roles[static_cast<std::size_t>(id)] != policies::InstanceRole::kDecode;
+}
+
+std::optional<std::string> KvLayoutMismatch(const FrontendOptions& options,
+                                            const models::ModelSpec& config, Tokens block_tokens,
+                                            Bytes kv_bytes_per_token) {
+  const deploy::EngineSettings& e = options.engine;
+  if (block_tokens != e.block_tokens)
+    return "its KV blocks hold " + std::to_string(block_tokens) + " tokens, engine.block_tokens " +
+           std::to_string(e.block_tokens);
+  if (e.memory.kv_cache_dtype &&
+      kv_bytes_per_token != config.KvBytesPerToken(e.memory.kv_cache_dtype))
+    return "its KV cache takes " + std::to_string(kv_bytes_per_token) +
+           " bytes per token, not the " +
+           std::to_string(config.KvBytesPerToken(e.memory.kv_cache_dtype)) +
+           " of engine.kv_cache_dtype " + models::TorchDtypeName(*e.memory.kv_cache_dtype);
+  return std::nullopt;
 }
 
 Result<std::unique_ptr<LiveFrontend>> LiveFrontend::Start(
@@ -201,10 +212,13 @@ Result<std::unique_ptr<LiveFrontend>> LiveFrontend::Start(
   if (models.empty()) return Status::Error("the live frontend needs at least one instance");
   const models::ModelSpec& config = models.front()->config();
   const std::int32_t block_tokens = models.front()->block_tokens();
-  for (const auto& m : models) {
-    if (m->block_tokens() != block_tokens || m->config().vocab_size != config.vocab_size ||
-        m->config().num_hidden_layers != config.num_hidden_layers)
-      return Status::Error("every instance must serve the same model with the same block size");
+  for (std::size_t i = 0; i < models.size(); ++i) {
+    const ForwardModel& m = *models[i];
+    if (m.config().vocab_size != config.vocab_size ||
+        m.config().num_hidden_layers != config.num_hidden_layers)
+      return Status::Error("every instance must serve the same model");
+    if (auto mismatch = KvLayoutMismatch(options, config, m.block_tokens(), m.kv_bytes_per_token()))
+      return Status::Error("instance " + std::to_string(i) + ": " + *mismatch);
   }
   auto roles = CheckRoles(options.roles, models.size());
   if (!roles.ok()) return roles.status();
@@ -228,8 +242,8 @@ Result<std::unique_ptr<LiveFrontend>> LiveFrontend::Start(
   s.max_request_tokens = std::numeric_limits<Tokens>::max();
   if (config.max_position_embeddings > 0) s.max_request_tokens = config.max_position_embeddings;
   for (const auto& m : s.models) {
-    s.max_request_tokens = std::min(
-        s.max_request_tokens, options.scheduler.AdmissibleTokens(m->num_blocks(), block_tokens));
+    s.max_request_tokens = std::min(s.max_request_tokens, options.engine.scheduler.AdmissibleTokens(
+                                                              m->num_blocks(), block_tokens));
   }
   if (s.max_request_tokens < 2)
     return Status::Error("the KV cache holds too few blocks to serve a request");
@@ -239,10 +253,11 @@ Result<std::unique_ptr<LiveFrontend>> LiveFrontend::Start(
 
   s.outbox = std::make_unique<LocalOutbox>();
   for (int i = 0; i < n; ++i) {
-    policies::EngineConfig c = InstanceEngineConfig(s.options, i);
-    c.kv_bytes_per_token = config.KvBytesPerToken();
+    policies::EngineConfig c =
+        deploy::MakeEngineConfig(s.options.engine, i, s.options.roles[static_cast<std::size_t>(i)]);
+    c.publish_kv_events = PublishesKvEvents(s.options, i);
+    c.kv_bytes_per_token = s.models[static_cast<std::size_t>(i)]->kv_bytes_per_token();
     c.num_blocks = s.models[static_cast<std::size_t>(i)]->num_blocks();
-    c.block_tokens = block_tokens;
     c.num_layers = config.num_hidden_layers;
     Impl::InstanceSink* sink = s.sinks[static_cast<std::size_t>(i)].get();
     auto thread = std::make_unique<EngineThread>(
@@ -264,7 +279,7 @@ Result<std::unique_ptr<LiveFrontend>> LiveFrontend::StartWithWorkers(WorkerFleet
   if (!roles.ok()) return roles.status();
   auto impl = std::make_unique<Impl>();
   impl->config = fleet.config;
-  impl->block_tokens = fleet.block_tokens;
+  impl->block_tokens = static_cast<std::int32_t>(options.engine.block_tokens);
   if (Status st = InitImpl(*impl, options, *roles); !st.ok()) return st;
   if (Status st = StartFleet(*impl, std::move(fleet)); !st.ok()) return st;
   return std::unique_ptr<LiveFrontend>(new LiveFrontend(std::move(impl)));

@@ -18,6 +18,7 @@
 #include "backend/engine/step_log.h"
 #include "backend/transport/local_kv_transports.h"
 #include "common/status.h"
+#include "deploy/engine_settings.h"
 #include "policies/engine.h"
 #include "policies/ports.h"
 #include "policies/request.h"
@@ -72,16 +73,15 @@ struct Admission {
 
 struct FrontendOptions {
   policies::RouterConfig router;  // the same policies the simulator routes with
-  policies::SchedulerConfig scheduler;
-  bool enable_prefix_caching = true;
+  // Every instance's engine settings, as a cluster file gives them (the simulator's too). Their
+  // block_tokens is the models' (threads) or the one workers must have (processes).
+  deploy::EngineSettings engine;
   // Each instance's role, in the order of the models; empty: all colocated. PD: at least one
   // prefill and one decode instance, and no colocated one.
   std::vector<policies::InstanceRole> roles;
-  // PD: how decode instances pull KV, how long prefill instances hold it for them, and what a
-  // failed pull leads to.
+  // PD: how decode instances pull KV (how long prefill instances hold it for them, and what a
+  // failed pull leads to, are engine settings).
   KvTransportOptions kv_transport;
-  Seconds kv_lease_s = 60;
-  policies::KvLoadFailurePolicy kv_load_failure_policy = policies::KvLoadFailurePolicy::kFail;
   // Requests accepted and not yet finished, across instances; Submit answers kQueueFull past
   // it, so memory stays bounded however fast clients send.
   std::int64_t max_pending_requests = 1024;
@@ -126,8 +126,7 @@ struct FrontendStats {
 // worker rejoins in a free slot of its role.
 struct WorkerFleet {
   std::unique_ptr<cluster::Listener> listener;
-  models::ModelSpec config;  // the model every worker must serve
-  std::int32_t block_tokens = 16;
+  models::ModelSpec config;          // the model every worker must serve (blocks: options.engine's)
   Seconds register_timeout_s = 600;  // for every slot to be taken at start (models load)
   Seconds heartbeat_interval_s = 0.5;
   // A worker whose connection is silent this long is taken for dead (SIGKILL shows at once, as

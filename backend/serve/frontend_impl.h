@@ -124,10 +124,12 @@ struct LiveFrontend::Impl {
   ~Impl();
 };
 
-// The engine settings of instance `id` from the frontend's options (the model's fields are
-// filled by whoever holds the model).
-policies::EngineConfig InstanceEngineConfig(const FrontendOptions& options,
-                                            policies::InstanceId id);
+// Whether instance `id` publishes its prefix cache's changes (the router reads them).
+bool PublishesKvEvents(const FrontendOptions& options, policies::InstanceId id);
+// Why an instance's KV layout is not the one the engine settings ask for, if it is not.
+std::optional<std::string> KvLayoutMismatch(const FrontendOptions& options,
+                                            const models::ModelSpec& config, Tokens block_tokens,
+                                            Bytes kv_bytes_per_token);
 
 // frontend_workers.cpp: starts the fleet (every slot registered) into `impl`.
 Status StartFleet(LiveFrontend::Impl& impl, WorkerFleet fleet);

@@ -510,17 +510,18 @@ void Register(Impl& s, int fd) {
   }
   who = "worker pid " + std::to_string(hello->pid);
 
-  if (hello->num_layers != w.config.num_hidden_layers || hello->vocab_size != w.config.vocab_size ||
-      hello->block_tokens != w.block_tokens) {
-    return refuse("it serves another model or block size than the frontend's");
-  }
+  if (hello->num_layers != w.config.num_hidden_layers || hello->vocab_size != w.config.vocab_size)
+    return refuse("it serves another model than the frontend's");
+  if (auto mismatch =
+          KvLayoutMismatch(s.options, w.config, hello->block_tokens, hello->kv_bytes_per_token))
+    return refuse(*mismatch);
   Tokens most_tokens = 0;  // set by StartFleet once every slot was first taken
   {
     std::lock_guard lock(s.mu);
     most_tokens = s.max_request_tokens;
   }
-  if (most_tokens > 0 &&
-      s.options.scheduler.AdmissibleTokens(hello->num_blocks, w.block_tokens) < most_tokens) {
+  if (most_tokens > 0 && s.options.engine.scheduler.AdmissibleTokens(
+                             hello->num_blocks, s.block_tokens) < most_tokens) {
     return refuse("it holds " + std::to_string(hello->num_blocks) +
                   " KV blocks, too few for the longest request the frontend admits");
   }
@@ -547,7 +548,8 @@ void Register(Impl& s, int fd) {
   welcome.clock_epoch_ns =
       std::chrono::duration_cast<std::chrono::nanoseconds>(s.clock.start().time_since_epoch())
           .count();
-  welcome.engine = InstanceEngineConfig(s.options, slot_id);
+  welcome.engine = s.options.engine;
+  welcome.publish_kv_events = PublishesKvEvents(s.options, slot_id);
   welcome.heartbeat_interval_s = w.heartbeat_interval_s;
   Status sent = cluster::WriteFrame(fd, MessageKind::kWelcome, cluster::EncodeWelcome(welcome));
   if (sent.ok() && hello->role == InstanceRole::kDecode) {
@@ -729,7 +731,7 @@ Status StartFleet(Impl& s, WorkerFleet settings) {
   }
   Tokens most = std::numeric_limits<Tokens>::max();
   if (s.config.max_position_embeddings > 0) most = s.config.max_position_embeddings;
-  most = std::min(most, s.options.scheduler.AdmissibleTokens(fewest_blocks, s.block_tokens));
+  most = std::min(most, s.options.engine.scheduler.AdmissibleTokens(fewest_blocks, s.block_tokens));
   if (most < 2) {
     StopFleet(s);
     return Status::Error("the workers' KV caches hold too few blocks to serve a request");

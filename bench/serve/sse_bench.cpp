@@ -158,7 +158,7 @@ std::unique_ptr<LiveFrontend> StartFrontend(const std::string& model_dir, const 
   models.push_back(std::move(*model));
   backend::serve::FrontendOptions options;
   options.router.kind = policies::RouterKind::kRoundRobin;
-  options.scheduler.max_num_seqs = c.streams;  // every stream decodes in every step
+  options.engine.scheduler.max_num_seqs = c.streams;  // every stream decodes in every step
   options.max_pending_requests = c.streams;
   options.observer = observer;
   auto f = LiveFrontend::Start(std::move(models), options);

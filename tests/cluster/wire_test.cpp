@@ -7,6 +7,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "tests/deploy/setting_samples.h"
+
 namespace duet::backend::cluster {
 namespace {
 
@@ -165,22 +167,14 @@ TEST(Wire, EventsHelloWelcomeAndPeerSurviveTheRoundTrip) {
   Welcome welcome;
   welcome.instance = 4;
   welcome.clock_epoch_ns = -5;
-  welcome.engine.kv_lease_s = 30;
-  welcome.engine.kv_load_failure_policy = policies::KvLoadFailurePolicy::kRecompute;
-  welcome.engine.scheduler.max_num_seqs = 3;
-  welcome.engine.scheduler.max_num_batched_tokens = 64;
-  welcome.engine.enable_prefix_caching = false;
-  welcome.engine.publish_kv_events = true;
+  welcome.heartbeat_interval_s = 0.25;
+  welcome.publish_kv_events = true;
   auto w = ParseWelcome(EncodeWelcome(welcome));
   ASSERT_TRUE(w.ok()) << w.error();
   EXPECT_EQ(w->instance, 4);
   EXPECT_EQ(w->clock_epoch_ns, -5);
-  EXPECT_EQ(w->engine.kv_lease_s, 30);
-  EXPECT_EQ(w->engine.kv_load_failure_policy, policies::KvLoadFailurePolicy::kRecompute);
-  EXPECT_EQ(w->engine.scheduler.max_num_seqs, 3);
-  EXPECT_EQ(w->engine.scheduler.max_num_batched_tokens, 64);
-  EXPECT_FALSE(w->engine.enable_prefix_caching);
-  EXPECT_TRUE(w->engine.publish_kv_events);
+  EXPECT_EQ(w->heartbeat_interval_s, 0.25);
+  EXPECT_TRUE(w->publish_kv_events);
 
   auto p = ParsePeer(EncodePeer({2, "desc"}));
   ASSERT_TRUE(p.ok()) << p.error();
@@ -208,8 +202,10 @@ TEST(Wire, FrameHeadersAreCheckedBeforeAnyBodyIsRead) {
   bad[0] = 'X';
   EXPECT_NE(error(bad).find("magic"), std::string::npos);
   bad = good;
-  bad[4] = 3;
-  EXPECT_NE(error(bad).find("version 3"), std::string::npos);
+  bad[4] = static_cast<char>(kWireVersion + 1);
+  EXPECT_NE(error(bad).find("version " + std::to_string(kWireVersion + 1) + ", this build speaks " +
+                            std::to_string(kWireVersion)),
+            std::string::npos);
   bad = good;
   bad[6] = 99;
   EXPECT_NE(error(bad).find("unknown message kind 99"), std::string::npos);
@@ -295,8 +291,27 @@ TEST(Wire, MalformedBodiesAreErrorsNamingTheField) {
   hello["num_blocks"] = -1;
   EXPECT_NE(ParseHello(Pack(hello)).error().find("'num_blocks'"), std::string::npos);
   nlohmann::json welcome = Unpack(EncodeWelcome({}));
-  welcome["kv_lease_s"] = 0;
-  EXPECT_NE(ParseWelcome(Pack(welcome)).error().find("'kv_lease_s'"), std::string::npos);
+  welcome["engine"]["kv_lease_s"] = 0;
+  EXPECT_NE(ParseWelcome(Pack(welcome)).error().find("welcome: engine: field 'kv_lease_s'"),
+            std::string::npos);
+  welcome.erase("engine");
+  EXPECT_NE(ParseWelcome(Pack(welcome)).error().find("'engine' is missing"), std::string::npos);
+}
+
+// Issue 41: every engine setting a cluster file gives reaches a worker process, through the
+// same codec, with the same bounds (a watermark of 0.6 used to pass the file and fail here).
+TEST(Wire, EveryEngineSettingArrivesWithTheWelcome) {
+  for (const auto& sample : deploy::testing::SettingSamples()) {
+    SCOPED_TRACE(sample.key);
+    auto settings = deploy::ParseEngineSettings({{sample.key, sample.value}}, "engine");
+    ASSERT_TRUE(settings.ok()) << settings.error();
+    Welcome welcome;
+    welcome.engine = *settings;
+    auto w = ParseWelcome(EncodeWelcome(welcome));
+    ASSERT_TRUE(w.ok()) << w.error();
+    EXPECT_TRUE(sample.arrived(w->engine));
+    EXPECT_EQ(deploy::EngineSettingsToJson(w->engine), deploy::EngineSettingsToJson(*settings));
+  }
 }
 
 // Finding 2 of issue 40: a top_p that is positive as a double but 0 as the engine's float used

@@ -1,9 +1,10 @@
 // The layering of ARCHITECTURE.md, checked on every source under each layer's directory
-// (recursively): common/, traces/, models/ and policies/ include only the C++ standard library,
-// nlohmann/json.hpp and the Duet layers below them; sim/ is the only place that includes
+// (recursively): common/, traces/, models/, policies/ and deploy/ include only the C++ standard
+// library, nlohmann/json.hpp and the Duet layers below them; sim/ is the only place that includes
 // SimGrid; backend/ the only one that includes UCX, NCCL, HTTP (Beast/Asio) or metrics
 // exposition headers; backend/ and kernels/cuda/ the only ones with CUDA headers; no layer
-// includes one above it. Also checks that the checker itself rejects such includes.
+// includes one above it; and of cli/, only the commands that run simulations include sim/. Also
+// checks that the checker itself rejects such includes.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -48,17 +49,21 @@ const std::map<std::string, Rule> kRules = {
     {"traces", {{"common", "traces"}, {}, true}},
     {"models", {{"common", "models"}, {}, true}},
     {"policies", {{"common", "models", "traces", "policies"}, {}, true}},
-    {"sim", {{"common", "models", "traces", "policies", "sim"}, {"simgrid"}, false}},
+    // deploy: the deployment description both worlds read (cluster files' instances, roles,
+    // engine settings).
+    {"deploy", {{"common", "models", "traces", "policies", "deploy"}, {}, true}},
+    {"sim", {{"common", "models", "traces", "policies", "deploy", "sim"}, {"simgrid"}, false}},
     // plan: the capacity search; runs simulations as processes, so no SimGrid of its own.
-    {"plan", {{"common", "models", "traces", "policies", "sim", "plan"}, {}, false}},
+    {"plan", {{"common", "models", "traces", "policies", "deploy", "sim", "plan"}, {}, false}},
     {"kernels", {{"common", "kernels"}, {}, false}},
     {"kernels/cuda", {{"common", "kernels"}, {"cuda"}, false}},
     {"backend",
-     {{"common", "models", "traces", "policies", "kernels", "backend"},
+     {{"common", "models", "traces", "policies", "deploy", "kernels", "backend"},
       {"cuda", "ucx", "nccl", "http"},
       false}},
     {"cli",
-     {{"common", "models", "traces", "policies", "kernels", "sim", "plan", "backend", "cli"},
+     {{"common", "models", "traces", "policies", "deploy", "kernels", "sim", "plan", "backend",
+       "cli"},
       {},
       false}},
 };
@@ -102,6 +107,19 @@ std::vector<std::string> Violations(const std::string& dir, const fs::path& path
   return bad;
 }
 
+// "file:line: text" for every include of sim/ in `path`.
+std::vector<std::string> SimIncludes(const fs::path& path) {
+  static const std::regex sim_re(R"(^\s*#\s*include\s*[<"]sim/)");
+  std::vector<std::string> found;
+  std::ifstream in(path);
+  std::string line;
+  for (int number = 1; std::getline(in, line); ++number) {
+    if (std::regex_search(line, sim_re))
+      found.push_back(path.string() + ":" + std::to_string(number) + ": " + line);
+  }
+  return found;
+}
+
 bool IsSource(const fs::path& p) {
   static const std::set<std::string> kExt = {".h", ".hpp", ".cpp", ".cu", ".cuh", ".inc"};
   return kExt.count(p.extension().string()) != 0;
@@ -109,8 +127,8 @@ bool IsSource(const fs::path& p) {
 
 TEST(Layering, EveryLayerIncludesOnlyWhatItsRuleAllows) {
   const fs::path root(DUET_SOURCE_DIR);
-  for (const std::string top :
-       {"common", "traces", "models", "policies", "sim", "plan", "kernels", "backend", "cli"}) {
+  for (const std::string top : {"common", "traces", "models", "policies", "deploy", "sim", "plan",
+                                "kernels", "backend", "cli"}) {
     int files = 0;
     for (const auto& entry : fs::recursive_directory_iterator(root / top)) {
       if (!entry.is_regular_file() || !IsSource(entry.path())) continue;
@@ -134,6 +152,7 @@ TEST(Layering, TheCheckerRejectsForbiddenIncludes) {
   EXPECT_EQ(Violations("policies", path).size(), 8u);
   EXPECT_EQ(Violations("models", path).size(), 9u);        // models may not include policies/
   EXPECT_EQ(Violations("policies/sub", path).size(), 8u);  // the rule covers subdirectories
+  EXPECT_EQ(Violations("deploy", path).size(), 8u);        // as pure as policies/
   // sim: SimGrid and the layers below, but no GPU, network or HTTP library and not backend/.
   EXPECT_EQ(Violations("sim", path).size(), 6u);
   // backend: everything but SimGrid and sim/.
@@ -145,7 +164,24 @@ TEST(Layering, TheCheckerRejectsForbiddenIncludes) {
   EXPECT_EQ(Violations("plan", path).size(), 7u);
   // cli: any Duet layer, none of the restricted libraries directly.
   EXPECT_EQ(Violations("cli", path).size(), 6u);
+  EXPECT_EQ(SimIncludes(path).size(), 1u);
   fs::remove(path);
+}
+
+// The live commands learn the deployment from deploy/, never from the simulator's layer: only
+// the commands that run simulations include sim/.
+TEST(Layering, OnlyTheSimulatorsCommandsIncludeSim) {
+  const std::set<std::string> simulating = {"simulate.cpp", "sweep.cpp", "plan.cpp",
+                                            "plan_flags.cpp", "validate.cpp"};
+  int files = 0;
+  for (const auto& entry : fs::directory_iterator(fs::path(DUET_SOURCE_DIR) / "cli")) {
+    if (!entry.is_regular_file() || !IsSource(entry.path())) continue;
+    ++files;
+    if (simulating.count(entry.path().filename().string())) continue;
+    for (const std::string& v : SimIncludes(entry.path()))
+      ADD_FAILURE() << v << " (a live command: read the deployment from deploy/)";
+  }
+  EXPECT_GE(files, 10);
 }
 
 }  // namespace

@@ -201,7 +201,7 @@ class HandoffWatch final : public policies::EventSink {
 
 TEST_F(PdFrontend, ADecodeInstanceWithoutRoomDoesNotPullAndNoRequestFails) {
   FrontendOptions options;
-  options.scheduler.watermark = 0;
+  options.engine.scheduler.watermark = 0;
   HandoffWatch watch;
   options.observer = &watch;
   auto frontend = StartPd({InstanceRole::kPrefill, InstanceRole::kDecode}, options, {64, 6});
@@ -240,7 +240,7 @@ TEST_F(PdFrontend, FailedPullsFollowTheFailurePolicy) {
        {policies::KvLoadFailurePolicy::kFail, policies::KvLoadFailurePolicy::kRecompute}) {
     SCOPED_TRACE(policies::ToString(policy));
     FrontendOptions options;
-    options.kv_load_failure_policy = policy;
+    options.engine.kv_load_failure_policy = policy;
     auto posted = std::make_shared<int>(0);
     options.kv_transport.wrap = [posted](policies::KvTransport& inner, policies::InstanceId) {
       return std::make_unique<FaultInjectingKvTransport>(
@@ -288,8 +288,8 @@ TEST_F(PdFrontend, FailedPullsFollowTheFailurePolicy) {
 // pull complete only after the lease, recomputes; nothing is left held.
 TEST_F(PdFrontend, AnEndedLeaseFreesThePrefillSideAndTheRequestIsRecomputed) {
   FrontendOptions options;
-  options.kv_lease_s = 0.02;
-  options.kv_load_failure_policy = policies::KvLoadFailurePolicy::kRecompute;
+  options.engine.kv_lease_s = 0.02;
+  options.engine.kv_load_failure_policy = policies::KvLoadFailurePolicy::kRecompute;
   options.kv_transport.wrap = [](policies::KvTransport& inner, policies::InstanceId) {
     // The engine thread polls every 0.5 ms while a pull is in flight: 200 polls outlast the lease.
     return std::make_unique<FaultInjectingKvTransport>(

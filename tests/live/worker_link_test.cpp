@@ -131,7 +131,6 @@ std::unique_ptr<LiveFrontend> StartFleet(int slots, const models::ModelSpec& con
   WorkerFleet fleet;
   fleet.listener = std::move(*listener);
   fleet.config = config;
-  fleet.block_tokens = 16;
   fleet.register_timeout_s = 30;
   fleet.heartbeat_timeout_s = 600;  // the test's workers send no heartbeats
   fleet.secret = kSecret;

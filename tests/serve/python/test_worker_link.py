@@ -25,6 +25,9 @@ import pytest
 from conftest import DUET, cluster_file, has_ucx, health, wait_for, wait_up, worker_address
 
 SECRET = "a test secret for the worker link"
+# The worker link protocol this build speaks (backend/cluster/wire.h kWireVersion); from 2 on a
+# hello carries a nonce and the worker proves the secret.
+VERSION = 3
 PROMPT = "Tell me a story about the sea"
 
 
@@ -119,7 +122,7 @@ def unpack(b, at=0):
 HELLO, WELCOME, PEER, ENGINE, EVENTS, HEARTBEAT, CHALLENGE, PROOF = 1, 2, 3, 4, 5, 6, 8, 9
 
 
-def frame(kind, body, version=2):
+def frame(kind, body, version=VERSION):
     return b"DUET" + struct.pack("<HHI", version, kind, len(body)) + body
 
 
@@ -185,7 +188,7 @@ def proof(secret, side, hello_body, nonce):
 
 
 def register(address, model_dir, role, secret, version):
-    """Registers as a worker of `role` speaking protocol `version` (2 proves `secret`): the
+    """Registers as a worker of `role` speaking protocol `version` (2 on prove `secret`): the
     connected socket once welcomed, else None."""
     host, port = address.split(":")
     sock = socket.create_connection((host, int(port)), timeout=10)
@@ -269,7 +272,7 @@ def test_a_hello_nested_a_million_deep_costs_only_its_connection(tiny_model, sta
     before = health(s)
     host, port = worker_address(s).split(":")
     body = b"\x91" * 1_000_000 + b"\x01"
-    for version in (1, 2):  # whichever the server speaks
+    for version in (1, 2, VERSION):  # whichever the server speaks
         with socket.create_connection((host, int(port)), timeout=10) as c:
             try:
                 c.sendall(frame(HELLO, body, version))
@@ -298,16 +301,16 @@ def test_an_impostor_worker_is_refused_and_gets_no_request(tiny_model, start_ser
     wait_down(s, 1)
     host, port = address.split(":")
     impostors = []
-    for version in (1, 2):
+    for version in (1, VERSION):
         c = socket.create_connection((host, int(port)), timeout=10)
         c.sendall(frame(HELLO, public_hello(tiny_model, "decode", version), version))
         impostors.append(c)
-    # What a version 2 impostor can answer a challenge with: anything but the proof.
+    # What an impostor of this version can answer a challenge with: anything but the proof.
     time.sleep(0.5)
     try:
         impostors[1].sendall(frame(PROOF, pack({"proof": bytes(32)})))
     except (BrokenPipeError, ConnectionResetError):
-        pass  # a server that does not speak version 2 closed it
+        pass  # a server that does not speak this version closed it
     # User requests while the impostors wait: none may reach them.
     for _ in range(4):
         try:
@@ -467,11 +470,11 @@ def test_a_load_report_out_of_bounds_ends_the_link_and_never_reaches_metrics(
     wait_down(s, 1)
     # A worker that holds the secret (whichever protocol the server speaks) reports a load no
     # worker can have.
-    sock = register(address, tiny_model, "decode", SECRET, 2) or \
+    sock = register(address, tiny_model, "decode", SECRET, VERSION) or \
         register(address, tiny_model, "decode", SECRET, 1)
     assert sock is not None, s.stderr()
     wait_up(s, 1, joins=2, timeout=10)
-    version = 2 if "this build speaks 1" not in s.stderr() else 1
+    version = VERSION if "this build speaks 1" not in s.stderr() else 1
     load = {"waiting": 0, "running": 2**63 - 1, "kv_used": 0, "kv_free": 4096,
             "kv_total": 4096, "leases_held": 0, "leases_expired": 0, "load_failures": 0,
             "load_recomputes": 0}

@@ -1,0 +1,126 @@
+// Parsing of a cluster file's deployment part (see deployment.h).
+#include "deploy/deployment.h"
+
+#include <filesystem>
+
+#include "common/json_util.h"
+
+namespace duet::deploy {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+Status ParseInstances(const json& doc, const std::string& path, Deployment& d) {
+  auto inst_it = doc.find("instances");
+  if (inst_it == doc.end() || inst_it->is_null())
+    return FieldError(path, "instances", "is missing");
+  if (!inst_it->is_array() || inst_it->empty())
+    return FieldError(path, "instances", "must be a non-empty array");
+  int counters[3] = {0, 0, 0};
+  for (std::size_t g = 0; g < inst_it->size(); ++g) {
+    const json& group = (*inst_it)[g];
+    const std::string where = path + ": instances[" + std::to_string(g) + "]";
+    if (!group.is_object()) return Status::Error(where + ": must be an object");
+    auto role_name = JsonString(group, "role", where);
+    if (!role_name) return role_name.status();
+    auto role = ParseInstanceRole(*role_name);
+    if (!role) return FieldError(where, "role", role.error());
+    auto count = JsonIntOr(group, "count", 1, where);
+    auto tp = JsonIntOr(group, "tp", 1, where);
+    auto node = JsonIntOr(group, "node", -1, where);
+    if (!count) return count.status();
+    if (!tp) return tp.status();
+    if (!node) return node.status();
+    if (*count < 1 || *count > 100000) return FieldError(where, "count", "must be >= 1");
+    if (*tp < 1 || *tp > 64) return FieldError(where, "tp", "must be in [1, 64]");
+    if (static_cast<std::int64_t>(d.instances.size()) + *count > kMaxInstances)
+      return FieldError(where, "count",
+                        "makes more than " + std::to_string(kMaxInstances) + " instances in all");
+    for (std::int64_t k = 0; k < *count; ++k) {
+      InstanceSpec inst;
+      inst.role = *role;
+      inst.tp = static_cast<int>(*tp);
+      inst.node = *node;
+      inst.group = g;
+      inst.index = k;
+      const char prefix = *role == policies::InstanceRole::kPrefill  ? 'p'
+                          : *role == policies::InstanceRole::kDecode ? 'd'
+                                                                     : 'c';
+      inst.name = prefix + std::to_string(counters[static_cast<int>(*role)]++);
+      d.instances.push_back(std::move(inst));
+    }
+  }
+  const int p = d.CountRole(policies::InstanceRole::kPrefill);
+  const int dec = d.CountRole(policies::InstanceRole::kDecode);
+  const int colo = d.CountRole(policies::InstanceRole::kColocated);
+  if (colo > 0 && (p > 0 || dec > 0))
+    return Status::Error(path + ": instances mix colocated and prefill/decode roles");
+  if ((p > 0) != (dec > 0))
+    return Status::Error(path + ": PD mode needs at least one prefill and one decode instance");
+  return Status::Ok();
+}
+
+}  // namespace
+
+std::string ResolveRef(const std::string& ref, const std::string& referrer,
+                       const std::string& bundled_dir, bool directories) {
+  const bool json_file = ref.size() > 5 && ref.compare(ref.size() - 5, 5, ".json") == 0;
+  if (json_file || (directories && ref.find('/') != std::string::npos)) {
+    const fs::path p(ref);
+    return p.is_absolute() ? ref : (fs::path(referrer).parent_path() / p).string();
+  }
+  return (fs::path(bundled_dir) / (ref + ".json")).string();
+}
+
+Result<policies::InstanceRole> ParseInstanceRole(const std::string& name) {
+  if (name == "prefill") return policies::InstanceRole::kPrefill;
+  if (name == "decode") return policies::InstanceRole::kDecode;
+  if (name == "colocated") return policies::InstanceRole::kColocated;
+  return Status::Error("must be prefill, decode or colocated, got '" + name + "'");
+}
+
+bool Deployment::pd() const { return CountRole(policies::InstanceRole::kPrefill) > 0; }
+
+int Deployment::CountRole(policies::InstanceRole role) const {
+  int n = 0;
+  for (const auto& i : instances) n += i.role == role;
+  return n;
+}
+
+Result<Deployment> LoadDeployment(const std::string& path, const std::string& data_dir) {
+  auto doc = ReadJsonFile(path);
+  if (!doc) return doc.status();
+  return ParseDeployment(*doc, path, data_dir);
+}
+
+Result<Deployment> ParseDeployment(const json& doc, const std::string& path,
+                                   const std::string& data_dir) {
+  if (!doc.is_object()) return Status::Error(path + ": must be a JSON object");
+  Deployment d;
+  d.path = path;
+  auto name = JsonStringOr(doc, "name", fs::path(path).stem().string(), path);
+  if (!name) return name.status();
+  d.name = *name;
+  if (auto it = doc.find("router"); it != doc.end() && !it->is_null()) {
+    if (!it->is_string()) return FieldError(path, "router", "must be a string");
+    auto kind = policies::ParseRouterKind(it->get<std::string>());
+    if (!kind) return FieldError(path, "router", kind.error());
+    d.router = *kind;
+  }
+  auto model_ref = JsonString(doc, "model", path);
+  if (!model_ref) return model_ref.status();
+  auto model = models::LoadModelSpec(ResolveRef(
+      *model_ref, path, (fs::path(data_dir) / "models" / "specs").string(), /*directories=*/true));
+  if (!model) return Status::Error(path + ": field 'model': " + model.error());
+  d.model = *model;
+  if (auto it = doc.find("engine"); it != doc.end() && !it->is_null()) {
+    auto engine = ParseEngineSettings(*it, path + ": engine");
+    if (!engine) return engine.status();
+    d.engine = *engine;
+  }
+  DUET_RETURN_IF_ERROR(ParseInstances(doc, path, d));
+  return d;
+}
+
+}  // namespace duet::deploy

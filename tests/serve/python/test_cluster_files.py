@@ -1,0 +1,98 @@
+"""`duet serve --cluster` reads a cluster file's deployment (instances, roles, engine settings)
+with the simulator's own parser (deploy/), and hands every engine setting to its worker processes
+through the same codec (issue 41). So a cluster file that `duet simulate` accepts is served, by
+engine threads and by worker processes alike, with settings far from their defaults (a
+watermark of 0.6 used to simulate fine and leave `duet serve` restarting its workers until it
+gave up); a file the simulator refuses, serve refuses at start with the same message."""
+
+import json
+import os
+
+import pytest
+
+from conftest import cluster_file, has_ucx, run_duet
+
+# Every engine setting away from its default, within the bounds both worlds share.
+ENGINE = {
+    "block_tokens": 32,
+    "max_num_batched_tokens": 1 << 30,
+    "max_num_seqs": 7,
+    "watermark": 0.6,
+    "overlap_tier_loads": False,
+    "gpu_memory_utilization": 0.5,
+    "reserved_gib": 0.125,
+    "kv_cache_dtype": "float16",
+    "enable_prefix_caching": False,
+    "coalesce_decode_steps": False,
+    "kv_lease_s": 30.5,
+    "kv_load_failure_policy": "recompute",
+}
+KV_BLOCKS = 50
+
+
+def colocated(path):
+    """The same file with two colocated instances instead of prefill and decode."""
+    with open(path) as f:
+        doc = json.load(f)
+    doc["instances"] = [{"role": "colocated", "count": 2, "tp": 1, "node": 0}]
+    doc["nodes"][0]["gpus"] = 2
+    out = path.replace(".json", "-colocated.json")
+    with open(out, "w") as f:
+        json.dump(doc, f)
+    return out
+
+
+def simulate(path, tmp_path):
+    return run_duet("simulate", "--cluster", path, "--out", str(tmp_path / "sim"), timeout=300)
+
+
+@pytest.mark.parametrize("layout", ["colocated", "1p1d"])
+@pytest.mark.parametrize("workers", ["thread", "process"])
+def test_a_cluster_file_the_simulator_accepts_is_served(tiny_model, start_server, tmp_path,
+                                                         workers, layout):
+    if layout == "1p1d" and not has_ucx():
+        pytest.skip("this build has no UCX (libucx-dev): PD is not served across processes")
+    path = cluster_file(tmp_path, 1, 1, **ENGINE)
+    if layout == "colocated":
+        path = colocated(path)
+    simulated = simulate(path, tmp_path)
+    assert simulated.returncode == 0, simulated.stderr
+
+    args = ["--cluster", path, "--workers", workers, "--threads", "1",
+            "--kv-blocks", str(KV_BLOCKS)]
+    s = start_server(tiny_model, *args)
+    # Requests may hold the blocks the watermark leaves (50 blocks less 30, of 32 tokens), within
+    # the model's context.
+    with open(os.path.join(tiny_model, "config.json")) as f:
+        context = json.load(f)["max_position_embeddings"]
+    assert f"max_model_len {min(context, (KV_BLOCKS - 30) * 32)})" in s.ready_line, s.ready_line
+    client = s.client()
+    for i in range(3):
+        reply = client.completions.create(model=s.model, prompt=f"Request {i}: once upon a time",
+                                          max_tokens=24, temperature=0)
+        assert reply.choices[0].finish_reason in ("stop", "length"), reply
+        assert reply.usage.completion_tokens >= 1
+    s.assert_idle()
+    log = s.stderr()
+    assert "restart" not in log and "refused" not in log, log
+    assert s.stop() == 0, s.stderr()
+
+
+@pytest.mark.parametrize("engine, words", [
+    ({"watermark": 1.5}, ["engine", "'watermark'", "[0, 1)"]),
+    ({"kv_cache_dtype": "int4"}, ["'kv_cache_dtype'", "int4"]),
+    ({"max_num_sqs": 8}, ["unknown setting", "max_num_sqs"]),
+])
+def test_a_cluster_file_the_simulator_refuses_serve_refuses_alike(tiny_model, tmp_path, engine,
+                                                                  words):
+    path = cluster_file(tmp_path, 1, 1, **engine)
+    simulated = simulate(path, tmp_path)
+    assert simulated.returncode != 0
+    served = run_duet("serve", "--model", tiny_model, "--cluster", path, "--port", "0",
+                      timeout=120)
+    assert served.returncode != 0
+    message = simulated.stderr.strip().splitlines()[-1]
+    for w in words:
+        assert w in message, message
+    # The simulator's message, word for word, past its command's prefix.
+    assert message.split(": ", 1)[1] in served.stderr, (message, served.stderr)
