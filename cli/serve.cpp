@@ -16,6 +16,7 @@
 #include <ctime>
 #include <mutex>
 #include <thread>
+#include <tuple>
 
 #include "backend/cluster/link_auth.h"
 #include "backend/registry.h"
@@ -233,12 +234,15 @@ int Serve(int argc, char** argv) {
   if (cluster) {
     engine = cluster->engine;
   } else {
-    auto flagged = deploy::ParseEngineSettings(
-        {{"max_num_seqs", vm["max-num-seqs"].as<int>()},
-         {"max_num_batched_tokens", vm["max-num-batched-tokens"].as<std::int64_t>()}},
-        "--max-num-seqs/--max-num-batched-tokens");
-    if (!flagged) return Fail(flagged.error(), kExitUsage);
-    engine = *flagged;
+    for (const auto& [flag, key, value] :
+         {std::tuple<const char*, const char*, nlohmann::json>{"--max-num-seqs", "max_num_seqs",
+                                                               vm["max-num-seqs"].as<int>()},
+          {"--max-num-batched-tokens", "max_num_batched_tokens",
+           vm["max-num-batched-tokens"].as<std::int64_t>()}}) {
+      auto flagged = deploy::ParseEngineSettings({{key, value}}, flag, engine);
+      if (!flagged) return Fail(flagged.error(), kExitUsage);
+      engine = *flagged;
+    }
   }
   const int threads = vm["threads"].as<int>();
   if (Status s = CheckThreadsFlag(threads); !s.ok()) return Fail(s.message(), kExitUsage);

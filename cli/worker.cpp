@@ -60,10 +60,11 @@ int Worker(int argc, char** argv) {
   const std::string device = vm["device"].as<std::string>();
   if (device != "cpu" && device != "cuda") return Fail("--device must be cpu or cuda", kExitUsage);
   // The bounds of the engine settings (a cluster file's, which duet serve hands on).
-  auto engine =
-      deploy::ParseEngineSettings({{"block_tokens", vm["block-tokens"].as<int>()},
-                                   {"kv_cache_dtype", vm["kv-cache-dtype"].as<std::string>()}},
-                                  "duet worker");
+  auto engine = deploy::ParseEngineSettings({{"block_tokens", vm["block-tokens"].as<int>()}},
+                                            "--block-tokens");
+  if (!engine) return Fail(engine.error(), kExitUsage);
+  engine = deploy::ParseEngineSettings({{"kv_cache_dtype", vm["kv-cache-dtype"].as<std::string>()}},
+                                       "--kv-cache-dtype", *engine);
   if (!engine) return Fail(engine.error(), kExitUsage);
   const auto block_tokens = static_cast<std::int32_t>(engine->block_tokens);
   const std::int64_t kv_blocks = vm["kv-blocks"].as<std::int64_t>();

@@ -19,6 +19,7 @@
 
 #include "common/progress.h"
 #include "deploy/engine_settings.h"
+#include "policies/admission.h"
 #include "policies/block_hash.h"
 #include "policies/engine.h"
 #include "policies/kv_event_index.h"
@@ -501,17 +502,15 @@ void SetBlockHashes(World& w, std::size_t k) {
                                       (r.input_tokens + r.output_tokens) / block);
 }
 
-void Frontend(World& w, const std::vector<InstanceId>& prefill_side,
-              const std::vector<InstanceId>& decode_side) {
-  // A request must fit on every candidate instance: prompt on the prefill side, prompt and
-  // output on the serving (decode or colocated) side.
-  Tokens prefill_limit = std::numeric_limits<Tokens>::max();
-  Tokens serve_limit = std::numeric_limits<Tokens>::max();
-  for (InstanceId i : prefill_side) prefill_limit = std::min(prefill_limit, AdmissibleTokens(w, i));
-  for (InstanceId i : decode_side.empty() ? prefill_side : decode_side)
-    serve_limit = std::min(serve_limit, AdmissibleTokens(w, i));
-  // The model's context: the prompt and every output token need a position.
-  const Tokens context_tokens = w.cluster.model.max_position_embeddings;
+void Frontend(World& w) {
+  std::vector<policies::InstanceRole> roles;
+  std::vector<Tokens> admissible;
+  for (std::size_t i = 0; i < w.cluster.instances.size(); ++i) {
+    roles.push_back(w.cluster.instances[i].role);
+    admissible.push_back(AdmissibleTokens(w, static_cast<InstanceId>(i)));
+  }
+  const auto limits = policies::AdmissionLimits::For(
+      roles, admissible, w.cluster.model.max_position_embeddings, w.cluster.model.name);
 
   auto reject = [&](Request& r, std::string reason) {
     r.state = RequestState::kRejected;
@@ -526,17 +525,8 @@ void Frontend(World& w, const std::vector<InstanceId>& prefill_side,
     r.session = w.arrivals->session(k);
     SetBlockHashes(w, k);
     // Reasons read "<class>: <detail>": the summary counts them by class.
-    const Tokens footprint = r.input_tokens + r.output_tokens;
-    if (footprint > context_tokens) {
-      return reject(r, "exceeds the model's context: needs " + std::to_string(footprint) +
-                           " positions (prompt and output); " + w.cluster.model.name +
-                           " has max_position_embeddings " + std::to_string(context_tokens));
-    }
-    if (r.input_tokens > prefill_limit || footprint > serve_limit) {
-      return reject(r, "exceeds KV capacity: needs " + std::to_string(footprint) +
-                           " KV tokens; an instance admits at most " +
-                           std::to_string(std::min(prefill_limit, serve_limit)));
-    }
+    if (auto too_long = limits.Check(r.input_tokens, r.output_tokens))
+      return reject(r, std::move(*too_long));
     DeliverKvEvents(w);
     const policies::RoutingDecision d = w.router->Route(r);
     if (!d.reject_reason.empty()) return reject(r, d.reject_reason);
@@ -850,8 +840,7 @@ Result<SimReport> Simulate(const ClusterSpec& cluster, const traces::Trace& trac
       if (Status s = w.engines[i]->CheckInvariants(); !s.ok()) w.errors.push_back(s.message());
     });
   }
-  sg4::Actor::create("frontend", w.platform.frontend,
-                     [&w, prefill_side, decode_side] { Frontend(w, prefill_side, decode_side); });
+  sg4::Actor::create("frontend", w.platform.frontend, [&w] { Frontend(w); });
   try {
     engine->run();
   } catch (const std::exception& e) {

@@ -2,7 +2,10 @@
 #include "backend/engine/local_engine.h"
 
 #include <deque>
+#include <optional>
+#include <string>
 
+#include "policies/admission.h"
 #include "policies/block_hash.h"
 
 namespace duet::backend {
@@ -32,8 +35,11 @@ std::vector<GenerationResult> LocalEngine::Generate(
     const std::vector<GenerationRequest>& requests) {
   std::deque<Request> live;
   const std::size_t finished_before = metrics_.finished();
-  const Tokens capacity =
+  const policies::InstanceRole role = policies::InstanceRole::kColocated;
+  const Tokens admissible =
       options_.scheduler.AdmissibleTokens(model_.num_blocks(), model_.block_tokens());
+  const auto limits = policies::AdmissionLimits::For(
+      {&role, 1}, {&admissible, 1}, model_.config().max_position_embeddings, model_.config().name);
   std::vector<GenerationResult> results(requests.size());
   std::size_t rejected = 0;
   for (std::size_t i = 0; i < requests.size(); ++i) {
@@ -45,10 +51,15 @@ std::vector<GenerationResult> LocalEngine::Generate(
     r.token_ids = requests[i].prompt;
     r.sampling = requests[i].sampling;
     r.prefill_instance = r.decode_instance = 0;
-    if (r.input_tokens < 1 || r.output_tokens < 1 || r.input_tokens + r.output_tokens > capacity) {
+    std::optional<std::string> too_long;
+    if (r.input_tokens < 1 || r.output_tokens < 1) {
+      too_long = "empty: needs a prompt token and an output token at least";
+    } else {
+      too_long = limits.Check(r.input_tokens, r.output_tokens);
+    }
+    if (too_long) {
       r.state = policies::RequestState::kRejected;
-      r.reason = "exceeds KV capacity: needs " + std::to_string(r.input_tokens + r.output_tokens) +
-                 " KV tokens; this instance admits at most " + std::to_string(capacity);
+      r.reason = std::move(*too_long);
       results[i].record = r;
       ++rejected;
       continue;

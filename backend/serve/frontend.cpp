@@ -207,6 +207,17 @@ std::optional<std::string> KvLayoutMismatch(const FrontendOptions& options,
   return std::nullopt;
 }
 
+Status SetLimits(LiveFrontend::Impl& s, std::span<const Tokens> admissible) {
+  const auto limits = policies::AdmissionLimits::For(
+      s.options.roles, admissible, s.config.max_position_embeddings, s.config.name);
+  if (limits.prompt_limit() < 1 || limits.max_request_tokens() < 2)
+    return Status::Error("the KV cache holds too few blocks to serve a request");
+  std::lock_guard lock(s.mu);
+  s.limits = limits;
+  s.limits_set = true;
+  return Status::Ok();
+}
+
 Result<std::unique_ptr<LiveFrontend>> LiveFrontend::Start(
     std::vector<std::unique_ptr<ForwardModel>> models, FrontendOptions options) {
   if (models.empty()) return Status::Error("the live frontend needs at least one instance");
@@ -239,14 +250,10 @@ Result<std::unique_ptr<LiveFrontend>> LiveFrontend::Start(
   if (Status st = InitImpl(s, options, *roles); !st.ok()) return st;
   s.models = std::move(models);
   const int n = static_cast<int>(s.models.size());
-  s.max_request_tokens = std::numeric_limits<Tokens>::max();
-  if (config.max_position_embeddings > 0) s.max_request_tokens = config.max_position_embeddings;
-  for (const auto& m : s.models) {
-    s.max_request_tokens = std::min(s.max_request_tokens, options.engine.scheduler.AdmissibleTokens(
-                                                              m->num_blocks(), block_tokens));
-  }
-  if (s.max_request_tokens < 2)
-    return Status::Error("the KV cache holds too few blocks to serve a request");
+  std::vector<Tokens> admissible;
+  for (const auto& m : s.models)
+    admissible.push_back(options.engine.scheduler.AdmissibleTokens(m->num_blocks(), block_tokens));
+  if (Status st = SetLimits(s, admissible); !st.ok()) return st;
   auto transports = LocalKvTransports::Create(regions, *roles, options.kv_transport);
   if (!transports.ok()) return Status::Error("KV transport: " + transports.error());
   s.transports = std::move(*transports);
@@ -308,14 +315,8 @@ Admission LiveFrontend::Submit(LiveRequest request, std::shared_ptr<RequestListe
                   std::to_string(config.vocab_size) + ")"};
   }
   const auto prompt_tokens = static_cast<Tokens>(request.prompt.size());
-  if (prompt_tokens > s.max_request_tokens - request.max_tokens) {
-    return {AdmitStatus::kTooLong, 0,
-            "the prompt (" + std::to_string(prompt_tokens) + " tokens) plus max_tokens (" +
-                std::to_string(request.max_tokens) + ") make " +
-                std::to_string(prompt_tokens + request.max_tokens) + " tokens, more than the " +
-                std::to_string(s.max_request_tokens) +
-                " one request may have (the model's context and the KV cache)"};
-  }
+  if (auto too_long = s.limits.Check(prompt_tokens, request.max_tokens))
+    return {AdmitStatus::kTooLong, 0, std::move(*too_long)};
   auto r = std::make_unique<Request>();
   r->input_tokens = prompt_tokens;
   r->output_tokens = request.max_tokens;
@@ -378,7 +379,7 @@ std::int64_t LiveFrontend::Drain(Seconds timeout_s) {
   return aborted;
 }
 
-Tokens LiveFrontend::max_request_tokens() const { return impl_->max_request_tokens; }
+Tokens LiveFrontend::max_request_tokens() const { return impl_->limits.max_request_tokens(); }
 const models::ModelSpec& LiveFrontend::model_config() const { return impl_->config; }
 
 FrontendStats LiveFrontend::Stats() const {

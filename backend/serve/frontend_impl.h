@@ -6,11 +6,15 @@
 #include <condition_variable>
 #include <memory>
 #include <mutex>
+#include <optional>
+#include <span>
+#include <string>
 #include <unordered_map>
 #include <vector>
 
 #include "backend/engine/engine_thread.h"
 #include "backend/serve/frontend.h"
+#include "policies/admission.h"
 #include "policies/kv_event_index.h"
 
 namespace duet::backend::serve {
@@ -104,7 +108,10 @@ struct LiveFrontend::Impl {
   std::unique_ptr<LocalKvTransports> transports;  // engine threads only
   std::unique_ptr<LocalOutbox> outbox;            // engine threads only
   std::vector<std::unique_ptr<Instance>> instances;
-  Tokens max_request_tokens = 0;
+  // The admission rule's limits (policies/admission.h), from every instance's KV blocks; with
+  // worker processes, set once every slot was first taken (limits_set).
+  policies::AdmissionLimits limits;
+  bool limits_set = false;
 
   struct Fleet;  // worker processes (frontend_workers.cpp); null with engine threads
   std::unique_ptr<Fleet> fleet;
@@ -124,6 +131,8 @@ struct LiveFrontend::Impl {
   ~Impl();
 };
 
+// Sets the admission limits from what each instance admits (in the order of options.roles).
+Status SetLimits(LiveFrontend::Impl& s, std::span<const Tokens> admissible);
 // Whether instance `id` publishes its prefix cache's changes (the router reads them).
 bool PublishesKvEvents(const FrontendOptions& options, policies::InstanceId id);
 // Why an instance's KV layout is not the one the engine settings ask for, if it is not.

@@ -515,13 +515,13 @@ void Register(Impl& s, int fd) {
   if (auto mismatch =
           KvLayoutMismatch(s.options, w.config, hello->block_tokens, hello->kv_bytes_per_token))
     return refuse(*mismatch);
-  Tokens most_tokens = 0;  // set by StartFleet once every slot was first taken
+  std::optional<Tokens> required;  // none before every slot was first taken (StartFleet)
   {
     std::lock_guard lock(s.mu);
-    most_tokens = s.max_request_tokens;
+    if (s.limits_set) required = s.limits.RequiredOf(hello->role);
   }
-  if (most_tokens > 0 && s.options.engine.scheduler.AdmissibleTokens(
-                             hello->num_blocks, s.block_tokens) < most_tokens) {
+  if (required &&
+      s.options.engine.scheduler.AdmissibleTokens(hello->num_blocks, s.block_tokens) < *required) {
     return refuse("it holds " + std::to_string(hello->num_blocks) +
                   " KV blocks, too few for the longest request the frontend admits");
   }
@@ -711,10 +711,11 @@ Status StartFleet(Impl& s, WorkerFleet settings) {
       lock.lock();
     }
   }
-  std::int64_t fewest_blocks = std::numeric_limits<std::int64_t>::max();
+  std::vector<Tokens> admissible;
   std::string missing;
   for (std::size_t i = 0; i < f.slots.size(); ++i) {
-    fewest_blocks = std::min(fewest_blocks, f.slots[i].load.kv_blocks_total);
+    admissible.push_back(s.options.engine.scheduler.AdmissibleTokens(
+        f.slots[i].load.kv_blocks_total, s.block_tokens));
     if (!f.slots[i].up())
       missing += (missing.empty() ? "" : ", ") + std::to_string(i) + " (" +
                  policies::ToString(f.slots[i].role) + ")";
@@ -729,15 +730,10 @@ Status StartFleet(Impl& s, WorkerFleet settings) {
     return Status::Error("worker slots " + missing + " were not taken within " +
                          std::to_string(f.settings.register_timeout_s) + " s");
   }
-  Tokens most = std::numeric_limits<Tokens>::max();
-  if (s.config.max_position_embeddings > 0) most = s.config.max_position_embeddings;
-  most = std::min(most, s.options.engine.scheduler.AdmissibleTokens(fewest_blocks, s.block_tokens));
-  if (most < 2) {
+  if (Status st = SetLimits(s, admissible); !st.ok()) {
     StopFleet(s);
-    return Status::Error("the workers' KV caches hold too few blocks to serve a request");
+    return Status::Error("the workers' KV caches: " + st.message());
   }
-  std::lock_guard impl_lock(s.mu);
-  s.max_request_tokens = most;
   return Status::Ok();
 }
 
