@@ -25,6 +25,7 @@ constexpr std::int64_t kMaxTokens = std::int64_t{1} << 26;
 constexpr std::int64_t kMaxInstance = 1 << 16;
 constexpr std::int64_t kMaxBlocks = std::int64_t{1} << 31;
 constexpr std::size_t kMaxStopTokens = 4096;
+constexpr std::size_t kMaxStopStrings = 256;  // of kMaxReasonBytes each
 constexpr std::size_t kMaxReasonBytes = 4096;
 constexpr std::size_t kMaxDescriptorBytes = 1 << 20;
 constexpr double kMaxSeconds = 1e12;
@@ -191,6 +192,9 @@ json RequestToJson(const Request& r, bool full) {
             {"generated_tokens", r.generated_tokens},
             {"cached_tokens", r.cached_tokens},
             {"tier_hit_tokens", r.tier_hit_tokens},
+            {"loading_tokens", r.loading_tokens},
+            {"offloaded_blocks", r.offloaded_blocks},
+            {"session", r.session},
             {"preemptions", r.preemptions},
             {"kv_transfer_bytes", r.kv_transfer_bytes},
             {"first_scheduled_s", r.first_scheduled_s},
@@ -198,17 +202,20 @@ json RequestToJson(const Request& r, bool full) {
             {"prefill_done_s", r.prefill_done_s},
             {"kv_ready_s", r.kv_ready_s},
             {"first_token_s", r.first_token_s},
+            {"second_token_s", r.second_token_s},
             {"last_token_s", r.last_token_s},
             {"finished_s", r.finished_s},
             {"finish_reason", static_cast<int>(r.finish_reason)},
             {"reason", r.reason}};
+  if (r.router_score) j["router_score"] = *r.router_score;
   if (full) {
     j["token_ids"] = r.token_ids;
     j["block_hashes"] = r.block_hashes;
     json s = {{"temperature", r.sampling.temperature},
               {"top_p", r.sampling.top_p},
               {"top_k", r.sampling.top_k},
-              {"stop_token_ids", r.sampling.stop_token_ids}};
+              {"stop_token_ids", r.sampling.stop_token_ids},
+              {"stop_strings", r.sampling.stop_strings}};
     if (r.sampling.seed) s["seed"] = *r.sampling.seed;
     j["sampling"] = std::move(s);
   }
@@ -249,6 +256,20 @@ Result<Request> RequestFromJson(const json& j, bool full, const std::string& whe
       !s.ok())
     return s;
   for (std::size_t i = 0; i < tier_hits.size(); ++i) r.tier_hit_tokens[i] = tier_hits[i];
+  std::vector<Tokens> loading;
+  if (Status s = IntArray(j, "loading_tokens", policies::kNumLowerTiers, 0, input, where, &loading);
+      !s.ok())
+    return s;
+  for (std::size_t i = 0; i < loading.size(); ++i) r.loading_tokens[i] = loading[i];
+  DUET_WIRE_TRY(offloaded, JsonIntIn(j, "offloaded_blocks", 0, input, where, 0));
+  r.offloaded_blocks = offloaded;
+  DUET_WIRE_TRY(session,
+                JsonIntIn(j, "session", -1, std::numeric_limits<std::int64_t>::max(), where, -1));
+  r.session = session;
+  if (JsonHas(j, "router_score")) {
+    DUET_WIRE_TRY(score, JsonNumberIn(j, "router_score", -kMaxSeconds, kMaxSeconds, where));
+    r.router_score = score;
+  }
   DUET_WIRE_TRY(preemptions, JsonIntIn(j, "preemptions", 0, 1 << 30, where, 0));
   r.preemptions = static_cast<int>(preemptions);
   DUET_WIRE_TRY(kv_bytes, JsonIntIn(j, "kv_transfer_bytes", 0,
@@ -257,13 +278,10 @@ Result<Request> RequestFromJson(const json& j, bool full, const std::string& whe
   struct {
     const char* key;
     duet::Seconds* field;
-  } times[] = {{"first_scheduled_s", &r.first_scheduled_s},
-               {"load_wait_s", &r.load_wait_s},
-               {"prefill_done_s", &r.prefill_done_s},
-               {"kv_ready_s", &r.kv_ready_s},
-               {"first_token_s", &r.first_token_s},
-               {"last_token_s", &r.last_token_s},
-               {"finished_s", &r.finished_s}};
+  } times[] = {{"first_scheduled_s", &r.first_scheduled_s}, {"load_wait_s", &r.load_wait_s},
+               {"prefill_done_s", &r.prefill_done_s},       {"kv_ready_s", &r.kv_ready_s},
+               {"first_token_s", &r.first_token_s},         {"second_token_s", &r.second_token_s},
+               {"last_token_s", &r.last_token_s},           {"finished_s", &r.finished_s}};
   for (const auto& t : times) {
     DUET_WIRE_TRY(v, TimeField(j, t.key, where, *t.field));
     *t.field = v;
@@ -313,6 +331,20 @@ Result<Request> RequestFromJson(const json& j, bool full, const std::string& whe
                    sw, &r.sampling.stop_token_ids);
       !st.ok())
     return st;
+  if (JsonHas(s, "stop_strings")) {
+    const json& stops = s.at("stop_strings");
+    if (!stops.is_array() || stops.size() > kMaxStopStrings)
+      return FieldError(
+          sw, "stop_strings",
+          "must be an array of at most " + std::to_string(kMaxStopStrings) + " strings");
+    for (std::size_t i = 0; i < stops.size(); ++i) {
+      const std::string key = "stop_strings[" + std::to_string(i) + "]";
+      if (!stops[i].is_string() || stops[i].get_ref<const std::string&>().size() > kMaxReasonBytes)
+        return FieldError(
+            sw, key, "must be a string of at most " + std::to_string(kMaxReasonBytes) + " bytes");
+      r.sampling.stop_strings.push_back(stops[i].get<std::string>());
+    }
+  }
   // Checked as the engine holds them (floats), not as they arrived.
   if (auto problem = policies::CheckSampling(r.sampling))
     return FieldError(sw, problem->field, problem->message);

@@ -28,22 +28,38 @@ Request FullRequest() {
   r.sampling.top_k = 40;
   r.sampling.seed = 0xfedcba9876543210ull;
   r.sampling.stop_token_ids = {2, 99};
+  r.sampling.stop_strings = {"\n\n", "THE END"};
   r.state = policies::RequestState::kTransferring;
   r.prefill_instance = 0;
   r.decode_instance = 3;
+  r.router_score = -2.5;
+  r.session = 17;
   r.prefill_target = 5;
   r.computed_tokens = 5;
   r.generated_tokens = 1;
   r.cached_tokens = 4;
   r.tier_hit_tokens = {1, 2, 0};
+  r.loading_tokens = {0, 1, 2};
+  r.offloaded_blocks = 3;
   r.preemptions = 2;
   r.kv_transfer_bytes = 123456;
   r.first_scheduled_s = 1.75;
+  r.load_wait_s = 0.125;
   r.prefill_done_s = 2.0;
-  r.finish_reason = policies::FinishReason::kNone;
+  r.kv_ready_s = 2.25;
+  r.first_token_s = 2.5;
+  r.second_token_s = 2.75;
+  r.last_token_s = 3.0;
+  r.finished_s = 3.5;
+  r.finish_reason = policies::FinishReason::kStop;
   r.reason = "why";
   return r;
 }
+
+// A field added to Request changes its size: give it a value in FullRequest, a comparison in
+// ExpectSameRequest, and a place on the wire (RequestToJson, RequestFromJson).
+static_assert(sizeof(Request) == 408 && sizeof(policies::SamplingParams) == 80,
+              "Request or SamplingParams changed: does the wire carry every field?");
 
 void ExpectSameRequest(const Request& a, const Request& b) {
   EXPECT_EQ(a.id, b.id);
@@ -57,19 +73,29 @@ void ExpectSameRequest(const Request& a, const Request& b) {
   EXPECT_EQ(a.sampling.top_k, b.sampling.top_k);
   EXPECT_EQ(a.sampling.seed, b.sampling.seed);
   EXPECT_EQ(a.sampling.stop_token_ids, b.sampling.stop_token_ids);
+  EXPECT_EQ(a.sampling.stop_strings, b.sampling.stop_strings);
   EXPECT_EQ(a.state, b.state);
   EXPECT_EQ(a.prefill_instance, b.prefill_instance);
   EXPECT_EQ(a.decode_instance, b.decode_instance);
+  EXPECT_EQ(a.router_score, b.router_score);
+  EXPECT_EQ(a.session, b.session);
   EXPECT_EQ(a.prefill_target, b.prefill_target);
   EXPECT_EQ(a.computed_tokens, b.computed_tokens);
   EXPECT_EQ(a.generated_tokens, b.generated_tokens);
   EXPECT_EQ(a.cached_tokens, b.cached_tokens);
   EXPECT_EQ(a.tier_hit_tokens, b.tier_hit_tokens);
+  EXPECT_EQ(a.loading_tokens, b.loading_tokens);
+  EXPECT_EQ(a.offloaded_blocks, b.offloaded_blocks);
   EXPECT_EQ(a.preemptions, b.preemptions);
   EXPECT_EQ(a.kv_transfer_bytes, b.kv_transfer_bytes);
   EXPECT_EQ(a.first_scheduled_s, b.first_scheduled_s);
+  EXPECT_EQ(a.load_wait_s, b.load_wait_s);
   EXPECT_EQ(a.prefill_done_s, b.prefill_done_s);
   EXPECT_EQ(a.kv_ready_s, b.kv_ready_s);
+  EXPECT_EQ(a.first_token_s, b.first_token_s);
+  EXPECT_EQ(a.second_token_s, b.second_token_s);
+  EXPECT_EQ(a.last_token_s, b.last_token_s);
+  EXPECT_EQ(a.finished_s, b.finished_s);
   EXPECT_EQ(a.finish_reason, b.finish_reason);
   EXPECT_EQ(a.reason, b.reason);
 }

@@ -96,3 +96,36 @@ def test_a_cluster_file_the_simulator_refuses_serve_refuses_alike(tiny_model, tm
         assert w in message, message
     # The simulator's message, word for word, past its command's prefix.
     assert message.split(": ", 1)[1] in served.stderr, (message, served.stderr)
+
+
+def test_stop_strings_and_the_record_survive_the_worker_wire(tiny_model, start_server, tmp_path):
+    """Through a prefill and a decode worker process: a stop string cuts the text where the
+    engine threads' server cuts it, and the reply's record (queue, prefill, KV transfer) is the
+    workers' (the request's whole record now travels on the wire)."""
+    if not has_ucx():
+        pytest.skip("this build has no UCX (libucx-dev): PD is not served across processes")
+    path = cluster_file(tmp_path, 1, 1)
+    prompt = "Request 7: tell me a story about the sea"
+    replies = {}
+    for workers in ("thread", "process"):
+        s = start_server(tiny_model, "--cluster", path, "--workers", workers, "--threads", "1")
+        client = s.client()
+        full = client.completions.create(model=s.model, prompt=prompt, max_tokens=40,
+                                         temperature=0, extra_body={"ignore_eos": True})
+        text = full.choices[0].text
+        assert len(text) >= 12, text
+        stop = text[len(text) // 2: len(text) // 2 + 3]
+        cut = client.completions.create(model=s.model, prompt=prompt, max_tokens=40,
+                                        temperature=0, stop=[stop],
+                                        extra_body={"ignore_eos": True})
+        replies[workers] = (text, stop, cut.choices[0].text, cut.choices[0].finish_reason)
+        duet = cut.model_extra["duet"]
+        assert duet["instance"] == 1, duet  # the decode instance finished it
+        for key in ("queue_ms", "prefill_done_ms", "kv_transfer_ms"):
+            assert duet[key] is not None and duet[key] >= 0, duet
+        assert duet["kv_transfer_bytes"] > 0, duet
+        s.assert_idle()
+        assert s.stop() == 0, s.stderr()
+    text, stop, cut, finish = replies["process"]
+    assert replies["process"] == replies["thread"]
+    assert cut == text[: text.find(stop)] and finish == "stop"
