@@ -191,7 +191,10 @@ int Generate(int argc, char** argv) {
 
   // Straight through the model, not the engine: nothing enters the prefix cache, and the
   // blocks it writes are overwritten by the run.
-  if (vm.count("warmup")) backend::WarmUp(**forward_model, prompt);
+  if (vm.count("warmup")) {
+    if (Status s = backend::WarmUp(**forward_model, prompt); !s.ok())
+      return Fail("--warmup: " + s.message());
+  }
 
   backend::IncrementalDecoder decoder(*tokenizer, /*skip_special_tokens=*/true);
   backend::LocalEngineOptions options;

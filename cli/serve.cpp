@@ -19,6 +19,7 @@
 #include <tuple>
 
 #include "backend/cluster/link_auth.h"
+#include "backend/engine/fault_injecting_model.h"
 #include "backend/registry.h"
 #include "backend/serve/api.h"
 #include "backend/serve/frontend.h"
@@ -369,7 +370,7 @@ int Serve(int argc, char** argv) {
                                  : nullptr;
     auto forward = backend::CreateForwardModel(std::move(*instance_model), placement);
     if (!forward) return Fail("--device " + device + ": " + forward.error());
-    models.push_back(std::move(*forward));
+    models.push_back(backend::InjectForwardFaultsFromEnvironment(std::move(*forward)));
   }
 
   backend::serve::LiveMetrics metrics;

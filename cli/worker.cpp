@@ -8,6 +8,7 @@
 
 #include "backend/cluster/link_auth.h"
 #include "backend/cluster/worker.h"
+#include "backend/engine/fault_injecting_model.h"
 #include "backend/registry.h"
 #include "backend/transport/local_kv_transports.h"
 #include "cli/commands.h"
@@ -116,7 +117,8 @@ int Worker(int argc, char** argv) {
   auto model = backend::CreateForwardModel(std::move(*loaded), placement);
   if (!model) return Fail("--device " + device + ": " + model.error());
 
-  const Status s = backend::cluster::RunWorker(std::move(*model), options);
+  const Status s = backend::cluster::RunWorker(
+      backend::InjectForwardFaultsFromEnvironment(std::move(*model)), options);
   if (!s.ok()) return Fail("worker: " + s.message());
   if (step_log) {
     if (Status closed = step_log->Close(); !closed.ok())

@@ -114,7 +114,11 @@ bool InstanceEngine::RunOnce() {
       a.request->load_wait_s += result_.load_wait_s;
   }
   steps_ += static_cast<std::int64_t>(result_.step_end_s.size());
-  Apply(plan_, result_, coalesced);
+  if (result_.status.ok()) {
+    Apply(plan_, result_, coalesced);
+  } else {
+    FailStep(plan_, result_.status.message(), result_.step_end_s.back());
+  }
   for (const RequestId id : deferred_aborts_) Abort(id, ports_.clock->Now());
   deferred_aborts_.clear();
   PublishCacheEvents();
@@ -477,6 +481,22 @@ void InstanceEngine::Apply(const StepPlan& plan, const StepResult& result, bool 
     }
   }
   DUET_CHECK(token == nullptr || token == tokens_end);
+}
+
+void InstanceEngine::FailStep(const StepPlan& plan, const std::string& why, Seconds now) {
+  ++forward_failures_;
+  // The scheduler counted each prefill chunk as done when it planned it; with the chunk counted
+  // in computed_tokens too, Remove forgets exactly the prefill work still pending. Nothing is
+  // registered in the prefix cache: the blocks the step wrote hold no KV to trust.
+  for (const PrefillItem& item : plan.prefills) item.request->computed_tokens += item.tokens;
+  auto fail = [&](Request* r) {
+    scheduler_.Remove(r);
+    for (Load& load : loads_) load.orphaned |= load.request == r;
+    r->loading_tokens = {};
+    Fail(r, now, why, FinishReason::kError);
+  };
+  for (const PrefillItem& item : plan.prefills) fail(item.request);
+  for (Request* r : plan.decodes) fail(r);
 }
 
 void InstanceEngine::FinishPrefill(Request* r, Seconds t, const SampledToken* token) {

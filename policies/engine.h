@@ -91,6 +91,9 @@ class InstanceEngine final : private LowerTierLookup, private StepEvents {
   // decode instance recomputed itself (kv_load_failure_policy recompute).
   std::int64_t kv_load_failures() const { return kv_load_failures_; }
   std::int64_t kv_load_recomputes() const { return kv_load_recomputes_; }
+  // Steps that failed (StepResult::status; real backend: the forward pass returned an error).
+  // Each ended the requests it planned with an error.
+  std::int64_t forward_failures() const { return forward_failures_; }
 
   const EngineConfig& config() const { return config_; }
   const KvBlockManager& blocks() const { return blocks_; }
@@ -142,6 +145,9 @@ class InstanceEngine final : private LowerTierLookup, private StepEvents {
   // Publishes the cache events of this iteration (publish_kv_events), then drops them.
   void PublishCacheEvents();
   void Apply(const StepPlan& plan, const StepResult& result, bool coalesced);
+  // The step of `plan` failed: ends each of its requests with `why` (FinishReason::kError) and
+  // frees their blocks, computed by the step or not.
+  void FailStep(const StepPlan& plan, const std::string& why, Seconds now);
   void FinishPrefill(Request* r, Seconds t, const SampledToken* token);
   // Ends a served request: completed (stop or length) or failed (error or abort).
   void Complete(Request* r, Seconds t, FinishReason reason);
@@ -177,6 +183,7 @@ class InstanceEngine final : private LowerTierLookup, private StepEvents {
   std::int64_t leases_expired_ = 0;
   std::int64_t kv_load_failures_ = 0;
   std::int64_t kv_load_recomputes_ = 0;
+  std::int64_t forward_failures_ = 0;
   bool shutdown_ = false;
   bool in_step_ = false;                    // the executor is running a step
   std::vector<RequestId> deferred_aborts_;  // arrived while a step was in flight

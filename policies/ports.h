@@ -8,6 +8,7 @@
 #include <span>
 #include <vector>
 
+#include "common/status.h"
 #include "common/units.h"
 #include "policies/block_manager.h"
 #include "policies/request.h"
@@ -132,12 +133,17 @@ struct StepResult {
   // long the step ran past its computation waiting for them.
   std::vector<RequestId> delayed_by_loads;
   Seconds load_wait_s = 0;
+  // Not ok: the step failed (real executors: its forward pass returned an error). Nothing it
+  // planned was computed and `tokens` is empty; step_end_s still says when it ended. The engine
+  // ends every request of the plan with an error and frees their blocks.
+  Status status;
 
   void clear() {
     step_end_s.clear();
     tokens.clear();
     delayed_by_loads.clear();
     load_wait_s = 0;
+    status = Status::Ok();
   }
 };
 

@@ -107,7 +107,9 @@ StepTimer::StepTimer(ForwardModel& model) : model_(model) {
 Seconds StepTimer::Time(const models::StepShape& s) {
   Build(s);
   const auto start = std::chrono::steady_clock::now();
-  model_.Forward(batch_, &logits_);
+  // A measurement of a failed pass would be no measurement: calibration stops there.
+  const Status pass = model_.Forward(batch_, &logits_);
+  DUET_CHECK_MSG(pass.ok(), "calibration forward pass: " + pass.message());
   const auto end = std::chrono::steady_clock::now();
   logits_.clear();
   return std::chrono::duration<double>(end - start).count();

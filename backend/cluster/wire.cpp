@@ -158,7 +158,8 @@ std::vector<LoadField> LoadFields(WorkerLoad& l) {
           {"leases_held", &e.leases_held, kMaxLoadRequests},
           {"leases_expired", &e.leases_expired, kMaxLoadCounter},
           {"load_failures", &e.kv_load_failures, kMaxLoadCounter},
-          {"load_recomputes", &e.kv_load_recomputes, kMaxLoadCounter}};
+          {"load_recomputes", &e.kv_load_recomputes, kMaxLoadCounter},
+          {"forward_failures", &e.forward_failures, kMaxLoadCounter}};
 }
 
 json LoadToJson(WorkerLoad l) {

@@ -307,8 +307,9 @@ Status RunWorker(std::unique_ptr<ForwardModel> model, const WorkerOptions& optio
   // default): the frontend routes to a worker as soon as it registers, and a warm-up after that
   // delayed the first request by as much (0.5 s for the bench model on one thread). The engine
   // thread's own per-thread kernel state starts cold, which costs its first steps a few
-  // milliseconds; the memory, the weights' pages first, is warm.
-  WarmUp(*model, WarmUpPrompt(*model));
+  // milliseconds; the memory, the weights' pages first, is warm. A warm-up pass that failed
+  // leaves the model cold, not unusable: each step that fails later ends its own requests.
+  (void)WarmUp(*model, WarmUpPrompt(*model));
 
   // Register: hello, then the frontend's welcome.
   auto fd = ConnectTo(options.frontend, options.connect_timeout_s);

@@ -114,7 +114,7 @@ k::PagedKvLayer CpuModel::KvLayer(std::int64_t layer) {
   return kv;
 }
 
-void CpuModel::Forward(std::span<const SequenceChunk> batch, std::vector<float>* logits) {
+Status CpuModel::Forward(std::span<const SequenceChunk> batch, std::vector<float>* logits) {
   const models::ModelSpec& c = model_.config;
   const std::int64_t hidden = c.hidden_size, qw = c.QWidth(), kvw = c.KvWidth();
   const std::int64_t inter = c.intermediate_size;
@@ -191,12 +191,13 @@ void CpuModel::Forward(std::span<const SequenceChunk> batch, std::vector<float>*
     }
     row += len;
   }
-  if (wanted == 0) return;
+  if (wanted == 0) return Status::Ok();
   h_.resize(static_cast<std::size_t>(wanted * hidden));
   k::RmsNorm(h_.data(), rows_.data(), wanted, hidden, final_norm_, eps, &pool_);
   const std::size_t at = logits->size();
   logits->resize(at + static_cast<std::size_t>(wanted * c.vocab_size));
   k::MatMul(logits->data() + at, h_.data(), wanted, lm_head_, nullptr, &pool_);
+  return Status::Ok();
 }
 
 }  // namespace duet::backend

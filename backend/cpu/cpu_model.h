@@ -35,7 +35,7 @@ class CpuModel final : public ForwardModel {
   static Result<std::unique_ptr<CpuModel>> Create(LoadedModel model,
                                                   const CpuModelOptions& options);
 
-  void Forward(std::span<const SequenceChunk> batch, std::vector<float>* logits) override;
+  Status Forward(std::span<const SequenceChunk> batch, std::vector<float>* logits) override;
 
   const models::ModelSpec& config() const override { return model_.config; }
   const LoadedModel& model() const { return model_; }

@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <string>
 
 namespace duet::backend {
 
@@ -237,29 +238,45 @@ std::int64_t CudaModel::Run(std::span<const SequenceChunk> batch) {
   return wanted;
 }
 
-void CudaModel::Forward(std::span<const SequenceChunk> batch, std::vector<float>* logits) {
+namespace {
+
+// A CUDA call of a forward pass: its error fails the pass (ForwardModel::Forward), not the
+// process.
+Status PassStatus(cudaError_t error, const char* what) {
+  if (error == cudaSuccess) return Status::Ok();
+  return Status::Error(std::string("CUDA forward pass: ") + what + ": " +
+                       cudaGetErrorString(error));
+}
+
+}  // namespace
+
+Status CudaModel::Forward(std::span<const SequenceChunk> batch, std::vector<float>* logits) {
   const std::int64_t wanted = Run(batch);
   const std::size_t at = logits->size();
   const auto count = static_cast<std::size_t>(wanted * config_.vocab_size);
   logits->resize(at + count);
   if (count)
-    DUET_CUDA_CHECK(cudaMemcpyAsync(logits->data() + at, logits_.get(), count * sizeof(float),
-                                    cudaMemcpyDeviceToHost, stream_));
-  DUET_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    DUET_RETURN_IF_ERROR(
+        PassStatus(cudaMemcpyAsync(logits->data() + at, logits_.get(), count * sizeof(float),
+                                   cudaMemcpyDeviceToHost, stream_),
+                   "copying the logits back"));
+  return PassStatus(cudaStreamSynchronize(stream_), "synchronizing the stream");
 }
 
-void CudaModel::ForwardGreedy(std::span<const SequenceChunk> batch,
-                              std::vector<std::int32_t>* tokens) {
+Status CudaModel::ForwardGreedy(std::span<const SequenceChunk> batch,
+                                std::vector<std::int32_t>* tokens) {
   const std::int64_t wanted = Run(batch);
   d_tokens_.Reserve(static_cast<std::size_t>(wanted));
   kc::Argmax(d_tokens_.get(), logits_.get(), wanted, config_.vocab_size, stream_);
   const std::size_t at = tokens->size();
   tokens->resize(at + static_cast<std::size_t>(wanted));
   if (wanted)
-    DUET_CUDA_CHECK(cudaMemcpyAsync(tokens->data() + at, d_tokens_.get(),
-                                    static_cast<std::size_t>(wanted) * sizeof(std::int32_t),
-                                    cudaMemcpyDeviceToHost, stream_));
-  DUET_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    DUET_RETURN_IF_ERROR(
+        PassStatus(cudaMemcpyAsync(tokens->data() + at, d_tokens_.get(),
+                                   static_cast<std::size_t>(wanted) * sizeof(std::int32_t),
+                                   cudaMemcpyDeviceToHost, stream_),
+                   "copying the tokens back"));
+  return PassStatus(cudaStreamSynchronize(stream_), "synchronizing the stream");
 }
 
 }  // namespace duet::backend

@@ -38,9 +38,11 @@ class CudaModel final : public ForwardModel {
                                                    const CudaModelOptions& options);
   ~CudaModel() override;
 
-  void Forward(std::span<const SequenceChunk> batch, std::vector<float>* logits) override;
-  void ForwardGreedy(std::span<const SequenceChunk> batch,
-                     std::vector<std::int32_t>* tokens) override;
+  // A CUDA error reported by the copy back or the stream's synchronization (where the pass's
+  // asynchronous failures surface) fails the pass; a sticky error fails every later one too.
+  Status Forward(std::span<const SequenceChunk> batch, std::vector<float>* logits) override;
+  Status ForwardGreedy(std::span<const SequenceChunk> batch,
+                       std::vector<std::int32_t>* tokens) override;
 
   const models::ModelSpec& config() const override { return config_; }
   std::int64_t num_blocks() const override { return options_.num_blocks; }

@@ -27,7 +27,9 @@ void EngineThread::Start() {
   std::promise<void> warm;
   std::future<void> warmed = warm.get_future();
   thread_ = std::thread([this, &warm] {
-    if (warm_up_) WarmUp(model_, WarmUpPrompt(model_));
+    // A warm-up pass that failed leaves the model cold, not unusable: each step that fails
+    // later ends its own requests with an error.
+    if (warm_up_) (void)WarmUp(model_, WarmUpPrompt(model_));
     warm.set_value();
     Loop();
   });
@@ -43,9 +45,11 @@ void EngineThread::Stop() {
 void EngineThread::Loop() {
   while (true) {
     const Seconds start = step_log_ ? clock_.Now() : 0;
+    const std::int64_t failures_before = engine_.forward_failures();
     const bool stepped = engine_.RunOnce();
     if (after_iteration_) after_iteration_();
-    if (stepped && step_log_)
+    // A failed step has no timing of its own (last_timing is the step before it).
+    if (stepped && step_log_ && engine_.forward_failures() == failures_before)
       step_log_->Write({engine_.config().id, start, clock_.Now() - start, executor_.last_timing()});
     PublishLoad();
     if (stepped) continue;
@@ -69,6 +73,7 @@ void EngineThread::PublishLoad() {
   leases_expired_.store(engine_.leases_expired(), std::memory_order_relaxed);
   load_failures_.store(engine_.kv_load_failures(), std::memory_order_relaxed);
   load_recomputes_.store(engine_.kv_load_recomputes(), std::memory_order_relaxed);
+  forward_failures_.store(engine_.forward_failures(), std::memory_order_relaxed);
 }
 
 InstanceLoad EngineThread::load() const {
@@ -79,7 +84,8 @@ InstanceLoad EngineThread::load() const {
           leases_held_.load(std::memory_order_relaxed),
           leases_expired_.load(std::memory_order_relaxed),
           load_failures_.load(std::memory_order_relaxed),
-          load_recomputes_.load(std::memory_order_relaxed)};
+          load_recomputes_.load(std::memory_order_relaxed),
+          forward_failures_.load(std::memory_order_relaxed)};
 }
 
 }  // namespace duet::backend

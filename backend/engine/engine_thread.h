@@ -27,6 +27,8 @@ struct InstanceLoad {
   std::int64_t leases_expired = 0;
   std::int64_t kv_load_failures = 0;
   std::int64_t kv_load_recomputes = 0;
+  // Steps whose forward pass failed (each ended its requests with an error).
+  std::int64_t forward_failures = 0;
 };
 
 class EngineThread {
@@ -77,7 +79,7 @@ class EngineThread {
   StepLog* step_log_;
   std::atomic<std::int64_t> waiting_{0}, running_{0}, kv_used_{0}, kv_free_{0};
   std::atomic<std::int64_t> leases_held_{0}, leases_expired_{0}, load_failures_{0},
-      load_recomputes_{0};
+      load_recomputes_{0}, forward_failures_{0};
   std::thread thread_;
 };
 

@@ -32,8 +32,8 @@ std::unique_ptr<KvMemory> AllocateHeapKvMemory(std::int64_t bytes) {
   return std::make_unique<HeapKvMemory>(bytes);
 }
 
-void WarmUp(ForwardModel& model, std::span<const std::int32_t> prompt) {
-  if (prompt.empty()) return;
+Status WarmUp(ForwardModel& model, std::span<const std::int32_t> prompt) {
+  if (prompt.empty()) return Status::Ok();
   const auto context = static_cast<std::int64_t>(prompt.size());
   std::vector<std::int32_t> table(
       static_cast<std::size_t>((context + 1 + model.block_tokens() - 1) / model.block_tokens()));
@@ -41,14 +41,14 @@ void WarmUp(ForwardModel& model, std::span<const std::int32_t> prompt) {
   DUET_CHECK(static_cast<std::int64_t>(table.size()) <= model.num_blocks());
   std::vector<float> logits;
   const SequenceChunk prefill{prompt, 0, table, SequenceChunk::Logits::kLast};
-  model.Forward({&prefill, 1}, &logits);
+  DUET_RETURN_IF_ERROR(model.Forward({&prefill, 1}, &logits));
   // One decode row after the prompt (the backends' small-batch path), then 16 rows (their
   // matrix-multiply path), each of a one-token sequence in a block of its own: no two rows
   // write or read the same KV.
   const SequenceChunk row{prompt.first(1), context, table, SequenceChunk::Logits::kLast};
   logits.clear();
-  model.Forward({&row, 1}, &logits);
-  if (model.block_tokens() < 2) return;
+  DUET_RETURN_IF_ERROR(model.Forward({&row, 1}, &logits));
+  if (model.block_tokens() < 2) return Status::Ok();
   const std::int64_t rows = std::min<std::int64_t>(16, model.num_blocks());
   std::vector<std::int32_t> blocks(static_cast<std::size_t>(rows));
   std::iota(blocks.begin(), blocks.end(), 0);
@@ -56,7 +56,7 @@ void WarmUp(ForwardModel& model, std::span<const std::int32_t> prompt) {
   for (const std::int32_t& b : blocks)
     batch.push_back({prompt.first(1), 1, {&b, 1}, SequenceChunk::Logits::kLast});
   logits.clear();
-  model.Forward(batch, &logits);
+  return model.Forward(batch, &logits);
 }
 
 std::vector<std::int32_t> WarmUpPrompt(const ForwardModel& model) {
@@ -69,14 +69,15 @@ std::vector<std::int32_t> WarmUpPrompt(const ForwardModel& model) {
   return prompt;
 }
 
-void ForwardModel::ForwardGreedy(std::span<const SequenceChunk> batch,
-                                 std::vector<std::int32_t>* tokens) {
+Status ForwardModel::ForwardGreedy(std::span<const SequenceChunk> batch,
+                                   std::vector<std::int32_t>* tokens) {
   std::vector<float> logits;
-  Forward(batch, &logits);
+  DUET_RETURN_IF_ERROR(Forward(batch, &logits));
   const std::int32_t vocab = config().vocab_size;
   const kernels::cpu::SamplingParams greedy;  // temperature 0
   for (std::size_t at = 0; at < logits.size(); at += static_cast<std::size_t>(vocab))
     tokens->push_back(kernels::cpu::Sample(logits.data() + at, vocab, greedy, 0));
+  return Status::Ok();
 }
 
 }  // namespace duet::backend

@@ -56,13 +56,17 @@ class ForwardModel {
  public:
   virtual ~ForwardModel() = default;
   // Runs the batch. Logits rows (vocab fp32 each) are appended to `logits` in batch order: one
-  // row for kLast, one per token for kAll. Blocking; one pass at a time.
-  virtual void Forward(std::span<const SequenceChunk> batch, std::vector<float>* logits) = 0;
+  // row for kLast, one per token for kAll. Blocking; one pass at a time. An error (a CUDA error,
+  // an allocation that failed) is the pass's failure, not the process's: what it appended and
+  // what it wrote into the batch's KV blocks are then unspecified, and the model serves later
+  // passes as far as the device lets it. A batch that breaks the contract above (an empty
+  // chunk, a block table too short) is a broken invariant, not an error.
+  virtual Status Forward(std::span<const SequenceChunk> batch, std::vector<float>* logits) = 0;
   // The same pass with greedy sampling: appends, per logits row, the largest logit's id (the
   // lowest id among equal ones; NaN never chosen), exactly as kernels::cpu::Sample does at
-  // temperature 0. This default samples on the host from Forward's logits.
-  virtual void ForwardGreedy(std::span<const SequenceChunk> batch,
-                             std::vector<std::int32_t>* tokens);
+  // temperature 0. This default samples on the host from Forward's logits. Errors as Forward.
+  virtual Status ForwardGreedy(std::span<const SequenceChunk> batch,
+                               std::vector<std::int32_t>* tokens);
   virtual const models::ModelSpec& config() const = 0;
   virtual std::int64_t num_blocks() const = 0;  // KV blocks the model holds
   virtual std::int32_t block_tokens() const = 0;
@@ -87,7 +91,9 @@ class ForwardModel {
 // oneDNN keeps its primitives, and kernels their scratch, per thread (a worker process calls it
 // on its main thread, before it registers; its engine thread's first steps then cost a few
 // milliseconds more). `prompt` must fit the model's positions and blocks (WarmUpPrompt's does).
-void WarmUp(ForwardModel& model, std::span<const std::int32_t> prompt);
+// Stops at the first pass that fails and returns its error: the model is then cold, not
+// unusable (each later pass reports its own failure).
+Status WarmUp(ForwardModel& model, std::span<const std::int32_t> prompt);
 // Up to 512 token ids spread over the vocabulary, as many as the model's positions and KV
 // blocks leave room for beside the decode token (none when they leave none).
 std::vector<std::int32_t> WarmUpPrompt(const ForwardModel& model);

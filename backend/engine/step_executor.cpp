@@ -74,17 +74,25 @@ void ModelStepExecutor::Execute(const policies::StepPlan& plan, policies::StepEv
   const bool greedy = std::all_of(sampled_.begin(), sampled_.end(),
                                   [](const Request* r) { return r->sampling.temperature == 0.0f; });
   const auto t0 = std::chrono::steady_clock::now();
+  Status pass;
   if (greedy) {
     // The model picks the tokens where its logits are (on a GPU: no logits cross PCIe).
     greedy_.clear();
-    model_.ForwardGreedy(chunks_, &greedy_);
-    DUET_CHECK(greedy_.size() == sampled_.size());
+    pass = model_.ForwardGreedy(chunks_, &greedy_);
+    DUET_CHECK(!pass.ok() || greedy_.size() == sampled_.size());
   } else {
     logits_.clear();
-    model_.Forward(chunks_, &logits_);
-    DUET_CHECK(logits_.size() == sampled_.size() * static_cast<std::size_t>(vocab));
+    pass = model_.Forward(chunks_, &logits_);
+    DUET_CHECK(!pass.ok() || logits_.size() == sampled_.size() * static_cast<std::size_t>(vocab));
   }
   const auto t1 = std::chrono::steady_clock::now();
+  if (!pass.ok()) {
+    // No token: the engine ends the step's requests with this error. The timing of a failed
+    // pass is no measurement of its shape, so none is kept.
+    result->status = Status::Error("the forward pass failed: " + pass.message());
+    result->step_end_s.push_back(clock_.Now());
+    return;
+  }
   for (std::size_t i = 0; i < sampled_.size(); ++i) {
     const Request* r = sampled_[i];
     const std::int32_t token =

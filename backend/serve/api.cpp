@@ -284,17 +284,22 @@ Usage GenerationCall::UsageSoFar() const {
   return usage;
 }
 
+namespace {
+
+// What a client gets for a request the engine ended with an error (a failed forward pass, a
+// lost KV pull): a 500-class internal error.
+ApiError EngineError(const FinishInfo& info) {
+  return ApiError{500, "the request failed in the engine: " + info.message, "internal_error", "",
+                  ""};
+}
+
+}  // namespace
+
 void GenerationCall::Finish(const FinishInfo& info) {
   finished_ = true;
-  if (info.reason == policies::FinishReason::kError && !aborted_for_stop_) {
-    ApiError error{500, "the request failed in the engine: " + info.message, "internal_error", "",
-                   ""};
-    if (stream_) {
-      deliver_({DumpJson(ErrorJson(error)), false, 200, false});
-      deliver_({std::string(kDone), true, 200, true});
-    } else {
-      deliver_({ErrorBody(error), true, 500, false});
-    }
+  const bool failed = info.reason == policies::FinishReason::kError && !aborted_for_stop_;
+  if (failed && !stream_) {
+    deliver_({ErrorBody(EngineError(info)), true, 500, false});
     return;
   }
   std::string reason = "stop";
@@ -303,10 +308,6 @@ void GenerationCall::Finish(const FinishInfo& info) {
     if (info.reason == policies::FinishReason::kAbort) reason = "abort";
   }
   const std::string tail = text_.Finish();
-  Usage usage;
-  usage.prompt_tokens = info.prompt_tokens;
-  usage.completion_tokens = aborted_for_stop_ ? text_.counted_tokens() : info.completion_tokens;
-  usage.cached_tokens = info.cached_tokens;
   DuetExtension duet;
   duet.queue_ms = info.queue_s >= 0 ? info.queue_s * 1000.0 : -1;
   duet.instance = info.instance;
@@ -315,6 +316,18 @@ void GenerationCall::Finish(const FinishInfo& info) {
     duet.kv_transfer_ms = info.kv_transfer_s * 1000.0;
     duet.kv_transfer_bytes = info.kv_transfer_bytes;
   }
+  if (failed) {
+    // The stream began with a 200: its last choice chunk says "error" (vLLM's finish reason for
+    // a request that failed in the engine), then the error itself follows as a chunk.
+    deliver_({formatter_.FinishChunk(tail, "error", duet, nullptr, ids_), false, 200, false});
+    deliver_({DumpJson(ErrorJson(EngineError(info))), false, 200, false});
+    deliver_({std::string(kDone), true, 200, true});
+    return;
+  }
+  Usage usage;
+  usage.prompt_tokens = info.prompt_tokens;
+  usage.completion_tokens = aborted_for_stop_ ? text_.counted_tokens() : info.completion_tokens;
+  usage.cached_tokens = info.cached_tokens;
   if (!stream_) {
     deliver_(
         {formatter_.FullReply(whole_text_ + tail, reason, usage, duet, ids_), true, 200, false});

@@ -395,6 +395,7 @@ FrontendStats LiveFrontend::Stats() const {
     stats.kv_leases_expired += load.leases_expired;
     stats.kv_load_failures += load.kv_load_failures;
     stats.kv_load_recomputes += load.kv_load_recomputes;
+    stats.forward_failures += load.forward_failures;
   }
   stats.workers = Workers();
   std::lock_guard lock(impl_->mu);

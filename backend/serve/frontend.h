@@ -115,6 +115,8 @@ struct FrontendStats {
   std::int64_t kv_leases_expired = 0;
   std::int64_t kv_load_failures = 0;
   std::int64_t kv_load_recomputes = 0;
+  // Steps whose forward pass failed, on every instance (each ended its requests with an error).
+  std::int64_t forward_failures = 0;
   // Worker processes: the requests moved to a survivor after their worker was lost.
   std::int64_t requests_retried = 0;
   std::vector<WorkerStatus> workers = {};  // worker processes: every slot (LiveFrontend::Workers)

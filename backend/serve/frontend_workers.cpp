@@ -103,6 +103,7 @@ class RemoteInstance final : public Instance {
     l.leases_expired += slot.carried.leases_expired;
     l.kv_load_failures += slot.carried.kv_load_failures;
     l.kv_load_recomputes += slot.carried.kv_load_recomputes;
+    l.forward_failures += slot.carried.forward_failures;
     return l;
   }
   std::int64_t kv_blocks_total() const override {
@@ -291,6 +292,7 @@ void OnClose(Impl& s, InstanceId i, std::uint64_t generation, const std::string&
     slot.carried.leases_expired += slot.load.engine.leases_expired;
     slot.carried.kv_load_failures += slot.load.engine.kv_load_failures;
     slot.carried.kv_load_recomputes += slot.load.engine.kv_load_recomputes;
+    slot.carried.forward_failures += slot.load.engine.forward_failures;
     slot.load = {};
     pid = slot.pid;
     if (f.stopping) {

@@ -90,6 +90,9 @@ LiveMetrics::LiveMetrics() : registry_(std::make_unique<prometheus::Registry>())
   kv_load_recomputes_ =
       &MakeCounter(r, "duet:kv_load_recomputes_total",
                    "PD: failed pulls the decode instance recomputed (kv_load_failure_policy).");
+  forward_failures_ = &MakeCounter(
+      r, "duet:forward_failures_total",
+      "Steps whose forward pass failed; their requests ended with finish_reason error.");
   worker_up_ = &prometheus::BuildGauge()
                     .Name("duet:worker_up")
                     .Help("Worker processes: 1 while the worker of the slot is up, else 0.")
@@ -161,6 +164,7 @@ std::string LiveMetrics::Scrape(const FrontendStats& stats) {
   for (const auto& [counter, total] : {std::pair{kv_leases_expired_, stats.kv_leases_expired},
                                        std::pair{kv_load_failures_, stats.kv_load_failures},
                                        std::pair{kv_load_recomputes_, stats.kv_load_recomputes},
+                                       std::pair{forward_failures_, stats.forward_failures},
                                        std::pair{requests_retried_, stats.requests_retried}}) {
     const double added = static_cast<double>(total) - counter->Value();
     if (added > 0) counter->Increment(added);

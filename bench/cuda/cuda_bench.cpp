@@ -126,12 +126,12 @@ duet::backend::LoadedModel RandomModel(const duet::models::ModelSpec& c,
 // Seconds of one ForwardGreedy of `batch` (median of `reps` after one warm-up).
 double TimeStep(CudaModel& model, const std::vector<SequenceChunk>& batch, int reps) {
   std::vector<std::int32_t> tokens;
-  model.ForwardGreedy(batch, &tokens);
+  DUET_CHECK(model.ForwardGreedy(batch, &tokens).ok());
   std::vector<double> times;
   for (int i = 0; i < reps; ++i) {
     tokens.clear();
     const auto t0 = std::chrono::steady_clock::now();
-    model.ForwardGreedy(batch, &tokens);
+    DUET_CHECK(model.ForwardGreedy(batch, &tokens).ok());
     times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
   std::sort(times.begin(), times.end());
@@ -201,7 +201,7 @@ int main(int argc, char** argv) {
     TimeStep(m, {chunk}, 3);  // warm-up
     std::vector<std::int32_t> tokens;
     DUET_CUDA_CHECK(cudaProfilerStart());
-    m.ForwardGreedy({&chunk, 1}, &tokens);
+    DUET_CHECK(m.ForwardGreedy({&chunk, 1}, &tokens).ok());
     DUET_CUDA_CHECK(cudaProfilerStop());
     return 0;
   }

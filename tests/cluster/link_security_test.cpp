@@ -87,11 +87,12 @@ TEST(LinkSecurity, TheWalkAcceptsWhatTheEncodersWriteAndRefusesLies) {
 }
 
 TEST(LinkSecurity, LoadReportsAreBoundedFieldByField) {
-  WorkerLoad good{{1, 2, 3, 4, 5, 6, 7, 8}, 9};
+  WorkerLoad good{{1, 2, 3, 4, 5, 6, 7, 8, 10}, 9};
   ASSERT_TRUE(ParseHeartbeat(EncodeHeartbeat(good)).ok());
   // Finding 15: running 2^63-1 reached /metrics.
-  for (const char* key : {"waiting", "running", "kv_used", "kv_free", "kv_total", "leases_held",
-                          "leases_expired", "load_failures", "load_recomputes"}) {
+  for (const char* key :
+       {"waiting", "running", "kv_used", "kv_free", "kv_total", "leases_held", "leases_expired",
+        "load_failures", "load_recomputes", "forward_failures"}) {
     nlohmann::json load = nlohmann::json::from_msgpack(EncodeHeartbeat(good))["load"];
     load[key] = std::numeric_limits<std::int64_t>::max();
     const auto got = ParseHeartbeat(Pack({{"load", load}}));
@@ -100,9 +101,10 @@ TEST(LinkSecurity, LoadReportsAreBoundedFieldByField) {
     const auto events = ParseEvents(Pack({{"load", load}, {"events", nlohmann::json::array()}}));
     EXPECT_FALSE(events.ok()) << key;
   }
-  WorkerLoad most{{kMaxLoadRequests, kMaxLoadRequests, kMaxLoadBlocks, kMaxLoadBlocks,
-                   kMaxLoadRequests, kMaxLoadCounter, kMaxLoadCounter, kMaxLoadCounter},
-                  kMaxLoadBlocks};
+  WorkerLoad most{
+      {kMaxLoadRequests, kMaxLoadRequests, kMaxLoadBlocks, kMaxLoadBlocks, kMaxLoadRequests,
+       kMaxLoadCounter, kMaxLoadCounter, kMaxLoadCounter, kMaxLoadCounter},
+      kMaxLoadBlocks};
   EXPECT_TRUE(ParseHeartbeat(EncodeHeartbeat(most)).ok());
 }
 

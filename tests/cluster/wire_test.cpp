@@ -144,7 +144,7 @@ TEST(Wire, AnEngineMessageWithItsRequestSurvivesTheRoundTrip) {
 
 TEST(Wire, EventsHelloWelcomeAndPeerSurviveTheRoundTrip) {
   Events events;
-  events.load = {{1, 2, 3, 4, 5, 6, 7, 8}, 10};
+  events.load = {{1, 2, 3, 4, 5, 6, 7, 8, 11}, 10};
   WireEvent token;
   token.kind = WireEvent::Kind::kToken;
   token.request_id = 42;
@@ -169,6 +169,7 @@ TEST(Wire, EventsHelloWelcomeAndPeerSurviveTheRoundTrip) {
   ASSERT_EQ(got->events.size(), 4u);
   EXPECT_EQ(got->load.kv_blocks_total, 10);
   EXPECT_EQ(got->load.engine.kv_load_recomputes, 8);
+  EXPECT_EQ(got->load.engine.forward_failures, 11);
   EXPECT_EQ(got->load.engine.waiting, 1);
   EXPECT_EQ(got->events[0].token, 77);
   ASSERT_TRUE(got->events[1].state);

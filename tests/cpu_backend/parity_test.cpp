@@ -64,7 +64,7 @@ class Parity : public ::testing::Test {
     const auto table = Table(0, static_cast<std::int32_t>(ids.size() / 16 + 1));
     std::vector<float> logits;
     const SequenceChunk chunk{ids, 0, table, SequenceChunk::Logits::kAll};
-    model.Forward({&chunk, 1}, &logits);
+    EXPECT_TRUE(model.Forward({&chunk, 1}, &logits).ok());
     return logits;
   }
 
@@ -140,7 +140,7 @@ TEST_F(Parity, KvRegionBlocksCopiedToAnotherModelDecodeTheSame) {
     const auto target = Table(40, blocks);
     std::vector<float> ignored;
     const SequenceChunk prompt{ids, 0, source, SequenceChunk::Logits::kNone};
-    prefill->Forward({&prompt, 1}, &ignored);
+    EXPECT_TRUE(prefill->Forward({&prompt, 1}, &ignored).ok());
     const std::optional<KvRegion> from = prefill->kv_region();
     const std::optional<KvRegion> to = decode->kv_region();
     ASSERT_TRUE(from && to);
@@ -155,14 +155,14 @@ TEST_F(Parity, KvRegionBlocksCopiedToAnotherModelDecodeTheSame) {
     std::vector<float> here, there;
     const SequenceChunk step_here{{&next, 1}, context, source, SequenceChunk::Logits::kLast};
     const SequenceChunk step_there{{&next, 1}, context, target, SequenceChunk::Logits::kLast};
-    prefill->Forward({&step_here, 1}, &here);
-    decode->Forward({&step_there, 1}, &there);
+    EXPECT_TRUE(prefill->Forward({&step_here, 1}, &here).ok());
+    EXPECT_TRUE(decode->Forward({&step_there, 1}, &there).ok());
     ASSERT_EQ(here.size(), there.size());
     EXPECT_EQ(std::memcmp(here.data(), there.data(), here.size() * sizeof(float)), 0);
     // Without the copy the decode model attends over zeros: the test can tell.
     auto empty = Model(64, kv_dtype);
     std::vector<float> cold;
-    empty->Forward({&step_there, 1}, &cold);
+    EXPECT_TRUE(empty->Forward({&step_there, 1}, &cold).ok());
     EXPECT_NE(std::memcmp(cold.data(), here.data(), here.size() * sizeof(float)), 0);
   }
 }
@@ -188,7 +188,7 @@ TEST_F(Parity, ChunkedPrefillGivesTheColdLogits) {
     len = std::min(len, ids.size() - at);
     const SequenceChunk c{std::span(ids).subspan(at, len), static_cast<std::int64_t>(at), table,
                           SequenceChunk::Logits::kAll};
-    model->Forward({&c, 1}, &chunked);
+    EXPECT_TRUE(model->Forward({&c, 1}, &chunked).ok());
     at += len;
   }
   ASSERT_EQ(chunked.size(), cold.size());
@@ -206,7 +206,7 @@ TEST_F(Parity, PrefixCacheHitGivesTheColdLogits) {
   for (std::int32_t b = 40; table.size() * 16 < ids.size() + 16; ++b) table.push_back(b);
   std::vector<float> warm;
   const SequenceChunk c{std::span(ids).subspan(cached), cached, table, SequenceChunk::Logits::kAll};
-  model->Forward({&c, 1}, &warm);
+  EXPECT_TRUE(model->Forward({&c, 1}, &warm).ok());
   const int vocab = model->config().vocab_size;
   ASSERT_EQ(warm.size(), (ids.size() - cached) * vocab);
   for (std::size_t i = 0; i < warm.size(); ++i)

@@ -98,8 +98,8 @@ TEST_F(CudaParity, LogitsMatchTheCpuModel) {
   const auto table = Table(3, 4);
   const SequenceChunk chunk{ids, 0, table, SequenceChunk::Logits::kAll};
   std::vector<float> cpu_logits, gpu_logits;
-  Cpu()->Forward({&chunk, 1}, &cpu_logits);
-  Cuda()->Forward({&chunk, 1}, &gpu_logits);
+  EXPECT_TRUE(Cpu()->Forward({&chunk, 1}, &cpu_logits).ok());
+  EXPECT_TRUE(Cuda()->Forward({&chunk, 1}, &gpu_logits).ok());
   EXPECT_TRUE(RowsClose(gpu_logits, cpu_logits, loaded_->config.vocab_size));
 }
 
@@ -124,7 +124,7 @@ TEST_F(CudaParity, ChunkedPrefillGivesTheColdLogits) {
   std::vector<float> cold;
   const auto table = Table(0, 3);
   const SequenceChunk whole{ids, 0, table, SequenceChunk::Logits::kLast};
-  gpu->Forward({&whole, 1}, &cold);
+  EXPECT_TRUE(gpu->Forward({&whole, 1}, &cold).ok());
   // The same prompt in chunks of 16, 16 and 8 into other blocks.
   const auto table2 = Table(10, 3);
   std::vector<float> chunked;
@@ -133,7 +133,7 @@ TEST_F(CudaParity, ChunkedPrefillGivesTheColdLogits) {
     const SequenceChunk part{
         std::span(ids).subspan(static_cast<std::size_t>(at), static_cast<std::size_t>(len)), at,
         table2, at + len == 40 ? SequenceChunk::Logits::kLast : SequenceChunk::Logits::kNone};
-    gpu->Forward({&part, 1}, &chunked);
+    EXPECT_TRUE(gpu->Forward({&part, 1}, &chunked).ok());
   }
   ASSERT_EQ(chunked.size(), static_cast<std::size_t>(vocab));
   // bf16 precision: the tensor-core prefill rounds Q and the softmax weights to bf16, and the

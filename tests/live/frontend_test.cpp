@@ -69,14 +69,14 @@ class RecordingModel final : public ForwardModel {
         rows;  // tokens, context, blocks
   };
   explicit RecordingModel(std::unique_ptr<ForwardModel> inner) : inner_(std::move(inner)) {}
-  void Forward(std::span<const SequenceChunk> batch, std::vector<float>* logits) override {
+  Status Forward(std::span<const SequenceChunk> batch, std::vector<float>* logits) override {
     Record(batch);
-    inner_->Forward(batch, logits);
+    return inner_->Forward(batch, logits);
   }
-  void ForwardGreedy(std::span<const SequenceChunk> batch,
-                     std::vector<std::int32_t>* tokens) override {
+  Status ForwardGreedy(std::span<const SequenceChunk> batch,
+                       std::vector<std::int32_t>* tokens) override {
     Record(batch);
-    inner_->ForwardGreedy(batch, tokens);
+    return inner_->ForwardGreedy(batch, tokens);
   }
   const models::ModelSpec& config() const override { return inner_->config(); }
   std::int64_t num_blocks() const override { return inner_->num_blocks(); }

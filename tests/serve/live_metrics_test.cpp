@@ -51,7 +51,7 @@ TEST(LiveMetrics, EveryLiveNameIsExposedWithItsType) {
        {"duet:prompt_tokens_total", "duet:generation_tokens_total", "duet:request_success_total",
         "duet:prefix_cache_queries_total", "duet:prefix_cache_hits_total",
         "duet:num_preemptions_total", "duet:kv_leases_expired_total", "duet:kv_load_failures_total",
-        "duet:kv_load_recomputes_total"})
+        "duet:kv_load_recomputes_total", "duet:forward_failures_total"})
     EXPECT_NE(text.find(std::string("# TYPE ") + counter + " counter"), std::string::npos)
         << counter;
   for (const char* histogram :
@@ -147,6 +147,17 @@ TEST(LiveMetrics, PdCountsFollowTheEngines) {
   EXPECT_EQ(Value(text, "duet:kv_leases_held"), 0);
   EXPECT_EQ(Value(text, "duet:kv_load_failures_total"), 5);
   EXPECT_EQ(Value(text, "duet:kv_leases_expired_total"), 1);
+}
+
+// Failed forward passes, as the engines count them, become a counter that follows them up.
+TEST(LiveMetrics, ForwardFailuresFollowTheEngines) {
+  LiveMetrics metrics;
+  FrontendStats stats;
+  EXPECT_EQ(Value(metrics.Scrape(stats), "duet:forward_failures_total"), 0);
+  stats.forward_failures = 2;
+  EXPECT_EQ(Value(metrics.Scrape(stats), "duet:forward_failures_total"), 2);
+  stats.forward_failures = 3;
+  EXPECT_EQ(Value(metrics.Scrape(stats), "duet:forward_failures_total"), 3);
 }
 
 TEST(LiveMetrics, ConcurrentEventsAndScrapesLoseNothing) {

@@ -477,7 +477,7 @@ def test_a_load_report_out_of_bounds_ends_the_link_and_never_reaches_metrics(
     version = VERSION if "this build speaks 1" not in s.stderr() else 1
     load = {"waiting": 0, "running": 2**63 - 1, "kv_used": 0, "kv_free": 4096,
             "kv_total": 4096, "leases_held": 0, "leases_expired": 0, "load_failures": 0,
-            "load_recomputes": 0}
+            "load_recomputes": 0, "forward_failures": 0}
     sock.sendall(frame(HEARTBEAT, pack({"load": load}), version))
     deadline = time.monotonic() + 3
     while time.monotonic() < deadline:
