@@ -22,7 +22,7 @@
 #include "backend/cpu/cpu_model.h"
 #include "backend/model/test_model.h"
 #include "backend/serve/api.h"
-#include "backend/serve/frontend.h"
+#include "backend/frontend/frontend.h"
 #include "backend/serve/http_server.h"
 #include "backend/serve/live_metrics.h"
 #include "backend/tokenizer/chat_template.h"

@@ -22,7 +22,7 @@
 #include "backend/cluster/connection.h"
 #include "backend/cluster/wire.h"
 #include "backend/cluster/worker.h"
-#include "backend/serve/frontend.h"
+#include "backend/frontend/frontend.h"
 
 namespace {
 

@@ -1,7 +1,7 @@
 // A single colocated instance served on the calling thread: the shared engine loop (scheduler,
 // KV block manager, prefix cache) driving the model's step executor through the real-time
 // ports (backend/engine/realtime_ports.h). Used by `duet generate` and the parity tests; the
-// server runs the same pieces on engine threads (backend/serve/frontend.h).
+// server runs the same pieces on engine threads (backend/frontend/frontend.h).
 #pragma once
 
 #include <functional>

@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "backend/serve/chunks.h"
-#include "backend/serve/frontend.h"
+#include "backend/frontend/frontend.h"
 #include "backend/serve/live_metrics.h"
 #include "backend/serve/openai_protocol.h"
 #include "backend/serve/output_text.h"

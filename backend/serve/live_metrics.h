@@ -10,7 +10,7 @@
 #include <mutex>
 #include <string>
 
-#include "backend/serve/frontend.h"
+#include "backend/frontend/frontend.h"
 #include "policies/ports.h"
 
 namespace prometheus {

@@ -34,7 +34,7 @@
 #include "backend/registry.h"
 #include "backend/replay/sse.h"
 #include "backend/serve/api.h"
-#include "backend/serve/frontend.h"
+#include "backend/frontend/frontend.h"
 #include "backend/serve/http_server.h"
 #include "backend/tokenizer/tokenizer.h"
 #include "policies/metrics.h"

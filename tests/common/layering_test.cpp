@@ -3,8 +3,11 @@
 // library, nlohmann/json.hpp and the Duet layers below them; sim/ is the only place that includes
 // SimGrid; backend/ the only one that includes UCX, NCCL, HTTP (Beast/Asio) or metrics
 // exposition headers; backend/ and kernels/cuda/ the only ones with CUDA headers; no layer
-// includes one above it; and of cli/, only the commands that run simulations include sim/. Also
-// checks that the checker itself rejects such includes.
+// includes one above it; inside backend/, the runtime (engine, cpu, cuda, model, transport,
+// tokenizer, calibrate) includes no HTTP and nothing of the control plane (frontend, cluster),
+// the control plane nothing of the HTTP edge (serve), and the replay client no server code; of
+// cli/, only the commands that run simulations include sim/. Also checks that the checker
+// itself rejects such includes.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -38,10 +41,30 @@ std::string FamilyOf(const std::string& target) {
 }
 
 struct Rule {
-  std::set<std::string> layers;    // Duet directories it may include from
+  // Duet directories it may include from: a top-level layer ("policies", "backend": all of
+  // it), or a sub-layer of backend/ ("backend/engine"; "backend/": the files directly in it).
+  std::set<std::string> layers;
   std::set<std::string> families;  // restricted libraries it may include
   bool pure = false;               // only the standard library and nlohmann/json.hpp
 };
+
+std::set<std::string> Union(std::set<std::string> a, const std::set<std::string>& b) {
+  a.insert(b.begin(), b.end());
+  return a;
+}
+
+const std::set<std::string> kBelowBackend = {"common",   "models", "traces",
+                                             "policies", "deploy", "kernels"};
+// backend/'s sub-layers, each including only itself and those before it.
+// The runtime: what executes steps and moves KV (no HTTP, no control plane).
+const std::set<std::string> kRuntime = Union(
+    kBelowBackend, {"backend/", "backend/engine", "backend/cpu", "backend/cuda", "backend/model",
+                    "backend/transport", "backend/tokenizer", "backend/calibrate"});
+// The control plane: the live frontend and the worker processes with their link.
+const std::set<std::string> kControlPlane =
+    Union(kRuntime, {"backend/cluster", "backend/frontend"});
+// The HTTP edge: the OpenAI API, the server, /metrics.
+const std::set<std::string> kHttpEdge = Union(kControlPlane, {"backend/serve"});
 
 // Keyed by directory relative to the source root; the longest matching key applies.
 const std::map<std::string, Rule> kRules = {
@@ -57,10 +80,14 @@ const std::map<std::string, Rule> kRules = {
     {"plan", {{"common", "models", "traces", "policies", "deploy", "sim", "plan"}, {}, false}},
     {"kernels", {{"common", "kernels"}, {}, false}},
     {"kernels/cuda", {{"common", "kernels"}, {"cuda"}, false}},
-    {"backend",
-     {{"common", "models", "traces", "policies", "deploy", "kernels", "backend"},
-      {"cuda", "ucx", "nccl", "http"},
-      false}},
+    // backend/ and every sub-directory not named below: the runtime.
+    {"backend", {kRuntime, {"cuda", "ucx", "nccl"}, false}},
+    {"backend/cluster", {kControlPlane, {"cuda", "ucx", "nccl"}, false}},
+    {"backend/frontend", {kControlPlane, {"cuda", "ucx", "nccl"}, false}},
+    {"backend/serve", {kHttpEdge, {"cuda", "ucx", "nccl", "http"}, false}},
+    // The replay client: an HTTP client that depends on no server code.
+    {"backend/replay",
+     {{"common", "models", "traces", "policies", "backend/replay"}, {"http"}, false}},
     {"cli",
      {{"common", "models", "traces", "policies", "deploy", "kernels", "sim", "plan", "backend",
        "cli"},
@@ -85,7 +112,15 @@ bool Allowed(const Rule& rule, const std::string& target, bool angle) {
   if (!family.empty()) return rule.families.count(family) != 0;
   const auto slash = target.find('/');
   const std::string top = slash == std::string::npos ? "" : target.substr(0, slash);
-  if (!angle || kRules.count(top)) return !top.empty() && rule.layers.count(top) != 0;
+  if (!angle || kRules.count(top)) {
+    if (top.empty()) return false;
+    if (rule.layers.count(top)) return true;
+    if (top != "backend") return false;
+    // A sub-layer of backend/: its directory, or "backend/" for a file directly in it.
+    const auto second = target.find('/', slash + 1);
+    return rule.layers.count(second == std::string::npos ? "backend/" : target.substr(0, second)) !=
+           0;
+  }
   if (!rule.pure) return true;
   // Standard headers have neither a directory nor an extension; the one library allowed.
   if (target == "nlohmann/json.hpp") return true;
@@ -147,7 +182,7 @@ TEST(Layering, TheCheckerRejectsForbiddenIncludes) {
     out << "#include <vector>\n#include \"policies/engine.h\"\n#include <simgrid/s4u.hpp>\n"
            "#include <cuda_runtime.h>\n#include <ucp/api/ucp.h>\n#include <nccl.h>\n"
            "#include <boost/beast/http.hpp>\n#include \"sim/simulation.h\"\n"
-           "#include \"backend/serve/frontend.h\"\n#include <prometheus/registry.h>\n";
+           "#include \"backend/frontend/frontend.h\"\n#include <prometheus/registry.h>\n";
   }
   EXPECT_EQ(Violations("policies", path).size(), 8u);
   EXPECT_EQ(Violations("models", path).size(), 9u);        // models may not include policies/
@@ -155,8 +190,17 @@ TEST(Layering, TheCheckerRejectsForbiddenIncludes) {
   EXPECT_EQ(Violations("deploy", path).size(), 8u);        // as pure as policies/
   // sim: SimGrid and the layers below, but no GPU, network or HTTP library and not backend/.
   EXPECT_EQ(Violations("sim", path).size(), 6u);
-  // backend: everything but SimGrid and sim/.
+  // backend's HTTP edge: everything but SimGrid and sim/.
   EXPECT_EQ(Violations("backend/serve", path).size(), 2u);
+  // The runtime (and files directly in backend/): no HTTP, Prometheus or control plane.
+  EXPECT_EQ(Violations("backend/engine", path).size(), 5u);
+  EXPECT_EQ(Violations("backend/transport", path).size(), 5u);
+  EXPECT_EQ(Violations("backend", path).size(), 5u);
+  // The control plane: the runtime and itself, no HTTP.
+  EXPECT_EQ(Violations("backend/cluster", path).size(), 4u);
+  EXPECT_EQ(Violations("backend/frontend", path).size(), 4u);
+  // The replay client: HTTP, but no server code, GPU or network library.
+  EXPECT_EQ(Violations("backend/replay", path).size(), 6u);
   // kernels: CUDA only under kernels/cuda; never policies/ or above.
   EXPECT_EQ(Violations("kernels/cpu", path).size(), 9u);
   EXPECT_EQ(Violations("kernels/cuda", path).size(), 8u);
@@ -165,6 +209,27 @@ TEST(Layering, TheCheckerRejectsForbiddenIncludes) {
   // cli: any Duet layer, none of the restricted libraries directly.
   EXPECT_EQ(Violations("cli", path).size(), 6u);
   EXPECT_EQ(SimIncludes(path).size(), 1u);
+  fs::remove(path);
+}
+
+// The mutation the runtime's rule is there for: Beast, or the HTTP edge, from the engine.
+TEST(Layering, TheRuntimeRefusesHttpAndTheLayersAboveIt) {
+  const auto path = fs::temp_directory_path() / "duet_layering_runtime_probe.cpp";
+  {
+    std::ofstream out(path);
+    out << "#include \"backend/engine/forward_model.h\"\n#include \"backend/registry.h\"\n"
+           "#include <boost/beast/core.hpp>\n#include \"backend/serve/api.h\"\n"
+           "#include \"backend/cluster/wire.h\"\n#include \"backend/replay/client.h\"\n";
+  }
+  for (const char* runtime : {"backend", "backend/engine", "backend/cpu", "backend/cuda",
+                              "backend/model", "backend/transport", "backend/tokenizer"}) {
+    const auto bad = Violations(runtime, path);
+    ASSERT_EQ(bad.size(), 4u) << runtime;
+    EXPECT_NE(bad[0].find("boost/beast"), std::string::npos) << bad[0];
+  }
+  // The control plane takes the worker link, not the HTTP edge; the edge takes both.
+  EXPECT_EQ(Violations("backend/frontend", path).size(), 3u);
+  EXPECT_EQ(Violations("backend/serve", path).size(), 1u);  // the replay client
   fs::remove(path);
 }
 

@@ -2,7 +2,7 @@
 // single-threaded LocalEngine's, aborts free their blocks at the next step, admission is bounded,
 // a drain lets in-flight requests finish, stop tokens end requests, and prefix-aware routing
 // sends a repeated prompt to the instance whose KV events say it holds the prefix.
-#include "backend/serve/frontend.h"
+#include "backend/frontend/frontend.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>

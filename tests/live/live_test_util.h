@@ -15,7 +15,7 @@
 
 #include "backend/cpu/cpu_model.h"
 #include "backend/model/test_model.h"
-#include "backend/serve/frontend.h"
+#include "backend/frontend/frontend.h"
 
 namespace duet::backend::serve {
 

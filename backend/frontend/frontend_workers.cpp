@@ -18,7 +18,7 @@
 
 #include "backend/cluster/link_auth.h"
 #include "backend/cluster/wire.h"
-#include "backend/serve/frontend_impl.h"
+#include "backend/frontend/frontend_impl.h"
 #include "policies/block_hash.h"
 
 namespace duet::backend::serve {
@@ -156,6 +156,7 @@ void EndHere(Impl& s, RequestId id, policies::FinishReason reason, const std::st
   if (e.client_id != id) s.retried.erase(e.client_id);
   s.entries.erase(it);
   --s.pending;
+  ++s.telling;  // Finish tells the listener
 }
 
 // Moves a request whose worker was lost to survivors: a new attempt whose prompt is the old
@@ -208,8 +209,15 @@ void Retry(Impl& s, RequestId id, std::vector<Ending>* endings) {
       {EngineMessage::Kind::kNewRequest, raw, policies::kNoInstance});
 }
 
-void Finish(std::vector<Ending>& endings) {
+// Tells the listeners of the entries EndHere ended. Caller does not hold s.mu.
+void Finish(Impl& s, std::vector<Ending>& endings) {
   for (Ending& e : endings) e.listener->OnFinished(e.info);
+  if (endings.empty()) return;
+  {
+    std::lock_guard lock(s.mu);
+    s.telling -= static_cast<std::int64_t>(endings.size());
+  }
+  s.changed.notify_all();
 }
 
 // The instances of `e`'s route other than `i` drop what they hold of it: an abort, and a
@@ -247,7 +255,7 @@ void OnRefused(Impl& s, InstanceId i, const cluster::Refusal& refusal) {
             "worker " + std::to_string(i) + " refused it: " + refusal.reason, &endings);
   }
   s.changed.notify_all();
-  Finish(endings);
+  Finish(s, endings);
 }
 
 // Worker `i` is gone: no more routing to it; the survivors drop what they hold of its requests
@@ -278,7 +286,7 @@ void Failover(Impl& s, InstanceId i) {
     }
   }
   s.changed.notify_all();
-  Finish(endings);
+  Finish(s, endings);
 }
 
 void OnClose(Impl& s, InstanceId i, std::uint64_t generation, const std::string& why) {

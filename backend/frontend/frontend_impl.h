@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "backend/engine/engine_thread.h"
-#include "backend/serve/frontend.h"
+#include "backend/frontend/frontend.h"
 #include "policies/admission.h"
 #include "policies/kv_event_index.h"
 
@@ -121,6 +121,8 @@ struct LiveFrontend::Impl {
   std::unordered_map<policies::RequestId, Entry> entries;
   std::unordered_map<policies::RequestId, policies::RequestId> retried;  // client -> attempt
   std::int64_t pending = 0;                                              // entries not finished
+  // Finished requests whose listener has not heard yet (Drain waits for them too).
+  std::int64_t telling = 0;
   std::int64_t requests_retried = 0;
   std::unique_ptr<policies::KvEventIndex> index;
   std::unique_ptr<policies::Router> router;

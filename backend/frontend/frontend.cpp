@@ -2,13 +2,13 @@
 // of each instance's prefix cache, dispatch to the instances, and the route back from each
 // instance's events to the request's listener. Engine threads here; worker processes in
 // frontend_workers.cpp.
-#include "backend/serve/frontend.h"
+#include "backend/frontend/frontend.h"
 
 #include <algorithm>
 #include <chrono>
 #include <limits>
 
-#include "backend/serve/frontend_impl.h"
+#include "backend/frontend/frontend_impl.h"
 #include "policies/block_hash.h"
 
 namespace duet::backend::serve {
@@ -71,9 +71,15 @@ void LiveFrontend::Impl::InstanceSink::OnFinished(const Request& r) {
     info.cached_tokens = std::min(info.cached_tokens, entry.prompt_tokens);
     if (entry.client_id != r.id) impl_.retried.erase(entry.client_id);
     --impl_.pending;
+    ++impl_.telling;
   }
   impl_.changed.notify_all();
   listener->OnFinished(info);
+  {
+    std::lock_guard lock(impl_.mu);
+    --impl_.telling;
+  }
+  impl_.changed.notify_all();
   if (impl_.options.observer) impl_.options.observer->OnFinished(r);
   finished_.push_back(r.id);
 }
@@ -368,14 +374,15 @@ std::int64_t LiveFrontend::Drain(Seconds timeout_s) {
   const auto deadline = std::chrono::steady_clock::now() +
                         std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                             std::chrono::duration<double>(std::max(0.0, timeout_s)));
-  s.changed.wait_until(lock, deadline, [&] { return s.pending == 0; });
+  s.changed.wait_until(lock, deadline, [&] { return s.pending == 0 && s.telling == 0; });
   const std::int64_t aborted = s.pending;
   for (const auto& [id, entry] : s.entries) {
     if (entry.finished) continue;
     s.PostAbort(id, entry);
   }
   // An abort takes effect at the instance's next step boundary; bounded in case a step hangs.
-  s.changed.wait_for(lock, std::chrono::seconds(60), [&] { return s.pending == 0; });
+  s.changed.wait_for(lock, std::chrono::seconds(60),
+                     [&] { return s.pending == 0 && s.telling == 0; });
   return aborted;
 }
 
