@@ -1,0 +1,162 @@
+// The frontend actor of `duet simulate` (see world.h): arrivals, the admission rule shared with
+// the live server (policies/admission.h), routing, and the message to each request's prefill
+// instance.
+#include <algorithm>
+#include <limits>
+
+#include "policies/admission.h"
+#include "policies/block_hash.h"
+#include "sim/world.h"
+
+namespace duet::sim {
+
+using policies::RequestState;
+
+namespace {
+
+// Largest KV footprint (tokens) an instance admits: its blocks less the admission watermark.
+Tokens AdmissibleTokens(const World& w, InstanceId i) {
+  const auto& blocks = w.engines[static_cast<std::size_t>(i)]->blocks();
+  return w.cluster.engine.scheduler.AdmissibleTokens(blocks.num_blocks(), blocks.block_tokens());
+}
+
+// Hands the stale router view the KV events whose delivery time has come.
+void DeliverKvEvents(World& w) {
+  const Seconds now = sg4::Engine::get_clock();
+  while (!w.kv_events_in_flight.empty() && w.kv_events_in_flight.front().deliver_s <= now) {
+    const auto& e = w.kv_events_in_flight.front();
+    w.stale_index->Apply(e.instance, e.events);
+    w.kv_events_in_flight.pop_front();
+  }
+}
+
+// The pooled reference cache sees `r` at its arrival: its hit counted, its prompt cached.
+void LookUpPooled(World& w, const Request& r) {
+  if (!w.pooled || r.input_tokens <= 0) return;
+  const auto hit = w.pooled->Touch(r.block_hashes, r.input_tokens);
+  if (!hit) return;  // larger than every prefill instance together: admission rejected it
+  w.pooled_lookup_tokens += r.input_tokens;
+  w.pooled_hit_tokens += *hit;
+}
+
+// A later turn of request `p` took its context hashes (or will never need them): once no turn
+// needs them and `p` finished, they go.
+void ReleaseContext(World& w, std::size_t p) {
+  if (w.arrivals->continuations_left(p) == 0 && policies::IsFinished(w.requests[p].state))
+    std::vector<policies::BlockHash>().swap(w.requests[p].block_hashes);
+}
+
+// Request `k`'s prefix hashes, set when it is sent. A later turn of a session inherits its
+// parent's context hashes (prompt and output, computed when the parent was sent), then names
+// its new tokens as its own; a request that later turns continue names its output too.
+void SetBlockHashes(World& w, std::size_t k) {
+  Request& r = w.requests[k];
+  const traces::TraceRequest& tr = w.trace.requests[k];
+  const Tokens block = w.cluster.engine.block_tokens;
+  if (const auto p = w.arrivals->parent(k)) {
+    Request& parent = w.requests[*p];
+    const auto inherited = std::min<std::size_t>(
+        parent.block_hashes.size(), static_cast<std::size_t>(tr.context_tokens / block));
+    r.block_hashes.assign(parent.block_hashes.begin(),
+                          parent.block_hashes.begin() + static_cast<std::ptrdiff_t>(inherited));
+    ReleaseContext(w, *p);
+    policies::ExtendUniqueBlockHashes(r.block_hashes, r.id, r.input_tokens / block);
+  } else {
+    r.block_hashes =
+        policies::EngineBlockHashes(tr.block_ids, w.trace.block_tokens, r.input_tokens, block);
+  }
+  // Prompt content no trace id names, and the output, are this request's own.
+  if (w.arrivals->continuations_left(k) > 0)
+    policies::ExtendUniqueBlockHashes(r.block_hashes, r.id,
+                                      (r.input_tokens + r.output_tokens) / block);
+}
+
+}  // namespace
+
+void RunFrontend(World& w) {
+  std::vector<policies::InstanceRole> roles;
+  std::vector<Tokens> admissible;
+  for (std::size_t i = 0; i < w.cluster.instances.size(); ++i) {
+    roles.push_back(w.cluster.instances[i].role);
+    admissible.push_back(AdmissibleTokens(w, static_cast<InstanceId>(i)));
+  }
+  const auto limits = policies::AdmissionLimits::For(
+      roles, admissible, w.cluster.model.max_position_embeddings, w.cluster.model.name);
+
+  auto reject = [&](Request& r, std::string reason) {
+    r.state = RequestState::kRejected;
+    r.finished_s = sg4::Engine::get_clock();
+    r.reason = std::move(reason);
+    w.sink->OnFinished(r);
+  };
+  // Sends request `k`: admission checks, routing, the message to its prefill instance.
+  auto send = [&](std::size_t k, Seconds arrival_s) {
+    Request& r = w.requests[k];
+    r.arrival_s = arrival_s;
+    r.session = w.arrivals->session(k);
+    SetBlockHashes(w, k);
+    // Reasons read "<class>: <detail>": the summary counts them by class.
+    if (auto too_long = limits.Check(r.input_tokens, r.output_tokens))
+      return reject(r, std::move(*too_long));
+    DeliverKvEvents(w);
+    const policies::RoutingDecision d = w.router->Route(r);
+    if (!d.reject_reason.empty()) return reject(r, d.reject_reason);
+    r.prefill_instance = d.prefill;
+    r.decode_instance = d.decode;
+    r.router_score = d.score;
+    LookUpPooled(w, r);
+    r.state = RequestState::kQueued;
+    // The request carries its token ids: 4 bytes a token.
+    w.CountRoute(w.platform.frontend, w.instances[static_cast<std::size_t>(d.prefill)].gpus.front(),
+                 static_cast<double>(r.input_tokens) * 4);
+    w.inboxes[static_cast<std::size_t>(d.prefill)]->Send(
+        EngineMessage{EngineMessage::Kind::kNewRequest, &r, policies::kNoInstance},
+        static_cast<std::uint64_t>(r.input_tokens) * 4);
+  };
+
+  traces::Arrivals& arrivals = *w.arrivals;
+  for (;;) {
+    // A request whose dependency was rejected or failed is never sent.
+    while (const auto dropped = arrivals.TakeDropped()) {
+      Request& r = w.requests[dropped->index];
+      r.arrival_s = sg4::Engine::get_clock();
+      if (const auto parent = w.arrivals->parent(dropped->index)) ReleaseContext(w, *parent);
+      const Request& cause = w.requests[dropped->cause];
+      reject(r, std::string("dependency not completed: request ") + std::to_string(cause.id) +
+                    " was " + policies::ToString(cause.state));
+    }
+    if (const auto due = arrivals.TakeDue(sg4::Engine::get_clock())) {
+      send(due->index, due->arrival_s);
+      continue;
+    }
+    if (arrivals.Exhausted()) break;
+    const std::optional<Seconds> next = arrivals.NextArrival();
+    if (!arrivals.dynamic()) {
+      sg4::this_actor::sleep_until(*next);
+    } else {
+      // Until the next known arrival, or a finish that may bring one sooner.
+      std::unique_lock lock(*w.wake_mutex);
+      w.frontend_sleeping = true;
+      if (next) {
+        w.wake->wait_until(lock, *next);
+      } else {
+        w.wake->wait(lock);
+      }
+      w.frontend_sleeping = false;
+    }
+    ++w.events;
+  }
+  if (w.finished < arrivals.released()) {
+    w.frontend_waiting = true;
+    w.done_mailbox->get<int>();
+    ++w.events;
+  }
+  for (std::size_t i = 0; i < w.engines.size(); ++i) {
+    w.CountRoute(w.platform.frontend, w.instances[i].gpus.front(), kControlMessageBytes);
+    w.inboxes[i]->Send(
+        EngineMessage{EngineMessage::Kind::kShutdown, nullptr, policies::kNoInstance},
+        kControlMessageBytes);
+  }
+}
+
+}  // namespace duet::sim

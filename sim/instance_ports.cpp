@@ -1,0 +1,166 @@
+// The SimGrid ports of one instance: its inbox, clock, outbox and step executor (SimPorts), and
+// the router's view of the instances' caches (EngineCacheView). See world.h.
+#include <algorithm>
+
+#include "sim/world.h"
+
+namespace duet::sim {
+
+
+void SimInbox::Send(const EngineMessage& message, std::uint64_t bytes) {
+  // Starting a communication is a simcall, where the sender yields and the receiver may run:
+  // the inbox is changed before it.
+  if (entries_.empty() && waiting_ && doorbell_) {
+    // The receiver waits on the doorbell: this send matches its receive and wakes it on arrival.
+    entries_.push_back({std::exchange(doorbell_, nullptr), message, true});
+    // SimGrid needs a non-null payload to tell a send from a receive.
+    static int token = 0;
+    doorbell_mailbox_->put_init(&token, bytes)->detach();
+    return;
+  }
+  sg4::CommPtr comm =
+      sg4::Comm::sendto_init()->set_payload_size(bytes)->set_source(sg4::this_actor::get_host());
+  Entry& entry = entries_.emplace_back(Entry{comm, message, false});
+  comm->set_destination(host_);  // starts it; the entry stays (TryReceive takes started ones)
+  entry.started = true;
+}
+
+bool SimInbox::TryReceive(EngineMessage* message) {
+  // A test of a communication whose sender has not returned from starting it would start it
+  // again; one that the sender is starting has not arrived anyway.
+  if (entries_.empty() || !entries_.front().started || !entries_.front().comm->test()) return false;
+  *message = std::move(entries_.front().message);
+  entries_.pop_front();
+  return true;
+}
+
+const sg4::CommPtr& SimInbox::Waitable() {
+  // Posting the receive is a simcall, during which a sender may run and find no doorbell yet.
+  // The oldest message may be one whose sender has not returned from starting it: the start
+  // was handled before this actor's wait can be, since the sender yielded first.
+  if (entries_.empty() && !doorbell_) doorbell_ = doorbell_mailbox_->get_async(&doorbell_payload_);
+  return entries_.empty() ? doorbell_ : entries_.front().comm;
+}
+
+SimPorts::SimPorts(World& world, InstanceId id)
+    : world_(world),
+      id_(id),
+      inbox_(*world.inboxes[static_cast<std::size_t>(id)]),
+      transport_(world.instances, world.Starter(), world.timeline.get()) {}
+
+bool SimPorts::TryReceive(EngineMessage* message) { return inbox_.TryReceive(message); }
+
+bool SimPorts::WaitAny(double timeout) {
+  waitables_.clear();
+  waitables_.push_back(inbox_.Waitable());
+  transport_.AppendWaitables(&waitables_);
+  if (world_.storage) world_.storage->AppendWaitables(&waitables_);
+  inbox_.set_waiting(true);
+  const ssize_t woken = sg4::Comm::wait_any_for(waitables_, timeout);
+  inbox_.set_waiting(false);
+  ++world_.events;
+  return woken >= 0;
+}
+
+void SimPorts::WaitUntil(Seconds deadline) {
+  const double timeout = std::isinf(deadline) ? -1.0 : std::max(0.0, deadline - Now());
+  WaitAny(timeout);
+}
+
+void SimPorts::Send(InstanceId to, const EngineMessage& message) {
+  world_.CountRoute(world_.instances[static_cast<std::size_t>(id_)].gpus.front(),
+                    world_.instances[static_cast<std::size_t>(to)].gpus.front(),
+                    kControlMessageBytes);
+  world_.inboxes[static_cast<std::size_t>(to)]->Send(message, kControlMessageBytes);
+}
+
+void SimPorts::Execute(const policies::StepPlan& plan, policies::StepEvents& events,
+                       policies::StepResult* result) {
+  const Seconds start_s = Now();
+  ExecuteSteps(plan, events, result);
+  if (!world_.timeline) return;
+  const models::StepShape shape = plan.Shape();
+  Seconds step_start_s = start_s;
+  for (const Seconds end_s : result->step_end_s) {
+    world_.timeline->Add(Timeline::Step{id_, step_start_s, end_s, shape.PrefillTokens(),
+                                        shape.decode_tokens,
+                                        static_cast<std::int32_t>(plan.prefills.size()),
+                                        static_cast<std::int32_t>(plan.decodes.size())});
+    step_start_s = end_s;
+  }
+}
+
+void SimPorts::ExecuteSteps(const policies::StepPlan& plan, policies::StepEvents& events,
+                            policies::StepResult* result) {
+  const auto& cost = *world_.costs[static_cast<std::size_t>(id_)];
+  const Seconds start = Now();
+  std::vector<Seconds>* step_end_s = &result->step_end_s;
+  models::StepShape shape = plan.Shape();
+  if (plan.max_steps <= 1) {
+    sg4::this_actor::sleep_for(cost.StepTime(shape));
+    ++world_.events;
+    step_end_s->push_back(Now());
+    if (!plan.awaited_loads.empty()) FinishOverlappedLoads(plan, start, events, result);
+    return;
+  }
+  cost.AppendDecodeRunEnds(shape, plan.max_steps, start, step_end_s);
+  if (!WaitAny(step_end_s->back() - start)) return;  // ran to the end undisturbed
+  // New work arrived: finish the step in progress and stop at its boundary.
+  const Seconds now = Now();
+  const auto boundary = std::lower_bound(step_end_s->begin(), step_end_s->end(), now);
+  if (*boundary > now) {
+    sg4::this_actor::sleep_until(*boundary);
+    ++world_.events;
+  }
+  step_end_s->erase(boundary + 1, step_end_s->end());
+}
+
+void SimPorts::FinishOverlappedLoads(const policies::StepPlan& plan, Seconds step_start_s,
+                                     policies::StepEvents& events, policies::StepResult* result) {
+  policies::TierManager& tiers = *world_.tiers;
+  for (const policies::AwaitedLoad& a : plan.awaited_loads) {
+    if (!tiers.LoadFinished(a.load)) result->delayed_by_loads.push_back(a.request->id);
+  }
+  if (result->delayed_by_loads.empty()) return;  // they hid behind the computation
+  auto loading = [&] {
+    return std::any_of(plan.awaited_loads.begin(), plan.awaited_loads.end(),
+                       [&](const policies::AwaitedLoad& a) { return !tiers.LoadFinished(a.load); });
+  };
+  // What else ends meanwhile is taken as between steps (it only queues work), and must be: a
+  // finished transfer or message left untaken would end every wait at once.
+  events.TakeEvents();
+  while (loading()) {
+    WaitUntil(policies::kForever);
+    events.TakeEvents();
+  }
+  // The last layer's KV has just arrived: that layer's share of the step remains.
+  const Seconds step_end = result->step_end_s.back();
+  const Seconds end = Now() + (step_end - step_start_s) / plan.num_layers;
+  while (Now() < end) {
+    WaitUntil(end);
+    events.TakeEvents();
+  }
+  result->load_wait_s = end - step_end;
+  result->step_end_s.back() = end;
+}
+Tokens EngineCacheView::CachedPrefixTokens(InstanceId instance, const Request& request) const {
+  if (world_.stale_index) return world_.stale_index->CachedPrefixTokens(instance, request);
+  const auto& blocks = world_.engines[static_cast<std::size_t>(instance)]->blocks();
+  return blocks.BlocksToTokens(blocks.CachedPrefixBlocks(request.block_hashes));
+}
+
+policies::PrefixReuse EngineCacheView::Reuse(InstanceId instance, const Request& request) const {
+  policies::PrefixReuse reuse;
+  reuse.gpu_tokens = CachedPrefixTokens(instance, request);
+  if (!world_.tiers) return reuse;
+  const Tokens block = world_.cluster.engine.block_tokens;
+  // As at admission: at least one prompt token is computed.
+  const std::int64_t gpu_blocks = reuse.gpu_tokens / block;
+  const policies::TierHits hits = world_.tiers->Lookup(
+      instance, request.block_hashes, gpu_blocks, (request.input_tokens - 1) / block - gpu_blocks);
+  reuse.tier_tokens = hits.total() * block;
+  reuse.load_s = world_.tiers->EstimateLoadSeconds(hits);
+  return reuse;
+}
+
+}  // namespace duet::sim
