@@ -20,9 +20,9 @@
 
 #include "backend/cluster/link_auth.h"
 #include "backend/engine/fault_injecting_model.h"
+#include "backend/frontend/frontend.h"
 #include "backend/registry.h"
 #include "backend/serve/api.h"
-#include "backend/frontend/frontend.h"
 #include "backend/serve/http_server.h"
 #include "backend/serve/live_metrics.h"
 #include "backend/tokenizer/chat_template.h"

@@ -20,9 +20,9 @@
 #include <thread>
 
 #include "backend/cpu/cpu_model.h"
+#include "backend/frontend/frontend.h"
 #include "backend/model/test_model.h"
 #include "backend/serve/api.h"
-#include "backend/frontend/frontend.h"
 #include "backend/serve/http_server.h"
 #include "backend/serve/live_metrics.h"
 #include "backend/tokenizer/chat_template.h"

@@ -6,7 +6,6 @@
 
 namespace duet::sim {
 
-
 void SimInbox::Send(const EngineMessage& message, std::uint64_t bytes) {
   // Starting a communication is a simcall, where the sender yields and the receiver may run:
   // the inbox is changed before it.

@@ -16,7 +16,6 @@
 
 namespace duet::sim {
 
-
 namespace {
 
 policies::TierSetup TierSetupFor(const ClusterSpec& cluster) {

@@ -14,8 +14,8 @@
 #include <variant>
 #include <vector>
 
-#include "backend/serve/chunks.h"
 #include "backend/frontend/frontend.h"
+#include "backend/serve/chunks.h"
 #include "backend/serve/live_metrics.h"
 #include "backend/serve/openai_protocol.h"
 #include "backend/serve/output_text.h"

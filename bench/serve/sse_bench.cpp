@@ -30,11 +30,11 @@
 #include <thread>
 #include <vector>
 
+#include "backend/frontend/frontend.h"
 #include "backend/model/test_model.h"
 #include "backend/registry.h"
 #include "backend/replay/sse.h"
 #include "backend/serve/api.h"
-#include "backend/frontend/frontend.h"
 #include "backend/serve/http_server.h"
 #include "backend/tokenizer/tokenizer.h"
 #include "policies/metrics.h"

@@ -14,8 +14,8 @@
 #include <thread>
 
 #include "backend/cpu/cpu_model.h"
-#include "backend/model/test_model.h"
 #include "backend/frontend/frontend.h"
+#include "backend/model/test_model.h"
 
 namespace duet::backend::serve {
 
