@@ -300,6 +300,21 @@ void InstanceEngine::ExpireLeases(Seconds now) {
   }
 }
 
+InstanceLoad InstanceEngine::CurrentLoad() const {
+  InstanceLoad l;
+  l.waiting = static_cast<std::int64_t>(scheduler_.waiting().size());
+  l.running = static_cast<std::int64_t>(scheduler_.running().size());
+  l.kv_blocks_used = blocks_.kv_blocks_used();
+  l.kv_blocks_free = blocks_.kv_blocks_free();
+  l.kv_blocks_total = blocks_.num_blocks();
+  l.leases_held = leases_held();
+  l.leases_expired = leases_expired_;
+  l.kv_load_failures = kv_load_failures_;
+  l.kv_load_recomputes = kv_load_recomputes_;
+  l.forward_failures = forward_failures_;
+  return l;
+}
+
 Seconds InstanceEngine::next_lease_expiry() const {
   Seconds first = kForever;
   for (const auto& [id, expires] : leases_) first = std::min(first, expires);

@@ -14,6 +14,7 @@
 
 #include "common/status.h"
 #include "policies/block_manager.h"
+#include "policies/instance_load.h"
 #include "policies/kv_tiers.h"
 #include "policies/ports.h"
 #include "policies/scheduler.h"
@@ -94,6 +95,8 @@ class InstanceEngine final : private LowerTierLookup, private StepEvents {
   // Steps that failed (StepResult::status; real backend: the forward pass returned an error).
   // Each ended the requests it planned with an error.
   std::int64_t forward_failures() const { return forward_failures_; }
+  // What the instance holds now (its requests, blocks and leases) and its counters.
+  InstanceLoad CurrentLoad() const;
 
   const EngineConfig& config() const { return config_; }
   const KvBlockManager& blocks() const { return blocks_; }

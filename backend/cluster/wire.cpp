@@ -148,13 +148,12 @@ struct LoadField {
   std::int64_t* field;
   std::int64_t max;
 };
-std::vector<LoadField> LoadFields(WorkerLoad& l) {
-  InstanceLoad& e = l.engine;
+std::vector<LoadField> LoadFields(policies::InstanceLoad& e) {
   return {{"waiting", &e.waiting, kMaxLoadRequests},
           {"running", &e.running, kMaxLoadRequests},
           {"kv_used", &e.kv_blocks_used, kMaxLoadBlocks},
           {"kv_free", &e.kv_blocks_free, kMaxLoadBlocks},
-          {"kv_total", &l.kv_blocks_total, kMaxLoadBlocks},
+          {"kv_total", &e.kv_blocks_total, kMaxLoadBlocks},
           {"leases_held", &e.leases_held, kMaxLoadRequests},
           {"leases_expired", &e.leases_expired, kMaxLoadCounter},
           {"load_failures", &e.kv_load_failures, kMaxLoadCounter},
@@ -162,15 +161,15 @@ std::vector<LoadField> LoadFields(WorkerLoad& l) {
           {"forward_failures", &e.forward_failures, kMaxLoadCounter}};
 }
 
-json LoadToJson(WorkerLoad l) {
+json LoadToJson(policies::InstanceLoad l) {
   json j = json::object();
   for (const LoadField& f : LoadFields(l)) j[f.key] = *f.field;
   return j;
 }
 
-Result<WorkerLoad> LoadFromJson(const json& j, const std::string& where) {
+Result<policies::InstanceLoad> LoadFromJson(const json& j, const std::string& where) {
   if (!j.is_object()) return Status::Error(where + ": must be a map");
-  WorkerLoad l;
+  policies::InstanceLoad l;
   for (const LoadField& f : LoadFields(l)) {
     DUET_WIRE_TRY(v, JsonIntIn(j, f.key, 0, f.max, where));
     *f.field = v;
@@ -749,9 +748,11 @@ Result<Events> ParseEvents(std::string_view body) {
   return out;
 }
 
-std::string EncodeHeartbeat(const WorkerLoad& load) { return Pack({{"load", LoadToJson(load)}}); }
+std::string EncodeHeartbeat(const policies::InstanceLoad& load) {
+  return Pack({{"load", LoadToJson(load)}});
+}
 
-Result<WorkerLoad> ParseHeartbeat(std::string_view body) {
+Result<policies::InstanceLoad> ParseHeartbeat(std::string_view body) {
   DUET_WIRE_TRY(j, Unpack(body, "heartbeat"));
   if (!JsonHas(j, "load")) return FieldError("heartbeat", "load", "is missing");
   return LoadFromJson(j.at("load"), "heartbeat: load");

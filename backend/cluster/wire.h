@@ -25,6 +25,7 @@
 #include "deploy/engine_settings.h"
 #include "policies/block_manager.h"
 #include "policies/engine.h"
+#include "policies/instance_load.h"
 #include "policies/ports.h"
 #include "policies/request.h"
 #include "policies/scheduler.h"
@@ -68,12 +69,6 @@ struct FrameHeader {
 std::string EncodeFrameHeader(MessageKind kind, std::uint32_t body_bytes);
 // Checks the magic, the version, the kind and the length bound.
 Result<FrameHeader> ParseFrameHeader(std::string_view bytes);
-
-// What a worker holds: its engine thread's load and its KV blocks.
-struct WorkerLoad {
-  InstanceLoad engine;
-  std::int64_t kv_blocks_total = 0;
-};
 
 struct Hello {
   policies::InstanceRole role = policies::InstanceRole::kColocated;
@@ -132,7 +127,7 @@ struct WireEvent {
 
 struct Events {
   std::vector<WireEvent> events;
-  WorkerLoad load;
+  policies::InstanceLoad load;
 };
 
 // A worker could not take an engine message (a value it cannot hold, a request it holds
@@ -147,7 +142,7 @@ std::string EncodeWelcome(const Welcome& welcome);
 std::string EncodePeer(const Peer& peer);
 std::string EncodeEngine(const WireEngineMessage& message);
 std::string EncodeEvents(const Events& events);
-std::string EncodeHeartbeat(const WorkerLoad& load);
+std::string EncodeHeartbeat(const policies::InstanceLoad& load);
 std::string EncodeRefused(const Refusal& refusal);
 std::string EncodeChallenge(const Challenge& challenge);
 std::string EncodeProof(const std::string& proof);
@@ -157,7 +152,7 @@ Result<Welcome> ParseWelcome(std::string_view body);
 Result<Peer> ParsePeer(std::string_view body);
 Result<WireEngineMessage> ParseEngine(std::string_view body);
 Result<Events> ParseEvents(std::string_view body);
-Result<WorkerLoad> ParseHeartbeat(std::string_view body);
+Result<policies::InstanceLoad> ParseHeartbeat(std::string_view body);
 Result<Refusal> ParseRefused(std::string_view body);
 // The request an engine message names, read even when the rest of it does not parse (to
 // refuse that request); nullopt when the body has no readable request_id.

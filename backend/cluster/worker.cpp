@@ -24,8 +24,6 @@ using policies::RequestId;
 
 namespace {
 
-WorkerLoad LoadOf(const EngineThread& engine) { return {engine.load(), engine.kv_blocks_total()}; }
-
 // The worker's half of the link: the engine's outbox and event sink (engine thread), the
 // requests it holds, and the frames from the frontend (reader thread).
 class WorkerLink final : public policies::Outbox, public policies::EventSink {
@@ -164,7 +162,7 @@ class WorkerLink final : public policies::Outbox, public policies::EventSink {
 
   void FlushEvents() {
     if (events_.events.empty()) return;
-    events_.load = LoadOf(*engine_);
+    events_.load = engine_->load();
     connection_->Send(MessageKind::kEvents, EncodeEvents(events_));
     events_.events.clear();
   }
@@ -366,7 +364,7 @@ Status RunWorker(std::unique_ptr<ForwardModel> model, const WorkerOptions& optio
                (*transport)->path().c_str());
 
   const bool shutdown = link.WaitShutdown(welcome->heartbeat_interval_s, [&] {
-    connection.Send(MessageKind::kHeartbeat, EncodeHeartbeat(LoadOf(engine)));
+    connection.Send(MessageKind::kHeartbeat, EncodeHeartbeat(engine.load()));
   });
   if (!shutdown) link.AbandonAll();
   engine.Stop();  // serves what it holds to the end (nothing, once abandoned)

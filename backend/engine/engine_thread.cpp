@@ -63,29 +63,14 @@ void EngineThread::Loop() {
 }
 
 void EngineThread::PublishLoad() {
-  waiting_.store(static_cast<std::int64_t>(engine_.scheduler().waiting().size()),
-                 std::memory_order_relaxed);
-  running_.store(static_cast<std::int64_t>(engine_.scheduler().running().size()),
-                 std::memory_order_relaxed);
-  kv_used_.store(engine_.blocks().kv_blocks_used(), std::memory_order_relaxed);
-  kv_free_.store(engine_.blocks().kv_blocks_free(), std::memory_order_relaxed);
-  leases_held_.store(engine_.leases_held(), std::memory_order_relaxed);
-  leases_expired_.store(engine_.leases_expired(), std::memory_order_relaxed);
-  load_failures_.store(engine_.kv_load_failures(), std::memory_order_relaxed);
-  load_recomputes_.store(engine_.kv_load_recomputes(), std::memory_order_relaxed);
-  forward_failures_.store(engine_.forward_failures(), std::memory_order_relaxed);
+  const InstanceLoad load = engine_.CurrentLoad();
+  std::lock_guard lock(load_mu_);
+  load_ = load;
 }
 
 InstanceLoad EngineThread::load() const {
-  return {waiting_.load(std::memory_order_relaxed),
-          running_.load(std::memory_order_relaxed),
-          kv_used_.load(std::memory_order_relaxed),
-          kv_free_.load(std::memory_order_relaxed),
-          leases_held_.load(std::memory_order_relaxed),
-          leases_expired_.load(std::memory_order_relaxed),
-          load_failures_.load(std::memory_order_relaxed),
-          load_recomputes_.load(std::memory_order_relaxed),
-          forward_failures_.load(std::memory_order_relaxed)};
+  std::lock_guard lock(load_mu_);
+  return load_;
 }
 
 }  // namespace duet::backend

@@ -4,8 +4,8 @@
 // after every iteration.
 #pragma once
 
-#include <atomic>
 #include <functional>
+#include <mutex>
 #include <thread>
 
 #include "backend/engine/forward_model.h"
@@ -16,20 +16,7 @@
 
 namespace duet::backend {
 
-// What an instance holds, as of its last iteration.
-struct InstanceLoad {
-  std::int64_t waiting = 0;  // queued for a (first or recomputing) prefill
-  std::int64_t running = 0;  // holding KV blocks
-  std::int64_t kv_blocks_used = 0;
-  std::int64_t kv_blocks_free = 0;  // free plus evictable cached blocks
-  // PD (policies::InstanceEngine has what they mean).
-  std::int64_t leases_held = 0;
-  std::int64_t leases_expired = 0;
-  std::int64_t kv_load_failures = 0;
-  std::int64_t kv_load_recomputes = 0;
-  // Steps whose forward pass failed (each ended its requests with an error).
-  std::int64_t forward_failures = 0;
-};
+using policies::InstanceLoad;
 
 class EngineThread {
  public:
@@ -58,8 +45,7 @@ class EngineThread {
   void Start();
   // Sends kShutdown and joins: the engine serves what it holds to the end first.
   void Stop();
-  InstanceLoad load() const;  // any thread
-  std::int64_t kv_blocks_total() const { return engine_.config().num_blocks; }
+  InstanceLoad load() const;  // any thread: as of the last iteration
 
  private:
   void Loop();
@@ -77,9 +63,8 @@ class EngineThread {
   policies::InstanceEngine engine_;
   std::function<void()> after_iteration_;
   StepLog* step_log_;
-  std::atomic<std::int64_t> waiting_{0}, running_{0}, kv_used_{0}, kv_free_{0};
-  std::atomic<std::int64_t> leases_held_{0}, leases_expired_{0}, load_failures_{0},
-      load_recomputes_{0}, forward_failures_{0};
+  mutable std::mutex load_mu_;
+  InstanceLoad load_;  // under load_mu_
   std::thread thread_;
 };
 

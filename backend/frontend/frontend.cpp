@@ -26,7 +26,6 @@ class LocalInstance final : public Instance {
   explicit LocalInstance(std::unique_ptr<EngineThread> thread) : thread_(std::move(thread)) {}
   void Post(const EngineMessage& message) override { thread_->inbox().Post(message); }
   InstanceLoad load() const override { return thread_->load(); }
-  std::int64_t kv_blocks_total() const override { return thread_->kv_blocks_total(); }
   void Stop() override { thread_->Stop(); }
   EngineThread& thread() { return *thread_; }
 
@@ -391,19 +390,7 @@ const models::ModelSpec& LiveFrontend::model_config() const { return impl_->conf
 
 FrontendStats LiveFrontend::Stats() const {
   FrontendStats stats;
-  for (const auto& instance : impl_->instances) {
-    const InstanceLoad load = instance->load();
-    stats.waiting += load.waiting;
-    stats.running += load.running;
-    stats.kv_blocks_used += load.kv_blocks_used;
-    stats.kv_blocks_free += load.kv_blocks_free;
-    stats.kv_blocks_total += instance->kv_blocks_total();
-    stats.kv_leases_held += load.leases_held;
-    stats.kv_leases_expired += load.leases_expired;
-    stats.kv_load_failures += load.kv_load_failures;
-    stats.kv_load_recomputes += load.kv_load_recomputes;
-    stats.forward_failures += load.forward_failures;
-  }
+  for (const auto& instance : impl_->instances) stats.load += instance->load();
   stats.workers = Workers();
   std::lock_guard lock(impl_->mu);
   stats.requests_retried = impl_->requests_retried;

@@ -20,6 +20,7 @@
 #include "common/status.h"
 #include "deploy/engine_settings.h"
 #include "policies/engine.h"
+#include "policies/instance_load.h"
 #include "policies/ports.h"
 #include "policies/request.h"
 #include "policies/router.h"
@@ -104,19 +105,9 @@ struct WorkerStatus {
 
 // What the frontend holds now (for /metrics gauges, /health and tests).
 struct FrontendStats {
-  std::int64_t waiting = 0;  // accepted, not yet admitted to a batch
-  std::int64_t running = 0;  // holding KV blocks and being served
-  std::int64_t kv_blocks_used = 0;
-  std::int64_t kv_blocks_free = 0;  // free plus evictable cached blocks
-  std::int64_t kv_blocks_total = 0;
-  // PD: KV held by prefill instances for a pull, leases that ended unreleased (their blocks
-  // freed), and failed pulls, of which the decode instance recomputed some.
-  std::int64_t kv_leases_held = 0;
-  std::int64_t kv_leases_expired = 0;
-  std::int64_t kv_load_failures = 0;
-  std::int64_t kv_load_recomputes = 0;
-  // Steps whose forward pass failed, on every instance (each ended its requests with an error).
-  std::int64_t forward_failures = 0;
+  // Summed over the instances (policies/instance_load.h): waiting is what was accepted and not
+  // yet admitted to a batch, running what holds KV blocks and is being served.
+  policies::InstanceLoad load;
   // Worker processes: the requests moved to a survivor after their worker was lost.
   std::int64_t requests_retried = 0;
   std::vector<WorkerStatus> workers = {};  // worker processes: every slot (LiveFrontend::Workers)

@@ -27,7 +27,6 @@ class Instance {
   // process's instance, which sends a copy; an engine thread keeps the pointer).
   virtual void Post(const policies::EngineMessage& message) = 0;
   virtual InstanceLoad load() const = 0;
-  virtual std::int64_t kv_blocks_total() const = 0;
   // Stops taking work once what it holds is done, and waits for that.
   virtual void Stop() = 0;
 };

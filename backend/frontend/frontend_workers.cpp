@@ -40,7 +40,7 @@ struct LiveFrontend::Impl::Fleet {
     std::int64_t joins = 0;
     std::uint64_t generation = 0;  // of the connection holding it (events of older ones drop)
     std::string kv_descriptor;
-    cluster::WorkerLoad load;
+    InstanceLoad load;
     // The counters of the slot's earlier workers (lost ones), which load() adds: totals a
     // scrape reads must not fall back when a worker is replaced.
     InstanceLoad carried;
@@ -99,16 +99,9 @@ class RemoteInstance final : public Instance {
   InstanceLoad load() const override {
     std::lock_guard lock(fleet_.mu);
     const Impl::Fleet::Slot& slot = fleet_.slots[static_cast<std::size_t>(id_)];
-    InstanceLoad l = slot.load.engine;
-    l.leases_expired += slot.carried.leases_expired;
-    l.kv_load_failures += slot.carried.kv_load_failures;
-    l.kv_load_recomputes += slot.carried.kv_load_recomputes;
-    l.forward_failures += slot.carried.forward_failures;
+    InstanceLoad l = slot.load;
+    l += slot.carried;
     return l;
-  }
-  std::int64_t kv_blocks_total() const override {
-    std::lock_guard lock(fleet_.mu);
-    return fleet_.slots[static_cast<std::size_t>(id_)].load.kv_blocks_total;
   }
   void Stop() override {}  // StopFleet
 
@@ -297,10 +290,7 @@ void OnClose(Impl& s, InstanceId i, std::uint64_t generation, const std::string&
     Impl::Fleet::Slot& slot = f.slots[static_cast<std::size_t>(i)];
     if (slot.generation != generation || !slot.up()) return;
     f.closed.push_back(std::move(slot.connection));
-    slot.carried.leases_expired += slot.load.engine.leases_expired;
-    slot.carried.kv_load_failures += slot.load.engine.kv_load_failures;
-    slot.carried.kv_load_recomputes += slot.load.engine.kv_load_recomputes;
-    slot.carried.forward_failures += slot.load.engine.forward_failures;
+    slot.carried += slot.load.Counters();
     slot.load = {};
     pid = slot.pid;
     if (f.stopping) {
@@ -318,15 +308,14 @@ void OnClose(Impl& s, InstanceId i, std::uint64_t generation, const std::string&
 // What a worker reports of its load against what it said at hello (its KV blocks) and what the
 // frontend can have sent it: a report past them is a broken or hostile worker, whose link ends
 // before the value reaches the router or /metrics. Caller holds the fleet's lock.
-Status CheckLoad(const Impl& s, const Impl::Fleet::Slot& slot, const cluster::WorkerLoad& load) {
+Status CheckLoad(const Impl& s, const Impl::Fleet::Slot& slot, const InstanceLoad& e) {
   const std::int64_t total = slot.load.kv_blocks_total;  // from the hello, fixed
-  const InstanceLoad& e = load.engine;
   auto over = [](const char* what, std::int64_t value, std::int64_t most) {
     return Status::Error("its load says " + std::string(what) + " " + std::to_string(value) +
                          ", more than the " + std::to_string(most) + " it can hold");
   };
-  if (load.kv_blocks_total != total)
-    return Status::Error("its load says " + std::to_string(load.kv_blocks_total) +
+  if (e.kv_blocks_total != total)
+    return Status::Error("its load says " + std::to_string(e.kv_blocks_total) +
                          " KV blocks in all, not the " + std::to_string(total) + " of its hello");
   if (e.kv_blocks_used > total) return over("kv_used", e.kv_blocks_used, total);
   if (e.kv_blocks_free > total) return over("kv_free", e.kv_blocks_free, total);
@@ -343,7 +332,7 @@ Status CheckLoad(const Impl& s, const Impl::Fleet::Slot& slot, const cluster::Wo
 // One message from worker `i`. A malformed one ends the connection (logged).
 Status OnFrame(Impl& s, InstanceId i, const cluster::FrameHeader& header, const std::string& body) {
   Impl::Fleet& f = *s.fleet;
-  auto heard = [&](const cluster::WorkerLoad* load) {
+  auto heard = [&](const InstanceLoad* load) {
     std::lock_guard lock(f.mu);
     Impl::Fleet::Slot& slot = f.slots[static_cast<std::size_t>(i)];
     if (load) {
@@ -603,7 +592,7 @@ void Register(Impl& s, int fd) {
     slot.kv_descriptor = hello->kv_descriptor;
     slot.load = {};
     slot.load.kv_blocks_total = hello->num_blocks;
-    slot.load.engine.kv_blocks_free = hello->num_blocks;
+    slot.load.kv_blocks_free = hello->num_blocks;
     slot.last_heard = std::chrono::steady_clock::now();
   }
   connection->Start();

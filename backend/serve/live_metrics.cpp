@@ -152,19 +152,20 @@ void LiveMetrics::OnToken(const Request&, std::int32_t) { generation_tokens_->In
 
 std::string LiveMetrics::Scrape(const FrontendStats& stats) {
   std::lock_guard<std::mutex> lock(scrape_mutex_);
-  running_->Set(static_cast<double>(stats.running));
-  waiting_->Set(static_cast<double>(stats.waiting));
-  kv_used_->Set(static_cast<double>(stats.kv_blocks_used));
-  kv_free_->Set(static_cast<double>(stats.kv_blocks_free));
-  kv_usage_->Set(stats.kv_blocks_total > 0 ? static_cast<double>(stats.kv_blocks_used) /
-                                                 static_cast<double>(stats.kv_blocks_total)
-                                           : 0.0);
-  kv_leases_held_->Set(static_cast<double>(stats.kv_leases_held));
+  const policies::InstanceLoad& load = stats.load;
+  running_->Set(static_cast<double>(load.running));
+  waiting_->Set(static_cast<double>(load.waiting));
+  kv_used_->Set(static_cast<double>(load.kv_blocks_used));
+  kv_free_->Set(static_cast<double>(load.kv_blocks_free));
+  kv_usage_->Set(load.kv_blocks_total > 0 ? static_cast<double>(load.kv_blocks_used) /
+                                                static_cast<double>(load.kv_blocks_total)
+                                          : 0.0);
+  kv_leases_held_->Set(static_cast<double>(load.leases_held));
   // The engines count these; a counter only moves up, by what they added since the last scrape.
-  for (const auto& [counter, total] : {std::pair{kv_leases_expired_, stats.kv_leases_expired},
-                                       std::pair{kv_load_failures_, stats.kv_load_failures},
-                                       std::pair{kv_load_recomputes_, stats.kv_load_recomputes},
-                                       std::pair{forward_failures_, stats.forward_failures},
+  for (const auto& [counter, total] : {std::pair{kv_leases_expired_, load.leases_expired},
+                                       std::pair{kv_load_failures_, load.kv_load_failures},
+                                       std::pair{kv_load_recomputes_, load.kv_load_recomputes},
+                                       std::pair{forward_failures_, load.forward_failures},
                                        std::pair{requests_retried_, stats.requests_retried}}) {
     const double added = static_cast<double>(total) - counter->Value();
     if (added > 0) counter->Increment(added);

@@ -56,7 +56,7 @@ TEST(LinkSecurity, EveryParserRefusesADeeplyNestedBodyWithoutRecursing) {
 TEST(LinkSecurity, TheWalkAcceptsWhatTheEncodersWriteAndRefusesLies) {
   EXPECT_TRUE(CheckMessagePack(Nested(kMaxNestingDepth)).ok());
   EXPECT_FALSE(CheckMessagePack(Nested(kMaxNestingDepth + 1)).ok());
-  EXPECT_TRUE(CheckMessagePack(EncodeHeartbeat({{1, 2, 3, 4, 5, 6, 7, 8}, 9})).ok());
+  EXPECT_TRUE(CheckMessagePack(EncodeHeartbeat(policies::InstanceLoad{1, 2, 3, 4, 9, 5, 6, 7, 8})).ok());
   EXPECT_TRUE(CheckMessagePack(Pack({{"a", {1.5, "x", nullptr, true, -7, 1u << 31}},
                                      {"b", nlohmann::json::binary({1, 2, 3})}}))
                   .ok());
@@ -87,7 +87,7 @@ TEST(LinkSecurity, TheWalkAcceptsWhatTheEncodersWriteAndRefusesLies) {
 }
 
 TEST(LinkSecurity, LoadReportsAreBoundedFieldByField) {
-  WorkerLoad good{{1, 2, 3, 4, 5, 6, 7, 8, 10}, 9};
+  const policies::InstanceLoad good{1, 2, 3, 4, 9, 5, 6, 7, 8, 10};
   ASSERT_TRUE(ParseHeartbeat(EncodeHeartbeat(good)).ok());
   // Finding 15: running 2^63-1 reached /metrics.
   for (const char* key :
@@ -101,10 +101,9 @@ TEST(LinkSecurity, LoadReportsAreBoundedFieldByField) {
     const auto events = ParseEvents(Pack({{"load", load}, {"events", nlohmann::json::array()}}));
     EXPECT_FALSE(events.ok()) << key;
   }
-  WorkerLoad most{
-      {kMaxLoadRequests, kMaxLoadRequests, kMaxLoadBlocks, kMaxLoadBlocks, kMaxLoadRequests,
-       kMaxLoadCounter, kMaxLoadCounter, kMaxLoadCounter, kMaxLoadCounter},
-      kMaxLoadBlocks};
+  const policies::InstanceLoad most{
+      kMaxLoadRequests, kMaxLoadRequests, kMaxLoadBlocks,  kMaxLoadBlocks,  kMaxLoadBlocks,
+      kMaxLoadRequests, kMaxLoadCounter,  kMaxLoadCounter, kMaxLoadCounter, kMaxLoadCounter};
   EXPECT_TRUE(ParseHeartbeat(EncodeHeartbeat(most)).ok());
 }
 

@@ -178,7 +178,7 @@ TEST_F(ForwardFault, TheLiveFrontendEndsTheStepsRequestsAndKeepsServing) {
   ASSERT_TRUE(started.ok()) << started.error();
   auto& frontend = *started;
   EXPECT_EQ(model->failures(), 0);
-  EXPECT_EQ(frontend->Stats().forward_failures, 0);
+  EXPECT_EQ(frontend->Stats().load.forward_failures, 0);
 
   failing->store(true);
   std::vector<std::shared_ptr<Collector>> listeners;
@@ -197,9 +197,9 @@ TEST_F(ForwardFault, TheLiveFrontendEndsTheStepsRequestsAndKeepsServing) {
   EXPECT_TRUE(EventuallyNoBlocksUsed(*frontend));
   EXPECT_GE(model->failures(), 1);
   // Published after the iteration whose step failed, a moment after the listeners heard.
-  for (int i = 0; i < 500 && frontend->Stats().forward_failures < model->failures(); ++i)
+  for (int i = 0; i < 500 && frontend->Stats().load.forward_failures < model->failures(); ++i)
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  EXPECT_EQ(frontend->Stats().forward_failures, model->failures());
+  EXPECT_EQ(frontend->Stats().load.forward_failures, model->failures());
 
   failing->store(false);
   const std::vector<std::int32_t> prompt = Prompt(45, 30);

@@ -96,7 +96,7 @@ class Frontend : public ::testing::Test {
   // iteration, a moment after the listener heard of the end).
   static bool EventuallyNoBlocksUsed(const LiveFrontend& f) {
     for (int i = 0; i < 500; ++i) {
-      if (f.Stats().kv_blocks_used == 0 && f.Stats().running == 0) return true;
+      if (f.Stats().load.kv_blocks_used == 0 && f.Stats().load.running == 0) return true;
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
     return false;

@@ -79,10 +79,10 @@ class PdFrontend : public Frontend {
   // iteration, a moment after the listener heard of the end).
   static void ExpectNothingLeft(const LiveFrontend& f) {
     EXPECT_TRUE(EventuallyNoBlocksUsed(f));
-    for (int i = 0; i < 500 && f.Stats().kv_leases_held > 0; ++i)
+    for (int i = 0; i < 500 && f.Stats().load.leases_held > 0; ++i)
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    EXPECT_EQ(f.Stats().kv_leases_held, 0);
-    EXPECT_EQ(f.Stats().kv_leases_expired, 0);
+    EXPECT_EQ(f.Stats().load.leases_held, 0);
+    EXPECT_EQ(f.Stats().load.leases_expired, 0);
   }
 };
 
@@ -126,7 +126,7 @@ TEST_P(PdEquality, GreedyOutputEqualsTheColocatedServer) {
     decode_instances_used +=
         topology.roles[static_cast<std::size_t>(instance)] == InstanceRole::kDecode;
   EXPECT_EQ(decode_instances_used, decodes);
-  EXPECT_EQ(frontend->Stats().kv_load_failures, 0);
+  EXPECT_EQ(frontend->Stats().load.kv_load_failures, 0);
   ExpectNothingLeft(*frontend);
 }
 
@@ -228,7 +228,7 @@ TEST_F(PdFrontend, ADecodeInstanceWithoutRoomDoesNotPullAndNoRequestFails) {
   // served one at a time: it pulled only with room.
   EXPECT_GE(watch.most_waiting(), 2);
   EXPECT_EQ(watch.most_decoding(), 1);
-  EXPECT_EQ(frontend->Stats().kv_load_failures, 0);
+  EXPECT_EQ(frontend->Stats().load.kv_load_failures, 0);
   ExpectNothingLeft(*frontend);
 }
 
@@ -272,12 +272,12 @@ TEST_F(PdFrontend, FailedPullsFollowTheFailurePolicy) {
     const int pulls = static_cast<int>(
         std::ranges::count_if(requests, [](const LiveRequest& r) { return r.max_tokens > 1; }));
     const int faults = (pulls + 1) / 2;
-    EXPECT_EQ(frontend->Stats().kv_load_failures, faults);
+    EXPECT_EQ(frontend->Stats().load.kv_load_failures, faults);
     if (policy == policies::KvLoadFailurePolicy::kFail) {
       EXPECT_EQ(failed, faults);
     } else {
       EXPECT_EQ(failed, 0);
-      EXPECT_EQ(frontend->Stats().kv_load_recomputes, faults);
+      EXPECT_EQ(frontend->Stats().load.kv_load_recomputes, faults);
     }
     ExpectNothingLeft(*frontend);
   }
@@ -306,10 +306,10 @@ TEST_F(PdFrontend, AnEndedLeaseFreesThePrefillSideAndTheRequestIsRecomputed) {
   ASSERT_TRUE(info);
   EXPECT_EQ(info->reason, FinishReason::kLength) << info->message;
   EXPECT_EQ(listener->tokens(), Colocated()[5]);
-  EXPECT_EQ(frontend->Stats().kv_load_recomputes, 1);
+  EXPECT_EQ(frontend->Stats().load.kv_load_recomputes, 1);
   EXPECT_TRUE(EventuallyNoBlocksUsed(*frontend));
-  EXPECT_EQ(frontend->Stats().kv_leases_expired, 1);
-  EXPECT_EQ(frontend->Stats().kv_leases_held, 0);
+  EXPECT_EQ(frontend->Stats().load.leases_expired, 1);
+  EXPECT_EQ(frontend->Stats().load.leases_held, 0);
 }
 
 TEST_F(PdFrontend, BadRoleSetsAreRefused) {

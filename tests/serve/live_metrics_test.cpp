@@ -112,11 +112,11 @@ TEST(LiveMetrics, EventsFeedCountersAndHistograms) {
 TEST(LiveMetrics, GaugesComeFromTheFrontendAtScrapeTime) {
   LiveMetrics metrics;
   FrontendStats stats;
-  stats.waiting = 2;
-  stats.running = 3;
-  stats.kv_blocks_used = 10;
-  stats.kv_blocks_free = 30;
-  stats.kv_blocks_total = 40;
+  stats.load.waiting = 2;
+  stats.load.running = 3;
+  stats.load.kv_blocks_used = 10;
+  stats.load.kv_blocks_free = 30;
+  stats.load.kv_blocks_total = 40;
   std::string text = metrics.Scrape(stats);
   EXPECT_EQ(Value(text, "duet:num_requests_waiting"), 2);
   EXPECT_EQ(Value(text, "duet:num_requests_running"), 3);
@@ -132,17 +132,17 @@ TEST(LiveMetrics, GaugesComeFromTheFrontendAtScrapeTime) {
 TEST(LiveMetrics, PdCountsFollowTheEngines) {
   LiveMetrics metrics;
   FrontendStats stats;
-  stats.kv_leases_held = 4;
-  stats.kv_leases_expired = 1;
-  stats.kv_load_failures = 3;
-  stats.kv_load_recomputes = 2;
+  stats.load.leases_held = 4;
+  stats.load.leases_expired = 1;
+  stats.load.kv_load_failures = 3;
+  stats.load.kv_load_recomputes = 2;
   std::string text = metrics.Scrape(stats);
   EXPECT_EQ(Value(text, "duet:kv_leases_held"), 4);
   EXPECT_EQ(Value(text, "duet:kv_leases_expired_total"), 1);
   EXPECT_EQ(Value(text, "duet:kv_load_failures_total"), 3);
   EXPECT_EQ(Value(text, "duet:kv_load_recomputes_total"), 2);
-  stats.kv_leases_held = 0;
-  stats.kv_load_failures = 5;
+  stats.load.leases_held = 0;
+  stats.load.kv_load_failures = 5;
   text = metrics.Scrape(stats);
   EXPECT_EQ(Value(text, "duet:kv_leases_held"), 0);
   EXPECT_EQ(Value(text, "duet:kv_load_failures_total"), 5);
@@ -154,9 +154,9 @@ TEST(LiveMetrics, ForwardFailuresFollowTheEngines) {
   LiveMetrics metrics;
   FrontendStats stats;
   EXPECT_EQ(Value(metrics.Scrape(stats), "duet:forward_failures_total"), 0);
-  stats.forward_failures = 2;
+  stats.load.forward_failures = 2;
   EXPECT_EQ(Value(metrics.Scrape(stats), "duet:forward_failures_total"), 2);
-  stats.forward_failures = 3;
+  stats.load.forward_failures = 3;
   EXPECT_EQ(Value(metrics.Scrape(stats), "duet:forward_failures_total"), 3);
 }
 
