@@ -14,6 +14,25 @@ using policies::RequestState;
 
 namespace {
 
+// The frontend's port to the instances (policies::Outbox, as the live frontend's): a message
+// moves from the frontend's host over the platform to the instance's first GPU, a new request
+// carrying its token ids (4 bytes a token), anything else a control message's bytes.
+class FrontendOutbox final : public policies::Outbox {
+ public:
+  explicit FrontendOutbox(World& w) : w_(w) {}
+  void Send(InstanceId to, const EngineMessage& message) override {
+    const std::uint64_t bytes = message.kind == EngineMessage::Kind::kNewRequest && message.request
+                                    ? static_cast<std::uint64_t>(message.request->input_tokens) * 4
+                                    : kControlMessageBytes;
+    const auto i = static_cast<std::size_t>(to);
+    w_.CountRoute(w_.platform.frontend, w_.instances[i].gpus.front(), static_cast<double>(bytes));
+    w_.inboxes[i]->Send(message, bytes);
+  }
+
+ private:
+  World& w_;
+};
+
 // Largest KV footprint (tokens) an instance admits: its blocks less the admission watermark.
 Tokens AdmissibleTokens(const World& w, InstanceId i) {
   const auto& blocks = w.engines[static_cast<std::size_t>(i)]->blocks();
@@ -74,6 +93,7 @@ void SetBlockHashes(World& w, std::size_t k) {
 }  // namespace
 
 void RunFrontend(World& w) {
+  FrontendOutbox outbox(w);
   std::vector<policies::InstanceRole> roles;
   std::vector<Tokens> admissible;
   for (std::size_t i = 0; i < w.cluster.instances.size(); ++i) {
@@ -106,12 +126,7 @@ void RunFrontend(World& w) {
     r.router_score = d.score;
     LookUpPooled(w, r);
     r.state = RequestState::kQueued;
-    // The request carries its token ids: 4 bytes a token.
-    w.CountRoute(w.platform.frontend, w.instances[static_cast<std::size_t>(d.prefill)].gpus.front(),
-                 static_cast<double>(r.input_tokens) * 4);
-    w.inboxes[static_cast<std::size_t>(d.prefill)]->Send(
-        EngineMessage{EngineMessage::Kind::kNewRequest, &r, policies::kNoInstance},
-        static_cast<std::uint64_t>(r.input_tokens) * 4);
+    outbox.Send(d.prefill, {EngineMessage::Kind::kNewRequest, &r, policies::kNoInstance});
   };
 
   traces::Arrivals& arrivals = *w.arrivals;
@@ -152,10 +167,8 @@ void RunFrontend(World& w) {
     ++w.events;
   }
   for (std::size_t i = 0; i < w.engines.size(); ++i) {
-    w.CountRoute(w.platform.frontend, w.instances[i].gpus.front(), kControlMessageBytes);
-    w.inboxes[i]->Send(
-        EngineMessage{EngineMessage::Kind::kShutdown, nullptr, policies::kNoInstance},
-        kControlMessageBytes);
+    outbox.Send(static_cast<InstanceId>(i),
+                {EngineMessage::Kind::kShutdown, nullptr, policies::kNoInstance});
   }
 }
 

@@ -24,7 +24,6 @@ namespace {
 class LocalInstance final : public Instance {
  public:
   explicit LocalInstance(std::unique_ptr<EngineThread> thread) : thread_(std::move(thread)) {}
-  void Post(const EngineMessage& message) override { thread_->inbox().Post(message); }
   InstanceLoad load() const override { return thread_->load(); }
   void Stop() override { thread_->Stop(); }
   EngineThread& thread() { return *thread_; }
@@ -131,8 +130,8 @@ RequestListener* LiveFrontend::Impl::InstanceSink::Listener(RequestId id) {
 void LiveFrontend::Impl::PostAbort(RequestId id, const Entry& entry) {
   EngineMessage m{EngineMessage::Kind::kAbort, nullptr, policies::kNoInstance};
   m.request_id = id;
-  instances[static_cast<std::size_t>(entry.prefill)]->Post(m);
-  if (entry.decode != entry.prefill) instances[static_cast<std::size_t>(entry.decode)]->Post(m);
+  outbox->Send(entry.prefill, m);
+  if (entry.decode != entry.prefill) outbox->Send(entry.decode, m);
 }
 
 LiveFrontend::LiveFrontend(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -263,7 +262,7 @@ Result<std::unique_ptr<LiveFrontend>> LiveFrontend::Start(
   if (!transports.ok()) return Status::Error("KV transport: " + transports.error());
   s.transports = std::move(*transports);
 
-  s.outbox = std::make_unique<LocalOutbox>();
+  auto outbox = std::make_unique<LocalOutbox>();
   for (int i = 0; i < n; ++i) {
     policies::EngineConfig c =
         deploy::MakeEngineConfig(s.options.engine, i, s.options.roles[static_cast<std::size_t>(i)]);
@@ -274,12 +273,13 @@ Result<std::unique_ptr<LiveFrontend>> LiveFrontend::Start(
     Impl::InstanceSink* sink = s.sinks[static_cast<std::size_t>(i)].get();
     auto thread = std::make_unique<EngineThread>(
         c, *s.models[static_cast<std::size_t>(i)],
-        EngineThread::Ports{&s.clock, s.outbox.get(), &s.transports->transport(i), sink,
+        EngineThread::Ports{&s.clock, outbox.get(), &s.transports->transport(i), sink,
                             options.step_log},
         [sink] { sink->ReleaseFinished(); });
-    s.outbox->Add(&thread->inbox());
+    outbox->Add(&thread->inbox());
     s.instances.push_back(std::make_unique<LocalInstance>(std::move(thread)));
   }
+  s.outbox = std::move(outbox);
   for (auto& instance : s.instances) static_cast<LocalInstance&>(*instance).thread().Start();
   return std::unique_ptr<LiveFrontend>(new LiveFrontend(std::move(impl)));
 }
@@ -352,8 +352,7 @@ Admission LiveFrontend::Submit(LiveRequest request, std::shared_ptr<RequestListe
   entry.max_tokens = request.max_tokens;
   s.entries.emplace(id, std::move(entry));
   ++s.pending;
-  s.instances[static_cast<std::size_t>(d.prefill)]->Post(
-      {EngineMessage::Kind::kNewRequest, raw, policies::kNoInstance});
+  s.outbox->Send(d.prefill, {EngineMessage::Kind::kNewRequest, raw, policies::kNoInstance});
   return {AdmitStatus::kAccepted, id, ""};
 }
 

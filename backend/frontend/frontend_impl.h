@@ -19,13 +19,10 @@
 
 namespace duet::backend::serve {
 
-// An instance as the frontend reaches it.
+// An instance as the frontend sees it (messages to it go through Impl::outbox).
 class Instance {
  public:
   virtual ~Instance() = default;
-  // Delivers `message` (message.request, if any, is read during the call only by a worker
-  // process's instance, which sends a copy; an engine thread keeps the pointer).
-  virtual void Post(const policies::EngineMessage& message) = 0;
   virtual InstanceLoad load() const = 0;
   // Stops taking work once what it holds is done, and waits for that.
   virtual void Stop() = 0;
@@ -105,7 +102,11 @@ struct LiveFrontend::Impl {
   std::vector<std::unique_ptr<InstanceSink>> sinks;
   bool pd = false;
   std::unique_ptr<LocalKvTransports> transports;  // engine threads only
-  std::unique_ptr<LocalOutbox> outbox;            // engine threads only
+  // The one port to the instances (policies::Outbox, as the engines' own): the engine threads'
+  // inboxes (LocalOutbox, which the engines send through too) or the worker processes' links.
+  // A message's request, if any, is read during Send only by the workers' outbox, which sends a
+  // copy; an engine thread keeps the pointer.
+  std::unique_ptr<policies::Outbox> outbox;
   std::vector<std::unique_ptr<Instance>> instances;
   // The admission rule's limits (policies/admission.h), from every instance's KV blocks; with
   // worker processes, set once every slot was first taken (limits_set).

@@ -78,7 +78,8 @@ void Log(const std::string& line) { std::fprintf(stderr, "duet serve: %s\n", lin
 class RemoteInstance final : public Instance {
  public:
   RemoteInstance(Impl::Fleet& fleet, InstanceId id) : fleet_(fleet), id_(id) {}
-  void Post(const EngineMessage& message) override {
+  // An engine message, its request (if any) by value.
+  void Post(const EngineMessage& message) {
     cluster::WireEngineMessage w{id_, message, std::nullopt};
     w.message.request = nullptr;
     if (message.request) {
@@ -113,6 +114,16 @@ class RemoteInstance final : public Instance {
 RemoteInstance& Remote(Impl& s, InstanceId id) {
   return static_cast<RemoteInstance&>(*s.instances[static_cast<std::size_t>(id)]);
 }
+
+// The frontend's port to its worker processes: each message over its slot's link.
+class RemoteOutbox final : public policies::Outbox {
+ public:
+  explicit RemoteOutbox(Impl& s) : s_(s) {}
+  void Send(InstanceId to, const EngineMessage& message) override { Remote(s_, to).Post(message); }
+
+ private:
+  Impl& s_;
+};
 
 // A listener call to make once Impl::mu is released.
 struct Ending {
@@ -198,8 +209,8 @@ void Retry(Impl& s, RequestId id, std::vector<Ending>* endings) {
   s.retried[moved.client_id] = raw->id;
   s.entries.emplace(raw->id, std::move(moved));
   ++s.requests_retried;
-  s.instances[static_cast<std::size_t>(raw->prefill_instance)]->Post(
-      {EngineMessage::Kind::kNewRequest, raw, policies::kNoInstance});
+  s.outbox->Send(raw->prefill_instance,
+                 {EngineMessage::Kind::kNewRequest, raw, policies::kNoInstance});
 }
 
 // Tells the listeners of the entries EndHere ended. Caller does not hold s.mu.
@@ -222,9 +233,9 @@ void LetGoElsewhere(Impl& s, RequestId id, const Impl::Entry& e, InstanceId i) {
   release.request_id = id;
   for (InstanceId other : {e.prefill, e.decode}) {
     if (other == i) continue;
-    s.instances[static_cast<std::size_t>(other)]->Post(abort);
+    s.outbox->Send(other, abort);
     if (s.options.roles[static_cast<std::size_t>(other)] == InstanceRole::kPrefill)
-      s.instances[static_cast<std::size_t>(other)]->Post(release);
+      s.outbox->Send(other, release);
   }
 }
 
@@ -242,7 +253,7 @@ void OnRefused(Impl& s, InstanceId i, const cluster::Refusal& refusal) {
     // The refusing worker may hold an earlier copy (a request it refused as held already).
     EngineMessage abort{EngineMessage::Kind::kAbort, nullptr, policies::kNoInstance};
     abort.request_id = refusal.request_id;
-    s.instances[static_cast<std::size_t>(i)]->Post(abort);
+    s.outbox->Send(i, abort);
     LetGoElsewhere(s, refusal.request_id, e, i);
     EndHere(s, refusal.request_id, policies::FinishReason::kError,
             "worker " + std::to_string(i) + " refused it: " + refusal.reason, &endings);
@@ -376,7 +387,7 @@ Status OnFrame(Impl& s, InstanceId i, const cluster::FrameHeader& header, const 
       // The request was retried meanwhile: the prefill side lets go of its KV now.
       EngineMessage release{EngineMessage::Kind::kKvRelease, nullptr, to};
       release.request_id = w->message.request_id;
-      Remote(s, i).Post(release);
+      s.outbox->Send(i, release);
     }
     return Status::Ok();
   }
@@ -692,6 +703,7 @@ Status StartFleet(Impl& s, WorkerFleet settings) {
     s.instances.push_back(std::make_unique<RemoteInstance>(f, static_cast<InstanceId>(i)));
     s.router->SetAvailable(static_cast<InstanceId>(i), false);
   }
+  s.outbox = std::make_unique<RemoteOutbox>(s);
   f.acceptor = std::thread([&s] { AcceptLoop(s); });
 
   const auto deadline = std::chrono::steady_clock::now() +
