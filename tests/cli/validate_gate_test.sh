@@ -4,15 +4,19 @@
 # agree within 80%; the same run with a wrong profile (every step priced 4 times too high) must
 # fail the same tolerance. The bound is loose because live medians on this 2-core VM moved by up
 # to 50% between runs of the same load (docs/validation.md): the gate catches a simulator off
-# by 2x or more, not a fine error. Runs alone (RUN_SERIAL): timings.
+# by 2x or more, not a fine error; a miss is calibrated and run once more, so that the VM's
+# drift within one run does not fail it. Runs alone (RUN_SERIAL): timings.
 set -euo pipefail
 DUET="${DUET:?DUET=path/to/duet}"
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 cd "$work"
 "$DUET" make-test-model --preset bench --out bench >/dev/null
-"$DUET" calibrate --model bench --out profile.json --progress never --repeats 3 \
-  --max-tokens 512 --max-context 1024 --max-batch 16 >calibrate.log
+calibrate() {
+  "$DUET" calibrate --model bench --out profile.json --progress never --repeats 3 \
+    --max-tokens 512 --max-context 1024 --max-batch 16 >calibrate.log
+}
+calibrate
 # The wrong profile: every coefficient of every piece times 4.
 python3 - <<'PY'
 import json
@@ -47,10 +51,18 @@ validate() {
   "$DUET" validate --cluster "$1-cluster.json" --model bench --trace trace.json \
     --rate-scales 1,2 --tolerance p50=80 --serve-args "--workers thread" --out "$1-out"
 }
+# One more calibration and run after a miss: this VM's speed drifts by tens of percent within a
+# minute (a CI run missed a median by 115% with its live steps 26% faster in the run's last
+# quarter than in its first, then passed twice in a row), and a real error of 2x misses twice.
 if ! validate profile >profile.log 2>&1; then
+  echo "validate_gate: first try missed; calibrating and running again" >&2
   cat calibrate.log profile.log >&2
-  echo "FAIL: the calibrated simulator missed the live run's medians by more than 80%" >&2
-  exit 1
+  calibrate
+  if ! validate profile >profile.log 2>&1; then
+    cat calibrate.log profile.log >&2
+    echo "FAIL: the calibrated simulator missed the live run's medians by more than 80%, twice" >&2
+    exit 1
+  fi
 fi
 if validate wrong >wrong.log 2>&1 || ! grep -q "exceeds its --tolerance" wrong.log; then
   cat wrong.log >&2
