@@ -524,7 +524,7 @@ Result<Hello> ParseHello(std::string_view body) {
   h.num_layers = layers;
   DUET_WIRE_TRY(vocab, JsonIntIn(j, "vocab_size", 1, std::int64_t{1} << 31, where));
   h.vocab_size = vocab;
-  DUET_WIRE_TRY(block_tokens, JsonIntIn(j, "block_tokens", 1, 1 << 16, where));
+  DUET_WIRE_TRY(block_tokens, JsonIntIn(j, "block_tokens", 1, deploy::kMaxBlockTokens, where));
   h.block_tokens = block_tokens;
   DUET_WIRE_TRY(kv_bytes, JsonIntIn(j, "kv_bytes_per_token", 0, std::int64_t{1} << 40, where));
   h.kv_bytes_per_token = kv_bytes;

@@ -218,7 +218,6 @@ Status SetLimits(LiveFrontend::Impl& s, std::span<const Tokens> admissible) {
     return Status::Error("the KV cache holds too few blocks to serve a request");
   std::lock_guard lock(s.mu);
   s.limits = limits;
-  s.limits_set = true;
   return Status::Ok();
 }
 
@@ -320,7 +319,7 @@ Admission LiveFrontend::Submit(LiveRequest request, std::shared_ptr<RequestListe
                   std::to_string(config.vocab_size) + ")"};
   }
   const auto prompt_tokens = static_cast<Tokens>(request.prompt.size());
-  if (auto too_long = s.limits.Check(prompt_tokens, request.max_tokens))
+  if (auto too_long = s.limits->Check(prompt_tokens, request.max_tokens))
     return {AdmitStatus::kTooLong, 0, std::move(*too_long)};
   auto r = std::make_unique<Request>();
   r->input_tokens = prompt_tokens;
@@ -384,7 +383,7 @@ std::int64_t LiveFrontend::Drain(Seconds timeout_s) {
   return aborted;
 }
 
-Tokens LiveFrontend::max_request_tokens() const { return impl_->limits.max_request_tokens(); }
+Tokens LiveFrontend::max_request_tokens() const { return impl_->limits->max_request_tokens(); }
 const models::ModelSpec& LiveFrontend::model_config() const { return impl_->config; }
 
 FrontendStats LiveFrontend::Stats() const {

@@ -109,9 +109,8 @@ struct LiveFrontend::Impl {
   std::unique_ptr<policies::Outbox> outbox;
   std::vector<std::unique_ptr<Instance>> instances;
   // The admission rule's limits (policies/admission.h), from every instance's KV blocks; with
-  // worker processes, set once every slot was first taken (limits_set).
-  policies::AdmissionLimits limits;
-  bool limits_set = false;
+  // worker processes, set once every slot was first taken.
+  std::optional<policies::AdmissionLimits> limits;
 
   struct Fleet;  // worker processes (frontend_workers.cpp); null with engine threads
   std::unique_ptr<Fleet> fleet;

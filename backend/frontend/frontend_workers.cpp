@@ -528,7 +528,7 @@ void Register(Impl& s, int fd) {
   std::optional<Tokens> required;  // none before every slot was first taken (StartFleet)
   {
     std::lock_guard lock(s.mu);
-    if (s.limits_set) required = s.limits.RequiredOf(hello->role);
+    if (s.limits) required = s.limits->RequiredOf(hello->role);
   }
   if (required &&
       s.options.engine.scheduler.AdmissibleTokens(hello->num_blocks, s.block_tokens) < *required) {

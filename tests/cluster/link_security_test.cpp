@@ -56,7 +56,8 @@ TEST(LinkSecurity, EveryParserRefusesADeeplyNestedBodyWithoutRecursing) {
 TEST(LinkSecurity, TheWalkAcceptsWhatTheEncodersWriteAndRefusesLies) {
   EXPECT_TRUE(CheckMessagePack(Nested(kMaxNestingDepth)).ok());
   EXPECT_FALSE(CheckMessagePack(Nested(kMaxNestingDepth + 1)).ok());
-  EXPECT_TRUE(CheckMessagePack(EncodeHeartbeat(policies::InstanceLoad{1, 2, 3, 4, 9, 5, 6, 7, 8})).ok());
+  EXPECT_TRUE(
+      CheckMessagePack(EncodeHeartbeat(policies::InstanceLoad{1, 2, 3, 4, 9, 5, 6, 7, 8})).ok());
   EXPECT_TRUE(CheckMessagePack(Pack({{"a", {1.5, "x", nullptr, true, -7, 1u << 31}},
                                      {"b", nlohmann::json::binary({1, 2, 3})}}))
                   .ok());
