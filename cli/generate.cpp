@@ -199,7 +199,7 @@ int Generate(int argc, char** argv) {
   backend::IncrementalDecoder decoder(*tokenizer, /*skip_special_tokens=*/true);
   backend::LocalEngineOptions options;
   options.scheduler.watermark = 0;
-  options.on_token = [&](const policies::Request&, std::int32_t token) {
+  options.on_token = [&](const policies::RequestSpec&, std::int32_t token) {
     std::fputs(decoder.Push(token).c_str(), stdout);
     std::fflush(stdout);
   };
@@ -213,7 +213,7 @@ int Generate(int argc, char** argv) {
   const auto results = engine.Generate({request});
   std::fputs(decoder.Flush().c_str(), stdout);
   std::fputs("\n", stdout);
-  const policies::Request& r = results[0].record;
+  const policies::RequestRecord& r = results[0].record;
   if (r.state != policies::RequestState::kCompleted) return Fail("generation failed: " + r.reason);
   const double prefill_s = r.first_token_s - r.first_scheduled_s;
   const double decode_s = r.finished_s - r.first_token_s;

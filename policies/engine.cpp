@@ -75,7 +75,7 @@ bool InstanceEngine::RunOnce() {
 
   scheduler_.Schedule(blocks_, plan_);
   for (Request* r : plan_.preempted) {
-    ports_.sink->OnPreempted(*r, config_.id);
+    ports_.sink->OnPreempted(r->spec(), r->record(), config_.id);
     for (Load& load : loads_) load.orphaned |= load.request == r;
   }
   const bool overlap = config_.scheduler.overlap_tier_loads;
@@ -259,7 +259,7 @@ void InstanceEngine::PollTransfers(Seconds now) {
     r->last_token_s = now;
     r->state = RequestState::kDecoding;
     scheduler_.AddRunning(r);
-    if (!r->token_ids.empty()) ports_.sink->OnToken(*r, r->token_ids.back());
+    if (!r->output_ids.empty()) ports_.sink->OnToken(r->spec(), r->record(), r->output_ids.back());
   }
 }
 
@@ -281,7 +281,7 @@ void InstanceEngine::KvLoadFailed(Request* r, Seconds now, const std::string& wh
   // prompt's KV and that token's itself, as after a preemption.
   r->first_token_s = now;
   r->last_token_s = now;
-  if (!r->token_ids.empty()) ports_.sink->OnToken(*r, r->token_ids.back());
+  if (!r->output_ids.empty()) ports_.sink->OnToken(r->spec(), r->record(), r->output_ids.back());
   r->computed_tokens = 0;
   r->kv_transfer_bytes = 0;
   r->state = RequestState::kQueued;
@@ -484,8 +484,8 @@ void InstanceEngine::Apply(const StepPlan& plan, const StepResult& result, bool 
     r->last_token_s = end_s;
     const SampledToken* t = next_token(r);
     if (t) {
-      r->token_ids.push_back(t->token);
-      ports_.sink->OnToken(*r, t->token);
+      r->output_ids.push_back(t->token);
+      ports_.sink->OnToken(r->spec(), r->record(), t->token);
     }
     if (t && t->stop) {
       Complete(r, end_s, FinishReason::kStop);
@@ -516,10 +516,10 @@ void InstanceEngine::FailStep(const StepPlan& plan, const std::string& why, Seco
 
 void InstanceEngine::FinishPrefill(Request* r, Seconds t, const SampledToken* token) {
   ++r->generated_tokens;
-  if (token) r->token_ids.push_back(token->token);
+  if (token) r->output_ids.push_back(token->token);
   if (r->prefill_done_s < 0) {
     r->prefill_done_s = t;
-    ports_.sink->OnPrefillDone(*r);
+    ports_.sink->OnPrefillDone(r->spec(), r->record());
   }
   const bool stop = token && token->stop;
   if (config_.role == InstanceRole::kPrefill && r->generated_tokens < r->output_tokens && !stop) {
@@ -549,7 +549,7 @@ void InstanceEngine::FinishPrefill(Request* r, Seconds t, const SampledToken* to
   }
   r->last_token_s = t;
   r->state = RequestState::kDecoding;
-  if (token) ports_.sink->OnToken(*r, token->token);
+  if (token) ports_.sink->OnToken(r->spec(), r->record(), token->token);
   if (stop) {
     Complete(r, t, FinishReason::kStop);
   } else if (r->generated_tokens >= r->output_tokens) {
@@ -558,8 +558,6 @@ void InstanceEngine::FinishPrefill(Request* r, Seconds t, const SampledToken* to
 }
 
 void InstanceEngine::Complete(Request* r, Seconds t, FinishReason reason) {
-  // A stop token ends the request early: what it generated is its output.
-  if (reason == FinishReason::kStop) r->output_tokens = r->generated_tokens;
   r->state = RequestState::kCompleted;
   r->finish_reason = reason;
   r->finished_s = t;
@@ -569,13 +567,19 @@ void InstanceEngine::Complete(Request* r, Seconds t, FinishReason reason) {
   // them by the tokens generated, as vLLM does for every request; the simulator's hashes reach
   // past the prompt only for a request that a later turn of its trace continues.
   if (config_.role == InstanceRole::kColocated) {
-    if (static_cast<Tokens>(r->token_ids.size()) > r->input_tokens)
-      r->block_hashes = TokenBlockHashes(r->token_ids, config_.block_tokens);
-    if (static_cast<Tokens>(r->block_hashes.size()) * config_.block_tokens > r->input_tokens)
-      blocks_.Register(r->id, r->block_hashes, r->computed_tokens);
+    std::vector<BlockHash> sequence_hashes;  // real backend: of the prompt and the output
+    if (!r->output_ids.empty()) {
+      std::vector<std::int32_t> sequence = r->prompt_ids;
+      sequence.insert(sequence.end(), r->output_ids.begin(), r->output_ids.end());
+      sequence_hashes = TokenBlockHashes(sequence, config_.block_tokens);
+    }
+    const std::vector<BlockHash>& hashes =
+        r->output_ids.empty() ? r->block_hashes : sequence_hashes;
+    if (static_cast<Tokens>(hashes.size()) * config_.block_tokens > r->input_tokens)
+      blocks_.Register(r->id, hashes, r->computed_tokens);
   }
   blocks_.Free(r->id);
-  ports_.sink->OnFinished(*r);
+  ports_.sink->OnFinished(r->spec(), r->record());
 }
 
 void InstanceEngine::Fail(Request* r, Seconds t, const std::string& reason, FinishReason finish) {
@@ -585,7 +589,7 @@ void InstanceEngine::Fail(Request* r, Seconds t, const std::string& reason, Fini
   r->reason = reason;
   scheduler_.RemoveRunning(r);
   blocks_.Free(r->id);
-  ports_.sink->OnFinished(*r);
+  ports_.sink->OnFinished(r->spec(), r->record());
 }
 
 Status InstanceEngine::CheckInvariants() const {

@@ -53,12 +53,12 @@ std::string CsvField(const std::string& s) {
 }
 
 double Ms(Seconds s) { return s * 1000.0; }
-double TtftMs(const Request& r) { return Ms(r.first_token_s - r.arrival_s); }
+double TtftMs(const FinishedRequest& r) { return Ms(r.first_token_s - r.arrival_s); }
 // Time to second token, as AIPerf defines it: the first token to the second.
-double TtstMs(const Request& r) { return Ms(r.second_token_s - r.first_token_s); }
-double E2eMs(const Request& r) { return Ms(r.finished_s - r.arrival_s); }
-bool HasTpot(const Request& r) { return r.output_tokens > 1; }
-Tokens TierHitTokens(const Request& r) {
+double TtstMs(const FinishedRequest& r) { return Ms(r.second_token_s - r.first_token_s); }
+double E2eMs(const FinishedRequest& r) { return Ms(r.finished_s - r.arrival_s); }
+bool HasTpot(const FinishedRequest& r) { return r.output_tokens > 1; }
+Tokens TierHitTokens(const FinishedRequest& r) {
   return r.tier_hit_tokens[0] + r.tier_hit_tokens[1] + r.tier_hit_tokens[2];
 }
 // TTFT = queue + load + prefill + transfer, for a request that produced its first token:
@@ -68,7 +68,7 @@ Tokens TierHitTokens(const Request& r) {
 struct TtftParts {
   double queue_ms, load_ms, prefill_ms, transfer_ms;
 };
-TtftParts TtftBreakdown(const Request& r) {
+TtftParts TtftBreakdown(const FinishedRequest& r) {
   return {Ms(r.first_scheduled_s - r.arrival_s), Ms(r.load_wait_s),
           Ms(r.prefill_done_s - r.first_scheduled_s - r.load_wait_s),
           Ms(r.first_token_s - r.prefill_done_s)};
@@ -77,13 +77,13 @@ const char* const kTierNames[kNumLowerTiers] = {"dram", "ssd", "remote"};
 
 // Reasons read "<class>: <detail>"; the summary counts by class, requests.csv keeps the rest.
 std::string ReasonClass(const std::string& reason) { return reason.substr(0, reason.find(": ")); }
-double TpotMs(const Request& r) {
+double TpotMs(const FinishedRequest& r) {
   return (E2eMs(r) - TtftMs(r)) / static_cast<double>(r.output_tokens - 1);
 }
 
 }  // namespace
 
-bool Slo::Met(const Request& r) const {
+bool Slo::Met(const FinishedRequest& r) const {
   if (r.state != RequestState::kCompleted) return false;
   if (ttft_ms && TtftMs(r) > *ttft_ms) return false;
   if (tpot_ms && HasTpot(r) && TpotMs(r) > *tpot_ms) return false;
@@ -234,17 +234,29 @@ Distribution Summarize(std::vector<double> values) {
   return SummarizeWeighted(std::move(samples));
 }
 
-void MetricsCollector::OnFinished(const Request& request) {
-  records_.push_back(request);
-  // Not needed for the reports: release the memory (assigning {} would keep the capacity).
-  std::vector<BlockHash>().swap(records_.back().block_hashes);
+FinishedRequest FinishedRequest::Of(const RequestSpec& spec, const RequestRecord& record) {
+  FinishedRequest f;
+  static_cast<RequestRecord&>(f) = record;
+  f.id = spec.id;
+  f.arrival_s = spec.arrival_s;
+  f.input_tokens = spec.input_tokens;
+  f.output_tokens =
+      record.finish_reason == FinishReason::kStop ? record.generated_tokens : spec.output_tokens;
+  f.session = spec.session;
+  return f;
+}
+
+void MetricsCollector::OnFinished(const RequestSpec& spec, const RequestRecord& record) {
+  records_.push_back(FinishedRequest::Of(spec, record));
 }
 
 void MetricsCollector::OnTokenGaps(Seconds gap_s, std::int64_t count) {
   gaps_ms_.Add(Ms(gap_s), count);
 }
 
-void MetricsCollector::OnPreempted(const Request&, InstanceId) { ++preemptions_; }
+void MetricsCollector::OnPreempted(const RequestSpec&, const RequestRecord&, InstanceId) {
+  ++preemptions_;
+}
 
 nlohmann::json MetricsCollector::Summary(std::size_t total_requests, const Slo& slo) const {
   std::size_t completed = 0, rejected = 0, failed = 0, met = 0;
@@ -262,7 +274,7 @@ nlohmann::json MetricsCollector::Summary(std::size_t total_requests, const Slo& 
   Bytes transfer_bytes = 0;
   Seconds first_arrival = 0, last_finish = 0;
   bool any_arrival = false;
-  for (const Request& r : records_) {
+  for (const FinishedRequest& r : records_) {
     if (!any_arrival || r.arrival_s < first_arrival) first_arrival = r.arrival_s;
     any_arrival = true;
     // Admitted requests looked the prompt up in the prefix cache. A live run knows that every
@@ -389,9 +401,9 @@ nlohmann::json MetricsCollector::Summary(std::size_t total_requests, const Slo& 
 
 Status MetricsCollector::WriteRequestsCsv(const std::string& path,
                                           const std::vector<std::string>& instance_names) const {
-  std::vector<const Request*> rows;
+  std::vector<const FinishedRequest*> rows;
   rows.reserve(records_.size());
-  for (const Request& r : records_) rows.push_back(&r);
+  for (const FinishedRequest& r : records_) rows.push_back(&r);
   std::sort(rows.begin(), rows.end(), [](auto* a, auto* b) { return a->id < b->id; });
   std::ofstream out(path);
   if (!out) return Status::Error(path + ": cannot open for writing");
@@ -403,7 +415,7 @@ Status MetricsCollector::WriteRequestsCsv(const std::string& path,
     return i == kNoInstance ? std::string()
                             : CsvField(instance_names.at(static_cast<std::size_t>(i)));
   };
-  for (const Request* r : rows) {
+  for (const FinishedRequest* r : rows) {
     const bool done = r->state == RequestState::kCompleted;
     out << r->id << ',' << Fixed(r->arrival_s, 6) << ',' << r->input_tokens << ','
         << r->output_tokens << ',' << r->cached_tokens << ',' << name(r->prefill_instance) << ','

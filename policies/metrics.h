@@ -17,11 +17,24 @@
 
 namespace duet::policies {
 
+// A finished request as METRICS.md's outputs read it: its record, with the spec's identity and
+// sizes. output_tokens: what it generated when a stop ended it (before its max_tokens), else
+// what it asked for (a request that ran to its length generated that many).
+struct FinishedRequest : RequestRecord {
+  RequestId id = 0;
+  Seconds arrival_s = 0;
+  Tokens input_tokens = 0;
+  Tokens output_tokens = 0;
+  std::int64_t session = -1;
+
+  static FinishedRequest Of(const RequestSpec& spec, const RequestRecord& record);
+};
+
 // Service-level objectives; a request meets them when it completed and meets every one given.
 struct Slo {
   std::optional<double> ttft_ms, tpot_ms, e2e_ms;
   bool any() const { return ttft_ms || tpot_ms || e2e_ms; }
-  bool Met(const Request& r) const;
+  bool Met(const FinishedRequest& r) const;
 };
 // "ttft=2000,tpot=100,e2e=30000" (milliseconds, each key at most once, values > 0).
 Result<Slo> ParseSlo(const std::string& text);
@@ -63,10 +76,10 @@ class WeightedSamples {
 
 class MetricsCollector : public EventSink {
  public:
-  void OnFinished(const Request& request) override;
-  void OnPrefillDone(const Request&) override {}
+  void OnFinished(const RequestSpec& spec, const RequestRecord& record) override;
+  void OnPrefillDone(const RequestSpec&, const RequestRecord&) override {}
   void OnTokenGaps(Seconds gap_s, std::int64_t count) override;
-  void OnPreempted(const Request& request, InstanceId instance) override;
+  void OnPreempted(const RequestSpec&, const RequestRecord&, InstanceId) override;
 
   std::size_t finished() const { return records_.size(); }
   std::int64_t preemptions() const { return preemptions_; }
@@ -78,7 +91,7 @@ class MetricsCollector : public EventSink {
                           const std::vector<std::string>& instance_names) const;
 
  private:
-  std::vector<Request> records_;  // final records, prefix hashes dropped
+  std::vector<FinishedRequest> records_;
   // Inter-token gaps in ms (ITL). Summary reorders them in place: mutable.
   mutable WeightedSamples gaps_ms_;
   std::int64_t preemptions_ = 0;

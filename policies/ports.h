@@ -172,20 +172,23 @@ class StepExecutor {
   virtual void Execute(const StepPlan& plan, StepEvents& events, StepResult* result) = 0;
 };
 
-// Lifecycle events. Called from the engine loop (and the frontend) of the run.
+// Lifecycle events. Called from the engine loop (and the frontend) of the run. A request leaves
+// here as what was asked (its spec) and what happened (its record), never as the engine's
+// working state: the record is what METRICS.md's outputs are computed from, in both worlds.
 class EventSink {
  public:
   virtual ~EventSink() = default;
   // The request's final record: completed, rejected or failed.
-  virtual void OnFinished(const Request& request) = 0;
+  virtual void OnFinished(const RequestSpec& spec, const RequestRecord& record) = 0;
   // The request's first prefill finished (first token sampled).
-  virtual void OnPrefillDone(const Request& request) = 0;
+  virtual void OnPrefillDone(const RequestSpec& spec, const RequestRecord& record) = 0;
   // `count` inter-token gaps of `gap_s` each (ITL samples).
   virtual void OnTokenGaps(Seconds gap_s, std::int64_t count) = 0;
-  virtual void OnPreempted(const Request& request, InstanceId instance) = 0;
-  // Real backend: `request` got `token`, already appended to its token_ids with its timeline
+  virtual void OnPreempted(const RequestSpec& spec, const RequestRecord& record,
+                           InstanceId instance) = 0;
+  // Real backend: the request got `token`, its record already counting it with its timeline
   // updated; for its last token, before OnFinished. The simulator (no token ids) never calls it.
-  virtual void OnToken(const Request& request, std::int32_t token) {}
+  virtual void OnToken(const RequestSpec& spec, const RequestRecord& record, std::int32_t token) {}
   // The GPU prefix cache of `instance` changed so, in this order
   // (EngineConfig::publish_kv_events).
   virtual void OnKvEvents(InstanceId instance, std::span<const KvCacheEvent> events) {}

@@ -67,42 +67,42 @@ struct SamplingProblem {
 };
 std::optional<SamplingProblem> CheckSampling(const SamplingParams& sampling);
 
-struct Request {
+// What the client asked for: fixed once the frontend has sent it (the engine never writes it).
+// Serializable: the worker wire carries it whole (backend/cluster/wire.cpp, one field table).
+struct RequestSpec {
   RequestId id = 0;
   Seconds arrival_s = 0;
   Tokens input_tokens = 0;
   // The most tokens to generate (a client's max_tokens). The simulator's stand-in for EOS; in
-  // the real backend a stop token can end the request earlier, and this becomes the count.
+  // the real backend a stop token can end the request earlier (RequestRecord::generated_tokens
+  // says how many it got).
   Tokens output_tokens = 0;
   // Chained hashes of the prompt's full engine blocks (prefix identity); may cover fewer
   // blocks than the prompt when the trace has no content information for the rest. When a
   // later request continues this one's context (a session's next turn), they go on over the
   // output's full blocks, which a colocated instance caches at completion.
   std::vector<BlockHash> block_hashes;
-  // Real backend only (empty in simulation): the prompt's token ids, then each generated one.
-  std::vector<std::int32_t> token_ids;
+  // Real backend only (empty in simulation): the prompt's token ids.
+  std::vector<std::int32_t> prompt_ids;
   SamplingParams sampling;  // real backend only
+  // The session (or closed-loop user) the request belongs to, for per-session throughput; -1:
+  // none.
+  std::int64_t session = -1;
+};
 
+// What happened to the request: where it ran, its timeline and its outcome. METRICS.md's
+// outputs are computed from it (with the spec's arrival and sizes); the worker wire mirrors it
+// to the frontend with every event.
+struct RequestRecord {
   RequestState state = RequestState::kArrived;
   InstanceId prefill_instance = kNoInstance;
   InstanceId decode_instance = kNoInstance;
   std::optional<double> router_score;  // the router's score of prefill_instance (RoutingDecision)
-  // The session (or closed-loop user) the request belongs to, for per-session throughput; -1:
-  // none.
-  std::int64_t session = -1;
-
-  // Progress on the instance that holds the request now.
-  Tokens prefill_target = 0;    // tokens to compute in the current prefill (prompt + output
-                                // so far after a preemption)
-  Tokens computed_tokens = 0;   // tokens whose KV is present (cache hits included)
-  Tokens generated_tokens = 0;  // output tokens produced so far
-  Tokens cached_tokens = 0;     // prompt tokens served from the prefix cache (GPU and lower
-                                // tiers), first admission
+  Tokens generated_tokens = 0;         // output tokens produced so far
+  Tokens cached_tokens = 0;            // prompt tokens served from the prefix cache (GPU and lower
+                                       // tiers), first admission
   // Prompt tokens found in each lower tier at the first admission (part of cached_tokens).
   std::array<Tokens, kNumLowerTiers> tier_hit_tokens{};
-  // While kLoading: tokens being loaded from each lower tier (not yet in computed_tokens).
-  std::array<Tokens, kNumLowerTiers> loading_tokens{};
-  std::int64_t offloaded_blocks = 0;  // leading prompt blocks already handed to the lower tiers
   int preemptions = 0;
   Bytes kv_transfer_bytes = 0;  // PD: KV moved from the prefill to the decode instance
 
@@ -120,10 +120,39 @@ struct Request {
   Seconds finished_s = -1;
   FinishReason finish_reason = FinishReason::kNone;
   std::string reason;  // for rejected / failed
+};
+
+// The serving engine's working state on the instance that holds the request now. Travels only
+// with a PD hand-over (the decode instance goes on from it).
+struct RequestProgress {
+  Tokens prefill_target = 0;   // tokens to compute in the current prefill (prompt + output
+                               // so far after a preemption)
+  Tokens computed_tokens = 0;  // tokens whose KV is present (cache hits included)
+  // While kLoading: tokens being loaded from each lower tier (not yet in computed_tokens).
+  std::array<Tokens, kNumLowerTiers> loading_tokens{};
+  std::int64_t offloaded_blocks = 0;  // leading prompt blocks already handed to the lower tiers
+  // Real backend only: the ids of the tokens generated so far (generated_tokens of them).
+  std::vector<std::int32_t> output_ids;
+};
+
+// A request as an engine holds it: the three parts side by side. Code that needs one part only
+// takes that part (spec(), record()).
+struct Request : RequestSpec, RequestRecord, RequestProgress {
+  const RequestSpec& spec() const { return *this; }
+  RequestSpec& spec() { return *this; }
+  const RequestRecord& record() const { return *this; }
+  RequestRecord& record() { return *this; }
+  const RequestProgress& progress() const { return *this; }
+  RequestProgress& progress() { return *this; }
 
   Tokens SequenceTokens() const { return input_tokens + generated_tokens; }
   Tokens RemainingOutput() const { return output_tokens - generated_tokens; }
   Tokens LoadingTokens() const { return loading_tokens[0] + loading_tokens[1] + loading_tokens[2]; }
+  // Real backend: the id of the sequence's token at `position` (prompt, then output).
+  std::int32_t TokenAt(Tokens position) const {
+    return position < input_tokens ? prompt_ids[static_cast<std::size_t>(position)]
+                                   : output_ids[static_cast<std::size_t>(position - input_tokens)];
+  }
 };
 
 }  // namespace duet::policies

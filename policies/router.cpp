@@ -133,27 +133,27 @@ class AccountingRouter : public Router {
     return d;
   }
 
-  void OnPrefillDone(const Request& request) override {
-    auto& p = counters_[static_cast<std::size_t>(request.prefill_instance)];
-    p.outstanding_prefill_tokens -= request.input_tokens;
-    p.outstanding_prefill_work -= TakePrefillWork(request);
+  void OnPrefillDone(const RequestSpec& spec, const RequestRecord& record) override {
+    auto& p = counters_[static_cast<std::size_t>(record.prefill_instance)];
+    p.outstanding_prefill_tokens -= spec.input_tokens;
+    p.outstanding_prefill_work -= TakePrefillWork(spec);
     // In PD mode the prefill instance is done with the request once it has prefilled it.
-    if (request.decode_instance != request.prefill_instance) --p.outstanding_requests;
+    if (record.decode_instance != record.prefill_instance) --p.outstanding_requests;
   }
 
-  void OnFinished(const Request& request) override {
-    if (request.prefill_instance == kNoInstance) return;  // rejected before routing
-    auto& d = counters_[static_cast<std::size_t>(request.decode_instance)];
+  void OnFinished(const RequestSpec& spec, const RequestRecord& record) override {
+    if (record.prefill_instance == kNoInstance) return;  // rejected before routing
+    auto& d = counters_[static_cast<std::size_t>(record.decode_instance)];
     --d.outstanding_requests;
-    d.outstanding_kv_tokens -= request.input_tokens;
+    d.outstanding_kv_tokens -= spec.input_tokens;
     // Finished before its prefill completed (failed): undo the prefill-side share too.
-    if (request.prefill_done_s < 0) {
-      auto& p = counters_[static_cast<std::size_t>(request.prefill_instance)];
-      p.outstanding_prefill_tokens -= request.input_tokens;
-      p.outstanding_prefill_work -= TakePrefillWork(request);
-      if (request.decode_instance != request.prefill_instance) --p.outstanding_requests;
+    if (record.prefill_done_s < 0) {
+      auto& p = counters_[static_cast<std::size_t>(record.prefill_instance)];
+      p.outstanding_prefill_tokens -= spec.input_tokens;
+      p.outstanding_prefill_work -= TakePrefillWork(spec);
+      if (record.decode_instance != record.prefill_instance) --p.outstanding_requests;
     }
-    prefill_work_.erase(request.id);
+    prefill_work_.erase(spec.id);
   }
 
   const InstanceLoadCounters& load(InstanceId instance) const override {
@@ -238,7 +238,7 @@ class AccountingRouter : public Router {
 
  private:
   // The prefill work charged for a request, once: zero after its first call.
-  Tokens TakePrefillWork(const Request& request) {
+  Tokens TakePrefillWork(const RequestSpec& request) {
     auto it = prefill_work_.find(request.id);
     if (it == prefill_work_.end()) return 0;
     return std::exchange(it->second, 0);

@@ -135,9 +135,10 @@ class Router {
   virtual ~Router() = default;
   // Chooses instances for `request` and counts it as dispatched to them.
   virtual RoutingDecision Route(const Request& request) = 0;
-  // Accounting callbacks from the request's progress (first token, final record).
-  virtual void OnPrefillDone(const Request& request) = 0;
-  virtual void OnFinished(const Request& request) = 0;
+  // Accounting callbacks from the request's progress (first token, final record), as the event
+  // sink hears them.
+  virtual void OnPrefillDone(const RequestSpec& spec, const RequestRecord& record) = 0;
+  virtual void OnFinished(const RequestSpec& spec, const RequestRecord& record) = 0;
   virtual const InstanceLoadCounters& load(InstanceId instance) const = 0;
   // An instance went away (a live worker process died) or came back. Route skips instances
   // that are away; with none left on a side it rejects. Every instance starts available.

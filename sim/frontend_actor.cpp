@@ -107,7 +107,7 @@ void RunFrontend(World& w) {
     r.state = RequestState::kRejected;
     r.finished_s = sg4::Engine::get_clock();
     r.reason = std::move(reason);
-    w.sink->OnFinished(r);
+    w.sink->OnFinished(r, r);
   };
   // Sends request `k`: admission checks, routing, the message to its prefill instance.
   auto send = [&](std::size_t k, Seconds arrival_s) {

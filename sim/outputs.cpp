@@ -12,23 +12,24 @@ namespace duet::sim {
 
 using policies::RequestState;
 
-void SimSink::OnFinished(const Request& request) {
+void SimSink::OnFinished(const policies::RequestSpec& spec, const policies::RequestRecord& record) {
   // Nothing reads a finished request's prefix hashes again (routing, admission and offload
   // are behind it) unless a later turn continues its context: free them, about 6 KB per
-  // Mooncake request, before the record is copied.
-  const auto k = static_cast<std::size_t>(&request - world_.requests.data());
+  // Mooncake request.
+  const std::size_t k = world_.request_index.at(spec.id);
   Request& r = world_.requests[k];
   if (world_.arrivals->continuations_left(k) == 0) {
     std::vector<policies::BlockHash>().swap(r.block_hashes);
-  } else if (world_.pooled && !world_.cluster.pd() && r.state == RequestState::kCompleted) {
+  } else if (world_.pooled && !world_.cluster.pd() && record.state == RequestState::kCompleted) {
     // Colocated instances cache the output of a request that later turns continue (the engine
     // does, at completion): so does the pooled reference.
     world_.pooled->Touch(r.block_hashes, r.input_tokens + r.output_tokens - 1);
   }
-  world_.metrics.OnFinished(request);
-  world_.router->OnFinished(request);
+  world_.metrics.OnFinished(spec, record);
+  world_.router->OnFinished(spec, record);
   ++world_.finished;
-  if (world_.options.stop_below_attainment > 0 && !world_.options.slo.Met(r) &&
+  if (world_.options.stop_below_attainment > 0 &&
+      !world_.options.slo.Met(policies::FinishedRequest::Of(spec, record)) &&
       ++world_.misses > world_.allowed_misses) {
     // The target is out of reach: end every actor, this one last. Nothing after this point
     // runs, and the run's end skips the checks of a drained cluster.
@@ -37,7 +38,8 @@ void SimSink::OnFinished(const Request& request) {
     sg4::this_actor::exit();
   }
   if (world_.options.progress) DrawProgress(false);
-  world_.arrivals->OnFinished(k, sg4::Engine::get_clock(), r.state == RequestState::kCompleted);
+  world_.arrivals->OnFinished(k, sg4::Engine::get_clock(),
+                              record.state == RequestState::kCompleted);
   if (world_.frontend_sleeping) world_.wake->notify_all();
   if (world_.finished == world_.arrivals->released() && world_.arrivals->Exhausted() &&
       world_.frontend_waiting) {
@@ -47,14 +49,18 @@ void SimSink::OnFinished(const Request& request) {
   }
 }
 
-void SimSink::OnPrefillDone(const Request& request) { world_.router->OnPrefillDone(request); }
+void SimSink::OnPrefillDone(const policies::RequestSpec& spec,
+                            const policies::RequestRecord& record) {
+  world_.router->OnPrefillDone(spec, record);
+}
 
 void SimSink::OnTokenGaps(Seconds gap_s, std::int64_t count) {
   world_.metrics.OnTokenGaps(gap_s, count);
 }
 
-void SimSink::OnPreempted(const Request& request, InstanceId instance) {
-  world_.metrics.OnPreempted(request, instance);
+void SimSink::OnPreempted(const policies::RequestSpec& spec, const policies::RequestRecord& record,
+                          InstanceId instance) {
+  world_.metrics.OnPreempted(spec, record, instance);
 }
 
 void SimSink::OnKvEvents(InstanceId instance, std::span<const policies::KvCacheEvent> events) {

@@ -103,10 +103,12 @@ Result<SimReport> Simulate(const ClusterSpec& cluster, const traces::Trace& trac
   World w(cluster, trace, options);
   w.platform = BuildPlatform(cluster);
   w.requests.resize(trace.requests.size());
+  w.request_index.reserve(trace.requests.size());
   for (std::size_t k = 0; k < trace.requests.size(); ++k) {
     const auto& tr = trace.requests[k];
     Request& r = w.requests[k];
     r.id = tr.id;
+    w.request_index.emplace(r.id, k);
     r.arrival_s = tr.arrival_s;
     r.input_tokens = tr.input_tokens;
     r.output_tokens = tr.output_tokens;

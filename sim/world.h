@@ -122,10 +122,13 @@ class SimPorts final : public policies::Clock,
 class SimSink final : public policies::EventSink {
  public:
   explicit SimSink(World& world) : world_(world) {}
-  void OnFinished(const Request& request) override;
-  void OnPrefillDone(const Request& request) override;
+  void OnFinished(const policies::RequestSpec& spec,
+                  const policies::RequestRecord& record) override;
+  void OnPrefillDone(const policies::RequestSpec& spec,
+                     const policies::RequestRecord& record) override;
   void OnTokenGaps(Seconds gap_s, std::int64_t count) override;
-  void OnPreempted(const Request& request, InstanceId instance) override;
+  void OnPreempted(const policies::RequestSpec& spec, const policies::RequestRecord& record,
+                   InstanceId instance) override;
   // With a stale router view: queued for delivery router_staleness_s from now.
   void OnKvEvents(InstanceId instance, std::span<const policies::KvCacheEvent> events) override;
 
@@ -152,7 +155,8 @@ struct World {
   const traces::Trace& trace;
   const SimOptions& options;
   Platform platform;
-  std::vector<Request> requests;
+  std::vector<Request> requests;                                       // the trace's, in its order
+  std::unordered_map<policies::RequestId, std::size_t> request_index;  // id -> requests[index]
   std::vector<std::unique_ptr<models::StepCostModel>> costs;
   std::vector<std::unique_ptr<SimPorts>> ports;
   std::vector<std::unique_ptr<policies::InstanceEngine>> engines;

@@ -3,8 +3,10 @@
 // second codec to keep); fields are read with the shared JSON helpers and bounded here.
 #include "backend/cluster/wire.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <nlohmann/json.hpp>
 
@@ -177,177 +179,324 @@ Result<policies::InstanceLoad> LoadFromJson(const json& j, const std::string& wh
   return l;
 }
 
-// A request: with `full`, its token ids, block hashes and sampling too (a descriptor an engine
-// can serve); without, its scalar state (what the frontend mirrors from events).
-json RequestToJson(const Request& r, bool full) {
-  json j = {{"id", r.id},
-            {"arrival_s", r.arrival_s},
-            {"input_tokens", r.input_tokens},
-            {"output_tokens", r.output_tokens},
-            {"state", static_cast<int>(r.state)},
-            {"prefill_instance", r.prefill_instance},
-            {"decode_instance", r.decode_instance},
-            {"prefill_target", r.prefill_target},
-            {"computed_tokens", r.computed_tokens},
-            {"generated_tokens", r.generated_tokens},
-            {"cached_tokens", r.cached_tokens},
-            {"tier_hit_tokens", r.tier_hit_tokens},
-            {"loading_tokens", r.loading_tokens},
-            {"offloaded_blocks", r.offloaded_blocks},
-            {"session", r.session},
-            {"preemptions", r.preemptions},
-            {"kv_transfer_bytes", r.kv_transfer_bytes},
-            {"first_scheduled_s", r.first_scheduled_s},
-            {"load_wait_s", r.load_wait_s},
-            {"prefill_done_s", r.prefill_done_s},
-            {"kv_ready_s", r.kv_ready_s},
-            {"first_token_s", r.first_token_s},
-            {"second_token_s", r.second_token_s},
-            {"last_token_s", r.last_token_s},
-            {"finished_s", r.finished_s},
-            {"finish_reason", static_cast<int>(r.finish_reason)},
-            {"reason", r.reason}};
-  if (r.router_score) j["router_score"] = *r.router_score;
-  if (full) {
-    j["token_ids"] = r.token_ids;
-    j["block_hashes"] = r.block_hashes;
-    json s = {{"temperature", r.sampling.temperature},
-              {"top_p", r.sampling.top_p},
-              {"top_k", r.sampling.top_k},
-              {"stop_token_ids", r.sampling.stop_token_ids},
-              {"stop_strings", r.sampling.stop_strings}};
-    if (r.sampling.seed) s["seed"] = *r.sampling.seed;
-    j["sampling"] = std::move(s);
-  }
+// One field of a request part: its key, its writer and its bounded reader. Each part (spec,
+// record, progress, sampling) lists its fields once, below; both directions walk that list, so
+// a field cannot be written and forgotten on the way in, or the other way round.
+template <typename T>
+struct PartField {
+  const char* key;
+  std::function<void(const T&, json&)> write;
+  // Reads the field from `j` (a map; the field may be absent) into `t`.
+  std::function<Status(const json&, const std::string& where, T&)> read;
+};
+
+// An integer (or enum) member in [lo, hi]; absent: `fallback`, or an error when nullopt.
+template <typename T, typename M>
+PartField<T> Int(const char* key, M T::*m, std::int64_t lo, std::int64_t hi,
+                 std::optional<std::int64_t> fallback) {
+  return {key, [=](const T& t, json& j) { j[key] = static_cast<std::int64_t>(t.*m); },
+          [=](const json& j, const std::string& where, T& t) -> Status {
+            DUET_WIRE_TRY(v, JsonIntIn(j, key, lo, hi, where, fallback));
+            t.*m = static_cast<M>(v);
+            return Status::Ok();
+          }};
+}
+
+// A time in seconds (or any number in ±kMaxSeconds).
+template <typename T>
+PartField<T> Time(const char* key, double T::*m, std::optional<double> fallback) {
+  return {key, [=](const T& t, json& j) { j[key] = t.*m; },
+          [=](const json& j, const std::string& where, T& t) -> Status {
+            DUET_WIRE_TRY(v, TimeField(j, key, where, fallback));
+            t.*m = v;
+            return Status::Ok();
+          }};
+}
+
+// A float member in [lo, hi], carried as a double.
+template <typename T>
+PartField<T> Float(const char* key, float T::*m, double lo, double hi, double fallback) {
+  return {key, [=](const T& t, json& j) { j[key] = t.*m; },
+          [=](const json& j, const std::string& where, T& t) -> Status {
+            DUET_WIRE_TRY(v, JsonNumberIn(j, key, lo, hi, where, fallback));
+            t.*m = static_cast<float>(v);
+            return Status::Ok();
+          }};
+}
+
+// A uint64 (ids, seeds): the whole range; absent is an error, or nullopt for an optional.
+template <typename T>
+PartField<T> U64Field(const char* key, std::uint64_t T::*m) {
+  return {key, [=](const T& t, json& j) { j[key] = t.*m; },
+          [=](const json& j, const std::string& where, T& t) -> Status {
+            if (!JsonHas(j, key)) return FieldError(where, key, "is missing");
+            DUET_WIRE_TRY(v, U64(j.at(key), where, key));
+            t.*m = v;
+            return Status::Ok();
+          }};
+}
+template <typename T>
+PartField<T> OptionalU64(const char* key, std::optional<std::uint64_t> T::*m) {
+  return {key,
+          [=](const T& t, json& j) {
+            if (t.*m) j[key] = *(t.*m);
+          },
+          [=](const json& j, const std::string& where, T& t) -> Status {
+            if (!JsonHas(j, key)) return Status::Ok();
+            DUET_WIRE_TRY(v, U64(j.at(key), where, key));
+            t.*m = v;
+            return Status::Ok();
+          }};
+}
+
+template <typename T>
+PartField<T> OptionalNumber(const char* key, std::optional<double> T::*m) {
+  return {key,
+          [=](const T& t, json& j) {
+            if (t.*m) j[key] = *(t.*m);
+          },
+          [=](const json& j, const std::string& where, T& t) -> Status {
+            if (!JsonHas(j, key)) return Status::Ok();
+            DUET_WIRE_TRY(v, TimeField(j, key, where));
+            t.*m = v;
+            return Status::Ok();
+          }};
+}
+
+// A list of at most `max` integers in [lo, hi] (std::vector or std::array: an array's list
+// may be shorter, the rest is 0); absent: empty.
+template <typename T, typename L>
+PartField<T> IntList(const char* key, L T::*m, std::size_t max, std::int64_t lo, std::int64_t hi) {
+  return {key, [=](const T& t, json& j) { j[key] = t.*m; },
+          [=](const json& j, const std::string& where, T& t) -> Status {
+            using E = typename L::value_type;
+            std::vector<E> v;
+            if (Status s = IntArray(j, key, max, lo, hi, where, &v); !s.ok()) return s;
+            if constexpr (std::is_same_v<L, std::vector<E>>) {
+              t.*m = std::move(v);
+            } else {
+              (t.*m).fill(0);
+              std::copy(v.begin(), v.end(), (t.*m).begin());
+            }
+            return Status::Ok();
+          }};
+}
+
+// A list of at most `max` elements (`what`), each read by `element` (json, where, key) ->
+// Result<E>; absent: empty.
+template <typename T, typename E, typename ReadElement>
+PartField<T> List(const char* key, std::vector<E> T::*m, std::size_t max, const char* what,
+                  ReadElement element) {
+  return {key, [=](const T& t, json& j) { j[key] = t.*m; },
+          [=](const json& j, const std::string& where, T& t) -> Status {
+            (t.*m).clear();
+            if (!JsonHas(j, key)) return Status::Ok();
+            const json& v = j.at(key);
+            if (!v.is_array() || v.size() > max)
+              return FieldError(where, key,
+                                "must be an array of at most " + std::to_string(max) + " " + what);
+            for (std::size_t i = 0; i < v.size(); ++i) {
+              Result<E> e = element(v[i], where, std::string(key) + "[" + std::to_string(i) + "]");
+              if (!e.ok()) return e.status();
+              (t.*m).push_back(std::move(*e));
+            }
+            return Status::Ok();
+          }};
+}
+
+template <typename T>
+PartField<T> String(const char* key, std::string T::*m, std::size_t max) {
+  return {key, [=](const T& t, json& j) { j[key] = (t.*m).substr(0, max); },
+          [=](const json& j, const std::string& where, T& t) -> Status {
+            DUET_WIRE_TRY(v, BoundedString(j, key, max, where));
+            t.*m = std::move(v);
+            return Status::Ok();
+          }};
+}
+
+template <typename T>
+json PartToJson(const T& t, const std::vector<PartField<T>>& fields) {
+  json j = json::object();
+  for (const PartField<T>& f : fields) f.write(t, j);
   return j;
 }
 
-Result<Request> RequestFromJson(const json& j, bool full, const std::string& where) {
+// Reads a part from the map `j` (absent fields take their defaults); a key no field names is
+// an error, so a writer and a reader that disagree are found at once.
+template <typename T>
+Result<T> PartFromJson(const json& j, const std::vector<PartField<T>>& fields,
+                       const std::string& where) {
   if (!j.is_object()) return Status::Error(where + ": must be a map");
-  Request r;
-  if (!JsonHas(j, "id")) return FieldError(where, "id", "is missing");
-  DUET_WIRE_TRY(id, U64(j.at("id"), where, "id"));
-  r.id = id;
-  DUET_WIRE_TRY(arrival, TimeField(j, "arrival_s", where));
-  r.arrival_s = arrival;
-  DUET_WIRE_TRY(input, JsonIntIn(j, "input_tokens", 1, kMaxTokens, where));
-  r.input_tokens = input;
-  DUET_WIRE_TRY(output, JsonIntIn(j, "output_tokens", 1, kMaxTokens, where));
-  r.output_tokens = output;
-  DUET_WIRE_TRY(state,
-                JsonIntIn(j, "state", 0, static_cast<int>(policies::RequestState::kFailed), where));
-  r.state = static_cast<policies::RequestState>(state);
-  DUET_WIRE_TRY(prefill, JsonIntIn(j, "prefill_instance", -1, kMaxInstance, where));
-  r.prefill_instance = static_cast<policies::InstanceId>(prefill);
-  DUET_WIRE_TRY(decode, JsonIntIn(j, "decode_instance", -1, kMaxInstance, where));
-  r.decode_instance = static_cast<policies::InstanceId>(decode);
-  const std::int64_t sequence = input + output;
-  DUET_WIRE_TRY(target, JsonIntIn(j, "prefill_target", 0, sequence, where, 0));
-  r.prefill_target = target;
-  DUET_WIRE_TRY(computed, JsonIntIn(j, "computed_tokens", 0, sequence, where, 0));
-  r.computed_tokens = computed;
-  DUET_WIRE_TRY(generated, JsonIntIn(j, "generated_tokens", 0, output, where, 0));
-  r.generated_tokens = generated;
-  DUET_WIRE_TRY(cached, JsonIntIn(j, "cached_tokens", 0, input, where, 0));
-  r.cached_tokens = cached;
-  std::vector<Tokens> tier_hits;
-  if (Status s =
-          IntArray(j, "tier_hit_tokens", policies::kNumLowerTiers, 0, input, where, &tier_hits);
-      !s.ok())
-    return s;
-  for (std::size_t i = 0; i < tier_hits.size(); ++i) r.tier_hit_tokens[i] = tier_hits[i];
-  std::vector<Tokens> loading;
-  if (Status s = IntArray(j, "loading_tokens", policies::kNumLowerTiers, 0, input, where, &loading);
-      !s.ok())
-    return s;
-  for (std::size_t i = 0; i < loading.size(); ++i) r.loading_tokens[i] = loading[i];
-  DUET_WIRE_TRY(offloaded, JsonIntIn(j, "offloaded_blocks", 0, input, where, 0));
-  r.offloaded_blocks = offloaded;
-  DUET_WIRE_TRY(session,
-                JsonIntIn(j, "session", -1, std::numeric_limits<std::int64_t>::max(), where, -1));
-  r.session = session;
-  if (JsonHas(j, "router_score")) {
-    DUET_WIRE_TRY(score, JsonNumberIn(j, "router_score", -kMaxSeconds, kMaxSeconds, where));
-    r.router_score = score;
+  for (const auto& [key, value] : j.items()) {
+    if (std::none_of(fields.begin(), fields.end(),
+                     [&](const PartField<T>& f) { return key == f.key; }))
+      return FieldError(where, key, "is not a field of this message");
   }
-  DUET_WIRE_TRY(preemptions, JsonIntIn(j, "preemptions", 0, 1 << 30, where, 0));
-  r.preemptions = static_cast<int>(preemptions);
-  DUET_WIRE_TRY(kv_bytes, JsonIntIn(j, "kv_transfer_bytes", 0,
-                                    std::numeric_limits<std::int64_t>::max(), where, 0));
-  r.kv_transfer_bytes = kv_bytes;
-  struct {
-    const char* key;
-    duet::Seconds* field;
-  } times[] = {{"first_scheduled_s", &r.first_scheduled_s}, {"load_wait_s", &r.load_wait_s},
-               {"prefill_done_s", &r.prefill_done_s},       {"kv_ready_s", &r.kv_ready_s},
-               {"first_token_s", &r.first_token_s},         {"second_token_s", &r.second_token_s},
-               {"last_token_s", &r.last_token_s},           {"finished_s", &r.finished_s}};
-  for (const auto& t : times) {
-    DUET_WIRE_TRY(v, TimeField(j, t.key, where, *t.field));
-    *t.field = v;
+  T t;
+  for (const PartField<T>& f : fields) {
+    if (Status s = f.read(j, where, t); !s.ok()) return s;
   }
-  DUET_WIRE_TRY(finish, JsonIntIn(j, "finish_reason", 0,
-                                  static_cast<int>(policies::FinishReason::kError), where, 0));
-  r.finish_reason = static_cast<policies::FinishReason>(finish);
-  DUET_WIRE_TRY(reason, BoundedString(j, "reason", kMaxReasonBytes, where));
-  r.reason = std::move(reason);
-  if (!full) return r;
+  return t;
+}
 
-  if (Status s = IntArray(j, "token_ids", static_cast<std::size_t>(input + generated), 0,
-                          std::numeric_limits<std::int32_t>::max(), where, &r.token_ids);
-      !s.ok())
-    return s;
-  if (static_cast<std::int64_t>(r.token_ids.size()) != input + generated) {
-    return FieldError(where, "token_ids",
-                      "must hold the prompt and the tokens generated (" +
-                          std::to_string(input + generated) + "), not " +
-                          std::to_string(r.token_ids.size()));
+// A part nested in another under `key` (required).
+template <typename T, typename M>
+PartField<T> Nested(const char* key, M T::*m, const std::vector<PartField<M>>& fields) {
+  return {key, [=, &fields](const T& t, json& j) { j[key] = PartToJson(t.*m, fields); },
+          [=, &fields](const json& j, const std::string& where, T& t) -> Status {
+            if (!JsonHas(j, key)) return FieldError(where, key, "is missing");
+            DUET_WIRE_TRY(v, PartFromJson(j.at(key), fields, where + ": " + key));
+            t.*m = std::move(v);
+            return Status::Ok();
+          }};
+}
+
+// A string of at most kMaxReasonBytes (stop strings).
+Result<std::string> ShortString(const json& e, const std::string& where, const std::string& key) {
+  if (!e.is_string() || e.get_ref<const std::string&>().size() > kMaxReasonBytes)
+    return FieldError(where, key,
+                      "must be a string of at most " + std::to_string(kMaxReasonBytes) + " bytes");
+  return e.get<std::string>();
+}
+
+constexpr std::int64_t kMaxInt32 = std::numeric_limits<std::int32_t>::max();
+constexpr std::int64_t kMaxInt64 = std::numeric_limits<std::int64_t>::max();
+
+const std::vector<PartField<policies::SamplingParams>>& SamplingFields() {
+  using S = policies::SamplingParams;
+  static const std::vector<PartField<S>> fields = {
+      Float("temperature", &S::temperature, 0, 1e6, 0.0),
+      Float("top_p", &S::top_p, 0, 1, 1.0),
+      Int("top_k", &S::top_k, 0, kMaxInt32, 0),
+      OptionalU64("seed", &S::seed),
+      IntList("stop_token_ids", &S::stop_token_ids, kMaxStopTokens, 0, kMaxInt32),
+      List("stop_strings", &S::stop_strings, kMaxStopStrings, "strings", ShortString),
+  };
+  return fields;
+}
+
+const std::vector<PartField<policies::RequestSpec>>& SpecFields() {
+  using S = policies::RequestSpec;
+  static const std::vector<PartField<S>> fields = {
+      U64Field("id", &S::id),
+      Time("arrival_s", &S::arrival_s, std::nullopt),
+      Int("input_tokens", &S::input_tokens, 1, kMaxTokens, std::nullopt),
+      Int("output_tokens", &S::output_tokens, 1, kMaxTokens, std::nullopt),
+      List("block_hashes", &S::block_hashes, static_cast<std::size_t>(kMaxTokens), "hashes", U64),
+      IntList("prompt_ids", &S::prompt_ids, static_cast<std::size_t>(kMaxTokens), 0, kMaxInt32),
+      Nested("sampling", &S::sampling, SamplingFields()),
+      Int("session", &S::session, -1, kMaxInt64, -1),
+  };
+  return fields;
+}
+
+const std::vector<PartField<policies::RequestRecord>>& RecordFields() {
+  using R = policies::RequestRecord;
+  static const std::vector<PartField<R>> fields = {
+      Int("state", &R::state, 0, static_cast<int>(policies::RequestState::kFailed), std::nullopt),
+      Int("prefill_instance", &R::prefill_instance, -1, kMaxInstance, -1),
+      Int("decode_instance", &R::decode_instance, -1, kMaxInstance, -1),
+      OptionalNumber("router_score", &R::router_score),
+      Int("generated_tokens", &R::generated_tokens, 0, kMaxTokens, 0),
+      Int("cached_tokens", &R::cached_tokens, 0, kMaxTokens, 0),
+      IntList("tier_hit_tokens", &R::tier_hit_tokens, policies::kNumLowerTiers, 0, kMaxTokens),
+      Int("preemptions", &R::preemptions, 0, 1 << 30, 0),
+      Int("kv_transfer_bytes", &R::kv_transfer_bytes, 0, kMaxInt64, 0),
+      Time("first_scheduled_s", &R::first_scheduled_s, -1.0),
+      Time("load_wait_s", &R::load_wait_s, 0.0),
+      Time("prefill_done_s", &R::prefill_done_s, -1.0),
+      Time("kv_ready_s", &R::kv_ready_s, -1.0),
+      Time("first_token_s", &R::first_token_s, -1.0),
+      Time("second_token_s", &R::second_token_s, -1.0),
+      Time("last_token_s", &R::last_token_s, -1.0),
+      Time("finished_s", &R::finished_s, -1.0),
+      Int("finish_reason", &R::finish_reason, 0, static_cast<int>(policies::FinishReason::kError),
+          0),
+      String("reason", &R::reason, kMaxReasonBytes),
+  };
+  return fields;
+}
+
+const std::vector<PartField<policies::RequestProgress>>& ProgressFields() {
+  using P = policies::RequestProgress;
+  static const std::vector<PartField<P>> fields = {
+      Int("prefill_target", &P::prefill_target, 0, 2 * kMaxTokens, 0),
+      Int("computed_tokens", &P::computed_tokens, 0, 2 * kMaxTokens, 0),
+      IntList("loading_tokens", &P::loading_tokens, policies::kNumLowerTiers, 0, kMaxTokens),
+      Int("offloaded_blocks", &P::offloaded_blocks, 0, kMaxTokens, 0),
+      IntList("output_ids", &P::output_ids, static_cast<std::size_t>(kMaxTokens), 0, kMaxInt32),
+  };
+  return fields;
+}
+
+// What the parts of one request must agree on (each part's fields are bounded on their own).
+Status CheckRequest(const Request& r, const std::string& where) {
+  const auto size = [](const auto& v) { return static_cast<std::int64_t>(v.size()); };
+  const std::int64_t sequence = r.input_tokens + r.output_tokens;
+  auto at_most = [&](const char* part, const char* key, std::int64_t v, std::int64_t max,
+                     const char* what) -> Status {
+    if (v <= max) return Status::Ok();
+    return FieldError(where + ": " + part, key,
+                      "must be at most " + std::string(what) + " (" + std::to_string(max) +
+                          "), got " + std::to_string(v));
+  };
+  for (Status s : {
+           at_most("spec", "block_hashes", size(r.block_hashes), r.input_tokens, "input_tokens"),
+           at_most("record", "generated_tokens", r.generated_tokens, r.output_tokens,
+                   "output_tokens"),
+           at_most("record", "cached_tokens", r.cached_tokens, r.input_tokens, "input_tokens"),
+           at_most("record", "tier_hit_tokens",
+                   r.tier_hit_tokens[0] + r.tier_hit_tokens[1] + r.tier_hit_tokens[2],
+                   r.cached_tokens, "cached_tokens"),
+           at_most("progress", "prefill_target", r.prefill_target, sequence,
+                   "input_tokens + output_tokens"),
+           at_most("progress", "computed_tokens", r.computed_tokens, sequence,
+                   "input_tokens + output_tokens"),
+           at_most("progress", "loading_tokens", r.LoadingTokens(), r.input_tokens, "input_tokens"),
+           at_most("progress", "offloaded_blocks", r.offloaded_blocks, r.input_tokens,
+                   "input_tokens"),
+       }) {
+    if (!s.ok()) return s;
   }
-  if (JsonHas(j, "block_hashes")) {
-    const json& hashes = j.at("block_hashes");
-    if (!hashes.is_array() || static_cast<std::int64_t>(hashes.size()) > input)
-      return FieldError(where, "block_hashes", "must be an array of at most input_tokens hashes");
-    for (std::size_t i = 0; i < hashes.size(); ++i) {
-      DUET_WIRE_TRY(h, U64(hashes[i], where, "block_hashes[" + std::to_string(i) + "]"));
-      r.block_hashes.push_back(h);
-    }
-  }
-  if (!JsonHas(j, "sampling") || !j.at("sampling").is_object())
-    return FieldError(where, "sampling", "must be a map");
-  const json& s = j.at("sampling");
-  const std::string sw = where + ": sampling";
-  DUET_WIRE_TRY(temperature, JsonNumberIn(s, "temperature", 0, 1e6, sw, 0.0));
-  r.sampling.temperature = static_cast<float>(temperature);
-  DUET_WIRE_TRY(top_p, JsonNumberIn(s, "top_p", 0, 1, sw, 1.0));
-  r.sampling.top_p = static_cast<float>(top_p);
-  DUET_WIRE_TRY(top_k, JsonIntIn(s, "top_k", 0, std::numeric_limits<std::int32_t>::max(), sw, 0));
-  r.sampling.top_k = static_cast<std::int32_t>(top_k);
-  if (JsonHas(s, "seed")) {
-    DUET_WIRE_TRY(seed, U64(s.at("seed"), sw, "seed"));
-    r.sampling.seed = seed;
-  }
-  if (Status st =
-          IntArray(s, "stop_token_ids", kMaxStopTokens, 0, std::numeric_limits<std::int32_t>::max(),
-                   sw, &r.sampling.stop_token_ids);
-      !st.ok())
-    return st;
-  if (JsonHas(s, "stop_strings")) {
-    const json& stops = s.at("stop_strings");
-    if (!stops.is_array() || stops.size() > kMaxStopStrings)
-      return FieldError(
-          sw, "stop_strings",
-          "must be an array of at most " + std::to_string(kMaxStopStrings) + " strings");
-    for (std::size_t i = 0; i < stops.size(); ++i) {
-      const std::string key = "stop_strings[" + std::to_string(i) + "]";
-      if (!stops[i].is_string() || stops[i].get_ref<const std::string&>().size() > kMaxReasonBytes)
-        return FieldError(
-            sw, key, "must be a string of at most " + std::to_string(kMaxReasonBytes) + " bytes");
-      r.sampling.stop_strings.push_back(stops[i].get<std::string>());
-    }
-  }
+  if (size(r.prompt_ids) != r.input_tokens)
+    return FieldError(where + ": spec", "prompt_ids",
+                      "must hold input_tokens (" + std::to_string(r.input_tokens) + ") ids, not " +
+                          std::to_string(r.prompt_ids.size()));
+  if (size(r.output_ids) != r.generated_tokens)
+    return FieldError(where + ": progress", "output_ids",
+                      "must hold generated_tokens (" + std::to_string(r.generated_tokens) +
+                          ") ids, not " + std::to_string(r.output_ids.size()));
   // Checked as the engine holds them (floats), not as they arrived.
   if (auto problem = policies::CheckSampling(r.sampling))
-    return FieldError(sw, problem->field, problem->message);
+    return FieldError(where + ": spec: sampling", problem->field, problem->message);
+  return Status::Ok();
+}
+
+// A request whole: what an engine serves it from (its spec), and, for a PD hand-over, where it
+// stands (its record and progress).
+json RequestToJson(const Request& r) {
+  return {{"spec", PartToJson(r.spec(), SpecFields())},
+          {"record", PartToJson(r.record(), RecordFields())},
+          {"progress", PartToJson(r.progress(), ProgressFields())}};
+}
+
+Result<Request> RequestFromJson(const json& j, const std::string& where) {
+  if (!j.is_object()) return Status::Error(where + ": must be a map");
+  for (const auto& [key, value] : j.items()) {
+    if (key != "spec" && key != "record" && key != "progress")
+      return FieldError(where, key, "is not a part of a request (spec, record, progress)");
+  }
+  Request r;
+  for (const char* part : {"spec", "record", "progress"}) {
+    if (!JsonHas(j, part)) return FieldError(where, part, "is missing");
+  }
+  DUET_WIRE_TRY(spec, PartFromJson(j.at("spec"), SpecFields(), where + ": spec"));
+  r.spec() = std::move(spec);
+  DUET_WIRE_TRY(record, PartFromJson(j.at("record"), RecordFields(), where + ": record"));
+  r.record() = std::move(record);
+  DUET_WIRE_TRY(progress, PartFromJson(j.at("progress"), ProgressFields(), where + ": progress"));
+  r.progress() = std::move(progress);
+  if (Status s = CheckRequest(r, where); !s.ok()) return s;
   return r;
 }
 
@@ -614,7 +763,7 @@ std::string EncodeEngine(const WireEngineMessage& w) {
             {"request_id", m.request_id}};
   if (!m.blocks.empty()) j["blocks"] = m.blocks;
   if (std::isfinite(m.lease_expires_s)) j["lease_expires_s"] = m.lease_expires_s;
-  if (w.request) j["request"] = RequestToJson(*w.request, /*full=*/true);
+  if (w.request) j["request"] = RequestToJson(*w.request);
   return Pack(j);
 }
 
@@ -647,7 +796,7 @@ Result<WireEngineMessage> ParseEngine(std::string_view body) {
                                       : "is only for new requests and KV-ready");
   }
   if (carries_request) {
-    DUET_WIRE_TRY(r, RequestFromJson(j.at("request"), /*full=*/true, where + ": request"));
+    DUET_WIRE_TRY(r, RequestFromJson(j.at("request"), where + ": request"));
     if (r.id != m.request_id)
       return FieldError(
           where, "request",
@@ -680,7 +829,7 @@ std::string EncodeEvents(const Events& events) {
       default:
         break;
     }
-    if (e.state) j["state"] = RequestToJson(*e.state, /*full=*/false);
+    if (e.record) j["record"] = PartToJson(*e.record, RecordFields());
     list.push_back(std::move(j));
   }
   return Pack({{"events", std::move(list)}, {"load", LoadToJson(events.load)}});
@@ -733,15 +882,13 @@ Result<Events> ParseEvents(std::string_view body) {
       default:
         break;
     }
-    const bool needs_state = w.kind == WireEvent::Kind::kPrefillDone ||
-                             w.kind == WireEvent::Kind::kFinished ||
-                             w.kind == WireEvent::Kind::kPreempted;
-    if (needs_state) {
-      if (!JsonHas(e, "state")) return FieldError(ew, "state", "is missing");
-      DUET_WIRE_TRY(state, RequestFromJson(e.at("state"), /*full=*/false, ew + ": state"));
-      if (state.id != w.request_id)
-        return FieldError(ew, "state", "names another request than request_id");
-      w.state = std::move(state);
+    const bool needs_record = w.kind == WireEvent::Kind::kPrefillDone ||
+                              w.kind == WireEvent::Kind::kFinished ||
+                              w.kind == WireEvent::Kind::kPreempted;
+    if (needs_record) {
+      if (!JsonHas(e, "record")) return FieldError(ew, "record", "is missing");
+      DUET_WIRE_TRY(record, PartFromJson(e.at("record"), RecordFields(), ew + ": record"));
+      w.record = std::move(record);
     }
     out.events.push_back(std::move(w));
   }

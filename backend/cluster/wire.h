@@ -33,8 +33,9 @@
 namespace duet::backend::cluster {
 
 // 2: the hello's nonce, the challenge and the proof (link authentication). 3: the welcome
-// carries every engine setting (deploy::EngineSettings' codec).
-inline constexpr std::uint16_t kWireVersion = 3;
+// carries every engine setting (deploy::EngineSettings' codec). 4: a request travels as its
+// spec, record and progress; events carry the record only.
+inline constexpr std::uint16_t kWireVersion = 4;
 inline constexpr std::size_t kFrameHeaderBytes = 12;
 // A request descriptor of the longest prompt Duet admits (a few million token ids) fits.
 inline constexpr std::uint32_t kMaxFrameBodyBytes = 64u << 20;
@@ -104,8 +105,8 @@ struct Peer {
   std::string kv_descriptor;
 };
 
-// An engine message with its request by value: kNewRequest and kKvReady carry the request's
-// descriptor, the others only its id.
+// An engine message with its request by value: kNewRequest and kKvReady carry the request (its
+// spec, record and progress), the others only its id.
 struct WireEngineMessage {
   policies::InstanceId to = policies::kNoInstance;  // worker -> frontend: the destination
   policies::EngineMessage message;                  // message.request is null
@@ -118,8 +119,8 @@ struct WireEvent {
   Kind kind = Kind::kToken;
   policies::RequestId request_id = 0;
   std::int32_t token = 0;  // kToken
-  // kPrefillDone, kFinished, kPreempted: the request's scalar state then (no token ids).
-  std::optional<policies::Request> state;
+  // kPrefillDone, kFinished, kPreempted: the request's record then.
+  std::optional<policies::RequestRecord> record;
   Seconds gap_s = 0;                              // kTokenGaps
   std::int64_t count = 0;                         // kTokenGaps
   std::vector<policies::KvCacheEvent> kv_events;  // kKvEvents

@@ -21,6 +21,8 @@ using policies::EngineMessage;
 using policies::InstanceRole;
 using policies::Request;
 using policies::RequestId;
+using policies::RequestRecord;
+using policies::RequestSpec;
 
 namespace {
 
@@ -54,21 +56,24 @@ class WorkerLink final : public policies::Outbox, public policies::EventSink {
   // --- EventSink (engine thread): buffered, sent after each iteration, but for the token a
   // decode instance delivers when a pull completes: that one is raised before the iteration's
   // step, which it would otherwise wait for (a whole step added to the request's TTFT).
-  void OnToken(const Request& r, std::int32_t token) override {
+  void OnToken(const RequestSpec& spec, const RequestRecord& record, std::int32_t token) override {
     WireEvent e;
     e.kind = WireEvent::Kind::kToken;
-    e.request_id = r.id;
+    e.request_id = spec.id;
     e.token = token;
     events_.events.push_back(std::move(e));
-    if (role_ == InstanceRole::kDecode && r.generated_tokens == 1) FlushEvents();
+    if (role_ == InstanceRole::kDecode && record.generated_tokens == 1) FlushEvents();
   }
-  void OnFinished(const Request& r) override {
-    Push(WireEvent::Kind::kFinished, r);
-    handed_off_.push_back(r.id);
+  void OnFinished(const RequestSpec& spec, const RequestRecord& record) override {
+    Push(WireEvent::Kind::kFinished, spec.id, record);
+    handed_off_.push_back(spec.id);
   }
-  void OnPrefillDone(const Request& r) override { Push(WireEvent::Kind::kPrefillDone, r); }
-  void OnPreempted(const Request& r, policies::InstanceId) override {
-    Push(WireEvent::Kind::kPreempted, r);
+  void OnPrefillDone(const RequestSpec& spec, const RequestRecord& record) override {
+    Push(WireEvent::Kind::kPrefillDone, spec.id, record);
+  }
+  void OnPreempted(const RequestSpec& spec, const RequestRecord& record,
+                   policies::InstanceId) override {
+    Push(WireEvent::Kind::kPreempted, spec.id, record);
   }
   void OnTokenGaps(Seconds gap_s, std::int64_t count) override {
     WireEvent e;
@@ -149,14 +154,11 @@ class WorkerLink final : public policies::Outbox, public policies::EventSink {
   }
 
  private:
-  void Push(WireEvent::Kind kind, const Request& r) {
+  void Push(WireEvent::Kind kind, RequestId id, const RequestRecord& record) {
     WireEvent e;
     e.kind = kind;
-    e.request_id = r.id;
-    e.state = r;
-    e.state->token_ids.clear();
-    e.state->block_hashes.clear();
-    e.state->sampling = {};
+    e.request_id = id;
+    e.record = record;
     events_.events.push_back(std::move(e));
   }
 
@@ -215,10 +217,12 @@ class WorkerLink final : public policies::Outbox, public policies::EventSink {
   // What the engine assumes of a request it is handed beyond what the parser bounds.
   Status CheckRequest(const Request& r, EngineMessage::Kind kind) const {
     const std::string what = "request " + std::to_string(r.id) + ": ";
-    for (std::int32_t token : r.token_ids) {
-      if (token >= vocab_size_)
-        return Status::Error(what + "token id " + std::to_string(token) +
-                             " is outside the vocabulary");
+    for (const auto* ids : {&r.prompt_ids, &r.output_ids}) {
+      for (std::int32_t token : *ids) {
+        if (token >= vocab_size_)
+          return Status::Error(what + "token id " + std::to_string(token) +
+                               " is outside the vocabulary");
+      }
     }
     if (kind == EngineMessage::Kind::kNewRequest && r.generated_tokens != 0)
       return Status::Error(what + "a new request has generated no tokens yet");

@@ -48,7 +48,7 @@ std::vector<GenerationResult> LocalEngine::Generate(
     r.arrival_s = clock_.Now();
     r.input_tokens = static_cast<Tokens>(requests[i].prompt.size());
     r.output_tokens = requests[i].max_tokens;
-    r.token_ids = requests[i].prompt;
+    r.prompt_ids = requests[i].prompt;
     r.sampling = requests[i].sampling;
     r.prefill_instance = r.decode_instance = 0;
     std::optional<std::string> too_long;
@@ -60,11 +60,11 @@ std::vector<GenerationResult> LocalEngine::Generate(
     if (too_long) {
       r.state = policies::RequestState::kRejected;
       r.reason = std::move(*too_long);
-      results[i].record = r;
+      results[i].record = r.record();
       ++rejected;
       continue;
     }
-    r.block_hashes = policies::TokenBlockHashes(r.token_ids, model_.block_tokens());
+    r.block_hashes = policies::TokenBlockHashes(r.prompt_ids, model_.block_tokens());
     inbox_.Post({EngineMessage::Kind::kNewRequest, &r, policies::kNoInstance});
   }
   while (metrics_.finished() - finished_before < requests.size() - rejected) {
@@ -73,9 +73,8 @@ std::vector<GenerationResult> LocalEngine::Generate(
   for (std::size_t i = 0; i < requests.size(); ++i) {
     Request& r = live[i];
     if (r.state == policies::RequestState::kRejected) continue;
-    results[i].tokens.assign(r.token_ids.begin() + r.input_tokens, r.token_ids.end());
-    results[i].record = r;
-    results[i].record.block_hashes = {};
+    results[i].tokens = r.output_ids;
+    results[i].record = r.record();
   }
   return results;
 }

@@ -23,14 +23,14 @@ struct GenerationRequest {
 
 struct GenerationResult {
   std::vector<std::int32_t> tokens;  // generated ids (a stop token, when hit, is the last)
-  policies::Request record;          // the final lifecycle record (times, cached tokens)
+  policies::RequestRecord record;    // the final lifecycle record (times, cached tokens)
 };
 
 struct LocalEngineOptions {
   policies::SchedulerConfig scheduler;
   bool enable_prefix_caching = true;
   // Called with each request and the token it just got (streaming), from the event sink.
-  std::function<void(const policies::Request&, std::int32_t)> on_token;
+  std::function<void(const policies::RequestSpec&, std::int32_t)> on_token;
 };
 
 class LocalEngine final : private policies::EventSink {
@@ -48,16 +48,21 @@ class LocalEngine final : private policies::EventSink {
   const policies::InstanceEngine& engine() const { return *engine_; }
 
  private:
-  void OnFinished(const policies::Request& request) override { metrics_.OnFinished(request); }
-  void OnPrefillDone(const policies::Request&) override {}
+  void OnFinished(const policies::RequestSpec& spec,
+                  const policies::RequestRecord& record) override {
+    metrics_.OnFinished(spec, record);
+  }
+  void OnPrefillDone(const policies::RequestSpec&, const policies::RequestRecord&) override {}
   void OnTokenGaps(Seconds gap_s, std::int64_t count) override {
     metrics_.OnTokenGaps(gap_s, count);
   }
-  void OnPreempted(const policies::Request& r, policies::InstanceId i) override {
-    metrics_.OnPreempted(r, i);
+  void OnPreempted(const policies::RequestSpec& spec, const policies::RequestRecord& record,
+                   policies::InstanceId i) override {
+    metrics_.OnPreempted(spec, record, i);
   }
-  void OnToken(const policies::Request& request, std::int32_t token) override {
-    if (options_.on_token) options_.on_token(request, token);
+  void OnToken(const policies::RequestSpec& spec, const policies::RequestRecord&,
+               std::int32_t token) override {
+    if (options_.on_token) options_.on_token(spec, token);
   }
 
   ForwardModel& model_;

@@ -45,30 +45,42 @@ kernels::cpu::SamplingParams SamplerFor(const Request& r) {
 
 }  // namespace
 
+std::span<const std::int32_t> ModelStepExecutor::Ids(const Request& r, Tokens first, Tokens count) {
+  DUET_CHECK(first >= 0 && count >= 0 && first + count <= r.SequenceTokens());
+  DUET_CHECK(static_cast<Tokens>(r.prompt_ids.size()) == r.input_tokens &&
+             static_cast<Tokens>(r.output_ids.size()) == r.generated_tokens);
+  const auto n = static_cast<std::size_t>(count);
+  if (first + count <= r.input_tokens)
+    return std::span(r.prompt_ids).subspan(static_cast<std::size_t>(first), n);
+  if (first >= r.input_tokens)
+    return std::span(r.output_ids).subspan(static_cast<std::size_t>(first - r.input_tokens), n);
+  std::vector<std::int32_t>& joined = joined_.emplace_back();
+  joined.reserve(n);
+  for (Tokens p = first; p < first + count; ++p) joined.push_back(r.TokenAt(p));
+  return joined;
+}
+
 void ModelStepExecutor::Execute(const policies::StepPlan& plan, policies::StepEvents&,
                                 policies::StepResult* result) {
   DUET_CHECK_MSG(plan.max_steps == 1 && plan.awaited_loads.empty(),
                  "a real executor runs single steps without tier loads");
   const std::int32_t vocab = model_.config().vocab_size;
   chunks_.clear();
+  joined_.clear();
   sampled_.clear();
   std::size_t entry = 0;
   for (const policies::PrefillItem& p : plan.prefills) {
     const Request* r = p.request;
-    DUET_CHECK(static_cast<Tokens>(r->token_ids.size()) >= p.context + p.tokens);
     const bool last_chunk = p.context + p.tokens == r->prefill_target;
-    chunks_.push_back(
-        {std::span(r->token_ids)
-             .subspan(static_cast<std::size_t>(p.context), static_cast<std::size_t>(p.tokens)),
-         p.context, plan.BlockTable(entry++),
-         last_chunk ? SequenceChunk::Logits::kLast : SequenceChunk::Logits::kNone});
+    chunks_.push_back({Ids(*r, p.context, p.tokens), p.context, plan.BlockTable(entry++),
+                       last_chunk ? SequenceChunk::Logits::kLast : SequenceChunk::Logits::kNone});
     if (last_chunk) sampled_.push_back(r);
   }
   for (const Request* r : plan.decodes) {
     // The newest token (sampled by the previous step) is processed now.
-    const auto position = static_cast<std::int64_t>(r->token_ids.size()) - 1;
-    chunks_.push_back({std::span(r->token_ids).subspan(static_cast<std::size_t>(position), 1),
-                       position, plan.BlockTable(entry++), SequenceChunk::Logits::kLast});
+    const Tokens position = r->SequenceTokens() - 1;
+    chunks_.push_back(
+        {Ids(*r, position, 1), position, plan.BlockTable(entry++), SequenceChunk::Logits::kLast});
     sampled_.push_back(r);
   }
   const bool greedy = std::all_of(sampled_.begin(), sampled_.end(),
@@ -99,7 +111,7 @@ void ModelStepExecutor::Execute(const policies::StepPlan& plan, policies::StepEv
         greedy
             ? greedy_[i]
             : kernels::cpu::Sample(logits_.data() + i * static_cast<std::size_t>(vocab), vocab,
-                                   SamplerFor(*r), static_cast<std::uint64_t>(r->token_ids.size()));
+                                   SamplerFor(*r), static_cast<std::uint64_t>(r->SequenceTokens()));
     result->tokens.push_back({r->id, token, Contains(r->sampling.stop_token_ids, token)});
   }
   if (options_.record_timings || options_.keep_last) {

@@ -5,6 +5,7 @@
 // them. Optionally records every step's shape and forward-pass time for calibration.
 #pragma once
 
+#include <deque>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -45,12 +46,19 @@ class ModelStepExecutor final : public policies::StepExecutor {
   const StepTiming& last_timing() const { return last_; }
 
  private:
+  // The ids of `count` tokens of `r`'s sequence (prompt, then output) from position `first`,
+  // valid until the next step.
+  std::span<const std::int32_t> Ids(const policies::Request& r, Tokens first, Tokens count);
+
   ForwardModel& model_;
   const policies::Clock& clock_;
   Options options_;
   std::vector<StepTiming> timings_;
   StepTiming last_;
   std::vector<SequenceChunk> chunks_;
+  // Token ids of the chunks that span a request's prompt and output (a prefill after a
+  // preemption), where no one vector holds them side by side. A deque: chunks_ points into it.
+  std::deque<std::vector<std::int32_t>> joined_;
   std::vector<const policies::Request*> sampled_;  // requests that get a token, in plan order
   std::vector<float> logits_;
   std::vector<std::int32_t> greedy_;

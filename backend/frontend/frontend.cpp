@@ -17,6 +17,8 @@ using policies::EngineMessage;
 using policies::InstanceId;
 using policies::Request;
 using policies::RequestId;
+using policies::RequestRecord;
+using policies::RequestSpec;
 
 namespace {
 
@@ -34,40 +36,41 @@ class LocalInstance final : public Instance {
 
 }  // namespace
 
-void LiveFrontend::Impl::InstanceSink::OnToken(const Request& r, std::int32_t token) {
-  RequestListener* listener = Listener(r.id);
+void LiveFrontend::Impl::InstanceSink::OnToken(const RequestSpec& spec, const RequestRecord& record,
+                                               std::int32_t token) {
+  RequestListener* listener = Listener(spec.id);
   if (!listener) return;  // a worker's event for an attempt retried meanwhile
-  if (impl_.options.observer) impl_.options.observer->OnToken(r, token);
+  if (impl_.options.observer) impl_.options.observer->OnToken(spec, record, token);
   listener->OnToken(token);
 }
 
-void LiveFrontend::Impl::InstanceSink::OnFinished(const Request& r) {
+void LiveFrontend::Impl::InstanceSink::OnFinished(const RequestSpec& spec, const RequestRecord& r) {
   FinishInfo info;
   info.reason = r.finish_reason;
   info.message = r.reason;
   info.cached_tokens = r.cached_tokens;
   info.instance = id_;
-  if (r.first_scheduled_s >= 0) info.queue_s = r.first_scheduled_s - r.arrival_s;
-  if (r.prefill_done_s >= 0) info.prefill_done_s = r.prefill_done_s - r.arrival_s;
+  if (r.first_scheduled_s >= 0) info.queue_s = r.first_scheduled_s - spec.arrival_s;
+  if (r.prefill_done_s >= 0) info.prefill_done_s = r.prefill_done_s - spec.arrival_s;
   if (r.prefill_done_s >= 0 && r.kv_ready_s >= r.prefill_done_s) {
     info.kv_transfer_s = r.kv_ready_s - r.prefill_done_s;
     info.kv_transfer_bytes = r.kv_transfer_bytes;
   }
-  RequestListener* listener = Listener(r.id);
+  RequestListener* listener = Listener(spec.id);
   {
     // Its slot is free before anyone hears of the end, so a client that saw it may send the
     // next request at once.
     std::lock_guard lock(impl_.mu);
-    auto it = impl_.entries.find(r.id);
+    auto it = impl_.entries.find(spec.id);
     if (!listener || it == impl_.entries.end()) return;  // retried meanwhile (workers)
-    impl_.router->OnFinished(r);
+    impl_.router->OnFinished(spec, r);
     Entry& entry = it->second;
     entry.finished = true;
     // A retried request reports what its client asked for and got, over all attempts.
     info.prompt_tokens = entry.prompt_tokens;
     info.completion_tokens = entry.tokens_before + r.generated_tokens;
     info.cached_tokens = std::min(info.cached_tokens, entry.prompt_tokens);
-    if (entry.client_id != r.id) impl_.retried.erase(entry.client_id);
+    if (entry.client_id != spec.id) impl_.retried.erase(entry.client_id);
     --impl_.pending;
     ++impl_.telling;
   }
@@ -78,24 +81,27 @@ void LiveFrontend::Impl::InstanceSink::OnFinished(const Request& r) {
     --impl_.telling;
   }
   impl_.changed.notify_all();
-  if (impl_.options.observer) impl_.options.observer->OnFinished(r);
-  finished_.push_back(r.id);
+  if (impl_.options.observer) impl_.options.observer->OnFinished(spec, r);
+  finished_.push_back(spec.id);
 }
 
-void LiveFrontend::Impl::InstanceSink::OnPrefillDone(const Request& r) {
+void LiveFrontend::Impl::InstanceSink::OnPrefillDone(const RequestSpec& spec,
+                                                     const RequestRecord& record) {
   {
     std::lock_guard lock(impl_.mu);
-    impl_.router->OnPrefillDone(r);
+    impl_.router->OnPrefillDone(spec, record);
   }
-  if (impl_.options.observer) impl_.options.observer->OnPrefillDone(r);
+  if (impl_.options.observer) impl_.options.observer->OnPrefillDone(spec, record);
 }
 
 void LiveFrontend::Impl::InstanceSink::OnTokenGaps(Seconds gap_s, std::int64_t count) {
   if (impl_.options.observer) impl_.options.observer->OnTokenGaps(gap_s, count);
 }
 
-void LiveFrontend::Impl::InstanceSink::OnPreempted(const Request& r, InstanceId instance) {
-  if (impl_.options.observer) impl_.options.observer->OnPreempted(r, instance);
+void LiveFrontend::Impl::InstanceSink::OnPreempted(const RequestSpec& spec,
+                                                   const RequestRecord& record,
+                                                   InstanceId instance) {
+  if (impl_.options.observer) impl_.options.observer->OnPreempted(spec, record, instance);
 }
 
 void LiveFrontend::Impl::InstanceSink::OnKvEvents(InstanceId instance,
@@ -325,7 +331,7 @@ Admission LiveFrontend::Submit(LiveRequest request, std::shared_ptr<RequestListe
   r->input_tokens = prompt_tokens;
   r->output_tokens = request.max_tokens;
   r->block_hashes = policies::TokenBlockHashes(request.prompt, s.block_tokens);
-  r->token_ids = std::move(request.prompt);
+  r->prompt_ids = std::move(request.prompt);
   r->sampling = std::move(request.sampling);
 
   std::lock_guard lock(s.mu);

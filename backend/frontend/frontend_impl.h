@@ -32,8 +32,9 @@ struct LiveFrontend::Impl {
   // A request, from Submit until the instance that served it has finished with it. Keyed by
   // the id of its current attempt: the client's id, or (after its worker was lost) a new id
   // per retry. Engine threads: the engine owns `request` while serving it. Worker processes:
-  // `request` is the frontend's mirror (the worker holds its own copy), its scalar state
-  // updated from the worker's events and its token_ids extended by every token delivered.
+  // `request` is the frontend's mirror (the worker holds its own copy), its record updated
+  // from the worker's events (but for the route) and its output_ids extended by every token
+  // delivered.
   struct Entry {
     std::unique_ptr<policies::Request> request;
     std::shared_ptr<RequestListener> listener;
@@ -64,11 +65,15 @@ struct LiveFrontend::Impl {
    public:
     InstanceSink(Impl& impl, policies::InstanceId id) : impl_(impl), id_(id) {}
 
-    void OnToken(const policies::Request& r, std::int32_t token) override;
-    void OnFinished(const policies::Request& r) override;
-    void OnPrefillDone(const policies::Request& r) override;
+    void OnToken(const policies::RequestSpec& spec, const policies::RequestRecord& record,
+                 std::int32_t token) override;
+    void OnFinished(const policies::RequestSpec& spec,
+                    const policies::RequestRecord& record) override;
+    void OnPrefillDone(const policies::RequestSpec& spec,
+                       const policies::RequestRecord& record) override;
     void OnTokenGaps(Seconds gap_s, std::int64_t count) override;
-    void OnPreempted(const policies::Request& r, policies::InstanceId instance) override;
+    void OnPreempted(const policies::RequestSpec& spec, const policies::RequestRecord& record,
+                     policies::InstanceId instance) override;
     void OnKvEvents(policies::InstanceId instance,
                     std::span<const policies::KvCacheEvent> events) override;
     // After each iteration: the requests that finished in it are released.

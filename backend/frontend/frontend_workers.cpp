@@ -131,18 +131,6 @@ struct Ending {
   FinishInfo info;
 };
 
-// Copies what a worker's event says of a request into the frontend's mirror (its token ids,
-// hashes and sampling stay the frontend's).
-void ApplyState(const Request& state, Request* mirror) {
-  std::vector<std::int32_t> token_ids = std::move(mirror->token_ids);
-  std::vector<policies::BlockHash> hashes = std::move(mirror->block_hashes);
-  policies::SamplingParams sampling = std::move(mirror->sampling);
-  *mirror = state;
-  mirror->token_ids = std::move(token_ids);
-  mirror->block_hashes = std::move(hashes);
-  mirror->sampling = std::move(sampling);
-}
-
 bool OnRoute(const Impl::Entry& e, InstanceId i) { return e.prefill == i || e.decode == i; }
 
 // Ends an entry here (its worker was lost and it cannot go on). Caller holds s.mu.
@@ -154,8 +142,7 @@ void EndHere(Impl& s, RequestId id, policies::FinishReason reason, const std::st
   info.reason = reason;
   info.message = message;
   info.prompt_tokens = e.prompt_tokens;
-  info.completion_tokens =
-      e.tokens_before + static_cast<Tokens>(e.request->token_ids.size()) - e.request->input_tokens;
+  info.completion_tokens = e.tokens_before + static_cast<Tokens>(e.request->output_ids.size());
   endings->push_back({e.listener, info});
   if (e.client_id != id) s.retried.erase(e.client_id);
   s.entries.erase(it);
@@ -168,12 +155,12 @@ void EndHere(Impl& s, RequestId id, policies::FinishReason reason, const std::st
 void Retry(Impl& s, RequestId id, std::vector<Ending>* endings) {
   Impl::Entry& e = s.entries.at(id);
   Request& old = *e.request;
-  s.router->OnFinished(old);  // uncharges its instances
-  const Tokens delivered = static_cast<Tokens>(old.token_ids.size()) - old.input_tokens;
+  s.router->OnFinished(old, old);  // uncharges its instances
+  const Tokens delivered = static_cast<Tokens>(old.output_ids.size());
   const Tokens got = e.tokens_before + delivered;
   const auto& stops = old.sampling.stop_token_ids;
   if (got >= e.max_tokens) return EndHere(s, id, policies::FinishReason::kLength, "", endings);
-  if (delivered > 0 && std::ranges::find(stops, old.token_ids.back()) != stops.end())
+  if (delivered > 0 && std::ranges::find(stops, old.output_ids.back()) != stops.end())
     return EndHere(s, id, policies::FinishReason::kStop, "", endings);
   if (++e.workers_lost > Impl::kMaxWorkersLost) {
     return EndHere(s, id, policies::FinishReason::kError,
@@ -186,10 +173,11 @@ void Retry(Impl& s, RequestId id, std::vector<Ending>* endings) {
   auto r = std::make_unique<Request>();
   r->id = s.next_id++;
   r->arrival_s = old.arrival_s;
-  r->token_ids = old.token_ids;
-  r->input_tokens = static_cast<Tokens>(r->token_ids.size());
+  r->prompt_ids = old.prompt_ids;
+  r->prompt_ids.insert(r->prompt_ids.end(), old.output_ids.begin(), old.output_ids.end());
+  r->input_tokens = static_cast<Tokens>(r->prompt_ids.size());
   r->output_tokens = e.max_tokens - got;
-  r->block_hashes = policies::TokenBlockHashes(r->token_ids, s.block_tokens);
+  r->block_hashes = policies::TokenBlockHashes(r->prompt_ids, s.block_tokens);
   r->sampling = old.sampling;
   const policies::RoutingDecision d = s.router->Route(*r);
   if (!d.reject_reason.empty()) {
@@ -249,7 +237,7 @@ void OnRefused(Impl& s, InstanceId i, const cluster::Refusal& refusal) {
     auto it = s.entries.find(refusal.request_id);
     if (it == s.entries.end() || it->second.finished || !OnRoute(it->second, i)) return;
     const Impl::Entry& e = it->second;
-    s.router->OnFinished(*e.request);
+    s.router->OnFinished(*e.request, *e.request);
     // The refusing worker may hold an earlier copy (a request it refused as held already).
     EngineMessage abort{EngineMessage::Kind::kAbort, nullptr, policies::kNoInstance};
     abort.request_id = refusal.request_id;
@@ -417,33 +405,42 @@ Status OnFrame(Impl& s, InstanceId i, const cluster::FrameHeader& header, const 
       sink.OnKvEvents(i, e.kv_events);
       continue;
     }
-    // The request's state as of this event, copied under the lock: a retry may move it.
-    Request copy;
+    // The request as of this event, copied under the lock: a retry may move it. The worker's
+    // record replaces the mirror's; the spec stays the frontend's.
+    policies::RequestSpec spec;
+    policies::RequestRecord record;
     {
       std::lock_guard lock(s.mu);
       auto it = s.entries.find(e.request_id);
       if (it == s.entries.end() || !OnRoute(it->second, i) || it->second.finished) continue;
       Request& mirror = *it->second.request;
       if (e.kind == Kind::kToken) {
-        mirror.token_ids.push_back(e.token);
-        copy.id = mirror.id;
+        mirror.output_ids.push_back(e.token);
+        spec.id = mirror.id;  // all a token's listener needs
       } else {
-        ApplyState(*e.state, &mirror);
-        copy = mirror;
+        // The route is the frontend's own decision: a worker's record cannot move it.
+        const InstanceId prefill = mirror.prefill_instance, decode = mirror.decode_instance;
+        const std::optional<double> score = mirror.router_score;
+        mirror.record() = *e.record;
+        mirror.prefill_instance = prefill;
+        mirror.decode_instance = decode;
+        mirror.router_score = score;
+        spec = mirror.spec();
+        record = mirror.record();
       }
     }
     switch (e.kind) {
       case Kind::kToken:
-        sink.OnToken(copy, e.token);
+        sink.OnToken(spec, record, e.token);
         break;
       case Kind::kPrefillDone:
-        sink.OnPrefillDone(copy);
+        sink.OnPrefillDone(spec, record);
         break;
       case Kind::kFinished:
-        sink.OnFinished(copy);
+        sink.OnFinished(spec, record);
         break;
       case Kind::kPreempted:
-        sink.OnPreempted(copy, i);
+        sink.OnPreempted(spec, record, i);
         break;
       default:
         break;

@@ -218,7 +218,7 @@ class Replay {
     }
     if (record.prefill_instance != policies::kNoInstance)
       report_.instances_seen = std::max(report_.instances_seen, record.prefill_instance + 1);
-    metrics_.OnFinished(record);
+    metrics_.OnFinished(record, record);
     in_flight_.erase(index);
     states_[index] = record.state;
     ++recorded_;
@@ -255,7 +255,7 @@ class Replay {
                                  policies::ToString(states_[dropped->cause]));
       record.finished_s = record.arrival_s;
       ++report_.errors[kDependency];
-      metrics_.OnFinished(record);
+      metrics_.OnFinished(record, record);
       states_[dropped->index] = record.state;
       // Last: it may free the reason read above.
       if (const auto parent = arrivals_.parent(dropped->index)) ReleaseContext(*parent);

@@ -15,7 +15,8 @@ namespace duet::backend::serve {
 namespace {
 
 using policies::FinishReason;
-using policies::Request;
+using policies::RequestRecord;
+using policies::RequestSpec;
 using policies::RequestState;
 
 // Bucket bounds in seconds, roughly log-spaced over what each latency spans on CPU and GPU.
@@ -104,7 +105,7 @@ LiveMetrics::LiveMetrics() : registry_(std::make_unique<prometheus::Registry>())
 
 LiveMetrics::~LiveMetrics() = default;
 
-void LiveMetrics::OnFinished(const Request& request) {
+void LiveMetrics::OnFinished(const RequestSpec& spec, const RequestRecord& request) {
   if (request.state == RequestState::kRejected) return;  // never served: no latencies
   // The reason first: the engine ends an aborted request as kFailed with reason kAbort.
   switch (request.finish_reason) {
@@ -124,17 +125,17 @@ void LiveMetrics::OnFinished(const Request& request) {
       (request.state == RequestState::kFailed ? success_error_ : success_stop_)->Increment();
       break;
   }
-  ObserveIfReached(ttft_, request.arrival_s, request.first_token_s);
-  ObserveIfReached(queue_, request.arrival_s, request.first_scheduled_s);
-  ObserveIfReached(e2e_, request.arrival_s, request.finished_s);
+  ObserveIfReached(ttft_, spec.arrival_s, request.first_token_s);
+  ObserveIfReached(queue_, spec.arrival_s, request.first_scheduled_s);
+  ObserveIfReached(e2e_, spec.arrival_s, request.finished_s);
   if (request.prefill_done_s >= 0)
     ObserveIfReached(kv_transfer_, request.prefill_done_s, request.kv_ready_s);
 }
 
-void LiveMetrics::OnPrefillDone(const Request& request) {
-  prompt_tokens_->Increment(static_cast<double>(request.input_tokens));
-  cache_queries_->Increment(static_cast<double>(request.input_tokens));
-  cache_hits_->Increment(static_cast<double>(request.cached_tokens));
+void LiveMetrics::OnPrefillDone(const RequestSpec& spec, const RequestRecord& record) {
+  prompt_tokens_->Increment(static_cast<double>(spec.input_tokens));
+  cache_queries_->Increment(static_cast<double>(spec.input_tokens));
+  cache_hits_->Increment(static_cast<double>(record.cached_tokens));
 }
 
 void LiveMetrics::OnTokenGaps(Seconds gap_s, std::int64_t count) {
@@ -146,9 +147,13 @@ void LiveMetrics::OnTokenGaps(Seconds gap_s, std::int64_t count) {
   itl_->ObserveMultiple(increments, gap_s * static_cast<double>(count));
 }
 
-void LiveMetrics::OnPreempted(const Request&, policies::InstanceId) { preemptions_->Increment(); }
+void LiveMetrics::OnPreempted(const RequestSpec&, const RequestRecord&, policies::InstanceId) {
+  preemptions_->Increment();
+}
 
-void LiveMetrics::OnToken(const Request&, std::int32_t) { generation_tokens_->Increment(); }
+void LiveMetrics::OnToken(const RequestSpec&, const RequestRecord&, std::int32_t) {
+  generation_tokens_->Increment();
+}
 
 std::string LiveMetrics::Scrape(const FrontendStats& stats) {
   std::lock_guard<std::mutex> lock(scrape_mutex_);

@@ -32,11 +32,15 @@ class LiveMetrics final : public policies::EventSink {
   LiveMetrics& operator=(const LiveMetrics&) = delete;
 
   // EventSink (any thread). Times in the records are seconds on one steady clock.
-  void OnFinished(const policies::Request& request) override;
-  void OnPrefillDone(const policies::Request& request) override;
+  void OnFinished(const policies::RequestSpec& spec,
+                  const policies::RequestRecord& record) override;
+  void OnPrefillDone(const policies::RequestSpec& spec,
+                     const policies::RequestRecord& record) override;
   void OnTokenGaps(Seconds gap_s, std::int64_t count) override;
-  void OnPreempted(const policies::Request& request, policies::InstanceId instance) override;
-  void OnToken(const policies::Request& request, std::int32_t token) override;
+  void OnPreempted(const policies::RequestSpec&, const policies::RequestRecord&,
+                   policies::InstanceId) override;
+  void OnToken(const policies::RequestSpec&, const policies::RequestRecord&,
+               std::int32_t token) override;
 
   // Every metric in the Prometheus text format (version 0.0.4), the gauges set from `stats`.
   std::string Scrape(const FrontendStats& stats);

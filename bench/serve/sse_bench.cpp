@@ -81,13 +81,15 @@ int StreamOf(const std::vector<std::int32_t>& ids) { return (ids[0] - 16) + 400 
 class EmissionLog final : public policies::EventSink {
  public:
   explicit EmissionLog(int streams) : times_(static_cast<std::size_t>(streams)) {}
-  void OnToken(const policies::Request& r, std::int32_t) override {
-    times_[static_cast<std::size_t>(StreamOf(r.token_ids))].push_back(Clock::now());
+  void OnToken(const policies::RequestSpec& r, const policies::RequestRecord&,
+               std::int32_t) override {
+    times_[static_cast<std::size_t>(StreamOf(r.prompt_ids))].push_back(Clock::now());
   }
-  void OnFinished(const policies::Request&) override {}
-  void OnPrefillDone(const policies::Request&) override {}
+  void OnFinished(const policies::RequestSpec&, const policies::RequestRecord&) override {}
+  void OnPrefillDone(const policies::RequestSpec&, const policies::RequestRecord&) override {}
   void OnTokenGaps(Seconds, std::int64_t) override {}
-  void OnPreempted(const policies::Request&, policies::InstanceId) override {}
+  void OnPreempted(const policies::RequestSpec&, const policies::RequestRecord&,
+                   policies::InstanceId) override {}
   std::vector<std::vector<Clock::time_point>> times_;
 };
 

@@ -5,6 +5,8 @@
 
 #include <gtest/gtest.h>
 
+#include <fstream>
+#include <iterator>
 #include <nlohmann/json.hpp>
 
 #include "tests/deploy/setting_samples.h"
@@ -22,7 +24,8 @@ Request FullRequest() {
   r.input_tokens = 5;
   r.output_tokens = 9;
   r.block_hashes = {0xffffffffffffffffull, 7};
-  r.token_ids = {1, 2, 3, 4, 5, 77};
+  r.prompt_ids = {1, 2, 3, 4, 5};
+  r.output_ids = {77};
   r.sampling.temperature = 0.5f;
   r.sampling.top_p = 0.9f;
   r.sampling.top_k = 40;
@@ -56,36 +59,23 @@ Request FullRequest() {
   return r;
 }
 
-// A field added to Request changes its size: give it a value in FullRequest, a comparison in
-// ExpectSameRequest, and a place on the wire (RequestToJson, RequestFromJson).
-static_assert(sizeof(Request) == 408 && sizeof(policies::SamplingParams) == 80,
-              "Request or SamplingParams changed: does the wire carry every field?");
+// A field added to a part of Request changes its size: give it a value in FullRequest, a
+// comparison below, and a place in its part's field table (wire.cpp).
+static_assert(sizeof(policies::RequestSpec) == 168 && sizeof(policies::SamplingParams) == 80,
+              "RequestSpec or SamplingParams changed: does the wire carry every field?");
+static_assert(sizeof(policies::RequestRecord) == 192,
+              "RequestRecord changed: does the wire carry every field?");
+static_assert(sizeof(policies::RequestProgress) == 72,
+              "RequestProgress changed: does the wire carry every field?");
 
-void ExpectSameRequest(const Request& a, const Request& b) {
-  EXPECT_EQ(a.id, b.id);
-  EXPECT_EQ(a.arrival_s, b.arrival_s);
-  EXPECT_EQ(a.input_tokens, b.input_tokens);
-  EXPECT_EQ(a.output_tokens, b.output_tokens);
-  EXPECT_EQ(a.block_hashes, b.block_hashes);
-  EXPECT_EQ(a.token_ids, b.token_ids);
-  EXPECT_EQ(a.sampling.temperature, b.sampling.temperature);
-  EXPECT_EQ(a.sampling.top_p, b.sampling.top_p);
-  EXPECT_EQ(a.sampling.top_k, b.sampling.top_k);
-  EXPECT_EQ(a.sampling.seed, b.sampling.seed);
-  EXPECT_EQ(a.sampling.stop_token_ids, b.sampling.stop_token_ids);
-  EXPECT_EQ(a.sampling.stop_strings, b.sampling.stop_strings);
+void ExpectSameRecord(const policies::RequestRecord& a, const policies::RequestRecord& b) {
   EXPECT_EQ(a.state, b.state);
   EXPECT_EQ(a.prefill_instance, b.prefill_instance);
   EXPECT_EQ(a.decode_instance, b.decode_instance);
   EXPECT_EQ(a.router_score, b.router_score);
-  EXPECT_EQ(a.session, b.session);
-  EXPECT_EQ(a.prefill_target, b.prefill_target);
-  EXPECT_EQ(a.computed_tokens, b.computed_tokens);
   EXPECT_EQ(a.generated_tokens, b.generated_tokens);
   EXPECT_EQ(a.cached_tokens, b.cached_tokens);
   EXPECT_EQ(a.tier_hit_tokens, b.tier_hit_tokens);
-  EXPECT_EQ(a.loading_tokens, b.loading_tokens);
-  EXPECT_EQ(a.offloaded_blocks, b.offloaded_blocks);
   EXPECT_EQ(a.preemptions, b.preemptions);
   EXPECT_EQ(a.kv_transfer_bytes, b.kv_transfer_bytes);
   EXPECT_EQ(a.first_scheduled_s, b.first_scheduled_s);
@@ -98,6 +88,28 @@ void ExpectSameRequest(const Request& a, const Request& b) {
   EXPECT_EQ(a.finished_s, b.finished_s);
   EXPECT_EQ(a.finish_reason, b.finish_reason);
   EXPECT_EQ(a.reason, b.reason);
+}
+
+void ExpectSameRequest(const Request& a, const Request& b) {
+  EXPECT_EQ(a.id, b.id);
+  EXPECT_EQ(a.arrival_s, b.arrival_s);
+  EXPECT_EQ(a.input_tokens, b.input_tokens);
+  EXPECT_EQ(a.output_tokens, b.output_tokens);
+  EXPECT_EQ(a.block_hashes, b.block_hashes);
+  EXPECT_EQ(a.prompt_ids, b.prompt_ids);
+  EXPECT_EQ(a.sampling.temperature, b.sampling.temperature);
+  EXPECT_EQ(a.sampling.top_p, b.sampling.top_p);
+  EXPECT_EQ(a.sampling.top_k, b.sampling.top_k);
+  EXPECT_EQ(a.sampling.seed, b.sampling.seed);
+  EXPECT_EQ(a.sampling.stop_token_ids, b.sampling.stop_token_ids);
+  EXPECT_EQ(a.sampling.stop_strings, b.sampling.stop_strings);
+  EXPECT_EQ(a.session, b.session);
+  ExpectSameRecord(a.record(), b.record());
+  EXPECT_EQ(a.prefill_target, b.prefill_target);
+  EXPECT_EQ(a.computed_tokens, b.computed_tokens);
+  EXPECT_EQ(a.loading_tokens, b.loading_tokens);
+  EXPECT_EQ(a.offloaded_blocks, b.offloaded_blocks);
+  EXPECT_EQ(a.output_ids, b.output_ids);
 }
 
 WireEngineMessage KvReady() {
@@ -152,10 +164,7 @@ TEST(Wire, EventsHelloWelcomeAndPeerSurviveTheRoundTrip) {
   WireEvent finished;
   finished.kind = WireEvent::Kind::kFinished;
   finished.request_id = 42;
-  finished.state = FullRequest();
-  finished.state->token_ids.clear();
-  finished.state->block_hashes.clear();
-  finished.state->sampling = {};
+  finished.record = FullRequest().record();
   WireEvent gaps;
   gaps.kind = WireEvent::Kind::kTokenGaps;
   gaps.gap_s = 0.25;
@@ -169,8 +178,8 @@ TEST(Wire, EventsHelloWelcomeAndPeerSurviveTheRoundTrip) {
   ASSERT_EQ(got->events.size(), 4u);
   EXPECT_EQ(got->load, events.load);  // every field
   EXPECT_EQ(got->events[0].token, 77);
-  ASSERT_TRUE(got->events[1].state);
-  ExpectSameRequest(*got->events[1].state, *finished.state);
+  ASSERT_TRUE(got->events[1].record);
+  ExpectSameRecord(*got->events[1].record, *finished.record);
   EXPECT_EQ(got->events[2].gap_s, 0.25);
   EXPECT_EQ(got->events[2].count, 3);
   ASSERT_EQ(got->events[3].kv_events.size(), 2u);
@@ -262,21 +271,34 @@ TEST(Wire, MalformedBodiesAreErrorsNamingTheField) {
          j["blocks"] = {1, -1};
        },
        "'blocks[1]'"},
-      {[](auto& j) { j["request"]["id"] = 7; }, "names request 7"},
-      {[](auto& j) { j["request"]["input_tokens"] = 0; }, "'input_tokens'"},
-      {[](auto& j) { j["request"]["generated_tokens"] = 10; }, "'generated_tokens'"},
+      {[](auto& j) { j["request"]["spec"]["id"] = 7; }, "names request 7"},
+      {[](auto& j) { j["request"]["spec"]["input_tokens"] = 0; }, "'input_tokens'"},
+      {[](auto& j) { j["request"]["record"]["generated_tokens"] = 10; }, "'generated_tokens'"},
       {[](auto& j) {
-         j["request"]["token_ids"] = {1, 2};
+         j["request"]["spec"]["prompt_ids"] = {1, 2};
        },
-       "must hold the prompt"},
-      {[](auto& j) { j["request"]["token_ids"][0] = -3; }, "'token_ids[0]'"},
-      {[](auto& j) { j["request"]["token_ids"][0] = std::string("\xb6\xb6"); }, "'token_ids[0]'"},
-      {[](auto& j) { j["request"]["block_hashes"] = {1, 2, 3, 4, 5, 6}; }, "'block_hashes'"},
-      {[](auto& j) { j["request"]["sampling"]["top_p"] = 0; }, "'top_p'"},
-      {[](auto& j) { j["request"]["sampling"]["temperature"] = "hot"; }, "'temperature'"},
-      {[](auto& j) { j["request"]["first_token_s"] = 1e300; }, "'first_token_s'"},
-      {[](auto& j) { j["request"]["reason"] = std::string(5000, 'x'); }, "'reason'"},
-      {[](auto& j) { j["request"]["state"] = 99; }, "'state'"},
+       "'prompt_ids' must hold input_tokens (5) ids"},
+      {[](auto& j) {
+         j["request"]["progress"]["output_ids"] = {1, 2};
+       },
+       "'output_ids' must hold generated_tokens (1) ids"},
+      {[](auto& j) { j["request"]["spec"]["prompt_ids"][0] = -3; }, "'prompt_ids[0]'"},
+      {[](auto& j) { j["request"]["spec"]["prompt_ids"][0] = std::string("\xb6\xb6"); },
+       "'prompt_ids[0]'"},
+      {[](auto& j) { j["request"]["spec"]["block_hashes"] = {1, 2, 3, 4, 5, 6}; },
+       "'block_hashes'"},
+      {[](auto& j) { j["request"]["spec"]["sampling"]["top_p"] = 0; }, "'top_p'"},
+      {[](auto& j) { j["request"]["spec"]["sampling"]["temperature"] = "hot"; }, "'temperature'"},
+      {[](auto& j) { j["request"]["record"]["first_token_s"] = 1e300; }, "'first_token_s'"},
+      {[](auto& j) { j["request"]["record"]["reason"] = std::string(5000, 'x'); }, "'reason'"},
+      {[](auto& j) { j["request"]["record"]["state"] = 99; }, "'state'"},
+      {[](auto& j) { j["request"]["record"]["cached_tokens"] = 6; }, "'cached_tokens'"},
+      {[](auto& j) { j["request"]["progress"]["computed_tokens"] = 15; }, "'computed_tokens'"},
+      // A key no field names: a writer and a reader that disagree are found at once.
+      {[](auto& j) { j["request"]["record"]["tokens"] = 1; },
+       "request: record: field 'tokens' is not a field"},
+      {[](auto& j) { j["request"].erase("progress"); }, "'progress' is missing"},
+      {[](auto& j) { j["request"]["spec"].erase("sampling"); }, "'sampling' is missing"},
   };
   for (const Case& c : cases) {
     nlohmann::json j = good;
@@ -296,7 +318,7 @@ TEST(Wire, MalformedBodiesAreErrorsNamingTheField) {
   };
   const nlohmann::json load = Unpack(EncodeHeartbeat({}))["load"];
   EXPECT_NE(events_error({{"load", load}, {"events", {{{"kind", 2}, {"request_id", 1}}}}})
-                .find("'state' is missing"),
+                .find("'record' is missing"),
             std::string::npos);
   EXPECT_NE(
       events_error({{"load", load}, {"events", {{{"kind", 0}, {"request_id", 1}, {"token", -1}}}}})
@@ -344,7 +366,7 @@ TEST(Wire, SamplingValuesAreCheckedAsTheEngineHoldsThem) {
   const nlohmann::json good = Unpack(EncodeEngine(KvReady()));
   auto with_sampling = [&](const char* key, double value) {
     nlohmann::json j = good;
-    j["request"]["sampling"][key] = value;
+    j["request"]["spec"]["sampling"][key] = value;
     return ParseEngine(Pack(j));
   };
   for (double tiny : {1e-300, 5e-324, 1e-46}) {
@@ -375,6 +397,33 @@ TEST(Wire, ARefusalNamesTheRequestOfAMessageThatDoesNotParse) {
   EXPECT_EQ(EngineRequestId(Pack(broken)), std::optional<policies::RequestId>(42));
   EXPECT_EQ(EngineRequestId("\xc1"), std::nullopt);
   EXPECT_EQ(EngineRequestId(Pack({{"request_id", -1}})), std::nullopt);
+}
+
+// The fuzz seeds that hold valid messages parse in this version of the wire: a change to the
+// format must update them (fuzz/corpus/cluster_wire), or the fuzzer starts from rejections.
+TEST(Wire, TheSeedsOfValidMessagesParse) {
+  auto seed = [](const char* name) {
+    std::ifstream in(std::string(DUET_SOURCE_DIR) + "/fuzz/corpus/cluster_wire/" + name,
+                     std::ios::binary);
+    EXPECT_TRUE(in) << name;
+    std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    return bytes.empty() ? bytes : bytes.substr(1);  // the first byte picks the parser
+  };
+  auto engine = ParseEngine(seed("engine_kv_ready"));
+  ASSERT_TRUE(engine.ok()) << engine.error();
+  ASSERT_TRUE(engine->request);
+  EXPECT_EQ(engine->request->output_ids.size(), 1u);
+  auto events = ParseEvents(seed("events"));
+  ASSERT_TRUE(events.ok()) << events.error();
+  auto ok = [](const auto& parsed) { return parsed.ok() ? std::string("ok") : parsed.error(); };
+  EXPECT_EQ(ok(ParseHello(seed("hello_v2"))), "ok");  // "hello": a version 1 hello, refused
+  EXPECT_EQ(ok(ParseWelcome(seed("welcome"))), "ok");
+  EXPECT_EQ(ok(ParsePeer(seed("peer"))), "ok");
+  EXPECT_EQ(ok(ParseHeartbeat(seed("heartbeat"))), "ok");
+  EXPECT_EQ(ok(ParseChallenge(seed("challenge"))), "ok");
+  EXPECT_EQ(ok(ParseProof(seed("proof"))), "ok");
+  auto header = ParseFrameHeader(seed("frame_header"));
+  ASSERT_TRUE(header.ok()) << header.error();
 }
 
 }  // namespace

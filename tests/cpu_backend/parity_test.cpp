@@ -4,6 +4,7 @@
 // Fixture: tests/fixtures/test_model/hf_golden.json, made by scripts/make_model_fixtures.py.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -247,6 +248,32 @@ TEST_F(Parity, BatchedRequestsMatchSingleRuns) {
   EXPECT_TRUE(mixed);
 }
 
+// With KV for one request's whole sequence at most, a batch preempts: a preempted request is
+// recomputed from its prompt and the tokens it generated so far (one prefill over both, which
+// the engine keeps apart: the spec's prompt ids and its progress's output ids), and goes on
+// with the tokens it gets alone.
+TEST_F(Parity, PreemptedRequestsGoOnWithTheTokensTheyGetAlone) {
+  std::int64_t most_blocks = 0;
+  for (const Case& c : cases_) {
+    const auto tokens = static_cast<std::int64_t>(c.ids.size() + c.greedy.size());
+    most_blocks = std::max(most_blocks, (tokens + 15) / 16);
+  }
+  auto model = Model(most_blocks + 1);
+  LocalEngine engine(*model, {});
+  std::vector<GenerationRequest> batch;  // every case twice
+  for (int copy = 0; copy < 2; ++copy) {
+    for (const Case& c : cases_)
+      batch.push_back({c.ids, static_cast<Tokens>(c.greedy.size()), {}});
+  }
+  const auto results = engine.Generate(batch);
+  EXPECT_GT(engine.metrics().preemptions(), 0);
+  for (std::size_t i = 0; i < batch.size(); ++i) {
+    EXPECT_EQ(results[i].record.state, policies::RequestState::kCompleted) << i;
+    EXPECT_EQ(results[i].tokens, cases_[i % cases_.size()].greedy) << i;
+  }
+  EXPECT_TRUE(engine.engine().CheckInvariants().ok());
+}
+
 TEST_F(Parity, StopTokenEndsTheRequestAndStepTimingsAreRecorded) {
   auto model = Model();
   const Case& c = cases_.front();
@@ -258,7 +285,7 @@ TEST_F(Parity, StopTokenEndsTheRequestAndStepTimingsAreRecorded) {
   EXPECT_EQ(r[0].tokens, std::vector<std::int32_t>(c.greedy.begin(), stop + 1));
   EXPECT_EQ(r[0].record.state, policies::RequestState::kCompleted);
   EXPECT_EQ(r[0].record.finish_reason, policies::FinishReason::kStop);
-  EXPECT_EQ(r[0].record.output_tokens, static_cast<Tokens>(r[0].tokens.size()));
+  EXPECT_EQ(r[0].record.generated_tokens, static_cast<Tokens>(r[0].tokens.size()));
   ASSERT_FALSE(engine.timings().empty());
   EXPECT_EQ(engine.timings()[0].shape.PrefillTokens(), static_cast<Tokens>(c.ids.size()));
   for (const auto& t : engine.timings()) EXPECT_GT(t.seconds, 0);

@@ -167,23 +167,25 @@ INSTANTIATE_TEST_SUITE_P(
 // miss the moment.
 class HandoffWatch final : public policies::EventSink {
  public:
-  void OnPrefillDone(const policies::Request& r) override {
+  void OnPrefillDone(const policies::RequestSpec& r, const policies::RequestRecord&) override {
     std::lock_guard lock(mu_);
     waiting_.insert(r.id);
     most_waiting_ = std::max(most_waiting_, static_cast<std::int64_t>(waiting_.size()));
   }
-  void OnToken(const policies::Request& r, std::int32_t) override {
+  void OnToken(const policies::RequestSpec& r, const policies::RequestRecord&,
+               std::int32_t) override {
     std::lock_guard lock(mu_);
     if (waiting_.erase(r.id) == 0) return;
     decoding_.insert(r.id);
     most_decoding_ = std::max(most_decoding_, static_cast<std::int64_t>(decoding_.size()));
   }
-  void OnFinished(const policies::Request& r) override {
+  void OnFinished(const policies::RequestSpec& r, const policies::RequestRecord&) override {
     std::lock_guard lock(mu_);
     decoding_.erase(r.id);
   }
   void OnTokenGaps(Seconds, std::int64_t) override {}
-  void OnPreempted(const policies::Request&, policies::InstanceId) override {}
+  void OnPreempted(const policies::RequestSpec&, const policies::RequestRecord&,
+                   policies::InstanceId) override {}
   std::int64_t most_waiting() {
     std::lock_guard lock(mu_);
     return most_waiting_;

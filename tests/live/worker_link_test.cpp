@@ -261,7 +261,7 @@ TEST_F(WorkerLink, AWorkerRefusesAMessageItCannotTakeAndServesOn) {
   auto new_request = [&](policies::RequestId id, float top_p) {
     policies::Request r;
     r.id = id;
-    r.token_ids = Prompt(20, static_cast<int>(id));
+    r.prompt_ids = Prompt(20, static_cast<int>(id));
     r.input_tokens = 20;
     r.output_tokens = 4;
     r.prefill_instance = r.decode_instance = 0;
@@ -296,7 +296,7 @@ TEST_F(WorkerLink, AWorkerRefusesAMessageItCannotTakeAndServesOn) {
     for (const cluster::WireEvent& e : events->events) {
       if (e.kind == cluster::WireEvent::Kind::kFinished) {
         EXPECT_EQ(e.request_id, 8u);
-        EXPECT_EQ(e.state->finish_reason, FinishReason::kLength);
+        EXPECT_EQ(e.record->finish_reason, FinishReason::kLength);
         finished = true;
       }
     }

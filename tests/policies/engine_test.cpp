@@ -72,13 +72,13 @@ struct TestPorts : Inbox, Outbox, StepExecutor, KvTransport {
 };
 
 struct Collector : MetricsCollector {
-  std::vector<Request> finished_records;
+  std::vector<FinishedRequest> finished_records;
   int prefill_done = 0;
-  void OnFinished(const Request& r) override {
-    MetricsCollector::OnFinished(r);
-    finished_records.push_back(r);
+  void OnFinished(const RequestSpec& spec, const RequestRecord& record) override {
+    MetricsCollector::OnFinished(spec, record);
+    finished_records.push_back(FinishedRequest::Of(spec, record));
   }
-  void OnPrefillDone(const Request&) override { ++prefill_done; }
+  void OnPrefillDone(const RequestSpec&, const RequestRecord&) override { ++prefill_done; }
 };
 
 // One instance alone: its clock, ports (instance 0 of the peer map) and sink.
@@ -128,7 +128,7 @@ TEST(InstanceEngine, ColocatedTimelineFollowsTheSteps) {
   while (engine.RunOnce()) {
   }
   ASSERT_EQ(sink.finished_records.size(), 1u);
-  const Request& done = sink.finished_records[0];
+  const FinishedRequest& done = sink.finished_records[0];
   EXPECT_EQ(done.state, RequestState::kCompleted);
   // Prefill of 100 tokens: 10 ms + 100 ms. Then 3 decode steps of 11 ms (one token each).
   EXPECT_DOUBLE_EQ(done.first_scheduled_s, 0);
@@ -145,7 +145,7 @@ TEST(InstanceEngine, ColocatedTimelineFollowsTheSteps) {
 }
 
 // Runs the same arrivals through a colocated engine, returning the final records.
-std::vector<Request> RunColocated(bool coalesce, int* execute_calls) {
+std::vector<FinishedRequest> RunColocated(bool coalesce, int* execute_calls) {
   Solo solo;
   ManualClock& clock = solo.clock;
   TestPorts& ports = solo.ports;
@@ -182,10 +182,10 @@ TEST(InstanceEngine, CoalescedDecodeRunsEqualSingleSteps) {
   const auto single = RunColocated(false, &calls_single);
   const auto coalesced = RunColocated(true, &calls_coalesced);
   ASSERT_EQ(single.size(), coalesced.size());
-  std::map<RequestId, const Request*> by_id;
+  std::map<RequestId, const FinishedRequest*> by_id;
   for (const auto& r : coalesced) by_id[r.id] = &r;
   for (const auto& a : single) {
-    const Request& b = *by_id.at(a.id);
+    const FinishedRequest& b = *by_id.at(a.id);
     EXPECT_NEAR(a.first_token_s, b.first_token_s, 1e-9) << a.id;
     EXPECT_NEAR(a.finished_s, b.finished_s, 1e-9) << a.id;
     EXPECT_EQ(a.cached_tokens, b.cached_tokens) << a.id;
@@ -440,13 +440,14 @@ struct TokenPorts : TestPorts {
     for (const PrefillItem& p : plan.prefills) {
       sample(p.request);
       if (p.context + p.tokens == p.request->prefill_target) {
-        const std::int32_t t = TokenFor(*p.request, p.request->token_ids.size());
+        const std::int32_t t =
+            TokenFor(*p.request, static_cast<std::size_t>(p.request->SequenceTokens()));
         result->tokens.push_back({p.request->id, t, Stops(*p.request, t)});
       }
     }
     for (const Request* r : plan.decodes) {
       sample(r);
-      const std::int32_t t = TokenFor(*r, r->token_ids.size());
+      const std::int32_t t = TokenFor(*r, static_cast<std::size_t>(r->SequenceTokens()));
       result->tokens.push_back({r->id, t, Stops(*r, t)});
     }
     plans.push_back(plan);
@@ -463,12 +464,12 @@ struct TokenSink : Collector {
   const Seconds* clock_now = nullptr;  // the token's step just ended: its time is now
   std::vector<std::pair<RequestId, std::int32_t>> tokens;
   KvEventIndex* index = nullptr;
-  void OnToken(const Request& r, std::int32_t token) override {
-    // The engine appended the token and updated the timeline before telling.
-    EXPECT_EQ(r.token_ids.back(), token);
+  void OnToken(const RequestSpec& spec, const RequestRecord& r, std::int32_t token) override {
+    // The engine counted the token and updated the timeline before telling.
+    EXPECT_GE(r.generated_tokens, 1);
     EXPECT_GE(r.first_token_s, 0);
     EXPECT_EQ(r.last_token_s, clock_now ? *clock_now : r.last_token_s);
-    tokens.emplace_back(r.id, token);
+    tokens.emplace_back(spec.id, token);
   }
   void OnKvEvents(InstanceId instance, std::span<const KvCacheEvent> events) override {
     if (index) index->Apply(instance, events);
@@ -490,7 +491,7 @@ struct RealSolo {
 
 Request RealRequest(RequestId id, Tokens input, Tokens output) {
   Request r = MakeRequest(id, 0, input, output);
-  for (Tokens i = 0; i < input; ++i) r.token_ids.push_back(static_cast<std::int32_t>(7 + i));
+  for (Tokens i = 0; i < input; ++i) r.prompt_ids.push_back(static_cast<std::int32_t>(7 + i));
   r.prefill_instance = r.decode_instance = 0;
   return r;
 }
@@ -511,22 +512,22 @@ TEST(InstanceEngine, TokensLeaveThroughTheSinkAndAStopTokenEndsTheRequest) {
   }
   EXPECT_EQ(stops.state, RequestState::kCompleted);
   EXPECT_EQ(stops.finish_reason, FinishReason::kStop);
-  EXPECT_EQ(stops.output_tokens, 3);
   EXPECT_EQ(stops.generated_tokens, 3);
+  EXPECT_EQ(stops.output_tokens, 10);  // the spec: what the client asked for
   EXPECT_EQ(runs.finish_reason, FinishReason::kLength);
-  EXPECT_EQ(runs.output_tokens, 4);
+  EXPECT_EQ(runs.generated_tokens, 4);
   for (const Request* r : {&stops, &runs}) {
-    ASSERT_EQ(static_cast<Tokens>(r->token_ids.size()), r->input_tokens + r->output_tokens);
-    for (std::size_t p = static_cast<std::size_t>(r->input_tokens); p < r->token_ids.size(); ++p)
-      EXPECT_EQ(r->token_ids[p], TokenPorts::TokenFor(*r, p)) << r->id << " at " << p;
+    ASSERT_EQ(static_cast<Tokens>(r->output_ids.size()), r->generated_tokens);
+    for (Tokens i = 0; i < r->generated_tokens; ++i)
+      EXPECT_EQ(r->output_ids[static_cast<std::size_t>(i)],
+                TokenPorts::TokenFor(*r, static_cast<std::size_t>(r->input_tokens + i)))
+          << r->id << " at " << r->input_tokens + i;
   }
   // Each token reached the sink once, in the order of its request's positions.
   std::map<RequestId, std::vector<std::int32_t>> streamed;
   for (const auto& [id, t] : solo.sink.tokens) streamed[id].push_back(t);
-  EXPECT_EQ(streamed[1],
-            std::vector<std::int32_t>(stops.token_ids.begin() + 20, stops.token_ids.end()));
-  EXPECT_EQ(streamed[2],
-            std::vector<std::int32_t>(runs.token_ids.begin() + 30, runs.token_ids.end()));
+  EXPECT_EQ(streamed[1], stops.output_ids);
+  EXPECT_EQ(streamed[2], runs.output_ids);
   EXPECT_TRUE(engine.idle());
   EXPECT_TRUE(engine.CheckInvariants().ok()) << engine.CheckInvariants().message();
 }

@@ -82,6 +82,8 @@ TEST(Summarize, SelectionEqualsSortingTheExpandedSamples) {
   }
 }
 
+void Finish(MetricsCollector& m, const Request& r) { m.OnFinished(r, r); }
+
 Request Completed(RequestId id, Seconds arrival, Seconds ttft, Seconds e2e, Tokens out) {
   Request r;
   r.id = id;
@@ -103,14 +105,14 @@ Request Completed(RequestId id, Seconds arrival, Seconds ttft, Seconds e2e, Toke
 
 TEST(MetricsCollector, SummaryFollowsMetricsMd) {
   MetricsCollector m;
-  m.OnFinished(Completed(0, 0.0, 0.5, 2.5, 11));  // tpot 200 ms
-  m.OnFinished(Completed(1, 1.0, 3.0, 4.0, 11));  // tpot 100 ms, misses ttft=2000
+  Finish(m, Completed(0, 0.0, 0.5, 2.5, 11));  // tpot 200 ms
+  Finish(m, Completed(1, 1.0, 3.0, 4.0, 11));  // tpot 100 ms, misses ttft=2000
   Request rej;
   rej.id = 2;
   rej.arrival_s = 2;
   rej.state = RequestState::kRejected;
   rej.reason = "too long";
-  m.OnFinished(rej);
+  Finish(m, rej);
   m.OnTokenGaps(0.1, 10);
   const auto s = m.Summary(4, *ParseSlo("ttft=2000,tpot=250"));
   EXPECT_EQ(s["schema"], "duet.summary/1");
@@ -149,12 +151,12 @@ TEST(MetricsCollector, CompletedWithoutAdmissionTimeCountsForThePrefixCacheOnly)
   live.kv_ready_s = -1;
   live.input_tokens = 300;
   live.cached_tokens = 120;
-  m.OnFinished(live);
+  Finish(m, live);
   Request failed;
   failed.id = 1;
   failed.input_tokens = 500;
   failed.state = RequestState::kFailed;
-  m.OnFinished(failed);
+  Finish(m, failed);
   const auto s = m.Summary(2, Slo{});
   EXPECT_EQ(s["prefix_cache"]["lookup_tokens"], 300);
   EXPECT_EQ(s["prefix_cache"]["hit_tokens"], 120);
@@ -194,7 +196,7 @@ TEST(MetricsCollector, SessionThroughputAndTimeToSecondToken) {
   rejected.session = 1;
   rejected.output_tokens = 50;
   rejected.state = RequestState::kRejected;
-  for (const Request& r : {a, b, c, alone, rejected}) m.OnFinished(r);
+  for (const Request& r : {a, b, c, alone, rejected}) Finish(m, r);
   const auto s = m.Summary(5, Slo{});
   EXPECT_EQ(s["sessions"]["count"], 2);
   EXPECT_DOUBLE_EQ(s["sessions"]["output_tokens_per_s"]["mean"].get<double>(), 2.2);
@@ -208,7 +210,7 @@ TEST(MetricsCollector, SessionThroughputAndTimeToSecondToken) {
 
 TEST(MetricsCollector, WritesRequestsCsvInIdOrderWithMetricsMdColumns) {
   MetricsCollector m;
-  m.OnFinished(Completed(5, 1.0, 0.5, 1.5, 3));
+  Finish(m, Completed(5, 1.0, 0.5, 1.5, 3));
   // Served partly from the lower tiers: 60 cached tokens, 16 from DRAM and 32 from SSD, whose
   // load took 100 ms of the 500 ms TTFT.
   Request tiered = Completed(7, 2.0, 0.5, 1.5, 3);
@@ -218,7 +220,7 @@ TEST(MetricsCollector, WritesRequestsCsvInIdOrderWithMetricsMdColumns) {
   tiered.router_score = 1234.5678;  // written to 3 decimals; unscored requests leave it empty
   tiered.second_token_s = 2.7;
   tiered.session = 3;
-  m.OnFinished(tiered);
+  Finish(m, tiered);
   Request rej;
   rej.id = 2;
   rej.arrival_s = 0.25;
@@ -226,7 +228,7 @@ TEST(MetricsCollector, WritesRequestsCsvInIdOrderWithMetricsMdColumns) {
   rej.output_tokens = 1;
   rej.state = RequestState::kRejected;
   rej.reason = "needs 10, max 5";
-  m.OnFinished(rej);
+  Finish(m, rej);
   const auto path = std::filesystem::temp_directory_path() / "duet_metrics_test.csv";
   ASSERT_TRUE(m.WriteRequestsCsv(path.string(), {"p0", "d0"}).ok());
   std::ifstream in(path);
@@ -252,6 +254,31 @@ TEST(MetricsCollector, WritesRequestsCsvInIdOrderWithMetricsMdColumns) {
   EXPECT_DOUBLE_EQ(s["ttft_breakdown_ms"]["load"]["max"].get<double>(), 100.0);
   EXPECT_DOUBLE_EQ(s["ttft_breakdown_ms"]["prefill"]["mean"].get<double>(), 435.0);
   std::filesystem::remove(path);
+}
+
+// The engine never rewrites the spec: the record says what happened. A request a stop token
+// ended reports (and the throughput counts) what it generated; one that ran to its length, or
+// failed, what it asked for.
+TEST(MetricsCollector, OutputTokensAreWhatAStopLeftElseWhatWasAsked) {
+  Request stopped = Completed(0, 0.0, 0.5, 1.5, 20);
+  stopped.generated_tokens = 7;
+  stopped.finish_reason = FinishReason::kStop;
+  Request ran = Completed(1, 0.0, 0.5, 1.5, 20);
+  ran.generated_tokens = 20;
+  ran.finish_reason = FinishReason::kLength;
+  Request failed = Completed(2, 0.0, 0.5, 1.5, 20);
+  failed.state = RequestState::kFailed;
+  failed.generated_tokens = 3;
+  failed.finish_reason = FinishReason::kError;
+  EXPECT_EQ(FinishedRequest::Of(stopped, stopped).output_tokens, 7);
+  EXPECT_EQ(FinishedRequest::Of(ran, ran).output_tokens, 20);
+  EXPECT_EQ(FinishedRequest::Of(failed, failed).output_tokens, 20);
+  MetricsCollector m;
+  for (const Request& r : {stopped, ran, failed}) Finish(m, r);
+  const auto s = m.Summary(3, Slo{});
+  // 27 output tokens over 1.5 s; the stopped request's TPOT is (1500 - 500) / 6 ms.
+  EXPECT_DOUBLE_EQ(s["throughput"]["output_tokens_per_s"].get<double>(), 18.0);
+  EXPECT_DOUBLE_EQ(s["tpot_ms"]["max"].get<double>(), 166.667);
 }
 
 }  // namespace

@@ -128,11 +128,11 @@ TEST(Router, LeastLoadedFollowsOutstandingWorkAndItsRelease) {
   // Prefill done releases the prefill share; finishing releases the decode share.
   const auto decode_before = router->load(d1.decode).outstanding_requests;
   big.prefill_done_s = 1;
-  router->OnPrefillDone(big);
+  router->OnPrefillDone(big, big);
   EXPECT_EQ(router->load(d1.prefill).outstanding_prefill_tokens, 0);
   EXPECT_EQ(router->load(d1.prefill).outstanding_requests, 0);
   EXPECT_EQ(router->load(d1.decode).outstanding_requests, decode_before);
-  router->OnFinished(big);
+  router->OnFinished(big, big);
   EXPECT_EQ(router->load(d1.decode).outstanding_requests, decode_before - 1);
 }
 
@@ -285,16 +285,16 @@ TEST(Router, KvAwareReleasesItsChargesAtPrefillAndFinish) {
   EXPECT_EQ(router->load(0).outstanding_kv_tokens, 0);  // PD: the decode side holds the KV
   EXPECT_EQ(router->load(2).outstanding_kv_tokens, 1000);
   r.prefill_done_s = 1;
-  router->OnPrefillDone(r);
+  router->OnPrefillDone(r, r);
   EXPECT_EQ(router->load(0).outstanding_prefill_work, 0);
   EXPECT_EQ(router->load(0).outstanding_requests, 0);
-  router->OnFinished(r);
+  router->OnFinished(r, r);
   EXPECT_EQ(router->load(2).outstanding_kv_tokens, 0);
   EXPECT_EQ(router->load(2).outstanding_requests, 0);
   // A request that fails before its prefill completes releases both sides at once.
   Request failed = MakeRequest(1000);
   RouteAndPlace(*router, failed);
-  router->OnFinished(failed);
+  router->OnFinished(failed, failed);
   for (InstanceId i : {0, 1, 2}) {
     EXPECT_EQ(router->load(i).outstanding_prefill_work, 0) << i;
     EXPECT_EQ(router->load(i).outstanding_prefill_tokens, 0) << i;
@@ -376,8 +376,8 @@ TEST(Router, KvAwareSpreadsNewPromptsByFootprint) {
     r.arrival_s = at;
     const RoutingDecision d = RouteAndPlace(*router, r);
     r.prefill_done_s = at;
-    router->OnPrefillDone(r);
-    router->OnFinished(r);  // no queue left behind: only the footprint remains
+    router->OnPrefillDone(r, r);
+    router->OnFinished(r, r);  // no queue left behind: only the footprint remains
     return d;
   };
   Request a = MakeRequest(8000);
@@ -403,8 +403,8 @@ TEST(Router, KvAwareSpreadsNewPromptsByFootprint) {
   f.arrival_s = 1;
   RouteAndPlace(*plain, e);
   e.prefill_done_s = 0;
-  plain->OnPrefillDone(e);
-  plain->OnFinished(e);
+  plain->OnPrefillDone(e, e);
+  plain->OnFinished(e, e);
   EXPECT_EQ(RouteAndPlace(*plain, f).prefill, 0);
 }
 
@@ -424,7 +424,7 @@ TEST(Router, KvAwareChargesColocatedPrefillsForTheDecodesTheyStall) {
     Request r = MakeRequest(100);
     ASSERT_EQ(RouteAndPlace(*router, r).prefill, target);
     r.prefill_done_s = 0;
-    router->OnPrefillDone(r);
+    router->OnPrefillDone(r, r);
   }
   ASSERT_EQ(router->load(0).outstanding_requests, 3);
   ASSERT_EQ(router->load(0).outstanding_prefill_work, 0);

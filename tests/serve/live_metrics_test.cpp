@@ -26,6 +26,8 @@ double Value(const std::string& text, const std::string& series) {
   return std::nan("");
 }
 
+void Finish(LiveMetrics& metrics, const Request& r) { metrics.OnFinished(r, r); }
+
 Request Finished(FinishReason reason, RequestState state = RequestState::kCompleted) {
   Request r;
   r.state = state;
@@ -71,15 +73,15 @@ TEST(LiveMetrics, EveryLiveNameIsExposedWithItsType) {
 TEST(LiveMetrics, EventsFeedCountersAndHistograms) {
   LiveMetrics metrics;
   Request r = Finished(FinishReason::kStop);
-  metrics.OnPrefillDone(r);
-  for (int i = 0; i < 5; ++i) metrics.OnToken(r, 7);
+  metrics.OnPrefillDone(r, r);
+  for (int i = 0; i < 5; ++i) metrics.OnToken(r, r, 7);
   metrics.OnTokenGaps(0.03, 4);
-  metrics.OnFinished(r);
-  metrics.OnFinished(Finished(FinishReason::kLength));
-  metrics.OnFinished(Finished(FinishReason::kAbort, RequestState::kFailed));  // as engines do
-  metrics.OnFinished(Finished(FinishReason::kError, RequestState::kFailed));
-  metrics.OnFinished(Finished(FinishReason::kNone, RequestState::kRejected));  // not counted
-  metrics.OnPreempted(r, 0);
+  metrics.OnFinished(r, r);
+  Finish(metrics, Finished(FinishReason::kLength));
+  Finish(metrics, Finished(FinishReason::kAbort, RequestState::kFailed));  // as engines do
+  Finish(metrics, Finished(FinishReason::kError, RequestState::kFailed));
+  Finish(metrics, Finished(FinishReason::kNone, RequestState::kRejected));  // not counted
+  metrics.OnPreempted(r, r, 0);
   const std::string text = metrics.Scrape({});
 
   EXPECT_EQ(Value(text, "duet:prompt_tokens_total"), 20);
@@ -167,9 +169,9 @@ TEST(LiveMetrics, ConcurrentEventsAndScrapesLoseNothing) {
   for (int t = 0; t < 4; ++t) {
     threads.emplace_back([&] {
       for (int i = 0; i < 2000; ++i) {
-        metrics.OnToken(r, 1);
+        metrics.OnToken(r, r, 1);
         metrics.OnTokenGaps(0.01, 1);
-        if (i % 100 == 0) metrics.OnFinished(r);
+        if (i % 100 == 0) metrics.OnFinished(r, r);
       }
     });
   }
@@ -185,7 +187,7 @@ TEST(LiveMetrics, ConcurrentEventsAndScrapesLoseNothing) {
 
 TEST(LiveMetrics, EveryLineIsTextExpositionFormat) {
   LiveMetrics metrics;
-  metrics.OnFinished(Finished(FinishReason::kStop));
+  Finish(metrics, Finished(FinishReason::kStop));
   const std::string text = metrics.Scrape({1, 2, 3, 4, 10});
   const std::regex sample(
       R"(^[a-zA-Z_:][a-zA-Z0-9_:]*(\{[a-zA-Z_][a-zA-Z0-9_]*="[^"]*"(,[a-zA-Z_][a-zA-Z0-9_]*="[^"]*")*\})? [-+]?([0-9.eE+-]+|Inf|NaN)$)");

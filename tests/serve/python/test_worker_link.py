@@ -27,7 +27,7 @@ from conftest import DUET, cluster_file, has_ucx, health, wait_for, wait_up, wor
 SECRET = "a test secret for the worker link"
 # The worker link protocol this build speaks (backend/cluster/wire.h kWireVersion); from 2 on a
 # hello carries a nonce and the worker proves the secret.
-VERSION = 3
+VERSION = 4
 PROMPT = "Tell me a story about the sea"
 
 
@@ -272,7 +272,7 @@ def test_a_hello_nested_a_million_deep_costs_only_its_connection(tiny_model, sta
     before = health(s)
     host, port = worker_address(s).split(":")
     body = b"\x91" * 1_000_000 + b"\x01"
-    for version in (1, 2, VERSION):  # whichever the server speaks
+    for version in (1, 2, 3, VERSION):  # whichever the server speaks
         with socket.create_connection((host, int(port)), timeout=10) as c:
             try:
                 c.sendall(frame(HELLO, body, version))
