@@ -327,9 +327,10 @@ template <typename T>
 Result<T> PartFromJson(const json& j, const std::vector<PartField<T>>& fields,
                        const std::string& where) {
   if (!j.is_object()) return Status::Error(where + ": must be a map");
-  for (const auto& [key, value] : j.items()) {
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    const std::string& key = it.key();
     if (std::none_of(fields.begin(), fields.end(),
-                     [&](const PartField<T>& f) { return key == f.key; }))
+                     [&key](const PartField<T>& f) { return key == f.key; }))
       return FieldError(where, key, "is not a field of this message");
   }
   T t;
@@ -482,9 +483,9 @@ json RequestToJson(const Request& r) {
 
 Result<Request> RequestFromJson(const json& j, const std::string& where) {
   if (!j.is_object()) return Status::Error(where + ": must be a map");
-  for (const auto& [key, value] : j.items()) {
-    if (key != "spec" && key != "record" && key != "progress")
-      return FieldError(where, key, "is not a part of a request (spec, record, progress)");
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    if (it.key() != "spec" && it.key() != "record" && it.key() != "progress")
+      return FieldError(where, it.key(), "is not a part of a request (spec, record, progress)");
   }
   Request r;
   for (const char* part : {"spec", "record", "progress"}) {
