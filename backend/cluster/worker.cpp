@@ -12,6 +12,7 @@
 
 #include "backend/cluster/connection.h"
 #include "backend/cluster/link_auth.h"
+#include "backend/cluster/link_faults.h"
 #include "backend/cluster/wire.h"
 #include "backend/engine/engine_thread.h"
 
@@ -33,8 +34,9 @@ class WorkerLink final : public policies::Outbox, public policies::EventSink {
   WorkerLink(InstanceRole role, std::int64_t vocab_size, WorkerKvTransport& transport)
       : role_(role), vocab_size_(vocab_size), transport_(transport) {}
 
-  void Attach(Connection* connection, EngineThread* engine) {
-    connection_ = connection;
+  // `send`: the connection's send path (with the test-only faults, link_faults.h).
+  void Attach(FaultInjectingLink* send, EngineThread* engine) {
+    send_ = send;
     engine_ = engine;
   }
 
@@ -50,7 +52,7 @@ class WorkerLink final : public policies::Outbox, public policies::EventSink {
       leases_.insert(message.request->id);
     }
     FlushEvents();  // keeps this message after the events that came before it
-    connection_->Send(MessageKind::kEngine, EncodeEngine(w));
+    (*send_)(MessageKind::kEngine, EncodeEngine(w));
   }
 
   // --- EventSink (engine thread): buffered, sent after each iteration, but for the token a
@@ -110,7 +112,7 @@ class WorkerLink final : public policies::Outbox, public policies::EventSink {
                  s.message().c_str());
     if (header.kind != MessageKind::kEngine) return;
     if (const auto id = EngineRequestId(body))
-      connection_->Send(MessageKind::kRefused, EncodeRefused({*id, s.message()}));
+      (*send_)(MessageKind::kRefused, EncodeRefused({*id, s.message()}));
   }
 
   // When the link is lost: ends everything held, so the engine thread stops at once.
@@ -165,7 +167,7 @@ class WorkerLink final : public policies::Outbox, public policies::EventSink {
   void FlushEvents() {
     if (events_.events.empty()) return;
     events_.load = engine_->load();
-    connection_->Send(MessageKind::kEvents, EncodeEvents(events_));
+    (*send_)(MessageKind::kEvents, EncodeEvents(events_));
     events_.events.clear();
   }
 
@@ -248,7 +250,7 @@ class WorkerLink final : public policies::Outbox, public policies::EventSink {
   const InstanceRole role_;
   const std::int64_t vocab_size_;
   WorkerKvTransport& transport_;
-  Connection* connection_ = nullptr;
+  FaultInjectingLink* send_ = nullptr;
   EngineThread* engine_ = nullptr;
   Events events_;                      // engine thread
   std::vector<RequestId> handed_off_;  // engine thread
@@ -313,6 +315,9 @@ Status RunWorker(std::unique_ptr<ForwardModel> model, const WorkerOptions& optio
   // leaves the model cold, not unusable: each step that fails later ends its own requests.
   (void)WarmUp(*model, WarmUpPrompt(*model));
 
+  auto fault = LinkFaultFromEnvironment();  // tests only
+  if (!fault.ok()) return fault.status();
+
   // Register: hello, then the frontend's welcome.
   auto fd = ConnectTo(options.frontend, options.connect_timeout_s);
   if (!fd.ok()) return Status::Error("reaching the frontend: " + fd.error());
@@ -360,7 +365,11 @@ Status RunWorker(std::unique_ptr<ForwardModel> model, const WorkerOptions& optio
   Connection connection(
       *fd, [&link](const FrameHeader& h, std::string body) { link.OnFrame(h, body); },
       [&link](const std::string& why) { link.Lost(why); });
-  link.Attach(&connection, &engine);
+  FaultInjectingLink send(
+      [&connection](MessageKind kind, const std::string& body) { connection.Send(kind, body); },
+      std::move(*fault));
+  send.SetInstance(welcome->instance);
+  link.Attach(&send, &engine);
   connection.Start();
   engine.Start();
   std::fprintf(stderr, "duet worker: instance %d (%s), pid %d, KV over %s\n", welcome->instance,
@@ -368,7 +377,7 @@ Status RunWorker(std::unique_ptr<ForwardModel> model, const WorkerOptions& optio
                (*transport)->path().c_str());
 
   const bool shutdown = link.WaitShutdown(welcome->heartbeat_interval_s, [&] {
-    connection.Send(MessageKind::kHeartbeat, EncodeHeartbeat(engine.load()));
+    send(MessageKind::kHeartbeat, EncodeHeartbeat(engine.load()));
   });
   if (!shutdown) link.AbandonAll();
   engine.Stop();  // serves what it holds to the end (nothing, once abandoned)

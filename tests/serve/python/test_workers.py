@@ -5,7 +5,7 @@ request moved to a survivor), the survivors hold no KV block and no lease afterw
 /metrics say which worker is down, and a worker started again by hand rejoins its slot and
 serves; `duet serve` starts a worker of its own again when it dies, as often as
 --worker-restarts allows. A malformed message from a worker costs that worker, never the
-server."""
+server; so does a worker link that corrupts a frame or goes silent (the link's fault wrapper)."""
 
 import os
 import signal
@@ -179,6 +179,31 @@ def test_sigkill_a_prefill_worker_with_requests_queued_on_it(tiny_model, start_s
     os.kill(workers[0]["pid"], signal.SIGKILL)
     m = check_after_fault(s, streams, expected, lost=0)
     assert m["duet:requests_retried_total"] >= 1, s.stderr()
+    assert s.stop() == 0, s.stderr()
+
+
+@pytest.mark.parametrize("fault", ["corrupt", "silence"])
+def test_a_worker_link_fault_moves_its_requests(fault, slow_model, start_server, tmp_path,
+                                                monkeypatch):
+    """A decode worker whose link corrupts one of its events frames (a body the frontend cannot
+    decode) or goes silent from one on (a partition: no events, no heartbeats) costs that
+    worker, never a stream: its requests move to the other decode worker and complete with the
+    colocated text. The faults come from the worker link's fault wrapper
+    (backend/cluster/link_faults.h), through its test-only hook."""
+    expected = reference(slow_model, SLOW_MAX_TOKENS, start_server)
+    spec = tmp_path / "link-fault"
+    spec.write_text(f"1 {fault} 3")  # instance 1's third events frame
+    monkeypatch.setenv("DUET_FAULT_INJECTION_WORKER_LINK", str(spec))  # its workers inherit it
+    s = start_server(slow_model, "--threads", "1", "--ucx-tls", "tcp", "--router", "round-robin",
+                     "--cluster", cluster_file(tmp_path, 1, 2), "--worker-restarts", "0")
+    streams = Streams(s, SLOW_MAX_TOKENS)
+    m = check_after_fault(s, streams, expected, lost=1)
+    assert not spec.exists()  # the fault fired, once
+    assert streams.tokens == [SLOW_MAX_TOKENS + 1] * len(PROMPTS), streams.tokens
+    assert m["duet:requests_retried_total"] >= 1, s.stderr()
+    log = s.stderr()
+    assert "fault injection: events frame 3" in log, log
+    assert "worker 1 (decode, pid" in log and ") lost" in log, log
     assert s.stop() == 0, s.stderr()
 
 
