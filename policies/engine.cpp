@@ -69,6 +69,7 @@ void InstanceEngine::Run() {
 }
 
 bool InstanceEngine::RunOnce() {
+  retired_.clear();
   TakeEvents();
   const Seconds now = ports_.clock->Now();
   StartPulls(now);
@@ -156,14 +157,16 @@ bool InstanceEngine::PrepareExecution(Seconds now) {
 }
 
 void InstanceEngine::HandleMessage(const EngineMessage& message) {
-  Request* r = message.request;
   switch (message.kind) {
-    case EngineMessage::Kind::kNewRequest:
+    case EngineMessage::Kind::kNewRequest: {
+      Request* r = Hold(message.request);
       r->state = RequestState::kQueued;
       scheduler_.AddWaiting(r);
       if (scheduler_.lower_tiers()) arrived_.push_back(r);
       break;
-    case EngineMessage::Kind::kKvReady:
+    }
+    case EngineMessage::Kind::kKvReady: {
+      Request* r = Hold(message.request);
       if (early_aborts_.erase(r->id) > 0) {  // the client went away during the handoff
         ReleaseKv(message.from, r);
         Fail(r, ports_.clock->Now(), "aborted", FinishReason::kAbort);
@@ -171,6 +174,7 @@ void InstanceEngine::HandleMessage(const EngineMessage& message) {
       }
       pulls_waiting_.push_back({r, message.from, message.blocks, message.lease_expires_s});
       break;
+    }
     case EngineMessage::Kind::kKvRelease:
       // By id: the request may be gone by now. Nothing to do when its lease ended first.
       if (leases_.erase(message.request_id) > 0) blocks_.Free(message.request_id);
@@ -264,7 +268,7 @@ void InstanceEngine::PollTransfers(Seconds now) {
 }
 
 void InstanceEngine::ReleaseKv(InstanceId from, Request* r) {
-  EngineMessage m{EngineMessage::Kind::kKvRelease, r, config_.id};
+  EngineMessage m{EngineMessage::Kind::kKvRelease, nullptr, config_.id};
   m.request_id = r->id;
   ports_.outbox->Send(from, m);
 }
@@ -533,12 +537,13 @@ void InstanceEngine::FinishPrefill(Request* r, Seconds t, const SampledToken* to
         (r->input_tokens + config_.block_tokens - 1) / config_.block_tokens);
     DUET_CHECK(blocks_.Table(r->id).size() >= prompt_blocks);
     const auto table = blocks_.Table(r->id).first(prompt_blocks);
-    ports_.outbox->Send(r->decode_instance, {EngineMessage::Kind::kKvReady,
-                                             r,
-                                             config_.id,
-                                             0,
-                                             {table.begin(), table.end()},
-                                             lease_expires_s});
+    const InstanceId decode = r->decode_instance;
+    ports_.outbox->Send(decode, {EngineMessage::Kind::kKvReady,
+                                 Release(r),
+                                 config_.id,
+                                 0,
+                                 {table.begin(), table.end()},
+                                 lease_expires_s});
     return;
   }
   if (r->first_token_s < 0) {
@@ -580,6 +585,7 @@ void InstanceEngine::Complete(Request* r, Seconds t, FinishReason reason) {
   }
   blocks_.Free(r->id);
   ports_.sink->OnFinished(r->spec(), r->record());
+  Retire(r);
 }
 
 void InstanceEngine::Fail(Request* r, Seconds t, const std::string& reason, FinishReason finish) {
@@ -590,13 +596,37 @@ void InstanceEngine::Fail(Request* r, Seconds t, const std::string& reason, Fini
   scheduler_.RemoveRunning(r);
   blocks_.Free(r->id);
   ports_.sink->OnFinished(r->spec(), r->record());
+  Retire(r);
 }
+
+Request* InstanceEngine::Hold(std::shared_ptr<Request> request) {
+  DUET_CHECK_MSG(request != nullptr, "a new request or KV-ready message without its request");
+  Request* r = request.get();
+  const bool fresh = held_.emplace(r->id, std::move(request)).second;
+  DUET_CHECK_MSG(fresh, "request " + std::to_string(r->id) + " is already held by instance " +
+                            std::to_string(config_.id));
+  return r;
+}
+
+std::shared_ptr<Request> InstanceEngine::Release(Request* r) {
+  auto it = held_.find(r->id);
+  DUET_CHECK(it != held_.end() && it->second.get() == r);
+  std::shared_ptr<Request> handle = std::move(it->second);
+  held_.erase(it);
+  return handle;
+}
+
+void InstanceEngine::Retire(Request* r) { retired_.push_back(Release(r)); }
 
 Status InstanceEngine::CheckInvariants() const {
   DUET_RETURN_IF_ERROR(blocks_.CheckInvariants());
   if (idle() && blocks_.kv_blocks_used() != 0) {
     return Status::Error("instance " + std::to_string(config_.id) + " is idle but " +
                          std::to_string(blocks_.kv_blocks_used()) + " KV blocks are still in use");
+  }
+  if (idle() && !held_.empty()) {
+    return Status::Error("instance " + std::to_string(config_.id) + " is idle but still holds " +
+                         std::to_string(held_.size()) + " requests");
   }
   return Status::Ok();
 }

@@ -1,11 +1,13 @@
 // The engine loop of one serving instance, shared by the simulator and the real backend.
 // It owns the instance's KV block manager and batch scheduler, and acts on the world only
 // through ports (ports.h): messages in and out, the step executor, the KV transport, events.
-// It alone updates requests: the executor returns each step's result as a value, and tokens
-// leave through the event sink. Not thread-safe: one thread (or SimGrid actor) drives it.
+// It owns the requests it serves (handed over by messages) and alone updates them: the executor
+// returns each step's result as a value, and tokens and records leave through the event sink. Not
+// thread-safe: one thread (or SimGrid actor) drives it.
 #pragma once
 
 #include <deque>
+#include <memory>
 #include <string>
 #include <unordered_map>
 #include <unordered_set>
@@ -102,7 +104,8 @@ class InstanceEngine final : private LowerTierLookup, private StepEvents {
   const KvBlockManager& blocks() const { return blocks_; }
   const BatchScheduler& scheduler() const { return scheduler_; }
   std::int64_t steps() const { return steps_; }
-  // Block-manager invariants, plus: no request still holds blocks once the engine is idle.
+  // Block-manager invariants, plus: once the engine is idle, no request holds blocks and the
+  // engine holds no request.
   Status CheckInvariants() const;
 
  private:
@@ -155,9 +158,21 @@ class InstanceEngine final : private LowerTierLookup, private StepEvents {
   // Ends a served request: completed (stop or length) or failed (error or abort).
   void Complete(Request* r, Seconds t, FinishReason reason);
   void Fail(Request* r, Seconds t, const std::string& reason, FinishReason finish);
+  // Takes a request a message handed over; this engine owns it until it finishes or leaves.
+  Request* Hold(std::shared_ptr<Request> request);
+  // `r` left this engine (PD prefill: handed to the decode instance): its handle, for the
+  // message that carries it.
+  std::shared_ptr<Request> Release(Request* r);
+  // `r` finished here: freed at the start of the next iteration (nothing of this one reads it
+  // after, but the pointers still held until then stay valid).
+  void Retire(Request* r);
 
   EngineConfig config_;
   EnginePorts ports_;
+  // The requests this engine serves, by id (every Request* below points into one of them),
+  // and those that finished in this iteration.
+  std::unordered_map<RequestId, std::shared_ptr<Request>> held_;
+  std::vector<std::shared_ptr<Request>> retired_;
   KvBlockManager blocks_;
   BatchScheduler scheduler_;
   struct AnnouncedKv {  // PD decode: a kKvReady not yet pulled

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <limits>
+#include <memory>
 #include <span>
 #include <vector>
 
@@ -18,19 +19,21 @@ namespace duet::policies {
 
 inline constexpr Seconds kForever = std::numeric_limits<double>::infinity();
 
-// Messages between the frontend and instances. `request` points into the run's request table,
-// which outlives every instance (real transports carry the id and the fields they need).
+// Messages between the frontend and instances. kNewRequest and kKvReady hand a request over:
+// the receiving engine owns it from then on, and the sender keeps nothing of it that it reads
+// or writes again (what the sender wants to know comes back through the event sink). The other
+// kinds name a request by id. Worker processes carry the request by value on the wire.
 struct EngineMessage {
   enum class Kind {
     kNewRequest,  // frontend -> prefill or colocated instance
     kKvReady,     // PD: prefill instance -> decode instance: KV of `request` can be pulled
-    kKvRelease,   // PD: decode instance -> prefill instance: KV of `request` has arrived
+    kKvRelease,   // PD: decode instance -> prefill instance: KV of `request_id` has arrived
     kShutdown,    // frontend -> instance: no more work will come
     kAbort,       // frontend -> instance: stop serving `request_id` and free its blocks (the
                   // client went away); no effect once it finished
   };
   Kind kind = Kind::kNewRequest;
-  Request* request = nullptr;
+  std::shared_ptr<Request> request;  // kNewRequest, kKvReady
   InstanceId from = kNoInstance;
   RequestId request_id = 0;  // kAbort, kKvRelease
   // kKvReady: the prefill instance's blocks holding the request's KV, in position order.

@@ -3,6 +3,7 @@
 // instance.
 #include <algorithm>
 #include <limits>
+#include <memory>
 
 #include "policies/admission.h"
 #include "policies/block_hash.h"
@@ -126,7 +127,14 @@ void RunFrontend(World& w) {
     r.router_score = d.score;
     LookUpPooled(w, r);
     r.state = RequestState::kQueued;
-    outbox.Send(d.prefill, {EngineMessage::Kind::kNewRequest, &r, policies::kNoInstance});
+    // The engine serves a copy of its own; the record comes back through the sink. The prefix
+    // hashes move with it, unless a later turn of the session still reads them here.
+    std::vector<policies::BlockHash> hashes;
+    if (w.arrivals->continuations_left(k) == 0) hashes.swap(r.block_hashes);
+    auto sent = std::make_shared<Request>(r);
+    if (!hashes.empty()) sent->block_hashes = std::move(hashes);
+    outbox.Send(d.prefill,
+                {EngineMessage::Kind::kNewRequest, std::move(sent), policies::kNoInstance});
   };
 
   traces::Arrivals& arrivals = *w.arrivals;

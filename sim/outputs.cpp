@@ -18,6 +18,9 @@ void SimSink::OnFinished(const policies::RequestSpec& spec, const policies::Requ
   // Mooncake request.
   const std::size_t k = world_.request_index.at(spec.id);
   Request& r = world_.requests[k];
+  // The table keeps what the frontend sent and, from now on, the record the engine reports
+  // (the frontend's own rejections report the table's entry itself).
+  if (&record != &r.record()) r.record() = record;
   if (world_.arrivals->continuations_left(k) == 0) {
     std::vector<policies::BlockHash>().swap(r.block_hashes);
   } else if (world_.pooled && !world_.cluster.pd() && record.state == RequestState::kCompleted) {

@@ -155,7 +155,9 @@ struct World {
   const traces::Trace& trace;
   const SimOptions& options;
   Platform platform;
-  std::vector<Request> requests;                                       // the trace's, in its order
+  // The trace's requests, in its order, as the frontend sent them, each with its final record
+  // once it finished (the engines serve copies of their own).
+  std::vector<Request> requests;
   std::unordered_map<policies::RequestId, std::size_t> request_index;  // id -> requests[index]
   std::vector<std::unique_ptr<models::StepCostModel>> costs;
   std::vector<std::unique_ptr<SimPorts>> ports;

@@ -118,7 +118,7 @@ class WorkerLink final : public policies::Outbox, public policies::EventSink {
   // When the link is lost: ends everything held, so the engine thread stops at once.
   void AbandonAll() {
     std::lock_guard lock(mu_);
-    for (const auto& [id, r] : requests_) {
+    for (RequestId id : requests_) {
       EngineMessage m{EngineMessage::Kind::kAbort, nullptr, policies::kNoInstance};
       m.request_id = id;
       engine_->inbox().Post(m);
@@ -208,9 +208,8 @@ class WorkerLink final : public policies::Outbox, public policies::EventSink {
       if (requests_.count(r.id)) {
         return Status::Error("request " + std::to_string(r.id) + " is already held here");
       }
-      auto owned = std::make_unique<Request>(std::move(r));
-      m.request = owned.get();
-      requests_.emplace(owned->id, std::move(owned));
+      requests_.insert(r.id);
+      m.request = std::make_shared<Request>(std::move(r));  // the engine's from now on
     }
     engine_->inbox().Post(m);
     return Status::Ok();
@@ -257,8 +256,8 @@ class WorkerLink final : public policies::Outbox, public policies::EventSink {
 
   std::mutex mu_;  // guards what follows
   std::condition_variable cv_;
-  std::unordered_map<RequestId, std::unique_ptr<Request>> requests_;
-  std::unordered_set<RequestId> leases_;  // KV held for a decode instance's pull
+  std::unordered_set<RequestId> requests_;  // handed to the engine, not finished or moved on
+  std::unordered_set<RequestId> leases_;    // KV held for a decode instance's pull
   bool shutdown_ = false;
   bool lost_ = false;
   std::string lost_why_;

@@ -1,7 +1,7 @@
 // In-process single-instance serving on the calling thread (see local_engine.h).
 #include "backend/engine/local_engine.h"
 
-#include <deque>
+#include <memory>
 #include <optional>
 #include <string>
 
@@ -33,50 +33,57 @@ LocalEngine::~LocalEngine() = default;
 
 std::vector<GenerationResult> LocalEngine::Generate(
     const std::vector<GenerationRequest>& requests) {
-  std::deque<Request> live;
-  const std::size_t finished_before = metrics_.finished();
   const policies::InstanceRole role = policies::InstanceRole::kColocated;
   const Tokens admissible =
       options_.scheduler.AdmissibleTokens(model_.num_blocks(), model_.block_tokens());
   const auto limits = policies::AdmissionLimits::For(
       {&role, 1}, {&admissible, 1}, model_.config().max_position_embeddings, model_.config().name);
   std::vector<GenerationResult> results(requests.size());
-  std::size_t rejected = 0;
   for (std::size_t i = 0; i < requests.size(); ++i) {
-    Request& r = live.emplace_back();
-    r.id = next_id_++;
-    r.arrival_s = clock_.Now();
-    r.input_tokens = static_cast<Tokens>(requests[i].prompt.size());
-    r.output_tokens = requests[i].max_tokens;
-    r.prompt_ids = requests[i].prompt;
-    r.sampling = requests[i].sampling;
-    r.prefill_instance = r.decode_instance = 0;
+    auto r = std::make_shared<Request>();
+    r->id = next_id_++;
+    r->arrival_s = clock_.Now();
+    r->input_tokens = static_cast<Tokens>(requests[i].prompt.size());
+    r->output_tokens = requests[i].max_tokens;
+    r->prompt_ids = requests[i].prompt;
+    r->sampling = requests[i].sampling;
+    r->prefill_instance = r->decode_instance = 0;
     std::optional<std::string> too_long;
-    if (r.input_tokens < 1 || r.output_tokens < 1) {
+    if (r->input_tokens < 1 || r->output_tokens < 1) {
       too_long = "empty: needs a prompt token and an output token at least";
     } else {
-      too_long = limits.Check(r.input_tokens, r.output_tokens);
+      too_long = limits.Check(r->input_tokens, r->output_tokens);
     }
     if (too_long) {
-      r.state = policies::RequestState::kRejected;
-      r.reason = std::move(*too_long);
-      results[i].record = r.record();
-      ++rejected;
+      r->state = policies::RequestState::kRejected;
+      r->reason = std::move(*too_long);
+      results[i].record = r->record();
       continue;
     }
-    r.block_hashes = policies::TokenBlockHashes(r.prompt_ids, model_.block_tokens());
-    inbox_.Post({EngineMessage::Kind::kNewRequest, &r, policies::kNoInstance});
+    r->block_hashes = policies::TokenBlockHashes(r->prompt_ids, model_.block_tokens());
+    serving_.emplace(r->id, &results[i]);
+    inbox_.Post({EngineMessage::Kind::kNewRequest, std::move(r), policies::kNoInstance});
   }
-  while (metrics_.finished() - finished_before < requests.size() - rejected) {
+  // The engine owns the requests now: their tokens and records come back through the sink.
+  while (!serving_.empty()) {
     DUET_CHECK_MSG(engine_->RunOnce(), "local engine stalled with requests unfinished");
   }
-  for (std::size_t i = 0; i < requests.size(); ++i) {
-    Request& r = live[i];
-    if (r.state == policies::RequestState::kRejected) continue;
-    results[i].tokens = r.output_ids;
-    results[i].record = r.record();
-  }
   return results;
+}
+
+void LocalEngine::OnFinished(const policies::RequestSpec& spec,
+                             const policies::RequestRecord& record) {
+  metrics_.OnFinished(spec, record);
+  auto it = serving_.find(spec.id);
+  DUET_CHECK(it != serving_.end());
+  it->second->record = record;
+  serving_.erase(it);
+}
+
+void LocalEngine::OnToken(const policies::RequestSpec& spec, const policies::RequestRecord&,
+                          std::int32_t token) {
+  serving_.at(spec.id)->tokens.push_back(token);
+  if (options_.on_token) options_.on_token(spec, token);
 }
 
 }  // namespace duet::backend

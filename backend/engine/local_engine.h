@@ -6,6 +6,7 @@
 
 #include <functional>
 #include <memory>
+#include <unordered_map>
 #include <vector>
 
 #include "backend/engine/realtime_ports.h"
@@ -49,9 +50,7 @@ class LocalEngine final : private policies::EventSink {
 
  private:
   void OnFinished(const policies::RequestSpec& spec,
-                  const policies::RequestRecord& record) override {
-    metrics_.OnFinished(spec, record);
-  }
+                  const policies::RequestRecord& record) override;
   void OnPrefillDone(const policies::RequestSpec&, const policies::RequestRecord&) override {}
   void OnTokenGaps(Seconds gap_s, std::int64_t count) override {
     metrics_.OnTokenGaps(gap_s, count);
@@ -60,10 +59,8 @@ class LocalEngine final : private policies::EventSink {
                    policies::InstanceId i) override {
     metrics_.OnPreempted(spec, record, i);
   }
-  void OnToken(const policies::RequestSpec& spec, const policies::RequestRecord&,
-               std::int32_t token) override {
-    if (options_.on_token) options_.on_token(spec, token);
-  }
+  void OnToken(const policies::RequestSpec& spec, const policies::RequestRecord& record,
+               std::int32_t token) override;
 
   ForwardModel& model_;
   LocalEngineOptions options_;
@@ -75,6 +72,8 @@ class LocalEngine final : private policies::EventSink {
   policies::MetricsCollector metrics_;
   std::unique_ptr<policies::InstanceEngine> engine_;
   policies::RequestId next_id_ = 0;
+  // The results of the requests the engine serves now, by id (filled from the sink).
+  std::unordered_map<policies::RequestId, GenerationResult*> serving_;
 };
 
 }  // namespace duet::backend

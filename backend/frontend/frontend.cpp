@@ -357,7 +357,9 @@ Admission LiveFrontend::Submit(LiveRequest request, std::shared_ptr<RequestListe
   entry.max_tokens = request.max_tokens;
   s.entries.emplace(id, std::move(entry));
   ++s.pending;
-  s.outbox->Send(d.prefill, {EngineMessage::Kind::kNewRequest, raw, policies::kNoInstance});
+  // The instance serves a copy of its own; what becomes of it comes back through its sink.
+  s.outbox->Send(d.prefill, {EngineMessage::Kind::kNewRequest, std::make_shared<Request>(*raw),
+                             policies::kNoInstance});
   return {AdmitStatus::kAccepted, id, ""};
 }
 

@@ -31,10 +31,10 @@ class Instance {
 struct LiveFrontend::Impl {
   // A request, from Submit until the instance that served it has finished with it. Keyed by
   // the id of its current attempt: the client's id, or (after its worker was lost) a new id
-  // per retry. Engine threads: the engine owns `request` while serving it. Worker processes:
-  // `request` is the frontend's mirror (the worker holds its own copy), its record updated
-  // from the worker's events (but for the route) and its output_ids extended by every token
-  // delivered.
+  // per retry. `request` is what the frontend sent (the engine serving it holds a copy of its
+  // own). Worker processes: it is the frontend's mirror, its record updated from the worker's
+  // events (but for the route) and its output_ids extended by every token delivered, for a
+  // retry.
   struct Entry {
     std::unique_ptr<policies::Request> request;
     std::shared_ptr<RequestListener> listener;

@@ -197,8 +197,8 @@ void Retry(Impl& s, RequestId id, std::vector<Ending>* endings) {
   s.retried[moved.client_id] = raw->id;
   s.entries.emplace(raw->id, std::move(moved));
   ++s.requests_retried;
-  s.outbox->Send(raw->prefill_instance,
-                 {EngineMessage::Kind::kNewRequest, raw, policies::kNoInstance});
+  s.outbox->Send(raw->prefill_instance, {EngineMessage::Kind::kNewRequest,
+                                         std::make_shared<Request>(*raw), policies::kNoInstance});
 }
 
 // Tells the listeners of the entries EndHere ended. Caller does not hold s.mu.

@@ -106,6 +106,12 @@ EngineConfig Config(InstanceId id, InstanceRole role, bool coalesce = true) {
   return c;
 }
 
+// A request lent to an engine: the test keeps it, to look at it after the run (an engine owns
+// the requests a message hands it; this handle frees nothing).
+std::shared_ptr<Request> Lend(Request& r) {
+  return {&r, [](Request*) {}};
+}
+
 Request MakeRequest(RequestId id, Seconds arrival, Tokens input, Tokens output) {
   Request r;
   r.id = id;
@@ -122,9 +128,10 @@ TEST(InstanceEngine, ColocatedTimelineFollowsTheSteps) {
   Collector& sink = solo.sink;
   InstanceEngine engine(Config(0, InstanceRole::kColocated),
                         {&clock, &ports, &ports, &ports, &ports, &sink});
-  Request r = MakeRequest(7, 0, 100, 4);
-  r.prefill_instance = r.decode_instance = 0;
-  ports.inbox.push_back({EngineMessage::Kind::kNewRequest, &r, kNoInstance});
+  // Handed over: the engine owns the request, and its record comes back through the sink.
+  auto r = std::make_shared<Request>(MakeRequest(7, 0, 100, 4));
+  r->prefill_instance = r->decode_instance = 0;
+  ports.inbox.push_back({EngineMessage::Kind::kNewRequest, std::move(r), kNoInstance});
   while (engine.RunOnce()) {
   }
   ASSERT_EQ(sink.finished_records.size(), 1u);
@@ -164,7 +171,8 @@ std::vector<FinishedRequest> RunColocated(bool coalesce, int* execute_calls) {
   std::size_t next = 0;
   while (sink.finished_records.size() < requests.size()) {
     while (next < requests.size() && requests[next].arrival_s <= clock.now) {
-      ports.inbox.push_back({EngineMessage::Kind::kNewRequest, &requests[next++], kNoInstance});
+      ports.inbox.push_back(
+          {EngineMessage::Kind::kNewRequest, Lend(requests[next++]), kNoInstance});
     }
     ports.interrupt_at = next < requests.size() ? requests[next].arrival_s : kForever;
     if (!engine.RunOnce()) {
@@ -221,7 +229,7 @@ TEST(InstanceEngine, PdHandsTheKvFromPrefillToDecode) {
   r.block_hashes = {1, 2, 3, 4};
   r.prefill_instance = 0;
   r.decode_instance = 1;
-  p_ports.inbox.push_back({EngineMessage::Kind::kNewRequest, &r, kNoInstance});
+  p_ports.inbox.push_back({EngineMessage::Kind::kNewRequest, Lend(r), kNoInstance});
   EXPECT_TRUE(prefill.RunOnce());  // prefill: 10 + 64 ms
   EXPECT_EQ(r.state, RequestState::kTransferring);
   EXPECT_NEAR(r.prefill_done_s, 0.074, 1e-12);
@@ -279,7 +287,7 @@ struct PdPair {
   void Submit(Request& r) {
     r.prefill_instance = 0;
     r.decode_instance = 1;
-    p_ports.inbox.push_back({EngineMessage::Kind::kNewRequest, &r, kNoInstance});
+    p_ports.inbox.push_back({EngineMessage::Kind::kNewRequest, Lend(r), kNoInstance});
   }
 };
 
@@ -404,7 +412,7 @@ TEST(InstanceEngine, OneTokenRequestsFinishOnThePrefillInstance) {
   Request r = MakeRequest(1, 0, 20, 1);
   r.prefill_instance = 0;
   r.decode_instance = 5;  // never contacted
-  ports.inbox.push_back({EngineMessage::Kind::kNewRequest, &r, kNoInstance});
+  ports.inbox.push_back({EngineMessage::Kind::kNewRequest, Lend(r), kNoInstance});
   EXPECT_TRUE(prefill.RunOnce());
   EXPECT_EQ(r.state, RequestState::kCompleted);
   EXPECT_NEAR(r.first_token_s, 0.030, 1e-12);
@@ -507,7 +515,7 @@ TEST(InstanceEngine, TokensLeaveThroughTheSinkAndAStopTokenEndsTheRequest) {
   stops.sampling.stop_token_ids = {TokenPorts::TokenFor(stops, 22)};
   Request runs = RealRequest(2, 30, 4);
   for (Request* r : {&stops, &runs})
-    solo.ports.inbox.push_back({EngineMessage::Kind::kNewRequest, r, kNoInstance});
+    solo.ports.inbox.push_back({EngineMessage::Kind::kNewRequest, Lend(*r), kNoInstance});
   while (engine.RunOnce()) {
   }
   EXPECT_EQ(stops.state, RequestState::kCompleted);
@@ -538,10 +546,10 @@ TEST(InstanceEngine, RealExecutorsRunSingleStepsAndNewWorkJoinsAtTheNextBoundary
       Config(0, InstanceRole::kColocated),
       {&solo.clock, &solo.ports, &solo.ports, &solo.ports, &solo.ports, &solo.sink});
   Request a = RealRequest(1, 16, 8), b = RealRequest(2, 16, 2);
-  solo.ports.inbox.push_back({EngineMessage::Kind::kNewRequest, &a, kNoInstance});
+  solo.ports.inbox.push_back({EngineMessage::Kind::kNewRequest, Lend(a), kNoInstance});
   ASSERT_TRUE(engine.RunOnce());  // a's prefill
   ASSERT_TRUE(engine.RunOnce());  // a's first decode step
-  solo.ports.inbox.push_back({EngineMessage::Kind::kNewRequest, &b, kNoInstance});
+  solo.ports.inbox.push_back({EngineMessage::Kind::kNewRequest, Lend(b), kNoInstance});
   ASSERT_TRUE(engine.RunOnce());  // b joins this very step
   const StepPlan& joined = solo.ports.plans.back();
   ASSERT_EQ(joined.prefills.size(), 1u);
@@ -565,7 +573,7 @@ TEST(InstanceEngine, AbortEndsWaitingAndRunningRequestsAndFreesTheirBlocks) {
       config, {&solo.clock, &solo.ports, &solo.ports, &solo.ports, &solo.ports, &solo.sink});
   Request a = RealRequest(1, 40, 50), b = RealRequest(2, 40, 50);
   for (Request* r : {&a, &b})
-    solo.ports.inbox.push_back({EngineMessage::Kind::kNewRequest, r, kNoInstance});
+    solo.ports.inbox.push_back({EngineMessage::Kind::kNewRequest, Lend(*r), kNoInstance});
   ASSERT_TRUE(engine.RunOnce());
   ASSERT_TRUE(engine.RunOnce());
   EXPECT_EQ(b.state, RequestState::kQueued);
@@ -600,7 +608,7 @@ TEST(InstanceEngine, AnAbortTakenDuringAStepWaitsForItsEnd) {
       Config(0, InstanceRole::kColocated),
       {&solo.clock, &solo.ports, &solo.ports, &solo.ports, &solo.ports, &solo.sink});
   Request a = RealRequest(1, 20, 30);
-  solo.ports.inbox.push_back({EngineMessage::Kind::kNewRequest, &a, kNoInstance});
+  solo.ports.inbox.push_back({EngineMessage::Kind::kNewRequest, Lend(a), kNoInstance});
   ASSERT_TRUE(engine.RunOnce());
   ASSERT_TRUE(engine.RunOnce());
   // An executor that lets the engine take events mid-step (as the simulated one does while it
@@ -641,7 +649,7 @@ TEST(InstanceEngine, PublishedKvEventsRebuildTheCacheViewExactly) {
   while (next < requests.size() || !engine.idle()) {
     if (next < requests.size())
       solo.ports.inbox.push_back(
-          {EngineMessage::Kind::kNewRequest, &requests[next++], kNoInstance});
+          {EngineMessage::Kind::kNewRequest, Lend(requests[next++]), kNoInstance});
     engine.RunOnce();
     for (const Request& probe : requests) {
       EXPECT_EQ(
