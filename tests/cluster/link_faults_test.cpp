@@ -5,6 +5,7 @@
 #include "backend/cluster/link_faults.h"
 
 #include <gtest/gtest.h>
+#include <stdlib.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -40,21 +41,37 @@ struct Sent {
   }
 };
 
-// A fault file of this test's own (removed when the fault fires).
-std::string FaultFile(const char* text) {
+// The fault a file of this test's own asks for, read as `duet worker` reads it (through the
+// environment); the file is removed when the fault fires.
+LinkFault Armed(const char* text) {
   const auto path = std::filesystem::temp_directory_path() /
                     ("duet_link_fault_" + std::to_string(::getpid()) + "_" +
                      ::testing::UnitTest::GetInstance()->current_test_info()->name());
   std::ofstream(path) << text;
-  return path.string();
+  ::setenv(kWorkerLinkFaultEnv, path.c_str(), 1);
+  auto fault = LinkFaultFromEnvironment();
+  ::unsetenv(kWorkerLinkFaultEnv);
+  EXPECT_TRUE(fault.ok() && *fault) << (fault.ok() ? "none" : fault.error());
+  return fault.ok() && *fault ? **fault : LinkFault{};
+}
+
+TEST(LinkFaults, TheHookIsOffUnsetAndAnErrorForAFileItCannotRead) {
+  ::unsetenv(kWorkerLinkFaultEnv);
+  auto none = LinkFaultFromEnvironment();
+  ASSERT_TRUE(none.ok());
+  EXPECT_FALSE(*none);
+  ::setenv(kWorkerLinkFaultEnv, "/nonexistent/duet-link-fault", 1);
+  auto missing = LinkFaultFromEnvironment();
+  ::unsetenv(kWorkerLinkFaultEnv);
+  ASSERT_FALSE(missing.ok());
+  EXPECT_NE(missing.error().find("/nonexistent/duet-link-fault: cannot read"), std::string::npos)
+      << missing.error();
 }
 
 TEST(LinkFaults, CorruptSpoilsTheNthEventsFrameOnceAndRemovesTheFile) {
   Sent sent;
-  auto fault = ParseLinkFault("1 corrupt 2", "f");
-  ASSERT_TRUE(fault.ok());
-  fault->path = FaultFile("1 corrupt 2");
-  FaultInjectingLink link(sent.sender(), *fault);
+  const LinkFault fault = Armed("1 corrupt 2");
+  FaultInjectingLink link(sent.sender(), fault);
   link.SetInstance(1);
   const std::string body = EncodeHeartbeat({});
   for (int i = 0; i < 4; ++i) {
@@ -68,15 +85,13 @@ TEST(LinkFaults, CorruptSpoilsTheNthEventsFrameOnceAndRemovesTheFile) {
     EXPECT_EQ(sent.frames[i].second.size(), body.size()) << i;
   }
   EXPECT_FALSE(ParseEvents(sent.frames[3].second).ok());
-  EXPECT_FALSE(std::filesystem::exists(fault->path));
+  EXPECT_FALSE(std::filesystem::exists(fault.path));
 }
 
 TEST(LinkFaults, SilenceStopsEverythingFromTheNthEventsFrameOn) {
   Sent sent;
-  auto fault = ParseLinkFault("0 silence 2", "f");
-  ASSERT_TRUE(fault.ok());
-  fault->path = FaultFile("0 silence 2");
-  FaultInjectingLink link(sent.sender(), *fault);
+  const LinkFault fault = Armed("0 silence 2");
+  FaultInjectingLink link(sent.sender(), fault);
   link.SetInstance(0);
   link(MessageKind::kEvents, "a");
   link(MessageKind::kHeartbeat, "b");
@@ -85,7 +100,7 @@ TEST(LinkFaults, SilenceStopsEverythingFromTheNthEventsFrameOn) {
   link(MessageKind::kEngine, "e");
   ASSERT_EQ(sent.frames.size(), 2u);
   EXPECT_EQ(sent.frames[1].second, "b");
-  EXPECT_FALSE(std::filesystem::exists(fault->path));
+  EXPECT_FALSE(std::filesystem::exists(fault.path));
 }
 
 TEST(LinkFaults, AnotherInstanceAndNoFaultSendEverything) {
