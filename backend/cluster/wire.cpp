@@ -144,44 +144,10 @@ Result<std::uint64_t> U64(const json& e, const std::string& where, const std::st
   return FieldError(where, key, "must be an unsigned 64-bit integer (got " + DescribeJson(e) + ")");
 }
 
-// The load's fields by name, with the most each may say.
-struct LoadField {
-  const char* key;
-  std::int64_t* field;
-  std::int64_t max;
-};
-std::vector<LoadField> LoadFields(policies::InstanceLoad& e) {
-  return {{"waiting", &e.waiting, kMaxLoadRequests},
-          {"running", &e.running, kMaxLoadRequests},
-          {"kv_used", &e.kv_blocks_used, kMaxLoadBlocks},
-          {"kv_free", &e.kv_blocks_free, kMaxLoadBlocks},
-          {"kv_total", &e.kv_blocks_total, kMaxLoadBlocks},
-          {"leases_held", &e.leases_held, kMaxLoadRequests},
-          {"leases_expired", &e.leases_expired, kMaxLoadCounter},
-          {"load_failures", &e.kv_load_failures, kMaxLoadCounter},
-          {"load_recomputes", &e.kv_load_recomputes, kMaxLoadCounter},
-          {"forward_failures", &e.forward_failures, kMaxLoadCounter}};
-}
-
-json LoadToJson(policies::InstanceLoad l) {
-  json j = json::object();
-  for (const LoadField& f : LoadFields(l)) j[f.key] = *f.field;
-  return j;
-}
-
-Result<policies::InstanceLoad> LoadFromJson(const json& j, const std::string& where) {
-  if (!j.is_object()) return Status::Error(where + ": must be a map");
-  policies::InstanceLoad l;
-  for (const LoadField& f : LoadFields(l)) {
-    DUET_WIRE_TRY(v, JsonIntIn(j, f.key, 0, f.max, where));
-    *f.field = v;
-  }
-  return l;
-}
-
-// One field of a request part: its key, its writer and its bounded reader. Each part (spec,
-// record, progress, sampling) lists its fields once, below; both directions walk that list, so
-// a field cannot be written and forgotten on the way in, or the other way round.
+// One field of a message part: its key, its writer and its bounded reader. Each part (a
+// request's spec, record, progress and sampling; a worker's load) lists its fields once, below;
+// both directions walk that list, so a field cannot be written and forgotten on the way in, or
+// the other way round.
 template <typename T>
 struct PartField {
   const char* key;
@@ -426,6 +392,24 @@ const std::vector<PartField<policies::RequestProgress>>& ProgressFields() {
       IntList("loading_tokens", &P::loading_tokens, policies::kNumLowerTiers, 0, kMaxTokens),
       Int("offloaded_blocks", &P::offloaded_blocks, 0, kMaxTokens, 0),
       IntList("output_ids", &P::output_ids, static_cast<std::size_t>(kMaxTokens), 0, kMaxInt32),
+  };
+  return fields;
+}
+
+// The load a worker reports, each field required, with the most it may say.
+const std::vector<PartField<policies::InstanceLoad>>& LoadFields() {
+  using L = policies::InstanceLoad;
+  static const std::vector<PartField<L>> fields = {
+      Int("waiting", &L::waiting, 0, kMaxLoadRequests, std::nullopt),
+      Int("running", &L::running, 0, kMaxLoadRequests, std::nullopt),
+      Int("kv_used", &L::kv_blocks_used, 0, kMaxLoadBlocks, std::nullopt),
+      Int("kv_free", &L::kv_blocks_free, 0, kMaxLoadBlocks, std::nullopt),
+      Int("kv_total", &L::kv_blocks_total, 0, kMaxLoadBlocks, std::nullopt),
+      Int("leases_held", &L::leases_held, 0, kMaxLoadRequests, std::nullopt),
+      Int("leases_expired", &L::leases_expired, 0, kMaxLoadCounter, std::nullopt),
+      Int("load_failures", &L::kv_load_failures, 0, kMaxLoadCounter, std::nullopt),
+      Int("load_recomputes", &L::kv_load_recomputes, 0, kMaxLoadCounter, std::nullopt),
+      Int("forward_failures", &L::forward_failures, 0, kMaxLoadCounter, std::nullopt),
   };
   return fields;
 }
@@ -833,7 +817,7 @@ std::string EncodeEvents(const Events& events) {
     if (e.record) j["record"] = PartToJson(*e.record, RecordFields());
     list.push_back(std::move(j));
   }
-  return Pack({{"events", std::move(list)}, {"load", LoadToJson(events.load)}});
+  return Pack({{"events", std::move(list)}, {"load", PartToJson(events.load, LoadFields())}});
 }
 
 Result<Events> ParseEvents(std::string_view body) {
@@ -841,7 +825,7 @@ Result<Events> ParseEvents(std::string_view body) {
   DUET_WIRE_TRY(j, Unpack(body, "events"));
   Events out;
   if (!JsonHas(j, "load")) return FieldError(where, "load", "is missing");
-  DUET_WIRE_TRY(load, LoadFromJson(j.at("load"), where + ": load"));
+  DUET_WIRE_TRY(load, PartFromJson(j.at("load"), LoadFields(), where + ": load"));
   out.load = load;
   if (!JsonHas(j, "events") || !j.at("events").is_array())
     return FieldError(where, "events", "must be an array");
@@ -897,13 +881,13 @@ Result<Events> ParseEvents(std::string_view body) {
 }
 
 std::string EncodeHeartbeat(const policies::InstanceLoad& load) {
-  return Pack({{"load", LoadToJson(load)}});
+  return Pack({{"load", PartToJson(load, LoadFields())}});
 }
 
 Result<policies::InstanceLoad> ParseHeartbeat(std::string_view body) {
   DUET_WIRE_TRY(j, Unpack(body, "heartbeat"));
   if (!JsonHas(j, "load")) return FieldError("heartbeat", "load", "is missing");
-  return LoadFromJson(j.at("load"), "heartbeat: load");
+  return PartFromJson(j.at("load"), LoadFields(), "heartbeat: load");
 }
 
 std::string EncodeRefused(const Refusal& refusal) {

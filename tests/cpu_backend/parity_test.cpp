@@ -262,8 +262,7 @@ TEST_F(Parity, PreemptedRequestsGoOnWithTheTokensTheyGetAlone) {
   LocalEngine engine(*model, {});
   std::vector<GenerationRequest> batch;  // every case twice
   for (int copy = 0; copy < 2; ++copy) {
-    for (const Case& c : cases_)
-      batch.push_back({c.ids, static_cast<Tokens>(c.greedy.size()), {}});
+    for (const Case& c : cases_) batch.push_back({c.ids, static_cast<Tokens>(c.greedy.size()), {}});
   }
   const auto results = engine.Generate(batch);
   EXPECT_GT(engine.metrics().preemptions(), 0);
