@@ -205,7 +205,9 @@ class WorkerLink final : public policies::Outbox, public policies::EventSink {
     if (w->request) {
       Request& r = *w->request;
       if (Status s = CheckRequest(r, m.kind); !s.ok()) return s;
-      if (requests_.count(r.id)) {
+      // A prefill instance's lease keeps the request's KV blocks under its id until released:
+      // a request that came again with that id would trip the block manager's invariant.
+      if (requests_.count(r.id) || leases_.count(r.id)) {
         return Status::Error("request " + std::to_string(r.id) + " is already held here");
       }
       requests_.insert(r.id);

@@ -224,72 +224,98 @@ TEST_F(WorkerLink, ARequestThatCrashesEveryWorkerItReachesEndsWithAnError) {
     if (w->connection) w->connection->Close();
 }
 
-// The real worker (RunWorker) against a frontend played by the test: a message it cannot take
-// costs only the request it names.
-TEST_F(WorkerLink, AWorkerRefusesAMessageItCannotTakeAndServesOn) {
-  auto listener = cluster::Listener::Open("127.0.0.1", 0);
-  ASSERT_TRUE(listener.ok()) << listener.error();
-  cluster::WorkerOptions options;
-  options.frontend = "127.0.0.1:" + std::to_string((*listener)->port());
-  options.secret = kSecret;
-  options.connect_timeout_s = 30;
-  Status ran = Status::Error("did not run");
-  std::thread worker([&] { ran = cluster::RunWorker(Model(64), options); });
-
-  // The frontend's side of the handshake.
-  const int fd = (*listener)->Accept(30);
-  ASSERT_GE(fd, 0);
-  auto hello = cluster::ReadFrame(fd, 30);
-  ASSERT_TRUE(hello.ok()) << hello.error();
-  cluster::Challenge challenge;
-  challenge.nonce = std::string(cluster::kNonceBytes, 'f');
-  challenge.proof =
-      cluster::LinkProof(kSecret, cluster::ProofSide::kFrontend, hello->body, challenge.nonce);
-  ASSERT_TRUE(
-      cluster::WriteFrame(fd, MessageKind::kChallenge, cluster::EncodeChallenge(challenge)).ok());
-  ASSERT_TRUE(cluster::ReadFrame(fd, 30).ok());  // its proof
-  cluster::Welcome welcome;
-  welcome.engine.scheduler.max_num_seqs = 8;
-  welcome.engine.kv_lease_s = 60;
-  ASSERT_TRUE(cluster::WriteFrame(fd, MessageKind::kWelcome, cluster::EncodeWelcome(welcome)).ok());
-  Inbox inbox;
-  cluster::Connection link(
-      fd, [&](const FrameHeader& h, std::string body) { inbox.Push(h.kind, std::move(body)); },
-      [&](const std::string&) { inbox.Closed(); });
-  link.Start();
-
-  auto new_request = [&](policies::RequestId id, float top_p) {
+// The real worker (RunWorker) on a thread, against a frontend played by the test: the
+// frontend's side of the handshake, then a link to send engine messages on.
+class RealWorker {
+ public:
+  RealWorker(std::unique_ptr<ForwardModel> model, cluster::WorkerOptions options) {
+    auto listener = cluster::Listener::Open("127.0.0.1", 0);
+    EXPECT_TRUE(listener.ok()) << listener.error();
+    options.frontend = "127.0.0.1:" + std::to_string((*listener)->port());
+    options.secret = kSecret;
+    options.connect_timeout_s = 30;
+    thread_ = std::thread([this, m = std::move(model), options]() mutable {
+      ran = cluster::RunWorker(std::move(m), options);
+    });
+    const int fd = (*listener)->Accept(30);
+    EXPECT_GE(fd, 0);
+    auto hello = cluster::ReadFrame(fd, 30);
+    EXPECT_TRUE(hello.ok()) << hello.error();
+    cluster::Challenge challenge;
+    challenge.nonce = std::string(cluster::kNonceBytes, 'f');
+    challenge.proof =
+        cluster::LinkProof(kSecret, cluster::ProofSide::kFrontend, hello->body, challenge.nonce);
+    EXPECT_TRUE(
+        cluster::WriteFrame(fd, MessageKind::kChallenge, cluster::EncodeChallenge(challenge)).ok());
+    EXPECT_TRUE(cluster::ReadFrame(fd, 30).ok());  // its proof
+    cluster::Welcome welcome;
+    welcome.engine.scheduler.max_num_seqs = 8;
+    welcome.engine.kv_lease_s = 60;
+    EXPECT_TRUE(
+        cluster::WriteFrame(fd, MessageKind::kWelcome, cluster::EncodeWelcome(welcome)).ok());
+    link = std::make_unique<cluster::Connection>(
+        fd, [this](const FrameHeader& h, std::string body) { inbox.Push(h.kind, std::move(body)); },
+        [this](const std::string&) { inbox.Closed(); });
+    link->Start();
+  }
+  ~RealWorker() {
+    if (thread_.joinable()) Stop();
+  }
+  // A new request of a 20-token prompt for 4 tokens, served by instance 0 (and `decode`).
+  void NewRequest(policies::RequestId id, std::vector<std::int32_t> prompt, float top_p,
+                  policies::InstanceId decode = 0) {
     policies::Request r;
     r.id = id;
-    r.prompt_ids = Prompt(20, static_cast<int>(id));
+    r.prompt_ids = std::move(prompt);
     r.input_tokens = 20;
     r.output_tokens = 4;
-    r.prefill_instance = r.decode_instance = 0;
+    r.prefill_instance = 0;
+    r.decode_instance = decode;
     r.sampling.top_p = top_p;
     cluster::WireEngineMessage w;
     w.message = {EngineMessage::Kind::kNewRequest, nullptr, policies::kNoInstance};
     w.message.request_id = id;
     w.request = r;
-    link.Send(MessageKind::kEngine, cluster::EncodeEngine(w));
-  };
-  // A top_p of 0 (what 1e-300 became as a float before the edge checked it).
-  new_request(7, 0.0f);
-  auto refusal = inbox.Next(MessageKind::kRefused);
-  if (!refusal) {
-    link.Close();
-    worker.join();
-    FAIL() << "the worker closed its link instead of refusing: " << ran.message();
+    link->Send(MessageKind::kEngine, cluster::EncodeEngine(w));
   }
-  auto parsed = cluster::ParseRefused(*refusal);
-  ASSERT_TRUE(parsed.ok()) << parsed.error();
-  EXPECT_EQ(parsed->request_id, 7u);
-  EXPECT_NE(parsed->reason.find("'top_p'"), std::string::npos) << parsed->reason;
+  // The refusal of the next message the worker refuses, or nullopt once the link closed.
+  std::optional<cluster::Refusal> NextRefusal() {
+    auto refusal = inbox.Next(MessageKind::kRefused);
+    if (!refusal) return std::nullopt;
+    auto parsed = cluster::ParseRefused(*refusal);
+    EXPECT_TRUE(parsed.ok()) << parsed.error();
+    return parsed.ok() ? std::optional(*parsed) : std::nullopt;
+  }
+  void Stop() {
+    cluster::WireEngineMessage shutdown;
+    shutdown.message = {EngineMessage::Kind::kShutdown, nullptr, policies::kNoInstance};
+    link->Send(MessageKind::kEngine, cluster::EncodeEngine(shutdown));
+    thread_.join();
+  }
+
+  Inbox inbox;
+  std::unique_ptr<cluster::Connection> link;
+  Status ran = Status::Error("did not run");
+
+ private:
+  std::thread thread_;
+};
+
+// A message the worker cannot take costs only the request it names.
+TEST_F(WorkerLink, AWorkerRefusesAMessageItCannotTakeAndServesOn) {
+  RealWorker worker(Model(64), {});
+  // A top_p of 0 (what 1e-300 became as a float before the edge checked it).
+  worker.NewRequest(7, Prompt(20, 7), 0.0f);
+  auto refusal = worker.NextRefusal();
+  ASSERT_TRUE(refusal) << "the worker closed its link instead of refusing";
+  EXPECT_EQ(refusal->request_id, 7u);
+  EXPECT_NE(refusal->reason.find("'top_p'"), std::string::npos) << refusal->reason;
 
   // The link is up and the worker serves the next request to its end.
-  new_request(8, 1.0f);
+  worker.NewRequest(8, Prompt(20, 8), 1.0f);
   bool finished = false;
   while (!finished) {
-    auto body = inbox.Next(MessageKind::kEvents);
+    auto body = worker.inbox.Next(MessageKind::kEvents);
     ASSERT_TRUE(body) << "no events: the link closed";
     auto events = cluster::ParseEvents(*body);
     ASSERT_TRUE(events.ok()) << events.error();
@@ -301,11 +327,58 @@ TEST_F(WorkerLink, AWorkerRefusesAMessageItCannotTakeAndServesOn) {
       }
     }
   }
-  cluster::WireEngineMessage shutdown;
-  shutdown.message = {EngineMessage::Kind::kShutdown, nullptr, policies::kNoInstance};
-  link.Send(MessageKind::kEngine, cluster::EncodeEngine(shutdown));
-  worker.join();
-  EXPECT_TRUE(ran.ok()) << ran.message();
+  worker.Stop();
+  EXPECT_TRUE(worker.ran.ok()) << worker.ran.message();
+}
+
+// A prefill worker holds a prefilled request's KV blocks under its id until the decode side
+// releases them: a new request with that id is refused (its blocks would trip the block
+// manager's invariant and end the process), and once released the id may come again.
+TEST_F(WorkerLink, APrefillWorkerRefusesARequestWhoseIdItHoldsALeaseFor) {
+#if !DUET_HAVE_UCX
+  GTEST_SKIP() << "this build has no UCX (libucx-dev, which scripts/setup.sh installs): a "
+                  "prefill worker's KV transport is UCX";
+#endif
+  cluster::WorkerOptions options;
+  options.role = InstanceRole::kPrefill;
+  options.kv_transport.kind = KvTransportKind::kUcx;
+  options.kv_transport.ucx_tls = "tcp";
+  auto loaded = LoadModelDir(dir_);
+  ASSERT_TRUE(loaded.ok()) << loaded.error();
+  CpuModelOptions model_options;
+  model_options.num_blocks = 64;
+  model_options.threads = 1;
+  model_options.kv_allocator = KvTransportAllocator(options.kv_transport);
+  auto model = CpuModel::Create(std::move(*loaded), model_options);
+  ASSERT_TRUE(model.ok()) << model.error();
+  RealWorker worker(std::move(*model), options);
+
+  worker.NewRequest(9, Prompt(20, 9), 1.0f, /*decode=*/1);
+  for (;;) {  // its KV is ready for instance 1: the worker holds a lease on it
+    auto body = worker.inbox.Next(MessageKind::kEngine);
+    ASSERT_TRUE(body) << "no KV-ready: the link closed";
+    if (cluster::ParseEngine(*body)->message.kind == EngineMessage::Kind::kKvReady) break;
+  }
+  worker.NewRequest(9, Prompt(20, 9), 1.0f, /*decode=*/1);
+  auto refusal = worker.NextRefusal();
+  ASSERT_TRUE(refusal) << "the worker closed its link instead of refusing";
+  EXPECT_EQ(refusal->request_id, 9u);
+  EXPECT_NE(refusal->reason.find("already held here"), std::string::npos) << refusal->reason;
+
+  cluster::WireEngineMessage release;
+  release.message = {EngineMessage::Kind::kKvRelease, nullptr, 1};
+  release.message.request_id = 9;
+  const std::string released = cluster::EncodeEngine(release);
+  worker.link->Send(MessageKind::kEngine, released);
+  worker.NewRequest(9, Prompt(20, 9), 1.0f, /*decode=*/1);  // released: served again
+  for (;;) {
+    auto body = worker.inbox.Next(MessageKind::kEngine);
+    ASSERT_TRUE(body) << "no KV-ready: the link closed";
+    if (cluster::ParseEngine(*body)->message.kind == EngineMessage::Kind::kKvReady) break;
+  }
+  worker.link->Send(MessageKind::kEngine, released);  // else the worker waits out the lease
+  worker.Stop();
+  EXPECT_TRUE(worker.ran.ok()) << worker.ran.message();
 }
 
 }  // namespace
