@@ -190,6 +190,7 @@ LoadId TierManager::BeginLoad(InstanceId instance, std::span<const BlockHash> ha
     io.instance = instance;
     io.blocks = static_cast<std::int64_t>(v.size());
     io.bytes = io.blocks * setup_.block_bytes;
+    io.hashes = v;
     TierCounters& c = counters_[static_cast<std::size_t>(k)];
     c.read_blocks += io.blocks;
     c.read_bytes += io.bytes;
@@ -236,6 +237,11 @@ void TierManager::Write(int kind, int node, InstanceId instance, int from,
   c.dropped_writes += started.no_room;
   const int below = Below(kind);
   auto placement_below = [&] { return setup_.tiers[static_cast<std::size_t>(below)].placement; };
+  // Write-back below: what this tier evicted moves down, posted before the write that takes its
+  // room (real storage drops the evicted bytes when that write runs, after the I/Os posted
+  // before it).
+  if (!evicted.empty() && below >= 0 && placement_below() == TierPlacement::kWriteBack)
+    Write(below, node, kNoInstance, kind, evicted, owner);
   if (!accepted.empty()) {
     TierIo io;
     io.read = false;
@@ -245,6 +251,8 @@ void TierManager::Write(int kind, int node, InstanceId instance, int from,
     io.from = static_cast<TierKind>(std::max(0, from));
     io.blocks = static_cast<std::int64_t>(accepted.size());
     io.bytes = io.blocks * setup_.block_bytes;
+    io.hashes = accepted;
+    io.evicted = evicted;
     c.write_blocks += io.blocks;
     c.write_bytes += io.bytes;
     ++c.write_ios;
@@ -258,9 +266,6 @@ void TierManager::Write(int kind, int node, InstanceId instance, int from,
         {id, s, started.id, tier, owner, std::move(accepted)});
     ++num_pending_writes_;
   }
-  // Write-back below: what this tier evicted moves down.
-  if (!evicted.empty() && below >= 0 && placement_below() == TierPlacement::kWriteBack)
-    Write(below, node, kNoInstance, kind, evicted, owner);
 }
 
 void TierManager::OnComputed(InstanceId instance, std::span<const BlockHash> hashes) {

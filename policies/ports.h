@@ -97,6 +97,11 @@ enum class TierKind { kDram = 0, kSsd = 1, kRemote = 2 };
 // instance is kNoInstance, from the tier `from` (write-back, and write-through below the first
 // tier). A read goes from `tier` into the GPU of `instance`. `node` is the node of that GPU or
 // source tier, and of the DRAM or SSD tier itself (the remote store belongs to no node).
+//
+// A tier names a block by its chained prefix hash (`hashes`: what a content-addressed store
+// keys it by, so that instances and restarts share it); an instance's GPU names it by its block
+// id there (`gpu_blocks`, block i holding hashes[i]). The simulated storage moves `bytes` and
+// reads neither; real storage needs both. The spans are valid during Post only.
 struct TierIo {
   bool read = false;
   TierKind tier = TierKind::kDram;
@@ -105,6 +110,12 @@ struct TierIo {
   TierKind from = TierKind::kDram;
   std::int64_t blocks = 0;
   Bytes bytes = 0;
+  std::span<const BlockHash> hashes = {};
+  // GPU to tier and tier to GPU: the instance's blocks, one per hash. Empty between tiers.
+  std::span<const KvBlockManager::BlockId> gpu_blocks = {};
+  // A write: the blocks `tier` evicted to make room for it. Their bytes may go once the I/Os
+  // posted before this one have read them (a write-back of them is posted first).
+  std::span<const BlockHash> evicted = {};
 };
 using TierIoId = std::uint64_t;
 

@@ -11,7 +11,7 @@ cd "$(dirname "$0")/.."
 FUZZ_SECONDS="${1:-${DUET_FUZZ_SECONDS:-20}}"
 start=$(date +%s)
 scripts/san-configure.sh
-modules=(common traces models policies sim cli plan transport live cluster calibrate)
+modules=(common traces models policies sim cli plan transport tiers live cluster calibrate)
 targets=(duet)
 for m in "${modules[@]}"; do targets+=("duet_${m}_tests"); done
 cmake --build build-san -j "$(nproc)" --target "${targets[@]}"

@@ -22,6 +22,10 @@ PACKAGES=(
   libeigen3-dev                  # least squares for the step-cost fit (duet calibrate)
   libucx-dev                     # optional UCX KV transport (found and reported by CMake)
   libssl-dev                     # libcrypto: HMAC-SHA256 of the worker link's challenge and response
+  libhiredis-dev                 # the Redis client of the remote KV tier
+  libxxhash-dev                  # XXH3 checksums of KV blocks stored on SSD and in Redis
+  redis-server                   # the remote KV tier's store in tests (each starts its own); redis-benchmark
+  fio                            # the SSD tier's yardstick (bench/tier_storage.sh)
   ucx-utils                      # ucx_perftest: the yardstick of bench/kv_transfer.sh
   clang libclang-rt-14-dev       # scripts/sanitize.sh and scripts/fuzz.sh: ASan, UBSan, libFuzzer
   ccache                         # compiler cache: a clean clone (CI) rebuilds what it built before in seconds

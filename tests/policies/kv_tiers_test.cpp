@@ -15,6 +15,10 @@ class ListStorage final : public TierStorage {
  public:
   TierIoId Post(const TierIo& io) override {
     posted.push_back(io);
+    // The spans are valid during Post only: keep what they name.
+    hashes.emplace_back(io.hashes.begin(), io.hashes.end());
+    evicted.emplace_back(io.evicted.begin(), io.evicted.end());
+    posted.back().hashes = posted.back().evicted = {};
     status[posted.size()] = TransferStatus::kInProgress;
     return posted.size();
   }
@@ -23,6 +27,7 @@ class ListStorage final : public TierStorage {
     for (auto& [id, s] : status) s = TransferStatus::kDone;
   }
   std::vector<TierIo> posted;
+  std::vector<std::vector<BlockHash>> hashes, evicted;  // of each posted I/O
   std::map<TierIoId, TransferStatus> status;
 };
 
@@ -61,7 +66,9 @@ TEST(TierManager, WriteThroughCopiesComputedBlocksDownAndShowsThemOnceWritten) {
   EXPECT_EQ(storage.posted[0].tier, TierKind::kDram);
   EXPECT_EQ(storage.posted[0].instance, 0);
   EXPECT_EQ(storage.posted[0].bytes, 3 * kBlockBytes);
+  EXPECT_EQ(storage.hashes[0], prompt) << "a tier names blocks by their hashes";
   EXPECT_EQ(storage.posted[1].tier, TierKind::kSsd);
+  EXPECT_EQ(storage.hashes[1], prompt);
   EXPECT_EQ(storage.posted[1].instance, kNoInstance);
   EXPECT_EQ(storage.posted[1].from, TierKind::kDram);
   // Nothing is readable before its write finished.
@@ -115,13 +122,19 @@ TEST(TierManager, WriteBackCopiesDownOnlyWhatTheTierAboveEvicts) {
   EXPECT_EQ(storage.posted[0].tier, TierKind::kDram);
   storage.CompleteAll();
   m.Progress(0);
-  // DRAM is full: taking block 3 evicts block 1 (LRU), which moves down to the SSD.
+  // DRAM is full: taking block 3 evicts block 1 (LRU), which moves down to the SSD. The
+  // write-back is posted first: real storage runs I/Os in order, and the write of block 3 names
+  // block 1 as the room it takes, whose bytes go when that write runs.
   m.OnGpuEvicted(0, std::vector<BlockHash>{3});
   ASSERT_EQ(storage.posted.size(), 3u);
-  EXPECT_EQ(storage.posted[1].tier, TierKind::kDram);
-  EXPECT_EQ(storage.posted[2].tier, TierKind::kSsd);
-  EXPECT_EQ(storage.posted[2].from, TierKind::kDram);
-  EXPECT_EQ(storage.posted[2].blocks, 1);
+  EXPECT_EQ(storage.posted[1].tier, TierKind::kSsd);
+  EXPECT_EQ(storage.posted[1].from, TierKind::kDram);
+  EXPECT_EQ(storage.posted[1].blocks, 1);
+  EXPECT_EQ(storage.hashes[1], std::vector<BlockHash>{1});
+  EXPECT_TRUE(storage.evicted[1].empty());
+  EXPECT_EQ(storage.posted[2].tier, TierKind::kDram);
+  EXPECT_EQ(storage.hashes[2], std::vector<BlockHash>{3});
+  EXPECT_EQ(storage.evicted[2], std::vector<BlockHash>{1});
   storage.CompleteAll();
   m.Progress(0);
   const TierHits hits = m.Lookup(0, std::vector<BlockHash>{1, 2, 3}, 0, 100);
@@ -195,10 +208,15 @@ TEST(TierManager, PrefetchPromotesAQueuedPrefixFromSsdIntoDram) {
   const std::size_t posted = storage.posted.size();
   // Block 5 is nowhere: the prefix is blocks 1 and 2, both copied SSD -> DRAM in one write.
   EXPECT_EQ(m.Prefetch(0, prompt, 0), 2);
-  ASSERT_EQ(storage.posted.size(), posted + 2);  // the promotion, and DRAM's write-back of 3, 4
-  EXPECT_EQ(storage.posted[posted].tier, TierKind::kDram);
-  EXPECT_EQ(storage.posted[posted].from, TierKind::kSsd);
-  EXPECT_EQ(storage.posted[posted].instance, kNoInstance);
+  // DRAM's write-back of 3 and 4, then the promotion that takes their room.
+  ASSERT_EQ(storage.posted.size(), posted + 2);
+  EXPECT_EQ(storage.posted[posted].tier, TierKind::kSsd);
+  EXPECT_EQ(storage.hashes[posted], (std::vector<BlockHash>{3, 4}));
+  EXPECT_EQ(storage.posted[posted + 1].tier, TierKind::kDram);
+  EXPECT_EQ(storage.posted[posted + 1].from, TierKind::kSsd);
+  EXPECT_EQ(storage.posted[posted + 1].instance, kNoInstance);
+  EXPECT_EQ(storage.hashes[posted + 1], (std::vector<BlockHash>{1, 2}));
+  EXPECT_EQ(storage.evicted[posted + 1], (std::vector<BlockHash>{3, 4}));
   storage.CompleteAll();
   m.Progress(0);
   hits = m.Lookup(0, prompt, 0, 100);

@@ -1,0 +1,482 @@
+#include "backend/tiers/tier_blocks.h"
+
+#include "policies/kv_tiers.h"
+
+#include <fcntl.h>
+#include <hiredis/hiredis.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <optional>
+
+namespace duet::backend {
+namespace {
+
+std::string Errno(const std::string& what) { return what + ": " + std::strerror(errno); }
+
+Status CheckSize(const TierBlocks& t, std::size_t size) {
+  if (size == static_cast<std::size_t>(t.block_bytes())) return Status::Ok();
+  return Status::Error("a block of " + std::to_string(size) + " bytes, the tier's are " +
+                       std::to_string(t.block_bytes()));
+}
+
+// An open file descriptor, closed on every path out.
+class Fd {
+ public:
+  explicit Fd(int fd) : fd_(fd) {}
+  ~Fd() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+  int get() const { return fd_; }
+  bool ok() const { return fd_ >= 0; }
+
+ private:
+  int fd_;
+};
+
+// A mapping of a whole file, unmapped on every path out.
+class Mapping {
+ public:
+  Mapping(int fd, std::size_t size, bool write)
+      : size_(size),
+        base_(::mmap(nullptr, size, write ? PROT_READ | PROT_WRITE : PROT_READ,
+                     write ? MAP_SHARED : MAP_PRIVATE, fd, 0)) {}
+  ~Mapping() {
+    if (base_ != MAP_FAILED) ::munmap(base_, size_);
+  }
+  Mapping(const Mapping&) = delete;
+  Mapping& operator=(const Mapping&) = delete;
+  bool ok() const { return base_ != MAP_FAILED; }
+  std::span<std::byte> bytes() { return {static_cast<std::byte*>(base_), size_}; }
+
+ private:
+  std::size_t size_;
+  void* base_;
+};
+
+constexpr const char* kBlockSuffix = ".kvb";
+constexpr const char* kPartialSuffix = ".partial";
+
+// The hash a block file's name gives (16 lowercase hex digits then .kvb), or nothing.
+std::optional<BlockHash> HashOfName(const std::string& name) {
+  if (name.size() != 16 + std::strlen(kBlockSuffix) || !name.ends_with(kBlockSuffix)) return {};
+  BlockHash h = 0;
+  for (int i = 0; i < 16; ++i) {
+    const char c = name[static_cast<std::size_t>(i)];
+    const int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+    if (d < 0) return {};
+    h = h << 4 | static_cast<BlockHash>(d);
+  }
+  return h;
+}
+
+double SteadySeconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+timeval ToTimeval(double s) {
+  timeval tv{};
+  tv.tv_sec = static_cast<time_t>(s);
+  tv.tv_usec = static_cast<suseconds_t>((s - static_cast<double>(tv.tv_sec)) * 1e6);
+  return tv;
+}
+
+}  // namespace
+
+Status TierBlocks::CheckInvariants() const {
+  if (held_blocks() > capacity_blocks())
+    return Status::Error(std::string(policies::ToString(kind())) + " tier holds " +
+                         std::to_string(held_blocks()) + " blocks, capacity " +
+                         std::to_string(capacity_blocks()));
+  return Status::Ok();
+}
+
+// ---- DRAM ----
+
+Result<std::unique_ptr<DramTierBlocks>> DramTierBlocks::Create(StoredBlockLayout layout,
+                                                               std::int64_t capacity_blocks) {
+  if (layout.block_bytes <= 0 || capacity_blocks <= 0)
+    return Status::Error("DRAM tier: block bytes and capacity must be positive");
+  const std::size_t bytes =
+      static_cast<std::size_t>(capacity_blocks) * static_cast<std::size_t>(layout.block_bytes);
+  void* base = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (base == MAP_FAILED)
+    return Status::Error(Errno("DRAM tier: cannot map " + std::to_string(bytes) + " bytes"));
+  // Page-locked, as a pinned pool for DMA must be; a process whose RLIMIT_MEMLOCK is lower keeps
+  // it pageable, which costs speed, not correctness.
+  const bool locked = ::mlock(base, bytes) == 0;
+  return std::unique_ptr<DramTierBlocks>(
+      new DramTierBlocks(layout, capacity_blocks, static_cast<std::byte*>(base), bytes, locked));
+}
+
+DramTierBlocks::DramTierBlocks(StoredBlockLayout layout, std::int64_t capacity, std::byte* base,
+                               std::size_t pool_bytes, bool locked)
+    : TierBlocks(layout),
+      capacity_(capacity),
+      base_(base),
+      pool_bytes_(pool_bytes),
+      locked_(locked) {
+  free_.reserve(static_cast<std::size_t>(capacity));
+  for (std::int64_t s = capacity - 1; s >= 0; --s) free_.push_back(s);
+}
+
+DramTierBlocks::~DramTierBlocks() {
+  if (locked_) ::munlock(base_, pool_bytes_);
+  ::munmap(base_, pool_bytes_);
+}
+
+Status DramTierBlocks::Put(BlockHash hash, std::span<const std::byte> bytes) {
+  if (Status s = CheckSize(*this, bytes.size()); !s.ok()) return s;
+  auto it = slots_.find(hash);
+  if (it == slots_.end()) {
+    if (free_.empty()) {
+      ++counters_.put_errors;
+      return Status::Error("DRAM tier full: " + std::to_string(capacity_) + " blocks held");
+    }
+    it = slots_.emplace(hash, free_.back()).first;
+    free_.pop_back();
+  }
+  std::memcpy(Slot(it->second), bytes.data(), bytes.size());
+  ++counters_.puts;
+  return Status::Ok();
+}
+
+Status DramTierBlocks::Get(BlockHash hash, std::span<std::byte> out) {
+  if (Status s = CheckSize(*this, out.size()); !s.ok()) return s;
+  const auto it = slots_.find(hash);
+  if (it == slots_.end()) {
+    ++counters_.get_errors;
+    return Status::Error("DRAM tier holds no block " + HashHex(hash));
+  }
+  std::memcpy(out.data(), Slot(it->second), out.size());
+  ++counters_.gets;
+  return Status::Ok();
+}
+
+void DramTierBlocks::Drop(BlockHash hash) {
+  const auto it = slots_.find(hash);
+  if (it == slots_.end()) return;
+  free_.push_back(it->second);
+  slots_.erase(it);
+  ++counters_.drops;
+}
+
+Status DramTierBlocks::CheckInvariants() const {
+  if (Status s = TierBlocks::CheckInvariants(); !s.ok()) return s;
+  if (static_cast<std::int64_t>(slots_.size() + free_.size()) != capacity_)
+    return Status::Error("DRAM tier: " + std::to_string(slots_.size()) + " held and " +
+                         std::to_string(free_.size()) + " free slots, capacity " +
+                         std::to_string(capacity_));
+  std::vector<bool> seen(static_cast<std::size_t>(capacity_), false);
+  auto mark = [&](std::int64_t s) {
+    if (s < 0 || s >= capacity_ || seen[static_cast<std::size_t>(s)]) return false;
+    seen[static_cast<std::size_t>(s)] = true;
+    return true;
+  };
+  for (const auto& [hash, slot] : slots_)
+    if (!mark(slot)) return Status::Error("DRAM tier: slot " + std::to_string(slot) + " twice");
+  for (const std::int64_t slot : free_)
+    if (!mark(slot))
+      return Status::Error("DRAM tier: free slot " + std::to_string(slot) + " twice");
+  return Status::Ok();
+}
+
+// ---- SSD files ----
+
+Result<std::unique_ptr<FileTierBlocks>> FileTierBlocks::Open(std::filesystem::path dir,
+                                                             StoredBlockLayout layout,
+                                                             std::int64_t capacity_blocks) {
+  if (layout.block_bytes <= 0 || capacity_blocks <= 0)
+    return Status::Error("SSD tier: block bytes and capacity must be positive");
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec || !std::filesystem::is_directory(dir, ec))
+    return Status::Error("SSD tier: cannot use directory " + dir.string() +
+                         (ec ? ": " + ec.message() : ""));
+  if (::access(dir.c_str(), W_OK | R_OK | X_OK) != 0)
+    return Status::Error(Errno("SSD tier: directory " + dir.string()));
+  std::unique_ptr<FileTierBlocks> t(new FileTierBlocks(std::move(dir), layout, capacity_blocks));
+  t->Scan();
+  return t;
+}
+
+FileTierBlocks::FileTierBlocks(std::filesystem::path dir, StoredBlockLayout layout,
+                               std::int64_t capacity)
+    : TierBlocks(layout), dir_(std::move(dir)), capacity_(capacity) {}
+
+std::filesystem::path FileTierBlocks::PathOf(BlockHash hash) const {
+  return dir_ / (HashHex(hash) + kBlockSuffix);
+}
+
+void FileTierBlocks::Scan() {
+  std::vector<std::pair<std::string, BlockHash>> valid;
+  const std::size_t want = kStoredBlockHeaderBytes + static_cast<std::size_t>(block_bytes());
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(dir_, ec)) {
+    if (!entry.is_regular_file(ec)) continue;
+    const std::string name = entry.path().filename().string();
+    if (name.ends_with(kPartialSuffix)) {
+      std::filesystem::remove(entry.path(), ec);
+      ++recovery_.partial;
+      continue;
+    }
+    const std::optional<BlockHash> hash = HashOfName(name);
+    if (!hash) continue;  // not Duet's: left alone
+    std::array<std::byte, kStoredBlockHeaderBytes> header{};
+    Fd fd(::open(entry.path().c_str(), O_RDONLY | O_CLOEXEC));
+    const bool whole =
+        fd.ok() && entry.file_size(ec) == want &&
+        ::pread(fd.get(), header.data(), header.size(), 0) == static_cast<ssize_t>(header.size()) &&
+        CheckStoredBlockHeader(header, layout_, *hash).ok();
+    if (whole) {
+      valid.emplace_back(name, *hash);
+    } else {
+      std::filesystem::remove(entry.path(), ec);
+      ++recovery_.corrupt;
+    }
+  }
+  std::sort(valid.begin(), valid.end());
+  for (const auto& [name, hash] : valid) {
+    if (static_cast<std::int64_t>(held_.size()) >= capacity_) {
+      std::filesystem::remove(dir_ / name, ec);
+      ++recovery_.over_capacity;
+      continue;
+    }
+    held_.insert(hash);
+    recovery_.blocks.push_back(hash);
+  }
+}
+
+Status FileTierBlocks::Put(BlockHash hash, std::span<const std::byte> bytes) {
+  if (Status s = CheckSize(*this, bytes.size()); !s.ok()) return s;
+  auto fail = [&](Status s) {
+    ++counters_.put_errors;
+    return s;
+  };
+  if (!held_.contains(hash) && static_cast<std::int64_t>(held_.size()) >= capacity_)
+    return fail(Status::Error("SSD tier full: " + std::to_string(capacity_) + " block files"));
+  const std::filesystem::path path = PathOf(hash);
+  const std::filesystem::path partial = path.string() + kPartialSuffix;
+  const std::size_t size = kStoredBlockHeaderBytes + bytes.size();
+  {
+    Fd fd(::open(partial.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+    if (!fd.ok()) return fail(Status::Error(Errno("SSD tier: cannot create " + partial.string())));
+    Status written = Status::Ok();
+    if (::ftruncate(fd.get(), static_cast<off_t>(size)) != 0) {
+      written = Status::Error(Errno("SSD tier: cannot size " + partial.string()));
+    } else {
+      Mapping map(fd.get(), size, /*write=*/true);
+      if (!map.ok()) {
+        written = Status::Error(Errno("SSD tier: cannot map " + partial.string()));
+      } else {
+        std::span<std::byte> out = map.bytes();
+        EncodeStoredBlockHeader(layout_, hash, bytes, out.first<kStoredBlockHeaderBytes>());
+        std::memcpy(out.data() + kStoredBlockHeaderBytes, bytes.data(), bytes.size());
+      }
+    }
+    if (!written.ok()) {
+      ::unlink(partial.c_str());
+      return fail(written);
+    }
+  }
+  if (::rename(partial.c_str(), path.c_str()) != 0) {
+    Status s = Status::Error(Errno("SSD tier: cannot rename " + partial.string()));
+    ::unlink(partial.c_str());
+    return fail(s);
+  }
+  held_.insert(hash);
+  ++counters_.puts;
+  return Status::Ok();
+}
+
+Status FileTierBlocks::Get(BlockHash hash, std::span<std::byte> out) {
+  if (Status s = CheckSize(*this, out.size()); !s.ok()) return s;
+  const std::filesystem::path path = PathOf(hash);
+  auto lost = [&](const std::string& why) {
+    ::unlink(path.c_str());
+    held_.erase(hash);
+    ++counters_.lost;
+    ++counters_.get_errors;
+    return Status::Error("SSD tier: block file " + path.string() + ": " + why);
+  };
+  if (!held_.contains(hash)) {
+    ++counters_.get_errors;
+    return Status::Error("SSD tier holds no block " + HashHex(hash));
+  }
+  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!fd.ok()) return lost(errno == ENOENT ? "missing" : std::strerror(errno));
+  struct stat st {};
+  if (::fstat(fd.get(), &st) != 0) return lost(std::strerror(errno));
+  const std::size_t want = kStoredBlockHeaderBytes + out.size();
+  if (static_cast<std::size_t>(st.st_size) != want)
+    return lost((static_cast<std::size_t>(st.st_size) < want ? "truncated: " : "trailing bytes: ") +
+                std::to_string(st.st_size) + " bytes, expected " + std::to_string(want));
+  Mapping map(fd.get(), want, /*write=*/false);
+  if (!map.ok()) return lost(std::strerror(errno));
+  const Result<std::span<const std::byte>> payload = ParseStoredBlock(map.bytes(), layout_, hash);
+  if (!payload.ok()) return lost(payload.error());
+  std::memcpy(out.data(), payload->data(), out.size());
+  ++counters_.gets;
+  return Status::Ok();
+}
+
+void FileTierBlocks::Drop(BlockHash hash) {
+  if (held_.erase(hash) == 0) return;
+  ::unlink(PathOf(hash).c_str());
+  ++counters_.drops;
+}
+
+Status FileTierBlocks::CheckInvariants() const {
+  if (Status s = TierBlocks::CheckInvariants(); !s.ok()) return s;
+  std::error_code ec;
+  std::int64_t files = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(dir_, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.ends_with(kPartialSuffix))
+      return Status::Error("SSD tier: a partial file outside a write: " + name);
+    if (const auto hash = HashOfName(name)) {
+      ++files;
+      if (!held_.contains(*hash)) return Status::Error("SSD tier: a block file not held: " + name);
+    }
+  }
+  if (files > static_cast<std::int64_t>(held_.size()))
+    return Status::Error("SSD tier: " + std::to_string(files) + " block files, " +
+                         std::to_string(held_.size()) + " held");
+  return Status::Ok();
+}
+
+// ---- Redis ----
+
+RedisTierBlocks::RedisTierBlocks(RedisEndpoint endpoint, StoredBlockLayout layout,
+                                 std::int64_t capacity_blocks)
+    : TierBlocks(layout), endpoint_(std::move(endpoint)), capacity_(capacity_blocks) {
+  buffer_.resize(kStoredBlockHeaderBytes + static_cast<std::size_t>(layout.block_bytes));
+}
+
+RedisTierBlocks::~RedisTierBlocks() { Disconnect(); }
+
+std::string RedisTierBlocks::KeyOf(BlockHash hash) const {
+  return "duet:kv:" + HashHex(layout_.fingerprint) + ":" + HashHex(hash);
+}
+
+void RedisTierBlocks::Disconnect() {
+  if (context_) redisFree(context_);
+  context_ = nullptr;
+}
+
+Status RedisTierBlocks::Connect() {
+  if (context_) return Status::Ok();
+  const std::string where = endpoint_.host + ":" + std::to_string(endpoint_.port);
+  if (SteadySeconds() < next_attempt_s_)
+    return Status::Error("remote tier: redis at " + where + " unreachable (retrying shortly)");
+  context_ = redisConnectWithTimeout(endpoint_.host.c_str(), endpoint_.port,
+                                     ToTimeval(endpoint_.connect_timeout_s));
+  std::string error;
+  if (!context_) {
+    error = "out of memory";
+  } else if (context_->err) {
+    error = context_->errstr;
+  } else if (redisSetTimeout(context_, ToTimeval(endpoint_.command_timeout_s)) != REDIS_OK) {
+    error = "cannot set the command timeout";
+  }
+  if (error.empty()) return Status::Ok();
+  Disconnect();
+  next_attempt_s_ = SteadySeconds() + endpoint_.retry_after_s;
+  return Status::Error("remote tier: cannot reach redis at " + where + ": " + error);
+}
+
+namespace {
+// A reply, freed on every path out.
+struct Reply {
+  explicit Reply(void* r) : reply(static_cast<redisReply*>(r)) {}
+  ~Reply() {
+    if (reply) freeReplyObject(reply);
+  }
+  Reply(const Reply&) = delete;
+  Reply& operator=(const Reply&) = delete;
+  redisReply* reply;
+};
+}  // namespace
+
+Status RedisTierBlocks::Put(BlockHash hash, std::span<const std::byte> bytes) {
+  if (Status s = CheckSize(*this, bytes.size()); !s.ok()) return s;
+  auto fail = [&](Status s) {
+    ++counters_.put_errors;
+    return s;
+  };
+  if (!held_.contains(hash) && static_cast<std::int64_t>(held_.size()) >= capacity_)
+    return fail(Status::Error("remote tier full: " + std::to_string(capacity_) + " blocks"));
+  if (Status s = Connect(); !s.ok()) return fail(s);
+  EncodeStoredBlockHeader(layout_, hash, bytes,
+                          std::span<std::byte>(buffer_).first<kStoredBlockHeaderBytes>());
+  std::memcpy(buffer_.data() + kStoredBlockHeaderBytes, bytes.data(), bytes.size());
+  const std::string key = KeyOf(hash);
+  Reply r(
+      redisCommand(context_, "SET %b %b", key.data(), key.size(), buffer_.data(), buffer_.size()));
+  if (!r.reply) {
+    Status s = Status::Error(std::string("remote tier: SET failed: ") + context_->errstr);
+    Disconnect();
+    return fail(s);
+  }
+  if (r.reply->type == REDIS_REPLY_ERROR)
+    return fail(Status::Error(std::string("remote tier: SET refused: ") + r.reply->str));
+  held_.insert(hash);
+  ++counters_.puts;
+  return Status::Ok();
+}
+
+Status RedisTierBlocks::Get(BlockHash hash, std::span<std::byte> out) {
+  if (Status s = CheckSize(*this, out.size()); !s.ok()) return s;
+  auto fail = [&](Status s) {
+    ++counters_.get_errors;
+    return s;
+  };
+  if (Status s = Connect(); !s.ok()) return fail(s);
+  const std::string key = KeyOf(hash);
+  Reply r(redisCommand(context_, "GET %b", key.data(), key.size()));
+  if (!r.reply) {
+    Status s = Status::Error(std::string("remote tier: GET failed: ") + context_->errstr);
+    Disconnect();
+    return fail(s);
+  }
+  if (r.reply->type == REDIS_REPLY_NIL) {
+    // Gone from the server (restarted empty, or evicted by its own maxmemory policy).
+    if (held_.erase(hash)) ++counters_.lost;
+    return fail(Status::Error("remote tier: redis holds no block " + HashHex(hash)));
+  }
+  if (r.reply->type != REDIS_REPLY_STRING)
+    return fail(Status::Error("remote tier: GET " + key + ": not a string reply"));
+  const std::span<const std::byte> stored(reinterpret_cast<const std::byte*>(r.reply->str),
+                                          r.reply->len);
+  const Result<std::span<const std::byte>> payload = ParseStoredBlock(stored, layout_, hash);
+  if (!payload.ok()) {
+    // Never served again, by this process or another: whoever put it.
+    held_.erase(hash);
+    Reply del(redisCommand(context_, "DEL %b", key.data(), key.size()));
+    if (!del.reply) Disconnect();
+    ++counters_.lost;
+    return fail(Status::Error("remote tier: " + key + ": " + payload.error()));
+  }
+  std::memcpy(out.data(), payload->data(), out.size());
+  ++counters_.gets;
+  return Status::Ok();
+}
+
+void RedisTierBlocks::Drop(BlockHash hash) {
+  if (held_.erase(hash) == 0) return;
+  ++counters_.drops;
+  if (!Connect().ok()) return;  // the server's own eviction or a restart will drop it
+  const std::string key = KeyOf(hash);
+  Reply r(redisCommand(context_, "DEL %b", key.data(), key.size()));
+  if (!r.reply) Disconnect();
+}
+
+}  // namespace duet::backend
