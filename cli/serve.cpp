@@ -213,6 +213,16 @@ int Serve(int argc, char** argv) {
   if (vm.count("workers") && !processes && vm["workers"].as<std::string>() != "thread")
     return Fail("--workers must be process or thread", kExitUsage);
   if (processes && !cluster) return Fail("--workers process needs --cluster", kExitUsage);
+  // KV tiers run behind the engine threads of this process, over host memory.
+  if (cluster && cluster->tiers.any() && processes)
+    return Fail("--cluster " + cluster->path +
+                    ": tiers are served by engine threads for now: add --workers thread",
+                kExitUsage);
+  if (cluster && cluster->tiers.any() && device != "cpu")
+    return Fail("--cluster " + cluster->path +
+                    ": tiers offload from host memory, which the CPU backend's KV is in; the "
+                    "CUDA path has no host copy yet: use --device cpu",
+                kExitUsage);
   std::string kv_transport_name = vm["kv-transport"].as<std::string>();
   if (kv_transport_name == "auto") kv_transport_name = processes ? "ucx" : "loopback";
   if (processes && kv_transport_name == "loopback")
@@ -392,6 +402,7 @@ int Serve(int argc, char** argv) {
   }
   frontend_options.observer = &metrics;
   frontend_options.step_log = step_log.get();
+  if (cluster) frontend_options.tiers = cluster->tiers;
   ChildProcesses spawned;  // --spawn-workers
   Supervisor supervisor(spawned, {.max_restarts = worker_restarts,
                                   .healthy_after_s = worker_healthy_after_s,

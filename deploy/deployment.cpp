@@ -120,6 +120,10 @@ Result<Deployment> ParseDeployment(const json& doc, const std::string& path,
     d.engine = *engine;
   }
   DUET_RETURN_IF_ERROR(ParseInstances(doc, path, d));
+  auto tiers = ParseTiers(doc, path, d.engine.block_tokens * d.KvBytesPerToken(),
+                          d.engine.enable_prefix_caching);
+  if (!tiers) return tiers.status();
+  d.tiers = *tiers;
   return d;
 }
 

@@ -1,6 +1,6 @@
 // The deployment description that the simulator and the live server both read from a cluster
 // file: the model, the serving instances and their roles, the engine settings and the router.
-// Where instances run (nodes, GPUs, links, storage tiers, cost models) is the simulator's part
+// Where instances run (nodes, GPUs, links, cost models) is the simulator's part
 // of the same file (sim/cluster_spec.h builds on this one); `duet serve --cluster` reads only
 // this part, with the same parser, so a file the simulator accepts is served with the same
 // settings, and a file it refuses is refused with the same message.
@@ -13,6 +13,7 @@
 
 #include "common/status.h"
 #include "deploy/engine_settings.h"
+#include "deploy/tiers.h"
 #include "models/model_spec.h"
 #include "policies/engine.h"
 #include "policies/router.h"
@@ -41,6 +42,7 @@ struct Deployment {
   // "router": the routing policy this deployment runs (what `duet plan` chose); a --router flag
   // overrides it. nullopt: the command's default.
   std::optional<policies::RouterKind> router;
+  TiersSpec tiers;  // KV tiers below GPU memory (deploy/tiers.h)
 
   bool pd() const;
   int CountRole(policies::InstanceRole role) const;
@@ -60,7 +62,7 @@ std::string ResolveRef(const std::string& ref, const std::string& referrer,
 Result<policies::InstanceRole> ParseInstanceRole(const std::string& name);
 
 // Reads the deployment part of a cluster file ("name", "router", "model", "engine",
-// "instances"): "model" names a file under <data_dir>/models/specs, a path ending in .json
+// "instances", "tiers"): "model" names a file under <data_dir>/models/specs, a path ending in .json
 // relative to the cluster file, or a Hugging Face model directory. Errors name the file and the
 // field: missing or mistyped fields, settings out of bounds, unknown roles, colocated mixed
 // with prefill/decode, PD without both.

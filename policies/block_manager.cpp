@@ -148,7 +148,7 @@ void KvBlockManager::Register(RequestId request, std::span<const BlockHash> hash
       cached_.InsertGrowing(h, id);
       b.indexed = true;
     }
-    if (event_log_) event_log_->push_back({h, true});
+    if (event_log_) event_log_->push_back({h, true, id});
   }
   entry.registered = std::max(entry.registered, upto);
 }
@@ -220,7 +220,7 @@ void KvBlockManager::Evict(std::int64_t n, std::vector<BlockId>* out) {
     // A linked block goes before its parent, whose link then names a block that no longer
     // holds that hash: links are checked when followed, so nothing needs unlinking.
     if (b.indexed) cached_.Erase(b.hash);
-    if (event_log_) event_log_->push_back({b.hash, false});
+    if (event_log_) event_log_->push_back({b.hash, false, (*out)[k]});
     b.hash = 0;
     b.child = -1;
     b.cached = b.indexed = false;

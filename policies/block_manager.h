@@ -28,6 +28,9 @@ namespace duet::policies {
 struct KvCacheEvent {
   BlockHash hash = 0;
   bool stored = false;  // false: evicted
+  // The instance's block that holds it (stored) or held it until now (evicted): what a
+  // write-back to a lower tier copies. Local to the instance: routers read the hash only.
+  std::int32_t block = -1;
 };
 
 class KvBlockManager {

@@ -128,11 +128,15 @@ bool InstanceEngine::RunOnce() {
 
 void InstanceEngine::OffloadEvicted() {
   evicted_.clear();
+  evicted_blocks_.clear();
   for (std::size_t i = events_to_tiers_; i < cache_events_.size(); ++i) {
-    if (!cache_events_[i].stored) evicted_.push_back(cache_events_[i].hash);
+    if (!cache_events_[i].stored) {
+      evicted_.push_back(cache_events_[i].hash);
+      evicted_blocks_.push_back(cache_events_[i].block);
+    }
   }
   events_to_tiers_ = cache_events_.size();
-  if (!evicted_.empty()) ports_.tiers->OnGpuEvicted(config_.id, evicted_);
+  if (!evicted_.empty()) ports_.tiers->OnGpuEvicted(config_.id, evicted_, evicted_blocks_);
 }
 
 void InstanceEngine::PublishCacheEvents() {
@@ -363,8 +367,12 @@ void InstanceEngine::StartLoads(Seconds now) {
           r->loading_tokens[static_cast<std::size_t>(k)] / config_.block_tokens;
     // Overlapped, the scheduler already counts the loaded tokens as present.
     const Tokens before = r->computed_tokens - (overlap ? r->LoadingTokens() : 0);
-    const LoadId id =
-        ports_.tiers->BeginLoad(config_.id, r->block_hashes, before / config_.block_tokens, hits);
+    const std::int64_t first = before / config_.block_tokens;
+    DUET_CHECK(blocks_.TableBlocks(r->id) >= first + hits.total());
+    const LoadId id = ports_.tiers->BeginLoad(
+        config_.id, r->block_hashes, first, hits,
+        blocks_.Table(r->id).subspan(static_cast<std::size_t>(first),
+                                     static_cast<std::size_t>(hits.total())));
     loads_.push_back({r, id, false, overlap, now});
   }
 }
@@ -400,6 +408,9 @@ void InstanceEngine::PollLoads(Seconds now) {
         r->cached_tokens -= r->LoadingTokens();
         r->tier_hit_tokens = {};
       }
+      // The tier lost those blocks (and forgot them): computed again, they are written again.
+      r->offloaded_blocks =
+          std::min(r->offloaded_blocks, r->computed_tokens / config_.block_tokens);
     }
     r->loading_tokens = {};
     if (!load.overlapped && r->prefill_done_s < 0) r->load_wait_s += now - load.started_s;
@@ -414,10 +425,11 @@ void InstanceEngine::OffloadComputed(Request* r) {
       std::min<std::int64_t>(std::min(r->computed_tokens, r->input_tokens) / config_.block_tokens,
                              static_cast<std::int64_t>(r->block_hashes.size()));
   if (full <= r->offloaded_blocks) return;
+  const auto from = static_cast<std::size_t>(r->offloaded_blocks);
+  const auto count = static_cast<std::size_t>(full - r->offloaded_blocks);
   ports_.tiers->OnComputed(config_.id,
-                           std::span<const BlockHash>(r->block_hashes)
-                               .subspan(static_cast<std::size_t>(r->offloaded_blocks),
-                                        static_cast<std::size_t>(full - r->offloaded_blocks)));
+                           std::span<const BlockHash>(r->block_hashes).subspan(from, count),
+                           blocks_.Table(r->id).subspan(from, count));
   r->offloaded_blocks = full;
 }
 

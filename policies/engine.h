@@ -81,9 +81,13 @@ class InstanceEngine final : private LowerTierLookup, private StepEvents {
   bool idle() const;
   // A kShutdown message has arrived and no work is left: Run would return.
   bool done() const { return shutdown_ && idle(); }
-  // KV pulls are in flight: their completion shows only in a transport poll, which the next
-  // iteration makes, so a real-time loop must not wait for messages alone.
-  bool awaiting_transfers() const { return !pulls_in_flight_.empty(); }
+  // KV pulls, tier loads or this instance's tier writes are in flight: their completion shows
+  // only in a poll, which the next iteration makes, so a real-time loop must not wait for
+  // messages alone.
+  bool awaiting_transfers() const {
+    return !pulls_in_flight_.empty() || !loads_.empty() ||
+           (ports_.tiers && ports_.tiers->HasPendingWrites(config_.id));
+  }
   // PD prefill: when the first KV lease held for a decode instance ends (kForever: none held);
   // a real-time loop must run an iteration then to free its blocks.
   Seconds next_lease_expiry() const;
@@ -193,8 +197,9 @@ class InstanceEngine final : private LowerTierLookup, private StepEvents {
   // `events_to_tiers_` were looked at already); everything is published when asked.
   std::vector<KvCacheEvent> cache_events_;
   std::size_t events_to_tiers_ = 0;
-  std::vector<BlockHash> evicted_;  // scratch
-  std::vector<Request*> arrived_;   // new requests since the last step (for prefetch)
+  std::vector<BlockHash> evicted_;                       // scratch
+  std::vector<KvBlockManager::BlockId> evicted_blocks_;  // scratch: the blocks that held them
+  std::vector<Request*> arrived_;  // new requests since the last step (for prefetch)
   // PD prefill: prefilled requests whose KV is held until the decode instance has it (or the
   // lease ends), by request id, with when their lease ends.
   std::unordered_map<RequestId, Seconds> leases_;

@@ -316,6 +316,13 @@ bool KvTierStore::PinForRead(BlockHash hash) {
   return true;
 }
 
+bool KvTierStore::Discard(BlockHash hash) {
+  const std::int32_t i = Find(hash);
+  if (i < 0 || !Readable(at(i)) || at(i).pins > 0) return false;
+  Remove(i);
+  return true;
+}
+
 void KvTierStore::Unpin(BlockHash hash) {
   const std::int32_t i = Find(hash);
   DUET_CHECK(i >= 0 && at(i).pins > 0);

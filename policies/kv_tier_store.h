@@ -51,6 +51,9 @@ class KvTierStore {
   // if it is not readable.
   bool PinForRead(BlockHash hash);
   void Unpin(BlockHash hash);
+  // Forgets a readable, unpinned block (a read found it lost): it leaves no ghost and counts as
+  // no eviction. False, changing nothing, for any other block.
+  bool Discard(BlockHash hash);
 
   std::int64_t capacity_blocks() const { return capacity_; }
   // Blocks that take room: readable plus being written.

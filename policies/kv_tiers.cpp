@@ -75,6 +75,11 @@ int TierManager::Below(int kind) const {
 }
 
 void TierManager::Progress(InstanceId instance) {
+  const Guard guard(lock_.get());
+  ProgressLocked(instance);
+}
+
+void TierManager::ProgressLocked(InstanceId instance) {
   if (static_cast<std::size_t>(instance) >= pending_writes_.size()) return;
   auto& pending = pending_writes_[static_cast<std::size_t>(instance)];
   for (std::size_t i = 0; i < pending.size();) {
@@ -110,10 +115,21 @@ void TierManager::ProgressLoad(Load& load) {
       PrefetchAhead(part.store, part.hashes, k);
       part.store->Unpin(part.hashes[k]);
     }
+    // A read that failed found the tier without those blocks (a corrupt or missing file, a
+    // store that restarted empty): they are forgotten, so that lookups stop finding them and
+    // the next computation of them writes them again. The storage drops what it may still hold
+    // of them with the tier's next write.
+    if (s == TransferStatus::kFailed) {
+      ++changes_;
+      std::vector<BlockHash>& forgotten = forgotten_[part.store];
+      for (const BlockHash h : part.hashes)
+        if (part.store->Discard(h)) forgotten.push_back(h);
+    }
   }
 }
 
 bool TierManager::LoadFinished(LoadId id) {
+  const Guard guard(lock_.get());
   auto it = std::find_if(loads_.begin(), loads_.end(), [&](const Load& l) { return l.id == id; });
   if (it == loads_.end()) return true;  // ids are never reused: released after it finished
   ProgressLoad(*it);
@@ -123,6 +139,7 @@ bool TierManager::LoadFinished(LoadId id) {
 
 TierHits TierManager::Lookup(InstanceId instance, std::span<const BlockHash> hashes,
                              std::int64_t first, std::int64_t max_blocks) const {
+  const Guard guard(lock_.get());
   TierHits hits;
   if (!setup_.any()) return hits;
   const int node = NodeOf(instance);
@@ -157,13 +174,17 @@ TierHits TierManager::Lookup(InstanceId instance, std::span<const BlockHash> has
 }
 
 LoadId TierManager::BeginLoad(InstanceId instance, std::span<const BlockHash> hashes,
-                              std::int64_t first, const TierHits& hits) {
+                              std::int64_t first, const TierHits& hits,
+                              std::span<const KvBlockManager::BlockId> gpu_blocks) {
+  const Guard guard(lock_.get());
   const int node = NodeOf(instance);
   Load load;
   load.id = next_load_++;
   std::array<std::vector<BlockHash>, kNumLowerTiers> per_tier;
+  std::array<std::vector<KvBlockManager::BlockId>, kNumLowerTiers> per_tier_gpu;
   const std::int64_t end = first + hits.total();
   DUET_CHECK(end <= static_cast<std::int64_t>(hashes.size()));
+  DUET_CHECK(gpu_blocks.empty() || static_cast<std::int64_t>(gpu_blocks.size()) == hits.total());
   for (std::int64_t i = first; i < end; ++i) {
     for (int k = 0; k < kNumLowerTiers; ++k)
       PrefetchAhead(store(static_cast<TierKind>(k), node), hashes, static_cast<std::size_t>(i));
@@ -173,6 +194,9 @@ LoadId TierManager::BeginLoad(InstanceId instance, std::span<const BlockHash> ha
       KvTierStore* s = Store(static_cast<TierKind>(k), node);
       if (s && s->PinForRead(h)) {
         per_tier[static_cast<std::size_t>(k)].push_back(h);
+        if (!gpu_blocks.empty())
+          per_tier_gpu[static_cast<std::size_t>(k)].push_back(
+              gpu_blocks[static_cast<std::size_t>(i - first)]);
         break;
       }
     }
@@ -191,6 +215,7 @@ LoadId TierManager::BeginLoad(InstanceId instance, std::span<const BlockHash> ha
     io.blocks = static_cast<std::int64_t>(v.size());
     io.bytes = io.blocks * setup_.block_bytes;
     io.hashes = v;
+    io.gpu_blocks = per_tier_gpu[static_cast<std::size_t>(k)];
     TierCounters& c = counters_[static_cast<std::size_t>(k)];
     c.read_blocks += io.blocks;
     c.read_bytes += io.bytes;
@@ -203,6 +228,7 @@ LoadId TierManager::BeginLoad(InstanceId instance, std::span<const BlockHash> ha
 }
 
 TransferStatus TierManager::PollLoad(LoadId id) {
+  const Guard guard(lock_.get());
   auto it = std::find_if(loads_.begin(), loads_.end(), [&](const Load& l) { return l.id == id; });
   DUET_CHECK(it != loads_.end());
   ProgressLoad(*it);
@@ -225,7 +251,9 @@ Seconds TierManager::EstimateLoadSeconds(const TierHits& hits) const {
 }
 
 void TierManager::Write(int kind, int node, InstanceId instance, int from,
-                        std::span<const BlockHash> hashes, InstanceId owner) {
+                        std::span<const BlockHash> hashes, InstanceId owner,
+                        std::span<const KvBlockManager::BlockId> gpu_blocks) {
+  DUET_CHECK(gpu_blocks.empty() || gpu_blocks.size() == hashes.size());
   const auto tier = static_cast<TierKind>(kind);
   KvTierStore* s = Store(tier, node);
   TierCounters& c = counters_[static_cast<std::size_t>(kind)];
@@ -253,6 +281,22 @@ void TierManager::Write(int kind, int node, InstanceId instance, int from,
     io.bytes = io.blocks * setup_.block_bytes;
     io.hashes = accepted;
     io.evicted = evicted;
+    std::vector<BlockHash> dropped;  // evicted, and what failed reads made the tier forget
+    if (auto f = forgotten_.find(s); f != forgotten_.end()) {
+      dropped = evicted;
+      dropped.insert(dropped.end(), f->second.begin(), f->second.end());
+      forgotten_.erase(f);
+      io.evicted = dropped;
+    }
+    // The GPU blocks of the accepted hashes: they are `hashes` in order, less those skipped.
+    std::vector<KvBlockManager::BlockId> sources;
+    if (!gpu_blocks.empty()) {
+      sources.reserve(accepted.size());
+      for (std::size_t i = 0, j = 0; i < hashes.size() && j < accepted.size(); ++i)
+        if (hashes[i] == accepted[j]) sources.push_back(gpu_blocks[i]), ++j;
+      DUET_CHECK(sources.size() == accepted.size());
+      io.gpu_blocks = sources;
+    }
     c.write_blocks += io.blocks;
     c.write_bytes += io.bytes;
     ++c.write_ios;
@@ -263,28 +307,33 @@ void TierManager::Write(int kind, int node, InstanceId instance, int from,
     if (static_cast<std::size_t>(owner) >= pending_writes_.size())
       pending_writes_.resize(static_cast<std::size_t>(owner) + 1);
     pending_writes_[static_cast<std::size_t>(owner)].push_back(
-        {id, s, started.id, tier, owner, std::move(accepted)});
+        {id, s, started.id, tier, owner, instance != kNoInstance, std::move(accepted)});
     ++num_pending_writes_;
   }
 }
 
-void TierManager::OnComputed(InstanceId instance, std::span<const BlockHash> hashes) {
+void TierManager::OnComputed(InstanceId instance, std::span<const BlockHash> hashes,
+                             std::span<const KvBlockManager::BlockId> gpu_blocks) {
+  const Guard guard(lock_.get());
   const int first = Below(-1);
   if (first < 0 || hashes.empty()) return;
   if (setup_.tiers[static_cast<std::size_t>(first)].placement != TierPlacement::kWriteThrough)
     return;
-  Write(first, NodeOf(instance), instance, -1, hashes, instance);
+  Write(first, NodeOf(instance), instance, -1, hashes, instance, gpu_blocks);
 }
 
-void TierManager::OnGpuEvicted(InstanceId instance, std::span<const BlockHash> hashes) {
+void TierManager::OnGpuEvicted(InstanceId instance, std::span<const BlockHash> hashes,
+                               std::span<const KvBlockManager::BlockId> gpu_blocks) {
+  const Guard guard(lock_.get());
   const int first = Below(-1);
   if (first < 0 || hashes.empty()) return;
   if (setup_.tiers[static_cast<std::size_t>(first)].placement != TierPlacement::kWriteBack) return;
-  Write(first, NodeOf(instance), instance, -1, hashes, instance);
+  Write(first, NodeOf(instance), instance, -1, hashes, instance, gpu_blocks);
 }
 
 std::int64_t TierManager::Prefetch(InstanceId instance, std::span<const BlockHash> hashes,
                                    std::int64_t first) {
+  const Guard guard(lock_.get());
   if (!setup_.prefetch_to_dram || !enabled(TierKind::kDram)) return 0;
   const int node = NodeOf(instance);
   const KvTierStore* dram = Store(TierKind::kDram, node);
@@ -314,18 +363,51 @@ std::int64_t TierManager::Prefetch(InstanceId instance, std::span<const BlockHas
   return started;
 }
 
+bool TierManager::ReadingGpu(InstanceId instance) {
+  const Guard guard(lock_.get());
+  ProgressLocked(instance);
+  if (static_cast<std::size_t>(instance) >= pending_writes_.size()) return false;
+  for (const PendingWrite& w : pending_writes_[static_cast<std::size_t>(instance)])
+    if (w.from_gpu) return true;
+  return false;
+}
+
+void TierManager::Adopt(TierKind kind, int node, std::span<const BlockHash> hashes) {
+  const Guard guard(lock_.get());
+  KvTierStore* s = Store(kind, node);
+  DUET_CHECK(s != nullptr);
+  // One at a time, each readable before the next: the last ones stay if not all fit.
+  std::vector<BlockHash> started, evicted;
+  for (const BlockHash& h : hashes) {
+    const KvTierStore::WriteStart w = s->BeginWrite(std::span(&h, 1), &started, &evicted);
+    if (w.id != 0) s->EndWrite(w.id);
+  }
+  // What did not fit goes from the storage with the tier's next write.
+  std::vector<BlockHash>& forgotten = forgotten_[s];
+  forgotten.insert(forgotten.end(), evicted.begin(), evicted.end());
+  ++changes_;
+}
+
+TierCounters TierManager::counters(TierKind kind) const {
+  const Guard guard(lock_.get());
+  return counters_[static_cast<int>(kind)];
+}
+
 bool TierManager::HasPendingWrites(InstanceId instance) const {
+  const Guard guard(lock_.get());
   return static_cast<std::size_t>(instance) < pending_writes_.size() &&
          !pending_writes_[static_cast<std::size_t>(instance)].empty();
 }
 
 std::int64_t TierManager::evictions(TierKind kind) const {
+  const Guard guard(lock_.get());
   std::int64_t n = 0;
   for (const auto& s : stores_[static_cast<std::size_t>(kind)]) n += s->evictions();
   return n;
 }
 
 std::int64_t TierManager::peak_used_blocks(TierKind kind) const {
+  const Guard guard(lock_.get());
   std::int64_t n = 0;
   for (const auto& s : stores_[static_cast<std::size_t>(kind)])
     n = std::max(n, s->peak_used_blocks());
@@ -333,6 +415,7 @@ std::int64_t TierManager::peak_used_blocks(TierKind kind) const {
 }
 
 Status TierManager::CheckInvariants(bool expect_idle) const {
+  const Guard guard(lock_.get());
   for (int k = 0; k < kNumLowerTiers; ++k) {
     for (std::size_t n = 0; n < stores_[static_cast<std::size_t>(k)].size(); ++n) {
       const KvTierStore& s = *stores_[static_cast<std::size_t>(k)][n];

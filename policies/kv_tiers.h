@@ -10,15 +10,17 @@
 // read. Every byte moves through the TierStorage port (post, then poll), so offload and
 // promotion traffic shares the links and disks that the world below models.
 //
-// The manager decides and tracks; it reads no clock. Not thread-safe: in simulation every
-// engine calls it from its own actor, one at a time.
+// The manager decides and tracks; it reads no clock. In simulation every engine calls it from
+// its own actor, one at a time; the live server's engine threads share it (ShareAcrossThreads).
 #pragma once
 
 #include <array>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "common/status.h"
@@ -88,9 +90,10 @@ class TierManager {
   TierHits Lookup(InstanceId instance, std::span<const BlockHash> hashes, std::int64_t first,
                   std::int64_t max_blocks) const;
   // Starts loading those blocks into the instance's GPU: pins them, posts one read per tier.
-  // `hits` must be what Lookup returned just now.
+  // `hits` must be what Lookup returned just now. `gpu_blocks`: the instance's blocks that
+  // receive them (one per block of hits, in order; empty where the storage needs none).
   LoadId BeginLoad(InstanceId instance, std::span<const BlockHash> hashes, std::int64_t first,
-                   const TierHits& hits);
+                   const TierHits& hits, std::span<const KvBlockManager::BlockId> gpu_blocks = {});
   // kDone once every read finished (the blocks are unpinned), kFailed if one failed; the id
   // is released then.
   TransferStatus PollLoad(LoadId id);
@@ -100,10 +103,14 @@ class TierManager {
   // Estimated seconds to load `hits` into one GPU when the paths are idle.
   Seconds EstimateLoadSeconds(const TierHits& hits) const;
 
-  // `instance` computed these full blocks (write-through from the GPU).
-  void OnComputed(InstanceId instance, std::span<const BlockHash> hashes);
-  // `instance`'s GPU cache evicted these blocks (write-back from the GPU).
-  void OnGpuEvicted(InstanceId instance, std::span<const BlockHash> hashes);
+  // `instance` computed these full blocks (write-through from the GPU). `gpu_blocks`: the
+  // instance's blocks holding them (one per hash; empty where the storage needs none).
+  void OnComputed(InstanceId instance, std::span<const BlockHash> hashes,
+                  std::span<const KvBlockManager::BlockId> gpu_blocks = {});
+  // `instance`'s GPU cache evicted these blocks (write-back from the GPU), held until now by
+  // `gpu_blocks` as OnComputed's.
+  void OnGpuEvicted(InstanceId instance, std::span<const BlockHash> hashes,
+                    std::span<const KvBlockManager::BlockId> gpu_blocks = {});
   // A request queued on `instance` will need `hashes` from block `first` on: copies those that
   // only the SSD or the remote store holds into the node's DRAM (when prefetch_to_dram).
   // Returns the blocks it started to copy.
@@ -112,13 +119,26 @@ class TierManager {
   // Writes that `instance` posted (its OnComputed / OnGpuEvicted calls and what they set off)
   // and have not finished. Each posting engine polls its own I/O and stays up until it is done.
   bool HasPendingWrites(InstanceId instance) const;
+  // Whether a write that reads `instance`'s GPU blocks is still running (after finishing those
+  // that ended, as Progress does). Real storage reads the blocks while the engine runs on: a
+  // step that could write into them waits until this is false.
+  bool ReadingGpu(InstanceId instance);
+
+  // Blocks that tier `kind` on `node` holds already (what its storage found at start): readable
+  // at once, as if written now. Those beyond its room evict as a write would.
+  void Adopt(TierKind kind, int node, std::span<const BlockHash> hashes);
+
+  // From now on every public call may come from any thread (the live server's engine threads
+  // share one manager, as the simulator's instances do): each takes a lock. The simulator's
+  // instances run one at a time and take none.
+  void ShareAcrossThreads() { lock_ = std::make_unique<std::mutex>(); }
 
   // No I/O in flight, no pins, every store consistent and within capacity.
   Status CheckInvariants(bool expect_idle) const;
   bool idle() const { return num_pending_writes_ == 0 && loads_.empty(); }
 
   const KvTierStore* store(TierKind kind, int node) const;
-  const TierCounters& counters(TierKind kind) const { return counters_[static_cast<int>(kind)]; }
+  TierCounters counters(TierKind kind) const;
   std::int64_t evictions(TierKind kind) const;
   std::int64_t peak_used_blocks(TierKind kind) const;  // the most any one store held
 
@@ -129,8 +149,25 @@ class TierManager {
     KvTierStore::WriteId write;
     TierKind tier;
     InstanceId owner;
+    bool from_gpu;  // reads the owner's GPU blocks
     std::vector<BlockHash> hashes;
   };
+  // Locks the manager for one public call when it is shared across threads.
+  class Guard {
+   public:
+    explicit Guard(std::mutex* m) : m_(m) {
+      if (m_) m_->lock();
+    }
+    ~Guard() {
+      if (m_) m_->unlock();
+    }
+    Guard(const Guard&) = delete;
+    Guard& operator=(const Guard&) = delete;
+
+   private:
+    std::mutex* m_;
+  };
+  void ProgressLocked(InstanceId instance);
   // The last lookup on each node, with the hashes it read. A router asks for one request's
   // blocks on every candidate instance in turn, mostly from the same first block, and a node's
   // stores change only when a write starts or ends (changes_ counts those).
@@ -162,7 +199,7 @@ class TierManager {
   // `from`), then follows write-through placement downwards and write-back for evictions.
   // `owner` is the engine whose call set this off.
   void Write(int kind, int node, InstanceId instance, int from, std::span<const BlockHash> hashes,
-             InstanceId owner);
+             InstanceId owner, std::span<const KvBlockManager::BlockId> gpu_blocks = {});
 
   TierSetup setup_;
   TierStorage* storage_;
@@ -175,6 +212,9 @@ class TierManager {
   LoadId next_load_ = 1;
   std::uint64_t changes_ = 0;
   mutable std::vector<LastLookup> last_lookup_;  // by node
+  std::unique_ptr<std::mutex> lock_;             // null: one thread at a time
+  // Blocks each store forgot after a failed read, until its next write tells the storage.
+  std::unordered_map<const KvTierStore*, std::vector<BlockHash>> forgotten_;
 };
 
 }  // namespace duet::policies

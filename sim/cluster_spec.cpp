@@ -13,8 +13,9 @@ using nlohmann::json;
 
 // Bounds on the cluster file's numbers in their JSON units, like the hardware specs' (1e-6 to
 // 1e6): outside them a simulated duration would be zero or hundreds of digits long.
-constexpr double kMinBandwidthGBps = 1e-6, kMaxBandwidthGBps = 1e6;
-constexpr double kMaxLatencyUs = 1e6;    // one second per link
+using deploy::kMaxBandwidthGBps;
+using deploy::kMaxLatencyUs;
+using deploy::kMinBandwidthGBps;
 constexpr double kMinEfficiency = 1e-3;  // of peak FLOP/s, HBM or NVLink bandwidth
 constexpr double kMaxOverheadMs = 1e6;   // per step
 
@@ -66,69 +67,6 @@ Result<LinkSpec> ParseLink(const json& parent, const std::string& key, const std
   auto lat = JsonNumberIn(*it, "latency_us", 0, kMaxLatencyUs, here, 0.0);
   if (!lat) return lat.status();
   return LinkSpec{*bw * kGB, *lat * 1e-6};
-}
-
-// "tiers": {"dram": {...}, "ssd": {...}, "remote": {...}}, each optional.
-Status ParseTier(const json& tiers, const char* key, const std::string& where_tiers, TierSpec& t) {
-  auto it = tiers.find(key);
-  if (it == tiers.end() || it->is_null()) return Status::Ok();
-  const std::string where = where_tiers + "." + key;
-  if (!it->is_object()) return Status::Error(where + ": must be an object");
-  const json& j = *it;
-  t.enabled = true;
-  auto gib = JsonNumber(j, "capacity_gib", where);
-  if (!gib) return gib.status();
-  if (!(*gib * kGiB >= 1) || *gib > 1e9)
-    return FieldError(where, "capacity_gib", "must be in (0, 1e9], got " + std::to_string(*gib));
-  t.capacity_bytes = static_cast<Bytes>(*gib * kGiB);
-  auto placement_name = JsonStringOr(j, "placement", "write-through", where);
-  if (!placement_name) return placement_name.status();
-  auto placement = policies::ParseTierPlacement(*placement_name);
-  if (!placement) return Status::Error(where + ": field 'placement': " + placement.error());
-  t.placement = *placement;
-  auto eviction_name = JsonStringOr(j, "eviction", "lru", where);
-  if (!eviction_name) return eviction_name.status();
-  auto eviction = policies::ParseEvictionPolicy(*eviction_name);
-  if (!eviction) return Status::Error(where + ": field 'eviction': " + eviction.error());
-  t.eviction = *eviction;
-  const std::string k = key;
-  if (k == "ssd") {
-    auto read = JsonNumberIn(j, "read_GBps", kMinBandwidthGBps, kMaxBandwidthGBps, where);
-    auto write = JsonNumberIn(j, "write_GBps", kMinBandwidthGBps, kMaxBandwidthGBps, where);
-    if (!read) return read.status();
-    if (!write) return write.status();
-    t.read_bw = *read * kGB;
-    t.write_bw = *write * kGB;
-  } else {
-    // DRAM: the host memory bandwidth that the node's GPUs share; remote: the store's link.
-    auto bw = JsonNumberIn(j, "bandwidth_GBps", kMinBandwidthGBps, kMaxBandwidthGBps, where,
-                           k == "dram" ? std::optional<double>(200.0) : std::nullopt);
-    auto lat = JsonNumberIn(j, "latency_us", 0, kMaxLatencyUs, where, k == "dram" ? 0.0 : 10.0);
-    if (!bw) return bw.status();
-    if (!lat) return lat.status();
-    t.link = {*bw * kGB, *lat * 1e-6};
-  }
-  if (k == "dram") {
-    auto prefetch = JsonBoolOr(j, "prefetch", true, where);
-    if (!prefetch) return prefetch.status();
-    t.prefetch = *prefetch;
-  }
-  return Status::Ok();
-}
-
-Status ParseTiers(const json& doc, const std::string& path, TiersSpec& tiers) {
-  auto it = doc.find("tiers");
-  if (it == doc.end() || it->is_null()) return Status::Ok();
-  const std::string where = path + ": tiers";
-  if (!it->is_object()) return Status::Error(where + ": must be an object");
-  for (const auto& [key, value] : it->items()) {
-    if (key != "dram" && key != "ssd" && key != "remote")
-      return Status::Error(where + ": unknown tier '" + key + "' (expected dram, ssd, remote)");
-  }
-  DUET_RETURN_IF_ERROR(ParseTier(*it, "dram", where, tiers.dram));
-  DUET_RETURN_IF_ERROR(ParseTier(*it, "ssd", where, tiers.ssd));
-  DUET_RETURN_IF_ERROR(ParseTier(*it, "remote", where, tiers.remote));
-  return Status::Ok();
 }
 
 Status ParseCostModel(const json& doc, const std::string& path, const std::string& data_dir,
@@ -288,23 +226,6 @@ Result<ClusterSpec> ParseClusterSpec(const json& doc, const std::string& path,
   c.frontend_link = *fe;
 
   c.cost_model.roofline.kv_cache_dtype = c.engine.memory.kv_cache_dtype;
-  DUET_RETURN_IF_ERROR(ParseTiers(doc, path, c.tiers));
-  // A tier must hold at least one engine block (every TP shard's share of it).
-  for (int k = 0; k < policies::kNumLowerTiers; ++k) {
-    const auto kind = static_cast<policies::TierKind>(k);
-    const TierSpec& t = c.tiers[kind];
-    const Bytes block_bytes = c.engine.block_tokens * c.KvBytesPerToken();
-    if (t.enabled && t.capacity_bytes < block_bytes)
-      return FieldError(path + ": tiers." + policies::ToString(kind), "capacity_gib",
-                        "holds " + std::to_string(t.capacity_bytes) +
-                            " bytes, less than one KV block of " + std::to_string(block_bytes) +
-                            " bytes (block_tokens x KV bytes per token)");
-  }
-  if (c.tiers.any() && !c.engine.enable_prefix_caching)
-    return Status::Error(path +
-                         ": tiers: need engine.enable_prefix_caching (tiers hold cached "
-                         "prefix blocks)");
-
   // Placement: the node the file asks for, else the first node with tp free GPUs.
   std::vector<int> next_gpu(c.nodes.size(), 0);
   for (const deploy::InstanceSpec& inst : c.instances) {

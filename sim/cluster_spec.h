@@ -20,10 +20,7 @@
 
 namespace duet::sim {
 
-struct LinkSpec {
-  BytesPerSecond bandwidth = 0;  // per direction
-  Seconds latency = 0;
-};
+using deploy::LinkSpec;
 
 struct NodeSpec {
   std::string name;  // node0, node1, ...
@@ -35,27 +32,8 @@ struct NodeSpec {
   LinkSpec host_nic;  // the host's own NIC to the switch (DRAM/SSD <-> remote store traffic)
 };
 
-// One KV tier below GPU memory (`tiers` in the cluster file). DRAM and SSD are per node.
-struct TierSpec {
-  bool enabled = false;
-  Bytes capacity_bytes = 0;  // per node; the whole store for the remote tier
-  policies::TierPlacement placement = policies::TierPlacement::kWriteThrough;
-  policies::EvictionPolicy eviction = policies::EvictionPolicy::kLru;
-  LinkSpec link;                // dram: host memory bandwidth; remote: the store's link
-  BytesPerSecond read_bw = 0;   // ssd: the node's disk read bandwidth
-  BytesPerSecond write_bw = 0;  // ssd: the node's disk write bandwidth
-  bool prefetch = true;         // dram: promote queued requests' prefixes from SSD/remote
-};
-
-struct TiersSpec {
-  TierSpec dram, ssd, remote;
-  bool any() const { return dram.enabled || ssd.enabled || remote.enabled; }
-  const TierSpec& operator[](policies::TierKind kind) const {
-    return kind == policies::TierKind::kDram  ? dram
-           : kind == policies::TierKind::kSsd ? ssd
-                                              : remote;
-  }
-};
+using deploy::TierSpec;
+using deploy::TiersSpec;
 
 // Where an instance of the deployment runs: its node, its GPUs there (tp of them, first fit)
 // and the memory plan on that node's GPU.
@@ -73,13 +51,13 @@ struct CostModelSpec {
   std::shared_ptr<const models::StepProfile> profile;  // null: the roofline
 };
 
-// The deployment (deploy/deployment.h) and where it runs: nodes, links, tiers, cost model.
+// The deployment (deploy/deployment.h, tiers included) and where it runs: nodes, links, the
+// cost model.
 struct ClusterSpec : deploy::Deployment {
   std::vector<NodeSpec> nodes;
   LinkSpec switch_link;                       // shared by all inter-node traffic
   LinkSpec frontend_link;                     // frontend host to the switch
   std::vector<InstancePlacement> placements;  // one per instance, in order
-  TiersSpec tiers;
   CostModelSpec cost_model;
 };
 

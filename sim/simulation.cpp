@@ -19,12 +19,11 @@ namespace duet::sim {
 namespace {
 
 policies::TierSetup TierSetupFor(const ClusterSpec& cluster) {
-  using policies::TierKind;
-  policies::TierSetup setup;
-  setup.block_bytes = cluster.engine.block_tokens * cluster.KvBytesPerToken();
-  setup.num_nodes = static_cast<int>(cluster.nodes.size());
-  setup.prefetch_to_dram = cluster.tiers.dram.prefetch;
-  for (const InstancePlacement& at : cluster.placements) setup.instance_node.push_back(at.node);
+  std::vector<int> instance_node;
+  for (const InstancePlacement& at : cluster.placements) instance_node.push_back(at.node);
+  policies::TierSetup setup =
+      deploy::TierSetupFor(cluster.tiers, cluster.engine.block_tokens * cluster.KvBytesPerToken(),
+                           std::move(instance_node), static_cast<int>(cluster.nodes.size()));
   // Routing estimates: the slowest resource on each tier's path into a GPU (first node's).
   const NodeSpec& node = cluster.nodes.front();
   const TiersSpec& t = cluster.tiers;
@@ -33,15 +32,8 @@ policies::TierSetup TierSetupFor(const ClusterSpec& cluster) {
                              std::min({t.ssd.read_bw, node.pcie.bandwidth, mem}),
                              std::min({t.remote.link.bandwidth, cluster.switch_link.bandwidth,
                                        node.nic.bandwidth, node.pcie.bandwidth})};
-  for (int k = 0; k < policies::kNumLowerTiers; ++k) {
-    const TierSpec& spec = t[static_cast<TierKind>(k)];
-    policies::TierConfig& c = setup.tiers[static_cast<std::size_t>(k)];
-    c.enabled = spec.enabled;
-    c.capacity_bytes = spec.capacity_bytes;
-    c.placement = spec.placement;
-    c.eviction = spec.eviction;
-    c.read_bandwidth = read_bw[k];
-  }
+  for (int k = 0; k < policies::kNumLowerTiers; ++k)
+    setup.tiers[static_cast<std::size_t>(k)].read_bandwidth = read_bw[k];
   return setup;
 }
 

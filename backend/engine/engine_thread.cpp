@@ -12,9 +12,11 @@ EngineThread::EngineThread(policies::EngineConfig config, ForwardModel& model, P
       inbox_(*ports.clock),
       model_(model),
       warm_up_(warm_up),
-      executor_(model, *ports.clock, {.keep_last = ports.step_log != nullptr}),
+      executor_(
+          model, *ports.clock,
+          {.keep_last = ports.step_log != nullptr, .tiers = ports.tiers, .instance = config.id}),
       engine_(config, policies::EnginePorts{ports.clock, &inbox_, ports.outbox, &executor_,
-                                            ports.transport, ports.sink, nullptr}),
+                                            ports.transport, ports.sink, ports.tiers}),
       after_iteration_(std::move(after_iteration)),
       step_log_(ports.step_log) {
   PublishLoad();

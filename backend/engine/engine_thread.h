@@ -26,6 +26,9 @@ class EngineThread {
     policies::KvTransport* transport = nullptr;  // used on this thread only
     policies::EventSink* sink = nullptr;         // called on this thread
     StepLog* step_log = nullptr;                 // every step, when set (shared by threads)
+    // KV tiers below this instance's blocks, shared by the instances (ShareAcrossThreads), or
+    // null. Its storage must have this instance's KV region.
+    policies::TierManager* tiers = nullptr;
   };
 
   // `model` (which holds the KV memory) must outlive the thread. `after_iteration`, if set,

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <chrono>
 #include <fstream>
+#include <thread>
 
 #include "kernels/cpu/sampling.h"
 #include "models/step_profile.h"
@@ -63,7 +64,13 @@ std::span<const std::int32_t> ModelStepExecutor::Ids(const Request& r, Tokens fi
 void ModelStepExecutor::Execute(const policies::StepPlan& plan, policies::StepEvents&,
                                 policies::StepResult* result) {
   DUET_CHECK_MSG(plan.max_steps == 1 && plan.awaited_loads.empty(),
-                 "a real executor runs single steps without tier loads");
+                 "a real executor runs single steps, none overlapped with tier loads");
+  // A tier write reads this instance's blocks on the storage's I/O thread; this step may write
+  // into one of them (a block evicted to make room was written back from it just now).
+  if (options_.tiers) {
+    while (options_.tiers->ReadingGpu(options_.instance))
+      std::this_thread::sleep_for(std::chrono::microseconds(20));
+  }
   const std::int32_t vocab = model_.config().vocab_size;
   chunks_.clear();
   joined_.clear();

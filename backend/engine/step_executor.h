@@ -12,6 +12,7 @@
 
 #include "backend/engine/forward_model.h"
 #include "models/cost_model.h"
+#include "policies/kv_tiers.h"
 #include "policies/ports.h"
 
 namespace duet::backend {
@@ -31,13 +32,18 @@ class ModelStepExecutor final : public policies::StepExecutor {
   struct Options {
     bool record_timings = false;  // keep every step's StepTiming (timings()); grows per step
     bool keep_last = false;       // keep the last step's StepTiming (last_timing())
+    // The KV tiers the engine offloads to, if any, and this instance's id there: a step waits
+    // until no tier write is still reading the instance's blocks (one evicted to make room in
+    // this step's tables may be written into).
+    policies::TierManager* tiers = nullptr;
+    policies::InstanceId instance = 0;
   };
 
   // `clock` stamps the end of each step (the engine's clock).
   ModelStepExecutor(ForwardModel& model, const policies::Clock& clock, Options options);
 
   // Never coalesces decode runs; needs the block tables. Runs one step per call; does not
-  // take tier loads (no real tier storage yet).
+  // overlap tier loads with it (its engine loads a prefix before it schedules the request).
   bool NeedsBlockTables() const override { return true; }
   void Execute(const policies::StepPlan& plan, policies::StepEvents& events,
                policies::StepResult* result) override;

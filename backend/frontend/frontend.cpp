@@ -4,6 +4,8 @@
 // frontend_workers.cpp.
 #include "backend/frontend/frontend.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <limits>
@@ -49,6 +51,7 @@ void LiveFrontend::Impl::InstanceSink::OnFinished(const RequestSpec& spec, const
   info.reason = r.finish_reason;
   info.message = r.reason;
   info.cached_tokens = r.cached_tokens;
+  info.tier_hit_tokens = r.tier_hit_tokens;
   info.instance = id_;
   if (r.first_scheduled_s >= 0) info.queue_s = r.first_scheduled_s - spec.arrival_s;
   if (r.prefill_done_s >= 0) info.prefill_done_s = r.prefill_done_s - spec.arrival_s;
@@ -227,6 +230,54 @@ Status SetLimits(LiveFrontend::Impl& s, std::span<const Tokens> admissible) {
   return Status::Ok();
 }
 
+LiveFrontend::Impl::RemovedAtEnd::~RemovedAtEnd() {
+  std::error_code ec;
+  if (!path.empty()) std::filesystem::remove_all(path, ec);
+}
+
+namespace {
+
+// The tiers of options.tiers on this host, under the tier policies the simulator runs: every
+// instance on node 0, each one's KV region registered with the storage.
+Status StartTiers(LiveFrontend::Impl& s, const std::vector<KvRegion>& regions) {
+  const std::int64_t block_bytes = regions.front().block_bytes;
+  for (std::size_t i = 0; i < regions.size(); ++i)
+    if (!regions[i].base || regions[i].block_bytes != block_bytes)
+      return Status::Error("tiers: instance " + std::to_string(i) +
+                           " exposes no KV region in host memory to offload from");
+  const models::ModelSpec& m = s.config;
+  // Blocks are shared (the remote store, SSD files after a restart) only between servers of the
+  // same model and KV layout.
+  const StoredBlockLayout layout{
+      .fingerprint = LayoutFingerprint(
+          m.name + "/" + m.model_type + "/layers=" + std::to_string(m.num_hidden_layers) +
+          "/kv_heads=" + std::to_string(m.num_key_value_heads) +
+          "/head_dim=" + std::to_string(m.head_dim) + "/vocab=" + std::to_string(m.vocab_size) +
+          "/block_tokens=" + std::to_string(s.block_tokens) +
+          "/block_bytes=" + std::to_string(block_bytes)),
+      .block_bytes = block_bytes};
+  const deploy::TiersSpec& tiers = s.options.tiers;
+  if (tiers.ssd.enabled && tiers.ssd.directory.empty())
+    s.tier_temp_dir.path =
+        std::filesystem::temp_directory_path() / ("duet-ssd-tier-" + std::to_string(::getpid()));
+  auto storage = MakeHostTierStorage(tiers, layout, s.tier_temp_dir.path);
+  if (!storage) return storage.status();
+  s.tier_storage = std::move(*storage);
+  for (std::size_t i = 0; i < regions.size(); ++i)
+    s.tier_storage->RegisterInstance(static_cast<policies::InstanceId>(i), regions[i]);
+  s.tiers = std::make_unique<policies::TierManager>(
+      deploy::TierSetupFor(tiers, block_bytes, std::vector<int>(regions.size(), 0), 1),
+      s.tier_storage.get());
+  // Block files a server before this one left are served again.
+  if (const auto* ssd =
+          dynamic_cast<const FileTierBlocks*>(s.tier_storage->blocks(policies::TierKind::kSsd, 0)))
+    s.tiers->Adopt(policies::TierKind::kSsd, 0, ssd->recovery().blocks);
+  s.tiers->ShareAcrossThreads();
+  return Status::Ok();
+}
+
+}  // namespace
+
 Result<std::unique_ptr<LiveFrontend>> LiveFrontend::Start(
     std::vector<std::unique_ptr<ForwardModel>> models, FrontendOptions options) {
   if (models.empty()) return Status::Error("the live frontend needs at least one instance");
@@ -266,6 +317,9 @@ Result<std::unique_ptr<LiveFrontend>> LiveFrontend::Start(
   auto transports = LocalKvTransports::Create(regions, *roles, options.kv_transport);
   if (!transports.ok()) return Status::Error("KV transport: " + transports.error());
   s.transports = std::move(*transports);
+  if (options.tiers.any()) {
+    if (Status st = StartTiers(s, regions); !st.ok()) return st;
+  }
 
   auto outbox = std::make_unique<LocalOutbox>();
   for (int i = 0; i < n; ++i) {
@@ -275,11 +329,14 @@ Result<std::unique_ptr<LiveFrontend>> LiveFrontend::Start(
     c.kv_bytes_per_token = s.models[static_cast<std::size_t>(i)]->kv_bytes_per_token();
     c.num_blocks = s.models[static_cast<std::size_t>(i)]->num_blocks();
     c.num_layers = config.num_hidden_layers;
+    // A prefix found in a tier is loaded before its request is scheduled: a real step cannot
+    // yet drop a request whose overlapped load failed, and would attend over missing KV.
+    if (s.tiers) c.scheduler.overlap_tier_loads = false;
     Impl::InstanceSink* sink = s.sinks[static_cast<std::size_t>(i)].get();
     auto thread = std::make_unique<EngineThread>(
         c, *s.models[static_cast<std::size_t>(i)],
         EngineThread::Ports{&s.clock, outbox.get(), &s.transports->transport(i), sink,
-                            options.step_log},
+                            options.step_log, s.tiers.get()},
         [sink] { sink->ReleaseFinished(); });
     outbox->Add(&thread->inbox());
     s.instances.push_back(std::make_unique<LocalInstance>(std::move(thread)));

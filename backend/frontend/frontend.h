@@ -7,6 +7,7 @@
 // thin driver of this class. Thread-safe: every public method may be called from any thread.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -19,6 +20,7 @@
 #include "backend/transport/local_kv_transports.h"
 #include "common/status.h"
 #include "deploy/engine_settings.h"
+#include "deploy/tiers.h"
 #include "policies/engine.h"
 #include "policies/instance_load.h"
 #include "policies/ports.h"
@@ -35,6 +37,8 @@ struct FinishInfo {
   Tokens prompt_tokens = 0;                                       // the prompt's length
   Tokens completion_tokens = 0;  // tokens generated (a stop token included)
   Tokens cached_tokens = 0;      // prompt tokens served from the prefix cache
+  // Of those, the tokens each KV tier below GPU memory served (dram, ssd, remote).
+  std::array<Tokens, policies::kNumLowerTiers> tier_hit_tokens{};
   policies::InstanceId instance = policies::kNoInstance;  // the instance that finished it
   Seconds queue_s = -1;         // arrival to its first admission to a batch (-1: never admitted)
   Seconds prefill_done_s = -1;  // arrival to the end of its prefill step (-1: none)
@@ -92,6 +96,9 @@ struct FrontendOptions {
   // Every engine step of the instances in this process, when set (--step-log). Must outlive
   // the frontend.
   StepLog* step_log = nullptr;
+  // KV tiers below the instances' blocks (a cluster file's "tiers"; engine threads only): real
+  // host memory, block files and a Redis store behind the simulator's tier policies.
+  deploy::TiersSpec tiers;
 };
 
 // A worker slot, for /health and /metrics.

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <condition_variable>
+#include <filesystem>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -14,8 +15,10 @@
 
 #include "backend/engine/engine_thread.h"
 #include "backend/frontend/frontend.h"
+#include "backend/tiers/tier_storage.h"
 #include "policies/admission.h"
 #include "policies/kv_event_index.h"
+#include "policies/kv_tiers.h"
 
 namespace duet::backend::serve {
 
@@ -107,6 +110,15 @@ struct LiveFrontend::Impl {
   std::vector<std::unique_ptr<InstanceSink>> sinks;
   bool pd = false;
   std::unique_ptr<LocalKvTransports> transports;  // engine threads only
+  // KV tiers (engine threads with options.tiers): the storage outlives the manager, which
+  // outlives the engines (declared after them). The SSD tier's own directory, if the server
+  // made one, goes last.
+  struct RemovedAtEnd {
+    std::filesystem::path path;
+    ~RemovedAtEnd();
+  } tier_temp_dir;
+  std::unique_ptr<HostTierStorage> tier_storage;
+  std::unique_ptr<policies::TierManager> tiers;
   // The one port to the instances (policies::Outbox, as the engines' own): the engine threads'
   // inboxes (LocalOutbox, which the engines send through too) or the worker processes' links.
   // A message's request, if any, is read during Send only by the workers' outbox, which sends a

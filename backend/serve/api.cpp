@@ -312,6 +312,8 @@ void GenerationCall::Finish(const FinishInfo& info) {
   duet.queue_ms = info.queue_s >= 0 ? info.queue_s * 1000.0 : -1;
   duet.instance = info.instance;
   duet.prefill_done_ms = info.prefill_done_s >= 0 ? info.prefill_done_s * 1000.0 : -1;
+  for (std::size_t k = 0; k < duet.tier_hit_tokens.size(); ++k)
+    duet.tier_hit_tokens[k] = info.tier_hit_tokens[k];
   if (info.kv_transfer_s >= 0) {
     duet.kv_transfer_ms = info.kv_transfer_s * 1000.0;
     duet.kv_transfer_bytes = info.kv_transfer_bytes;

@@ -150,7 +150,11 @@ json DuetJson(const DuetExtension& duet) {
       {"instance", duet.instance >= 0 ? json(duet.instance) : json()},
       {"prefill_done_ms", known(duet.prefill_done_ms)},
       {"kv_transfer_ms", known(duet.kv_transfer_ms)},
-      {"kv_transfer_bytes", duet.kv_transfer_bytes >= 0 ? json(duet.kv_transfer_bytes) : json()}};
+      {"kv_transfer_bytes", duet.kv_transfer_bytes >= 0 ? json(duet.kv_transfer_bytes) : json()},
+      {"tier_hit_tokens",
+       {{"dram", duet.tier_hit_tokens[0]},
+        {"ssd", duet.tier_hit_tokens[1]},
+        {"remote", duet.tier_hit_tokens[2]}}}};
 }
 
 std::string SseData(std::string_view payload) {

@@ -6,6 +6,7 @@
 // the reply's identity. Not thread-safe (one request's replies, from one thread).
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -31,6 +32,8 @@ struct DuetExtension {
   double prefill_done_ms = -1;  // arrival to the end of its prefill step
   double kv_transfer_ms = -1;   // PD: end of its prefill to its KV usable on the decode instance
   std::int64_t kv_transfer_bytes = -1;  // PD: the KV bytes that moved
+  // Prompt tokens served from each KV tier below GPU memory (dram, ssd, remote).
+  std::array<std::int64_t, 3> tier_hit_tokens{};
 };
 
 class ReplyFormatter {

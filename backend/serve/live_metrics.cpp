@@ -11,6 +11,8 @@
 #include <algorithm>
 #include <vector>
 
+#include "policies/kv_tiers.h"
+
 namespace duet::backend::serve {
 namespace {
 
@@ -68,6 +70,15 @@ LiveMetrics::LiveMetrics() : registry_(std::make_unique<prometheus::Registry>())
                                 "Prompt tokens looked up in the prefix cache.");
   cache_hits_ = &MakeCounter(r, "duet:prefix_cache_hits_total",
                              "Prompt tokens served from the prefix cache.");
+  auto& tier_hits = prometheus::BuildCounter()
+                        .Name("duet:prefix_cache_tier_hits_total")
+                        .Help(
+                            "Prompt tokens served from each KV tier below GPU memory (part of "
+                            "duet:prefix_cache_hits_total).")
+                        .Register(r);
+  for (int k = 0; k < policies::kNumLowerTiers; ++k)
+    tier_hits_[static_cast<std::size_t>(k)] =
+        &tier_hits.Add({{"tier", policies::ToString(static_cast<policies::TierKind>(k))}});
   preemptions_ = &MakeCounter(r, "duet:num_preemptions_total",
                               "Requests that lost their KV blocks and went back to the queue.");
   ttft_ = &MakeHistogram(r, "duet:time_to_first_token_seconds", "Arrival to first token (seconds).",
@@ -136,6 +147,8 @@ void LiveMetrics::OnPrefillDone(const RequestSpec& spec, const RequestRecord& re
   prompt_tokens_->Increment(static_cast<double>(spec.input_tokens));
   cache_queries_->Increment(static_cast<double>(spec.input_tokens));
   cache_hits_->Increment(static_cast<double>(record.cached_tokens));
+  for (std::size_t k = 0; k < tier_hits_.size(); ++k)
+    tier_hits_[k]->Increment(static_cast<double>(record.tier_hit_tokens[k]));
 }
 
 void LiveMetrics::OnTokenGaps(Seconds gap_s, std::int64_t count) {

@@ -5,6 +5,7 @@
 // Thread-safe: events arrive from every engine thread, scrapes from the server's io threads.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -60,6 +61,7 @@ class LiveMetrics final : public policies::EventSink {
   prometheus::Counter* success_error_;
   prometheus::Counter* cache_queries_;
   prometheus::Counter* cache_hits_;
+  std::array<prometheus::Counter*, policies::kNumLowerTiers> tier_hits_{};  // by tier
   prometheus::Counter* preemptions_;
   prometheus::Histogram* ttft_;
   prometheus::Histogram* itl_;

@@ -173,7 +173,6 @@ class RedisTierBlocks final : public TierBlocks {
   redisContext* context_ = nullptr;
   double next_attempt_s_ = 0;  // steady clock
   std::unordered_set<BlockHash> held_;
-  std::vector<std::byte> buffer_;  // header then payload of a put
 };
 
 }  // namespace duet::backend

@@ -181,4 +181,31 @@ Status HostTierStorage::Run(const Job& job) {
   return Status::Ok();
 }
 
+Result<std::unique_ptr<HostTierStorage>> MakeHostTierStorage(
+    const deploy::TiersSpec& tiers, StoredBlockLayout layout,
+    const std::filesystem::path& default_ssd_dir) {
+  auto storage = std::make_unique<HostTierStorage>();
+  auto blocks_of = [&](const deploy::TierSpec& t) { return t.capacity_bytes / layout.block_bytes; };
+  if (tiers.dram.enabled) {
+    auto dram = DramTierBlocks::Create(layout, blocks_of(tiers.dram));
+    if (!dram) return Status::Error("tiers.dram: " + dram.error());
+    storage->AddTier(policies::TierKind::kDram, 0, std::move(dram.value()));
+  }
+  if (tiers.ssd.enabled) {
+    const std::filesystem::path dir =
+        tiers.ssd.directory.empty() ? default_ssd_dir : std::filesystem::path(tiers.ssd.directory);
+    auto ssd = FileTierBlocks::Open(dir, layout, blocks_of(tiers.ssd));
+    if (!ssd) return Status::Error("tiers.ssd: " + ssd.error());
+    storage->AddTier(policies::TierKind::kSsd, 0, std::move(ssd.value()));
+  }
+  if (tiers.remote.enabled) {
+    RedisEndpoint endpoint;
+    endpoint.host = tiers.remote.host;
+    endpoint.port = tiers.remote.port;
+    storage->AddTier(policies::TierKind::kRemote, 0,
+                     std::make_unique<RedisTierBlocks>(endpoint, layout, blocks_of(tiers.remote)));
+  }
+  return storage;
+}
+
 }  // namespace duet::backend

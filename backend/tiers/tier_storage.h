@@ -17,6 +17,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <filesystem>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -26,6 +27,7 @@
 
 #include "backend/engine/forward_model.h"
 #include "backend/tiers/tier_blocks.h"
+#include "deploy/tiers.h"
 #include "policies/ports.h"
 
 namespace duet::backend {
@@ -91,5 +93,12 @@ class HostTierStorage final : public policies::TierStorage {
   std::array<TierIoCounters, policies::kNumLowerTiers> counters_{};
   std::thread thread_;
 };
+
+// The storage of a cluster file's tiers on this host (node 0): DRAM and SSD with the capacity
+// the file gives a node, the remote store at its endpoint. The SSD tier's blocks go under its
+// "directory", or `default_ssd_dir` where the file names none. Instances are registered after.
+Result<std::unique_ptr<HostTierStorage>> MakeHostTierStorage(
+    const deploy::TiersSpec& tiers, StoredBlockLayout layout,
+    const std::filesystem::path& default_ssd_dir);
 
 }  // namespace duet::backend

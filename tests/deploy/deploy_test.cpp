@@ -123,8 +123,43 @@ TEST(Deployment, TheSimulatorAndServeReadTheSameDeployment) {
       EXPECT_EQ(spec->instances[i].role, deployment->instances[i].role);
       EXPECT_EQ(spec->instances[i].tp, deployment->instances[i].tp);
     }
+    for (int k = 0; k < policies::kNumLowerTiers; ++k) {
+      const auto kind = static_cast<policies::TierKind>(k);
+      EXPECT_EQ(spec->tiers[kind].enabled, deployment->tiers[kind].enabled);
+      EXPECT_EQ(spec->tiers[kind].capacity_bytes, deployment->tiers[kind].capacity_bytes);
+    }
   }
   EXPECT_GE(files, 4);
+}
+
+// The live fields of "tiers": where the SSD tier's files go and the remote store's endpoint.
+TEST(Deployment, TiersNameTheSsdDirectoryAndTheRedisEndpoint) {
+  std::ifstream in(fs::path(DUET_SOURCE_DIR) / "sim" / "clusters" / "h100-8p8d-llama8b.json");
+  json doc = json::parse(in);
+  doc["tiers"] = {
+      {"ssd",
+       {{"capacity_gib", 2},
+        {"read_GBps", 3},
+        {"write_GBps", 1},
+        {"directory", "/var/cache/duet"}}},
+      {"remote", {{"capacity_gib", 4}, {"bandwidth_GBps", 5}, {"endpoint", "10.0.0.7:7000"}}}};
+  auto d = ParseDeployment(doc, "c.json", DUET_SOURCE_DIR);
+  ASSERT_TRUE(d.ok()) << d.error();
+  EXPECT_FALSE(d->tiers.dram.enabled);
+  EXPECT_EQ(d->tiers.ssd.directory, "/var/cache/duet");
+  EXPECT_EQ(d->tiers.remote.host, "10.0.0.7");
+  EXPECT_EQ(d->tiers.remote.port, 7000);
+  const policies::TierSetup setup = TierSetupFor(d->tiers, 1 << 20, std::vector<int>{0, 0}, 1);
+  EXPECT_EQ(setup.tiers[1].capacity_bytes, 2 * (std::int64_t{1} << 30));
+  EXPECT_EQ(setup.tiers[1].read_bandwidth, 3e9);
+  EXPECT_EQ(setup.tiers[2].read_bandwidth, 5e9);
+  for (const char* bad : {"nohost", ":80", "h:0", "h:65536", "h:8x"}) {
+    doc["tiers"]["remote"]["endpoint"] = bad;
+    auto refused = ParseDeployment(doc, "c.json", DUET_SOURCE_DIR);
+    ASSERT_FALSE(refused.ok()) << bad;
+    EXPECT_NE(refused.error().find("c.json: tiers.remote: field 'endpoint'"), std::string::npos)
+        << refused.error();
+  }
 }
 
 // A deployment error is the same message from both parsers.
@@ -142,6 +177,16 @@ TEST(Deployment, ADeploymentErrorReadsTheSameFromBoth) {
        }},
       {"unknown", [](json& c) { c["engine"]["max_seqs"] = 4; }},
       {"router", [](json& c) { c["router"] = "random-ish"; }},
+      {"tier", [](json& c) { c["tiers"]["tape"] = json::object(); }},
+      {"endpoint",
+       [](json& c) {
+         c["tiers"]["remote"] = {
+             {"capacity_gib", 1}, {"bandwidth_GBps", 1}, {"endpoint", "localhost:99999"}};
+       }},
+      {"tiny tier",
+       [](json& c) {
+         c["tiers"]["dram"] = {{"capacity_gib", 1e-9}};
+       }},
   };
   for (const auto& [name, edit] : edits) {
     SCOPED_TRACE(name);

@@ -5,6 +5,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include <map>
 
 namespace duet::policies {
@@ -18,7 +20,9 @@ class ListStorage final : public TierStorage {
     // The spans are valid during Post only: keep what they name.
     hashes.emplace_back(io.hashes.begin(), io.hashes.end());
     evicted.emplace_back(io.evicted.begin(), io.evicted.end());
+    gpu.emplace_back(io.gpu_blocks.begin(), io.gpu_blocks.end());
     posted.back().hashes = posted.back().evicted = {};
+    posted.back().gpu_blocks = {};
     status[posted.size()] = TransferStatus::kInProgress;
     return posted.size();
   }
@@ -28,6 +32,7 @@ class ListStorage final : public TierStorage {
   }
   std::vector<TierIo> posted;
   std::vector<std::vector<BlockHash>> hashes, evicted;  // of each posted I/O
+  std::vector<std::vector<KvBlockManager::BlockId>> gpu;
   std::map<TierIoId, TransferStatus> status;
 };
 
@@ -191,6 +196,48 @@ TEST(TierManager, LoadsPinTheirBlocksUntilRead) {
 
 namespace duet::policies {
 namespace {
+
+TEST(TierManager, BlocksAFailedReadFoundLostAreForgottenAndWrittenAgainWhenComputed) {
+  ListStorage storage;
+  TierManager m(Tiers(8, TierPlacement::kWriteThrough, 0, TierPlacement::kWriteBack), &storage);
+  const std::vector<BlockHash> prompt = {1, 2, 3};
+  const std::vector<KvBlockManager::BlockId> gpu = {7, 8, 9};
+  m.OnComputed(0, prompt, gpu);
+  EXPECT_EQ(storage.gpu.back(), gpu) << "the GPU blocks the write reads";
+  storage.CompleteAll();
+  m.Progress(0);
+  const TierHits hits = m.Lookup(0, prompt, 0, 100);
+  ASSERT_EQ(hits.total(), 3);
+  const LoadId load = m.BeginLoad(0, prompt, 0, hits, gpu);
+  EXPECT_EQ(storage.gpu.back(), gpu) << "the GPU blocks the read fills";
+  storage.status[storage.posted.size()] = TransferStatus::kFailed;  // e.g. a corrupt file
+  EXPECT_EQ(m.PollLoad(load), TransferStatus::kFailed);
+  EXPECT_EQ(m.Lookup(0, prompt, 0, 100).total(), 0) << "lost blocks are not found again";
+  EXPECT_TRUE(m.CheckInvariants(true).ok()) << m.CheckInvariants(true).message();
+  // Computed again, they are written again, and the storage is told to drop what it held.
+  m.OnComputed(0, prompt, gpu);
+  EXPECT_EQ(storage.hashes.back(), prompt);
+  EXPECT_EQ(storage.evicted.back(), prompt);
+  storage.CompleteAll();
+  m.Progress(0);
+  EXPECT_EQ(DramHits(m, 0, prompt), 3);
+  EXPECT_EQ(m.evictions(TierKind::kDram), 0) << "forgetting is no eviction";
+}
+
+TEST(TierManager, BlocksAStorageFoundAtStartAreReadableAtOnceWithinTheTiersRoom) {
+  ListStorage storage;
+  TierManager m(Tiers(0, TierPlacement::kWriteThrough, 2, TierPlacement::kWriteThrough), &storage);
+  m.Adopt(TierKind::kSsd, 0, std::vector<BlockHash>{1, 2, 3});
+  EXPECT_TRUE(storage.posted.empty()) << "nothing moves: the storage holds them";
+  const TierHits hits = m.Lookup(0, std::vector<BlockHash>{2, 3}, 0, 100);
+  EXPECT_EQ(hits.blocks[static_cast<int>(TierKind::kSsd)], 2) << "room for two: the oldest went";
+  EXPECT_EQ(m.Lookup(1, std::vector<BlockHash>{2}, 0, 100).total(), 0) << "node 0's SSD only";
+  EXPECT_TRUE(m.CheckInvariants(true).ok()) << m.CheckInvariants(true).message();
+  m.OnComputed(0, std::vector<BlockHash>{4});
+  EXPECT_NE(std::find(storage.evicted.back().begin(), storage.evicted.back().end(), 1),
+            storage.evicted.back().end())
+      << "the storage is told to drop what did not fit";
+}
 
 TEST(TierManager, PrefetchPromotesAQueuedPrefixFromSsdIntoDram) {
   ListStorage storage;

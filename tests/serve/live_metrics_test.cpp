@@ -39,6 +39,7 @@ Request Finished(FinishReason reason, RequestState state = RequestState::kComple
   r.finished_s = 11.0;
   r.input_tokens = 20;
   r.cached_tokens = 16;
+  r.tier_hit_tokens = {12, 4, 0};  // of the 16: from DRAM and SSD
   return r;
 }
 
@@ -52,7 +53,8 @@ TEST(LiveMetrics, EveryLiveNameIsExposedWithItsType) {
   for (const char* counter :
        {"duet:prompt_tokens_total", "duet:generation_tokens_total", "duet:request_success_total",
         "duet:prefix_cache_queries_total", "duet:prefix_cache_hits_total",
-        "duet:num_preemptions_total", "duet:kv_leases_expired_total", "duet:kv_load_failures_total",
+        "duet:prefix_cache_tier_hits_total", "duet:num_preemptions_total",
+        "duet:kv_leases_expired_total", "duet:kv_load_failures_total",
         "duet:kv_load_recomputes_total", "duet:forward_failures_total"})
     EXPECT_NE(text.find(std::string("# TYPE ") + counter + " counter"), std::string::npos)
         << counter;
@@ -87,6 +89,9 @@ TEST(LiveMetrics, EventsFeedCountersAndHistograms) {
   EXPECT_EQ(Value(text, "duet:prompt_tokens_total"), 20);
   EXPECT_EQ(Value(text, "duet:prefix_cache_queries_total"), 20);
   EXPECT_EQ(Value(text, "duet:prefix_cache_hits_total"), 16);
+  EXPECT_EQ(Value(text, "duet:prefix_cache_tier_hits_total{tier=\"dram\"}"), 12);
+  EXPECT_EQ(Value(text, "duet:prefix_cache_tier_hits_total{tier=\"ssd\"}"), 4);
+  EXPECT_EQ(Value(text, "duet:prefix_cache_tier_hits_total{tier=\"remote\"}"), 0);
   EXPECT_EQ(Value(text, "duet:generation_tokens_total"), 5);
   EXPECT_EQ(Value(text, "duet:num_preemptions_total"), 1);
   for (const char* reason : {"stop", "length", "abort", "error"})
