@@ -487,7 +487,9 @@ int Serve(int argc, char** argv) {
   // The engines are done; let the connections write their last chunks.
   const bool written = (*server)->WaitRepliesDone(10.0);
   (*server)->Stop();
-  live.reset();  // after Stop: its last callbacks only queue work for the stopped server
+  // After the server's Stop: the frontend's last callbacks only queue work for it.
+  const Status stopped = live->Stop();
+  live.reset();
   spawned.Reap(10.0);
   server->reset();
   if (aborted > 0)
@@ -497,6 +499,7 @@ int Serve(int argc, char** argv) {
   if (step_log) {
     if (Status s = step_log->Close(); !s.ok()) return Fail("--step-log: " + s.message());
   }
+  if (!stopped.ok()) return Fail(stopped.message());
   std::fprintf(stderr, "duet serve: stopped\n");
   return kExitOk;
 }

@@ -359,13 +359,25 @@ Result<std::unique_ptr<LiveFrontend>> LiveFrontend::StartWithWorkers(WorkerFleet
   return std::unique_ptr<LiveFrontend>(new LiveFrontend(std::move(impl)));
 }
 
-LiveFrontend::~LiveFrontend() {
+LiveFrontend::~LiveFrontend() { (void)Stop(); }
+
+Status LiveFrontend::Stop() {
+  Impl& s = *impl_;
+  if (s.stopped) return Status::Ok();
+  s.stopped = true;
   Drain(0);
-  if (impl_->fleet) {
-    StopFleet(*impl_);
+  if (s.fleet) {
+    StopFleet(s);
   } else {
-    for (auto& instance : impl_->instances) instance->Stop();
+    for (auto& instance : s.instances) instance->Stop();
   }
+  if (!s.tiers) return Status::Ok();
+  s.tier_storage->Drain();
+  if (Status st = s.tiers->CheckInvariants(/*expect_idle=*/true); !st.ok())
+    return Status::Error("KV tiers: " + st.message());
+  if (Status st = s.tier_storage->CheckInvariants(); !st.ok())
+    return Status::Error("KV tiers: " + st.message());
+  return Status::Ok();
 }
 
 Admission LiveFrontend::Submit(LiveRequest request, std::shared_ptr<RequestListener> listener) {

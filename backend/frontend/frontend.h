@@ -169,6 +169,10 @@ class LiveFrontend {
   // Stops admitting (Submit answers kDraining from now on) and blocks until every accepted
   // request finished or `timeout_s` passed; then aborts what is left. Returns the number aborted.
   std::int64_t Drain(Seconds timeout_s);
+  // Drain(0), then stops the instances (engine threads finish what they hold, their tier writes
+  // included) and checks what they leave: the KV tiers idle, within capacity and consistent
+  // with their storage. Once; the destructor does it if not done.
+  Status Stop();
 
   // The longest prompt + max_tokens one request may have (the model's context and the KV
   // capacity of the smallest instance, less the admission watermark).

@@ -119,6 +119,7 @@ struct LiveFrontend::Impl {
   } tier_temp_dir;
   std::unique_ptr<HostTierStorage> tier_storage;
   std::unique_ptr<policies::TierManager> tiers;
+  bool stopped = false;  // LiveFrontend::Stop ran
   // The one port to the instances (policies::Outbox, as the engines' own): the engine threads'
   // inboxes (LocalOutbox, which the engines send through too) or the worker processes' links.
   // A message's request, if any, is read during Send only by the workers' outbox, which sends a

@@ -215,3 +215,25 @@ def test_a_prefix_one_instance_computed_is_served_to_another_from_the_shared_dra
     assert duet["tier_hit_tokens"] == {"dram": full, "ssd": 0, "remote": 0}, duet
     s.assert_idle()
     assert s.stop() == 0, s.stderr()
+
+
+def test_pd_with_offload_serves_a_repeated_prefix_from_dram_on_the_prefill_side(
+        tiny_model, start_server, tmp_path, expected):
+    # 1P1D on engine threads: the prefill instance writes what it computes through to DRAM and
+    # loads it back when the prefix returns; the decode instance pulls the KV as always.
+    with open("../../data/1p1d-tiny-dram.json") as f:
+        doc = json.load(f)
+    doc["model"] = tiny_model
+    doc["tiers"] = one_tier("dram", tmp_path)
+    path = tmp_path / "pd-dram.json"
+    path.write_text(json.dumps(doc))
+    s = start_server(tiny_model, "--cluster", str(path), "--workers", "thread", "--threads", "1",
+                     "--kv-blocks", str(KV_BLOCKS))
+    for p in (A, B, C):
+        assert complete(s, p)[0] == expected[p]
+    text, duet, _ = complete(s, A)
+    assert text == expected[A]
+    assert duet["tier_hit_tokens"]["dram"] >= 16, duet["tier_hit_tokens"]
+    assert duet["kv_transfer_bytes"] > 0, duet
+    s.assert_idle()
+    assert s.stop() == 0, s.stderr()
