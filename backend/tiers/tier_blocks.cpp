@@ -122,6 +122,13 @@ Status TierBlocks::CheckInvariants() const {
   return Status::Ok();
 }
 
+Status TierBlocks::RoomFor(bool held) {
+  if (held || held_blocks() < capacity_blocks()) return Status::Ok();
+  ++counters_.put_errors;
+  return Status::Error(std::string(policies::ToString(kind())) +
+                       " tier full: " + std::to_string(capacity_blocks()) + " blocks held");
+}
+
 // ---- DRAM ----
 
 Result<std::unique_ptr<DramTierBlocks>> DramTierBlocks::Create(StoredBlockLayout layout,
@@ -160,10 +167,7 @@ Status DramTierBlocks::Put(BlockHash hash, std::span<const std::byte> bytes) {
   if (Status s = CheckSize(*this, bytes.size()); !s.ok()) return s;
   auto it = slots_.find(hash);
   if (it == slots_.end()) {
-    if (free_.empty()) {
-      ++counters_.put_errors;
-      return Status::Error("DRAM tier full: " + std::to_string(capacity_) + " blocks held");
-    }
+    if (Status room = RoomFor(false); !room.ok()) return room;
     it = slots_.emplace(hash, free_.back()).first;
     free_.pop_back();
   }
@@ -284,8 +288,7 @@ Status FileTierBlocks::Put(BlockHash hash, std::span<const std::byte> bytes) {
     ++counters_.put_errors;
     return s;
   };
-  if (!held_.contains(hash) && static_cast<std::int64_t>(held_.size()) >= capacity_)
-    return fail(Status::Error("SSD tier full: " + std::to_string(capacity_) + " block files"));
+  if (Status room = RoomFor(held_.contains(hash)); !room.ok()) return room;
   const std::filesystem::path path = PathOf(hash);
   const std::filesystem::path partial = path.string() + kPartialSuffix;
   const std::size_t size = kStoredBlockHeaderBytes + bytes.size();
@@ -433,8 +436,7 @@ Status RedisTierBlocks::Put(BlockHash hash, std::span<const std::byte> bytes) {
     ++counters_.put_errors;
     return s;
   };
-  if (!held_.contains(hash) && static_cast<std::int64_t>(held_.size()) >= capacity_)
-    return fail(Status::Error("remote tier full: " + std::to_string(capacity_) + " blocks"));
+  if (Status room = RoomFor(held_.contains(hash)); !room.ok()) return room;
   if (Status s = Connect(); !s.ok()) return fail(s);
   // The SET goes onto the socket from the block itself. hiredis would format it into a buffer
   // it allocates per command: for a block of megabytes that is a fresh mapping and its page

@@ -64,6 +64,9 @@ class TierBlocks {
 
  protected:
   explicit TierBlocks(StoredBlockLayout layout) : layout_(layout) {}
+  // Room for a put: a block already held (`held`) is rewritten in place; another needs fewer
+  // than capacity_blocks() held. The error is counted as a failed put.
+  Status RoomFor(bool held);
   StoredBlockLayout layout_;
   TierBlocksCounters counters_;
 };

@@ -154,7 +154,7 @@ TEST_F(Storage, AFailedIoFailsWholeAndLeavesNothingHalfWritten) {
   // stored before it are dropped (the tier manager forgets the whole write).
   const auto w = storage_.Post(Write(TierKind::kDram, 0, {1, 2, 3}, {0, 1, 2}));
   EXPECT_EQ(Finish(storage_, w), TransferStatus::kFailed);
-  EXPECT_NE(storage_.last_error().find("DRAM tier full"), std::string::npos)
+  EXPECT_NE(storage_.last_error().find("dram tier full"), std::string::npos)
       << storage_.last_error();
   EXPECT_EQ(storage_.blocks(TierKind::kDram, 0)->held_blocks(), 0);
   // A read of a block no tier holds, into a block the instance does not have, from a tier this
