@@ -257,6 +257,24 @@ Status StartTiers(LiveFrontend::Impl& s, const std::vector<KvRegion>& regions) {
           "/block_bytes=" + std::to_string(block_bytes)),
       .block_bytes = block_bytes};
   const deploy::TiersSpec& tiers = s.options.tiers;
+  // A real step cannot yet drop a request whose overlapped load failed (it would attend over
+  // missing KV): a prefix found in a tier is loaded before its request is scheduled. The file
+  // says so, so that the simulator runs the same policy.
+  if (s.options.engine.scheduler.overlap_tier_loads)
+    return Status::Error(
+        "tiers: served live with engine.overlap_tier_loads false only (a prefix is loaded before "
+        "its request is scheduled); set it in the cluster file, and the simulator runs the same");
+  // Write-back from the GPU copies a block out when its block is reused, and a tier load into
+  // that block may be posted before the copy: the live loop does not order them yet.
+  for (int k = 0; k < policies::kNumLowerTiers; ++k) {
+    const auto kind = static_cast<policies::TierKind>(k);
+    if (!tiers[kind].enabled) continue;
+    if (tiers[kind].placement == policies::TierPlacement::kWriteBack)
+      return Status::Error(std::string("tiers.") + policies::ToString(kind) +
+                           ": placement 'write-back' from the GPU is not served live yet; use "
+                           "'write-through' for the first tier");
+    break;  // the tiers below it are fed by it, write-back or not
+  }
   if (tiers.ssd.enabled && tiers.ssd.directory.empty())
     s.tier_temp_dir.path =
         std::filesystem::temp_directory_path() / ("duet-ssd-tier-" + std::to_string(::getpid()));
@@ -329,9 +347,6 @@ Result<std::unique_ptr<LiveFrontend>> LiveFrontend::Start(
     c.kv_bytes_per_token = s.models[static_cast<std::size_t>(i)]->kv_bytes_per_token();
     c.num_blocks = s.models[static_cast<std::size_t>(i)]->num_blocks();
     c.num_layers = config.num_hidden_layers;
-    // A prefix found in a tier is loaded before its request is scheduled: a real step cannot
-    // yet drop a request whose overlapped load failed, and would attend over missing KV.
-    if (s.tiers) c.scheduler.overlap_tier_loads = false;
     Impl::InstanceSink* sink = s.sinks[static_cast<std::size_t>(i)].get();
     auto thread = std::make_unique<EngineThread>(
         c, *s.models[static_cast<std::size_t>(i)],

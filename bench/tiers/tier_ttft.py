@@ -92,6 +92,7 @@ def main():
             doc["model"] = model
             doc["instances"] = [{"role": "colocated", "count": 1, "tp": 1, "node": 0}]
             doc.pop("tiers")
+            doc["engine"]["overlap_tier_loads"] = False  # as the live server runs tiers
             if spec:
                 doc["tiers"] = spec
             path = os.path.join(work, "cluster.json")

@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from conftest import wait_for
+from conftest import run_duet, wait_for
 
 KV_BLOCKS = 12  # of 16 tokens: each prompt below fits, the three together do not
 MiB = 1 / 1024  # in GiB
@@ -32,6 +32,7 @@ def tier_file(tmp_path, model, tiers):
         doc = json.load(f)
     doc["model"] = model
     doc["instances"] = [{"role": "colocated", "count": 1, "tp": 1, "node": 0}]
+    doc["engine"]["overlap_tier_loads"] = False  # what the live server runs
     doc["tiers"] = tiers
     path = tmp_path / "tiers.json"
     path.write_text(json.dumps(doc))
@@ -224,6 +225,7 @@ def test_pd_with_offload_serves_a_repeated_prefix_from_dram_on_the_prefill_side(
     with open("../../data/1p1d-tiny-dram.json") as f:
         doc = json.load(f)
     doc["model"] = tiny_model
+    doc["engine"]["overlap_tier_loads"] = False
     doc["tiers"] = one_tier("dram", tmp_path)
     path = tmp_path / "pd-dram.json"
     path.write_text(json.dumps(doc))
@@ -237,3 +239,24 @@ def test_pd_with_offload_serves_a_repeated_prefix_from_dram_on_the_prefill_side(
     assert duet["kv_transfer_bytes"] > 0, duet
     s.assert_idle()
     assert s.stop() == 0, s.stderr()
+
+
+def test_write_back_from_the_gpu_is_refused_at_start_saying_why(tiny_model, tmp_path):
+    tiers = one_tier("dram", tmp_path)
+    tiers["dram"]["placement"] = "write-back"
+    r = run_duet("serve", "--model", tiny_model, "--cluster",
+                 tier_file(tmp_path, tiny_model, tiers), "--workers", "thread", "--port", "0")
+    assert r.returncode != 0
+    assert "tiers.dram: placement 'write-back' from the GPU is not served live yet" in r.stderr
+
+
+def test_overlapped_tier_loads_are_refused_at_start_saying_why(tiny_model, tmp_path):
+    path = tier_file(tmp_path, tiny_model, one_tier("dram", tmp_path))
+    doc = json.loads(open(path).read())
+    del doc["engine"]["overlap_tier_loads"]  # true by default
+    with open(path, "w") as f:
+        json.dump(doc, f)
+    r = run_duet("serve", "--model", tiny_model, "--cluster", path, "--workers", "thread",
+                 "--port", "0")
+    assert r.returncode != 0
+    assert "tiers: served live with engine.overlap_tier_loads false only" in r.stderr
