@@ -168,7 +168,9 @@ TEST_F(Storage, AFailedIoFailsWholeAndLeavesNothingHalfWritten) {
             TransferStatus::kFailed);
   EXPECT_NE(storage_.last_error().find("has no block 8"), std::string::npos)
       << storage_.last_error();
-  TierIo elsewhere = Read(TierKind::kSsd, 1, {9}, {0});
+  const std::vector<BlockHash> nine = {9};  // the I/O's spans name these: alive until Post
+  const std::vector<policies::KvBlockManager::BlockId> zero = {0};
+  TierIo elsewhere = Read(TierKind::kSsd, 1, nine, zero);
   elsewhere.node = 3;
   EXPECT_EQ(Finish(storage_, storage_.Post(elsewhere)), TransferStatus::kFailed);
   EXPECT_NE(storage_.last_error().find("no such tier on node 3"), std::string::npos);
