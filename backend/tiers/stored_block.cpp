@@ -53,6 +53,8 @@ Status CheckStoredBlockHeader(std::span<const std::byte> stored, const StoredBlo
     return Status::Error("not a Duet KV block (bad magic)");
   if (Get<std::uint64_t>(stored, 48) != Xxh3(stored.first(kHeaderChecked)))
     return Status::Error("corrupt header (checksum mismatch)");
+  if (Get<std::uint64_t>(stored, 56) != 0)
+    return Status::Error("corrupt header (reserved bytes set)");
   if (const auto v = Get<std::uint32_t>(stored, 8); v != kVersion)
     return Status::Error("format version " + std::to_string(v) + ", expected " +
                          std::to_string(kVersion));

@@ -10,7 +10,7 @@
 //       32     8  payload bytes
 //       40     8  XXH3-64 of the payload
 //       48     8  XXH3-64 of bytes 0..47
-//       56     8  zero
+//       56     8  reserved: zero
 //
 // A stored block is served only if every field matches what the reader expects and both
 // checksums hold: a truncated, corrupt or foreign block is an error, never KV.
