@@ -137,12 +137,19 @@ Result<std::unique_ptr<DramTierBlocks>> DramTierBlocks::Create(StoredBlockLayout
     return Status::Error("DRAM tier: block bytes and capacity must be positive");
   const std::size_t bytes =
       static_cast<std::size_t>(capacity_blocks) * static_cast<std::size_t>(layout.block_bytes);
+  // Locking a pool near the host's memory in would push everything else out of it (or wake the
+  // OOM killer): at most half of it is locked, and a pool beyond the host's memory is refused.
+  const auto host_bytes = static_cast<std::size_t>(::sysconf(_SC_PHYS_PAGES)) *
+                          static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+  if (bytes > host_bytes)
+    return Status::Error("DRAM tier: " + std::to_string(bytes) + " bytes, more than this host's " +
+                         std::to_string(host_bytes) + " bytes of memory");
   void* base = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (base == MAP_FAILED)
     return Status::Error(Errno("DRAM tier: cannot map " + std::to_string(bytes) + " bytes"));
   // Page-locked, as a pinned pool for DMA must be; a process whose RLIMIT_MEMLOCK is lower keeps
   // it pageable, which costs speed, not correctness.
-  const bool locked = ::mlock(base, bytes) == 0;
+  const bool locked = bytes <= host_bytes / 2 && ::mlock(base, bytes) == 0;
   return std::unique_ptr<DramTierBlocks>(
       new DramTierBlocks(layout, capacity_blocks, static_cast<std::byte*>(base), bytes, locked));
 }

@@ -99,6 +99,13 @@ TEST(DramTierBlocks, HoldsWhatWasPutUntilDroppedAndRefusesPutsBeyondItsSlots) {
   EXPECT_TRUE(t.CheckInvariants().ok()) << t.CheckInvariants().message();
 }
 
+TEST(DramTierBlocks, APoolBeyondTheHostsMemoryIsRefused) {
+  // 2^40 blocks of 4 KiB: 4 PiB.
+  const auto huge = DramTierBlocks::Create(kLayout, std::int64_t{1} << 40);
+  ASSERT_FALSE(huge.ok());
+  EXPECT_NE(huge.error().find("more than this host's"), std::string::npos) << huge.error();
+}
+
 class FileTier : public ::testing::Test {
  protected:
   void SetUp() override { fds_before_ = OpenFds(); }
