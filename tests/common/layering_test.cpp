@@ -4,9 +4,9 @@
 // SimGrid; backend/ the only one that includes UCX, NCCL, HTTP (Beast/Asio) or metrics
 // exposition headers; backend/ and kernels/cuda/ the only ones with CUDA headers; no layer
 // includes one above it; inside backend/, the runtime (engine, cpu, cuda, model, transport,
-// tiers, tokenizer, calibrate) includes no HTTP and nothing of the control plane (frontend, cluster),
-// the control plane nothing of the HTTP edge (serve), and the replay client no server code; of
-// cli/, only the commands that run simulations include sim/. Also checks that the checker
+// tiers, tokenizer, calibrate) includes no HTTP and nothing of the control plane (frontend,
+// cluster), the control plane nothing of the HTTP edge (serve), and the replay client no server
+// code; of cli/, only the commands that run simulations include sim/. Also checks that the checker
 // itself rejects such includes.
 #include <gtest/gtest.h>
 
@@ -57,10 +57,10 @@ const std::set<std::string> kBelowBackend = {"common",   "models", "traces",
                                              "policies", "deploy", "kernels"};
 // backend/'s sub-layers, each including only itself and those before it.
 // The runtime: what executes steps and moves KV (no HTTP, no control plane).
-const std::set<std::string> kRuntime = Union(
-    kBelowBackend, {"backend/", "backend/engine", "backend/cpu", "backend/cuda", "backend/model",
-                    "backend/transport", "backend/tiers", "backend/tokenizer",
-                    "backend/calibrate"});
+const std::set<std::string> kRuntime =
+    Union(kBelowBackend,
+          {"backend/", "backend/engine", "backend/cpu", "backend/cuda", "backend/model",
+           "backend/transport", "backend/tiers", "backend/tokenizer", "backend/calibrate"});
 // The control plane: the live frontend and the worker processes with their link.
 const std::set<std::string> kControlPlane =
     Union(kRuntime, {"backend/cluster", "backend/frontend"});
