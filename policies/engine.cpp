@@ -43,6 +43,40 @@ InstanceEngine::InstanceEngine(EngineConfig config, EnginePorts ports)
     blocks_.set_event_log(&cache_events_);
   }
   if (config_.publish_kv_events) blocks_.set_event_log(&cache_events_);
+  if (ports_.host_clock) {
+    timed_sink_.emplace(*ports_.sink, *ports_.host_clock);
+    ports_.sink = &*timed_sink_;
+    scheduler_.set_host_clock(ports_.host_clock);
+  }
+}
+
+template <typename F>
+void InstanceEngine::TimedSink::Timed(F&& call) {
+  const Seconds start = clock_.Now();
+  call();
+  seconds += clock_.Now() - start;
+}
+void InstanceEngine::TimedSink::OnFinished(const RequestSpec& spec, const RequestRecord& record) {
+  Timed([&] { sink_.OnFinished(spec, record); });
+}
+void InstanceEngine::TimedSink::OnPrefillDone(const RequestSpec& spec,
+                                              const RequestRecord& record) {
+  Timed([&] { sink_.OnPrefillDone(spec, record); });
+}
+void InstanceEngine::TimedSink::OnTokenGaps(Seconds gap_s, std::int64_t count) {
+  Timed([&] { sink_.OnTokenGaps(gap_s, count); });
+}
+void InstanceEngine::TimedSink::OnPreempted(const RequestSpec& spec, const RequestRecord& record,
+                                            InstanceId instance) {
+  Timed([&] { sink_.OnPreempted(spec, record, instance); });
+}
+void InstanceEngine::TimedSink::OnToken(const RequestSpec& spec, const RequestRecord& record,
+                                        std::int32_t token) {
+  Timed([&] { sink_.OnToken(spec, record, token); });
+}
+void InstanceEngine::TimedSink::OnKvEvents(InstanceId instance,
+                                           std::span<const KvCacheEvent> events) {
+  Timed([&] { sink_.OnKvEvents(instance, events); });
 }
 
 Tokens InstanceEngine::Find(Request& request, std::int64_t first_block, Tokens max_tokens) {
@@ -69,6 +103,9 @@ void InstanceEngine::Run() {
 }
 
 bool InstanceEngine::RunOnce() {
+  const Clock* host = ports_.host_clock;
+  const Seconds begin = host ? host->Now() : 0;
+  if (host) timed_sink_->seconds = 0;
   retired_.clear();
   TakeEvents();
   const Seconds now = ports_.clock->Now();
@@ -99,11 +136,15 @@ bool InstanceEngine::RunOnce() {
     PublishCacheEvents();
     return false;
   }
+  const Seconds planned = host ? host->Now() : 0;
   const bool coalesced = PrepareExecution(now);
   result_.clear();
   in_step_ = true;
+  const Seconds launched = host ? host->Now() : 0;
   ports_.executor->Execute(plan_, *this, &result_);
   in_step_ = false;
+  const Seconds returned = host ? host->Now() : 0;
+  const Seconds sink_before_apply = host ? timed_sink_->seconds : 0;
   DUET_CHECK(!result_.step_end_s.empty() &&
              static_cast<int>(result_.step_end_s.size()) <= plan_.max_steps);
   if (!loads_.empty()) PollLoads(ports_.clock->Now());
@@ -123,7 +164,26 @@ bool InstanceEngine::RunOnce() {
   for (const RequestId id : deferred_aborts_) Abort(id, ports_.clock->Now());
   deferred_aborts_.clear();
   PublishCacheEvents();
+  if (host) RecordHostStep(begin, planned, launched, returned, sink_before_apply);
   return true;
+}
+
+void InstanceEngine::RecordHostStep(Seconds begin, Seconds planned, Seconds launched,
+                                    Seconds returned, Seconds sink_before_apply) {
+  using models::HostPhase;
+  const Seconds end = ports_.host_clock->Now();
+  const Seconds sink_s = timed_sink_->seconds;
+  models::HostStep& h = host_step_;
+  h.at(HostPhase::kAllocate) = scheduler_.allocation_s();
+  h.at(HostPhase::kSchedule) =
+      std::max(0.0, planned - begin - scheduler_.allocation_s() - sink_before_apply);
+  h.at(HostPhase::kPrepare) = launched - planned + result_.prepare_s;
+  h.at(HostPhase::kSample) = result_.sample_s;
+  h.at(HostPhase::kApply) = std::max(0.0, end - returned - (sink_s - sink_before_apply));
+  h.at(HostPhase::kStream) = sink_s;
+  h.counts = {static_cast<double>(plan_.prefills.size() + plan_.decodes.size()),
+              static_cast<double>(plan_.admitted.size()), static_cast<double>(retired_.size()),
+              static_cast<double>(result_.tokens.size())};
 }
 
 void InstanceEngine::OffloadEvicted() {

@@ -8,6 +8,7 @@
 
 #include <deque>
 #include <memory>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <unordered_set>
@@ -67,11 +68,16 @@ struct EnginePorts {
   KvTransport* transport = nullptr;
   EventSink* sink = nullptr;
   TierManager* tiers = nullptr;  // KV tiers below GPU memory; null: GPU prefix caching only
+  // Measures each iteration's host time by phase with this clock (last_host_step); null: not
+  // measured (the simulator, whose clock does not move while the engine plans).
+  const Clock* host_clock = nullptr;
 };
 
 class InstanceEngine final : private LowerTierLookup, private StepEvents {
  public:
   InstanceEngine(EngineConfig config, EnginePorts ports);
+  InstanceEngine(const InstanceEngine&) = delete;  // ports_.sink may point into it
+  InstanceEngine& operator=(const InstanceEngine&) = delete;
 
   // Serves until a kShutdown message has arrived and no work is left. Blocking.
   void Run();
@@ -108,6 +114,9 @@ class InstanceEngine final : private LowerTierLookup, private StepEvents {
   const KvBlockManager& blocks() const { return blocks_; }
   const BatchScheduler& scheduler() const { return scheduler_; }
   std::int64_t steps() const { return steps_; }
+  // The last iteration that ran a step: its host time by phase and its counts (all zero unless
+  // EnginePorts::host_clock is set). The forward pass is the executor's to time.
+  const models::HostStep& last_host_step() const { return host_step_; }
   // Block-manager invariants, plus: once the engine is idle, no request holds blocks and the
   // engine holds no request.
   Status CheckInvariants() const;
@@ -171,8 +180,35 @@ class InstanceEngine final : private LowerTierLookup, private StepEvents {
   // after, but the pointers still held until then stay valid).
   void Retire(Request* r);
 
+  // The event sink, timed by the host clock: its calls are the stream phase of a step.
+  class TimedSink final : public EventSink {
+   public:
+    TimedSink(EventSink& sink, const Clock& clock) : sink_(sink), clock_(clock) {}
+    void OnFinished(const RequestSpec& spec, const RequestRecord& record) override;
+    void OnPrefillDone(const RequestSpec& spec, const RequestRecord& record) override;
+    void OnTokenGaps(Seconds gap_s, std::int64_t count) override;
+    void OnPreempted(const RequestSpec& spec, const RequestRecord& record,
+                     InstanceId instance) override;
+    void OnToken(const RequestSpec& spec, const RequestRecord& record, std::int32_t token) override;
+    void OnKvEvents(InstanceId instance, std::span<const KvCacheEvent> events) override;
+    Seconds seconds = 0;  // in the sink since the last reset
+
+   private:
+    template <typename F>
+    void Timed(F&& call);
+    EventSink& sink_;
+    const Clock& clock_;
+  };
+
+  // Records host_step_ of an iteration whose phases ended at these host-clock times (and that
+  // spent `sink_before_apply` of its sink time before the step's results were applied).
+  void RecordHostStep(Seconds begin, Seconds planned, Seconds launched, Seconds returned,
+                      Seconds sink_before_apply);
+
   EngineConfig config_;
   EnginePorts ports_;
+  std::optional<TimedSink> timed_sink_;  // with a host clock: ports_.sink points at it
+  models::HostStep host_step_;
   // The requests this engine serves, by id (every Request* below points into one of them),
   // and those that finished in this iteration.
   std::unordered_map<RequestId, std::shared_ptr<Request>> held_;

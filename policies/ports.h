@@ -147,6 +147,11 @@ struct StepResult {
   // long the step ran past its computation waiting for them.
   std::vector<RequestId> delayed_by_loads;
   Seconds load_wait_s = 0;
+  // Real executors: host time of the step outside its forward pass, on the engine's host clock
+  // (EnginePorts::host_clock): preparing it (the model's inputs, waits on tier writes) and
+  // sampling its tokens.
+  Seconds prepare_s = 0;
+  Seconds sample_s = 0;
   // Not ok: the step failed (real executors: its forward pass returned an error). Nothing it
   // planned was computed and `tokens` is empty; step_end_s still says when it ended. The engine
   // ends every request of the plan with an error and frees their blocks.
@@ -157,6 +162,8 @@ struct StepResult {
     tokens.clear();
     delayed_by_loads.clear();
     load_wait_s = 0;
+    prepare_s = 0;
+    sample_s = 0;
     status = Status::Ok();
   }
 };

@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "policies/ports.h"
+
 namespace duet::policies {
 
 std::int64_t SchedulerConfig::WatermarkBlocks(std::int64_t num_blocks) const {
@@ -96,8 +98,20 @@ Request* BatchScheduler::Find(RequestId id) const {
   return nullptr;
 }
 
+template <typename F>
+auto BatchScheduler::Timed(F&& call) {
+  if (!host_clock_) return call();
+  const Seconds start = host_clock_->Now();
+  auto result = call();
+  allocation_s_ += host_clock_->Now() - start;
+  return result;
+}
+
 void BatchScheduler::Preempt(Request* victim, KvBlockManager& blocks, StepPlan& plan) {
-  blocks.Free(victim->id);
+  Timed([&] {
+    blocks.Free(victim->id);
+    return 0;
+  });
   ForgetPendingPrefill(victim);
   victim->loading_tokens = {};
   pending_prefill_tokens_ += victim->input_tokens + victim->generated_tokens;
@@ -111,6 +125,7 @@ void BatchScheduler::Preempt(Request* victim, KvBlockManager& blocks, StepPlan& 
 
 void BatchScheduler::Schedule(KvBlockManager& blocks, StepPlan& plan) {
   plan.clear();
+  allocation_s_ = 0;
   Tokens budget = config_.max_num_batched_tokens;
 
   // 1. Decode first: each decoding request needs room for the token it processes this step.
@@ -118,7 +133,7 @@ void BatchScheduler::Schedule(KvBlockManager& blocks, StepPlan& plan) {
     Request* r = running_[i];
     if (r->state != RequestState::kDecoding) continue;
     bool scheduled = true;
-    while (!blocks.Grow(r->id, r->SequenceTokens())) {
+    while (!Timed([&] { return blocks.Grow(r->id, r->SequenceTokens()); })) {
       Request* victim = running_.back();
       running_.pop_back();
       // Victims come from the back, so none of them was planned yet in this loop.
@@ -154,7 +169,8 @@ void BatchScheduler::Schedule(KvBlockManager& blocks, StepPlan& plan) {
     const Tokens target = r->input_tokens + r->generated_tokens;
     // At least one token is computed so that the step yields logits for the next token.
     const Tokens max_hit = target - 1;
-    const auto hit = blocks.Allocate(r->id, r->block_hashes, target, max_hit, watermark_blocks);
+    const auto hit = Timed(
+        [&] { return blocks.Allocate(r->id, r->block_hashes, target, max_hit, watermark_blocks); });
     if (!hit) break;
     waiting_.pop_front();
     r->state = RequestState::kPrefilling;

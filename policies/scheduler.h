@@ -14,6 +14,8 @@
 
 namespace duet::policies {
 
+class Clock;
+
 struct SchedulerConfig {
   Tokens max_num_batched_tokens = 8192;  // token budget of one step (decodes count 1 each)
   int max_num_seqs = 256;                // requests holding KV and being served at once
@@ -95,6 +97,10 @@ class BatchScheduler {
   explicit BatchScheduler(SchedulerConfig config) : config_(config) {}
   // Where admission looks for prefix blocks past the GPU hit (none: GPU prefix caching only).
   void set_lower_tiers(LowerTierLookup* lookup) { lower_tiers_ = lookup; }
+  // Times the block manager's calls of each Schedule with `clock` (allocation_s); null: not.
+  void set_host_clock(const Clock* clock) { host_clock_ = clock; }
+  // The last Schedule's time in the block manager: allocation, prefix lookups, preemptions' frees.
+  Seconds allocation_s() const { return allocation_s_; }
   LowerTierLookup* lower_tiers() const { return lower_tiers_; }
 
   // A request that needs a prefill (new, or preempted for recompute) joins the queue's back.
@@ -124,6 +130,9 @@ class BatchScheduler {
 
  private:
   void Preempt(Request* victim, KvBlockManager& blocks, StepPlan& plan);
+  // `call()`, timed into allocation_s_ when a host clock is set.
+  template <typename F>
+  auto Timed(F&& call);
   // Drops what `request`, admitted and not fully prefilled, still counts in the pending tokens.
   void ForgetPendingPrefill(const Request* request);
 
@@ -132,6 +141,8 @@ class BatchScheduler {
   std::vector<Request*> running_;  // admission order
   Tokens pending_prefill_tokens_ = 0;
   LowerTierLookup* lower_tiers_ = nullptr;
+  const Clock* host_clock_ = nullptr;
+  Seconds allocation_s_ = 0;
 };
 
 }  // namespace duet::policies

@@ -16,7 +16,8 @@ EngineThread::EngineThread(policies::EngineConfig config, ForwardModel& model, P
           model, *ports.clock,
           {.keep_last = ports.step_log != nullptr, .tiers = ports.tiers, .instance = config.id}),
       engine_(config, policies::EnginePorts{ports.clock, &inbox_, ports.outbox, &executor_,
-                                            ports.transport, ports.sink, ports.tiers}),
+                                            ports.transport, ports.sink, ports.tiers,
+                                            ports.step_log ? ports.clock : nullptr}),
       after_iteration_(std::move(after_iteration)),
       step_log_(ports.step_log) {
   PublishLoad();
@@ -52,7 +53,8 @@ void EngineThread::Loop() {
     if (after_iteration_) after_iteration_();
     // A failed step has no timing of its own (last_timing is the step before it).
     if (stepped && step_log_ && engine_.forward_failures() == failures_before)
-      step_log_->Write({engine_.config().id, start, clock_.Now() - start, executor_.last_timing()});
+      step_log_->Write({engine_.config().id, start, clock_.Now() - start, executor_.last_timing(),
+                        engine_.last_host_step()});
     PublishLoad();
     if (stepped) continue;
     if (engine_.done()) return;

@@ -65,6 +65,7 @@ void ModelStepExecutor::Execute(const policies::StepPlan& plan, policies::StepEv
                                 policies::StepResult* result) {
   DUET_CHECK_MSG(plan.max_steps == 1 && plan.awaited_loads.empty(),
                  "a real executor runs single steps, none overlapped with tier loads");
+  const Seconds entered = clock_.Now();
   // A tier write reads this instance's blocks on the storage's I/O thread; this step may write
   // into one of them (a block evicted to make room was written back from it just now).
   if (options_.tiers) {
@@ -93,6 +94,7 @@ void ModelStepExecutor::Execute(const policies::StepPlan& plan, policies::StepEv
   const bool greedy = std::all_of(sampled_.begin(), sampled_.end(),
                                   [](const Request* r) { return r->sampling.temperature == 0.0f; });
   const auto t0 = std::chrono::steady_clock::now();
+  result->prepare_s = clock_.Now() - entered;
   Status pass;
   if (greedy) {
     // The model picks the tokens where its logits are (on a GPU: no logits cross PCIe).
@@ -126,6 +128,7 @@ void ModelStepExecutor::Execute(const policies::StepPlan& plan, policies::StepEv
     if (options_.record_timings) timings_.push_back(last_);
   }
   result->step_end_s.push_back(clock_.Now());
+  result->sample_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
 }
 
 }  // namespace duet::backend

@@ -31,6 +31,7 @@ std::string FormatStepLogLine(const StepLogLine& line) {
   doc["instance"] = line.instance;
   doc["start_s"] = line.start_s;
   doc["iteration_s"] = line.iteration_s;
+  if (line.host) doc["host"] = models::HostStepToJson(*line.host);
   return doc.dump() + "\n";
 }
 
@@ -59,10 +60,20 @@ Status ReadStepLog(std::string_view text, const std::string& where,
     if (!start_s) return start_s.status();
     auto iteration_s = JsonNumberIn(doc, "iteration_s", m->seconds[0], kMaxTime, at);
     if (!iteration_s) return iteration_s.status();
+    std::optional<models::HostStep> host;
+    if (JsonHas(doc, "host")) {
+      auto h = models::ParseHostStep(doc["host"], at + ": host", *iteration_s);
+      if (!h) return h.status();
+      // The phases and the forward pass are parts of the iteration (to rounding).
+      if (h->total() + m->seconds[0] > *iteration_s * (1 + 1e-9) + 1e-9)
+        return FieldError(at, "host", "phases and \"seconds\" add up to more than \"iteration_s\"");
+      host = *h;
+    }
     each({static_cast<policies::InstanceId>(*instance),
           *start_s,
           *iteration_s,
-          {std::move(m->shape), m->seconds[0]}});
+          {std::move(m->shape), m->seconds[0]},
+          host});
     return Status::Ok();
   });
 }

@@ -1,20 +1,23 @@
 // Every engine step of a live server as one JSON line, written as it happens (`duet serve
 // --step-log`, `duet worker --step-log`, docs/serving.md): the step's shape and its forward
 // pass's time as "seconds" (a line `duet calibrate --measurements` reads), the instance
-// ("instance"), when the iteration that ran it began on the server's clock ("start_s") and
-// how long that whole iteration took ("iteration_s": scheduling, the forward pass, sampling
-// and handing the tokens on). `duet validate` reads it to say where the simulator's error
-// comes from.
+// ("instance"), when the iteration that ran it began on the server's clock ("start_s"), how
+// long that whole iteration took ("iteration_s": scheduling, the forward pass, sampling and
+// handing the tokens on) and its host time by phase with the step's counts ("host":
+// models/host_time.h). `duet validate` reads it to say where the simulator's error comes
+// from; `duet calibrate --host-steps` fits host time to it.
 #pragma once
 
 #include <atomic>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 
 #include "backend/engine/step_executor.h"
 #include "common/status.h"
+#include "models/host_time.h"
 
 namespace duet::backend {
 
@@ -24,12 +27,15 @@ struct StepLogLine {
   Seconds start_s = 0;
   Seconds iteration_s = 0;
   StepTiming step;  // the shape and its forward pass's time
+  // Its host time outside the forward pass by phase, and its counts (none in logs written
+  // before the phases were measured).
+  std::optional<models::HostStep> host;
 };
 // The line as the log holds it (its newline included).
 std::string FormatStepLogLine(const StepLogLine& line);
 // Calls `each` for every line of a step log, in order (blank lines skipped); stops at the first
 // bad line with an error naming `where`:line and the field. One step's "seconds" is one
-// number, at most its "iteration_s".
+// number, at most its "iteration_s"; its "host" phases add up to at most "iteration_s".
 Status ReadStepLog(std::string_view text, const std::string& where,
                    const std::function<void(const StepLogLine&)>& each);
 

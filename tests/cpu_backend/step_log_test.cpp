@@ -37,6 +37,13 @@ StepLogLine LineOf(int w, int k) {
     line.step.shape.decode_tokens = k + 1;
     line.step.shape.decode_context_tokens = 100 * (k + 1);
   }
+  if (k % 2 == 0) {  // and lines without host phases, as servers before them wrote
+    models::HostStep host;
+    for (std::size_t p = 0; p < models::kHostPhases; ++p)
+      host.phase_s[p] = 1e-6 * static_cast<double>(p + 1) / (k + 1);
+    host.counts = {static_cast<double>(k % 7), 1, static_cast<double>(w), 3};
+    line.host = host;
+  }
   return line;
 }
 
@@ -69,6 +76,10 @@ TEST(StepLogTest, ConcurrentWritersLandWholeLinesThatReadBackAsWritten) {
     EXPECT_EQ(line.iteration_s, want.iteration_s);
     EXPECT_EQ(line.step.seconds, want.step.seconds);
     EXPECT_EQ(models::StepShapeToJson(line.step.shape), models::StepShapeToJson(want.step.shape));
+    ASSERT_EQ(line.host.has_value(), want.host.has_value());
+    if (want.host) {
+      EXPECT_EQ(models::HostStepToJson(*line.host), models::HostStepToJson(*want.host));
+    }
   });
   ASSERT_TRUE(read.ok()) << read.message();
   EXPECT_EQ(next, std::vector<int>(kWriters, kLines));
@@ -98,6 +109,18 @@ TEST(StepLogTest, BadLinesAreNamedWithTheirLineAndField) {
        "log:1: field 'iteration_s'"},
       {R"({"decode_tokens": 0, "seconds": 0.1, "instance": 0, "start_s": 0, "iteration_s": 1})",
        "log:1: a step with no tokens"},
+      {R"({"decode_tokens": 1, "seconds": 0.1, "instance": 0, "start_s": 0, "iteration_s": 1,)"
+       R"( "host": {"schedule_s": 0.1}})",
+       "log:1: host: field 'allocate_s' is missing"},
+      {R"({"decode_tokens": 1, "seconds": 0.1, "instance": 0, "start_s": 0, "iteration_s": 1,)"
+       R"( "host": {"schedule_s": 0.1, "allocate_s": 0, "prepare_s": 0, "sample_s": 0,)"
+       R"( "apply_s": 0, "stream_s": 0, "rows": -1, "admitted": 0, "finished": 0, "tokens": 1}})",
+       "log:1: host: field 'rows'"},
+      // The phases are parts of the iteration: with the forward pass, no more than it.
+      {R"({"decode_tokens": 1, "seconds": 0.5, "instance": 0, "start_s": 0, "iteration_s": 1,)"
+       R"( "host": {"schedule_s": 0.2, "allocate_s": 0.1, "prepare_s": 0.1, "sample_s": 0.1,)"
+       R"( "apply_s": 0.1, "stream_s": 0, "rows": 1, "admitted": 0, "finished": 0, "tokens": 1}})",
+       "log:1: field 'host' phases and \"seconds\" add up to more than \"iteration_s\""},
   };
   for (const Case& c : cases) {
     int lines = 0;

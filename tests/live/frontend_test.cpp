@@ -166,13 +166,17 @@ TEST_F(Frontend, TheStepLogHasEveryStepOfEveryInstance) {
     ASSERT_EQ(frontend->Submit({Prompt(20 + 7 * i, 40 + i), 3 + i, {}}, listeners.back()).status,
               AdmitStatus::kAccepted);
   }
-  std::vector<Tokens> prompt_tokens(2, 0), decode_rows(2, 0);
+  std::vector<Tokens> prompt_tokens(2, 0), decode_rows(2, 0), streamed(2, 0);
+  std::vector<int> served(2, 0);
   for (const auto& listener : listeners) {
     const auto info = listener->Wait();
     ASSERT_TRUE(info);
     ASSERT_TRUE(info->instance == 0 || info->instance == 1);
-    prompt_tokens[static_cast<std::size_t>(info->instance)] += info->prompt_tokens;
-    decode_rows[static_cast<std::size_t>(info->instance)] += info->completion_tokens - 1;
+    const auto i = static_cast<std::size_t>(info->instance);
+    prompt_tokens[i] += info->prompt_tokens;
+    decode_rows[i] += info->completion_tokens - 1;
+    streamed[i] += info->completion_tokens;
+    ++served[i];
   }
   frontend.reset();  // the engine threads end: every step is written
   ASSERT_TRUE((*log)->Close().ok());
@@ -180,7 +184,8 @@ TEST_F(Frontend, TheStepLogHasEveryStepOfEveryInstance) {
   std::ifstream in(path);
   const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   std::filesystem::remove(path);
-  std::vector<Tokens> logged_prompt(2, 0), logged_rows(2, 0);
+  std::vector<Tokens> logged_prompt(2, 0), logged_rows(2, 0), logged_tokens(2, 0);
+  std::vector<int> admitted(2, 0), finished(2, 0);
   std::vector<Seconds> free_from(2, 0);  // an instance's steps never overlap
   const Status read = ReadStepLog(text, path, [&](const StepLogLine& line) {
     ASSERT_TRUE(line.instance == 0 || line.instance == 1);
@@ -189,10 +194,21 @@ TEST_F(Frontend, TheStepLogHasEveryStepOfEveryInstance) {
     logged_rows[i] += line.step.shape.decode_tokens;
     EXPECT_GE(line.start_s, free_from[i]);
     free_from[i] = line.start_s + line.iteration_s;
+    // Every line has its host time by phase, and counts that add up to what was served.
+    ASSERT_TRUE(line.host);
+    const models::HostCounts& c = line.host->counts;
+    EXPECT_EQ(c.rows, static_cast<double>(line.step.shape.prefill.size() +
+                                          static_cast<std::size_t>(line.step.shape.decode_tokens)));
+    admitted[i] += static_cast<int>(c.admitted);
+    finished[i] += static_cast<int>(c.finished);
+    logged_tokens[i] += static_cast<Tokens>(c.tokens);
   });
   ASSERT_TRUE(read.ok()) << read.message();
   EXPECT_EQ(logged_prompt, prompt_tokens);
   EXPECT_EQ(logged_rows, decode_rows);
+  EXPECT_EQ(admitted, served);
+  EXPECT_EQ(finished, served);
+  EXPECT_EQ(logged_tokens, streamed);
 }
 
 TEST_F(Frontend, AbortEndsTheRequestAndFreesItsBlocks) {

@@ -151,6 +151,78 @@ TEST(InstanceEngine, ColocatedTimelineFollowsTheSteps) {
   EXPECT_NEAR(summary["itl_ms"]["p50"].get<double>(), 11.0, 1e-9);
 }
 
+// With a host clock the engine splits each iteration's host time by phase. Here the host clock
+// moves only while the event sink runs (1 ms a call), so all of the host time is the stream
+// phase and none of it the phases the sink's calls sit inside (scheduling, applying); the
+// counts say what the step did.
+TEST(InstanceEngine, HostTimeIsSplitByPhaseWhereItIsSpent) {
+  struct SlowSink : Collector {
+    ManualClock* host = nullptr;
+    int calls = 0;
+    void Tick() {
+      host->now += 1e-3;
+      ++calls;
+    }
+    void OnFinished(const RequestSpec& s, const RequestRecord& r) override {
+      Tick();
+      Collector::OnFinished(s, r);
+    }
+    void OnPrefillDone(const RequestSpec& s, const RequestRecord& r) override {
+      Tick();
+      Collector::OnPrefillDone(s, r);
+    }
+    void OnTokenGaps(Seconds gap_s, std::int64_t count) override {
+      Tick();
+      Collector::OnTokenGaps(gap_s, count);
+    }
+  };
+  Solo solo;
+  ManualClock host;
+  SlowSink sink;
+  sink.host = &host;
+  EnginePorts ports{&solo.clock, &solo.ports, &solo.ports, &solo.ports, &solo.ports, &sink};
+  ports.host_clock = &host;
+  InstanceEngine engine(Config(0, InstanceRole::kColocated, /*coalesce=*/false), ports);
+  for (RequestId id : {1, 2}) {
+    auto r = std::make_shared<Request>(MakeRequest(id, 0, 40, id == 1 ? 2 : 3));
+    r->prefill_instance = r->decode_instance = 0;
+    solo.ports.inbox.push_back({EngineMessage::Kind::kNewRequest, std::move(r), kNoInstance});
+  }
+  struct Iteration {
+    double stream_ms, rows, admitted, finished;
+  };
+  std::vector<Iteration> got;
+  while (true) {
+    const int calls = sink.calls;
+    if (!engine.RunOnce()) break;
+    const models::HostStep& h = engine.last_host_step();
+    for (models::HostPhase p :
+         {models::HostPhase::kSchedule, models::HostPhase::kAllocate, models::HostPhase::kPrepare,
+          models::HostPhase::kSample, models::HostPhase::kApply}) {
+      EXPECT_EQ(h.phase_s[static_cast<std::size_t>(p)], 0) << static_cast<int>(p);
+    }
+    EXPECT_NEAR(h.phase_s[static_cast<std::size_t>(models::HostPhase::kStream)],
+                1e-3 * (sink.calls - calls), 1e-12);
+    got.push_back({1e3 * h.phase_s[static_cast<std::size_t>(models::HostPhase::kStream)],
+                   h.counts.rows, h.counts.admitted, h.counts.finished});
+    EXPECT_EQ(h.counts.tokens, 0);  // this executor samples no tokens
+  }
+  // Both prefilled together (2 prefill-done calls); a decode step of both (a gap each) that
+  // finishes the first; a decode step of the second that finishes it.
+  ASSERT_EQ(got.size(), 3u);
+  EXPECT_NEAR(got[0].stream_ms, 2, 1e-9);
+  EXPECT_EQ(got[0].rows, 2);
+  EXPECT_EQ(got[0].admitted, 2);
+  EXPECT_EQ(got[0].finished, 0);
+  EXPECT_NEAR(got[1].stream_ms, 3, 1e-9);
+  EXPECT_EQ(got[1].rows, 2);
+  EXPECT_EQ(got[1].admitted, 0);
+  EXPECT_EQ(got[1].finished, 1);
+  EXPECT_NEAR(got[2].stream_ms, 2, 1e-9);
+  EXPECT_EQ(got[2].rows, 1);
+  EXPECT_EQ(got[2].finished, 1);
+}
+
 // Runs the same arrivals through a colocated engine, returning the final records.
 std::vector<FinishedRequest> RunColocated(bool coalesce, int* execute_calls) {
   Solo solo;
