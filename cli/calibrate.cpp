@@ -27,6 +27,7 @@
 
 #include "backend/calibrate/step_fit.h"
 #include "backend/calibrate/step_sweep.h"
+#include "backend/engine/step_log.h"
 #include "backend/model/llama_weights.h"
 #include "backend/registry.h"
 #include "backend/transport/kv_transport.h"
@@ -204,6 +205,53 @@ void PrintLink(const models::LinkFit& link) {
       link.training.max_pct);
 }
 
+// The host-time fit to the iterations of a live server's step log; prints it beside the mean
+// of each phase.
+Result<models::HostFit> FitHostSteps(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return Status::Error("--host-steps: cannot open " + path);
+  std::stringstream text;
+  text << in.rdbuf();
+  std::vector<backend::HostSample> samples;
+  std::array<double, models::kHostPhases> phase_sum{};
+  double outside_sum = 0;
+  DUET_RETURN_IF_ERROR(
+      backend::ReadStepLog(text.str(), path, [&](const backend::StepLogLine& line) {
+        if (!line.host) return;
+        const Seconds outside = line.iteration_s - line.step.seconds;
+        samples.push_back({line.host->counts, outside});
+        outside_sum += outside;
+        for (std::size_t p = 0; p < models::kHostPhases; ++p) phase_sum[p] += line.host->phase_s[p];
+      }));
+  if (samples.empty())
+    return Status::Error("--host-steps: " + path +
+                         ": no line has host phases (\"host\"): a step log of this duet's "
+                         "`duet serve --step-log` has them");
+  auto fit = backend::FitHost(samples);
+  if (!fit) return Status::Error("--host-steps: " + path + ": " + fit.error());
+  const double n = static_cast<double>(samples.size());
+  std::printf("host time: %zu iterations of %s, %.1f us outside the forward pass on average:\n ",
+              samples.size(), path.c_str(), 1e6 * outside_sum / n);
+  double phases = 0;
+  for (std::size_t p = 0; p < models::kHostPhases; ++p) {
+    const std::string_view name = models::kHostPhaseNames[p];
+    std::printf(" %.*s %.1f,", static_cast<int>(name.size() - 2), name.data(),
+                1e6 * phase_sum[p] / n);
+    phases += phase_sum[p];
+  }
+  std::printf(" other %.1f us\n  fit (us): ", 1e6 * (outside_sum - phases) / n);
+  for (std::size_t c = 0; c < models::kHostColumns; ++c)
+    std::printf("%s%.2f per %.*s", c ? " + " : "", 1e6 * fit->seconds_per[c],
+                static_cast<int>(models::kHostColumnNames[c].size()),
+                models::kHostColumnNames[c].data());
+  std::printf(
+      "\n  error on iterations held out of the fit: %d, mean %.1f%%, p90 %.1f%%; their total "
+      "%+.2f%%   (%d: mean %.1f%%)\n",
+      fit->held_out.shapes, fit->held_out.mean_pct, fit->held_out.p90_pct, fit->held_out_total_pct,
+      fit->training.shapes, fit->training.mean_pct);
+  return fit;
+}
+
 Status WriteProfile(const models::StepProfile& profile, const std::string& path) {
   const std::string tmp = path + ".tmp";
   {
@@ -226,9 +274,9 @@ int Calibrate(int argc, char** argv) {
   // clang-format off
   opts.add_options()
     ("help,h", "show this help")
-    ("model", po::value<std::string>()->required(),
+    ("model", po::value<std::string>(),
      "Hugging Face model directory; with --measurements also a model spec file or the name of "
-     "a bundled one (models/specs/)")
+     "a bundled one (models/specs/); required unless --profile")
     ("out", po::value<std::string>()->required(), "the profile to write (JSON)")
     ("device", po::value<std::string>()->default_value("cpu"),
      "cpu or cuda; with --measurements, the name of the device that measured them")
@@ -244,6 +292,12 @@ int Calibrate(int argc, char** argv) {
      "fit these step times (JSON lines: a step shape and \"seconds\") instead of measuring")
     ("source", po::value<std::string>(),
      "with --measurements: a JSON file describing where they come from, kept in the profile")
+    ("host-steps", po::value<std::string>(),
+     "also fit the engine's host time outside the forward pass to this step log of a live "
+     "server (duet serve --step-log), which the simulator then prices on every step")
+    ("profile", po::value<std::string>(),
+     "with --host-steps: add the host-time fit to this profile, its step fits and links kept, "
+     "instead of measuring steps")
     ("roofline", po::value<std::string>(),
      "also report the roofline cost model's error on the held-out shapes, for this GPU "
      "(a name under models/hardware/ or a .json file; default efficiencies)")
@@ -268,6 +322,23 @@ int Calibrate(int argc, char** argv) {
   models::StepProfile profile;
   profile.source = {{"tool", "duet calibrate"}, {"command", command}, {"date", UtcNow()}};
 
+  if (vm.count("profile")) {
+    if (!vm.count("host-steps")) return Fail("--profile goes with --host-steps", kExitUsage);
+    for (const char* other : {"model", "measurements", "transport", "roofline", "source"})
+      if (vm.count(other))
+        return Fail(std::string("--profile keeps the profile's steps: not with --") + other,
+                    kExitUsage);
+    auto loaded = models::LoadStepProfile(vm["profile"].as<std::string>());
+    if (!loaded) return Fail("--profile: " + loaded.error());
+    auto host = FitHostSteps(vm["host-steps"].as<std::string>());
+    if (!host) return Fail(host.error());
+    loaded->host = std::move(*host);
+    loaded->source["host_steps"] = {{"command", command}, {"date", UtcNow()}};
+    if (Status s = WriteProfile(*loaded, out_path); !s.ok()) return Fail(s.message());
+    std::printf("wrote %s\n", out_path.c_str());
+    return kExitOk;
+  }
+  if (!vm.count("model")) return Fail("the option '--model' is required", kExitUsage);
   if (!vm["ucx-tls"].defaulted() &&
       (!vm.count("transport") ||
        vm["transport"].as<std::string>().find("ucx") == std::string::npos))
@@ -443,6 +514,11 @@ int Calibrate(int argc, char** argv) {
     }
     PrintFit(*fit);
     profile.fits.push_back(std::move(*fit));
+  }
+  if (vm.count("host-steps")) {
+    auto host = FitHostSteps(vm["host-steps"].as<std::string>());
+    if (!host) return Fail(host.error());
+    profile.host = std::move(*host);
   }
   if (Status s = WriteProfile(profile, out_path); !s.ok()) return Fail(s.message());
   std::printf("wrote %s\n", out_path.c_str());

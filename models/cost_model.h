@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "common/units.h"
+#include "models/host_time.h"
 #include "models/model_spec.h"
 
 namespace duet::models {
@@ -62,6 +63,11 @@ class StepCostModel {
   // `start`: the times StepTime gives step by step, which a model may compute faster.
   virtual void AppendDecodeRunEnds(StepShape shape, int steps, Seconds start,
                                    std::vector<Seconds>* ends) const;
+  // The engine's host time outside the forward pass of a step with these counts
+  // (models/host_time.h), where the model prices it apart (a fitted profile with a host fit);
+  // 0 otherwise (the roofline's per-step overhead stands for it).
+  virtual bool PricesHost() const { return false; }
+  virtual Seconds HostTime(const HostCounts& counts) const { return 0; }
 };
 
 struct RooflineOptions {

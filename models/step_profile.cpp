@@ -201,6 +201,45 @@ json LinkToJson(const LinkFit& link) {
           {"measurements", measurements}};
 }
 
+json HostFitToJson(const HostFit& host) {
+  json per = json::object();
+  for (std::size_t k = 0; k < kHostColumns; ++k)
+    per[std::string(kHostColumnNames[k])] = host.seconds_per[k];
+  return {{"seconds_per", per},
+          {"steps", host.steps},
+          {"training_error", FitErrorToJson(host.training)},
+          {"held_out_error", FitErrorToJson(host.held_out)},
+          {"held_out_total_pct", host.held_out_total_pct}};
+}
+
+Result<HostFit> ParseHostFit(const json& obj, const std::string& where) {
+  if (!obj.is_object()) return Status::Error(where + ": must be an object");
+  HostFit host;
+  if (!JsonHas(obj, "seconds_per") || !obj["seconds_per"].is_object())
+    return FieldError(where, "seconds_per", "must be an object");
+  const std::string per_where = where + ": seconds_per";
+  for (std::size_t k = 0; k < kHostColumns; ++k) {
+    auto v = JsonNumberIn(obj["seconds_per"], std::string(kHostColumnNames[k]), 0, kMaxStepSeconds,
+                          per_where);
+    if (!v) return v.status();
+    host.seconds_per[k] = *v;
+  }
+  auto steps = JsonIntIn(obj, "steps", 0, std::int64_t{1} << 30, where);
+  if (!steps) return steps.status();
+  host.steps = static_cast<int>(*steps);
+  for (auto [key, out] :
+       {std::pair{"training_error", &host.training}, std::pair{"held_out_error", &host.held_out}}) {
+    if (!JsonHas(obj, key)) continue;
+    auto e = ParseFitError(obj[key], where + ": " + key);
+    if (!e) return e.status();
+    *out = *e;
+  }
+  auto total = JsonNumberIn(obj, "held_out_total_pct", -100, 1e9, where, 0.0);
+  if (!total) return total.status();
+  host.held_out_total_pct = *total;
+  return host;
+}
+
 // `times`: the step and transfer times read so far, bounded by kMaxTimes.
 Result<LinkFit> ParseLink(const json& obj, const std::string& where, std::size_t& times) {
   if (!obj.is_object()) return Status::Error(where + ": must be an object");
@@ -455,6 +494,7 @@ json StepProfileToJson(const StepProfile& profile) {
     for (const LinkFit& link : profile.links) links.push_back(LinkToJson(link));
     doc["links"] = std::move(links);
   }
+  if (profile.host) doc["host"] = HostFitToJson(*profile.host);
   return doc;
 }
 
@@ -558,6 +598,11 @@ Result<StepProfile> ParseStepProfile(const json& doc, const std::string& where) 
       profile.links.push_back(std::move(*link));
     }
   }
+  if (JsonHas(doc, "host")) {
+    auto host = ParseHostFit(doc["host"], where + ": host");
+    if (!host) return host.status();
+    profile.host = std::move(*host);
+  }
   return profile;
 }
 
@@ -608,7 +653,15 @@ std::optional<std::string> ArchitectureMismatch(const ModelSpec& measured, const
   return std::nullopt;
 }
 
-FittedCostModel::FittedCostModel(StepFit fit) : fit_(std::move(fit)) {
+Seconds HostFit::Predict(const HostCounts& c) const {
+  const std::array<double, kHostColumns> columns = HostColumns(c);
+  Seconds t = 0;
+  for (std::size_t k = 0; k < kHostColumns; ++k) t += seconds_per[k] * columns[k];
+  return t;
+}
+
+FittedCostModel::FittedCostModel(StepFit fit, std::optional<HostFit> host)
+    : fit_(std::move(fit)), host_(std::move(host)) {
   for (std::size_t c = 0; c < kShapeClasses; ++c) {
     DUET_CHECK(!fit_.pieces[c].empty());
     DUET_CHECK(fit_.split_rows[c] == 0 || !fit_.pieces_above[c].empty());
@@ -617,6 +670,10 @@ FittedCostModel::FittedCostModel(StepFit fit) : fit_(std::move(fit)) {
 
 Seconds FittedCostModel::StepTime(const StepShape& shape) const {
   return fit_.Predict(FeaturesOf(shape));
+}
+
+Seconds FittedCostModel::HostTime(const HostCounts& counts) const {
+  return host_ ? host_->Predict(counts) : 0;
 }
 
 void FittedCostModel::AppendDecodeRunEnds(StepShape shape, int steps, Seconds start,

@@ -23,6 +23,7 @@
 #include "common/status.h"
 #include "common/units.h"
 #include "models/cost_model.h"
+#include "models/host_time.h"
 #include "models/model_spec.h"
 
 namespace duet::models {
@@ -122,6 +123,19 @@ struct LinkFit {
   Seconds Time(Bytes bytes) const { return latency + static_cast<double>(bytes) / bandwidth; }
 };
 
+// Host time (models/host_time.h) as one affine function of a step's counts, coefficients
+// non-negative, fitted to a live server's step log (`duet calibrate --host-steps`).
+struct HostFit {
+  std::array<double, kHostColumns> seconds_per{};  // seconds per unit of each column
+  int steps = 0;                                   // iterations the fit saw, held-out ones included
+  FitError training;                               // per-iteration relative error
+  FitError held_out;
+  // The held-out iterations' priced host time against their measured sum, percent (signed):
+  // what the simulator's timeline sees, where per-iteration noise averages out.
+  double held_out_total_pct = 0;
+  Seconds Predict(const HostCounts& c) const;
+};
+
 struct StepProfile {
   std::string device;         // what ran the steps: "cpu", "cuda", "h100-sxm (aiconfigurator)"
   nlohmann::json source;      // provenance: tool, version, command, date, host (an object)
@@ -129,6 +143,7 @@ struct StepProfile {
   std::vector<StepFit> fits;  // one per TP degree
   std::vector<StepMeasurement> measurements;
   std::vector<LinkFit> links;           // one per transport timed; none when none was
+  std::optional<HostFit> host;          // the engine's host time, when calibrated on a step log
   const StepFit* FitFor(int tp) const;  // nullptr when none
   const LinkFit* LinkFor(std::string_view transport) const;  // nullptr when none
 };
@@ -159,17 +174,20 @@ Result<std::vector<StepMeasurement>> ParseStepMeasurements(std::string_view text
 std::optional<std::string> ArchitectureMismatch(const ModelSpec& measured, const ModelSpec& used);
 
 // A StepCostModel from one fit: the fit of the instance's TP degree (a shape's tp is not
-// consulted). Pure and allocation-free per call.
+// consulted), and the host fit when the profile has one. Pure and allocation-free per call.
 class FittedCostModel : public StepCostModel {
  public:
-  explicit FittedCostModel(StepFit fit);
+  explicit FittedCostModel(StepFit fit, std::optional<HostFit> host = std::nullopt);
   Seconds StepTime(const StepShape& shape) const override;
   void AppendDecodeRunEnds(StepShape shape, int steps, Seconds start,
                            std::vector<Seconds>* ends) const override;
+  bool PricesHost() const override { return host_.has_value(); }
+  Seconds HostTime(const HostCounts& counts) const override;
   const StepFit& fit() const { return fit_; }
 
  private:
   StepFit fit_;
+  std::optional<HostFit> host_;
 };
 
 }  // namespace duet::models

@@ -266,7 +266,7 @@ std::unique_ptr<models::StepCostModel> MakeStepCostModel(const ClusterSpec& clus
   if (const models::StepProfile* profile = cluster.cost_model.profile.get()) {
     const models::StepFit* fit = profile->FitFor(instance.tp);
     DUET_CHECK(fit);  // CheckProfileFits
-    return std::make_unique<models::FittedCostModel>(*fit);
+    return std::make_unique<models::FittedCostModel>(*fit, profile->host);
   }
   models::RooflineOptions roofline = cluster.cost_model.roofline;
   roofline.tp = instance.tp;

@@ -89,20 +89,57 @@ void SimPorts::Execute(const policies::StepPlan& plan, policies::StepEvents& eve
   }
 }
 
+namespace {
+
+// The host counts (models/host_time.h) of step `step` (from 0) of `steps` of a plan, as the
+// simulator knows them: a request ends when its output is complete (no stop tokens here), and
+// only the first step admits.
+models::HostCounts PlannedHostCounts(const policies::StepPlan& plan, int step, int steps) {
+  models::HostCounts c;
+  c.rows = static_cast<double>(plan.prefills.size() + plan.decodes.size());
+  c.admitted = step == 0 ? static_cast<double>(plan.admitted.size()) : 0;
+  for (const policies::PrefillItem& p : plan.prefills) {
+    if (p.context + p.tokens < p.request->prefill_target) continue;
+    ++c.tokens;
+    if (p.request->RemainingOutput() <= 1) ++c.finished;
+  }
+  c.tokens += static_cast<double>(plan.decodes.size());
+  if (step == steps - 1) {
+    for (const policies::Request* r : plan.decodes) {
+      if (r->RemainingOutput() <= steps) ++c.finished;
+    }
+  }
+  return c;
+}
+
+}  // namespace
+
 void SimPorts::ExecuteSteps(const policies::StepPlan& plan, policies::StepEvents& events,
                             policies::StepResult* result) {
   const auto& cost = *world_.costs[static_cast<std::size_t>(id_)];
   const Seconds start = Now();
   std::vector<Seconds>* step_end_s = &result->step_end_s;
   models::StepShape shape = plan.Shape();
+  // A synchronous loop's host time outside the forward pass is on the critical path: each step
+  // lasts its forward pass and its host time, where the cost model prices it.
+  const bool host = cost.PricesHost();
   if (plan.max_steps <= 1) {
-    sg4::this_actor::sleep_for(cost.StepTime(shape));
+    const Seconds host_s = host ? cost.HostTime(PlannedHostCounts(plan, 0, 1)) : 0;
+    sg4::this_actor::sleep_for(host ? cost.StepTime(shape) + host_s : cost.StepTime(shape));
     ++world_.events;
     step_end_s->push_back(Now());
     if (!plan.awaited_loads.empty()) FinishOverlappedLoads(plan, start, events, result);
     return;
   }
   cost.AppendDecodeRunEnds(shape, plan.max_steps, start, step_end_s);
+  if (host) {
+    // The steps of a run differ only in the last one's finished requests.
+    const Seconds each = cost.HostTime(PlannedHostCounts(plan, 0, plan.max_steps));
+    const Seconds last = cost.HostTime(PlannedHostCounts(plan, plan.max_steps - 1, plan.max_steps));
+    for (std::size_t s = 0; s < step_end_s->size(); ++s)
+      (*step_end_s)[s] += static_cast<double>(s + 1) * each;
+    step_end_s->back() += last - each;
+  }
   if (!WaitAny(step_end_s->back() - start)) return;  // ran to the end undisturbed
   // New work arrived: finish the step in progress and stop at its boundary.
   const Seconds now = Now();

@@ -379,6 +379,58 @@ Result<StepFit> FitSteps(std::vector<StepMeasurement>& measurements, int tp,
   return fit;
 }
 
+Result<models::HostFit> FitHost(const std::vector<HostSample>& samples, const FitOptions& options) {
+  DUET_CHECK(options.held_out_every >= 2);
+  constexpr std::size_t kMinSamples = 20;
+  const int n = static_cast<int>(samples.size());
+  if (samples.size() < kMinSamples)
+    return Status::Error("a host-time fit needs at least " + std::to_string(kMinSamples) +
+                         " iterations (got " + std::to_string(n) + ")");
+  std::vector<std::size_t> training;
+  std::vector<bool> held(samples.size());
+  for (int i = 0; i < n; ++i) {
+    held[static_cast<std::size_t>(i)] = HeldOut(i, n, options.held_out_every);
+    if (!held[static_cast<std::size_t>(i)]) training.push_back(static_cast<std::size_t>(i));
+  }
+  constexpr auto kColumns = static_cast<Eigen::Index>(models::kHostColumns);
+  Eigen::MatrixXd a(static_cast<Eigen::Index>(training.size()), kColumns);
+  Eigen::VectorXd b(static_cast<Eigen::Index>(training.size()));
+  for (std::size_t r = 0; r < training.size(); ++r) {
+    const HostSample& s = samples[training[r]];
+    const auto columns = models::HostColumns(s.counts);
+    for (Eigen::Index c = 0; c < kColumns; ++c)
+      a(static_cast<Eigen::Index>(r), c) = columns[static_cast<std::size_t>(c)];
+    b(static_cast<Eigen::Index>(r)) = s.seconds;
+  }
+  if (!(b.sum() > 0))
+    return Status::Error(
+        "the iterations spent no time outside their forward passes: nothing to fit");
+  const Eigen::VectorXd x = Nnls(a, b);
+  models::HostFit fit;
+  for (Eigen::Index c = 0; c < kColumns; ++c) {
+    if (!std::isfinite(x(c)))
+      return Status::Error("the host-time fit did not converge (a coefficient is not finite)");
+    fit.seconds_per[static_cast<std::size_t>(c)] = x(c);
+  }
+  fit.steps = n;
+  std::vector<double> held_pct, training_pct;
+  double held_priced = 0, held_measured = 0;
+  for (std::size_t i = 0; i < samples.size(); ++i) {
+    const Seconds priced = fit.Predict(samples[i].counts);
+    const Seconds measured = samples[i].seconds;
+    if (held[i]) {
+      held_priced += priced;
+      held_measured += measured;
+    }
+    if (!(measured > 0)) continue;  // no relative error of nothing
+    (held[i] ? held_pct : training_pct).push_back(std::abs(priced / measured - 1) * 100);
+  }
+  fit.training = models::SummarizeErrors(training_pct);
+  fit.held_out = models::SummarizeErrors(held_pct);
+  fit.held_out_total_pct = held_measured > 0 ? 100 * (held_priced / held_measured - 1) : 0;
+  return fit;
+}
+
 Result<models::LinkFit> FitLink(std::vector<models::TransferMeasurement> measurements,
                                 const FitOptions& options) {
   DUET_CHECK(options.held_out_every >= 2);

@@ -37,4 +37,17 @@ Result<models::StepFit> FitSteps(std::vector<models::StepMeasurement>& measureme
 Result<models::LinkFit> FitLink(std::vector<models::TransferMeasurement> measurements,
                                 const FitOptions& options = {});
 
+// One live iteration for the host-time fit: its counts and its time outside the forward pass.
+struct HostSample {
+  models::HostCounts counts;
+  Seconds seconds = 0;
+};
+// The engine's host time (models/host_time.h) fitted to live iterations (a step log's): one
+// affine function of the counts, coefficients non-negative, by least squares on the seconds
+// themselves (the simulator's timeline adds them up, so the sum must come out right, not each
+// iteration's ratio). One in each `held_out_every` is held out as FitSteps holds out a class's
+// shapes. Errors: fewer than 20 iterations, or no time outside the forward passes at all.
+Result<models::HostFit> FitHost(const std::vector<HostSample>& samples,
+                                const FitOptions& options = {});
+
 }  // namespace duet::backend

@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include <array>
+#include <functional>
 #include <set>
 #include <string>
 
@@ -326,6 +327,12 @@ StepProfile SampleProfile() {
   link->transport = "loopback";
   link->path = "loopback";
   p.links = {*link};
+  HostFit host;
+  host.seconds_per = {2e-5, 3e-6, 1e-6, 4e-5, 0};
+  host.steps = 400;
+  host.held_out = {100, 12.5, 30, 80};
+  host.held_out_total_pct = -1.5;
+  p.host = host;
   return p;
 }
 
@@ -355,6 +362,9 @@ TEST(StepProfileTest, ProfilesSurviveTheRoundTrip) {
   ASSERT_NE(back->LinkFor("loopback"), nullptr);
   EXPECT_EQ(back->LinkFor("ucx"), nullptr);
   EXPECT_NEAR(back->LinkFor("loopback")->Time(1 << 20), 2e-5 + (1 << 20) / 12e9, 1e-12);
+  ASSERT_TRUE(back->host);
+  EXPECT_EQ(back->host->seconds_per, p.host->seconds_per);
+  EXPECT_DOUBLE_EQ(back->host->Predict({8, 1, 2, 8}), 2e-5 + 8 * 3e-6 + 1e-6 + 2 * 4e-5);
   EXPECT_FALSE(ArchitectureMismatch(back->model, Model("tiny-test")));
   EXPECT_EQ(ArchitectureMismatch(back->model, Model("llama-3.2-1b")).value_or(""),
             "num_hidden_layers: 2 vs 16");
@@ -447,6 +457,14 @@ TEST(StepProfileTest, MalformedProfilesAreErrorsNamingTheField) {
        "links[0]: measurements[1]: field 'seconds'"},
       {[](json& j) { j["links"][0]["held_out_error"]["max_pct"] = "x"; },
        "links[0]: held_out_error: field 'max_pct'"},
+      {[](json& j) { j["host"] = 1; }, "p.json: host: must be an object"},
+      {[](json& j) { j["host"].erase("seconds_per"); }, "host: field 'seconds_per'"},
+      {[](json& j) { j["host"]["seconds_per"]["row"] = -1e-6; }, "host: seconds_per: field 'row'"},
+      {[](json& j) { j["host"]["seconds_per"].erase("token"); },
+       "host: seconds_per: field 'token' is missing"},
+      {[](json& j) { j["host"]["steps"] = -1; }, "host: field 'steps'"},
+      {[](json& j) { j["host"]["held_out_error"]["mean_pct"] = -1; },
+       "host: held_out_error: field 'mean_pct'"},
   };
   for (const Case& c : cases) {
     json doc = good;
@@ -520,6 +538,68 @@ TEST(LinkFitTest, TooFewSizesOrFlatTimesAreErrors) {
   link = backend::FitLink(Transfers([](double) { return 1e-3; }));
   ASSERT_FALSE(link.ok());
   EXPECT_NE(link.error().find("do not grow with size"), std::string::npos) << link.error();
+}
+
+// Iterations like a server's: batches of 1 to 32 rows, some admitting or finishing requests.
+std::vector<backend::HostSample> HostIterations(const std::function<double(const HostCounts&)>& t) {
+  std::vector<backend::HostSample> out;
+  for (int i = 0; i < 200; ++i) {
+    HostCounts c;
+    c.rows = 1 + (i * 7) % 32;
+    c.admitted = i % 5 == 0 ? 1 + i % 3 : 0;
+    c.finished = i % 4 == 1 ? 1 : 0;
+    c.tokens = c.rows - (i % 6 == 0 ? 1 : 0);
+    out.push_back({c, t(c)});
+  }
+  return out;
+}
+
+TEST(HostFitTest, CoefficientsAreRecoveredAndTheHeldOutTotalIsMeasured) {
+  auto truth = [](const HostCounts& c) {
+    return 20e-6 + 3e-6 * c.rows + 15e-6 * c.admitted + 40e-6 * c.finished + 1e-6 * c.tokens;
+  };
+  Result<HostFit> fit = backend::FitHost(HostIterations(truth));
+  ASSERT_TRUE(fit.ok()) << fit.error();
+  const std::array<double, kHostColumns> want = {20e-6, 3e-6, 15e-6, 40e-6, 1e-6};
+  for (std::size_t c = 0; c < kHostColumns; ++c)
+    EXPECT_NEAR(fit->seconds_per[c], want[c], 1e-12) << kHostColumnNames[c];
+  EXPECT_EQ(fit->steps, 200);
+  EXPECT_EQ(fit->held_out.shapes, 50);  // one in four
+  EXPECT_LT(fit->held_out.max_pct, 1e-6);
+  EXPECT_NEAR(fit->held_out_total_pct, 0, 1e-6);
+
+  // Noise that only the held-out iterations see shows in their error, which the fit never saw:
+  // every fourth iteration (the held-out ones among them) twice as slow.
+  std::vector<backend::HostSample> noisy = HostIterations(truth);
+  for (std::size_t i = 0; i < noisy.size(); ++i) {
+    if (backend::HostSample& s = noisy[i]; (i + i / 4) % 4 == 3) s.seconds *= 2;
+  }
+  fit = backend::FitHost(noisy);
+  ASSERT_TRUE(fit.ok()) << fit.error();
+  EXPECT_NEAR(fit->held_out_total_pct, -50, 1e-6);
+  EXPECT_NEAR(fit->held_out.mean_pct, 50, 1e-6);
+  EXPECT_LT(fit->training.max_pct, 1e-6);
+}
+
+TEST(HostFitTest, CoefficientsStayNonNegative) {
+  // Time that falls with rows: no non-negative fit follows it; the fit is the best without.
+  Result<HostFit> fit =
+      backend::FitHost(HostIterations([](const HostCounts& c) { return 100e-6 - 2e-6 * c.rows; }));
+  ASSERT_TRUE(fit.ok()) << fit.error();
+  for (double v : fit->seconds_per) EXPECT_GE(v, 0);
+  EXPECT_EQ(fit->seconds_per[1], 0);  // per row
+}
+
+TEST(HostFitTest, TooFewOrTimelessIterationsAreErrors) {
+  std::vector<backend::HostSample> few = HostIterations([](const HostCounts&) { return 1e-4; });
+  few.resize(19);
+  Result<HostFit> fit = backend::FitHost(few);
+  ASSERT_FALSE(fit.ok());
+  EXPECT_NE(fit.error().find("at least 20 iterations (got 19)"), std::string::npos) << fit.error();
+  fit = backend::FitHost(HostIterations([](const HostCounts&) { return 0.0; }));
+  ASSERT_FALSE(fit.ok());
+  EXPECT_NE(fit.error().find("no time outside their forward passes"), std::string::npos)
+      << fit.error();
 }
 
 TEST(CalibrationSweepTest, TransferSizesArePowersOfTwoAndHalfwayUpToTheLargest) {

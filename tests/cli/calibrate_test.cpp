@@ -220,6 +220,103 @@ TEST_F(CalibrateTest, FitsMeasurementsFromElsewhereAndKeepsTheirSource) {
   EXPECT_GT(fit.roofline_held_out[1].shapes, 0);
 }
 
+// Synthetic step times of a known affine cost, every class (as FitsMeasurementsFromElsewhere).
+std::string AffineStepLines() {
+  std::string lines;
+  for (int n : {16, 32, 64, 128, 256, 512, 1024, 2048})
+    for (int c : {0, 1000, 4000})
+      lines +=
+          json{{"prefill", {{n, c}}}, {"seconds", 0.002 + 1e-5 * n + 1e-9 * n * c}}.dump() + "\n";
+  for (int rows : {1, 4, 16, 64})
+    for (int c : {100, 1000, 10000})
+      lines += json{{"decode_tokens", rows},
+                    {"decode_context_tokens", rows * c},
+                    {"seconds", 0.002 + 3e-5 * rows + 1e-8 * rows * c}}
+                   .dump() +
+               "\n";
+  for (int n : {32, 128, 512})
+    for (int rows : {2, 8, 32, 64})
+      lines += json{{"prefill", {{n, 0}}},
+                    {"decode_tokens", rows},
+                    {"decode_context_tokens", rows * 500},
+                    {"seconds", 0.002 + 1e-5 * n + 3e-5 * rows + 5e-6 * rows}}
+                   .dump() +
+               "\n";
+  return lines;
+}
+
+// `--host-steps` fits the engine's host time to a live server's step log (here one written
+// with a known host cost), `--profile` adds it to a profile whose step fits it keeps, and the
+// simulator then adds each step's host time to the step: a request's timeline moves by exactly
+// the host time of its steps. A host fit of zero moves nothing.
+TEST_F(CalibrateTest, FitsHostTimeToAStepLogAndTheSimulatorPricesIt) {
+  const std::string profile_path = tmp_.File("p.json");
+  RunResult r = RunDuet({"calibrate", "--measurements", tmp_.Write("m.jsonl", AffineStepLines()),
+                         "--model", model_, "--device", "cpu", "--out", profile_path});
+  ASSERT_EQ(r.exit_code, 0) << r;
+  // step 1 ms, row 0.2 ms, admitted 3 ms, finished 5 ms, token 0.1 ms
+  const std::array<double, models::kHostColumns> truth = {1e-3, 2e-4, 3e-3, 5e-3, 1e-4};
+  std::string log;
+  for (int i = 0; i < 80; ++i) {
+    const int rows = 1 + i % 9, admitted = i % 5 == 0 ? 2 : 0, finished = i % 3 == 1 ? 1 : 0;
+    const int tokens = rows - (i % 4 == 0 ? 1 : 0);
+    const double host =
+        truth[0] + truth[1] * rows + truth[2] * admitted + truth[3] * finished + truth[4] * tokens;
+    json line = {{"decode_tokens", rows}, {"decode_context_tokens", 100 * rows},
+                 {"seconds", 0.01},       {"instance", 0},
+                 {"start_s", 0.1 * i},    {"iteration_s", 0.01 + host}};
+    line["host"] = {{"schedule_s", host / 4}, {"allocate_s", 0},      {"prepare_s", host / 4},
+                    {"sample_s", 0},          {"apply_s", host / 4},  {"stream_s", host / 8},
+                    {"rows", rows},           {"admitted", admitted}, {"finished", finished},
+                    {"tokens", tokens}};
+    log += line.dump() + "\n";
+  }
+  const std::string steps = tmp_.Write("steps.jsonl", log);
+  const std::string with_host = tmp_.File("with-host.json");
+  r = RunDuet({"calibrate", "--profile", profile_path, "--host-steps", steps, "--out", with_host});
+  ASSERT_EQ(r.exit_code, 0) << r;
+  EXPECT_TRUE(ContainsAll(r.out, {"host time: 80 iterations of", "error on iterations held out"}));
+  Result<models::StepProfile> before = models::LoadStepProfile(profile_path);
+  Result<models::StepProfile> after = models::LoadStepProfile(with_host);
+  ASSERT_TRUE(before.ok() && after.ok());
+  ASSERT_TRUE(after->host);
+  for (std::size_t c = 0; c < models::kHostColumns; ++c)
+    EXPECT_NEAR(after->host->seconds_per[c], truth[c], 1e-9) << models::kHostColumnNames[c];
+  EXPECT_EQ(after->host->steps, 80);
+  EXPECT_EQ(after->host->held_out.shapes, 20);
+  EXPECT_EQ(models::StepProfileToJson(*after)["fits"], models::StepProfileToJson(*before)["fits"]);
+
+  // One colocated request of N output tokens: N steps of one row and one token, the first
+  // admitting it and the last finishing it.
+  json cluster = ReadJson(SourceDir() + "/tests/data/1p1d-tiny.json");
+  cluster["model"] = model_;
+  cluster["instances"] = {{{"role", "colocated"}, {"count", 1}, {"tp", 1}, {"node", 0}}};
+  const Tokens output = 12;
+  const std::string trace = tmp_.Write(
+      "one.jsonl",
+      json{{"timestamp", 0}, {"input_length", 100}, {"output_length", output}, {"hash_ids", {1}}}
+          .dump());
+  auto simulate = [&](const std::string& profile, const std::string& name) {
+    cluster["cost_model"] = {{"kind", "fitted"}, {"profile", profile}};
+    const std::string out = tmp_.File(name);
+    Simulate(out, {"--cluster", tmp_.Write(name + ".json", cluster.dump()), "--trace", trace});
+    return Csv::Read(out + "/requests.csv");
+  };
+  const Csv plain = simulate(profile_path, "plain");
+  const Csv host = simulate(with_host, "host");
+  const double per_step = truth[0] + truth[1] + truth[4];
+  EXPECT_NEAR(host.Number(0, "ttft_ms") - plain.Number(0, "ttft_ms"), 1e3 * (per_step + truth[2]),
+              kCsvTolMs);
+  EXPECT_NEAR(host.Number(0, "e2e_ms") - plain.Number(0, "e2e_ms"),
+              1e3 * (static_cast<double>(output) * per_step + truth[2] + truth[3]), kCsvTolMs);
+
+  json zero = ReadJson(with_host);
+  for (auto& [column, value] : zero["host"]["seconds_per"].items()) value = 0.0;
+  simulate(tmp_.Write("zero-host.json", zero.dump()), "zero");
+  EXPECT_EQ(ReadFile(tmp_.File("zero") + "/requests.csv"),
+            ReadFile(tmp_.File("plain") + "/requests.csv"));
+}
+
 TEST_F(CalibrateTest, BadFlagsAndFilesAreClearErrors) {
   const std::string out = tmp_.File("p.json");
   struct Case {
@@ -231,6 +328,7 @@ TEST_F(CalibrateTest, BadFlagsAndFilesAreClearErrors) {
                                           "{\"decode_tokens\": 1, \"seconds\": 1}\n"
                                           "{\"decode_tokens\": -1, \"seconds\": 1}\n");
   const std::string few = tmp_.Write("few.jsonl", "{\"decode_tokens\": 1, \"seconds\": 1}\n");
+  const std::string bundled = SourceDir() + "/sim/profiles/h100-sxm-llama-3.1-8b.json";
   const std::vector<Case> cases = {
       {{"--model", model_, "--repeats", "0"}, 2, "--repeats must be in [1, 1000]"},
       {{"--model", model_, "--max-batch", "2"}, 2, "--max-batch must be in [8, 1024]"},
@@ -257,6 +355,21 @@ TEST_F(CalibrateTest, BadFlagsAndFilesAreClearErrors) {
       {{"--measurements", few, "--model", "tiny-test", "--transport", "loopback"},
        2,
        "not with --measurements"},
+      {{"--profile", few}, 2, "--profile goes with --host-steps"},
+      {{"--profile", few, "--host-steps", few, "--model", model_}, 2, "not with --model"},
+      {{"--profile", tmp_.File("none.json"), "--host-steps", few}, 1, "--profile:"},
+      {{}, 2, "the option '--model' is required"},
+      // A step log of a server before host phases were measured has none to fit.
+      {{"--profile", bundled, "--host-steps",
+        tmp_.Write("old.jsonl",
+                   "{\"decode_tokens\": 1, \"seconds\": 0.1, \"instance\": 0, \"start_s\": 0, "
+                   "\"iteration_s\": 0.2}\n")},
+       1,
+       "old.jsonl: no line has host phases"},
+      {{"--profile", bundled, "--host-steps", tmp_.File("none.jsonl")},
+       1,
+       "--host-steps: cannot open"},
+      {{"--profile", bundled, "--host-steps", bad_line}, 1, "bad.jsonl:1: field 'instance'"},
   };
   for (const Case& c : cases) {
     std::vector<std::string> args = {"calibrate", "--out", out};
