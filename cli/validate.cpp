@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <bit>
 #include <boost/program_options.hpp>
 #include <chrono>
@@ -100,6 +101,10 @@ Result<json> AttributeSteps(const std::string& step_log, const sim::ClusterSpec&
   };
   std::vector<Step> by_start;
   double iteration_s = 0;
+  // Iterations that logged their host time: by phase, and as the cost model prices it.
+  std::int64_t host_steps = 0;
+  double host_outside_s = 0, host_priced_s = 0;
+  std::array<double, models::kHostPhases> host_phase_s{};
   Status bad_instance = Status::Ok();
   const Status read =
       backend::ReadStepLog(ReadText(step_log), step_log, [&](const backend::StepLogLine& line) {
@@ -131,6 +136,14 @@ Result<json> AttributeSteps(const std::string& step_log, const sim::ClusterSpec&
                   [std::bit_width(static_cast<std::uint64_t>(line.step.shape.decode_tokens)) - 1]);
         iteration_s += line.iteration_s;
         by_start.push_back({line.start_s, line.step.seconds, priced});
+        if (line.host) {
+          ++host_steps;
+          host_outside_s += line.iteration_s - line.step.seconds;
+          host_priced_s +=
+              cost_models[static_cast<std::size_t>(line.instance)]->HostTime(line.host->counts);
+          for (std::size_t p = 0; p < models::kHostPhases; ++p)
+            host_phase_s[p] += line.host->phase_s[p];
+        }
       });
   if (!read.ok()) return read;
   if (!bad_instance.ok()) return bad_instance;
@@ -183,6 +196,22 @@ Result<json> AttributeSteps(const std::string& step_log, const sim::ClusterSpec&
   out["iteration_s"] = iteration_s;
   out["outside_forward_ms_per_step"] =
       steps > 0 ? json(1e3 * (iteration_s - forward_s) / static_cast<double>(steps)) : json();
+  if (host_steps > 0) {
+    // Per iteration, in ms: each phase, the rest outside the forward pass ("other": the loop's
+    // own bookkeeping between phases), and what the cost model prices (0 where it does not).
+    const double per = 1e3 / static_cast<double>(host_steps);
+    json host = {{"steps", host_steps}, {"outside_forward_ms", per * host_outside_s}};
+    double phases = 0;
+    for (std::size_t p = 0; p < models::kHostPhases; ++p) {
+      const std::string_view name = models::kHostPhaseNames[p];
+      host[std::string(name.substr(0, name.size() - 2)) + "_ms"] = per * host_phase_s[p];
+      phases += host_phase_s[p];
+    }
+    host["other_ms"] = per * (host_outside_s - phases);
+    host["priced_ms"] = per * host_priced_s;
+    host["priced_error_pct"] = pct(host_priced_s, host_outside_s);
+    out["host_per_step"] = std::move(host);
+  }
   std::array<double, 4> quarter_forward{}, quarter_priced{};
   if (!by_start.empty()) {
     const auto [first, last] =
@@ -204,14 +233,13 @@ Result<json> AttributeSteps(const std::string& step_log, const sim::ClusterSpec&
   return out;
 }
 
-// The cluster file again, its fitted profile's pieces of each shape class scaled by what the
-// live steps they priced took over their price (`steps`: AttributeSteps'; below and above a
-// class's split apart; pieces that priced no live step are left as they are), written to
-// DIR/profile-as-live.json and DIR/cluster-as-live.json: a simulation from it prices steps as
-// they ran live, so the error left in it is not the step costs'. Returns the cluster file's path
-// and the scales: per class, and "<class> above split" where a class is split.
-Result<std::pair<std::string, json>> WriteClusterAsLive(const sim::ClusterSpec& cluster,
-                                                        const json& steps, const std::string& dir) {
+// The cluster file's fitted profile with the pieces of each shape class scaled by what the live
+// steps they priced took over their price (`steps`: AttributeSteps'; below and above a class's
+// split apart; pieces that priced no live step are left as they are): a simulation from it
+// prices steps as they ran live, so the error left in it is not the step costs'. Returns the
+// profile and the scales: per class, and "<class> above split" where a class is split.
+std::pair<models::StepProfile, json> ProfileAsLive(const sim::ClusterSpec& cluster,
+                                                   const json& steps) {
   models::StepProfile profile = *cluster.cost_model.profile;
   json scales = json::object();
   auto ratio = [](double forward_s, double priced_s) {
@@ -240,8 +268,17 @@ Result<std::pair<std::string, json>> WriteClusterAsLive(const sim::ClusterSpec& 
         for (double& v : piece.seconds_per) v *= k_above;
     }
   }
-  const std::string profile_path = fs::absolute(fs::path(dir) / "profile-as-live.json").string();
-  const std::string cluster_path = (fs::path(dir) / "cluster-as-live.json").string();
+  return {std::move(profile), scales};
+}
+
+// The cluster file again with `profile` as its cost model, written to DIR/profile-NAME.json and
+// DIR/cluster-NAME.json; returns the cluster file's path.
+Result<std::string> WriteClusterWithProfile(const sim::ClusterSpec& cluster,
+                                            const models::StepProfile& profile,
+                                            const std::string& dir, const std::string& name) {
+  const std::string profile_path =
+      fs::absolute(fs::path(dir) / ("profile-" + name + ".json")).string();
+  const std::string cluster_path = (fs::path(dir) / ("cluster-" + name + ".json")).string();
   auto doc = ReadJsonFile(cluster.path);
   if (!doc) return doc.status();
   sim::AbsolutizeClusterRefs(*doc, fs::absolute(cluster.path).parent_path().string());
@@ -252,7 +289,7 @@ Result<std::pair<std::string, json>> WriteClusterAsLive(const sim::ClusterSpec& 
     out << text;
     if (!out) return Status::Error("--out: cannot write " + path);
   }
-  return std::make_pair(cluster_path, scales);
+  return cluster_path;
 }
 
 // "+1.2%", or "n/a" for a null.
@@ -431,30 +468,49 @@ int Validate(int argc, char** argv) {
     auto steps = AttributeSteps(dir + "/steps.jsonl", *cluster, *simulated_summary);
     if (!steps) return Fail(steps.error());
     load["steps"] = *steps;
-    // The same simulation with the steps priced as they ran live: how much of each error the
-    // step costs account for.
-    if (cluster->cost_model.profile) {
-      auto as_live = WriteClusterAsLive(*cluster, *steps, dir);
-      if (!as_live) return Fail(as_live.error());
-      std::vector<std::string> again = {"simulate",           "--cluster",  as_live->first, "--out",
-                                        dir + "/sim-as-live", "--progress", "never"};
+    // The same load simulated again from a changed profile (DIR/sim-NAME): each metric's
+    // "simulated_KEY" and "error_KEY_pct".
+    auto resimulate = [&](const models::StepProfile& profile, const std::string& name,
+                          const std::string& key, const std::string& what) -> Status {
+      auto changed = WriteClusterWithProfile(*cluster, profile, dir, name);
+      if (!changed) return changed.status();
+      std::vector<std::string> again = {"simulate",           "--cluster",  *changed, "--out",
+                                        dir + "/sim-" + name, "--progress", "never"};
       again.insert(again.end(), trace_args.begin(), trace_args.end());
       again.insert(again.end(), scale.begin(), scale.end());
-      auto run = children.Spawn(again, dir + "/simulate-as-live.log");
-      if (!run) return Fail(run.error());
+      const std::string log = dir + "/simulate-" + name + ".log";
+      auto run = children.Spawn(again, log);
+      if (!run) return run.status();
       if (const int status = children.Wait(*run, 1e6).value_or(-1); status != 0)
-        return Fail("duet simulate (steps priced as they ran live) failed (status " +
-                    std::to_string(status) + "):\n" + Tail(dir + "/simulate-as-live.log"));
-      auto summary = ReadJsonFile(dir + "/sim-as-live/summary.json");
-      if (!summary) return Fail(summary.error());
-      load["as_live"] = {{"scales", as_live->second}};
+        return Status::Error("duet simulate (" + what + ") failed (status " +
+                             std::to_string(status) + "):\n" + Tail(log));
+      auto summary = ReadJsonFile(dir + "/sim-" + name + "/summary.json");
+      if (!summary) return summary.status();
       for (const Metric& m : metrics) {
         json& entry = load["metrics"][m.name];
         const json& b = summary->contains(m.pointer) ? (*summary)[m.pointer] : json();
-        entry["simulated_as_live"] = b;
-        entry["error_as_live_pct"] = nullptr;
+        entry["simulated_" + key] = b;
+        entry["error_" + key + "_pct"] = nullptr;
         if (b.is_number() && entry["live"].is_number() && entry["live"].get<double>() != 0)
-          entry["error_as_live_pct"] = 100.0 * (b.get<double>() / entry["live"].get<double>() - 1);
+          entry["error_" + key + "_pct"] =
+              100.0 * (b.get<double>() / entry["live"].get<double>() - 1);
+      }
+      return Status::Ok();
+    };
+    if (const models::StepProfile* profile = cluster->cost_model.profile.get()) {
+      // With the steps priced as they ran live: how much of each error the step costs account
+      // for.
+      auto [as_live, as_live_scales] = ProfileAsLive(*cluster, *steps);
+      if (Status s = resimulate(as_live, "as-live", "as_live", "steps priced as they ran live");
+          !s.ok())
+        return Fail(s.message());
+      load["as_live"] = {{"scales", as_live_scales}};
+      // Without the profile's host time: how much of each error pricing it removes.
+      if (profile->host) {
+        models::StepProfile no_host = *profile;
+        no_host.host.reset();
+        if (Status s = resimulate(no_host, "no-host", "without_host", "without host time"); !s.ok())
+          return Fail(s.message());
       }
     }
     // The machine the live run shared: the replay client runs beside the server, and what
@@ -523,6 +579,24 @@ int Validate(int argc, char** argv) {
         s["outside_forward_ms_per_step"].is_number()
             ? s["outside_forward_ms_per_step"].get<double>()
             : 0.0);
+    if (s.contains("host_per_step")) {
+      const json& h = s["host_per_step"];
+      std::string phases;
+      for (const std::string_view name : models::kHostPhaseNames) {
+        const std::string key = std::string(name.substr(0, name.size() - 2)) + "_ms";
+        char part[64];
+        std::snprintf(part, sizeof part, "%s %.1f", key.substr(0, key.size() - 3).c_str(),
+                      1e3 * h[key].get<double>());
+        phases += (phases.empty() ? "" : ", ") + std::string(part);
+      }
+      std::printf(
+          "host at x%s: per iteration %.1f us outside the forward pass (%s, other %.1f us); the "
+          "cost model prices %.1f us (%s)\n",
+          Scale(load["rate_scale"].get<double>()).c_str(),
+          1e3 * h["outside_forward_ms"].get<double>(), phases.c_str(),
+          1e3 * h["other_ms"].get<double>(), 1e3 * h["priced_ms"].get<double>(),
+          Percent(h["priced_error_pct"]).c_str());
+    }
     if (load.contains("as_live")) {
       std::string scales;
       for (const auto& [name, k] : load["as_live"]["scales"].items()) {
@@ -539,6 +613,15 @@ int Validate(int argc, char** argv) {
           "as live at x%s: with the steps priced as they ran live (%s) the simulation's errors "
           "are %s\n",
           Scale(load["rate_scale"].get<double>()).c_str(), scales.c_str(), errors.c_str());
+    }
+    if (load["metrics"]["ttft_ms.p50"].contains("error_without_host_pct")) {
+      std::string errors;
+      for (const char* name : {"ttft_ms.p50", "tpot_ms.p50", "e2e_ms.p50"})
+        errors += std::string(errors.empty() ? "" : ", ") + name + " " +
+                  Percent(load["metrics"][name]["error_without_host_pct"]) + " (with it " +
+                  Percent(load["metrics"][name]["error_pct"]) + ")";
+      std::printf("without host time at x%s: the simulation's errors are %s\n",
+                  Scale(load["rate_scale"].get<double>()).c_str(), errors.c_str());
     }
     const json& cpu = load["cpu"];
     std::printf(

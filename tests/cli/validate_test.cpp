@@ -138,7 +138,7 @@ void ExpectStepsAttributed(const json& load, const std::string& dir, const model
   const std::string step_log = dir + "/steps.jsonl";
   const json& s = load["steps"];
   std::int64_t steps = 0, prompt_tokens = 0;
-  double forward_s = 0, priced_s = 0, iteration_s = 0;
+  double forward_s = 0, priced_s = 0, iteration_s = 0, stream_s = 0;
   std::vector<std::array<double, 3>> by_start;                 // start, forward, priced
   std::map<std::int64_t, std::array<double, 3>> decode_bands;  // rows_from: steps, forward, priced
   std::ifstream in(step_log);
@@ -161,6 +161,7 @@ void ExpectStepsAttributed(const json& load, const std::string& dir, const model
       band[2] += priced;
     }
     by_start.push_back({doc["start_s"].get<double>(), doc["seconds"].get<double>(), priced});
+    stream_s += doc["host"]["stream_s"].get<double>();
   }
   EXPECT_EQ(prompt_tokens, PromptTokens(dir + "/live/requests.csv")) << "each prefilled once";
   EXPECT_EQ(s["live_steps"], steps);
@@ -173,6 +174,13 @@ void ExpectStepsAttributed(const json& load, const std::string& dir, const model
   EXPECT_NEAR(s["outside_forward_ms_per_step"].get<double>(),
               1e3 * (iteration_s - forward_s) / static_cast<double>(steps), 1e-6);
   EXPECT_GT(s["simulated_steps"].get<std::int64_t>(), 0) << s;
+  // Every live iteration logged its host time; the profile has no host fit, so none is priced.
+  const json& host = s["host_per_step"];
+  EXPECT_EQ(host["steps"], steps);
+  EXPECT_NEAR(host["outside_forward_ms"].get<double>(),
+              s["outside_forward_ms_per_step"].get<double>(), 1e-9);
+  EXPECT_NEAR(host["stream_ms"].get<double>(), 1e3 * stream_s / static_cast<double>(steps), 1e-9);
+  EXPECT_EQ(host["priced_ms"], 0.0);
   ASSERT_EQ(s["decode_by_rows"].size(), decode_bands.size()) << s;
   std::size_t i = 0;
   for (const auto& [from, band] : decode_bands) {
@@ -261,6 +269,11 @@ TEST_F(ValidateTest, ComparesKvTransfersOnAPdCluster) {
   json doc = ReadJson(tmp_.File("profile.json"));
   doc["fits"][0]["split"] = {
       {"decode", {{"rows", 2}, {"pieces", doc["fits"][0]["pieces"]["decode"]}}}};
+  // And a host fit of 2 ms a step (far more than the test model's steps take), so that the
+  // simulation without it, which validate runs beside, differs by it.
+  doc["host"] = {
+      {"seconds_per", {{"step", 2e-3}, {"row", 0}, {"admitted", 0}, {"finished", 0}, {"token", 0}}},
+      {"steps", 100}};
   tmp_.Write("profile.json", doc.dump());
   json cluster = ReadJson(tmp_.File("cluster.json"));
   cluster["nodes"][0]["gpus"] = 2;
@@ -289,6 +302,22 @@ TEST_F(ValidateTest, ComparesKvTransfersOnAPdCluster) {
   ExpectSimulatedAsLive(report["loads"][0], tmp_.File("out/rate-1"), profile->fits.at(0));
   EXPECT_TRUE(report["loads"][0]["as_live"]["scales"].contains("decode above split"))
       << "no decode batch of 2 rows or more: the split goes untested";
+  // The host time priced: every live iteration at 2 ms, and the simulation without it, whose
+  // requests end sooner by at least the 2 ms of their last step.
+  const json& host = report["loads"][0]["steps"]["host_per_step"];
+  EXPECT_NEAR(host["priced_ms"].get<double>(), 2.0, 1e-9) << host;
+  ASSERT_TRUE(fs::exists(tmp_.File("out/rate-1/sim-no-host/summary.json")));
+  auto no_host = models::LoadStepProfile(tmp_.File("out/rate-1/profile-no-host.json"));
+  ASSERT_TRUE(no_host.ok()) << no_host.error();
+  EXPECT_FALSE(no_host->host);
+  EXPECT_TRUE(ContainsAll(r.out, {"without host time at x1: the simulation's errors are"}));
+  for (const char* name : {"ttft_ms.p50", "e2e_ms.p50"}) {
+    const json& m = report["loads"][0]["metrics"][name];
+    EXPECT_GT(m["simulated"].get<double>(), m["simulated_without_host"].get<double>() + 2) << m;
+    EXPECT_DOUBLE_EQ(
+        m["error_without_host_pct"].get<double>(),
+        100 * (m["simulated_without_host"].get<double>() / m["live"].get<double>() - 1));
+  }
 }
 
 TEST_F(ValidateTest, AnErrorBeyondItsToleranceFailsTheRun) {
