@@ -7,8 +7,12 @@
 #   1p1d: a prefill and a decode worker process, one thread each, KV over UCX (its own choice
 #         of transport on this machine), the profile calibrated on one thread with the UCX
 #         transfers fitted as the link between the node's two devices.
+# With HOST_TIME=1 the profile also prices the engine's host time outside the forward pass
+# (issue 43): fitted (`duet calibrate --host-steps`) to the step log of a live run of another
+# trace (seed 11) at rate scale 1, so the validated loads are not what it was fitted on; each
+# load is then also simulated without it.
 # Prints calibrate's fit and validate's table; the run's files stay in WORK.
-# Usage: bench/validate_cpu.sh [RATE_SCALES] [WORK] [colocated|1p1d]
+# Usage: [HOST_TIME=1] bench/validate_cpu.sh [RATE_SCALES] [WORK] [colocated|1p1d]
 #        (default 0.25,1,2, a fresh temp dir, colocated)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -59,6 +63,13 @@ cat > trace.json <<'EOF'
  "input": {"dist": "uniform", "min": 64, "max": 1024},
  "output": {"dist": "uniform", "min": 16, "max": 128}}
 EOF
+if [ "${HOST_TIME:-0}" = 1 ]; then
+  sed 's/"seed": 7/"seed": 11/' trace.json > host-trace.json
+  "$DUET" validate --cluster cluster.json --model bench --trace host-trace.json \
+    --rate-scales 1 --serve-args "$serve_args" --out host-training > host-training.log
+  "$DUET" calibrate --profile profile.json --host-steps host-training/rate-1/steps.jsonl \
+    --out profile.json
+fi
 "$DUET" validate --cluster cluster.json --model bench --trace trace.json \
   --rate-scales "$SCALES" --serve-args "$serve_args" --out validation
 echo "files: $work"
