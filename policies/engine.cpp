@@ -216,7 +216,7 @@ bool InstanceEngine::PrepareExecution(Seconds now) {
     if (load.overlapped && !load.orphaned && load.request->state == RequestState::kLoading)
       plan_.awaited_loads.push_back({load.request, load.id});
   }
-  if (ports_.executor->NeedsBlockTables()) plan_.SnapshotBlockTables(blocks_);
+  if (ports_.executor->NeedsInputs()) plan_.SnapshotInputs(blocks_);
   return plan_.max_steps > 1;
 }
 

@@ -186,8 +186,9 @@ class StepExecutor {
   // executors: one event per run instead of one per step). Real executors never do: new work
   // joins the batch at the next step boundary.
   virtual bool CoalescesDecodeRuns() const { return false; }
-  // Whether the plan must carry a snapshot of the block tables (StepPlan::block_ids).
-  virtual bool NeedsBlockTables() const { return false; }
+  // Whether the plan must carry every row's inputs by value (StepPlan::rows, token and stop
+  // ids, block tables): executors that run the step, and read no request.
+  virtual bool NeedsInputs() const { return false; }
   // Runs the plan and fills `result` (cleared by the caller). Honours plan.awaited_loads: an
   // executor that waits for them may let the engine take events meanwhile through `events`.
   virtual void Execute(const StepPlan& plan, StepEvents& events, StepResult* result) = 0;

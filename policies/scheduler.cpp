@@ -25,20 +25,72 @@ void StepPlan::clear() {
   loads.clear();
   max_steps = 1;
   awaited_loads.clear();
+  rows.clear();
+  token_ids.clear();
+  stop_ids.clear();
   block_ids.clear();
   block_offsets.clear();
 }
 
-void StepPlan::SnapshotBlockTables(const KvBlockManager& blocks) {
+void StepPlan::SnapshotInputs(const KvBlockManager& blocks) {
+  rows.clear();
+  token_ids.clear();
+  stop_ids.clear();
   block_ids.clear();
   block_offsets.assign(1, 0);
-  auto add = [&](const Request* r) {
+  auto add = [&](const Request* r, Tokens position, Tokens count, bool sample) {
+    DUET_CHECK(position >= 0 && count >= 1 && position + count <= r->SequenceTokens());
+    DUET_CHECK(static_cast<Tokens>(r->prompt_ids.size()) == r->input_tokens &&
+               static_cast<Tokens>(r->output_ids.size()) == r->generated_tokens);
+    const SamplingParams& s = r->sampling;
+    StepRow& row = rows.emplace_back();
+    row.request = r->id;
+    row.position = position;
+    row.tokens_from = static_cast<std::uint32_t>(token_ids.size());
+    row.token_count = static_cast<std::uint32_t>(count);
+    for (Tokens p = position; p < position + count; ++p) token_ids.push_back(r->TokenAt(p));
+    row.sample = sample;
+    row.temperature = s.temperature;
+    row.top_p = s.top_p;
+    row.top_k = s.top_k;
+    // A given seed alone decides the random stream (equal requests with equal seeds give
+    // equal outputs); without one it comes from the request id.
+    row.seed = s.seed ? *s.seed : r->id;
+    row.stops_from = static_cast<std::uint32_t>(stop_ids.size());
+    row.stop_count = static_cast<std::uint32_t>(s.stop_token_ids.size());
+    stop_ids.insert(stop_ids.end(), s.stop_token_ids.begin(), s.stop_token_ids.end());
     const auto table = blocks.Table(r->id);
     block_ids.insert(block_ids.end(), table.begin(), table.end());
     block_offsets.push_back(block_ids.size());
   };
-  for (const PrefillItem& p : prefills) add(p.request);
-  for (const Request* r : decodes) add(r);
+  for (const PrefillItem& p : prefills)
+    add(p.request, p.context, p.tokens, p.context + p.tokens == p.request->prefill_target);
+  // A decode processes its newest token (sampled by the previous step).
+  for (const Request* r : decodes) add(r, r->SequenceTokens() - 1, 1, true);
+}
+
+models::StepShape StepPlan::RowsShape() const {
+  DUET_CHECK(rows.size() == prefills.size() + decodes.size());
+  models::StepShape shape;
+  shape.tp = tp;
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    const StepRow& row = rows[i];
+    if (i < prefills.size()) {
+      shape.prefill.push_back({row.token_count, row.position});
+    } else {
+      ++shape.decode_tokens;
+      shape.decode_context_tokens += row.position;  // the tokens cached before its own
+    }
+  }
+  return shape;
+}
+
+std::span<const std::int32_t> StepPlan::TokensOf(const StepRow& row) const {
+  return std::span<const std::int32_t>(token_ids).subspan(row.tokens_from, row.token_count);
+}
+
+std::span<const std::int32_t> StepPlan::StopsOf(const StepRow& row) const {
+  return std::span<const std::int32_t>(stop_ids).subspan(row.stops_from, row.stop_count);
 }
 
 std::span<const std::int32_t> StepPlan::BlockTable(std::size_t entry) const {

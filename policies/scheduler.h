@@ -55,14 +55,35 @@ struct AwaitedLoad {
   LoadId load = 0;
 };
 
+// One row of a step as an executor that runs it receives it (StepPlan::rows): everything by
+// value, so that the executor reads none of the engine's requests and may run the step on a
+// thread of its own while the engine changes them.
+struct StepRow {
+  RequestId request = 0;
+  Tokens position = 0;  // of the row's first token in the request's sequence
+  // The row's token ids: StepPlan::token_ids[tokens_from, tokens_from + token_count).
+  std::uint32_t tokens_from = 0;
+  std::uint32_t token_count = 0;
+  bool sample = false;  // the row emits a token: a prefill's last chunk, or a decode
+  // The request's sampling settings (SamplingParams), its seed resolved (the request id where
+  // it gave none); its stop token ids are StepPlan::stop_ids[stops_from, +stop_count).
+  float temperature = 0.0f;
+  float top_p = 1.0f;
+  std::int32_t top_k = 0;
+  std::uint64_t seed = 0;
+  std::uint32_t stops_from = 0;
+  std::uint32_t stop_count = 0;
+};
+
 // One planned step. Requests in `preempted` lost their KV and went back to the waiting queue
 // (they will recompute); requests in `admitted` got KV blocks this step; those of them in
 // `loads` have part of their prefix to load from the lower tiers (overlap_tier_loads: their
 // prefill items are in this step, which cannot end before the load; else they prefill once
 // it finished).
 //
-// The engine completes the plan for the executor (the fields below the scheduler's): the
-// executor reads the plan and the requests it names, and changes neither.
+// The engine completes the plan for the executor (the fields below the scheduler's). A
+// simulated executor reads the plan and the requests it names; one that runs the step reads
+// only the plan (its rows), and changes neither.
 struct StepPlan {
   std::vector<PrefillItem> prefills;
   std::vector<Request*> decodes;
@@ -78,8 +99,12 @@ struct StepPlan {
   // arrived, and ends one layer's compute after the last (as layer-wise loading does).
   std::vector<AwaitedLoad> awaited_loads;
   int num_layers = 1;
-  // For executors that need them (real ones): a snapshot of each entry's physical KV blocks,
-  // prefills first, then decodes, in plan order (BlockTable(i)).
+  // For executors that run the step (StepExecutor::NeedsInputs: real ones), a row per entry,
+  // prefills first, then decodes, in plan order, with its token ids and stop ids, and a
+  // snapshot of its physical KV blocks (BlockTable(i)).
+  std::vector<StepRow> rows;
+  std::vector<std::int32_t> token_ids;
+  std::vector<std::int32_t> stop_ids;
   std::vector<std::int32_t> block_ids;
   std::vector<std::size_t> block_offsets;  // entry i: block_ids[offsets[i], offsets[i + 1])
 
@@ -87,9 +112,14 @@ struct StepPlan {
   void clear();
   // Shape of step `step_index` of a decode run started by this plan (0: this plan itself).
   models::StepShape Shape(int step_index = 0) const;
-  // Copies every entry's block table out of `blocks` (block_ids, block_offsets).
-  void SnapshotBlockTables(const KvBlockManager& blocks);
+  // Copies every entry's inputs out of its request and its block table out of `blocks`.
+  void SnapshotInputs(const KvBlockManager& blocks);
+  // Shape() of a single step from the rows alone (after SnapshotInputs): what an executor that
+  // reads no request times.
+  models::StepShape RowsShape() const;
   std::span<const std::int32_t> BlockTable(std::size_t entry) const;
+  std::span<const std::int32_t> TokensOf(const StepRow& row) const;
+  std::span<const std::int32_t> StopsOf(const StepRow& row) const;
 };
 
 class BatchScheduler {

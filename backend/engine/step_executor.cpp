@@ -11,8 +11,6 @@
 
 namespace duet::backend {
 
-using policies::Request;
-
 nlohmann::json StepTiming::ToJson() const {
   nlohmann::json line = models::StepShapeToJson(shape);
   line["seconds"] = seconds;
@@ -33,33 +31,11 @@ ModelStepExecutor::ModelStepExecutor(ForwardModel& model, const policies::Clock&
 
 namespace {
 
-bool Contains(const std::vector<std::int32_t>& ids, std::int32_t id) {
+bool Contains(std::span<const std::int32_t> ids, std::int32_t id) {
   return std::find(ids.begin(), ids.end(), id) != ids.end();
 }
 
-// The sampler settings of one request. A given seed alone decides the random stream, so equal
-// requests with equal seeds give equal outputs; without one it comes from the request id.
-kernels::cpu::SamplingParams SamplerFor(const Request& r) {
-  const policies::SamplingParams& s = r.sampling;
-  return {s.temperature, s.top_k, s.top_p, kernels::cpu::SplitMix64(s.seed ? *s.seed : r.id)};
-}
-
 }  // namespace
-
-std::span<const std::int32_t> ModelStepExecutor::Ids(const Request& r, Tokens first, Tokens count) {
-  DUET_CHECK(first >= 0 && count >= 0 && first + count <= r.SequenceTokens());
-  DUET_CHECK(static_cast<Tokens>(r.prompt_ids.size()) == r.input_tokens &&
-             static_cast<Tokens>(r.output_ids.size()) == r.generated_tokens);
-  const auto n = static_cast<std::size_t>(count);
-  if (first + count <= r.input_tokens)
-    return std::span(r.prompt_ids).subspan(static_cast<std::size_t>(first), n);
-  if (first >= r.input_tokens)
-    return std::span(r.output_ids).subspan(static_cast<std::size_t>(first - r.input_tokens), n);
-  std::vector<std::int32_t>& joined = joined_.emplace_back();
-  joined.reserve(n);
-  for (Tokens p = first; p < first + count; ++p) joined.push_back(r.TokenAt(p));
-  return joined;
-}
 
 void ModelStepExecutor::Execute(const policies::StepPlan& plan, policies::StepEvents&,
                                 policies::StepResult* result) {
@@ -73,26 +49,18 @@ void ModelStepExecutor::Execute(const policies::StepPlan& plan, policies::StepEv
       std::this_thread::sleep_for(std::chrono::microseconds(20));
   }
   const std::int32_t vocab = model_.config().vocab_size;
+  DUET_CHECK(plan.rows.size() == plan.prefills.size() + plan.decodes.size());
   chunks_.clear();
-  joined_.clear();
   sampled_.clear();
-  std::size_t entry = 0;
-  for (const policies::PrefillItem& p : plan.prefills) {
-    const Request* r = p.request;
-    const bool last_chunk = p.context + p.tokens == r->prefill_target;
-    chunks_.push_back({Ids(*r, p.context, p.tokens), p.context, plan.BlockTable(entry++),
-                       last_chunk ? SequenceChunk::Logits::kLast : SequenceChunk::Logits::kNone});
-    if (last_chunk) sampled_.push_back(r);
+  for (std::size_t i = 0; i < plan.rows.size(); ++i) {
+    const policies::StepRow& row = plan.rows[i];
+    chunks_.push_back({plan.TokensOf(row), row.position, plan.BlockTable(i),
+                       row.sample ? SequenceChunk::Logits::kLast : SequenceChunk::Logits::kNone});
+    if (row.sample) sampled_.push_back(&row);
   }
-  for (const Request* r : plan.decodes) {
-    // The newest token (sampled by the previous step) is processed now.
-    const Tokens position = r->SequenceTokens() - 1;
-    chunks_.push_back(
-        {Ids(*r, position, 1), position, plan.BlockTable(entry++), SequenceChunk::Logits::kLast});
-    sampled_.push_back(r);
-  }
-  const bool greedy = std::all_of(sampled_.begin(), sampled_.end(),
-                                  [](const Request* r) { return r->sampling.temperature == 0.0f; });
+  const bool greedy =
+      std::all_of(sampled_.begin(), sampled_.end(),
+                  [](const policies::StepRow* row) { return row->temperature == 0.0f; });
   const auto t0 = std::chrono::steady_clock::now();
   result->prepare_s = clock_.Now() - entered;
   Status pass;
@@ -115,16 +83,18 @@ void ModelStepExecutor::Execute(const policies::StepPlan& plan, policies::StepEv
     return;
   }
   for (std::size_t i = 0; i < sampled_.size(); ++i) {
-    const Request* r = sampled_[i];
+    const policies::StepRow& row = *sampled_[i];
+    // The random stream is the row's seed's, at the sampled token's position.
     const std::int32_t token =
-        greedy
-            ? greedy_[i]
-            : kernels::cpu::Sample(logits_.data() + i * static_cast<std::size_t>(vocab), vocab,
-                                   SamplerFor(*r), static_cast<std::uint64_t>(r->SequenceTokens()));
-    result->tokens.push_back({r->id, token, Contains(r->sampling.stop_token_ids, token)});
+        greedy ? greedy_[i]
+               : kernels::cpu::Sample(
+                     logits_.data() + i * static_cast<std::size_t>(vocab), vocab,
+                     {row.temperature, row.top_k, row.top_p, kernels::cpu::SplitMix64(row.seed)},
+                     static_cast<std::uint64_t>(row.position + row.token_count));
+    result->tokens.push_back({row.request, token, Contains(plan.StopsOf(row), token)});
   }
   if (options_.record_timings || options_.keep_last) {
-    last_ = {plan.Shape(), std::chrono::duration<double>(t1 - t0).count()};
+    last_ = {plan.RowsShape(), std::chrono::duration<double>(t1 - t0).count()};
     if (options_.record_timings) timings_.push_back(last_);
   }
   result->step_end_s.push_back(clock_.Now());

@@ -1,11 +1,11 @@
 // The real step executor: runs the shared scheduler's planned batches (prefill chunks and
-// decode tokens) through a ForwardModel (CPU or CUDA), into the KV blocks the plan's block
-// table snapshot names, and samples each request's next token with the request's own sampling
-// settings. It returns the tokens as a StepResult and changes no request: the engine applies
-// them. Optionally records every step's shape and forward-pass time for calibration.
+// decode tokens) through a ForwardModel (CPU or CUDA), from the rows the plan carries by value
+// (token ids, positions, sampling and stop settings) into the KV blocks its block table
+// snapshot names, and samples each row's next token with the row's own sampling settings. It
+// reads no request and changes none: it returns the tokens as a StepResult and the engine
+// applies them. Optionally records every step's shape and forward-pass time for calibration.
 #pragma once
 
-#include <deque>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -42,9 +42,9 @@ class ModelStepExecutor final : public policies::StepExecutor {
   // `clock` stamps the end of each step (the engine's clock).
   ModelStepExecutor(ForwardModel& model, const policies::Clock& clock, Options options);
 
-  // Never coalesces decode runs; needs the block tables. Runs one step per call; does not
+  // Never coalesces decode runs; needs the rows' inputs. Runs one step per call; does not
   // overlap tier loads with it (its engine loads a prefix before it schedules the request).
-  bool NeedsBlockTables() const override { return true; }
+  bool NeedsInputs() const override { return true; }
   void Execute(const policies::StepPlan& plan, policies::StepEvents& events,
                policies::StepResult* result) override;
 
@@ -52,20 +52,13 @@ class ModelStepExecutor final : public policies::StepExecutor {
   const StepTiming& last_timing() const { return last_; }
 
  private:
-  // The ids of `count` tokens of `r`'s sequence (prompt, then output) from position `first`,
-  // valid until the next step.
-  std::span<const std::int32_t> Ids(const policies::Request& r, Tokens first, Tokens count);
-
   ForwardModel& model_;
   const policies::Clock& clock_;
   Options options_;
   std::vector<StepTiming> timings_;
   StepTiming last_;
   std::vector<SequenceChunk> chunks_;
-  // Token ids of the chunks that span a request's prompt and output (a prefill after a
-  // preemption), where no one vector holds them side by side. A deque: chunks_ points into it.
-  std::deque<std::vector<std::int32_t>> joined_;
-  std::vector<const policies::Request*> sampled_;  // requests that get a token, in plan order
+  std::vector<const policies::StepRow*> sampled_;  // rows that get a token, in plan order
   std::vector<float> logits_;
   std::vector<std::int32_t> greedy_;
 };

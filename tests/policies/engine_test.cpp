@@ -506,11 +506,32 @@ struct TokenPorts : TestPorts {
     return static_cast<std::int32_t>(1000 * (r.id + 1) + position);
   }
   bool CoalescesDecodeRuns() const override { return false; }
-  bool NeedsBlockTables() const override { return true; }
+  bool NeedsInputs() const override { return true; }
   void Execute(const StepPlan& plan, StepEvents& events, StepResult* result) override {
     EXPECT_EQ(plan.max_steps, 1);
+    const models::StepShape from_rows = plan.RowsShape(), shape = plan.Shape();
+    ASSERT_EQ(from_rows.prefill.size(), shape.prefill.size());
+    for (std::size_t i = 0; i < shape.prefill.size(); ++i) {
+      EXPECT_EQ(from_rows.prefill[i].tokens, shape.prefill[i].tokens);
+      EXPECT_EQ(from_rows.prefill[i].context, shape.prefill[i].context);
+    }
+    EXPECT_EQ(from_rows.decode_tokens, shape.decode_tokens);
+    EXPECT_EQ(from_rows.decode_context_tokens, shape.decode_context_tokens);
     std::size_t entry = 0;
-    auto sample = [&](const Request* r) {
+    // Each row carries by value what an executor needs of its request, and its block table.
+    auto sample = [&](const Request* r, Tokens position, Tokens count, bool samples) {
+      const StepRow& row = plan.rows.at(entry);
+      EXPECT_EQ(row.request, r->id);
+      EXPECT_EQ(row.position, position);
+      EXPECT_EQ(row.sample, samples);
+      const auto ids = plan.TokensOf(row);
+      ASSERT_EQ(static_cast<Tokens>(ids.size()), count);
+      for (Tokens k = 0; k < count; ++k) EXPECT_EQ(ids[k], r->TokenAt(position + k)) << k;
+      EXPECT_EQ(row.seed, r->sampling.seed.value_or(r->id));
+      EXPECT_EQ(row.temperature, r->sampling.temperature);
+      const auto stops = plan.StopsOf(row);
+      EXPECT_TRUE(std::equal(stops.begin(), stops.end(), r->sampling.stop_token_ids.begin(),
+                             r->sampling.stop_token_ids.end()));
       const auto table = plan.BlockTable(entry++);
       if (engine) {
         const auto live = engine->blocks().Table(r->id);
@@ -518,7 +539,7 @@ struct TokenPorts : TestPorts {
       }
     };
     for (const PrefillItem& p : plan.prefills) {
-      sample(p.request);
+      sample(p.request, p.context, p.tokens, p.context + p.tokens == p.request->prefill_target);
       if (p.context + p.tokens == p.request->prefill_target) {
         const std::int32_t t =
             TokenFor(*p.request, static_cast<std::size_t>(p.request->SequenceTokens()));
@@ -526,7 +547,7 @@ struct TokenPorts : TestPorts {
       }
     }
     for (const Request* r : plan.decodes) {
-      sample(r);
+      sample(r, r->SequenceTokens() - 1, 1, true);
       const std::int32_t t = TokenFor(*r, static_cast<std::size_t>(r->SequenceTokens()));
       result->tokens.push_back({r->id, t, Stops(*r, t)});
     }
