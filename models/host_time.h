@@ -22,6 +22,7 @@ enum class HostPhase {
   kSample,    // picking each row's token from the logits (greedy rows: inside the forward pass)
   kApply,     // applying the tokens to the requests, finishing them (streaming excluded)
   kStream,    // the event sink: detokenizing and handing tokens and records to their streams
+              // (a worker process: encoding its events and sending them to the frontend)
 };
 inline constexpr std::size_t kHostPhases = 6;
 inline constexpr std::array<std::string_view, kHostPhases> kHostPhaseNames = {

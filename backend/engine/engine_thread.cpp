@@ -50,11 +50,17 @@ void EngineThread::Loop() {
     const Seconds start = step_log_ ? clock_.Now() : 0;
     const std::int64_t failures_before = engine_.forward_failures();
     const bool stepped = engine_.RunOnce();
+    const Seconds handed_from = step_log_ ? clock_.Now() : 0;
     if (after_iteration_) after_iteration_();
     // A failed step has no timing of its own (last_timing is the step before it).
-    if (stepped && step_log_ && engine_.forward_failures() == failures_before)
-      step_log_->Write({engine_.config().id, start, clock_.Now() - start, executor_.last_timing(),
-                        engine_.last_host_step()});
+    if (stepped && step_log_ && engine_.forward_failures() == failures_before) {
+      // What runs after the iteration hands its events on (a worker process sends them to the
+      // frontend then): part of streaming.
+      models::HostStep host = engine_.last_host_step();
+      const Seconds end = clock_.Now();
+      host.at(models::HostPhase::kStream) += end - handed_from;
+      step_log_->Write({engine_.config().id, start, end - start, executor_.last_timing(), host});
+    }
     PublishLoad();
     if (stepped) continue;
     if (engine_.done()) return;
