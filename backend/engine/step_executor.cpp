@@ -41,7 +41,9 @@ void ModelStepExecutor::Execute(const policies::StepPlan& plan, policies::StepEv
                                 policies::StepResult* result) {
   DUET_CHECK_MSG(plan.max_steps == 1 && plan.awaited_loads.empty(),
                  "a real executor runs single steps, none overlapped with tier loads");
-  const Seconds entered = clock_.Now();
+  // The step's phases on one clock, end to end: preparation, the forward pass, sampling (the
+  // step log's phases must not overlap).
+  const auto entered = std::chrono::steady_clock::now();
   // A tier write reads this instance's blocks on the storage's I/O thread; this step may write
   // into one of them (a block evicted to make room was written back from it just now).
   if (options_.tiers) {
@@ -62,7 +64,7 @@ void ModelStepExecutor::Execute(const policies::StepPlan& plan, policies::StepEv
       std::all_of(sampled_.begin(), sampled_.end(),
                   [](const policies::StepRow* row) { return row->temperature == 0.0f; });
   const auto t0 = std::chrono::steady_clock::now();
-  result->prepare_s = clock_.Now() - entered;
+  result->prepare_s = std::chrono::duration<double>(t0 - entered).count();
   Status pass;
   if (greedy) {
     // The model picks the tokens where its logits are (on a GPU: no logits cross PCIe).
