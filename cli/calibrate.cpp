@@ -235,8 +235,7 @@ Result<models::HostFit> FitHostSteps(const std::string& path) {
   double phases = 0;
   for (std::size_t p = 0; p < models::kHostPhases; ++p) {
     const std::string_view name = models::kHostPhaseNames[p];
-    std::printf(" %.*s %.1f,", static_cast<int>(name.size() - 2), name.data(),
-                1e6 * phase_sum[p] / n);
+    std::printf(" %.*s %.1f,", static_cast<int>(name.size()), name.data(), 1e6 * phase_sum[p] / n);
     phases += phase_sum[p];
   }
   std::printf(" other %.1f us\n  fit (us): ", 1e6 * (outside_sum - phases) / n);

@@ -203,8 +203,7 @@ Result<json> AttributeSteps(const std::string& step_log, const sim::ClusterSpec&
     json host = {{"steps", host_steps}, {"outside_forward_ms", per * host_outside_s}};
     double phases = 0;
     for (std::size_t p = 0; p < models::kHostPhases; ++p) {
-      const std::string_view name = models::kHostPhaseNames[p];
-      host[std::string(name.substr(0, name.size() - 2)) + "_ms"] = per * host_phase_s[p];
+      host[std::string(models::kHostPhaseNames[p]) + "_ms"] = per * host_phase_s[p];
       phases += host_phase_s[p];
     }
     host["other_ms"] = per * (host_outside_s - phases);
@@ -583,10 +582,10 @@ int Validate(int argc, char** argv) {
       const json& h = s["host_per_step"];
       std::string phases;
       for (const std::string_view name : models::kHostPhaseNames) {
-        const std::string key = std::string(name.substr(0, name.size() - 2)) + "_ms";
+        const std::string key(name);
         char part[64];
-        std::snprintf(part, sizeof part, "%s %.1f", key.substr(0, key.size() - 3).c_str(),
-                      1e3 * h[key].get<double>());
+        std::snprintf(part, sizeof part, "%s %.1f", key.c_str(),
+                      1e3 * h[key + "_ms"].get<double>());
         phases += (phases.empty() ? "" : ", ") + std::string(part);
       }
       std::printf(

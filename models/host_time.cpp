@@ -21,7 +21,7 @@ std::array<double*, 4> CountsOf(HostCounts& c) {
 nlohmann::json HostStepToJson(const HostStep& step) {
   nlohmann::json out = nlohmann::json::object();
   for (std::size_t p = 0; p < kHostPhases; ++p)
-    out[std::string(kHostPhaseNames[p])] = step.phase_s[p];
+    out[std::string(kHostPhaseNames[p]) + "_s"] = step.phase_s[p];
   HostCounts counts = step.counts;
   const auto values = CountsOf(counts);
   for (std::size_t k = 0; k < kCountNames.size(); ++k)
@@ -33,7 +33,7 @@ Result<HostStep> ParseHostStep(const nlohmann::json& obj, const std::string& whe
   if (!obj.is_object()) return Status::Error(where + ": must be an object");
   HostStep step;
   for (std::size_t p = 0; p < kHostPhases; ++p) {
-    auto v = JsonNumberIn(obj, std::string(kHostPhaseNames[p]), 0, max_s, where);
+    auto v = JsonNumberIn(obj, std::string(kHostPhaseNames[p]) + "_s", 0, max_s, where);
     if (!v) return v.status();
     step.phase_s[p] = *v;
   }

@@ -25,8 +25,9 @@ enum class HostPhase {
               // (a worker process: encoding its events and sending them to the frontend)
 };
 inline constexpr std::size_t kHostPhases = 6;
+// Names as reports print them; step logs write each as "<name>_s" (seconds).
 inline constexpr std::array<std::string_view, kHostPhases> kHostPhaseNames = {
-    "schedule_s", "allocate_s", "prepare_s", "sample_s", "apply_s", "stream_s"};
+    "schedule", "allocate", "prepare", "sample", "apply", "stream"};
 
 // What host time is fitted on (and priced from in the simulator).
 struct HostCounts {

@@ -147,9 +147,9 @@ struct StepResult {
   // long the step ran past its computation waiting for them.
   std::vector<RequestId> delayed_by_loads;
   Seconds load_wait_s = 0;
-  // Real executors: host time of the step outside its forward pass, on the engine's host clock
-  // (EnginePorts::host_clock): preparing it (the model's inputs, waits on tier writes) and
-  // sampling its tokens.
+  // Real executors: host time of the step outside its forward pass, as the executor measured
+  // it on the clock it times the forward pass with: preparing it (the model's inputs, waits on
+  // tier writes) and sampling its tokens. They and the forward pass do not overlap.
   Seconds prepare_s = 0;
   Seconds sample_s = 0;
   // Not ok: the step failed (real executors: its forward pass returned an error). Nothing it
