@@ -120,6 +120,11 @@ const Field kFields[] = {
      [](const EngineSettings& s, json& j) {
        j["coalesce_decode_steps"] = s.coalesce_decode_steps;
      }},
+    {"async_steps",
+     [](const json& j, const std::string& where, EngineSettings& s) {
+       return Assign(JsonBoolOr(j, "async_steps", false, where), s.async_steps);
+     },
+     [](const EngineSettings& s, json& j) { j["async_steps"] = s.async_steps; }},
     {"kv_lease_s",
      [](const json& j, const std::string& where, EngineSettings& s) {
        return Assign(JsonNumberIn(j, "kv_lease_s", kMinLeaseSeconds, kMaxLeaseSeconds, where),
@@ -185,6 +190,7 @@ policies::EngineConfig MakeEngineConfig(const EngineSettings& settings, policies
   c.block_tokens = settings.block_tokens;
   c.enable_prefix_caching = settings.enable_prefix_caching;
   c.coalesce_decode_steps = settings.coalesce_decode_steps;
+  c.async_steps = settings.async_steps;
   c.scheduler = settings.scheduler;
   c.kv_lease_s = settings.kv_lease_s;
   c.kv_load_failure_policy = settings.kv_load_failure_policy;

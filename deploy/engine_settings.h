@@ -32,6 +32,8 @@ struct EngineSettings {
   models::MemoryOptions memory;
   bool enable_prefix_caching = true;
   bool coalesce_decode_steps = true;
+  // Plan step i+1 while step i runs (policies::EngineConfig::async_steps). Served live only.
+  bool async_steps = false;
   // PD: how long a prefill instance holds a request's KV for the decode instance's pull (vLLM's
   // NIXL connector holds 480 s too), and what a failed pull leads to.
   Seconds kv_lease_s = 480;

@@ -241,6 +241,34 @@ void KvBlockManager::Release(BlockId id) {
   }
 }
 
+void KvBlockManager::Pin(std::span<const BlockId> blocks) {
+  for (const BlockId id : blocks) {
+    Block& b = blocks_[static_cast<std::size_t>(id)];
+    DUET_CHECK(b.ref_count > 0 && b.pins < 255);
+    ++b.ref_count;
+    ++b.pins;
+  }
+}
+
+void KvBlockManager::Unpin(std::span<const BlockId> blocks) {
+  for (const BlockId id : blocks) {
+    Block& b = blocks_[static_cast<std::size_t>(id)];
+    DUET_CHECK(b.pins > 0);
+    --b.pins;
+    Release(id);
+  }
+}
+
+bool KvBlockManager::InUse(BlockId block) const {
+  return block >= 0 && static_cast<std::size_t>(block) < blocks_.size() &&
+         blocks_[static_cast<std::size_t>(block)].ref_count > 0;
+}
+
+bool KvBlockManager::Cached(BlockId block) const {
+  return block >= 0 && static_cast<std::size_t>(block) < blocks_.size() &&
+         blocks_[static_cast<std::size_t>(block)].cached;
+}
+
 void KvBlockManager::LruPushBack(BlockId id) {
   Block& b = blocks_[static_cast<std::size_t>(id)];
   DUET_CHECK(!b.in_lru);
@@ -327,9 +355,10 @@ Status KvBlockManager::CheckInvariants() const {
   for (std::size_t i = 0; i < n; ++i) {
     const Block& b = blocks_[i];
     const std::string name = "block " + std::to_string(i);
-    if (b.ref_count != refs[i])
+    if (b.ref_count != refs[i] + b.pins)
       return Status::Error(name + " has ref_count " + std::to_string(b.ref_count) + " but " +
-                           std::to_string(refs[i]) + " table references");
+                           std::to_string(refs[i]) + " table references and " +
+                           std::to_string(b.pins) + " pins");
     const int places = (b.ref_count > 0) + (b.in_lru ? 1 : 0) + (in_free[i] ? 1 : 0);
     if (places != 1)
       return Status::Error(name + " is in " + std::to_string(places) +

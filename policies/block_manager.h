@@ -69,6 +69,22 @@ class KvBlockManager {
   // (if cached, most recently used; the table's tail is evicted before its head) or free.
   void Free(RequestId request);
 
+  // One more reference on each of `blocks` (in use), for a step in flight that reads or writes
+  // them: none is reused before Unpin, whatever happens to the tables meanwhile. At most 255
+  // pins per block.
+  void Pin(std::span<const BlockId> blocks);
+  void Unpin(std::span<const BlockId> blocks);
+  // Whether `block` is in use (referenced by a table or a pin); whether it is in the prefix
+  // cache (its contents are those of its hash, shared by any table that holds it).
+  bool InUse(BlockId block) const;
+  bool Cached(BlockId block) const;
+
+  // Calls fn(request, table) for every table (checks).
+  template <typename F>
+  void ForEachTable(F&& fn) const {
+    for (const auto& [request, entry] : tables_)
+      fn(request, std::span<const BlockId>(entry.blocks));
+  }
   bool HasTable(RequestId request) const { return tables_.count(request) != 0; }
   std::int64_t TableBlocks(RequestId request) const;
   std::span<const BlockId> Table(RequestId request) const;
@@ -93,7 +109,7 @@ class KvBlockManager {
   }
 
   // Full consistency check: every block is in exactly one of {free list, LRU, in use}; the
-  // reference counts equal the table references; the cache index points at blocks holding
+  // reference counts equal the table references and pins; the cache index points at blocks holding
   // those hashes; each cached block is indexed or linked from a cached block, and no hash is
   // cached twice; no free block is cached; the LRU queue holds each evictable block once.
   // Returns the first violation found.
@@ -115,6 +131,7 @@ class KvBlockManager {
     bool cached = false;         // in the prefix cache: indexed, or linked as a parent's child
     bool indexed = false;        // in cached_
     bool in_lru = false;         // evictable: ref_count == 0 && cached
+    std::uint8_t pins = 0;       // references of steps in flight (Pin), in ref_count
   };
   // The LRU order is a queue of pushes. A block leaving it early (reused by a hit) leaves a
   // stale entry behind, skipped when reached: the queue is an array, so an eviction reads the

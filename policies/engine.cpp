@@ -30,6 +30,19 @@ const char* ToString(KvLoadFailurePolicy policy) {
   return policy == KvLoadFailurePolicy::kFail ? "fail" : "recompute";
 }
 
+void BlockingStepExecutor::Submit(const StepPlan& plan, StepEvents& events) {
+  DUET_CHECK_MSG(plan_ == nullptr, "a blocking executor holds one step at a time");
+  plan_ = &plan;
+  events_ = &events;
+}
+
+void BlockingStepExecutor::Wait(StepResult* result) {
+  DUET_CHECK_MSG(plan_ != nullptr, "no step was submitted");
+  const StepPlan& plan = *plan_;
+  plan_ = nullptr;
+  Execute(plan, *events_, result);
+}
+
 InstanceEngine::InstanceEngine(EngineConfig config, EnginePorts ports)
     : config_(config),
       ports_(ports),
@@ -43,6 +56,11 @@ InstanceEngine::InstanceEngine(EngineConfig config, EnginePorts ports)
     blocks_.set_event_log(&cache_events_);
   }
   if (config_.publish_kv_events) blocks_.set_event_log(&cache_events_);
+  if (config_.async_steps) {
+    DUET_CHECK_MSG(ports_.executor->max_in_flight() >= 2 && ports_.executor->NeedsInputs(),
+                   "asynchronous steps need an executor that holds two steps and reads rows");
+    max_in_flight_ = 2;
+  }
   if (ports_.host_clock) {
     timed_sink_.emplace(*ports_.sink, *ports_.host_clock);
     ports_.sink = &*timed_sink_;
@@ -89,8 +107,8 @@ Tokens InstanceEngine::Find(Request& request, std::int64_t first_block, Tokens m
 }
 
 bool InstanceEngine::idle() const {
-  return scheduler_.waiting().empty() && scheduler_.running().empty() && pulls_waiting_.empty() &&
-         pulls_in_flight_.empty() && leases_.empty() && loads_.empty() &&
+  return in_flight_ == 0 && scheduler_.waiting().empty() && scheduler_.running().empty() &&
+         pulls_waiting_.empty() && pulls_in_flight_.empty() && leases_.empty() && loads_.empty() &&
          !(ports_.tiers && ports_.tiers->HasPendingWrites(config_.id));
 }
 
@@ -102,28 +120,20 @@ void InstanceEngine::Run() {
   }
 }
 
-bool InstanceEngine::RunOnce() {
-  const Clock* host = ports_.host_clock;
-  const Seconds begin = host ? host->Now() : 0;
-  if (host) timed_sink_->seconds = 0;
-  retired_.clear();
-  TakeEvents();
-  const Seconds now = ports_.clock->Now();
-  StartPulls(now);
-
-  scheduler_.Schedule(blocks_, plan_);
-  for (Request* r : plan_.preempted) {
+bool InstanceEngine::Plan(Seconds now, StepPlan& plan) {
+  scheduler_.Schedule(blocks_, plan);
+  for (Request* r : plan.preempted) {
     ports_.sink->OnPreempted(r->spec(), r->record(), config_.id);
     for (Load& load : loads_) load.orphaned |= load.request == r;
   }
   const bool overlap = config_.scheduler.overlap_tier_loads;
-  for (Request* r : plan_.admitted) {
+  for (Request* r : plan.admitted) {
     if (r->first_scheduled_s < 0) r->first_scheduled_s = now;
     // Blocks up to here were computed elsewhere or come from the tiers: nothing to write down.
     const Tokens present = r->computed_tokens + (overlap ? 0 : r->LoadingTokens());
     r->offloaded_blocks = present / config_.block_tokens;
   }
-  StartLoads(now);  // pins the hits before write-back below can evict them
+  StartLoads(now, plan);  // pins the hits before write-back below can evict them
   // New requests that must wait: promote their prefix from the slow tiers while they do.
   for (Request* r : arrived_) {
     if (r->state == RequestState::kQueued)
@@ -132,44 +142,84 @@ bool InstanceEngine::RunOnce() {
   }
   arrived_.clear();
   if (scheduler_.lower_tiers()) OffloadEvicted();
-  if (plan_.empty()) {
+  return !plan.empty();
+}
+
+void InstanceEngine::Submit(InFlight& step, Seconds now) {
+  step.coalesced = PrepareExecution(now, step.plan);
+  step.result.clear();
+  step.advanced = max_in_flight_ > 1;
+  if (step.advanced) {
+    blocks_.Pin(step.plan.block_ids);
+    Advance(step, 1);
+  }
+  in_step_ = true;
+  ports_.executor->Submit(step.plan, *this);
+  in_step_ = false;
+  ++in_flight_;
+  ++submitted_;
+}
+
+bool InstanceEngine::RunOnce() {
+  const Clock* host = ports_.host_clock;
+  const Seconds begin = host ? host->Now() : 0;
+  if (host) timed_sink_->seconds = 0;
+  finished_in_iteration_ = 0;
+  std::erase_if(retired_, [&](const auto& retired) { return retired.first <= ended_; });
+  TakeEvents();
+  const Seconds now = ports_.clock->Now();
+  StartPulls(now);
+  InFlight* next = nullptr;
+  if (in_flight_ < max_in_flight_ && Plan(now, in_flight(in_flight_).plan))
+    next = &in_flight(in_flight_);
+  if (!next && in_flight_ == 0) {
     PublishCacheEvents();
     return false;
   }
   const Seconds planned = host ? host->Now() : 0;
-  const bool coalesced = PrepareExecution(now);
-  result_.clear();
-  in_step_ = true;
+  if (next) Submit(*next, now);
   const Seconds launched = host ? host->Now() : 0;
-  ports_.executor->Execute(plan_, *this, &result_);
+  if (next && in_flight_ < max_in_flight_) {  // the pipeline fills: plan another step first
+    PublishCacheEvents();
+    return true;
+  }
+  InFlight& step = in_flight(0);
+  in_step_ = true;
+  ports_.executor->Wait(&step.result);
   in_step_ = false;
+  first_ = (first_ + 1) % 2;
+  --in_flight_;
+  ++ended_;
   const Seconds returned = host ? host->Now() : 0;
   const Seconds sink_before_apply = host ? timed_sink_->seconds : 0;
-  DUET_CHECK(!result_.step_end_s.empty() &&
-             static_cast<int>(result_.step_end_s.size()) <= plan_.max_steps);
+  const StepResult& result = step.result;
+  DUET_CHECK(!result.step_end_s.empty() &&
+             static_cast<int>(result.step_end_s.size()) <= step.plan.max_steps);
   if (!loads_.empty()) PollLoads(ports_.clock->Now());
   // Overlapped loads that outlasted the computation: their requests waited that long.
-  for (const AwaitedLoad& a : plan_.awaited_loads) {
-    const auto& delayed = result_.delayed_by_loads;
+  for (const AwaitedLoad& a : step.plan.awaited_loads) {
+    const auto& delayed = result.delayed_by_loads;
     if (a.request->prefill_done_s < 0 &&
         std::find(delayed.begin(), delayed.end(), a.request->id) != delayed.end())
-      a.request->load_wait_s += result_.load_wait_s;
+      a.request->load_wait_s += result.load_wait_s;
   }
-  steps_ += static_cast<std::int64_t>(result_.step_end_s.size());
-  if (result_.status.ok()) {
-    Apply(plan_, result_, coalesced);
+  steps_ += static_cast<std::int64_t>(result.step_end_s.size());
+  if (result.status.ok()) {
+    if (!step.advanced) Advance(step, static_cast<Tokens>(result.step_end_s.size()));
+    Apply(step);
   } else {
-    FailStep(plan_, result_.status.message(), result_.step_end_s.back());
+    FailStep(step, result.status.message(), result.step_end_s.back());
   }
+  if (step.advanced) blocks_.Unpin(step.plan.block_ids);
   for (const RequestId id : deferred_aborts_) Abort(id, ports_.clock->Now());
   deferred_aborts_.clear();
   PublishCacheEvents();
-  if (host) RecordHostStep(begin, planned, launched, returned, sink_before_apply);
+  if (host) RecordHostStep(step, begin, planned, launched, returned, sink_before_apply);
   return true;
 }
 
-void InstanceEngine::RecordHostStep(Seconds begin, Seconds planned, Seconds launched,
-                                    Seconds returned, Seconds sink_before_apply) {
+void InstanceEngine::RecordHostStep(const InFlight& step, Seconds begin, Seconds planned,
+                                    Seconds launched, Seconds returned, Seconds sink_before_apply) {
   using models::HostPhase;
   const Seconds end = ports_.host_clock->Now();
   const Seconds sink_s = timed_sink_->seconds;
@@ -177,13 +227,14 @@ void InstanceEngine::RecordHostStep(Seconds begin, Seconds planned, Seconds laun
   h.at(HostPhase::kAllocate) = scheduler_.allocation_s();
   h.at(HostPhase::kSchedule) =
       std::max(0.0, planned - begin - scheduler_.allocation_s() - sink_before_apply);
-  h.at(HostPhase::kPrepare) = launched - planned + result_.prepare_s;
-  h.at(HostPhase::kSample) = result_.sample_s;
+  h.at(HostPhase::kPrepare) = launched - planned + step.result.prepare_s;
+  h.at(HostPhase::kSample) = step.result.sample_s;
   h.at(HostPhase::kApply) = std::max(0.0, end - returned - (sink_s - sink_before_apply));
   h.at(HostPhase::kStream) = sink_s;
-  h.counts = {static_cast<double>(plan_.prefills.size() + plan_.decodes.size()),
-              static_cast<double>(plan_.admitted.size()), static_cast<double>(retired_.size()),
-              static_cast<double>(result_.tokens.size())};
+  h.counts = {static_cast<double>(step.plan.prefills.size() + step.plan.decodes.size()),
+              static_cast<double>(step.plan.admitted.size()),
+              static_cast<double>(finished_in_iteration_),
+              static_cast<double>(step.result.tokens.size())};
 }
 
 void InstanceEngine::OffloadEvicted() {
@@ -206,18 +257,18 @@ void InstanceEngine::PublishCacheEvents() {
   events_to_tiers_ = 0;
 }
 
-bool InstanceEngine::PrepareExecution(Seconds now) {
-  plan_.tp = config_.tp;
-  plan_.num_layers = config_.num_layers;
+bool InstanceEngine::PrepareExecution(Seconds now, StepPlan& plan) {
+  plan.tp = config_.tp;
+  plan.num_layers = config_.num_layers;
   const bool coalesce = config_.coalesce_decode_steps && ports_.executor->CoalescesDecodeRuns() &&
-                        plan_.prefills.empty() && !plan_.decodes.empty();
-  plan_.max_steps = coalesce ? DecodeRunLength(plan_) : 1;
+                        max_in_flight_ == 1 && plan.prefills.empty() && !plan.decodes.empty();
+  plan.max_steps = coalesce ? DecodeRunLength(plan) : 1;
   for (const Load& load : loads_) {
     if (load.overlapped && !load.orphaned && load.request->state == RequestState::kLoading)
-      plan_.awaited_loads.push_back({load.request, load.id});
+      plan.awaited_loads.push_back({load.request, load.id});
   }
-  if (ports_.executor->NeedsInputs()) plan_.SnapshotInputs(blocks_);
-  return plan_.max_steps > 1;
+  if (ports_.executor->NeedsInputs()) plan.SnapshotInputs(blocks_);
+  return plan.max_steps > 1;
 }
 
 void InstanceEngine::HandleMessage(const EngineMessage& message) {
@@ -418,9 +469,9 @@ void InstanceEngine::StartPulls(Seconds now) {
   }
 }
 
-void InstanceEngine::StartLoads(Seconds now) {
+void InstanceEngine::StartLoads(Seconds now, const StepPlan& plan) {
   const bool overlap = config_.scheduler.overlap_tier_loads;
-  for (Request* r : plan_.loads) {
+  for (Request* r : plan.loads) {
     TierHits hits;
     for (int k = 0; k < kNumLowerTiers; ++k)
       hits.blocks[static_cast<std::size_t>(k)] =
@@ -480,9 +531,9 @@ void InstanceEngine::PollLoads(Seconds now) {
   }
 }
 
-void InstanceEngine::OffloadComputed(Request* r) {
+void InstanceEngine::OffloadComputed(Request* r, Tokens computed) {
   const std::int64_t full =
-      std::min<std::int64_t>(std::min(r->computed_tokens, r->input_tokens) / config_.block_tokens,
+      std::min<std::int64_t>(std::min(computed, r->input_tokens) / config_.block_tokens,
                              static_cast<std::int64_t>(r->block_hashes.size()));
   if (full <= r->offloaded_blocks) return;
   const auto from = static_cast<std::size_t>(r->offloaded_blocks);
@@ -523,82 +574,124 @@ int InstanceEngine::DecodeRunLength(const StepPlan& plan) {
   return static_cast<int>(lo);
 }
 
-void InstanceEngine::Apply(const StepPlan& plan, const StepResult& result, bool coalesced) {
-  const std::vector<Seconds>& step_end_s = result.step_end_s;
+void InstanceEngine::Advance(InFlight& step, Tokens steps) {
+  const bool ahead = step.advanced;  // the next plan is made before this step ends
+  step.generated_after.clear();
+  step.ends_prefill.clear();
+  for (const PrefillItem& item : step.plan.prefills) {
+    Request* r = item.request;
+    r->computed_tokens += item.tokens;
+    const bool ends = r->computed_tokens == r->prefill_target;
+    if (ends) ++r->generated_tokens;
+    step.generated_after.push_back(r->generated_tokens);
+    step.ends_prefill.push_back(ends);
+    if (!ahead || !ends) continue;
+    // Planned on as if it continued: a request whose output is complete, or whose KV goes to a
+    // decode instance, leaves the batch; the others decode from the next step on.
+    if (r->generated_tokens >= r->output_tokens || config_.role == InstanceRole::kPrefill) {
+      scheduler_.RemoveRunning(r);
+    } else {
+      r->state = RequestState::kDecoding;
+    }
+  }
+  for (Request* r : step.plan.decodes) {
+    r->generated_tokens += steps;
+    r->computed_tokens = r->SequenceTokens() - 1;
+    step.generated_after.push_back(r->generated_tokens);
+    if (ahead && r->generated_tokens >= r->output_tokens) scheduler_.RemoveRunning(r);
+  }
+}
+
+void InstanceEngine::Apply(const InFlight& step) {
+  const StepPlan& plan = step.plan;
+  const std::vector<Seconds>& step_end_s = step.result.step_end_s;
   const Seconds end_s = step_end_s.back();
   // Real executors return the token of each request that completed its prefill or decoded,
   // in plan order; simulated ones none.
-  const SampledToken* token = result.tokens.empty() ? nullptr : result.tokens.data();
-  const SampledToken* const tokens_end = token + result.tokens.size();
+  const std::vector<SampledToken>& tokens = step.result.tokens;
+  const SampledToken* token = tokens.empty() ? nullptr : tokens.data();
+  const SampledToken* const tokens_end = token + tokens.size();
   auto next_token = [&](const Request* r) -> const SampledToken* {
     if (!token) return nullptr;
     DUET_CHECK_MSG(token != tokens_end && token->request == r->id,
                    "step result tokens do not follow the plan");
     return token++;
   };
+  std::size_t entry = 0;
   for (const PrefillItem& item : plan.prefills) {
     Request* r = item.request;
-    r->computed_tokens += item.tokens;
-    blocks_.Register(r->id, r->block_hashes, std::min(r->computed_tokens, r->input_tokens));
-    if (scheduler_.lower_tiers()) OffloadComputed(r);
-    if (r->computed_tokens == r->prefill_target) FinishPrefill(r, end_s, next_token(r));
+    const Tokens generated = step.generated_after[entry];
+    const bool ends = step.ends_prefill[entry++] != 0;
+    const SampledToken* t = ends ? next_token(r) : nullptr;
+    if (Gone(r)) continue;
+    // Preempted while the step ran (asynchronous steps), it holds no blocks; its token counts.
+    if (r->state != RequestState::kQueued) {
+      const Tokens computed = item.context + item.tokens;
+      blocks_.Register(r->id, r->block_hashes, std::min(computed, r->input_tokens));
+      if (scheduler_.lower_tiers()) OffloadComputed(r, computed);
+    }
+    if (ends) FinishPrefill(r, end_s, t, generated);
   }
   if (plan.decodes.empty()) return;
   // Inter-token gaps: the first step's gap depends on each request's previous token; later
   // steps of a run are one step duration for every request of the batch.
-  for (const Request* r : plan.decodes)
-    ports_.sink->OnTokenGaps(step_end_s[0] - r->last_token_s, 1);
+  for (const Request* r : plan.decodes) {
+    if (!Gone(r)) ports_.sink->OnTokenGaps(step_end_s[0] - r->last_token_s, 1);
+  }
   for (std::size_t s = 1; s < step_end_s.size(); ++s) {
     ports_.sink->OnTokenGaps(step_end_s[s] - step_end_s[s - 1],
                              static_cast<std::int64_t>(plan.decodes.size()));
   }
   const Tokens steps = static_cast<Tokens>(step_end_s.size());
   for (Request* r : plan.decodes) {
-    if (r->second_token_s < 0 && r->generated_tokens == 1) r->second_token_s = step_end_s[0];
-    r->generated_tokens += steps;
-    r->computed_tokens = r->SequenceTokens() - 1;
-    r->last_token_s = end_s;
+    const Tokens generated = step.generated_after[entry++];
     const SampledToken* t = next_token(r);
+    if (Gone(r)) continue;  // a token sampled past its end: dropped
+    if (r->second_token_s < 0 && generated - steps == 1) r->second_token_s = step_end_s[0];
+    r->last_token_s = end_s;
     if (t) {
       r->output_ids.push_back(t->token);
       ports_.sink->OnToken(r->spec(), r->record(), t->token);
     }
     if (t && t->stop) {
-      Complete(r, end_s, FinishReason::kStop);
-    } else if (r->generated_tokens >= r->output_tokens) {
-      Complete(r, end_s, FinishReason::kLength);
-    } else if (coalesced) {
+      End(r, end_s, FinishReason::kStop, generated);
+    } else if (generated >= r->output_tokens) {
+      End(r, end_s, FinishReason::kLength, generated);
+    } else if (step.coalesced) {
       blocks_.Shrink(r->id, r->computed_tokens);  // a run stopped early returns unused blocks
     }
   }
   DUET_CHECK(token == nullptr || token == tokens_end);
 }
 
-void InstanceEngine::FailStep(const StepPlan& plan, const std::string& why, Seconds now) {
+void InstanceEngine::FailStep(const InFlight& step, const std::string& why, Seconds now) {
   ++forward_failures_;
   // The scheduler counted each prefill chunk as done when it planned it; with the chunk counted
   // in computed_tokens too, Remove forgets exactly the prefill work still pending. Nothing is
   // registered in the prefix cache: the blocks the step wrote hold no KV to trust.
-  for (const PrefillItem& item : plan.prefills) item.request->computed_tokens += item.tokens;
+  if (!step.advanced) {
+    for (const PrefillItem& item : step.plan.prefills) item.request->computed_tokens += item.tokens;
+  }
   auto fail = [&](Request* r) {
+    if (Gone(r)) return;
     scheduler_.Remove(r);
     for (Load& load : loads_) load.orphaned |= load.request == r;
     r->loading_tokens = {};
     Fail(r, now, why, FinishReason::kError);
   };
-  for (const PrefillItem& item : plan.prefills) fail(item.request);
-  for (Request* r : plan.decodes) fail(r);
+  for (const PrefillItem& item : step.plan.prefills) fail(item.request);
+  for (Request* r : step.plan.decodes) fail(r);
 }
 
-void InstanceEngine::FinishPrefill(Request* r, Seconds t, const SampledToken* token) {
-  ++r->generated_tokens;
+void InstanceEngine::FinishPrefill(Request* r, Seconds t, const SampledToken* token,
+                                   Tokens generated) {
   if (token) r->output_ids.push_back(token->token);
   if (r->prefill_done_s < 0) {
     r->prefill_done_s = t;
     ports_.sink->OnPrefillDone(r->spec(), r->record());
   }
   const bool stop = token && token->stop;
-  if (config_.role == InstanceRole::kPrefill && r->generated_tokens < r->output_tokens && !stop) {
+  if (config_.role == InstanceRole::kPrefill && generated < r->output_tokens && !stop) {
     // The first token travels with the request; the decode instance delivers it.
     scheduler_.RemoveRunning(r);
     r->state = RequestState::kTransferring;
@@ -625,13 +718,20 @@ void InstanceEngine::FinishPrefill(Request* r, Seconds t, const SampledToken* to
     if (r->second_token_s < 0) r->second_token_s = t;
   }
   r->last_token_s = t;
-  r->state = RequestState::kDecoding;
+  if (r->state != RequestState::kQueued) r->state = RequestState::kDecoding;
   if (token) ports_.sink->OnToken(r->spec(), r->record(), token->token);
   if (stop) {
-    Complete(r, t, FinishReason::kStop);
-  } else if (r->generated_tokens >= r->output_tokens) {
-    Complete(r, t, FinishReason::kLength);
+    End(r, t, FinishReason::kStop, generated);
+  } else if (generated >= r->output_tokens) {
+    End(r, t, FinishReason::kLength, generated);
   }
+}
+
+void InstanceEngine::End(Request* r, Seconds t, FinishReason reason, Tokens generated) {
+  r->generated_tokens = generated;
+  r->computed_tokens = r->SequenceTokens() - 1;
+  if (r->state == RequestState::kQueued) scheduler_.Remove(r);  // preempted while it ran
+  Complete(r, t, reason);
 }
 
 void InstanceEngine::Complete(Request* r, Seconds t, FinishReason reason) {
@@ -643,7 +743,7 @@ void InstanceEngine::Complete(Request* r, Seconds t, FinishReason reason) {
   // request ran whole, for a later turn that continues this context. The real backend names
   // them by the tokens generated, as vLLM does for every request; the simulator's hashes reach
   // past the prompt only for a request that a later turn of its trace continues.
-  if (config_.role == InstanceRole::kColocated) {
+  if (config_.role == InstanceRole::kColocated && blocks_.HasTable(r->id)) {
     std::vector<BlockHash> sequence_hashes;  // real backend: of the prompt and the output
     if (!r->output_ids.empty()) {
       std::vector<std::int32_t> sequence = r->prompt_ids;
@@ -688,10 +788,38 @@ std::shared_ptr<Request> InstanceEngine::Release(Request* r) {
   return handle;
 }
 
-void InstanceEngine::Retire(Request* r) { retired_.push_back(Release(r)); }
+void InstanceEngine::Retire(Request* r) {
+  retired_.emplace_back(submitted_, Release(r));
+  ++finished_in_iteration_;
+}
 
 Status InstanceEngine::CheckInvariants() const {
   DUET_RETURN_IF_ERROR(blocks_.CheckInvariants());
+  if (in_flight_ > 0) {
+    // Who holds each block now: a block a step in flight reads or writes may be shared only
+    // as a prefix-cache block (its contents are its hash's, whoever holds it).
+    std::unordered_multimap<KvBlockManager::BlockId, RequestId> holders;
+    blocks_.ForEachTable([&](RequestId id, std::span<const KvBlockManager::BlockId> table) {
+      for (const KvBlockManager::BlockId b : table) holders.emplace(b, id);
+    });
+    for (int k = 0; k < in_flight_; ++k) {
+      const StepPlan& plan = in_flight_steps_[static_cast<std::size_t>((first_ + k) % 2)].plan;
+      for (std::size_t i = 0; i < plan.rows.size(); ++i) {
+        const RequestId id = plan.rows[i].request;
+        for (const KvBlockManager::BlockId b : plan.BlockTable(i)) {
+          const std::string block = "block " + std::to_string(b) + " of request " +
+                                    std::to_string(id) + " in a step in flight";
+          if (!blocks_.InUse(b)) return Status::Error(block + " is free");
+          if (blocks_.Cached(b)) continue;
+          const auto [from, to] = holders.equal_range(b);
+          for (auto it = from; it != to; ++it) {
+            if (it->second != id)
+              return Status::Error(block + " is held by request " + std::to_string(it->second));
+          }
+        }
+      }
+    }
+  }
   if (idle() && blocks_.kv_blocks_used() != 0) {
     return Status::Error("instance " + std::to_string(config_.id) + " is idle but " +
                          std::to_string(blocks_.kv_blocks_used()) + " KV blocks are still in use");

@@ -6,6 +6,7 @@
 // thread-safe: one thread (or SimGrid actor) drives it.
 #pragma once
 
+#include <array>
 #include <deque>
 #include <memory>
 #include <optional>
@@ -46,6 +47,12 @@ struct EngineConfig {
   // cannot change in between) where the executor coalesces (StepExecutor::CoalescesDecodeRuns:
   // simulated ones). Off: one call per step, for equivalence tests.
   bool coalesce_decode_steps = true;
+  // Asynchronous steps (NanoFlow's control flow): the engine plans and submits step i+1 while
+  // step i runs, as if every decode of step i continued. A request that step i ends (a stop
+  // token) drops out of step i+2's plan, and the token step i+1 sampled for it is dropped,
+  // never streamed. Blocks a step in flight may touch are pinned until it ended. Needs an
+  // executor that holds two steps (StepExecutor::max_in_flight) and reads only the rows.
+  bool async_steps = false;
   Bytes kv_bytes_per_token = 0;  // whole instance (all TP shards), for KV transfer sizes
   // Layers of the model: a step overlapped with a prefix load ends one layer's compute after
   // the last layer's KV arrived.
@@ -83,6 +90,8 @@ class InstanceEngine final : private LowerTierLookup, private StepEvents {
   void Run();
   // One iteration: takes messages and finished transfers, starts KV pulls, plans and executes
   // one step (or one decode run). Returns false when there was no step to run.
+  // Asynchronous steps: submits a step and returns while the pipeline is not full; otherwise
+  // waits for the oldest step in flight and applies it.
   bool RunOnce();
   bool idle() const;
   // A kShutdown message has arrived and no work is left: Run would return.
@@ -113,12 +122,15 @@ class InstanceEngine final : private LowerTierLookup, private StepEvents {
   const EngineConfig& config() const { return config_; }
   const KvBlockManager& blocks() const { return blocks_; }
   const BatchScheduler& scheduler() const { return scheduler_; }
+  // Steps ended (and applied), and steps submitted and not yet ended.
   std::int64_t steps() const { return steps_; }
+  int steps_in_flight() const { return in_flight_; }
   // The last iteration that ran a step: its host time by phase and its counts (all zero unless
   // EnginePorts::host_clock is set). The forward pass is the executor's to time.
   const models::HostStep& last_host_step() const { return host_step_; }
   // Block-manager invariants, plus: once the engine is idle, no request holds blocks and the
-  // engine holds no request.
+  // engine holds no request; no block that a step in flight reads or writes is free, or held
+  // by another request unless it is a shared prefix-cache block.
   Status CheckInvariants() const;
 
  private:
@@ -142,11 +154,12 @@ class InstanceEngine final : private LowerTierLookup, private StepEvents {
   void HandleMessage(const EngineMessage& message);
   void Abort(RequestId id, Seconds now);
   void PollLoads(Seconds now);
-  void StartLoads(Seconds now);
+  void StartLoads(Seconds now, const StepPlan& plan);
   // Takes arrived messages and finished transfers, tier writes and loads (also while a step is
   // in flight, when the executor asks).
   void TakeEvents() override;
-  void OffloadComputed(Request* r);
+  // Hands the request's full prompt blocks among its first `computed` tokens to the tiers.
+  void OffloadComputed(Request* r, Tokens computed);
   void PollTransfers(Seconds now);
   void StartPulls(Seconds now);
   // PD decode: tells the prefill instance it may free request `r`'s KV.
@@ -155,19 +168,48 @@ class InstanceEngine final : private LowerTierLookup, private StepEvents {
   void KvLoadFailed(Request* r, Seconds now, const std::string& why);
   // PD prefill: frees the blocks of leases that ended.
   void ExpireLeases(Seconds now);
+  // A submitted step: its plan and result, and what it does to each of its entries.
+  struct InFlight {
+    StepPlan plan;
+    StepResult result;
+    bool coalesced = false;  // a decode run
+    bool advanced = false;   // Advance ran when it was submitted (asynchronous steps)
+    // Per entry, prefills then decodes: the request's generated_tokens once the step ended,
+    // and whether the step ends the request's prefill.
+    std::vector<Tokens> generated_after;
+    std::vector<char> ends_prefill;
+  };
+  InFlight& in_flight(int k) {
+    return in_flight_steps_[static_cast<std::size_t>((first_ + k) % 2)];
+  }
+
+  // Plans the next step into `plan` (preemptions, admissions, tier loads and write-back
+  // included). Returns whether it has work.
+  bool Plan(Seconds now, StepPlan& plan);
+  // Completes and submits a planned step.
+  void Submit(InFlight& step, Seconds now);
   int DecodeRunLength(const StepPlan& plan);
   // Completes the scheduler's plan for the executor (TP degree, decode run length, awaited
   // loads, block tables). Returns whether it coalesces a decode run.
-  bool PrepareExecution(Seconds now);
+  bool PrepareExecution(Seconds now, StepPlan& plan);
+  // What the step does whatever it samples: the tokens it computes, each request's output
+  // count (`steps` tokens per decode), and, with asynchronous steps, the requests that it
+  // ends or hands over leaving the batch.
+  void Advance(InFlight& step, Tokens steps);
   // Hands new GPU evictions to the tiers (write-back).
   void OffloadEvicted();
   // Publishes the cache events of this iteration (publish_kv_events), then drops them.
   void PublishCacheEvents();
-  void Apply(const StepPlan& plan, const StepResult& result, bool coalesced);
-  // The step of `plan` failed: ends each of its requests with `why` (FinishReason::kError) and
-  // frees their blocks, computed by the step or not.
-  void FailStep(const StepPlan& plan, const std::string& why, Seconds now);
-  void FinishPrefill(Request* r, Seconds t, const SampledToken* token);
+  // Applies an ended step's result: tokens, timelines, prefix-cache blocks, requests ended.
+  void Apply(const InFlight& step);
+  // The step failed: ends each of its requests with `why` (FinishReason::kError) and frees
+  // their blocks, computed by the step or not.
+  void FailStep(const InFlight& step, const std::string& why, Seconds now);
+  // `generated`: the request's output count once the step ended.
+  void FinishPrefill(Request* r, Seconds t, const SampledToken* token, Tokens generated);
+  // Ends a request whose output counts `generated` tokens (a step planned ahead may have
+  // counted one more).
+  void End(Request* r, Seconds t, FinishReason reason, Tokens generated);
   // Ends a served request: completed (stop or length) or failed (error or abort).
   void Complete(Request* r, Seconds t, FinishReason reason);
   void Fail(Request* r, Seconds t, const std::string& reason, FinishReason finish);
@@ -176,9 +218,13 @@ class InstanceEngine final : private LowerTierLookup, private StepEvents {
   // `r` left this engine (PD prefill: handed to the decode instance): its handle, for the
   // message that carries it.
   std::shared_ptr<Request> Release(Request* r);
-  // `r` finished here: freed at the start of the next iteration (nothing of this one reads it
-  // after, but the pointers still held until then stay valid).
+  // `r` finished here: freed at the start of the first iteration after every step submitted
+  // so far ended (nothing reads it after, but the pointers held until then stay valid).
   void Retire(Request* r);
+  // `r` ended while a step that plans it was in flight: that step's result for it is dropped.
+  static bool Gone(const Request* r) {
+    return r->state == RequestState::kCompleted || r->state == RequestState::kFailed;
+  }
 
   // The event sink, timed by the host clock: its calls are the stream phase of a step.
   class TimedSink final : public EventSink {
@@ -202,17 +248,18 @@ class InstanceEngine final : private LowerTierLookup, private StepEvents {
 
   // Records host_step_ of an iteration whose phases ended at these host-clock times (and that
   // spent `sink_before_apply` of its sink time before the step's results were applied).
-  void RecordHostStep(Seconds begin, Seconds planned, Seconds launched, Seconds returned,
-                      Seconds sink_before_apply);
+  void RecordHostStep(const InFlight& step, Seconds begin, Seconds planned, Seconds launched,
+                      Seconds returned, Seconds sink_before_apply);
 
   EngineConfig config_;
   EnginePorts ports_;
   std::optional<TimedSink> timed_sink_;  // with a host clock: ports_.sink points at it
   models::HostStep host_step_;
   // The requests this engine serves, by id (every Request* below points into one of them),
-  // and those that finished in this iteration.
+  // and those that finished, each with the count of steps submitted when it did.
   std::unordered_map<RequestId, std::shared_ptr<Request>> held_;
-  std::vector<std::shared_ptr<Request>> retired_;
+  std::vector<std::pair<std::int64_t, std::shared_ptr<Request>>> retired_;
+  std::int64_t finished_in_iteration_ = 0;
   KvBlockManager blocks_;
   BatchScheduler scheduler_;
   struct AnnouncedKv {  // PD decode: a kKvReady not yet pulled
@@ -247,8 +294,13 @@ class InstanceEngine final : private LowerTierLookup, private StepEvents {
   bool in_step_ = false;                    // the executor is running a step
   std::vector<RequestId> deferred_aborts_;  // arrived while a step was in flight
   std::int64_t steps_ = 0;
-  StepPlan plan_;      // reused across steps
-  StepResult result_;  // reused across steps
+  // Steps submitted and not yet ended, oldest at first_: a ring of two, reused across steps.
+  int max_in_flight_ = 1;
+  std::array<InFlight, 2> in_flight_steps_;
+  int first_ = 0;
+  int in_flight_ = 0;
+  std::int64_t submitted_ = 0;
+  std::int64_t ended_ = 0;
 };
 
 }  // namespace duet::policies

@@ -176,22 +176,42 @@ class StepEvents {
   virtual void TakeEvents() = 0;
 };
 
-// Runs planned steps. Blocking: Execute returns when the step (or run) has ended. It reads the
-// plan and the requests it names and changes neither.
+// Runs planned steps, in the order submitted. Submit hands it a step; Wait blocks until the
+// oldest step submitted and not yet waited for has ended, and fills its result (cleared by the
+// caller). It holds at most max_in_flight() steps: 1 (it may run the step in either call), or 2
+// for one that runs a step while the engine plans and submits the next
+// (EngineConfig::async_steps). It reads the plan (an executor with max_in_flight() 1 also the
+// requests it names: an asynchronous one reads only the rows, which alone stay true while the
+// engine plans ahead) and changes neither; the plan stays valid and unchanged until its Wait
+// returned.
 class StepExecutor {
  public:
   virtual ~StepExecutor() = default;
-  // Whether Execute may run a decode-only plan for plan.max_steps > 1 steps in one call,
-  // stopping at the first step boundary after new work reached the inbox (simulated
-  // executors: one event per run instead of one per step). Real executors never do: new work
-  // joins the batch at the next step boundary.
+  // Whether a decode-only plan may run for plan.max_steps > 1 steps in one step, stopping at
+  // the first step boundary after new work reached the inbox (simulated executors: one event
+  // per run instead of one per step). Real executors never do: new work joins the batch at the
+  // next step boundary.
   virtual bool CoalescesDecodeRuns() const { return false; }
   // Whether the plan must carry every row's inputs by value (StepPlan::rows, token and stop
   // ids, block tables): executors that run the step, and read no request.
   virtual bool NeedsInputs() const { return false; }
-  // Runs the plan and fills `result` (cleared by the caller). Honours plan.awaited_loads: an
-  // executor that waits for them may let the engine take events meanwhile through `events`.
+  virtual int max_in_flight() const { return 1; }
+  // Honours plan.awaited_loads: an executor that waits for them may let the engine take events
+  // meanwhile through `events`.
+  virtual void Submit(const StepPlan& plan, StepEvents& events) = 0;
+  virtual void Wait(StepResult* result) = 0;
+};
+
+// An executor that runs one step at a time, in one blocking call (Execute, made by Wait).
+class BlockingStepExecutor : public StepExecutor {
+ public:
+  void Submit(const StepPlan& plan, StepEvents& events) final;
+  void Wait(StepResult* result) final;
   virtual void Execute(const StepPlan& plan, StepEvents& events, StepResult* result) = 0;
+
+ private:
+  const StepPlan* plan_ = nullptr;
+  StepEvents* events_ = nullptr;
 };
 
 // Lifecycle events. Called from the engine loop (and the frontend) of the run. A request leaves

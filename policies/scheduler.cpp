@@ -40,15 +40,21 @@ void StepPlan::SnapshotInputs(const KvBlockManager& blocks) {
   block_offsets.assign(1, 0);
   auto add = [&](const Request* r, Tokens position, Tokens count, bool sample) {
     DUET_CHECK(position >= 0 && count >= 1 && position + count <= r->SequenceTokens());
+    // Planned ahead of the step in flight, a request may count one token whose id that step
+    // has yet to sample; only a decode reads it.
+    const Tokens known = r->input_tokens + static_cast<Tokens>(r->output_ids.size());
     DUET_CHECK(static_cast<Tokens>(r->prompt_ids.size()) == r->input_tokens &&
-               static_cast<Tokens>(r->output_ids.size()) == r->generated_tokens);
+               (known == r->SequenceTokens() ||
+                (known + 1 == r->SequenceTokens() && count == 1 && position == known)));
     const SamplingParams& s = r->sampling;
     StepRow& row = rows.emplace_back();
     row.request = r->id;
     row.position = position;
     row.tokens_from = static_cast<std::uint32_t>(token_ids.size());
     row.token_count = static_cast<std::uint32_t>(count);
-    for (Tokens p = position; p < position + count; ++p) token_ids.push_back(r->TokenAt(p));
+    for (Tokens p = position; p < position + count; ++p)
+      token_ids.push_back(p < known ? r->TokenAt(p) : -1);
+    row.previous_token = position + count > known;
     row.sample = sample;
     row.temperature = s.temperature;
     row.top_p = s.top_p;

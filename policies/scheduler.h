@@ -65,6 +65,10 @@ struct StepRow {
   std::uint32_t tokens_from = 0;
   std::uint32_t token_count = 0;
   bool sample = false;  // the row emits a token: a prefill's last chunk, or a decode
+  // Its last token is the one the step submitted before this one samples for the request
+  // (asynchronous steps: planned before that step ended). Its id in token_ids is -1 until the
+  // executor puts that token there.
+  bool previous_token = false;
   // The request's sampling settings (SamplingParams), its seed resolved (the request id where
   // it gave none); its stop token ids are StepPlan::stop_ids[stops_from, +stop_count).
   float temperature = 0.0f;

@@ -90,6 +90,10 @@ Result<SimReport> Simulate(const ClusterSpec& cluster, const traces::Trace& trac
   namespace fs = std::filesystem;
   const auto wall_start = std::chrono::steady_clock::now();
 
+  if (cluster.engine.async_steps)
+    return Status::Error(
+        "engine.async_steps: the simulator does not model asynchronous steps yet; simulate with "
+        "it false");
   const std::unique_ptr<sg4::Engine> engine = MakeEngine();
 
   World w(cluster, trace, options);

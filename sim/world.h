@@ -84,7 +84,7 @@ class SimInbox {
 class SimPorts final : public policies::Clock,
                        public policies::Inbox,
                        public policies::Outbox,
-                       public policies::StepExecutor {
+                       public policies::BlockingStepExecutor {
  public:
   SimPorts(World& world, InstanceId id);
   SimKvTransport& transport() { return transport_; }

@@ -49,11 +49,14 @@ void EngineThread::Loop() {
   while (true) {
     const Seconds start = step_log_ ? clock_.Now() : 0;
     const std::int64_t failures_before = engine_.forward_failures();
+    const std::int64_t steps_before = engine_.steps();
     const bool stepped = engine_.RunOnce();
     const Seconds handed_from = step_log_ ? clock_.Now() : 0;
     if (after_iteration_) after_iteration_();
-    // A failed step has no timing of its own (last_timing is the step before it).
-    if (stepped && step_log_ && engine_.forward_failures() == failures_before) {
+    // A line per step ended (asynchronous steps: an iteration that only submitted one ends
+    // none). A failed step has no timing of its own (last_timing is the step before it).
+    if (engine_.steps() > steps_before && step_log_ &&
+        engine_.forward_failures() == failures_before) {
       // What runs after the iteration hands its events on (a worker process sends them to the
       // frontend then): part of streaming.
       models::HostStep host = engine_.last_host_step();

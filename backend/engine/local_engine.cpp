@@ -23,6 +23,7 @@ LocalEngine::LocalEngine(ForwardModel& model, LocalEngineOptions options)
   config.num_blocks = model.num_blocks();
   config.block_tokens = model.block_tokens();
   config.enable_prefix_caching = options_.enable_prefix_caching;
+  config.async_steps = options_.async_steps;
   config.scheduler = options_.scheduler;
   engine_ = std::make_unique<policies::InstanceEngine>(
       config,

@@ -30,6 +30,7 @@ struct GenerationResult {
 struct LocalEngineOptions {
   policies::SchedulerConfig scheduler;
   bool enable_prefix_caching = true;
+  bool async_steps = false;  // policies::EngineConfig::async_steps
   // Called with each request and the token it just got (streaming), from the event sink.
   std::function<void(const policies::RequestSpec&, std::int32_t)> on_token;
 };

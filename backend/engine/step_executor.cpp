@@ -37,10 +37,24 @@ bool Contains(std::span<const std::int32_t> ids, std::int32_t id) {
 
 }  // namespace
 
-void ModelStepExecutor::Execute(const policies::StepPlan& plan, policies::StepEvents&,
-                                policies::StepResult* result) {
+void ModelStepExecutor::Submit(const policies::StepPlan& plan, policies::StepEvents&) {
+  DUET_CHECK_MSG(submitted_.size() < 2, "the executor holds two steps at most");
   DUET_CHECK_MSG(plan.max_steps == 1 && plan.awaited_loads.empty(),
                  "a real executor runs single steps, none overlapped with tier loads");
+  submitted_.push_back(&plan);
+}
+
+void ModelStepExecutor::Wait(policies::StepResult* result) {
+  DUET_CHECK_MSG(!submitted_.empty(), "no step was submitted");
+  const policies::StepPlan& plan = *submitted_.front();
+  submitted_.pop_front();
+  Run(plan, result);
+  previous_failed_ = !result->status.ok();
+  previous_.clear();
+  for (const policies::SampledToken& t : result->tokens) previous_[t.request] = t.token;
+}
+
+void ModelStepExecutor::Run(const policies::StepPlan& plan, policies::StepResult* result) {
   // The step's phases on one clock, end to end: preparation, the forward pass, sampling (the
   // step log's phases must not overlap).
   const auto entered = std::chrono::steady_clock::now();
@@ -52,11 +66,27 @@ void ModelStepExecutor::Execute(const policies::StepPlan& plan, policies::StepEv
   }
   const std::int32_t vocab = model_.config().vocab_size;
   DUET_CHECK(plan.rows.size() == plan.prefills.size() + plan.decodes.size());
+  const bool needs_previous = std::any_of(plan.rows.begin(), plan.rows.end(),
+                                          [](const auto& row) { return row.previous_token; });
+  if (needs_previous && previous_failed_) {
+    result->status = Status::Error("the step before it failed");
+    result->step_end_s.push_back(clock_.Now());
+    return;
+  }
+  token_ids_.assign(plan.token_ids.begin(), plan.token_ids.end());
   chunks_.clear();
   sampled_.clear();
   for (std::size_t i = 0; i < plan.rows.size(); ++i) {
     const policies::StepRow& row = plan.rows[i];
-    chunks_.push_back({plan.TokensOf(row), row.position, plan.BlockTable(i),
+    const std::span<std::int32_t> ids =
+        std::span<std::int32_t>(token_ids_).subspan(row.tokens_from, row.token_count);
+    if (row.previous_token) {
+      const auto it = previous_.find(row.request);
+      DUET_CHECK_MSG(it != previous_.end(), "request " + std::to_string(row.request) +
+                                                " got no token from the step before");
+      ids.back() = it->second;
+    }
+    chunks_.push_back({ids, row.position, plan.BlockTable(i),
                        row.sample ? SequenceChunk::Logits::kLast : SequenceChunk::Logits::kNone});
     if (row.sample) sampled_.push_back(&row);
   }

@@ -6,8 +6,10 @@
 // applies them. Optionally records every step's shape and forward-pass time for calibration.
 #pragma once
 
+#include <deque>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "backend/engine/forward_model.h"
@@ -42,11 +44,15 @@ class ModelStepExecutor final : public policies::StepExecutor {
   // `clock` stamps the end of each step (the engine's clock).
   ModelStepExecutor(ForwardModel& model, const policies::Clock& clock, Options options);
 
-  // Never coalesces decode runs; needs the rows' inputs. Runs one step per call; does not
-  // overlap tier loads with it (its engine loads a prefix before it schedules the request).
+  // Never coalesces decode runs; needs the rows' inputs; does not overlap tier loads with a
+  // step (its engine loads a prefix before it schedules the request). Holds two steps
+  // (asynchronous steps) and runs each, in order, when it is waited for: a row whose token the
+  // step before samples (StepRow::previous_token) gets it then. A step submitted after a
+  // failed one fails too: its rows may read tokens that were never sampled.
   bool NeedsInputs() const override { return true; }
-  void Execute(const policies::StepPlan& plan, policies::StepEvents& events,
-               policies::StepResult* result) override;
+  int max_in_flight() const override { return 2; }
+  void Submit(const policies::StepPlan& plan, policies::StepEvents& events) override;
+  void Wait(policies::StepResult* result) override;
 
   const std::vector<StepTiming>& timings() const { return timings_; }
   const StepTiming& last_timing() const { return last_; }
@@ -55,8 +61,15 @@ class ModelStepExecutor final : public policies::StepExecutor {
   ForwardModel& model_;
   const policies::Clock& clock_;
   Options options_;
+  void Run(const policies::StepPlan& plan, policies::StepResult* result);
+
   std::vector<StepTiming> timings_;
   StepTiming last_;
+  std::deque<const policies::StepPlan*> submitted_;
+  // The tokens the last step run sampled, by request, and whether it failed.
+  std::unordered_map<policies::RequestId, std::int32_t> previous_;
+  bool previous_failed_ = false;
+  std::vector<std::int32_t> token_ids_;  // the step's token ids, previous tokens put in
   std::vector<SequenceChunk> chunks_;
   std::vector<const policies::StepRow*> sampled_;  // rows that get a token, in plan order
   std::vector<float> logits_;

@@ -257,6 +257,10 @@ Status StartTiers(LiveFrontend::Impl& s, const std::vector<KvRegion>& regions) {
           "/block_bytes=" + std::to_string(block_bytes)),
       .block_bytes = block_bytes};
   const deploy::TiersSpec& tiers = s.options.tiers;
+  if (s.options.engine.async_steps)
+    return Status::Error(
+        "tiers: not served with engine.async_steps yet (a tier write may read a block a step in "
+        "flight writes); set async_steps false");
   // A real step cannot yet drop a request whose overlapped load failed (it would attend over
   // missing KV): a prefix found in a tier is loaded before its request is scheduled. The file
   // says so, so that the simulator runs the same policy.

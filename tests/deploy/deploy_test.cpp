@@ -85,6 +85,7 @@ TEST(EngineSettings, TheEngineConfigTakesEverySettingTheEngineLoopReads) {
   s.scheduler.overlap_tier_loads = false;
   s.enable_prefix_caching = false;
   s.coalesce_decode_steps = false;
+  s.async_steps = true;
   s.kv_lease_s = 3;
   s.kv_load_failure_policy = policies::KvLoadFailurePolicy::kRecompute;
   const policies::EngineConfig c = MakeEngineConfig(s, 5, policies::InstanceRole::kDecode);
@@ -95,6 +96,7 @@ TEST(EngineSettings, TheEngineConfigTakesEverySettingTheEngineLoopReads) {
   EXPECT_FALSE(c.scheduler.overlap_tier_loads);
   EXPECT_FALSE(c.enable_prefix_caching);
   EXPECT_FALSE(c.coalesce_decode_steps);
+  EXPECT_TRUE(c.async_steps);
   EXPECT_EQ(c.kv_lease_s, 3);
   EXPECT_EQ(c.kv_load_failure_policy, policies::KvLoadFailurePolicy::kRecompute);
 }

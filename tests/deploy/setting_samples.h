@@ -35,6 +35,7 @@ inline std::vector<SettingSample> SettingSamples() {
        [](S s) { return s.memory.kv_cache_dtype == models::Dtype::kF16; }},
       {"enable_prefix_caching", false, [](S s) { return !s.enable_prefix_caching; }},
       {"coalesce_decode_steps", false, [](S s) { return !s.coalesce_decode_steps; }},
+      {"async_steps", true, [](S s) { return s.async_steps; }},
       {"kv_lease_s", 30.5, [](S s) { return s.kv_lease_s == 30.5; }},
       {"kv_load_failure_policy", "recompute",
        [](S s) { return s.kv_load_failure_policy == policies::KvLoadFailurePolicy::kRecompute; }},

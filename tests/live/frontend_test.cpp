@@ -337,6 +337,47 @@ TEST_F(Frontend, StopTokenEndsTheRequest) {
             std::vector<std::int32_t>(greedy.begin(), greedy.begin() + first_stop + 1));
 }
 
+// Asynchronous steps on real engine threads: concurrent greedy streams, each stopping at a
+// different step, get the synchronous LocalEngine's tokens, and nothing past their stop.
+TEST_F(Frontend, AsynchronousStepsStreamTheSynchronousTokensAndStopWhereTheyDo) {
+  std::vector<GenerationRequest> local;
+  for (int i = 0; i < 6; ++i) local.push_back({Prompt(12 + 7 * i, 40 + i), 12, {}});
+  auto model = Model(256);
+  LocalEngine greedy_engine(*model, {});
+  const auto greedy = greedy_engine.Generate(local);
+  // Request i stops at its token i + 1 (request 5 runs to its length).
+  for (int i = 0; i < 5; ++i)
+    local[static_cast<std::size_t>(i)].sampling.stop_token_ids = {
+        greedy[static_cast<std::size_t>(i)].tokens[static_cast<std::size_t>(i + 1)]};
+  auto sync_model = Model(256);
+  LocalEngine sync_engine(*sync_model, {});
+  const auto expected = sync_engine.Generate(local);
+  auto async_model = Model(256);
+  LocalEngine async_local(*async_model, {.async_steps = true});
+  const auto local_async = async_local.Generate(local);
+
+  FrontendOptions options;
+  options.engine.async_steps = true;
+  auto frontend = Start(2, options);
+  std::vector<std::shared_ptr<Collector>> listeners;
+  for (const GenerationRequest& g : local) {
+    listeners.push_back(std::make_shared<Collector>());
+    LiveRequest r{g.prompt, g.max_tokens, {}};
+    r.sampling = g.sampling;
+    ASSERT_EQ(frontend->Submit(r, listeners.back()).status, AdmitStatus::kAccepted);
+  }
+  for (std::size_t i = 0; i < listeners.size(); ++i) {
+    SCOPED_TRACE("request " + std::to_string(i));
+    const auto info = listeners[i]->Wait();
+    ASSERT_TRUE(info);
+    EXPECT_EQ(local_async[i].tokens, expected[i].tokens);
+    EXPECT_EQ(listeners[i]->tokens(), expected[i].tokens);
+    EXPECT_EQ(info->completion_tokens, static_cast<Tokens>(expected[i].tokens.size()));
+    EXPECT_EQ(info->reason, i < 5 ? FinishReason::kStop : FinishReason::kLength);
+  }
+  EXPECT_TRUE(EventuallyNoBlocksUsed(*frontend));
+}
+
 TEST_F(Frontend, PrefixAndKvAwareRoutingFollowTheKvEvents) {
   for (const auto kind : {policies::RouterKind::kPrefixAware, policies::RouterKind::kKvAware}) {
     SCOPED_TRACE(policies::ToString(kind));

@@ -26,7 +26,7 @@ struct ManualClock : Clock {
 // Steps cost a fixed time per step plus per token, so expected times are easy to write down.
 // A decode run stops at the first step boundary at or after `interrupt_at` (the next arrival),
 // as the SimGrid executor does when work reaches the inbox.
-struct TestPorts : Inbox, Outbox, StepExecutor, KvTransport {
+struct TestPorts : Inbox, Outbox, BlockingStepExecutor, KvTransport {
   ManualClock* clock = nullptr;
   std::map<InstanceId, TestPorts*>* peers = nullptr;
   std::deque<EngineMessage> inbox;
@@ -502,8 +502,11 @@ struct TokenPorts : TestPorts {
   std::vector<StepPlan> plans;             // every plan executed (shallow copies)
   std::function<void(StepEvents&)> during_step;
 
+  static std::int32_t TokenFor(RequestId id, std::size_t position) {
+    return static_cast<std::int32_t>(1000 * (id + 1) + position);
+  }
   static std::int32_t TokenFor(const Request& r, std::size_t position) {
-    return static_cast<std::int32_t>(1000 * (r.id + 1) + position);
+    return TokenFor(r.id, position);
   }
   bool CoalescesDecodeRuns() const override { return false; }
   bool NeedsInputs() const override { return true; }
@@ -717,6 +720,294 @@ TEST(InstanceEngine, AnAbortTakenDuringAStepWaitsForItsEnd) {
   EXPECT_EQ(a.state, RequestState::kFailed);
   EXPECT_EQ(a.finish_reason, FinishReason::kAbort);
   EXPECT_EQ(a.generated_tokens, 3);  // the step's token was applied first
+  EXPECT_EQ(engine.blocks().kv_blocks_used(), 0);
+  EXPECT_TRUE(engine.CheckInvariants().ok()) << engine.CheckInvariants().message();
+}
+
+// An asynchronous executor like the real one: holds two steps and runs each when it is waited
+// for, from the rows alone, the token the step before sampled put into the rows that need it.
+// Tokens as TokenPorts gives them. Checks the engine's invariants before it runs each step, while
+// the engine holds the step after it planned.
+struct AsyncTokenExecutor : StepExecutor {
+  ManualClock* clock = nullptr;
+  const InstanceEngine* engine = nullptr;
+  Seconds step_s = 0.01;
+  std::deque<const StepPlan*> held;
+  std::map<RequestId, std::int32_t> previous;  // what the last step run sampled
+  int most_held = 0;
+  int previous_tokens_put = 0;
+  // Fails the step with this ordinal (from 1); as the real executor, a step after a failed one
+  // that needs its tokens fails too.
+  int fail_step = 0;
+  int steps_run = 0;
+  bool previous_failed = false;
+
+  bool NeedsInputs() const override { return true; }
+  int max_in_flight() const override { return 2; }
+  void Submit(const StepPlan& plan, StepEvents&) override {
+    held.push_back(&plan);
+    most_held = std::max(most_held, static_cast<int>(held.size()));
+    ASSERT_LE(held.size(), 2u);
+  }
+  void Wait(StepResult* result) override {
+    ASSERT_FALSE(held.empty());
+    if (engine) {
+      const Status ok = engine->CheckInvariants();
+      EXPECT_TRUE(ok.ok()) << "before step " << steps_run + 1 << ": " << ok.message();
+    }
+    const StepPlan& plan = *held.front();
+    held.pop_front();
+    clock->now += step_s;
+    result->step_end_s.push_back(clock->now);
+    ++steps_run;
+    const bool needs_previous = std::any_of(plan.rows.begin(), plan.rows.end(),
+                                            [](const StepRow& row) { return row.previous_token; });
+    previous_failed = steps_run == fail_step || (previous_failed && needs_previous);
+    if (previous_failed) {
+      result->status = Status::Error("injected");
+      previous.clear();
+      return;
+    }
+    std::map<RequestId, std::int32_t> sampled;
+    for (const StepRow& row : plan.rows) {
+      const auto ids = plan.TokensOf(row);
+      for (std::size_t k = 0; k + 1 < ids.size(); ++k) EXPECT_GE(ids[k], 0);
+      if (row.previous_token) {
+        EXPECT_EQ(ids.back(), -1);
+        // The token the step before sampled for this request is this row's last.
+        EXPECT_EQ(previous.at(row.request),
+                  TokenPorts::TokenFor(
+                      row.request, static_cast<std::size_t>(row.position + row.token_count - 1)));
+        ++previous_tokens_put;
+      } else {
+        EXPECT_GE(ids.back(), 0);
+      }
+      if (!row.sample) continue;
+      const std::int32_t t = TokenPorts::TokenFor(
+          row.request, static_cast<std::size_t>(row.position + row.token_count));
+      const auto stops = plan.StopsOf(row);
+      result->tokens.push_back(
+          {row.request, t, std::find(stops.begin(), stops.end(), t) != stops.end()});
+      sampled[row.request] = t;
+    }
+    previous = std::move(sampled);
+  }
+};
+
+// Requests of different lengths, two of which stop early (at different steps), and one that
+// arrives while the others decode.
+std::deque<Request> MixedRequests() {
+  std::deque<Request> requests;
+  requests.push_back(RealRequest(1, 20, 10));
+  requests.back().sampling.stop_token_ids = {TokenPorts::TokenFor(1, 22)};  // its third token
+  requests.push_back(RealRequest(2, 30, 4));
+  requests.push_back(RealRequest(3, 40, 9));
+  requests.back().sampling.stop_token_ids = {TokenPorts::TokenFor(3, 40)};  // its first token
+  requests.push_back(RealRequest(4, 17, 12));
+  requests.push_back(RealRequest(5, 25, 6));
+  requests.back().sampling.stop_token_ids = {TokenPorts::TokenFor(5, 29)};  // its fifth token
+  return requests;
+}
+
+// Serves MixedRequests (the last one arriving after `late_after` iterations) and checks the
+// engine's invariants after every iteration. Returns the streamed tokens by request.
+std::map<RequestId, std::vector<std::int32_t>> Serve(InstanceEngine& engine, TestPorts& ports,
+                                                     TokenSink& sink, std::deque<Request>& requests,
+                                                     int late_after) {
+  for (std::size_t i = 0; i + 1 < requests.size(); ++i)
+    ports.inbox.push_back({EngineMessage::Kind::kNewRequest, Lend(requests[i]), kNoInstance});
+  for (int iteration = 0; iteration < 1000; ++iteration) {
+    if (iteration == late_after)
+      ports.inbox.push_back({EngineMessage::Kind::kNewRequest, Lend(requests.back()), kNoInstance});
+    const bool stepped = engine.RunOnce();
+    const Status ok = engine.CheckInvariants();
+    EXPECT_TRUE(ok.ok()) << "after iteration " << iteration << ": " << ok.message();
+    if (!stepped && iteration > late_after) break;
+  }
+  EXPECT_TRUE(engine.idle());
+  std::map<RequestId, std::vector<std::int32_t>> streamed;
+  for (const auto& [id, t] : sink.tokens) streamed[id].push_back(t);
+  return streamed;
+}
+
+TEST(InstanceEngine, AsynchronousStepsGiveTheSynchronousTokensAndStreamNothingPastAStop) {
+  RealSolo sync_solo;
+  std::deque<Request> sync_requests = MixedRequests();
+  InstanceEngine sync_engine(Config(0, InstanceRole::kColocated),
+                             {&sync_solo.clock, &sync_solo.ports, &sync_solo.ports,
+                              &sync_solo.ports, &sync_solo.ports, &sync_solo.sink});
+  const auto sync_streamed = Serve(sync_engine, sync_solo.ports, sync_solo.sink, sync_requests, 3);
+
+  RealSolo solo;
+  AsyncTokenExecutor executor;
+  executor.clock = &solo.clock;
+  EngineConfig config = Config(0, InstanceRole::kColocated);
+  config.async_steps = true;
+  std::deque<Request> requests = MixedRequests();
+  InstanceEngine engine(
+      config, {&solo.clock, &solo.ports, &solo.ports, &executor, &solo.ports, &solo.sink});
+  executor.engine = &engine;
+  const auto streamed = Serve(engine, solo.ports, solo.sink, requests, 3);
+
+  EXPECT_EQ(executor.most_held, 2) << "the engine never planned ahead";
+  EXPECT_GT(executor.previous_tokens_put, 0);
+  for (std::size_t i = 0; i < requests.size(); ++i) {
+    const Request& a = requests[i];
+    const Request& s = sync_requests[i];
+    SCOPED_TRACE("request " + std::to_string(a.id));
+    EXPECT_EQ(a.state, RequestState::kCompleted);
+    EXPECT_EQ(a.finish_reason, s.finish_reason);
+    EXPECT_EQ(a.generated_tokens, s.generated_tokens);
+    EXPECT_EQ(a.output_ids, s.output_ids);
+    // Nothing sampled past a stop reached the stream: what streamed is the output, once.
+    EXPECT_EQ(streamed.at(a.id), a.output_ids);
+    EXPECT_EQ(sync_streamed.at(s.id), s.output_ids);
+  }
+  EXPECT_EQ(requests[0].finish_reason, FinishReason::kStop);
+  EXPECT_EQ(requests[0].generated_tokens, 3);
+  EXPECT_EQ(requests[2].generated_tokens, 1);
+  EXPECT_EQ(requests[4].generated_tokens, 5);
+  // The records are the synchronous ones, one step of lag at most: the step planned ahead
+  // runs before the engine learns of a stop.
+  ASSERT_EQ(solo.sink.finished_records.size(), requests.size());
+  EXPECT_EQ(engine.blocks().kv_blocks_used(), 0);
+  EXPECT_EQ(engine.steps_in_flight(), 0);
+}
+
+TEST(InstanceEngine, AStepInFlightKeepsTheBlocksOfARequestThatEndedBeforeIt) {
+  RealSolo solo;
+  AsyncTokenExecutor executor;
+  executor.clock = &solo.clock;
+  EngineConfig config = Config(0, InstanceRole::kColocated);
+  config.async_steps = true;
+  config.enable_prefix_caching = false;  // freed blocks go straight back to the free list
+  InstanceEngine engine(
+      config, {&solo.clock, &solo.ports, &solo.ports, &executor, &solo.ports, &solo.sink});
+  executor.engine = &engine;
+  Request r = RealRequest(1, 40, 20);
+  r.sampling.stop_token_ids = {TokenPorts::TokenFor(1, 41)};  // its second token: a decode's
+  solo.ports.inbox.push_back({EngineMessage::Kind::kNewRequest, Lend(r), kNoInstance});
+  ASSERT_TRUE(engine.RunOnce());  // submits the prefill
+  EXPECT_EQ(engine.steps_in_flight(), 1);
+  ASSERT_TRUE(engine.RunOnce());  // submits decode 1, applies the prefill
+  ASSERT_TRUE(engine.RunOnce());  // submits decode 2, applies decode 1: the stop
+  EXPECT_EQ(r.state, RequestState::kCompleted);
+  EXPECT_EQ(r.generated_tokens, 2);
+  EXPECT_FALSE(engine.blocks().HasTable(r.id));
+  // Decode 2, planned before the stop was known, still writes the request's blocks.
+  ASSERT_EQ(engine.steps_in_flight(), 1);
+  EXPECT_EQ(engine.blocks().kv_blocks_used(), 3);  // 41 tokens and the one planned ahead
+  EXPECT_TRUE(engine.CheckInvariants().ok()) << engine.CheckInvariants().message();
+  // A request that arrives now cannot get them while decode 2 runs.
+  Request late = RealRequest(2, 16 * 998, 1);  // 998 of the 1000 blocks
+  solo.ports.inbox.push_back({EngineMessage::Kind::kNewRequest, Lend(late), kNoInstance});
+  ASSERT_TRUE(engine.RunOnce());
+  EXPECT_EQ(late.state, RequestState::kQueued) << "admitted into blocks a step still writes";
+  while (engine.RunOnce()) {
+  }
+  EXPECT_EQ(late.state, RequestState::kCompleted);
+  EXPECT_EQ(r.output_ids.size(), 2u);
+  EXPECT_EQ(solo.sink.tokens.size(), 3u);  // r's two, late's one
+  EXPECT_EQ(engine.blocks().kv_blocks_used(), 0);
+}
+
+TEST(InstanceEngine, PlanningAheadPreemptsLikeSynchronousStepsAndKeepsTheTokensInFlight) {
+  // Few blocks: requests growing by a token a step preempt each other.
+  auto run = [](bool async) {
+    RealSolo solo;
+    AsyncTokenExecutor executor;
+    executor.clock = &solo.clock;
+    EngineConfig config = Config(0, InstanceRole::kColocated);
+    config.num_blocks = 10;
+    config.enable_prefix_caching = false;  // a freed block is reused at once
+    config.async_steps = async;
+    InstanceEngine engine(config, {&solo.clock, &solo.ports, &solo.ports,
+                                   async ? static_cast<StepExecutor*>(&executor) : &solo.ports,
+                                   &solo.ports, &solo.sink});
+    executor.engine = &engine;
+    std::deque<Request> requests;
+    for (RequestId i = 0; i < 4; ++i) requests.push_back(RealRequest(i, 20 + 3 * i, 24));
+    for (Request& r : requests)
+      solo.ports.inbox.push_back({EngineMessage::Kind::kNewRequest, Lend(r), kNoInstance});
+    for (int iteration = 0; iteration < 2000 && (engine.RunOnce() || !engine.idle()); ++iteration) {
+      const Status ok = engine.CheckInvariants();
+      EXPECT_TRUE(ok.ok()) << "after iteration " << iteration << ": " << ok.message();
+    }
+    std::int64_t preemptions = 0;
+    for (const Request& r : requests) {
+      EXPECT_EQ(r.state, RequestState::kCompleted);
+      preemptions += r.preemptions;
+    }
+    std::map<RequestId, std::vector<std::int32_t>> streamed;
+    for (const auto& [id, t] : solo.sink.tokens) streamed[id].push_back(t);
+    for (const Request& r : requests) EXPECT_EQ(streamed[r.id], r.output_ids) << r.id;
+    return std::make_pair(std::move(requests), preemptions);
+  };
+  const auto [sync_requests, sync_preemptions] = run(false);
+  const auto [requests, preemptions] = run(true);
+  EXPECT_GT(sync_preemptions, 0);
+  EXPECT_GT(preemptions, 0);
+  for (std::size_t i = 0; i < requests.size(); ++i) {
+    EXPECT_EQ(requests[i].output_ids, sync_requests[i].output_ids) << i;
+    EXPECT_EQ(requests[i].generated_tokens, 24);
+  }
+}
+
+TEST(InstanceEngine, AFailedAsynchronousStepFailsItsRequestsAndTheStepPlannedOnIt) {
+  RealSolo solo;
+  AsyncTokenExecutor executor;
+  executor.clock = &solo.clock;
+  executor.fail_step = 3;  // a's second decode, and the step after it
+  EngineConfig config = Config(0, InstanceRole::kColocated);
+  config.async_steps = true;
+  InstanceEngine engine(
+      config, {&solo.clock, &solo.ports, &solo.ports, &executor, &solo.ports, &solo.sink});
+  executor.engine = &engine;
+  Request a = RealRequest(1, 20, 10), b = RealRequest(2, 20, 10);
+  solo.ports.inbox.push_back({EngineMessage::Kind::kNewRequest, Lend(a), kNoInstance});
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(engine.RunOnce());
+  // b arrives for the fourth step, which is planned on the third.
+  solo.ports.inbox.push_back({EngineMessage::Kind::kNewRequest, Lend(b), kNoInstance});
+  while (engine.RunOnce()) {
+    const Status ok = engine.CheckInvariants();
+    EXPECT_TRUE(ok.ok()) << ok.message();
+  }
+  // The third step, the fourth (planned on it), and the fifth (b's first decode, planned on
+  // the fourth before it failed).
+  EXPECT_EQ(engine.forward_failures(), 3);
+  for (const Request* r : {&a, &b}) {
+    EXPECT_EQ(r->state, RequestState::kFailed) << r->id;
+    EXPECT_EQ(r->finish_reason, FinishReason::kError) << r->id;
+  }
+  EXPECT_EQ(a.output_ids.size(), 2u);  // the prefill's token and the first decode's
+  EXPECT_EQ(solo.sink.tokens.size(), 2u);
+  EXPECT_EQ(engine.blocks().kv_blocks_used(), 0);
+  EXPECT_TRUE(engine.idle());
+}
+
+TEST(InstanceEngine, AnAbortBetweenAsynchronousStepsDropsTheTokenInFlight) {
+  RealSolo solo;
+  AsyncTokenExecutor executor;
+  executor.clock = &solo.clock;
+  EngineConfig config = Config(0, InstanceRole::kColocated);
+  config.async_steps = true;
+  InstanceEngine engine(
+      config, {&solo.clock, &solo.ports, &solo.ports, &executor, &solo.ports, &solo.sink});
+  executor.engine = &engine;
+  Request a = RealRequest(1, 20, 30);
+  solo.ports.inbox.push_back({EngineMessage::Kind::kNewRequest, Lend(a), kNoInstance});
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(engine.RunOnce());
+  ASSERT_EQ(engine.steps_in_flight(), 1);
+  const std::size_t streamed = solo.sink.tokens.size();
+  EngineMessage abort{EngineMessage::Kind::kAbort, nullptr, kNoInstance};
+  abort.request_id = 1;
+  solo.ports.inbox.push_back(abort);
+  ASSERT_TRUE(engine.RunOnce());  // takes the abort, then waits for the step in flight
+  EXPECT_EQ(a.state, RequestState::kFailed);
+  EXPECT_EQ(a.finish_reason, FinishReason::kAbort);
+  EXPECT_EQ(solo.sink.tokens.size(), streamed) << "a token of an aborted request streamed";
+  EXPECT_EQ(engine.steps_in_flight(), 0);
+  EXPECT_FALSE(engine.RunOnce());
   EXPECT_EQ(engine.blocks().kv_blocks_used(), 0);
   EXPECT_TRUE(engine.CheckInvariants().ok()) << engine.CheckInvariants().message();
 }

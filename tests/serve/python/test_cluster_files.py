@@ -7,6 +7,7 @@ gave up); a file the simulator refuses, serve refuses at start with the same mes
 
 import json
 import os
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -129,3 +130,52 @@ def test_stop_strings_and_the_record_survive_the_worker_wire(tiny_model, start_s
     text, stop, cut, finish = replies["process"]
     assert replies["process"] == replies["thread"]
     assert cut == text[: text.find(stop)] and finish == "stop"
+
+
+@pytest.mark.parametrize("workers", ["thread", "process"])
+def test_async_steps_stream_the_synchronous_tokens_and_stop_where_they_do(tiny_model,
+                                                                           start_server, tmp_path,
+                                                                           workers):
+    """engine.async_steps (issue 43): concurrent greedy streams, each stopping at a different
+    step (a stop token id taken from the synchronous run's tokens), get the synchronous server's
+    text token for token, and nothing sampled past their stop. The simulator refuses the setting
+    (it does not model asynchronous steps yet) and says so."""
+    sync_path = colocated(cluster_file(tmp_path, 1, 1))
+    async_dir = tmp_path / "async"
+    async_dir.mkdir()
+    async_path = colocated(cluster_file(async_dir, 1, 1, async_steps=True))
+    refused = simulate(async_path, tmp_path)
+    assert refused.returncode != 0 and "async_steps" in refused.stderr, refused.stderr
+
+    prompts = [f"Request {i}: a story about the number {i * 7}" for i in range(6)]
+
+    def serve(path, stops):
+        s = start_server(tiny_model, "--cluster", path, "--workers", workers, "--threads", "1")
+        client = s.client()
+
+        def one(i):
+            extra = {"ignore_eos": True, "return_token_ids": True}
+            if stops:
+                extra["stop_token_ids"] = [stops[i]]
+            reply = client.completions.create(model=s.model, prompt=prompts[i], max_tokens=16,
+                                              temperature=0, extra_body=extra)
+            choice = reply.choices[0]
+            return choice.text, choice.finish_reason, reply.usage.completion_tokens, \
+                choice.model_extra.get("token_ids")
+
+        with ThreadPoolExecutor(len(prompts)) as pool:
+            replies = list(pool.map(one, range(len(prompts))))
+        s.assert_idle()
+        assert s.stop() == 0, s.stderr()
+        return replies
+
+    full = serve(sync_path, None)
+    # Request i stops at its token i + 2 (request 5 at its 7th); a stop id seen earlier in
+    # its stream stops it there, as in the synchronous run.
+    stops = [ids[i + 2] for i, (_, _, _, ids) in enumerate(full)]
+    assert all(ids is not None and len(ids) == 16 for _, _, _, ids in full), full
+    expected = serve(sync_path, stops)
+    got = serve(async_path, stops)
+    assert got == expected
+    assert all(finish == "stop" for _, finish, _, _ in got), got
+    assert sorted({tokens for _, _, tokens, _ in got}) != [got[0][2]], "all stopped alike"

@@ -260,3 +260,15 @@ def test_overlapped_tier_loads_are_refused_at_start_saying_why(tiny_model, tmp_p
                  "--port", "0")
     assert r.returncode != 0
     assert "tiers: served live with engine.overlap_tier_loads false only" in r.stderr
+
+
+def test_tiers_with_async_steps_are_refused_at_start_saying_why(tiny_model, tmp_path):
+    path = tier_file(tmp_path, tiny_model, one_tier("dram", tmp_path))
+    doc = json.loads(open(path).read())
+    doc["engine"]["async_steps"] = True
+    with open(path, "w") as f:
+        json.dump(doc, f)
+    r = run_duet("serve", "--model", tiny_model, "--cluster", path, "--workers", "thread",
+                 "--port", "0")
+    assert r.returncode != 0
+    assert "tiers: not served with engine.async_steps yet" in r.stderr
