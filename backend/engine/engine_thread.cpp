@@ -12,9 +12,11 @@ EngineThread::EngineThread(policies::EngineConfig config, ForwardModel& model, P
       inbox_(*ports.clock),
       model_(model),
       warm_up_(warm_up),
-      executor_(
-          model, *ports.clock,
-          {.keep_last = ports.step_log != nullptr, .tiers = ports.tiers, .instance = config.id}),
+      executor_(model, *ports.clock,
+                {.keep_last = ports.step_log != nullptr,
+                 .tiers = ports.tiers,
+                 .instance = config.id,
+                 .step_thread = config.async_steps}),
       engine_(config, policies::EnginePorts{ports.clock, &inbox_, ports.outbox, &executor_,
                                             ports.transport, ports.sink, ports.tiers,
                                             ports.step_log ? ports.clock : nullptr}),
@@ -62,7 +64,8 @@ void EngineThread::Loop() {
       models::HostStep host = engine_.last_host_step();
       const Seconds end = clock_.Now();
       host.at(models::HostPhase::kStream) += end - handed_from;
-      step_log_->Write({engine_.config().id, start, end - start, executor_.last_timing(), host});
+      step_log_->Write({engine_.config().id, start, end - start, executor_.last_timing(), host,
+                        engine_.config().async_steps});
     }
     PublishLoad();
     if (stepped) continue;

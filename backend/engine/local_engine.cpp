@@ -16,7 +16,7 @@ using policies::Request;
 LocalEngine::LocalEngine(ForwardModel& model, LocalEngineOptions options)
     : model_(model),
       options_(std::move(options)),
-      executor_(model, clock_, {.record_timings = true}) {
+      executor_(model, clock_, {.record_timings = true, .step_thread = options_.async_steps}) {
   policies::EngineConfig config;
   config.id = 0;
   config.role = policies::InstanceRole::kColocated;
@@ -66,7 +66,8 @@ std::vector<GenerationResult> LocalEngine::Generate(
     inbox_.Post({EngineMessage::Kind::kNewRequest, std::move(r), policies::kNoInstance});
   }
   // The engine owns the requests now: their tokens and records come back through the sink.
-  while (!serving_.empty()) {
+  // A step planned past the last request's end is still waited for (asynchronous steps).
+  while (!serving_.empty() || engine_->steps_in_flight() > 0) {
     DUET_CHECK_MSG(engine_->RunOnce(), "local engine stalled with requests unfinished");
   }
   return results;

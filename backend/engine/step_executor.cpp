@@ -27,7 +27,19 @@ Status WriteStepTimings(const std::vector<StepTiming>& timings, const std::strin
 
 ModelStepExecutor::ModelStepExecutor(ForwardModel& model, const policies::Clock& clock,
                                      Options options)
-    : model_(model), clock_(clock), options_(options) {}
+    : model_(model), clock_(clock), options_(options) {
+  if (options_.step_thread) thread_ = std::thread([this] { Loop(); });
+}
+
+ModelStepExecutor::~ModelStepExecutor() {
+  if (!thread_.joinable()) return;
+  {
+    std::lock_guard lock(mu_);
+    stopping_ = true;
+  }
+  changed_.notify_all();
+  thread_.join();
+}
 
 namespace {
 
@@ -38,23 +50,62 @@ bool Contains(std::span<const std::int32_t> ids, std::int32_t id) {
 }  // namespace
 
 void ModelStepExecutor::Submit(const policies::StepPlan& plan, policies::StepEvents&) {
-  DUET_CHECK_MSG(submitted_.size() < 2, "the executor holds two steps at most");
   DUET_CHECK_MSG(plan.max_steps == 1 && plan.awaited_loads.empty(),
                  "a real executor runs single steps, none overlapped with tier loads");
-  submitted_.push_back(&plan);
+  {
+    std::lock_guard lock(mu_);
+    DUET_CHECK_MSG(submitted_.size() + ran_.size() < 2, "the executor holds two steps at most");
+    submitted_.push_back(&plan);
+  }
+  changed_.notify_all();
 }
 
 void ModelStepExecutor::Wait(policies::StepResult* result) {
-  DUET_CHECK_MSG(!submitted_.empty(), "no step was submitted");
-  const policies::StepPlan& plan = *submitted_.front();
-  submitted_.pop_front();
-  Run(plan, result);
-  previous_failed_ = !result->status.ok();
-  previous_.clear();
-  for (const policies::SampledToken& t : result->tokens) previous_[t.request] = t.token;
+  Ran ran;
+  if (thread_.joinable()) {
+    std::unique_lock lock(mu_);
+    DUET_CHECK_MSG(!submitted_.empty() || !ran_.empty(), "no step was submitted");
+    changed_.wait(lock, [&] { return !ran_.empty(); });
+    ran = std::move(ran_.front());
+    ran_.pop_front();
+  } else {
+    DUET_CHECK_MSG(!submitted_.empty(), "no step was submitted");
+    const policies::StepPlan& plan = *submitted_.front();
+    submitted_.pop_front();
+    RunStep(plan, &ran);
+  }
+  *result = std::move(ran.result);
+  if (ran.timed && (options_.record_timings || options_.keep_last)) {
+    last_ = std::move(ran.timing);
+    if (options_.record_timings) timings_.push_back(last_);
+  }
 }
 
-void ModelStepExecutor::Run(const policies::StepPlan& plan, policies::StepResult* result) {
+void ModelStepExecutor::Loop() {
+  std::unique_lock lock(mu_);
+  while (true) {
+    changed_.wait(lock, [&] { return stopping_ || !submitted_.empty(); });
+    if (stopping_) return;  // the engine waited for every step it submitted
+    const policies::StepPlan& plan = *submitted_.front();
+    lock.unlock();
+    Ran ran;
+    RunStep(plan, &ran);
+    lock.lock();
+    submitted_.pop_front();  // after running: the steps held stay counted
+    ran_.push_back(std::move(ran));
+    changed_.notify_all();
+  }
+}
+
+void ModelStepExecutor::RunStep(const policies::StepPlan& plan, Ran* ran) {
+  Run(plan, ran);
+  previous_failed_ = !ran->result.status.ok();
+  previous_.clear();
+  for (const policies::SampledToken& t : ran->result.tokens) previous_[t.request] = t.token;
+}
+
+void ModelStepExecutor::Run(const policies::StepPlan& plan, Ran* ran) {
+  policies::StepResult* result = &ran->result;
   // The step's phases on one clock, end to end: preparation, the forward pass, sampling (the
   // step log's phases must not overlap).
   const auto entered = std::chrono::steady_clock::now();
@@ -126,8 +177,8 @@ void ModelStepExecutor::Run(const policies::StepPlan& plan, policies::StepResult
     result->tokens.push_back({row.request, token, Contains(plan.StopsOf(row), token)});
   }
   if (options_.record_timings || options_.keep_last) {
-    last_ = {plan.RowsShape(), std::chrono::duration<double>(t1 - t0).count()};
-    if (options_.record_timings) timings_.push_back(last_);
+    ran->timing = {plan.RowsShape(), std::chrono::duration<double>(t1 - t0).count()};
+    ran->timed = true;
   }
   result->step_end_s.push_back(clock_.Now());
   result->sample_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();

@@ -6,9 +6,12 @@
 // applies them. Optionally records every step's shape and forward-pass time for calibration.
 #pragma once
 
+#include <condition_variable>
 #include <deque>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <thread>
 #include <unordered_map>
 #include <vector>
 
@@ -39,34 +42,58 @@ class ModelStepExecutor final : public policies::StepExecutor {
     // this step's tables may be written into).
     policies::TierManager* tiers = nullptr;
     policies::InstanceId instance = 0;
+    // Run the steps on a thread of the executor's own, from construction on (asynchronous
+    // steps: a step's forward pass runs while the engine plans, applies and streams). Else
+    // each runs in the Wait that asks for it. The model must not be used elsewhere then.
+    bool step_thread = false;
   };
 
   // `clock` stamps the end of each step (the engine's clock).
   ModelStepExecutor(ForwardModel& model, const policies::Clock& clock, Options options);
+  ~ModelStepExecutor() override;
+  ModelStepExecutor(const ModelStepExecutor&) = delete;
+  ModelStepExecutor& operator=(const ModelStepExecutor&) = delete;
 
   // Never coalesces decode runs; needs the rows' inputs; does not overlap tier loads with a
   // step (its engine loads a prefix before it schedules the request). Holds two steps
-  // (asynchronous steps) and runs each, in order, when it is waited for: a row whose token the
-  // step before samples (StepRow::previous_token) gets it then. A step submitted after a
-  // failed one fails too: its rows may read tokens that were never sampled.
+  // (asynchronous steps) and runs them in order, on its step thread or when waited for: a row
+  // whose token the step before samples (StepRow::previous_token) gets it then. A step that
+  // needs the tokens of a failed one fails too.
   bool NeedsInputs() const override { return true; }
   int max_in_flight() const override { return 2; }
   void Submit(const policies::StepPlan& plan, policies::StepEvents& events) override;
   void Wait(policies::StepResult* result) override;
 
+  // Of the steps waited for (the engine's thread reads them).
   const std::vector<StepTiming>& timings() const { return timings_; }
   const StepTiming& last_timing() const { return last_; }
 
  private:
+  // A step run and not yet waited for.
+  struct Ran {
+    policies::StepResult result;
+    StepTiming timing;
+    bool timed = false;  // a forward pass that succeeded
+  };
+  // Runs a step, and keeps what the step after it needs (its tokens, whether it failed).
+  void RunStep(const policies::StepPlan& plan, Ran* ran);
+  void Run(const policies::StepPlan& plan, Ran* ran);
+  void Loop();  // the step thread
   ForwardModel& model_;
   const policies::Clock& clock_;
   Options options_;
-  void Run(const policies::StepPlan& plan, policies::StepResult* result);
-
   std::vector<StepTiming> timings_;
   StepTiming last_;
+  // Steps submitted and not yet run, and run and not yet waited for (under mu_ with a step
+  // thread); at most two in all.
   std::deque<const policies::StepPlan*> submitted_;
-  // The tokens the last step run sampled, by request, and whether it failed.
+  std::deque<Ran> ran_;
+  std::mutex mu_;
+  std::condition_variable changed_;
+  bool stopping_ = false;
+  std::thread thread_;
+  // Of the thread that runs the steps: the tokens the last step run sampled, by request,
+  // whether it failed, and scratch.
   std::unordered_map<policies::RequestId, std::int32_t> previous_;
   bool previous_failed_ = false;
   std::vector<std::int32_t> token_ids_;  // the step's token ids, previous tokens put in

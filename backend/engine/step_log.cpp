@@ -32,6 +32,7 @@ std::string FormatStepLogLine(const StepLogLine& line) {
   doc["start_s"] = line.start_s;
   doc["iteration_s"] = line.iteration_s;
   if (line.host) doc["host"] = models::HostStepToJson(*line.host);
+  if (line.async) doc["async"] = true;
   return doc.dump() + "\n";
 }
 
@@ -58,14 +59,17 @@ Status ReadStepLog(std::string_view text, const std::string& where,
     if (!instance) return instance.status();
     auto start_s = JsonNumberIn(doc, "start_s", 0, kMaxTime, at);
     if (!start_s) return start_s.status();
-    auto iteration_s = JsonNumberIn(doc, "iteration_s", m->seconds[0], kMaxTime, at);
+    auto async = JsonBoolOr(doc, "async", false, at);
+    if (!async) return async.status();
+    // A forward pass that overlapped its iteration may have begun in the one before.
+    auto iteration_s = JsonNumberIn(doc, "iteration_s", *async ? 0 : m->seconds[0], kMaxTime, at);
     if (!iteration_s) return iteration_s.status();
     std::optional<models::HostStep> host;
     if (JsonHas(doc, "host")) {
-      auto h = models::ParseHostStep(doc["host"], at + ": host", *iteration_s);
+      auto h = models::ParseHostStep(doc["host"], at + ": host", *async ? kMaxTime : *iteration_s);
       if (!h) return h.status();
       // The phases and the forward pass are parts of the iteration (to rounding).
-      if (h->total() + m->seconds[0] > *iteration_s * (1 + 1e-9) + 1e-9)
+      if (!*async && h->total() + m->seconds[0] > *iteration_s * (1 + 1e-9) + 1e-9)
         return FieldError(at, "host", "phases and \"seconds\" add up to more than \"iteration_s\"");
       host = *h;
     }
@@ -73,7 +77,8 @@ Status ReadStepLog(std::string_view text, const std::string& where,
           *start_s,
           *iteration_s,
           {std::move(m->shape), m->seconds[0]},
-          host});
+          host,
+          *async});
     return Status::Ok();
   });
 }

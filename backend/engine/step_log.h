@@ -30,12 +30,16 @@ struct StepLogLine {
   // Its host time outside the forward pass by phase, and its counts (none in logs written
   // before the phases were measured).
   std::optional<models::HostStep> host;
+  // Asynchronous steps ("async": true): the forward pass ran on the step thread while the
+  // engine planned, applied and streamed, so it and the phases overlap the iteration instead
+  // of adding up to at most it.
+  bool async = false;
 };
 // The line as the log holds it (its newline included).
 std::string FormatStepLogLine(const StepLogLine& line);
 // Calls `each` for every line of a step log, in order (blank lines skipped); stops at the first
 // bad line with an error naming `where`:line and the field. One step's "seconds" is one
-// number, at most its "iteration_s"; its "host" phases add up to at most "iteration_s".
+// number; unless the line is "async", it and the "host" phases add up to at most "iteration_s".
 Status ReadStepLog(std::string_view text, const std::string& where,
                    const std::function<void(const StepLogLine&)>& each);
 

@@ -131,6 +131,34 @@ TEST(StepLogTest, BadLinesAreNamedWithTheirLineAndField) {
   int lines = 0;
   EXPECT_TRUE(ReadStepLog(good + "\n" + good, "log", [&](const StepLogLine&) { ++lines; }).ok());
   EXPECT_EQ(lines, 2);
+  EXPECT_NE(ReadStepLog(R"({"decode_tokens": 2, "seconds": 0.1, "instance": 0, "start_s": 0,)"
+                        R"( "iteration_s": 1, "async": 1})",
+                        "log", [](const StepLogLine&) {})
+                .message()
+                .find("log:1: field 'async'"),
+            std::string::npos);
+}
+
+// Asynchronous steps: the forward pass ran on the step thread while the engine's iteration
+// went on, so the line's phases and "seconds" may add up to more than its iteration (and the
+// pass may outlast it); the line says so and reads back as written.
+TEST(StepLogTest, AsyncLinesMayOverlapTheirIteration) {
+  StepLogLine line = LineOf(0, 2);
+  line.async = true;
+  line.iteration_s = line.step.seconds / 2;
+  line.host->phase_s[0] = line.step.seconds;
+  const std::string text = FormatStepLogLine(line);
+  std::vector<StepLogLine> read;
+  const Status ok = ReadStepLog(text, "log", [&](const StepLogLine& l) { read.push_back(l); });
+  ASSERT_TRUE(ok.ok()) << ok.message();
+  ASSERT_EQ(read.size(), 1u);
+  EXPECT_TRUE(read[0].async);
+  EXPECT_EQ(read[0].iteration_s, line.iteration_s);
+  EXPECT_EQ(models::HostStepToJson(*read[0].host), models::HostStepToJson(*line.host));
+  // The same line without the flag is refused: synchronous phases sit inside their iteration.
+  line.async = false;
+  EXPECT_FALSE(ReadStepLog(FormatStepLogLine(line), "log", [](const StepLogLine&) {}).ok());
+  EXPECT_EQ(FormatStepLogLine(LineOf(0, 2)).find("async"), std::string::npos);
 }
 
 TEST(StepLogTest, AFailedWriteIsReportedWhenTheLogCloses) {

@@ -116,6 +116,34 @@ TEST_F(ForwardFault, AFailedDecodeStepEndsItsRequestsWithTheTokensTheyHad) {
   ExpectNothingHeld(engine);
 }
 
+// The same with asynchronous steps, the forward pass on the step thread: the step after the
+// failed one, planned before it ended and needing its tokens, fails too and streams nothing.
+TEST_F(ForwardFault, AFailedAsynchronousDecodeStepFailsTheStepPlannedOnIt) {
+  const std::vector<GenerationRequest> requests = {{Prompt(40, 4), 8, {}}, {Prompt(36, 5), 8, {}}};
+  const auto expected = Clean(requests);
+  FaultInjectingModel model(Model(64), FailPasses({3}, Fault::kFailAfter));
+  LocalEngine engine(model, {.async_steps = true});
+  const auto failed = engine.Generate(requests);
+  for (std::size_t i = 0; i < failed.size(); ++i) {
+    ExpectFailedInTheForwardPass(failed[i], "decode step");
+    ASSERT_EQ(failed[i].tokens.size(), 3u) << i;
+    EXPECT_TRUE(
+        std::equal(failed[i].tokens.begin(), failed[i].tokens.end(), expected[i].tokens.begin()))
+        << i;
+  }
+  EXPECT_EQ(engine.engine().forward_failures(), 2);
+  EXPECT_EQ(model.failures(), 1);  // the fourth pass never ran
+  ExpectNothingHeld(engine);
+
+  const auto served = engine.Generate(requests);
+  for (std::size_t i = 0; i < served.size(); ++i) {
+    EXPECT_EQ(served[i].record.finish_reason, FinishReason::kLength) << i;
+    EXPECT_EQ(served[i].tokens, expected[i].tokens) << i;
+  }
+  EXPECT_EQ(engine.engine().forward_failures(), 2);
+  ExpectNothingHeld(engine);
+}
+
 // A prompt prefilled in chunks: the second chunk's step fails. The request ends with an error
 // and the scheduler forgets exactly the prefill work it still counted (none is left pending);
 // a request beside it in that step fails with it, and a later one is served.

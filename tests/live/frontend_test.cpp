@@ -148,67 +148,75 @@ TEST_F(Frontend, EachEngineThreadWarmsItsModelUpBeforeServing) {
   EXPECT_EQ(passes.back().thread, passes[0].thread);
 }
 
+// Synchronous and asynchronous steps alike (the forward pass on the step thread: the line says
+// "async").
 TEST_F(Frontend, TheStepLogHasEveryStepOfEveryInstance) {
-  const std::string path = (std::filesystem::temp_directory_path() /
-                            ("duet_steps_" + std::to_string(::getpid()) + ".jsonl"))
-                               .string();
-  auto log = StepLog::Open(path, StepLog::Mode::kTruncate);
-  ASSERT_TRUE(log.ok()) << log.error();
-  FrontendOptions options;
-  options.router.kind = policies::RouterKind::kLeastLoaded;
-  options.step_log = log->get();
-  auto frontend = Start(2, options);
-  // Distinct prompts (no prefix-cache hits): each instance prefills every prompt token it
-  // serves and decodes every token but the first of each request.
-  std::vector<std::shared_ptr<Collector>> listeners;
-  for (int i = 0; i < 6; ++i) {
-    listeners.push_back(std::make_shared<Collector>());
-    ASSERT_EQ(frontend->Submit({Prompt(20 + 7 * i, 40 + i), 3 + i, {}}, listeners.back()).status,
-              AdmitStatus::kAccepted);
-  }
-  std::vector<Tokens> prompt_tokens(2, 0), decode_rows(2, 0), streamed(2, 0);
-  std::vector<int> served(2, 0);
-  for (const auto& listener : listeners) {
-    const auto info = listener->Wait();
-    ASSERT_TRUE(info);
-    ASSERT_TRUE(info->instance == 0 || info->instance == 1);
-    const auto i = static_cast<std::size_t>(info->instance);
-    prompt_tokens[i] += info->prompt_tokens;
-    decode_rows[i] += info->completion_tokens - 1;
-    streamed[i] += info->completion_tokens;
-    ++served[i];
-  }
-  frontend.reset();  // the engine threads end: every step is written
-  ASSERT_TRUE((*log)->Close().ok());
+  for (const bool async : {false, true}) {
+    SCOPED_TRACE(async ? "async" : "sync");
+    const std::string path = (std::filesystem::temp_directory_path() /
+                              ("duet_steps_" + std::to_string(::getpid()) + ".jsonl"))
+                                 .string();
+    auto log = StepLog::Open(path, StepLog::Mode::kTruncate);
+    ASSERT_TRUE(log.ok()) << log.error();
+    FrontendOptions options;
+    options.router.kind = policies::RouterKind::kLeastLoaded;
+    options.step_log = log->get();
+    options.engine.async_steps = async;
+    auto frontend = Start(2, options);
+    // Distinct prompts (no prefix-cache hits): each instance prefills every prompt token it
+    // serves and decodes every token but the first of each request.
+    std::vector<std::shared_ptr<Collector>> listeners;
+    for (int i = 0; i < 6; ++i) {
+      listeners.push_back(std::make_shared<Collector>());
+      ASSERT_EQ(frontend->Submit({Prompt(20 + 7 * i, 40 + i), 3 + i, {}}, listeners.back()).status,
+                AdmitStatus::kAccepted);
+    }
+    std::vector<Tokens> prompt_tokens(2, 0), decode_rows(2, 0), streamed(2, 0);
+    std::vector<int> served(2, 0);
+    for (const auto& listener : listeners) {
+      const auto info = listener->Wait();
+      ASSERT_TRUE(info);
+      ASSERT_TRUE(info->instance == 0 || info->instance == 1);
+      const auto i = static_cast<std::size_t>(info->instance);
+      prompt_tokens[i] += info->prompt_tokens;
+      decode_rows[i] += info->completion_tokens - 1;
+      streamed[i] += info->completion_tokens;
+      ++served[i];
+    }
+    frontend.reset();  // the engine threads end: every step is written
+    ASSERT_TRUE((*log)->Close().ok());
 
-  std::ifstream in(path);
-  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  std::filesystem::remove(path);
-  std::vector<Tokens> logged_prompt(2, 0), logged_rows(2, 0), logged_tokens(2, 0);
-  std::vector<int> admitted(2, 0), finished(2, 0);
-  std::vector<Seconds> free_from(2, 0);  // an instance's steps never overlap
-  const Status read = ReadStepLog(text, path, [&](const StepLogLine& line) {
-    ASSERT_TRUE(line.instance == 0 || line.instance == 1);
-    const auto i = static_cast<std::size_t>(line.instance);
-    logged_prompt[i] += line.step.shape.PrefillTokens();
-    logged_rows[i] += line.step.shape.decode_tokens;
-    EXPECT_GE(line.start_s, free_from[i]);
-    free_from[i] = line.start_s + line.iteration_s;
-    // Every line has its host time by phase, and counts that add up to what was served.
-    ASSERT_TRUE(line.host);
-    const models::HostCounts& c = line.host->counts;
-    EXPECT_EQ(c.rows, static_cast<double>(line.step.shape.prefill.size() +
-                                          static_cast<std::size_t>(line.step.shape.decode_tokens)));
-    admitted[i] += static_cast<int>(c.admitted);
-    finished[i] += static_cast<int>(c.finished);
-    logged_tokens[i] += static_cast<Tokens>(c.tokens);
-  });
-  ASSERT_TRUE(read.ok()) << read.message();
-  EXPECT_EQ(logged_prompt, prompt_tokens);
-  EXPECT_EQ(logged_rows, decode_rows);
-  EXPECT_EQ(admitted, served);
-  EXPECT_EQ(finished, served);
-  EXPECT_EQ(logged_tokens, streamed);
+    std::ifstream in(path);
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    std::filesystem::remove(path);
+    std::vector<Tokens> logged_prompt(2, 0), logged_rows(2, 0), logged_tokens(2, 0);
+    std::vector<int> admitted(2, 0), finished(2, 0);
+    std::vector<Seconds> free_from(2, 0);  // an instance's steps never overlap
+    const Status read = ReadStepLog(text, path, [&](const StepLogLine& line) {
+      ASSERT_TRUE(line.instance == 0 || line.instance == 1);
+      EXPECT_EQ(line.async, async);
+      const auto i = static_cast<std::size_t>(line.instance);
+      logged_prompt[i] += line.step.shape.PrefillTokens();
+      logged_rows[i] += line.step.shape.decode_tokens;
+      EXPECT_GE(line.start_s, free_from[i]);
+      free_from[i] = line.start_s + line.iteration_s;
+      // Every line has its host time by phase, and counts that add up to what was served.
+      ASSERT_TRUE(line.host);
+      const models::HostCounts& c = line.host->counts;
+      EXPECT_EQ(c.rows,
+                static_cast<double>(line.step.shape.prefill.size() +
+                                    static_cast<std::size_t>(line.step.shape.decode_tokens)));
+      admitted[i] += static_cast<int>(c.admitted);
+      finished[i] += static_cast<int>(c.finished);
+      logged_tokens[i] += static_cast<Tokens>(c.tokens);
+    });
+    ASSERT_TRUE(read.ok()) << read.message();
+    EXPECT_EQ(logged_prompt, prompt_tokens);
+    EXPECT_EQ(logged_rows, decode_rows);
+    EXPECT_EQ(admitted, served);
+    EXPECT_EQ(finished, served);
+    EXPECT_EQ(logged_tokens, streamed);
+  }
 }
 
 TEST_F(Frontend, AbortEndsTheRequestAndFreesItsBlocks) {
