@@ -10,9 +10,11 @@
 # With HOST_TIME=1 the profile also prices the engine's host time outside the forward pass
 # (issue 43): fitted (`duet calibrate --host-steps`) to the step log of a live run of another
 # trace (seed 11) at rate scale 1, so the validated loads are not what it was fitted on; each
-# load is then also simulated without it.
+# load is then also simulated without it. With ASYNC=1 both worlds run engine.async_steps, into
+# WORK/validation-async. A WORK that holds a profile.json already keeps it (no calibration, no
+# host fit): a synchronous and an asynchronous run compare on one profile.
 # Prints calibrate's fit and validate's table; the run's files stay in WORK.
-# Usage: [HOST_TIME=1] bench/validate_cpu.sh [RATE_SCALES] [WORK] [colocated|1p1d]
+# Usage: [HOST_TIME=1] [ASYNC=1] bench/validate_cpu.sh [RATE_SCALES] [WORK] [colocated|1p1d]
 #        (default 0.25,1,2, a fresh temp dir, colocated)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -33,8 +35,16 @@ mkdir -p "$work"
 cd "$work"
 
 [ -d bench ] || "$DUET" make-test-model --preset bench --out bench >/dev/null
-"$DUET" calibrate --model bench --out profile.json --progress never --threads "$threads" \
-  "${calibrate_args[@]}"
+calibrated=0
+if [ -f profile.json ]; then
+  echo "keeping $work/profile.json"
+else
+  "$DUET" calibrate --model bench --out profile.json --progress never --threads "$threads" \
+    "${calibrate_args[@]}"
+  calibrated=1
+fi
+async=false; out=validation
+if [ "${ASYNC:-0}" = 1 ]; then async=true; out=validation-async; fi
 
 # The host as the simulator's "GPU": only its memory matters under a fitted profile (it sizes
 # the KV cache the same way in both worlds: validate gives duet serve the simulator's blocks).
@@ -53,7 +63,8 @@ cat > cluster.json <<EOF
  "network": {"switch": {"bandwidth_GBps": 10, "latency_us": 1},
              "frontend": {"bandwidth_GBps": 10, "latency_us": 20}},
  "instances": $instances,
- "engine": {"max_num_seqs": 32, "max_num_batched_tokens": 2048, "reserved_gib": 0.25},
+ "engine": {"max_num_seqs": 32, "max_num_batched_tokens": 2048, "reserved_gib": 0.25,
+            "async_steps": $async},
  "cost_model": {"kind": "fitted", "profile": "profile.json"}}
 EOF
 cat > trace.json <<'EOF'
@@ -63,7 +74,7 @@ cat > trace.json <<'EOF'
  "input": {"dist": "uniform", "min": 64, "max": 1024},
  "output": {"dist": "uniform", "min": 16, "max": 128}}
 EOF
-if [ "${HOST_TIME:-0}" = 1 ]; then
+if [ "${HOST_TIME:-0}" = 1 ] && [ "$calibrated" = 1 ]; then
   sed 's/"seed": 7/"seed": 11/' trace.json > host-trace.json
   "$DUET" validate --cluster cluster.json --model bench --trace host-trace.json \
     --rate-scales 1 --serve-args "$serve_args" --out host-training > host-training.log
@@ -71,5 +82,5 @@ if [ "${HOST_TIME:-0}" = 1 ]; then
     --out profile.json
 fi
 "$DUET" validate --cluster cluster.json --model bench --trace trace.json \
-  --rate-scales "$SCALES" --serve-args "$serve_args" --out validation
+  --rate-scales "$SCALES" --serve-args "$serve_args" --out "$out"
 echo "files: $work"

@@ -44,6 +44,7 @@ const sg4::CommPtr& SimInbox::Waitable() {
 SimPorts::SimPorts(World& world, InstanceId id)
     : world_(world),
       id_(id),
+      async_(world.cluster.engine.async_steps),
       inbox_(*world.inboxes[static_cast<std::size_t>(id)]),
       transport_(world.instances, world.Starter(), world.timeline.get()) {}
 
@@ -77,6 +78,7 @@ void SimPorts::Execute(const policies::StepPlan& plan, policies::StepEvents& eve
                        policies::StepResult* result) {
   const Seconds start_s = Now();
   ExecuteSteps(plan, events, result);
+  last_step_end_s_ = result->step_end_s.back();
   if (!world_.timeline) return;
   const models::StepShape shape = plan.Shape();
   Seconds step_start_s = start_s;
@@ -121,11 +123,18 @@ void SimPorts::ExecuteSteps(const policies::StepPlan& plan, policies::StepEvents
   std::vector<Seconds>* step_end_s = &result->step_end_s;
   models::StepShape shape = plan.Shape();
   // A synchronous loop's host time outside the forward pass is on the critical path: each step
-  // lasts its forward pass and its host time, where the cost model prices it.
+  // lasts its forward pass and its host time, where the cost model prices it. Asynchronous
+  // steps plan, apply and stream while the step before runs: a step that follows another at
+  // once lasts the longer of its forward pass and its host time; one after an idle spell waits
+  // for its host time first.
   const bool host = cost.PricesHost();
+  const bool follows = async_ && start == last_step_end_s_;
   if (plan.max_steps <= 1) {
     const Seconds host_s = host ? cost.HostTime(PlannedHostCounts(plan, 0, 1)) : 0;
-    sg4::this_actor::sleep_for(host ? cost.StepTime(shape) + host_s : cost.StepTime(shape));
+    const Seconds forward_s = cost.StepTime(shape);
+    sg4::this_actor::sleep_for(!host     ? forward_s
+                               : follows ? std::max(forward_s, host_s)
+                                         : forward_s + host_s);
     ++world_.events;
     step_end_s->push_back(Now());
     if (!plan.awaited_loads.empty()) FinishOverlappedLoads(plan, start, events, result);
@@ -136,9 +145,20 @@ void SimPorts::ExecuteSteps(const policies::StepPlan& plan, policies::StepEvents
     // The steps of a run differ only in the last one's finished requests.
     const Seconds each = cost.HostTime(PlannedHostCounts(plan, 0, plan.max_steps));
     const Seconds last = cost.HostTime(PlannedHostCounts(plan, plan.max_steps - 1, plan.max_steps));
-    for (std::size_t s = 0; s < step_end_s->size(); ++s)
-      (*step_end_s)[s] += static_cast<double>(s + 1) * each;
-    step_end_s->back() += last - each;
+    if (!async_) {
+      for (std::size_t s = 0; s < step_end_s->size(); ++s)
+        (*step_end_s)[s] += static_cast<double>(s + 1) * each;
+      step_end_s->back() += last - each;
+    } else {
+      Seconds forward_end = start, end = start;
+      for (std::size_t s = 0; s < step_end_s->size(); ++s) {
+        const Seconds forward_s = (*step_end_s)[s] - forward_end;
+        const Seconds host_s = s + 1 == step_end_s->size() ? last : each;
+        forward_end = (*step_end_s)[s];
+        end += s > 0 || follows ? std::max(forward_s, host_s) : forward_s + host_s;
+        (*step_end_s)[s] = end;
+      }
+    }
   }
   if (!WaitAny(step_end_s->back() - start)) return;  // ran to the end undisturbed
   // New work arrived: finish the step in progress and stop at its boundary.

@@ -90,10 +90,6 @@ Result<SimReport> Simulate(const ClusterSpec& cluster, const traces::Trace& trac
   namespace fs = std::filesystem;
   const auto wall_start = std::chrono::steady_clock::now();
 
-  if (cluster.engine.async_steps)
-    return Status::Error(
-        "engine.async_steps: the simulator does not model asynchronous steps yet; simulate with "
-        "it false");
   const std::unique_ptr<sg4::Engine> engine = MakeEngine();
 
   World w(cluster, trace, options);
@@ -161,6 +157,8 @@ Result<SimReport> Simulate(const ClusterSpec& cluster, const traces::Trace& trac
     config.num_blocks = cluster.placements[i].memory.kv_blocks;
     config.kv_bytes_per_token = cluster.KvBytesPerToken();
     config.num_layers = cluster.model.num_hidden_layers;
+    // The engine plans step by step here; SimPorts prices asynchronous steps' overlap.
+    config.async_steps = false;
     config.publish_kv_events = options.router_staleness_s > 0 &&
                                cluster.engine.enable_prefix_caching &&
                                spec.role != policies::InstanceRole::kDecode;

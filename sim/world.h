@@ -112,6 +112,9 @@ class SimPorts final : public policies::Clock,
 
   World& world_;
   InstanceId id_;
+  // engine.async_steps: a step's host time overlaps the forward pass of the step before it.
+  bool async_;
+  Seconds last_step_end_s_ = -1;  // when this instance's last step ended
   SimInbox& inbox_;
   SimKvTransport transport_;
   std::vector<sg4::CommPtr> waitables_;  // reused

@@ -117,6 +117,8 @@ Result<std::unique_ptr<CudaModel>> CudaModel::Create(const LoadedModel& model,
 }
 
 std::int64_t CudaModel::Run(std::span<const SequenceChunk> batch) {
+  // The current device is per thread: a pass may run on a step thread (engine.async_steps).
+  DUET_CUDA_CHECK(cudaSetDevice(options_.device));
   const models::ModelSpec& c = config_;
   const std::int64_t hidden = c.hidden_size, qw = c.QWidth(), kvw = c.KvWidth();
   const std::int64_t inter = c.intermediate_size;

@@ -312,9 +312,35 @@ TEST_F(CalibrateTest, FitsHostTimeToAStepLogAndTheSimulatorPricesIt) {
 
   json zero = ReadJson(with_host);
   for (auto& [column, value] : zero["host"]["seconds_per"].items()) value = 0.0;
-  simulate(tmp_.Write("zero-host.json", zero.dump()), "zero");
+  const std::string zero_host = tmp_.Write("zero-host.json", zero.dump());
+  simulate(zero_host, "zero");
   EXPECT_EQ(ReadFile(tmp_.File("zero") + "/requests.csv"),
             ReadFile(tmp_.File("plain") + "/requests.csv"));
+
+  // Asynchronous steps: with no host time (none fitted, or zero) the synchronous timeline
+  // exactly; with host time, a step that follows another lasts the longer of its forward pass
+  // and its host time. Here the first step (after idle) pays its host time as before, the
+  // decode steps hide theirs (1.3 ms under a ~2 ms pass) but the last one's (6.3 ms, finishing
+  // the request) outlasts its pass.
+  cluster["engine"]["async_steps"] = true;
+  simulate(profile_path, "async-plain");
+  simulate(zero_host, "async-zero");
+  for (const char* run : {"async-plain", "async-zero"}) {
+    EXPECT_EQ(ReadFile(tmp_.File(run) + "/requests.csv"),
+              ReadFile(tmp_.File("plain") + "/requests.csv"))
+        << run;
+  }
+  const Csv overlapped = simulate(with_host, "async-host");
+  EXPECT_NEAR(overlapped.Number(0, "ttft_ms"), host.Number(0, "ttft_ms"), kCsvTolMs);
+  const double decode_plain = plain.Number(0, "e2e_ms") - plain.Number(0, "ttft_ms");
+  EXPECT_NEAR(overlapped.Number(0, "e2e_ms") - overlapped.Number(0, "ttft_ms"),
+              decode_plain - plain.Number(0, "tpot_ms") + 1e3 * (per_step + truth[3]),
+              kCsvTolMs + 1e-3);
+  // Step by step (no decode runs), the same.
+  cluster["engine"]["coalesce_decode_steps"] = false;
+  const Csv single = simulate(with_host, "async-host-single");
+  for (const char* column : {"ttft_ms", "e2e_ms"})
+    EXPECT_NEAR(single.Number(0, column), overlapped.Number(0, column), kCsvTolMs) << column;
 }
 
 TEST_F(CalibrateTest, BadFlagsAndFilesAreClearErrors) {
