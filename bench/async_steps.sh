@@ -2,14 +2,18 @@
 # Synchronous against asynchronous steps (engine.async_steps, issue 43), live on this machine's
 # CPU, in one run: the ~125M bench model (bf16, random weights) served by `duet serve --workers
 # thread` with a step log, driven by `duet replay` in a closed loop of B users (B = 1 to 64),
-# each request a prompt of 128 to 256 random token ids and 64 output tokens; for each B the
-# synchronous server first, then the asynchronous one, on the same trace. Per B and mode: the
-# replay's output tokens/s and TPOT p50/p99, and over the decode-only steps of B rows (the
-# steady batch) the engine iteration, the forward pass and the engine thread's host phases
-# (schedule, allocate, apply, stream; prepare and sample run on the step thread when async).
-# The yardstick is the synchronous server measured beside it. The summary can be redone from
-# WORK alone: bench/async_steps.sh --summary WORK [BATCHES].
-# Usage: bench/async_steps.sh [BATCHES] [WORK]   (default "1 4 16 64", a fresh temp dir)
+# each request a prompt of 128 to 256 random token ids and 64 output tokens; for each B,
+# REPEATS (default 3) rounds of the synchronous and the asynchronous server on the same trace,
+# alternating which goes first. Per B and mode, the median over the rounds (and the range of
+# the throughput): the replay's output tokens/s and TPOT p50/p99, and over the decode-only
+# steps of B rows (the steady batch) the engine iteration, the forward pass and the engine
+# thread's host phases (schedule, allocate, apply, stream; prepare and sample run on the step
+# thread when async). The yardstick is the synchronous server measured beside it. The summary
+# can be redone from WORK alone: bench/async_steps.sh --summary WORK [BATCHES].
+# SERVE_ARGS adds arguments to both servers (e.g. "--threads 1": one core for the forward pass,
+# the other for the engine thread and the HTTP threads).
+# Usage: [REPEATS=3] [SERVE_ARGS=...] bench/async_steps.sh [BATCHES] [WORK]
+#        (default "1 4 16 64", a temp dir)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 summary_only=0
@@ -24,7 +28,7 @@ cd "$work"
 for mode in sync async; do
   async=false; [ "$mode" = async ] && async=true
   cat > "cluster-$mode.json" <<JSON
-{"name": "bench-$mode", "model": "bench",
+{"name": "bench-$mode", "model": "./bench",
  "nodes": [{"count": 1, "gpus": 1, "gpu": "tiny-gpu",
             "nic": {"bandwidth_GBps": 1, "latency_us": 1}}],
  "instances": [{"role": "colocated", "count": 1, "tp": 1, "node": 0}],
@@ -43,34 +47,46 @@ for b in $BATCHES; do
  "input": {"dist": "uniform", "min": 128, "max": 256},
  "output": {"dist": "uniform", "min": 64, "max": 64}}
 JSON
-  for mode in sync async; do
-    "$DUET" serve --model bench --cluster "cluster-$mode.json" --port "$port" --workers thread \
-      --step-log "steps-$mode-$b.jsonl" > "serve-$mode-$b.log" 2>&1 &
-    server=$!
-    for _ in $(seq 100); do grep -q "serving" "serve-$mode-$b.log" && break; sleep 0.1; done
-    "$DUET" replay --endpoint "http://127.0.0.1:$port" --trace "trace-$b.json" \
-      --concurrency "$b" --out "replay-$mode-$b" --progress never > "replay-$mode-$b.log"
-    stop
+  for r in $(seq "${REPEATS:-3}"); do
+    modes="sync async"; [ $((r % 2)) = 0 ] && modes="async sync"
+    for mode in $modes; do
+      run="$mode-$b-$r"
+      "$DUET" serve --model bench --cluster "cluster-$mode.json" --port "$port" \
+        --workers thread --step-log "steps-$run.jsonl" ${SERVE_ARGS:-} > "serve-$run.log" 2>&1 &
+      server=$!
+      for _ in $(seq 100); do grep -q "serving" "serve-$run.log" && break; sleep 0.1; done
+      "$DUET" replay --endpoint "http://127.0.0.1:$port" --trace "trace-$b.json" \
+        --concurrency "$b" --out "replay-$run" --progress never > "replay-$run.log"
+      stop
+    done
   done
 done
 python3 - "$BATCHES" <<'PY'
-import json, sys
+import glob, json, statistics, sys
 engine = ["schedule_s", "allocate_s", "apply_s", "stream_s"]
-print("| batch | mode | output tok/s | TPOT p50 (ms) | TPOT p99 (ms) | steps | iteration (ms) |"
-      " forward (ms) | engine thread host (us) | prepare + sample (us) |")
+print("| batch | mode | runs | output tok/s (range) | TPOT p50 (ms) | TPOT p99 (ms) |"
+      " iteration (ms) | forward (ms) | engine thread host (us) | prepare + sample (us) |")
 print("|" + " --- |" * 10)
 for b in sys.argv[1].split():
     for mode in ("sync", "async"):
-        s = json.load(open(f"replay-{mode}-{b}/summary.json"))
-        rows = [d for d in map(json.loads, open(f"steps-{mode}-{b}.jsonl"))
-                if not d["prefill"] and d["decode_tokens"] == int(b)]
-        n = max(len(rows), 1)
-        mean = lambda f: sum(f(d) for d in rows) / n
-        print(f"| {b} | {mode} | {s['throughput']['output_tokens_per_s']:.1f} | "
-              f"{s['tpot_ms']['p50']:.2f} | {s['tpot_ms']['p99']:.2f} | {len(rows)} | "
-              f"{1e3 * mean(lambda d: d['iteration_s']):.3f} | "
-              f"{1e3 * mean(lambda d: d['seconds']):.3f} | "
-              f"{1e6 * mean(lambda d: sum(d['host'][p] for p in engine)):.1f} | "
-              f"{1e6 * mean(lambda d: d['host']['prepare_s'] + d['host']['sample_s']):.1f} |")
+        runs = sorted(glob.glob(f"replay-{mode}-{b}-*/summary.json"))
+        tput, p50, p99, it, fw, host, step = [], [], [], [], [], [], []
+        for path in runs:
+            s = json.load(open(path))
+            tput.append(s["throughput"]["output_tokens_per_s"])
+            p50.append(s["tpot_ms"]["p50"])
+            p99.append(s["tpot_ms"]["p99"])
+            log = path.replace("replay-", "steps-").replace("/summary.json", ".jsonl")
+            rows = [d for d in map(json.loads, open(log))
+                    if not d["prefill"] and d["decode_tokens"] == int(b)]
+            n = max(len(rows), 1)
+            it.append(sum(d["iteration_s"] for d in rows) / n)
+            fw.append(sum(d["seconds"] for d in rows) / n)
+            host.append(sum(sum(d["host"][p] for p in engine) for d in rows) / n)
+            step.append(sum(d["host"]["prepare_s"] + d["host"]["sample_s"] for d in rows) / n)
+        med = statistics.median
+        print(f"| {b} | {mode} | {len(runs)} | {med(tput):.1f} ({min(tput):.1f}-{max(tput):.1f}) | "
+              f"{med(p50):.2f} | {med(p99):.2f} | {1e3 * med(it):.3f} | {1e3 * med(fw):.3f} | "
+              f"{1e6 * med(host):.1f} | {1e6 * med(step):.1f} |")
 PY
 echo "files: $work"

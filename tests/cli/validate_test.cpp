@@ -10,6 +10,7 @@
 #include <map>
 #include <tuple>
 
+#include "models/host_time.h"
 #include "models/step_profile.h"
 
 #include "tests/sim/e2e_util.h"
@@ -254,6 +255,37 @@ TEST_F(ValidateTest, ComparesALiveRunWithTheSimulationAtEachLoad) {
        {"out/rate-0.5/live/summary.json", "out/rate-0.5/sim/summary.json", "out/rate-2/serve.log",
         "out/rate-2/replay.log", "out/rate-2/steps.jsonl"})
     EXPECT_TRUE(fs::exists(tmp_.File(file))) << file;
+}
+
+// engine.async_steps in both worlds: the live server plans ahead (its step log says so), the
+// simulation prices the overlap, and the live host time per iteration is the phases' sum (the
+// forward pass overlaps the iteration, whose time outside it says nothing of the host work).
+TEST_F(ValidateTest, AsynchronousStepsAreValidatedInBothWorlds) {
+  json cluster = ReadJson(tmp_.File("cluster.json"));
+  cluster["engine"]["async_steps"] = true;
+  tmp_.Write("cluster.json", cluster.dump());
+  const RunResult r = Validate({"--rate-scales", "1"});
+  ASSERT_EQ(r.exit_code, 0) << r;
+  const json report = ReadJson(tmp_.File("out/validation.json"));
+  const json& load = report["loads"][0];
+  EXPECT_EQ(load["completed_live"], 12) << load;
+  EXPECT_EQ(load["completed_simulated"], 12) << load;
+  std::int64_t steps = 0;
+  double phases_s = 0;
+  std::ifstream in(tmp_.File("out/rate-1/steps.jsonl"));
+  for (std::string line; std::getline(in, line);) {
+    const json doc = json::parse(line);
+    EXPECT_EQ(doc.value("async", false), true) << line;
+    ++steps;
+    for (const std::string_view phase : models::kHostPhaseNames)
+      phases_s += doc["host"][std::string(phase) + "_s"].get<double>();
+  }
+  ASSERT_GT(steps, 0);
+  const json& host = load["steps"]["host_per_step"];
+  EXPECT_EQ(host["steps"], steps);
+  EXPECT_NEAR(host["outside_forward_ms"].get<double>(), 1e3 * phases_s / static_cast<double>(steps),
+              1e-9);
+  EXPECT_NEAR(host["other_ms"].get<double>(), 0, 1e-9);
 }
 
 // PD: a prefill and a decode instance on one node's two devices, KV between them over the link

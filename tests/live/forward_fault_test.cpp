@@ -89,59 +89,40 @@ TEST_F(ForwardFault, AFailedPrefillStepEndsItsRequestsAndTheNextAreServed) {
 // A decode step fails after the model ran (its KV written, as a CUDA error seen at the stream's
 // synchronization): the requests keep the tokens they had and end with an error; the prompt
 // blocks their successful prefill registered stay cached and are correct KV, so the next turn
-// of the same prompts hits the cache and equals a clean run.
+// of the same prompts hits the cache and equals a clean run. With asynchronous steps (the pass
+// on the step thread) the step after the failed one, planned before it ended and needing its
+// tokens, fails too, without running, and streams nothing.
 TEST_F(ForwardFault, AFailedDecodeStepEndsItsRequestsWithTheTokensTheyHad) {
-  const std::vector<GenerationRequest> requests = {{Prompt(40, 4), 8, {}}, {Prompt(36, 5), 8, {}}};
-  const auto expected = Clean(requests);
-  // Pass 0: both prefills (one token each); passes 1 and 2 decode; pass 3 fails.
-  FaultInjectingModel model(Model(64), FailPasses({3}, Fault::kFailAfter));
-  LocalEngine engine(model, {});
-  const auto failed = engine.Generate(requests);
-  for (std::size_t i = 0; i < failed.size(); ++i) {
-    ExpectFailedInTheForwardPass(failed[i], "decode step");
-    ASSERT_EQ(failed[i].tokens.size(), 3u) << i;
-    EXPECT_TRUE(
-        std::equal(failed[i].tokens.begin(), failed[i].tokens.end(), expected[i].tokens.begin()))
-        << i;
-  }
-  ExpectNothingHeld(engine);
+  for (const bool async : {false, true}) {
+    SCOPED_TRACE(async ? "async" : "sync");
+    const std::vector<GenerationRequest> requests = {{Prompt(40, 4), 8, {}},
+                                                     {Prompt(36, 5), 8, {}}};
+    const auto expected = Clean(requests);
+    // Pass 0: both prefills (one token each); passes 1 and 2 decode; pass 3 fails.
+    FaultInjectingModel model(Model(64), FailPasses({3}, Fault::kFailAfter));
+    LocalEngine engine(model, {.async_steps = async});
+    const auto failed = engine.Generate(requests);
+    for (std::size_t i = 0; i < failed.size(); ++i) {
+      ExpectFailedInTheForwardPass(failed[i], "decode step");
+      ASSERT_EQ(failed[i].tokens.size(), 3u) << i;
+      EXPECT_TRUE(
+          std::equal(failed[i].tokens.begin(), failed[i].tokens.end(), expected[i].tokens.begin()))
+          << i;
+    }
+    const std::int64_t failures = async ? 2 : 1;
+    EXPECT_EQ(engine.engine().forward_failures(), failures);
+    EXPECT_EQ(model.failures(), 1);
+    ExpectNothingHeld(engine);
 
-  const auto served = engine.Generate(requests);
-  for (std::size_t i = 0; i < served.size(); ++i) {
-    EXPECT_EQ(served[i].record.finish_reason, FinishReason::kLength) << i;
-    EXPECT_GT(served[i].record.cached_tokens, 0) << i;
-    EXPECT_EQ(served[i].tokens, expected[i].tokens) << i;
+    const auto served = engine.Generate(requests);
+    for (std::size_t i = 0; i < served.size(); ++i) {
+      EXPECT_EQ(served[i].record.finish_reason, FinishReason::kLength) << i;
+      EXPECT_GT(served[i].record.cached_tokens, 0) << i;
+      EXPECT_EQ(served[i].tokens, expected[i].tokens) << i;
+    }
+    EXPECT_EQ(engine.engine().forward_failures(), failures);
+    ExpectNothingHeld(engine);
   }
-  EXPECT_EQ(engine.engine().forward_failures(), 1);
-  ExpectNothingHeld(engine);
-}
-
-// The same with asynchronous steps, the forward pass on the step thread: the step after the
-// failed one, planned before it ended and needing its tokens, fails too and streams nothing.
-TEST_F(ForwardFault, AFailedAsynchronousDecodeStepFailsTheStepPlannedOnIt) {
-  const std::vector<GenerationRequest> requests = {{Prompt(40, 4), 8, {}}, {Prompt(36, 5), 8, {}}};
-  const auto expected = Clean(requests);
-  FaultInjectingModel model(Model(64), FailPasses({3}, Fault::kFailAfter));
-  LocalEngine engine(model, {.async_steps = true});
-  const auto failed = engine.Generate(requests);
-  for (std::size_t i = 0; i < failed.size(); ++i) {
-    ExpectFailedInTheForwardPass(failed[i], "decode step");
-    ASSERT_EQ(failed[i].tokens.size(), 3u) << i;
-    EXPECT_TRUE(
-        std::equal(failed[i].tokens.begin(), failed[i].tokens.end(), expected[i].tokens.begin()))
-        << i;
-  }
-  EXPECT_EQ(engine.engine().forward_failures(), 2);
-  EXPECT_EQ(model.failures(), 1);  // the fourth pass never ran
-  ExpectNothingHeld(engine);
-
-  const auto served = engine.Generate(requests);
-  for (std::size_t i = 0; i < served.size(); ++i) {
-    EXPECT_EQ(served[i].record.finish_reason, FinishReason::kLength) << i;
-    EXPECT_EQ(served[i].tokens, expected[i].tokens) << i;
-  }
-  EXPECT_EQ(engine.engine().forward_failures(), 2);
-  ExpectNothingHeld(engine);
 }
 
 // A prompt prefilled in chunks: the second chunk's step fails. The request ends with an error

@@ -794,6 +794,20 @@ struct AsyncTokenExecutor : StepExecutor {
   }
 };
 
+// An engine on `solo`'s ports and `executor`, with asynchronous steps; the executor checks the
+// engine's invariants before each step.
+std::unique_ptr<InstanceEngine> AsyncEngine(
+    RealSolo& solo, AsyncTokenExecutor& executor,
+    EngineConfig config = Config(0, InstanceRole::kColocated)) {
+  config.async_steps = true;
+  executor.clock = &solo.clock;
+  auto engine = std::make_unique<InstanceEngine>(
+      config,
+      EnginePorts{&solo.clock, &solo.ports, &solo.ports, &executor, &solo.ports, &solo.sink});
+  executor.engine = engine.get();
+  return engine;
+}
+
 // Requests of different lengths, two of which stop early (at different steps), and one that
 // arrives while the others decode.
 std::deque<Request> MixedRequests() {
@@ -840,13 +854,9 @@ TEST(InstanceEngine, AsynchronousStepsGiveTheSynchronousTokensAndStreamNothingPa
 
   RealSolo solo;
   AsyncTokenExecutor executor;
-  executor.clock = &solo.clock;
-  EngineConfig config = Config(0, InstanceRole::kColocated);
-  config.async_steps = true;
   std::deque<Request> requests = MixedRequests();
-  InstanceEngine engine(
-      config, {&solo.clock, &solo.ports, &solo.ports, &executor, &solo.ports, &solo.sink});
-  executor.engine = &engine;
+  const auto engine_ptr = AsyncEngine(solo, executor);
+  InstanceEngine& engine = *engine_ptr;
   const auto streamed = Serve(engine, solo.ports, solo.sink, requests, 3);
 
   EXPECT_EQ(executor.most_held, 2) << "the engine never planned ahead";
@@ -877,13 +887,10 @@ TEST(InstanceEngine, AsynchronousStepsGiveTheSynchronousTokensAndStreamNothingPa
 TEST(InstanceEngine, AStepInFlightKeepsTheBlocksOfARequestThatEndedBeforeIt) {
   RealSolo solo;
   AsyncTokenExecutor executor;
-  executor.clock = &solo.clock;
   EngineConfig config = Config(0, InstanceRole::kColocated);
-  config.async_steps = true;
   config.enable_prefix_caching = false;  // freed blocks go straight back to the free list
-  InstanceEngine engine(
-      config, {&solo.clock, &solo.ports, &solo.ports, &executor, &solo.ports, &solo.sink});
-  executor.engine = &engine;
+  const auto engine_ptr = AsyncEngine(solo, executor, config);
+  InstanceEngine& engine = *engine_ptr;
   Request r = RealRequest(1, 40, 20);
   r.sampling.stop_token_ids = {TokenPorts::TokenFor(1, 41)};  // its second token: a decode's
   solo.ports.inbox.push_back({EngineMessage::Kind::kNewRequest, Lend(r), kNoInstance});
@@ -956,13 +963,9 @@ TEST(InstanceEngine, PlanningAheadPreemptsLikeSynchronousStepsAndKeepsTheTokensI
 TEST(InstanceEngine, AFailedAsynchronousStepFailsItsRequestsAndTheStepPlannedOnIt) {
   RealSolo solo;
   AsyncTokenExecutor executor;
-  executor.clock = &solo.clock;
   executor.fail_step = 3;  // a's second decode, and the step after it
-  EngineConfig config = Config(0, InstanceRole::kColocated);
-  config.async_steps = true;
-  InstanceEngine engine(
-      config, {&solo.clock, &solo.ports, &solo.ports, &executor, &solo.ports, &solo.sink});
-  executor.engine = &engine;
+  const auto engine_ptr = AsyncEngine(solo, executor);
+  InstanceEngine& engine = *engine_ptr;
   Request a = RealRequest(1, 20, 10), b = RealRequest(2, 20, 10);
   solo.ports.inbox.push_back({EngineMessage::Kind::kNewRequest, Lend(a), kNoInstance});
   for (int i = 0; i < 3; ++i) ASSERT_TRUE(engine.RunOnce());
@@ -988,12 +991,8 @@ TEST(InstanceEngine, AFailedAsynchronousStepFailsItsRequestsAndTheStepPlannedOnI
 TEST(InstanceEngine, AnAbortBetweenAsynchronousStepsDropsTheTokenInFlight) {
   RealSolo solo;
   AsyncTokenExecutor executor;
-  executor.clock = &solo.clock;
-  EngineConfig config = Config(0, InstanceRole::kColocated);
-  config.async_steps = true;
-  InstanceEngine engine(
-      config, {&solo.clock, &solo.ports, &solo.ports, &executor, &solo.ports, &solo.sink});
-  executor.engine = &engine;
+  const auto engine_ptr = AsyncEngine(solo, executor);
+  InstanceEngine& engine = *engine_ptr;
   Request a = RealRequest(1, 20, 30);
   solo.ports.inbox.push_back({EngineMessage::Kind::kNewRequest, Lend(a), kNoInstance});
   for (int i = 0; i < 3; ++i) ASSERT_TRUE(engine.RunOnce());
