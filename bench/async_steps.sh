@@ -63,30 +63,44 @@ JSON
 done
 python3 - "$BATCHES" <<'PY'
 import glob, json, statistics, sys
-engine = ["schedule_s", "allocate_s", "apply_s", "stream_s"]
-print("| batch | mode | runs | output tok/s (range) | TPOT p50 (ms) | TPOT p99 (ms) |"
-      " iteration (ms) | forward (ms) | engine thread host (us) | prepare + sample (us) |")
-print("|" + " --- |" * 10)
+phases = ["schedule_s", "allocate_s", "prepare_s", "sample_s", "apply_s", "stream_s"]
+engine = ["schedule_s", "allocate_s", "apply_s", "stream_s"]  # on the engine thread either way
+med = statistics.median
+table = []
 for b in sys.argv[1].split():
     for mode in ("sync", "async"):
         runs = sorted(glob.glob(f"replay-{mode}-{b}-*/summary.json"))
-        tput, p50, p99, it, fw, host, step = [], [], [], [], [], [], []
+        per = {k: [] for k in ["tput", "p50", "p99", "iteration", "forward", "engine"] + phases}
         for path in runs:
             s = json.load(open(path))
-            tput.append(s["throughput"]["output_tokens_per_s"])
-            p50.append(s["tpot_ms"]["p50"])
-            p99.append(s["tpot_ms"]["p99"])
+            per["tput"].append(s["throughput"]["output_tokens_per_s"])
+            per["p50"].append(s["tpot_ms"]["p50"])
+            per["p99"].append(s["tpot_ms"]["p99"])
             log = path.replace("replay-", "steps-").replace("/summary.json", ".jsonl")
             rows = [d for d in map(json.loads, open(log))
                     if not d["prefill"] and d["decode_tokens"] == int(b)]
             n = max(len(rows), 1)
-            it.append(sum(d["iteration_s"] for d in rows) / n)
-            fw.append(sum(d["seconds"] for d in rows) / n)
-            host.append(sum(sum(d["host"][p] for p in engine) for d in rows) / n)
-            step.append(sum(d["host"]["prepare_s"] + d["host"]["sample_s"] for d in rows) / n)
-        med = statistics.median
-        print(f"| {b} | {mode} | {len(runs)} | {med(tput):.1f} ({min(tput):.1f}-{max(tput):.1f}) | "
-              f"{med(p50):.2f} | {med(p99):.2f} | {1e3 * med(it):.3f} | {1e3 * med(fw):.3f} | "
-              f"{1e6 * med(host):.1f} | {1e6 * med(step):.1f} |")
+            mean = lambda f: sum(f(d) for d in rows) / n
+            per["iteration"].append(mean(lambda d: d["iteration_s"]))
+            per["forward"].append(mean(lambda d: d["seconds"]))
+            per["engine"].append(mean(lambda d: sum(d["host"][p] for p in engine)))
+            for p in phases:
+                per[p].append(mean(lambda d: d["host"][p]))
+        table.append((b, mode, len(runs), {k: med(v) for k, v in per.items()}, per["tput"]))
+print("| batch | mode | runs | output tok/s (range) | TPOT p50 (ms) | TPOT p99 (ms) |"
+      " iteration (ms) | forward (ms) | engine thread host (us) | prepare + sample (us) |")
+print("|" + " --- |" * 10)
+for b, mode, runs, m, tput in table:
+    print(f"| {b} | {mode} | {runs} | {m['tput']:.1f} ({min(tput):.1f}-{max(tput):.1f}) | "
+          f"{m['p50']:.2f} | {m['p99']:.2f} | {1e3 * m['iteration']:.3f} | "
+          f"{1e3 * m['forward']:.3f} | {1e6 * m['engine']:.1f} | "
+          f"{1e6 * (m['prepare_s'] + m['sample_s']):.1f} |")
+print()
+print("Host time per iteration by phase (us, medians over the rounds):")
+print()
+print("| batch | mode | " + " | ".join(p[:-2] for p in phases) + " |")
+print("|" + " --- |" * (len(phases) + 2))
+for b, mode, runs, m, tput in table:
+    print(f"| {b} | {mode} | " + " | ".join(f"{1e6 * m[p]:.1f}" for p in phases) + " |")
 PY
 echo "files: $work"
