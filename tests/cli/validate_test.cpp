@@ -286,6 +286,8 @@ TEST_F(ValidateTest, AsynchronousStepsAreValidatedInBothWorlds) {
   EXPECT_NEAR(host["outside_forward_ms"].get<double>(), 1e3 * phases_s / static_cast<double>(steps),
               1e-9);
   EXPECT_NEAR(host["other_ms"].get<double>(), 0, 1e-9);
+  EXPECT_TRUE(load["steps"]["outside_forward_ms_per_step"].is_null()) << load["steps"];
+  EXPECT_TRUE(ContainsAll(r.out, {"the forward passes overlap their iterations"})) << r;
 }
 
 // PD: a prefill and a decode instance on one node's two devices, KV between them over the link
