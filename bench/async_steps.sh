@@ -20,11 +20,8 @@ summary_only=0
 if [ "${1:-}" = --summary ]; then summary_only=1; shift; set -- "${2:-1 4 16 64}" "$1"; fi
 BATCHES="${1:-1 4 16 64}"
 work="${2:-$(mktemp -d)}"
-DUET="$PWD/build/bin/duet"
-[ -x "$DUET" ] || { echo "build first: scripts/setup.sh" >&2; exit 1; }
-mkdir -p "$work"
-cd "$work"
-[ -d bench ] || "$DUET" make-test-model --preset bench --out bench >/dev/null
+source bench/lib.sh
+bench_setup "$work"
 for mode in sync async; do
   async=false; [ "$mode" = async ] && async=true
   cat > "cluster-$mode.json" <<JSON
@@ -35,10 +32,6 @@ for mode in sync async; do
  "engine": {"max_num_seqs": 64, "async_steps": $async}}
 JSON
 done
-port=$((20000 + RANDOM % 20000))
-server=
-stop() { [ -z "$server" ] || { kill -INT "$server" 2>/dev/null; wait "$server" || true; server=; }; }
-trap stop EXIT
 for b in $BATCHES; do
   [ "$summary_only" = 0 ] || break
   cat > "trace-$b.json" <<JSON
@@ -51,13 +44,12 @@ JSON
     modes="sync async"; [ $((r % 2)) = 0 ] && modes="async sync"
     for mode in $modes; do
       run="$mode-$b-$r"
-      "$DUET" serve --model bench --cluster "cluster-$mode.json" --port "$port" \
-        --workers thread --step-log "steps-$run.jsonl" ${SERVE_ARGS:-} > "serve-$run.log" 2>&1 &
-      server=$!
-      for _ in $(seq 100); do grep -q "serving" "serve-$run.log" && break; sleep 0.1; done
+      # shellcheck disable=SC2086  # SERVE_ARGS: several arguments
+      serve_start "serve-$run.log" --cluster "cluster-$mode.json" --workers thread \
+        --step-log "steps-$run.jsonl" ${SERVE_ARGS:-}
       "$DUET" replay --endpoint "http://127.0.0.1:$port" --trace "trace-$b.json" \
         --concurrency "$b" --out "replay-$run" --progress never > "replay-$run.log"
-      stop
+      serve_stop
     done
   done
 done

@@ -15,15 +15,8 @@ summary_only=0
 if [ "${1:-}" = --summary ]; then summary_only=1; shift; set -- "${2:-1 2 4 8 16 32 64}" "$1"; fi
 BATCHES="${1:-1 2 4 8 16 32 64}"
 work="${2:-$(mktemp -d)}"
-DUET="$PWD/build/bin/duet"
-[ -x "$DUET" ] || { echo "build first: scripts/setup.sh" >&2; exit 1; }
-mkdir -p "$work"
-cd "$work"
-[ -d bench ] || "$DUET" make-test-model --preset bench --out bench >/dev/null
-port=$((20000 + RANDOM % 20000))
-server=
-stop() { [ -z "$server" ] || { kill -INT "$server" 2>/dev/null; wait "$server" || true; server=; }; }
-trap stop EXIT
+source bench/lib.sh
+bench_setup "$work"
 for b in $BATCHES; do
   [ "$summary_only" = 0 ] || break
   cat > "trace-$b.json" <<JSON
@@ -32,13 +25,10 @@ for b in $BATCHES; do
  "input": {"dist": "uniform", "min": 128, "max": 256},
  "output": {"dist": "uniform", "min": 64, "max": 64}}
 JSON
-  "$DUET" serve --model bench --port "$port" --workers thread --max-num-seqs 64 \
-    --step-log "steps-$b.jsonl" > "serve-$b.log" 2>&1 &
-  server=$!
-  for _ in $(seq 100); do grep -q "serving" "serve-$b.log" && break; sleep 0.1; done
+  serve_start "serve-$b.log" --workers thread --max-num-seqs 64 --step-log "steps-$b.jsonl"
   "$DUET" replay --endpoint "http://127.0.0.1:$port" --trace "trace-$b.json" --concurrency "$b" \
     --out "replay-$b" --progress never > "replay-$b.log"
-  stop
+  serve_stop
 done
 python3 - "$BATCHES" <<'PY'
 import json, sys

@@ -250,25 +250,22 @@ def test_write_back_from_the_gpu_is_refused_at_start_saying_why(tiny_model, tmp_
     assert "tiers.dram: placement 'write-back' from the GPU is not served live yet" in r.stderr
 
 
-def test_overlapped_tier_loads_are_refused_at_start_saying_why(tiny_model, tmp_path):
+@pytest.mark.parametrize("engine, message", [
+    ({"overlap_tier_loads": None}, "tiers: served live with engine.overlap_tier_loads false only"),
+    ({"async_steps": True}, "tiers: not served with engine.async_steps yet"),
+])
+def test_engine_settings_not_served_with_tiers_are_refused_at_start_saying_why(
+        tiny_model, tmp_path, engine, message):
     path = tier_file(tmp_path, tiny_model, one_tier("dram", tmp_path))
     doc = json.loads(open(path).read())
-    del doc["engine"]["overlap_tier_loads"]  # true by default
+    for key, value in engine.items():
+        if value is None:
+            del doc["engine"][key]  # its default: overlap_tier_loads is true by default
+        else:
+            doc["engine"][key] = value
     with open(path, "w") as f:
         json.dump(doc, f)
     r = run_duet("serve", "--model", tiny_model, "--cluster", path, "--workers", "thread",
                  "--port", "0")
     assert r.returncode != 0
-    assert "tiers: served live with engine.overlap_tier_loads false only" in r.stderr
-
-
-def test_tiers_with_async_steps_are_refused_at_start_saying_why(tiny_model, tmp_path):
-    path = tier_file(tmp_path, tiny_model, one_tier("dram", tmp_path))
-    doc = json.loads(open(path).read())
-    doc["engine"]["async_steps"] = True
-    with open(path, "w") as f:
-        json.dump(doc, f)
-    r = run_duet("serve", "--model", tiny_model, "--cluster", path, "--workers", "thread",
-                 "--port", "0")
-    assert r.returncode != 0
-    assert "tiers: not served with engine.async_steps yet" in r.stderr
+    assert message in r.stderr
