@@ -218,7 +218,7 @@ Result<models::HostFit> FitHostSteps(const std::string& path) {
   DUET_RETURN_IF_ERROR(
       backend::ReadStepLog(text.str(), path, [&](const backend::StepLogLine& line) {
         if (!line.host) return;
-        const Seconds outside = line.iteration_s - line.step.seconds;
+        const Seconds outside = line.HostSeconds();
         samples.push_back({line.host->counts, outside});
         outside_sum += outside;
         for (std::size_t p = 0; p < models::kHostPhases; ++p) phase_sum[p] += line.host->phase_s[p];

@@ -140,9 +140,7 @@ Result<json> AttributeSteps(const std::string& step_log, const sim::ClusterSpec&
         by_start.push_back({line.start_s, line.step.seconds, priced});
         if (line.host) {
           ++host_steps;
-          // Asynchronous steps: the forward pass overlaps the iteration, whose time outside it
-          // says nothing of the host work; that is the phases.
-          host_outside_s += line.async ? line.host->total() : line.iteration_s - line.step.seconds;
+          host_outside_s += line.HostSeconds();
           host_priced_s +=
               cost_models[static_cast<std::size_t>(line.instance)]->HostTime(line.host->counts);
           for (std::size_t p = 0; p < models::kHostPhases; ++p)

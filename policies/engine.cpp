@@ -148,8 +148,7 @@ bool InstanceEngine::Plan(Seconds now, StepPlan& plan) {
 void InstanceEngine::Submit(InFlight& step, Seconds now) {
   step.coalesced = PrepareExecution(now, step.plan);
   step.result.clear();
-  step.advanced = max_in_flight_ > 1;
-  if (step.advanced) {
+  if (plans_ahead()) {
     blocks_.Pin(step.plan.block_ids);
     Advance(step, 1);
   }
@@ -165,7 +164,8 @@ bool InstanceEngine::RunOnce() {
   const Seconds begin = host ? host->Now() : 0;
   if (host) timed_sink_->seconds = 0;
   finished_in_iteration_ = 0;
-  std::erase_if(retired_, [&](const auto& retired) { return retired.first <= ended_; });
+  const std::int64_t ended = submitted_ - in_flight_;
+  std::erase_if(retired_, [&](const auto& retired) { return retired.first <= ended; });
   TakeEvents();
   const Seconds now = ports_.clock->Now();
   StartPulls(now);
@@ -189,7 +189,6 @@ bool InstanceEngine::RunOnce() {
   in_step_ = false;
   first_ = (first_ + 1) % 2;
   --in_flight_;
-  ++ended_;
   const Seconds returned = host ? host->Now() : 0;
   const Seconds sink_before_apply = host ? timed_sink_->seconds : 0;
   const StepResult& result = step.result;
@@ -205,12 +204,12 @@ bool InstanceEngine::RunOnce() {
   }
   steps_ += static_cast<std::int64_t>(result.step_end_s.size());
   if (result.status.ok()) {
-    if (!step.advanced) Advance(step, static_cast<Tokens>(result.step_end_s.size()));
+    if (!plans_ahead()) Advance(step, static_cast<Tokens>(result.step_end_s.size()));
     Apply(step);
   } else {
     FailStep(step, result.status.message(), result.step_end_s.back());
   }
-  if (step.advanced) blocks_.Unpin(step.plan.block_ids);
+  if (plans_ahead()) blocks_.Unpin(step.plan.block_ids);
   for (const RequestId id : deferred_aborts_) Abort(id, ports_.clock->Now());
   deferred_aborts_.clear();
   PublishCacheEvents();
@@ -575,7 +574,7 @@ int InstanceEngine::DecodeRunLength(const StepPlan& plan) {
 }
 
 void InstanceEngine::Advance(InFlight& step, Tokens steps) {
-  const bool ahead = step.advanced;  // the next plan is made before this step ends
+  const bool ahead = plans_ahead();  // the next plan is made before this step ends
   step.generated_after.clear();
   step.ends_prefill.clear();
   for (const PrefillItem& item : step.plan.prefills) {
@@ -669,7 +668,7 @@ void InstanceEngine::FailStep(const InFlight& step, const std::string& why, Seco
   // The scheduler counted each prefill chunk as done when it planned it; with the chunk counted
   // in computed_tokens too, Remove forgets exactly the prefill work still pending. Nothing is
   // registered in the prefix cache: the blocks the step wrote hold no KV to trust.
-  if (!step.advanced) {
+  if (!plans_ahead()) {
     for (const PrefillItem& item : step.plan.prefills) item.request->computed_tokens += item.tokens;
   }
   auto fail = [&](Request* r) {
@@ -803,7 +802,7 @@ Status InstanceEngine::CheckInvariants() const {
       for (const KvBlockManager::BlockId b : table) holders.emplace(b, id);
     });
     for (int k = 0; k < in_flight_; ++k) {
-      const StepPlan& plan = in_flight_steps_[static_cast<std::size_t>((first_ + k) % 2)].plan;
+      const StepPlan& plan = in_flight(k).plan;
       for (std::size_t i = 0; i < plan.rows.size(); ++i) {
         const RequestId id = plan.rows[i].request;
         for (const KvBlockManager::BlockId b : plan.BlockTable(i)) {

@@ -173,7 +173,6 @@ class InstanceEngine final : private LowerTierLookup, private StepEvents {
     StepPlan plan;
     StepResult result;
     bool coalesced = false;  // a decode run
-    bool advanced = false;   // Advance ran when it was submitted (asynchronous steps)
     // Per entry, prefills then decodes: the request's generated_tokens once the step ended,
     // and whether the step ends the request's prefill.
     std::vector<Tokens> generated_after;
@@ -182,6 +181,12 @@ class InstanceEngine final : private LowerTierLookup, private StepEvents {
   InFlight& in_flight(int k) {
     return in_flight_steps_[static_cast<std::size_t>((first_ + k) % 2)];
   }
+  const InFlight& in_flight(int k) const {
+    return in_flight_steps_[static_cast<std::size_t>((first_ + k) % 2)];
+  }
+  // Asynchronous steps: a step is advanced (Advance) when it is submitted, the next one
+  // planned before it ended.
+  bool plans_ahead() const { return max_in_flight_ > 1; }
 
   // Plans the next step into `plan` (preemptions, admissions, tier loads and write-back
   // included). Returns whether it has work.
@@ -299,8 +304,7 @@ class InstanceEngine final : private LowerTierLookup, private StepEvents {
   std::array<InFlight, 2> in_flight_steps_;
   int first_ = 0;
   int in_flight_ = 0;
-  std::int64_t submitted_ = 0;
-  std::int64_t ended_ = 0;
+  std::int64_t submitted_ = 0;  // of which in_flight_ have not ended
 };
 
 }  // namespace duet::policies

@@ -124,20 +124,22 @@ void ModelStepExecutor::Run(const policies::StepPlan& plan, Ran* ran) {
     result->step_end_s.push_back(clock_.Now());
     return;
   }
-  token_ids_.assign(plan.token_ids.begin(), plan.token_ids.end());
+  // The plan's token ids, or a copy of them with the previous step's tokens put in.
+  if (needs_previous) token_ids_.assign(plan.token_ids.begin(), plan.token_ids.end());
+  const std::span<const std::int32_t> token_ids =
+      needs_previous ? std::span<const std::int32_t>(token_ids_) : plan.token_ids;
   chunks_.clear();
   sampled_.clear();
   for (std::size_t i = 0; i < plan.rows.size(); ++i) {
     const policies::StepRow& row = plan.rows[i];
-    const std::span<std::int32_t> ids =
-        std::span<std::int32_t>(token_ids_).subspan(row.tokens_from, row.token_count);
     if (row.previous_token) {
       const auto it = previous_.find(row.request);
       DUET_CHECK_MSG(it != previous_.end(), "request " + std::to_string(row.request) +
                                                 " got no token from the step before");
-      ids.back() = it->second;
+      token_ids_[row.tokens_from + row.token_count - 1] = it->second;
     }
-    chunks_.push_back({ids, row.position, plan.BlockTable(i),
+    chunks_.push_back({token_ids.subspan(row.tokens_from, row.token_count), row.position,
+                       plan.BlockTable(i),
                        row.sample ? SequenceChunk::Logits::kLast : SequenceChunk::Logits::kNone});
     if (row.sample) sampled_.push_back(&row);
   }

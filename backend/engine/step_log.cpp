@@ -26,6 +26,11 @@ StepLog::~StepLog() {
   if (fd_ >= 0) ::close(fd_);
 }
 
+Seconds StepLogLine::HostSeconds() const {
+  DUET_CHECK(host.has_value());
+  return async ? host->total() : iteration_s - step.seconds;
+}
+
 std::string FormatStepLogLine(const StepLogLine& line) {
   nlohmann::json doc = line.step.ToJson();
   doc["instance"] = line.instance;

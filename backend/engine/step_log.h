@@ -34,6 +34,9 @@ struct StepLogLine {
   // engine planned, applied and streamed, so it and the phases overlap the iteration instead
   // of adding up to at most it.
   bool async = false;
+  // The iteration's host time outside its forward pass (a line with `host`): the iteration
+  // less the pass, or, asynchronous, the phases' sum (the pass overlapped the iteration).
+  Seconds HostSeconds() const;
 };
 // The line as the log holds it (its newline included).
 std::string FormatStepLogLine(const StepLogLine& line);

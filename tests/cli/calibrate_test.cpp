@@ -7,6 +7,7 @@
 #include <cmath>
 #include <filesystem>
 #include <functional>
+#include <sstream>
 
 #include "models/step_profile.h"
 #include "tests/sim/e2e_util.h"
@@ -285,6 +286,25 @@ TEST_F(CalibrateTest, FitsHostTimeToAStepLogAndTheSimulatorPricesIt) {
   EXPECT_EQ(after->host->steps, 80);
   EXPECT_EQ(after->host->held_out.shapes, 20);
   EXPECT_EQ(models::StepProfileToJson(*after)["fits"], models::StepProfileToJson(*before)["fits"]);
+  // An asynchronous server's log: the forward pass overlaps the iteration, so the host time
+  // fitted is the phases' sum (7/8 of it here), not the iteration less the pass.
+  std::string async_log;
+  std::istringstream lines(log);
+  for (std::string text; std::getline(lines, text);) {
+    json line = json::parse(text);
+    line["async"] = true;
+    line["iteration_s"] = 0.005;  // shorter than its 10 ms pass
+    async_log += line.dump() + "\n";
+  }
+  const std::string async_host = tmp_.File("async-host.json");
+  r = RunDuet({"calibrate", "--profile", profile_path, "--host-steps",
+               tmp_.Write("async-steps.jsonl", async_log), "--out", async_host});
+  ASSERT_EQ(r.exit_code, 0) << r;
+  Result<models::StepProfile> from_async = models::LoadStepProfile(async_host);
+  ASSERT_TRUE(from_async.ok() && from_async->host);
+  for (std::size_t c = 0; c < models::kHostColumns; ++c)
+    EXPECT_NEAR(from_async->host->seconds_per[c], 0.875 * truth[c], 1e-9)
+        << models::kHostColumnNames[c];
 
   // One colocated request of N output tokens: N steps of one row and one token, the first
   // admitting it and the last finishing it.
