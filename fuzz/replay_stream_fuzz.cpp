@@ -46,7 +46,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     if (e.data.size() > kMaxEventBytes) __builtin_trap();
     auto chunk = ParseCompletionChunk(e.data);
     if (chunk.ok()) {
-      if (chunk->done && (chunk->carries_tokens || !chunk->finish_reason.empty())) __builtin_trap();
+      if (chunk->done && (chunk->token_event || !chunk->finish_reason.empty())) __builtin_trap();
       for (const auto& n : {chunk->prompt_tokens, chunk->completion_tokens, chunk->cached_tokens})
         if (n && *n < 0) __builtin_trap();
       if (chunk->duet_queue_ms && !(*chunk->duet_queue_ms >= 0)) __builtin_trap();

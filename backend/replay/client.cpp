@@ -532,7 +532,7 @@ void Session::OnEvent(const SseEvent& event, Clock::time_point now) {
     return Complete();
   }
   if (chunk->error) return Fail(kStreamError, "server error in the stream: " + *chunk->error);
-  if (chunk->carries_tokens) {
+  if (chunk->token_event) {
     if (token_chunks_ == 0) {
       first_token_ = now;
     } else {
@@ -587,10 +587,12 @@ void Session::Complete() {
   r.state = RequestState::kCompleted;
   r.finish_reason = ParseFinishReason(finish_reason_);
   r.output_tokens = usage_.completion_tokens.value_or(token_chunks_);
-  // A reply whose text arrived only with the finish (or never, e.g. all of it held back by a
-  // detokenizer): its tokens count as delivered then.
+  // Token events time the tokens whatever text they carry; the reply's last token is delivered
+  // when its stream says it is finished (a server may send the finish in a chunk of its own
+  // after the last token). A reply without token events (the whole text in the finishing
+  // chunk): its tokens count as delivered then.
   const Clock::time_point first = token_chunks_ ? first_token_ : finish_seen_;
-  const Clock::time_point last = token_chunks_ ? last_token_ : finish_seen_;
+  const Clock::time_point last = token_chunks_ ? std::max(last_token_, finish_seen_) : finish_seen_;
   r.first_token_s = run_.RunSeconds(first);
   r.last_token_s = run_.RunSeconds(last);
   // The second chunk that carries tokens (AIPerf's TTST: first chunk to second).

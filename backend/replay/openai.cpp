@@ -192,8 +192,9 @@ Result<CompletionChunk> ParseCompletionChunk(std::string_view data) {
     if (!it->is_array()) return Status::Error("choices must be an array, got " + it->dump());
     for (const json& choice : *it) {
       if (!choice.is_object()) return Status::Error("a choice is not an object: " + choice.dump());
+      bool content = false, role_only = false, finishes = false;
       if (const auto t = choice.find("text"); t != choice.end() && t->is_string())
-        c.carries_tokens |= !t->get_ref<const std::string&>().empty();
+        content |= !t->get_ref<const std::string&>().empty();
       if (const auto t = choice.find("token_ids"); t != choice.end() && !t->is_null()) {
         if (!t->is_array()) return Status::Error("token_ids must be an array, got " + t->dump());
         for (const json& id : *t) {
@@ -202,18 +203,24 @@ Result<CompletionChunk> ParseCompletionChunk(std::string_view data) {
             return Status::Error("token_ids holds " + id.dump() + ", not a token id");
           c.token_ids.push_back(id.get<std::int32_t>());
         }
-        c.carries_tokens |= !t->empty();
+        content |= !t->empty();
       }
       if (const auto d = choice.find("delta"); d != choice.end() && d->is_object()) {
         const auto t = d->find("content");
-        if (t != d->end() && t->is_string())
-          c.carries_tokens |= !t->get_ref<const std::string&>().empty();
+        const bool has_content =
+            t != d->end() && t->is_string() && !t->get_ref<const std::string&>().empty();
+        content |= has_content;
+        role_only = d->contains("role") && !has_content;
       }
       if (const auto f = choice.find("finish_reason"); f != choice.end() && !f->is_null()) {
         if (!f->is_string())
           return Status::Error("finish_reason must be a string, got " + f->dump());
-        if (!f->get_ref<const std::string&>().empty()) c.finish_reason = f->get<std::string>();
+        if (!f->get_ref<const std::string&>().empty()) {
+          c.finish_reason = f->get<std::string>();
+          finishes = true;
+        }
       }
+      c.token_event |= content || (!finishes && !role_only);
     }
   }
   if (const auto u = j.find("usage"); u != j.end() && !u->is_null()) {

@@ -35,8 +35,13 @@ std::string CompletionRequestBody(const std::string& model, const std::vector<st
 
 // What one "data:" payload of a completion stream (or a whole non-streamed reply) says.
 struct CompletionChunk {
-  bool done = false;                    // the "[DONE]" sentinel; nothing else is set
-  bool carries_tokens = false;          // a choice carries generated text or token ids
+  bool done = false;  // the "[DONE]" sentinel; nothing else is set
+  // A token event: a choice carries generated text or token ids, or is a chunk of a generating
+  // stream with an empty piece (no finish_reason, not a chat's role-only delta: llama.cpp's
+  // server streams a chunk per token and leaves the text of an incomplete UTF-8 piece empty).
+  // A choice that only finishes (an empty piece with its finish_reason) is the stream's end, not
+  // a token; a chunk without choices (usage) is neither.
+  bool token_event = false;
   std::string finish_reason;            // "stop", "length", ...; empty while generating
   std::vector<std::int32_t> token_ids;  // the choices' "token_ids" (return_token_ids)
   std::optional<std::string> error;     // an error object in place of a chunk: its message

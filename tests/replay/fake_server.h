@@ -9,7 +9,8 @@
 // a misbehaviour, so one trace exercises them all:
 //   7: HTTP 429 (queue full);  13: closes the connection after 3 chunks;  11: a chunk that is
 //   not JSON;  17: HTTP 500;  20: two tokens per chunk (10 chunks; usage says 20);
-//   anything else: a normal stream of max_tokens chunks ending with finish_reason "length".
+//   anything else: a normal stream of max_tokens chunks ending with finish_reason "length"
+//   (llama_cpp_chunks: max_tokens chunks with empty text, then one that finishes).
 // One thread per connection (test traffic only); the destructor stops and joins them all.
 #pragma once
 
@@ -49,6 +50,11 @@ struct FakeServerOptions {
   bool report_cached = true;  // usage.prompt_tokens_details.cached_tokens
   bool list_models = true;    // answer GET /v1/models (else 404)
   bool token_ids = true;      // honour return_token_ids
+  // As llama.cpp's server streams a reply: every token chunk's text empty (as for a token that
+  // ends inside a UTF-8 character), no token ids, and the finish_reason with the usage in a
+  // chunk of its own, finish_delay_s after the last token's.
+  bool llama_cpp_chunks = false;
+  double finish_delay_s = 0.030;
 };
 inline constexpr std::int32_t kReplyTokenBase = 7000;
 inline constexpr double kQueueMs = 5.5;
@@ -185,7 +191,8 @@ class FakeServer {
           "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream; charset=utf-8\r\n"
           "Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n");
     const int per_chunk = max_tokens == kTwoPerChunkTokens ? 2 : 1;
-    const bool token_ids = options_.token_ids && body.value("return_token_ids", false);
+    const bool llama = options_.llama_cpp_chunks;
+    const bool token_ids = !llama && options_.token_ids && body.value("return_token_ids", false);
     const int chunks = max_tokens / per_chunk;
     // The whole stream, laid out in advance; ends[k] is where token event k ends. Line ends
     // alternate between "\n" (even k) and "\r\n" (odd k), with a comment every third event.
@@ -197,11 +204,14 @@ class FakeServer {
       if (max_tokens == kGarbageTokens && k == 1) {
         all += "data: this is not JSON" + eol + eol;
       } else {
-        nlohmann::json choice = {{"index", 0},
-                                 {"text", per_chunk == 2 ? " tok tok" : " tok"},
-                                 {"logprobs", nullptr},
-                                 {"finish_reason", k + 1 == chunks ? nlohmann::json("length")
-                                                                   : nlohmann::json(nullptr)}};
+        nlohmann::json choice = {
+            {"index", 0},
+            {"text", llama            ? ""
+                     : per_chunk == 2 ? " tok tok"
+                                      : " tok"},
+            {"logprobs", nullptr},
+            {"finish_reason",
+             k + 1 == chunks && !llama ? nlohmann::json("length") : nlohmann::json(nullptr)}};
         if (token_ids) {
           choice["token_ids"] = nlohmann::json::array();
           for (int t = 0; t < per_chunk; ++t)
@@ -228,26 +238,37 @@ class FakeServer {
                            {"choices", nlohmann::json::array()},
                            {"usage", usage}};
     if (options_.duet_fields) last["duet"] = {{"queue_ms", kQueueMs}, {"instance", max_tokens % 2}};
+    if (llama)
+      last["choices"] = {
+          {{"index", 0}, {"text", ""}, {"logprobs", nullptr}, {"finish_reason", "length"}}};
     all += "data: " + last.dump() + "\r\n\r\ndata: [DONE]\r\n\r\n";
+    const std::size_t tokens_end = llama ? ends.back() : all.size();
 
     // At its time, each write completes token event k and cuts the stream inside the next
     // event's first line (LF events), or between the "\r" and "\n" of the blank line that ends
     // event k (CRLF events: "\r" alone already ends the line, so the event is complete).
-    std::size_t sent = 0;
-    for (int k = 0; k < chunks; ++k) {
+    const auto at = [&](double s) {
       std::this_thread::sleep_until(start +
                                     std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                                        std::chrono::duration<double>(options_.first_chunk_delay_s +
-                                                                      options_.chunk_gap_s * k)));
+                                        std::chrono::duration<double>(s)));
+    };
+    std::size_t sent = 0;
+    for (int k = 0; k < chunks; ++k) {
+      at(options_.first_chunk_delay_s + options_.chunk_gap_s * k);
       if (max_tokens == kDisconnectTokens && k == kDisconnectAfterChunks) {
         boost::system::error_code ignored;
         socket.shutdown(tcp::socket::shutdown_both, ignored);
         socket.close(ignored);
         return;
       }
-      const std::size_t end = k + 1 == chunks ? all.size() : (k % 2 ? ends[k] - 1 : ends[k] + 7);
+      const std::size_t end = k + 1 == chunks ? tokens_end : (k % 2 ? ends[k] - 1 : ends[k] + 7);
       Write(socket, Chunk(all.substr(sent, end - sent)));
       sent = end;
+    }
+    if (sent < all.size()) {
+      at(options_.first_chunk_delay_s + options_.chunk_gap_s * (chunks - 1) +
+         options_.finish_delay_s);
+      Write(socket, Chunk(all.substr(sent)));
     }
     Write(socket, "0\r\n\r\n");
   }

@@ -101,20 +101,20 @@ TEST(Chunk, TokenChunkFinishAndUsage) {
   auto c = ParseCompletionChunk(
       R"({"id":"cmpl-1","object":"text_completion","created":1,"model":"m","choices":[{"index":0,"text":" the","logprobs":null,"finish_reason":null,"stop_reason":null}],"usage":null})");
   ASSERT_TRUE(c.ok()) << c.error();
-  EXPECT_TRUE(c->carries_tokens);
+  EXPECT_TRUE(c->token_event);
   EXPECT_EQ(c->finish_reason, "");
   EXPECT_FALSE(c->completion_tokens);
   EXPECT_FALSE(c->done);
 
   c = ParseCompletionChunk(R"({"choices":[{"index":0,"text":"","finish_reason":"length"}]})");
   ASSERT_TRUE(c.ok()) << c.error();
-  EXPECT_FALSE(c->carries_tokens);  // empty text: no token delivered
+  EXPECT_FALSE(c->token_event);  // an empty piece that finishes: the stream's end
   EXPECT_EQ(c->finish_reason, "length");
 
   c = ParseCompletionChunk(
       R"({"choices":[],"usage":{"prompt_tokens":1024,"total_tokens":1034,"completion_tokens":10,"prompt_tokens_details":{"cached_tokens":512}},"duet":{"queue_ms":3.25,"instance":2,"prefill_done_ms":40.5,"kv_transfer_ms":1.25,"kv_transfer_bytes":73728}})");
   ASSERT_TRUE(c.ok()) << c.error();
-  EXPECT_FALSE(c->carries_tokens);
+  EXPECT_FALSE(c->token_event);
   EXPECT_EQ(c->prompt_tokens, 1024);
   EXPECT_EQ(c->completion_tokens, 10);
   EXPECT_EQ(c->cached_tokens, 512);
@@ -158,11 +158,26 @@ TEST(Chunk, OtherShapesThatCarryTokens) {
                            R"({"choices":[{"text":""},{"text":"y"}]})"}) {
     auto c = ParseCompletionChunk(data);
     ASSERT_TRUE(c.ok()) << data << ": " << c.error();
-    EXPECT_TRUE(c->carries_tokens) << data;
+    EXPECT_TRUE(c->token_event) << data;
   }
-  auto c = ParseCompletionChunk(R"({"choices":[{"delta":{"role":"assistant"}}]})");
-  ASSERT_TRUE(c.ok());
-  EXPECT_FALSE(c->carries_tokens);
+  // A chunk of a generating stream whose piece is empty is a token too (llama.cpp's server
+  // sends one per token, with empty text where the token ends inside a UTF-8 character).
+  for (const char* data :
+       {R"({"choices":[{"index":0,"text":"","finish_reason":null}]})",
+        R"({"choices":[{"index":0,"text":""}]})", R"({"choices":[{"delta":{"content":""}}]})"}) {
+    auto c = ParseCompletionChunk(data);
+    ASSERT_TRUE(c.ok()) << data << ": " << c.error();
+    EXPECT_TRUE(c->token_event) << data;
+  }
+  // Not tokens: a chat's role-only first delta, a choice that only finishes, usage alone.
+  for (const char* data : {R"({"choices":[{"delta":{"role":"assistant"}}]})",
+                           R"({"choices":[{"delta":{"role":"assistant","content":""}}]})",
+                           R"({"choices":[{"delta":{},"finish_reason":"stop"}]})",
+                           R"({"choices":[],"usage":{"completion_tokens":3}})"}) {
+    auto c = ParseCompletionChunk(data);
+    ASSERT_TRUE(c.ok()) << data << ": " << c.error();
+    EXPECT_FALSE(c->token_event) << data;
+  }
 }
 
 TEST(Chunk, DoneSentinel) {

@@ -235,6 +235,37 @@ TEST_F(ReplayTest, ReadsDuetsQueueTimeAndInstance) {
   for (const std::string& a : server.Authorizations()) EXPECT_EQ(a, "") << "no key was given";
 }
 
+// llama.cpp's server streams a chunk per token with empty text where a token ends inside a
+// UTF-8 character (with random weights, nearly every token), and finishes in a chunk of its own.
+// Tokens are timed by their chunks, not by their text, and a reply ends with its stream.
+TEST_F(ReplayTest, TimesTokensWhoseTextIsEmpty) {
+  FakeServerOptions options;
+  options.llama_cpp_chunks = true;
+  FakeServer server(options);
+  const std::string out = tmp_.File("out");
+  const RunResult r =
+      Replay({"--endpoint", server.url(), "--trace", trace_, "--out", out, "--limit", "2"});
+  ASSERT_EQ(r.exit_code, 0) << r;
+  ExpectMetricsSchema(out, RunKind::kLive);
+  const Csv csv = Csv::Read(out + "/requests.csv");
+  ASSERT_EQ(csv.size(), 2u);
+  const double finish_ms = options.finish_delay_s * 1000;
+  for (const auto& [row, tokens] : {std::pair<std::size_t, int>{0, 10}, {1, 9}}) {
+    const std::string id = "request " + std::to_string(row);
+    ASSERT_EQ(csv.Get(row, "status"), "completed") << id << ": " << csv.Get(row, "reason");
+    EXPECT_EQ(csv.Number(row, "output_tokens"), tokens) << id;
+    const double ttft = csv.Number(row, "ttft_ms"), e2e = csv.Number(row, "e2e_ms");
+    EXPECT_TRUE(Late(ttft, kFirstChunkMs, id + " TTFT"));
+    EXPECT_TRUE(Late(e2e, kFirstChunkMs + kGapMs * (tokens - 1) + finish_ms, id + " E2E"));
+    EXPECT_NEAR(csv.Number(row, "tpot_ms"), (kGapMs * (tokens - 1) + finish_ms) / (tokens - 1), 3.0)
+        << id;
+  }
+  // The gaps between token chunks: 9 + 8, each about kGapMs (the finish is not a token).
+  const nlohmann::json s = ReadJson(out + "/summary.json");
+  EXPECT_NEAR(s["itl_ms"]["p50"].get<double>(), kGapMs, 4.0) << s["itl_ms"];
+  EXPECT_LT(s["itl_ms"]["max"].get<double>(), kGapMs + kLateMs) << s["itl_ms"];
+}
+
 // A closed loop of 3 users over 9 normal 4-token requests (about 160 ms each): 3 in flight at
 // most, the first 3 sent at 0 and every later one when an earlier one's reply ended.
 TEST_F(ReplayTest, ClosedLoopSendsWhenAUserIsFree) {
