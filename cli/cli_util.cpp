@@ -299,6 +299,10 @@ void AddTraceOptions(po::options_description& opts, const std::string& default_t
      "mooncake, azure or synthetic (default: from the file extension)")
     ("rate-scale", po::value<double>()->default_value(1.0),
      "multiply the trace's arrival rate by this factor")
+    ("length-scale", po::value<double>()->default_value(1.0),
+     "multiply every prompt and output length (and the tokens a prefix block covers) by this "
+     "factor, e.g. 0.0625 to replay a trace of 12k-token prompts on a small backend; for "
+     "Mooncake's 512-token blocks a multiple of 1/512")
     ("limit", po::value<std::size_t>()->default_value(0), "replay only the first N requests (0: all)")
     ("window", po::value<std::string>(),
      "replay only requests arriving in [START, END) seconds of the trace, e.g. 600:1200; "
@@ -355,11 +359,25 @@ Result<traces::Trace> LoadTrace(const po::variables_map& vm, int* exit_code) {
     if (Status s = traces::KeepWindow(*trace, start_s, end_s); !s.ok())
       return Status::Error("--window: " + s.message());
   }
+  if (Status s = traces::ScaleLengths(*trace, vm["length-scale"].as<double>()); !s.ok())
+    return Status::Error("--length-scale: " + s.message());
   if (Status s = traces::ScaleRate(*trace, vm["rate-scale"].as<double>()); !s.ok())
     return Status::Error("--rate-scale: " + s.message());
   traces::KeepFirst(*trace, vm["limit"].as<std::size_t>());
   *exit_code = kExitOk;
   return trace;
+}
+
+std::vector<std::string> TraceSelectionArgs(const po::variables_map& vm) {
+  std::vector<std::string> args;
+  if (!vm["trace-format"].as<std::string>().empty())
+    args.insert(args.end(), {"--trace-format", vm["trace-format"].as<std::string>()});
+  if (vm["limit"].as<std::size_t>() > 0)
+    args.insert(args.end(), {"--limit", std::to_string(vm["limit"].as<std::size_t>())});
+  if (vm.count("window")) args.insert(args.end(), {"--window", vm["window"].as<std::string>()});
+  if (!vm["length-scale"].defaulted())
+    args.insert(args.end(), {"--length-scale", ShortNumber(vm["length-scale"].as<double>())});
+  return args;
 }
 
 }  // namespace duet::cli

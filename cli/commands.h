@@ -39,13 +39,17 @@ bool ParseArgs(int argc, char** argv, const boost::program_options::options_desc
 std::string Locate(const std::string& path);
 std::string DataDir();
 
-// --trace (required when default_trace is empty), --trace-format, --rate-scale, --limit,
-// --window and --seed.
+// --trace (required when default_trace is empty), --trace-format, --rate-scale,
+// --length-scale, --limit, --window and --seed.
 void AddTraceOptions(boost::program_options::options_description& opts,
                      const std::string& default_trace = "");
 // Reads the trace those flags name and applies the selections. On error, *exit_code says
 // whether it was the command line (kExitUsage) or the file (kExitError).
 Result<traces::Trace> LoadTrace(const boost::program_options::variables_map& vm, int* exit_code);
+// The selection flags given (--trace-format, --limit, --window, --length-scale), as arguments
+// for a child command that reads the same trace (--trace, --rate-scale and --seed are the
+// caller's).
+std::vector<std::string> TraceSelectionArgs(const boost::program_options::variables_map& vm);
 
 // One line of a printed summary: a METRICS.md distribution (mean, p50, p90, p99, max); null
 // statistics (no request completed) print as n/a.

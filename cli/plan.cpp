@@ -153,12 +153,7 @@ int Plan(int argc, char** argv) {
   // Absolute: a Ray task runs in a directory of its own.
   std::vector<std::string> trace_args = {
       "--trace", fs::absolute(Locate(vm["trace"].as<std::string>())).lexically_normal().string()};
-  if (!vm["trace-format"].as<std::string>().empty())
-    trace_args.insert(trace_args.end(), {"--trace-format", vm["trace-format"].as<std::string>()});
-  if (vm["limit"].as<std::size_t>() > 0)
-    trace_args.insert(trace_args.end(), {"--limit", std::to_string(vm["limit"].as<std::size_t>())});
-  if (vm.count("window"))
-    trace_args.insert(trace_args.end(), {"--window", vm["window"].as<std::string>()});
+  for (const std::string& arg : TraceSelectionArgs(vm)) trace_args.push_back(arg);
   if (!vm["seed"].defaulted())
     trace_args.insert(trace_args.end(), {"--seed", std::to_string(vm["seed"].as<std::uint64_t>())});
   const double base_rate = vm["rate-scale"].as<double>();

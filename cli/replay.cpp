@@ -184,6 +184,7 @@ int Replay(int argc, char** argv) {
                        {"interrupted", report->interrupted}};
   summary["run"] = {{"trace", trace->source},
                     {"rate_scale", vm["rate-scale"].as<double>()},
+                    {"length_scale", vm["length-scale"].as<double>()},
                     {"limit", vm["limit"].as<std::size_t>()},
                     {"closed_loop", traces::ToJson(options.closed_loop)},
                     {"window", vm.count("window") ? vm["window"].as<std::string>() : ""},

@@ -355,12 +355,7 @@ int Validate(int argc, char** argv) {
   if (ec) return Fail("--out: cannot create " + out_dir + ": " + ec.message());
 
   std::vector<std::string> trace_args = {"--trace", vm["trace"].as<std::string>()};
-  for (const char* flag : {"trace-format", "window"}) {
-    if (vm.count(flag) && !vm[flag].as<std::string>().empty())
-      trace_args.insert(trace_args.end(), {std::string("--") + flag, vm[flag].as<std::string>()});
-  }
-  if (vm["limit"].as<std::size_t>() > 0)
-    trace_args.insert(trace_args.end(), {"--limit", std::to_string(vm["limit"].as<std::size_t>())});
+  for (const std::string& arg : TraceSelectionArgs(vm)) trace_args.push_back(arg);
   std::vector<std::string> serve_extra;
   {
     std::stringstream in(vm["serve-args"].as<std::string>());
@@ -376,6 +371,8 @@ int Validate(int argc, char** argv) {
   json report = {{"cluster", cluster_path},
                  {"model", vm["model"].as<std::string>()},
                  {"trace", vm["trace"].as<std::string>()},
+                 {"trace_selection", TraceSelectionArgs(vm)},
+                 {"length_scale", vm["length-scale"].as<double>()},
                  {"loads", json::array()}};
   bool exceeded = false;
   ChildProcesses children;

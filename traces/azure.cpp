@@ -20,8 +20,7 @@ constexpr std::string_view kHeader = "TIMESTAMP,ContextTokens,GeneratedTokens";
 constexpr std::string_view kTimestampFormat = "YYYY-MM-DD HH:MM:SS.fffffff";
 // Azure carries no prefix information; block_tokens is kept at the Mooncake value.
 constexpr Tokens kAzureBlockTokens = 512;
-constexpr std::int64_t kMaxRequestTokens = 1'000'000'000;  // same sanity bound as Mooncake
-constexpr std::int64_t kTicksPerSecond = 10'000'000;       // 7 fractional digits
+constexpr std::int64_t kTicksPerSecond = 10'000'000;  // 7 fractional digits
 
 Status LineError(const std::string& source, std::size_t line, const std::string& what) {
   return Status::Error(source + ":" + std::to_string(line) + ": " + what);

@@ -24,9 +24,6 @@ namespace {
 
 // Mooncake's hash_ids each cover 512 prompt tokens (the last block may be partial).
 constexpr Tokens kMooncakeBlockTokens = 512;
-// Lengths above this are surely corrupt, and would overflow byte counts downstream
-// (tokens x KV bytes per token in int64).
-constexpr std::int64_t kMaxRequestTokens = 1'000'000'000;
 
 // "<source>:<line>": where a line's errors happen (field errors use the shared FieldError).
 std::string LineWhere(const std::string& source, std::size_t line) {

@@ -23,7 +23,6 @@ namespace {
 // The default upper clamp of lognormal and trace lengths.
 constexpr Tokens kDefaultMaxTokens = 1'000'000;
 // Sanity bounds: beyond these a spec is surely a typo, and sizes would overflow downstream.
-constexpr Tokens kMaxTokens = 1'000'000'000;
 constexpr std::int64_t kMaxRequests = 100'000'000;
 constexpr std::int64_t kMaxGroups = 1'000'000;
 constexpr double kMinRatePerS = 1e-6;
@@ -42,7 +41,7 @@ constexpr Tokens kMaxThinkTimeMs = 3'600'000;  // one hour
 // default to [lowest, default_max]), and whether it may sample a trace.
 struct LengthLimits {
   Tokens lowest = 1;
-  Tokens highest = kMaxTokens;
+  Tokens highest = kMaxRequestTokens;
   Tokens default_max = kDefaultMaxTokens;
   bool allow_trace = true;
 };
@@ -116,7 +115,7 @@ Tokens ClampTokens(double value, Tokens min, Tokens max) {
 // ---- Validation -----------------------------------------------------------------------------
 
 Status CheckTokenRange(Tokens value, const std::string& where, const std::string& field,
-                       Tokens lowest, Tokens highest = kMaxTokens) {
+                       Tokens lowest, Tokens highest = kMaxRequestTokens) {
   if (value < lowest || value > highest) {
     return FieldError(where, field,
                       "must be between " + std::to_string(lowest) + " and " +
@@ -252,8 +251,8 @@ Result<Tokens> TokenField(const nlohmann::json& obj, const std::string& key, Tok
                           bool required, const std::string& where) {
   auto it = obj.find(key);
   if (it != obj.end() && it->is_number_unsigned() &&
-      it->get<std::uint64_t>() > static_cast<std::uint64_t>(kMaxTokens)) {
-    return FieldError(where, key, "must be at most " + std::to_string(kMaxTokens));
+      it->get<std::uint64_t>() > static_cast<std::uint64_t>(kMaxRequestTokens)) {
+    return FieldError(where, key, "must be at most " + std::to_string(kMaxRequestTokens));
   }
   if (required) return JsonInt(obj, key, where);
   return JsonIntOr(obj, key, fallback, where);
@@ -465,7 +464,8 @@ Result<SyntheticSpec> ParseSyntheticSpec(const nlohmann::json& doc, const std::s
       if (!think) return think.status();
       session.think_time_ms = std::move(*think);
     }
-    auto max_context = JsonIntIn(obj, "max_context_tokens", 1, kMaxTokens, sessions_where, 0);
+    auto max_context =
+        JsonIntIn(obj, "max_context_tokens", 1, kMaxRequestTokens, sessions_where, 0);
     if (!max_context) return max_context.status();
     session.max_context_tokens = *max_context;
     spec.sessions = std::move(session);
@@ -647,7 +647,7 @@ Result<Trace> GenerateSynthetic(const SyntheticSpec& spec) {
   // start order: arrivals stay sorted and every parent comes just before its child.
   const SessionSpec& sessions = *spec.sessions;
   const Tokens context_limit =
-      sessions.max_context_tokens > 0 ? sessions.max_context_tokens : kMaxTokens;
+      sessions.max_context_tokens > 0 ? sessions.max_context_tokens : kMaxRequestTokens;
   auto sample_new_tokens = [&]() {
     return new_rows.rows.empty()
                ? SampleLength(sessions.new_tokens, sampler)

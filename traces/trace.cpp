@@ -1,5 +1,5 @@
 // Format dispatch (ReadTrace), the Mooncake writer, and the selections applied before a replay
-// (rate scaling, first N, time window). Readers live in mooncake.cpp and azure.cpp, the
+// (rate and length scaling, first N, time window). Readers live in mooncake.cpp and azure.cpp, the
 // generator in synthetic.cpp.
 #include "traces/trace.h"
 
@@ -169,6 +169,64 @@ Status ScaleRate(Trace& trace, double factor) {
     }
   }
   for (TraceRequest& r : trace.requests) r.arrival_s /= factor;
+  return Status::Ok();
+}
+
+Status ScaleLengths(Trace& trace, double factor) {
+  if (!std::isfinite(factor) || factor <= 0)
+    return Status::Error("length scale factor must be finite and > 0, got " + FormatNumber(factor));
+  const double block = static_cast<double>(trace.block_tokens) * factor;
+  const bool has_blocks = std::any_of(trace.requests.begin(), trace.requests.end(),
+                                      [](const TraceRequest& r) { return !r.block_ids.empty(); });
+  const Tokens block_tokens = static_cast<Tokens>(std::llround(std::min(block, 1e18)));
+  // A length scaled and rounded, at least `lowest`; an error past the bound.
+  auto scale = [&](Tokens tokens, Tokens lowest, const TraceRequest& r,
+                   const char* what) -> Result<Tokens> {
+    const double scaled = std::round(static_cast<double>(tokens) * factor);
+    if (!(scaled <= static_cast<double>(kMaxRequestTokens)))
+      return Status::Error("length scale factor " + FormatNumber(factor) + " makes request " +
+                           std::to_string(r.id) + "'s " + what + " " + FormatNumber(scaled) +
+                           " tokens, past " + std::to_string(kMaxRequestTokens));
+    return std::max(lowest, static_cast<Tokens>(scaled));
+  };
+  // Scaled into a copy, so that an error leaves the trace unchanged. Parents come first.
+  std::vector<TraceRequest> scaled = trace.requests;
+  std::unordered_map<std::uint64_t, Tokens> context_of;  // id -> scaled prompt + output
+  for (TraceRequest& r : scaled) {
+    auto output = scale(r.output_tokens, 1, r, "output");
+    if (!output) return output.status();
+    if (r.parent) {
+      const Tokens own = r.input_tokens - r.context_tokens;
+      auto turn = scale(own, own > 0 ? 1 : 0, r, "new prompt");
+      if (!turn) return turn.status();
+      const auto parent = context_of.find(*r.parent);
+      r.context_tokens = parent == context_of.end() ? 0 : parent->second;
+      if (r.context_tokens + *turn > kMaxRequestTokens)
+        return Status::Error("length scale factor " + FormatNumber(factor) + " makes request " +
+                             std::to_string(r.id) + "'s prompt past " +
+                             std::to_string(kMaxRequestTokens) + " tokens");
+      r.input_tokens = r.context_tokens + *turn;
+    } else {
+      auto input = scale(r.input_tokens, 1, r, "prompt");
+      if (!input) return input.status();
+      r.input_tokens = *input;
+      // Rounding never adds a block; it may leave the last id without tokens.
+      const auto blocks = static_cast<std::size_t>((r.input_tokens + block_tokens - 1) /
+                                                   std::max<Tokens>(block_tokens, 1));
+      if (r.block_ids.size() > blocks) r.block_ids.resize(blocks);
+    }
+    r.output_tokens = *output;
+    context_of[r.id] = r.input_tokens + r.output_tokens;
+  }
+  if (has_blocks &&
+      (block_tokens < 1 || std::abs(block - static_cast<double>(block_tokens)) > 1e-6))
+    return Status::Error("length scale factor " + FormatNumber(factor) + " makes the trace's " +
+                         std::to_string(trace.block_tokens) + "-token prefix blocks " +
+                         FormatNumber(block) +
+                         " tokens; choose a factor that keeps them whole (k/" +
+                         std::to_string(trace.block_tokens) + ")");
+  trace.requests = std::move(scaled);
+  trace.block_tokens = std::max<Tokens>(block_tokens, 1);
   return Status::Ok();
 }
 

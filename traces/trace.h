@@ -1,5 +1,5 @@
 // Request traces: the in-memory form every reader and generator produces, and the
-// selections applied before a replay (rate scaling, first N, time window).
+// selections applied before a replay (rate and length scaling, first N, time window).
 // Pure C++ (STL + nlohmann_json): no simulator, GPU or network headers.
 #pragma once
 
@@ -57,6 +57,11 @@ enum class TraceFormat { kMooncake, kAzure, kSynthetic };
 // finite and keep sub-microsecond resolution in double seconds.
 inline constexpr Seconds kMaxArrivalS = 1e8;
 
+// The most tokens a request's prompt or output may have, in every reader and selection: beyond
+// it a trace is surely corrupt, and byte counts would overflow downstream (tokens x KV bytes
+// per token in int64).
+inline constexpr Tokens kMaxRequestTokens = 1'000'000'000;
+
 // "mooncake", "azure", "synthetic"; error names the accepted values.
 Result<TraceFormat> ParseTraceFormat(const std::string& name);
 
@@ -83,6 +88,13 @@ Status WriteMooncake(const Trace& trace, const std::string& path);
 // Multiplies the arrival rate by `factor` (> 0): arrival_s /= factor. An error, with the trace
 // unchanged, when an arrival would pass kMaxArrivalS.
 Status ScaleRate(Trace& trace, double factor);
+// Multiplies every request's token lengths by `factor` (> 0), so that a trace recorded on large
+// GPUs loads a small backend alike: prompt and output lengths (each rounded, at least 1; a
+// session turn's new tokens rounded, its context its parent's scaled prompt and output) and the
+// tokens a block id covers, so prefix sharing keeps its shape. An error, with the trace unchanged,
+// when the scaled block is not a whole number of tokens (for Mooncake's 512-token blocks, factors
+// k/512 such as 0.0625) or a length would pass kMaxRequestTokens.
+Status ScaleLengths(Trace& trace, double factor);
 // Keeps the first `n` requests (n == 0: keep all).
 void KeepFirst(Trace& trace, std::size_t n);
 // Keeps requests with start_s <= arrival_s < end_s and shifts arrivals so the first is 0.

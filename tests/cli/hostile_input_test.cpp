@@ -124,6 +124,17 @@ TEST_F(HostileInputTest, RateScaleThatPushesArrivalsPastTheHorizon) {
               kUsageError, {"--rate-scale", "horizon"});
 }
 
+// A length scale that splits Mooncake's 512-token prefix blocks, or makes a prompt too long.
+TEST_F(HostileInputTest, LengthScaleThatBreaksPrefixBlocksOrLengths) {
+  const std::string trace = tmp_.Write("one.jsonl", std::string(kGoodLine) + "\n");
+  ExpectError({"simulate", "--cluster", kTinyCluster, "--trace", trace, "--length-scale", "0.3"},
+              kUsageError, {"--length-scale", "153.6 tokens", "k/512"});
+  ExpectError({"simulate", "--cluster", kTinyCluster, "--trace", trace, "--length-scale", "1e300"},
+              kUsageError, {"--length-scale", "request 0's output 1e+301 tokens"});
+  ExpectError({"simulate", "--cluster", kTinyCluster, "--trace", trace, "--length-scale", "nan"},
+              kUsageError, {"--length-scale", "finite and > 0"});
+}
+
 TEST_F(HostileInputTest, TimestampPastTheHorizonNamesLineAndField) {
   const std::string trace = tmp_.Write(
       "late.jsonl", std::string(kGoodLine) + "\n" +

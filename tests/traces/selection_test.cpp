@@ -1,5 +1,5 @@
-// Tests of the selections (ScaleRate, KeepFirst, KeepWindow), format names, ReadTrace dispatch
-// and the Mooncake writer (key order and a write/read round trip).
+// Tests of the selections (ScaleRate, ScaleLengths, KeepFirst, KeepWindow), format names, ReadTrace
+// dispatch and the Mooncake writer (key order and a write/read round trip).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -67,6 +67,88 @@ TEST(ScaleRate, BadFactorIsAnErrorAndChangesNothing) {
     EXPECT_TRUE(ContainsAll(status.message(), {"factor"}));
     EXPECT_EQ(trace.requests[1].arrival_s, 1.0);
   }
+}
+
+TEST(ScaleLengths, ShrinksPromptsOutputsAndPrefixBlocksAlike) {
+  Trace trace = MakeTrace({0, 1});
+  trace.block_tokens = 512;
+  trace.requests[0].input_tokens = 1100;  // blocks 1, 2, 3 (the last partial)
+  trace.requests[0].output_tokens = 40;
+  trace.requests[0].block_ids = {1, 2, 3};
+  trace.requests[1].input_tokens = 513;  // shares block 1; its second block holds one token
+  trace.requests[1].output_tokens = 1;
+  trace.requests[1].block_ids = {1, 9};
+  ASSERT_TRUE(ScaleLengths(trace, 1.0 / 16).ok());
+  EXPECT_EQ(trace.block_tokens, 32);
+  EXPECT_EQ(trace.requests[0].input_tokens, 69);  // 68.75, rounded
+  EXPECT_EQ(trace.requests[0].output_tokens, 3);  // 2.5, rounded away from zero
+  EXPECT_EQ(trace.requests[0].block_ids, (std::vector<std::uint64_t>{1, 2, 3}));
+  // 32.06 tokens round to one whole block: the id of the block left without tokens goes.
+  EXPECT_EQ(trace.requests[1].input_tokens, 32);
+  EXPECT_EQ(trace.requests[1].output_tokens, 1);  // never below one token
+  EXPECT_EQ(trace.requests[1].block_ids, (std::vector<std::uint64_t>{1}));
+  EXPECT_EQ(trace.requests[1].arrival_s, 1.0);  // arrivals are --rate-scale's
+}
+
+TEST(ScaleLengths, ASessionTurnContinuesItsParentsScaledContext) {
+  Trace trace = MakeTrace({0, 5});
+  trace.requests[0].input_tokens = 1000;
+  trace.requests[0].output_tokens = 100;
+  trace.requests[1].parent = 0;
+  trace.requests[1].context_tokens = 1100;
+  trace.requests[1].input_tokens = 1100 + 201;
+  trace.requests[1].output_tokens = 51;
+  ASSERT_TRUE(ScaleLengths(trace, 0.5).ok());
+  EXPECT_EQ(trace.requests[0].input_tokens, 500);
+  EXPECT_EQ(trace.requests[0].output_tokens, 50);
+  EXPECT_EQ(trace.requests[1].context_tokens, 550);
+  EXPECT_EQ(trace.requests[1].input_tokens, 550 + 101);  // 100.5 new tokens, rounded
+  EXPECT_EQ(trace.requests[1].output_tokens, 26);
+}
+
+TEST(ScaleLengths, BadFactorIsAnErrorAndChangesNothing) {
+  Trace with_blocks = MakeTrace({0, 1});
+  with_blocks.requests[0].block_ids = {4};
+  for (double factor : {0.0, -1.0, 0.3, 1e9, std::numeric_limits<double>::infinity(),
+                        std::numeric_limits<double>::quiet_NaN()}) {
+    Trace trace = with_blocks;
+    Status status = ScaleLengths(trace, factor);
+    ASSERT_FALSE(status.ok()) << factor;
+    EXPECT_TRUE(ContainsAll(status.message(), {"length scale factor"})) << status.message();
+    EXPECT_EQ(trace.block_tokens, 512) << factor;
+    EXPECT_EQ(trace.requests[1].input_tokens, 101) << factor;
+  }
+  Status whole = ScaleLengths(with_blocks, 0.3);
+  EXPECT_TRUE(ContainsAll(whole.message(), {"512-token prefix blocks 153.6 tokens", "k/512"}))
+      << whole.message();
+  Status past = ScaleLengths(with_blocks, 1e8);
+  EXPECT_TRUE(ContainsAll(past.message(), {"request 0's prompt", "past 1000000000"}))
+      << past.message();
+  // Without prefix blocks (Azure) any factor keeps the trace consistent.
+  Trace no_blocks = MakeTrace({0, 1});
+  ASSERT_TRUE(ScaleLengths(no_blocks, 0.3).ok());
+  EXPECT_EQ(no_blocks.requests[1].input_tokens, 30);  // 30.3
+}
+
+TEST(ScaleLengths, TheMooncakeTraceKeepsItsPrefixSharingAtASixteenthOfItsLengths) {
+  auto full = ReadTrace(testing::MooncakePath(), TraceFormat::kMooncake);
+  ASSERT_TRUE(full.ok()) << full.error();
+  Trace scaled = *full;
+  ASSERT_TRUE(ScaleLengths(scaled, 0.0625).ok());
+  EXPECT_EQ(scaled.block_tokens, 32);
+  double input = 0, scaled_input = 0;
+  std::size_t same_ids = 0;
+  for (std::size_t i = 0; i < full->requests.size(); ++i) {
+    input += static_cast<double>(full->requests[i].input_tokens);
+    scaled_input += static_cast<double>(scaled.requests[i].input_tokens);
+    same_ids += full->requests[i].block_ids == scaled.requests[i].block_ids;
+    ASSERT_LE(scaled.requests[i].input_tokens,
+              static_cast<Tokens>(scaled.requests[i].block_ids.size()) * 32)
+        << "request " << i;
+  }
+  EXPECT_NEAR(scaled_input / input, 0.0625, 0.0005);
+  // Only a block of at most 8 tokens, rounded away, loses its id.
+  EXPECT_GT(same_ids, full->requests.size() * 95 / 100);
 }
 
 TEST(KeepFirst, KeepsPrefixInArrivalOrder) {
