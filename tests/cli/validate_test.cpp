@@ -13,6 +13,7 @@
 #include "models/host_time.h"
 #include "models/step_profile.h"
 
+#include "tests/common/shared_traces.h"
 #include "tests/sim/e2e_util.h"
 
 namespace duet::e2e {
@@ -52,7 +53,7 @@ class ValidateTest : public ::testing::Test {
                                      "--model",
                                      tmp_.File("model"),
                                      "--trace",
-                                     tmp_.File("trace.json"),
+                                     trace_,
                                      "--out",
                                      tmp_.File("out"),
                                      "--serve-args",
@@ -62,6 +63,7 @@ class ValidateTest : public ::testing::Test {
   }
 
   TempDir tmp_;
+  std::string trace_ = tmp_.File("trace.json");
 };
 
 // The prompt tokens the live run's requests sent (its requests.csv).
@@ -374,6 +376,64 @@ TEST_F(ValidateTest, AnErrorBeyondItsToleranceFailsTheRun) {
   ExpectStepsAttributed(report["loads"][0], tmp_.File("out/rate-1"), profile->fits.at(0));
 }
 
+// Lines in a step log: one per live step.
+std::int64_t StepLines(const std::string& path) {
+  std::ifstream in(path);
+  std::int64_t n = 0;
+  for (std::string line; std::getline(in, line);) n += !line.empty();
+  return n;
+}
+
+// The first ten requests of the Mooncake trace (a burst at t = 0, prompts of 2k to 27k tokens)
+// at 1/128 of their lengths, served twice: the live value is the runs' median, reported with
+// their range, and each run's files stay.
+TEST_F(ValidateTest, RepeatsTheLiveRunsOfAScaledRealTraceAndStatesTheirSpread) {
+  trace_ = duet::testing::SharedTrace("mooncake_conversation.jsonl");
+  const RunResult r = Validate(
+      {"--rate-scales", "1", "--repeats", "2", "--limit", "10", "--length-scale", "0.0078125"});
+  ASSERT_EQ(r.exit_code, 0) << r;
+  EXPECT_TRUE(ContainsAll(r.out, {"rate x1: live [range], sim, error",
+                                  "spread at x1: 2 live runs "
+                                  "differ by ttft_ms.p50 "}))
+      << r;
+  const json report = ReadJson(tmp_.File("out/validation.json"));
+  EXPECT_EQ(report["length_scale"], 0.0078125);
+  EXPECT_EQ(report["trace_selection"], json({"--limit", "10", "--length-scale", "0.0078125"}));
+  const json& load = report["loads"][0];
+  EXPECT_EQ(load["repeats"], 2);
+  EXPECT_EQ(load["completed_live"], 10);
+  EXPECT_EQ(load["completed_simulated"], 10);
+  int compared = 0;
+  for (const auto& [name, m] : load["metrics"].items()) {
+    if (!m["live"].is_number()) continue;
+    ++compared;
+    ASSERT_EQ(m["live_runs"].size(), 2u) << name << m;
+    const double a = m["live_runs"][0].get<double>(), b = m["live_runs"][1].get<double>();
+    EXPECT_NEAR(m["live"].get<double>(), (a + b) / 2, 1e-9) << name;  // the median of two
+    EXPECT_EQ(m["live_min"].get<double>(), std::min(a, b)) << name;
+    EXPECT_EQ(m["live_max"].get<double>(), std::max(a, b)) << name;
+    const double sim = m["simulated"].get<double>();
+    EXPECT_EQ(m["within_live_range"].get<bool>(), sim >= std::min(a, b) && sim <= std::max(a, b))
+        << name;
+    if (m["live"].get<double>() != 0)
+      EXPECT_NEAR(m["live_spread_pct"].get<double>(),
+                  100 * std::abs(a - b) / m["live"].get<double>(), 1e-6)
+          << name;
+  }
+  EXPECT_GE(compared, 16);
+  // Both worlds and both runs sent the same scaled prompts: 113,177 tokens at 1/128, rounded
+  // request by request.
+  const std::int64_t sent = PromptTokens(tmp_.File("out/rate-1/live/requests.csv"));
+  EXPECT_EQ(PromptTokens(tmp_.File("out/rate-1/live-2/requests.csv")), sent);
+  EXPECT_EQ(PromptTokens(tmp_.File("out/rate-1/sim/requests.csv")), sent);
+  EXPECT_NEAR(static_cast<double>(sent), 113177.0 / 128, 5);
+  // The steps of both runs are attributed.
+  EXPECT_EQ(load["steps"]["live_steps"], StepLines(tmp_.File("out/rate-1/steps.jsonl")) +
+                                             StepLines(tmp_.File("out/rate-1/steps-2.jsonl")));
+  for (const char* file : {"out/rate-1/serve-2.log", "out/rate-1/replay-2.log"})
+    EXPECT_TRUE(fs::exists(tmp_.File(file))) << file;
+}
+
 TEST_F(ValidateTest, BadFlagsAreUsageErrors) {
   struct Case {
     std::vector<std::string> args;
@@ -387,6 +447,8 @@ TEST_F(ValidateTest, BadFlagsAreUsageErrors) {
       {{"--tolerance", "p42=5"}, 2, "--tolerance: 'p42=5' is not METRIC=PERCENT"},
       {{"--tolerance", "p50=-1"}, 2, "a percentage >= 0"},
       {{"--rate-scale", "2"}, 2, "--rate-scale: validate sets it"},
+      {{"--repeats", "0"}, 2, "--repeats: give 1 to 10 live runs per load, got 0"},
+      {{"--length-scale", "0.3"}, 2, "--length-scale: length scale factor 0.3"},
   };
   for (const Case& c : cases) {
     const RunResult r = Validate(c.args);

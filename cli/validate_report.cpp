@@ -1,0 +1,227 @@
+// The comparison and the printed report of `duet validate` (validate_report.h).
+#include "cli/validate_report.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <string_view>
+
+#include "models/step_profile.h"
+
+namespace duet::cli {
+namespace {
+
+using nlohmann::json;
+
+double Median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  const std::size_t n = values.size();
+  return n % 2 ? values[n / 2] : (values[n / 2 - 1] + values[n / 2]) / 2;
+}
+
+// "+1.2%", or "n/a" for a null.
+std::string Percent(const json& value) {
+  if (!value.is_number()) return "n/a";
+  char text[32];
+  std::snprintf(text, sizeof text, "%+.1f%%", value.get<double>());
+  return text;
+}
+
+}  // namespace
+
+std::string RateText(double r) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%g", r);
+  return text;
+}
+
+json Compare(const Metric& m, const std::vector<json>& live_runs, const json& simulated,
+             const std::map<std::string, double>& tolerances, bool* exceeded) {
+  std::vector<double> values;
+  json per_run = json::array();
+  for (const json& run : live_runs) {
+    const json& v = run.contains(m.pointer) ? run[m.pointer] : json();
+    per_run.push_back(v);
+    if (v.is_number()) values.push_back(v.get<double>());
+  }
+  const json live =
+      values.size() == live_runs.size() && !values.empty() ? json(Median(values)) : json();
+  const json& b = simulated.contains(m.pointer) ? simulated[m.pointer] : json();
+  json entry = {{"live", live}, {"simulated", b}, {"error_pct", nullptr}};
+  if (live_runs.size() > 1) {
+    entry["live_runs"] = per_run;
+    if (live.is_number()) {
+      const auto [low, high] = std::minmax_element(values.begin(), values.end());
+      entry["live_min"] = *low;
+      entry["live_max"] = *high;
+      entry["live_spread_pct"] =
+          live.get<double>() != 0 ? json(100 * (*high - *low) / live.get<double>()) : json();
+      if (b.is_number())
+        entry["within_live_range"] = b.get<double>() >= *low && b.get<double>() <= *high;
+    }
+  }
+  if (live.is_number() && b.is_number() && live.get<double>() != 0) {
+    const double error = 100.0 * (b.get<double>() - live.get<double>()) / live.get<double>();
+    entry["error_pct"] = error;
+    auto tol = tolerances.find(m.name);
+    if (tol == tolerances.end()) tol = tolerances.find(m.statistic);
+    if (tol != tolerances.end()) {
+      entry["tolerance_pct"] = tol->second;
+      const bool over = std::abs(error) > tol->second;
+      entry["within"] = !over;
+      *exceeded |= over;
+    }
+  }
+  return entry;
+}
+
+void PrintValidation(const json& report, const std::vector<Metric>& metrics) {
+  const int repeats = report["loads"].empty() ? 1 : report["loads"][0]["repeats"].get<int>();
+  // The table: one row per metric, live / simulated / error per load; with several runs, the
+  // live median with the runs' range, and "~" where the simulated value lies within it.
+  const int width = repeats > 1 ? 48 : 30;
+  std::printf("%-32s", "metric");
+  for (const json& load : report["loads"])
+    std::printf(" | %-*s", width,
+                ("rate x" + RateText(load["rate_scale"].get<double>()) +
+                 (repeats > 1 ? ": live [range], sim, error" : ": live, sim, error"))
+                    .c_str());
+  std::printf("\n");
+  for (const Metric& m : metrics) {
+    std::printf("%-32s", m.name.c_str());
+    for (const json& load : report["loads"]) {
+      const json& e = load["metrics"][m.name];
+      char cell[128];
+      if (e["error_pct"].is_number()) {
+        char range[64] = "";
+        if (e.contains("live_min"))
+          std::snprintf(range, sizeof range, " [%.2f-%.2f]", e["live_min"].get<double>(),
+                        e["live_max"].get<double>());
+        std::snprintf(cell, sizeof cell, "%.2f%s, %.2f, %+.1f%%%s%s", e["live"].get<double>(),
+                      range, e["simulated"].get<double>(), e["error_pct"].get<double>(),
+                      e.value("within_live_range", false) ? " ~" : "",
+                      e.contains("within") && !e["within"].get<bool>() ? " !" : "");
+      } else {
+        std::snprintf(cell, sizeof cell, "n/a");
+      }
+      std::printf(" | %-*s", width, cell);
+    }
+    std::printf("\n");
+  }
+  if (repeats > 1) {
+    // The live runs' own spread beside the simulation's error, per load.
+    for (const json& load : report["loads"]) {
+      std::string spreads;
+      int within = 0, compared = 0;
+      for (const Metric& m : metrics) {
+        const json& e = load["metrics"][m.name];
+        if (!e.contains("within_live_range")) continue;
+        ++compared;
+        within += e["within_live_range"].get<bool>();
+      }
+      for (const char* name : {"ttft_ms.p50", "tpot_ms.p50", "e2e_ms.p50", "ttft_ms.p99",
+                               "tpot_ms.p99", "e2e_ms.p99"}) {
+        const json& e = load["metrics"][name];
+        spreads += std::string(spreads.empty() ? "" : ", ") + name + " " +
+                   (e.contains("live_spread_pct") && e["live_spread_pct"].is_number()
+                        ? Percent(e["live_spread_pct"]).substr(1)
+                        : std::string("n/a"));
+      }
+      std::printf(
+          "spread at x%s: %d live runs differ by %s (range over median); the simulated value "
+          "lies within the live range (~) for %d of %d metrics\n",
+          RateText(load["rate_scale"].get<double>()).c_str(), repeats, spreads.c_str(), within,
+          compared);
+    }
+  }
+  // Where the error comes from, per load.
+  for (const json& load : report["loads"]) {
+    const json& s = load["steps"];
+    std::string classes;
+    for (const auto& [name, c] : s["classes"].items()) {
+      if (c["steps"].get<std::int64_t>() == 0) continue;
+      classes += (classes.empty() ? "" : ", ") + name + " " + Percent(c["error_pct"]);
+    }
+    std::string quarters;
+    for (const json& q : s["priced_error_pct_by_quarter"])
+      quarters += (quarters.empty() ? "" : ", ") + Percent(q);
+    std::string bands;
+    for (const json& b : s["decode_by_rows"]) {
+      const auto from = b["rows_from"].get<std::int64_t>(), to = b["rows_to"].get<std::int64_t>();
+      if (!bands.empty()) bands += ", ";
+      bands += std::to_string(from);
+      if (to > from) bands.append("-").append(std::to_string(to));
+      bands.append(" ").append(Percent(b["error_pct"]));
+    }
+    // The live figures add up a load's runs; the simulated ones are one run's.
+    const std::string runs = repeats > 1 ? " in " + std::to_string(repeats) + " runs" : "";
+    char outside[96] = "the forward passes overlap their iterations (asynchronous steps)";
+    if (s["outside_forward_ms_per_step"].is_number())
+      std::snprintf(outside, sizeof outside,
+                    "each live iteration spends %.2f ms outside its forward pass",
+                    s["outside_forward_ms_per_step"].get<double>());
+    std::printf(
+        "steps at x%s: %lld live%s, %s simulated; the cost model prices the live steps' forward "
+        "passes (%.2f s) at %s (%s; decode by batch rows %s; by quarter of the run %s); %s\n",
+        RateText(load["rate_scale"].get<double>()).c_str(),
+        static_cast<long long>(s["live_steps"].get<std::int64_t>()), runs.c_str(),
+        s["simulated_steps"].is_number() ? s["simulated_steps"].dump().c_str() : "n/a",
+        s["forward_s"].get<double>(), Percent(s["priced_error_pct"]).c_str(), classes.c_str(),
+        bands.empty() ? "n/a" : bands.c_str(), quarters.c_str(), outside);
+    if (s.contains("host_per_step")) {
+      const json& h = s["host_per_step"];
+      std::string phases;
+      for (const std::string_view name : models::kHostPhaseNames) {
+        const std::string key(name);
+        char part[64];
+        std::snprintf(part, sizeof part, "%s %.1f", key.c_str(),
+                      1e3 * h[key + "_ms"].get<double>());
+        phases += (phases.empty() ? "" : ", ") + std::string(part);
+      }
+      std::printf(
+          "host at x%s: per iteration %.1f us outside the forward pass (%s, other %.1f us); the "
+          "cost model prices %.1f us (%s)\n",
+          RateText(load["rate_scale"].get<double>()).c_str(),
+          1e3 * h["outside_forward_ms"].get<double>(), phases.c_str(),
+          1e3 * h["other_ms"].get<double>(), 1e3 * h["priced_ms"].get<double>(),
+          Percent(h["priced_error_pct"]).c_str());
+    }
+    if (load.contains("as_live")) {
+      std::string scales;
+      for (const auto& [name, k] : load["as_live"]["scales"].items()) {
+        char scale[64];
+        std::snprintf(scale, sizeof scale, "%s x%.3f", name.c_str(), k.get<double>());
+        scales += (scales.empty() ? "" : ", ") + std::string(scale);
+      }
+      std::string errors;
+      for (const char* name :
+           {"ttft_ms.p50", "tpot_ms.p50", "e2e_ms.p50", "ttft_ms.p99", "tpot_ms.p99", "e2e_ms.p99"})
+        errors += std::string(errors.empty() ? "" : ", ") + name + " " +
+                  Percent(load["metrics"][name]["error_as_live_pct"]);
+      std::printf(
+          "as live at x%s: with the steps priced as they ran live (%s) the simulation's errors "
+          "are %s\n",
+          RateText(load["rate_scale"].get<double>()).c_str(), scales.c_str(), errors.c_str());
+    }
+    if (load["metrics"]["ttft_ms.p50"].contains("error_without_host_pct")) {
+      std::string errors;
+      for (const char* name : {"ttft_ms.p50", "tpot_ms.p50", "e2e_ms.p50"})
+        errors += std::string(errors.empty() ? "" : ", ") + name + " " +
+                  Percent(load["metrics"][name]["error_without_host_pct"]) + " (with it " +
+                  Percent(load["metrics"][name]["error_pct"]) + ")";
+      std::printf("without host time at x%s: the simulation's errors are %s\n",
+                  RateText(load["rate_scale"].get<double>()).c_str(), errors.c_str());
+    }
+    const json& cpu = load["cpu"];
+    std::printf(
+        "cpu at x%s: over the %.1f s replay%s the client used %.1f CPU-s (%.2f of %d cores); the "
+        "server, from its start to its stop, %.1f CPU-s, preempted %lld times\n",
+        RateText(load["rate_scale"].get<double>()).c_str(), cpu["replay_s"].get<double>(),
+        repeats > 1 ? "s" : "", cpu["client_cpu_s"].get<double>(),
+        cpu["client_cores"].get<double>(), cpu["cores"].get<int>(),
+        cpu["server_cpu_s"].get<double>(),
+        static_cast<long long>(cpu["server_involuntary_switches"].get<std::int64_t>()));
+  }
+}
+
+}  // namespace duet::cli

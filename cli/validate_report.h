@@ -1,0 +1,32 @@
+// `duet validate`'s comparison of the worlds and its report on stdout: each metric's live value
+// (the median of a load's live runs, with their range) against the simulated one
+// (cli/validate.cpp runs the worlds; validate_steps.h says where the error comes from).
+#pragma once
+
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "cli/validate_flags.h"
+
+namespace duet::cli {
+
+// A rate scale as directory names and the report print it ("0.5", "2").
+std::string RateText(double r);
+
+// One metric of a load: the live value (the median of the live runs' summary.json values), the
+// simulated one and the error between them, checked against its --tolerance (setting *exceeded
+// when over). With several runs, also each run's value, their range, the spread (range over
+// median, in percent) and whether the simulated value lies within the live range: an error the
+// runs' own noise could make.
+nlohmann::json Compare(const Metric& m, const std::vector<nlohmann::json>& live_runs,
+                       const nlohmann::json& simulated,
+                       const std::map<std::string, double>& tolerances, bool* exceeded);
+
+// The report (validation.json's form) on stdout: the table of metrics by load, then per load the
+// live runs' spread, the steps' attribution, host time, the errors with steps priced as they ran
+// live and without host time, and the CPU beside the engine.
+void PrintValidation(const nlohmann::json& report, const std::vector<Metric>& metrics);
+
+}  // namespace duet::cli

@@ -1,0 +1,247 @@
+// The step attribution of `duet validate` (validate_steps.h): live step logs priced by the cost
+// model, and the profile scaled to the live steps.
+#include "cli/validate_steps.h"
+
+#include <algorithm>
+#include <array>
+#include <bit>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <sstream>
+
+#include "backend/engine/step_log.h"
+#include "common/json_util.h"
+
+namespace duet::cli {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+std::string ReadText(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+Result<json> AttributeSteps(const std::vector<std::string>& step_logs,
+                            const sim::ClusterSpec& cluster, const json& simulated_summary) {
+  struct Class {
+    std::int64_t steps = 0;
+    double forward_s = 0, priced_s = 0;
+    std::vector<double> errors;  // per step, priced / forward - 1
+  };
+  std::array<Class, models::kShapeClasses> classes;
+  // Of each class, the steps a fitted profile prices with the pieces above its split (the
+  // class's split rows or more: StepFit::PiecesFor).
+  std::array<Class, models::kShapeClasses> above_split;
+  const models::StepProfile* profile = cluster.cost_model.profile.get();
+  std::map<int, Class> decode_bands;  // by floor(log2(rows))
+  std::vector<std::unique_ptr<models::StepCostModel>> cost_models;
+  for (std::size_t i = 0; i < cluster.instances.size(); ++i)
+    cost_models.push_back(sim::MakeStepCostModel(cluster, i));
+  // By quarter of each live run (from its first step's start to its last's), summed over the
+  // runs: whether the same shapes ran slower in one stretch of a run (a machine's speed moving)
+  // or throughout.
+  struct Step {
+    Seconds start_s, forward_s, priced_s;
+  };
+  std::vector<Step> by_start;
+  std::array<double, 4> quarter_forward{}, quarter_priced{};
+  auto add_quarters = [&] {
+    if (by_start.empty()) return;
+    const auto [first, last] =
+        std::minmax_element(by_start.begin(), by_start.end(),
+                            [](const Step& a, const Step& b) { return a.start_s < b.start_s; });
+    const double span = last->start_s - first->start_s;
+    for (const Step& s : by_start) {
+      const auto q = span > 0
+                         ? std::min<std::size_t>(
+                               3, static_cast<std::size_t>(4 * (s.start_s - first->start_s) / span))
+                         : 0;
+      quarter_forward[q] += s.forward_s;
+      quarter_priced[q] += s.priced_s;
+    }
+    by_start.clear();
+  };
+  double iteration_s = 0;
+  bool async = false;  // asynchronous steps: a forward pass overlaps its iteration
+  // Iterations that logged their host time: by phase, and as the cost model prices it.
+  std::int64_t host_steps = 0;
+  double host_outside_s = 0, host_priced_s = 0;
+  std::array<double, models::kHostPhases> host_phase_s{};
+  Status bad_instance = Status::Ok();
+  for (const std::string& step_log : step_logs) {
+    const Status read =
+        backend::ReadStepLog(ReadText(step_log), step_log, [&](const backend::StepLogLine& line) {
+          if (line.instance >= static_cast<int>(cost_models.size())) {
+            if (bad_instance.ok())
+              bad_instance =
+                  Status::Error(step_log + ": instance " + std::to_string(line.instance) +
+                                " is not in the cluster file");
+            return;
+          }
+          const models::ShapeClass shape_class =
+              models::ClassOf(models::FeaturesOf(line.step.shape));
+          const double priced =
+              cost_models[static_cast<std::size_t>(line.instance)]->StepTime(line.step.shape);
+          auto add = [&](Class& c) {
+            ++c.steps;
+            c.forward_s += line.step.seconds;
+            c.priced_s += priced;
+            c.errors.push_back(priced / line.step.seconds - 1);
+          };
+          add(classes[static_cast<std::size_t>(shape_class)]);
+          const auto& instance = cluster.instances[static_cast<std::size_t>(line.instance)];
+          if (const models::StepFit* fit = profile ? profile->FitFor(instance.tp) : nullptr) {
+            const Tokens split = fit->split_rows[static_cast<std::size_t>(shape_class)];
+            if (split > 0 &&
+                models::FeaturesOf(line.step.shape).tokens() >= static_cast<double>(split))
+              add(above_split[static_cast<std::size_t>(shape_class)]);
+          }
+          if (shape_class == models::ShapeClass::kDecode)
+            add(decode_bands[std::bit_width(
+                                 static_cast<std::uint64_t>(line.step.shape.decode_tokens)) -
+                             1]);
+          iteration_s += line.iteration_s;
+          async = async || line.async;
+          by_start.push_back({line.start_s, line.step.seconds, priced});
+          if (line.host) {
+            ++host_steps;
+            host_outside_s += line.HostSeconds();
+            host_priced_s +=
+                cost_models[static_cast<std::size_t>(line.instance)]->HostTime(line.host->counts);
+            for (std::size_t p = 0; p < models::kHostPhases; ++p)
+              host_phase_s[p] += line.host->phase_s[p];
+          }
+        });
+    if (!read.ok()) return read;
+    if (!bad_instance.ok()) return bad_instance;
+    add_quarters();
+  }
+  auto pct = [](double priced, double measured) {
+    return measured > 0 ? json(100 * (priced / measured - 1)) : json();
+  };
+  json out = {{"classes", json::object()}};
+  std::int64_t steps = 0;
+  double forward_s = 0, priced_s = 0;
+  for (std::size_t k = 0; k < classes.size(); ++k) {
+    Class& c = classes[k];
+    steps += c.steps;
+    forward_s += c.forward_s;
+    priced_s += c.priced_s;
+    json median;
+    if (!c.errors.empty()) {
+      auto mid = c.errors.begin() + static_cast<std::ptrdiff_t>(c.errors.size() / 2);
+      std::nth_element(c.errors.begin(), mid, c.errors.end());
+      median = 100 * *mid;
+    }
+    json& entry = out["classes"][models::ToString(static_cast<models::ShapeClass>(k))];
+    entry = {{"steps", c.steps},
+             {"forward_s", c.forward_s},
+             {"priced_s", c.priced_s},
+             {"error_pct", pct(c.priced_s, c.forward_s)},
+             {"median_step_error_pct", median}};
+    const Class& a = above_split[k];
+    if (a.steps > 0)
+      entry["above_split"] = {{"steps", a.steps},
+                              {"forward_s", a.forward_s},
+                              {"priced_s", a.priced_s},
+                              {"error_pct", pct(a.priced_s, a.forward_s)}};
+  }
+  out["decode_by_rows"] = json::array();
+  for (const auto& [band, c] : decode_bands) {
+    out["decode_by_rows"].push_back({{"rows_from", std::int64_t{1} << band},
+                                     {"rows_to", (std::int64_t{2} << band) - 1},
+                                     {"steps", c.steps},
+                                     {"forward_s", c.forward_s},
+                                     {"priced_s", c.priced_s},
+                                     {"error_pct", pct(c.priced_s, c.forward_s)}});
+  }
+  out["live_steps"] = steps;
+  const json::json_pointer simulated_steps("/sim/engine_steps");
+  out["simulated_steps"] =
+      simulated_summary.contains(simulated_steps) ? simulated_summary[simulated_steps] : json();
+  out["forward_s"] = forward_s;
+  out["priced_s"] = priced_s;
+  out["priced_error_pct"] = pct(priced_s, forward_s);
+  out["iteration_s"] = iteration_s;
+  out["outside_forward_ms_per_step"] =
+      steps > 0 && !async ? json(1e3 * (iteration_s - forward_s) / static_cast<double>(steps))
+                          : json();
+  if (host_steps > 0) {
+    // Per iteration, in ms: each phase, the rest outside the forward pass ("other": the loop's
+    // own bookkeeping between phases), and what the cost model prices (0 where it does not).
+    const double per = 1e3 / static_cast<double>(host_steps);
+    json host = {{"steps", host_steps}, {"outside_forward_ms", per * host_outside_s}};
+    double phases = 0;
+    for (std::size_t p = 0; p < models::kHostPhases; ++p) {
+      host[std::string(models::kHostPhaseNames[p]) + "_ms"] = per * host_phase_s[p];
+      phases += host_phase_s[p];
+    }
+    host["other_ms"] = per * (host_outside_s - phases);
+    host["priced_ms"] = per * host_priced_s;
+    host["priced_error_pct"] = pct(host_priced_s, host_outside_s);
+    out["host_per_step"] = std::move(host);
+  }
+  out["priced_error_pct_by_quarter"] = json::array();
+  for (std::size_t q = 0; q < 4; ++q)
+    out["priced_error_pct_by_quarter"].push_back(pct(quarter_priced[q], quarter_forward[q]));
+  return out;
+}
+
+std::pair<models::StepProfile, json> ProfileAsLive(const sim::ClusterSpec& cluster,
+                                                   const json& steps) {
+  models::StepProfile profile = *cluster.cost_model.profile;
+  json scales = json::object();
+  auto ratio = [](double forward_s, double priced_s) {
+    return forward_s > 0 && priced_s > 0 ? forward_s / priced_s : 1.0;
+  };
+  for (std::size_t c = 0; c < models::kShapeClasses; ++c) {
+    const std::string name = models::ToString(static_cast<models::ShapeClass>(c));
+    const json& cls = steps["classes"][name];
+    std::int64_t below_steps = cls["steps"].get<std::int64_t>();
+    double forward_s = cls["forward_s"].get<double>(), priced_s = cls["priced_s"].get<double>();
+    double k_above = 1;
+    if (cls.contains("above_split")) {
+      const json& a = cls["above_split"];
+      k_above = ratio(a["forward_s"].get<double>(), a["priced_s"].get<double>());
+      below_steps -= a["steps"].get<std::int64_t>();
+      forward_s -= a["forward_s"].get<double>();
+      priced_s -= a["priced_s"].get<double>();
+      scales[name + " above split"] = k_above;
+    }
+    const double k = below_steps > 0 ? ratio(forward_s, priced_s) : 1.0;
+    scales[name] = k;
+    for (models::StepFit& fit : profile.fits) {
+      for (models::AffinePiece& piece : fit.pieces[c])
+        for (double& v : piece.seconds_per) v *= k;
+      for (models::AffinePiece& piece : fit.pieces_above[c])
+        for (double& v : piece.seconds_per) v *= k_above;
+    }
+  }
+  return {std::move(profile), scales};
+}
+
+Result<std::string> WriteClusterWithProfile(const sim::ClusterSpec& cluster,
+                                            const models::StepProfile& profile,
+                                            const std::string& dir, const std::string& name) {
+  const std::string profile_path =
+      fs::absolute(fs::path(dir) / ("profile-" + name + ".json")).string();
+  const std::string cluster_path = (fs::path(dir) / ("cluster-" + name + ".json")).string();
+  auto doc = ReadJsonFile(cluster.path);
+  if (!doc) return doc.status();
+  sim::AbsolutizeClusterRefs(*doc, fs::absolute(cluster.path).parent_path().string());
+  (*doc)["cost_model"]["profile"] = profile_path;
+  for (const auto& [path, text] : {std::pair{profile_path, models::FormatStepProfile(profile)},
+                                   std::pair{cluster_path, doc->dump(1) + "\n"}}) {
+    std::ofstream out(path);
+    out << text;
+    if (!out) return Status::Error("--out: cannot write " + path);
+  }
+  return cluster_path;
+}
+
+}  // namespace duet::cli

@@ -1,0 +1,43 @@
+// `duet validate`'s account of where its error comes from: the live steps of a load (the
+// servers' step logs) priced by the cluster file's cost model, and the profile that prices
+// steps as they ran live (cli/validate.cpp runs and compares the worlds).
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "common/status.h"
+#include "models/step_profile.h"
+#include "sim/cluster_spec.h"
+
+namespace duet::cli {
+
+// The whole of a text file ("" when it cannot be read).
+std::string ReadText(const std::string& path);
+
+// The live steps of one load (the step logs of its live runs) beside the cost model's price for
+// their shapes, by shape class, decode steps also by batch size (1, 2-3, 4-7, ...: backends
+// change kernels with it), by quarter of each run (summed over the runs), and the live
+// iterations' time outside their forward passes. `simulated_summary`: the simulation's
+// summary.json, for its step count.
+Result<nlohmann::json> AttributeSteps(const std::vector<std::string>& step_logs,
+                                      const sim::ClusterSpec& cluster,
+                                      const nlohmann::json& simulated_summary);
+
+// The cluster file's fitted profile with the pieces of each shape class scaled by what the live
+// steps they priced took over their price (`steps`: AttributeSteps'; below and above a class's
+// split apart; pieces that priced no live step are left as they are): a simulation from it
+// prices steps as they ran live, so the error left in it is not the step costs'. Returns the
+// profile and the scales: per class, and "<class> above split" where a class is split.
+std::pair<models::StepProfile, nlohmann::json> ProfileAsLive(const sim::ClusterSpec& cluster,
+                                                             const nlohmann::json& steps);
+
+// The cluster file again with `profile` as its cost model, written to DIR/profile-NAME.json and
+// DIR/cluster-NAME.json; returns the cluster file's path.
+Result<std::string> WriteClusterWithProfile(const sim::ClusterSpec& cluster,
+                                            const models::StepProfile& profile,
+                                            const std::string& dir, const std::string& name);
+
+}  // namespace duet::cli
