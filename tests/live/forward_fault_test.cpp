@@ -100,7 +100,7 @@ TEST_F(ForwardFault, AFailedDecodeStepEndsItsRequestsWithTheTokensTheyHad) {
     const auto expected = Clean(requests);
     // Pass 0: both prefills (one token each); passes 1 and 2 decode; pass 3 fails.
     FaultInjectingModel model(Model(64), FailPasses({3}, Fault::kFailAfter));
-    LocalEngine engine(model, {.async_steps = async});
+    LocalEngine engine(model, {.scheduler = {}, .async_steps = async, .on_token = {}});
     const auto failed = engine.Generate(requests);
     for (std::size_t i = 0; i < failed.size(); ++i) {
       ExpectFailedInTheForwardPass(failed[i], "decode step");

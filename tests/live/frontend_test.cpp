@@ -361,7 +361,7 @@ TEST_F(Frontend, AsynchronousStepsStreamTheSynchronousTokensAndStopWhereTheyDo) 
   LocalEngine sync_engine(*sync_model, {});
   const auto expected = sync_engine.Generate(local);
   auto async_model = Model(256);
-  LocalEngine async_local(*async_model, {.async_steps = true});
+  LocalEngine async_local(*async_model, {.scheduler = {}, .async_steps = true, .on_token = {}});
   const auto local_async = async_local.Generate(local);
 
   FrontendOptions options;
