@@ -30,6 +30,7 @@
 #include "cli/child_processes.h"
 #include "cli/commands.h"
 #include "cli/validate_flags.h"
+#include "cli/validate_html.h"
 #include "cli/validate_report.h"
 #include "cli/validate_steps.h"
 #include "common/json_util.h"
@@ -68,6 +69,31 @@ Result<std::string> WaitServing(ChildProcesses& children, pid_t server, const st
   }
   return Status::Error("duet serve did not start serving within " +
                        std::to_string(static_cast<int>(timeout_s)) + " s:\n" + Tail(log));
+}
+
+// What traffic the cluster file's profile was fitted to, beside the traffic validated here:
+// {"source": the profile's source, "traffic": "this" (the same trace file and selection: the
+// error measured is not on traffic the profile was not fitted to), "same_trace_other_selection",
+// "other", "ladders" (calibrated without a trace) or "none" (no fitted profile)}.
+json ProfileTraffic(const sim::ClusterSpec& cluster, const std::string& trace_path,
+                    const std::vector<std::string>& selection) {
+  const models::StepProfile* profile = cluster.cost_model.profile.get();
+  if (!profile) return {{"source", nullptr}, {"traffic", "none"}};
+  const json& source = profile->source;
+  std::string traffic = "ladders";
+  if (source.contains("trace") && source["trace"].contains("path")) {
+    auto canonical = [](const std::string& path) {
+      std::error_code ec;
+      const fs::path c = fs::weakly_canonical(path, ec);
+      return ec ? fs::path(path) : c;
+    };
+    const bool same_file =
+        canonical(source["trace"]["path"].get<std::string>()) == canonical(trace_path);
+    traffic = !same_file                                        ? "other"
+              : source["trace"]["selection"] == json(selection) ? "this"
+                                                                : "same_trace_other_selection";
+  }
+  return {{"source", source}, {"traffic", traffic}};
 }
 
 // One live run of a load, its files in DIR with SUFFIX ("" for a load's first run, "-2", ...):
@@ -145,6 +171,9 @@ int Validate(int argc, char** argv) {
      "reported with their range, and the simulation's error is stated against it")
     ("serve-args", po::value<std::string>()->default_value(""),
      "more arguments for duet serve, space-separated (e.g. --threads 2 --workers thread)")
+    ("report",
+     "also write OUT/report.html: one self-contained page with each load's live and simulated "
+     "CDFs of TTFT, TPOT and E2E, the error table and where the error comes from")
     ("out", po::value<std::string>()->default_value("validation"), "output directory");
   // clang-format on
   AddTraceOptions(opts);
@@ -195,6 +224,7 @@ int Validate(int argc, char** argv) {
                  {"trace", vm["trace"].as<std::string>()},
                  {"trace_selection", TraceSelectionArgs(vm)},
                  {"length_scale", vm["length-scale"].as<double>()},
+                 {"profile", ProfileTraffic(*cluster, trace->source, TraceSelectionArgs(vm))},
                  {"loads", json::array()}};
   bool exceeded = false;
   ChildProcesses children;
@@ -222,7 +252,7 @@ int Validate(int argc, char** argv) {
     for (int k = 1; k <= repeats; ++k) {
       std::fprintf(stderr, "duet validate: rate scale %s: live run %d of %d\n", RateText(r).c_str(),
                    k, repeats);
-      auto run = RunLive(children, serve, replay, dir, k == 1 ? "" : "-" + std::to_string(k));
+      auto run = RunLive(children, serve, replay, dir, RunSuffix(k));
       if (!run) return Fail("rate scale " + RateText(r) + ": " + run.error());
       runs.push_back(std::move(*run));
     }
@@ -330,6 +360,12 @@ int Validate(int argc, char** argv) {
     if (!out) return Fail("--out: cannot write " + report_path);
   }
   std::printf("wrote %s\n", report_path.c_str());
+  if (vm.count("report")) {
+    const std::string html_path = (fs::path(out_dir) / "report.html").string();
+    if (Status s = WriteValidationHtml(report, metrics, out_dir, html_path); !s.ok())
+      return Fail(s.message());
+    std::printf("wrote %s\n", html_path.c_str());
+  }
   if (exceeded) return Fail("an error exceeds its --tolerance (marked !)");
   return kExitOk;
 }

@@ -35,6 +35,13 @@ std::string RateText(double r) {
   return text;
 }
 
+std::string RunSuffix(int k) {
+  if (k == 1) return "";
+  std::string suffix = "-";
+  suffix += std::to_string(k);
+  return suffix;
+}
+
 json Compare(const Metric& m, const std::vector<json>& live_runs, const json& simulated,
              const std::map<std::string, double>& tolerances, bool* exceeded) {
   std::vector<double> values;
@@ -76,6 +83,21 @@ json Compare(const Metric& m, const std::vector<json>& live_runs, const json& si
 }
 
 void PrintValidation(const json& report, const std::vector<Metric>& metrics) {
+  const std::string traffic = report["profile"]["traffic"].get<std::string>();
+  const json& source = report["profile"]["source"];
+  if (traffic == "this") {
+    std::printf(
+        "profile: fitted to this trace and selection: the errors below are not on traffic it was "
+        "not fitted to\n");
+  } else if (traffic == "same_trace_other_selection") {
+    std::printf("profile: fitted to another selection of this trace (%s)\n",
+                source["trace"]["selection"].dump().c_str());
+  } else if (traffic == "other") {
+    std::printf("profile: fitted to other traffic (%s)\n",
+                source["trace"]["path"].get<std::string>().c_str());
+  } else if (traffic == "ladders") {
+    std::printf("profile: the sweep's ladders, fitted to no trace\n");
+  }
   const int repeats = report["loads"].empty() ? 1 : report["loads"][0]["repeats"].get<int>();
   // The table: one row per metric, live / simulated / error per load; with several runs, the
   // live median with the runs' range, and "~" where the simulated value lies within it.
@@ -141,6 +163,9 @@ void PrintValidation(const json& report, const std::vector<Metric>& metrics) {
     for (const auto& [name, c] : s["classes"].items()) {
       if (c["steps"].get<std::int64_t>() == 0) continue;
       classes += (classes.empty() ? "" : ", ") + name + " " + Percent(c["error_pct"]);
+      if (c.contains("beyond_sweep"))
+        classes += " (" + c["beyond_sweep"]["steps"].dump() +
+                   " beyond the sweep: " + Percent(c["beyond_sweep"]["error_pct"]) + ")";
     }
     std::string quarters;
     for (const json& q : s["priced_error_pct_by_quarter"])

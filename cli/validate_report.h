@@ -14,6 +14,9 @@ namespace duet::cli {
 
 // A rate scale as directory names and the report print it ("0.5", "2").
 std::string RateText(double r);
+// The suffix of the files of a load's k-th live run (1-based): "" for the first (live/,
+// steps.jsonl, ...), "-K" for the others (live-K/, steps-K.jsonl, ...).
+std::string RunSuffix(int k);
 
 // One metric of a load: the live value (the median of the live runs' summary.json values), the
 // simulated one and the error between them, checked against its --tolerance (setting *exceeded

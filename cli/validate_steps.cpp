@@ -37,7 +37,21 @@ Result<json> AttributeSteps(const std::vector<std::string>& step_logs,
   // Of each class, the steps a fitted profile prices with the pieces above its split (the
   // class's split rows or more: StepFit::PiecesFor).
   std::array<Class, models::kShapeClasses> above_split;
+  // Of each class, the steps the profile prices beyond its measurements: a fit column (tokens,
+  // context, rows, ...) larger than in any shape of the class it measured, for the instance's TP.
+  std::array<Class, models::kShapeClasses> beyond_sweep;
   const models::StepProfile* profile = cluster.cost_model.profile.get();
+  using Columns = std::array<double, models::kFitColumns>;
+  std::map<int, std::array<Columns, models::kShapeClasses>> measured_max;  // by TP
+  if (profile) {
+    for (const models::StepMeasurement& m : profile->measurements) {
+      const models::StepFeatures f = models::FeaturesOf(m.shape);
+      if (f.empty()) continue;
+      Columns& max = measured_max[m.shape.tp][static_cast<std::size_t>(models::ClassOf(f))];
+      const Columns columns = models::FitColumns(f);
+      for (std::size_t c = 0; c < columns.size(); ++c) max[c] = std::max(max[c], columns[c]);
+    }
+  }
   std::map<int, Class> decode_bands;  // by floor(log2(rows))
   std::vector<std::unique_ptr<models::StepCostModel>> cost_models;
   for (std::size_t i = 0; i < cluster.instances.size(); ++i)
@@ -101,6 +115,13 @@ Result<json> AttributeSteps(const std::vector<std::string>& step_logs,
                 models::FeaturesOf(line.step.shape).tokens() >= static_cast<double>(split))
               add(above_split[static_cast<std::size_t>(shape_class)]);
           }
+          if (const auto it = measured_max.find(line.step.shape.tp); it != measured_max.end()) {
+            const Columns& max = it->second[static_cast<std::size_t>(shape_class)];
+            const Columns columns = models::FitColumns(models::FeaturesOf(line.step.shape));
+            bool beyond = false;
+            for (std::size_t c = 0; c < columns.size(); ++c) beyond |= columns[c] > max[c];
+            if (beyond) add(beyond_sweep[static_cast<std::size_t>(shape_class)]);
+          }
           if (shape_class == models::ShapeClass::kDecode)
             add(decode_bands[std::bit_width(
                                  static_cast<std::uint64_t>(line.step.shape.decode_tokens)) -
@@ -144,12 +165,14 @@ Result<json> AttributeSteps(const std::vector<std::string>& step_logs,
              {"priced_s", c.priced_s},
              {"error_pct", pct(c.priced_s, c.forward_s)},
              {"median_step_error_pct", median}};
-    const Class& a = above_split[k];
-    if (a.steps > 0)
-      entry["above_split"] = {{"steps", a.steps},
-                              {"forward_s", a.forward_s},
-                              {"priced_s", a.priced_s},
-                              {"error_pct", pct(a.priced_s, a.forward_s)}};
+    for (const auto& [key, part] :
+         {std::pair{"above_split", &above_split[k]}, std::pair{"beyond_sweep", &beyond_sweep[k]}}) {
+      if (part->steps > 0)
+        entry[key] = {{"steps", part->steps},
+                      {"forward_s", part->forward_s},
+                      {"priced_s", part->priced_s},
+                      {"error_pct", pct(part->priced_s, part->forward_s)}};
+    }
   }
   out["decode_by_rows"] = json::array();
   for (const auto& [band, c] : decode_bands) {

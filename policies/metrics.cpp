@@ -52,6 +52,38 @@ std::string CsvField(const std::string& s) {
   return out + "\"";
 }
 
+// The records of a CSV text (RFC 4180: a quoted field may hold commas, quotes doubled and line
+// breaks), each a list of fields.
+std::vector<std::vector<std::string>> CsvRecords(const std::string& text) {
+  std::vector<std::vector<std::string>> records;
+  std::vector<std::string> record(1);
+  bool quoted = false;
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (quoted) {
+      if (c != '"') {
+        record.back() += c;
+      } else if (i + 1 < text.size() && text[i + 1] == '"') {
+        record.back() += '"';
+        ++i;
+      } else {
+        quoted = false;
+      }
+    } else if (c == '"') {
+      quoted = true;
+    } else if (c == ',') {
+      record.emplace_back();
+    } else if (c == '\n') {
+      records.push_back(std::move(record));
+      record.assign(1, "");
+    } else if (c != '\r') {
+      record.back() += c;
+    }
+  }
+  if (record.size() > 1 || !record.front().empty()) records.push_back(std::move(record));
+  return records;
+}
+
 double Ms(Seconds s) { return s * 1000.0; }
 double TtftMs(const FinishedRequest& r) { return Ms(r.first_token_s - r.arrival_s); }
 // Time to second token, as AIPerf defines it: the first token to the second.
@@ -442,6 +474,37 @@ Status MetricsCollector::WriteRequestsCsv(const std::string& path,
   out.flush();
   if (!out) return Status::Error(path + ": write failed");
   return Status::Ok();
+}
+
+Result<std::vector<double>> ParseRequestsCsvColumn(const std::string& text,
+                                                   const std::string& source,
+                                                   const std::string& column) {
+  const auto records = CsvRecords(text);
+  if (records.empty()) return Status::Error(source + ": empty");
+  const auto& header = records.front();
+  const auto at = [&](const std::string& name) {
+    return static_cast<std::size_t>(std::find(header.begin(), header.end(), name) - header.begin());
+  };
+  const std::size_t value_at = at(column), status_at = at("status");
+  if (value_at == header.size() || status_at == header.size())
+    return Status::Error(source + ": the header has no " +
+                         (value_at == header.size() ? column : std::string("status")) + " column");
+  std::vector<double> values;
+  for (std::size_t r = 1; r < records.size(); ++r) {
+    const auto& fields = records[r];
+    if (fields.size() != header.size())
+      return Status::Error(source + ": record " + std::to_string(r + 1) + " has " +
+                           std::to_string(fields.size()) + " fields, the header " +
+                           std::to_string(header.size()));
+    if (fields[status_at] != "completed" || fields[value_at].empty()) continue;
+    char* end = nullptr;
+    const double v = std::strtod(fields[value_at].c_str(), &end);
+    if (end != fields[value_at].c_str() + fields[value_at].size() || !std::isfinite(v))
+      return Status::Error(source + ": record " + std::to_string(r + 1) + ": " + column + " '" +
+                           fields[value_at] + "' is not a number");
+    values.push_back(v);
+  }
+  return values;
 }
 
 }  // namespace duet::policies

@@ -97,4 +97,12 @@ class MetricsCollector : public EventSink {
   std::int64_t preemptions_ = 0;
 };
 
+// One column of a requests.csv, read back (the HTML report of `duet validate`): the values of
+// `column` in the records whose status is "completed" and whose value is not empty. `text` is
+// the file's contents (RFC 4180: quoted fields may hold commas, doubled quotes and line breaks);
+// errors name `source`, the record and what is wrong.
+Result<std::vector<double>> ParseRequestsCsvColumn(const std::string& text,
+                                                   const std::string& source,
+                                                   const std::string& column);
+
 }  // namespace duet::policies

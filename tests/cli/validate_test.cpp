@@ -232,6 +232,8 @@ TEST_F(ValidateTest, ComparesALiveRunWithTheSimulationAtEachLoad) {
               "decode by batch rows 1 ", "cpu at x0.5", "cpu at x2", "as live at x0.5",
               "with the steps priced as they ran live", "wrote"}));
   const json report = ReadJson(tmp_.File("out/validation.json"));
+  EXPECT_EQ(report["profile"]["traffic"], "ladders");  // calibrated without a trace
+  EXPECT_TRUE(ContainsAll(r.out, {"profile: the sweep's ladders, fitted to no trace"})) << r;
   ASSERT_EQ(report["loads"].size(), 2u);
   for (const json& load : report["loads"]) {
     EXPECT_EQ(load["completed_live"], 12) << load;
@@ -389,8 +391,14 @@ std::int64_t StepLines(const std::string& path) {
 // their range, and each run's files stay.
 TEST_F(ValidateTest, RepeatsTheLiveRunsOfAScaledRealTraceAndStatesTheirSpread) {
   trace_ = duet::testing::SharedTrace("mooncake_conversation.jsonl");
-  const RunResult r = Validate(
-      {"--rate-scales", "1", "--repeats", "2", "--limit", "10", "--length-scale", "0.0078125"});
+  // The profile says it was fitted to this very traffic (as `duet calibrate --trace` with the
+  // same selection writes it): the report says so.
+  json fitted_here = ReadJson(tmp_.File("profile.json"));
+  fitted_here["source"]["trace"] = {
+      {"path", trace_}, {"selection", {"--limit", "10", "--length-scale", "0.0078125"}}};
+  tmp_.Write("profile.json", fitted_here.dump());
+  const RunResult r = Validate({"--rate-scales", "1", "--repeats", "2", "--limit", "10",
+                                "--length-scale", "0.0078125", "--report"});
   ASSERT_EQ(r.exit_code, 0) << r;
   EXPECT_TRUE(ContainsAll(r.out, {"rate x1: live [range], sim, error",
                                   "spread at x1: 2 live runs "
@@ -398,6 +406,8 @@ TEST_F(ValidateTest, RepeatsTheLiveRunsOfAScaledRealTraceAndStatesTheirSpread) {
       << r;
   const json report = ReadJson(tmp_.File("out/validation.json"));
   EXPECT_EQ(report["length_scale"], 0.0078125);
+  EXPECT_EQ(report["profile"]["traffic"], "this");
+  EXPECT_TRUE(ContainsAll(r.out, {"profile: fitted to this trace and selection"})) << r;
   EXPECT_EQ(report["trace_selection"], json({"--limit", "10", "--length-scale", "0.0078125"}));
   const json& load = report["loads"][0];
   EXPECT_EQ(load["repeats"], 2);
@@ -415,10 +425,11 @@ TEST_F(ValidateTest, RepeatsTheLiveRunsOfAScaledRealTraceAndStatesTheirSpread) {
     const double sim = m["simulated"].get<double>();
     EXPECT_EQ(m["within_live_range"].get<bool>(), sim >= std::min(a, b) && sim <= std::max(a, b))
         << name;
-    if (m["live"].get<double>() != 0)
+    if (m["live"].get<double>() != 0) {
       EXPECT_NEAR(m["live_spread_pct"].get<double>(),
                   100 * std::abs(a - b) / m["live"].get<double>(), 1e-6)
           << name;
+    }
   }
   EXPECT_GE(compared, 16);
   // Both worlds and both runs sent the same scaled prompts: 113,177 tokens at 1/128, rounded
@@ -427,11 +438,58 @@ TEST_F(ValidateTest, RepeatsTheLiveRunsOfAScaledRealTraceAndStatesTheirSpread) {
   EXPECT_EQ(PromptTokens(tmp_.File("out/rate-1/live-2/requests.csv")), sent);
   EXPECT_EQ(PromptTokens(tmp_.File("out/rate-1/sim/requests.csv")), sent);
   EXPECT_NEAR(static_cast<double>(sent), 113177.0 / 128, 5);
-  // The steps of both runs are attributed.
+  // The steps of both runs are attributed, and those the profile prices beyond the shapes it
+  // measured (here the burst's batched prefills) are counted per class.
   EXPECT_EQ(load["steps"]["live_steps"], StepLines(tmp_.File("out/rate-1/steps.jsonl")) +
                                              StepLines(tmp_.File("out/rate-1/steps-2.jsonl")));
+  auto profile = models::LoadStepProfile(tmp_.File("profile.json"));
+  ASSERT_TRUE(profile.ok()) << profile.error();
+  std::array<std::array<double, models::kFitColumns>, models::kShapeClasses> measured{};
+  for (const models::StepMeasurement& m : profile->measurements) {
+    const auto f = models::FeaturesOf(m.shape);
+    auto& max = measured[static_cast<std::size_t>(models::ClassOf(f))];
+    const auto columns = models::FitColumns(f);
+    for (std::size_t c = 0; c < columns.size(); ++c) max[c] = std::max(max[c], columns[c]);
+  }
+  std::array<std::int64_t, models::kShapeClasses> beyond{};
+  for (const char* log : {"out/rate-1/steps.jsonl", "out/rate-1/steps-2.jsonl"}) {
+    std::ifstream in(tmp_.File(log));
+    for (std::string line; std::getline(in, line);) {
+      auto shape = models::ParseStepShape(json::parse(line), log);
+      ASSERT_TRUE(shape.ok()) << shape.error();
+      const auto f = models::FeaturesOf(*shape);
+      const auto k = static_cast<std::size_t>(models::ClassOf(f));
+      const auto columns = models::FitColumns(f);
+      bool out = false;
+      for (std::size_t c = 0; c < columns.size(); ++c) out |= columns[c] > measured[k][c];
+      beyond[k] += out;
+    }
+  }
+  EXPECT_GT(beyond[0] + beyond[1] + beyond[2], 0) << "no step beyond the sweep: untested";
+  for (std::size_t k = 0; k < models::kShapeClasses; ++k) {
+    const json& c = load["steps"]["classes"][models::ToString(static_cast<models::ShapeClass>(k))];
+    EXPECT_EQ(c.contains("beyond_sweep") ? c["beyond_sweep"]["steps"].get<std::int64_t>() : 0,
+              beyond[k])
+        << c;
+  }
   for (const char* file : {"out/rate-1/serve-2.log", "out/rate-1/replay-2.log"})
     EXPECT_TRUE(fs::exists(tmp_.File(file))) << file;
+  // The HTML report: per plot (TTFT, TPOT, E2E) a CDF of each live run and of the simulation,
+  // from every completed request; the error table; nothing fetched from elsewhere.
+  const std::string html = ReadFile(tmp_.File("out/report.html"));
+  auto count = [&](const std::string& what) {
+    std::size_t n = 0;
+    for (auto at = html.find(what); at != std::string::npos; at = html.find(what, at + 1)) ++n;
+    return n;
+  };
+  EXPECT_EQ(count("<svg"), 3u);
+  EXPECT_EQ(count("<polyline class=\"cdf\""), 9u);
+  EXPECT_EQ(count("data-series=\"live run 2\" data-n=\"10\""), 2u);  // TTFT and E2E
+  EXPECT_EQ(count("data-series=\"simulated\" data-n=\"10\""), 2u);
+  EXPECT_EQ(count("<td class=\"m\">ttft_ms.p50</td>"), 1u);
+  for (const char* external : {"<script", "src=", "href=", "@import"})
+    EXPECT_EQ(count(external), 0u) << external;
+  EXPECT_TRUE(ContainsAll(r.out, {"wrote " + tmp_.File("out/report.html")})) << r;
 }
 
 TEST_F(ValidateTest, BadFlagsAreUsageErrors) {

@@ -253,7 +253,40 @@ TEST(MetricsCollector, WritesRequestsCsvInIdOrderWithMetricsMdColumns) {
   EXPECT_EQ(s["prefix_cache"]["by_tier"]["remote"]["hit_tokens"], 0);
   EXPECT_DOUBLE_EQ(s["ttft_breakdown_ms"]["load"]["max"].get<double>(), 100.0);
   EXPECT_DOUBLE_EQ(s["ttft_breakdown_ms"]["prefill"]["mean"].get<double>(), 435.0);
+  // Read back: a column of the completed requests, past the quoted reason of the rejected one.
+  auto ttft = ParseRequestsCsvColumn(text.str(), path.string(), "ttft_ms");
+  ASSERT_TRUE(ttft.ok()) << ttft.error();
+  EXPECT_EQ(*ttft, (std::vector<double>{500, 500}));
+  auto session = ParseRequestsCsvColumn(text.str(), path.string(), "session");
+  ASSERT_TRUE(session.ok()) << session.error();
+  EXPECT_EQ(*session, std::vector<double>{3});  // empty values are left out
   std::filesystem::remove(path);
+}
+
+TEST(RequestsCsvColumn, QuotedFieldsAndBadFilesNameTheRecord) {
+  const std::string quoted =
+      "request_id,ttft_ms,status,reason\r\n0,1.5,completed,\r\n1,,failed,\"a, \"\"b\"\"\nc\"\r\n"
+      "2,2.25,completed,\r\n";
+  auto values = ParseRequestsCsvColumn(quoted, "q.csv", "ttft_ms");
+  ASSERT_TRUE(values.ok()) << values.error();
+  EXPECT_EQ(*values, (std::vector<double>{1.5, 2.25}));
+  struct Case {
+    std::string text, error;
+  };
+  for (const Case& c : std::vector<Case>{
+           {"", "q.csv: empty"},
+           {"request_id,status\n0,completed\n", "q.csv: the header has no ttft_ms column"},
+           {"ttft_ms\n1\n", "q.csv: the header has no status column"},
+           {"ttft_ms,status\n1\n", "q.csv: record 2 has 1 fields, the header 2"},
+           {"ttft_ms,status\n1,completed\nx1,completed\n",
+            "q.csv: record 3: ttft_ms 'x1' is not a number"},
+           {"ttft_ms,status\n1e999,completed\n",
+            "q.csv: record 2: ttft_ms '1e999' is not a number"},
+       }) {
+    auto r = ParseRequestsCsvColumn(c.text, "q.csv", "ttft_ms");
+    ASSERT_FALSE(r.ok()) << c.text;
+    EXPECT_EQ(r.error(), c.error);
+  }
 }
 
 // The engine never rewrites the spec: the record says what happened. A request a stop token

@@ -1,0 +1,259 @@
+// The HTML page of `duet validate --report` (validate_html.h): CDFs drawn as inline SVG step
+// lines from the runs' requests.csv, and the report's tables, in one file with nothing fetched.
+#include "cli/validate_html.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+
+#include "cli/validate_report.h"
+#include "cli/validate_steps.h"
+#include "policies/metrics.h"
+
+namespace duet::cli {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+std::string Escape(const std::string& text) {
+  std::string out;
+  for (char c : text) {
+    switch (c) {
+      case '&':
+        out += "&amp;";
+        break;
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '"':
+        out += "&quot;";
+        break;
+      default:
+        out += c;
+    }
+  }
+  return out;
+}
+
+std::string Format(const char* format, double value) {
+  char text[64];
+  std::snprintf(text, sizeof text, format, value);
+  return text;
+}
+
+// "+1.2%", or "n/a" for a null.
+std::string Percent(const json& value) {
+  return value.is_number() ? Format("%+.1f%%", value.get<double>()) : "n/a";
+}
+
+struct Series {
+  std::string label;   // its own: "live run 2"
+  std::string legend;  // in the legend: "live runs (3)"
+  std::string color;
+  std::vector<double> values;
+};
+
+// The tick step for an axis from 0 to `max`: 1, 2 or 5 times a power of ten, at most 6 ticks.
+double TickStep(double max) {
+  const double raw = max / 5;
+  const double power = std::pow(10.0, std::floor(std::log10(raw)));
+  for (double m : {1.0, 2.0, 5.0, 10.0})
+    if (m * power >= raw) return m * power;
+  return 10 * power;
+}
+
+// One plot: the empirical CDF of each series as a step line, x from 0 to the largest value.
+std::string CdfSvg(const std::string& title, const std::vector<Series>& series) {
+  constexpr double kWidth = 450, kHeight = 260, kLeft = 48, kRight = 112, kTop = 28, kBottom = 40;
+  const double plot_w = kWidth - kLeft - kRight, plot_h = kHeight - kTop - kBottom;
+  double max = 0;
+  for (const Series& s : series)
+    for (double v : s.values) max = std::max(max, v);
+  if (!(max > 0)) max = 1;
+  const double step = TickStep(max);
+  max = std::ceil(max / step) * step;
+  auto x = [&](double v) { return kLeft + plot_w * v / max; };
+  auto y = [&](double p) { return kTop + plot_h * (1 - p); };
+  std::string svg = "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" + Format("%.0f", kWidth) +
+                    "\" height=\"" + Format("%.0f", kHeight) + "\" role=\"img\">";
+  svg += "<title>" + Escape(title) + "</title>";
+  svg +=
+      "<text x=\"" + Format("%.0f", kLeft) + "\" y=\"16\" class=\"t\">" + Escape(title) + "</text>";
+  svg += "<rect x=\"" + Format("%.1f", kLeft) + "\" y=\"" + Format("%.1f", kTop) + "\" width=\"" +
+         Format("%.1f", plot_w) + "\" height=\"" + Format("%.1f", plot_h) +
+         "\" fill=\"none\" stroke=\"#999\"/>";
+  for (double v = 0; v <= max * (1 + 1e-9); v += step) {
+    svg += "<line x1=\"" + Format("%.1f", x(v)) + "\" x2=\"" + Format("%.1f", x(v)) + "\" y1=\"" +
+           Format("%.1f", y(0)) + "\" y2=\"" + Format("%.1f", y(0) + 4) + "\" stroke=\"#999\"/>";
+    svg += "<text x=\"" + Format("%.1f", x(v)) + "\" y=\"" + Format("%.1f", y(0) + 16) +
+           "\" class=\"a\" text-anchor=\"middle\">" + Format("%g", v) + "</text>";
+  }
+  for (double p : {0.0, 0.5, 1.0})
+    svg += "<text x=\"" + Format("%.1f", kLeft - 6) + "\" y=\"" + Format("%.1f", y(p) + 4) +
+           "\" class=\"a\" text-anchor=\"end\">" + Format("%g", p) + "</text>";
+  svg += "<text x=\"" + Format("%.1f", kLeft + plot_w / 2) + "\" y=\"" +
+         Format("%.1f", kHeight - 6) + "\" class=\"a\" text-anchor=\"middle\">ms</text>";
+  for (std::size_t k = 0; k < series.size(); ++k) {
+    std::vector<double> values = series[k].values;
+    std::sort(values.begin(), values.end());
+    const double n = static_cast<double>(values.size());
+    std::string points;
+    for (std::size_t i = 0; i < values.size(); ++i) {
+      points += Format("%.1f", x(values[i])) + "," + Format("%.1f", y(i / n)) + " ";
+      points += Format("%.1f", x(values[i])) + "," + Format("%.1f", y((i + 1) / n)) + " ";
+    }
+    svg += "<polyline class=\"cdf\" data-series=\"" + Escape(series[k].label) + "\" data-n=\"" +
+           std::to_string(values.size()) + "\" fill=\"none\" stroke=\"" + series[k].color +
+           "\" stroke-width=\"1.5\" stroke-opacity=\"0.8\" points=\"" + points + "\"/>";
+  }
+  // The legend, right of the plot: one entry per label (a load's live runs share theirs).
+  std::vector<const Series*> legend;
+  for (const Series& s : series) {
+    if (std::none_of(legend.begin(), legend.end(),
+                     [&](const Series* l) { return l->legend == s.legend; }))
+      legend.push_back(&s);
+  }
+  for (std::size_t k = 0; k < legend.size(); ++k) {
+    const double lx = kLeft + plot_w + 8, ly = kTop + 10 + 16 * static_cast<double>(k);
+    svg += "<line x1=\"" + Format("%.1f", lx) + "\" x2=\"" + Format("%.1f", lx + 16) + "\" y1=\"" +
+           Format("%.1f", ly - 4) + "\" y2=\"" + Format("%.1f", ly - 4) + "\" stroke=\"" +
+           legend[k]->color + "\" stroke-width=\"2\"/>";
+    svg += "<text x=\"" + Format("%.1f", lx + 20) + "\" y=\"" + Format("%.1f", ly) +
+           "\" class=\"a\">" + Escape(legend[k]->legend) + "</text>";
+  }
+  return svg + "</svg>";
+}
+
+constexpr const char* kStyle =
+    "body{font-family:sans-serif;margin:2em;max-width:80em}"
+    "table{border-collapse:collapse;font-size:90%}td,th{border:1px solid #ccc;padding:2px 6px;"
+    "text-align:right}th{background:#eee}td.m{text-align:left}.miss{background:#fdd}"
+    ".noise{background:#efe}.t{font-size:13px;font-weight:bold}.a{font-size:11px}"
+    "svg{margin:0 1em 1em 0}";
+
+}  // namespace
+
+Result<std::vector<double>> ReadCompletedColumn(const std::string& requests_csv,
+                                                const std::string& column) {
+  if (!fs::exists(requests_csv)) return Status::Error(requests_csv + ": no such file");
+  return policies::ParseRequestsCsvColumn(ReadText(requests_csv), requests_csv, column);
+}
+
+Status WriteValidationHtml(const json& report, const std::vector<Metric>& metrics,
+                           const std::string& out_dir, const std::string& path) {
+  std::string html =
+      "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>duet "
+      "validate: " +
+      Escape(report["trace"].get<std::string>()) + "</title><style>" + kStyle +
+      "</style></head><body>\n<h1>duet validate</h1>\n<p>";
+  std::string selection;
+  for (const json& arg : report["trace_selection"]) selection += " " + arg.get<std::string>();
+  html += "Cluster <code>" + Escape(report["cluster"].get<std::string>()) +
+          "</code>, model <code>" + Escape(report["model"].get<std::string>()) +
+          "</code>, trace <code>" + Escape(report["trace"].get<std::string>() + selection) +
+          "</code>. Live: the median of each load's live runs, with their range; simulated: "
+          "<code>duet simulate</code> on the same cluster file and trace. Error: simulated over "
+          "live, less one. Green: the simulated value lies within the live runs' range; red: the "
+          "error exceeds its tolerance.</p>\n";
+  for (const json& load : report["loads"]) {
+    const std::string rate = RateText(load["rate_scale"].get<double>());
+    const std::string dir = (fs::path(out_dir) / ("rate-" + rate)).string();
+    const int repeats = load["repeats"].get<int>();
+    html += "<h2>Rate x" + Escape(rate) + "</h2>\n<div>";
+    for (const auto& [column, title] :
+         {std::pair{"ttft_ms", "TTFT"}, std::pair{"tpot_ms", "TPOT"}, std::pair{"e2e_ms", "E2E"}}) {
+      std::vector<Series> series;
+      for (int k = 1; k <= repeats; ++k) {
+        const std::string live = dir + "/live" + RunSuffix(k);
+        auto values = ReadCompletedColumn(live + "/requests.csv", column);
+        if (!values) return values.status();
+        series.push_back({"live run " + std::to_string(k),
+                          repeats > 1 ? "live runs (" + std::to_string(repeats) + ")" : "live",
+                          "#1f77b4", *values});
+      }
+      auto simulated = ReadCompletedColumn(dir + "/sim/requests.csv", column);
+      if (!simulated) return simulated.status();
+      series.push_back({"simulated", "simulated", "#ff7f0e", *simulated});
+      html += CdfSvg(std::string(title) + " at x" + rate + " (CDF)", series);
+    }
+    html += "</div>\n";
+  }
+  // The error table: metrics by load.
+  html += "<h2>Errors</h2>\n<table><tr><th>metric</th>";
+  for (const json& load : report["loads"])
+    html += "<th>x" + Escape(RateText(load["rate_scale"].get<double>())) +
+            " live</th><th>range</th><th>sim</th><th>error</th>";
+  html += "</tr>\n";
+  for (const Metric& m : metrics) {
+    html += "<tr><td class=\"m\">" + Escape(m.name) + "</td>";
+    for (const json& load : report["loads"]) {
+      const json& e = load["metrics"][m.name];
+      const bool miss = e.contains("within") && !e["within"].get<bool>();
+      const char* cls = miss                                  ? " class=\"miss\""
+                        : e.value("within_live_range", false) ? " class=\"noise\""
+                                                              : "";
+      const auto number = [](const json& v) {
+        return v.is_number() ? Format("%.2f", v.get<double>()) : "n/a";
+      };
+      const std::string range =
+          e.contains("live_min") ? number(e["live_min"]) + "&ndash;" + number(e["live_max"]) : "";
+      html += "<td>" + number(e["live"]) + "</td><td>" + range + "</td><td>" +
+              number(e["simulated"]) + "</td><td" + cls + ">" + Percent(e["error_pct"]) + "</td>";
+    }
+    html += "</tr>\n";
+  }
+  html += "</table>\n";
+  // Where the error comes from, per load.
+  html +=
+      "<h2>Where the error comes from</h2>\n<table><tr><th>load</th><th>live steps</th><th>"
+      "simulated steps</th><th>live forward passes</th><th>priced by the profile</th>";
+  for (std::size_t c = 0; c < models::kShapeClasses; ++c)
+    html += std::string("<th>") + models::ToString(static_cast<models::ShapeClass>(c)) + "</th>";
+  html +=
+      "<th>host per step, live</th><th>priced</th><th>TTFT p50 error as live</th><th>TPOT p50 "
+      "as live</th><th>E2E p50 as live</th></tr>\n";
+  for (const json& load : report["loads"]) {
+    const json& s = load["steps"];
+    html += "<tr><td>x" + Escape(RateText(load["rate_scale"].get<double>())) + "</td><td>" +
+            s["live_steps"].dump() + "</td><td>" + s["simulated_steps"].dump() + "</td><td>" +
+            Format("%.2f s", s["forward_s"].get<double>()) + "</td><td>" +
+            Percent(s["priced_error_pct"]) + "</td>";
+    for (std::size_t c = 0; c < models::kShapeClasses; ++c)
+      html +=
+          "<td>" +
+          Percent(s["classes"][models::ToString(static_cast<models::ShapeClass>(c))]["error_pct"]) +
+          "</td>";
+    const bool host = s.contains("host_per_step");
+    html +=
+        "<td>" +
+        (host ? Format("%.1f us", 1e3 * s["host_per_step"]["outside_forward_ms"].get<double>())
+              : "n/a") +
+        "</td><td>" +
+        (host ? Format("%.1f us", 1e3 * s["host_per_step"]["priced_ms"].get<double>()) : "n/a") +
+        "</td>";
+    for (const char* name : {"ttft_ms.p50", "tpot_ms.p50", "e2e_ms.p50"}) {
+      const json& e = load["metrics"][name];
+      html += "<td>" + (e.contains("error_as_live_pct") ? Percent(e["error_as_live_pct"]) : "n/a") +
+              "</td>";
+    }
+    html += "</tr>\n";
+  }
+  html +=
+      "</table>\n<p>Priced by the profile: the cost model's price for the live steps' shapes "
+      "over their measured forward passes, less one. As live: the error left when the "
+      "simulation prices each shape class as its live steps ran (not the step costs').</p>\n"
+      "</body></html>\n";
+  std::ofstream out(path);
+  out << html;
+  if (!out) return Status::Error("--report: cannot write " + path);
+  return Status::Ok();
+}
+
+}  // namespace duet::cli
