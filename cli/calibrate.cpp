@@ -267,6 +267,49 @@ Status WriteProfile(const models::StepProfile& profile, const std::string& path)
 
 }  // namespace
 
+// --trace: the trace's prompt lengths (median, p90, p99, longest) and decode contexts (prompt and
+// half the output: median, p90, p99) join the sweep (SweepLimits), --max-context defaults to its
+// longest request (within the model's positions), and the profile's source names the trace and
+// its selection, so that `duet validate` can tell a profile fitted to the traffic it validates.
+// On error, *exit_code says whether it was the command line or the trace file.
+Status SweepTheTrace(const po::variables_map& vm, SweepLimits& limits, nlohmann::json& source,
+                     int* exit_code) {
+  *exit_code = kExitUsage;
+  for (const char* flag : {"rate-scale", "seed"})
+    if (!vm[flag].defaulted())
+      return Status::Error(std::string("--") + flag +
+                           ": calibrate reads a trace's lengths, not its times or prompts");
+  auto trace = LoadTrace(vm, exit_code);
+  if (!trace) return Status::Error("--trace: " + trace.error());
+  std::vector<Tokens> prompts, contexts;
+  Tokens longest = 0;
+  for (const traces::TraceRequest& r : trace->requests) {
+    prompts.push_back(r.input_tokens);
+    contexts.push_back(r.input_tokens + r.output_tokens / 2);
+    longest = std::max(longest, r.input_tokens + r.output_tokens);
+  }
+  auto quantiles = [](std::vector<Tokens> v, std::initializer_list<double> qs) {
+    std::sort(v.begin(), v.end());
+    std::vector<Tokens> out;
+    for (double q : qs) {
+      const Tokens x = v[std::min(v.size() - 1, static_cast<std::size_t>(q * v.size()))];
+      if (out.empty() || out.back() != x) out.push_back(x);
+    }
+    return out;
+  };
+  limits.trace_prompts = quantiles(prompts, {0.5, 0.9, 0.99, 1.0});
+  limits.trace_contexts = quantiles(contexts, {0.5, 0.9, 0.99});
+  if (vm["max-context"].defaulted())
+    limits.max_context =
+        std::clamp<Tokens>(longest, 64, std::max<Tokens>(64, limits.positions - limits.max_tokens));
+  source["trace"] = {{"path", trace->source},
+                     {"selection", TraceSelectionArgs(vm)},
+                     {"requests", trace->requests.size()},
+                     {"prompt_tokens", limits.trace_prompts},
+                     {"decode_contexts", limits.trace_contexts}};
+  return Status::Ok();
+}
+
 int Calibrate(int argc, char** argv) {
   po::options_description opts(
       "duet calibrate: measure a backend's step times and fit the simulator's cost model");
@@ -308,6 +351,9 @@ int Calibrate(int argc, char** argv) {
      "choice, as duet serve's --ucx-tls)");
   // clang-format on
   AddProgressOption(opts);
+  // With --trace: the sweep also times the shapes of the trace's prompt lengths and contexts,
+  // and --max-context defaults to its longest request.
+  AddTraceOptions(opts, "", /*required=*/false);
   po::variables_map vm;
   int code = kExitOk;
   if (!ParseArgs(argc, argv, opts, vm, &code)) return code;
@@ -323,7 +369,7 @@ int Calibrate(int argc, char** argv) {
 
   if (vm.count("profile")) {
     if (!vm.count("host-steps")) return Fail("--profile goes with --host-steps", kExitUsage);
-    for (const char* other : {"model", "measurements", "transport", "roofline", "source"})
+    for (const char* other : {"model", "measurements", "transport", "roofline", "source", "trace"})
       if (vm.count(other))
         return Fail(std::string("--profile keeps the profile's steps: not with --") + other,
                     kExitUsage);
@@ -346,6 +392,8 @@ int Calibrate(int argc, char** argv) {
     if (vm.count("transport"))
       return Fail("--transport times this machine's transports: not with --measurements",
                   kExitUsage);
+    if (vm.count("trace"))
+      return Fail("--trace chooses the shapes to measure: not with --measurements", kExitUsage);
     if (device.empty() || device.size() > 200)
       return Fail("--device: name the device that measured the steps (1 to 200 characters)",
                   kExitUsage);
@@ -416,6 +464,16 @@ int Calibrate(int argc, char** argv) {
                       "'s context of " + std::to_string(limits.positions) +
                       " tokens (max_position_embeddings)",
                   kExitUsage);
+    if (vm.count("trace")) {
+      int trace_code = kExitOk;
+      if (Status s = SweepTheTrace(vm, limits, profile.source, &trace_code); !s.ok())
+        return Fail(s.message(), trace_code);
+    } else {
+      for (const char* flag :
+           {"trace-format", "length-scale", "limit", "window", "rate-scale", "seed"})
+        if (vm.count(flag) && !vm[flag].defaulted())
+          return Fail(std::string("--") + flag + " goes with --trace", kExitUsage);
+    }
     profile.model = model->config;
     const std::vector<StepShape> shapes = backend::CalibrationShapes(limits);
 

@@ -289,12 +289,17 @@ std::string DataDir() {
   return DUET_SOURCE_DIR;
 }
 
-void AddTraceOptions(po::options_description& opts, const std::string& default_trace) {
+void AddTraceOptions(po::options_description& opts, const std::string& default_trace,
+                     bool required) {
+  auto* trace = po::value<std::string>();
+  if (!default_trace.empty()) {
+    trace->default_value(default_trace);
+  } else if (required) {
+    trace->required();
+  }
   // clang-format off
   opts.add_options()
-    ("trace", default_trace.empty() ? po::value<std::string>()->required()
-                                    : po::value<std::string>()->default_value(default_trace),
-     "trace file: Mooncake JSONL, Azure CSV, or a synthetic spec (JSON)")
+    ("trace", trace, "trace file: Mooncake JSONL, Azure CSV, or a synthetic spec (JSON)")
     ("trace-format", po::value<std::string>()->default_value(""),
      "mooncake, azure or synthetic (default: from the file extension)")
     ("rate-scale", po::value<double>()->default_value(1.0),

@@ -39,10 +39,10 @@ bool ParseArgs(int argc, char** argv, const boost::program_options::options_desc
 std::string Locate(const std::string& path);
 std::string DataDir();
 
-// --trace (required when default_trace is empty), --trace-format, --rate-scale,
-// --length-scale, --limit, --window and --seed.
+// --trace (required when default_trace is empty, unless `required` is false), --trace-format,
+// --rate-scale, --length-scale, --limit, --window and --seed.
 void AddTraceOptions(boost::program_options::options_description& opts,
-                     const std::string& default_trace = "");
+                     const std::string& default_trace = "", bool required = true);
 // Reads the trace those flags name and applies the selections. On error, *exit_code says
 // whether it was the command line (kExitUsage) or the file (kExitError).
 Result<traces::Trace> LoadTrace(const boost::program_options::variables_map& vm, int* exit_code);

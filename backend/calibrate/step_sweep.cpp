@@ -70,6 +70,16 @@ std::vector<StepShape> CalibrationShapes(const SweepLimits& l) {
       s.decode_context_tokens = 8 * (l.max_context / 4);
       shapes.push_back(s);
     }
+  // The trace's own shapes, after the ladders' (a sweep without a trace is unchanged).
+  for (Tokens prompt : l.trace_prompts) {
+    const Tokens first = std::min(prompt, l.max_tokens);
+    if (first > 0 && fits(0, first)) shapes.push_back({{{first, 0}}, 0, 0, 1});
+    const Tokens last = prompt - first > 0 ? (prompt - 1) % l.max_tokens + 1 : 0;
+    if (last > 0 && fits(prompt - last, last)) shapes.push_back({{{last, prompt - last}}, 0, 0, 1});
+  }
+  for (Tokens context : l.trace_contexts)
+    for (Tokens rows : Ladder(1, l.max_batch, 4))
+      if (context > 0 && fits(context, 1)) shapes.push_back({{}, rows, rows * context, 1});
   // Ladders clipped by small limits repeat shapes; time each once.
   std::vector<StepShape> unique;
   std::set<std::string> seen;

@@ -666,5 +666,36 @@ TEST(CalibrationSweepTest, CoversEveryClassWithinTheModelsPositions) {
   EXPECT_EQ(backend::BlocksFor(s, 16), 2 + 1 + 3 * 3);  // 30 -> 2, 16 -> 1, 3 x 41 -> 3 each
 }
 
+// A trace's prompt lengths and decode contexts add the shapes the engine runs for them, after the
+// ladders, which stay as they were (and so does every profile calibrated without a trace).
+TEST(CalibrationSweepTest, ATracesLengthsAddItsOwnShapesAfterTheLadders) {
+  backend::SweepLimits limits;
+  limits.positions = 8192;
+  limits.max_tokens = 1024;
+  limits.max_context = 3072;
+  limits.max_batch = 16;
+  const std::vector<StepShape> ladders = backend::CalibrationShapes(limits);
+  limits.trace_prompts = {700, 2724};
+  limits.trace_contexts = {1500};
+  const std::vector<StepShape> traced = backend::CalibrationShapes(limits);
+  ASSERT_GT(traced.size(), ladders.size());
+  for (std::size_t i = 0; i < ladders.size(); ++i)
+    EXPECT_EQ(StepShapeToJson(traced[i]), StepShapeToJson(ladders[i])) << i;
+  std::set<std::string> added;
+  for (std::size_t i = ladders.size(); i < traced.size(); ++i)
+    added.insert(StepShapeToJson(traced[i]).dump());
+  // 700 tokens: one chunk. 2,724: chunks of 1,024, 1,024 and 676 after 2,048 cached.
+  // Context 1,500: decode batches of 1, 4 and 16 rows.
+  std::set<std::string> expected;
+  for (const StepShape& e : std::vector<StepShape>{{{{700, 0}}, 0, 0, 1},
+                                                   {{{676, 2048}}, 0, 0, 1},
+                                                   {{}, 1, 1500, 1},
+                                                   {{}, 4, 4 * 1500, 1},
+                                                   {{}, 16, 16 * 1500, 1}})
+    expected.insert(StepShapeToJson(e).dump());
+  // A first chunk of 1,024 is already on the ladder: timed once.
+  EXPECT_EQ(added, expected);
+}
+
 }  // namespace
 }  // namespace duet::models

@@ -7,9 +7,11 @@
 #include <cmath>
 #include <filesystem>
 #include <functional>
+#include <set>
 #include <sstream>
 
 #include "models/step_profile.h"
+#include "tests/common/shared_traces.h"
 #include "tests/sim/e2e_util.h"
 #include "tests/sim/model_util.h"
 
@@ -17,6 +19,7 @@ namespace duet::e2e {
 namespace {
 
 namespace fs = std::filesystem;
+using duet::testing::SharedTrace;
 using nlohmann::json;
 
 class CalibrateTest : public ::testing::Test {
@@ -363,6 +366,51 @@ TEST_F(CalibrateTest, FitsHostTimeToAStepLogAndTheSimulatorPricesIt) {
     EXPECT_NEAR(single.Number(0, column), overlapped.Number(0, column), kCsvTolMs) << column;
 }
 
+// --trace: the sweep also times the shapes of a trace's prompt lengths and contexts (here the
+// Mooncake trace's first 40 requests at 1/128 of their lengths), and the profile names the trace
+// and its selection.
+TEST_F(CalibrateTest, ATraceAddsItsOwnShapesAndTheProfileNamesIt) {
+  const std::string trace = SharedTrace("mooncake_conversation.jsonl");
+  const std::string plain = tmp_.File("plain.json"), traced = tmp_.File("traced.json");
+  const RunResult a = RunDuet({"calibrate", "--model", model_, "--out", plain, "--repeats", "1"});
+  ASSERT_EQ(a.exit_code, 0) << a;
+  const RunResult b = RunDuet({"calibrate", "--model", model_, "--out", traced, "--repeats", "1",
+                               "--trace", trace, "--limit", "40", "--length-scale", "0.0078125"});
+  ASSERT_EQ(b.exit_code, 0) << b;
+  auto without = models::LoadStepProfile(plain), with = models::LoadStepProfile(traced);
+  ASSERT_TRUE(without.ok() && with.ok());
+  EXPECT_FALSE(without->source.contains("trace"));
+  const json& t = with->source["trace"];
+  EXPECT_EQ(t["path"], trace);
+  EXPECT_EQ(t["selection"], json({"--limit", "40", "--length-scale", "0.0078125"}));
+  EXPECT_EQ(t["requests"], 40);
+  // The median, p90, p99 and longest prompt (deduplicated), ascending.
+  const auto prompts = t["prompt_tokens"].get<std::vector<std::int64_t>>();
+  ASSERT_FALSE(prompts.empty());
+  EXPECT_TRUE(std::is_sorted(prompts.begin(), prompts.end()));
+  EXPECT_LT(prompts.back(), 1000);
+  // --max-context defaults to the longest request, within the positions a 64-token chunk leaves
+  // of the tiny model's 256: the decode ladder reaches 192 tokens of context, against 128
+  // without a trace.
+  auto contexts = [](const models::StepProfile& p) {
+    std::set<Tokens> out;
+    for (const models::StepMeasurement& m : p.measurements)
+      if (m.shape.decode_tokens > 0 && m.shape.prefill.empty())
+        out.insert(m.shape.decode_context_tokens / m.shape.decode_tokens);
+    return out;
+  };
+  EXPECT_EQ(*contexts(*without).rbegin(), 128);
+  EXPECT_EQ(contexts(*with).count(192), 1u);
+  // The trace's own shapes: one-chunk prefills of its prompt lengths (those within the
+  // positions) among them.
+  std::size_t found = 0;
+  for (const models::StepMeasurement& m : with->measurements)
+    for (std::int64_t p : prompts)
+      found += m.shape.prefill.size() == 1 && m.shape.prefill[0].tokens == p &&
+               m.shape.prefill[0].context == 0;
+  EXPECT_GE(found, 1u);
+}
+
 TEST_F(CalibrateTest, BadFlagsAndFilesAreClearErrors) {
   const std::string out = tmp_.File("p.json");
   struct Case {
@@ -402,6 +450,15 @@ TEST_F(CalibrateTest, BadFlagsAndFilesAreClearErrors) {
        2,
        "not with --measurements"},
       {{"--profile", few}, 2, "--profile goes with --host-steps"},
+      {{"--model", model_, "--limit", "10"}, 2, "--limit goes with --trace"},
+      {{"--model", model_, "--trace", SharedTrace("mooncake_conversation.jsonl"), "--rate-scale",
+        "2"},
+       2,
+       "--rate-scale: calibrate reads a trace's lengths"},
+      {{"--model", model_, "--trace", tmp_.File("none.jsonl")}, 1, "--trace: "},
+      {{"--measurements", few, "--model", "tiny-test", "--trace", few},
+       2,
+       "not with --measurements"},
       {{"--profile", few, "--host-steps", few, "--model", model_}, 2, "not with --model"},
       {{"--profile", tmp_.File("none.json"), "--host-steps", few}, 1, "--profile:"},
       {{}, 2, "the option '--model' is required"},
