@@ -1,23 +1,32 @@
 #!/usr/bin/env bash
-# The accuracy gate (docs/validation.md): the bench model calibrated on this machine's CPU, one
-# colocated instance served live and simulated from that profile at two loads. Medians must
-# agree within 80%; the same run with a wrong profile (every step priced 4 times too high) must
-# fail the same tolerance. The bound is loose because live medians on this 2-core VM moved by up
-# to 50% between runs of the same load (docs/validation.md): the gate catches a simulator off
-# by 2x or more, not a fine error; a miss is calibrated and run once more, so that the VM's
-# drift within one run does not fail it. Runs alone (RUN_SERIAL): timings.
+# The accuracy gate (docs/validation.md#the-gate-in-ci): a short live validation on real traffic.
+# The bench model calibrated on one of this machine's cores, one colocated instance served live
+# on one core (the other left to the HTTP, streaming and replay threads: on two cores, a
+# two-thread engine loses 9% of its speed to them, which no calibration sees), the first 30
+# requests of the Mooncake trace (three bursts) at 1/32 of their lengths and a quarter of their
+# rate, served 3 times and simulated from the profile. The medians and p90s of TTFT and E2E must
+# agree within 15% (measured: errors of -8.6% to +3.7%, the live runs' own spread up to 9%);
+# the same trace against the profile with every coefficient times 1.3 (one live run) must fail
+# that tolerance (measured: +27% to +40%). Either outcome is tried once more before the gate
+# fails, so that the machine's drift within one run does not fail it; a real error misses twice.
+# Runs alone (RUN_SERIAL): timings. docs/validation.md#the-gate-in-ci has the measurements.
 set -euo pipefail
 DUET="${DUET:?DUET=path/to/duet}"
+TRACE="${DUET_SHARED_DIR:?DUET_SHARED_DIR=path/to/shared}/traces/mooncake_conversation.jsonl"
+if [[ ! -f "$TRACE" ]]; then
+  echo "duet-test-skip: needs $TRACE (the shared traces beside the checkout)"
+  exit 0
+fi
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 cd "$work"
 "$DUET" make-test-model --preset bench --out bench >/dev/null
 calibrate() {
-  "$DUET" calibrate --model bench --out profile.json --progress never --repeats 3 \
-    --max-tokens 512 --max-context 1024 --max-batch 16 >calibrate.log
+  "$DUET" calibrate --model bench --out profile.json --threads 1 --progress never --repeats 3 \
+    --max-tokens 1024 --max-context 3072 --max-batch 16 >calibrate.log
 }
 calibrate
-# The wrong profile: every coefficient of every piece times 4.
+# The wrong profile: every coefficient of every piece times 1.3.
 python3 - <<'PY'
 import json
 p = json.load(open("profile.json"))
@@ -25,7 +34,7 @@ for fit in p["fits"]:
     for pieces in fit["pieces"].values():
         for piece in pieces:
             for k in piece:
-                piece[k] *= 4
+                piece[k] *= 1.3
 json.dump(p, open("wrong.json", "w"))
 PY
 cat > host.json <<'JSON'
@@ -41,33 +50,32 @@ for profile in profile wrong; do
  "cost_model": {"kind": "fitted", "profile": "$profile.json"}}
 JSON
 done
-cat > trace.json <<'JSON'
-{"num_requests": 24, "seed": 7, "block_tokens": 16,
- "arrival": {"process": "poisson", "rate_per_s": 1},
- "input": {"dist": "uniform", "min": 64, "max": 512},
- "output": {"dist": "uniform", "min": 16, "max": 64}}
-JSON
-validate() {
-  "$DUET" validate --cluster "$1-cluster.json" --model bench --trace trace.json \
-    --rate-scales 1,2 --tolerance p50=80 --serve-args "--workers thread" --out "$1-out"
+validate() {  # PROFILE REPEATS
+  "$DUET" validate --cluster "$1-cluster.json" --model bench --trace "$TRACE" --limit 30 \
+    --length-scale 0.03125 --rate-scales 0.25 --repeats "$2" \
+    --tolerance ttft_ms.p50=15,e2e_ms.p50=15,ttft_ms.p90=15,e2e_ms.p90=15 \
+    --serve-args "--workers thread --threads 1" --out "$1-out"
 }
-# One more calibration and run after a miss: this VM's speed drifts by tens of percent within a
-# minute (a CI run missed a median by 115% with its live steps 26% faster in the run's last
-# quarter than in its first, then passed twice in a row), and a real error of 2x misses twice.
-if ! validate profile >profile.log 2>&1; then
+if ! validate profile 3 >profile.log 2>&1; then
   echo "validate_gate: first try missed; calibrating and running again" >&2
   cat calibrate.log profile.log >&2
   calibrate
-  if ! validate profile >profile.log 2>&1; then
+  if ! validate profile 3 >profile.log 2>&1; then
     cat calibrate.log profile.log >&2
-    echo "FAIL: the calibrated simulator missed the live run's medians by more than 80%, twice" >&2
+    echo "FAIL: the calibrated simulator missed the live runs by more than 15%, twice" >&2
     exit 1
   fi
 fi
-if validate wrong >wrong.log 2>&1 || ! grep -q "exceeds its --tolerance" wrong.log; then
+wrong_passes() { validate wrong 1 >wrong.log 2>&1 || ! grep -q "exceeds its --tolerance" wrong.log; }
+if wrong_passes; then
+  echo "validate_gate: the wrong profile passed once; running it again" >&2
   cat wrong.log >&2
-  echo "FAIL: a profile 4 times too slow passed the gate" >&2
-  exit 1
+  if wrong_passes; then
+    cat wrong.log >&2
+    echo "FAIL: a profile 1.3 times too slow passed the gate, twice" >&2
+    exit 1
+  fi
 fi
 cat profile.log
-echo "gate: the calibrated profile passes, the wrong one fails"
+grep -E "^(ttft|e2e)_ms\.p(50|90) " wrong.log
+echo "gate: the calibrated profile passes, the one 1.3 times too slow fails"
