@@ -225,11 +225,14 @@ Status WriteValidationHtml(const json& report, const std::vector<Metric>& metric
             s["live_steps"].dump() + "</td><td>" + s["simulated_steps"].dump() + "</td><td>" +
             Format("%.2f s", s["forward_s"].get<double>()) + "</td><td>" +
             Percent(s["priced_error_pct"]) + "</td>";
-    for (std::size_t c = 0; c < models::kShapeClasses; ++c)
-      html +=
-          "<td>" +
-          Percent(s["classes"][models::ToString(static_cast<models::ShapeClass>(c))]["error_pct"]) +
-          "</td>";
+    for (std::size_t c = 0; c < models::kShapeClasses; ++c) {
+      const json& cls = s["classes"][models::ToString(static_cast<models::ShapeClass>(c))];
+      html += "<td>" + Percent(cls["error_pct"]);
+      if (cls.contains("beyond_sweep"))
+        html += " (" + cls["beyond_sweep"]["steps"].dump() +
+                " beyond the sweep: " + Percent(cls["beyond_sweep"]["error_pct"]) + ")";
+      html += "</td>";
+    }
     const bool host = s.contains("host_per_step");
     html +=
         "<td>" +
@@ -247,8 +250,10 @@ Status WriteValidationHtml(const json& report, const std::vector<Metric>& metric
   }
   html +=
       "</table>\n<p>Priced by the profile: the cost model's price for the live steps' shapes "
-      "over their measured forward passes, less one. As live: the error left when the "
-      "simulation prices each shape class as its live steps ran (not the step costs').</p>\n"
+      "over their measured forward passes, less one; beyond the sweep: steps of a class the "
+      "profile prices past every shape of it that it measured. As live: the error left when "
+      "the simulation prices each shape class as its live steps ran (not the step "
+      "costs').</p>\n"
       "</body></html>\n";
   std::ofstream out(path);
   out << html;
