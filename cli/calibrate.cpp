@@ -265,8 +265,6 @@ Status WriteProfile(const models::StepProfile& profile, const std::string& path)
   return Status::Ok();
 }
 
-}  // namespace
-
 // --trace: the trace's prompt lengths (median, p90, p99, longest) and decode contexts (prompt and
 // half the output: median, p90, p99) join the sweep (SweepLimits), --max-context defaults to its
 // longest request (within the model's positions), and the profile's source names the trace and
@@ -281,6 +279,7 @@ Status SweepTheTrace(const po::variables_map& vm, SweepLimits& limits, nlohmann:
                            ": calibrate reads a trace's lengths, not its times or prompts");
   auto trace = LoadTrace(vm, exit_code);
   if (!trace) return Status::Error("--trace: " + trace.error());
+  if (trace->requests.empty()) return Status::Error("--trace: no requests to take lengths from");
   std::vector<Tokens> prompts, contexts;
   Tokens longest = 0;
   for (const traces::TraceRequest& r : trace->requests) {
@@ -310,6 +309,8 @@ Status SweepTheTrace(const po::variables_map& vm, SweepLimits& limits, nlohmann:
   return Status::Ok();
 }
 
+}  // namespace
+
 int Calibrate(int argc, char** argv) {
   po::options_description opts(
       "duet calibrate: measure a backend's step times and fit the simulator's cost model");
@@ -328,7 +329,8 @@ int Calibrate(int argc, char** argv) {
     ("max-tokens", po::value<std::int64_t>()->default_value(1024),
      "largest prefill chunk (default: at most a quarter of the model's context)")
     ("max-context", po::value<std::int64_t>()->default_value(2048),
-     "largest cached context of a sequence (default: at most half the model's context)")
+     "largest cached context of a sequence (default: at most half the model's context; with "
+     "--trace, its longest request)")
     ("max-batch", po::value<std::int64_t>()->default_value(32), "largest decode batch")
     ("measurements", po::value<std::string>(),
      "fit these step times (JSON lines: a step shape and \"seconds\") instead of measuring")

@@ -1,32 +1,26 @@
-// `duet validate`: the simulator's error against a live run of the same trace on the same
+// `duet validate`: the simulator's error against live runs of the same trace on the same
 // cluster. For each load (a rate scale of the trace) it starts `duet serve --cluster`, replays
-// the trace against it with `duet replay`, stops it, simulates the same trace on the same
-// cluster file with `duet simulate`, and compares the two summary.json files metric by metric
-// (TTFT, TPOT, ITL and E2E at mean, p50, p90 and p99; output throughput; prefix hit rate; PD's
-// KV transfer time).
+// the trace against it with `duet replay` and stops it, --repeats times; simulates the same
+// trace on the same cluster file with `duet simulate`; and compares the summary.json files
+// metric by metric (validate_report.h: TTFT, TPOT, ITL and E2E at mean, p50, p90 and p99; output
+// throughput; prefix hit rate; PD's KV transfer time; the live median with the runs' range).
 // Every run is a child process (SimGrid allows one simulation per process) whose files and log
-// stay in the output directory. The server's step log says where the error comes from: the
-// live steps' forward passes against the cost model's price for their shapes, and the time
-// each live iteration spends outside its forward pass. Writes validation.json and prints a
-// table; exits 1 when an error exceeds its --tolerance.
+// stay in the output directory. The servers' step logs say where the error comes from
+// (validate_steps.h). Writes validation.json (and with --report a page, validate_html.h) and
+// prints a table; exits 1 when an error exceeds its --tolerance.
 #include <unistd.h>
 
 #include <algorithm>
-#include <array>
-#include <bit>
 #include <boost/program_options.hpp>
 #include <chrono>
-#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
-#include <map>
 #include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
-#include "backend/engine/step_log.h"
 #include "cli/child_processes.h"
 #include "cli/commands.h"
 #include "cli/validate_flags.h"
