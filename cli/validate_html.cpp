@@ -48,11 +48,6 @@ std::string Format(const char* format, double value) {
   return text;
 }
 
-// "+1.2%", or "n/a" for a null.
-std::string Percent(const json& value) {
-  return value.is_number() ? Format("%+.1f%%", value.get<double>()) : "n/a";
-}
-
 struct Series {
   std::string label;   // its own: "live run 2"
   std::string legend;  // in the legend: "live runs (3)"
@@ -161,7 +156,8 @@ Status WriteValidationHtml(const json& report, const std::vector<Metric>& metric
           "</code>. Live: the median of each load's live runs, with their range; simulated: "
           "<code>duet simulate</code> on the same cluster file and trace. Error: simulated over "
           "live, less one. Green: the simulated value lies within the live runs' range; red: the "
-          "error exceeds its tolerance.</p>\n";
+          "error exceeds its tolerance. The cost model's profile: " +
+          Escape(ProfileTrafficText(report["profile"])) + ".</p>\n";
   for (const json& load : report["loads"]) {
     const std::string rate = RateText(load["rate_scale"].get<double>());
     const std::string dir = (fs::path(out_dir) / ("rate-" + rate)).string();
@@ -205,7 +201,8 @@ Status WriteValidationHtml(const json& report, const std::vector<Metric>& metric
       const std::string range =
           e.contains("live_min") ? number(e["live_min"]) + "&ndash;" + number(e["live_max"]) : "";
       html += "<td>" + number(e["live"]) + "</td><td>" + range + "</td><td>" +
-              number(e["simulated"]) + "</td><td" + cls + ">" + Percent(e["error_pct"]) + "</td>";
+              number(e["simulated"]) + "</td><td" + cls + ">" + PercentText(e["error_pct"]) +
+              "</td>";
     }
     html += "</tr>\n";
   }
@@ -224,13 +221,13 @@ Status WriteValidationHtml(const json& report, const std::vector<Metric>& metric
     html += "<tr><td>x" + Escape(RateText(load["rate_scale"].get<double>())) + "</td><td>" +
             s["live_steps"].dump() + "</td><td>" + s["simulated_steps"].dump() + "</td><td>" +
             Format("%.2f s", s["forward_s"].get<double>()) + "</td><td>" +
-            Percent(s["priced_error_pct"]) + "</td>";
+            PercentText(s["priced_error_pct"]) + "</td>";
     for (std::size_t c = 0; c < models::kShapeClasses; ++c) {
       const json& cls = s["classes"][models::ToString(static_cast<models::ShapeClass>(c))];
-      html += "<td>" + Percent(cls["error_pct"]);
+      html += "<td>" + PercentText(cls["error_pct"]);
       if (cls.contains("beyond_sweep"))
         html += " (" + cls["beyond_sweep"]["steps"].dump() +
-                " beyond the sweep: " + Percent(cls["beyond_sweep"]["error_pct"]) + ")";
+                " beyond the sweep: " + PercentText(cls["beyond_sweep"]["error_pct"]) + ")";
       html += "</td>";
     }
     const bool host = s.contains("host_per_step");
@@ -243,7 +240,8 @@ Status WriteValidationHtml(const json& report, const std::vector<Metric>& metric
         "</td>";
     for (const char* name : {"ttft_ms.p50", "tpot_ms.p50", "e2e_ms.p50"}) {
       const json& e = load["metrics"][name];
-      html += "<td>" + (e.contains("error_as_live_pct") ? Percent(e["error_as_live_pct"]) : "n/a") +
+      html += "<td>" +
+              (e.contains("error_as_live_pct") ? PercentText(e["error_as_live_pct"]) : "n/a") +
               "</td>";
     }
     html += "</tr>\n";

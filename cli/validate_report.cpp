@@ -19,15 +19,14 @@ double Median(std::vector<double> values) {
   return n % 2 ? values[n / 2] : (values[n / 2 - 1] + values[n / 2]) / 2;
 }
 
-// "+1.2%", or "n/a" for a null.
-std::string Percent(const json& value) {
+}  // namespace
+
+std::string PercentText(const json& value) {
   if (!value.is_number()) return "n/a";
   char text[32];
   std::snprintf(text, sizeof text, "%+.1f%%", value.get<double>());
   return text;
 }
-
-}  // namespace
 
 std::string RateText(double r) {
   char text[32];
@@ -82,22 +81,24 @@ json Compare(const Metric& m, const std::vector<json>& live_runs, const json& si
   return entry;
 }
 
+std::string ProfileTrafficText(const json& profile) {
+  const std::string traffic = profile["traffic"].get<std::string>();
+  const json& source = profile["source"];
+  if (traffic == "this")
+    return "fitted to this trace and selection: the errors are not on traffic it was not "
+           "fitted to";
+  if (traffic == "same_trace_other_selection")
+    return "fitted to another selection of this trace (" + source["trace"]["selection"].dump() +
+           ")";
+  if (traffic == "other")
+    return "fitted to other traffic (" + source["trace"]["path"].get<std::string>() + ")";
+  if (traffic == "ladders") return "the sweep's ladders, fitted to no trace";
+  return "none fitted (the cluster file's cost model is not a profile)";
+}
+
 void PrintValidation(const json& report, const std::vector<Metric>& metrics) {
-  const std::string traffic = report["profile"]["traffic"].get<std::string>();
-  const json& source = report["profile"]["source"];
-  if (traffic == "this") {
-    std::printf(
-        "profile: fitted to this trace and selection: the errors below are not on traffic it was "
-        "not fitted to\n");
-  } else if (traffic == "same_trace_other_selection") {
-    std::printf("profile: fitted to another selection of this trace (%s)\n",
-                source["trace"]["selection"].dump().c_str());
-  } else if (traffic == "other") {
-    std::printf("profile: fitted to other traffic (%s)\n",
-                source["trace"]["path"].get<std::string>().c_str());
-  } else if (traffic == "ladders") {
-    std::printf("profile: the sweep's ladders, fitted to no trace\n");
-  }
+  if (report["profile"]["traffic"] != "none")
+    std::printf("profile: %s\n", ProfileTrafficText(report["profile"]).c_str());
   const int repeats = report["loads"].empty() ? 1 : report["loads"][0]["repeats"].get<int>();
   // The table: one row per metric, live / simulated / error per load; with several runs, the
   // live median with the runs' range, and "~" where the simulated value lies within it.
@@ -146,7 +147,7 @@ void PrintValidation(const json& report, const std::vector<Metric>& metrics) {
         const json& e = load["metrics"][name];
         spreads += std::string(spreads.empty() ? "" : ", ") + name + " " +
                    (e.contains("live_spread_pct") && e["live_spread_pct"].is_number()
-                        ? Percent(e["live_spread_pct"]).substr(1)
+                        ? PercentText(e["live_spread_pct"]).substr(1)
                         : std::string("n/a"));
       }
       std::printf(
@@ -162,21 +163,21 @@ void PrintValidation(const json& report, const std::vector<Metric>& metrics) {
     std::string classes;
     for (const auto& [name, c] : s["classes"].items()) {
       if (c["steps"].get<std::int64_t>() == 0) continue;
-      classes += (classes.empty() ? "" : ", ") + name + " " + Percent(c["error_pct"]);
+      classes += (classes.empty() ? "" : ", ") + name + " " + PercentText(c["error_pct"]);
       if (c.contains("beyond_sweep"))
         classes += " (" + c["beyond_sweep"]["steps"].dump() +
-                   " beyond the sweep: " + Percent(c["beyond_sweep"]["error_pct"]) + ")";
+                   " beyond the sweep: " + PercentText(c["beyond_sweep"]["error_pct"]) + ")";
     }
     std::string quarters;
     for (const json& q : s["priced_error_pct_by_quarter"])
-      quarters += (quarters.empty() ? "" : ", ") + Percent(q);
+      quarters += (quarters.empty() ? "" : ", ") + PercentText(q);
     std::string bands;
     for (const json& b : s["decode_by_rows"]) {
       const auto from = b["rows_from"].get<std::int64_t>(), to = b["rows_to"].get<std::int64_t>();
       if (!bands.empty()) bands += ", ";
       bands += std::to_string(from);
       if (to > from) bands.append("-").append(std::to_string(to));
-      bands.append(" ").append(Percent(b["error_pct"]));
+      bands.append(" ").append(PercentText(b["error_pct"]));
     }
     // The live figures add up a load's runs; the simulated ones are one run's.
     const std::string runs = repeats > 1 ? " in " + std::to_string(repeats) + " runs" : "";
@@ -191,7 +192,7 @@ void PrintValidation(const json& report, const std::vector<Metric>& metrics) {
         RateText(load["rate_scale"].get<double>()).c_str(),
         static_cast<long long>(s["live_steps"].get<std::int64_t>()), runs.c_str(),
         s["simulated_steps"].is_number() ? s["simulated_steps"].dump().c_str() : "n/a",
-        s["forward_s"].get<double>(), Percent(s["priced_error_pct"]).c_str(), classes.c_str(),
+        s["forward_s"].get<double>(), PercentText(s["priced_error_pct"]).c_str(), classes.c_str(),
         bands.empty() ? "n/a" : bands.c_str(), quarters.c_str(), outside);
     if (s.contains("host_per_step")) {
       const json& h = s["host_per_step"];
@@ -209,7 +210,7 @@ void PrintValidation(const json& report, const std::vector<Metric>& metrics) {
           RateText(load["rate_scale"].get<double>()).c_str(),
           1e3 * h["outside_forward_ms"].get<double>(), phases.c_str(),
           1e3 * h["other_ms"].get<double>(), 1e3 * h["priced_ms"].get<double>(),
-          Percent(h["priced_error_pct"]).c_str());
+          PercentText(h["priced_error_pct"]).c_str());
     }
     if (load.contains("as_live")) {
       std::string scales;
@@ -222,7 +223,7 @@ void PrintValidation(const json& report, const std::vector<Metric>& metrics) {
       for (const char* name :
            {"ttft_ms.p50", "tpot_ms.p50", "e2e_ms.p50", "ttft_ms.p99", "tpot_ms.p99", "e2e_ms.p99"})
         errors += std::string(errors.empty() ? "" : ", ") + name + " " +
-                  Percent(load["metrics"][name]["error_as_live_pct"]);
+                  PercentText(load["metrics"][name]["error_as_live_pct"]);
       std::printf(
           "as live at x%s: with the steps priced as they ran live (%s) the simulation's errors "
           "are %s\n",
@@ -232,8 +233,8 @@ void PrintValidation(const json& report, const std::vector<Metric>& metrics) {
       std::string errors;
       for (const char* name : {"ttft_ms.p50", "tpot_ms.p50", "e2e_ms.p50"})
         errors += std::string(errors.empty() ? "" : ", ") + name + " " +
-                  Percent(load["metrics"][name]["error_without_host_pct"]) + " (with it " +
-                  Percent(load["metrics"][name]["error_pct"]) + ")";
+                  PercentText(load["metrics"][name]["error_without_host_pct"]) + " (with it " +
+                  PercentText(load["metrics"][name]["error_pct"]) + ")";
       std::printf("without host time at x%s: the simulation's errors are %s\n",
                   RateText(load["rate_scale"].get<double>()).c_str(), errors.c_str());
     }

@@ -14,6 +14,8 @@ namespace duet::cli {
 
 // A rate scale as directory names and the report print it ("0.5", "2").
 std::string RateText(double r);
+// A percentage as the report prints it ("+1.2%"), or "n/a" for a null.
+std::string PercentText(const nlohmann::json& value);
 // The suffix of the files of a load's k-th live run (1-based): "" for the first (live/,
 // steps.jsonl, ...), "-K" for the others (live-K/, steps-K.jsonl, ...).
 std::string RunSuffix(int k);
@@ -26,6 +28,10 @@ std::string RunSuffix(int k);
 nlohmann::json Compare(const Metric& m, const std::vector<nlohmann::json>& live_runs,
                        const nlohmann::json& simulated,
                        const std::map<std::string, double>& tolerances, bool* exceeded);
+
+// What the report's "profile" says of the traffic the cost model's profile was fitted to, in
+// words ("fitted to this trace and selection: ...", "the sweep's ladders, fitted to no trace").
+std::string ProfileTrafficText(const nlohmann::json& profile);
 
 // The report (validation.json's form) on stdout: the table of metrics by load, then per load the
 // live runs' spread, the steps' attribution, host time, the errors with steps priced as they ran

@@ -487,6 +487,7 @@ TEST_F(ValidateTest, RepeatsTheLiveRunsOfAScaledRealTraceAndStatesTheirSpread) {
   EXPECT_EQ(count("data-series=\"live run 2\" data-n=\"10\""), 2u);  // TTFT and E2E
   EXPECT_EQ(count("data-series=\"simulated\" data-n=\"10\""), 2u);
   EXPECT_EQ(count("<td class=\"m\">ttft_ms.p50</td>"), 1u);
+  EXPECT_EQ(count("The cost model's profile: fitted to this trace and selection"), 1u);
   for (const char* external : {"<script", "src=", "href=", "@import"})
     EXPECT_EQ(count(external), 0u) << external;
   EXPECT_TRUE(ContainsAll(r.out, {"wrote " + tmp_.File("out/report.html")})) << r;
