@@ -135,12 +135,6 @@ constexpr const char* kStyle =
 
 }  // namespace
 
-Result<std::vector<double>> ReadCompletedColumn(const std::string& requests_csv,
-                                                const std::string& column) {
-  if (!fs::exists(requests_csv)) return Status::Error(requests_csv + ": no such file");
-  return policies::ParseRequestsCsvColumn(ReadText(requests_csv), requests_csv, column);
-}
-
 Status WriteValidationHtml(const json& report, const std::vector<Metric>& metrics,
                            const std::string& out_dir, const std::string& path) {
   std::string html =
@@ -163,21 +157,30 @@ Status WriteValidationHtml(const json& report, const std::vector<Metric>& metric
     const std::string dir = (fs::path(out_dir) / ("rate-" + rate)).string();
     const int repeats = load["repeats"].get<int>();
     html += "<h2>Rate x" + Escape(rate) + "</h2>\n<div>";
+    // Each run's requests.csv, read once: the live runs', then the simulation's.
+    std::vector<Series> runs;
+    std::vector<std::pair<std::string, std::string>> files;  // path, text
+    for (int k = 1; k <= repeats; ++k) {
+      runs.push_back({"live run " + std::to_string(k),
+                      repeats > 1 ? "live runs (" + std::to_string(repeats) + ")" : "live",
+                      "#1f77b4",
+                      {}});
+      files.emplace_back(dir + "/live" + RunSuffix(k) + "/requests.csv", "");
+    }
+    runs.push_back({"simulated", "simulated", "#ff7f0e", {}});
+    files.emplace_back(dir + "/sim/requests.csv", "");
+    for (auto& [file, text] : files) {
+      if (!fs::exists(file)) return Status::Error(file + ": no such file");
+      text = ReadText(file);
+    }
     for (const auto& [column, title] :
          {std::pair{"ttft_ms", "TTFT"}, std::pair{"tpot_ms", "TPOT"}, std::pair{"e2e_ms", "E2E"}}) {
-      std::vector<Series> series;
-      for (int k = 1; k <= repeats; ++k) {
-        const std::string live = dir + "/live" + RunSuffix(k);
-        auto values = ReadCompletedColumn(live + "/requests.csv", column);
+      for (std::size_t r = 0; r < runs.size(); ++r) {
+        auto values = policies::ParseRequestsCsvColumn(files[r].second, files[r].first, column);
         if (!values) return values.status();
-        series.push_back({"live run " + std::to_string(k),
-                          repeats > 1 ? "live runs (" + std::to_string(repeats) + ")" : "live",
-                          "#1f77b4", *values});
+        runs[r].values = std::move(*values);
       }
-      auto simulated = ReadCompletedColumn(dir + "/sim/requests.csv", column);
-      if (!simulated) return simulated.status();
-      series.push_back({"simulated", "simulated", "#ff7f0e", *simulated});
-      html += CdfSvg(std::string(title) + " at x" + rate + " (CDF)", series);
+      html += CdfSvg(std::string(title) + " at x" + rate + " (CDF)", runs);
     }
     html += "</div>\n";
   }

@@ -12,11 +12,6 @@
 
 namespace duet::cli {
 
-// One column of a requests.csv (docs/outputs.md): the values of `column` in the rows whose
-// status is "completed" and whose value is not empty. Errors name the file and what is wrong.
-Result<std::vector<double>> ReadCompletedColumn(const std::string& requests_csv,
-                                                const std::string& column);
-
 // Writes the page for `report` (validation.json's form) to `path`, reading each load's runs from
 // OUT/rate-R/ (live/, live-K/, sim/requests.csv).
 Status WriteValidationHtml(const nlohmann::json& report, const std::vector<Metric>& metrics,

@@ -7,19 +7,10 @@
 #include <string_view>
 
 #include "models/step_profile.h"
+#include "policies/metrics.h"
 
 namespace duet::cli {
-namespace {
-
 using nlohmann::json;
-
-double Median(std::vector<double> values) {
-  std::sort(values.begin(), values.end());
-  const std::size_t n = values.size();
-  return n % 2 ? values[n / 2] : (values[n / 2 - 1] + values[n / 2]) / 2;
-}
-
-}  // namespace
 
 std::string PercentText(const json& value) {
   if (!value.is_number()) return "n/a";
@@ -50,8 +41,9 @@ json Compare(const Metric& m, const std::vector<json>& live_runs, const json& si
     per_run.push_back(v);
     if (v.is_number()) values.push_back(v.get<double>());
   }
-  const json live =
-      values.size() == live_runs.size() && !values.empty() ? json(Median(values)) : json();
+  const json live = values.size() == live_runs.size() && !values.empty()
+                        ? json(policies::Summarize(values).p50)
+                        : json();
   const json& b = simulated.contains(m.pointer) ? simulated[m.pointer] : json();
   json entry = {{"live", live}, {"simulated", b}, {"error_pct", nullptr}};
   if (live_runs.size() > 1) {

@@ -97,8 +97,8 @@ Result<json> AttributeSteps(const std::vector<std::string>& step_logs,
                                 " is not in the cluster file");
             return;
           }
-          const models::ShapeClass shape_class =
-              models::ClassOf(models::FeaturesOf(line.step.shape));
+          const models::StepFeatures features = models::FeaturesOf(line.step.shape);
+          const models::ShapeClass shape_class = models::ClassOf(features);
           const double priced =
               cost_models[static_cast<std::size_t>(line.instance)]->StepTime(line.step.shape);
           auto add = [&](Class& c) {
@@ -111,13 +111,12 @@ Result<json> AttributeSteps(const std::vector<std::string>& step_logs,
           const auto& instance = cluster.instances[static_cast<std::size_t>(line.instance)];
           if (const models::StepFit* fit = profile ? profile->FitFor(instance.tp) : nullptr) {
             const Tokens split = fit->split_rows[static_cast<std::size_t>(shape_class)];
-            if (split > 0 &&
-                models::FeaturesOf(line.step.shape).tokens() >= static_cast<double>(split))
+            if (split > 0 && features.tokens() >= static_cast<double>(split))
               add(above_split[static_cast<std::size_t>(shape_class)]);
           }
           if (const auto it = measured_max.find(line.step.shape.tp); it != measured_max.end()) {
             const Columns& max = it->second[static_cast<std::size_t>(shape_class)];
-            const Columns columns = models::FitColumns(models::FeaturesOf(line.step.shape));
+            const Columns columns = models::FitColumns(features);
             bool beyond = false;
             for (std::size_t c = 0; c < columns.size(); ++c) beyond |= columns[c] > max[c];
             if (beyond) add(beyond_sweep[static_cast<std::size_t>(shape_class)]);

@@ -422,6 +422,9 @@ TEST_F(CalibrateTest, BadFlagsAndFilesAreClearErrors) {
                                           "{\"decode_tokens\": 1, \"seconds\": 1}\n"
                                           "{\"decode_tokens\": -1, \"seconds\": 1}\n");
   const std::string few = tmp_.Write("few.jsonl", "{\"decode_tokens\": 1, \"seconds\": 1}\n");
+  const std::string one_request = tmp_.Write(
+      "one.jsonl",
+      "{\"timestamp\": 0, \"input_length\": 100, \"output_length\": 8, \"hash_ids\": [1]}\n");
   const std::string bundled = SourceDir() + "/sim/profiles/h100-sxm-llama-3.1-8b.json";
   const std::vector<Case> cases = {
       {{"--model", model_, "--repeats", "0"}, 2, "--repeats must be in [1, 1000]"},
@@ -451,8 +454,7 @@ TEST_F(CalibrateTest, BadFlagsAndFilesAreClearErrors) {
        "not with --measurements"},
       {{"--profile", few}, 2, "--profile goes with --host-steps"},
       {{"--model", model_, "--limit", "10"}, 2, "--limit goes with --trace"},
-      {{"--model", model_, "--trace", SharedTrace("mooncake_conversation.jsonl"), "--rate-scale",
-        "2"},
+      {{"--model", model_, "--trace", one_request, "--rate-scale", "2"},
        2,
        "--rate-scale: calibrate reads a trace's lengths"},
       {{"--model", model_, "--trace", tmp_.File("none.jsonl")}, 1, "--trace: "},
