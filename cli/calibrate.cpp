@@ -4,7 +4,9 @@
 // the profile: the measurements, the fit, and its error on shapes held out of the fit. With
 // --measurements it fits step times another tool measured instead (scripts/, published data).
 // With --transport it also times KV transfers between two instances' KV regions through each
-// named transport and fits each as a link (latency plus bytes over bandwidth).
+// named transport and fits each as a link (latency plus bytes over bandwidth). A model with a
+// tokenizer also has the server's frontend timed (a request's body to the engines' request) and
+// fitted per request and prompt token (models::FrontendFit).
 #include <unistd.h>
 
 #include <algorithm>
@@ -30,6 +32,7 @@
 #include "backend/engine/step_log.h"
 #include "backend/model/llama_weights.h"
 #include "backend/registry.h"
+#include "backend/serve/api.h"
 #include "backend/transport/kv_transport.h"
 #include "backend/transport/local_kv_transports.h"
 #include "cli/commands.h"
@@ -251,6 +254,38 @@ Result<models::HostFit> FitHostSteps(const std::string& path) {
   return fit;
 }
 
+// The server's frontend time (models::FrontendFit) on prompts of 1 token up to `longest` by
+// factors of 4, and `also` (a trace's prompt lengths), each timed 200 times in passes over the
+// lengths (as the steps are), then fitted and printed.
+Result<models::FrontendFit> TimeFrontend(const backend::serve::ServedModel& model, Tokens longest,
+                                         const std::vector<Tokens>& also, Tokens block_tokens) {
+  std::set<Tokens> lengths(also.begin(), also.end());
+  for (Tokens n = 1; n < longest; n *= 4) lengths.insert(n);
+  lengths.insert(longest);
+  std::erase_if(lengths, [&](Tokens n) { return n < 1 || n >= model.max_request_tokens; });
+  std::vector<backend::FrontendSample> samples;
+  for (Tokens n : lengths) samples.push_back({n, {}});
+  constexpr int kPasses = 20, kPerPass = 10;
+  for (int pass = 0; pass < kPasses; ++pass) {
+    for (backend::FrontendSample& s : samples) {
+      auto times = backend::serve::TimeFrontendPath(model, s.prompt_tokens, block_tokens, kPerPass);
+      if (!times)
+        return Status::Error("a prompt of " + std::to_string(s.prompt_tokens) +
+                             " tokens: " + times.error());
+      s.seconds.insert(s.seconds.end(), times->begin(), times->end());
+    }
+  }
+  auto fit = backend::FitFrontend(samples);
+  if (!fit) return fit.status();
+  std::printf(
+      "frontend (body to engine request): %.1f us + %.3f us a prompt token over %zu prompt "
+      "lengths up to %lld tokens, error mean %.2f%%, max %.2f%%\n",
+      fit->request_s * 1e6, fit->prompt_token_s * 1e6, samples.size(),
+      static_cast<long long>(samples.back().prompt_tokens), fit->training.mean_pct,
+      fit->training.max_pct);
+  return fit;
+}
+
 Status WriteProfile(const models::StepProfile& profile, const std::string& path) {
   const std::string tmp = path + ".tmp";
   {
@@ -454,6 +489,9 @@ int Calibrate(int argc, char** argv) {
     const std::string model_dir = vm["model"].as<std::string>();
     auto model = backend::LoadModelDir(model_dir);
     if (!model) return Fail(model.error());
+    // What the server would serve it as (the frontend's time is timed on it); none without a
+    // tokenizer.
+    auto served = backend::serve::MakeServedModel(*model, model_dir);
     limits.positions = model->config.max_position_embeddings;
     // Defaults shrink to a short model's context; limits given explicitly must fit in it.
     if (vm["max-tokens"].defaulted())
@@ -531,6 +569,14 @@ int Calibrate(int argc, char** argv) {
     std::printf("duet calibrate: %zu step shapes x %d repeats on %s in %.1f s\n", shapes.size(),
                 repeats, device.c_str(),
                 std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    if (served) {
+      auto frontend =
+          TimeFrontend(**served, limits.max_context, limits.trace_prompts, placement.block_tokens);
+      if (!frontend) return Fail("timing the frontend: " + frontend.error());
+      profile.frontend = *frontend;
+    } else {
+      std::printf("frontend not timed: %s\n", served.error().c_str());
+    }
 
     // Transfers of up to the longest cached context the sweep covers, in the model's blocks.
     const std::optional<backend::KvRegion> region = (*forward)->kv_region();

@@ -25,7 +25,6 @@
 #include "backend/serve/api.h"
 #include "backend/serve/http_server.h"
 #include "backend/serve/live_metrics.h"
-#include "backend/tokenizer/chat_template.h"
 #include "backend/transport/local_kv_transports.h"
 #include "cli/child_processes.h"
 #include "cli/commands.h"
@@ -338,20 +337,11 @@ int Serve(int argc, char** argv) {
   // Load: the tokenizer once, the model once per instance.
   auto loaded = backend::LoadModelDir(model_dir);
   if (!loaded) return Fail(loaded.error());
-  if (loaded->tokenizer_json_path.empty()) return Fail(model_dir + ": no tokenizer.json");
-  auto tokenizer = backend::Tokenizer::Load(loaded->tokenizer_json_path);
-  if (!tokenizer) return Fail(tokenizer.error());
-  auto model = std::make_shared<backend::serve::ServedModel>(
-      vm.count("served-model-name") ? vm["served-model-name"].as<std::string>() : model_dir,
-      *tokenizer);
-  if (auto format = backend::DetectChatFormat(*tokenizer, loaded->tokenizer_config_path)) {
-    model->chat_format = *format;
-    model->chat_stop_token_ids = backend::StopTokenIds(*format, *tokenizer);
-  } else {
-    model->chat_format_error = format.error();
-  }
-  for (std::int64_t id : loaded->config.eos_token_ids)
-    model->eos_token_ids.push_back(static_cast<std::int32_t>(id));
+  auto served = backend::serve::MakeServedModel(
+      *loaded,
+      vm.count("served-model-name") ? vm["served-model-name"].as<std::string>() : model_dir);
+  if (!served) return Fail(served.error());
+  const std::shared_ptr<backend::serve::ServedModel> model = *served;
 
   backend::ModelPlacement placement;
   placement.device = device;

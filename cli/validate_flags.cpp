@@ -27,6 +27,16 @@ std::vector<Metric> Metrics() {
                  json::json_pointer("/throughput/output_tokens_per_s"), "throughput"});
   out.push_back(
       {"prefix_cache.hit_rate", json::json_pointer("/prefix_cache/hit_rate"), "hit_rate"});
+  // Where TTFT goes (METRICS.md's breakdown): the frontend (arrival to the hand-over to the
+  // engines), the queue, the prefill, and the rest to the first token (PD: the KV transfer; live
+  // also the first token's way out: detokenizing, the SSE write, the client's read).
+  for (const char* part :
+       {"frontend.p50", "frontend.p99", "queue.p50", "prefill.p50", "transfer.p50"}) {
+    std::string path = std::string("/ttft_breakdown_ms/") + part;
+    path[path.rfind('.')] = '/';
+    out.push_back(
+        {std::string("ttft_breakdown_ms.") + part, json::json_pointer(path), "ttft_part"});
+  }
   // PD: the end of a prefill to its KV usable on the decode instance (0 in both worlds when
   // colocated, so not compared there).
   for (const char* s : {"mean", "p50", "p99"})
@@ -50,7 +60,8 @@ Result<std::map<std::string, double>> ParseTolerances(const std::string& text) {
     if (eq == std::string::npos || !known.count(key))
       return Status::Error("--tolerance: '" + Excerpt(item, 40) +
                            "' is not METRIC=PERCENT (METRIC: mean, p50, p90, p99, throughput, "
-                           "hit_rate, kv_transfer, or one metric such as ttft_ms.p50)");
+                           "hit_rate, kv_transfer, ttft_part, or one metric such as "
+                           "ttft_ms.p50)");
     char* end = nullptr;
     const std::string value = item.substr(eq + 1);
     const double pct = std::strtod(value.c_str(), &end);

@@ -17,8 +17,9 @@ struct Metric {
   nlohmann::json::json_pointer pointer;
   std::string statistic;  // "p50", ..., "throughput", "hit_rate": a tolerance's short key
 };
-// TTFT, TPOT, ITL and E2E at mean, p50, p90 and p99; output throughput; prefix hit rate; PD's
-// KV transfer time at mean, p50 and p99 (statistic "kv_transfer").
+// TTFT, TPOT, ITL and E2E at mean, p50, p90 and p99; output throughput; prefix hit rate; TTFT's
+// parts (frontend at p50 and p99, queue, prefill and transfer at p50: statistic "ttft_part");
+// PD's KV transfer time at mean, p50 and p99 (statistic "kv_transfer").
 std::vector<Metric> Metrics();
 
 // --tolerance "p50=5,p99=10,ttft_ms.mean=8": percent by statistic or by metric (the metric's

@@ -240,6 +240,33 @@ Result<HostFit> ParseHostFit(const json& obj, const std::string& where) {
   return host;
 }
 
+json FrontendFitToJson(const FrontendFit& frontend) {
+  return {{"request_s", frontend.request_s},
+          {"prompt_token_s", frontend.prompt_token_s},
+          {"requests", frontend.requests},
+          {"training_error", FitErrorToJson(frontend.training)}};
+}
+
+Result<FrontendFit> ParseFrontendFit(const json& obj, const std::string& where) {
+  if (!obj.is_object()) return Status::Error(where + ": must be an object");
+  FrontendFit frontend;
+  for (auto [key, out] : {std::pair{"request_s", &frontend.request_s},
+                          std::pair{"prompt_token_s", &frontend.prompt_token_s}}) {
+    auto v = JsonNumberIn(obj, key, 0, kMaxStepSeconds, where);
+    if (!v) return v.status();
+    *out = *v;
+  }
+  auto requests = JsonIntIn(obj, "requests", 0, std::int64_t{1} << 30, where);
+  if (!requests) return requests.status();
+  frontend.requests = static_cast<int>(*requests);
+  if (JsonHas(obj, "training_error")) {
+    auto e = ParseFitError(obj["training_error"], where + ": training_error");
+    if (!e) return e.status();
+    frontend.training = *e;
+  }
+  return frontend;
+}
+
 // `times`: the step and transfer times read so far, bounded by kMaxTimes.
 Result<LinkFit> ParseLink(const json& obj, const std::string& where, std::size_t& times) {
   if (!obj.is_object()) return Status::Error(where + ": must be an object");
@@ -495,6 +522,7 @@ json StepProfileToJson(const StepProfile& profile) {
     doc["links"] = std::move(links);
   }
   if (profile.host) doc["host"] = HostFitToJson(*profile.host);
+  if (profile.frontend) doc["frontend"] = FrontendFitToJson(*profile.frontend);
   return doc;
 }
 
@@ -602,6 +630,11 @@ Result<StepProfile> ParseStepProfile(const json& doc, const std::string& where) 
     auto host = ParseHostFit(doc["host"], where + ": host");
     if (!host) return host.status();
     profile.host = std::move(*host);
+  }
+  if (JsonHas(doc, "frontend")) {
+    auto frontend = ParseFrontendFit(doc["frontend"], where + ": frontend");
+    if (!frontend) return frontend.status();
+    profile.frontend = *frontend;
   }
   return profile;
 }

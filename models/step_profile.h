@@ -136,6 +136,20 @@ struct HostFit {
   Seconds Predict(const HostCounts& c) const;
 };
 
+// The frontend's time per request (RequestSpec::frontend_s: from its arrival to the hand-over to
+// the engines) as an affine function of its prompt's tokens, coefficients non-negative: `duet
+// calibrate` times the server's own path from a request's body of token ids (as `duet replay`
+// sends them) to the engines' request. The simulator delays each request's hand-over by it.
+struct FrontendFit {
+  Seconds request_s = 0;       // per request
+  Seconds prompt_token_s = 0;  // per prompt token
+  int requests = 0;            // requests timed for the fit
+  FitError training;           // relative error on the prompt lengths timed (their medians)
+  Seconds Predict(Tokens prompt_tokens) const {
+    return request_s + prompt_token_s * static_cast<double>(prompt_tokens);
+  }
+};
+
 struct StepProfile {
   std::string device;         // what ran the steps: "cpu", "cuda", "h100-sxm (aiconfigurator)"
   nlohmann::json source;      // provenance: tool, version, command, date, host (an object)
@@ -144,6 +158,7 @@ struct StepProfile {
   std::vector<StepMeasurement> measurements;
   std::vector<LinkFit> links;           // one per transport timed; none when none was
   std::optional<HostFit> host;          // the engine's host time, when calibrated on a step log
+  std::optional<FrontendFit> frontend;  // the server's frontend time, when calibrate timed it
   const StepFit* FitFor(int tp) const;  // nullptr when none
   const LinkFit* LinkFor(std::string_view transport) const;  // nullptr when none
 };

@@ -93,15 +93,16 @@ bool HasTpot(const FinishedRequest& r) { return r.output_tokens > 1; }
 Tokens TierHitTokens(const FinishedRequest& r) {
   return r.tier_hit_tokens[0] + r.tier_hit_tokens[1] + r.tier_hit_tokens[2];
 }
-// TTFT = queue + load + prefill + transfer, for a request that produced its first token:
-// queue: arrival to admission; load: waiting for its cached prefix to load from the lower
-// tiers (what computation did not hide); prefill: the rest until the first token was sampled;
-// transfer: PD, until the KV is usable on the decode instance.
+// TTFT = frontend + queue + load + prefill + transfer, for a request that produced its first
+// token: frontend: arrival to the hand-over to the engines; queue: then to admission; load: waiting
+// for its cached prefix to load from the lower tiers (what computation did not hide); prefill: the
+// rest until the first token was sampled; transfer: PD, until the KV is usable on the decode
+// instance.
 struct TtftParts {
-  double queue_ms, load_ms, prefill_ms, transfer_ms;
+  double frontend_ms, queue_ms, load_ms, prefill_ms, transfer_ms;
 };
 TtftParts TtftBreakdown(const FinishedRequest& r) {
-  return {Ms(r.first_scheduled_s - r.arrival_s), Ms(r.load_wait_s),
+  return {Ms(r.frontend_s), Ms(r.first_scheduled_s - r.arrival_s - r.frontend_s), Ms(r.load_wait_s),
           Ms(r.prefill_done_s - r.first_scheduled_s - r.load_wait_s),
           Ms(r.first_token_s - r.prefill_done_s)};
 }
@@ -271,6 +272,7 @@ FinishedRequest FinishedRequest::Of(const RequestSpec& spec, const RequestRecord
   static_cast<RequestRecord&>(f) = record;
   f.id = spec.id;
   f.arrival_s = spec.arrival_s;
+  f.frontend_s = spec.frontend_s;
   f.input_tokens = spec.input_tokens;
   f.output_tokens =
       record.finish_reason == FinishReason::kStop ? record.generated_tokens : spec.output_tokens;
@@ -300,7 +302,7 @@ nlohmann::json MetricsCollector::Summary(std::size_t total_requests, const Slo& 
     Seconds first_arrival_s = std::numeric_limits<double>::infinity(), last_finish_s = 0;
   };
   std::map<std::int64_t, SessionSpan> sessions;
-  std::vector<double> part_queue, part_load, part_prefill, part_transfer;
+  std::vector<double> part_frontend, part_queue, part_load, part_prefill, part_transfer;
   Tokens lookup = 0, hit = 0, output_tokens = 0, total_tokens = 0;
   std::array<Tokens, kNumLowerTiers> tier_hit{};
   Bytes transfer_bytes = 0;
@@ -335,6 +337,7 @@ nlohmann::json MetricsCollector::Summary(std::size_t total_requests, const Slo& 
         }
         if (r.first_scheduled_s >= 0 && r.prefill_done_s >= 0) {
           const TtftParts parts = TtftBreakdown(r);
+          part_frontend.push_back(parts.frontend_ms);
           part_queue.push_back(parts.queue_ms);
           part_load.push_back(parts.load_ms);
           part_prefill.push_back(parts.prefill_ms);
@@ -398,7 +401,8 @@ nlohmann::json MetricsCollector::Summary(std::size_t total_requests, const Slo& 
       {"attainment", total_requests
                          ? Round(static_cast<double>(met) / static_cast<double>(total_requests), 6)
                          : 0.0}};
-  s["ttft_breakdown_ms"] = {{"queue", ToJson(Summarize(part_queue), none)},
+  s["ttft_breakdown_ms"] = {{"frontend", ToJson(Summarize(part_frontend), none)},
+                            {"queue", ToJson(Summarize(part_queue), none)},
                             {"load", ToJson(Summarize(part_load), none)},
                             {"prefill", ToJson(Summarize(part_prefill), none)},
                             {"transfer", ToJson(Summarize(part_transfer), none)}};
@@ -442,7 +446,8 @@ Status MetricsCollector::WriteRequestsCsv(const std::string& path,
   out << "request_id,arrival_s,input_tokens,output_tokens,cached_tokens,prefill_instance,"
          "decode_instance,queue_ms,ttft_ms,tpot_ms,e2e_ms,kv_transfer_ms,status,reason,"
          "gpu_hit_tokens,dram_hit_tokens,ssd_hit_tokens,remote_hit_tokens,ttft_queue_ms,"
-         "ttft_load_ms,ttft_prefill_ms,ttft_transfer_ms,router_score,ttst_ms,session\n";
+         "ttft_load_ms,ttft_prefill_ms,ttft_transfer_ms,router_score,ttst_ms,session,"
+         "ttft_frontend_ms\n";
   auto name = [&](InstanceId i) {
     return i == kNoInstance ? std::string()
                             : CsvField(instance_names.at(static_cast<std::size_t>(i)));
@@ -460,16 +465,18 @@ Status MetricsCollector::WriteRequestsCsv(const std::string& path,
         << ToString(r->state) << ',' << CsvField(r->reason) << ','
         << r->cached_tokens - TierHitTokens(*r);
     for (Tokens t : r->tier_hit_tokens) out << ',' << t;
-    if (done && r->first_scheduled_s >= 0 && r->prefill_done_s >= 0) {
-      const TtftParts p = TtftBreakdown(*r);
-      out << ',' << Fixed(p.queue_ms, 3) << ',' << Fixed(p.load_ms, 3) << ','
-          << Fixed(p.prefill_ms, 3) << ',' << Fixed(p.transfer_ms, 3);
+    std::optional<TtftParts> parts;
+    if (done && r->first_scheduled_s >= 0 && r->prefill_done_s >= 0) parts = TtftBreakdown(*r);
+    if (parts) {
+      out << ',' << Fixed(parts->queue_ms, 3) << ',' << Fixed(parts->load_ms, 3) << ','
+          << Fixed(parts->prefill_ms, 3) << ',' << Fixed(parts->transfer_ms, 3);
     } else {
       out << ",,,,";
     }
     out << ',' << (r->router_score ? Fixed(*r->router_score, 3) : "") << ','
         << (done && r->second_token_s >= 0 ? Fixed(TtstMs(*r), 3) : "") << ','
-        << (r->session >= 0 ? std::to_string(r->session) : "") << '\n';
+        << (r->session >= 0 ? std::to_string(r->session) : "") << ','
+        << (parts ? Fixed(parts->frontend_ms, 3) : "") << '\n';
   }
   out.flush();
   if (!out) return Status::Error(path + ": write failed");

@@ -23,6 +23,7 @@ namespace duet::policies {
 struct FinishedRequest : RequestRecord {
   RequestId id = 0;
   Seconds arrival_s = 0;
+  Seconds frontend_s = 0;
   Tokens input_tokens = 0;
   Tokens output_tokens = 0;
   std::int64_t session = -1;

@@ -71,7 +71,10 @@ std::optional<SamplingProblem> CheckSampling(const SamplingParams& sampling);
 // Serializable: the worker wire carries it whole (backend/cluster/wire.cpp, one field table).
 struct RequestSpec {
   RequestId id = 0;
-  Seconds arrival_s = 0;
+  Seconds arrival_s = 0;  // the client's send (simulated), or the server's receipt (live)
+  // From arrival to the hand-over to the engines: the frontend's parsing, tokenization, prefix
+  // hashing and routing. Measured live; priced by a profile's frontend fit in the simulator.
+  Seconds frontend_s = 0;
   Tokens input_tokens = 0;
   // The most tokens to generate (a client's max_tokens). The simulator's stand-in for EOS; in
   // the real backend a stop token can end the request earlier (RequestRecord::generated_tokens

@@ -2,6 +2,8 @@
 // the live server (policies/admission.h), routing, and the message to each request's prefill
 // instance.
 #include <algorithm>
+#include <cmath>
+#include <deque>
 #include <limits>
 #include <memory>
 
@@ -111,9 +113,10 @@ void RunFrontend(World& w) {
     w.sink->OnFinished(r, r);
   };
   // Sends request `k`: admission checks, routing, the message to its prefill instance.
-  auto send = [&](std::size_t k, Seconds arrival_s) {
+  auto send = [&](std::size_t k, Seconds arrival_s, Seconds frontend_s) {
     Request& r = w.requests[k];
     r.arrival_s = arrival_s;
+    r.frontend_s = frontend_s;
     r.session = w.arrivals->session(k);
     SetBlockHashes(w, k);
     // Reasons read "<class>: <detail>": the summary counts them by class.
@@ -137,6 +140,20 @@ void RunFrontend(World& w) {
                 {EngineMessage::Kind::kNewRequest, std::move(sent), policies::kNoInstance});
   };
 
+  // A profile's frontend fit prices each request's way through the server's frontend (parsing
+  // its body, hashing its blocks) before it is routed and handed over. The frontend takes one
+  // request at a time in arrival order, as `duet serve`'s one network thread does: a burst
+  // waits behind its own first requests. Without a fit, each is handed over on arrival.
+  const models::StepProfile* profile = w.cluster.cost_model.profile.get();
+  const models::FrontendFit* priced = profile && profile->frontend ? &*profile->frontend : nullptr;
+  struct InFrontend {
+    Seconds ready_s;  // its hand-over
+    std::size_t index;
+    Seconds arrival_s;
+  };
+  std::deque<InFrontend> in_frontend;  // in arrival order, so in hand-over order too
+  Seconds frontend_free_s = 0;         // when the frontend is done with what it holds
+
   traces::Arrivals& arrivals = *w.arrivals;
   for (;;) {
     // A request whose dependency was rejected or failed is never sent.
@@ -148,20 +165,37 @@ void RunFrontend(World& w) {
       reject(r, std::string("dependency not completed: request ") + std::to_string(cause.id) +
                     " was " + policies::ToString(cause.state));
     }
-    if (const auto due = arrivals.TakeDue(sg4::Engine::get_clock())) {
-      send(due->index, due->arrival_s);
+    const Seconds now = sg4::Engine::get_clock();
+    if (const auto due = arrivals.TakeDue(now)) {
+      if (!priced) {
+        send(due->index, due->arrival_s, 0);
+      } else {
+        frontend_free_s = std::max(frontend_free_s, due->arrival_s) +
+                          priced->Predict(w.requests[due->index].input_tokens);
+        in_frontend.push_back({frontend_free_s, due->index, due->arrival_s});
+      }
       continue;
     }
-    if (arrivals.Exhausted()) break;
-    const std::optional<Seconds> next = arrivals.NextArrival();
+    if (!in_frontend.empty() && in_frontend.front().ready_s <= now) {
+      const InFrontend done = in_frontend.front();
+      in_frontend.pop_front();
+      send(done.index, done.arrival_s, done.ready_s - done.arrival_s);
+      continue;
+    }
+    if (arrivals.Exhausted() && in_frontend.empty()) break;
+    // The next time something is due, an arrival or a hand-over; infinity: none known yet.
+    Seconds next = std::numeric_limits<Seconds>::infinity();
+    if (!arrivals.Exhausted())
+      if (const std::optional<Seconds> arrival = arrivals.NextArrival()) next = *arrival;
+    if (!in_frontend.empty()) next = std::min(next, in_frontend.front().ready_s);
     if (!arrivals.dynamic()) {
-      sg4::this_actor::sleep_until(*next);
+      sg4::this_actor::sleep_until(next);  // a static trace always knows its next arrival
     } else {
       // Until the next known arrival, or a finish that may bring one sooner.
       std::unique_lock lock(*w.wake_mutex);
       w.frontend_sleeping = true;
-      if (next) {
-        w.wake->wait_until(lock, *next);
+      if (std::isfinite(next)) {
+        w.wake->wait_until(lock, next);
       } else {
         w.wake->wait(lock);
       }

@@ -431,6 +431,39 @@ Result<models::HostFit> FitHost(const std::vector<HostSample>& samples, const Fi
   return fit;
 }
 
+namespace {
+
+// a + b * x / scale through (x, seconds) points, the relative error minimised by least squares
+// (short times count as much as long ones), a and b at least 0: {a, b}. `scale` (the largest
+// x) keeps the system well conditioned.
+std::pair<double, double> FitRelativeLine(const std::vector<std::pair<double, Seconds>>& points,
+                                          double scale) {
+  // Rows: the model's time over the measured one should be 1, so each is (1/t, x/t) against 1.
+  double uu = 0, uv = 0, vv = 0, u1 = 0, v1 = 0;
+  for (const auto& [x, t] : points) {
+    const double u = 1 / t, v = x / scale / t;
+    uu += u * u;
+    uv += u * v;
+    vv += v * v;
+    u1 += u;
+    v1 += v;
+  }
+  const double det = uu * vv - uv * uv;
+  double a = det > 0 ? (u1 * vv - v1 * uv) / det : 0;
+  double b = det > 0 ? (uu * v1 - uv * u1) / det : 0;
+  if (a < 0) {  // the best line crosses below the origin: through it
+    a = 0;
+    b = vv > 0 ? v1 / vv : 0;
+  }
+  if (b < 0) {  // it falls with x: the constant of least relative error
+    a = uu > 0 ? u1 / uu : 0;
+    b = 0;
+  }
+  return {a, b};
+}
+
+}  // namespace
+
 Result<models::LinkFit> FitLink(std::vector<models::TransferMeasurement> measurements,
                                 const FitOptions& options) {
   DUET_CHECK(options.held_out_every >= 2);
@@ -442,28 +475,14 @@ Result<models::LinkFit> FitLink(std::vector<models::TransferMeasurement> measure
   const auto [smallest, largest] =
       std::minmax_element(measurements.begin(), measurements.end(),
                           [](const auto& x, const auto& y) { return x.bytes < y.bytes; });
-  // Rows of the weighted least squares: the model's time over the measured one should be 1,
-  // so each row is (1/t, x/t) against 1, with x the bytes scaled to the largest (conditioning).
-  const auto scale = static_cast<double>(largest->bytes);
-  double uu = 0, uv = 0, vv = 0, u1 = 0, v1 = 0;
+  std::vector<std::pair<double, Seconds>> points;
   for (int i = 0; i < n; ++i) {
     models::TransferMeasurement& m = measurements[static_cast<std::size_t>(i)];
     m.held_out = HeldOut(i, n, options.held_out_every);
-    if (m.held_out) continue;
-    const double u = 1 / m.Median(), v = static_cast<double>(m.bytes) / scale / m.Median();
-    uu += u * u;
-    uv += u * v;
-    vv += v * v;
-    u1 += u;
-    v1 += v;
+    if (!m.held_out) points.emplace_back(static_cast<double>(m.bytes), m.Median());
   }
-  const double det = uu * vv - uv * uv;
-  double a = det > 0 ? (u1 * vv - v1 * uv) / det : 0;  // latency, seconds
-  double b = det > 0 ? (uu * v1 - uv * u1) / det : 0;  // seconds per `scale` bytes
-  if (a < 0) {  // the best line crosses below the origin: no latency, bandwidth alone
-    a = 0;
-    b = v1 / vv;
-  }
+  const auto scale = static_cast<double>(largest->bytes);
+  auto [a, b] = FitRelativeLine(points, scale);  // latency; seconds per `scale` bytes
   // b is the bytes' share of the largest transfer's time: none (to rounding) is no bandwidth.
   if (!(b > 1e-6 * largest->Median()) || !std::isfinite(a))
     return Status::Error("transfer times do not grow with size over " +
@@ -485,6 +504,35 @@ Result<models::LinkFit> FitLink(std::vector<models::TransferMeasurement> measure
   link.training = models::SummarizeErrors(training_pct);
   link.measurements = std::move(measurements);
   return link;
+}
+
+Result<models::FrontendFit> FitFrontend(const std::vector<FrontendSample>& samples) {
+  std::vector<std::pair<double, Seconds>> points;
+  double longest = 0;
+  int requests = 0;
+  for (const FrontendSample& s : samples) {
+    if (s.seconds.empty() || s.prompt_tokens < 1) continue;
+    std::vector<Seconds> sorted = s.seconds;
+    std::sort(sorted.begin(), sorted.end());
+    const Seconds median = sorted[sorted.size() / 2];
+    if (!(median > 0)) continue;
+    points.emplace_back(static_cast<double>(s.prompt_tokens), median);
+    longest = std::max(longest, static_cast<double>(s.prompt_tokens));
+    requests += static_cast<int>(s.seconds.size());
+  }
+  if (points.size() < 2)
+    return Status::Error("a frontend fit needs at least 2 prompt lengths timed (got " +
+                         std::to_string(points.size()) + ")");
+  const auto [a, b] = FitRelativeLine(points, longest);
+  models::FrontendFit fit;
+  fit.request_s = a;
+  fit.prompt_token_s = b / longest;
+  fit.requests = requests;
+  std::vector<double> pct;
+  for (const auto& [tokens, t] : points)
+    pct.push_back(std::abs(fit.Predict(static_cast<Tokens>(tokens)) / t - 1) * 100);
+  fit.training = models::SummarizeErrors(pct);
+  return fit;
 }
 
 }  // namespace duet::backend

@@ -50,4 +50,13 @@ struct HostSample {
 Result<models::HostFit> FitHost(const std::vector<HostSample>& samples,
                                 const FitOptions& options = {});
 
+// One prompt length's frontend times (models::FrontendFit): every repeat, in seconds.
+struct FrontendSample {
+  Tokens prompt_tokens = 0;
+  std::vector<Seconds> seconds;
+};
+// The frontend's time fitted to the median of each prompt length as FitLink fits transfers
+// (the relative error minimised, both coefficients at least 0). Errors: fewer than 2 lengths.
+Result<models::FrontendFit> FitFrontend(const std::vector<FrontendSample>& samples);
+
 }  // namespace duet::backend

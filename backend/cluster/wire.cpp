@@ -179,6 +179,17 @@ PartField<T> Time(const char* key, double T::*m, std::optional<double> fallback)
           }};
 }
 
+// A duration in seconds, in [0, kMaxSeconds].
+template <typename T>
+PartField<T> Duration(const char* key, double T::*m, double fallback) {
+  return {key, [=](const T& t, json& j) { j[key] = t.*m; },
+          [=](const json& j, const std::string& where, T& t) -> Status {
+            DUET_WIRE_TRY(v, JsonNumberIn(j, key, 0, kMaxSeconds, where, fallback));
+            t.*m = v;
+            return Status::Ok();
+          }};
+}
+
 // A float member in [lo, hi], carried as a double.
 template <typename T>
 PartField<T> Float(const char* key, float T::*m, double lo, double hi, double fallback) {
@@ -347,6 +358,7 @@ const std::vector<PartField<policies::RequestSpec>>& SpecFields() {
   static const std::vector<PartField<S>> fields = {
       U64Field("id", &S::id),
       Time("arrival_s", &S::arrival_s, std::nullopt),
+      Duration("frontend_s", &S::frontend_s, 0.0),
       Int("input_tokens", &S::input_tokens, 1, kMaxTokens, std::nullopt),
       Int("output_tokens", &S::output_tokens, 1, kMaxTokens, std::nullopt),
       List("block_hashes", &S::block_hashes, static_cast<std::size_t>(kMaxTokens), "hashes", U64),
@@ -370,7 +382,7 @@ const std::vector<PartField<policies::RequestRecord>>& RecordFields() {
       Int("preemptions", &R::preemptions, 0, 1 << 30, 0),
       Int("kv_transfer_bytes", &R::kv_transfer_bytes, 0, kMaxInt64, 0),
       Time("first_scheduled_s", &R::first_scheduled_s, -1.0),
-      Time("load_wait_s", &R::load_wait_s, 0.0),
+      Duration("load_wait_s", &R::load_wait_s, 0.0),
       Time("prefill_done_s", &R::prefill_done_s, -1.0),
       Time("kv_ready_s", &R::kv_ready_s, -1.0),
       Time("first_token_s", &R::first_token_s, -1.0),

@@ -5,8 +5,10 @@
 
 namespace duet::backend {
 
-Seconds SteadyClock::Now() const {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+Seconds SteadyClock::Now() const { return At(std::chrono::steady_clock::now()); }
+
+Seconds SteadyClock::At(std::chrono::steady_clock::time_point t) const {
+  return std::chrono::duration<double>(t - start_).count();
 }
 
 std::chrono::steady_clock::time_point SteadyClock::ToTimePoint(Seconds t) const {

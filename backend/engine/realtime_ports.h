@@ -23,6 +23,7 @@ class SteadyClock final : public policies::Clock {
   explicit SteadyClock(std::chrono::steady_clock::time_point start) : start_(start) {}
   Seconds Now() const override;
   std::chrono::steady_clock::time_point ToTimePoint(Seconds t) const;
+  Seconds At(std::chrono::steady_clock::time_point t) const;  // t on this clock
   std::chrono::steady_clock::time_point start() const { return start_; }
 
  private:

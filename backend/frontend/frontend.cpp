@@ -53,6 +53,7 @@ void LiveFrontend::Impl::InstanceSink::OnFinished(const RequestSpec& spec, const
   info.cached_tokens = r.cached_tokens;
   info.tier_hit_tokens = r.tier_hit_tokens;
   info.instance = id_;
+  info.frontend_s = spec.frontend_s;
   if (r.first_scheduled_s >= 0) info.queue_s = r.first_scheduled_s - spec.arrival_s;
   if (r.prefill_done_s >= 0) info.prefill_done_s = r.prefill_done_s - spec.arrival_s;
   if (r.prefill_done_s >= 0 && r.kv_ready_s >= r.prefill_done_s) {
@@ -431,12 +432,14 @@ Admission LiveFrontend::Submit(LiveRequest request, std::shared_ptr<RequestListe
                 "retry later"};
   }
   r->id = s.next_id++;
-  r->arrival_s = s.clock.Now();
+  const Seconds now = s.clock.Now();
+  r->arrival_s = request.received ? std::min(now, s.clock.At(*request.received)) : now;
   const policies::RoutingDecision d = s.router->Route(*r);
   if (!d.reject_reason.empty()) return {AdmitStatus::kQueueFull, 0, d.reject_reason};
   r->prefill_instance = d.prefill;
   r->decode_instance = s.pd ? d.decode : d.prefill;
   r->router_score = d.score;
+  r->frontend_s = s.clock.Now() - r->arrival_s;
   Request* raw = r.get();
   const RequestId id = r->id;
   Impl::Entry entry{std::move(r), std::move(listener), d.prefill, raw->decode_instance, false};

@@ -8,9 +8,11 @@
 #pragma once
 
 #include <array>
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -40,6 +42,7 @@ struct FinishInfo {
   // Of those, the tokens each KV tier below GPU memory served (dram, ssd, remote).
   std::array<Tokens, policies::kNumLowerTiers> tier_hit_tokens{};
   policies::InstanceId instance = policies::kNoInstance;  // the instance that finished it
+  Seconds frontend_s = 0;       // arrival to the hand-over to the engines (parsing, hashing)
   Seconds queue_s = -1;         // arrival to its first admission to a batch (-1: never admitted)
   Seconds prefill_done_s = -1;  // arrival to the end of its prefill step (-1: none)
   Seconds kv_transfer_s = -1;   // PD: end of its prefill to its KV usable on the decode instance
@@ -61,6 +64,9 @@ struct LiveRequest {
   std::vector<std::int32_t> prompt;  // token ids, at least one
   Tokens max_tokens = 16;            // at least one
   policies::SamplingParams sampling;
+  // When the server got the request (its headers read), the request's arrival: the time until
+  // Submit is its frontend time (RequestSpec::frontend_s). Absent: Submit's own time.
+  std::optional<std::chrono::steady_clock::time_point> received;
 };
 
 enum class AdmitStatus {

@@ -173,6 +173,7 @@ void Retry(Impl& s, RequestId id, std::vector<Ending>* endings) {
   auto r = std::make_unique<Request>();
   r->id = s.next_id++;
   r->arrival_s = old.arrival_s;
+  r->frontend_s = old.frontend_s;  // the frontend took it once: the first attempt's time
   r->prompt_ids = old.prompt_ids;
   r->prompt_ids.insert(r->prompt_ids.end(), old.output_ids.begin(), old.output_ids.end());
   r->input_tokens = static_cast<Tokens>(r->prompt_ids.size());

@@ -600,6 +600,7 @@ void Session::Complete() {
   r.finished_s = r.last_token_s;  // E2E: arrival to the last token
   r.generated_tokens = r.output_tokens;
   r.cached_tokens = usage_.cached_tokens.value_or(0);
+  if (usage_.duet_frontend_ms) r.frontend_s = *usage_.duet_frontend_ms / 1000.0;
   if (usage_.duet_queue_ms) r.first_scheduled_s = r.arrival_s + *usage_.duet_queue_ms / 1000.0;
   if (usage_.duet_instance) r.prefill_instance = r.decode_instance = *usage_.duet_instance;
   // The server's times from its arrival, on this run's clock from the scheduled send, as

@@ -158,6 +158,7 @@ void CompletionChunk::KeepReports(const CompletionChunk& newer) {
   keep(prompt_tokens, newer.prompt_tokens);
   keep(completion_tokens, newer.completion_tokens);
   keep(cached_tokens, newer.cached_tokens);
+  keep(duet_frontend_ms, newer.duet_frontend_ms);
   keep(duet_queue_ms, newer.duet_queue_ms);
   keep(duet_instance, newer.duet_instance);
   keep(duet_prefill_done_ms, newer.duet_prefill_done_ms);
@@ -236,9 +237,10 @@ Result<CompletionChunk> ParseCompletionChunk(std::string_view data) {
   }
   if (const auto d = j.find("duet"); d != j.end() && !d->is_null()) {
     if (!d->is_object()) return Status::Error("duet must be an object, got " + d->dump());
-    for (auto [key, out] : {std::pair{"queue_ms", &c.duet_queue_ms},
-                            std::pair{"prefill_done_ms", &c.duet_prefill_done_ms},
-                            std::pair{"kv_transfer_ms", &c.duet_kv_transfer_ms}}) {
+    for (auto [key, out] :
+         {std::pair{"frontend_ms", &c.duet_frontend_ms}, std::pair{"queue_ms", &c.duet_queue_ms},
+          std::pair{"prefill_done_ms", &c.duet_prefill_done_ms},
+          std::pair{"kv_transfer_ms", &c.duet_kv_transfer_ms}}) {
       const auto q = d->find(key);
       if (q == d->end() || q->is_null()) continue;
       if (!q->is_number() || !std::isfinite(q->get<double>()) || q->get<double>() < 0)

@@ -49,8 +49,10 @@ struct CompletionChunk {
   std::optional<Tokens> prompt_tokens, completion_tokens;
   std::optional<Tokens> cached_tokens;  // usage.prompt_tokens_details.cached_tokens
   // Duet's extension, a top-level "duet" object in the final chunk: arrival at the server to
-  // the first prefill step, the instance that served the request, arrival to the end of its
-  // prefill, and (PD) the end of its prefill to its KV usable on the decode instance.
+  // the hand-over to the engines (the server's frontend time), arrival to the first prefill
+  // step, the instance that served the request, arrival to the end of its prefill, and (PD)
+  // the end of its prefill to its KV usable on the decode instance.
+  std::optional<double> duet_frontend_ms;
   std::optional<double> duet_queue_ms;
   std::optional<int> duet_instance;
   std::optional<double> duet_prefill_done_ms;

@@ -4,14 +4,62 @@
 #include "backend/serve/api.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <ctime>
 
 #include "backend/tokenizer/unicode_util.h"
+#include "policies/block_hash.h"
 
 namespace duet::backend::serve {
 
 using nlohmann::json;
+
+Result<std::shared_ptr<ServedModel>> MakeServedModel(const LoadedModel& loaded, std::string name) {
+  if (loaded.tokenizer_json_path.empty()) return Status::Error(loaded.dir + ": no tokenizer.json");
+  auto tokenizer = Tokenizer::Load(loaded.tokenizer_json_path);
+  if (!tokenizer) return tokenizer.status();
+  auto model = std::make_shared<ServedModel>(std::move(name), *tokenizer);
+  if (auto format = DetectChatFormat(*tokenizer, loaded.tokenizer_config_path)) {
+    model->chat_format = *format;
+    model->chat_stop_token_ids = StopTokenIds(*format, *tokenizer);
+  } else {
+    model->chat_format_error = format.error();
+  }
+  for (std::int64_t id : loaded.config.eos_token_ids)
+    model->eos_token_ids.push_back(static_cast<std::int32_t>(id));
+  model->vocab_size = loaded.config.vocab_size;
+  model->max_request_tokens = loaded.config.max_position_embeddings;
+  return model;
+}
+
+Result<std::vector<Seconds>> TimeFrontendPath(const ServedModel& model, Tokens prompt_tokens,
+                                              Tokens block_tokens, int repeats) {
+  std::vector<std::int32_t> ids(static_cast<std::size_t>(std::max<Tokens>(prompt_tokens, 1)));
+  for (std::size_t i = 0; i < ids.size(); ++i)
+    ids[i] =
+        static_cast<std::int32_t>((i * 7919 + 13) % static_cast<std::size_t>(model.vocab_size));
+  const std::string body = DumpJson(json{{"model", model.name},
+                                         {"prompt", ids},
+                                         {"max_tokens", 1},
+                                         {"stream", true},
+                                         {"stream_options", {{"include_usage", true}}}});
+  std::vector<Seconds> seconds;
+  for (int run = 0; run <= repeats; ++run) {
+    const auto start = std::chrono::steady_clock::now();
+    GenerationParams params;
+    if (auto error = ParseGenerationBody(Endpoint::kCompletions, body, &params))
+      return Status::Error(error->message);
+    LiveRequest request;
+    if (auto error = BuildLiveRequest(params, model, &request))
+      return Status::Error(error->message);
+    const auto hashes = policies::TokenBlockHashes(request.prompt, block_tokens);
+    if (run > 0)
+      seconds.push_back(
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  }
+  return seconds;
+}
 
 std::string ModelsJson(const ServedModel& model) {
   json entry = {{"id", model.name},
@@ -202,11 +250,12 @@ GenerationCall::GenerationCall(const GenerationParams& params,
 
 std::variant<std::shared_ptr<GenerationCall>, ApiError> GenerationCall::Start(
     const GenerationParams& params, std::shared_ptr<const ServedModel> model, Post post,
-    Deliver deliver) {
+    Deliver deliver, std::chrono::steady_clock::time_point received) {
   if (params.stream_options_given && !params.stream)
     return BadRequest("'stream_options' is only allowed when 'stream' is true", "stream_options");
   LiveRequest request;
   if (auto error = BuildLiveRequest(params, *model, &request)) return *error;
+  request.received = received;
   LiveFrontend* frontend = model->frontend;
   const std::size_t request_prompt_tokens = request.prompt.size();
   std::shared_ptr<GenerationCall> call(
@@ -309,6 +358,7 @@ void GenerationCall::Finish(const FinishInfo& info) {
   }
   const std::string tail = text_.Finish();
   DuetExtension duet;
+  duet.frontend_ms = info.frontend_s * 1000.0;
   duet.queue_ms = info.queue_s >= 0 ? info.queue_s * 1000.0 : -1;
   duet.instance = info.instance;
   duet.prefill_done_ms = info.prefill_done_s >= 0 ? info.prefill_done_s * 1000.0 : -1;

@@ -5,6 +5,7 @@
 // frame the parts and move bytes.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -15,6 +16,7 @@
 #include <vector>
 
 #include "backend/frontend/frontend.h"
+#include "backend/model/llama_weights.h"
 #include "backend/serve/chunks.h"
 #include "backend/serve/live_metrics.h"
 #include "backend/serve/openai_protocol.h"
@@ -43,6 +45,11 @@ struct ServedModel {
   LiveMetrics* metrics = nullptr;
 };
 
+// The served model of a loaded model directory, named `name`: its tokenizer, chat format (or why
+// it has none), end-of-sequence ids, vocabulary size and context (max_request_tokens; the
+// server lowers it to what its instances admit). Errors: no tokenizer.json, or a bad one.
+Result<std::shared_ptr<ServedModel>> MakeServedModel(const LoadedModel& loaded, std::string name);
+
 // GET /v1/models.
 std::string ModelsJson(const ServedModel& model);
 
@@ -52,6 +59,14 @@ std::string ModelsJson(const ServedModel& model);
 // does not fit, a chat request to a model without a chat format.
 std::optional<ApiError> BuildLiveRequest(const GenerationParams& params, const ServedModel& model,
                                          LiveRequest* out);
+
+// The frontend's time for one request of `prompt_tokens` token ids, `repeats` times (each
+// in seconds; `duet calibrate` fits models::FrontendFit to them): the server's own path from
+// a /v1/completions body as `duet replay` sends it (token ids, streamed) to the request the
+// engines get: parsing the body, BuildLiveRequest and hashing the prompt's blocks of
+// `block_tokens`. The first run is untimed. Errors: a prompt `model` refuses.
+Result<std::vector<Seconds>> TimeFrontendPath(const ServedModel& model, Tokens prompt_tokens,
+                                              Tokens block_tokens, int repeats);
 
 // The API error for a refused Submit.
 ApiError AdmissionError(const Admission& admission);
@@ -77,9 +92,11 @@ class GenerationCall {
 
   // Validates and submits. On success the call delivers its parts through `deliver` (the chat
   // role chunk at once when streaming) until one is `last`. On refusal nothing was submitted.
+  // `received`: when the transport got the request, its arrival (its frontend time runs from
+  // there to the hand-over to the engines).
   static std::variant<std::shared_ptr<GenerationCall>, ApiError> Start(
       const GenerationParams& params, std::shared_ptr<const ServedModel> model, Post post,
-      Deliver deliver);
+      Deliver deliver, std::chrono::steady_clock::time_point received);
   ~GenerationCall();
 
   // The client went away: aborts the request in the engine (its KV blocks are freed) and

@@ -146,6 +146,7 @@ json UsageJson(const Usage& usage) {
 json DuetJson(const DuetExtension& duet) {
   auto known = [](double v) { return v >= 0 ? json(v) : json(); };
   return json{
+      {"frontend_ms", known(duet.frontend_ms)},
       {"queue_ms", known(duet.queue_ms)},
       {"instance", duet.instance >= 0 ? json(duet.instance) : json()},
       {"prefill_done_ms", known(duet.prefill_done_ms)},

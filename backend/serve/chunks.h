@@ -34,6 +34,7 @@ struct DuetExtension {
   std::int64_t kv_transfer_bytes = -1;  // PD: the KV bytes that moved
   // Prompt tokens served from each KV tier below GPU memory (dram, ssd, remote).
   std::array<std::int64_t, 3> tier_hit_tokens{};
+  double frontend_ms = -1;  // arrival to the hand-over to the engines (parsing, hashing)
 };
 
 class ReplyFormatter {

@@ -233,7 +233,7 @@ class WsSession : public std::enable_shared_from_this<WsSession> {
                  "rate_limit_error", "", "rate_limit_exceeded"};
       SendError(e);
     } else {
-      queued_.push_back(std::move(message));
+      queued_.push_back({std::move(message), std::chrono::steady_clock::now()});
       ServeNext();
     }
     Read();
@@ -241,15 +241,16 @@ class WsSession : public std::enable_shared_from_this<WsSession> {
 
   void ServeNext() {
     while (!call_ && !queued_.empty() && !closed_) {
-      std::string message = std::move(queued_.front());
+      Queued next = std::move(queued_.front());
       queued_.pop_front();
-      if (auto error = StartRequest(message)) SendError(*error);
+      if (auto error = StartRequest(next.message, next.received)) SendError(*error);
     }
     MaybeCloseForDrain();
   }
 
   // Starts one request; an error when it was refused.
-  std::optional<ApiError> StartRequest(const std::string& message) {
+  std::optional<ApiError> StartRequest(const std::string& message,
+                                       std::chrono::steady_clock::time_point received) {
     const json body = json::parse(message, nullptr, /*allow_exceptions=*/false);
     if (body.is_discarded()) return BadRequest("the message is not valid JSON");
     if (!body.is_object()) return BadRequest("the message must be a JSON object");
@@ -281,7 +282,7 @@ class WsSession : public std::enable_shared_from_this<WsSession> {
       if (auto self = weak.lock()) self->OnPart(std::move(part));
     };
     guards_.push_back(std::make_unique<ReplyGuard>(server_));
-    auto started = GenerationCall::Start(params, std::move(model), post, deliver);
+    auto started = GenerationCall::Start(params, std::move(model), post, deliver, received);
     if (auto* error = std::get_if<ApiError>(&started)) {
       guards_.pop_back();
       return *error;
@@ -360,7 +361,11 @@ class WsSession : public std::enable_shared_from_this<WsSession> {
   ConnectionSlot slot_;
   http::request<http::string_body> upgrade_;
   beast::flat_buffer rbuf_;
-  std::deque<std::string> queued_;
+  struct Queued {
+    std::string message;
+    std::chrono::steady_clock::time_point received;  // when it was read
+  };
+  std::deque<Queued> queued_;
   std::deque<Outgoing> outgoing_;
   std::deque<std::unique_ptr<ReplyGuard>> guards_;
   std::shared_ptr<GenerationCall> call_;
@@ -454,6 +459,7 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
 
   void OnHeader(beast::error_code ec, std::size_t) {
     if (ec) return OnReadError(ec);
+    received_ = std::chrono::steady_clock::now();
     const Request& req = parser_->get();
     method_ = std::string(req.method_string());
     target_ = std::string(req.target());
@@ -661,7 +667,7 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
       if (auto self = weak.lock()) self->OnPart(std::move(part));
     };
     guard_.emplace(server_);
-    auto started = GenerationCall::Start(params, std::move(model), post, deliver);
+    auto started = GenerationCall::Start(params, std::move(model), post, deliver, received_);
     if (auto* error = std::get_if<ApiError>(&started)) {
       guard_.reset();
       return RespondError(*error);  // the watch read stays pending; it ends with the response
@@ -905,6 +911,8 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
   bool close_delimited_ = false;  // HTTP/1.0: no chunked coding; the close ends the body
   bool headers_sent_ = false;
   bool last_queued_ = false;
+  // When the request's headers were read: its arrival.
+  std::chrono::steady_clock::time_point received_;
   bool final_chunk_sent_ = false;
   std::string out_;       // SSE bytes not yet handed to a write
   std::string inflight_;  // SSE bytes being written

@@ -333,6 +333,7 @@ StepProfile SampleProfile() {
   host.held_out = {100, 12.5, 30, 80};
   host.held_out_total_pct = -1.5;
   p.host = host;
+  p.frontend = FrontendFit{3e-5, 2e-8, 1200, {6, 1.5, 2, 3}};
   return p;
 }
 
@@ -365,6 +366,9 @@ TEST(StepProfileTest, ProfilesSurviveTheRoundTrip) {
   ASSERT_TRUE(back->host);
   EXPECT_EQ(back->host->seconds_per, p.host->seconds_per);
   EXPECT_DOUBLE_EQ(back->host->Predict({8, 1, 2, 8}), 2e-5 + 8 * 3e-6 + 1e-6 + 2 * 4e-5);
+  ASSERT_TRUE(back->frontend);
+  EXPECT_DOUBLE_EQ(back->frontend->Predict(1000), 3e-5 + 1000 * 2e-8);
+  EXPECT_EQ(back->frontend->requests, 1200);
   EXPECT_FALSE(ArchitectureMismatch(back->model, Model("tiny-test")));
   EXPECT_EQ(ArchitectureMismatch(back->model, Model("llama-3.2-1b")).value_or(""),
             "num_hidden_layers: 2 vs 16");
@@ -465,6 +469,14 @@ TEST(StepProfileTest, MalformedProfilesAreErrorsNamingTheField) {
       {[](json& j) { j["host"]["steps"] = -1; }, "host: field 'steps'"},
       {[](json& j) { j["host"]["held_out_error"]["mean_pct"] = -1; },
        "host: held_out_error: field 'mean_pct'"},
+      {[](json& j) { j["frontend"] = json::array(); }, "p.json: frontend: must be an object"},
+      {[](json& j) { j["frontend"]["prompt_token_s"] = -1e-9; },
+       "frontend: field 'prompt_token_s'"},
+      {[](json& j) { j["frontend"].erase("request_s"); }, "frontend: field 'request_s'"},
+      {[](json& j) { j["frontend"]["request_s"] = 1e9; }, "frontend: field 'request_s'"},
+      {[](json& j) { j["frontend"]["requests"] = 0.5; }, "frontend: field 'requests'"},
+      {[](json& j) { j["frontend"]["training_error"]["max_pct"] = "x"; },
+       "frontend: training_error: field 'max_pct'"},
   };
   for (const Case& c : cases) {
     json doc = good;
@@ -538,6 +550,30 @@ TEST(LinkFitTest, TooFewSizesOrFlatTimesAreErrors) {
   link = backend::FitLink(Transfers([](double) { return 1e-3; }));
   ASSERT_FALSE(link.ok());
   EXPECT_NE(link.error().find("do not grow with size"), std::string::npos) << link.error();
+}
+
+TEST(FrontendFitTest, ALineIsRecoveredAndItsCoefficientsStayNonNegative) {
+  std::vector<backend::FrontendSample> samples;
+  for (Tokens n : {1, 4, 16, 64, 256, 1024, 3000})
+    samples.push_back({n, {9e-6 + 3e-8 * n, 10e-6 + 3e-8 * n, 11e-6 + 3e-8 * n}});
+  Result<FrontendFit> fit = backend::FitFrontend(samples);
+  ASSERT_TRUE(fit.ok()) << fit.error();
+  EXPECT_NEAR(fit->request_s, 10e-6, 1e-12);
+  EXPECT_NEAR(fit->prompt_token_s, 3e-8, 1e-14);
+  EXPECT_EQ(fit->requests, 21);
+  EXPECT_EQ(fit->training.shapes, 7);
+  EXPECT_LT(fit->training.max_pct, 1e-6);
+  // Times that fall with the prompt (noise): a constant, not a negative cost a token.
+  samples = {{1, {2e-5}}, {100, {1.5e-5}}, {1000, {1e-5}}};
+  fit = backend::FitFrontend(samples);
+  ASSERT_TRUE(fit.ok()) << fit.error();
+  EXPECT_EQ(fit->prompt_token_s, 0);
+  EXPECT_GT(fit->request_s, 1e-5);
+  EXPECT_LT(fit->request_s, 2e-5);
+  // One length is no line.
+  fit = backend::FitFrontend({{16, {1e-5}}});
+  ASSERT_FALSE(fit.ok());
+  EXPECT_NE(fit.error().find("at least 2 prompt lengths"), std::string::npos) << fit.error();
 }
 
 // Iterations like a server's: batches of 1 to 32 rows, some admitting or finishing requests.

@@ -249,6 +249,67 @@ std::string AffineStepLines() {
   return lines;
 }
 
+// A model with a tokenizer has the server's frontend timed (a body of token ids to the engines'
+// request): longer prompts cost more. The simulator delays each request's hand-over to the
+// engines by the profile's frontend price, one request at a time in arrival order (as the
+// server's one network thread): of two requests that arrive together, the second waits for the
+// first's, and the parts of each TTFT still add up.
+TEST_F(CalibrateTest, TimesTheFrontendAndTheSimulatorPassesRequestsThroughItInTurn) {
+  const std::string measured = tmp_.File("measured.json");
+  RunResult r = RunDuet({"calibrate", "--model", model_, "--out", measured, "--repeats", "1"});
+  ASSERT_EQ(r.exit_code, 0) << r;
+  EXPECT_TRUE(ContainsAll(r.out, {"frontend (body to engine request):", "a prompt token"}));
+  Result<models::StepProfile> timed = models::LoadStepProfile(measured);
+  ASSERT_TRUE(timed.ok()) << timed.error();
+  ASSERT_TRUE(timed->frontend);
+  EXPECT_GE(timed->frontend->requests, 5 * 200);  // 1, 4, 16, 64 tokens and more, 200 each
+  EXPECT_GT(timed->frontend->prompt_token_s, 0);
+  EXPECT_GT(timed->frontend->Predict(1000), timed->frontend->Predict(1));
+
+  // A price of 1 ms a request and 1 ms a prompt token: 101 ms for 100 tokens, 11 ms for 10.
+  const std::string profile_path = tmp_.File("p.json");
+  r = RunDuet({"calibrate", "--measurements", tmp_.Write("m.jsonl", AffineStepLines()), "--model",
+               model_, "--device", "cpu", "--out", profile_path});
+  ASSERT_EQ(r.exit_code, 0) << r;
+  json doc = ReadJson(profile_path);
+  EXPECT_FALSE(doc.contains("frontend")) << "measurements from elsewhere time no frontend";
+  doc["frontend"] = {{"request_s", 1e-3}, {"prompt_token_s", 1e-3}, {"requests", 2}};
+  const std::string priced = tmp_.Write("priced.json", doc.dump());
+  const std::string trace = tmp_.Write(
+      "together.jsonl",
+      "{\"timestamp\": 0, \"input_length\": 100, \"output_length\": 4, \"hash_ids\": [1]}\n"
+      "{\"timestamp\": 0, \"input_length\": 10, \"output_length\": 4, \"hash_ids\": [2]}\n");
+  const std::string with = tmp_.File("with"), without = tmp_.File("without");
+  Simulate(with,
+           {"--cluster", Cluster({{"kind", "fitted"}, {"profile", priced}}), "--trace", trace});
+  Simulate(without, {"--cluster", Cluster({{"kind", "fitted"}, {"profile", profile_path}}),
+                     "--trace", trace});
+  const Csv a = Csv::Read(with + "/requests.csv"), b = Csv::Read(without + "/requests.csv");
+  ASSERT_EQ(a.size(), 2u);
+  ASSERT_EQ(b.size(), 2u);
+  EXPECT_NEAR(a.Number(0, "ttft_frontend_ms"), 101, kCsvTolMs);
+  EXPECT_NEAR(a.Number(1, "ttft_frontend_ms"), 101 + 11, kCsvTolMs);
+  // Handed over together without the price (one step prefills both); with it, the first at
+  // 101 ms, admitted before the second is out of the frontend.
+  EXPECT_NEAR(b.Number(0, "queue_ms"), b.Number(1, "queue_ms"), kCsvTolMs);
+  EXPECT_GT(a.Number(0, "queue_ms"), 101);
+  EXPECT_LT(a.Number(0, "queue_ms"), 112);
+  EXPECT_GT(a.Number(1, "queue_ms"), 112);
+  for (std::size_t i = 0; i < 2; ++i) {
+    EXPECT_EQ(b.Number(i, "ttft_frontend_ms"), 0) << i;
+    // The frontend's time is before the queue, in the TTFT and the E2E.
+    EXPECT_NEAR(a.Number(i, "queue_ms") - a.Number(i, "ttft_queue_ms"),
+                a.Number(i, "ttft_frontend_ms"), kCsvTolMs)
+        << i;
+    const double parts = a.Number(i, "ttft_frontend_ms") + a.Number(i, "ttft_queue_ms") +
+                         a.Number(i, "ttft_load_ms") + a.Number(i, "ttft_prefill_ms") +
+                         a.Number(i, "ttft_transfer_ms");
+    EXPECT_NEAR(parts, a.Number(i, "ttft_ms"), 5 * kCsvTolMs) << i;
+  }
+  const json summary = ReadJson(with + "/summary.json");
+  EXPECT_NEAR(summary["ttft_breakdown_ms"]["frontend"]["max"].get<double>(), 112, kCsvTolMs);
+}
+
 // `--host-steps` fits the engine's host time to a live server's step log (here one written
 // with a known host cost), `--profile` adds it to a profile whose step fits it keeps, and the
 // simulator then adds each step's host time to the step: a request's timeline moves by exactly

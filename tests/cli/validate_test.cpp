@@ -247,7 +247,15 @@ TEST_F(ValidateTest, ComparesALiveRunWithTheSimulationAtEachLoad) {
     EXPECT_GT(ttft["simulated"].get<double>(), 0) << ttft;
     EXPECT_DOUBLE_EQ(ttft["error_pct"].get<double>(),
                      100 * (ttft["simulated"].get<double>() / ttft["live"].get<double>() - 1));
+    // TTFT's frontend part: measured by the server and reported through replay, priced by the
+    // profile calibrate timed it into.
+    const json& frontend = load["metrics"]["ttft_breakdown_ms.frontend.p50"];
+    EXPECT_GT(frontend["live"].get<double>(), 0) << frontend;
+    EXPECT_GT(frontend["simulated"].get<double>(), 0) << frontend;
+    EXPECT_TRUE(load["metrics"]["ttft_breakdown_ms.queue.p50"]["live"].is_number()) << load;
   }
+  EXPECT_TRUE(
+      ContainsAll(r.out, {"ttft_breakdown_ms.frontend.p50", "ttft_breakdown_ms.queue.p50"}));
   auto profile = models::LoadStepProfile(tmp_.File("profile.json"));
   ASSERT_TRUE(profile.ok()) << profile.error();
   ExpectStepsAttributed(report["loads"][0], tmp_.File("out/rate-0.5"), profile->fits.at(0));

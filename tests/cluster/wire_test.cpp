@@ -21,6 +21,7 @@ Request FullRequest() {
   Request r;
   r.id = 42;
   r.arrival_s = 1.5;
+  r.frontend_s = 0.00025;
   r.input_tokens = 5;
   r.output_tokens = 9;
   r.block_hashes = {0xffffffffffffffffull, 7};
@@ -61,7 +62,7 @@ Request FullRequest() {
 
 // A field added to a part of Request changes its size: give it a value in FullRequest, a
 // comparison below, and a place in its part's field table (wire.cpp).
-static_assert(sizeof(policies::RequestSpec) == 168 && sizeof(policies::SamplingParams) == 80,
+static_assert(sizeof(policies::RequestSpec) == 176 && sizeof(policies::SamplingParams) == 80,
               "RequestSpec or SamplingParams changed: does the wire carry every field?");
 static_assert(sizeof(policies::RequestRecord) == 192,
               "RequestRecord changed: does the wire carry every field?");
@@ -93,6 +94,7 @@ void ExpectSameRecord(const policies::RequestRecord& a, const policies::RequestR
 void ExpectSameRequest(const Request& a, const Request& b) {
   EXPECT_EQ(a.id, b.id);
   EXPECT_EQ(a.arrival_s, b.arrival_s);
+  EXPECT_EQ(a.frontend_s, b.frontend_s);
   EXPECT_EQ(a.input_tokens, b.input_tokens);
   EXPECT_EQ(a.output_tokens, b.output_tokens);
   EXPECT_EQ(a.block_hashes, b.block_hashes);
@@ -290,6 +292,8 @@ TEST(Wire, MalformedBodiesAreErrorsNamingTheField) {
       {[](auto& j) { j["request"]["spec"]["sampling"]["top_p"] = 0; }, "'top_p'"},
       {[](auto& j) { j["request"]["spec"]["sampling"]["temperature"] = "hot"; }, "'temperature'"},
       {[](auto& j) { j["request"]["record"]["first_token_s"] = 1e300; }, "'first_token_s'"},
+      {[](auto& j) { j["request"]["spec"]["frontend_s"] = -0.5; }, "'frontend_s'"},
+      {[](auto& j) { j["request"]["record"]["load_wait_s"] = -1; }, "'load_wait_s'"},
       {[](auto& j) { j["request"]["record"]["reason"] = std::string(5000, 'x'); }, "'reason'"},
       {[](auto& j) { j["request"]["record"]["state"] = 99; }, "'state'"},
       {[](auto& j) { j["request"]["record"]["cached_tokens"] = 6; }, "'cached_tokens'"},

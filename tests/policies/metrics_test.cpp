@@ -217,6 +217,7 @@ TEST(MetricsCollector, WritesRequestsCsvInIdOrderWithMetricsMdColumns) {
   tiered.cached_tokens = 60;
   tiered.tier_hit_tokens = {16, 32, 0};
   tiered.load_wait_s = 0.1;
+  tiered.frontend_s = 0.004;        // 4 ms of its 10 ms to admission were the frontend's
   tiered.router_score = 1234.5678;  // written to 3 decimals; unscored requests leave it empty
   tiered.second_token_s = 2.7;
   tiered.session = 3;
@@ -238,12 +239,13 @@ TEST(MetricsCollector, WritesRequestsCsvInIdOrderWithMetricsMdColumns) {
             "request_id,arrival_s,input_tokens,output_tokens,cached_tokens,prefill_instance,"
             "decode_instance,queue_ms,ttft_ms,tpot_ms,e2e_ms,kv_transfer_ms,status,reason,"
             "gpu_hit_tokens,dram_hit_tokens,ssd_hit_tokens,remote_hit_tokens,ttft_queue_ms,"
-            "ttft_load_ms,ttft_prefill_ms,ttft_transfer_ms,router_score,ttst_ms,session\n"
-            "2,0.250000,9,1,0,,,,,,,,rejected,\"needs 10, max 5\",0,0,0,0,,,,,,,\n"
+            "ttft_load_ms,ttft_prefill_ms,ttft_transfer_ms,router_score,ttst_ms,session,"
+            "ttft_frontend_ms\n"
+            "2,0.250000,9,1,0,,,,,,,,rejected,\"needs 10, max 5\",0,0,0,0,,,,,,,,\n"
             "5,1.000000,100,3,20,p0,d0,10.000,500.000,500.000,1500.000,5.000,completed,,20,0,0,0,"
-            "10.000,0.000,485.000,5.000,,,\n"
+            "10.000,0.000,485.000,5.000,,,,0.000\n"
             "7,2.000000,100,3,60,p0,d0,10.000,500.000,500.000,1500.000,5.000,completed,,12,16,32,0,"
-            "10.000,100.000,385.000,5.000,1234.568,200.000,3\n");
+            "6.000,100.000,385.000,5.000,1234.568,200.000,3,4.000\n");
   // The summary splits the hits by tier and the TTFT into its parts.
   const nlohmann::json s = m.Summary(3, Slo{});
   EXPECT_EQ(s["prefix_cache"]["hit_tokens"], 80);
@@ -253,6 +255,8 @@ TEST(MetricsCollector, WritesRequestsCsvInIdOrderWithMetricsMdColumns) {
   EXPECT_EQ(s["prefix_cache"]["by_tier"]["remote"]["hit_tokens"], 0);
   EXPECT_DOUBLE_EQ(s["ttft_breakdown_ms"]["load"]["max"].get<double>(), 100.0);
   EXPECT_DOUBLE_EQ(s["ttft_breakdown_ms"]["prefill"]["mean"].get<double>(), 435.0);
+  EXPECT_DOUBLE_EQ(s["ttft_breakdown_ms"]["frontend"]["max"].get<double>(), 4.0);
+  EXPECT_DOUBLE_EQ(s["ttft_breakdown_ms"]["queue"]["mean"].get<double>(), 8.0);
   // Read back: a column of the completed requests, past the quoted reason of the rejected one.
   auto ttft = ParseRequestsCsvColumn(text.str(), path.string(), "ttft_ms");
   ASSERT_TRUE(ttft.ok()) << ttft.error();

@@ -112,12 +112,13 @@ TEST(Chunk, TokenChunkFinishAndUsage) {
   EXPECT_EQ(c->finish_reason, "length");
 
   c = ParseCompletionChunk(
-      R"({"choices":[],"usage":{"prompt_tokens":1024,"total_tokens":1034,"completion_tokens":10,"prompt_tokens_details":{"cached_tokens":512}},"duet":{"queue_ms":3.25,"instance":2,"prefill_done_ms":40.5,"kv_transfer_ms":1.25,"kv_transfer_bytes":73728}})");
+      R"({"choices":[],"usage":{"prompt_tokens":1024,"total_tokens":1034,"completion_tokens":10,"prompt_tokens_details":{"cached_tokens":512}},"duet":{"frontend_ms":0.125,"queue_ms":3.25,"instance":2,"prefill_done_ms":40.5,"kv_transfer_ms":1.25,"kv_transfer_bytes":73728}})");
   ASSERT_TRUE(c.ok()) << c.error();
   EXPECT_FALSE(c->token_event);
   EXPECT_EQ(c->prompt_tokens, 1024);
   EXPECT_EQ(c->completion_tokens, 10);
   EXPECT_EQ(c->cached_tokens, 512);
+  EXPECT_EQ(c->duet_frontend_ms, 0.125);
   EXPECT_EQ(c->duet_queue_ms, 3.25);
   EXPECT_EQ(c->duet_instance, 2);
   EXPECT_EQ(c->duet_prefill_done_ms, 40.5);
@@ -214,6 +215,7 @@ TEST(Chunk, MalformedChunksSayWhat) {
       {R"({"usage":{"prompt_tokens_details":{"cached_tokens":1.5}}})",
        "usage.prompt_tokens_details.cached_tokens"},
       {R"({"duet":{"queue_ms":-1}})", "duet.queue_ms"},
+      {R"({"duet":{"frontend_ms":[]}})", "duet.frontend_ms must be a number >= 0"},
       {R"({"duet":{"prefill_done_ms":"soon"}})", "duet.prefill_done_ms must be a number >= 0"},
       {R"({"duet":{"kv_transfer_ms":-0.5}})", "duet.kv_transfer_ms must be a number >= 0"},
       {R"({"duet":{"kv_transfer_bytes":-5}})", "duet.kv_transfer_bytes must be a non-negative"},
