@@ -25,3 +25,35 @@ serve_stop() {
   [ -z "$server" ] || { kill -INT "$server" 2>/dev/null; wait "$server" || true; server=; }
 }
 trap serve_stop EXIT
+
+# bench_cluster LAYOUT ENGINE NIC_LATENCY_US [MORE]: in the current directory, host.json (this
+# machine's CPU as the simulator's device: only its memory matters under a fitted profile; it
+# sizes the KV cache alike in both worlds, validate giving duet serve the simulator's blocks) and
+# cluster.json for the bench model priced by profile.json, with ENGINE as its "engine" object and
+# MORE as further top-level members ("key": value, ...). LAYOUT: colocated (one instance) or
+# 1p1d (a prefill and a decode instance on one node, the KV between its two devices over the
+# link calibrate fitted to UCX's transfers, calibration.md; the NIC carries only the frontend's
+# messages). Sets calibrate_args (--transport ucx for 1p1d). Exits 2 on another layout.
+bench_cluster() {
+  local layout=$1 engine=$2 nic_latency_us=$3 more=${4:-} instances devices nvlink
+  case "$layout" in
+    colocated) calibrate_args=(); instances='[{"role": "colocated"}]'; devices=1; nvlink='' ;;
+    1p1d) calibrate_args=(--transport ucx); devices=2; nvlink='"nvlink": {"fitted": "ucx"},'
+          instances='[{"role": "prefill", "node": 0}, {"role": "decode", "node": 0}]' ;;
+    *) echo "the layout must be colocated or 1p1d" >&2; exit 2 ;;
+  esac
+  cat > host.json <<'EOF'
+{"name": "host-cpu", "notes": "this machine's CPU as an instance's device: 2 GiB for weights and KV",
+ "bf16_tflops": 0.1, "hbm_gib": 2, "hbm_bandwidth_gbps": 20, "nvlink_bandwidth_gbps": 10,
+ "pcie_bandwidth_gbps": 10}
+EOF
+  cat > cluster.json <<EOF
+{${more:+$more,}
+ "model": "./bench",
+ "nodes": [{"count": 1, "gpus": $devices, "gpu": "host.json", $nvlink
+            "nic": {"bandwidth_GBps": 10, "latency_us": $nic_latency_us}}],
+ "instances": $instances,
+ "engine": $engine,
+ "cost_model": {"kind": "fitted", "profile": "profile.json"}}
+EOF
+}

@@ -22,19 +22,21 @@ SCALES="${1:-0.25,1,2}"
 work="${2:-$(mktemp -d)}"
 layout="${3:-colocated}"
 case "$layout" in
-  colocated) threads=0; serve_args="--workers thread"; calibrate_args=()
-             instances='[{"role": "colocated"}]'; devices=1; nvlink='' ;;
-  1p1d) threads=1; serve_args="--threads 1"; calibrate_args=(--transport ucx)
-        instances='[{"role": "prefill", "node": 0}, {"role": "decode", "node": 0}]'; devices=2
-        nvlink='"nvlink": {"fitted": "ucx"},' ;;
+  colocated) threads=0; serve_args="--workers thread" ;;
+  1p1d) threads=1; serve_args="--threads 1" ;;
   *) echo "layout must be colocated or 1p1d" >&2; exit 2 ;;
 esac
-DUET="$PWD/build/bin/duet"
-[ -x "$DUET" ] || { echo "build first: scripts/setup.sh" >&2; exit 1; }
-mkdir -p "$work"
-cd "$work"
+async=false; out=validation
+if [ "${ASYNC:-0}" = 1 ]; then async=true; out=validation-async; fi
+source bench/lib.sh
+bench_setup "$work"
+bench_cluster "$layout" \
+  "{\"max_num_seqs\": 32, \"max_num_batched_tokens\": 2048, \"reserved_gib\": 0.25,
+    \"async_steps\": $async}" 50 \
+  "\"name\": \"cpu-bench-$layout\",
+   \"network\": {\"switch\": {\"bandwidth_GBps\": 10, \"latency_us\": 1},
+               \"frontend\": {\"bandwidth_GBps\": 10, \"latency_us\": 20}}"
 
-[ -d bench ] || "$DUET" make-test-model --preset bench --out bench >/dev/null
 calibrated=0
 if [ -f profile.json ]; then
   echo "keeping $work/profile.json"
@@ -43,30 +45,6 @@ else
     "${calibrate_args[@]}"
   calibrated=1
 fi
-async=false; out=validation
-if [ "${ASYNC:-0}" = 1 ]; then async=true; out=validation-async; fi
-
-# The host as the simulator's "GPU": only its memory matters under a fitted profile (it sizes
-# the KV cache the same way in both worlds: validate gives duet serve the simulator's blocks).
-cat > host.json <<'EOF'
-{"name": "host-cpu", "notes": "this machine's CPU as an instance's device: 2 GiB for weights and KV",
- "bf16_tflops": 0.1, "hbm_gib": 2, "hbm_bandwidth_gbps": 20, "nvlink_bandwidth_gbps": 10,
- "pcie_bandwidth_gbps": 10}
-EOF
-# PD: both instances on one node, the KV between its two devices over the link calibrate
-# fitted to UCX's transfers (calibration.md); the NIC carries only the frontend's messages.
-cat > cluster.json <<EOF
-{"name": "cpu-bench-$layout",
- "model": "./bench",
- "nodes": [{"count": 1, "gpus": $devices, "gpu": "host.json", $nvlink
-            "nic": {"bandwidth_GBps": 10, "latency_us": 50}}],
- "network": {"switch": {"bandwidth_GBps": 10, "latency_us": 1},
-             "frontend": {"bandwidth_GBps": 10, "latency_us": 20}},
- "instances": $instances,
- "engine": {"max_num_seqs": 32, "max_num_batched_tokens": 2048, "reserved_gib": 0.25,
-            "async_steps": $async},
- "cost_model": {"kind": "fitted", "profile": "profile.json"}}
-EOF
 cat > trace.json <<'EOF'
 {"description": "bench/validate_cpu.sh: 48 requests, 1 per second at rate scale 1",
  "num_requests": 48, "seed": 7, "block_tokens": 16,

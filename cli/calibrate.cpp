@@ -40,6 +40,7 @@
 #include "common/progress.h"
 #include "deploy/deployment.h"
 #include "models/step_profile.h"
+#include "traces/synthetic.h"
 
 namespace duet::cli {
 namespace {
@@ -308,10 +309,25 @@ Status WriteProfile(const models::StepProfile& profile, const std::string& path)
 Status SweepTheTrace(const po::variables_map& vm, SweepLimits& limits, nlohmann::json& source,
                      int* exit_code) {
   *exit_code = kExitUsage;
+  auto format = TraceFormatOf(vm);
+  if (!format) return Status::Error("--trace: " + format.error());
+  // A synthetic spec's seed draws its lengths: another seed is other traffic of the same kind.
+  const bool synthetic = *format == traces::TraceFormat::kSynthetic;
   for (const char* flag : {"rate-scale", "seed"})
-    if (!vm[flag].defaulted())
+    if (!vm[flag].defaulted() && !(synthetic && std::string(flag) == "seed"))
       return Status::Error(std::string("--") + flag +
                            ": calibrate reads a trace's lengths, not its times or prompts");
+  std::vector<std::string> selection = TraceSelectionArgs(vm);
+  if (synthetic && !vm["seed"].defaulted()) {
+    auto spec = traces::ReadSyntheticSpec(Locate(vm["trace"].as<std::string>()));
+    if (!spec) {
+      *exit_code = kExitError;
+      return Status::Error("--trace: " + spec.error());
+    }
+    // The spec's own seed is the draw `duet validate` replays: not another selection.
+    const std::uint64_t seed = vm["seed"].as<std::uint64_t>();
+    if (seed != spec->seed) selection.insert(selection.end(), {"--seed", std::to_string(seed)});
+  }
   auto trace = LoadTrace(vm, exit_code);
   if (!trace) return Status::Error("--trace: " + trace.error());
   if (trace->requests.empty()) return Status::Error("--trace: no requests to take lengths from");
@@ -337,7 +353,7 @@ Status SweepTheTrace(const po::variables_map& vm, SweepLimits& limits, nlohmann:
     limits.max_context =
         std::clamp<Tokens>(longest, 64, std::max<Tokens>(64, limits.positions - limits.max_tokens));
   source["trace"] = {{"path", trace->source},
-                     {"selection", TraceSelectionArgs(vm)},
+                     {"selection", selection},
                      {"requests", trace->requests.size()},
                      {"prompt_tokens", limits.trace_prompts},
                      {"decode_contexts", limits.trace_contexts}};

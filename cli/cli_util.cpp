@@ -335,10 +335,14 @@ Result<traces::TraceFormat> FormatFor(const std::string& path, const std::string
 
 }  // namespace
 
+Result<traces::TraceFormat> TraceFormatOf(const po::variables_map& vm) {
+  return FormatFor(Locate(vm["trace"].as<std::string>()), vm["trace-format"].as<std::string>());
+}
+
 Result<traces::Trace> LoadTrace(const po::variables_map& vm, int* exit_code) {
   *exit_code = kExitError;
   const std::string trace_path = Locate(vm["trace"].as<std::string>());
-  auto format = FormatFor(trace_path, vm["trace-format"].as<std::string>());
+  auto format = TraceFormatOf(vm);
   if (!format) {
     *exit_code = kExitUsage;
     return format.status();

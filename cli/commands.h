@@ -46,6 +46,8 @@ void AddTraceOptions(boost::program_options::options_description& opts,
 // Reads the trace those flags name and applies the selections. On error, *exit_code says
 // whether it was the command line (kExitUsage) or the file (kExitError).
 Result<traces::Trace> LoadTrace(const boost::program_options::variables_map& vm, int* exit_code);
+// The format of the trace --trace names: --trace-format, else its file extension.
+Result<traces::TraceFormat> TraceFormatOf(const boost::program_options::variables_map& vm);
 // The selection flags given (--trace-format, --limit, --window, --length-scale), as arguments
 // for a child command that reads the same trace (--trace, --rate-scale and --seed are the
 // caller's).

@@ -472,6 +472,29 @@ TEST_F(CalibrateTest, ATraceAddsItsOwnShapesAndTheProfileNamesIt) {
   EXPECT_GE(found, 1u);
 }
 
+// A synthetic spec's seed draws its lengths: calibrated on another seed, the profile names that
+// seed as part of its selection (so `duet validate` on the spec's own draw reads it as other
+// traffic); the spec's own seed given again is the same draw, not another selection.
+TEST_F(CalibrateTest, AnotherSeedOfASyntheticSpecIsAnotherSelection) {
+  const std::string spec =
+      tmp_.Write("spec.json", json({{"num_requests", 6},
+                                    {"seed", 5},
+                                    {"arrival", {{"process", "poisson"}, {"rate_per_s", 2.0}}},
+                                    {"input", {{"dist", "uniform"}, {"min", 8}, {"max", 120}}},
+                                    {"output", {{"dist", "fixed"}, {"value", 4}}}})
+                                  .dump());
+  auto selection = [&](const std::string& seed) {
+    const std::string out = tmp_.File("seed" + seed + ".json");
+    const RunResult r = RunDuet({"calibrate", "--model", model_, "--out", out, "--repeats", "1",
+                                 "--trace", spec, "--seed", seed});
+    EXPECT_EQ(r.exit_code, 0) << r;
+    auto profile = models::LoadStepProfile(out);
+    return profile.ok() ? profile->source["trace"]["selection"] : json();
+  };
+  EXPECT_EQ(selection("7"), json({"--seed", "7"}));
+  EXPECT_EQ(selection("5"), json::array());
+}
+
 TEST_F(CalibrateTest, BadFlagsAndFilesAreClearErrors) {
   const std::string out = tmp_.File("p.json");
   struct Case {
@@ -518,6 +541,9 @@ TEST_F(CalibrateTest, BadFlagsAndFilesAreClearErrors) {
       {{"--model", model_, "--trace", one_request, "--rate-scale", "2"},
        2,
        "--rate-scale: calibrate reads a trace's lengths"},
+      {{"--model", model_, "--trace", one_request, "--seed", "2"},
+       2,
+       "--seed: calibrate reads a trace's lengths"},
       {{"--model", model_, "--trace", tmp_.File("none.jsonl")}, 1, "--trace: "},
       {{"--measurements", few, "--model", "tiny-test", "--trace", few},
        2,
