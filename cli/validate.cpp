@@ -16,6 +16,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -25,6 +26,7 @@
 #include "cli/commands.h"
 #include "cli/validate_flags.h"
 #include "cli/validate_html.h"
+#include "cli/validate_machine.h"
 #include "cli/validate_report.h"
 #include "cli/validate_steps.h"
 #include "common/json_util.h"
@@ -221,6 +223,19 @@ int Validate(int argc, char** argv) {
                  {"length_scale", vm["length-scale"].as<double>()},
                  {"profile", ProfileTraffic(*cluster, trace->source, TraceSelectionArgs(vm))},
                  {"loads", json::array()}};
+  // The machine's drift from its calibration: the profile's own shapes timed before and after
+  // every live run (validate_machine.h).
+  std::optional<MachineReference> reference;
+  if (const models::StepProfile* profile = cluster->cost_model.profile.get()) {
+    auto created = MachineReference::Create(vm["model"].as<std::string>(), *profile);
+    if (created)
+      reference.emplace(std::move(*created));
+    else
+      report["machine_not_timed"] = created.error();
+  } else {
+    report["machine_not_timed"] = "the cost model is not a profile measured on a machine";
+  }
+  constexpr int kReferenceRepeats = 5;
   bool exceeded = false;
   ChildProcesses children;
   for (double r : *scales) {
@@ -244,12 +259,15 @@ int Validate(int argc, char** argv) {
     replay.insert(replay.end(), trace_args.begin(), trace_args.end());
     replay.insert(replay.end(), scale.begin(), scale.end());
     std::vector<LiveRun> runs;
+    std::vector<json> timings;  // the reference before the first run and after each
+    if (reference) timings.push_back(reference->Time(kReferenceRepeats));
     for (int k = 1; k <= repeats; ++k) {
       std::fprintf(stderr, "duet validate: rate scale %s: live run %d of %d\n", RateText(r).c_str(),
                    k, repeats);
       auto run = RunLive(children, serve, replay, dir, RunSuffix(k));
       if (!run) return Fail("rate scale " + RateText(r) + ": " + run.error());
       runs.push_back(std::move(*run));
+      if (reference) timings.push_back(reference->Time(kReferenceRepeats));
     }
 
     std::fprintf(stderr, "duet validate: rate scale %s: simulation\n", RateText(r).c_str());
@@ -344,6 +362,7 @@ int Validate(int argc, char** argv) {
                    {"client_involuntary_switches", client.involuntary_switches},
                    {"server_cpu_s", server_usage.cpu_s},
                    {"server_involuntary_switches", server_usage.involuntary_switches}};
+    if (reference) load["machine"] = SummarizeReference(timings);
     report["loads"].push_back(load);
   }
 

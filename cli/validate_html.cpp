@@ -213,7 +213,8 @@ Status WriteValidationHtml(const json& report, const std::vector<Metric>& metric
   // Where the error comes from, per load.
   html +=
       "<h2>Where the error comes from</h2>\n<table><tr><th>load</th><th>live steps</th><th>"
-      "simulated steps</th><th>live forward passes</th><th>priced by the profile</th>";
+      "simulated steps</th><th>live forward passes</th><th>priced by the profile</th><th>the "
+      "machine against its calibration</th>";
   for (std::size_t c = 0; c < models::kShapeClasses; ++c)
     html += std::string("<th>") + models::ToString(static_cast<models::ShapeClass>(c)) + "</th>";
   html +=
@@ -224,7 +225,9 @@ Status WriteValidationHtml(const json& report, const std::vector<Metric>& metric
     html += "<tr><td>x" + Escape(RateText(load["rate_scale"].get<double>())) + "</td><td>" +
             s["live_steps"].dump() + "</td><td>" + s["simulated_steps"].dump() + "</td><td>" +
             Format("%.2f s", s["forward_s"].get<double>()) + "</td><td>" +
-            PercentText(s["priced_error_pct"]) + "</td>";
+            PercentText(s["priced_error_pct"]) + "</td><td>" +
+            (load.contains("machine") ? PercentText(load["machine"]["slower_pct"]) : "n/a") +
+            "</td>";
     for (std::size_t c = 0; c < models::kShapeClasses; ++c) {
       const json& cls = s["classes"][models::ToString(static_cast<models::ShapeClass>(c))];
       html += "<td>" + PercentText(cls["error_pct"]);
@@ -252,7 +255,10 @@ Status WriteValidationHtml(const json& report, const std::vector<Metric>& metric
   html +=
       "</table>\n<p>Priced by the profile: the cost model's price for the live steps' shapes "
       "over their measured forward passes, less one; beyond the sweep: steps of a class the "
-      "profile prices past every shape of it that it measured. As live: the error left when "
+      "profile prices past every shape of it that it measured. The machine against its "
+      "calibration: the profile's own reference steps timed alone before and after each live "
+      "run, over what calibration measured for them, less one (the median; positive: slower "
+      "now). As live: the error left when "
       "the simulation prices each shape class as its live steps ran (not the step "
       "costs').</p>\n"
       "</body></html>\n";

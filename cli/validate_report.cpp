@@ -239,7 +239,23 @@ void PrintValidation(const json& report, const std::vector<Metric>& metrics) {
         cpu["client_cores"].get<double>(), cpu["cores"].get<int>(),
         cpu["server_cpu_s"].get<double>(),
         static_cast<long long>(cpu["server_involuntary_switches"].get<std::int64_t>()));
+    if (load.contains("machine") && load["machine"].is_object()) {
+      const json& m = load["machine"];
+      std::string shapes;
+      for (const json& shape : m["timings"].front()["shapes"])
+        shapes += (shapes.empty() ? "" : ", ") + shape["name"].get<std::string>();
+      const double slower = m["slower_pct"].get<double>();
+      std::printf(
+          "machine at x%s: the profile's own %s steps, timed alone before and after each live "
+          "run, took %.1f%% %s time than at calibration (the timings: %s to %s)\n",
+          RateText(load["rate_scale"].get<double>()).c_str(), shapes.c_str(), std::abs(slower),
+          slower >= 0 ? "more" : "less", PercentText(m["min_pct"]).c_str(),
+          PercentText(m["max_pct"]).c_str());
+    }
   }
+  if (report.contains("machine_not_timed"))
+    std::printf("machine: not timed against its calibration: %s\n",
+                report["machine_not_timed"].get<std::string>().c_str());
 }
 
 }  // namespace duet::cli

@@ -4,6 +4,7 @@
 // priced by the same profile; tolerances that fail the run; bad flags.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <array>
 #include <filesystem>
 #include <fstream>
@@ -223,6 +224,39 @@ void ExpectStepsAttributed(const json& load, const std::string& dir, const model
   EXPECT_LE(cpu["client_cores"].get<double>(), cpu["cores"].get<double>()) << cpu;
 }
 
+// A load's timings of the machine against its calibration (validate_machine.h): before the first
+// live run and after each, the profile's own one-chunk prefill and decode-only reference shapes,
+// each beside the median calibration measured for it.
+void ExpectMachineTimed(const json& load, const models::StepProfile& profile, int runs) {
+  ASSERT_TRUE(load.contains("machine")) << load;
+  const json& machine = load["machine"];
+  ASSERT_EQ(machine["timings"].size(), static_cast<std::size_t>(runs + 1)) << machine;
+  std::vector<double> values;
+  for (const json& timing : machine["timings"]) {
+    ASSERT_EQ(timing["shapes"].size(), 2u) << timing;
+    EXPECT_EQ(timing["shapes"][0]["name"].get<std::string>().rfind("prefill ", 0), 0u) << timing;
+    EXPECT_EQ(timing["shapes"][1]["name"].get<std::string>().rfind("decode 8x", 0), 0u) << timing;
+    double then = 0, now = 0;
+    for (const json& shape : timing["shapes"]) {
+      auto parsed = models::ParseStepShape(shape["shape"], "shape");
+      ASSERT_TRUE(parsed.ok()) << parsed.error();
+      const auto m = std::find_if(
+          profile.measurements.begin(), profile.measurements.end(), [&](const auto& x) {
+            return models::StepShapeToJson(x.shape) == models::StepShapeToJson(*parsed);
+          });
+      ASSERT_NE(m, profile.measurements.end()) << shape;
+      EXPECT_NEAR(shape["calibrated_ms"].get<double>(), 1e3 * m->Median(), 1e-9) << shape;
+      then += shape["calibrated_ms"].get<double>();
+      now += shape["now_ms"].get<double>();
+    }
+    EXPECT_NEAR(timing["slower_pct"].get<double>(), 100 * (now / then - 1), 1e-6) << timing;
+    values.push_back(timing["slower_pct"].get<double>());
+  }
+  std::sort(values.begin(), values.end());
+  EXPECT_EQ(machine["min_pct"].get<double>(), values.front());
+  EXPECT_EQ(machine["max_pct"].get<double>(), values.back());
+}
+
 TEST_F(ValidateTest, ComparesALiveRunWithTheSimulationAtEachLoad) {
   const RunResult r = Validate({"--rate-scales", "0.5,2"});
   ASSERT_EQ(r.exit_code, 0) << r;
@@ -258,6 +292,8 @@ TEST_F(ValidateTest, ComparesALiveRunWithTheSimulationAtEachLoad) {
       ContainsAll(r.out, {"ttft_breakdown_ms.frontend.p50", "ttft_breakdown_ms.queue.p50"}));
   auto profile = models::LoadStepProfile(tmp_.File("profile.json"));
   ASSERT_TRUE(profile.ok()) << profile.error();
+  for (const json& load : report["loads"]) ExpectMachineTimed(load, *profile, 1);
+  EXPECT_TRUE(ContainsAll(r.out, {"machine at x0.5: the profile's own prefill ", "machine at x2"}));
   ExpectStepsAttributed(report["loads"][0], tmp_.File("out/rate-0.5"), profile->fits.at(0));
   ExpectStepsAttributed(report["loads"][1], tmp_.File("out/rate-2"), profile->fits.at(0));
   ExpectSimulatedAsLive(report["loads"][0], tmp_.File("out/rate-0.5"), profile->fits.at(0));
@@ -384,6 +420,25 @@ TEST_F(ValidateTest, AnErrorBeyondItsToleranceFailsTheRun) {
   auto profile = models::LoadStepProfile(tmp_.File("profile.json"));
   ASSERT_TRUE(profile.ok()) << profile.error();
   ExpectStepsAttributed(report["loads"][0], tmp_.File("out/rate-1"), profile->fits.at(0));
+}
+
+// A profile whose measurements say calibration found this machine 10 times slower than it is:
+// the machine, timed beside each live run, reads about 90% faster than its calibration (the
+// fits, and so the simulation, are the profile's as before).
+TEST_F(ValidateTest, TimesTheMachineAgainstItsCalibrationBesideEveryRun) {
+  json profile = ReadJson(tmp_.File("profile.json"));
+  for (json& m : profile["measurements"])
+    for (json& s : m["seconds"]) s = 10 * s.get<double>();
+  tmp_.Write("profile.json", profile.dump());
+  const RunResult r = Validate({"--rate-scales", "1", "--repeats", "2"});
+  ASSERT_EQ(r.exit_code, 0) << r;
+  const json report = ReadJson(tmp_.File("out/validation.json"));
+  auto slow = models::LoadStepProfile(tmp_.File("profile.json"));
+  ASSERT_TRUE(slow.ok()) << slow.error();
+  ExpectMachineTimed(report["loads"][0], *slow, 2);
+  const json& machine = report["loads"][0]["machine"];
+  EXPECT_LT(machine["max_pct"].get<double>(), -50) << machine;
+  EXPECT_TRUE(ContainsAll(r.out, {"machine at x1: ", "less time than at calibration"})) << r;
 }
 
 // Lines in a step log: one per live step.

@@ -1,0 +1,119 @@
+#include "cli/validate_machine.h"
+
+#include <algorithm>
+
+#include "backend/calibrate/step_sweep.h"
+#include "backend/model/llama_weights.h"
+#include "backend/registry.h"
+#include "policies/metrics.h"
+
+namespace duet::cli {
+
+using nlohmann::json;
+
+namespace {
+
+// The reference shapes among a profile's measurements (tp 1, timed at least once), those found:
+// indices into profile.measurements.
+std::vector<std::size_t> ReferenceShapes(const models::StepProfile& profile) {
+  constexpr Tokens kPrefillTokens = 256, kDecodeRows = 8, kDecodeContext = 256;
+  std::optional<std::size_t> prefill, decode;
+  const auto& ms = profile.measurements;
+  auto context_per_row = [&](std::size_t i) {
+    return ms[i].shape.decode_context_tokens / ms[i].shape.decode_tokens;
+  };
+  for (std::size_t i = 0; i < ms.size(); ++i) {
+    const models::StepShape& s = ms[i].shape;
+    if (s.tp != 1 || ms[i].seconds.empty()) continue;
+    if (s.decode_tokens == 0 && s.prefill.size() == 1 && s.prefill[0].context == 0 &&
+        s.prefill[0].tokens <= kPrefillTokens &&
+        (!prefill || s.prefill[0].tokens > ms[*prefill].shape.prefill[0].tokens))
+      prefill = i;
+    if (s.prefill.empty() && s.decode_tokens > 0 && s.decode_tokens <= kDecodeRows) {
+      if (!decode || s.decode_tokens > ms[*decode].shape.decode_tokens) {
+        decode = i;
+        continue;
+      }
+      if (s.decode_tokens < ms[*decode].shape.decode_tokens) continue;
+      // Equal rows: the least context of at least kDecodeContext, else the most.
+      const Tokens c = context_per_row(i), best = context_per_row(*decode);
+      const bool better = best < kDecodeContext ? c > best : (c >= kDecodeContext && c < best);
+      if (better) decode = i;
+    }
+  }
+  std::vector<std::size_t> out;
+  if (prefill) out.push_back(*prefill);
+  if (decode) out.push_back(*decode);
+  return out;
+}
+
+// "prefill 256" or "decode 8x256" (rows x context per row): the reference shapes' names.
+std::string ShapeName(const models::StepShape& s) {
+  if (s.decode_tokens == 0) return "prefill " + std::to_string(s.PrefillTokens());
+  return "decode " + std::to_string(s.decode_tokens) + "x" +
+         std::to_string(s.decode_context_tokens / s.decode_tokens);
+}
+
+}  // namespace
+
+Result<MachineReference> MachineReference::Create(const std::string& model_dir,
+                                                  const models::StepProfile& profile) {
+  const std::vector<std::size_t> indices = ReferenceShapes(profile);
+  if (indices.empty())
+    return Status::Error(
+        "the profile has no one-chunk prefill or decode-only measurement to time again");
+  std::vector<models::StepMeasurement> shapes;
+  for (std::size_t i : indices) shapes.push_back(profile.measurements[i]);
+  auto model = backend::LoadModelDir(model_dir);
+  if (!model) return Status::Error("--model: " + model.error());
+  backend::ModelPlacement placement;
+  placement.device = profile.device;
+  if (profile.source.contains("threads") && profile.source["threads"].is_number_integer())
+    placement.cpu_threads = profile.source["threads"].get<int>();
+  for (const models::StepMeasurement& m : shapes)
+    placement.num_blocks =
+        std::max(placement.num_blocks, backend::BlocksFor(m.shape, placement.block_tokens));
+  auto forward = backend::CreateForwardModel(std::move(*model), placement);
+  if (!forward)
+    return Status::Error("the profile's device '" + profile.device + "': " + forward.error());
+  return MachineReference(std::move(*forward), std::move(shapes));
+}
+
+json MachineReference::Time(int repeats) {
+  backend::StepTimer timer(*model_);
+  std::vector<models::StepMeasurement> now = shapes_;
+  for (models::StepMeasurement& m : now) m.seconds.clear();
+  // Passes over the shapes, as calibrate times them; the first is untimed.
+  for (int pass = 0; pass <= repeats; ++pass)
+    for (models::StepMeasurement& m : now) {
+      const Seconds t = timer.Time(m.shape);
+      if (pass > 0) m.seconds.push_back(t);
+    }
+  json out = {{"shapes", json::array()}};
+  double calibrated_s = 0, now_s = 0;
+  for (std::size_t i = 0; i < now.size(); ++i) {
+    const Seconds then = shapes_[i].Median(), t = now[i].Median();
+    calibrated_s += then;
+    now_s += t;
+    out["shapes"].push_back({{"name", ShapeName(now[i].shape)},
+                             {"shape", models::StepShapeToJson(now[i].shape)},
+                             {"calibrated_ms", 1e3 * then},
+                             {"now_ms", 1e3 * t},
+                             {"slower_pct", 100.0 * (t / then - 1)}});
+  }
+  out["slower_pct"] = 100.0 * (now_s / calibrated_s - 1);
+  return out;
+}
+
+json SummarizeReference(const std::vector<json>& timings) {
+  std::vector<double> values;
+  for (const json& t : timings) values.push_back(t["slower_pct"].get<double>());
+  if (values.empty()) return nullptr;
+  const auto [low, high] = std::minmax_element(values.begin(), values.end());
+  return {{"slower_pct", policies::Summarize(values).p50},
+          {"min_pct", *low},
+          {"max_pct", *high},
+          {"timings", timings}};
+}
+
+}  // namespace duet::cli
