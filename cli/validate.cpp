@@ -24,6 +24,7 @@
 
 #include "cli/child_processes.h"
 #include "cli/commands.h"
+#include "cli/validate_arrivals.h"
 #include "cli/validate_flags.h"
 #include "cli/validate_html.h"
 #include "cli/validate_machine.h"
@@ -298,16 +299,16 @@ int Validate(int argc, char** argv) {
     auto steps = AttributeSteps(step_logs, *cluster, *simulated_summary);
     if (!steps) return Fail(steps.error());
     load["steps"] = *steps;
-    // The same load simulated again from a changed profile (DIR/sim-NAME): each metric's
-    // "simulated_KEY" and "error_KEY_pct".
-    auto resimulate = [&](const models::StepProfile& profile, const std::string& name,
-                          const std::string& key, const std::string& what) -> Status {
-      auto changed = WriteClusterWithProfile(*cluster, profile, dir, name);
-      if (!changed) return changed.status();
-      std::vector<std::string> again = {"simulate",           "--cluster",  *changed, "--out",
+    // The same load simulated again from `cluster_file` on `trace` (DIR/sim-NAME): each
+    // metric's "simulated_KEY" and "error_KEY_pct".
+    std::vector<std::string> load_trace = trace_args;
+    load_trace.insert(load_trace.end(), scale.begin(), scale.end());
+    auto simulate_again = [&](const std::string& cluster_file,
+                              const std::vector<std::string>& trace, const std::string& name,
+                              const std::string& key, const std::string& what) -> Status {
+      std::vector<std::string> again = {"simulate",           "--cluster",  cluster_file, "--out",
                                         dir + "/sim-" + name, "--progress", "never"};
-      again.insert(again.end(), trace_args.begin(), trace_args.end());
-      again.insert(again.end(), scale.begin(), scale.end());
+      again.insert(again.end(), trace.begin(), trace.end());
       const std::string log = dir + "/simulate-" + name + ".log";
       auto run = children.Spawn(again, log);
       if (!run) return run.status();
@@ -327,20 +328,52 @@ int Validate(int argc, char** argv) {
       }
       return Status::Ok();
     };
+    // The same from a changed profile (DIR/profile-NAME.json, DIR/cluster-NAME.json); returns
+    // that cluster file.
+    auto resimulate = [&](const models::StepProfile& profile, const std::string& name,
+                          const std::string& key, const std::string& what) -> Result<std::string> {
+      auto changed = WriteClusterWithProfile(*cluster, profile, dir, name);
+      if (!changed) return changed.status();
+      if (Status s = simulate_again(*changed, load_trace, name, key, what); !s.ok()) return s;
+      return changed;
+    };
+    std::optional<std::string> as_live_cluster;
     if (const models::StepProfile* profile = cluster->cost_model.profile.get()) {
       // With the steps priced as they ran live: how much of each error the step costs account
       // for.
       auto [as_live, as_live_scales] = ProfileAsLive(*cluster, *steps);
-      if (Status s = resimulate(as_live, "as-live", "as_live", "steps priced as they ran live");
-          !s.ok())
-        return Fail(s.message());
+      auto written = resimulate(as_live, "as-live", "as_live", "steps priced as they ran live");
+      if (!written) return Fail(written.error());
+      as_live_cluster = *written;
       load["as_live"] = {{"scales", as_live_scales}};
       // Without the profile's host time: how much of each error pricing it removes.
       if (profile->host) {
         models::StepProfile no_host = *profile;
         no_host.host.reset();
-        if (Status s = resimulate(no_host, "no-host", "without_host", "without host time"); !s.ok())
+        if (auto s = resimulate(no_host, "no-host", "without_host", "without host time"); !s)
+          return Fail(s.error());
+      }
+    }
+    // Requests that follow others: again with each sent when the first live run sent it
+    // (validate_arrivals.h), and also with the steps priced as they ran live.
+    if (trace->HasDependencies()) {
+      const std::string csv = dir + "/live/requests.csv", sent = dir + "/trace-live-send.jsonl";
+      if (Status s = WriteAtLiveSendTimes(*trace, ReadText(csv), csv, sent); !s.ok()) {
+        load["at_live_send"] = {{"not_simulated", s.message()}};
+      } else {
+        const std::vector<std::string> at_live_send = {"--trace", sent, "--trace-format",
+                                                       "mooncake"};
+        load["at_live_send"] = {{"trace", sent}};
+        if (Status s = simulate_again(cluster_path, at_live_send, "live-send", "at_live_send",
+                                      "at the live send times");
+            !s.ok())
           return Fail(s.message());
+        if (as_live_cluster) {
+          if (Status s = simulate_again(*as_live_cluster, at_live_send, "as-live-live-send",
+                                        "as_live_at_live_send", "as live at the live send times");
+              !s.ok())
+            return Fail(s.message());
+        }
       }
     }
     // The machine the live runs shared: the replay client runs beside the server, and what

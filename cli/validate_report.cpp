@@ -88,6 +88,21 @@ std::string ProfileTrafficText(const json& profile) {
   return "none fitted (the cluster file's cost model is not a profile)";
 }
 
+namespace {
+
+// A load's errors under `key` (e.g. "error_as_live_pct") for TTFT, TPOT and E2E at p50 and p99:
+// "ttft_ms.p50 -1.2%, ...".
+std::string ErrorsText(const json& load, const std::string& key) {
+  std::string out;
+  for (const char* name :
+       {"ttft_ms.p50", "tpot_ms.p50", "e2e_ms.p50", "ttft_ms.p99", "tpot_ms.p99", "e2e_ms.p99"})
+    out +=
+        std::string(out.empty() ? "" : ", ") + name + " " + PercentText(load["metrics"][name][key]);
+  return out;
+}
+
+}  // namespace
+
 void PrintValidation(const json& report, const std::vector<Metric>& metrics) {
   if (report["profile"]["traffic"] != "none")
     std::printf("profile: %s\n", ProfileTrafficText(report["profile"]).c_str());
@@ -211,15 +226,27 @@ void PrintValidation(const json& report, const std::vector<Metric>& metrics) {
         std::snprintf(scale, sizeof scale, "%s x%.3f", name.c_str(), k.get<double>());
         scales += (scales.empty() ? "" : ", ") + std::string(scale);
       }
-      std::string errors;
-      for (const char* name :
-           {"ttft_ms.p50", "tpot_ms.p50", "e2e_ms.p50", "ttft_ms.p99", "tpot_ms.p99", "e2e_ms.p99"})
-        errors += std::string(errors.empty() ? "" : ", ") + name + " " +
-                  PercentText(load["metrics"][name]["error_as_live_pct"]);
       std::printf(
           "as live at x%s: with the steps priced as they ran live (%s) the simulation's errors "
           "are %s\n",
-          RateText(load["rate_scale"].get<double>()).c_str(), scales.c_str(), errors.c_str());
+          RateText(load["rate_scale"].get<double>()).c_str(), scales.c_str(),
+          ErrorsText(load, "error_as_live_pct").c_str());
+    }
+    if (load.contains("at_live_send")) {
+      const std::string r = RateText(load["rate_scale"].get<double>());
+      const char* rate = r.c_str();
+      if (load["at_live_send"].contains("not_simulated")) {
+        std::printf("at live send times at x%s: not simulated: %s\n", rate,
+                    load["at_live_send"]["not_simulated"].get<std::string>().c_str());
+      } else {
+        std::printf(
+            "at live send times at x%s: with each request sent when the first live run sent it "
+            "(not when the simulation's own replies let it go) the simulation's errors are %s\n",
+            rate, ErrorsText(load, "error_at_live_send_pct").c_str());
+        if (load["metrics"]["ttft_ms.p50"].contains("error_as_live_at_live_send_pct"))
+          std::printf("as live at live send times at x%s: %s\n", rate,
+                      ErrorsText(load, "error_as_live_at_live_send_pct").c_str());
+      }
     }
     if (load["metrics"]["ttft_ms.p50"].contains("error_without_host_pct")) {
       std::string errors;

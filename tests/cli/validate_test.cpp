@@ -292,7 +292,10 @@ TEST_F(ValidateTest, ComparesALiveRunWithTheSimulationAtEachLoad) {
       ContainsAll(r.out, {"ttft_breakdown_ms.frontend.p50", "ttft_breakdown_ms.queue.p50"}));
   auto profile = models::LoadStepProfile(tmp_.File("profile.json"));
   ASSERT_TRUE(profile.ok()) << profile.error();
-  for (const json& load : report["loads"]) ExpectMachineTimed(load, *profile, 1);
+  for (const json& load : report["loads"]) {
+    ExpectMachineTimed(load, *profile, 1);
+    EXPECT_FALSE(load.contains("at_live_send")) << "no request follows another";
+  }
   EXPECT_TRUE(ContainsAll(r.out, {"machine at x0.5: the profile's own prefill ", "machine at x2"}));
   ExpectStepsAttributed(report["loads"][0], tmp_.File("out/rate-0.5"), profile->fits.at(0));
   ExpectStepsAttributed(report["loads"][1], tmp_.File("out/rate-2"), profile->fits.at(0));
@@ -439,6 +442,67 @@ TEST_F(ValidateTest, TimesTheMachineAgainstItsCalibrationBesideEveryRun) {
   const json& machine = report["loads"][0]["machine"];
   EXPECT_LT(machine["max_pct"].get<double>(), -50) << machine;
   EXPECT_TRUE(ContainsAll(r.out, {"machine at x1: ", "less time than at calibration"})) << r;
+}
+
+// Conversations (turns sent 20 ms after the reply before them): each world sends a later turn
+// when its own reply ends, so the load is simulated again with every request sent when the first
+// live run sent it, written as a Mooncake trace beside the run; a trace without dependencies
+// (the other tests) is not. Length-scaled, the first turns' block ids (shared by no one) are
+// dropped; shared ones at that scale cannot be written, and the report says so.
+TEST_F(ValidateTest, ATraceOfSessionsIsSimulatedAgainAtTheLiveSendTimes) {
+  json spec = {{"num_requests", 10},
+               {"seed", 3},
+               {"arrival", {{"process", "poisson"}, {"rate_per_s", 10.0}}},
+               {"input", {{"dist", "uniform"}, {"min", 16}, {"max", 64}}},
+               {"output", {{"dist", "uniform"}, {"min", 4}, {"max", 8}}},
+               {"sessions",
+                {{"turns", {{"dist", "uniform"}, {"min", 2}, {"max", 3}}},
+                 {"new_tokens", {{"dist", "uniform"}, {"min", 8}, {"max", 16}}},
+                 {"think_time_ms", {{"dist", "fixed"}, {"value", 20}}}}}};
+  trace_ = tmp_.Write("sessions.json", spec.dump());
+  RunResult r = Validate({"--rate-scales", "1", "--length-scale", "0.5"});
+  ASSERT_EQ(r.exit_code, 0) << r;
+  json report = ReadJson(tmp_.File("out/validation.json"));
+  const json& load = report["loads"][0];
+  ASSERT_TRUE(load.contains("at_live_send")) << load;
+  for (const char* key : {"error_at_live_send_pct", "error_as_live_at_live_send_pct"})
+    EXPECT_TRUE(load["metrics"]["e2e_ms.p50"][key].is_number()) << key << load["metrics"];
+  EXPECT_TRUE(ContainsAll(r.out, {"at live send times at x1: ", "as live at live send times"}));
+  // The trace simulated: the live run's send times (to the millisecond), in their order; the
+  // later turns still continue their parents.
+  std::vector<double> sent;
+  {
+    std::ifstream csv(tmp_.File("out/rate-1/live/requests.csv"));
+    std::string line;
+    std::getline(csv, line);
+    while (std::getline(csv, line))
+      sent.push_back(1e3 * std::stod(line.substr(line.find(',') + 1)));
+  }
+  std::sort(sent.begin(), sent.end());
+  std::ifstream written(tmp_.File("out/rate-1/trace-live-send.jsonl"));
+  std::size_t lines = 0, continuations = 0;
+  for (std::string line; std::getline(written, line); ++lines) {
+    const json doc = json::parse(line);
+    ASSERT_LT(lines, sent.size());
+    EXPECT_NEAR(doc["timestamp"].get<double>(), sent[lines], 0.5) << line;
+    EXPECT_FALSE(doc.contains("delay")) << line;
+    EXPECT_TRUE(!doc.contains("hash_ids") || doc["hash_ids"].empty()) << line;
+    continuations += doc.contains("parent");
+  }
+  EXPECT_EQ(lines, 10u);
+  EXPECT_GE(continuations, 5u);  // 2 or 3 turns a conversation: at least half continue one
+
+  spec["prefix"] = {{"groups", 1}, {"tokens", 128}};
+  spec["block_tokens"] = 128;
+  trace_ = tmp_.Write("shared.json", spec.dump());
+  r = Validate({"--rate-scales", "1", "--length-scale", "0.5"});
+  ASSERT_EQ(r.exit_code, 0) << r;
+  report = ReadJson(tmp_.File("out/validation.json"));
+  EXPECT_NE(report["loads"][0]["at_live_send"]["not_simulated"].get<std::string>().find(
+                "share prefix blocks of 64 tokens"),
+            std::string::npos)
+      << report["loads"][0];
+  EXPECT_TRUE(ContainsAll(r.out, {"at live send times at x1: not simulated"})) << r;
 }
 
 // Lines in a step log: one per live step.
