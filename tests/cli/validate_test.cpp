@@ -460,13 +460,24 @@ TEST_F(ValidateTest, ATraceOfSessionsIsSimulatedAgainAtTheLiveSendTimes) {
                  {"new_tokens", {{"dist", "uniform"}, {"min", 8}, {"max", 16}}},
                  {"think_time_ms", {{"dist", "fixed"}, {"value", 20}}}}}};
   trace_ = tmp_.Write("sessions.json", spec.dump());
-  RunResult r = Validate({"--rate-scales", "1", "--length-scale", "0.5"});
+  RunResult r = Validate({"--rate-scales", "1", "--length-scale", "0.5", "--report"});
   ASSERT_EQ(r.exit_code, 0) << r;
   json report = ReadJson(tmp_.File("out/validation.json"));
   const json& load = report["loads"][0];
   ASSERT_TRUE(load.contains("at_live_send")) << load;
-  for (const char* key : {"error_at_live_send_pct", "error_as_live_at_live_send_pct"})
-    EXPECT_TRUE(load["metrics"]["e2e_ms.p50"][key].is_number()) << key << load["metrics"];
+  // Both errors per metric, and on the page as "TTFT / TPOT / E2E" cells.
+  const std::string page = ReadFile(tmp_.File("out/report.html"));
+  for (const char* key : {"error_at_live_send_pct", "error_as_live_at_live_send_pct"}) {
+    std::string cell;
+    for (const char* name : {"ttft_ms.p50", "tpot_ms.p50", "e2e_ms.p50"}) {
+      const json& e = load["metrics"][name][key];
+      ASSERT_TRUE(e.is_number()) << key << load["metrics"];
+      char text[32];
+      std::snprintf(text, sizeof text, "%+.1f%%", e.get<double>());
+      cell += (cell.empty() ? "" : " / ") + std::string(text);
+    }
+    EXPECT_NE(page.find("<td>" + cell + "</td>"), std::string::npos) << key << " " << cell;
+  }
   EXPECT_TRUE(ContainsAll(r.out, {"at live send times at x1: ", "as live at live send times"}));
   // The trace simulated: the live run's send times (to the millisecond), in their order; the
   // later turns still continue their parents.
