@@ -313,8 +313,8 @@ Status SweepTheTrace(const po::variables_map& vm, SweepLimits& limits, nlohmann:
   if (!format) return Status::Error("--trace: " + format.error());
   // A synthetic spec's seed draws its lengths: another seed is other traffic of the same kind.
   const bool synthetic = *format == traces::TraceFormat::kSynthetic;
-  for (const char* flag : {"rate-scale", "seed"})
-    if (!vm[flag].defaulted() && !(synthetic && std::string(flag) == "seed"))
+  for (const char* flag : {"rate-scale", synthetic ? nullptr : "seed"})
+    if (flag && !vm[flag].defaulted())
       return Status::Error(std::string("--") + flag +
                            ": calibrate reads a trace's lengths, not its times or prompts");
   std::vector<std::string> selection = TraceSelectionArgs(vm);

@@ -342,7 +342,7 @@ Result<traces::TraceFormat> TraceFormatOf(const po::variables_map& vm) {
 Result<traces::Trace> LoadTrace(const po::variables_map& vm, int* exit_code) {
   *exit_code = kExitError;
   const std::string trace_path = Locate(vm["trace"].as<std::string>());
-  auto format = TraceFormatOf(vm);
+  auto format = FormatFor(trace_path, vm["trace-format"].as<std::string>());
   if (!format) {
     *exit_code = kExitUsage;
     return format.status();

@@ -271,18 +271,27 @@ int Validate(int argc, char** argv) {
       if (reference) timings.push_back(reference->Time(kReferenceRepeats));
     }
 
+    // `duet simulate` of this load from `cluster_file` on `trace` into DIR/sim-NAME (DIR/sim
+    // for ""), logging to DIR/simulate-NAME.log; returns its summary.json. Errors say "duet
+    // simulate" and then `what` (e.g. " (without host time)").
+    std::vector<std::string> load_trace = trace_args;
+    load_trace.insert(load_trace.end(), scale.begin(), scale.end());
+    auto simulate = [&](const std::string& cluster_file, const std::vector<std::string>& trace,
+                        const std::string& name, const std::string& what) -> Result<json> {
+      const std::string suffix = name.empty() ? "" : "-" + name;
+      const std::string out = dir + "/sim" + suffix, log = dir + "/simulate" + suffix + ".log";
+      std::vector<std::string> args = {"simulate", "--cluster",  cluster_file, "--out",
+                                       out,        "--progress", "never"};
+      args.insert(args.end(), trace.begin(), trace.end());
+      auto run = children.Spawn(args, log);
+      if (!run) return run.status();
+      if (const int status = children.Wait(*run, 1e6).value_or(-1); status != 0)
+        return Status::Error("duet simulate" + what + " failed (status " + std::to_string(status) +
+                             "):\n" + Tail(log));
+      return ReadJsonFile(out + "/summary.json");
+    };
     std::fprintf(stderr, "duet validate: rate scale %s: simulation\n", RateText(r).c_str());
-    std::vector<std::string> simulate = {"simulate",   "--cluster",  cluster_path, "--out",
-                                         dir + "/sim", "--progress", "never"};
-    simulate.insert(simulate.end(), trace_args.begin(), trace_args.end());
-    simulate.insert(simulate.end(), scale.begin(), scale.end());
-    auto simulator = children.Spawn(simulate, dir + "/simulate.log");
-    if (!simulator) return Fail(simulator.error());
-    const int simulated = children.Wait(*simulator, 1e6).value_or(-1);
-    if (simulated != 0)
-      return Fail("duet simulate failed (status " + std::to_string(simulated) + "):\n" +
-                  Tail(dir + "/simulate.log"));
-    auto simulated_summary = ReadJsonFile(dir + "/sim/summary.json");
+    auto simulated_summary = simulate(cluster_path, load_trace, "", "");
     if (!simulated_summary) return Fail(simulated_summary.error());
 
     json load = {{"rate_scale", r},
@@ -301,21 +310,10 @@ int Validate(int argc, char** argv) {
     load["steps"] = *steps;
     // The same load simulated again from `cluster_file` on `trace` (DIR/sim-NAME): each
     // metric's "simulated_KEY" and "error_KEY_pct".
-    std::vector<std::string> load_trace = trace_args;
-    load_trace.insert(load_trace.end(), scale.begin(), scale.end());
     auto simulate_again = [&](const std::string& cluster_file,
                               const std::vector<std::string>& trace, const std::string& name,
                               const std::string& key, const std::string& what) -> Status {
-      std::vector<std::string> again = {"simulate",           "--cluster",  cluster_file, "--out",
-                                        dir + "/sim-" + name, "--progress", "never"};
-      again.insert(again.end(), trace.begin(), trace.end());
-      const std::string log = dir + "/simulate-" + name + ".log";
-      auto run = children.Spawn(again, log);
-      if (!run) return run.status();
-      if (const int status = children.Wait(*run, 1e6).value_or(-1); status != 0)
-        return Status::Error("duet simulate (" + what + ") failed (status " +
-                             std::to_string(status) + "):\n" + Tail(log));
-      auto summary = ReadJsonFile(dir + "/sim-" + name + "/summary.json");
+      auto summary = simulate(cluster_file, trace, name, " (" + what + ")");
       if (!summary) return summary.status();
       for (const Metric& m : metrics) {
         json& entry = load["metrics"][m.name];
