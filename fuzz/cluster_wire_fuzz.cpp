@@ -14,7 +14,7 @@ using namespace duet::backend::cluster;
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   if (size == 0) return 0;
   const std::string_view body(reinterpret_cast<const char*>(data) + 1, size - 1);
-  switch (data[0] % 9) {
+  switch (data[0] % 11) {
     case 0:
       (void)ParseFrameHeader(body);
       break;
@@ -41,8 +41,16 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       if (auto m = ParseChallenge(body); m.ok())
         DUET_CHECK(ParseChallenge(EncodeChallenge(*m)).ok());
       break;
-    default:
+    case 8:
       if (auto m = ParseProof(body); m.ok()) DUET_CHECK(ParseProof(EncodeProof(*m)).ok());
+      break;
+    case 9:
+      if (auto m = ParseClockProbe(body); m.ok())
+        DUET_CHECK(ParseClockProbe(EncodeClockProbe(*m)).ok());
+      break;
+    default:
+      if (auto m = ParseClockReply(body); m.ok())
+        DUET_CHECK(ParseClockReply(EncodeClockReply(*m)).ok());
       break;
   }
   return 0;

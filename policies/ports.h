@@ -39,7 +39,8 @@ struct EngineMessage {
   // kKvReady: the prefill instance's blocks holding the request's KV, in position order.
   std::vector<KvBlockManager::BlockId> blocks = {};
   // kKvReady: when the prefill instance's lease on those blocks ends (its clock; every instance
-  // of a run reads one clock). A pull seen complete later read blocks that may be reused.
+  // of a run reads the run's clock, a worker process within its clock error). A pull seen complete
+  // later read blocks that may be reused.
   Seconds lease_expires_s = std::numeric_limits<double>::infinity();
 };
 

@@ -508,6 +508,8 @@ bool KnownKind(std::uint16_t kind) {
     case MessageKind::kRefused:
     case MessageKind::kChallenge:
     case MessageKind::kProof:
+    case MessageKind::kClockProbe:
+    case MessageKind::kClockReply:
       return true;
   }
   return false;
@@ -711,7 +713,6 @@ Result<std::string> ParseProof(std::string_view body) {
 
 std::string EncodeWelcome(const Welcome& w) {
   return Pack({{"instance", w.instance},
-               {"clock_epoch_ns", w.clock_epoch_ns},
                {"heartbeat_interval_s", w.heartbeat_interval_s},
                {"publish_kv_events", w.publish_kv_events},
                {"engine", deploy::EngineSettingsToJson(w.engine)}});
@@ -723,9 +724,6 @@ Result<Welcome> ParseWelcome(std::string_view body) {
   Welcome w;
   DUET_WIRE_TRY(instance, JsonIntIn(j, "instance", 0, kMaxInstance, where));
   w.instance = static_cast<policies::InstanceId>(instance);
-  DUET_WIRE_TRY(epoch, JsonIntIn(j, "clock_epoch_ns", std::numeric_limits<std::int64_t>::min(),
-                                 std::numeric_limits<std::int64_t>::max(), where));
-  w.clock_epoch_ns = epoch;
   DUET_WIRE_TRY(heartbeat, JsonNumberIn(j, "heartbeat_interval_s", 1e-3, 3600, where));
   w.heartbeat_interval_s = heartbeat;
   DUET_WIRE_TRY(publish, JsonBoolOr(j, "publish_kv_events", false, where));
@@ -900,6 +898,52 @@ Result<policies::InstanceLoad> ParseHeartbeat(std::string_view body) {
   DUET_WIRE_TRY(j, Unpack(body, "heartbeat"));
   if (!JsonHas(j, "load")) return FieldError("heartbeat", "load", "is missing");
   return PartFromJson(j.at("load"), LoadFields(), "heartbeat: load");
+}
+
+std::string EncodeClockProbe(const ClockProbe& p) {
+  json j = {{"sent_ns", p.sent_ns}};
+  if (p.offset_ns) j["offset_ns"] = *p.offset_ns;
+  if (p.error_ns) j["error_ns"] = *p.error_ns;
+  return Pack(j);
+}
+
+Result<ClockProbe> ParseClockProbe(std::string_view body) {
+  const std::string where = "clock probe";
+  DUET_WIRE_TRY(j, Unpack(body, where.c_str()));
+  constexpr std::int64_t kMin = std::numeric_limits<std::int64_t>::min();
+  constexpr std::int64_t kMax = std::numeric_limits<std::int64_t>::max();
+  ClockProbe p;
+  DUET_WIRE_TRY(sent, JsonIntIn(j, "sent_ns", kMin, kMax, where));
+  p.sent_ns = sent;
+  if (JsonHas(j, "offset_ns") != JsonHas(j, "error_ns"))
+    return FieldError(where, "offset_ns", "and error_ns come together or not at all");
+  if (JsonHas(j, "offset_ns")) {
+    DUET_WIRE_TRY(offset, JsonIntIn(j, "offset_ns", kMin, kMax, where));
+    DUET_WIRE_TRY(error, JsonIntIn(j, "error_ns", 0, kMax, where));
+    p.offset_ns = offset;
+    p.error_ns = error;
+  }
+  return p;
+}
+
+std::string EncodeClockReply(const ClockReply& r) {
+  return Pack(
+      {{"probe_sent_ns", r.probe_sent_ns}, {"received_ns", r.received_ns}, {"sent_ns", r.sent_ns}});
+}
+
+Result<ClockReply> ParseClockReply(std::string_view body) {
+  const std::string where = "clock reply";
+  DUET_WIRE_TRY(j, Unpack(body, where.c_str()));
+  constexpr std::int64_t kMin = std::numeric_limits<std::int64_t>::min();
+  constexpr std::int64_t kMax = std::numeric_limits<std::int64_t>::max();
+  ClockReply r;
+  DUET_WIRE_TRY(probe, JsonIntIn(j, "probe_sent_ns", kMin, kMax, where));
+  r.probe_sent_ns = probe;
+  DUET_WIRE_TRY(received, JsonIntIn(j, "received_ns", kMin, kMax, where));
+  r.received_ns = received;
+  DUET_WIRE_TRY(sent, JsonIntIn(j, "sent_ns", r.received_ns, kMax, where));
+  r.sent_ns = sent;
+  return r;
 }
 
 std::string EncodeRefused(const Refusal& refusal) {

@@ -35,7 +35,7 @@ namespace duet::backend::cluster {
 // 2: the hello's nonce, the challenge and the proof (link authentication). 3: the welcome
 // carries every engine setting (deploy::EngineSettings' codec). 4: a request travels as its
 // spec, record and progress; events carry the record only.
-inline constexpr std::uint16_t kWireVersion = 4;
+inline constexpr std::uint16_t kWireVersion = 5;
 inline constexpr std::size_t kFrameHeaderBytes = 12;
 // A request descriptor of the longest prompt Duet admits (a few million token ids) fits.
 inline constexpr std::uint32_t kMaxFrameBodyBytes = 64u << 20;
@@ -50,15 +50,17 @@ inline constexpr std::size_t kNonceBytes = 32;
 inline constexpr std::size_t kProofBytes = 32;
 
 enum class MessageKind : std::uint16_t {
-  kHello = 1,      // worker -> frontend: who it is, what it serves, where to pull its KV
-  kWelcome = 2,    // frontend -> worker: its instance id, the clock, the engine settings, peers
-  kPeer = 3,       // frontend -> worker: a prefill peer joined (decode workers connect to it)
-  kEngine = 4,     // either way: an engine message (worker -> frontend: relay it to `to`)
-  kEvents = 5,     // worker -> frontend: what one engine iteration produced, and the load
-  kHeartbeat = 6,  // worker -> frontend: the load, when no iteration ran for a while
-  kRefused = 7,    // worker -> frontend: it refused an engine message naming this request
-  kChallenge = 8,  // frontend -> worker: its nonce and its proof of the secret
-  kProof = 9,      // worker -> frontend: its proof of the secret
+  kHello = 1,        // worker -> frontend: who it is, what it serves, where to pull its KV
+  kWelcome = 2,      // frontend -> worker: its instance id, the engine settings, peers
+  kPeer = 3,         // frontend -> worker: a prefill peer joined (decode workers connect to it)
+  kEngine = 4,       // either way: an engine message (worker -> frontend: relay it to `to`)
+  kEvents = 5,       // worker -> frontend: what one engine iteration produced, and the load
+  kHeartbeat = 6,    // worker -> frontend: the load, when no iteration ran for a while
+  kRefused = 7,      // worker -> frontend: it refused an engine message naming this request
+  kChallenge = 8,    // frontend -> worker: its nonce and its proof of the secret
+  kProof = 9,        // worker -> frontend: its proof of the secret
+  kClockProbe = 10,  // worker -> frontend: a clock probe (clock_sync.h), and its clock's error
+  kClockReply = 11,  // frontend -> worker: when the probe arrived and the reply left
 };
 
 struct FrameHeader {
@@ -93,11 +95,25 @@ struct Challenge {
 
 struct Welcome {
   policies::InstanceId instance = 0;
-  std::int64_t clock_epoch_ns = 0;  // steady-clock time of the run's second 0 (this machine)
   // Every engine setting of the deployment, in the cluster file's codec (deploy/).
   deploy::EngineSettings engine;
   bool publish_kv_events = false;  // the frontend's router reads this instance's prefix cache
   Seconds heartbeat_interval_s = 0.5;
+};
+
+// The worker's clock is its own steady clock plus an offset it measures (clock_sync.h): no time
+// on the wire assumes one host's clock.
+struct ClockProbe {
+  std::int64_t sent_ns = 0;  // t0: the worker's steady clock
+  // The worker's offset and its error now, from its earlier probes (for /health and
+  // /metrics); nullopt before its first.
+  std::optional<std::int64_t> offset_ns;
+  std::optional<std::int64_t> error_ns;
+};
+struct ClockReply {
+  std::int64_t probe_sent_ns = 0;  // the probe's t0, which the worker matches
+  std::int64_t received_ns = 0;    // t1: the frontend's run clock
+  std::int64_t sent_ns = 0;        // t2: the frontend's run clock
 };
 
 struct Peer {
@@ -147,6 +163,8 @@ std::string EncodeHeartbeat(const policies::InstanceLoad& load);
 std::string EncodeRefused(const Refusal& refusal);
 std::string EncodeChallenge(const Challenge& challenge);
 std::string EncodeProof(const std::string& proof);
+std::string EncodeClockProbe(const ClockProbe& probe);
+std::string EncodeClockReply(const ClockReply& reply);
 
 Result<Hello> ParseHello(std::string_view body);
 Result<Welcome> ParseWelcome(std::string_view body);
@@ -160,6 +178,8 @@ Result<Refusal> ParseRefused(std::string_view body);
 std::optional<policies::RequestId> EngineRequestId(std::string_view body);
 Result<Challenge> ParseChallenge(std::string_view body);
 Result<std::string> ParseProof(std::string_view body);  // the proof's bytes
+Result<ClockProbe> ParseClockProbe(std::string_view body);
+Result<ClockReply> ParseClockReply(std::string_view body);
 
 // Whether `body` is one MessagePack value, nested at most `max_depth` deep, of at most
 // `max_values` values in all (containers and what they hold), every length and element count

@@ -4,12 +4,15 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cmath>
 #include <condition_variable>
 #include <cstdio>
 #include <mutex>
+#include <set>
 #include <unordered_map>
 #include <unordered_set>
 
+#include "backend/cluster/clock_sync.h"
 #include "backend/cluster/connection.h"
 #include "backend/cluster/link_auth.h"
 #include "backend/cluster/link_faults.h"
@@ -27,12 +30,19 @@ using policies::RequestSpec;
 
 namespace {
 
+// Probes at registration (the tightest sets the clock), how long each may wait for its reply,
+// and how often one follows while serving.
+constexpr int kClockProbesAtStart = 8;
+constexpr Seconds kClockProbeTimeoutS = 2.0;
+constexpr Seconds kClockProbeEveryS = 5.0;
+
 // The worker's half of the link: the engine's outbox and event sink (engine thread), the
 // requests it holds, and the frames from the frontend (reader thread).
 class WorkerLink final : public policies::Outbox, public policies::EventSink {
  public:
-  WorkerLink(InstanceRole role, std::int64_t vocab_size, WorkerKvTransport& transport)
-      : role_(role), vocab_size_(vocab_size), transport_(transport) {}
+  WorkerLink(InstanceRole role, std::int64_t vocab_size, WorkerKvTransport& transport,
+             SyncedClock& clock)
+      : role_(role), vocab_size_(vocab_size), transport_(transport), clock_(clock) {}
 
   // `send`: the connection's send path (with the test-only faults, link_faults.h).
   void Attach(FaultInjectingLink* send, EngineThread* engine) {
@@ -106,7 +116,9 @@ class WorkerLink final : public policies::Outbox, public policies::EventSink {
   // message, a bug on the frontend's side, must cost no more than the request it names,
   // which the frontend then ends with an error.
   void OnFrame(const FrameHeader& header, const std::string& body) {
-    Status s = Handle(header, body);
+    const std::int64_t arrived_ns = SteadyNowNs();  // t3 of a clock reply
+    Status s = header.kind == MessageKind::kClockReply ? OnClockReply(body, arrived_ns)
+                                                       : Handle(header, body);
     if (s.ok()) return;
     std::fprintf(stderr, "duet worker: refused a message from the frontend: %s\n",
                  s.message().c_str());
@@ -128,6 +140,39 @@ class WorkerLink final : public policies::Outbox, public policies::EventSink {
       m.request_id = id;
       engine_->inbox().Post(m);
     }
+  }
+
+  // Any thread: a clock probe (clock_sync.h), with this worker's offset and error so far.
+  void SendClockProbe() {
+    ClockProbe probe;
+    if (const auto current = clock_.Current()) {
+      probe.offset_ns = current->offset_ns;
+      probe.error_ns = current->error_ns;
+    }
+    {
+      std::lock_guard lock(mu_);
+      probe.sent_ns = SteadyNowNs();
+      // A reply lost with its link leaves its probe here: the oldest go first.
+      if (probes_.size() >= kMaxProbesInFlight) probes_.erase(probes_.begin());
+      probes_.insert(probe.sent_ns);
+    }
+    (*send_)(MessageKind::kClockProbe, EncodeClockProbe(probe));
+  }
+
+  // Before the engine starts: `probes` probes one after another, each answered within
+  // `timeout_s` or given up; the clock takes the tightest. Whether one was answered.
+  bool SyncClock(int probes, Seconds timeout_s) {
+    for (int i = 0; i < probes; ++i) {
+      std::unique_lock lock(mu_);
+      const std::int64_t before = clock_replies_;
+      lock.unlock();
+      SendClockProbe();
+      lock.lock();
+      cv_.wait_for(lock, std::chrono::duration<double>(timeout_s),
+                   [&] { return clock_replies_ != before || lost_; });
+      if (lost_) return false;
+    }
+    return clock_.Current().has_value();
   }
 
   bool WaitShutdown(Seconds heartbeat_s, const std::function<void()>& heartbeat) {
@@ -251,7 +296,34 @@ class WorkerLink final : public policies::Outbox, public policies::EventSink {
   const InstanceRole role_;
   const std::int64_t vocab_size_;
   WorkerKvTransport& transport_;
+  // The clock probes this worker sent and has no reply to yet (their t0).
+  static constexpr std::size_t kMaxProbesInFlight = 16;
+
+  // Reader thread: a reply to one of this worker's probes sets the clock, when it is tighter
+  // than what the clock holds. A reply to no probe of this worker, or one whose times cannot
+  // be, is refused (logged; the link stays).
+  Status OnClockReply(const std::string& body, std::int64_t arrived_ns) {
+    Result<ClockReply> reply = ParseClockReply(body);
+    if (!reply.ok()) return reply.status();
+    {
+      std::lock_guard lock(mu_);
+      if (probes_.erase(reply->probe_sent_ns) == 0)
+        return Status::Error("a clock reply to no probe of this worker");
+    }
+    Result<ClockSample> sample =
+        SampleOfProbe(reply->probe_sent_ns, reply->received_ns, reply->sent_ns, arrived_ns);
+    if (!sample.ok()) return sample.status();
+    clock_.Offer(*sample);
+    {
+      std::lock_guard lock(mu_);
+      ++clock_replies_;
+    }
+    cv_.notify_all();
+    return Status::Ok();
+  }
+
   FaultInjectingLink* send_ = nullptr;
+  SyncedClock& clock_;
   EngineThread* engine_ = nullptr;
   Events events_;                      // engine thread
   std::vector<RequestId> handed_off_;  // engine thread
@@ -260,6 +332,8 @@ class WorkerLink final : public policies::Outbox, public policies::EventSink {
   std::condition_variable cv_;
   std::unordered_set<RequestId> requests_;  // handed to the engine, not finished or moved on
   std::unordered_set<RequestId> leases_;    // KV held for a decode instance's pull
+  std::set<std::int64_t> probes_;           // clock probes in flight
+  std::int64_t clock_replies_ = 0;
   bool shutdown_ = false;
   bool lost_ = false;
   std::string lost_why_;
@@ -354,11 +428,10 @@ Status RunWorker(std::unique_ptr<ForwardModel> model, const WorkerOptions& optio
   engine_config.num_blocks = model->num_blocks();
   engine_config.kv_bytes_per_token = model->kv_bytes_per_token();
   engine_config.num_layers = config.num_hidden_layers;
-  const SteadyClock clock(std::chrono::steady_clock::time_point(
-      std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-          std::chrono::nanoseconds(welcome->clock_epoch_ns))));
+  // The run's clock: this machine's steady clock set to the frontend's by the probes below.
+  SyncedClock clock;
 
-  WorkerLink link(options.role, config.vocab_size, **transport);
+  WorkerLink link(options.role, config.vocab_size, **transport, clock);
   EngineThread engine(
       engine_config, *model,
       EngineThread::Ports{&clock, &link, transport->get(), &link, options.step_log},
@@ -372,13 +445,27 @@ Status RunWorker(std::unique_ptr<ForwardModel> model, const WorkerOptions& optio
   send.SetInstance(welcome->instance);
   link.Attach(&send, &engine);
   connection.Start();
+  // The engine stamps the requests' timelines on this clock: it starts once the clock is set.
+  // What the frontend routes here meanwhile waits in the engine's inbox.
+  if (!link.SyncClock(kClockProbesAtStart, kClockProbeTimeoutS)) {
+    connection.Close();
+    return Status::Error(link.lost_why().empty()
+                             ? "the frontend answered none of " +
+                                   std::to_string(kClockProbesAtStart) + " clock probes"
+                             : "lost the frontend: " + link.lost_why());
+  }
   engine.Start();
   std::fprintf(stderr, "duet worker: instance %d (%s), pid %d, KV over %s\n", welcome->instance,
                policies::ToString(options.role), static_cast<int>(hello.pid),
                (*transport)->path().c_str());
 
+  // A probe every kClockProbeEveryS keeps the offset within its error as the clocks drift.
+  const auto heartbeats_per_probe = static_cast<std::int64_t>(
+      std::max(1.0, std::ceil(kClockProbeEveryS / welcome->heartbeat_interval_s)));
+  std::int64_t heartbeats = 0;
   const bool shutdown = link.WaitShutdown(welcome->heartbeat_interval_s, [&] {
     send(MessageKind::kHeartbeat, EncodeHeartbeat(engine.load()));
+    if (++heartbeats % heartbeats_per_probe == 0) link.SendClockProbe();
   });
   if (!shutdown) link.AbandonAll();
   engine.Stop();  // serves what it holds to the end (nothing, once abandoned)

@@ -21,7 +21,9 @@ using policies::InstanceLoad;
 class EngineThread {
  public:
   struct Ports {
-    const SteadyClock* clock = nullptr;  // shared by every instance and the frontend
+    // The run's clock, shared by every instance and the frontend (a worker process's is set to
+    // its frontend's).
+    const policies::Clock* clock = nullptr;
     policies::Outbox* outbox = nullptr;
     policies::KvTransport* transport = nullptr;  // used on this thread only
     policies::EventSink* sink = nullptr;         // called on this thread
@@ -58,7 +60,7 @@ class EngineThread {
   // not wake the engine thread yet).
   static constexpr Seconds kTransferPollInterval = 0.0005;
 
-  const SteadyClock& clock_;
+  const policies::Clock& clock_;
   ThreadSafeInbox inbox_;
   ForwardModel& model_;
   bool warm_up_;

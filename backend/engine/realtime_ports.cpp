@@ -1,6 +1,8 @@
 // The real-time ports (see realtime_ports.h).
 #include "backend/engine/realtime_ports.h"
 
+#include <algorithm>
+#include <chrono>
 #include <cmath>
 
 namespace duet::backend {
@@ -9,11 +11,6 @@ Seconds SteadyClock::Now() const { return At(std::chrono::steady_clock::now()); 
 
 Seconds SteadyClock::At(std::chrono::steady_clock::time_point t) const {
   return std::chrono::duration<double>(t - start_).count();
-}
-
-std::chrono::steady_clock::time_point SteadyClock::ToTimePoint(Seconds t) const {
-  return start_ + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                      std::chrono::duration<double>(t));
 }
 
 void ThreadSafeInbox::Post(const policies::EngineMessage& message) {
@@ -46,7 +43,9 @@ void ThreadSafeInbox::WaitUntil(Seconds deadline) {
   if (std::isinf(deadline)) {
     cv_.wait(lock, ready);
   } else {
-    cv_.wait_until(lock, clock_.ToTimePoint(deadline), ready);
+    // A wait of at most a day: a later deadline is met by the engine waiting again.
+    const Seconds wait = std::clamp(deadline - clock_.Now(), 0.0, 86400.0);
+    cv_.wait_for(lock, std::chrono::duration<double>(wait), ready);
   }
   woken_ = false;
 }

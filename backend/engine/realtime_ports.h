@@ -14,15 +14,13 @@
 
 namespace duet::backend {
 
-// Seconds of steady (monotonic) time since construction, or since a given start: the clock
-// every port and request timestamp of one run shares (worker processes on this machine take
-// their frontend's start: the steady clock is the machine's monotonic clock). Thread-safe.
+// Seconds of steady (monotonic) time since construction: the clock
+// every port and request timestamp of one run shares (a worker process sets its own clock to
+// it: backend/cluster/clock_sync.h). Thread-safe.
 class SteadyClock final : public policies::Clock {
  public:
   SteadyClock() : start_(std::chrono::steady_clock::now()) {}
-  explicit SteadyClock(std::chrono::steady_clock::time_point start) : start_(start) {}
   Seconds Now() const override;
-  std::chrono::steady_clock::time_point ToTimePoint(Seconds t) const;
   Seconds At(std::chrono::steady_clock::time_point t) const;  // t on this clock
   std::chrono::steady_clock::time_point start() const { return start_; }
 
@@ -33,7 +31,7 @@ class SteadyClock final : public policies::Clock {
 // One instance's inbox. Any thread posts; one engine thread takes and waits.
 class ThreadSafeInbox final : public policies::Inbox {
  public:
-  explicit ThreadSafeInbox(const SteadyClock& clock) : clock_(clock) {}
+  explicit ThreadSafeInbox(const policies::Clock& clock) : clock_(clock) {}
 
   // Any thread: queues the message and wakes the engine thread.
   void Post(const policies::EngineMessage& message);
@@ -47,7 +45,7 @@ class ThreadSafeInbox final : public policies::Inbox {
   void WaitUntil(Seconds deadline) override;
 
  private:
-  const SteadyClock& clock_;
+  const policies::Clock& clock_;
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<policies::EngineMessage> queue_;

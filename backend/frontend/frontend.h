@@ -114,6 +114,10 @@ struct WorkerStatus {
   bool up = false;
   std::int64_t pid = 0;    // of the worker holding the slot now, or last
   std::int64_t joins = 0;  // registrations into this slot (1 + rejoins)
+  // While up: the worker's clock against the frontend's (backend/cluster/clock_sync.h), as its
+  // last probe reported: the offset it adds to its own steady clock, and the bound on its error.
+  std::optional<double> clock_offset_s;
+  std::optional<double> clock_error_s;
 };
 
 // What the frontend holds now (for /metrics gauges, /health and tests).

@@ -45,6 +45,9 @@ struct LiveFrontend::Impl::Fleet {
     // scrape reads must not fall back when a worker is replaced.
     InstanceLoad carried;
     std::chrono::steady_clock::time_point last_heard;
+    // The worker's clock against this frontend's, as its last probe said (clock_sync.h).
+    std::optional<std::int64_t> clock_offset_ns;
+    std::optional<std::int64_t> clock_error_ns;
     // A handshake holds the slot for its worker (two registering at once never get the same).
     bool joining = false;
     bool up() const { return connection != nullptr; }
@@ -73,6 +76,13 @@ LiveFrontend::Impl::~Impl() = default;
 namespace {
 
 void Log(const std::string& line) { std::fprintf(stderr, "duet serve: %s\n", line.c_str()); }
+
+// Nanoseconds on the run's clock: what a worker's clock is set to (clock_sync.h).
+std::int64_t RunClockNs(const Impl& s) {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() -
+                                                              s.clock.start())
+      .count();
+}
 
 // A worker slot as an instance.
 class RemoteInstance final : public Instance {
@@ -331,6 +341,8 @@ Status CheckLoad(const Impl& s, const Impl::Fleet::Slot& slot, const InstanceLoa
 
 // One message from worker `i`. A malformed one ends the connection (logged).
 Status OnFrame(Impl& s, InstanceId i, const cluster::FrameHeader& header, const std::string& body) {
+  // t1 of a clock probe: as soon as the frame is read, on the run's clock.
+  const std::int64_t arrived_ns = RunClockNs(s);
   Impl::Fleet& f = *s.fleet;
   auto heard = [&](const InstanceLoad* load) {
     std::lock_guard lock(f.mu);
@@ -346,6 +358,20 @@ Status OnFrame(Impl& s, InstanceId i, const cluster::FrameHeader& header, const 
     auto load = cluster::ParseHeartbeat(body);
     if (!load.ok()) return load.status();
     return heard(&*load);
+  }
+  if (header.kind == MessageKind::kClockProbe) {
+    auto probe = cluster::ParseClockProbe(body);
+    if (!probe.ok()) return probe.status();
+    if (Status st = heard(nullptr); !st.ok()) return st;
+    {
+      std::lock_guard lock(f.mu);
+      Impl::Fleet::Slot& slot = f.slots[static_cast<std::size_t>(i)];
+      slot.clock_offset_ns = probe->offset_ns;
+      slot.clock_error_ns = probe->error_ns;
+    }
+    const cluster::ClockReply reply{probe->sent_ns, arrived_ns, RunClockNs(s)};
+    Remote(s, i).Send(MessageKind::kClockReply, cluster::EncodeClockReply(reply));
+    return Status::Ok();
   }
   if (header.kind == MessageKind::kEngine) {
     auto w = cluster::ParseEngine(body);
@@ -553,9 +579,6 @@ void Register(Impl& s, int fd) {
 
   cluster::Welcome welcome;
   welcome.instance = slot_id;
-  welcome.clock_epoch_ns =
-      std::chrono::duration_cast<std::chrono::nanoseconds>(s.clock.start().time_since_epoch())
-          .count();
   welcome.engine = s.options.engine;
   welcome.publish_kv_events = PublishesKvEvents(s.options, slot_id);
   welcome.heartbeat_interval_s = w.heartbeat_interval_s;
@@ -602,6 +625,8 @@ void Register(Impl& s, int fd) {
     slot.load = {};
     slot.load.kv_blocks_total = hello->num_blocks;
     slot.load.kv_blocks_free = hello->num_blocks;
+    slot.clock_offset_ns.reset();
+    slot.clock_error_ns.reset();
     slot.last_heard = std::chrono::steady_clock::now();
   }
   connection->Start();
@@ -785,7 +810,12 @@ std::vector<WorkerStatus> FleetStatus(const Impl& s) {
   std::vector<WorkerStatus> out;
   for (std::size_t i = 0; i < f.slots.size(); ++i) {
     const Impl::Fleet::Slot& slot = f.slots[i];
-    out.push_back({static_cast<InstanceId>(i), slot.role, slot.up(), slot.pid, slot.joins});
+    WorkerStatus w{static_cast<InstanceId>(i), slot.role, slot.up(), slot.pid, slot.joins, {}, {}};
+    if (slot.up() && slot.clock_error_ns) {
+      w.clock_offset_s = static_cast<double>(*slot.clock_offset_ns) * 1e-9;
+      w.clock_error_s = static_cast<double>(*slot.clock_error_ns) * 1e-9;
+    }
+    out.push_back(w);
   }
   return out;
 }

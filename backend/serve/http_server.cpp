@@ -622,6 +622,10 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
                     {"up", w.up},
                     {"joins", w.joins}};
       if (pids) entry["pid"] = w.pid;
+      if (w.clock_error_s) {
+        entry["clock_offset_s"] = *w.clock_offset_s;
+        entry["clock_error_s"] = *w.clock_error_s;
+      }
       list.push_back(std::move(entry));
       roles.push_back(w.role);
       if (w.up) roles_up.push_back(w.role);

@@ -109,6 +109,13 @@ LiveMetrics::LiveMetrics() : registry_(std::make_unique<prometheus::Registry>())
                     .Name("duet:worker_up")
                     .Help("Worker processes: 1 while the worker of the slot is up, else 0.")
                     .Register(r);
+  worker_clock_error_ =
+      &prometheus::BuildGauge()
+           .Name("duet:worker_clock_error_seconds")
+           .Help(
+               "Worker processes: the bound on the error of the worker's clock against the "
+               "frontend's (half its best clock probe's round trip, grown by drift).")
+           .Register(r);
   requests_retried_ =
       &MakeCounter(r, "duet:requests_retried_total",
                    "Worker processes: requests moved to a survivor after their worker was lost.");
@@ -189,9 +196,15 @@ std::string LiveMetrics::Scrape(const FrontendStats& stats) {
     if (added > 0) counter->Increment(added);
   }
   for (const WorkerStatus& w : stats.workers) {
-    worker_up_
-        ->Add({{"instance", std::to_string(w.instance)}, {"role", policies::ToString(w.role)}})
-        .Set(w.up ? 1.0 : 0.0);
+    const prometheus::Labels labels = {{"instance", std::to_string(w.instance)},
+                                       {"role", policies::ToString(w.role)}};
+    worker_up_->Add(labels).Set(w.up ? 1.0 : 0.0);
+    // Only while a worker holds the slot and has reported its clock: no stale bound.
+    if (w.clock_error_s) {
+      worker_clock_error_->Add(labels).Set(*w.clock_error_s);
+    } else if (worker_clock_error_->Has(labels)) {
+      worker_clock_error_->Remove(&worker_clock_error_->Add(labels));
+    }
   }
   return prometheus::TextSerializer().Serialize(registry_->Collect());
 }

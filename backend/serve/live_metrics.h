@@ -74,6 +74,7 @@ class LiveMetrics final : public policies::EventSink {
   prometheus::Counter* kv_load_recomputes_;
   prometheus::Counter* forward_failures_;
   prometheus::Family<prometheus::Gauge>* worker_up_;
+  prometheus::Family<prometheus::Gauge>* worker_clock_error_;
   prometheus::Counter* requests_retried_;
   std::mutex scrape_mutex_;  // one scrape sets the gauges and collects at a time
 };

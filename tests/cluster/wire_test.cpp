@@ -201,15 +201,36 @@ TEST(Wire, EventsHelloWelcomeAndPeerSurviveTheRoundTrip) {
 
   Welcome welcome;
   welcome.instance = 4;
-  welcome.clock_epoch_ns = -5;
   welcome.heartbeat_interval_s = 0.25;
   welcome.publish_kv_events = true;
   auto w = ParseWelcome(EncodeWelcome(welcome));
   ASSERT_TRUE(w.ok()) << w.error();
   EXPECT_EQ(w->instance, 4);
-  EXPECT_EQ(w->clock_epoch_ns, -5);
   EXPECT_EQ(w->heartbeat_interval_s, 0.25);
   EXPECT_TRUE(w->publish_kv_events);
+
+  // The clock's messages carry any steady time (a host's monotonic clock may read anything),
+  // and a probe its offset and error together or neither.
+  ClockProbe probe{std::numeric_limits<std::int64_t>::min(), -7, 3};
+  auto pr = ParseClockProbe(EncodeClockProbe(probe));
+  ASSERT_TRUE(pr.ok()) << pr.error();
+  EXPECT_EQ(pr->sent_ns, probe.sent_ns);
+  EXPECT_EQ(pr->offset_ns, std::optional<std::int64_t>(-7));
+  EXPECT_EQ(pr->error_ns, std::optional<std::int64_t>(3));
+  pr = ParseClockProbe(EncodeClockProbe({5, std::nullopt, std::nullopt}));
+  ASSERT_TRUE(pr.ok()) << pr.error();
+  EXPECT_FALSE(pr->offset_ns);
+  EXPECT_NE(ParseClockProbe(Pack({{"sent_ns", 1}, {"offset_ns", 2}})).error().find("error_ns"),
+            std::string::npos);
+  EXPECT_FALSE(ParseClockProbe(Pack({{"sent_ns", 1}, {"offset_ns", 2}, {"error_ns", -1}})).ok());
+  const ClockReply reply{std::numeric_limits<std::int64_t>::max(), -10, 20};
+  auto rr = ParseClockReply(EncodeClockReply(reply));
+  ASSERT_TRUE(rr.ok()) << rr.error();
+  EXPECT_EQ(rr->probe_sent_ns, reply.probe_sent_ns);
+  EXPECT_EQ(rr->received_ns, -10);
+  EXPECT_EQ(rr->sent_ns, 20);
+  // A reply sent before its probe arrived is no reply.
+  EXPECT_FALSE(ParseClockReply(EncodeClockReply({0, 20, 10})).ok());
 
   auto p = ParsePeer(EncodePeer({2, "desc"}));
   ASSERT_TRUE(p.ok()) << p.error();
@@ -426,6 +447,8 @@ TEST(Wire, TheSeedsOfValidMessagesParse) {
   EXPECT_EQ(ok(ParseHeartbeat(seed("heartbeat"))), "ok");
   EXPECT_EQ(ok(ParseChallenge(seed("challenge"))), "ok");
   EXPECT_EQ(ok(ParseProof(seed("proof"))), "ok");
+  EXPECT_EQ(ok(ParseClockProbe(seed("clock_probe"))), "ok");
+  EXPECT_EQ(ok(ParseClockReply(seed("clock_reply"))), "ok");
   auto header = ParseFrameHeader(seed("frame_header"));
   ASSERT_TRUE(header.ok()) << header.error();
 }

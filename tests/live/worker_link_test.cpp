@@ -9,6 +9,7 @@
 #include <deque>
 #include <thread>
 
+#include "backend/cluster/clock_sync.h"
 #include "backend/cluster/connection.h"
 #include "backend/cluster/link_auth.h"
 #include "backend/cluster/wire.h"
@@ -225,8 +226,17 @@ TEST_F(WorkerLink, ARequestThatCrashesEveryWorkerItReachesEndsWithAnError) {
 }
 
 // The real worker (RunWorker) on a thread, against a frontend played by the test: the
-// frontend's side of the handshake, then a link to send engine messages on.
+// frontend's side of the handshake, then a link to send engine messages on. Its clock replies
+// put the run's clock kRunClockAheadS ahead of this process's steady clock, as another host's
+// frontend's may be.
 class RealWorker {
+ public:
+  static constexpr Seconds kRunClockAheadS = 1000;
+  // The run's clock of the frontend played here.
+  static std::int64_t RunClockNs() {
+    return cluster::SteadyNowNs() + static_cast<std::int64_t>(kRunClockAheadS * 1e9);
+  }
+
  public:
   RealWorker(std::unique_ptr<ForwardModel> model, cluster::WorkerOptions options) {
     auto listener = cluster::Listener::Open("127.0.0.1", 0);
@@ -254,7 +264,19 @@ class RealWorker {
     EXPECT_TRUE(
         cluster::WriteFrame(fd, MessageKind::kWelcome, cluster::EncodeWelcome(welcome)).ok());
     link = std::make_unique<cluster::Connection>(
-        fd, [this](const FrameHeader& h, std::string body) { inbox.Push(h.kind, std::move(body)); },
+        fd,
+        [this](const FrameHeader& h, std::string body) {
+          if (h.kind == MessageKind::kClockProbe) {
+            const std::int64_t arrived = RunClockNs();
+            auto probe = cluster::ParseClockProbe(body);
+            EXPECT_TRUE(probe.ok()) << probe.error();
+            if (probe.ok())
+              link->Send(MessageKind::kClockReply,
+                         cluster::EncodeClockReply({probe->sent_ns, arrived, RunClockNs()}));
+            return;
+          }
+          inbox.Push(h.kind, std::move(body));
+        },
         [this](const std::string&) { inbox.Closed(); });
     link->Start();
   }
@@ -301,9 +323,11 @@ class RealWorker {
   std::thread thread_;
 };
 
-// A message the worker cannot take costs only the request it names.
+// A message the worker cannot take costs only the request it names. The request it serves is
+// stamped on the frontend's clock, which its probes measured.
 TEST_F(WorkerLink, AWorkerRefusesAMessageItCannotTakeAndServesOn) {
   RealWorker worker(Model(64), {});
+  const Seconds sent_s = static_cast<double>(RealWorker::RunClockNs()) * 1e-9;
   // A top_p of 0 (what 1e-300 became as a float before the edge checked it).
   worker.NewRequest(7, Prompt(20, 7), 0.0f);
   auto refusal = worker.NextRefusal();
@@ -323,6 +347,8 @@ TEST_F(WorkerLink, AWorkerRefusesAMessageItCannotTakeAndServesOn) {
       if (e.kind == cluster::WireEvent::Kind::kFinished) {
         EXPECT_EQ(e.request_id, 8u);
         EXPECT_EQ(e.record->finish_reason, FinishReason::kLength);
+        EXPECT_GE(e.record->finished_s, sent_s - 0.01);
+        EXPECT_LE(e.record->finished_s, static_cast<double>(RealWorker::RunClockNs()) * 1e-9);
         finished = true;
       }
     }
