@@ -2,6 +2,7 @@
 // (/health answers 503 while the model loads), loads the model once per instance, prints one
 // line with its address when ready, and on SIGTERM/SIGINT drains: /health answers 503, new
 // requests are refused, requests in flight complete, then it exits 0. docs/serving.md.
+#include <arpa/inet.h>
 #include <pthread.h>
 #include <signal.h>
 #include <sys/resource.h>
@@ -132,8 +133,11 @@ int Serve(int argc, char** argv) {
     ("workers", po::value<std::string>(),
      "where instances run: process (a duet worker process each; the default with --cluster) "
      "or thread (an engine thread each in this process; the default otherwise)")
+    ("worker-host", po::value<std::string>()->default_value("127.0.0.1"),
+     "--workers process: the IPv4 address of this host where workers register (another "
+     "host's workers need one they reach; 0.0.0.0: every address)")
     ("worker-port", po::value<int>()->default_value(0),
-     "--workers process: the loopback TCP port where workers register (0: any free port)")
+     "--workers process: the TCP port where workers register (0: any free port)")
     ("worker-restarts", po::value<int>()->default_value(5),
      "times duet serve starts a worker process of its own again when it exits unasked (each; "
      "0: never)")
@@ -230,6 +234,9 @@ int Serve(int argc, char** argv) {
   auto kv_transport = backend::ParseKvTransportKind(kv_transport_name);
   if (!kv_transport && (!processes || cluster->pd()))
     return Fail("--kv-transport: " + kv_transport.error(), kExitUsage);
+  const std::string worker_host = vm["worker-host"].as<std::string>();
+  if (in_addr parsed{}; ::inet_pton(AF_INET, worker_host.c_str(), &parsed) != 1)
+    return Fail("--worker-host: '" + worker_host + "' is not an IPv4 address", kExitUsage);
   const int worker_port = vm["worker-port"].as<int>();
   if (worker_port < 0 || worker_port > 65535)
     return Fail("--worker-port must be in 0..65535", kExitUsage);
@@ -399,10 +406,14 @@ int Serve(int argc, char** argv) {
                                   .name = "duet serve: worker process"});
   Result<std::unique_ptr<LiveFrontend>> frontend = Status::Error("not started");
   if (processes) {
-    auto listener = backend::cluster::Listener::Open("127.0.0.1", worker_port);
-    if (!listener) return Fail("--worker-port: " + listener.error());
-    const std::string address = "127.0.0.1:" + std::to_string((*listener)->port());
-    std::fprintf(stderr, "duet serve: workers register at %s\n", address.c_str());
+    auto listener = backend::cluster::Listener::Open(worker_host, worker_port);
+    if (!listener) return Fail("--worker-host, --worker-port: " + listener.error());
+    const std::string port_text = std::to_string((*listener)->port());
+    std::fprintf(stderr, "duet serve: workers register at %s:%s\n", worker_host.c_str(),
+                 port_text.c_str());
+    // The workers started here reach the listener on this host.
+    const std::string address =
+        (worker_host == "0.0.0.0" ? std::string("127.0.0.1") : worker_host) + ":" + port_text;
     // In the environment of the workers it starts (restarts too), never on their command line.
     spawned.SetEnv(backend::cluster::kWorkerSecretEnv, worker_secret);
     if (vm["spawn-workers"].as<bool>()) {

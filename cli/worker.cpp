@@ -4,8 +4,10 @@
 // and serves until the frontend shuts it down (exit 0) or is lost (exit 1). docs/serving.md.
 #include <boost/program_options.hpp>
 #include <cstdio>
+#include <cstdlib>
 #include <thread>
 
+#include "backend/cluster/connection.h"
 #include "backend/cluster/link_auth.h"
 #include "backend/cluster/worker.h"
 #include "backend/engine/fault_injecting_model.h"
@@ -18,6 +20,31 @@
 namespace po = boost::program_options;
 
 namespace duet::cli {
+namespace {
+
+// The network device the KV's UCX endpoints use: the one holding `advertise`, or the address
+// this host reaches the frontend from, so that peers on other hosts reach the address the KV
+// descriptor names. Set as UCX_NET_DEVICES for the whole process (before any UCX context: this
+// process is one worker); a user's own UCX_NET_DEVICES stays.
+Status ChooseKvDevice(const std::string& frontend, const std::string& advertise) {
+  if (std::getenv("UCX_NET_DEVICES") != nullptr) {
+    if (!advertise.empty())
+      return Status::Error(
+          "--advertise and $UCX_NET_DEVICES both choose the KV's device: give one");
+    return Status::Ok();
+  }
+  auto address = advertise.empty() ? backend::cluster::SourceAddressToward(frontend)
+                                   : Result<std::string>(advertise);
+  if (!address.ok()) return Status::Error("--frontend: " + address.error());
+  auto device = backend::cluster::DeviceOfAddress(*address);
+  if (!device.ok()) return Status::Error("--advertise: " + device.error());
+  ::setenv("UCX_NET_DEVICES", device->c_str(), 1);
+  std::fprintf(stderr, "duet worker: KV reachable at %s (device %s)\n", address->c_str(),
+               device->c_str());
+  return Status::Ok();
+}
+
+}  // namespace
 
 int Worker(int argc, char** argv) {
   po::options_description opts("duet worker: one prefill, decode or colocated instance");
@@ -40,6 +67,9 @@ int Worker(int argc, char** argv) {
     ("threads", po::value<int>()->default_value(0), "CPU threads (0: every hardware thread)")
     ("ucx-tls", po::value<std::string>()->default_value(""),
      "PD: the UCX transports for KV (UCX_TLS: tcp, posix,cma, ...; empty: UCX's choice)")
+    ("advertise", po::value<std::string>(),
+     "PD: the IPv4 address of this host where other workers reach its KV (its network device "
+     "carries the KV; default: the address this host reaches the frontend from)")
     ("worker-secret-file", po::value<std::string>(),
      "a file holding the secret shared with the frontend (duet serve --worker-secret-file; "
      "default: $DUET_WORKER_SECRET, which duet serve sets for the workers it starts)")
@@ -80,6 +110,13 @@ int Worker(int argc, char** argv) {
     if (!kind) return Fail("--role " + role + ": " + kind.error());
     options.kv_transport.kind = *kind;
     options.kv_transport.ucx_tls = vm["ucx-tls"].as<std::string>();
+  }
+
+  if (options.role != policies::InstanceRole::kColocated) {
+    if (Status s = ChooseKvDevice(options.frontend,
+                                  vm.count("advertise") ? vm["advertise"].as<std::string>() : "");
+        !s.ok())
+      return Fail(s.message(), kExitUsage);
   }
 
   auto secret = backend::cluster::LoadWorkerSecret(

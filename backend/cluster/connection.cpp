@@ -2,6 +2,7 @@
 #include "backend/cluster/connection.h"
 
 #include <arpa/inet.h>
+#include <ifaddrs.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
@@ -137,7 +138,10 @@ void Listener::Close() {
   [[maybe_unused]] const ssize_t w = ::write(stop_fd_, &one, sizeof one);
 }
 
-Result<int> ConnectTo(const std::string& address, Seconds timeout_s) {
+namespace {
+
+// "host:port" with an IPv4 host and a port in 1..65535.
+Result<sockaddr_in> ParseAddress(const std::string& address) {
   const std::size_t colon = address.rfind(':');
   if (colon == std::string::npos) return Status::Error("'" + address + "' is not host:port");
   const std::string host = address.substr(0, colon);
@@ -154,6 +158,15 @@ Result<int> ConnectTo(const std::string& address, Seconds timeout_s) {
   addr.sin_port = htons(static_cast<std::uint16_t>(port));
   if (::inet_pton(AF_INET, host.c_str(), &addr.sin_addr) != 1)
     return Status::Error("'" + host + "' is not an IPv4 address");
+  return addr;
+}
+
+}  // namespace
+
+Result<int> ConnectTo(const std::string& address, Seconds timeout_s) {
+  auto parsed = ParseAddress(address);
+  if (!parsed.ok()) return parsed.status();
+  sockaddr_in addr = *parsed;
   const auto deadline = std::chrono::steady_clock::now() +
                         std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                             std::chrono::duration<double>(timeout_s));
@@ -170,6 +183,45 @@ Result<int> ConnectTo(const std::string& address, Seconds timeout_s) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   } while (std::chrono::steady_clock::now() < deadline);
   return Status::Error(last);
+}
+
+Result<std::string> SourceAddressToward(const std::string& address) {
+  auto parsed = ParseAddress(address);
+  if (!parsed.ok()) return parsed.status();
+  sockaddr_in addr = *parsed;
+  // A datagram socket's connect sends nothing: the kernel only picks the route and the source.
+  const int fd = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return Status::Error(Errno("socket"));
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+    const std::string error = Errno("no route to " + address);
+    ::close(fd);
+    return Status::Error(error);
+  }
+  sockaddr_in local{};
+  socklen_t len = sizeof local;
+  const int got = ::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len);
+  ::close(fd);
+  if (got != 0) return Status::Error(Errno("getsockname"));
+  char text[INET_ADDRSTRLEN] = {};
+  ::inet_ntop(AF_INET, &local.sin_addr, text, sizeof text);
+  return std::string(text);
+}
+
+Result<std::string> DeviceOfAddress(const std::string& ipv4) {
+  in_addr want{};
+  if (::inet_pton(AF_INET, ipv4.c_str(), &want) != 1)
+    return Status::Error("'" + ipv4 + "' is not an IPv4 address");
+  ifaddrs* all = nullptr;
+  if (::getifaddrs(&all) != 0) return Status::Error(Errno("getifaddrs"));
+  std::string device;
+  for (const ifaddrs* a = all; a != nullptr && device.empty(); a = a->ifa_next) {
+    if (a->ifa_addr == nullptr || a->ifa_addr->sa_family != AF_INET) continue;
+    if (reinterpret_cast<const sockaddr_in*>(a->ifa_addr)->sin_addr.s_addr == want.s_addr)
+      device = a->ifa_name;
+  }
+  ::freeifaddrs(all);
+  if (device.empty()) return Status::Error(ipv4 + " is the address of no network device here");
+  return device;
 }
 
 Status WriteFrame(int fd, MessageKind kind, const std::string& body) {

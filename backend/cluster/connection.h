@@ -44,6 +44,11 @@ class Listener {
 // starting). Returns the connected descriptor.
 Result<int> ConnectTo(const std::string& address, Seconds timeout_s);
 
+// The address of this host that the kernel would send from to "host:port" (nothing is sent).
+Result<std::string> SourceAddressToward(const std::string& address);
+// The network device holding IPv4 address `ipv4` ("lo", "eth0", ...); an error when none does.
+Result<std::string> DeviceOfAddress(const std::string& ipv4);
+
 // Blocking frame I/O on a descriptor, for the handshake before a Connection takes it over.
 Status WriteFrame(int fd, MessageKind kind, const std::string& body);
 struct ReadFrameResult {

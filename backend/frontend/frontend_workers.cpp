@@ -4,6 +4,8 @@
 // registration is a handshake on a thread of its own (mutual proof of the shared secret, then
 // the model and slot checks); whatever a worker reports afterwards is bounded by what it said
 // at hello.
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <unistd.h>
@@ -543,6 +545,16 @@ void Register(Impl& s, int fd) {
                   " than this frontend's, or not a duet worker)");
   }
   who = "worker pid " + std::to_string(hello->pid);
+  // Where it connected from: a pid names a process on its own host only.
+  std::string peer_host = "?";
+  {
+    sockaddr_in peer{};
+    socklen_t len = sizeof peer;
+    char text[INET_ADDRSTRLEN] = {};
+    if (::getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &len) == 0 &&
+        ::inet_ntop(AF_INET, &peer.sin_addr, text, sizeof text) != nullptr)
+      peer_host = text;
+  }
 
   if (hello->num_layers != w.config.num_hidden_layers || hello->vocab_size != w.config.vocab_size)
     return refuse("it serves another model than the frontend's");
@@ -643,7 +655,7 @@ void Register(Impl& s, int fd) {
   }
   f.changed.notify_all();
   Log("worker " + std::to_string(slot_id) + " (" + policies::ToString(hello->role) + ", pid " +
-      std::to_string(hello->pid) + ") joined");
+      std::to_string(hello->pid) + ") joined from " + peer_host);
 }
 
 // The acceptor thread: registrations (each handed to a handshake thread, at most

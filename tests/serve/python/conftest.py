@@ -47,18 +47,20 @@ def has_ucx():
 class Server:
     """One `duet serve` process."""
 
-    def __init__(self, model_dir, *args, log_dir):
+    def __init__(self, model_dir, *args, log_dir, prefix=()):
+        """`prefix`: a command that runs it (`ip netns exec NS`, as another host)."""
         self.model_dir = model_dir
         self.stderr_path = os.path.join(log_dir, f"serve-{time.monotonic_ns()}.log")
         self._stderr = open(self.stderr_path, "w")
         self.proc = subprocess.Popen(
-            [DUET, "serve", "--model", model_dir, "--port", "0", *args],
+            [*prefix, DUET, "serve", "--model", model_dir, "--port", "0", *args],
             stdout=subprocess.PIPE, stderr=self._stderr, text=True)
         self.ready_line = self._wait_ready()
-        m = re.search(r" at (http://[0-9.]+:(\d+)) ", self.ready_line)
+        m = re.search(r" at (http://([0-9.]+):(\d+)) ", self.ready_line)
         assert m, self.ready_line
         self.url = m.group(1)
-        self.port = int(m.group(2))
+        self.host = m.group(2)
+        self.port = int(m.group(3))
         self.model = model_dir
 
     def _wait_ready(self):
@@ -85,7 +87,7 @@ class Server:
                              timeout=120, **kwargs)
 
     def connection(self, timeout=60):
-        return http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+        return http.client.HTTPConnection(self.host, self.port, timeout=timeout)
 
     def request(self, method, path, body=None, headers=None):
         """One request on a new connection: (status, headers dict, body bytes)."""
@@ -184,7 +186,7 @@ def wait_up(server, instance, joins, timeout=60):
 
 def worker_address(server):
     """Where a server's workers register (its log says)."""
-    m = re.search(r"workers register at (127\.0\.0\.1:\d+)", server.stderr())
+    m = re.search(r"workers register at ([0-9.]+:\d+)", server.stderr())
     assert m, server.stderr()
     return m.group(1)
 
@@ -213,8 +215,8 @@ def start_server(tmp_path_factory):
     log_dir = str(tmp_path_factory.mktemp("logs"))
     servers = []
 
-    def start(model_dir, *args):
-        s = Server(model_dir, *args, log_dir=log_dir)
+    def start(model_dir, *args, prefix=()):
+        s = Server(model_dir, *args, log_dir=log_dir, prefix=prefix)
         servers.append(s)
         return s
 

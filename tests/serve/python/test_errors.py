@@ -221,6 +221,7 @@ def test_idle_connection_is_closed_after_the_read_timeout(tiny_model, start_serv
     (["--workers", "process"], "--workers process needs --cluster"),
     (["--cluster", "../../data/1p1d-tiny.json", "--kv-transport", "loopback"], "--workers thread"),
     (["--cluster", "../../data/1p1d-tiny.json", "--worker-port", "70000"], "--worker-port"),
+    (["--cluster", "../../data/1p1d-tiny.json", "--worker-host", "localhost"], "--worker-host"),
     (["--worker-restarts", "-1"], "--worker-restarts"),
 ])
 def test_bad_flags_are_usage_errors(tiny_model, flags, words):
@@ -238,8 +239,12 @@ def test_bad_flags_are_usage_errors(tiny_model, flags, words):
     (["--role", "decode", "--kv-blocks", "-1"], "--kv-blocks"),
     (["--role", "decode", "--connect-timeout", "0"], "--connect-timeout"),
     (["--role", "decode", "--threads", "-1"], "--threads"),
+    # An address of no device of this host: its peers could not reach its KV there.
+    (["--role", "prefill", "--advertise", "192.0.2.77"], "192.0.2.77 is the address of no "),
+    (["--role", "prefill", "--advertise", "eth0"], "'eth0' is not an IPv4 address"),
 ])
-def test_bad_worker_flags_are_usage_errors(tiny_model, flags, words):
+def test_bad_worker_flags_are_usage_errors(tiny_model, flags, words, monkeypatch):
+    monkeypatch.delenv("UCX_NET_DEVICES", raising=False)
     r = run_duet("worker", "--model", tiny_model, "--frontend", "127.0.0.1:9", *flags, timeout=30)
     assert r.returncode == 2, r
     lines = r.stderr.strip().splitlines()
