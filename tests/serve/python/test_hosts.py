@@ -1,18 +1,23 @@
-"""PD across hosts: the frontend, a prefill worker and a decode worker each on a host of its own
-(network namespaces on one bridged LAN, hosts.py; each worker also in a time namespace, its
-monotonic clock tens of thousands of seconds off the frontend's), the client on a fourth. The
-workers register over the LAN at the address the frontend was told to bind, holding its secret;
-the KV moves between the worker hosts over UCX tcp on their eth0 (the device their route to the
-frontend leaves by, or the one --advertise names); greedy text equals the colocated server's. A
-process on another host without the secret is refused and logged."""
+"""PD across hosts: the frontend and each worker on a host of its own (network namespaces on one
+bridged LAN, hosts.py; each worker also in a time namespace, its monotonic clock tens of
+thousands of seconds off the frontend's), the client on another. The workers register over the
+LAN at the address the frontend was told to bind, holding its secret; the KV moves between the
+worker hosts over UCX tcp on their eth0 (the device their route to the frontend leaves by, or
+the one --advertise names); greedy text equals the colocated server's. A process on another host
+without the secret is refused and logged. In 2P2D, a decode worker SIGKILLed mid-stream loses no
+token: its streams go on through the other decode host."""
 
+import os
+import signal
 import subprocess
 import threading
+import time
 
 import pytest
 
 import hosts
 from conftest import DUET, cluster_file, has_ucx, health, wait_for
+from test_workers import SLOW_MAX_TOKENS, Streams, check_after_fault, reference, run_until
 
 PROMPTS = [f"Request {i}: tell me a story about the sea" for i in range(6)]
 MAX_TOKENS = 24
@@ -44,6 +49,15 @@ def greedy(server, prompts):
     for t in threads:
         t.join(timeout=120)
     return texts
+
+
+def frontend(lan, start_server, model, cluster, secret_file, *args):
+    """`duet serve` on host "frontend" of `lan`, taking workers at its LAN address."""
+    fe = lan.address("frontend")
+    return start_server(model, "--host", fe, "--threads", "1", "--ucx-tls", "tcp", "--cluster",
+                        cluster, "--spawn-workers", "false", "--worker-host", fe, "--worker-port",
+                        str(WORKER_PORT), "--worker-secret-file", secret_file, *args,
+                        prefix=lan.run("frontend"))
 
 
 def worker(lan, host, role, model, secret_file, *args, shift=0):
@@ -86,11 +100,7 @@ def test_pd_with_the_frontend_and_each_worker_on_a_host_of_its_own(tiny_model, s
                           "--advertise", lan.address("decode"), shift=70_000)]
         logs = {}
         try:
-            s = start_server(tiny_model, "--host", fe, "--threads", "1", "--ucx-tls", "tcp",
-                             "--cluster", cluster_file(tmp_path, 1, 1),
-                             "--spawn-workers", "false", "--worker-host", fe,
-                             "--worker-port", str(WORKER_PORT), "--worker-secret-file",
-                             str(secret), prefix=lan.run("frontend"))
+            s = frontend(lan, start_server, tiny_model, cluster_file(tmp_path, 1, 1), str(secret))
             # The frontend listens where it was told, nowhere else (not on its loopback).
             assert sorted(listening(lan, "frontend")) == sorted(
                 [f"{fe}:{s.port}", f"{fe}:{WORKER_PORT}"]), listening(lan, "frontend")
@@ -124,3 +134,42 @@ def test_pd_with_the_frontend_and_each_worker_on_a_host_of_its_own(tiny_model, s
                 _, logs[w.pid] = w.communicate(timeout=30)
         for w, host in zip(workers, ["prefill", "decode"]):
             assert f"KV reachable at {lan.address(host)} (device eth0)" in logs[w.pid], logs[w.pid]
+
+
+def test_2p2d_across_hosts_loses_no_token_when_a_decode_host_dies_mid_stream(slow_model,
+                                                                            start_server,
+                                                                            tmp_path):
+    expected = reference(slow_model, SLOW_MAX_TOKENS, start_server)
+    secret = tmp_path / "secret"
+    secret.write_text(SECRET)
+    names = ["prefill0", "prefill1", "decode0", "decode1"]
+    with hosts.Hosts(["frontend", *names]) as lan:
+        workers = [worker(lan, name, name[:-1], slow_model, str(secret), shift=10_000 * (i + 1))
+                   for i, name in enumerate(names)]
+        try:
+            s = frontend(lan, start_server, slow_model, cluster_file(tmp_path, 2, 2), str(secret),
+                         "--router", "round-robin", "--worker-restarts", "0")
+            listed = health(s)
+            assert [w["role"] for w in listed] == ["prefill"] * 2 + ["decode"] * 2, listed
+            # As in test_workers: decode instance 3 stopped, its half of the streams waits there
+            # while instance 2 serves the rest; let it run until each of its streams has a
+            # token, stop it there, then kill it.
+            victim = listed[3]["pid"]
+            os.kill(victim, signal.SIGSTOP)
+            streams = Streams(s, SLOW_MAX_TOKENS)
+            waiting = streams.wait_half_done(timeout=120)
+            assert all(streams.tokens[i] == 0 for i in waiting), streams.tokens
+            run_until(victim, lambda: all(streams.tokens[i] > 0 for i in waiting))
+            time.sleep(0.2)  # what it sent before it stopped arrives
+            assert any(streams.reasons[i] is None for i in waiting), streams.tokens
+            os.kill(victim, signal.SIGKILL)
+            m = check_after_fault(s, streams, expected, lost=3)
+            assert streams.tokens == [SLOW_MAX_TOKENS] * len(streams.tokens), streams.tokens
+            assert m["duet:requests_retried_total"] >= 1, s.stderr()
+            assert m["duet:kv_transfer_seconds_count"] >= len(streams.tokens)
+            assert s.stop() == 0, s.stderr()
+        finally:
+            for w in workers:
+                if w.poll() is None:
+                    w.kill()
+                w.communicate(timeout=30)
