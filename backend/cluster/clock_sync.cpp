@@ -1,6 +1,7 @@
 // A worker's clock on its frontend's time (see clock_sync.h).
 #include "backend/cluster/clock_sync.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <limits>
@@ -44,29 +45,52 @@ std::int64_t SteadyNowNs() {
       .count();
 }
 
+std::int64_t SyncedClock::OffsetAt(std::int64_t steady_ns) const {
+  if (!sample_) return 0;
+  const std::int64_t to = sample_->offset_ns;
+  const double moved =
+      static_cast<double>(std::max<std::int64_t>(0, steady_ns - since_ns_)) * kMaxClockSlew;
+  const double left = std::abs(static_cast<double>(to) - static_cast<double>(from_ns_));
+  if (moved >= left) return to;
+  const auto step = static_cast<std::int64_t>(moved);
+  return to > from_ns_ ? from_ns_ + step : from_ns_ - step;
+}
+
 Seconds SyncedClock::Now() const {
-  const std::int64_t t = SteadyNowNs() + offset_ns_.load(std::memory_order_relaxed);
-  std::int64_t last = last_ns_.load(std::memory_order_relaxed);
-  while (t > last && !last_ns_.compare_exchange_weak(last, t, std::memory_order_relaxed)) {
-  }
-  return static_cast<double>(std::max(t, last)) * 1e-9;
+  std::lock_guard lock(mu_);
+  const std::int64_t steady = SteadyNowNs();
+  last_ns_ = std::max(last_ns_, steady + OffsetAt(steady));
+  return static_cast<double>(last_ns_) * 1e-9;
 }
 
 bool SyncedClock::Offer(const ClockSample& sample) {
   std::lock_guard lock(mu_);
   if (sample_ && sample.error_ns > sample_->ErrorAt(sample.taken_ns)) return false;
-  if (!sample_) last_ns_.store(std::numeric_limits<std::int64_t>::min());  // times before were raw
+  const std::int64_t now = SteadyNowNs();
+  if (!sample_) {
+    from_ns_ = sample.offset_ns;
+    last_ns_ = std::numeric_limits<std::int64_t>::min();  // the times before were raw
+  } else {
+    const std::int64_t current = OffsetAt(now);
+    const bool step = std::abs(static_cast<double>(sample.offset_ns) -
+                               static_cast<double>(current)) > kClockStepNs;
+    from_ns_ = step ? sample.offset_ns : current;
+  }
+  since_ns_ = now;
   sample_ = sample;
-  offset_ns_.store(sample.offset_ns, std::memory_order_relaxed);
   return true;
 }
 
 std::optional<ClockSample> SyncedClock::Current() const {
   std::lock_guard lock(mu_);
   if (!sample_) return std::nullopt;
-  ClockSample now = *sample_;
-  now.error_ns = sample_->ErrorAt(SteadyNowNs());
-  return now;
+  const std::int64_t now = SteadyNowNs();
+  ClockSample current = *sample_;
+  current.offset_ns = OffsetAt(now);
+  current.error_ns = sample_->ErrorAt(now) +
+                     static_cast<std::int64_t>(std::abs(static_cast<double>(current.offset_ns) -
+                                                        static_cast<double>(sample_->offset_ns)));
+  return current;
 }
 
 }  // namespace duet::backend::cluster

@@ -11,7 +11,6 @@
 // own error is no greater.
 #pragma once
 
-#include <atomic>
 #include <cstdint>
 #include <limits>
 #include <mutex>
@@ -44,8 +43,14 @@ Result<ClockSample> SampleOfProbe(std::int64_t t0_ns, std::int64_t t1_ns, std::i
 // This process's steady clock in nanoseconds.
 std::int64_t SteadyNowNs();
 
-// The run's clock in a worker: its steady clock plus the best offset so far. Never goes back
-// (a new offset that would move it back holds it until it caught up). Thread-safe.
+// How a worker's clock follows a new offset: it slews toward it at kMaxClockSlew, so that no
+// duration measured on it is off by more than that fraction, unless the change is more than
+// kClockStepNs, which it steps (not moving back: it holds until its steady time caught up).
+inline constexpr double kMaxClockSlew = 500e-6;
+inline constexpr std::int64_t kClockStepNs = 10'000'000;
+
+// The run's clock in a worker: its steady clock plus an offset that follows the best sample
+// (above). Never goes back. Thread-safe.
 class SyncedClock final : public policies::Clock {
  public:
   // Before the first sample: the worker's steady clock, raw (nothing should read it then).
@@ -53,15 +58,18 @@ class SyncedClock final : public policies::Clock {
   // Takes `sample` when none is held or its error is no greater than the held one's error
   // now; returns whether it did.
   bool Offer(const ClockSample& sample);
-  // The sample in use, its error grown to now; nullopt before the first.
+  // The offset in use now and the bound on its error (the sample's, grown by drift, plus how
+  // far the offset has yet to slew to it); nullopt before the first sample.
   std::optional<ClockSample> Current() const;
 
  private:
-  std::atomic<std::int64_t> offset_ns_{0};
-  mutable std::atomic<std::int64_t> last_ns_{
-      std::numeric_limits<std::int64_t>::min()};  // the latest time Now returned
-  mutable std::mutex mu_;
-  std::optional<ClockSample> sample_;  // guarded by mu_
+  std::int64_t OffsetAt(std::int64_t steady_ns) const;  // caller holds mu_
+
+  mutable std::mutex mu_;  // guards what follows
+  std::optional<ClockSample> sample_;
+  std::int64_t from_ns_ = 0;   // the offset when sample_ was taken up, slewing toward it since
+  std::int64_t since_ns_ = 0;  // that steady time
+  mutable std::int64_t last_ns_ = std::numeric_limits<std::int64_t>::min();  // Now's latest
 };
 
 }  // namespace duet::backend::cluster

@@ -2,6 +2,7 @@
 #include "backend/engine/engine_thread.h"
 
 #include <algorithm>
+#include <chrono>
 #include <future>
 
 namespace duet::backend {
@@ -49,11 +50,14 @@ void EngineThread::Stop() {
 
 void EngineThread::Loop() {
   while (true) {
+    // The iteration's start on the run's clock; its durations on this process's steady clock,
+    // which no clock correction moves (a worker's run clock slews toward its frontend's).
     const Seconds start = step_log_ ? clock_.Now() : 0;
+    const auto started = std::chrono::steady_clock::now();
     const std::int64_t failures_before = engine_.forward_failures();
     const std::int64_t steps_before = engine_.steps();
     const bool stepped = engine_.RunOnce();
-    const Seconds handed_from = step_log_ ? clock_.Now() : 0;
+    const auto handed_from = std::chrono::steady_clock::now();
     if (after_iteration_) after_iteration_();
     // A line per step ended (asynchronous steps: an iteration that only submitted one ends
     // none). A failed step has no timing of its own (last_timing is the step before it).
@@ -62,10 +66,12 @@ void EngineThread::Loop() {
       // What runs after the iteration hands its events on (a worker process sends them to the
       // frontend then): part of streaming.
       models::HostStep host = engine_.last_host_step();
-      const Seconds end = clock_.Now();
-      host.at(models::HostPhase::kStream) += end - handed_from;
-      step_log_->Write({engine_.config().id, start, end - start, executor_.last_timing(), host,
-                        engine_.config().async_steps});
+      const auto end = std::chrono::steady_clock::now();
+      host.at(models::HostPhase::kStream) +=
+          std::chrono::duration<double>(end - handed_from).count();
+      step_log_->Write({engine_.config().id, start,
+                        std::chrono::duration<double>(end - started).count(),
+                        executor_.last_timing(), host, engine_.config().async_steps});
     }
     PublishLoad();
     if (stepped) continue;

@@ -56,27 +56,51 @@ TEST(ClockSync, TimesThatCannotComeFromOneProbeAreRefused) {
 TEST(ClockSync, ADriftedTightSampleGivesWayToALooserFreshOne) {
   SyncedClock clock;
   EXPECT_FALSE(clock.Current());
-  ClockSample tight{1000 * kMs, kMs / 10, 0};
+  const ClockSample tight{1000 * kMs, kMs / 10, 0};
   ASSERT_TRUE(clock.Offer(tight));
   // A looser one a second later: the tight one's error has grown by 0.1 ms only.
   EXPECT_FALSE(clock.Offer({1001 * kMs, kMs, 1000 * kMs}));
   // A minute later it has grown by 6 ms: a 1 ms sample is tighter now.
-  EXPECT_TRUE(clock.Offer({1002 * kMs, kMs, 60'000 * kMs}));
-  EXPECT_EQ(clock.Current()->offset_ns, 1002 * kMs);
   EXPECT_EQ(tight.ErrorAt(60'000 * kMs), kMs / 10 + 6 * kMs);
+  EXPECT_TRUE(clock.Offer({1002 * kMs, kMs, 60'000 * kMs}));
 }
 
-TEST(ClockSync, TheClockReadsTheOffsetAndNeverGoesBack) {
+TEST(ClockSync, TheClockStepsToItsFirstOffsetAndNeverGoesBack) {
   SyncedClock clock;
   ASSERT_TRUE(clock.Offer({-SteadyNowNs() + 50 * kMs, 0, SteadyNowNs()}));
   const Seconds before = clock.Now();
   EXPECT_GE(before, 0.050);
   EXPECT_LT(before, 5.0);
-  // A new offset 40 ms lower: the clock holds until its steady time caught up.
+  // An offset 40 ms lower, past kClockStepNs: stepped, the clock holding until its steady time
+  // caught up.
   ASSERT_TRUE(clock.Offer({-SteadyNowNs() + 10 * kMs, 0, SteadyNowNs()}));
+  EXPECT_LT(clock.Current()->offset_ns + SteadyNowNs(), 20 * kMs);
   const Seconds held = clock.Now();
   EXPECT_GE(held, before);
   EXPECT_LT(held, before + 0.030);
+}
+
+// A small correction is slewed: no duration measured on the clock is off by more than
+// kMaxClockSlew, and the reported error covers how far the offset has yet to go.
+TEST(ClockSync, ASmallCorrectionIsSlewedNotStepped) {
+  SyncedClock clock;
+  const std::int64_t start = SteadyNowNs();
+  ASSERT_TRUE(clock.Offer({-start, 0, start}));  // the run's second 0 is now
+  const std::int64_t at = SteadyNowNs();
+  ASSERT_TRUE(clock.Offer({-start + 5 * kMs, 0, at}));  // 5 ms ahead: under kClockStepNs
+  const Seconds a = clock.Now();
+  const std::int64_t a_steady = SteadyNowNs();
+  auto current = clock.Current();
+  ASSERT_TRUE(current);
+  EXPECT_LT(current->offset_ns, -start + kMs);  // barely moved yet
+  EXPECT_GE(current->error_ns, 4 * kMs);        // and says so
+  // 20 ms of steady time later, the clock has moved 20 ms and at most 10 us more.
+  while (SteadyNowNs() < a_steady + 20 * kMs) {
+  }
+  const Seconds b = clock.Now();
+  const double steady_s = static_cast<double>(SteadyNowNs() - a_steady) * 1e-9;
+  EXPECT_GE(b - a, steady_s - 1e-4);
+  EXPECT_LE(b - a, steady_s * (1 + kMaxClockSlew) + 1e-4);
 }
 
 }  // namespace
