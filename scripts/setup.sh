@@ -25,6 +25,7 @@ PACKAGES=(
   libhiredis-dev                 # the Redis client of the remote KV tier
   libxxhash-dev                  # XXH3 checksums of KV blocks stored on SSD and in Redis
   redis-server                   # the remote KV tier's store in tests (each starts its own); redis-benchmark
+  etcd-server                    # discovery of workers (duet serve/worker --discovery); tests start their own
   fio                            # the SSD tier's yardstick (bench/tier_storage.sh)
   ucx-utils                      # ucx_perftest: the yardstick of bench/kv_transfer.sh
   clang libclang-rt-14-dev       # scripts/sanitize.sh and scripts/fuzz.sh: ASan, UBSan, libFuzzer

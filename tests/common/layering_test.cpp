@@ -5,9 +5,9 @@
 // exposition headers; backend/ and kernels/cuda/ the only ones with CUDA headers; no layer
 // includes one above it; inside backend/, the runtime (engine, cpu, cuda, model, transport,
 // tiers, tokenizer, calibrate) includes no HTTP and nothing of the control plane (frontend,
-// cluster), the control plane nothing of the HTTP edge (serve), and the replay client no server
-// code; of cli/, only the commands that run simulations include sim/. Also checks that the checker
-// itself rejects such includes.
+// cluster, discovery), the control plane nothing of the HTTP edge (serve), and the replay client
+// and discovery's etcd client no server code; of cli/, only the commands that run simulations
+// include sim/. Also checks that the checker itself rejects such includes.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -63,7 +63,7 @@ const std::set<std::string> kRuntime =
            "backend/transport", "backend/tiers", "backend/tokenizer", "backend/calibrate"});
 // The control plane: the live frontend and the worker processes with their link.
 const std::set<std::string> kControlPlane =
-    Union(kRuntime, {"backend/cluster", "backend/frontend"});
+    Union(kRuntime, {"backend/cluster", "backend/frontend", "backend/discovery"});
 // The HTTP edge: the OpenAI API, the server, /metrics.
 const std::set<std::string> kHttpEdge = Union(kControlPlane, {"backend/serve"});
 
@@ -86,6 +86,8 @@ const std::map<std::string, Rule> kRules = {
     {"backend/cluster", {kControlPlane, {"cuda", "ucx", "nccl"}, false}},
     {"backend/frontend", {kControlPlane, {"cuda", "ucx", "nccl"}, false}},
     {"backend/serve", {kHttpEdge, {"cuda", "ucx", "nccl", "http"}, false}},
+    // Discovery: an etcd client (HTTP) that depends on nothing else of Duet's.
+    {"backend/discovery", {{"common", "backend/discovery"}, {"http"}, false}},
     // The replay client: an HTTP client that depends on no server code.
     {"backend/replay",
      {{"common", "models", "traces", "policies", "backend/replay"}, {"http"}, false}},

@@ -1,0 +1,143 @@
+// Workers registered in etcd and found there (see registration.h).
+#include "backend/discovery/registration.h"
+
+#include <arpa/inet.h>
+
+#include <chrono>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+
+namespace duet::backend::discovery {
+
+using json = nlohmann::json;
+
+std::string EncodeWorkerRecord(const WorkerRecord& r) {
+  return json{{"role", r.role}, {"address", r.address}, {"pid", r.pid}, {"ttl_s", r.ttl_s}}.dump();
+}
+
+Result<WorkerRecord> ParseWorkerRecord(std::string_view text) {
+  const std::string where = "worker record";
+  json j = json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) return Status::Error(where + ": not a JSON object");
+  auto field = [&](const char* key) -> const json* { return j.contains(key) ? &j[key] : nullptr; };
+  WorkerRecord r;
+  const json* role = field("role");
+  if (!role || !role->is_string())
+    return Status::Error(where + ": 'role' must be prefill, decode or colocated");
+  r.role = role->get<std::string>();
+  if (r.role != "prefill" && r.role != "decode" && r.role != "colocated")
+    return Status::Error(where + ": 'role' must be prefill, decode or colocated");
+  const json* address = field("address");
+  if (!address || !address->is_string()) return Status::Error(where + ": 'address' is missing");
+  r.address = address->get<std::string>();
+  const std::size_t colon = r.address.rfind(':');
+  in_addr parsed{};
+  const std::string host = colon == std::string::npos ? "" : r.address.substr(0, colon);
+  const std::string port = colon == std::string::npos ? "" : r.address.substr(colon + 1);
+  int port_number = 0;
+  for (const char c : port)
+    port_number =
+        c >= '0' && c <= '9' && port_number < 65536 ? port_number * 10 + (c - '0') : 1 << 20;
+  if (::inet_pton(AF_INET, host.c_str(), &parsed) != 1 || port.empty() || port_number < 1 ||
+      port_number > 65535)
+    return Status::Error(where + ": 'address' must be an IPv4 host:port, not '" + r.address + "'");
+  const json* pid = field("pid");
+  if (!pid || !pid->is_number_integer() || pid->get<std::int64_t>() < 0 ||
+      pid->get<std::int64_t>() > (std::int64_t{1} << 31))
+    return Status::Error(where + ": 'pid' must be a process id");
+  r.pid = pid->get<std::int64_t>();
+  const json* ttl = field("ttl_s");
+  if (!ttl || !ttl->is_number_integer() || ttl->get<std::int64_t>() < 1 ||
+      ttl->get<std::int64_t>() > 3600)
+    return Status::Error(where + ": 'ttl_s' must be 1..3600");
+  r.ttl_s = ttl->get<std::int64_t>();
+  return r;
+}
+
+WorkerRegistration::WorkerRegistration(EtcdClient client, WorkerRecord record)
+    : client_(std::move(client)), record_(std::move(record)) {
+  thread_ = std::thread([this] { Run(); });
+}
+
+WorkerRegistration::~WorkerRegistration() {
+  {
+    std::lock_guard lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+  (void)client_.Delete(key());  // else its lease lapses within the TTL
+}
+
+bool WorkerRegistration::WaitRegistered(Seconds timeout_s) {
+  std::unique_lock lock(mu_);
+  return cv_.wait_for(lock, std::chrono::duration<double>(timeout_s), [&] {
+    return registered_ || stop_;
+  }) && registered_;
+}
+
+void WorkerRegistration::Run() {
+  const std::string value = EncodeWorkerRecord(record_);
+  const auto renew = std::chrono::duration<double>(static_cast<double>(record_.ttl_s) / 3);
+  const auto retry = std::chrono::milliseconds(500);
+  std::int64_t lease = 0;
+  std::string failing;  // the last failure logged, until a success
+  auto failed = [&](const std::string& what) {
+    if (what != failing)
+      std::fprintf(stderr, "duet worker: registration in %s: %s (trying again)\n",
+                   client_.endpoint().Text().c_str(), what.c_str());
+    failing = what;
+  };
+  std::unique_lock lock(mu_);
+  while (!stop_) {
+    lock.unlock();
+    bool ok = false;
+    if (lease != 0) {
+      auto ttl = client_.KeepAlive(lease);
+      if (!ttl.ok()) {
+        failed(ttl.error());
+      } else if (*ttl == 0) {
+        lease = 0;  // expired: its record is gone; register again at once
+        std::fprintf(stderr, "duet worker: the lease in %s had expired; registering again\n",
+                     client_.endpoint().Text().c_str());
+      } else {
+        ok = true;
+      }
+    }
+    if (lease == 0) {
+      auto granted = client_.GrantLease(record_.ttl_s);
+      if (!granted.ok()) {
+        failed(granted.error());
+      } else if (Status put = client_.Put(key(), value, *granted); !put.ok()) {
+        failed(put.message());
+      } else {
+        lease = *granted;
+        ok = true;
+      }
+    }
+    if (ok && !failing.empty()) {
+      std::fprintf(stderr, "duet worker: registered in %s again\n",
+                   client_.endpoint().Text().c_str());
+      failing.clear();
+    }
+    lock.lock();
+    if (ok && !registered_) {
+      registered_ = true;
+      cv_.notify_all();
+    }
+    cv_.wait_for(lock, ok ? std::chrono::duration<double>(renew) : retry, [&] { return stop_; });
+  }
+}
+
+Result<std::map<std::string, WorkerRecord>> EtcdWorkerDirectory::Workers() {
+  auto listing = client_.List(std::string(kWorkersPrefix));
+  if (!listing.ok()) return listing.status();
+  std::map<std::string, WorkerRecord> out;
+  for (const KeyValue& kv : listing->kvs) {
+    auto record = ParseWorkerRecord(kv.value);
+    if (record.ok()) out.emplace(kv.key, std::move(*record));
+  }
+  return out;
+}
+
+}  // namespace duet::backend::discovery

@@ -1,0 +1,82 @@
+// Workers registered in etcd and found there: a worker keeps a record of where frontends reach
+// it under a key of its own, bound to a lease it renews, so that the record vanishes when the
+// worker stops renewing (its process died or hangs, its host is cut off); a frontend lists the
+// records (WorkerDirectory) and connects to each worker it does not hold yet.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <thread>
+
+#include "backend/discovery/etcd.h"
+#include "common/status.h"
+#include "common/units.h"
+
+namespace duet::backend::discovery {
+
+// Where workers register: KEY = kWorkersPrefix + the worker's address.
+inline constexpr std::string_view kWorkersPrefix = "/duet/workers/";
+
+// A worker's record: its role, where it takes a frontend ("host:port"), its pid there, and the
+// TTL of its lease.
+struct WorkerRecord {
+  std::string role;
+  std::string address;
+  std::int64_t pid = 0;
+  std::int64_t ttl_s = 0;
+};
+std::string EncodeWorkerRecord(const WorkerRecord& record);
+// A record as JSON, each field checked (the role one of prefill, decode, colocated; the address
+// an IPv4 host:port; the TTL 1..3600 s); an error names the field.
+Result<WorkerRecord> ParseWorkerRecord(std::string_view text);
+
+// Keeps `record` under its key in etcd while it lives: a lease of record.ttl_s renewed every
+// third of it, the record put again under a new lease when the old one expired (etcd was out of
+// reach longer than the TTL), and tries again every half second while etcd cannot be reached,
+// each failure logged once until it succeeds. Deletes the key when destroyed.
+class WorkerRegistration {
+ public:
+  WorkerRegistration(EtcdClient client, WorkerRecord record);
+  ~WorkerRegistration();
+  WorkerRegistration(const WorkerRegistration&) = delete;
+  WorkerRegistration& operator=(const WorkerRegistration&) = delete;
+  // Waits up to `timeout_s` for the record to be in etcd (the first put).
+  bool WaitRegistered(Seconds timeout_s);
+  std::string key() const { return std::string(kWorkersPrefix) + record_.address; }
+
+ private:
+  void Run();
+
+  EtcdClient client_;
+  const WorkerRecord record_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;
+  bool registered_ = false;
+  std::thread thread_;
+};
+
+// The workers registered now, by key: what a frontend's fleet polls.
+class WorkerDirectory {
+ public:
+  virtual ~WorkerDirectory() = default;
+  virtual Result<std::map<std::string, WorkerRecord>> Workers() = 0;
+  virtual std::string Name() const = 0;  // for logs
+};
+
+// The records under kWorkersPrefix in etcd; one that does not parse is left out.
+class EtcdWorkerDirectory final : public WorkerDirectory {
+ public:
+  explicit EtcdWorkerDirectory(EtcdClient client) : client_(std::move(client)) {}
+  Result<std::map<std::string, WorkerRecord>> Workers() override;
+  std::string Name() const override { return client_.endpoint().Text(); }
+
+ private:
+  EtcdClient client_;
+};
+
+}  // namespace duet::backend::discovery
