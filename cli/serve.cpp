@@ -16,10 +16,12 @@
 #include <cstring>
 #include <ctime>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <tuple>
 
 #include "backend/cluster/link_auth.h"
+#include "backend/discovery/etcd.h"
 #include "backend/engine/fault_injecting_model.h"
 #include "backend/frontend/frontend.h"
 #include "backend/registry.h"
@@ -144,6 +146,10 @@ int Serve(int argc, char** argv) {
     ("worker-healthy-after", po::value<double>()->default_value(300.0),
      "seconds after which a worker process that exits counts as having run healthy: its "
      "restarts (and their delay) start over")
+    ("discovery", po::value<std::string>(),
+     "--workers process: etcd://HOST:PORT where workers register (duet worker --discovery): "
+     "connect to each it lists, drop one whose registration lapses; starts no workers and "
+     "opens no worker port")
     ("spawn-workers", po::value<bool>()->default_value(true),
      "--workers process: start the workers (false: wait for duet worker processes started "
      "by hand or an orchestrator)")
@@ -298,14 +304,26 @@ int Serve(int argc, char** argv) {
   // starts. Workers started by hand cannot know a generated one, so without --spawn-workers
   // one must be given: an unauthenticated worker port would take any local process as a
   // worker and hand it users' prompts.
+  std::optional<backend::discovery::EtcdEndpoint> discovery;
+  if (vm.count("discovery")) {
+    if (!processes) return Fail("--discovery is for --workers process", kExitUsage);
+    if (!vm["spawn-workers"].defaulted() && vm["spawn-workers"].as<bool>())
+      return Fail("--discovery finds workers started elsewhere: not with --spawn-workers true",
+                  kExitUsage);
+    auto parsed = backend::discovery::ParseEtcdUrl(vm["discovery"].as<std::string>());
+    if (!parsed) return Fail("--discovery: " + parsed.error(), kExitUsage);
+    discovery = *parsed;
+  }
+  const bool spawn_workers = vm["spawn-workers"].as<bool>() && !discovery;
   std::string worker_secret;
   if (processes) {
     auto loaded_secret = backend::cluster::LoadWorkerSecret(
         vm.count("worker-secret-file") ? vm["worker-secret-file"].as<std::string>() : "");
     if (!loaded_secret) return Fail("--worker-secret-file: " + loaded_secret.error(), kExitUsage);
     worker_secret = std::move(*loaded_secret);
-    if (worker_secret.empty() && !vm["spawn-workers"].as<bool>()) {
-      return Fail(std::string("--spawn-workers false: workers started elsewhere prove they hold a "
+    if (worker_secret.empty() && !spawn_workers) {
+      return Fail(std::string("--spawn-workers false, --discovery: workers started elsewhere "
+                              "prove they hold a "
                               "shared secret; give it with --worker-secret-file FILE (or $") +
                       backend::cluster::kWorkerSecretEnv + "), here and to each duet worker",
                   kExitUsage);
@@ -406,17 +424,26 @@ int Serve(int argc, char** argv) {
                                   .name = "duet serve: worker process"});
   Result<std::unique_ptr<LiveFrontend>> frontend = Status::Error("not started");
   if (processes) {
-    auto listener = backend::cluster::Listener::Open(worker_host, worker_port);
-    if (!listener) return Fail("--worker-host, --worker-port: " + listener.error());
-    const std::string port_text = std::to_string((*listener)->port());
-    std::fprintf(stderr, "duet serve: workers register at %s:%s\n", worker_host.c_str(),
-                 port_text.c_str());
-    // The workers started here reach the listener on this host.
-    const std::string address =
-        (worker_host == "0.0.0.0" ? std::string("127.0.0.1") : worker_host) + ":" + port_text;
+    backend::serve::WorkerFleet fleet;
+    std::string address;
+    if (discovery) {
+      fleet.directory = std::make_shared<backend::discovery::EtcdWorkerDirectory>(
+          backend::discovery::EtcdClient(*discovery));
+      std::fprintf(stderr, "duet serve: finding workers in %s\n", discovery->Text().c_str());
+    } else {
+      auto listener = backend::cluster::Listener::Open(worker_host, worker_port);
+      if (!listener) return Fail("--worker-host, --worker-port: " + listener.error());
+      const std::string port_text = std::to_string((*listener)->port());
+      std::fprintf(stderr, "duet serve: workers register at %s:%s\n", worker_host.c_str(),
+                   port_text.c_str());
+      // The workers started here reach the listener on this host.
+      address =
+          (worker_host == "0.0.0.0" ? std::string("127.0.0.1") : worker_host) + ":" + port_text;
+      fleet.listener = std::move(*listener);
+    }
     // In the environment of the workers it starts (restarts too), never on their command line.
     spawned.SetEnv(backend::cluster::kWorkerSecretEnv, worker_secret);
-    if (vm["spawn-workers"].as<bool>()) {
+    if (spawn_workers) {
       for (const deploy::InstanceSpec& spec : cluster->instances) {
         std::vector<std::string> args = {"worker",
                                          "--frontend",
@@ -445,8 +472,6 @@ int Serve(int argc, char** argv) {
         supervisor.Keep(*s, std::move(args));
       }
     }
-    backend::serve::WorkerFleet fleet;
-    fleet.listener = std::move(*listener);
     fleet.config = loaded->config;
     fleet.secret = worker_secret;
     fleet.abandon = [&] {

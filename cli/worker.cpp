@@ -2,14 +2,19 @@
 // model, registers with the frontend (`duet serve --cluster ... --workers process` starts
 // these itself; an orchestrator or a person may start them by hand, to add or restart one),
 // and serves until the frontend shuts it down (exit 0) or is lost (exit 1). docs/serving.md.
+#include <arpa/inet.h>
+#include <unistd.h>
+
 #include <boost/program_options.hpp>
 #include <cstdio>
 #include <cstdlib>
+#include <optional>
 #include <thread>
 
 #include "backend/cluster/connection.h"
 #include "backend/cluster/link_auth.h"
 #include "backend/cluster/worker.h"
+#include "backend/discovery/registration.h"
 #include "backend/engine/fault_injecting_model.h"
 #include "backend/registry.h"
 #include "backend/transport/local_kv_transports.h"
@@ -22,22 +27,25 @@ namespace po = boost::program_options;
 namespace duet::cli {
 namespace {
 
-// The network device the KV's UCX endpoints use: the one holding `advertise`, or the address
-// this host reaches the frontend from, so that peers on other hosts reach the address the KV
-// descriptor names. Set as UCX_NET_DEVICES for the whole process (before any UCX context: this
-// process is one worker); a user's own UCX_NET_DEVICES stays.
-Status ChooseKvDevice(const std::string& frontend, const std::string& advertise) {
+// The network device the KV's UCX endpoints use: the one holding `advertise`, else the one of
+// `listen_host` (discovery), else of the address this host reaches the frontend from, so that peers
+// on other hosts reach the address the KV descriptor names. Set as UCX_NET_DEVICES for the whole
+// process (before any UCX context: this process is one worker); a user's own UCX_NET_DEVICES stays.
+Status ChooseKvDevice(const std::string& frontend, const std::string& advertise,
+                      const std::string& listen_host) {
   if (std::getenv("UCX_NET_DEVICES") != nullptr) {
     if (!advertise.empty())
       return Status::Error(
           "--advertise and $UCX_NET_DEVICES both choose the KV's device: give one");
     return Status::Ok();
   }
-  auto address = advertise.empty() ? backend::cluster::SourceAddressToward(frontend)
-                                   : Result<std::string>(advertise);
+  auto address = !advertise.empty()     ? Result<std::string>(advertise)
+                 : !listen_host.empty() ? Result<std::string>(listen_host)
+                                        : backend::cluster::SourceAddressToward(frontend);
   if (!address.ok()) return Status::Error("--frontend: " + address.error());
   auto device = backend::cluster::DeviceOfAddress(*address);
-  if (!device.ok()) return Status::Error("--advertise: " + device.error());
+  if (!device.ok())
+    return Status::Error((advertise.empty() ? "--listen: " : "--advertise: ") + device.error());
   ::setenv("UCX_NET_DEVICES", device->c_str(), 1);
   std::fprintf(stderr, "duet worker: KV reachable at %s (device %s)\n", address->c_str(),
                device->c_str());
@@ -51,8 +59,16 @@ int Worker(int argc, char** argv) {
   // clang-format off
   opts.add_options()
     ("help,h", "show this help")
-    ("frontend", po::value<std::string>()->required(),
-     "host:port where the frontend takes workers (duet serve --worker-port)")
+    ("frontend", po::value<std::string>(),
+     "host:port where the frontend takes workers (duet serve --worker-host, --worker-port)")
+    ("discovery", po::value<std::string>(),
+     "etcd://HOST:PORT: instead of --frontend, register there and wait for a frontend that "
+     "finds this worker (duet serve --discovery) to connect to --listen")
+    ("listen", po::value<std::string>(),
+     "--discovery: HOST:PORT where frontends connect (an IPv4 address of this host that they "
+     "reach; port 0: any free one)")
+    ("discovery-ttl", po::value<int>()->default_value(5),
+     "--discovery: seconds the registration outlives this worker's last renewal (1..3600)")
     ("role", po::value<std::string>()->required(), "prefill, decode or colocated")
     ("model", po::value<std::string>()->required(),
      "Hugging Face model directory (the frontend's model)")
@@ -69,7 +85,7 @@ int Worker(int argc, char** argv) {
      "PD: the UCX transports for KV (UCX_TLS: tcp, posix,cma, ...; empty: UCX's choice)")
     ("advertise", po::value<std::string>(),
      "PD: the IPv4 address of this host where other workers reach its KV (its network device "
-     "carries the KV; default: the address this host reaches the frontend from)")
+     "carries the KV; default: the address this host reaches the frontend from, or --listen's)")
     ("worker-secret-file", po::value<std::string>(),
      "a file holding the secret shared with the frontend (duet serve --worker-secret-file; "
      "default: $DUET_WORKER_SECRET, which duet serve sets for the workers it starts)")
@@ -83,7 +99,40 @@ int Worker(int argc, char** argv) {
   if (!ParseArgs(argc, argv, opts, vm, &code)) return code;
 
   backend::cluster::WorkerOptions options;
-  options.frontend = vm["frontend"].as<std::string>();
+  if (vm.count("frontend") == vm.count("discovery"))
+    return Fail("give --frontend HOST:PORT or --discovery etcd://HOST:PORT (with --listen)",
+                kExitUsage);
+  std::optional<backend::discovery::EtcdEndpoint> etcd;
+  std::string listen_host;
+  int listen_port = 0;
+  const int ttl_s = vm["discovery-ttl"].as<int>();
+  if (vm.count("discovery")) {
+    auto parsed = backend::discovery::ParseEtcdUrl(vm["discovery"].as<std::string>());
+    if (!parsed) return Fail("--discovery: " + parsed.error(), kExitUsage);
+    etcd = *parsed;
+    if (!vm.count("listen")) return Fail("--discovery needs --listen HOST:PORT", kExitUsage);
+    const std::string listen = vm["listen"].as<std::string>();
+    const std::size_t colon = listen.rfind(':');
+    listen_host = colon == std::string::npos ? listen : listen.substr(0, colon);
+    in_addr parsed_host{};
+    if (::inet_pton(AF_INET, listen_host.c_str(), &parsed_host) != 1 ||
+        parsed_host.s_addr == htonl(INADDR_ANY))
+      return Fail("--listen: '" + listen_host +
+                      "' is not an IPv4 address of this host that frontends reach",
+                  kExitUsage);
+    try {
+      std::size_t used = 0;
+      const std::string port = colon == std::string::npos ? "" : listen.substr(colon + 1);
+      listen_port = std::stoi(port, &used);
+      if (used != port.size() || listen_port < 0 || listen_port > 65535)
+        throw std::out_of_range("");
+    } catch (const std::exception&) {
+      return Fail("--listen: the port must be in 0..65535", kExitUsage);
+    }
+    if (ttl_s < 1 || ttl_s > 3600) return Fail("--discovery-ttl must be in 1..3600", kExitUsage);
+  } else {
+    options.frontend = vm["frontend"].as<std::string>();
+  }
   const std::string role = vm["role"].as<std::string>();
   auto parsed_role = deploy::ParseInstanceRole(role);
   if (!parsed_role) return Fail("--role " + parsed_role.error(), kExitUsage);
@@ -114,7 +163,8 @@ int Worker(int argc, char** argv) {
 
   if (options.role != policies::InstanceRole::kColocated) {
     if (Status s = ChooseKvDevice(options.frontend,
-                                  vm.count("advertise") ? vm["advertise"].as<std::string>() : "");
+                                  vm.count("advertise") ? vm["advertise"].as<std::string>() : "",
+                                  listen_host);
         !s.ok())
       return Fail(s.message(), kExitUsage);
   }
@@ -129,6 +179,28 @@ int Worker(int argc, char** argv) {
                 kExitUsage);
   }
   options.secret = std::move(*secret);
+
+  // Discovery: listen now (a busy port fails before the model loads); register once warm, and
+  // wait there for a frontend to connect.
+  std::unique_ptr<backend::cluster::Listener> listener;
+  std::unique_ptr<backend::discovery::WorkerRegistration> registration;
+  if (etcd) {
+    auto opened = backend::cluster::Listener::Open(listen_host, listen_port);
+    if (!opened) return Fail("--listen: " + opened.error());
+    listener = std::move(*opened);
+    const std::string address = listen_host + ":" + std::to_string(listener->port());
+    options.await_frontend = [&, address, role]() -> Result<int> {
+      registration = std::make_unique<backend::discovery::WorkerRegistration>(
+          backend::discovery::EtcdClient(*etcd),
+          backend::discovery::WorkerRecord{role, address, ::getpid(), ttl_s});
+      std::fprintf(stderr, "duet worker: registering in %s as %s; waiting for a frontend at %s\n",
+                   etcd->Text().c_str(), registration->key().c_str(), address.c_str());
+      while (true) {
+        const int fd = listener->Accept(1.0);
+        if (fd >= 0) return fd;
+      }
+    };
+  }
 
   std::unique_ptr<backend::StepLog> step_log;
   if (vm.count("step-log")) {

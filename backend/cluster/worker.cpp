@@ -394,7 +394,8 @@ Status RunWorker(std::unique_ptr<ForwardModel> model, const WorkerOptions& optio
   if (!fault.ok()) return fault.status();
 
   // Register: hello, then the frontend's welcome.
-  auto fd = ConnectTo(options.frontend, options.connect_timeout_s);
+  auto fd = options.await_frontend ? options.await_frontend()
+                                   : ConnectTo(options.frontend, options.connect_timeout_s);
   if (!fd.ok()) return Status::Error("reaching the frontend: " + fd.error());
   Hello hello;
   hello.role = options.role;

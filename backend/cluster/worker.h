@@ -5,6 +5,7 @@
 // engine settings the frontend gives, and serves until the frontend shuts it down or goes away.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -20,6 +21,9 @@ namespace duet::backend::cluster {
 
 struct WorkerOptions {
   std::string frontend;  // "host:port" where the frontend takes workers
+  // When set, gives the connection to the frontend instead (discovery: the worker listens and
+  // the frontend that found it connects); called once the model is warm.
+  std::function<Result<int>()> await_frontend;
   policies::InstanceRole role = policies::InstanceRole::kColocated;
   KvTransportOptions kv_transport;  // PD: UCX (loopback cannot cross processes)
   Seconds connect_timeout_s = 60;   // to reach the frontend and be welcomed

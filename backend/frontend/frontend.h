@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "backend/cluster/connection.h"
+#include "backend/discovery/registration.h"
 #include "backend/engine/forward_model.h"
 #include "backend/engine/step_log.h"
 #include "backend/transport/local_kv_transports.h"
@@ -135,7 +136,12 @@ struct FrontendStats {
 // FrontendOptions::roles; the frontend keeps taking registrations while it runs, so a restarted
 // worker rejoins in a free slot of its role.
 struct WorkerFleet {
+  // Where workers come from: they register at `listener`, or the fleet connects to those that
+  // `directory` lists (discovery: backend/discovery), polled every directory_interval_s; a
+  // worker whose record is gone from a listing is dropped as a lost one. One of the two.
   std::unique_ptr<cluster::Listener> listener;
+  std::shared_ptr<discovery::WorkerDirectory> directory;
+  Seconds directory_interval_s = 0.25;
   models::ModelSpec config;          // the model every worker must serve (blocks: options.engine's)
   Seconds register_timeout_s = 600;  // for every slot to be taken at start (models load)
   Seconds heartbeat_interval_s = 0.5;

@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <limits>
 #include <list>
+#include <map>
 #include <set>
 #include <thread>
 
@@ -52,6 +53,7 @@ struct LiveFrontend::Impl::Fleet {
     std::optional<std::int64_t> clock_error_ns;
     // A handshake holds the slot for its worker (two registering at once never get the same).
     bool joining = false;
+    std::string discovery_key;  // the directory's key of the worker holding it (discovery)
     bool up() const { return connection != nullptr; }
   };
   // A registration in progress on a thread of its own.
@@ -69,6 +71,10 @@ struct LiveFrontend::Impl::Fleet {
   bool stopping = false;
   std::list<Handshake> handshakes;
   std::set<int> handshake_fds;  // sockets handshakes hold (StopFleet shuts them down)
+  // Discovery: the keys a handshake is connecting to, and those to try again only later (a
+  // worker that could not be reached or was refused).
+  std::set<std::string> dialing;
+  std::map<std::string, std::chrono::steady_clock::time_point> retry_after;
   std::thread acceptor;
 };
 
@@ -78,6 +84,11 @@ LiveFrontend::Impl::~Impl() = default;
 namespace {
 
 void Log(const std::string& line) { std::fprintf(stderr, "duet serve: %s\n", line.c_str()); }
+
+// Discovery: how long a connection to a listed worker may take, and how long a worker that
+// could not be reached or was refused waits before it is tried again.
+constexpr Seconds kDialTimeoutS = 1.0;
+constexpr auto kRetryRefusedAfter = std::chrono::seconds(2);
 
 // Nanoseconds on the run's clock: what a worker's clock is set to (clock_sync.h).
 std::int64_t RunClockNs(const Impl& s) {
@@ -482,7 +493,7 @@ Status OnFrame(Impl& s, InstanceId i, const cluster::FrameHeader& header, const 
 // Takes one registration: a hello, the mutual proof of the secret (link_auth.h), then a role
 // with a free slot and the fleet's model; the whole within handshake_timeout_s. Runs on a
 // handshake thread of its own.
-void Register(Impl& s, int fd) {
+void Register(Impl& s, int fd, const std::string& key) {
   Impl::Fleet& f = *s.fleet;
   const WorkerFleet& w = f.settings;
   const auto deadline = std::chrono::steady_clock::now() +
@@ -504,6 +515,8 @@ void Register(Impl& s, int fd) {
   auto release_fd = [&] {
     std::lock_guard lock(f.mu);
     f.handshake_fds.erase(fd);
+    // A worker of the directory that was refused is tried again only a while later.
+    if (!key.empty()) f.retry_after[key] = std::chrono::steady_clock::now() + kRetryRefusedAfter;
     if (slot_id != policies::kNoInstance)
       f.slots[static_cast<std::size_t>(slot_id)].joining = false;
   };
@@ -639,6 +652,7 @@ void Register(Impl& s, int fd) {
     slot.load.kv_blocks_free = hello->num_blocks;
     slot.clock_offset_ns.reset();
     slot.clock_error_ns.reset();
+    slot.discovery_key = key;
     slot.last_heard = std::chrono::steady_clock::now();
   }
   connection->Start();
@@ -661,11 +675,67 @@ void Register(Impl& s, int fd) {
 // The acceptor thread: registrations (each handed to a handshake thread, at most
 // max_handshakes at once: past that, new connections wait in the listen backlog), heartbeat
 // deadlines, and the connections and handshakes that ended. It never waits on a peer.
+// Discovery, on a handshake thread: connects to the worker at `address` that the directory
+// lists under `key` and takes its registration as if it had connected here.
+void Dial(Impl& s, const std::string& key, const std::string& address) {
+  Impl::Fleet& f = *s.fleet;
+  auto fd = cluster::ConnectTo(address, kDialTimeoutS);
+  {
+    std::lock_guard lock(f.mu);
+    f.dialing.erase(key);
+    if (!fd.ok() || f.stopping) {
+      if (!fd.ok()) {
+        f.retry_after[key] = std::chrono::steady_clock::now() + kRetryRefusedAfter;
+      } else {
+        ::close(*fd);
+      }
+      return;
+    }
+    f.handshake_fds.insert(*fd);
+  }
+  Register(s, *fd, key);
+}
+
+// Discovery: the workers of the directory's listing that no slot holds and no handshake is
+// connecting to (nor refused or unreachable a moment ago), and the slots whose worker's record
+// is gone (their lease lapsed: dropped as lost, so they get no more requests). Caller holds
+// the fleet's lock.
+std::vector<std::pair<std::string, std::string>> Reconcile(
+    Impl::Fleet& f, const std::map<std::string, discovery::WorkerRecord>& listed) {
+  const auto now = std::chrono::steady_clock::now();
+  std::set<std::string> held;
+  for (std::size_t i = 0; i < f.slots.size(); ++i) {
+    Impl::Fleet::Slot& slot = f.slots[i];
+    if (!slot.up() || slot.discovery_key.empty()) continue;
+    if (listed.count(slot.discovery_key)) {
+      held.insert(slot.discovery_key);
+    } else if (!slot.connection->closed()) {
+      Log("worker " + std::to_string(i) + " (" + policies::ToString(slot.role) + ", pid " +
+          std::to_string(slot.pid) + "): its registration in " + f.settings.directory->Name() +
+          " is gone (its lease lapsed)");
+      slot.connection->Close();  // OnClose follows on its reader thread
+    }
+  }
+  std::vector<std::pair<std::string, std::string>> dial;
+  for (const auto& [key, record] : listed) {
+    if (held.count(key) || f.dialing.count(key)) continue;
+    if (auto it = f.retry_after.find(key); it != f.retry_after.end() && now < it->second) continue;
+    dial.emplace_back(key, record.address);
+  }
+  return dial;
+}
+
+// The acceptor thread: registrations (each handed to a handshake thread, at most
+// max_handshakes at once: past that, new connections wait in the listen backlog; with a
+// directory, connections to the workers it lists, made on the handshake threads), heartbeat
+// deadlines, and the connections and handshakes that ended. It never waits on a peer.
 void AcceptLoop(Impl& s) {
   Impl::Fleet& f = *s.fleet;
   const auto timeout = std::chrono::duration<double>(f.settings.heartbeat_timeout_s);
-  const auto tick = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-      std::chrono::duration<double>(f.settings.heartbeat_interval_s));
+  const auto tick =
+      std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(
+          f.settings.listener ? f.settings.heartbeat_interval_s : f.settings.directory_interval_s));
+  bool directory_failing = false;
   while (true) {
     bool full = false;
     {
@@ -673,11 +743,26 @@ void AcceptLoop(Impl& s) {
       full = static_cast<int>(f.handshakes.size()) >= f.settings.max_handshakes;
     }
     int fd = -1;
-    if (full) {
+    if (full || !f.settings.listener) {
       std::unique_lock lock(f.mu);
-      f.changed.wait_for(lock, tick);
+      f.changed.wait_for(lock, tick, [&] { return f.stopping; });
     } else {
       fd = f.settings.listener->Accept(f.settings.heartbeat_interval_s);
+    }
+    // The directory is read outside the lock (a network round trip). While it cannot be read,
+    // the workers held stay: an outage of the directory costs no worker.
+    std::optional<std::map<std::string, discovery::WorkerRecord>> listed;
+    if (f.settings.directory && !full) {
+      auto workers = f.settings.directory->Workers();
+      if (workers.ok()) {
+        if (directory_failing) Log("reading " + f.settings.directory->Name() + " again");
+        directory_failing = false;
+        listed = std::move(*workers);
+      } else if (!directory_failing) {
+        Log("cannot read " + f.settings.directory->Name() + " (" + workers.error() +
+            "); keeping the workers held, trying again");
+        directory_failing = true;
+      }
     }
     std::vector<std::shared_ptr<Connection>> closed;
     std::list<Impl::Fleet::Handshake> ended;
@@ -702,16 +787,26 @@ void AcceptLoop(Impl& s) {
         if (it->done) ended.splice(ended.end(), f.handshakes, it);
         it = next;
       }
-      if (fd >= 0) {
-        f.handshake_fds.insert(fd);
+      auto start = [&](std::function<void()> run) {
         f.handshakes.emplace_back();
         Impl::Fleet::Handshake& h = f.handshakes.back();
-        h.thread = std::thread([&s, &h, fd] {
-          Register(s, fd);
+        h.thread = std::thread([&s, &h, run = std::move(run)] {
+          run();
           std::lock_guard done_lock(s.fleet->mu);
           h.done = true;
           s.fleet->changed.notify_all();
         });
+      };
+      if (fd >= 0) {
+        f.handshake_fds.insert(fd);
+        start([&s, fd] { Register(s, fd, ""); });
+      }
+      if (listed) {
+        for (auto& [key, address] : Reconcile(f, *listed)) {
+          if (static_cast<int>(f.handshakes.size()) >= f.settings.max_handshakes) break;
+          f.dialing.insert(key);
+          start([&s, key, address] { Dial(s, key, address); });
+        }
       }
     }
     closed.clear();  // joins their threads, outside the lock
@@ -722,7 +817,8 @@ void AcceptLoop(Impl& s) {
 }  // namespace
 
 Status StartFleet(Impl& s, WorkerFleet settings) {
-  if (!settings.listener) return Status::Error("worker processes need a listener");
+  if (!settings.listener == !settings.directory)
+    return Status::Error("worker processes need a listener or a directory, one of the two");
   if (settings.secret.size() < cluster::kMinSecretBytes)
     return Status::Error("worker processes need a shared secret of " +
                          std::to_string(cluster::kMinSecretBytes) + " bytes at least");
@@ -804,7 +900,8 @@ void StopFleet(Impl& s) {
     for (auto& c : f.closed) connections.push_back(std::move(c));
     f.closed.clear();
   }
-  f.settings.listener->Close();
+  if (f.settings.listener) f.settings.listener->Close();
+  f.changed.notify_all();  // the acceptor's wait, with a directory
   if (f.acceptor.joinable()) f.acceptor.join();
   {
     std::lock_guard lock(f.mu);

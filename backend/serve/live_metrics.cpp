@@ -40,8 +40,11 @@ prometheus::Histogram& MakeHistogram(prometheus::Registry& r, const char* name, 
   return prometheus::BuildHistogram().Name(name).Help(help).Register(r).Add({}, buckets);
 }
 
+// Worker processes stamp `from` and `to` on clocks set to the run's within an error each
+// (backend/cluster/clock_sync.h): a span shorter than their errors together may come out
+// negative, and counts as 0.
 void ObserveIfReached(prometheus::Histogram* h, Seconds from, Seconds to) {
-  if (from >= 0 && to >= from) h->Observe(to - from);
+  if (from >= 0 && to >= 0) h->Observe(std::max(0.0, to - from));
 }
 
 }  // namespace

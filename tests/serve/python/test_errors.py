@@ -222,6 +222,10 @@ def test_idle_connection_is_closed_after_the_read_timeout(tiny_model, start_serv
     (["--cluster", "../../data/1p1d-tiny.json", "--kv-transport", "loopback"], "--workers thread"),
     (["--cluster", "../../data/1p1d-tiny.json", "--worker-port", "70000"], "--worker-port"),
     (["--cluster", "../../data/1p1d-tiny.json", "--worker-host", "localhost"], "--worker-host"),
+    (["--discovery", "etcd://127.0.0.1:2379"], "--discovery is for --workers process"),
+    (["--cluster", "../../data/1p1d-tiny.json", "--discovery", "http://h:1"], "--discovery"),
+    (["--cluster", "../../data/1p1d-tiny.json", "--discovery", "etcd://127.0.0.1:2379",
+      "--spawn-workers", "true"], "not with --spawn-workers true"),
     (["--worker-restarts", "-1"], "--worker-restarts"),
 ])
 def test_bad_flags_are_usage_errors(tiny_model, flags, words):
@@ -246,6 +250,27 @@ def test_bad_flags_are_usage_errors(tiny_model, flags, words):
 def test_bad_worker_flags_are_usage_errors(tiny_model, flags, words, monkeypatch):
     monkeypatch.delenv("UCX_NET_DEVICES", raising=False)
     r = run_duet("worker", "--model", tiny_model, "--frontend", "127.0.0.1:9", *flags, timeout=30)
+    assert r.returncode == 2, r
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("duet: error:") and words in lines[0], r.stderr
+
+
+@pytest.mark.parametrize("flags, words", [
+    (["--role", "decode"], "give --frontend HOST:PORT or --discovery"),
+    (["--role", "decode", "--frontend", "127.0.0.1:9", "--discovery", "etcd://127.0.0.1:1"],
+     "give --frontend HOST:PORT or --discovery"),
+    (["--role", "decode", "--discovery", "etcd://127.0.0.1:1"], "--discovery needs --listen"),
+    (["--role", "decode", "--discovery", "etcd://127.0.0.1:1", "--listen", "0.0.0.0:0"],
+     "--listen: '0.0.0.0' is not an IPv4 address of this host that frontends reach"),
+    (["--role", "decode", "--discovery", "etcd://127.0.0.1:1", "--listen", "127.0.0.1:x"],
+     "--listen: the port"),
+    (["--role", "decode", "--discovery", "etcd:/127.0.0.1:1", "--listen", "127.0.0.1:0"],
+     "--discovery: "),
+    (["--role", "decode", "--discovery", "etcd://127.0.0.1:1", "--listen", "127.0.0.1:0",
+      "--discovery-ttl", "0"], "--discovery-ttl"),
+])
+def test_bad_worker_discovery_flags_are_usage_errors(tiny_model, flags, words):
+    r = run_duet("worker", "--model", tiny_model, *flags, timeout=30)
     assert r.returncode == 2, r
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("duet: error:") and words in lines[0], r.stderr

@@ -1,0 +1,186 @@
+"""Workers found through etcd (Debian's etcd-server; each test starts its own): `duet worker
+--discovery etcd://... --listen ...` registers under a lease and waits; `duet serve --discovery`
+connects to each worker etcd lists. Greedy text equals the colocated server's; a worker whose
+lease lapses (stopped, so it renews nothing) stops getting requests within the lease's time,
+before the frontend's own 5 s heartbeat check would notice; etcd down for 10 s while serving
+loses no request, and a worker started during the outage joins once etcd is back."""
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import threading
+import time
+
+import pytest
+
+from conftest import DUET, cluster_file, has_ucx, health, wait_for
+
+PROMPTS = [f"Request {i}: tell me a story about the sea" for i in range(4)]
+MAX_TOKENS = 24
+SECRET = "the worker secret of the discovery test"
+TTL_S = 2
+
+
+@pytest.fixture(scope="module", autouse=True)
+def needs_etcd():
+    if not has_ucx():
+        pytest.skip("this build has no UCX (libucx-dev): PD worker processes are not tested")
+    if shutil.which("etcd") is None:
+        pytest.skip("duet-test-skip: no etcd here (Debian's etcd-server; scripts/setup.sh "
+                    "installs it)")
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Etcd:
+    """An etcd of the test's own on loopback; its data stays across a restart."""
+
+    def __init__(self, tmp_path):
+        self.data = str(tmp_path / "etcd")
+        self.port, self.peer = free_port(), free_port()
+        self.url = f"etcd://127.0.0.1:{self.port}"
+        self.proc = None
+        self.start()
+
+    def start(self):
+        client, peer = f"http://127.0.0.1:{self.port}", f"http://127.0.0.1:{self.peer}"
+        self.proc = subprocess.Popen(
+            ["etcd", "--data-dir", self.data, "--listen-client-urls", client,
+             "--advertise-client-urls", client, "--listen-peer-urls", peer,
+             "--initial-advertise-peer-urls", peer, "--initial-cluster", f"default={peer}"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_for(self.answers, 20, "etcd did not start")
+
+    def answers(self):
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=1) as s:
+                s.sendall(b"GET /health HTTP/1.0\r\n\r\n")
+                return b'"health":"true"' in s.recv(4096)
+        except OSError:
+            return False
+
+    def stop(self):
+        if self.proc and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+@pytest.fixture
+def etcd(tmp_path):
+    e = Etcd(tmp_path)
+    yield e
+    e.stop()
+
+
+def worker(etcd, role, model, secret_file):
+    return subprocess.Popen([DUET, "worker", "--discovery", etcd.url, "--listen", "127.0.0.1:0",
+                             "--discovery-ttl", str(TTL_S), "--role", role, "--model", model,
+                             "--threads", "1", "--ucx-tls", "tcp", "--worker-secret-file",
+                             secret_file], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True)
+
+
+def greedy(server):
+    client = server.client()
+    return [client.completions.create(model=server.model, prompt=p, max_tokens=MAX_TOKENS,
+                                      temperature=0).choices[0].text for p in PROMPTS]
+
+
+def reference(model, start_server):
+    s = start_server(model, "--threads", "1", "--workers", "thread")
+    texts = greedy(s)
+    assert s.stop() == 0, s.stderr()
+    return texts
+
+
+def stop_all(workers):
+    for w in workers:
+        if w.poll() is None:
+            os.kill(w.pid, signal.SIGCONT)
+            w.kill()
+        w.communicate(timeout=30)
+
+
+def test_workers_found_in_etcd_serve_and_a_lapsed_lease_stops_requests(tiny_model, start_server,
+                                                                      etcd, tmp_path):
+    expected = reference(tiny_model, start_server)
+    secret = tmp_path / "secret"
+    secret.write_text(SECRET)
+    workers = [worker(etcd, role, tiny_model, str(secret))
+               for role in ("prefill", "decode", "decode")]
+    try:
+        s = start_server(tiny_model, "--threads", "1", "--ucx-tls", "tcp", "--cluster",
+                         cluster_file(tmp_path, 1, 2), "--discovery", etcd.url,
+                         "--worker-secret-file", str(secret), "--router", "round-robin")
+        assert f"finding workers in {etcd.url}" in s.stderr()
+        assert greedy(s) == expected, s.stderr()
+        # A decode worker stopped: it renews no lease, and its record lapses after TTL_S.
+        victim = health(s)[2]
+        os.kill(victim["pid"], signal.SIGSTOP)
+        stopped = time.monotonic()
+        wait_for(lambda: not health(s)[2]["up"], 10, lambda: (health(s), s.stderr()))
+        # Within the lease (and etcd's half-second expiry check and the frontend's polling),
+        # before the heartbeat check's 5 s.
+        assert time.monotonic() - stopped < 4.5, s.stderr()
+        assert "worker 2 (decode, pid " in s.stderr()
+        assert "its registration in " + etcd.url + " is gone (its lease lapsed)" in s.stderr()
+        assert "silent for" not in s.stderr()
+        assert greedy(s) == expected, s.stderr()  # the other decode worker serves them all
+        s.assert_idle()
+        assert s.stop() == 0, s.stderr()
+    finally:
+        stop_all(workers)
+
+
+def test_etcd_down_for_10_s_loses_no_request_and_a_worker_started_meanwhile_joins(
+        tiny_model, start_server, etcd, tmp_path):
+    expected = reference(tiny_model, start_server)
+    secret = tmp_path / "secret"
+    secret.write_text(SECRET)
+    workers = [worker(etcd, role, tiny_model, str(secret))
+               for role in ("prefill", "decode", "decode")]
+    try:
+        s = start_server(tiny_model, "--threads", "1", "--ucx-tls", "tcp", "--cluster",
+                         cluster_file(tmp_path, 1, 2), "--discovery", etcd.url,
+                         "--worker-secret-file", str(secret), "--router", "round-robin")
+        # Requests all along, each checked.
+        results, stop = [], threading.Event()
+
+        def load():
+            while not stop.is_set():
+                results.append(greedy(s))
+
+        t = threading.Thread(target=load)
+        t.start()
+        try:
+            time.sleep(1)
+            etcd.stop()
+            down = time.monotonic()
+            # While etcd is down: a decode worker dies (its requests move to the other one) and
+            # a new one starts, which cannot register yet.
+            victim = health(s)[2]["pid"]
+            os.kill(victim, signal.SIGKILL)
+            workers.append(worker(etcd, "decode", tiny_model, str(secret)))
+            time.sleep(max(0.0, 10 - (time.monotonic() - down)))
+            assert [w["up"] for w in health(s)] == [True, True, False], health(s)
+            etcd.start()
+            wait_for(lambda: health(s)[2]["up"] and health(s)[2]["joins"] == 2, 30,
+                     lambda: (health(s), s.stderr()))
+            time.sleep(1)
+        finally:
+            stop.set()
+            t.join(timeout=120)
+        assert results and all(r == expected for r in results), (len(results), s.stderr())
+        assert "cannot read " + etcd.url in s.stderr()
+        assert "reading " + etcd.url + " again" in s.stderr()
+        assert greedy(s) == expected
+        s.assert_idle()
+        assert s.stop() == 0, s.stderr()
+    finally:
+        stop_all(workers)
