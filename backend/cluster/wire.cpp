@@ -900,6 +900,10 @@ Result<policies::InstanceLoad> ParseHeartbeat(std::string_view body) {
   return PartFromJson(j.at("load"), LoadFields(), "heartbeat: load");
 }
 
+// A clock's reading in nanoseconds may be any int64: a host's steady clock reads anything.
+constexpr std::int64_t kAnyNsMin = std::numeric_limits<std::int64_t>::min();
+constexpr std::int64_t kAnyNsMax = std::numeric_limits<std::int64_t>::max();
+
 std::string EncodeClockProbe(const ClockProbe& p) {
   json j = {{"sent_ns", p.sent_ns}};
   if (p.offset_ns) j["offset_ns"] = *p.offset_ns;
@@ -910,16 +914,14 @@ std::string EncodeClockProbe(const ClockProbe& p) {
 Result<ClockProbe> ParseClockProbe(std::string_view body) {
   const std::string where = "clock probe";
   DUET_WIRE_TRY(j, Unpack(body, where.c_str()));
-  constexpr std::int64_t kMin = std::numeric_limits<std::int64_t>::min();
-  constexpr std::int64_t kMax = std::numeric_limits<std::int64_t>::max();
   ClockProbe p;
-  DUET_WIRE_TRY(sent, JsonIntIn(j, "sent_ns", kMin, kMax, where));
+  DUET_WIRE_TRY(sent, JsonIntIn(j, "sent_ns", kAnyNsMin, kAnyNsMax, where));
   p.sent_ns = sent;
   if (JsonHas(j, "offset_ns") != JsonHas(j, "error_ns"))
     return FieldError(where, "offset_ns", "and error_ns come together or not at all");
   if (JsonHas(j, "offset_ns")) {
-    DUET_WIRE_TRY(offset, JsonIntIn(j, "offset_ns", kMin, kMax, where));
-    DUET_WIRE_TRY(error, JsonIntIn(j, "error_ns", 0, kMax, where));
+    DUET_WIRE_TRY(offset, JsonIntIn(j, "offset_ns", kAnyNsMin, kAnyNsMax, where));
+    DUET_WIRE_TRY(error, JsonIntIn(j, "error_ns", 0, kAnyNsMax, where));
     p.offset_ns = offset;
     p.error_ns = error;
   }
@@ -934,14 +936,12 @@ std::string EncodeClockReply(const ClockReply& r) {
 Result<ClockReply> ParseClockReply(std::string_view body) {
   const std::string where = "clock reply";
   DUET_WIRE_TRY(j, Unpack(body, where.c_str()));
-  constexpr std::int64_t kMin = std::numeric_limits<std::int64_t>::min();
-  constexpr std::int64_t kMax = std::numeric_limits<std::int64_t>::max();
   ClockReply r;
-  DUET_WIRE_TRY(probe, JsonIntIn(j, "probe_sent_ns", kMin, kMax, where));
+  DUET_WIRE_TRY(probe, JsonIntIn(j, "probe_sent_ns", kAnyNsMin, kAnyNsMax, where));
   r.probe_sent_ns = probe;
-  DUET_WIRE_TRY(received, JsonIntIn(j, "received_ns", kMin, kMax, where));
+  DUET_WIRE_TRY(received, JsonIntIn(j, "received_ns", kAnyNsMin, kAnyNsMax, where));
   r.received_ns = received;
-  DUET_WIRE_TRY(sent, JsonIntIn(j, "sent_ns", r.received_ns, kMax, where));
+  DUET_WIRE_TRY(sent, JsonIntIn(j, "sent_ns", r.received_ns, kAnyNsMax, where));
   r.sent_ns = sent;
   return r;
 }

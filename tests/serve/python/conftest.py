@@ -168,6 +168,18 @@ def wait_for(condition, timeout, what):
         time.sleep(0.02)
 
 
+def stop_processes(procs):
+    """Kills those of `procs` (subprocess.Popen, stderr piped) still running, stopped or not;
+    returns each one's stderr by pid."""
+    logs = {}
+    for p in procs:
+        if p.poll() is None:
+            os.kill(p.pid, signal.SIGCONT)
+            p.kill()
+        _, logs[p.pid] = p.communicate(timeout=30)
+    return logs
+
+
 def health(server):
     """/health's worker list of a server with worker processes, checking its status: 503 while a
     role has no worker up, else 200."""

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from conftest import DUET, cluster_file, has_ucx, health, wait_for
+from conftest import DUET, cluster_file, has_ucx, health, stop_processes, wait_for
 
 PROMPTS = [f"Request {i}: tell me a story about the sea" for i in range(6)]
 MAX_TOKENS = 24
@@ -124,7 +124,4 @@ def test_workers_on_clocks_of_their_own_report_times_on_the_frontends(tiny_model
         s.assert_idle()
         assert s.stop() == 0, s.stderr()
     finally:
-        for w in workers:
-            if w.poll() is None:
-                w.kill()
-            w.wait(timeout=30)
+        stop_processes(workers)

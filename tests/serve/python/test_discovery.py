@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from conftest import DUET, cluster_file, has_ucx, health, wait_for
+from conftest import DUET, cluster_file, has_ucx, health, stop_processes, wait_for
 
 PROMPTS = [f"Request {i}: tell me a story about the sea" for i in range(4)]
 MAX_TOKENS = 24
@@ -99,17 +99,9 @@ def reference(model, start_server):
     return texts
 
 
-def stop_all(workers):
-    for w in workers:
-        if w.poll() is None:
-            os.kill(w.pid, signal.SIGCONT)
-            w.kill()
-        w.communicate(timeout=30)
-
-
-def test_workers_found_in_etcd_serve_and_a_lapsed_lease_stops_requests(tiny_model, start_server,
-                                                                      etcd, tmp_path):
-    expected = reference(tiny_model, start_server)
+def serve_1p2d(tiny_model, start_server, etcd, tmp_path):
+    """A prefill and two decode workers registered in `etcd`, and the server that finds them
+    (round-robin over the decode workers): (server, workers, the secret file)."""
     secret = tmp_path / "secret"
     secret.write_text(SECRET)
     workers = [worker(etcd, role, tiny_model, str(secret))
@@ -118,6 +110,17 @@ def test_workers_found_in_etcd_serve_and_a_lapsed_lease_stops_requests(tiny_mode
         s = start_server(tiny_model, "--threads", "1", "--ucx-tls", "tcp", "--cluster",
                          cluster_file(tmp_path, 1, 2), "--discovery", etcd.url,
                          "--worker-secret-file", str(secret), "--router", "round-robin")
+    except BaseException:
+        stop_processes(workers)
+        raise
+    return s, workers, str(secret)
+
+
+def test_workers_found_in_etcd_serve_and_a_lapsed_lease_stops_requests(tiny_model, start_server,
+                                                                      etcd, tmp_path):
+    expected = reference(tiny_model, start_server)
+    s, workers, secret = serve_1p2d(tiny_model, start_server, etcd, tmp_path)
+    try:
         assert f"finding workers in {etcd.url}" in s.stderr()
         assert greedy(s) == expected, s.stderr()
         # A decode worker stopped: it renews no lease, and its record lapses after TTL_S.
@@ -135,20 +138,14 @@ def test_workers_found_in_etcd_serve_and_a_lapsed_lease_stops_requests(tiny_mode
         s.assert_idle()
         assert s.stop() == 0, s.stderr()
     finally:
-        stop_all(workers)
+        stop_processes(workers)
 
 
 def test_etcd_down_for_10_s_loses_no_request_and_a_worker_started_meanwhile_joins(
         tiny_model, start_server, etcd, tmp_path):
     expected = reference(tiny_model, start_server)
-    secret = tmp_path / "secret"
-    secret.write_text(SECRET)
-    workers = [worker(etcd, role, tiny_model, str(secret))
-               for role in ("prefill", "decode", "decode")]
+    s, workers, secret = serve_1p2d(tiny_model, start_server, etcd, tmp_path)
     try:
-        s = start_server(tiny_model, "--threads", "1", "--ucx-tls", "tcp", "--cluster",
-                         cluster_file(tmp_path, 1, 2), "--discovery", etcd.url,
-                         "--worker-secret-file", str(secret), "--router", "round-robin")
         # Requests all along, each checked.
         results, stop = [], threading.Event()
 
@@ -166,7 +163,7 @@ def test_etcd_down_for_10_s_loses_no_request_and_a_worker_started_meanwhile_join
             # a new one starts, which cannot register yet.
             victim = health(s)[2]["pid"]
             os.kill(victim, signal.SIGKILL)
-            workers.append(worker(etcd, "decode", tiny_model, str(secret)))
+            workers.append(worker(etcd, "decode", tiny_model, secret))
             time.sleep(max(0.0, 10 - (time.monotonic() - down)))
             assert [w["up"] for w in health(s)] == [True, True, False], health(s)
             etcd.start()
@@ -183,4 +180,4 @@ def test_etcd_down_for_10_s_loses_no_request_and_a_worker_started_meanwhile_join
         s.assert_idle()
         assert s.stop() == 0, s.stderr()
     finally:
-        stop_all(workers)
+        stop_processes(workers)

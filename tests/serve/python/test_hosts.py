@@ -7,17 +7,14 @@ the one --advertise names); greedy text equals the colocated server's. A process
 without the secret is refused and logged. In 2P2D, a decode worker SIGKILLed mid-stream loses no
 token: its streams go on through the other decode host."""
 
-import os
-import signal
 import subprocess
 import threading
-import time
 
 import pytest
 
 import hosts
-from conftest import DUET, cluster_file, has_ucx, health, wait_for
-from test_workers import SLOW_MAX_TOKENS, Streams, check_after_fault, reference, run_until
+from conftest import DUET, cluster_file, has_ucx, health, stop_processes, wait_for
+from test_workers import SLOW_MAX_TOKENS, check_after_fault, kill_mid_stream, reference
 
 PROMPTS = [f"Request {i}: tell me a story about the sea" for i in range(6)]
 MAX_TOKENS = 24
@@ -98,7 +95,6 @@ def test_pd_with_the_frontend_and_each_worker_on_a_host_of_its_own(tiny_model, s
         workers = [worker(lan, "prefill", "prefill", tiny_model, str(secret), shift=30_000),
                    worker(lan, "decode", "decode", tiny_model, str(secret),
                           "--advertise", lan.address("decode"), shift=70_000)]
-        logs = {}
         try:
             s = frontend(lan, start_server, tiny_model, cluster_file(tmp_path, 1, 1), str(secret))
             # The frontend listens where it was told, nowhere else (not on its loopback).
@@ -128,10 +124,7 @@ def test_pd_with_the_frontend_and_each_worker_on_a_host_of_its_own(tiny_model, s
             s.assert_idle()
             assert s.stop() == 0, s.stderr()
         finally:
-            for w in workers:
-                if w.poll() is None:
-                    w.kill()
-                _, logs[w.pid] = w.communicate(timeout=30)
+            logs = stop_processes(workers)
         for w, host in zip(workers, ["prefill", "decode"]):
             assert f"KV reachable at {lan.address(host)} (device eth0)" in logs[w.pid], logs[w.pid]
 
@@ -151,25 +144,11 @@ def test_2p2d_across_hosts_loses_no_token_when_a_decode_host_dies_mid_stream(slo
                          "--router", "round-robin", "--worker-restarts", "0")
             listed = health(s)
             assert [w["role"] for w in listed] == ["prefill"] * 2 + ["decode"] * 2, listed
-            # As in test_workers: decode instance 3 stopped, its half of the streams waits there
-            # while instance 2 serves the rest; let it run until each of its streams has a
-            # token, stop it there, then kill it.
-            victim = listed[3]["pid"]
-            os.kill(victim, signal.SIGSTOP)
-            streams = Streams(s, SLOW_MAX_TOKENS)
-            waiting = streams.wait_half_done(timeout=120)
-            assert all(streams.tokens[i] == 0 for i in waiting), streams.tokens
-            run_until(victim, lambda: all(streams.tokens[i] > 0 for i in waiting))
-            time.sleep(0.2)  # what it sent before it stopped arrives
-            assert any(streams.reasons[i] is None for i in waiting), streams.tokens
-            os.kill(victim, signal.SIGKILL)
+            streams = kill_mid_stream(s, listed[3]["pid"])  # as test_workers does on one host
             m = check_after_fault(s, streams, expected, lost=3)
             assert streams.tokens == [SLOW_MAX_TOKENS] * len(streams.tokens), streams.tokens
             assert m["duet:requests_retried_total"] >= 1, s.stderr()
             assert m["duet:kv_transfer_seconds_count"] >= len(streams.tokens)
             assert s.stop() == 0, s.stderr()
         finally:
-            for w in workers:
-                if w.poll() is None:
-                    w.kill()
-                w.communicate(timeout=30)
+            stop_processes(workers)

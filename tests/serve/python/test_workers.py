@@ -130,6 +130,22 @@ def run_until(pid, condition, timeout=60):
 SLOW_MAX_TOKENS = 32
 
 
+def kill_mid_stream(server, victim):
+    """Streams of PROMPTS through `server` (round-robin over two decode workers) while decode
+    worker `victim` is SIGKILLed mid-stream: stopped first, its half of the streams waits there
+    while the other decode worker serves the rest; let run until each of its streams has a
+    token, stopped there, then killed. Returns the streams."""
+    os.kill(victim, signal.SIGSTOP)
+    streams = Streams(server, SLOW_MAX_TOKENS)
+    waiting = streams.wait_half_done(timeout=120)
+    assert all(streams.tokens[i] == 0 for i in waiting), streams.tokens
+    run_until(victim, lambda: all(streams.tokens[i] > 0 for i in waiting))
+    time.sleep(0.2)  # what it sent before it stopped arrives
+    assert any(streams.reasons[i] is None for i in waiting), streams.tokens
+    os.kill(victim, signal.SIGKILL)
+    return streams
+
+
 def test_sigkill_a_decode_worker_mid_stream_then_restart_it(slow_model, start_server, tmp_path):
     expected = reference(slow_model, SLOW_MAX_TOKENS, start_server)
     secret = tmp_path / "secret"
@@ -140,17 +156,8 @@ def test_sigkill_a_decode_worker_mid_stream_then_restart_it(slow_model, start_se
     workers = health(s)
     assert [w["role"] for w in workers] == ["prefill", "decode", "decode"]
     assert all(w["up"] and w["joins"] == 1 for w in workers)
-    # Instance 1 stopped, its half of the requests (round-robin) waits there while instance 2
-    # serves the rest; let it run until each of its streams has a token, stop it there, then kill it.
     victim = workers[1]["pid"]
-    os.kill(victim, signal.SIGSTOP)
-    streams = Streams(s, SLOW_MAX_TOKENS)
-    waiting = streams.wait_half_done(timeout=120)
-    assert all(streams.tokens[i] == 0 for i in waiting), streams.tokens
-    run_until(victim, lambda: all(streams.tokens[i] > 0 for i in waiting))
-    time.sleep(0.2)  # what it sent before it stopped arrives
-    assert any(streams.reasons[i] is None for i in waiting), streams.tokens
-    os.kill(victim, signal.SIGKILL)
+    streams = kill_mid_stream(s, victim)
     m = check_after_fault(s, streams, expected, lost=1)
     # Every token once in every stream, retried or not: none lost, none repeated.
     assert streams.tokens == [SLOW_MAX_TOKENS] * len(PROMPTS), streams.tokens
