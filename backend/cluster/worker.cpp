@@ -35,6 +35,8 @@ namespace {
 constexpr int kClockProbesAtStart = 8;
 constexpr Seconds kClockProbeTimeoutS = 2.0;
 constexpr Seconds kClockProbeEveryS = 5.0;
+// Discovery: what a connection to this worker's port has for the whole handshake.
+constexpr Seconds kAcceptedHandshakeS = 3.0;
 
 // The worker's half of the link: the engine's outbox and event sink (engine thread), the
 // requests it holds, and the frames from the frontend (reader thread).
@@ -293,12 +295,6 @@ class WorkerLink final : public policies::Outbox, public policies::EventSink {
     }
   }
 
-  const InstanceRole role_;
-  const std::int64_t vocab_size_;
-  WorkerKvTransport& transport_;
-  // The clock probes this worker sent and has no reply to yet (their t0).
-  static constexpr std::size_t kMaxProbesInFlight = 16;
-
   // Reader thread: a reply to one of this worker's probes sets the clock, when it is tighter
   // than what the clock holds. A reply to no probe of this worker, or one whose times cannot
   // be, is refused (logged; the link stays).
@@ -322,6 +318,12 @@ class WorkerLink final : public policies::Outbox, public policies::EventSink {
     return Status::Ok();
   }
 
+  // The clock probes this worker sent and has no reply to yet (their t0).
+  static constexpr std::size_t kMaxProbesInFlight = 16;
+
+  const InstanceRole role_;
+  const std::int64_t vocab_size_;
+  WorkerKvTransport& transport_;
   FaultInjectingLink* send_ = nullptr;
   SyncedClock& clock_;
   EngineThread* engine_ = nullptr;
@@ -394,9 +396,6 @@ Status RunWorker(std::unique_ptr<ForwardModel> model, const WorkerOptions& optio
   if (!fault.ok()) return fault.status();
 
   // Register: hello, then the frontend's welcome.
-  auto fd = options.await_frontend ? options.await_frontend()
-                                   : ConnectTo(options.frontend, options.connect_timeout_s);
-  if (!fd.ok()) return Status::Error("reaching the frontend: " + fd.error());
   Hello hello;
   hello.role = options.role;
   hello.pid = ::getpid();
@@ -407,12 +406,24 @@ Status RunWorker(std::unique_ptr<ForwardModel> model, const WorkerOptions& optio
   hello.max_position_embeddings = config.max_position_embeddings;
   hello.num_blocks = model->num_blocks();
   hello.kv_descriptor = (*transport)->descriptor();
-  Result<Welcome> welcome =
-      RegisterWorker(*fd, std::move(hello), options.secret, options.connect_timeout_s);
-  if (!welcome.ok()) {
+  Result<int> fd = Status::Error("not connected");
+  Result<Welcome> welcome = Status::Error("not registered");
+  while (true) {
+    fd = options.await_frontend ? options.await_frontend()
+                                : ConnectTo(options.frontend, options.connect_timeout_s);
+    if (!fd.ok()) return Status::Error("reaching the frontend: " + fd.error());
+    // A connection this worker took (discovery) may be anything: it has the frontend's 3 s
+    // for the handshake, and one that fails costs only itself.
+    welcome =
+        RegisterWorker(*fd, hello, options.secret,
+                       options.await_frontend ? kAcceptedHandshakeS : options.connect_timeout_s);
+    if (welcome.ok()) break;
     ::close(*fd);
-    return Status::Error("registering with the frontend at " + options.frontend + ": " +
-                         welcome.error());
+    if (!options.await_frontend)
+      return Status::Error("registering with the frontend at " + options.frontend + ": " +
+                           welcome.error());
+    std::fprintf(stderr, "duet worker: a connection that is no frontend of this worker: %s\n",
+                 welcome.error().c_str());
   }
 
   // The frontend checked the hello's block size and KV bytes against these settings.

@@ -78,8 +78,9 @@ def etcd(tmp_path):
     e.stop()
 
 
-def worker(etcd, role, model, secret_file):
-    return subprocess.Popen([DUET, "worker", "--discovery", etcd.url, "--listen", "127.0.0.1:0",
+def worker(etcd, role, model, secret_file, port=0):
+    return subprocess.Popen([DUET, "worker", "--discovery", etcd.url, "--listen",
+                             f"127.0.0.1:{port}",
                              "--discovery-ttl", str(TTL_S), "--role", role, "--model", model,
                              "--threads", "1", "--ucx-tls", "tcp", "--worker-secret-file",
                              secret_file], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
@@ -101,19 +102,36 @@ def reference(model, start_server):
 
 def serve_1p2d(tiny_model, start_server, etcd, tmp_path):
     """A prefill and two decode workers registered in `etcd`, and the server that finds them
-    (round-robin over the decode workers): (server, workers, the secret file)."""
+    (round-robin over the decode workers): (server, workers, the secret file). Strangers reach
+    the prefill worker's port first."""
     secret = tmp_path / "secret"
     secret.write_text(SECRET)
-    workers = [worker(etcd, role, tiny_model, str(secret))
-               for role in ("prefill", "decode", "decode")]
+    ports = [free_port() for _ in range(3)]
+    workers = [worker(etcd, role, tiny_model, str(secret), port)
+               for role, port in zip(("prefill", "decode", "decode"), ports)]
     try:
+        # Whatever connects to a worker's port first costs only its own connection: here a
+        # stranger that says nothing and one that sends garbage, before the frontend starts.
+        wait_for(lambda: connects(ports[0]), 60, "the prefill worker never listened")
+        with socket.create_connection(("127.0.0.1", ports[0]), timeout=10) as c:
+            c.sendall(b"GET / HTTP/1.0\r\n\r\n" * 100)
+        silent = socket.create_connection(("127.0.0.1", ports[0]), timeout=10)
         s = start_server(tiny_model, "--threads", "1", "--ucx-tls", "tcp", "--cluster",
                          cluster_file(tmp_path, 1, 2), "--discovery", etcd.url,
                          "--worker-secret-file", str(secret), "--router", "round-robin")
+        silent.close()
     except BaseException:
         stop_processes(workers)
         raise
     return s, workers, str(secret)
+
+
+def connects(port):
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        return True
+    except OSError:
+        return False
 
 
 def test_workers_found_in_etcd_serve_and_a_lapsed_lease_stops_requests(tiny_model, start_server,
