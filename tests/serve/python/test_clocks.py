@@ -88,7 +88,7 @@ def test_workers_on_clocks_of_their_own_report_times_on_the_frontends(tiny_model
             health(s)), 15, lambda: health(s))
         by_role = {w["role"]: w for w in listed}
         bound = by_role["prefill"]["clock_error_s"] + by_role["decode"]["clock_error_s"]
-        assert bound < 0.05, listed
+        assert bound < 0.2, listed  # half a probe's round trip, each: small, unless loaded
         apart = by_role["prefill"]["clock_offset_s"] - by_role["decode"]["clock_offset_s"]
         assert abs(apart - (SHIFTS["decode"] - SHIFTS["prefill"])) <= bound + 1e-3, listed
 
@@ -120,7 +120,7 @@ def test_workers_on_clocks_of_their_own_report_times_on_the_frontends(tiny_model
         assert m["duet:kv_leases_expired_total"] == 0
         e2e = m["duet:e2e_request_latency_seconds_sum"]
         assert 0 <= e2e <= 120 * len(PROMPTS), e2e
-        assert m['duet:worker_clock_error_seconds{instance="0",role="prefill"}'] < 0.05
+        assert m['duet:worker_clock_error_seconds{instance="0",role="prefill"}'] < 0.2
         s.assert_idle()
         assert s.stop() == 0, s.stderr()
     finally:

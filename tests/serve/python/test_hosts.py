@@ -102,7 +102,7 @@ def test_pd_with_the_frontend_and_each_worker_on_a_host_of_its_own(tiny_model, s
                 [f"{fe}:{s.port}", f"{fe}:{WORKER_PORT}"]), listening(lan, "frontend")
             listed = wait_for(lambda: (lambda h: h if all("clock_error_s" in w for w in h)
                                        else None)(health(s)), 15, lambda: health(s))
-            assert all(w["up"] and w["clock_error_s"] < 0.05 for w in listed), listed
+            assert all(w["up"] and w["clock_error_s"] < 0.2 for w in listed), listed
             for role in ("prefill", "decode"):
                 assert f"({role}, pid " in s.stderr()
                 assert f") joined from {lan.address(role)}" in s.stderr(), s.stderr()
