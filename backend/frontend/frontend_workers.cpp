@@ -672,9 +672,6 @@ void Register(Impl& s, int fd, const std::string& key) {
       std::to_string(hello->pid) + ") joined from " + peer_host);
 }
 
-// The acceptor thread: registrations (each handed to a handshake thread, at most
-// max_handshakes at once: past that, new connections wait in the listen backlog), heartbeat
-// deadlines, and the connections and handshakes that ended. It never waits on a peer.
 // Discovery, on a handshake thread: connects to the worker at `address` that the directory
 // lists under `key` and takes its registration as if it had connected here.
 void Dial(Impl& s, const std::string& key, const std::string& address) {
@@ -716,6 +713,8 @@ std::vector<std::pair<std::string, std::string>> Reconcile(
       slot.connection->Close();  // OnClose follows on its reader thread
     }
   }
+  // Workers no longer listed need no retry time (ports taken afresh would grow the map).
+  std::erase_if(f.retry_after, [&](const auto& entry) { return !listed.count(entry.first); });
   std::vector<std::pair<std::string, std::string>> dial;
   for (const auto& [key, record] : listed) {
     if (held.count(key) || f.dialing.count(key)) continue;
@@ -728,7 +727,8 @@ std::vector<std::pair<std::string, std::string>> Reconcile(
 // The acceptor thread: registrations (each handed to a handshake thread, at most
 // max_handshakes at once: past that, new connections wait in the listen backlog; with a
 // directory, connections to the workers it lists, made on the handshake threads), heartbeat
-// deadlines, and the connections and handshakes that ended. It never waits on a peer.
+// deadlines, and the connections and handshakes that ended. It never waits on a peer (on the
+// directory, at most its client's deadline).
 void AcceptLoop(Impl& s) {
   Impl::Fleet& f = *s.fleet;
   const auto timeout = std::chrono::duration<double>(f.settings.heartbeat_timeout_s);
