@@ -189,12 +189,15 @@ int Worker(int argc, char** argv) {
     if (!opened) return Fail("--listen: " + opened.error());
     listener = std::move(*opened);
     const std::string address = listen_host + ":" + std::to_string(listener->port());
+    // Called again after a connection that was no frontend: the registration stays.
     options.await_frontend = [&, address, role]() -> Result<int> {
-      registration = std::make_unique<backend::discovery::WorkerRegistration>(
-          backend::discovery::EtcdClient(*etcd),
-          backend::discovery::WorkerRecord{role, address, ::getpid(), ttl_s});
-      std::fprintf(stderr, "duet worker: registering in %s as %s; waiting for a frontend at %s\n",
-                   etcd->Text().c_str(), registration->key().c_str(), address.c_str());
+      if (!registration) {
+        registration = std::make_unique<backend::discovery::WorkerRegistration>(
+            backend::discovery::EtcdClient(*etcd),
+            backend::discovery::WorkerRecord{role, address, ::getpid(), ttl_s});
+        std::fprintf(stderr, "duet worker: registering in %s as %s; waiting for a frontend at %s\n",
+                     etcd->Text().c_str(), registration->key().c_str(), address.c_str());
+      }
       while (true) {
         const int fd = listener->Accept(1.0);
         if (fd >= 0) return fd;
