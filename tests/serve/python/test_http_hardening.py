@@ -218,13 +218,15 @@ def test_a_client_that_half_closes_after_its_requests_gets_every_reply(server, s
 
 def test_a_half_closed_client_mid_generation_still_gets_its_reply(slow_server):
     sock = connect(slow_server)
-    sock.sendall(post(dict(LONG, max_tokens=8)))
+    # 64 tokens: the request runs long enough (~0.5 s of decode) for a scrape on a loaded
+    # machine to see it (8 ran ~60 ms after its prefill, and a CI run's scrapes missed it).
+    sock.sendall(post(dict(LONG, max_tokens=64)))
     slow_server.wait_metric("duet:num_requests_running", lambda v: v == 1)
     sock.shutdown(socket.SHUT_WR)
     reader = Reader(sock)
     status, _, body = reader.response()
     assert status == 200, body
-    assert json.loads(body)["usage"]["completion_tokens"] == 8
+    assert json.loads(body)["usage"]["completion_tokens"] == 64
     assert reader.at_end()
     sock.close()
 
