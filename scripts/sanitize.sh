@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Builds Duet with clang's AddressSanitizer and UndefinedBehaviorSanitizer (float-cast-overflow
 # included; any report fails the test) into build-san/, runs the unit and simulation tests
-# there (labels common, traces, models, policies, sim, cli, plan, transport, live, cluster: the KV
-# transports, the live frontend's engine threads, PD included, and the frontend-worker messages
-# and connections), then every fuzz target for a
+# there (labels common, traces, models, policies, sim, cli, plan, transport, live, cluster,
+# discovery: the KV transports, the live frontend's engine threads, PD included, the
+# frontend-worker messages and connections, the etcd client), then every fuzz target for a
 # bounded time (scripts/fuzz.sh, same build). Called by scripts/test.sh unless
 # DUET_SKIP_SANITIZERS=1; on its own: scripts/sanitize.sh [FUZZ_SECONDS_PER_TARGET] (default 20).
 set -euo pipefail
@@ -11,7 +11,7 @@ cd "$(dirname "$0")/.."
 FUZZ_SECONDS="${1:-${DUET_FUZZ_SECONDS:-20}}"
 start=$(date +%s)
 scripts/san-configure.sh
-modules=(common traces models policies sim cli plan transport tiers live cluster calibrate)
+modules=(common traces models policies sim cli plan transport tiers live cluster discovery calibrate)
 targets=(duet)
 for m in "${modules[@]}"; do targets+=("duet_${m}_tests"); done
 cmake --build build-san -j "$(nproc)" --target "${targets[@]}"

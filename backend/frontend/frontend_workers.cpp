@@ -802,10 +802,10 @@ void AcceptLoop(Impl& s) {
         start([&s, fd] { Register(s, fd, ""); });
       }
       if (listed) {
-        for (auto& [key, address] : Reconcile(f, *listed)) {
+        for (auto& worker : Reconcile(f, *listed)) {
           if (static_cast<int>(f.handshakes.size()) >= f.settings.max_handshakes) break;
-          f.dialing.insert(key);
-          start([&s, key, address] { Dial(s, key, address); });
+          f.dialing.insert(worker.first);
+          start([&s, worker] { Dial(s, worker.first, worker.second); });
         }
       }
     }
