@@ -2,7 +2,6 @@
 // model, registers with the frontend (`duet serve --cluster ... --workers process` starts
 // these itself; an orchestrator or a person may start them by hand, to add or restart one),
 // and serves until the frontend shuts it down (exit 0) or is lost (exit 1). docs/serving.md.
-#include <arpa/inet.h>
 #include <unistd.h>
 
 #include <boost/program_options.hpp>
@@ -111,24 +110,13 @@ int Worker(int argc, char** argv) {
     if (!parsed) return Fail("--discovery: " + parsed.error(), kExitUsage);
     etcd = *parsed;
     if (!vm.count("listen")) return Fail("--discovery needs --listen HOST:PORT", kExitUsage);
-    const std::string listen = vm["listen"].as<std::string>();
-    const std::size_t colon = listen.rfind(':');
-    listen_host = colon == std::string::npos ? listen : listen.substr(0, colon);
-    in_addr parsed_host{};
-    if (::inet_pton(AF_INET, listen_host.c_str(), &parsed_host) != 1 ||
-        parsed_host.s_addr == htonl(INADDR_ANY))
-      return Fail("--listen: '" + listen_host +
-                      "' is not an IPv4 address of this host that frontends reach",
+    auto listen = backend::cluster::ParseHostPort(vm["listen"].as<std::string>(), 0);
+    if (!listen) return Fail("--listen: " + listen.error(), kExitUsage);
+    if (listen->host == "0.0.0.0")
+      return Fail("--listen: '0.0.0.0' is not an IPv4 address of this host that frontends reach",
                   kExitUsage);
-    try {
-      std::size_t used = 0;
-      const std::string port = colon == std::string::npos ? "" : listen.substr(colon + 1);
-      listen_port = std::stoi(port, &used);
-      if (used != port.size() || listen_port < 0 || listen_port > 65535)
-        throw std::out_of_range("");
-    } catch (const std::exception&) {
-      return Fail("--listen: the port must be in 0..65535", kExitUsage);
-    }
+    listen_host = listen->host;
+    listen_port = listen->port;
     if (ttl_s < 1 || ttl_s > 3600) return Fail("--discovery-ttl must be in 1..3600", kExitUsage);
   } else {
     options.frontend = vm["frontend"].as<std::string>();

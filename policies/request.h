@@ -125,6 +125,15 @@ struct RequestRecord {
   std::string reason;  // for rejected / failed
 };
 
+// The time from one timeline stamp to another, both reached (nullopt otherwise). Stamps of
+// worker processes are on clocks set to the run's within an error each
+// (backend/cluster/clock_sync.h): a span shorter than their errors together may read
+// negative, and counts as 0.
+inline std::optional<Seconds> Elapsed(Seconds from, Seconds to) {
+  if (from < 0 || to < 0) return std::nullopt;
+  return to > from ? to - from : 0.0;
+}
+
 // The serving engine's working state on the instance that holds the request now. Travels only
 // with a PD hand-over (the decode instance goes on from it).
 struct RequestProgress {

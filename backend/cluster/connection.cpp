@@ -138,26 +138,36 @@ void Listener::Close() {
   [[maybe_unused]] const ssize_t w = ::write(stop_fd_, &one, sizeof one);
 }
 
-namespace {
-
-// "host:port" with an IPv4 host and a port in 1..65535.
-Result<sockaddr_in> ParseAddress(const std::string& address) {
+Result<HostPort> ParseHostPort(const std::string& address, int min_port) {
   const std::size_t colon = address.rfind(':');
   if (colon == std::string::npos) return Status::Error("'" + address + "' is not host:port");
-  const std::string host = address.substr(0, colon);
-  int port = 0;
+  HostPort out;
+  out.host = address.substr(0, colon);
+  const std::string range = std::to_string(min_port) + "..65535";
   try {
     std::size_t used = 0;
-    port = std::stoi(address.substr(colon + 1), &used);
-    if (used != address.size() - colon - 1 || port < 1 || port > 65535) throw std::out_of_range("");
+    out.port = std::stoi(address.substr(colon + 1), &used);
+    if (used != address.size() - colon - 1 || out.port < min_port || out.port > 65535)
+      throw std::out_of_range("");
   } catch (const std::exception&) {
-    return Status::Error("'" + address + "': the port must be in 1..65535");
+    return Status::Error("'" + address + "': the port must be in " + range);
   }
+  in_addr parsed{};
+  if (::inet_pton(AF_INET, out.host.c_str(), &parsed) != 1)
+    return Status::Error("'" + out.host + "' is not an IPv4 address");
+  return out;
+}
+
+namespace {
+
+// "host:port" as a socket address (the port in 1..65535).
+Result<sockaddr_in> ParseAddress(const std::string& address) {
+  auto parsed = ParseHostPort(address);
+  if (!parsed.ok()) return parsed.status();
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<std::uint16_t>(port));
-  if (::inet_pton(AF_INET, host.c_str(), &addr.sin_addr) != 1)
-    return Status::Error("'" + host + "' is not an IPv4 address");
+  addr.sin_port = htons(static_cast<std::uint16_t>(parsed->port));
+  ::inet_pton(AF_INET, parsed->host.c_str(), &addr.sin_addr);
   return addr;
 }
 

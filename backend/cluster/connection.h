@@ -40,6 +40,13 @@ class Listener {
   int stop_fd_ = -1;
 };
 
+// "host:port" with an IPv4 host and a port in min_port..65535; an error names what is wrong.
+struct HostPort {
+  std::string host;
+  int port = 0;
+};
+Result<HostPort> ParseHostPort(const std::string& address, int min_port = 1);
+
 // Connects to "host:port", retrying until `timeout_s` passed (the frontend may still be
 // starting). Returns the connected descriptor.
 Result<int> ConnectTo(const std::string& address, Seconds timeout_s);

@@ -54,13 +54,10 @@ void LiveFrontend::Impl::InstanceSink::OnFinished(const RequestSpec& spec, const
   info.tier_hit_tokens = r.tier_hit_tokens;
   info.instance = id_;
   info.frontend_s = spec.frontend_s;
-  // A worker process stamps its times on a clock set to the run's within an error
-  // (backend/cluster/clock_sync.h): a span from the frontend's arrival stamp, or between two
-  // workers' stamps, shorter than the errors may read as negative, and counts as 0.
-  if (r.first_scheduled_s >= 0) info.queue_s = std::max(0.0, r.first_scheduled_s - spec.arrival_s);
-  if (r.prefill_done_s >= 0) info.prefill_done_s = std::max(0.0, r.prefill_done_s - spec.arrival_s);
-  if (r.prefill_done_s >= 0 && r.kv_ready_s >= 0) {
-    info.kv_transfer_s = std::max(0.0, r.kv_ready_s - r.prefill_done_s);
+  info.queue_s = policies::Elapsed(spec.arrival_s, r.first_scheduled_s).value_or(-1);
+  info.prefill_done_s = policies::Elapsed(spec.arrival_s, r.prefill_done_s).value_or(-1);
+  if (auto transfer = policies::Elapsed(r.prefill_done_s, r.kv_ready_s)) {
+    info.kv_transfer_s = *transfer;
     info.kv_transfer_bytes = r.kv_transfer_bytes;
   }
   RequestListener* listener = Listener(spec.id);

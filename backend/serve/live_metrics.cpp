@@ -40,11 +40,8 @@ prometheus::Histogram& MakeHistogram(prometheus::Registry& r, const char* name, 
   return prometheus::BuildHistogram().Name(name).Help(help).Register(r).Add({}, buckets);
 }
 
-// Worker processes stamp `from` and `to` on clocks set to the run's within an error each
-// (backend/cluster/clock_sync.h): a span shorter than their errors together may come out
-// negative, and counts as 0.
 void ObserveIfReached(prometheus::Histogram* h, Seconds from, Seconds to) {
-  if (from >= 0 && to >= 0) h->Observe(std::max(0.0, to - from));
+  if (auto elapsed = policies::Elapsed(from, to)) h->Observe(*elapsed);
 }
 
 }  // namespace
@@ -149,8 +146,7 @@ void LiveMetrics::OnFinished(const RequestSpec& spec, const RequestRecord& reque
   ObserveIfReached(ttft_, spec.arrival_s, request.first_token_s);
   ObserveIfReached(queue_, spec.arrival_s, request.first_scheduled_s);
   ObserveIfReached(e2e_, spec.arrival_s, request.finished_s);
-  if (request.prefill_done_s >= 0)
-    ObserveIfReached(kv_transfer_, request.prefill_done_s, request.kv_ready_s);
+  ObserveIfReached(kv_transfer_, request.prefill_done_s, request.kv_ready_s);
 }
 
 void LiveMetrics::OnPrefillDone(const RequestSpec& spec, const RequestRecord& record) {

@@ -9,6 +9,7 @@ import os
 import re
 import selectors
 import signal
+import socket
 import subprocess
 import time
 
@@ -166,6 +167,13 @@ def wait_for(condition, timeout, what):
         if time.monotonic() > deadline:
             raise AssertionError(what() if callable(what) else what)
         time.sleep(0.02)
+
+
+def free_port():
+    """A loopback port free now (a process that binds it later may find it taken meanwhile)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def stop_processes(procs):

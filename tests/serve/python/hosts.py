@@ -43,6 +43,21 @@ def _free_subnet():
     raise RuntimeError("no free /24 in 198.18.0.0/16")
 
 
+def listening(prefix=()):
+    """The TCP addresses listened on (IPv4, "a.b.c.d:port"), in this namespace or in the one
+    `prefix` runs a command in (Hosts.run)."""
+    out = subprocess.run([*prefix, "cat", "/proc/net/tcp"], capture_output=True, text=True,
+                         check=True).stdout
+    found = []
+    for line in out.splitlines()[1:]:
+        fields = line.split()
+        if fields[3] == "0A":  # LISTEN
+            addr, port = fields[1].split(":")
+            octets = [str(int(addr[i:i + 2], 16)) for i in (6, 4, 2, 0)]
+            found.append(f"{'.'.join(octets)}:{int(port, 16)}")
+    return found
+
+
 class Hosts:
     """with Hosts(["frontend", "prefill", "decode"]) as hosts: hosts.address("prefill"),
     hosts.run("prefill") (a command prefix), hosts.shape("decode", "500mbit")."""

@@ -6,14 +6,13 @@ reports stays within what the client saw, the prefill worker's KV leases are rea
 decode worker on another clock, greedy text equals the colocated server's, and /health reports
 each worker's offset (the shift between the namespaces, measured) and its error bound."""
 
-import socket
 import subprocess
 import threading
 import time
 
 import pytest
 
-from conftest import DUET, cluster_file, has_ucx, health, stop_processes, wait_for
+from conftest import DUET, cluster_file, free_port, has_ucx, health, stop_processes, wait_for
 
 PROMPTS = [f"Request {i}: tell me a story about the sea" for i in range(6)]
 MAX_TOKENS = 24
@@ -33,11 +32,6 @@ def needs_time_namespaces():
                     "Linux 5.6): "
                     f"{r.stderr.strip()}")
 
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def shifted_worker(role, model, port, secret_file, shift):

@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from conftest import DUET, cluster_file, has_ucx, health, stop_processes, wait_for
+from conftest import DUET, cluster_file, free_port, has_ucx, health, stop_processes, wait_for
 
 PROMPTS = [f"Request {i}: tell me a story about the sea" for i in range(4)]
 MAX_TOKENS = 24
@@ -31,11 +31,6 @@ def needs_etcd():
         pytest.skip("duet-test-skip: no etcd here (Debian's etcd-server; scripts/setup.sh "
                     "installs it)")
 
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Etcd:

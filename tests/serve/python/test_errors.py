@@ -263,7 +263,7 @@ def test_bad_worker_flags_are_usage_errors(tiny_model, flags, words, monkeypatch
     (["--role", "decode", "--discovery", "etcd://127.0.0.1:1", "--listen", "0.0.0.0:0"],
      "--listen: '0.0.0.0' is not an IPv4 address of this host that frontends reach"),
     (["--role", "decode", "--discovery", "etcd://127.0.0.1:1", "--listen", "127.0.0.1:x"],
-     "--listen: the port"),
+     "the port must be in 0..65535"),
     (["--role", "decode", "--discovery", "etcd:/127.0.0.1:1", "--listen", "127.0.0.1:0"],
      "--discovery: "),
     (["--role", "decode", "--discovery", "etcd://127.0.0.1:1", "--listen", "127.0.0.1:0",

@@ -66,20 +66,6 @@ def worker(lan, host, role, model, secret_file, *args, shift=0):
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
 
-def listening(lan, host):
-    """The TCP addresses host `host` listens on, as "a.b.c.d:port"."""
-    out = subprocess.run([*lan.run(host), "cat", "/proc/net/tcp"], capture_output=True,
-                         text=True, check=True).stdout
-    found = []
-    for line in out.splitlines()[1:]:
-        fields = line.split()
-        if fields[3] == "0A":  # LISTEN
-            addr, port = fields[1].split(":")
-            octets = [str(int(addr[i:i + 2], 16)) for i in (6, 4, 2, 0)]
-            found.append(f"{'.'.join(octets)}:{int(port, 16)}")
-    return found
-
-
 def test_pd_with_the_frontend_and_each_worker_on_a_host_of_its_own(tiny_model, start_server,
                                                                     tmp_path):
     colocated = start_server(tiny_model, "--threads", "1", "--workers", "thread")
@@ -98,8 +84,8 @@ def test_pd_with_the_frontend_and_each_worker_on_a_host_of_its_own(tiny_model, s
         try:
             s = frontend(lan, start_server, tiny_model, cluster_file(tmp_path, 1, 1), str(secret))
             # The frontend listens where it was told, nowhere else (not on its loopback).
-            assert sorted(listening(lan, "frontend")) == sorted(
-                [f"{fe}:{s.port}", f"{fe}:{WORKER_PORT}"]), listening(lan, "frontend")
+            listened = hosts.listening(lan.run("frontend"))
+            assert sorted(listened) == sorted([f"{fe}:{s.port}", f"{fe}:{WORKER_PORT}"]), listened
             listed = wait_for(lambda: (lambda h: h if all("clock_error_s" in w for w in h)
                                        else None)(health(s)), 15, lambda: health(s))
             assert all(w["up"] and w["clock_error_s"] < 0.2 for w in listed), listed
