@@ -586,17 +586,14 @@ void Register(Impl& s, int fd, const std::string& key) {
   }
   if (hello->role == InstanceRole::kPrefill && hello->kv_descriptor.empty())
     return refuse("a prefill worker without a KV descriptor");
-  std::vector<cluster::Peer> peers;
   {
     std::lock_guard lock(f.mu);
     for (std::size_t i = 0; i < f.slots.size() && !f.stopping; ++i) {
-      if (f.slots[i].role == hello->role && !f.slots[i].up() && !f.slots[i].joining &&
-          slot_id == policies::kNoInstance) {
+      if (f.slots[i].role == hello->role && !f.slots[i].up() && !f.slots[i].joining) {
         slot_id = static_cast<InstanceId>(i);
         f.slots[i].joining = true;
+        break;
       }
-      if (f.slots[i].up() && f.slots[i].role == InstanceRole::kPrefill)
-        peers.push_back({static_cast<InstanceId>(i), f.slots[i].kv_descriptor});
     }
   }
   if (slot_id == policies::kNoInstance)
@@ -607,19 +604,21 @@ void Register(Impl& s, int fd, const std::string& key) {
   welcome.engine = s.options.engine;
   welcome.publish_kv_events = PublishesKvEvents(s.options, slot_id);
   welcome.heartbeat_interval_s = w.heartbeat_interval_s;
-  Status sent = cluster::WriteFrame(fd, MessageKind::kWelcome, cluster::EncodeWelcome(welcome));
-  if (sent.ok() && hello->role == InstanceRole::kDecode) {
-    for (const cluster::Peer& p : peers) {
-      if (sent.ok()) sent = cluster::WriteFrame(fd, MessageKind::kPeer, cluster::EncodePeer(p));
-    }
-  }
-  if (!sent.ok()) return refuse(sent.message());
+  if (Status sent =
+          cluster::WriteFrame(fd, MessageKind::kWelcome, cluster::EncodeWelcome(welcome));
+      !sent.ok())
+    return refuse(sent.message());
   send_timeout(0);  // the connection's writer thread may wait on a slow reader from now on
 
   // The slot's previous connection has ended (its reader called OnClose after its last frame).
   s.sinks[static_cast<std::size_t>(slot_id)]->ForgetListeners();
   std::uint64_t generation = 0;
   std::shared_ptr<Connection> connection;
+  // The prefill workers' KV descriptors reach every decode worker: the slot goes up under the
+  // same lock that lists the others, so that of a prefill and a decode worker joining at once,
+  // one sees the other up (a decode worker that missed its prefill peer failed its pulls:
+  // "unknown source instance").
+  std::vector<std::shared_ptr<Connection>> decode_connections;
   {
     std::lock_guard lock(f.mu);
     f.handshake_fds.erase(fd);
@@ -654,15 +653,19 @@ void Register(Impl& s, int fd, const std::string& key) {
     slot.clock_error_ns.reset();
     slot.discovery_key = key;
     slot.last_heard = std::chrono::steady_clock::now();
-  }
-  connection->Start();
-  if (hello->role == InstanceRole::kPrefill) {
-    const std::string peer = cluster::EncodePeer({slot_id, hello->kv_descriptor});
-    for (std::size_t d = 0; d < s.instances.size(); ++d) {
-      if (s.options.roles[d] == InstanceRole::kDecode)
-        Remote(s, static_cast<InstanceId>(d)).Send(MessageKind::kPeer, peer);
+    for (std::size_t i = 0; i < f.slots.size(); ++i) {
+      const Impl::Fleet::Slot& other = f.slots[i];
+      if (!other.up() || i == static_cast<std::size_t>(slot_id)) continue;
+      if (hello->role == InstanceRole::kDecode && other.role == InstanceRole::kPrefill)
+        connection->Send(MessageKind::kPeer,
+                         cluster::EncodePeer({static_cast<InstanceId>(i), other.kv_descriptor}));
+      if (hello->role == InstanceRole::kPrefill && other.role == InstanceRole::kDecode)
+        decode_connections.push_back(other.connection);
     }
   }
+  connection->Start();
+  const std::string peer = cluster::EncodePeer({slot_id, hello->kv_descriptor});
+  for (auto& c : decode_connections) c->Send(MessageKind::kPeer, peer);
   {
     std::lock_guard lock(s.mu);
     s.router->SetAvailable(slot_id, true);

@@ -267,7 +267,16 @@ policies::TransferId WorkerKvTransport::Post(const policies::KvTransferRequest& 
 
 policies::TransferStatus WorkerKvTransport::Poll(policies::TransferId id) {
   ApplyPeers();
-  return own_->Poll(id);
+  const policies::TransferStatus status = own_->Poll(id);
+#if DUET_HAVE_UCX
+  // The engine reports the failure to the request's client; why UCX failed goes to the log.
+  if (status == policies::TransferStatus::kFailed && ucx_ && !ucx_->records().empty()) {
+    const KvTransferRecord& r = ucx_->records().back();
+    std::fprintf(stderr, "duet worker: the KV pull of request %llu from instance %d failed: %s\n",
+                 static_cast<unsigned long long>(r.request), r.src, r.error.c_str());
+  }
+#endif
+  return status;
 }
 
 }  // namespace duet::backend
