@@ -18,6 +18,7 @@
 #include "backend/registry.h"
 #include "backend/transport/local_kv_transports.h"
 #include "cli/commands.h"
+#include "cli/sim_runner.h"
 #include "deploy/deployment.h"
 #include "deploy/engine_settings.h"
 
@@ -177,20 +178,21 @@ int Worker(int argc, char** argv) {
     if (!opened) return Fail("--listen: " + opened.error());
     listener = std::move(*opened);
     const std::string address = listen_host + ":" + std::to_string(listener->port());
-    // Called again after a connection that was no frontend: the registration stays.
-    options.await_frontend = [&, address, role]() -> Result<int> {
+    // Called for every frontend (and again after a connection that was none): the
+    // registration stays.
+    options.await_frontend = [&, address, role](Seconds timeout_s) -> Result<int> {
       if (!registration) {
         registration = std::make_unique<backend::discovery::WorkerRegistration>(
             backend::discovery::EtcdClient(*etcd),
             backend::discovery::WorkerRecord{role, address, ::getpid(), ttl_s});
-        std::fprintf(stderr, "duet worker: registering in %s as %s; waiting for a frontend at %s\n",
+        std::fprintf(stderr, "duet worker: registering in %s as %s; waiting for frontends at %s\n",
                      etcd->Text().c_str(), registration->key().c_str(), address.c_str());
       }
-      while (true) {
-        const int fd = listener->Accept(1.0);
-        if (fd >= 0) return fd;
-      }
+      return listener->Accept(timeout_s);
     };
+    // It serves every frontend that finds it until SIGTERM or SIGINT.
+    CatchStopSignals();
+    options.stop_requested = [] { return StopRequested(); };
   }
 
   std::unique_ptr<backend::StepLog> step_log;
@@ -224,7 +226,8 @@ int Worker(int argc, char** argv) {
     if (Status closed = step_log->Close(); !closed.ok())
       return Fail("--step-log: " + closed.message());
   }
-  std::fprintf(stderr, "duet worker: shut down by the frontend\n");
+  std::fprintf(stderr,
+               etcd ? "duet worker: stopped\n" : "duet worker: shut down by the frontend\n");
   return kExitOk;
 }
 

@@ -3,6 +3,7 @@
 // or rejected / failed. Timestamps are absolute seconds on the run's clock.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <optional>
@@ -132,6 +133,17 @@ struct RequestRecord {
 inline std::optional<Seconds> Elapsed(Seconds from, Seconds to) {
   if (from < 0 || to < 0) return std::nullopt;
   return to > from ? to - from : 0.0;
+}
+
+// Moves the timeline stamps reached (those not negative) by `delta_s`, onto another clock (a
+// worker serving several frontends converts between each one's run clock and its engine's). A
+// stamp that would fall before that clock's start reads 0: still reached.
+inline void ShiftTimeline(RequestRecord& record, Seconds delta_s) {
+  for (Seconds* t :
+       {&record.first_scheduled_s, &record.prefill_done_s, &record.kv_ready_s,
+        &record.first_token_s, &record.second_token_s, &record.last_token_s, &record.finished_s}) {
+    if (*t >= 0) *t = std::max(0.0, *t + delta_s);
+  }
 }
 
 // The serving engine's working state on the instance that holds the request now. Travels only

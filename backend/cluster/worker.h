@@ -1,8 +1,18 @@
 // A worker process (`duet worker`): one instance of a `duet serve` cluster, its engine thread
 // running the shared InstanceEngine over the model, its messages and events crossing to the
 // frontend as wire.h frames, its KV pulled or served over UCX (PD). It registers with the
-// frontend (role, model, KV descriptor), takes the instance id, the run's clock and the
-// engine settings the frontend gives, and serves until the frontend shuts it down or goes away.
+// frontend (role, model, KV descriptor), takes the instance id and the engine settings the
+// frontend gives, sets a clock to the frontend's, and serves until the frontend shuts it down
+// or goes away.
+//
+// Found through a directory (discovery), a worker serves every frontend that connects to it,
+// each over a link of its own: they must give it the same instance id and engine settings (one
+// deployment; they agree on ids through the directory). The engine runs on the first
+// frontend's clock; each link converts times to and from its own frontend's clock and request
+// ids to and from the engine's, so that frontends need not share either. Tokens and records go
+// to the frontend that sent the request; KV events, load and token gaps go to every frontend.
+// A frontend lost costs only its own requests; one that shuts down has its requests finished
+// and its link closed; the worker serves on until stopped.
 #pragma once
 
 #include <functional>
@@ -21,9 +31,13 @@ namespace duet::backend::cluster {
 
 struct WorkerOptions {
   std::string frontend;  // "host:port" where the frontend takes workers
-  // When set, gives the connection to the frontend instead (discovery: the worker listens and
-  // the frontend that found it connects); called once the model is warm.
-  std::function<Result<int>()> await_frontend;
+  // When set, gives connections from frontends instead (discovery: the worker listens and the
+  // frontends that found it connect): the next one within `timeout_s`, or -1. Called once the
+  // model is warm, and again for every further frontend while the worker serves.
+  std::function<Result<int>(Seconds timeout_s)> await_frontend;
+  // Discovery: polled while serving; true ends the worker (its frontends' requests abandoned:
+  // they retry them elsewhere).
+  std::function<bool()> stop_requested;
   policies::InstanceRole role = policies::InstanceRole::kColocated;
   KvTransportOptions kv_transport;  // PD: UCX (loopback cannot cross processes)
   Seconds connect_timeout_s = 60;   // to reach the frontend and be welcomed
@@ -40,8 +54,8 @@ Result<Welcome> RegisterWorker(int fd, Hello hello, std::string_view secret, Sec
 
 // Blocks until the frontend sends kShutdown (returns Ok once the work held is done) or the
 // connection is lost (an error saying so; the work held is abandoned: the frontend retries it
-// elsewhere). An engine message it cannot take is refused (kRefused, naming its request) and
-// the link stays.
+// elsewhere); with await_frontend, until stop_requested says so (Ok). An engine message it
+// cannot take is refused (kRefused, naming its request) and the link stays.
 Status RunWorker(std::unique_ptr<ForwardModel> model, const WorkerOptions& options);
 
 }  // namespace duet::backend::cluster

@@ -604,8 +604,7 @@ void Register(Impl& s, int fd, const std::string& key) {
   welcome.engine = s.options.engine;
   welcome.publish_kv_events = PublishesKvEvents(s.options, slot_id);
   welcome.heartbeat_interval_s = w.heartbeat_interval_s;
-  if (Status sent =
-          cluster::WriteFrame(fd, MessageKind::kWelcome, cluster::EncodeWelcome(welcome));
+  if (Status sent = cluster::WriteFrame(fd, MessageKind::kWelcome, cluster::EncodeWelcome(welcome));
       !sent.ok())
     return refuse(sent.message());
   send_timeout(0);  // the connection's writer thread may wait on a slow reader from now on
