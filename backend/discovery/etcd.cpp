@@ -186,6 +186,15 @@ Status ParseWriteResponse(std::string_view body) {
   return j.ok() ? Status::Ok() : j.status();
 }
 
+Result<bool> ParseTxnResponse(std::string_view body) {
+  auto j = Answer(body, "transaction");
+  if (!j.ok()) return j.status();
+  if (!j->contains("succeeded")) return false;  // the gateway leaves false out
+  const json& v = (*j)["succeeded"];
+  if (!v.is_boolean()) return Status::Error("transaction: 'succeeded' is no boolean");
+  return v.get<bool>();
+}
+
 Result<std::string> EtcdClient::Post(const std::string& path, const std::string& body) {
   const std::string where = "POST " + endpoint_.Text() + path;
   net::io_context io;
@@ -265,6 +274,16 @@ Status EtcdClient::Delete(const std::string& key) {
   return ParseWriteResponse(*body);
 }
 
+Result<std::optional<std::string>> EtcdClient::Get(const std::string& key) {
+  auto body = Post("/v3/kv/range", json{{"key", Base64(key)}}.dump());
+  if (!body.ok()) return body.status();
+  auto listing = ParseRangeResponse(*body);
+  if (!listing.ok()) return listing.status();
+  for (KeyValue& kv : listing->kvs)
+    if (kv.key == key) return std::optional<std::string>(std::move(kv.value));
+  return std::optional<std::string>();
+}
+
 Result<Listing> EtcdClient::List(const std::string& prefix) {
   auto body = Post("/v3/kv/range", json{{"key", Base64(prefix)},
                                         {"range_end", Base64(PrefixEnd(prefix))},
@@ -272,6 +291,23 @@ Result<Listing> EtcdClient::List(const std::string& prefix) {
                                        .dump());
   if (!body.ok()) return body.status();
   return ParseRangeResponse(*body);
+}
+
+Result<bool> EtcdClient::PutAllIfAbsent(
+    const std::vector<std::pair<std::string, std::string>>& pairs, std::int64_t lease) {
+  json compare = json::array();
+  json success = json::array();
+  for (const auto& [key, value] : pairs) {
+    // A key that does not exist has create revision 0.
+    compare.push_back(
+        {{"key", Base64(key)}, {"result", "EQUAL"}, {"target", "CREATE"}, {"create_revision", 0}});
+    json put = {{"key", Base64(key)}, {"value", Base64(value)}};
+    if (lease != 0) put["lease"] = lease;
+    success.push_back({{"request_put", put}});
+  }
+  auto body = Post("/v3/kv/txn", json{{"compare", compare}, {"success", success}}.dump());
+  if (!body.ok()) return body.status();
+  return ParseTxnResponse(*body);
 }
 
 }  // namespace duet::backend::discovery

@@ -1,5 +1,6 @@
 // Discovery through etcd (Debian's etcd-server): a client of etcd v3's HTTP/JSON gateway
-// (POST /v3/lease/grant, /v3/lease/keepalive, /v3/kv/put, /v3/kv/range, /v3/kv/deleterange;
+// (POST /v3/lease/grant, /v3/lease/keepalive, /v3/kv/put, /v3/kv/range, /v3/kv/deleterange,
+// /v3/kv/txn;
 // keys and values base64 in the JSON, as the gateway wants them), one blocking request at a
 // time, each within a deadline. No Go and no gRPC: the gateway is part of every etcd 3.4+.
 // The response parsers are functions of their own, bounded and fuzzed
@@ -7,8 +8,10 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "common/status.h"
@@ -44,7 +47,8 @@ inline constexpr std::size_t kMaxListedKeys = 4096;
 Result<std::int64_t> ParseGrantResponse(std::string_view body);      // the lease's id
 Result<std::int64_t> ParseKeepAliveResponse(std::string_view body);  // TTL left; 0: expired
 Result<Listing> ParseRangeResponse(std::string_view body);
-Status ParseWriteResponse(std::string_view body);  // put, deleterange
+Status ParseWriteResponse(std::string_view body);      // put, deleterange
+Result<bool> ParseTxnResponse(std::string_view body);  // whether the transaction's test held
 
 class EtcdClient {
  public:
@@ -56,8 +60,14 @@ class EtcdClient {
   Result<std::int64_t> KeepAlive(std::int64_t lease);
   Status Put(const std::string& key, const std::string& value, std::int64_t lease = 0);
   Status Delete(const std::string& key);
+  // The value of `key`, if it exists.
+  Result<std::optional<std::string>> Get(const std::string& key);
   // Every key under `prefix`, with its value and lease.
   Result<Listing> List(const std::string& prefix);
+  // Puts every pair under `lease` if none of their keys exists, all or none (one transaction);
+  // whether it did.
+  Result<bool> PutAllIfAbsent(const std::vector<std::pair<std::string, std::string>>& pairs,
+                              std::int64_t lease);
 
   const EtcdEndpoint& endpoint() const { return endpoint_; }
 

@@ -129,15 +129,93 @@ void WorkerRegistration::Run() {
   }
 }
 
-Result<std::map<std::string, WorkerRecord>> EtcdWorkerDirectory::Workers() {
-  auto listing = client_.List(std::string(kWorkersPrefix));
+std::string EncodeSlotClaim(const SlotClaim& claim) {
+  return json{{"worker", claim.worker}, {"role", claim.role}}.dump();
+}
+
+Result<SlotClaim> ParseSlotClaim(std::string_view text) {
+  const std::string where = "slot claim";
+  json j = json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) return Status::Error(where + ": not a JSON object");
+  SlotClaim claim;
+  if (!j.contains("worker") || !j["worker"].is_string() ||
+      !j["worker"].get_ref<const std::string&>().starts_with(kWorkersPrefix))
+    return Status::Error(where + ": 'worker' must be a key under " + std::string(kWorkersPrefix));
+  claim.worker = j["worker"].get<std::string>();
+  if (!j.contains("role") || !j["role"].is_string())
+    return Status::Error(where + ": 'role' must be prefill, decode or colocated");
+  claim.role = j["role"].get<std::string>();
+  if (claim.role != "prefill" && claim.role != "decode" && claim.role != "colocated")
+    return Status::Error(where + ": 'role' must be prefill, decode or colocated");
+  return claim;
+}
+
+namespace {
+
+// A slot's index from the rest of its key: digits only, below 2^20.
+std::optional<int> SlotIndex(std::string_view digits) {
+  if (digits.empty() || digits.size() > 7) return std::nullopt;
+  int index = 0;
+  for (const char c : digits) {
+    if (c < '0' || c > '9') return std::nullopt;
+    index = index * 10 + (c - '0');
+  }
+  return index < (1 << 20) ? std::optional<int>(index) : std::nullopt;
+}
+
+std::string ClaimKey(const std::string& worker_key) {
+  return std::string(kClaimsPrefix) + worker_key.substr(kWorkersPrefix.size());
+}
+
+}  // namespace
+
+Result<DirectoryListing> EtcdWorkerDirectory::List() {
+  // Both kinds of key in one read: the listing is one revision of the store.
+  auto listing = client_.List("/duet/");
   if (!listing.ok()) return listing.status();
-  std::map<std::string, WorkerRecord> out;
+  DirectoryListing out;
   for (const KeyValue& kv : listing->kvs) {
-    auto record = ParseWorkerRecord(kv.value);
-    if (record.ok()) out.emplace(kv.key, std::move(*record));
+    const std::string_view key = kv.key;
+    if (key.starts_with(kWorkersPrefix)) {
+      auto record = ParseWorkerRecord(kv.value);
+      if (record.ok()) out.workers.emplace(kv.key, ListedWorker{std::move(*record), kv.lease});
+    } else if (key.starts_with(kSlotsPrefix)) {
+      auto index = SlotIndex(key.substr(kSlotsPrefix.size()));
+      auto claim = ParseSlotClaim(kv.value);
+      if (index && claim.ok()) out.slots.emplace(*index, std::move(*claim));
+    }
   }
   return out;
+}
+
+Result<std::optional<int>> EtcdWorkerDirectory::ClaimedFor(const std::string& key) {
+  auto found = client_.Get(ClaimKey(key));
+  if (!found.ok()) return found.status();
+  if (!*found) return std::optional<int>();
+  return SlotIndex(**found);
+}
+
+Result<std::optional<int>> EtcdWorkerDirectory::Claim(const std::string& key, std::int64_t lease,
+                                                      const std::string& role,
+                                                      const std::vector<int>& candidates) {
+  if (!key.starts_with(kWorkersPrefix))
+    return Status::Error("slot claim: '" + key + "' is no worker's key");
+  auto claimed = ClaimedFor(key);
+  if (!claimed.ok()) return claimed.status();
+  if (*claimed) return *claimed;
+  for (const int slot : candidates) {
+    auto put = client_.PutAllIfAbsent(
+        {{std::string(kSlotsPrefix) + std::to_string(slot), EncodeSlotClaim({key, role})},
+         {ClaimKey(key), std::to_string(slot)}},
+        lease);
+    if (!put.ok()) return put.status();
+    if (*put) return std::optional<int>(slot);
+    // Another frontend claimed this slot, or this worker, first.
+    claimed = ClaimedFor(key);
+    if (!claimed.ok()) return claimed.status();
+    if (*claimed) return *claimed;
+  }
+  return std::optional<int>();
 }
 
 }  // namespace duet::backend::discovery

@@ -8,9 +8,11 @@
 #include <cstdint>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <thread>
+#include <vector>
 
 #include "backend/discovery/etcd.h"
 #include "common/status.h"
@@ -60,22 +62,61 @@ class WorkerRegistration {
   std::thread thread_;
 };
 
-// The workers registered now, by key: what a frontend's fleet polls.
+// Several frontends over one worker pool must give each worker the same instance id (its slot in
+// the deployment's list of instances): the frontend that first connects to a worker claims a
+// slot of its role for it in etcd, and every frontend puts it in that slot. A claim is two keys
+// written in one transaction, each only if absent, under the worker's own lease (so they go with
+// its record): kSlotsPrefix + the slot's index (a SlotClaim), and kClaimsPrefix + the worker's
+// address (the index), so that neither a slot nor a worker is claimed twice.
+inline constexpr std::string_view kSlotsPrefix = "/duet/slots/";
+inline constexpr std::string_view kClaimsPrefix = "/duet/claims/";
+
+struct SlotClaim {
+  std::string worker;  // its key (kWorkersPrefix + address)
+  std::string role;    // the slot's role in the deployment of the frontend that claimed it
+};
+std::string EncodeSlotClaim(const SlotClaim& claim);
+// A claim as JSON: the worker a key under kWorkersPrefix, the role one of prefill, decode or
+// colocated; an error names the field.
+Result<SlotClaim> ParseSlotClaim(std::string_view text);
+
+struct ListedWorker {
+  WorkerRecord record;
+  std::int64_t lease = 0;  // its record's
+};
+struct DirectoryListing {
+  std::map<std::string, ListedWorker> workers;  // by key
+  std::map<int, SlotClaim> slots;               // the claimed ones, by index
+};
+
+// The workers registered now and the slots claimed for them: what a frontend's fleet polls.
 class WorkerDirectory {
  public:
   virtual ~WorkerDirectory() = default;
-  virtual Result<std::map<std::string, WorkerRecord>> Workers() = 0;
+  virtual Result<DirectoryListing> List() = 0;
+  // The slot of the worker under `key` (its record's lease `lease`, its role `role`): the one
+  // claimed for it already (by any frontend), else the first of `candidates` that this call
+  // could claim; none when every candidate is claimed for other workers.
+  virtual Result<std::optional<int>> Claim(const std::string& key, std::int64_t lease,
+                                           const std::string& role,
+                                           const std::vector<int>& candidates) = 0;
   virtual std::string Name() const = 0;  // for logs
 };
 
-// The records under kWorkersPrefix in etcd; one that does not parse is left out.
+// The records and claims in etcd; one that does not parse is left out.
 class EtcdWorkerDirectory final : public WorkerDirectory {
  public:
   explicit EtcdWorkerDirectory(EtcdClient client) : client_(std::move(client)) {}
-  Result<std::map<std::string, WorkerRecord>> Workers() override;
+  Result<DirectoryListing> List() override;
+  Result<std::optional<int>> Claim(const std::string& key, std::int64_t lease,
+                                   const std::string& role,
+                                   const std::vector<int>& candidates) override;
   std::string Name() const override { return client_.endpoint().Text(); }
 
  private:
+  // The slot claimed for the worker under `key`, if any.
+  Result<std::optional<int>> ClaimedFor(const std::string& key);
+
   EtcdClient client_;
 };
 

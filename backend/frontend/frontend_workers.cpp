@@ -491,9 +491,9 @@ Status OnFrame(Impl& s, InstanceId i, const cluster::FrameHeader& header, const 
 }
 
 // Takes one registration: a hello, the mutual proof of the secret (link_auth.h), then a role
-// with a free slot and the fleet's model; the whole within handshake_timeout_s. Runs on a
-// handshake thread of its own.
-void Register(Impl& s, int fd, const std::string& key) {
+// with a free slot (`claimed`, when the directory says which) and the fleet's model; the whole
+// within handshake_timeout_s. Runs on a handshake thread of its own.
+void Register(Impl& s, int fd, const std::string& key, InstanceId claimed = policies::kNoInstance) {
   Impl::Fleet& f = *s.fleet;
   const WorkerFleet& w = f.settings;
   const auto deadline = std::chrono::steady_clock::now() +
@@ -589,6 +589,7 @@ void Register(Impl& s, int fd, const std::string& key) {
   {
     std::lock_guard lock(f.mu);
     for (std::size_t i = 0; i < f.slots.size() && !f.stopping; ++i) {
+      if (claimed != policies::kNoInstance && i != static_cast<std::size_t>(claimed)) continue;
       if (f.slots[i].role == hello->role && !f.slots[i].up() && !f.slots[i].joining) {
         slot_id = static_cast<InstanceId>(i);
         f.slots[i].joining = true;
@@ -596,6 +597,10 @@ void Register(Impl& s, int fd, const std::string& key) {
       }
     }
   }
+  if (slot_id == policies::kNoInstance && claimed != policies::kNoInstance)
+    return refuse("its slot " + std::to_string(claimed) + " (claimed for it in " +
+                  w.directory->Name() + ") is not free here for a " +
+                  policies::ToString(hello->role) + " worker");
   if (slot_id == policies::kNoInstance)
     return refuse(std::string("no free slot for a ") + policies::ToString(hello->role) + " worker");
 
@@ -674,17 +679,62 @@ void Register(Impl& s, int fd, const std::string& key) {
       std::to_string(hello->pid) + ") joined from " + peer_host);
 }
 
-// Discovery, on a handshake thread: connects to the worker at `address` that the directory
-// lists under `key` and takes its registration as if it had connected here.
-void Dial(Impl& s, const std::string& key, const std::string& address) {
+// Discovery: a worker the directory lists that this frontend does not hold.
+struct Listed {
+  std::string key;
+  discovery::ListedWorker worker;
+  std::optional<int> slot;  // claimed for it
+  std::set<int> claimed;    // every claimed slot
+};
+
+// Discovery, on a handshake thread: takes the slot claimed for the worker `w` (claiming one of
+// its role for it first, if no frontend has), connects to it and takes its registration as if
+// it had connected here.
+void Dial(Impl& s, const Listed& w) {
   Impl::Fleet& f = *s.fleet;
-  auto fd = cluster::ConnectTo(address, kDialTimeoutS);
+  auto retry_later = [&] {
+    std::lock_guard lock(f.mu);
+    f.dialing.erase(w.key);
+    f.retry_after[w.key] = std::chrono::steady_clock::now() + kRetryRefusedAfter;
+  };
+  std::optional<int> slot = w.slot;
+  if (!slot) {
+    std::vector<int> candidates;
+    {
+      std::lock_guard lock(f.mu);
+      for (std::size_t i = 0; i < f.slots.size(); ++i) {
+        const Impl::Fleet::Slot& x = f.slots[i];
+        if (policies::ToString(x.role) == w.worker.record.role && !x.up() && !x.joining &&
+            !w.claimed.count(static_cast<int>(i)))
+          candidates.push_back(static_cast<int>(i));
+      }
+    }
+    auto claimed =
+        f.settings.directory->Claim(w.key, w.worker.lease, w.worker.record.role, candidates);
+    if (!claimed.ok() || !*claimed) {
+      Log("worker at " + w.worker.record.address + " (" + w.worker.record.role + "): " +
+          (claimed.ok() ? "no free " + w.worker.record.role + " slot for it in " +
+                              f.settings.directory->Name() + " (other workers hold every one)"
+                        : claimed.error()));
+      return retry_later();
+    }
+    slot = **claimed;
+  }
+  if (*slot < 0 || *slot >= static_cast<int>(f.slots.size()) ||
+      policies::ToString(f.slots[static_cast<std::size_t>(*slot)].role) != w.worker.record.role) {
+    Log("worker at " + w.worker.record.address + " (" + w.worker.record.role + "): slot " +
+        std::to_string(*slot) + " is claimed for it in " + f.settings.directory->Name() +
+        ", which this frontend's deployment has no " + w.worker.record.role +
+        " slot at (frontends over one worker pool serve one deployment)");
+    return retry_later();
+  }
+  auto fd = cluster::ConnectTo(w.worker.record.address, kDialTimeoutS);
   {
     std::lock_guard lock(f.mu);
-    f.dialing.erase(key);
+    f.dialing.erase(w.key);
     if (!fd.ok() || f.stopping) {
       if (!fd.ok()) {
-        f.retry_after[key] = std::chrono::steady_clock::now() + kRetryRefusedAfter;
+        f.retry_after[w.key] = std::chrono::steady_clock::now() + kRetryRefusedAfter;
       } else {
         ::close(*fd);
       }
@@ -692,22 +742,33 @@ void Dial(Impl& s, const std::string& key, const std::string& address) {
     }
     f.handshake_fds.insert(*fd);
   }
-  Register(s, *fd, key);
+  Register(s, *fd, w.key, static_cast<InstanceId>(*slot));
 }
 
 // Discovery: the workers of the directory's listing that no slot holds and no handshake is
 // connecting to (nor refused or unreachable a moment ago), and the slots whose worker's record
-// is gone (their lease lapsed: dropped as lost, so they get no more requests). Caller holds
-// the fleet's lock.
-std::vector<std::pair<std::string, std::string>> Reconcile(
-    Impl::Fleet& f, const std::map<std::string, discovery::WorkerRecord>& listed) {
+// is gone (their lease lapsed: dropped as lost, so they get no more requests). A worker held
+// whose slot claim is gone (etcd lost it, or it registered again under a new lease) is claimed
+// again (`reclaim`). Caller holds the fleet's lock.
+std::vector<Listed> Reconcile(Impl::Fleet& f, const discovery::DirectoryListing& listing,
+                              std::vector<std::pair<Listed, int>>* reclaim) {
   const auto now = std::chrono::steady_clock::now();
+  std::map<std::string, int> slot_of;
+  std::set<int> claimed;
+  for (const auto& [index, claim] : listing.slots) {
+    slot_of[claim.worker] = index;
+    claimed.insert(index);
+  }
   std::set<std::string> held;
   for (std::size_t i = 0; i < f.slots.size(); ++i) {
     Impl::Fleet::Slot& slot = f.slots[i];
     if (!slot.up() || slot.discovery_key.empty()) continue;
-    if (listed.count(slot.discovery_key)) {
+    const auto listed = listing.workers.find(slot.discovery_key);
+    if (listed != listing.workers.end()) {
       held.insert(slot.discovery_key);
+      if (!slot_of.count(slot.discovery_key))
+        reclaim->push_back(
+            {Listed{slot.discovery_key, listed->second, {}, claimed}, static_cast<int>(i)});
     } else if (!slot.connection->closed()) {
       Log("worker " + std::to_string(i) + " (" + policies::ToString(slot.role) + ", pid " +
           std::to_string(slot.pid) + "): its registration in " + f.settings.directory->Name() +
@@ -716,12 +777,15 @@ std::vector<std::pair<std::string, std::string>> Reconcile(
     }
   }
   // Workers no longer listed need no retry time (ports taken afresh would grow the map).
-  std::erase_if(f.retry_after, [&](const auto& entry) { return !listed.count(entry.first); });
-  std::vector<std::pair<std::string, std::string>> dial;
-  for (const auto& [key, record] : listed) {
+  std::erase_if(f.retry_after,
+                [&](const auto& entry) { return !listing.workers.count(entry.first); });
+  std::vector<Listed> dial;
+  for (const auto& [key, worker] : listing.workers) {
     if (held.count(key) || f.dialing.count(key)) continue;
     if (auto it = f.retry_after.find(key); it != f.retry_after.end() && now < it->second) continue;
-    dial.emplace_back(key, record.address);
+    std::optional<int> slot;
+    if (auto it = slot_of.find(key); it != slot_of.end()) slot = it->second;
+    dial.push_back({key, worker, slot, claimed});
   }
   return dial;
 }
@@ -753,9 +817,9 @@ void AcceptLoop(Impl& s) {
     }
     // The directory is read outside the lock (a network round trip). While it cannot be read,
     // the workers held stay: an outage of the directory costs no worker.
-    std::optional<std::map<std::string, discovery::WorkerRecord>> listed;
+    std::optional<discovery::DirectoryListing> listed;
     if (f.settings.directory && !full) {
-      auto workers = f.settings.directory->Workers();
+      auto workers = f.settings.directory->List();
       if (workers.ok()) {
         if (directory_failing) Log("reading " + f.settings.directory->Name() + " again");
         directory_failing = false;
@@ -766,6 +830,7 @@ void AcceptLoop(Impl& s) {
         directory_failing = true;
       }
     }
+    std::vector<std::pair<Listed, int>> reclaim;
     std::vector<std::shared_ptr<Connection>> closed;
     std::list<Impl::Fleet::Handshake> ended;
     {
@@ -804,12 +869,26 @@ void AcceptLoop(Impl& s) {
         start([&s, fd] { Register(s, fd, ""); });
       }
       if (listed) {
-        for (auto& worker : Reconcile(f, *listed)) {
+        for (auto& worker : Reconcile(f, *listed, &reclaim)) {
           if (static_cast<int>(f.handshakes.size()) >= f.settings.max_handshakes) break;
-          f.dialing.insert(worker.first);
-          start([&s, worker] { Dial(s, worker.first, worker.second); });
+          f.dialing.insert(worker.key);
+          start([&s, worker] { Dial(s, worker); });
         }
       }
+    }
+    // Outside the lock (round trips to the directory): a worker held keeps its slot, or, if
+    // another frontend gave that slot to another worker meanwhile, is let go (it joins again
+    // in the slot claimed for it).
+    for (const auto& [worker, slot] : reclaim) {
+      auto claimed = f.settings.directory->Claim(worker.key, worker.worker.lease,
+                                                 worker.worker.record.role, {slot});
+      if (!claimed.ok()) continue;  // the directory failed: the next round tries again
+      if (*claimed == slot) continue;
+      Log("worker " + std::to_string(slot) + ": its slot is claimed for " +
+          (*claimed ? "it as slot " + std::to_string(**claimed) : std::string("another worker")) +
+          " in " + f.settings.directory->Name() + " now; letting it go");
+      std::lock_guard lock(f.mu);
+      if (auto& c = f.slots[static_cast<std::size_t>(slot)].connection) c->Close();
     }
     closed.clear();  // joins their threads, outside the lock
     for (Impl::Fleet::Handshake& h : ended) h.thread.join();

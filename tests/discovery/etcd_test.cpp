@@ -1,8 +1,9 @@
 // The etcd client and worker registration against a real etcd (Debian's etcd-server, which
 // scripts/setup.sh installs; each test starts its own on loopback ports, in a directory of its
 // own): keys put, listed by prefix and deleted; a lease that lapses takes its keys; a worker's
-// registration outlives a restart of etcd and leaves when it is destroyed; the gateway's answers
-// and a worker's record are parsed with their bounds.
+// registration outlives a restart of etcd and leaves when it is destroyed; slot claims give each
+// worker one slot whichever frontend asks; the gateway's answers, a worker's record and a slot
+// claim are parsed with their bounds.
 #include "backend/discovery/etcd.h"
 
 #include <fcntl.h>
@@ -15,6 +16,7 @@
 
 #include <chrono>
 #include <filesystem>
+#include <optional>
 #include <thread>
 
 #include "backend/discovery/registration.h"
@@ -147,31 +149,84 @@ TEST_F(Etcd, AWorkerRegistrationOutlivesARestartOfEtcdAndLeavesWhenDestroyed) {
   {
     WorkerRegistration registration(etcd, record);
     ASSERT_TRUE(registration.WaitRegistered(10));
-    auto workers = directory.Workers();
-    ASSERT_TRUE(workers.ok()) << workers.error();
-    ASSERT_EQ(workers->size(), 1u);
-    EXPECT_EQ(workers->begin()->first, "/duet/workers/10.1.2.3:4567");
-    EXPECT_EQ(workers->begin()->second.pid, 42);
-    EXPECT_EQ(workers->begin()->second.ttl_s, 2);
+    auto listing = directory.List();
+    ASSERT_TRUE(listing.ok()) << listing.error();
+    ASSERT_EQ(listing->workers.size(), 1u);
+    EXPECT_EQ(listing->workers.begin()->first, "/duet/workers/10.1.2.3:4567");
+    EXPECT_EQ(listing->workers.begin()->second.record.pid, 42);
+    EXPECT_EQ(listing->workers.begin()->second.record.ttl_s, 2);
+    EXPECT_NE(listing->workers.begin()->second.lease, 0);
 
     // etcd down for longer than the TTL, then back on the same data: the record is there
     // again (etcd renews leases when it starts; the registration puts it again if it lapsed).
     server_.Kill();
-    EXPECT_FALSE(directory.Workers().ok());
+    EXPECT_FALSE(directory.List().ok());
     std::this_thread::sleep_for(std::chrono::seconds(3));
     ASSERT_TRUE(server_.Start());
     bool back = false;
     for (int i = 0; i < 100 && !back; ++i) {
-      auto now = directory.Workers();
-      back = now.ok() && now->size() == 1;
+      auto now = directory.List();
+      back = now.ok() && now->workers.size() == 1;
       if (!back) std::this_thread::sleep_for(std::chrono::milliseconds(100));
     }
     EXPECT_TRUE(back);
     // It stays while renewed: longer than two TTLs.
     std::this_thread::sleep_for(std::chrono::seconds(5));
-    EXPECT_EQ(directory.Workers()->size(), 1u);
+    EXPECT_EQ(directory.List()->workers.size(), 1u);
   }
-  EXPECT_TRUE(directory.Workers()->empty());  // deleted when destroyed
+  EXPECT_TRUE(directory.List()->workers.empty());  // deleted when destroyed
+}
+
+// Two frontends claiming slots for the same workers at once get the same answer for each
+// worker and never one slot for two workers; claims go with their worker's lease.
+TEST_F(Etcd, SlotClaimsGiveEachWorkerOneSlotWhoeverAsksAndGoWithItsLease) {
+  EtcdClient etcd(server_.endpoint(), 2.0);
+  EtcdWorkerDirectory a(etcd), b(etcd);
+  auto lease1 = etcd.GrantLease(2);
+  auto lease2 = etcd.GrantLease(60);
+  ASSERT_TRUE(lease1.ok() && lease2.ok());
+  const std::string w1 = "/duet/workers/10.0.0.1:1", w2 = "/duet/workers/10.0.0.2:1";
+  ASSERT_TRUE(etcd.Put(w1, EncodeWorkerRecord({"decode", "10.0.0.1:1", 1, 2}), *lease1).ok());
+  ASSERT_TRUE(etcd.Put(w2, EncodeWorkerRecord({"decode", "10.0.0.2:1", 2, 60}), *lease2).ok());
+
+  // Both frontends think slots 2 and 3 free; the first claim of each worker wins.
+  std::optional<int> a1, b1, a2, b2;
+  std::thread ta([&] {
+    a1 = *a.Claim(w1, *lease1, "decode", {2, 3});
+    a2 = *a.Claim(w2, *lease2, "decode", {2, 3});
+  });
+  std::thread tb([&] {
+    b2 = *b.Claim(w2, *lease2, "decode", {2, 3});
+    b1 = *b.Claim(w1, *lease1, "decode", {2, 3});
+  });
+  ta.join();
+  tb.join();
+  ASSERT_TRUE(a1 && b1 && a2 && b2);
+  EXPECT_EQ(*a1, *b1);
+  EXPECT_EQ(*a2, *b2);
+  EXPECT_NE(*a1, *a2);
+  auto listing = a.List();
+  ASSERT_TRUE(listing.ok()) << listing.error();
+  ASSERT_EQ(listing->slots.size(), 2u);
+  EXPECT_EQ(listing->slots.at(*a1).worker, w1);
+  EXPECT_EQ(listing->slots.at(*a1).role, "decode");
+  EXPECT_EQ(listing->slots.at(*a2).worker, w2);
+  // No slot left for a third worker among these two.
+  auto none = a.Claim("/duet/workers/10.0.0.3:1", *lease2, "decode", {2, 3});
+  ASSERT_TRUE(none.ok()) << none.error();
+  EXPECT_FALSE(*none);
+
+  // Worker 1's lease lapses: its record and its claim go, and its slot is free again.
+  bool gone = false;
+  for (int i = 0; i < 60 && !gone; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    auto now = a.List();
+    gone = now.ok() && !now->workers.count(w1) && !now->slots.count(*a1);
+  }
+  EXPECT_TRUE(gone);
+  auto again = a.Claim("/duet/workers/10.0.0.3:1", *lease2, "decode", {2, 3});
+  ASSERT_TRUE(again.ok()) << again.error();
+  EXPECT_EQ(*again, *a1);
 }
 
 TEST(EtcdAnswers, AreParsedWithTheirBounds) {
@@ -194,6 +249,17 @@ TEST(EtcdAnswers, AreParsedWithTheirBounds) {
             std::string::npos);
   EXPECT_FALSE(ParseRangeResponse("[]").ok());
   EXPECT_FALSE(ParseRangeResponse("{").ok());
+  EXPECT_TRUE(*ParseTxnResponse(R"({"header":{},"succeeded":true})"));
+  EXPECT_FALSE(*ParseTxnResponse(R"({"header":{},"responses":[]})"));  // false is left out
+  EXPECT_FALSE(ParseTxnResponse(R"({"succeeded":"yes"})").ok());
+  auto claim = ParseSlotClaim(EncodeSlotClaim({"/duet/workers/10.0.0.1:2", "prefill"}));
+  ASSERT_TRUE(claim.ok()) << claim.error();
+  EXPECT_EQ(claim->worker, "/duet/workers/10.0.0.1:2");
+  EXPECT_EQ(claim->role, "prefill");
+  EXPECT_NE(ParseSlotClaim(R"({"worker":"/etc/passwd","role":"prefill"})").error().find("'worker'"),
+            std::string::npos);
+  EXPECT_NE(ParseSlotClaim(R"({"worker":"/duet/workers/a","role":"boss"})").error().find("'role'"),
+            std::string::npos);
   EXPECT_EQ(*FromBase64(Base64(std::string("\0\1\2\3\xff", 5))), std::string("\0\1\2\3\xff", 5));
 }
 

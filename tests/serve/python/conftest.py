@@ -176,6 +176,42 @@ def free_port():
         return s.getsockname()[1]
 
 
+class Etcd:
+    """An etcd of a test's own (Debian's etcd-server; each test starts its own), on loopback or,
+    with `prefix` (Hosts.run), on a test host at `host`; its data stays across a restart."""
+
+    def __init__(self, tmp_path, host="127.0.0.1", prefix=()):
+        self.data = str(tmp_path / "etcd")
+        self.host, self.prefix = host, list(prefix)
+        self.port, self.peer = (free_port(), free_port()) if not prefix else (2379, 2380)
+        self.url = f"etcd://{host}:{self.port}"
+        self.proc = None
+        self.start()
+
+    def start(self):
+        client = f"http://{self.host}:{self.port}"
+        peer = f"http://{self.host}:{self.peer}"
+        self.proc = subprocess.Popen(
+            [*self.prefix, "etcd", "--data-dir", self.data, "--listen-client-urls", client,
+             "--advertise-client-urls", client, "--listen-peer-urls", peer,
+             "--initial-advertise-peer-urls", peer, "--initial-cluster", f"default={peer}"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_for(self.answers, 20, "etcd did not start")
+
+    def answers(self):
+        try:
+            with socket.create_connection((self.host, self.port), timeout=1) as s:
+                s.sendall(b"GET /health HTTP/1.0\r\n\r\n")
+                return b'"health":"true"' in s.recv(4096)
+        except OSError:
+            return False
+
+    def stop(self):
+        if self.proc and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
 def stop_processes(procs):
     """Kills those of `procs` (subprocess.Popen, stderr piped) still running, stopped or not;
     returns each one's stderr by pid."""

@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from conftest import DUET, cluster_file, free_port, has_ucx, health, stop_processes, wait_for
+from conftest import DUET, Etcd, cluster_file, free_port, has_ucx, health, stop_processes, wait_for
 
 PROMPTS = [f"Request {i}: tell me a story about the sea" for i in range(4)]
 MAX_TOKENS = 24
@@ -31,39 +31,6 @@ def needs_etcd():
         pytest.skip("duet-test-skip: no etcd here (Debian's etcd-server; scripts/setup.sh "
                     "installs it)")
 
-
-
-class Etcd:
-    """An etcd of the test's own on loopback; its data stays across a restart."""
-
-    def __init__(self, tmp_path):
-        self.data = str(tmp_path / "etcd")
-        self.port, self.peer = free_port(), free_port()
-        self.url = f"etcd://127.0.0.1:{self.port}"
-        self.proc = None
-        self.start()
-
-    def start(self):
-        client, peer = f"http://127.0.0.1:{self.port}", f"http://127.0.0.1:{self.peer}"
-        self.proc = subprocess.Popen(
-            ["etcd", "--data-dir", self.data, "--listen-client-urls", client,
-             "--advertise-client-urls", client, "--listen-peer-urls", peer,
-             "--initial-advertise-peer-urls", peer, "--initial-cluster", f"default={peer}"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        wait_for(self.answers, 20, "etcd did not start")
-
-    def answers(self):
-        try:
-            with socket.create_connection(("127.0.0.1", self.port), timeout=1) as s:
-                s.sendall(b"GET /health HTTP/1.0\r\n\r\n")
-                return b'"health":"true"' in s.recv(4096)
-        except OSError:
-            return False
-
-    def stop(self):
-        if self.proc and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
 
 
 @pytest.fixture
