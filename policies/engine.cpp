@@ -84,6 +84,9 @@ void InstanceEngine::TimedSink::OnPrefillDone(const RequestSpec& spec,
 void InstanceEngine::TimedSink::OnTokenGaps(Seconds gap_s, std::int64_t count) {
   Timed([&] { sink_.OnTokenGaps(gap_s, count); });
 }
+void InstanceEngine::TimedSink::OnTokenGapsOf(Seconds gap_s, std::span<const RequestId> requests) {
+  Timed([&] { sink_.OnTokenGapsOf(gap_s, requests); });
+}
 void InstanceEngine::TimedSink::OnPreempted(const RequestSpec& spec, const RequestRecord& record,
                                             InstanceId instance) {
   Timed([&] { sink_.OnPreempted(spec, record, instance); });
@@ -634,13 +637,13 @@ void InstanceEngine::Apply(const InFlight& step) {
   if (plan.decodes.empty()) return;
   // Inter-token gaps: the first step's gap depends on each request's previous token; later
   // steps of a run are one step duration for every request of the batch.
+  gap_requests_.clear();
   for (const Request* r : plan.decodes) {
-    if (!Gone(r)) ports_.sink->OnTokenGaps(step_end_s[0] - r->last_token_s, 1);
+    gap_requests_.push_back(r->id);
+    if (!Gone(r)) ports_.sink->OnTokenGapsOf(step_end_s[0] - r->last_token_s, {&r->id, 1});
   }
-  for (std::size_t s = 1; s < step_end_s.size(); ++s) {
-    ports_.sink->OnTokenGaps(step_end_s[s] - step_end_s[s - 1],
-                             static_cast<std::int64_t>(plan.decodes.size()));
-  }
+  for (std::size_t s = 1; s < step_end_s.size(); ++s)
+    ports_.sink->OnTokenGapsOf(step_end_s[s] - step_end_s[s - 1], gap_requests_);
   const Tokens steps = static_cast<Tokens>(step_end_s.size());
   for (Request* r : plan.decodes) {
     const Tokens generated = step.generated_after[entry++];
@@ -713,7 +716,7 @@ void InstanceEngine::FinishPrefill(Request* r, Seconds t, const SampledToken* to
   if (r->first_token_s < 0) {
     r->first_token_s = t;
   } else {
-    ports_.sink->OnTokenGaps(t - r->last_token_s, 1);  // the token after a recompute
+    ports_.sink->OnTokenGapsOf(t - r->last_token_s, {&r->id, 1});  // the token after a recompute
     if (r->second_token_s < 0) r->second_token_s = t;
   }
   r->last_token_s = t;

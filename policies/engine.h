@@ -238,6 +238,7 @@ class InstanceEngine final : private LowerTierLookup, private StepEvents {
     void OnFinished(const RequestSpec& spec, const RequestRecord& record) override;
     void OnPrefillDone(const RequestSpec& spec, const RequestRecord& record) override;
     void OnTokenGaps(Seconds gap_s, std::int64_t count) override;
+    void OnTokenGapsOf(Seconds gap_s, std::span<const RequestId> requests) override;
     void OnPreempted(const RequestSpec& spec, const RequestRecord& record,
                      InstanceId instance) override;
     void OnToken(const RequestSpec& spec, const RequestRecord& record, std::int32_t token) override;
@@ -298,6 +299,7 @@ class InstanceEngine final : private LowerTierLookup, private StepEvents {
   bool shutdown_ = false;
   bool in_step_ = false;                    // the executor is running a step
   std::vector<RequestId> deferred_aborts_;  // arrived while a step was in flight
+  std::vector<RequestId> gap_requests_;     // a step's decodes, for their token gaps (reused)
   std::int64_t steps_ = 0;
   // Steps submitted and not yet ended, oldest at first_: a ring of two, reused across steps.
   int max_in_flight_ = 1;

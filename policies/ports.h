@@ -227,6 +227,12 @@ class EventSink {
   virtual void OnPrefillDone(const RequestSpec& spec, const RequestRecord& record) = 0;
   // `count` inter-token gaps of `gap_s` each (ITL samples).
   virtual void OnTokenGaps(Seconds gap_s, std::int64_t count) = 0;
+  // The same, naming the requests whose gaps they are (one each): what the engine raises. A
+  // sink that serves several clients (a worker serving several frontends) tells each its own;
+  // by default, their count.
+  virtual void OnTokenGapsOf(Seconds gap_s, std::span<const RequestId> requests) {
+    OnTokenGaps(gap_s, static_cast<std::int64_t>(requests.size()));
+  }
   virtual void OnPreempted(const RequestSpec& spec, const RequestRecord& record,
                            InstanceId instance) = 0;
   // Real backend: the request got `token`, its record already counting it with its timeline

@@ -61,6 +61,7 @@ struct FrontendLink {
   std::string lost_why;
   std::chrono::steady_clock::time_point next_heartbeat;
   std::int64_t heartbeats = 0;
+  bool wants_cache = true;  // has not been sent the prefix cache's contents yet
 };
 
 // The frontend's times on a link are its clock's; the engine's are the engine clock's: what
@@ -153,6 +154,7 @@ class Worker final : public policies::Outbox, public policies::EventSink {
     }
     for (const ReadFrameResult& frame : early) OnFrame(*l, frame.header, frame.body);
     l->connection->Start();
+    engine_->inbox().Wake();  // an iteration sends it the prefix cache's contents
   }
 
   // --- Outbox (engine thread): KV-ready and KV-release go to the request's frontend, which
@@ -206,20 +208,42 @@ class Worker final : public policies::Outbox, public policies::EventSink {
                    policies::InstanceId) override {
     Push(WireEvent::Kind::kPreempted, spec.id, record);
   }
-  // The worker's, not a request's: every frontend gets them (each one's /metrics counts the
-  // whole worker's token gaps).
+  // Each frontend is told of its own requests' gaps (the engine raises OnTokenGapsOf).
   void OnTokenGaps(Seconds gap_s, std::int64_t count) override {
-    WireEvent e;
-    e.kind = WireEvent::Kind::kTokenGaps;
-    e.gap_s = gap_s;
-    e.count = count;
-    ToEvery(e);
+    DUET_CHECK_MSG(false, "a worker's engine names the requests of its token gaps");
+    (void)gap_s, (void)count;
   }
+  void OnTokenGapsOf(Seconds gap_s, std::span<const RequestId> requests) override {
+    std::lock_guard lock(mu_);
+    gap_counts_.clear();
+    for (RequestId id : requests) {
+      const auto owner = owner_.find(id);
+      if (owner != owner_.end()) ++gap_counts_[owner->second.link];
+    }
+    for (const auto& [link, count] : gap_counts_) {
+      if (Live(link) == nullptr) continue;
+      WireEvent e;
+      e.kind = WireEvent::Kind::kTokenGaps;
+      e.gap_s = gap_s;
+      e.count = count;
+      pending_[link].events.push_back(std::move(e));
+    }
+  }
+  // The cache's contents are kept here too, for a frontend that joins later.
   void OnKvEvents(policies::InstanceId, std::span<const policies::KvCacheEvent> events) override {
     WireEvent e;
     e.kind = WireEvent::Kind::kKvEvents;
     e.kv_events.assign(events.begin(), events.end());
-    ToEvery(e);
+    std::lock_guard lock(mu_);
+    for (const policies::KvCacheEvent& c : events) {
+      if (c.stored) {
+        cached_[c.hash] = c.block;
+      } else {
+        cached_.erase(c.hash);
+      }
+    }
+    for (const auto& l : links_)
+      if (!l->lost) pending_[l->id].events.push_back(e);
   }
 
   // Engine thread, after every iteration: sends what it produced and lets go of the requests
@@ -427,13 +451,24 @@ class Worker final : public policies::Outbox, public policies::EventSink {
     e.kind = kind;
     ToOwner(id, std::move(e), &record);
   }
-  void ToEvery(const WireEvent& e) {
-    std::lock_guard lock(mu_);
-    for (const auto& l : links_)
-      if (!l->lost) pending_[l->id].events.push_back(e);
-  }
-
   void FlushEvents() {
+    {
+      // A frontend that joined gets the prefix cache's contents first, as stored events: its
+      // router then sees what the others see. The events queued for it since it joined are
+      // in them already (the cache here is updated as they are queued); sent again after
+      // them, they change nothing.
+      std::lock_guard lock(mu_);
+      for (const auto& l : links_) {
+        if (!l->wants_cache || l->lost) continue;
+        l->wants_cache = false;
+        if (cached_.empty()) continue;
+        WireEvent e;
+        e.kind = WireEvent::Kind::kKvEvents;
+        for (const auto& [hash, block] : cached_) e.kv_events.push_back({hash, true, block});
+        auto& events = pending_[l->id].events;
+        events.insert(events.begin(), std::move(e));
+      }
+    }
     for (auto it = pending_.begin(); it != pending_.end();) {
       if (it->second.events.empty()) {
         ++it;
@@ -651,8 +686,9 @@ class Worker final : public policies::Outbox, public policies::EventSink {
   WorkerKvTransport& transport_;
   EngineThread* engine_ = nullptr;
   std::shared_ptr<SyncedClock> engine_clock_;
-  std::map<int, Events> pending_;      // engine thread: events per link, sent after each iteration
-  std::vector<RequestId> handed_off_;  // engine thread
+  std::map<int, Events> pending_;  // engine thread: events per link, sent after each iteration
+  std::map<int, std::int64_t> gap_counts_;  // engine thread: token gaps per link (reused)
+  std::vector<RequestId> handed_off_;       // engine thread
 
   std::mutex mu_;  // guards what follows
   std::condition_variable cv_;
@@ -665,6 +701,7 @@ class Worker final : public policies::Outbox, public policies::EventSink {
   std::unordered_set<RequestId> early_aborted_;  // aborts of requests not here yet
   std::deque<std::pair<std::chrono::steady_clock::time_point, RequestId>> early_aborts_;
   std::map<policies::InstanceId, std::string> peers_;  // the prefill peers the transport has
+  std::unordered_map<policies::BlockHash, std::int32_t> cached_;  // the prefix cache: its blocks
 };
 
 }  // namespace

@@ -9,10 +9,11 @@
 // each over a link of its own: they must give it the same instance id and engine settings (one
 // deployment; they agree on ids through the directory). The engine runs on the first
 // frontend's clock; each link converts times to and from its own frontend's clock and request
-// ids to and from the engine's, so that frontends need not share either. Tokens and records go
-// to the frontend that sent the request; KV events, load and token gaps go to every frontend.
-// A frontend lost costs only its own requests; one that shuts down has its requests finished
-// and its link closed; the worker serves on until stopped.
+// ids to and from the engine's, so that frontends need not share either. Tokens, records and
+// token gaps go to the frontend that sent the request; KV events and load go to every frontend
+// (one that joins is sent the prefix cache's contents first). A frontend lost costs only its
+// own requests; one that shuts down has its requests finished and its link closed; the worker
+// serves on until stopped.
 #pragma once
 
 #include <functional>

@@ -1,12 +1,15 @@
 // Faults on the worker link, driven from the other side of a real link over loopback: a worker
 // that refuses a message answers an error for its request and keeps serving (the real worker,
-// RunWorker, against a frontend played by the test), the frontend ends a refused request with
-// an error and keeps the worker (the real LiveFrontend against workers played by the test), and
-// a request that takes down every worker it reaches is retried only so often (issue 40).
+// RunWorker, against a frontend played by the test; a worker of a directory against several), the
+// frontend ends a refused request with an error and keeps the worker (the real LiveFrontend against
+// workers played by the test), and a request that takes down every worker it reaches is retried
+// only so often (issue 40).
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <deque>
+#include <set>
 #include <thread>
 
 #include "backend/cluster/clock_sync.h"
@@ -225,30 +228,14 @@ TEST_F(WorkerLink, ARequestThatCrashesEveryWorkerItReachesEndsWithAnError) {
     if (w->connection) w->connection->Close();
 }
 
-// The real worker (RunWorker) on a thread, against a frontend played by the test: the
-// frontend's side of the handshake, then a link to send engine messages on. Its clock replies
-// put the run's clock kRunClockAheadS ahead of this process's steady clock, as another host's
-// frontend's may be.
-class RealWorker {
+// A frontend played by the test on `fd`, connected to a real worker: its side of the handshake
+// (the welcome it is given), then a link that answers the worker's clock probes on a run clock
+// `ahead_s` ahead of this process's steady clock, as another host's frontend's may be, and
+// keeps every other frame in its inbox.
+class FakeFrontend {
  public:
-  static constexpr Seconds kRunClockAheadS = 1000;
-  // The run's clock of the frontend played here.
-  static std::int64_t RunClockNs() {
-    return cluster::SteadyNowNs() + static_cast<std::int64_t>(kRunClockAheadS * 1e9);
-  }
-
- public:
-  RealWorker(std::unique_ptr<ForwardModel> model, cluster::WorkerOptions options) {
-    auto listener = cluster::Listener::Open("127.0.0.1", 0);
-    EXPECT_TRUE(listener.ok()) << listener.error();
-    options.frontend = "127.0.0.1:" + std::to_string((*listener)->port());
-    options.secret = kSecret;
-    options.connect_timeout_s = 30;
-    thread_ = std::thread([this, m = std::move(model), options]() mutable {
-      ran = cluster::RunWorker(std::move(m), options);
-    });
-    const int fd = (*listener)->Accept(30);
-    EXPECT_GE(fd, 0);
+  FakeFrontend(int fd, const cluster::Welcome& welcome, Seconds ahead_s)
+      : ahead_ns_(static_cast<std::int64_t>(ahead_s * 1e9)) {
     auto hello = cluster::ReadFrame(fd, 30);
     EXPECT_TRUE(hello.ok()) << hello.error();
     cluster::Challenge challenge;
@@ -258,9 +245,6 @@ class RealWorker {
     EXPECT_TRUE(
         cluster::WriteFrame(fd, MessageKind::kChallenge, cluster::EncodeChallenge(challenge)).ok());
     EXPECT_TRUE(cluster::ReadFrame(fd, 30).ok());  // its proof
-    cluster::Welcome welcome;
-    welcome.engine.scheduler.max_num_seqs = 8;
-    welcome.engine.kv_lease_s = 60;
     EXPECT_TRUE(
         cluster::WriteFrame(fd, MessageKind::kWelcome, cluster::EncodeWelcome(welcome)).ok());
     link = std::make_unique<cluster::Connection>(
@@ -280,9 +264,10 @@ class RealWorker {
         [this](const std::string&) { inbox.Closed(); });
     link->Start();
   }
-  ~RealWorker() {
-    if (thread_.joinable()) Stop();
-  }
+  // This frontend's run clock.
+  std::int64_t RunClockNs() const { return cluster::SteadyNowNs() + ahead_ns_; }
+  Seconds Now() const { return static_cast<double>(RunClockNs()) * 1e-9; }
+
   // A new request of a 20-token prompt for 4 tokens, served by instance 0 (and `decode`).
   void NewRequest(policies::RequestId id, std::vector<std::int32_t> prompt, float top_p,
                   policies::InstanceId decode = 0) {
@@ -294,6 +279,9 @@ class RealWorker {
     r.prefill_instance = 0;
     r.decode_instance = decode;
     r.sampling.top_p = top_p;
+    r.arrival_s = Now();
+    for (std::size_t b = 0; b + 16 <= r.prompt_ids.size(); b += 16)
+      r.block_hashes.push_back(1000 + r.prompt_ids[b]);
     cluster::WireEngineMessage w;
     w.message = {EngineMessage::Kind::kNewRequest, nullptr, policies::kNoInstance};
     w.message.request_id = id;
@@ -308,15 +296,99 @@ class RealWorker {
     EXPECT_TRUE(parsed.ok()) << parsed.error();
     return parsed.ok() ? std::optional(*parsed) : std::nullopt;
   }
-  void Stop() {
+  // Events until request `id` finished (its record), the KV cache's stored hashes among them
+  // added to `stored`; nullopt if the link closed first.
+  std::optional<policies::RequestRecord> Finished(policies::RequestId id,
+                                                  std::set<policies::BlockHash>* stored) {
+    for (;;) {
+      auto body = inbox.Next(MessageKind::kEvents);
+      if (!body) return std::nullopt;
+      auto events = cluster::ParseEvents(*body);
+      EXPECT_TRUE(events.ok()) << events.error();
+      if (!events.ok()) return std::nullopt;
+      std::optional<policies::RequestRecord> done;
+      for (const cluster::WireEvent& e : events->events) {
+        if (e.kind == cluster::WireEvent::Kind::kKvEvents) {
+          for (const policies::KvCacheEvent& k : e.kv_events) {
+            if (k.stored) {
+              stored->insert(k.hash);
+            } else {
+              stored->erase(k.hash);
+            }
+          }
+        }
+        if (e.kind == cluster::WireEvent::Kind::kTokenGaps) token_gaps += e.count;
+        if (e.kind == cluster::WireEvent::Kind::kFinished && e.request_id == id) done = e.record;
+      }
+      if (done) return done;
+    }
+  }
+  // Events frames until none came for `quiet`, the stored hashes added to `stored`.
+  void ReadEvents(std::set<policies::BlockHash>* stored, std::chrono::milliseconds quiet) {
+    while (auto body = inbox.Next(MessageKind::kEvents, quiet)) {
+      auto events = cluster::ParseEvents(*body);
+      ASSERT_TRUE(events.ok()) << events.error();
+      for (const cluster::WireEvent& e : events->events) {
+        for (const policies::KvCacheEvent& k : e.kv_events) {
+          if (k.stored) {
+            stored->insert(k.hash);
+          } else {
+            stored->erase(k.hash);
+          }
+        }
+      }
+    }
+  }
+  void Shutdown() {
     cluster::WireEngineMessage shutdown;
     shutdown.message = {EngineMessage::Kind::kShutdown, nullptr, policies::kNoInstance};
     link->Send(MessageKind::kEngine, cluster::EncodeEngine(shutdown));
-    thread_.join();
   }
 
   Inbox inbox;
   std::unique_ptr<cluster::Connection> link;
+  std::int64_t token_gaps = 0;  // ITL samples the events read so far carried
+
+ private:
+  std::int64_t ahead_ns_;
+};
+
+// The welcome a frontend played by the test gives.
+cluster::Welcome TestWelcome() {
+  cluster::Welcome welcome;
+  welcome.engine.scheduler.max_num_seqs = 8;
+  welcome.engine.kv_lease_s = 60;
+  return welcome;
+}
+
+// The real worker (RunWorker) on a thread, registered with a frontend played by the test (whose
+// run clock is kRunClockAheadS ahead of this process's steady clock).
+class RealWorker {
+ public:
+  static constexpr Seconds kRunClockAheadS = 1000;
+
+  RealWorker(std::unique_ptr<ForwardModel> model, cluster::WorkerOptions options) {
+    auto listener = cluster::Listener::Open("127.0.0.1", 0);
+    EXPECT_TRUE(listener.ok()) << listener.error();
+    options.frontend = "127.0.0.1:" + std::to_string((*listener)->port());
+    options.secret = kSecret;
+    options.connect_timeout_s = 30;
+    thread_ = std::thread([this, m = std::move(model), options]() mutable {
+      ran = cluster::RunWorker(std::move(m), options);
+    });
+    const int fd = (*listener)->Accept(30);
+    EXPECT_GE(fd, 0);
+    frontend = std::make_unique<FakeFrontend>(fd, TestWelcome(), kRunClockAheadS);
+  }
+  ~RealWorker() {
+    if (thread_.joinable()) Stop();
+  }
+  void Stop() {
+    frontend->Shutdown();
+    thread_.join();
+  }
+
+  std::unique_ptr<FakeFrontend> frontend;
   Status ran = Status::Error("did not run");
 
  private:
@@ -327,19 +399,19 @@ class RealWorker {
 // stamped on the frontend's clock, which its probes measured.
 TEST_F(WorkerLink, AWorkerRefusesAMessageItCannotTakeAndServesOn) {
   RealWorker worker(Model(64), {});
-  const Seconds sent_s = static_cast<double>(RealWorker::RunClockNs()) * 1e-9;
+  const Seconds sent_s = worker.frontend->Now();
   // A top_p of 0 (what 1e-300 became as a float before the edge checked it).
-  worker.NewRequest(7, Prompt(20, 7), 0.0f);
-  auto refusal = worker.NextRefusal();
+  worker.frontend->NewRequest(7, Prompt(20, 7), 0.0f);
+  auto refusal = worker.frontend->NextRefusal();
   ASSERT_TRUE(refusal) << "the worker closed its link instead of refusing";
   EXPECT_EQ(refusal->request_id, 7u);
   EXPECT_NE(refusal->reason.find("'top_p'"), std::string::npos) << refusal->reason;
 
   // The link is up and the worker serves the next request to its end.
-  worker.NewRequest(8, Prompt(20, 8), 1.0f);
+  worker.frontend->NewRequest(8, Prompt(20, 8), 1.0f);
   bool finished = false;
   while (!finished) {
-    auto body = worker.inbox.Next(MessageKind::kEvents);
+    auto body = worker.frontend->inbox.Next(MessageKind::kEvents);
     ASSERT_TRUE(body) << "no events: the link closed";
     auto events = cluster::ParseEvents(*body);
     ASSERT_TRUE(events.ok()) << events.error();
@@ -350,7 +422,7 @@ TEST_F(WorkerLink, AWorkerRefusesAMessageItCannotTakeAndServesOn) {
         // Within the clock's error (half a probe's round trip: small, but a loaded machine's
         // may take a while), far from the 1000 s it would be off without the probes.
         EXPECT_GE(e.record->finished_s, sent_s - 0.5);
-        EXPECT_LE(e.record->finished_s, static_cast<double>(RealWorker::RunClockNs()) * 1e-9 + 0.5);
+        EXPECT_LE(e.record->finished_s, worker.frontend->Now() + 0.5);
         finished = true;
       }
     }
@@ -381,14 +453,14 @@ TEST_F(WorkerLink, APrefillWorkerRefusesARequestWhoseIdItHoldsALeaseFor) {
   ASSERT_TRUE(model.ok()) << model.error();
   RealWorker worker(std::move(*model), options);
 
-  worker.NewRequest(9, Prompt(20, 9), 1.0f, /*decode=*/1);
+  worker.frontend->NewRequest(9, Prompt(20, 9), 1.0f, /*decode=*/1);
   for (;;) {  // its KV is ready for instance 1: the worker holds a lease on it
-    auto body = worker.inbox.Next(MessageKind::kEngine);
+    auto body = worker.frontend->inbox.Next(MessageKind::kEngine);
     ASSERT_TRUE(body) << "no KV-ready: the link closed";
     if (cluster::ParseEngine(*body)->message.kind == EngineMessage::Kind::kKvReady) break;
   }
-  worker.NewRequest(9, Prompt(20, 9), 1.0f, /*decode=*/1);
-  auto refusal = worker.NextRefusal();
+  worker.frontend->NewRequest(9, Prompt(20, 9), 1.0f, /*decode=*/1);
+  auto refusal = worker.frontend->NextRefusal();
   ASSERT_TRUE(refusal) << "the worker closed its link instead of refusing";
   EXPECT_EQ(refusal->request_id, 9u);
   EXPECT_NE(refusal->reason.find("already held here"), std::string::npos) << refusal->reason;
@@ -397,16 +469,99 @@ TEST_F(WorkerLink, APrefillWorkerRefusesARequestWhoseIdItHoldsALeaseFor) {
   release.message = {EngineMessage::Kind::kKvRelease, nullptr, 1};
   release.message.request_id = 9;
   const std::string released = cluster::EncodeEngine(release);
-  worker.link->Send(MessageKind::kEngine, released);
-  worker.NewRequest(9, Prompt(20, 9), 1.0f, /*decode=*/1);  // released: served again
+  worker.frontend->link->Send(MessageKind::kEngine, released);
+  worker.frontend->NewRequest(9, Prompt(20, 9), 1.0f, /*decode=*/1);  // released: served again
   for (;;) {
-    auto body = worker.inbox.Next(MessageKind::kEngine);
+    auto body = worker.frontend->inbox.Next(MessageKind::kEngine);
     ASSERT_TRUE(body) << "no KV-ready: the link closed";
     if (cluster::ParseEngine(*body)->message.kind == EngineMessage::Kind::kKvReady) break;
   }
-  worker.link->Send(MessageKind::kEngine, released);  // else the worker waits out the lease
+  worker.frontend->link->Send(MessageKind::kEngine,
+                              released);  // else the worker waits out the lease
   worker.Stop();
   EXPECT_TRUE(worker.ran.ok()) << worker.ran.message();
+}
+
+// Found through a directory, a worker serves every frontend that connects: each with request
+// ids and a clock of its own (one id from two frontends is two requests; each one's records are
+// on its own clock, its token gaps its own), a frontend that joins later is sent the prefix cache's
+// contents first, one that gives another instance id is refused, one that is lost costs only its
+// own link, and one that shuts down has its link closed while the worker serves on until told to
+// stop.
+TEST_F(WorkerLink, AWorkerOfADirectoryServesEveryFrontendOnItsOwnIdsAndClock) {
+  auto listener = cluster::Listener::Open("127.0.0.1", 0);
+  ASSERT_TRUE(listener.ok()) << listener.error();
+  const std::string address = "127.0.0.1:" + std::to_string((*listener)->port());
+  std::atomic<bool> stop{false};
+  cluster::WorkerOptions options;
+  options.secret = kSecret;
+  options.await_frontend = [&](Seconds timeout_s) -> Result<int> {
+    return (*listener)->Accept(timeout_s);
+  };
+  options.stop_requested = [&] { return stop.load(); };
+  Status ran = Status::Error("did not run");
+  std::thread worker([&] { ran = cluster::RunWorker(Model(64), options); });
+  auto connect = [&](const cluster::Welcome& welcome, Seconds ahead_s) {
+    auto fd = cluster::ConnectTo(address, 30);
+    EXPECT_TRUE(fd.ok()) << fd.error();
+    return std::make_unique<FakeFrontend>(*fd, welcome, ahead_s);
+  };
+  cluster::Welcome welcome = TestWelcome();
+  welcome.publish_kv_events = true;
+  auto a = connect(welcome, 1000);
+  std::set<policies::BlockHash> seen_by_a, seen_by_b;
+  a->NewRequest(5, Prompt(20, 5), 1.0f);
+  auto first = a->Finished(5, &seen_by_a);
+  ASSERT_TRUE(first) << "the link closed";
+  EXPECT_EQ(first->finish_reason, FinishReason::kLength);
+  a->ReadEvents(&seen_by_a, std::chrono::milliseconds(500));
+  ASSERT_FALSE(seen_by_a.empty()) << "its prompt's full block is cached";
+
+  // Another frontend, its clock 4000 s ahead of the first's: sent the cache before anything.
+  auto b = connect(welcome, 5000);
+  b->ReadEvents(&seen_by_b, std::chrono::milliseconds(500));
+  EXPECT_EQ(seen_by_b, seen_by_a);
+
+  // One id from both: two requests, each reported to its own frontend, on its own clock, with
+  // its own token gaps (3 each: 4 tokens), though one step decodes both.
+  const Seconds a_sent = a->Now(), b_sent = b->Now();
+  a->token_gaps = b->token_gaps = 0;
+  a->NewRequest(6, Prompt(20, 6), 1.0f);
+  b->NewRequest(6, Prompt(20, 7), 1.0f);
+  auto at_a = a->Finished(6, &seen_by_a);
+  auto at_b = b->Finished(6, &seen_by_b);
+  ASSERT_TRUE(at_a && at_b) << "a link closed";
+  EXPECT_EQ(at_a->finish_reason, FinishReason::kLength);
+  EXPECT_EQ(at_b->finish_reason, FinishReason::kLength);
+  EXPECT_EQ(a->token_gaps, 3);
+  EXPECT_EQ(b->token_gaps, 3);
+  // Within the clocks' errors (half a probe's round trip each), far from the 4000 s between.
+  EXPECT_GE(at_a->finished_s, a_sent - 0.5);
+  EXPECT_LE(at_a->finished_s, a->Now() + 0.5);
+  EXPECT_GE(at_b->finished_s, b_sent - 0.5);
+  EXPECT_LE(at_b->finished_s, b->Now() + 0.5);
+
+  // A frontend that gives the worker another instance id is refused: its link closes.
+  cluster::Welcome other = welcome;
+  other.instance = 3;
+  auto c = connect(other, 0);
+  EXPECT_FALSE(c->inbox.Next(MessageKind::kEvents, std::chrono::seconds(10)));
+  EXPECT_TRUE(c->inbox.closed());
+
+  // The first frontend lost: the second is served on.
+  a->link->Close();
+  b->NewRequest(7, Prompt(20, 8), 1.0f);
+  auto after = b->Finished(7, &seen_by_b);
+  ASSERT_TRUE(after) << "the link closed";
+  EXPECT_EQ(after->finish_reason, FinishReason::kLength);
+
+  // The second shuts it down: its link closes, and the worker waits for others until stopped.
+  b->Shutdown();
+  EXPECT_FALSE(b->inbox.Next(MessageKind::kEngine, std::chrono::seconds(10)));
+  EXPECT_TRUE(b->inbox.closed());
+  stop = true;
+  worker.join();
+  EXPECT_TRUE(ran.ok()) << ran.message();
 }
 
 }  // namespace
