@@ -334,17 +334,16 @@ class Worker final : public policies::Outbox, public policies::EventSink {
     for (auto& l : links_) Abandon(*l);
   }
 
-  // Closes every link (after AbandonAll and the engine's stop).
+  // Closes every link once what is queued went out, and waits for their threads (after
+  // AbandonAll and the engine's stop: nothing sends on them any more).
   void CloseAll() {
     std::vector<std::shared_ptr<FrontendLink>> links;
     {
       std::lock_guard lock(mu_);
       links.swap(links_);
     }
-    for (auto& l : links) {
-      l->connection->WaitSent(1.0);
-      l->connection->Close();
-    }
+    for (auto& l : links) l->connection->WaitSent(1.0);
+    for (auto& l : links) l->connection.reset();
   }
 
  private:
@@ -913,6 +912,7 @@ Status RunWorker(std::unique_ptr<ForwardModel> model, const WorkerOptions& optio
   if (!shutdown) worker.AbandonAll();
   engine.Stop();  // serves what it holds to the end (nothing, once abandoned)
   worker.CloseAll();
+  first->connection.reset();  // its threads call into `worker`: they end before it goes
   if (!many && !shutdown) return Status::Error("lost the frontend: " + lost_why);
   return Status::Ok();
 }
