@@ -3,7 +3,8 @@ two `duet serve --discovery` frontends and `duet worker --discovery` workers (ea
 time namespace, its monotonic clock tens of thousands of seconds off), the client on the LAN. Both frontends give each worker the same instance id (the slot one of them claimed for it in
 etcd) and route to every worker; greedy text through either equals the colocated server's. A
 frontend SIGKILLed mid-stream costs only its own streams: the other frontend's all finish, whole,
-and the workers let go of everything the dead one sent. In 2P2D, a decode worker SIGKILLed
+and the workers let go of everything the dead one sent; a stranger at a worker's port without the
+secret is refused and logged. In 2P2D, a decode worker SIGKILLed
 mid-stream loses no token; etcd stopped for 10 s while both frontends serve loses no request, and
 a worker started during the outage joins both once etcd is back."""
 
@@ -11,6 +12,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import threading
 import time
@@ -117,6 +119,10 @@ def test_two_frontends_share_1p1d_and_one_killed_mid_stream_costs_only_its_strea
             sa.join()
             assert len(sa.errors) + sum(r is None for r in sa.reasons) >= 1, sa.reasons
 
+            # A stranger at a worker's port, holding no secret, costs only its own connection.
+            with socket.create_connection((lan.address("prefill"), WORKER_PORT), timeout=10) as c:
+                c.sendall(b"GET / HTTP/1.0\r\n\r\n" * 100)
+
             # The workers let go of what a sent: b sees them idle, and serves on.
             b.assert_idle()
             assert [w["joins"] for w in health(b)] == [1, 1]
@@ -125,6 +131,7 @@ def test_two_frontends_share_1p1d_and_one_killed_mid_stream_costs_only_its_strea
         finally:
             logs = stop_processes(workers)
             etcd.stop()
+        assert "refused a frontend: a connection that is no frontend" in logs[workers[0].pid]
         for w in workers:
             assert re.search(r"lost frontend \d+", logs[w.pid]), logs[w.pid]
             assert re.search(r"frontend \d+ left", logs[w.pid]), logs[w.pid]
