@@ -260,6 +260,12 @@ Result<std::int64_t> EtcdClient::KeepAlive(std::int64_t lease) {
   return ParseKeepAliveResponse(*body);
 }
 
+Status EtcdClient::RevokeLease(std::int64_t lease) {
+  auto body = Post("/v3/lease/revoke", json{{"ID", lease}}.dump());
+  if (!body.ok()) return body.status();
+  return ParseWriteResponse(*body);
+}
+
 Status EtcdClient::Put(const std::string& key, const std::string& value, std::int64_t lease) {
   json request = {{"key", Base64(key)}, {"value", Base64(value)}};
   if (lease != 0) request["lease"] = lease;

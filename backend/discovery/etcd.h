@@ -1,9 +1,8 @@
 // Discovery through etcd (Debian's etcd-server): a client of etcd v3's HTTP/JSON gateway
-// (POST /v3/lease/grant, /v3/lease/keepalive, /v3/kv/put, /v3/kv/range, /v3/kv/deleterange,
-// /v3/kv/txn;
-// keys and values base64 in the JSON, as the gateway wants them), one blocking request at a
-// time, each within a deadline. No Go and no gRPC: the gateway is part of every etcd 3.4+.
-// The response parsers are functions of their own, bounded and fuzzed
+// (POST /v3/lease/grant, /v3/lease/keepalive, /v3/lease/revoke, /v3/kv/put, /v3/kv/range,
+// /v3/kv/deleterange, /v3/kv/txn; keys and values base64 in the JSON, as the gateway wants
+// them), one blocking request at a time, each within a deadline. No Go and no gRPC: the gateway is
+// part of every etcd 3.4+. The response parsers are functions of their own, bounded and fuzzed
 // (fuzz/discovery_etcd_fuzz.cpp).
 #pragma once
 
@@ -58,6 +57,8 @@ class EtcdClient {
   Result<std::int64_t> GrantLease(std::int64_t ttl_s);
   // The lease's TTL left after the renewal: 0 when it had expired (its keys are gone).
   Result<std::int64_t> KeepAlive(std::int64_t lease);
+  // Ends the lease now, and with it every key put under it.
+  Status RevokeLease(std::int64_t lease);
   Status Put(const std::string& key, const std::string& value, std::int64_t lease = 0);
   Status Delete(const std::string& key);
   // The value of `key`, if it exists.

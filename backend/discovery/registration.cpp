@@ -66,7 +66,9 @@ WorkerRegistration::~WorkerRegistration() {
   }
   cv_.notify_all();
   thread_.join();
-  (void)client_.Delete(key());  // else its lease lapses within the TTL
+  // Revoked, its lease takes the record and the slot claims frontends made under it at once
+  // (else they lapse within the TTL); the record alone goes if the lease cannot be revoked.
+  if (lease_ == 0 || !client_.RevokeLease(lease_).ok()) (void)client_.Delete(key());
 }
 
 bool WorkerRegistration::WaitRegistered(Seconds timeout_s) {
@@ -80,7 +82,6 @@ void WorkerRegistration::Run() {
   const std::string value = EncodeWorkerRecord(record_);
   const auto renew = std::chrono::duration<double>(static_cast<double>(record_.ttl_s) / 3);
   const auto retry = std::chrono::milliseconds(500);
-  std::int64_t lease = 0;
   std::string failing;  // the last failure logged, until a success
   auto failed = [&](const std::string& what) {
     if (what != failing)
@@ -92,26 +93,26 @@ void WorkerRegistration::Run() {
   while (!stop_) {
     lock.unlock();
     bool ok = false;
-    if (lease != 0) {
-      auto ttl = client_.KeepAlive(lease);
+    if (lease_ != 0) {
+      auto ttl = client_.KeepAlive(lease_);
       if (!ttl.ok()) {
         failed(ttl.error());
       } else if (*ttl == 0) {
-        lease = 0;  // expired: its record is gone; register again at once
+        lease_ = 0;  // expired: its record is gone; register again at once
         std::fprintf(stderr, "duet worker: the lease in %s had expired; registering again\n",
                      client_.endpoint().Text().c_str());
       } else {
         ok = true;
       }
     }
-    if (lease == 0) {
+    if (lease_ == 0) {
       auto granted = client_.GrantLease(record_.ttl_s);
       if (!granted.ok()) {
         failed(granted.error());
       } else if (Status put = client_.Put(key(), value, *granted); !put.ok()) {
         failed(put.message());
       } else {
-        lease = *granted;
+        lease_ = *granted;
         ok = true;
       }
     }

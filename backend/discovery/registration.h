@@ -39,7 +39,8 @@ Result<WorkerRecord> ParseWorkerRecord(std::string_view text);
 // Keeps `record` under its key in etcd while it lives: a lease of record.ttl_s renewed every
 // third of it, the record put again under a new lease when the old one expired (etcd was out of
 // reach longer than the TTL), and tries again every half second while etcd cannot be reached,
-// each failure logged once until it succeeds. Deletes the key when destroyed.
+// each failure logged once until it succeeds. Revokes the lease when destroyed (the record and
+// the slot claims under it go at once).
 class WorkerRegistration {
  public:
   WorkerRegistration(EtcdClient client, WorkerRecord record);
@@ -59,6 +60,7 @@ class WorkerRegistration {
   std::condition_variable cv_;
   bool stop_ = false;
   bool registered_ = false;
+  std::int64_t lease_ = 0;  // the record's; its thread's until joined
   std::thread thread_;
 };
 

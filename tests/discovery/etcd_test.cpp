@@ -142,7 +142,7 @@ TEST_F(Etcd, ALeaseThatLapsesTakesItsKeys) {
   EXPECT_EQ(*ttl, 0);
 }
 
-TEST_F(Etcd, AWorkerRegistrationOutlivesARestartOfEtcdAndLeavesWhenDestroyed) {
+TEST_F(Etcd, AWorkerRegistrationOutlivesARestartOfEtcdAndTakesItsClaimsWhenDestroyed) {
   EtcdClient etcd(server_.endpoint(), 0.5);
   EtcdWorkerDirectory directory(etcd);
   const WorkerRecord record{"decode", "10.1.2.3:4567", 42, 2};
@@ -173,8 +173,14 @@ TEST_F(Etcd, AWorkerRegistrationOutlivesARestartOfEtcdAndLeavesWhenDestroyed) {
     // It stays while renewed: longer than two TTLs.
     std::this_thread::sleep_for(std::chrono::seconds(5));
     EXPECT_EQ(directory.List()->workers.size(), 1u);
+    // A frontend's slot claim for it, under its lease.
+    const auto listed = directory.List()->workers.begin()->second;
+    ASSERT_TRUE(directory.Claim(registration.key(), listed.lease, "decode", {1}).ok());
+    EXPECT_EQ(directory.List()->slots.size(), 1u);
   }
-  EXPECT_TRUE(directory.List()->workers.empty());  // deleted when destroyed
+  // Its lease revoked when destroyed: the record and the claim go at once.
+  EXPECT_TRUE(directory.List()->workers.empty());
+  EXPECT_TRUE(directory.List()->slots.empty());
 }
 
 // Two frontends claiming slots for the same workers at once get the same answer for each
