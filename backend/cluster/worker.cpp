@@ -74,24 +74,34 @@ Seconds LinkMinusEngine(const FrontendLink& link, const SyncedClock& engine_cloc
   return static_cast<double>(a->offset_ns - b->offset_ns) * 1e-9;
 }
 
-// Before a link's connection starts: `probes` clock probes over `fd`, each answered within
-// `timeout_s` or given up; the clock takes the tightest. The frames the frontend sends meanwhile
-// are kept, in order, in `early`. An error when the link failed; else whether one was answered.
-Result<bool> SyncClockOnJoin(int fd, SyncedClock& clock, int probes, Seconds timeout_s,
-                             std::vector<ReadFrameResult>* early) {
+// A probe of `clock` (its offset and error so far), sent now.
+ClockProbe ProbeOf(const SyncedClock& clock) {
+  ClockProbe probe;
+  if (const auto current = clock.Current()) {
+    probe.offset_ns = current->offset_ns;
+    probe.error_ns = current->error_ns;
+  }
+  probe.sent_ns = SteadyNowNs();
+  return probe;
+}
+
+// The link of the frontend that welcomed this worker on `fd`, its clock set before its
+// connection starts: kClockProbesAtStart probes over `fd`, each answered within
+// kClockProbeTimeoutS or given up, the tightest taken. The frames the frontend sends meanwhile
+// are kept, in order, in `early`. An error when the link failed or no probe was answered.
+Result<std::shared_ptr<FrontendLink>> ClockedLink(int fd, const Welcome& welcome,
+                                                  std::vector<ReadFrameResult>* early) {
+  auto link = std::make_shared<FrontendLink>();
+  link->welcome = welcome;
+  SyncedClock& clock = *link->clock;
   std::size_t early_bytes = 0;
-  for (int i = 0; i < probes; ++i) {
-    ClockProbe probe;
-    if (const auto current = clock.Current()) {
-      probe.offset_ns = current->offset_ns;
-      probe.error_ns = current->error_ns;
-    }
-    probe.sent_ns = SteadyNowNs();
+  for (int i = 0; i < kClockProbesAtStart; ++i) {
+    const ClockProbe probe = ProbeOf(clock);
     if (Status s = WriteFrame(fd, MessageKind::kClockProbe, EncodeClockProbe(probe)); !s.ok())
       return s;
     const auto deadline = std::chrono::steady_clock::now() +
                           std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                              std::chrono::duration<double>(timeout_s));
+                              std::chrono::duration<double>(kClockProbeTimeoutS));
     while (true) {
       const Seconds left =
           std::chrono::duration<double>(deadline - std::chrono::steady_clock::now()).count();
@@ -117,7 +127,10 @@ Result<bool> SyncClockOnJoin(int fd, SyncedClock& clock, int probes, Seconds tim
       break;
     }
   }
-  return clock.Current().has_value();
+  if (!clock.Current())
+    return Status::Error("the frontend answered none of " + std::to_string(kClockProbesAtStart) +
+                         " clock probes");
+  return link;
 }
 
 // The worker's side of its frontends' links: the engine's outbox and event sink (engine
@@ -646,11 +659,7 @@ class Worker final : public policies::Outbox, public policies::EventSink {
 
   // A clock probe on `link` (clock_sync.h), with its clock's offset and error so far.
   void SendClockProbe(FrontendLink& link) {
-    ClockProbe probe;
-    if (const auto current = link.clock->Current()) {
-      probe.offset_ns = current->offset_ns;
-      probe.error_ns = current->error_ns;
-    }
+    ClockProbe probe = ProbeOf(*link.clock);
     {
       std::lock_guard lock(mu_);
       probe.sent_ns = SteadyNowNs();
@@ -762,13 +771,8 @@ Result<std::shared_ptr<FrontendLink>> RegisterAnother(int fd, const Hello& hello
     return Status::Error(
         "a frontend whose engine settings differ from the first frontend's "
         "(frontends over one worker pool serve one deployment)");
-  auto link = std::make_shared<FrontendLink>();
-  link->welcome = *welcome;
-  auto synced = SyncClockOnJoin(fd, *link->clock, kClockProbesAtStart, kClockProbeTimeoutS, early);
-  if (!synced.ok()) return Status::Error("setting the clock: " + synced.error());
-  if (!*synced)
-    return Status::Error("the frontend answered none of " + std::to_string(kClockProbesAtStart) +
-                         " clock probes");
+  auto link = ClockedLink(fd, *welcome, early);
+  if (!link.ok()) return Status::Error("setting the clock: " + link.error());
   return link;
 }
 
@@ -847,17 +851,13 @@ Status RunWorker(std::unique_ptr<ForwardModel> model, const WorkerOptions& optio
   // The engine runs on the first frontend's clock: this machine's steady clock set to that
   // frontend's by the probes below, before the engine starts (it stamps the requests'
   // timelines). What the frontend sends meanwhile waits.
-  auto first = std::make_shared<FrontendLink>();
-  first->welcome = *welcome;
   std::vector<ReadFrameResult> early;
-  auto synced =
-      SyncClockOnJoin(*fd, *first->clock, kClockProbesAtStart, kClockProbeTimeoutS, &early);
-  if (!synced.ok() || !*synced) {
+  auto clocked = ClockedLink(*fd, *welcome, &early);
+  if (!clocked.ok()) {
     ::close(*fd);
-    return Status::Error(!synced.ok() ? "lost the frontend: " + synced.error()
-                                      : "the frontend answered none of " +
-                                            std::to_string(kClockProbesAtStart) + " clock probes");
+    return Status::Error("setting the clock with the frontend: " + clocked.error());
   }
+  const std::shared_ptr<FrontendLink> first = std::move(*clocked);
 
   Worker worker(options.role, config.vocab_size, engine_config.kv_lease_s, **transport);
   EngineThread engine(

@@ -729,15 +729,12 @@ void Dial(Impl& s, const Listed& w) {
     return retry_later();
   }
   auto fd = cluster::ConnectTo(w.worker.record.address, kDialTimeoutS);
+  if (!fd.ok()) return retry_later();
   {
     std::lock_guard lock(f.mu);
     f.dialing.erase(w.key);
-    if (!fd.ok() || f.stopping) {
-      if (!fd.ok()) {
-        f.retry_after[w.key] = std::chrono::steady_clock::now() + kRetryRefusedAfter;
-      } else {
-        ::close(*fd);
-      }
+    if (f.stopping) {
+      ::close(*fd);
       return;
     }
     f.handshake_fds.insert(*fd);

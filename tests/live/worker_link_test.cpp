@@ -306,21 +306,9 @@ class FakeFrontend {
       auto events = cluster::ParseEvents(*body);
       EXPECT_TRUE(events.ok()) << events.error();
       if (!events.ok()) return std::nullopt;
-      std::optional<policies::RequestRecord> done;
-      for (const cluster::WireEvent& e : events->events) {
-        if (e.kind == cluster::WireEvent::Kind::kKvEvents) {
-          for (const policies::KvCacheEvent& k : e.kv_events) {
-            if (k.stored) {
-              stored->insert(k.hash);
-            } else {
-              stored->erase(k.hash);
-            }
-          }
-        }
-        if (e.kind == cluster::WireEvent::Kind::kTokenGaps) token_gaps += e.count;
-        if (e.kind == cluster::WireEvent::Kind::kFinished && e.request_id == id) done = e.record;
-      }
-      if (done) return done;
+      Take(*events, stored);
+      for (const cluster::WireEvent& e : events->events)
+        if (e.kind == cluster::WireEvent::Kind::kFinished && e.request_id == id) return e.record;
     }
   }
   // Events frames until none came for `quiet`, the stored hashes added to `stored`.
@@ -328,15 +316,7 @@ class FakeFrontend {
     while (auto body = inbox.Next(MessageKind::kEvents, quiet)) {
       auto events = cluster::ParseEvents(*body);
       ASSERT_TRUE(events.ok()) << events.error();
-      for (const cluster::WireEvent& e : events->events) {
-        for (const policies::KvCacheEvent& k : e.kv_events) {
-          if (k.stored) {
-            stored->insert(k.hash);
-          } else {
-            stored->erase(k.hash);
-          }
-        }
-      }
+      Take(*events, stored);
     }
   }
   void Shutdown() {
@@ -350,6 +330,21 @@ class FakeFrontend {
   std::int64_t token_gaps = 0;  // ITL samples the events read so far carried
 
  private:
+  // What a frame of events says of the cache (its stored hashes kept in `stored`) and of the
+  // token gaps.
+  void Take(const cluster::Events& events, std::set<policies::BlockHash>* stored) {
+    for (const cluster::WireEvent& e : events.events) {
+      if (e.kind == cluster::WireEvent::Kind::kTokenGaps) token_gaps += e.count;
+      for (const policies::KvCacheEvent& k : e.kv_events) {
+        if (k.stored) {
+          stored->insert(k.hash);
+        } else {
+          stored->erase(k.hash);
+        }
+      }
+    }
+  }
+
   std::int64_t ahead_ns_;
 };
 

@@ -8,6 +8,7 @@ import json
 import os
 import re
 import selectors
+import shutil
 import signal
 import socket
 import subprocess
@@ -174,6 +175,13 @@ def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def require_etcd():
+    """Skips the calling test module (saying why) where there is no etcd to start."""
+    if shutil.which("etcd") is None:
+        pytest.skip("duet-test-skip: no etcd here (Debian's etcd-server; scripts/setup.sh "
+                    "installs it)")
 
 
 class Etcd:

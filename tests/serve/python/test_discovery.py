@@ -6,7 +6,6 @@ before the frontend's own 5 s heartbeat check would notice; etcd down for 10 s w
 loses no request, and a worker started during the outage joins once etcd is back."""
 
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -15,7 +14,8 @@ import time
 
 import pytest
 
-from conftest import DUET, Etcd, cluster_file, free_port, has_ucx, health, stop_processes, wait_for
+from conftest import (DUET, Etcd, cluster_file, free_port, has_ucx, health, require_etcd,
+                      stop_processes, wait_for)
 
 PROMPTS = [f"Request {i}: tell me a story about the sea" for i in range(4)]
 MAX_TOKENS = 24
@@ -27,9 +27,7 @@ TTL_S = 2
 def needs_etcd():
     if not has_ucx():
         pytest.skip("this build has no UCX (libucx-dev): PD worker processes are not tested")
-    if shutil.which("etcd") is None:
-        pytest.skip("duet-test-skip: no etcd here (Debian's etcd-server; scripts/setup.sh "
-                    "installs it)")
+    require_etcd()
 
 
 

@@ -10,7 +10,6 @@ a worker started during the outage joins both once etcd is back."""
 
 import os
 import re
-import shutil
 import signal
 import socket
 import subprocess
@@ -20,7 +19,8 @@ import time
 import pytest
 
 import hosts
-from conftest import DUET, Etcd, cluster_file, has_ucx, health, stop_processes, wait_for
+from conftest import (DUET, Etcd, cluster_file, has_ucx, health, require_etcd, stop_processes,
+                      wait_for)
 from test_workers import (PROMPTS, SLOW_MAX_TOKENS, Streams, check_after_fault, kill_mid_stream,
                           reference, run_until)
 
@@ -33,9 +33,7 @@ TTL_S = 2
 def needs_hosts():
     if not has_ucx():
         pytest.skip("this build has no UCX (libucx-dev): PD worker processes are not tested")
-    if shutil.which("etcd") is None:
-        pytest.skip("duet-test-skip: no etcd here (Debian's etcd-server; scripts/setup.sh "
-                    "installs it)")
+    require_etcd()
     why = hosts.available()
     if why:
         pytest.skip(f"duet-test-skip: no network namespaces here ({why})")
