@@ -39,15 +39,21 @@ std::int64_t Option(const nlohmann::json& doc, const char* key, std::int64_t lo,
 void CheckSpec(const ModelSpec& c) {
   DUET_CHECK(c.hidden_size > 0 && c.intermediate_size > 0 && c.num_hidden_layers > 0);
   DUET_CHECK(c.num_key_value_heads > 0 && c.num_attention_heads % c.num_key_value_heads == 0);
-  DUET_CHECK(c.head_dim > 0 && c.head_dim % 2 == 0);
+  DUET_CHECK(c.head_dim > 0 && (c.mla || c.head_dim % 2 == 0));
   DUET_CHECK(c.vocab_size > 0 && c.max_position_embeddings > 0);
   DUET_CHECK(c.rms_norm_eps > 0 && c.rope_theta >= 1);
   DUET_CHECK(!c.name.empty());
   DUET_CHECK(c.ParamCount() > 0);
   DUET_CHECK(c.WeightBytes() >= c.ParamCount());
+  DUET_CHECK(c.ActiveParamCount() > 0 && c.ActiveParamCount() <= c.ParamCount());
+  DUET_CHECK(c.DenseLayers() >= 0 && c.DenseLayers() <= c.num_hidden_layers);
+  if (c.moe) {
+    DUET_CHECK(c.moe->experts_per_token >= 1 && c.moe->experts_per_token <= c.moe->experts);
+  }
   for (Dtype dtype : {Dtype::kBF16, Dtype::kF16, Dtype::kF32}) {
+    const std::int64_t width = c.mla ? c.mla->CachedWidth() : 2 * c.KvWidth();
     DUET_CHECK(c.KvBytesPerToken(dtype) ==
-               2 * c.num_hidden_layers * c.KvWidth() * std::int64_t(DtypeBytes(dtype)));
+               c.num_hidden_layers * width * std::int64_t(DtypeBytes(dtype)));
   }
   DUET_CHECK(c.KvBytesPerToken() == c.KvBytesPerToken(c.AutoKvCacheDtype()));
   if (c.bos_token_id) DUET_CHECK(*c.bos_token_id >= 0 && *c.bos_token_id < c.vocab_size);
@@ -58,6 +64,8 @@ void CheckSpec(const ModelSpec& c) {
       duet::models::ParseModelSpec(duet::models::ModelSpecToJson(c), "fuzz/again/config.json");
   DUET_CHECK_MSG(again.ok(), again.ok() ? "" : again.error());
   DUET_CHECK(again->ParamCount() == c.ParamCount());
+  DUET_CHECK(again->ActiveParamCount() == c.ActiveParamCount());
+  DUET_CHECK(again->WeightBytes() == c.WeightBytes());
   DUET_CHECK(again->KvBytesPerToken() == c.KvBytesPerToken());
   DUET_CHECK(again->model_type == c.model_type && again->architecture == c.architecture);
   DUET_CHECK(again->rope_scaling.type == c.rope_scaling.type);
@@ -69,7 +77,8 @@ void CheckSpec(const ModelSpec& c) {
              duet::models::CheckExecutable(c, "x").ok());
 
   // Head dims beyond real models (a few hundred) only cost time here.
-  if (c.head_dim <= 4096 && c.rope_scaling.type != duet::models::RopeScalingType::kUnsupported) {
+  if (c.head_dim <= 4096 && !c.mla &&
+      c.rope_scaling.type != duet::models::RopeScalingType::kUnsupported) {
     const std::vector<float> inv = c.RopeInvFrequencies();
     DUET_CHECK(inv.size() == std::size_t(c.head_dim / 2));
     for (float f : inv) DUET_CHECK(std::isfinite(f) && f >= 0 && f <= 1);
@@ -79,6 +88,7 @@ void CheckSpec(const ModelSpec& c) {
 void CheckPlanAndCost(const ModelSpec& model, const HardwareSpec& hw, const nlohmann::json& doc) {
   duet::models::MemoryOptions memory;
   memory.tp = static_cast<int>(Option(doc, "tp", -2, 1 << 17, 1));
+  memory.dp = static_cast<int>(Option(doc, "dp", -2, 1 << 17, 1));
   memory.block_tokens = Option(doc, "block_tokens", -1, 1 << 20, 16);
   memory.reserved_bytes_per_gpu = Option(doc, "reserved_bytes", INT64_MIN, INT64_MAX, 1 << 20);
   const std::int64_t kv_dtype = Option(doc, "kv_cache_dtype", -1, 2, -1);
@@ -93,13 +103,17 @@ void CheckPlanAndCost(const ModelSpec& model, const HardwareSpec& hw, const nloh
     DUET_CHECK(plan->kv_bytes_per_gpu > 0);
     DUET_CHECK(plan->kv_blocks >= 1);
     DUET_CHECK(plan->kv_tokens >= plan->kv_blocks * memory.block_tokens);
-    DUET_CHECK(plan->weight_bytes_per_gpu * memory.tp >= model.WeightBytes());
-    DUET_CHECK(plan->kv_tokens * (model.KvBytesPerToken(memory.kv_cache_dtype) / memory.tp) <=
-               plan->kv_bytes_per_gpu);
+    // Every weight is somewhere; every GPU holds its rank's tokens (MLA's whole, GQA's 1/tp).
+    DUET_CHECK(double(plan->weight_bytes_per_gpu) * memory.tp * memory.dp >=
+               double(model.WeightBytes()));
+    const std::int64_t per_gpu =
+        model.KvBytesPerToken(memory.kv_cache_dtype) / (model.mla ? 1 : memory.tp);
+    DUET_CHECK(plan->kv_tokens / memory.dp * per_gpu <= plan->kv_bytes_per_gpu);
   }
 
   duet::models::RooflineOptions options;
   options.tp = memory.tp >= 1 ? memory.tp : 1;
+  options.dp = memory.dp >= 1 ? memory.dp : 1;
   options.kv_cache_dtype = memory.kv_cache_dtype;
   duet::models::RooflineCostModel cost(model, hw, options);
   duet::models::StepShape shape;

@@ -29,27 +29,59 @@ RooflineCostModel::RooflineCostModel(ModelSpec model, HardwareSpec hw, RooflineO
   DUET_CHECK(hw_.bf16_flops > 0 && hw_.hbm_bw > 0 && hw_.nvlink_bw > 0);
   DUET_CHECK(model_.num_hidden_layers > 0 && model_.hidden_size > 0 && model_.head_dim > 0);
 
+  DUET_CHECK(options_.dp >= 1);
   const double layers = model_.num_hidden_layers;
   const double hidden = model_.hidden_size;
-  const double q_width = double(model_.num_attention_heads) * model_.head_dim;
-  const double kv_width = double(model_.num_key_value_heads) * model_.head_dim;
-  const double intermediate = model_.intermediate_size;
+  const double heads = model_.num_attention_heads;
   const double bytes_per_element = double(model_.BytesPerElement());
-  const double embedding_bytes = double(model_.vocab_size) * hidden * bytes_per_element;
+  const WeightBreakdown weights = model_.Weights();
 
-  // 2 FLOPs per multiply-add: q, k, v, o projections and gate, up, down.
+  // Matrix-multiply weights per layer of the attention: q/k/v/o, or MLA's.
+  double attention_params = 0;
+  if (const auto& mla = model_.mla) {
+    const double q_rank = mla->q_lora_rank;
+    attention_params = (q_rank > 0 ? hidden * q_rank + q_rank * heads * mla->QkHeadDim()
+                                   : hidden * heads * mla->QkHeadDim()) +
+                       hidden * mla->CachedWidth() +
+                       mla->kv_lora_rank * heads * (mla->qk_nope_head_dim + mla->v_head_dim) +
+                       heads * mla->v_head_dim * hidden;
+    // Prefill: QK^T over the full key width, PV over v; the cached latents it attends to are
+    // expanded to keys and values first. Decode: both over the latent (the rotary key too).
+    prefill_flops_per_pair_ = layers * 2.0 * heads * (mla->QkHeadDim() + mla->v_head_dim);
+    decode_flops_per_pair_ = layers * 2.0 * heads * (mla->CachedWidth() + mla->kv_lora_rank);
+    prefill_context_flops_ =
+        layers * 2.0 * mla->kv_lora_rank * heads * (mla->qk_nope_head_dim + mla->v_head_dim);
+  } else {
+    const double q_width = double(model_.QWidth()), kv_width = double(model_.KvWidth());
+    attention_params = 2.0 * hidden * q_width + 2.0 * hidden * kv_width;
+    // QK^T and PV each cost 2 * q_width FLOPs per (query, key) pair.
+    prefill_flops_per_pair_ = decode_flops_per_pair_ = layers * 4.0 * q_width;
+  }
+  // 2 FLOPs per multiply-add; gate, up and down of every MLP a token passes through.
+  const double dense_layers = model_.DenseLayers();
+  const double intermediate = model_.intermediate_size;
+  double mlp_widths = dense_layers * intermediate;  // summed over layers, per token
+  double router_params = 0;
+  if (const auto& moe = model_.moe; moe && moe->moe_layers > 0) {
+    experts_ = moe->experts;
+    experts_per_token_ = moe->experts_per_token;
+    moe_layers_ = moe->moe_layers;
+    mlp_widths +=
+        moe_layers_ * (experts_per_token_ + moe->shared_experts) * moe->expert_intermediate;
+    router_params = moe_layers_ * hidden * experts_;
+    expert_bytes_ = double(weights.routed_experts.bytes) / (experts_ * moe_layers_);
+    a2a_bytes_per_token_ = experts_per_token_ * hidden * bytes_per_element;
+  }
   linear_flops_per_token_ =
-      layers * 2.0 *
-      (hidden * q_width + 2.0 * hidden * kv_width + q_width * hidden + 3.0 * hidden * intermediate);
-  // QK^T and PV each cost 2 * q_width FLOPs per (query, key) pair.
-  attention_flops_per_pair_ = layers * 4.0 * q_width;
+      2.0 * (layers * attention_params + 3.0 * hidden * mlp_widths + router_params);
   lm_head_flops_per_row_ = 2.0 * hidden * double(model_.vocab_size);
   // A step gathers its tokens' embedding rows; it reads the whole table only as the LM head,
-  // which an untied model keeps as a separate matrix (counted in WeightBytes).
-  weight_bytes_ = double(model_.WeightBytes()) - (model_.tie_word_embeddings ? 0 : embedding_bytes);
+  // which an untied model keeps as a separate matrix. Routed experts: as the step reaches them.
+  weight_bytes_ = double(weights.NonExpert().bytes) -
+                  (model_.tie_word_embeddings ? 0 : double(weights.embedding.bytes));
   embedding_row_bytes_ = hidden * bytes_per_element;
   kv_bytes_per_token_ = double(model_.KvBytesPerToken(options_.kv_cache_dtype));
-  activation_bytes_per_token_ = bytes_per_element * layers * (4.0 * hidden + 2.0 * intermediate);
+  activation_bytes_per_token_ = bytes_per_element * (layers * 4.0 * hidden + 2.0 * mlp_widths);
   allreduce_bytes_per_token_ = hidden * bytes_per_element;
   allreduces_per_step_ = 2.0 * layers;  // after attention and after the MLP
   seconds_per_flop_ = 1.0 / (hw_.bf16_flops * options_.compute_efficiency);
@@ -93,21 +125,38 @@ StepCostBreakdown RooflineCostModel::Breakdown(const StepShape& shape) const {
   if (f.empty()) return cost;  // an empty step costs nothing, not even the overhead
   const double tokens = f.tokens();
   const double tp = double(f.tp > 1 ? f.tp : options_.tp);
-  const double flops = tokens * linear_flops_per_token_ +
-                       (f.prefill_pairs + f.decode_pairs()) * attention_flops_per_pair_ +
-                       f.logit_rows() * lm_head_flops_per_row_;
-  const double bytes =
-      weight_bytes_ + tokens * embedding_row_bytes_ +
-      (f.prefill_context_tokens + f.decode_context_tokens + tokens) * kv_bytes_per_token_ +
-      tokens * activation_bytes_per_token_;
-  cost.flops = flops / tp;
-  cost.bytes = bytes / tp;
+  const double dp = options_.dp;
+  const double gpus = tp * dp;
+  // Every GPU does 1/G of the work: DP splits the tokens, TP the heads and widths, EP the
+  // experts.
+  const double flops =
+      tokens * linear_flops_per_token_ + f.prefill_pairs * prefill_flops_per_pair_ +
+      f.decode_pairs() * decode_flops_per_pair_ +
+      f.prefill_context_tokens * prefill_context_flops_ + f.logit_rows() * lm_head_flops_per_row_;
+  if (experts_ > 0) {
+    // The experts T tokens reach when each picks k of E uniformly: E(1 - (1 - k/E)^T).
+    cost.experts_read = moe_layers_ * experts_ *
+                        -std::expm1(tokens * std::log1p(-experts_per_token_ / experts_)) / gpus;
+  }
+  // MLA's latent is whole on every GPU of a TP group; GQA's KV heads split tp ways.
+  const double kv_split = model_.mla ? dp : gpus;
+  const double kv_bytes =
+      (f.prefill_context_tokens + f.decode_context_tokens + tokens) * kv_bytes_per_token_;
+  cost.flops = flops / gpus;
+  cost.bytes = weight_bytes_ / tp + cost.experts_read * expert_bytes_ + kv_bytes / kv_split +
+               tokens * (embedding_row_bytes_ + activation_bytes_per_token_) / gpus;
   cost.compute_s = cost.flops * seconds_per_flop_;
   cost.memory_s = cost.bytes * seconds_per_byte_;
   if (tp > 1) {
-    const double ring_bytes = 2.0 * (tp - 1.0) / tp * tokens * allreduce_bytes_per_token_;
+    const double ring_bytes = 2.0 * (tp - 1.0) / tp * tokens / dp * allreduce_bytes_per_token_;
     cost.comm_s =
         allreduces_per_step_ * (ring_bytes * seconds_per_link_byte_ + options_.allreduce_latency);
+  }
+  if (experts_ > 0 && gpus > 1) {
+    // Dispatch and combine: each GPU sends its 1/G of the tokens to their experts elsewhere.
+    cost.a2a_bytes = 2.0 * moe_layers_ * tokens / gpus * a2a_bytes_per_token_ * (gpus - 1.0) / gpus;
+    cost.comm_s +=
+        cost.a2a_bytes * seconds_per_link_byte_ + 2.0 * moe_layers_ * options_.allreduce_latency;
   }
   cost.total_s = std::max(cost.compute_s, cost.memory_s) + cost.comm_s + options_.step_overhead;
   return cost;
@@ -115,6 +164,12 @@ StepCostBreakdown RooflineCostModel::Breakdown(const StepShape& shape) const {
 
 Seconds RooflineCostModel::StepTime(const StepShape& shape) const {
   return Breakdown(shape).total_s;
+}
+
+StepCostModel::AllToAll RooflineCostModel::ExpertTraffic(const StepShape& shape) const {
+  if (experts_ == 0) return {};
+  const double bytes = Breakdown(shape).a2a_bytes;
+  return {bytes, bytes / hw_.nvlink_bw};
 }
 
 }  // namespace duet::models

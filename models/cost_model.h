@@ -68,15 +68,29 @@ class StepCostModel {
   // 0 otherwise (the roofline's per-step overhead stands for it).
   virtual bool PricesHost() const { return false; }
   virtual Seconds HostTime(const HostCounts& counts) const { return 0; }
+
+  // A step's expert-parallel all-to-all: the bytes each GPU sends (dispatch and combine, every
+  // MoE layer) and what moving them at the link's full bandwidth takes, the part of StepTime
+  // the simulator replaces by moving them over its network, where KV transfers and tier
+  // traffic share the links: the step lasts StepTime - seconds, then the exchange (the rest of
+  // the priced exchange, the link efficiency's share and each call's latency, stays in the
+  // step). Zero on one GPU, for a dense model, or where the model does not price it apart (a
+  // fitted profile).
+  struct AllToAll {
+    double bytes_per_gpu = 0;
+    Seconds seconds = 0;
+  };
+  virtual AllToAll ExpertTraffic(const StepShape& shape) const { return {}; }
 };
 
 struct RooflineOptions {
   int tp = 1;
+  int dp = 1;  // attention data-parallel ranks (models/model_spec.h's MemoryOptions)
   double compute_efficiency = 0.6;      // achieved / peak FLOP/s on matrix multiplies
   double memory_efficiency = 0.8;       // achieved / peak HBM bandwidth
   double comm_efficiency = 0.7;         // achieved / peak NVLink bandwidth for TP all-reduce
   Seconds step_overhead = 0.002;        // per-step fixed cost (scheduling, launch), seconds
-  Seconds allreduce_latency = 10e-6;    // per all-reduce call
+  Seconds allreduce_latency = 10e-6;    // per all-reduce (or expert all-to-all) call
   std::optional<Dtype> kv_cache_dtype;  // KV bytes read and written; nullopt: "auto"
 };
 
@@ -84,20 +98,23 @@ struct RooflineOptions {
 struct StepCostBreakdown {
   double flops = 0;  // per GPU
   double bytes = 0;  // HBM bytes per GPU: weights once per step + KV reads/writes + activations
-  Seconds compute_s = 0;  // flops / (peak * compute_efficiency)
-  Seconds memory_s = 0;   // bytes / (bw * memory_efficiency)
-  Seconds comm_s = 0;     // TP all-reduces (0 when tp == 1)
-  Seconds total_s = 0;    // max(compute, memory) + comm + overhead
+  Seconds compute_s = 0;    // flops / (peak * compute_efficiency)
+  Seconds memory_s = 0;     // bytes / (bw * memory_efficiency)
+  double experts_read = 0;  // routed experts whose weights the step reads, all layers, per GPU
+  double a2a_bytes = 0;     // expert-parallel dispatch and combine, sent per GPU
+  Seconds comm_s = 0;       // TP all-reduces and expert all-to-alls (0 on one GPU)
+  Seconds total_s = 0;      // max(compute, memory) + comm + overhead
 };
 
-// Roofline: per layer, FLOPs of q/k/v/o projections, attention (QK^T and PV over the cached
-// context plus the causal part of the chunk), the SwiGLU MLP; plus the LM head for the tokens
-// that produce logits (last token of each finished prefill chunk and each decode token —
-// conservatively every decode token and one per chunk). Bytes: weights read once per step,
-// KV read for attention context, KV written for new tokens. Divided across `tp` GPUs.
+// Roofline: per layer, FLOPs of the attention's projections, attention itself (QK^T and PV over
+// the cached context plus the causal part of the chunk), the SwiGLU MLP or the experts each
+// token is routed to; plus the LM head for the tokens that produce logits (last token of each
+// finished prefill chunk and each decode token: conservatively every decode token and one per
+// chunk). Bytes: weights read once per step, KV read for attention context, KV written for
+// new tokens.
 //
 // With T tokens in the step, h = hidden, q = heads*head_dim, kv = kv_heads*head_dim,
-// I = intermediate, L = layers, V = vocab, e = bytes per element:
+// I = intermediate, L = layers, V = vocab, e = bytes per element, for a dense GQA model:
 //   flops  = L * 2T(hq + 2h*kv + qh + 3hI)                       linear layers
 //          + L * 4q * (sum over chunks of n(c + (n+1)/2)          causal attention
 //                      + decode_context_tokens + decode_tokens)
@@ -109,15 +126,27 @@ struct StepCostBreakdown {
 //          + e * L * T * (4h + 2I)                                activations: the residual
 //            stream in and out of both sublayers, the MLP intermediate written and read
 //   comm_s = 2L all-reduces of T*h*e bytes, ring: 2(tp-1)/tp * size / (nvlink * eff) + latency
-// flops and bytes are divided by tp. Every term is linear in decode_context_tokens, so
-// memory-bound decode steps cost exactly a + b * context.
+// flops and bytes are divided by tp.
+//
+// A mixture of experts (E routed experts, k per token, on G = tp * dp GPUs): each token's
+// linear FLOPs cover its k experts and the shared ones; the step reads the weights of the
+// experts its tokens reach, E(1 - (1 - k/E)^T) per MoE layer when tokens route uniformly,
+// spread over the G GPUs; dispatch and combine each send T/G * k * h * e * (G-1)/G bytes per
+// GPU per MoE layer (the tokens leaving for experts on other GPUs). MLA attention: prefill runs
+// as multi-head attention of (qk_nope + qk_rope) key and v_head_dim value widths after
+// expanding the cached latents; decode runs absorbed, over the kv_lora_rank + qk_rope latent.
+// dp ranks split the tokens and the KV cache; the non-expert weights are read once per TP
+// group; TP does not split MLA's latent, so each GPU reads all of its rank's.
 //
 // Tensor parallelism is options.tp; a shape whose tp is set above 1 overrides it, so one model
-// can price shapes of several TP degrees. StepTime allocates nothing and costs O(chunks).
+// can price shapes of several TP degrees. Every term is linear in decode_context_tokens, so
+// memory-bound decode steps cost exactly a + b * context. StepTime allocates nothing and costs
+// O(chunks).
 class RooflineCostModel : public StepCostModel {
  public:
   RooflineCostModel(ModelSpec model, HardwareSpec hw, RooflineOptions options);
   Seconds StepTime(const StepShape& shape) const override;
+  AllToAll ExpertTraffic(const StepShape& shape) const override;
   StepCostBreakdown Breakdown(const StepShape& shape) const;
   const RooflineOptions& options() const { return options_; }
 
@@ -126,10 +155,15 @@ class RooflineCostModel : public StepCostModel {
   HardwareSpec hw_;
   RooflineOptions options_;
   // Per-model constants, precomputed so StepTime is a few dozen flops.
-  double linear_flops_per_token_ = 0;    // all layers
-  double attention_flops_per_pair_ = 0;  // one query-key pair, all layers, QK^T and PV
+  double linear_flops_per_token_ = 0;  // all layers, the routed experts a token uses included
+  double prefill_flops_per_pair_ = 0;  // one query-key pair, all layers, QK^T and PV
+  double decode_flops_per_pair_ = 0;
+  double prefill_context_flops_ = 0;  // per cached token a chunk attends to (MLA expands it)
   double lm_head_flops_per_row_ = 0;
-  double weight_bytes_ = 0;         // read once per step: all but an untied embedding table
+  double weight_bytes_ = 0;  // read once per step: all but an untied table and routed experts
+  double expert_bytes_ = 0;  // one routed expert of one layer
+  double experts_ = 0, experts_per_token_ = 0, moe_layers_ = 0;
+  double a2a_bytes_per_token_ = 0;  // one token's hidden state to each of its k experts
   double embedding_row_bytes_ = 0;  // one token's embedding row, gathered per token
   double kv_bytes_per_token_ = 0;
   double activation_bytes_per_token_ = 0;  // all layers

@@ -25,6 +25,15 @@ Result<InstanceMemory> PlanInstanceMemory(const ModelSpec& model, const Hardware
   if (options.tp < 1) {
     return Status::Error(what + ": tp must be >= 1 (got " + std::to_string(options.tp) + ")");
   }
+  // Far above any deployment (a few hundred ranks); keeps the token count below int64's range.
+  constexpr int kMaxDp = 4096;
+  if (options.dp < 1 || options.dp > kMaxDp) {
+    return Status::Error(what + ": dp must be in [1, " + std::to_string(kMaxDp) + "] (got " +
+                         std::to_string(options.dp) + ")");
+  }
+  const std::int64_t gpus = std::int64_t(options.tp) * options.dp;
+  const std::string layout = "tp=" + std::to_string(options.tp) +
+                             (options.dp > 1 ? " dp=" + std::to_string(options.dp) : "");
   if (!(options.gpu_memory_utilization > 0 && options.gpu_memory_utilization <= 1)) {
     return Status::Error(what + ": gpu_memory_utilization must be in (0, 1] (got " +
                          std::to_string(options.gpu_memory_utilization) + ")");
@@ -39,53 +48,63 @@ Result<InstanceMemory> PlanInstanceMemory(const ModelSpec& model, const Hardware
   }
   // Each GPU holds num_key_value_heads / tp whole KV heads. Replicating KV heads when tp
   // exceeds them is what engines do, but it changes per-GPU KV bytes; we keep the plan exact
-  // by refusing uneven splits instead.
-  if (model.num_key_value_heads % options.tp != 0) {
+  // by refusing uneven splits instead. MLA's latent is not split by heads.
+  if (!model.mla && model.num_key_value_heads % options.tp != 0) {
     return Status::Error(
         what + ": tp=" + std::to_string(options.tp) +
         " does not divide num_key_value_heads=" + std::to_string(model.num_key_value_heads) +
         " (KV heads must split evenly across the GPUs)");
   }
+  // Expert parallelism places whole experts, as many on every GPU.
+  if (model.moe && model.moe->experts % gpus != 0) {
+    return Status::Error(what + ": " + layout + " makes " + std::to_string(gpus) +
+                         " GPUs, which do not divide the " + std::to_string(model.moe->experts) +
+                         " routed experts evenly");
+  }
 
   const Bytes usable_per_gpu = static_cast<Bytes>(
       std::floor(static_cast<double>(hw.hbm_bytes) * options.gpu_memory_utilization));
-  const Bytes weight_bytes = model.WeightBytes();
-  const Bytes weights_per_gpu = (weight_bytes + options.tp - 1) / options.tp;
+  const WeightBreakdown weights = model.Weights();
+  const Bytes weight_bytes = weights.Total().bytes;
+  // A TP group holds one copy of everything but the routed experts; those are spread over all
+  // the instance's GPUs.
+  const Bytes weights_per_gpu = (weights.NonExpert().bytes + options.tp - 1) / options.tp +
+                                (weights.routed_experts.bytes + gpus - 1) / gpus;
   // Compared before subtracting so an absurd reserve cannot overflow the difference.
   const Bytes after_weights_per_gpu = usable_per_gpu - weights_per_gpu;
   if (after_weights_per_gpu <= options.reserved_bytes_per_gpu) {
     char numbers[160];
     std::snprintf(numbers, sizeof(numbers), "%.2f", options.gpu_memory_utilization);
-    return Status::Error(model.name + " (" + Gb(double(weight_bytes)) +
-                         " of weights over tp=" + std::to_string(options.tp) + ", " +
-                         Gb(double(weights_per_gpu)) + " per GPU) does not fit on " + hw.name +
-                         ": " + Gb(double(usable_per_gpu)) + " usable per GPU (" + numbers +
-                         " of " + Gb(double(hw.hbm_bytes)) + ") minus " +
+    return Status::Error(model.name + " (" + Gb(double(weight_bytes)) + " of weights over " +
+                         layout + ", " + Gb(double(weights_per_gpu)) +
+                         " per GPU) does not fit on " + hw.name + ": " +
+                         Gb(double(usable_per_gpu)) + " usable per GPU (" + numbers + " of " +
+                         Gb(double(hw.hbm_bytes)) + ") minus " +
                          Gb(double(options.reserved_bytes_per_gpu)) + " reserved");
   }
 
   const Bytes kv_bytes_per_gpu = after_weights_per_gpu - options.reserved_bytes_per_gpu;
   // tp divides the KV heads, so it divides KvBytesPerToken exactly: each GPU stores its
-  // share of every token.
+  // share of every token of its DP rank's requests. MLA: every GPU stores all of the latent.
+  const Bytes kv_bytes_per_token = model.KvBytesPerToken(options.kv_cache_dtype);
   const Bytes kv_bytes_per_token_per_gpu =
-      model.KvBytesPerToken(options.kv_cache_dtype) / options.tp;
-  const Tokens kv_tokens = kv_bytes_per_gpu / kv_bytes_per_token_per_gpu;
+      model.mla ? kv_bytes_per_token : kv_bytes_per_token / options.tp;
+  const Tokens kv_tokens = kv_bytes_per_gpu / kv_bytes_per_token_per_gpu * options.dp;
   const std::int64_t kv_blocks = kv_tokens / options.block_tokens;
   if (kv_blocks < 1) {
-    return Status::Error(model.name + " on " + hw.name + " (tp=" + std::to_string(options.tp) +
-                         "): the " + Gb(double(kv_bytes_per_gpu)) +
-                         " left per GPU for the KV cache holds " + std::to_string(kv_tokens) +
-                         " tokens, less than one block of " + std::to_string(options.block_tokens));
+    return Status::Error(model.name + " on " + hw.name + " (" + layout + "): the " +
+                         Gb(double(kv_bytes_per_gpu)) + " left per GPU for the KV cache holds " +
+                         std::to_string(kv_tokens) + " tokens, less than one block of " +
+                         std::to_string(options.block_tokens));
   }
 
   // Block ids are 32-bit in the block managers (and a real engine's block tables).
   constexpr std::int64_t kMaxKvBlocks = std::numeric_limits<std::int32_t>::max();
   if (kv_blocks > kMaxKvBlocks) {
-    return Status::Error(what + " (tp=" + std::to_string(options.tp) +
-                         "): the KV cache would hold " + std::to_string(kv_blocks) + " blocks of " +
-                         std::to_string(options.block_tokens) + " tokens, more than the " +
-                         std::to_string(kMaxKvBlocks) +
-                         " an instance can index: raise block_tokens");
+    return Status::Error(
+        what + " (" + layout + "): the KV cache would hold " + std::to_string(kv_blocks) +
+        " blocks of " + std::to_string(options.block_tokens) + " tokens, more than the " +
+        std::to_string(kMaxKvBlocks) + " an instance can index: raise block_tokens");
   }
 
   InstanceMemory plan;

@@ -34,20 +34,38 @@ constexpr double kMaxFactor = 1e6;  // rope scaling factors
 constexpr double kMinHardwareValue = 1e-6;
 constexpr double kMaxHardwareValue = 1e6;
 
-// The decoder families whose config.json conventions (biases, defaults) the parser knows, and
-// which the backend executes.
+// The decoder families whose config.json conventions (biases, defaults, experts, attention)
+// the parser knows; the backend executes those marked so.
+enum class Experts { kNone, kMixtral, kQwen3Moe, kDeepSeek };
 struct Family {
   const char* class_name;
   const char* model_type;
   std::int64_t default_max_positions;  // the transformers config class's default
+  bool executable;                     // by the backend's Llama forward pass
+  Experts experts = Experts::kNone;    // how its config names a mixture of experts
+  bool mla = false;                    // multi-head latent attention
+  bool qk_norm = false;                // RMSNorm on each query and key head
 };
 constexpr Family kFamilies[] = {
-    {"LlamaForCausalLM", "llama", 2048},
-    {"Qwen2ForCausalLM", "qwen2", 32768},
-    {"MistralForCausalLM", "mistral", 4096 * 32},
+    {"LlamaForCausalLM", "llama", 2048, true},
+    {"Qwen2ForCausalLM", "qwen2", 32768, true},
+    {"MistralForCausalLM", "mistral", 4096 * 32, true},
+    {"Qwen3ForCausalLM", "qwen3", 32768, false, Experts::kNone, false, true},
+    {"MixtralForCausalLM", "mixtral", 4096 * 32, false, Experts::kMixtral},
+    {"Qwen3MoeForCausalLM", "qwen3_moe", 32768, false, Experts::kQwen3Moe, false, true},
+    {"DeepseekV2ForCausalLM", "deepseek_v2", 2048, false, Experts::kDeepSeek, true},
+    {"DeepseekV3ForCausalLM", "deepseek_v3", 4096, false, Experts::kDeepSeek, true},
 };
 // Any other model type gets Llama's conventions (attention_bias, mlp_bias) and default.
 constexpr std::int64_t kOtherDefaultMaxPositions = 2048;
+
+// Bounds on mixture-of-experts fields: real models have up to 256 routed experts, 8 to 10
+// chosen per token and a few shared ones.
+constexpr std::int64_t kMaxExperts = 4096;
+constexpr std::int64_t kMaxSharedExperts = 64;
+// No model that passes has more parameters than this (10^15; the largest today are near
+// 2 * 10^12): int64 sums of weight bytes stay far from overflow.
+constexpr double kMaxParams = 1e15;
 
 const Family* FamilyOfType(const std::string& model_type) {
   for (const Family& family : kFamilies) {
@@ -63,9 +81,11 @@ const Family* FamilyOfClass(const std::string& class_name) {
   return nullptr;
 }
 
-std::string SupportedList() {
+std::string SupportedList(bool executable) {
   std::string list;
   for (const Family& family : kFamilies) {
+    if (executable && !family.executable) continue;
+    if (!executable && family.experts == Experts::kNone) continue;
     if (!list.empty()) list += ", ";
     list += std::string(family.class_name) + " (" + family.model_type + ")";
   }
@@ -135,18 +155,166 @@ Status ParseArchitecture(const json& doc, const std::string& where, ModelSpec& s
   return Status::Ok();
 }
 
-// Mixture-of-experts configs name their experts; one dense MLP per layer would be wrong.
-Status RejectMixtureOfExperts(const json& doc, const std::string& where) {
-  for (const char* key : {"num_local_experts", "num_experts", "n_routed_experts"}) {
-    if (!JsonHas(doc, key)) continue;
-    const json& value = doc.at(key);
-    if (value.is_number() && value.get<double>() > 1) {
-      return FieldError(where, key,
-                        "is " + DescribeJson(value) +
-                            ": mixture-of-experts models are not supported (sizes and costs "
-                            "assume one dense MLP per layer)");
-    }
+// The key a family's config.json counts its routed experts with.
+const char* ExpertCountKey(Experts experts) {
+  switch (experts) {
+    case Experts::kMixtral:
+      return "num_local_experts";
+    case Experts::kQwen3Moe:
+      return "num_experts";
+    case Experts::kDeepSeek:
+      return "n_routed_experts";
+    case Experts::kNone:
+      break;
   }
+  return "";
+}
+
+// Which layers of `layers` have experts: Qwen3-MoE's every decoder_sparse_step-th layer not in
+// mlp_only_layers; DeepSeek's every moe_layer_freq-th from first_k_dense_replace on; all of
+// Mixtral's.
+Result<int> CountMoeLayers(const json& doc, const std::string& where, Experts experts,
+                           std::int64_t layers) {
+  std::int64_t count = 0;
+  if (experts == Experts::kMixtral) return int(layers);
+  if (experts == Experts::kQwen3Moe) {
+    Result<std::int64_t> step = JsonIntIn(doc, "decoder_sparse_step", 1, layers, where, 1);
+    if (!step.ok()) return step.status();
+    std::vector<bool> dense(std::size_t(layers), false);
+    if (JsonHas(doc, "mlp_only_layers")) {
+      const json& list = doc.at("mlp_only_layers");
+      if (!list.is_array() || list.size() > std::size_t(layers)) {
+        return FieldError(where, "mlp_only_layers",
+                          "must be a list of at most num_hidden_layers layer indices");
+      }
+      for (const json& item : list) {
+        if (!item.is_number_integer() || item.get<std::int64_t>() < 0 ||
+            item.get<std::int64_t>() >= layers) {
+          return FieldError(where, "mlp_only_layers",
+                            "must hold layer indices in [0, " + std::to_string(layers) + ") (got " +
+                                DescribeJson(item) + ")");
+        }
+        dense[std::size_t(item.get<std::int64_t>())] = true;
+      }
+    }
+    for (std::int64_t i = 0; i < layers; ++i)
+      count += !dense[std::size_t(i)] && (i + 1) % *step == 0;
+    return int(count);
+  }
+  Result<std::int64_t> first = JsonIntIn(doc, "first_k_dense_replace", 0, layers, where, 0);
+  if (!first.ok()) return first.status();
+  Result<std::int64_t> freq = JsonIntIn(doc, "moe_layer_freq", 1, layers, where, 1);
+  if (!freq.ok()) return freq.status();
+  for (std::int64_t i = *first; i < layers; ++i) count += i % *freq == 0;
+  return int(count);
+}
+
+// The experts of a mixture-of-experts family; an expert count above 1 in any other family is
+// an error (one dense MLP per layer would be wrong).
+Status ParseExperts(const json& doc, const std::string& where, const Family* family,
+                    ModelSpec& spec) {
+  const Experts experts = family != nullptr ? family->experts : Experts::kNone;
+  if (experts == Experts::kNone) {
+    for (const char* key : {"num_local_experts", "num_experts", "n_routed_experts"}) {
+      if (!JsonHas(doc, key)) continue;
+      const json& value = doc.at(key);
+      if (value.is_number() && value.get<double>() > 1) {
+        return FieldError(where, key,
+                          "is " + DescribeJson(value) + ": mixture-of-experts models of type '" +
+                              spec.model_type +
+                              "' are not supported (supported: " + SupportedList(false) + ")");
+      }
+    }
+    return Status::Ok();
+  }
+  MoeSpec moe;
+  Result<std::int64_t> count = JsonIntIn(doc, ExpertCountKey(experts), 2, kMaxExperts, where);
+  if (!count.ok()) return count.status();
+  moe.experts = int(*count);
+  Result<std::int64_t> top = JsonIntIn(doc, "num_experts_per_tok", 1, *count, where);
+  if (!top.ok()) return top.status();
+  moe.experts_per_token = int(*top);
+  if (experts == Experts::kMixtral) {
+    moe.expert_intermediate = spec.intermediate_size;
+  } else {
+    Result<std::int64_t> width = JsonIntIn(doc, "moe_intermediate_size", 1, kMaxWidth, where);
+    if (!width.ok()) return width.status();
+    moe.expert_intermediate = int(*width);
+  }
+  if (experts == Experts::kDeepSeek) {
+    Result<std::int64_t> shared =
+        JsonIntIn(doc, "n_shared_experts", 0, kMaxSharedExperts, where, 0);
+    if (!shared.ok()) return shared.status();
+    moe.shared_experts = int(*shared);
+    moe.router_bias = spec.model_type == "deepseek_v3";
+  }
+  Result<int> moe_layers = CountMoeLayers(doc, where, experts, spec.num_hidden_layers);
+  if (!moe_layers.ok()) return moe_layers.status();
+  moe.moe_layers = *moe_layers;
+  spec.moe = moe;
+  return Status::Ok();
+}
+
+// DeepSeek's multi-head latent attention; head_dim becomes the query/key head width.
+Status ParseMla(const json& doc, const std::string& where, ModelSpec& spec) {
+  MlaSpec mla;
+  Result<std::int64_t> q_rank = JsonIntIn(doc, "q_lora_rank", 1, kMaxWidth, where, 0);
+  if (!q_rank.ok()) return q_rank.status();
+  mla.q_lora_rank = int(*q_rank);
+  int* fields[] = {&mla.kv_lora_rank, &mla.qk_nope_head_dim, &mla.qk_rope_head_dim,
+                   &mla.v_head_dim};
+  const char* keys[] = {"kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"};
+  for (std::size_t i = 0; i < std::size(keys); ++i) {
+    Result<std::int64_t> value = JsonIntIn(doc, keys[i], 1, kMaxWidth, where);
+    if (!value.ok()) return value.status();
+    *fields[i] = int(*value);
+  }
+  if (mla.qk_rope_head_dim % 2 != 0) {
+    return FieldError(
+        where, "qk_rope_head_dim",
+        "must be even for rotary embeddings (got " + std::to_string(mla.qk_rope_head_dim) + ")");
+  }
+  const std::int64_t widest = std::max<std::int64_t>(mla.QkHeadDim(), mla.v_head_dim);
+  if (std::int64_t(spec.num_attention_heads) * widest > kMaxWidth) {
+    return FieldError(where, "num_attention_heads",
+                      "times the head width must be at most " + std::to_string(kMaxWidth));
+  }
+  if (spec.attention_qkv_bias) {
+    return FieldError(where, "attention_bias", "true is not supported with latent attention");
+  }
+  spec.head_dim = mla.QkHeadDim();
+  spec.mla = mla;
+  return Status::Ok();
+}
+
+// quantization_config: absent, or fp8 (block-wise or per tensor). Any other method stores
+// weights in widths the sizes here would not know.
+Status ParseQuantization(const json& doc, const std::string& where, ModelSpec& spec) {
+  if (!JsonHas(doc, "quantization_config")) return Status::Ok();
+  const json& q = doc.at("quantization_config");
+  const std::string at = where + ": quantization_config";
+  if (!q.is_object()) return FieldError(where, "quantization_config", "must be an object or null");
+  Result<std::string> method = JsonString(q, "quant_method", at);
+  if (!method.ok()) return method.status();
+  if (*method != "fp8") {
+    return FieldError(at, "quant_method",
+                      "'" + *method + "' is not supported (supported: fp8; or none)");
+  }
+  Fp8Weights fp8;
+  if (JsonHas(q, "weight_block_size")) {
+    const json& block = q.at("weight_block_size");
+    if (!block.is_array() || block.size() != 2 || !block[0].is_number_integer() ||
+        !block[1].is_number_integer() || block[0].get<std::int64_t>() < 1 ||
+        block[1].get<std::int64_t>() < 1 || block[0].get<std::int64_t>() > kMaxWidth ||
+        block[1].get<std::int64_t>() > kMaxWidth) {
+      return FieldError(at, "weight_block_size",
+                        "must be [rows, columns], each in [1, " + std::to_string(kMaxWidth) +
+                            "] (got " + DescribeJson(block) + ")");
+    }
+    fp8.block_rows = block[0].get<std::int64_t>();
+    fp8.block_cols = block[1].get<std::int64_t>();
+  }
+  spec.fp8 = fp8;
   return Status::Ok();
 }
 
@@ -243,7 +411,9 @@ Status ParseTokenIds(const json& doc, const std::string& where, ModelSpec& spec)
 // with use_sliding_window; Mistral has no biases; Llama (and any other type) reads
 // attention_bias and mlp_bias, and Llama has no window.
 Status ParseBiasesAndWindow(const json& doc, const std::string& where, ModelSpec& spec) {
-  const bool qwen2 = spec.model_type == "qwen2", mistral = spec.model_type == "mistral";
+  // Mixtral's attention and experts have no biases, as Mistral's.
+  const bool qwen2 = spec.model_type == "qwen2";
+  const bool mistral = spec.model_type == "mistral" || spec.model_type == "mixtral";
   const bool llama = spec.model_type == "llama";
   if (qwen2) {
     spec.attention_qkv_bias = true;  // hard-wired in Qwen2Attention
@@ -287,27 +457,90 @@ Result<double> HardwareNumber(const json& doc, const std::string& key, const std
 
 }  // namespace
 
-std::int64_t ModelSpec::ParamCount() const {
-  const std::int64_t hidden = hidden_size;
-  const std::int64_t intermediate = intermediate_size;
-  const std::int64_t attention = hidden * QWidth()         // q_proj
-                                 + 2 * hidden * KvWidth()  // k_proj, v_proj
-                                 + QWidth() * hidden       // o_proj
-                                 + (attention_qkv_bias ? QWidth() + 2 * KvWidth() : 0) +
-                                 (attention_o_bias ? hidden : 0);
-  const std::int64_t mlp = 3 * hidden * intermediate  // gate_proj, up_proj, down_proj
-                           + (mlp_bias ? 2 * intermediate + hidden : 0);
-  const std::int64_t per_layer = attention + mlp + 2 * hidden;  // + two RMSNorm weights
-  const std::int64_t embeddings = std::int64_t(vocab_size) * hidden;
-  return embeddings + (tie_word_embeddings ? 0 : embeddings) +
-         std::int64_t(num_hidden_layers) * per_layer + hidden;  // + the final norm
+WeightPart WeightBreakdown::NonExpert() const {
+  WeightPart sum = embedding;
+  for (const WeightPart* part :
+       {&lm_head, &attention, &dense_mlp, &shared_experts, &router, &norms})
+    sum += *part;
+  return sum;
 }
 
-Bytes ModelSpec::WeightBytes() const { return ParamCount() * BytesPerElement(); }
+WeightPart WeightBreakdown::Total() const {
+  WeightPart sum = NonExpert();
+  sum += routed_experts;
+  return sum;
+}
+
+WeightBreakdown ModelSpec::Weights() const {
+  const std::int64_t e = BytesPerElement();
+  // A tensor in the model's dtype, and a linear layer's [out, in] weight (fp8 with its scales
+  // in an fp8 checkpoint), each `times` over.
+  auto plain = [&](std::int64_t params, std::int64_t times = 1) {
+    return WeightPart{params * times, params * e * times};
+  };
+  auto linear = [&](std::int64_t in, std::int64_t out, std::int64_t times = 1) {
+    if (!fp8) return plain(in * out, times);
+    const std::int64_t scales = fp8->block_rows > 0
+                                    ? ((out + fp8->block_rows - 1) / fp8->block_rows) *
+                                          ((in + fp8->block_cols - 1) / fp8->block_cols)
+                                    : 1;
+    return WeightPart{in * out * times, (in * out + 4 * scales) * times};
+  };
+  auto mlp = [&](std::int64_t width, std::int64_t times) {  // gate, up, down
+    WeightPart part = linear(hidden_size, width, 2 * times);
+    part += linear(width, hidden_size, times);
+    if (mlp_bias) part += plain(2 * width + hidden_size, times);
+    return part;
+  };
+  const std::int64_t h = hidden_size, layers = num_hidden_layers, heads = num_attention_heads;
+  WeightBreakdown w;
+  w.embedding = plain(std::int64_t(vocab_size) * h);
+  if (!tie_word_embeddings) w.lm_head = w.embedding;
+  if (mla) {
+    if (mla->q_lora_rank > 0) {
+      w.attention += linear(h, mla->q_lora_rank, layers);                         // q_a_proj
+      w.attention += plain(mla->q_lora_rank, layers);                             // its norm
+      w.attention += linear(mla->q_lora_rank, heads * mla->QkHeadDim(), layers);  // q_b_proj
+    } else {
+      w.attention += linear(h, heads * mla->QkHeadDim(), layers);  // q_proj
+    }
+    w.attention += linear(h, mla->CachedWidth(), layers);  // kv_a_proj_with_mqa
+    w.attention += plain(mla->kv_lora_rank, layers);       // kv_a_layernorm
+    w.attention += linear(mla->kv_lora_rank, heads * (mla->qk_nope_head_dim + mla->v_head_dim),
+                          layers);                              // kv_b
+    w.attention += linear(heads * mla->v_head_dim, h, layers);  // o_proj
+  } else {
+    w.attention += linear(h, QWidth(), layers);       // q_proj
+    w.attention += linear(h, KvWidth(), 2 * layers);  // k_proj, v_proj
+    w.attention += linear(QWidth(), h, layers);       // o_proj
+    if (attention_qkv_bias) w.attention += plain(QWidth() + 2 * KvWidth(), layers);
+    if (attention_o_bias) w.attention += plain(h, layers);
+    if (qk_norm) w.attention += plain(2 * head_dim, layers);
+  }
+  w.dense_mlp = mlp(intermediate_size, DenseLayers());
+  if (moe) {
+    w.routed_experts = mlp(moe->expert_intermediate, std::int64_t(moe->experts) * moe->moe_layers);
+    if (moe->shared_experts > 0) {
+      // One MLP as wide as all the shared experts together, as DeepSeek stores them.
+      w.shared_experts =
+          mlp(std::int64_t(moe->shared_experts) * moe->expert_intermediate, moe->moe_layers);
+    }
+    w.router = plain(h * moe->experts + (moe->router_bias ? moe->experts : 0), moe->moe_layers);
+  }
+  w.norms = plain(2 * h * layers + h);
+  return w;
+}
+
+std::int64_t ModelSpec::ActiveParamCount() const {
+  const WeightBreakdown w = Weights();
+  const std::int64_t routed = w.routed_experts.params;  // experts * moe_layers equal experts
+  return w.Total().params - routed + (moe ? routed / moe->experts * moe->experts_per_token : 0);
+}
 
 Bytes ModelSpec::KvBytesPerToken(std::optional<Dtype> kv_cache_dtype) const {
-  const Dtype dtype = kv_cache_dtype.value_or(AutoKvCacheDtype());
-  return 2 * std::int64_t(num_hidden_layers) * KvWidth() * Bytes(DtypeBytes(dtype));
+  const Bytes bytes = Bytes(DtypeBytes(kv_cache_dtype.value_or(AutoKvCacheDtype())));
+  if (mla) return std::int64_t(num_hidden_layers) * mla->CachedWidth() * bytes;
+  return 2 * std::int64_t(num_hidden_layers) * KvWidth() * bytes;
 }
 
 std::vector<float> ModelSpec::RopeInvFrequencies() const {
@@ -352,7 +585,8 @@ Result<ModelSpec> ParseModelSpec(const json& doc, const std::string& where) {
   if (!name.ok()) return name.status();
   spec.name = *name;
   DUET_RETURN_IF_ERROR(ParseArchitecture(doc, where, spec));
-  DUET_RETURN_IF_ERROR(RejectMixtureOfExperts(doc, where));
+  const Family* family = FamilyOfType(spec.model_type);
+  const bool mla = family != nullptr && family->mla;
 
   Result<std::int64_t> layers = JsonIntIn(doc, "num_hidden_layers", 1, kMaxLayers, where);
   if (!layers.ok()) return layers.status();
@@ -374,7 +608,9 @@ Result<ModelSpec> ParseModelSpec(const json& doc, const std::string& where) {
   }
 
   std::int64_t head_dim = 0;
-  if (JsonHas(doc, "head_dim")) {
+  if (mla) {
+    // ParseMla sets it from the latent attention's own widths.
+  } else if (JsonHas(doc, "head_dim")) {
     Result<std::int64_t> value = JsonIntIn(doc, "head_dim", 1, kMaxWidth, where);
     if (!value.ok()) return value.status();
     head_dim = *value;
@@ -388,7 +624,7 @@ Result<ModelSpec> ParseModelSpec(const json& doc, const std::string& where) {
     }
     head_dim = *hidden / *heads;
   }
-  if (head_dim % 2 != 0) {
+  if (!mla && head_dim % 2 != 0) {
     return FieldError(where, "head_dim",
                       "must be even for rotary embeddings (got " + std::to_string(head_dim) + ")");
   }
@@ -423,7 +659,6 @@ Result<ModelSpec> ParseModelSpec(const json& doc, const std::string& where) {
   Result<double> partial = PositiveNumber(doc, "partial_rotary_factor", where, 1.0, 1.0);
   if (!partial.ok()) return partial.status();
   spec.partial_rotary_factor = *partial;
-  const Family* family = FamilyOfType(spec.model_type);
   Result<std::int64_t> max_positions =
       JsonIntIn(doc, "max_position_embeddings", 1, kMaxPositions, where,
                 family != nullptr ? family->default_max_positions : kOtherDefaultMaxPositions);
@@ -453,6 +688,20 @@ Result<ModelSpec> ParseModelSpec(const json& doc, const std::string& where) {
 
   DUET_RETURN_IF_ERROR(ParseBiasesAndWindow(doc, where, spec));
   DUET_RETURN_IF_ERROR(ParseTokenIds(doc, where, spec));
+  if (mla) DUET_RETURN_IF_ERROR(ParseMla(doc, where, spec));
+  DUET_RETURN_IF_ERROR(ParseExperts(doc, where, family, spec));
+  DUET_RETURN_IF_ERROR(ParseQuantization(doc, where, spec));
+  spec.qk_norm = family != nullptr && family->qk_norm;
+  double params = double(spec.hidden_size) * spec.intermediate_size * 3 * spec.num_hidden_layers;
+  if (spec.moe) {
+    params += double(spec.moe->ExpertParams(spec.hidden_size)) *
+              (spec.moe->experts + spec.moe->shared_experts) * spec.moe->moe_layers;
+  }
+  if (params > kMaxParams) {
+    return Status::Error(where + ": the MLPs alone would hold " + json(params).dump() +
+                         " parameters, more than the " + json(kMaxParams).dump() +
+                         " any model has");
+  }
   return spec;
 }
 
@@ -504,7 +753,7 @@ json ModelSpecToJson(const ModelSpec& spec) {
   doc["max_position_embeddings"] = spec.max_position_embeddings;
   doc["tie_word_embeddings"] = spec.tie_word_embeddings;
   if (spec.torch_dtype) doc["torch_dtype"] = TorchDtypeName(*spec.torch_dtype);
-  if (spec.model_type != "qwen2" && spec.model_type != "mistral") {
+  if (spec.model_type != "qwen2" && spec.model_type != "mistral" && spec.model_type != "mixtral") {
     doc["attention_bias"] = spec.attention_qkv_bias;
     doc["mlp_bias"] = spec.mlp_bias;
   }
@@ -513,6 +762,38 @@ json ModelSpecToJson(const ModelSpec& spec) {
     if (spec.model_type == "qwen2") doc["use_sliding_window"] = true;
   } else if (spec.model_type == "mistral") {
     doc["sliding_window"] = nullptr;
+  }
+  const Family* family = FamilyOfType(spec.model_type);
+  if (const MoeSpec* moe = spec.moe ? &*spec.moe : nullptr; moe && family != nullptr) {
+    doc[ExpertCountKey(family->experts)] = moe->experts;
+    doc["num_experts_per_tok"] = moe->experts_per_token;
+    const int dense = spec.DenseLayers();
+    if (family->experts != Experts::kMixtral)
+      doc["moe_intermediate_size"] = moe->expert_intermediate;
+    if (family->experts == Experts::kQwen3Moe) {
+      json dense_layers = json::array();
+      for (int i = 0; i < dense; ++i) dense_layers.push_back(i);
+      doc["decoder_sparse_step"] = 1;
+      doc["mlp_only_layers"] = dense_layers;
+    } else if (family->experts == Experts::kDeepSeek) {
+      doc["first_k_dense_replace"] = dense;
+      doc["moe_layer_freq"] = 1;
+      doc["n_shared_experts"] = moe->shared_experts;
+    }
+  }
+  if (spec.mla) {
+    doc["q_lora_rank"] = spec.mla->q_lora_rank > 0 ? json(spec.mla->q_lora_rank) : json(nullptr);
+    doc["kv_lora_rank"] = spec.mla->kv_lora_rank;
+    doc["qk_nope_head_dim"] = spec.mla->qk_nope_head_dim;
+    doc["qk_rope_head_dim"] = spec.mla->qk_rope_head_dim;
+    doc["v_head_dim"] = spec.mla->v_head_dim;
+  }
+  if (spec.fp8) {
+    doc["quantization_config"] = {{"quant_method", "fp8"}};
+    if (spec.fp8->block_rows > 0) {
+      doc["quantization_config"]["weight_block_size"] = {spec.fp8->block_rows,
+                                                         spec.fp8->block_cols};
+    }
   }
   if (spec.bos_token_id) doc["bos_token_id"] = *spec.bos_token_id;
   if (spec.eos_token_ids.size() == 1) {
@@ -527,9 +808,9 @@ Status CheckExecutable(const ModelSpec& spec, const std::string& where) {
   const Family* family = FamilyOfType(spec.model_type);
   if (spec.model_type.empty() && spec.architecture.empty()) {
     return FieldError(where, "model_type",
-                      "is missing (and so is 'architectures'); supported: " + SupportedList());
+                      "is missing (and so is 'architectures'); supported: " + SupportedList(true));
   }
-  if (family == nullptr ||
+  if (family == nullptr || !family->executable ||
       (!spec.architecture.empty() && FamilyOfClass(spec.architecture) == nullptr)) {
     std::string named = spec.architecture;
     if (!spec.model_type.empty()) {
@@ -537,13 +818,16 @@ Status CheckExecutable(const ModelSpec& spec, const std::string& where) {
           named.empty() ? "model_type " + spec.model_type : " (model_type " + spec.model_type + ")";
     }
     return Status::Error(where + ": unsupported architecture " + named +
-                         "; supported: " + SupportedList());
+                         "; supported: " + SupportedList(true));
   }
   if (spec.hidden_act != "silu") {
     return FieldError(where, "hidden_act",
                       "must be \"silu\" (got " + DescribeJson(json(spec.hidden_act)) + ")");
   }
   if (spec.mlp_bias) return FieldError(where, "mlp_bias", "true is not supported");
+  if (spec.fp8) {
+    return FieldError(where, "quantization_config", "fp8 weights are not supported by the backend");
+  }
   if (spec.partial_rotary_factor != 1.0) {
     return FieldError(where, "partial_rotary_factor",
                       "must be 1 (partial rotary embeddings are not supported; got " +

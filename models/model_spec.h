@@ -1,8 +1,9 @@
 // The one description of a model, read from its Hugging Face config.json (bundled specs under
-// models/specs use the same field names): a Llama-shaped dense decoder and what follows from it
-// (parameters, weight and KV cache bytes, rotary frequencies). The simulator sizes and costs it;
-// the real backend maps and runs its weights. Also the GPU specs and the instance memory plan.
-// Pure C++ (STL + nlohmann_json).
+// models/specs use the same field names): a Llama-shaped decoder, dense or mixture-of-experts,
+// with grouped-query or multi-head latent attention, and what follows from it (parameters,
+// weight and KV cache bytes, rotary frequencies). The simulator sizes and costs it; the real
+// backend maps and runs the dense Llama-family ones. Also the GPU specs and the instance memory
+// plan. Pure C++ (STL + nlohmann_json).
 #pragma once
 
 #include <cstdint>
@@ -34,9 +35,71 @@ struct RopeScaling {
   std::string unsupported_type;  // kUnsupported: the rope_type as written
 };
 
-// A Llama-shaped decoder: per layer RMSNorm, q/k/v/o projections (grouped-query attention),
-// RMSNorm, gate/up/down MLP; embeddings, final norm and LM head. Fields have config.json's
-// names; every optional one may be absent or null.
+// Mixture-of-experts MLPs (Mixtral, Qwen3-MoE, DeepSeek-V2/V3): in each MoE layer a router
+// picks `experts_per_token` of `experts` gate/up/down MLPs of width `expert_intermediate` for
+// every token, beside `shared_experts` of the same width that every token uses. The other
+// layers keep a dense MLP of intermediate_size.
+struct MoeSpec {
+  int experts = 0;              // num_local_experts, num_experts or n_routed_experts
+  int experts_per_token = 0;    // num_experts_per_tok
+  int expert_intermediate = 0;  // moe_intermediate_size (Mixtral: intermediate_size)
+  int shared_experts = 0;       // n_shared_experts (DeepSeek)
+  int moe_layers = 0;           // layers whose MLP is the experts
+  bool router_bias = false;     // DeepSeek-V3's e_score_correction_bias (topk_method noaux_tc)
+  std::int64_t ExpertParams(std::int64_t hidden) const { return 3 * hidden * expert_intermediate; }
+};
+
+// Multi-head latent attention (DeepSeek-V2/V3): queries through a low-rank projection (or a
+// direct one when q_lora_rank is 0), keys and values from a compressed latent of kv_lora_rank
+// plus a shared rotary key of qk_rope_head_dim per token, which is all the KV cache holds.
+struct MlaSpec {
+  int q_lora_rank = 0;  // 0: q_proj maps hidden straight to the heads
+  int kv_lora_rank = 0;
+  int qk_nope_head_dim = 0;
+  int qk_rope_head_dim = 0;
+  int v_head_dim = 0;
+  int QkHeadDim() const { return qk_nope_head_dim + qk_rope_head_dim; }
+  // What one layer caches per token: the latent and the rotary key.
+  int CachedWidth() const { return kv_lora_rank + qk_rope_head_dim; }
+};
+
+// Block-wise FP8 checkpoints (quantization_config quant_method "fp8", as DeepSeek-V3 and
+// Qwen3's -FP8 releases): every linear layer of the decoder stores one byte per weight and one
+// float32 scale per block (one per matrix without weight_block_size); embeddings, LM head,
+// norms and routers keep the model's dtype.
+struct Fp8Weights {
+  std::int64_t block_rows = 0, block_cols = 0;  // weight_block_size; 0: one scale per matrix
+};
+
+// Parameters and bytes of one part of the weights.
+struct WeightPart {
+  std::int64_t params = 0;
+  Bytes bytes = 0;
+  WeightPart& operator+=(const WeightPart& o) {
+    params += o.params;
+    bytes += o.bytes;
+    return *this;
+  }
+};
+
+// Where a model's weights are, summed over its layers.
+struct WeightBreakdown {
+  WeightPart embedding;       // the input embedding table
+  WeightPart lm_head;         // the output projection (none when tied to the embeddings)
+  WeightPart attention;       // projections, their biases and norms (Qwen3's q/k, MLA's latents)
+  WeightPart dense_mlp;       // the dense layers' MLPs
+  WeightPart routed_experts;  // every routed expert of every MoE layer
+  WeightPart shared_experts;  // the MoE layers' shared experts
+  WeightPart router;          // the MoE layers' gates (and score-correction biases)
+  WeightPart norms;           // two RMSNorms per layer and the final one
+  WeightPart Total() const;
+  // All but the routed experts: what every GPU of a TP group holds a 1/tp share of.
+  WeightPart NonExpert() const;
+};
+
+// A Llama-shaped decoder: per layer RMSNorm, attention (grouped-query q/k/v/o projections, or
+// MLA), RMSNorm, a gate/up/down MLP or a mixture of experts; embeddings, final norm and LM
+// head. Fields have config.json's names; every optional one may be absent or null.
 struct ModelSpec {
   std::string name;          // "name" (Duet's; default: the file stem, or the model directory)
   std::string model_type;    // "llama", "qwen2", "mistral", ... ("" when absent)
@@ -67,21 +130,32 @@ struct ModelSpec {
   // only: Duet's attention is always full, which equals sliding-window attention exactly as
   // long as every sequence fits in the window.
   std::optional<std::int64_t> sliding_window;
+  bool qk_norm = false;  // Qwen3: an RMSNorm of head_dim on every query and key head
+  std::optional<MoeSpec> moe;
+  std::optional<MlaSpec> mla;  // then head_dim is qk_nope + qk_rope, num_key_value_heads unused
+  std::optional<Fp8Weights> fp8;
 
   std::int64_t QWidth() const { return std::int64_t(num_attention_heads) * head_dim; }
   std::int64_t KvWidth() const { return std::int64_t(num_key_value_heads) * head_dim; }
   // The dtype of the weights: torch_dtype, bf16 when absent.
   Dtype WeightDtype() const { return torch_dtype.value_or(Dtype::kBF16); }
   Bytes BytesPerElement() const { return Bytes(DtypeBytes(WeightDtype())); }
-  // Every weight the checkpoint holds: embeddings, LM head unless tied, per layer q/k/v/o,
-  // gate/up/down, their biases where the config has them, two norms; the final norm.
-  std::int64_t ParamCount() const;
-  Bytes WeightBytes() const;  // ParamCount * BytesPerElement
+  // Every weight the checkpoint holds: embeddings, LM head unless tied, per layer the
+  // attention's projections (q/k/v/o, or MLA's), the MLP or the experts with their router,
+  // their biases where the config has them, norms; the final norm. Not DeepSeek's
+  // multi-token-prediction layer, which only speculative decoding loads.
+  WeightBreakdown Weights() const;
+  std::int64_t ParamCount() const { return Weights().Total().params; }
+  // In the dtype each part is stored in (ParamCount * BytesPerElement unless fp8).
+  Bytes WeightBytes() const { return Weights().Total().bytes; }
+  // Parameters one token passes through: all but the routed experts it is not sent to.
+  std::int64_t ActiveParamCount() const;
+  int DenseLayers() const { return num_hidden_layers - (moe ? moe->moe_layers : 0); }
   // The KV cache dtype "auto" means: the weights' dtype, as a GPU engine stores it.
   Dtype AutoKvCacheDtype() const { return WeightDtype(); }
   // K and V for every layer: 2 * layers * kv_heads * head_dim * bytes of `kv_cache_dtype`
-  // (nullopt: AutoKvCacheDtype). The one formula the simulator plans with and every backend
-  // allocates with.
+  // (nullopt: AutoKvCacheDtype); with MLA, layers * (kv_lora_rank + qk_rope_head_dim) * bytes.
+  // The one formula the simulator plans with and every backend allocates with.
   Bytes KvBytesPerToken(std::optional<Dtype> kv_cache_dtype = std::nullopt) const;
 
   // head_dim / 2 rotary inverse frequencies theta^(-2i/head_dim), then the rope_scaling
@@ -93,8 +167,9 @@ struct ModelSpec {
 
 // Parses a config.json (or bundled spec) document; `where` (the file name) starts every error,
 // which also names the field. Accepts any model_type whose config describes a dense
-// Llama-shaped decoder (see docs/simulator.md); rejects malformed values, out-of-bounds sizes
-// and mixture-of-experts configs.
+// Llama-shaped decoder, and the mixture-of-experts families Mixtral, Qwen3-MoE and
+// DeepSeek-V2/V3 (see docs/simulator.md); rejects malformed values, out-of-bounds sizes,
+// experts of other families and quantization methods other than fp8.
 Result<ModelSpec> ParseModelSpec(const nlohmann::json& doc, const std::string& where);
 // `path`: a .json file, or a Hugging Face model directory (its config.json is read).
 Result<ModelSpec> LoadModelSpec(const std::string& path);
@@ -105,7 +180,8 @@ nlohmann::json ModelSpecToJson(const ModelSpec& spec);
 
 // Whether the real backend's Llama forward pass implements everything `spec` describes:
 // model types llama, qwen2 and mistral (with their *ForCausalLM classes), SiLU, no MLP
-// biases, full rotary embeddings with default, linear or llama3 scaling. The error names
+// biases, full rotary embeddings with default, linear or llama3 scaling; no experts, MLA,
+// q/k norms or fp8 weights. The error names
 // `where` and what is unsupported. The simulator does not need this.
 Status CheckExecutable(const ModelSpec& spec, const std::string& where);
 
@@ -122,17 +198,22 @@ struct HardwareSpec {
 Result<HardwareSpec> ParseHardwareSpec(const nlohmann::json& doc, const std::string& where);
 Result<HardwareSpec> LoadHardwareSpec(const std::string& path);
 
-// Memory plan of one serving instance of `model` on `tp` GPUs of `hw`.
+// Memory plan of one serving instance of `model` on tp * dp GPUs of `hw`: dp attention ranks
+// (data parallel: each holds its own requests' KV cache), each over tp GPUs (tensor parallel:
+// attention heads, the dense MLP, embeddings and LM head split tp ways). A mixture of experts
+// spreads its routed experts over all tp * dp GPUs (expert parallel). GQA's KV heads split tp
+// ways; MLA's latent cannot be split, so every GPU of a TP group caches all of it.
 struct InstanceMemory {
   Bytes weight_bytes_per_gpu = 0;
   Bytes reserved_bytes_per_gpu = 0;  // activations, CUDA graphs, allocator slack
   Bytes kv_bytes_per_gpu = 0;
-  Tokens kv_tokens = 0;        // whole-instance KV capacity in tokens
+  Tokens kv_tokens = 0;        // whole-instance KV capacity in tokens (all dp ranks)
   std::int64_t kv_blocks = 0;  // kv_tokens / block_tokens
 };
 
 struct MemoryOptions {
   int tp = 1;
+  int dp = 1;                           // attention data-parallel ranks
   double gpu_memory_utilization = 0.9;  // fraction of HBM the engine may use (vLLM's meaning)
   Bytes reserved_bytes_per_gpu = Bytes(2) * 1024 * 1024 * 1024;  // activation workspace
   Tokens block_tokens = 16;
@@ -140,7 +221,8 @@ struct MemoryOptions {
 };
 
 // Error (naming model, hardware and the numbers) when the weights and reserve do not fit, or
-// the remainder holds less than one block, or tp does not divide the KV heads.
+// the remainder holds less than one block, or tp does not divide the KV heads, or tp * dp does
+// not divide the routed experts.
 Result<InstanceMemory> PlanInstanceMemory(const ModelSpec& model, const HardwareSpec& hw,
                                           const MemoryOptions& options);
 

@@ -678,6 +678,11 @@ std::optional<std::string> ArchitectureMismatch(const ModelSpec& measured, const
       {"vocab_size", measured.vocab_size, used.vocab_size},
       {"bytes per weight", measured.BytesPerElement(), used.BytesPerElement()},
       {"tie_word_embeddings", measured.tie_word_embeddings, used.tie_word_embeddings},
+      // Experts, latent attention and fp8 weights, where the fields above agree.
+      {"parameters", measured.ParamCount(), used.ParamCount()},
+      {"active parameters", measured.ActiveParamCount(), used.ActiveParamCount()},
+      {"weight bytes", measured.WeightBytes(), used.WeightBytes()},
+      {"KV bytes per token", measured.KvBytesPerToken(), used.KvBytesPerToken()},
   };
   for (const Field& f : fields) {
     if (f.a != f.b)

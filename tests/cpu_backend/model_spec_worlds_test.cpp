@@ -195,6 +195,8 @@ TEST(ModelSpecWorlds, BundledSpecsKeepTheirNumbers) {
     if (entry.path().extension() != ".json") continue;
     Result<ModelSpec> spec = models::LoadModelSpec(entry.path().string());
     ASSERT_TRUE(spec.ok()) << spec.error();
+    // The simulator's mixtures of experts and latent attention: the backend maps no weights.
+    if (!models::CheckExecutable(*spec, entry.path().string()).ok()) continue;
     const Expected* e = nullptr;
     for (const Expected& x : expected) {
       if (spec->name == x.name) e = &x;

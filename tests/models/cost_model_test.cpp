@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <string>
 
@@ -234,6 +235,122 @@ TEST(RooflineTest, ReportedNumbers) {
   EXPECT_LT(batch1, batch64);
   EXPECT_LT(batch64, 2 * batch1);  // decode batching is nearly free while memory-bound
   EXPECT_GT(prefill, 10 * batch64);
+}
+
+// A small Qwen3-MoE: 2 layers of hidden 64, 8 experts of width 32, 2 per token; 4 heads of 16
+// with 2 KV heads; vocabulary 512; bf16.
+ModelSpec SmallMoe(const nlohmann::json& mlp_only_layers = nlohmann::json::array()) {
+  const nlohmann::json doc = {{"mlp_only_layers", mlp_only_layers},
+                              {"model_type", "qwen3_moe"},
+                              {"num_hidden_layers", 2},
+                              {"hidden_size", 64},
+                              {"num_attention_heads", 4},
+                              {"num_key_value_heads", 2},
+                              {"head_dim", 16},
+                              {"intermediate_size", 128},
+                              {"vocab_size", 512},
+                              {"num_experts", 8},
+                              {"num_experts_per_tok", 2},
+                              {"moe_intermediate_size", 32}};
+  Result<ModelSpec> spec = ParseModelSpec(doc, "small-moe.json");
+  EXPECT_TRUE(spec.ok()) << spec.error();
+  return spec.ok() ? *spec : ModelSpec{};
+}
+
+// Expert parallelism by hand: on G GPUs each sends its T/G tokens to their k experts, of which
+// (G-1)/G live elsewhere, and gets the results back.
+TEST(RooflineTest, ExpertParallelAllToAllBytesByHand) {
+  const ModelSpec spec = SmallMoe();
+  RooflineOptions options;
+  options.tp = 4;
+  const RooflineCostModel model(spec, Gpu("tiny-gpu"), options);
+  const StepCostBreakdown cost = model.Breakdown(Prefill(100));
+  // 2 layers * (dispatch + combine) * 100/4 tokens * 2 experts * 64 * 2 bytes * 3/4.
+  EXPECT_DOUBLE_EQ(cost.a2a_bytes, 2 * 2 * 25 * 2 * 64 * 2 * 0.75);  // 19200
+  // Communication: 4 all-reduces of the 100 tokens' hidden state in a ring of 4, then the
+  // all-to-alls; each call pays the latency. NVLink 10 GB/s at 0.7.
+  const double link = 10e9 * 0.7;
+  const double allreduces = 4 * (2 * 0.75 * 100 * 64 * 2 / link + 10e-6);
+  const double a2a = 19200 / link + 2 * 2 * 10e-6;
+  EXPECT_DOUBLE_EQ(cost.comm_s, allreduces + a2a);
+  // What the simulator moves over its network instead: the bytes at the link's full 10 GB/s.
+  const StepCostModel::AllToAll traffic = model.ExpertTraffic(Prefill(100));
+  EXPECT_DOUBLE_EQ(traffic.bytes_per_gpu, 19200);
+  EXPECT_DOUBLE_EQ(traffic.seconds, 19200 / 10e9);
+  // Data-parallel attention over the same 4 GPUs: no all-reduce, the same all-to-all.
+  options.tp = 1;
+  options.dp = 4;
+  const StepCostBreakdown dp =
+      RooflineCostModel(spec, Gpu("tiny-gpu"), options).Breakdown(Prefill(100));
+  EXPECT_DOUBLE_EQ(dp.a2a_bytes, cost.a2a_bytes);
+  EXPECT_DOUBLE_EQ(dp.comm_s, a2a);
+  // One GPU holds every expert: nothing to send.
+  const RooflineCostModel one(spec, Gpu("tiny-gpu"), RooflineOptions{});
+  EXPECT_EQ(one.Breakdown(Prefill(100)).a2a_bytes, 0.0);
+  EXPECT_EQ(one.ExpertTraffic(Prefill(100)).bytes_per_gpu, 0.0);
+}
+
+// A step reads the experts its tokens reach: k per layer for one token, all of them for many.
+TEST(RooflineTest, MoeStepsReadTheExpertsTheirTokensReach) {
+  const ModelSpec spec = SmallMoe();
+  const RooflineCostModel one_gpu(spec, Gpu("tiny-gpu"), RooflineOptions{});
+  EXPECT_DOUBLE_EQ(one_gpu.Breakdown(Decode(1, 100)).experts_read, 2 * 2);
+  // 3 tokens: 8 * (1 - (6/8)^3) per layer.
+  EXPECT_NEAR(one_gpu.Breakdown(Decode(3, 100)).experts_read, 2 * 8 * (1 - 0.421875), 1e-12);
+  EXPECT_NEAR(one_gpu.Breakdown(Decode(500, 100)).experts_read, 2 * 8, 1e-9);
+  // Bytes of one decode row by hand: weights but the embedding table and the routed experts,
+  // 2 experts a layer of 3 * 64 * 32 bf16 weights, KV of 101 tokens (2 layers * 2 * 32 * 2
+  // bytes), the embedding row and activations (2 layers of 4 * 64 + 2 * 2 * 32).
+  const WeightBreakdown w = spec.Weights();
+  const double expected = double(w.NonExpert().bytes - w.embedding.bytes) +
+                          2 * 2 * (3 * 64 * 32 * 2) + 101 * 256 + 64 * 2 +
+                          2 * (2 * 4 * 64 + 2 * 2 * 2 * 32);
+  EXPECT_DOUBLE_EQ(one_gpu.Breakdown(Decode(1, 100)).bytes, expected);
+  // Linear FLOPs of one token: attention (q, o 64x64; k, v 64x32), 2 experts, the router.
+  const double linear = 2 * 2 * (2 * 64 * 64 + 2 * 64 * 32 + 2 * 3 * 64 * 32 + 64 * 8);
+  const double attention = 2 * 4 * 64 * 101.0;
+  EXPECT_DOUBLE_EQ(one_gpu.Breakdown(Decode(1, 100)).flops, linear + attention + 2 * 64 * 512);
+  // More rows reach more experts, so a memory-bound MoE decode step grows with the batch
+  // faster than a dense one, whose weights are read once whatever the batch.
+  const RooflineCostModel dsv3(Model("deepseek-v3"), Gpu("h200"), RooflineOptions{8});
+  const RooflineCostModel llama(Model("llama-3.1-70b"), Gpu("h200"), RooflineOptions{8});
+  const double moe_growth = dsv3.StepTime(Decode(32, 1024)) / dsv3.StepTime(Decode(1, 1024));
+  const double dense_growth = llama.StepTime(Decode(32, 1024)) / llama.StepTime(Decode(1, 1024));
+  EXPECT_GT(moe_growth, 3.0);
+  EXPECT_LT(dense_growth, 1.2);
+  // A Qwen3-MoE config whose every layer is dense reads no experts and sends nothing.
+  RooflineOptions tp2;
+  tp2.tp = 2;
+  const StepCostBreakdown dense =
+      RooflineCostModel(SmallMoe({0, 1}), Gpu("tiny-gpu"), tp2).Breakdown(Decode(4, 100));
+  EXPECT_EQ(dense.experts_read, 0.0);
+  EXPECT_EQ(dense.a2a_bytes, 0.0);
+  EXPECT_TRUE(std::isfinite(dense.total_s) && dense.total_s > 0);
+}
+
+// DeepSeek-V3's latent attention: decode runs absorbed over the 576-wide latent, prefill as
+// multi-head attention of 192-wide keys and 128-wide values over expanded latents; TP splits
+// neither the latent nor its reads, data-parallel attention does.
+TEST(RooflineTest, LatentAttention) {
+  const ModelSpec spec = Model("deepseek-v3");
+  RooflineOptions tp8;
+  tp8.tp = 8;
+  const RooflineCostModel tp(spec, Gpu("h200"), tp8);
+  const StepCostBreakdown short_ctx = tp.Breakdown(Decode(16, 1000));
+  const StepCostBreakdown long_ctx = tp.Breakdown(Decode(16, 2000));
+  // 16000 more context tokens: 61 layers * 2 * 128 heads * (576 + 512) FLOPs each, over 8
+  // GPUs; all of their 70272 latent bytes on every GPU.
+  EXPECT_NEAR(long_ctx.flops - short_ctx.flops, 16000.0 * 61 * 2 * 128 * 1088 / 8, 1.0);
+  EXPECT_NEAR(long_ctx.bytes - short_ctx.bytes, 16000.0 * 70272, 1.0);
+  // A prefill chunk after 1000 cached tokens: each of them is a pair of 61 * 2 * 128 * 320
+  // FLOPs for each of the chunk's 10 tokens, and expanded once (61 * 2 * 512 * 128 * 256).
+  const double more = tp.Breakdown(Prefill(10, 1000)).flops - tp.Breakdown(Prefill(10, 0)).flops;
+  EXPECT_NEAR(more, (10000.0 * 61 * 2 * 128 * 320 + 1000.0 * 61 * 2 * 512 * 128 * 256) / 8, 1e3);
+  RooflineOptions dp8;
+  dp8.dp = 8;
+  const RooflineCostModel dp(spec, Gpu("h200"), dp8);
+  EXPECT_NEAR(dp.Breakdown(Decode(16, 2000)).bytes - dp.Breakdown(Decode(16, 1000)).bytes,
+              16000.0 * 70272 / 8, 1.0);
 }
 
 }  // namespace

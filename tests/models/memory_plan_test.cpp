@@ -70,6 +70,70 @@ TEST(MemoryPlanTest, Llama70bFitsOnTwoH200s) {
   EXPECT_GT(plan->kv_tokens, 100000);
 }
 
+// DeepSeek-V3 in fp8 on one node of 8 H200s, by hand: a TP group of 8 holds an eighth of
+// everything but the routed experts, and an eighth of those (32 of 256 per layer); every GPU
+// caches the whole 576-wide latent of each token (61 * 576 * 2 = 70272 bytes), so TP adds no
+// KV capacity. With attention data-parallel over the 8 GPUs instead, each holds a whole copy
+// of the non-expert weights but only its own requests' latents: 8 ranks of KV.
+TEST(MemoryPlanTest, DeepSeekV3OnEightH200s) {
+  const ModelSpec model = Model("deepseek-v3");
+  const HardwareSpec hw = Gpu("h200");
+  const WeightBreakdown w = model.Weights();
+  const Bytes usable = static_cast<Bytes>(0.9 * 141 * kGiB);
+  const Bytes reserve = 2LL << 30;
+  MemoryOptions tp8;
+  tp8.tp = 8;
+  Result<InstanceMemory> plan = PlanInstanceMemory(model, hw, tp8);
+  ASSERT_TRUE(plan.ok()) << plan.error();
+  const Bytes tp_weights = (w.NonExpert().bytes + 7) / 8 + (w.routed_experts.bytes + 7) / 8;
+  EXPECT_EQ(plan->weight_bytes_per_gpu, tp_weights);  // 84.1 GB
+  EXPECT_EQ(plan->kv_bytes_per_gpu, usable - tp_weights - reserve);
+  EXPECT_EQ(plan->kv_tokens, (usable - tp_weights - reserve) / 70272);  // 711044
+
+  MemoryOptions dp8;
+  dp8.dp = 8;
+  plan = PlanInstanceMemory(model, hw, dp8);
+  ASSERT_TRUE(plan.ok()) << plan.error();
+  const Bytes dp_weights = w.NonExpert().bytes + (w.routed_experts.bytes + 7) / 8;
+  EXPECT_EQ(plan->weight_bytes_per_gpu, dp_weights);                        // 100.8 GB
+  EXPECT_EQ(plan->kv_tokens, (usable - dp_weights - reserve) / 70272 * 8);  // 3787520
+  // TP does not need to divide the (128 nominal) KV heads: the latent is not split by head.
+  MemoryOptions tp3;
+  tp3.tp = 3;
+  ExpectErrorContains(PlanInstanceMemory(model, hw, tp3),
+                      {"tp=3 makes 3 GPUs", "do not divide the 256 routed experts"});
+  // On 8 H100s it does not fit at all: 84.1 GB of weights per GPU.
+  ExpectErrorContains(PlanInstanceMemory(model, Gpu("h100-sxm"), tp8),
+                      {"deepseek-v3", "over tp=8", "does not fit on h100-sxm"});
+}
+
+// Qwen3-235B-A22B in bf16 on 4 H200s: GQA's 4 KV heads split 4 ways; experts 32 a GPU.
+TEST(MemoryPlanTest, Qwen3MoeSplitsKvHeadsAndExperts) {
+  const ModelSpec model = Model("qwen3-235b-a22b");
+  MemoryOptions tp4;
+  tp4.tp = 4;
+  Result<InstanceMemory> plan = PlanInstanceMemory(model, Gpu("h200"), tp4);
+  ASSERT_TRUE(plan.ok()) << plan.error();
+  EXPECT_EQ(plan->weight_bytes_per_gpu, (model.WeightBytes() + 3) / 4);
+  EXPECT_EQ(plan->kv_tokens, plan->kv_bytes_per_gpu / (2 * 94 * 1 * 128 * 2));
+  MemoryOptions tp2dp2 = tp4;
+  tp2dp2.tp = 2;
+  tp2dp2.dp = 2;  // non-expert weights twice over: less KV per GPU, tokens for two ranks
+  Result<InstanceMemory> mixed = PlanInstanceMemory(model, Gpu("h200"), tp2dp2);
+  ASSERT_TRUE(mixed.ok()) << mixed.error();
+  const WeightBreakdown w = model.Weights();
+  EXPECT_EQ(mixed->weight_bytes_per_gpu,
+            (w.NonExpert().bytes + 1) / 2 + (w.routed_experts.bytes + 3) / 4);
+  EXPECT_EQ(mixed->kv_tokens, mixed->kv_bytes_per_gpu / (2 * 94 * 2 * 128 * 2) * 2);
+  MemoryOptions tp8 = tp4;
+  tp8.tp = 8;
+  ExpectErrorContains(PlanInstanceMemory(model, Gpu("h200"), tp8),
+                      {"tp=8 does not divide num_key_value_heads=4"});
+  MemoryOptions dp0;
+  dp0.dp = 0;
+  ExpectErrorContains(PlanInstanceMemory(model, Gpu("h200"), dp0), {"dp must be in [1, 4096]"});
+}
+
 TEST(MemoryPlanTest, TinyModelOnTinyGpu) {
   MemoryOptions options;
   options.reserved_bytes_per_gpu = 64LL << 20;
