@@ -28,12 +28,19 @@ Status ParseInstances(const json& doc, const std::string& path, Deployment& d) {
     if (!role) return FieldError(where, "role", role.error());
     auto count = JsonIntOr(group, "count", 1, where);
     auto tp = JsonIntOr(group, "tp", 1, where);
+    auto dp = JsonIntIn(group, "dp", 1, 64, where, 1);
     auto node = JsonIntOr(group, "node", -1, where);
     if (!count) return count.status();
     if (!tp) return tp.status();
+    if (!dp) return dp.status();
     if (!node) return node.status();
     if (*count < 1 || *count > 100000) return FieldError(where, "count", "must be >= 1");
     if (*tp < 1 || *tp > 64) return FieldError(where, "tp", "must be in [1, 64]");
+    if (*tp * *dp > 64) {
+      return FieldError(where, "dp",
+                        "times tp must be at most 64 GPUs (got " + std::to_string(*tp) + " * " +
+                            std::to_string(*dp) + ")");
+    }
     if (static_cast<std::int64_t>(d.instances.size()) + *count > kMaxInstances)
       return FieldError(where, "count",
                         "makes more than " + std::to_string(kMaxInstances) + " instances in all");
@@ -41,6 +48,7 @@ Status ParseInstances(const json& doc, const std::string& path, Deployment& d) {
       InstanceSpec inst;
       inst.role = *role;
       inst.tp = static_cast<int>(*tp);
+      inst.dp = static_cast<int>(*dp);
       inst.node = *node;
       inst.group = g;
       inst.index = k;

@@ -27,7 +27,11 @@ struct InstanceSpec {
   std::string name;  // p0.. (prefill), d0.. (decode), c0.. (colocated)
   policies::InstanceRole role = policies::InstanceRole::kColocated;
   int tp = 1;
-  // The node the file asks for (-1: the first with tp free GPUs); the simulator checks it.
+  // Attention data-parallel ranks, each of tp GPUs (models/model_spec.h's MemoryOptions): the
+  // instance runs on tp * dp GPUs, its routed experts spread over all of them.
+  int dp = 1;
+  int Gpus() const { return tp * dp; }
+  // The node the file asks for (-1: the first with tp * dp free GPUs); the simulator checks it.
   std::int64_t node = -1;
   std::size_t group = 0;   // its entry of "instances", for messages
   std::int64_t index = 0;  // its place within that entry

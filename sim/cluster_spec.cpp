@@ -126,6 +126,11 @@ Status CheckProfileFits(const ClusterSpec& c, const std::string& path) {
     return Status::Error(where + " was measured on another model than '" + c.model.name + "' (" +
                          *mismatch + ")");
   for (const deploy::InstanceSpec& inst : c.instances) {
+    if (inst.dp > 1) {
+      return Status::Error(where + " is fitted per TP degree; instance " + inst.name + " has dp " +
+                           std::to_string(inst.dp) +
+                           " (data-parallel attention is priced by the roofline only)");
+    }
     if (profile->FitFor(inst.tp)) continue;
     std::string have;
     for (const models::StepFit& fit : profile->fits)
@@ -226,7 +231,7 @@ Result<ClusterSpec> ParseClusterSpec(const json& doc, const std::string& path,
   c.frontend_link = *fe;
 
   c.cost_model.roofline.kv_cache_dtype = c.engine.memory.kv_cache_dtype;
-  // Placement: the node the file asks for, else the first node with tp free GPUs.
+  // Placement: the node the file asks for, else the first node with tp * dp free GPUs.
   std::vector<int> next_gpu(c.nodes.size(), 0);
   for (const deploy::InstanceSpec& inst : c.instances) {
     const std::string where = path + ": instances[" + std::to_string(inst.group) + "]";
@@ -237,20 +242,22 @@ Result<ClusterSpec> ParseClusterSpec(const json& doc, const std::string& path,
     int chosen = -1;
     for (std::size_t n = 0; n < c.nodes.size(); ++n) {
       if (inst.node >= 0 && static_cast<std::int64_t>(n) != inst.node) continue;
-      if (c.nodes[n].gpus - next_gpu[n] >= inst.tp) {
+      if (c.nodes[n].gpus - next_gpu[n] >= inst.Gpus()) {
         chosen = static_cast<int>(n);
         break;
       }
     }
     if (chosen < 0)
       return Status::Error(where + ": not enough free GPUs for instance " +
-                           std::to_string(inst.index) + " (tp=" + std::to_string(inst.tp) + ")" +
+                           std::to_string(inst.index) + " (tp=" + std::to_string(inst.tp) +
+                           (inst.dp > 1 ? " dp=" + std::to_string(inst.dp) : "") + ")" +
                            (inst.node >= 0 ? " on node " + std::to_string(inst.node) : ""));
     InstancePlacement placement;
     placement.node = chosen;
-    for (int i = 0; i < inst.tp; ++i) placement.gpus.push_back(next_gpu[chosen]++);
+    for (int i = 0; i < inst.Gpus(); ++i) placement.gpus.push_back(next_gpu[chosen]++);
     models::MemoryOptions mem = c.engine.memory;
     mem.tp = inst.tp;
+    mem.dp = inst.dp;
     auto plan = models::PlanInstanceMemory(c.model, c.nodes[chosen].gpu, mem);
     if (!plan) return Status::Error(where + ": " + plan.error());
     placement.memory = *plan;
@@ -270,6 +277,7 @@ std::unique_ptr<models::StepCostModel> MakeStepCostModel(const ClusterSpec& clus
   }
   models::RooflineOptions roofline = cluster.cost_model.roofline;
   roofline.tp = instance.tp;
+  roofline.dp = instance.dp;
   const NodeSpec& node = cluster.nodes[static_cast<std::size_t>(cluster.placements[index].node)];
   models::HardwareSpec gpu = node.gpu;
   gpu.nvlink_bw = node.nvlink.bandwidth;

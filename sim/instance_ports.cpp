@@ -1,6 +1,7 @@
 // The SimGrid ports of one instance: its inbox, clock, outbox and step executor (SimPorts), and
 // the router's view of the instances' caches (EngineCacheView). See world.h.
 #include <algorithm>
+#include <cmath>
 
 #include "sim/world.h"
 
@@ -114,7 +115,26 @@ models::HostCounts PlannedHostCounts(const policies::StepPlan& plan, int step, i
   return c;
 }
 
+// How long a step lasts with its host time (none where the cost model does not price it): a
+// synchronous loop adds it; an asynchronous one hides it behind the forward pass of a step that
+// follows another at once.
+Seconds WithHostTime(Seconds forward_s, Seconds host_s, bool host, bool follows) {
+  return !host ? forward_s : follows ? std::max(forward_s, host_s) : forward_s + host_s;
+}
+
 }  // namespace
+
+void SimPorts::MoveExpertTraffic(double bytes_per_gpu) {
+  const std::vector<sg4::Host*>& gpus = world_.instances[static_cast<std::size_t>(id_)].gpus;
+  const auto bytes = static_cast<std::uint64_t>(std::llround(bytes_per_gpu));
+  // Each GPU sends its share to the next: every GPU's links carry what the pairwise exchange
+  // puts on them.
+  comms_.clear();
+  for (std::size_t g = 0; g < gpus.size(); ++g)
+    comms_.push_back(world_.Transfer(gpus[g], gpus[(g + 1) % gpus.size()], bytes));
+  sg4::Comm::wait_all(comms_);
+  ++world_.events;
+}
 
 void SimPorts::ExecuteSteps(const policies::StepPlan& plan, policies::StepEvents& events,
                             policies::StepResult* result) {
@@ -122,6 +142,12 @@ void SimPorts::ExecuteSteps(const policies::StepPlan& plan, policies::StepEvents
   const Seconds start = Now();
   std::vector<Seconds>* step_end_s = &result->step_end_s;
   models::StepShape shape = plan.Shape();
+  // The expert-parallel all-to-all of an instance on several GPUs moves over the network after
+  // each step's computation (the same every step of a decode run: it depends on the rows only).
+  const models::StepCostModel::AllToAll a2a =
+      world_.instances[static_cast<std::size_t>(id_)].gpus.size() > 1
+          ? cost.ExpertTraffic(shape)
+          : models::StepCostModel::AllToAll{};
   // A synchronous loop's host time outside the forward pass is on the critical path: each step
   // lasts its forward pass and its host time, where the cost model prices it. Asynchronous
   // steps plan, apply and stream while the step before runs: a step that follows another at
@@ -131,16 +157,18 @@ void SimPorts::ExecuteSteps(const policies::StepPlan& plan, policies::StepEvents
   const bool follows = async_ && start == last_step_end_s_;
   if (plan.max_steps <= 1) {
     const Seconds host_s = host ? cost.HostTime(PlannedHostCounts(plan, 0, 1)) : 0;
-    const Seconds forward_s = cost.StepTime(shape);
-    sg4::this_actor::sleep_for(!host     ? forward_s
-                               : follows ? std::max(forward_s, host_s)
-                                         : forward_s + host_s);
+    sg4::this_actor::sleep_for(
+        WithHostTime(cost.StepTime(shape) - a2a.seconds, host_s, host, follows));
     ++world_.events;
+    if (a2a.bytes_per_gpu > 0) MoveExpertTraffic(a2a.bytes_per_gpu);
     step_end_s->push_back(Now());
     if (!plan.awaited_loads.empty()) FinishOverlappedLoads(plan, start, events, result);
     return;
   }
   cost.AppendDecodeRunEnds(shape, plan.max_steps, start, step_end_s);
+  // Computation only: the run's all-to-alls move after it (below).
+  for (std::size_t s = 0; s < step_end_s->size(); ++s)
+    (*step_end_s)[s] -= static_cast<double>(s + 1) * a2a.seconds;
   if (host) {
     // The steps of a run differ only in the last one's finished requests.
     const Seconds each = cost.HostTime(PlannedHostCounts(plan, 0, plan.max_steps));
@@ -155,20 +183,30 @@ void SimPorts::ExecuteSteps(const policies::StepPlan& plan, policies::StepEvents
         const Seconds forward_s = (*step_end_s)[s] - forward_end;
         const Seconds host_s = s + 1 == step_end_s->size() ? last : each;
         forward_end = (*step_end_s)[s];
-        end += s > 0 || follows ? std::max(forward_s, host_s) : forward_s + host_s;
+        end += WithHostTime(forward_s, host_s, true, s > 0 || follows);
         (*step_end_s)[s] = end;
       }
     }
   }
-  if (!WaitAny(step_end_s->back() - start)) return;  // ran to the end undisturbed
-  // New work arrived: finish the step in progress and stop at its boundary.
-  const Seconds now = Now();
-  const auto boundary = std::lower_bound(step_end_s->begin(), step_end_s->end(), now);
-  if (*boundary > now) {
-    sg4::this_actor::sleep_until(*boundary);
-    ++world_.events;
+  if (WaitAny(step_end_s->back() - start)) {
+    // New work arrived: finish the step in progress and stop at its boundary.
+    const Seconds now = Now();
+    const auto boundary = std::lower_bound(step_end_s->begin(), step_end_s->end(), now);
+    if (*boundary > now) {
+      sg4::this_actor::sleep_until(*boundary);
+      ++world_.events;
+    }
+    step_end_s->erase(boundary + 1, step_end_s->end());
   }
-  step_end_s->erase(boundary + 1, step_end_s->end());
+  if (a2a.bytes_per_gpu <= 0) return;
+  // The steps' all-to-alls as one exchange after their computation: uncontended, each step
+  // ends as late as it would alone; contended, each shares the slowdown equally.
+  const double steps = static_cast<double>(step_end_s->size());
+  const Seconds computed = step_end_s->back();
+  MoveExpertTraffic(steps * a2a.bytes_per_gpu);
+  const Seconds per_step = (Now() - computed) / steps;
+  for (std::size_t s = 0; s < step_end_s->size(); ++s)
+    (*step_end_s)[s] += static_cast<double>(s + 1) * per_step;
 }
 
 void SimPorts::FinishOverlappedLoads(const policies::StepPlan& plan, Seconds step_start_s,

@@ -101,6 +101,10 @@ class SimPorts final : public policies::Clock,
   // Execute without the timeline's record.
   void ExecuteSteps(const policies::StepPlan& plan, policies::StepEvents& events,
                     policies::StepResult* result);
+  // An expert-parallel all-to-all (models::StepCostModel::ExpertTraffic) over the simulated
+  // network, where KV transfers and tier traffic share the links with it: each of the
+  // instance's GPUs sends `bytes_per_gpu`. Returns when all have arrived.
+  void MoveExpertTraffic(double bytes_per_gpu);
   // Layer-wise loading: a step whose prefills wait for loads from the lower tiers cannot end
   // before the last of them arrived, and ends one layer's compute after it. Waits for those
   // still in flight after the computation (the engine takes events meanwhile) and moves the
@@ -118,6 +122,7 @@ class SimPorts final : public policies::Clock,
   SimInbox& inbox_;
   SimKvTransport transport_;
   std::vector<sg4::CommPtr> waitables_;  // reused
+  std::vector<sg4::CommPtr> comms_;      // reused
 };
 
 // Forwards lifecycle events to the metrics collector and the router, counts finished
