@@ -106,8 +106,9 @@ void CheckPlanAndCost(const ModelSpec& model, const HardwareSpec& hw, const nloh
     // Every weight is somewhere; every GPU holds its rank's tokens (MLA's whole, GQA's 1/tp).
     DUET_CHECK(double(plan->weight_bytes_per_gpu) * memory.tp * memory.dp >=
                double(model.WeightBytes()));
+    DUET_CHECK(model.KvShards(memory.tp) >= 1 && model.KvShards(memory.tp) <= memory.tp);
     const std::int64_t per_gpu =
-        model.KvBytesPerToken(memory.kv_cache_dtype) / (model.mla ? 1 : memory.tp);
+        model.KvBytesPerToken(memory.kv_cache_dtype) / model.KvShards(memory.tp);
     DUET_CHECK(plan->kv_tokens / memory.dp * per_gpu <= plan->kv_bytes_per_gpu);
   }
 

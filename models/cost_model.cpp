@@ -138,8 +138,8 @@ StepCostBreakdown RooflineCostModel::Breakdown(const StepShape& shape) const {
     cost.experts_read = moe_layers_ * experts_ *
                         -std::expm1(tokens * std::log1p(-experts_per_token_ / experts_)) / gpus;
   }
-  // MLA's latent is whole on every GPU of a TP group; GQA's KV heads split tp ways.
-  const double kv_split = model_.mla ? dp : gpus;
+  // MLA's latent is whole on every GPU of a TP group; GQA's KV heads split up to tp ways.
+  const double kv_split = dp * std::max(1, model_.KvShards(static_cast<int>(tp)));
   const double kv_bytes =
       (f.prefill_context_tokens + f.decode_context_tokens + tokens) * kv_bytes_per_token_;
   cost.flops = flops / gpus;

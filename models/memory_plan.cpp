@@ -46,14 +46,14 @@ Result<InstanceMemory> PlanInstanceMemory(const ModelSpec& model, const Hardware
     return Status::Error(what + ": reserved bytes per GPU must be >= 0 (got " +
                          std::to_string(options.reserved_bytes_per_gpu) + ")");
   }
-  // Each GPU holds num_key_value_heads / tp whole KV heads. Replicating KV heads when tp
-  // exceeds them is what engines do, but it changes per-GPU KV bytes; we keep the plan exact
-  // by refusing uneven splits instead. MLA's latent is not split by heads.
-  if (!model.mla && model.num_key_value_heads % options.tp != 0) {
-    return Status::Error(
-        what + ": tp=" + std::to_string(options.tp) +
-        " does not divide num_key_value_heads=" + std::to_string(model.num_key_value_heads) +
-        " (KV heads must split evenly across the GPUs)");
+  // Each GPU holds whole KV heads: kv_heads / tp of them, or one replicated tp / kv_heads
+  // times. Other splits would change per-GPU KV bytes in ways engines differ on; refused.
+  const int kv_shards = model.KvShards(options.tp);
+  if (kv_shards == 0) {
+    return Status::Error(what + ": tp=" + std::to_string(options.tp) +
+                         " and num_key_value_heads=" + std::to_string(model.num_key_value_heads) +
+                         " do not divide one another (KV heads must split evenly across the "
+                         "GPUs, or each be replicated evenly)");
   }
   // Expert parallelism places whole experts, as many on every GPU.
   if (model.moe && model.moe->experts % gpus != 0) {
@@ -84,11 +84,10 @@ Result<InstanceMemory> PlanInstanceMemory(const ModelSpec& model, const Hardware
   }
 
   const Bytes kv_bytes_per_gpu = after_weights_per_gpu - options.reserved_bytes_per_gpu;
-  // tp divides the KV heads, so it divides KvBytesPerToken exactly: each GPU stores its
-  // share of every token of its DP rank's requests. MLA: every GPU stores all of the latent.
-  const Bytes kv_bytes_per_token = model.KvBytesPerToken(options.kv_cache_dtype);
+  // The shards divide KvBytesPerToken exactly: each GPU stores its share of every token of its
+  // DP rank's requests (MLA: all of the latent).
   const Bytes kv_bytes_per_token_per_gpu =
-      model.mla ? kv_bytes_per_token : kv_bytes_per_token / options.tp;
+      model.KvBytesPerToken(options.kv_cache_dtype) / kv_shards;
   const Tokens kv_tokens = kv_bytes_per_gpu / kv_bytes_per_token_per_gpu * options.dp;
   const std::int64_t kv_blocks = kv_tokens / options.block_tokens;
   if (kv_blocks < 1) {

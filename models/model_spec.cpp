@@ -543,6 +543,12 @@ Bytes ModelSpec::KvBytesPerToken(std::optional<Dtype> kv_cache_dtype) const {
   return 2 * std::int64_t(num_hidden_layers) * KvWidth() * bytes;
 }
 
+int ModelSpec::KvShards(int tp) const {
+  if (mla) return 1;
+  if (tp <= num_key_value_heads) return num_key_value_heads % tp == 0 ? tp : 0;
+  return tp % num_key_value_heads == 0 ? num_key_value_heads : 0;
+}
+
 std::vector<float> ModelSpec::RopeInvFrequencies() const {
   DUET_CHECK_MSG(rope_scaling.type != RopeScalingType::kUnsupported,
                  "rope_scaling type '" + rope_scaling.unsupported_type + "' (CheckExecutable)");

@@ -157,6 +157,11 @@ struct ModelSpec {
   // (nullopt: AutoKvCacheDtype); with MLA, layers * (kv_lora_rank + qk_rope_head_dim) * bytes.
   // The one formula the simulator plans with and every backend allocates with.
   Bytes KvBytesPerToken(std::optional<Dtype> kv_cache_dtype = std::nullopt) const;
+  // How many ways one token's KV cache splits across a TP group of `tp` GPUs: GQA's KV heads tp
+  // ways, or with fewer heads than GPUs one head per GPU (each replicated tp / kv_heads times, as
+  // engines do); MLA's latent not at all (1). 0 when tp and the KV heads do not divide one
+  // another.
+  int KvShards(int tp) const;
 
   // head_dim / 2 rotary inverse frequencies theta^(-2i/head_dim), then the rope_scaling
   // adjustment with transformers' formulas. Computed in double and rounded to float once;

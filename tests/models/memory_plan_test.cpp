@@ -125,10 +125,16 @@ TEST(MemoryPlanTest, Qwen3MoeSplitsKvHeadsAndExperts) {
   EXPECT_EQ(mixed->weight_bytes_per_gpu,
             (w.NonExpert().bytes + 1) / 2 + (w.routed_experts.bytes + 3) / 4);
   EXPECT_EQ(mixed->kv_tokens, mixed->kv_bytes_per_gpu / (2 * 94 * 2 * 128 * 2) * 2);
+  // On 8 H100s: each GPU holds one of the 4 KV heads, replicated twice (as on 4 GPUs).
   MemoryOptions tp8 = tp4;
   tp8.tp = 8;
+  Result<InstanceMemory> h100 = PlanInstanceMemory(model, Gpu("h100-sxm"), tp8);
+  ASSERT_TRUE(h100.ok()) << h100.error();
+  EXPECT_EQ(h100->weight_bytes_per_gpu, (model.WeightBytes() + 7) / 8);
+  EXPECT_EQ(h100->kv_tokens, h100->kv_bytes_per_gpu / (2 * 94 * 1 * 128 * 2));
+  tp8.tp = 6;
   ExpectErrorContains(PlanInstanceMemory(model, Gpu("h200"), tp8),
-                      {"tp=8 does not divide num_key_value_heads=4"});
+                      {"tp=6 and num_key_value_heads=4 do not divide one another"});
   MemoryOptions dp0;
   dp0.dp = 0;
   ExpectErrorContains(PlanInstanceMemory(model, Gpu("h200"), dp0), {"dp must be in [1, 4096]"});
@@ -150,9 +156,14 @@ TEST(MemoryPlanTest, TpMustDivideKvHeads) {
   options.tp = 3;
   ExpectErrorContains(PlanInstanceMemory(Model("llama-3.1-8b"), Gpu("h100-sxm"), options),
                       {"llama-3.1-8b", "tp=3", "num_key_value_heads=8"});
-  options.tp = 16;
+  options.tp = 12;
   ExpectErrorContains(PlanInstanceMemory(Model("llama-3.1-8b"), Gpu("h100-sxm"), options),
-                      {"tp=16"});
+                      {"tp=12", "do not divide one another"});
+  // More GPUs than KV heads: one head each, replicated; each GPU stores 1/8 of every token.
+  options.tp = 16;
+  Result<InstanceMemory> plan = PlanInstanceMemory(Model("llama-3.1-8b"), Gpu("h100-sxm"), options);
+  ASSERT_TRUE(plan.ok()) << plan.error();
+  EXPECT_EQ(plan->kv_tokens, plan->kv_bytes_per_gpu / (131072 / 8));
 }
 
 TEST(MemoryPlanTest, LessThanOneBlock) {
