@@ -69,17 +69,6 @@ std::string CpuName() {
   return "unknown";
 }
 
-// The model of --measurements mode and the GPU of --roofline, named as a cluster file names
-// them (relative paths from the current directory).
-Result<models::ModelSpec> LoadSpec(const std::string& ref) {
-  return models::LoadModelSpec(
-      deploy::ResolveRef(ref, "", DataDir() + "/models/specs", /*directories=*/true));
-}
-
-Result<models::HardwareSpec> LoadGpu(const std::string& ref) {
-  return models::LoadHardwareSpec(deploy::ResolveRef(ref, "", DataDir() + "/models/hardware"));
-}
-
 void PrintFit(const models::StepFit& fit) {
   std::printf("tp %d: error on shapes held out of the fit (on the training shapes):\n", fit.tp);
   // pieces: "2", or "1|2@16" where a class is split at 16 rows.
@@ -450,7 +439,7 @@ int Calibrate(int argc, char** argv) {
     if (device.empty() || device.size() > 200)
       return Fail("--device: name the device that measured the steps (1 to 200 characters)",
                   kExitUsage);
-    auto spec = LoadSpec(vm["model"].as<std::string>());
+    auto spec = LoadModelRef(vm["model"].as<std::string>());
     if (!spec) return Fail("--model: " + spec.error());
     profile.model = std::move(*spec);
     profile.device = device;
@@ -617,7 +606,7 @@ int Calibrate(int argc, char** argv) {
 
   std::optional<models::HardwareSpec> gpu;
   if (vm.count("roofline")) {
-    auto hw = LoadGpu(vm["roofline"].as<std::string>());
+    auto hw = LoadGpuRef(vm["roofline"].as<std::string>());
     if (!hw) return Fail("--roofline: " + hw.error());
     gpu = *hw;
   }

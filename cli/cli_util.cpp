@@ -13,6 +13,8 @@
 
 #include "cli/commands.h"
 #include "common/text.h"
+#include "deploy/deployment.h"
+#include "models/model_spec.h"
 #include "policies/router.h"
 #include "traces/synthetic.h"
 
@@ -287,6 +289,15 @@ void PrintThroughputAndLatencies(const nlohmann::json& s) {
 std::string DataDir() {
   if (fs::exists("models/specs")) return ".";
   return DUET_SOURCE_DIR;
+}
+
+Result<models::ModelSpec> LoadModelRef(const std::string& ref) {
+  return models::LoadModelSpec(
+      deploy::ResolveRef(ref, "", DataDir() + "/models/specs", /*directories=*/true));
+}
+
+Result<models::HardwareSpec> LoadGpuRef(const std::string& ref) {
+  return models::LoadHardwareSpec(deploy::ResolveRef(ref, "", DataDir() + "/models/hardware"));
 }
 
 void AddTraceOptions(po::options_description& opts, const std::string& default_trace,

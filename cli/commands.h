@@ -18,6 +18,7 @@ struct SimOptions;
 }  // namespace duet::sim
 namespace duet::models {
 struct ModelSpec;
+struct HardwareSpec;
 }  // namespace duet::models
 
 namespace duet::cli {
@@ -38,6 +39,10 @@ bool ParseArgs(int argc, char** argv, const boost::program_options::options_desc
 // directory first, then relative to the source tree the binary was built from.
 std::string Locate(const std::string& path);
 std::string DataDir();
+// A model and a GPU named as a cluster file names them: a bundled name (models/specs/,
+// models/hardware/), a .json path, or (a model) a Hugging Face model directory.
+Result<models::ModelSpec> LoadModelRef(const std::string& ref);
+Result<models::HardwareSpec> LoadGpuRef(const std::string& ref);
 
 // --trace (required when default_trace is empty, unless `required` is false), --trace-format,
 // --rate-scale, --length-scale, --limit, --window and --seed.
@@ -112,5 +117,6 @@ int Calibrate(int argc, char** argv);      // cli/calibrate.cpp
 int Validate(int argc, char** argv);       // cli/validate.cpp
 int MakeTestModel(int argc, char** argv);  // cli/generate.cpp
 int Generate(int argc, char** argv);       // cli/generate.cpp
+int Model(int argc, char** argv);          // cli/model.cpp
 
 }  // namespace duet::cli

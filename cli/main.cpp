@@ -29,6 +29,7 @@ void Usage() {
       "  calibrate        measure a backend's step times and fit the simulator's cost model\n"
       "  generate         run a model on the CPU backend and print its continuation\n"
       "  make-test-model  write the deterministic tiny test model\n"
+      "  model            a model's parameters, weight and KV bytes, and its memory plan on a GPU\n"
       "  validate         the simulator's error against a live run of the same trace\n"
       "  version          print the version and the optional backends built in\n\n"
       "'duet <command> --help' describes a command's options.\n");
@@ -52,6 +53,7 @@ int main(int argc, char** argv) {
     if (command == "calibrate") return cli::Calibrate(argc - 1, argv + 1);
     if (command == "validate") return cli::Validate(argc - 1, argv + 1);
     if (command == "generate") return cli::Generate(argc - 1, argv + 1);
+    if (command == "model") return cli::Model(argc - 1, argv + 1);
     if (command == "make-test-model") return cli::MakeTestModel(argc - 1, argv + 1);
     if (command == "version" || command == "--version") {
       if (argc > 2) {
