@@ -1,13 +1,15 @@
 #!/usr/bin/env python3
-"""Step times of Llama-3.1-8B on an H100 SXM from NVIDIA aiconfigurator's measured database.
+"""Step times of a model on a GPU from NVIDIA aiconfigurator's measured databases.
 
-aiconfigurator-core (PyPI, Apache-2.0) ships per-kernel latencies measured on H100 SXM GPUs
-(GEMMs, prefill and decode attention, all-reduce) for several serving frameworks, and an
-estimator that composes them into the time of a whole engine step the way the framework runs
-it. This script asks that estimator (the package's own code, not a re-implementation) for a
-sweep of step shapes and writes them as Duet step measurements (JSON lines, models/
+aiconfigurator-core (PyPI, Apache-2.0) ships per-kernel latencies measured on NVIDIA GPUs
+(GEMMs, prefill and decode attention, MLA, mixture-of-experts kernels, all-reduce and expert
+all-to-all) for several serving frameworks, and an estimator that composes them into the time
+of a whole engine step the way the framework runs it. This script asks that estimator (the
+package's own code, not a re-implementation) for a sweep of step shapes of one model on one
+system at several TP degrees and writes them as Duet step measurements (JSON lines, models/
 step_profile.h), with a provenance file. `duet calibrate --measurements` fits the simulator's
-cost model to them (scripts/aiconfigurator_profile.sh does both).
+cost model to them (scripts/aiconfigurator_profile.sh does both, and says which Duet model
+and GPU names map to which aiconfigurator ones).
 
 What the times are: the sum of the measured GPU kernels of one step. Not in them: the
 framework's CPU work (scheduling, sampling, input preparation), which aiconfigurator adds
@@ -16,8 +18,10 @@ separately as empirical corrections and this script leaves out.
 Shapes, per TP degree: prefill of B equal requests of N new tokens after P cached tokens
 (aiconfigurator's static context phase); decode of R requests at C tokens of context each;
 mixed steps of one prefill of N tokens beside R decodes at C tokens (aiconfigurator's mixed
-step: it prices the chunk's attention as a share of the whole prompt's). Shapes whose weights
-and KV cache do not fit in one GPU's 80 GB at that TP are left out.
+step: it prices the chunk's attention as a share of the whole prompt's). Shapes whose KV cache
+does not fit one instance at that TP (--capacity, from `duet model`) are left out. A mixture
+of experts runs its experts expert-parallel over the TP degree's GPUs (--moe), as Duet's
+cluster files place them.
 """
 
 from __future__ import annotations
@@ -29,17 +33,6 @@ import json
 import logging
 import pathlib
 import sys
-
-MODEL = "meta-llama/Meta-Llama-3.1-8B"
-SYSTEM = "h100_sxm"
-WEIGHT_BYTES = 16.06e9  # Llama-3.1-8B in bf16
-KV_BYTES_PER_TOKEN = 2 * 32 * 8 * 128 * 2  # K and V, 32 layers, 8 KV heads of 128, bf16
-GPU_BYTES = 0.9 * 80e9  # what an engine may use of one H100's 80 GB
-
-
-def fits(tp: int, tokens: int) -> bool:
-    return (WEIGHT_BYTES + tokens * KV_BYTES_PER_TOKEN) / tp <= GPU_BYTES
-
 
 def prefill_shapes():
     for n in (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192):
@@ -58,9 +51,28 @@ def decode_shapes():
 
 def mixed_shapes():
     for n in (256, 1024, 2048):
-        for r in (1, 8, 32, 128):
-            for c in (4096, 8192):
-                yield n, r, c
+        for r in (1, 4, 8, 32, 128):
+            for c in (1024, 4096, 8192):
+                if c > n:  # the decodes are past their own prompts of n tokens
+                    yield n, r, c
+
+
+def capacities(text: str) -> dict[int, int]:
+    """ "1:400000,2:900000" -> {1: 400000, 2: 900000}: KV tokens one instance holds per TP."""
+    out = {}
+    for item in text.split(","):
+        tp, tokens = item.split(":")
+        out[int(tp)] = int(tokens)
+    return out
+
+
+def newest_version(data: pathlib.Path, backend: str) -> str:
+    """The newest version of `backend` whose GEMM measurements the system's database has."""
+    versions = [p.name for p in (data / "gemm" / backend).iterdir() if p.is_dir()]
+    if not versions:
+        sys.exit(f"aiconfigurator has no GEMM data for {backend} in {data}")
+    return max(versions, key=lambda v: [int(x) if x.isdigit() else 0
+                                        for x in v.replace("rc", ".").split(".")])
 
 
 def sha256(path: pathlib.Path) -> str:
@@ -71,10 +83,22 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", required=True, help="step measurements to write (JSON lines)")
     parser.add_argument("--source-out", required=True, help="provenance to write (JSON)")
+    parser.add_argument("--system", required=True, help="aiconfigurator system, e.g. h100_sxm")
+    parser.add_argument("--model", required=True,
+                        help="aiconfigurator model, e.g. meta-llama/Meta-Llama-3.1-8B")
+    parser.add_argument("--capacity", required=True,
+                        help="TP:KV-tokens of one instance per TP degree, e.g. 1:450000,2:980000")
+    parser.add_argument("--moe", action="store_true",
+                        help="a mixture of experts: experts expert-parallel over the TP GPUs")
+    parser.add_argument("--quant", default="bfloat16", choices=("bfloat16", "fp8_block"),
+                        help="GEMM (and expert) weights: bfloat16, or fp8 with block scales")
     parser.add_argument("--backend", default="vllm", help="serving framework's measurements")
-    parser.add_argument("--version", default="0.24.0", help="that framework's version")
-    parser.add_argument("--tp", default="1,2,4", help="tensor-parallel degrees")
+    parser.add_argument("--version", help="that framework's version (default: the newest)")
     args = parser.parse_args()
+    capacity = capacities(args.capacity)
+
+    def fits(tp: int, tokens: int) -> bool:
+        return tokens <= capacity[tp]
 
     logging.disable(logging.WARNING)  # the package logs every interpolation
     import aiconfigurator_core
@@ -83,21 +107,20 @@ def main() -> int:
     from aiconfigurator_core.sdk.models import get_model
     from aiconfigurator_core.sdk.perf_database import get_database
 
-    database = get_database(SYSTEM, args.backend, args.version)
+    data = pathlib.Path(aiconfigurator_core.__file__).parent / "systems" / "data" / args.system
+    version = args.version or newest_version(data, args.backend)
+    database = get_database(args.system, args.backend, version)
     if database is None:
-        sys.exit(f"aiconfigurator has no {SYSTEM} data for {args.backend} {args.version}")
+        sys.exit(f"aiconfigurator has no {args.system} data for {args.backend} {version}")
     lines = []
-    for tp in (int(t) for t in args.tp.split(",")):
-        model = get_model(
-            MODEL,
-            config.ModelConfig(
-                tp_size=tp,
-                gemm_quant_mode=common.GEMMQuantMode.bfloat16,
-                kvcache_quant_mode=common.KVCacheQuantMode.bfloat16,
-                fmha_quant_mode=common.FMHAQuantMode.bfloat16,
-            ),
-            args.backend,
-        )
+    for tp in sorted(capacity):
+        quant = dict(gemm_quant_mode=getattr(common.GEMMQuantMode, args.quant),
+                     kvcache_quant_mode=common.KVCacheQuantMode.bfloat16,
+                     fmha_quant_mode=common.FMHAQuantMode.bfloat16)
+        if args.moe:
+            quant.update(moe_tp_size=1, moe_ep_size=tp,
+                         moe_quant_mode=getattr(common.MoEQuantMode, args.quant))
+        model = get_model(args.model, config.ModelConfig(tp_size=tp, **quant), args.backend)
 
         def add(prefill, rows, context, ms):
             lines.append({"prefill": prefill, "decode_tokens": rows,
@@ -127,19 +150,20 @@ def main() -> int:
 
     pathlib.Path(args.out).write_text("".join(json.dumps(line) + "\n" for line in lines))
 
-    data = pathlib.Path(aiconfigurator_core.__file__).parent / "systems" / "data" / SYSTEM
     tables = ("gemm_perf", "context_attention_perf", "generation_attention_perf",
-              "custom_allreduce_perf")  # what a dense model's step reads
+              "custom_allreduce_perf", "mla_context_module_perf", "mla_generation_module_perf",
+              "mla_bmm_perf", "moe_perf", "moe_a2a_perf")  # what a step may read
     files = sorted(p for p in data.rglob("*.parquet")
-                   if f"/{args.backend}/{args.version}/" in p.as_posix() and p.stem in tables)
+                   if f"/{args.backend}/{version}/" in p.as_posix() and p.stem in tables)
     source = {
         "package": "aiconfigurator-core",
         "package_version": importlib.metadata.version("aiconfigurator-core"),
         "license": "Apache-2.0",
         "url": "https://github.com/ai-dynamo/aiconfigurator",
-        "system": SYSTEM,
-        "framework": f"{args.backend} {args.version}",
-        "model": MODEL,
+        "system": args.system,
+        "framework": f"{args.backend} {version}",
+        "model": args.model,
+        "weights": args.quant,
         "what": "the package's step estimates (sums of measured kernel times, no framework CPU "
                 "overhead) for the shapes in scripts/aiconfigurator_steps.py",
         "data_files": {p.relative_to(data.parent.parent).as_posix(): sha256(p) for p in files},
