@@ -87,10 +87,24 @@ int Plan(int argc, char** argv) {
   sim::AbsolutizeClusterRefs(base, fs::current_path().string());
   if (other_hardware && base.contains("cost_model") &&
       base["cost_model"].value("kind", "") == "fitted") {
-    std::printf(
-        "duet plan: the base's step profile was measured on another model or GPU: "
-        "pricing steps with the roofline\n");
-    base["cost_model"] = {{"kind", "roofline"}};
+    // The bundled profile of this GPU and model (sim/profiles/GPU-MODEL.json), if there is one.
+    const std::string gpu = base["nodes"][0].value("gpu", ""), model = base.value("model", "");
+    const std::string bundled = gpu + "-" + model;
+    auto bundled_name = [](const std::string& ref) {
+      return !ref.empty() && ref.find('/') == std::string::npos &&
+             !(ref.size() > 5 && ref.compare(ref.size() - 5, 5, ".json") == 0);
+    };
+    if (bundled_name(gpu) && bundled_name(model) &&
+        fs::exists(fs::path(DataDir()) / "sim" / "profiles" / (bundled + ".json"))) {
+      std::printf("duet plan: pricing steps with the bundled profile %s\n", bundled.c_str());
+      base["cost_model"] = {{"kind", "fitted"}, {"profile", bundled}};
+    } else {
+      std::printf(
+          "duet plan: the base's step profile was measured on another model or GPU, and no "
+          "bundled one is of %s on %s: pricing steps with the roofline\n",
+          model.c_str(), gpu.c_str());
+      base["cost_model"] = {{"kind", "roofline"}};
+    }
   }
   flags.space.gpus_per_node = base["nodes"][0].value("gpus", 0);
   if (flags.space.gpus_per_node < 1) return Fail(base_path + ": nodes[0].gpus must be >= 1");

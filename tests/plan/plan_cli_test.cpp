@@ -72,6 +72,33 @@ TEST(PlanCli, TheWinnerMeetsTheTargetAndEveryCheaperNeighbourMisses) {
   EXPECT_NE(r.out.find("winner: "), std::string::npos) << r;
 }
 
+// Another model and GPU than the base's profile: the bundled profile of that pair where there
+// is one (its TP degrees the only ones left), else the roofline.
+TEST(PlanCli, PricesAnotherModelAndGpuWithTheirBundledProfile) {
+  TempDir tmp;
+  std::vector<std::string> args = PlanArgs(tmp.File("plan"));
+  args.insert(args.end(), {"--model", "qwen3-32b", "--gpu", "h200", "--limit", "20"});
+  RunResult r = RunDuet(args);
+  ASSERT_EQ(r.exit_code, 0) << r;
+  EXPECT_NE(r.out.find("pricing steps with the bundled profile h200-qwen3-32b"), std::string::npos)
+      << r;
+  const nlohmann::json inputs = ReadJson(tmp.File("plan/inputs.json"));
+  EXPECT_EQ(inputs.dump().find("roofline"), std::string::npos) << inputs.dump(2);
+  const nlohmann::json winner =
+      ReadJson(ReadJson(tmp.File("plan/plan.json"))["winner"]["cluster"].get<std::string>());
+  EXPECT_EQ(winner["cost_model"]["profile"], "h200-qwen3-32b");
+  EXPECT_EQ(winner["model"], "qwen3-32b");
+
+  args = PlanArgs(tmp.File("plan-b200"));
+  args.insert(args.end(), {"--model", "llama-3.1-8b", "--gpu", "b200", "--limit", "20"});
+  r = RunDuet(args);
+  ASSERT_EQ(r.exit_code, 0) << r;
+  EXPECT_NE(r.out.find("no bundled one is of llama-3.1-8b on b200: pricing steps with the "
+                       "roofline"),
+            std::string::npos)
+      << r;
+}
+
 TEST(PlanCli, ResumesFromItsResultsDirectoryAndAgreesWithAnExhaustiveSearch) {
   TempDir tmp;
   ASSERT_EQ(RunDuet(PlanArgs(tmp.File("plan"))).exit_code, 0);
