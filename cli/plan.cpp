@@ -11,6 +11,7 @@
 #include <fstream>
 #include <map>
 #include <set>
+#include <tuple>
 
 #include "cli/commands.h"
 #include "cli/plan_flags.h"
@@ -123,14 +124,16 @@ int Plan(int argc, char** argv) {
   std::vector<plan::Candidate> candidates;
   std::map<std::string, Result<sim::ClusterSpec>> probes;
   std::map<std::string, std::size_t> refused;
-  std::map<std::pair<int, Tokens>, std::size_t> over_ttft;  // (prefill TP, budget) -> requests
+  std::map<std::tuple<int, int, Tokens>, std::size_t> over_ttft;  // (TP, DP, budget) -> requests
   std::vector<Tokens> reusable;
   std::vector<bool> out_of_reach;
   const std::string data_dir = DataDir();
   for (const plan::Candidate& c : all) {
-    const std::string shape = (c.pd ? "pd" : "colo") + std::to_string(c.prefill_tp) + "/" +
-                              std::to_string(c.decode_tp) + "/" + std::to_string(c.token_budget) +
-                              (c.dram_gib > 0 ? "/dram" : "") + (c.ssd_tib > 0 ? "/ssd" : "");
+    const std::string shape = (c.pd ? "pd" : "colo") + std::to_string(c.prefill_tp) + "x" +
+                              std::to_string(c.prefill_dp) + "/" + std::to_string(c.decode_tp) +
+                              "x" + std::to_string(c.decode_dp) + "/" +
+                              std::to_string(c.token_budget) + (c.dram_gib > 0 ? "/dram" : "") +
+                              (c.ssd_tib > 0 ? "/ssd" : "");
     auto it = probes.find(shape);
     if (it == probes.end()) {
       it = probes
@@ -144,7 +147,8 @@ int Plan(int argc, char** argv) {
     }
     bool reach = true;
     if (flags.slo.ttft_ms && !exhaustive) {
-      const auto key = std::make_pair(c.prefill_tp, c.token_budget);
+      // The floors follow the first instance's cost model: its TP and DP degrees.
+      const auto key = std::make_tuple(c.prefill_tp, c.prefill_dp, c.token_budget);
       auto ot = over_ttft.find(key);
       if (ot == over_ttft.end()) {
         const sim::ClusterSpec& spec = *it->second;

@@ -63,7 +63,11 @@ bool ParsePlanArgs(int argc, char** argv, po::variables_map& vm, PlanFlags* out,
      "colocated, pd or both")
     ("tp", po::value<std::string>()->default_value("1,2,4"),
      "TP degrees of colocated and prefill instances")
+    ("dp", po::value<std::string>()->default_value("1"),
+     "attention data-parallel ranks of colocated and prefill instances (each of a --tp degree)")
     ("decode-tp", po::value<std::string>()->default_value("1"), "TP degrees of decode instances")
+    ("decode-dp", po::value<std::string>()->default_value("1"),
+     "attention data-parallel ranks of decode instances (each of a --decode-tp degree)")
     ("token-budgets", po::value<std::string>()->default_value("8192,16384"),
      "engine token budgets per step (max_num_batched_tokens)")
     ("dram-gib", po::value<std::string>()->default_value("0,512"),
@@ -126,6 +130,10 @@ bool ParsePlanArgs(int argc, char** argv, po::variables_map& vm, PlanFlags* out,
   if (!tp) return usage(tp.error());
   auto decode_tp = ParseList<int>(vm, "decode-tp", tp_ok, "a TP degree in [1, 64]");
   if (!decode_tp) return usage(decode_tp.error());
+  auto dp = ParseList<int>(vm, "dp", tp_ok, "a DP degree in [1, 64]");
+  if (!dp) return usage(dp.error());
+  auto decode_dp = ParseList<int>(vm, "decode-dp", tp_ok, "a DP degree in [1, 64]");
+  if (!decode_dp) return usage(decode_dp.error());
   auto budgets = ParseList<Tokens>(
       vm, "token-budgets", [](double x) { return x >= 16 && x <= 1 << 20; },
       "a token budget in [16, 1048576]");
@@ -141,6 +149,8 @@ bool ParsePlanArgs(int argc, char** argv, po::variables_map& vm, PlanFlags* out,
   if (!rates) return usage(rates.error());
   space.tp = *tp;
   space.decode_tp = *decode_tp;
+  space.dp = *dp;
+  space.decode_dp = *decode_dp;
   space.token_budgets = *budgets;
   space.dram_gib = *dram;
   space.ssd_tib = *ssd;
@@ -157,10 +167,11 @@ bool ParsePlanArgs(int argc, char** argv, po::variables_map& vm, PlanFlags* out,
   }
   f.rates = *rates;
   if (auto n = plan::CountCandidates(space); n > plan::kMaxCandidates)
-    return usage("the search space holds " + std::to_string(n) + " candidates, more than " +
-                 std::to_string(plan::kMaxCandidates) +
-                 ": narrow --max-gpus, --tp, --decode-tp, --token-budgets, --dram-gib, "
-                 "--ssd-tib or --routers");
+    return usage(
+        "the search space holds " + std::to_string(n) + " candidates, more than " +
+        std::to_string(plan::kMaxCandidates) +
+        ": narrow --max-gpus, --tp, --dp, --decode-tp, --decode-dp, --token-budgets, --dram-gib, "
+        "--ssd-tib or --routers");
   if (Status st = CheckRunnerOptions(vm); !st.ok()) return usage(st.message());
   f.exhaustive = vm.count("exhaustive") > 0;
   auto progress = ProgressWanted(vm);

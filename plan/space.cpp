@@ -11,27 +11,39 @@
 namespace duet::plan {
 namespace {
 
-// Nodes a first fit needs for `groups` of (count, tp) instances, in order.
+// Nodes a first fit needs for `groups` of (count, GPUs each) instances, in order.
 int NodesNeeded(const std::vector<std::pair<int, int>>& groups, int gpus_per_node) {
   std::vector<int> free;
   for (const auto& group : groups) {
-    const int tp = group.second;
+    const int gpus = group.second;
     for (int k = 0; k < group.first; ++k) {
-      auto it = std::find_if(free.begin(), free.end(), [tp](int f) { return f >= tp; });
+      auto it = std::find_if(free.begin(), free.end(), [gpus](int f) { return f >= gpus; });
       if (it == free.end()) it = free.insert(free.end(), gpus_per_node);
-      *it -= tp;
+      *it -= gpus;
     }
   }
   return static_cast<int>(free.size());
+}
+
+// "3xtp4", or "3xtp4dp2" with data-parallel attention.
+std::string GroupKey(int count, int tp, int dp) {
+  std::string k = std::to_string(count) + "xtp" + std::to_string(tp);
+  if (dp > 1) k.append("dp").append(std::to_string(dp));
+  return k;
+}
+
+// "3 TP4", or "3 TP4xDP2".
+std::string GroupLayout(int count, int tp, int dp) {
+  return std::to_string(count) + " TP" + std::to_string(tp) +
+         (dp > 1 ? "xDP" + std::to_string(dp) : "");
 }
 
 }  // namespace
 
 std::string Candidate::Key() const {
   std::string k = pd ? "pd-" : "colo-";
-  k.append(std::to_string(prefill)).append("xtp").append(std::to_string(prefill_tp));
-  if (pd)
-    k.append("-").append(std::to_string(decode)).append("xtp").append(std::to_string(decode_tp));
+  k.append(GroupKey(prefill, prefill_tp, prefill_dp));
+  if (pd) k.append("-").append(GroupKey(decode, decode_tp, decode_dp));
   k.append("-b").append(std::to_string(token_budget));
   k.append("-dram").append(ShortNumber(dram_gib));
   k.append("-ssd").append(ShortNumber(ssd_tib));
@@ -40,21 +52,27 @@ std::string Candidate::Key() const {
 }
 
 std::string Candidate::Layout() const {
-  if (!pd) return std::to_string(prefill) + " TP" + std::to_string(prefill_tp) + " colocated";
-  return std::to_string(prefill) + " TP" + std::to_string(prefill_tp) + " prefill + " +
-         std::to_string(decode) + " TP" + std::to_string(decode_tp) + " decode";
+  if (!pd) return GroupLayout(prefill, prefill_tp, prefill_dp) + " colocated";
+  return GroupLayout(prefill, prefill_tp, prefill_dp) + " prefill + " +
+         GroupLayout(decode, decode_tp, decode_dp) + " decode";
 }
 
 std::size_t CountCandidates(const SpaceOptions& o) {
   std::size_t shapes = 0;
   for (int tp : o.tp) {
-    if (tp > o.gpus_per_node) continue;
-    if (o.colocated) shapes += static_cast<std::size_t>(o.max_gpus / tp);
-    if (!o.pd) continue;
-    for (int dtp : o.decode_tp) {
-      if (dtp > o.gpus_per_node) continue;
-      for (int p = 1; p * tp + dtp <= o.max_gpus; ++p)
-        shapes += static_cast<std::size_t>((o.max_gpus - p * tp) / dtp);
+    for (int dp : o.dp) {
+      const int pgpus = tp * dp;
+      if (pgpus > o.gpus_per_node) continue;
+      if (o.colocated) shapes += static_cast<std::size_t>(o.max_gpus / pgpus);
+      if (!o.pd) continue;
+      for (int dtp : o.decode_tp) {
+        for (int ddp : o.decode_dp) {
+          const int dgpus = dtp * ddp;
+          if (dgpus > o.gpus_per_node) continue;
+          for (int p = 1; p * pgpus + dgpus <= o.max_gpus; ++p)
+            shapes += static_cast<std::size_t>((o.max_gpus - p * pgpus) / dgpus);
+        }
+      }
     }
   }
   std::size_t tiers = 0;
@@ -66,31 +84,40 @@ std::size_t CountCandidates(const SpaceOptions& o) {
 std::vector<Candidate> Enumerate(const SpaceOptions& o, const Prices& prices) {
   std::vector<Candidate> shapes;  // layout and counts; the rest is multiplied in below
   for (int tp : o.tp) {
-    if (tp > o.gpus_per_node) continue;
-    if (o.colocated) {
-      for (int n = 1; n * tp <= o.max_gpus; ++n) {
-        Candidate c;
-        c.prefill = n;
-        c.prefill_tp = tp;
-        c.gpus = n * tp;
-        c.nodes = NodesNeeded({{n, tp}}, o.gpus_per_node);
-        shapes.push_back(c);
-      }
-    }
-    if (!o.pd) continue;
-    for (int dtp : o.decode_tp) {
-      if (dtp > o.gpus_per_node) continue;
-      for (int p = 1; p * tp + dtp <= o.max_gpus; ++p) {
-        for (int d = 1; p * tp + d * dtp <= o.max_gpus; ++d) {
+    for (int dp : o.dp) {
+      const int pgpus = tp * dp;
+      if (pgpus > o.gpus_per_node) continue;
+      if (o.colocated) {
+        for (int n = 1; n * pgpus <= o.max_gpus; ++n) {
           Candidate c;
-          c.pd = true;
-          c.prefill = p;
+          c.prefill = n;
           c.prefill_tp = tp;
-          c.decode = d;
-          c.decode_tp = dtp;
-          c.gpus = p * tp + d * dtp;
-          c.nodes = NodesNeeded({{p, tp}, {d, dtp}}, o.gpus_per_node);
+          c.prefill_dp = dp;
+          c.gpus = n * pgpus;
+          c.nodes = NodesNeeded({{n, pgpus}}, o.gpus_per_node);
           shapes.push_back(c);
+        }
+      }
+      if (!o.pd) continue;
+      for (int dtp : o.decode_tp) {
+        for (int ddp : o.decode_dp) {
+          const int dgpus = dtp * ddp;
+          if (dgpus > o.gpus_per_node) continue;
+          for (int p = 1; p * pgpus + dgpus <= o.max_gpus; ++p) {
+            for (int d = 1; p * pgpus + d * dgpus <= o.max_gpus; ++d) {
+              Candidate c;
+              c.pd = true;
+              c.prefill = p;
+              c.prefill_tp = tp;
+              c.prefill_dp = dp;
+              c.decode = d;
+              c.decode_tp = dtp;
+              c.decode_dp = ddp;
+              c.gpus = p * pgpus + d * dgpus;
+              c.nodes = NodesNeeded({{p, pgpus}, {d, dgpus}}, o.gpus_per_node);
+              shapes.push_back(c);
+            }
+          }
         }
       }
     }
@@ -124,31 +151,35 @@ std::vector<Candidate> Enumerate(const SpaceOptions& o, const Prices& prices) {
 
 std::vector<std::size_t> CheaperNeighbours(const std::vector<Candidate>& all, std::size_t winner) {
   const Candidate& w = all[winner];
+  constexpr std::size_t kFields = 9;
   auto fields = [](const Candidate& c) {
-    return std::array<double, 7>{static_cast<double>(c.prefill),
-                                 static_cast<double>(c.decode),
-                                 static_cast<double>(c.prefill_tp),
-                                 static_cast<double>(c.decode_tp),
-                                 static_cast<double>(c.token_budget),
-                                 c.dram_gib,
-                                 c.ssd_tib};
+    return std::array<double, kFields>{static_cast<double>(c.prefill),
+                                       static_cast<double>(c.decode),
+                                       static_cast<double>(c.prefill_tp),
+                                       static_cast<double>(c.prefill_dp),
+                                       static_cast<double>(c.decode_tp),
+                                       static_cast<double>(c.decode_dp),
+                                       static_cast<double>(c.token_budget),
+                                       c.dram_gib,
+                                       c.ssd_tib};
   };
   const auto wf = fields(w);
   // Per dimension, the closest lower value among candidates equal to the winner elsewhere.
-  std::array<std::optional<std::size_t>, 7> best;
+  std::array<std::optional<std::size_t>, kFields> best;
   for (std::size_t k = 0; k < all.size(); ++k) {
     const Candidate& c = all[k];
     if (c.pd != w.pd || c.router != w.router || !(c.cost_per_hour < w.cost_per_hour)) continue;
     const auto cf = fields(c);
-    int differs = -1, count = 0;
-    for (int i = 0; i < 7; ++i) {
+    std::size_t differs = 0;
+    int count = 0;
+    for (std::size_t i = 0; i < kFields; ++i) {
       if (cf[i] != wf[i]) {
         differs = i;
         ++count;
       }
     }
     if (count != 1 || cf[differs] > wf[differs]) continue;
-    auto& b = best[static_cast<std::size_t>(differs)];
+    auto& b = best[differs];
     if (!b || fields(all[*b])[differs] < cf[differs]) b = k;
   }
   std::vector<std::size_t> out;
@@ -172,9 +203,11 @@ nlohmann::json ClusterDocument(const nlohmann::json& base, const Candidate& c) {
   if (c.pd) {
     doc["instances"] = {{{"role", "prefill"}, {"count", c.prefill}, {"tp", c.prefill_tp}},
                         {{"role", "decode"}, {"count", c.decode}, {"tp", c.decode_tp}}};
+    if (c.decode_dp > 1) doc["instances"][1]["dp"] = c.decode_dp;
   } else {
     doc["instances"] = {{{"role", "colocated"}, {"count", c.prefill}, {"tp", c.prefill_tp}}};
   }
+  if (c.prefill_dp > 1) doc["instances"][0]["dp"] = c.prefill_dp;
   doc["engine"]["max_num_batched_tokens"] = c.token_budget;
   const nlohmann::json base_tiers = base.value("tiers", nlohmann::json::object());
   nlohmann::json tiers = nlohmann::json::object();

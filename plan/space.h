@@ -19,7 +19,9 @@ struct SpaceOptions {
   int gpus_per_node = 8;
   bool colocated = true, pd = true;
   std::vector<int> tp = {1, 2, 4};  // colocated instances and PD prefill instances
+  std::vector<int> dp = {1};        // their attention data-parallel ranks
   std::vector<int> decode_tp = {1};
+  std::vector<int> decode_dp = {1};  // attention data-parallel ranks of PD decode instances
   std::vector<Tokens> token_budgets = {8192, 16384};
   std::vector<double> dram_gib = {0, 512};  // per node
   std::vector<double> ssd_tib = {0, 4};     // per node; only with DRAM
@@ -36,17 +38,18 @@ struct Prices {
 
 struct Candidate {
   bool pd = false;
-  int prefill = 0, prefill_tp = 1;  // colocated: the instances and their TP degree
-  int decode = 0, decode_tp = 1;
+  int prefill = 0, prefill_tp = 1, prefill_dp = 1;  // colocated: the instances, TP and DP
+  int decode = 0, decode_tp = 1, decode_dp = 1;  // decode instances of decode_tp x decode_dp GPUs
   Tokens token_budget = 0;
   double dram_gib = 0, ssd_tib = 0;  // per node
   policies::RouterKind router = policies::RouterKind::kKvAware;
   int gpus = 0, nodes = 0;
   double cost_per_hour = 0;
 
-  // Unique and safe as a file name: "pd-2xtp4-3xtp1-b8192-dram512-ssd0-kv-aware".
+  // Unique and safe as a file name: "pd-2xtp4-3xtp1-b8192-dram512-ssd0-kv-aware" (instances
+  // with data-parallel attention: "1xtp1dp8").
   std::string Key() const;
-  // "2 TP4 prefill + 3 TP1 decode" or "4 TP2 colocated".
+  // "2 TP4 prefill + 3 TP1 decode", "1 TP8 prefill + 1 TP1xDP8 decode" or "4 TP2 colocated".
   std::string Layout() const;
 };
 

@@ -17,7 +17,9 @@ TEST(Space, CountsWhatItEnumeratesCheapestFirstAndEveryKeyOnce) {
     SpaceOptions o;
     o.max_gpus = max_gpus;
     o.tp = {1, 2, 4, 8};
+    o.dp = {1, 2};
     o.decode_tp = {1, 2};
+    o.decode_dp = {1, 4};
     const auto all = Enumerate(o, Prices{});
     EXPECT_EQ(all.size(), CountCandidates(o)) << max_gpus << " GPUs";
     std::set<std::string> keys;
@@ -78,6 +80,61 @@ TEST(Space, EveryCandidateIsAClusterFileTheSimulatorTakes) {
       EXPECT_EQ(spec->tiers.ssd.capacity_bytes, c.ssd_tib * 1024 * kGiB);
     }
   }
+}
+
+// Instances with data-parallel attention: tp x dp GPUs each, named and placed so, and
+// cluster files the simulator takes (DeepSeek-V3 on H200, priced by the roofline).
+TEST(Space, InstancesWithDataParallelAttention) {
+  const nlohmann::json base =
+      e2e::ReadJson(e2e::SourceDir() + "/sim/clusters/h200-3p1d-deepseek-v3.json");
+  SpaceOptions o;
+  o.max_gpus = 24;
+  o.gpus_per_node = 8;
+  o.colocated = false;
+  o.tp = {4, 8};
+  o.dp = {1, 2};
+  o.decode_tp = {1, 8};
+  o.decode_dp = {1, 8};
+  o.token_budgets = {8192};
+  o.dram_gib = {0};
+  o.ssd_tib = {0};
+  o.routers = {policies::RouterKind::kKvAware};
+  const auto all = Enumerate(o, Prices{});
+  std::size_t winner = all.size();
+  int with_dp = 0;
+  for (std::size_t k = 0; k < all.size(); ++k) {
+    const Candidate& c = all[k];
+    EXPECT_LE(c.decode_tp * c.decode_dp, 8) << c.Key() << ": one node holds an instance";
+    EXPECT_LE(c.prefill_tp * c.prefill_dp, 8) << c.Key();
+    if (c.prefill_dp > 1) {
+      EXPECT_EQ(c.prefill_tp, 4) << c.Key();
+      if (c.prefill == 1 && c.decode == 2 && c.decode_dp == 8) {
+        EXPECT_EQ(c.Key(), "pd-1xtp4dp2-2xtp1dp8-b8192-dram0-ssd0-kv-aware");
+        EXPECT_EQ(c.Layout(), "1 TP4xDP2 prefill + 2 TP1xDP8 decode");
+      }
+    }
+    if (c.decode_dp == 1 || c.prefill_tp != 8) continue;
+    ++with_dp;
+    EXPECT_EQ(c.gpus, c.prefill * 8 + c.decode * c.decode_tp * 8) << c.Key();
+    if (c.prefill == 2 && c.decode == 1 && c.decode_tp == 1) {
+      winner = k;
+      EXPECT_EQ(c.Key(), "pd-2xtp8-1xtp1dp8-b8192-dram0-ssd0-kv-aware");
+      EXPECT_EQ(c.Layout(), "2 TP8 prefill + 1 TP1xDP8 decode");
+      EXPECT_EQ(c.nodes, 3);
+    }
+    auto spec = sim::ParseClusterSpec(ClusterDocument(base, c), "candidate.json", DUET_SOURCE_DIR);
+    ASSERT_TRUE(spec.ok()) << c.Key() << ": " << spec.error();
+    EXPECT_EQ(spec->instances.front().dp, c.prefill_dp);
+    EXPECT_EQ(spec->instances.back().dp, c.decode_dp);
+    EXPECT_EQ(spec->placements.back().gpus.size(), std::size_t(c.decode_tp * c.decode_dp));
+  }
+  EXPECT_EQ(with_dp, 3);  // 1 or 2 TP1xDP8 decode instances beside 1 or 2 TP8 prefill ones
+  ASSERT_LT(winner, all.size());
+  std::set<std::string> keys;
+  for (std::size_t k : CheaperNeighbours(all, winner)) keys.insert(all[k].Key());
+  EXPECT_EQ(keys, (std::set<std::string>{"pd-1xtp8-1xtp1dp8-b8192-dram0-ssd0-kv-aware",
+                                         "pd-2xtp4-1xtp1dp8-b8192-dram0-ssd0-kv-aware",
+                                         "pd-2xtp8-1xtp1-b8192-dram0-ssd0-kv-aware"}));
 }
 
 TEST(Space, CheaperNeighboursAreOneStepDownAlongOneDimension) {
