@@ -2,7 +2,9 @@
 # `duet plan` on the Mooncake conversation trace (Llama-3.1-8B on H100, TTFT 2 s and TPOT
 # 100 ms at 99% attainment): the search's wall time and simulations on the default space, the
 # winner and its cheaper neighbours simulated in full (the check), and as the yardstick the
-# pruned and the exhaustive search on a space small enough to search exhaustively here.
+# pruned and the exhaustive search on a space small enough to search exhaustively here. Then a
+# larger model: Llama-3.1-70B on H200 (its bundled profile's TP degrees, up to 32 GPUs, 90% of
+# requests; the other options the default space's).
 # Usage: bench/plan.sh [OUT_DIR] (default out/bench-plan). Needs ../shared/traces and a build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -53,3 +55,10 @@ for mode in pruned exhaustive; do
   echo "$mode: wall $(python3 -c "print(round($(date +%s.%N) - $start, 1))") s"
   summary "$out/$mode/plan.json"
 done
+
+echo "## a larger model: llama-3.1-70b on h200, --tp 2,4,8 --max-gpus 32, 90% of requests"
+start=$(date +%s.%N)
+$duet plan --model llama-3.1-70b --gpu h200 --tp 2,4,8 --max-gpus 32 --attainment 0.9 \
+  --trace $trace --slo $slo --out "$out/llama70b" --progress never > "$out/llama70b.log" || true
+echo "wall $(python3 -c "print(round($(date +%s.%N) - $start, 1))") s (process, trace loading and bounds included)"
+summary "$out/llama70b/plan.json"
