@@ -16,7 +16,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     if (spec->placements.size() != spec->instances.size()) __builtin_trap();
     for (std::size_t i = 0; i < spec->instances.size(); ++i) {
       const auto& at = spec->placements[i];
-      if (at.gpus.size() != static_cast<std::size_t>(spec->instances[i].tp) ||
+      if (at.gpus.size() != static_cast<std::size_t>(spec->instances[i].Gpus()) ||
           at.memory.kv_blocks < 1)
         __builtin_trap();
     }

@@ -372,6 +372,18 @@ TEST(StepProfileTest, ProfilesSurviveTheRoundTrip) {
   EXPECT_FALSE(ArchitectureMismatch(back->model, Model("tiny-test")));
   EXPECT_EQ(ArchitectureMismatch(back->model, Model("llama-3.2-1b")).value_or(""),
             "num_hidden_layers: 2 vs 16");
+  // Shapes alike but experts, latent attention or fp8 weights apart: still another model.
+  ModelSpec fewer_experts = Model("qwen3-30b-a3b");
+  fewer_experts.moe->experts_per_token = 4;
+  EXPECT_EQ(ArchitectureMismatch(Model("qwen3-30b-a3b"), fewer_experts)
+                .value_or("")
+                .rfind("active parameters: ", 0),
+            0u);
+  ModelSpec bf16 = Model("deepseek-v3");
+  bf16.fp8.reset();
+  EXPECT_EQ(
+      ArchitectureMismatch(Model("deepseek-v3"), bf16).value_or("").rfind("weight bytes: ", 0), 0u);
+  EXPECT_FALSE(ArchitectureMismatch(Model("deepseek-v3"), Model("deepseek-v3")));
 }
 
 TEST(StepProfileTest, MalformedProfilesAreErrorsNamingTheField) {
