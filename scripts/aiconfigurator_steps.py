@@ -8,8 +8,8 @@ of a whole engine step the way the framework runs it. This script asks that esti
 package's own code, not a re-implementation) for a sweep of step shapes of one model on one
 system at several TP degrees and writes them as Duet step measurements (JSON lines, models/
 step_profile.h), with a provenance file. `duet calibrate --measurements` fits the simulator's
-cost model to them (scripts/aiconfigurator_profile.sh does both, and says which Duet model
-and GPU names map to which aiconfigurator ones).
+cost model to them (scripts/aiconfigurator_profile.sh does both). MODELS and SYSTEMS below map
+Duet's bundled names to aiconfigurator's.
 
 What the times are: the sum of the measured GPU kernels of one step. Not in them: the
 framework's CPU work (scheduling, sampling, input preparation), which aiconfigurator adds
@@ -19,9 +19,7 @@ Shapes, per TP degree: prefill of B equal requests of N new tokens after P cache
 (aiconfigurator's static context phase); decode of R requests at C tokens of context each;
 mixed steps of one prefill of N tokens beside R decodes at C tokens (aiconfigurator's mixed
 step: it prices the chunk's attention as a share of the whole prompt's). Shapes whose KV cache
-does not fit one instance at that TP (--capacity, from `duet model`) are left out. A mixture
-of experts runs its experts expert-parallel over the TP degree's GPUs (--moe), as Duet's
-cluster files place them.
+does not fit one instance at that TP (--capacity, from `duet model`) are left out.
 """
 
 from __future__ import annotations
@@ -33,6 +31,21 @@ import json
 import logging
 import pathlib
 import sys
+
+# Duet's bundled models and GPUs under aiconfigurator's names, and how a model runs: its experts
+# expert-parallel over the TP degree's GPUs (as Duet's cluster files place them), its weights
+# in bf16 or fp8 with block scales. The one table the scripts share.
+MODELS = {
+    "llama-3.1-8b": ("meta-llama/Meta-Llama-3.1-8B", False, "bfloat16"),
+    "llama-3.1-70b": ("meta-llama/Meta-Llama-3.1-70B", False, "bfloat16"),
+    "qwen3-32b": ("Qwen/Qwen3-32B", False, "bfloat16"),
+    "qwen3-30b-a3b": ("Qwen/Qwen3-30B-A3B", True, "bfloat16"),
+    "qwen3-235b-a22b": ("Qwen/Qwen3-235B-A22B", True, "bfloat16"),
+    "deepseek-v3": ("deepseek-ai/DeepSeek-V3", True, "fp8_block"),
+}
+SYSTEMS = {"h100-sxm": "h100_sxm", "h200": "h200_sxm", "b200": "b200_sxm",
+           "a100-80gb": "a100_sxm"}
+
 
 def prefill_shapes():
     for n in (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192):
@@ -83,19 +96,16 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", required=True, help="step measurements to write (JSON lines)")
     parser.add_argument("--source-out", required=True, help="provenance to write (JSON)")
-    parser.add_argument("--system", required=True, help="aiconfigurator system, e.g. h100_sxm")
-    parser.add_argument("--model", required=True,
-                        help="aiconfigurator model, e.g. meta-llama/Meta-Llama-3.1-8B")
+    parser.add_argument("--model", required=True, choices=sorted(MODELS), help="Duet's name")
+    parser.add_argument("--gpu", required=True, choices=sorted(SYSTEMS), help="Duet's name")
     parser.add_argument("--capacity", required=True,
                         help="TP:KV-tokens of one instance per TP degree, e.g. 1:450000,2:980000")
-    parser.add_argument("--moe", action="store_true",
-                        help="a mixture of experts: experts expert-parallel over the TP GPUs")
-    parser.add_argument("--quant", default="bfloat16", choices=("bfloat16", "fp8_block"),
-                        help="GEMM (and expert) weights: bfloat16, or fp8 with block scales")
     parser.add_argument("--backend", default="vllm", help="serving framework's measurements")
     parser.add_argument("--version", help="that framework's version (default: the newest)")
     args = parser.parse_args()
     capacity = capacities(args.capacity)
+    aic_model, moe, quant_mode = MODELS[args.model]
+    system = SYSTEMS[args.gpu]
 
     def fits(tp: int, tokens: int) -> bool:
         return tokens <= capacity[tp]
@@ -107,20 +117,20 @@ def main() -> int:
     from aiconfigurator_core.sdk.models import get_model
     from aiconfigurator_core.sdk.perf_database import get_database
 
-    data = pathlib.Path(aiconfigurator_core.__file__).parent / "systems" / "data" / args.system
+    data = pathlib.Path(aiconfigurator_core.__file__).parent / "systems" / "data" / system
     version = args.version or newest_version(data, args.backend)
-    database = get_database(args.system, args.backend, version)
+    database = get_database(system, args.backend, version)
     if database is None:
-        sys.exit(f"aiconfigurator has no {args.system} data for {args.backend} {version}")
+        sys.exit(f"aiconfigurator has no {system} data for {args.backend} {version}")
     lines = []
     for tp in sorted(capacity):
-        quant = dict(gemm_quant_mode=getattr(common.GEMMQuantMode, args.quant),
+        quant = dict(gemm_quant_mode=getattr(common.GEMMQuantMode, quant_mode),
                      kvcache_quant_mode=common.KVCacheQuantMode.bfloat16,
                      fmha_quant_mode=common.FMHAQuantMode.bfloat16)
-        if args.moe:
+        if moe:
             quant.update(moe_tp_size=1, moe_ep_size=tp,
-                         moe_quant_mode=getattr(common.MoEQuantMode, args.quant))
-        model = get_model(args.model, config.ModelConfig(tp_size=tp, **quant), args.backend)
+                         moe_quant_mode=getattr(common.MoEQuantMode, quant_mode))
+        model = get_model(aic_model, config.ModelConfig(tp_size=tp, **quant), args.backend)
 
         def add(prefill, rows, context, ms):
             lines.append({"prefill": prefill, "decode_tokens": rows,
@@ -160,10 +170,10 @@ def main() -> int:
         "package_version": importlib.metadata.version("aiconfigurator-core"),
         "license": "Apache-2.0",
         "url": "https://github.com/ai-dynamo/aiconfigurator",
-        "system": args.system,
+        "system": system,
         "framework": f"{args.backend} {version}",
-        "model": args.model,
-        "weights": args.quant,
+        "model": aic_model,
+        "weights": quant_mode,
         "what": "the package's step estimates (sums of measured kernel times, no framework CPU "
                 "overhead) for the shapes in scripts/aiconfigurator_steps.py",
         "data_files": {p.relative_to(data.parent.parent).as_posix(): sha256(p) for p in files},

@@ -31,19 +31,10 @@ import shutil
 import subprocess
 import sys
 
+from aiconfigurator_steps import MODELS, SYSTEMS  # Duet's names -> aiconfigurator's
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 DUET = os.environ.get("DUET", str(ROOT / "build/bin/duet"))
-# Duet's bundled names and AIConfigurator's (scripts/aiconfigurator_profile.sh has the same).
-AIC_MODELS = {
-    "llama-3.1-8b": "meta-llama/Meta-Llama-3.1-8B",
-    "llama-3.1-70b": "meta-llama/Meta-Llama-3.1-70B",
-    "qwen3-32b": "Qwen/Qwen3-32B",
-    "qwen3-30b-a3b": "Qwen/Qwen3-30B-A3B",
-    "qwen3-235b-a22b": "Qwen/Qwen3-235B-A22B",
-    "deepseek-v3": "deepseek-ai/DeepSeek-V3",
-}
-AIC_SYSTEMS = {"h100-sxm": "h100_sxm", "h200": "h200_sxm", "b200": "b200_sxm",
-               "a100-80gb": "a100_sxm"}
 GPUS_PER_NODE = 8
 
 
@@ -68,7 +59,7 @@ def recommend(model: str, gpu: str, isl: float, osl: float, rate: float, ttft: f
     save = out / "aiconfigurator"
     shutil.rmtree(save, ignore_errors=True)
     cmd = [str(ROOT / ".venv/bin/aiconfigurator"), "cli", "default",
-           "--model-path", AIC_MODELS[model], "--system", AIC_SYSTEMS[gpu], "--backend", "vllm",
+           "--model-path", MODELS[model][0], "--system", SYSTEMS[gpu], "--backend", "vllm",
            "--isl", str(round(isl)), "--osl", str(round(osl)),
            "--target-request-rate", f"{rate:.3f}", "--ttft", str(ttft), "--tpot", str(tpot),
            "--save-dir", str(save), "--no-color", "--log-level", "ERROR"]
@@ -154,8 +145,8 @@ def row_of(name: str, layout: str, gpus: int, price: float, cluster: dict, s: di
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--model", required=True, choices=sorted(AIC_MODELS))
-    parser.add_argument("--gpu", required=True, choices=sorted(AIC_SYSTEMS))
+    parser.add_argument("--model", required=True, choices=sorted(MODELS))
+    parser.add_argument("--gpu", required=True, choices=sorted(SYSTEMS))
     parser.add_argument("--ttft", type=float, required=True, help="TTFT SLO, ms")
     parser.add_argument("--tpot", type=float, required=True, help="TPOT SLO, ms")
     parser.add_argument("--attainment", type=float, default=0.9)
