@@ -5,7 +5,7 @@
 # version of Duet (PREV_COMMIT, built from `git archive` in build-prev/, Release, no CUDA)
 # on the same inputs; the same simulation with decode-step coalescing off (one engine step
 # per simulated event); for the clusters with KV tiers, the same cluster without tiers, and
-# the tiered PD cluster with one of its two tiers only.
+# the tiered PD cluster with one of its two tiers only; the clusters of the models beyond Llama.
 # The two versions' runs of a row are taken in turn (this, previous, this, ...).
 # Usage: bench/simulate_speed.sh [REPEATS] [PREV_COMMIT]
 #   (median of REPEATS runs, default 3; PREV_COMMIT default 8a629b9, main before the
@@ -108,3 +108,13 @@ run "h100-8p8d-llama8b-tiered without its SSD tier, cache-aware (yardstick)" \
   "$(variant "$cluster" dram-only 'del c["tiers"]["ssd"]')" cache-aware
 run "h100-8p8d-llama8b-tiered without its DRAM tier, cache-aware (yardstick)" \
   "$(variant "$cluster" ssd-only 'del c["tiers"]["dram"]')" cache-aware
+# The models beyond Llama (issue 46): experts, latent attention, DP decode; their all-to-alls
+# move over the simulated network. Yardstick: the same DeepSeek-V3 cluster without coalescing.
+for cluster in sim/clusters/h100-4p4d-qwen3-32b.json sim/clusters/h100-4p4d-qwen3-30b-a3b.json \
+  sim/clusters/h200-2p2d-qwen3-235b-a22b.json sim/clusters/h200-3p1d-deepseek-v3.json; do
+  run "$(basename "$cluster" .json), prefix-aware" "$cluster" prefix-aware
+done
+cluster=sim/clusters/h200-3p1d-deepseek-v3.json
+run "h200-3p1d-deepseek-v3, prefix-aware, no coalescing (yardstick)" \
+  "$(variant "$cluster" uncoalesced 'c.setdefault("engine", {})["coalesce_decode_steps"] = False')" \
+  prefix-aware
