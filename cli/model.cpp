@@ -8,6 +8,7 @@
 
 #include "cli/commands.h"
 #include "common/units.h"
+#include "deploy/engine_settings.h"
 #include "models/model_spec.h"
 
 namespace duet::cli {
@@ -23,9 +24,9 @@ json PartJson(const models::WeightPart& part) {
 json ModelJson(const models::ModelSpec& m, std::optional<models::Dtype> kv_dtype) {
   const models::WeightBreakdown w = m.Weights();
   json doc = {{"model", m.name},
-              {"parameters", m.ParamCount()},
+              {"parameters", w.Total().params},
               {"active_parameters", m.ActiveParamCount()},
-              {"weight_bytes", m.WeightBytes()},
+              {"weight_bytes", w.Total().bytes},
               {"kv_bytes_per_token", m.KvBytesPerToken(kv_dtype)},
               {"layers", m.num_hidden_layers},
               {"dense_layers", m.DenseLayers()},
@@ -73,25 +74,27 @@ int Model(int argc, char** argv) {
   if (!ParseArgs(argc, argv, opts, vm, &code)) return code;
   auto model = LoadModelRef(vm["model"].as<std::string>());
   if (!model) return Fail(model.error());
-  std::optional<models::Dtype> kv_dtype;
-  if (const std::string name = vm["kv-cache-dtype"].as<std::string>(); name != "auto") {
-    kv_dtype = models::DtypeFromTorchName(name);
-    if (!kv_dtype) return Fail("--kv-cache-dtype: unknown dtype '" + name + "'", kExitUsage);
+  // The memory settings with a cluster file's bounds and spellings (its engine object's), each
+  // error naming its flag.
+  Result<deploy::EngineSettings> engine = deploy::EngineSettings{};
+  const std::pair<const char*, json> flags[] = {
+      {"gpu-memory-utilization",
+       {{"gpu_memory_utilization", vm["gpu-memory-utilization"].as<double>()}}},
+      {"reserved-gib", {{"reserved_gib", vm["reserved-gib"].as<double>()}}},
+      {"block-tokens", {{"block_tokens", vm["block-tokens"].as<std::int64_t>()}}},
+      {"kv-cache-dtype", {{"kv_cache_dtype", vm["kv-cache-dtype"].as<std::string>()}}}};
+  for (const auto& [flag, setting] : flags) {
+    engine = deploy::ParseEngineSettings(setting, std::string("--") + flag, *engine);
+    if (!engine) return Fail(engine.error(), kExitUsage);
   }
+  const std::optional<models::Dtype> kv_dtype = engine->memory.kv_cache_dtype;
   json doc = ModelJson(*model, kv_dtype);
   if (vm.count("gpu")) {
     auto gpu = LoadGpuRef(vm["gpu"].as<std::string>());
     if (!gpu) return Fail(gpu.error());
-    const double reserved = vm["reserved-gib"].as<double>();
-    if (!(reserved >= 0 && reserved <= 1e6))
-      return Fail("--reserved-gib must be in [0, 1e6]", kExitUsage);
-    models::MemoryOptions options;
+    models::MemoryOptions options = engine->memory;
     options.tp = vm["tp"].as<int>();
     options.dp = vm["dp"].as<int>();
-    options.gpu_memory_utilization = vm["gpu-memory-utilization"].as<double>();
-    options.reserved_bytes_per_gpu = static_cast<Bytes>(reserved * kGiB);
-    options.block_tokens = vm["block-tokens"].as<std::int64_t>();
-    options.kv_cache_dtype = kv_dtype;
     auto plan = models::PlanInstanceMemory(*model, *gpu, options);
     if (!plan) return Fail(plan.error());
     doc["plan"] = {{"gpu", gpu->name},

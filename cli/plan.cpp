@@ -91,11 +91,7 @@ int Plan(int argc, char** argv) {
     // The bundled profile of this GPU and model (sim/profiles/GPU-MODEL.json), if there is one.
     const std::string gpu = base["nodes"][0].value("gpu", ""), model = base.value("model", "");
     const std::string bundled = gpu + "-" + model;
-    auto bundled_name = [](const std::string& ref) {
-      return !ref.empty() && ref.find('/') == std::string::npos &&
-             !(ref.size() > 5 && ref.compare(ref.size() - 5, 5, ".json") == 0);
-    };
-    if (bundled_name(gpu) && bundled_name(model) &&
+    if (!gpu.empty() && !model.empty() && sim::IsBundledName(gpu) && sim::IsBundledName(model) &&
         fs::exists(fs::path(DataDir()) / "sim" / "profiles" / (bundled + ".json"))) {
       std::printf("duet plan: pricing steps with the bundled profile %s\n", bundled.c_str());
       base["cost_model"] = {{"kind", "fitted"}, {"profile", bundled}};

@@ -38,13 +38,9 @@ RooflineCostModel::RooflineCostModel(ModelSpec model, HardwareSpec hw, RooflineO
 
   // Matrix-multiply weights per layer of the attention: q/k/v/o, or MLA's.
   double attention_params = 0;
+  for (const MatrixShape& m : model_.AttentionProjections())
+    attention_params += double(m.in) * m.out;
   if (const auto& mla = model_.mla) {
-    const double q_rank = mla->q_lora_rank;
-    attention_params = (q_rank > 0 ? hidden * q_rank + q_rank * heads * mla->QkHeadDim()
-                                   : hidden * heads * mla->QkHeadDim()) +
-                       hidden * mla->CachedWidth() +
-                       mla->kv_lora_rank * heads * (mla->qk_nope_head_dim + mla->v_head_dim) +
-                       heads * mla->v_head_dim * hidden;
     // Prefill: QK^T over the full key width, PV over v; the cached latents it attends to are
     // expanded to keys and values first. Decode: both over the latent (the rotary key too).
     prefill_flops_per_pair_ = layers * 2.0 * heads * (mla->QkHeadDim() + mla->v_head_dim);
@@ -52,10 +48,8 @@ RooflineCostModel::RooflineCostModel(ModelSpec model, HardwareSpec hw, RooflineO
     prefill_context_flops_ =
         layers * 2.0 * mla->kv_lora_rank * heads * (mla->qk_nope_head_dim + mla->v_head_dim);
   } else {
-    const double q_width = double(model_.QWidth()), kv_width = double(model_.KvWidth());
-    attention_params = 2.0 * hidden * q_width + 2.0 * hidden * kv_width;
     // QK^T and PV each cost 2 * q_width FLOPs per (query, key) pair.
-    prefill_flops_per_pair_ = decode_flops_per_pair_ = layers * 4.0 * q_width;
+    prefill_flops_per_pair_ = decode_flops_per_pair_ = layers * 4.0 * double(model_.QWidth());
   }
   // 2 FLOPs per multiply-add; gate, up and down of every MLP a token passes through.
   const double dense_layers = model_.DenseLayers();
@@ -124,7 +118,7 @@ StepCostBreakdown RooflineCostModel::Breakdown(const StepShape& shape) const {
   const StepFeatures f = FeaturesOf(shape);
   if (f.empty()) return cost;  // an empty step costs nothing, not even the overhead
   const double tokens = f.tokens();
-  const double tp = double(f.tp > 1 ? f.tp : options_.tp);
+  const double tp = TpOf(f);
   const double dp = options_.dp;
   const double gpus = tp * dp;
   // Every GPU does 1/G of the work: DP splits the tokens, TP the heads and widths, EP the
@@ -152,9 +146,8 @@ StepCostBreakdown RooflineCostModel::Breakdown(const StepShape& shape) const {
     cost.comm_s =
         allreduces_per_step_ * (ring_bytes * seconds_per_link_byte_ + options_.allreduce_latency);
   }
-  if (experts_ > 0 && gpus > 1) {
-    // Dispatch and combine: each GPU sends its 1/G of the tokens to their experts elsewhere.
-    cost.a2a_bytes = 2.0 * moe_layers_ * tokens / gpus * a2a_bytes_per_token_ * (gpus - 1.0) / gpus;
+  cost.a2a_bytes = AllToAllBytes(tokens, gpus);
+  if (cost.a2a_bytes > 0) {
     cost.comm_s +=
         cost.a2a_bytes * seconds_per_link_byte_ + 2.0 * moe_layers_ * options_.allreduce_latency;
   }
@@ -166,9 +159,20 @@ Seconds RooflineCostModel::StepTime(const StepShape& shape) const {
   return Breakdown(shape).total_s;
 }
 
+double RooflineCostModel::TpOf(const StepFeatures& f) const {
+  return double(f.tp > 1 ? f.tp : options_.tp);
+}
+
+double RooflineCostModel::AllToAllBytes(double tokens, double gpus) const {
+  if (experts_ == 0 || gpus <= 1) return 0;
+  // Dispatch and combine: each GPU sends its 1/G of the tokens to their experts elsewhere.
+  return 2.0 * moe_layers_ * tokens / gpus * a2a_bytes_per_token_ * (gpus - 1.0) / gpus;
+}
+
 StepCostModel::AllToAll RooflineCostModel::ExpertTraffic(const StepShape& shape) const {
   if (experts_ == 0) return {};
-  const double bytes = Breakdown(shape).a2a_bytes;
+  const StepFeatures f = FeaturesOf(shape);
+  const double bytes = AllToAllBytes(f.tokens(), TpOf(f) * options_.dp);
   return {bytes, bytes / hw_.nvlink_bw};
 }
 

@@ -151,6 +151,10 @@ class RooflineCostModel : public StepCostModel {
   const RooflineOptions& options() const { return options_; }
 
  private:
+  double TpOf(const StepFeatures& f) const;  // the shape's TP degree, else the options'
+  // The expert-parallel dispatch and combine bytes each of `gpus` GPUs sends for `tokens`.
+  double AllToAllBytes(double tokens, double gpus) const;
+
   ModelSpec model_;
   HardwareSpec hw_;
   RooflineOptions options_;

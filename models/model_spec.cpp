@@ -81,15 +81,23 @@ const Family* FamilyOfClass(const std::string& class_name) {
   return nullptr;
 }
 
-std::string SupportedList(bool executable) {
+// The families `pick` chooses, as "Class (model_type), ..." for messages.
+std::string SupportedList(bool (*pick)(const Family&)) {
   std::string list;
   for (const Family& family : kFamilies) {
-    if (executable && !family.executable) continue;
-    if (!executable && family.experts == Experts::kNone) continue;
+    if (!pick(family)) continue;
     if (!list.empty()) list += ", ";
     list += std::string(family.class_name) + " (" + family.model_type + ")";
   }
   return list;
+}
+
+bool Executable(const Family& family) { return family.executable; }
+bool HasExperts(const Family& family) { return family.experts != Experts::kNone; }
+
+// Families with no biases at all: Mistral's attention, and Mixtral's experts too.
+bool BiasFree(const std::string& model_type) {
+  return model_type == "mistral" || model_type == "mixtral";
 }
 
 // The default name: the file stem ("models/specs/llama-3.1-8b.json" -> "llama-3.1-8b"), or the
@@ -175,8 +183,8 @@ const char* ExpertCountKey(Experts experts) {
 // Mixtral's.
 Result<int> CountMoeLayers(const json& doc, const std::string& where, Experts experts,
                            std::int64_t layers) {
-  std::int64_t count = 0;
   if (experts == Experts::kMixtral) return int(layers);
+  std::int64_t count = 0;
   if (experts == Experts::kQwen3Moe) {
     Result<std::int64_t> step = JsonIntIn(doc, "decoder_sparse_step", 1, layers, where, 1);
     if (!step.ok()) return step.status();
@@ -222,7 +230,7 @@ Status ParseExperts(const json& doc, const std::string& where, const Family* fam
         return FieldError(where, key,
                           "is " + DescribeJson(value) + ": mixture-of-experts models of type '" +
                               spec.model_type +
-                              "' are not supported (supported: " + SupportedList(false) + ")");
+                              "' are not supported (supported: " + SupportedList(HasExperts) + ")");
       }
     }
     return Status::Ok();
@@ -408,12 +416,10 @@ Status ParseTokenIds(const json& doc, const std::string& where, ModelSpec& spec)
 }
 
 // Biases and the attention window, by family: Qwen2 hard-wires q/k/v biases and windows only
-// with use_sliding_window; Mistral has no biases; Llama (and any other type) reads
+// with use_sliding_window; Mistral and Mixtral have no biases; Llama (and any other type) reads
 // attention_bias and mlp_bias, and Llama has no window.
 Status ParseBiasesAndWindow(const json& doc, const std::string& where, ModelSpec& spec) {
-  // Mixtral's attention and experts have no biases, as Mistral's.
-  const bool qwen2 = spec.model_type == "qwen2";
-  const bool mistral = spec.model_type == "mistral" || spec.model_type == "mixtral";
+  const bool qwen2 = spec.model_type == "qwen2", mistral = BiasFree(spec.model_type);
   const bool llama = spec.model_type == "llama";
   if (qwen2) {
     spec.attention_qkv_bias = true;  // hard-wired in Qwen2Attention
@@ -496,23 +502,11 @@ WeightBreakdown ModelSpec::Weights() const {
   WeightBreakdown w;
   w.embedding = plain(std::int64_t(vocab_size) * h);
   if (!tie_word_embeddings) w.lm_head = w.embedding;
+  for (const MatrixShape& m : AttentionProjections()) w.attention += linear(m.in, m.out, layers);
   if (mla) {
-    if (mla->q_lora_rank > 0) {
-      w.attention += linear(h, mla->q_lora_rank, layers);                         // q_a_proj
-      w.attention += plain(mla->q_lora_rank, layers);                             // its norm
-      w.attention += linear(mla->q_lora_rank, heads * mla->QkHeadDim(), layers);  // q_b_proj
-    } else {
-      w.attention += linear(h, heads * mla->QkHeadDim(), layers);  // q_proj
-    }
-    w.attention += linear(h, mla->CachedWidth(), layers);  // kv_a_proj_with_mqa
-    w.attention += plain(mla->kv_lora_rank, layers);       // kv_a_layernorm
-    w.attention += linear(mla->kv_lora_rank, heads * (mla->qk_nope_head_dim + mla->v_head_dim),
-                          layers);                              // kv_b
-    w.attention += linear(heads * mla->v_head_dim, h, layers);  // o_proj
+    if (mla->q_lora_rank > 0) w.attention += plain(mla->q_lora_rank, layers);  // q_a_layernorm
+    w.attention += plain(mla->kv_lora_rank, layers);                           // kv_a_layernorm
   } else {
-    w.attention += linear(h, QWidth(), layers);       // q_proj
-    w.attention += linear(h, KvWidth(), 2 * layers);  // k_proj, v_proj
-    w.attention += linear(QWidth(), h, layers);       // o_proj
     if (attention_qkv_bias) w.attention += plain(QWidth() + 2 * KvWidth(), layers);
     if (attention_o_bias) w.attention += plain(h, layers);
     if (qk_norm) w.attention += plain(2 * head_dim, layers);
@@ -529,6 +523,24 @@ WeightBreakdown ModelSpec::Weights() const {
   }
   w.norms = plain(2 * h * layers + h);
   return w;
+}
+
+std::vector<MatrixShape> ModelSpec::AttentionProjections() const {
+  const std::int64_t h = hidden_size, heads = num_attention_heads;
+  if (!mla) {
+    return {{h, QWidth()}, {h, KvWidth()}, {h, KvWidth()}, {QWidth(), h}};  // q, k, v, o
+  }
+  std::vector<MatrixShape> m;
+  if (mla->q_lora_rank > 0) {
+    m.push_back({h, mla->q_lora_rank});                         // q_a_proj
+    m.push_back({mla->q_lora_rank, heads * mla->QkHeadDim()});  // q_b_proj
+  } else {
+    m.push_back({h, heads * mla->QkHeadDim()});  // q_proj
+  }
+  m.push_back({h, mla->CachedWidth()});  // kv_a_proj_with_mqa
+  m.push_back({mla->kv_lora_rank, heads * (mla->qk_nope_head_dim + mla->v_head_dim)});  // kv_b
+  m.push_back({heads * mla->v_head_dim, h});                                            // o_proj
+  return m;
 }
 
 std::int64_t ModelSpec::ActiveParamCount() const {
@@ -759,7 +771,7 @@ json ModelSpecToJson(const ModelSpec& spec) {
   doc["max_position_embeddings"] = spec.max_position_embeddings;
   doc["tie_word_embeddings"] = spec.tie_word_embeddings;
   if (spec.torch_dtype) doc["torch_dtype"] = TorchDtypeName(*spec.torch_dtype);
-  if (spec.model_type != "qwen2" && spec.model_type != "mistral" && spec.model_type != "mixtral") {
+  if (spec.model_type != "qwen2" && !BiasFree(spec.model_type)) {
     doc["attention_bias"] = spec.attention_qkv_bias;
     doc["mlp_bias"] = spec.mlp_bias;
   }
@@ -770,12 +782,13 @@ json ModelSpecToJson(const ModelSpec& spec) {
     doc["sliding_window"] = nullptr;
   }
   const Family* family = FamilyOfType(spec.model_type);
-  if (const MoeSpec* moe = spec.moe ? &*spec.moe : nullptr; moe && family != nullptr) {
-    doc[ExpertCountKey(family->experts)] = moe->experts;
-    doc["num_experts_per_tok"] = moe->experts_per_token;
+  if (spec.moe && family != nullptr) {
+    const MoeSpec& moe = *spec.moe;
+    doc[ExpertCountKey(family->experts)] = moe.experts;
+    doc["num_experts_per_tok"] = moe.experts_per_token;
     const int dense = spec.DenseLayers();
     if (family->experts != Experts::kMixtral)
-      doc["moe_intermediate_size"] = moe->expert_intermediate;
+      doc["moe_intermediate_size"] = moe.expert_intermediate;
     if (family->experts == Experts::kQwen3Moe) {
       json dense_layers = json::array();
       for (int i = 0; i < dense; ++i) dense_layers.push_back(i);
@@ -784,7 +797,7 @@ json ModelSpecToJson(const ModelSpec& spec) {
     } else if (family->experts == Experts::kDeepSeek) {
       doc["first_k_dense_replace"] = dense;
       doc["moe_layer_freq"] = 1;
-      doc["n_shared_experts"] = moe->shared_experts;
+      doc["n_shared_experts"] = moe.shared_experts;
     }
   }
   if (spec.mla) {
@@ -813,8 +826,9 @@ json ModelSpecToJson(const ModelSpec& spec) {
 Status CheckExecutable(const ModelSpec& spec, const std::string& where) {
   const Family* family = FamilyOfType(spec.model_type);
   if (spec.model_type.empty() && spec.architecture.empty()) {
-    return FieldError(where, "model_type",
-                      "is missing (and so is 'architectures'); supported: " + SupportedList(true));
+    return FieldError(
+        where, "model_type",
+        "is missing (and so is 'architectures'); supported: " + SupportedList(Executable));
   }
   if (family == nullptr || !family->executable ||
       (!spec.architecture.empty() && FamilyOfClass(spec.architecture) == nullptr)) {
@@ -824,7 +838,7 @@ Status CheckExecutable(const ModelSpec& spec, const std::string& where) {
           named.empty() ? "model_type " + spec.model_type : " (model_type " + spec.model_type + ")";
     }
     return Status::Error(where + ": unsupported architecture " + named +
-                         "; supported: " + SupportedList(true));
+                         "; supported: " + SupportedList(Executable));
   }
   if (spec.hidden_act != "silu") {
     return FieldError(where, "hidden_act",

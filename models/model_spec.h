@@ -71,6 +71,11 @@ struct Fp8Weights {
   std::int64_t block_rows = 0, block_cols = 0;  // weight_block_size; 0: one scale per matrix
 };
 
+// A linear layer's weight, [out, in] as checkpoints store it.
+struct MatrixShape {
+  std::int64_t in = 0, out = 0;
+};
+
 // Parameters and bytes of one part of the weights.
 struct WeightPart {
   std::int64_t params = 0;
@@ -145,6 +150,9 @@ struct ModelSpec {
   // their biases where the config has them, norms; the final norm. Not DeepSeek's
   // multi-token-prediction layer, which only speculative decoding loads.
   WeightBreakdown Weights() const;
+  // One layer's attention projections (q/k/v/o, or MLA's), the matrices Weights() sizes and
+  // the roofline prices a token's pass through.
+  std::vector<MatrixShape> AttentionProjections() const;
   std::int64_t ParamCount() const { return Weights().Total().params; }
   // In the dtype each part is stored in (ParamCount * BytesPerElement unless fp8).
   Bytes WeightBytes() const { return Weights().Total().bytes; }

@@ -143,11 +143,15 @@ Status CheckProfileFits(const ClusterSpec& c, const std::string& path) {
 
 }  // namespace
 
+bool IsBundledName(const std::string& ref) {
+  return ref.find('/') == std::string::npos && fs::path(ref).extension() != ".json";
+}
+
 void AbsolutizeClusterRefs(nlohmann::json& doc, const std::string& dir) {
   auto absolutize = [&](nlohmann::json& value) {
     if (!value.is_string()) return;
     const std::string ref = value.get<std::string>();
-    if (ref.find('/') == std::string::npos && fs::path(ref).extension() != ".json") return;
+    if (IsBundledName(ref)) return;
     if (ref.empty() || fs::path(ref).is_absolute()) return;
     value = fs::absolute(fs::path(dir) / ref).lexically_normal().string();
   };

@@ -63,6 +63,10 @@ struct ClusterSpec : deploy::Deployment {
 
 using deploy::ResolveRef;
 
+// Whether a model, GPU or profile reference names a bundled file (a bare name, as "h200") rather
+// than a path: no '/' and no .json extension.
+bool IsBundledName(const std::string& ref);
+
 // A cluster document moved elsewhere (a candidate of `duet plan`, a patched setup of `duet
 // sweep`): its file references (model, every node group's gpu, the cost model's profile) that
 // are paths made absolute against `dir`, the directory of the file it came from; bundled names
