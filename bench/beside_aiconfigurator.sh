@@ -21,5 +21,5 @@ for gpu in h100-sxm h200; do
   # Data-parallel attention needs the roofline (a profile prices dp 1 only): the roofline base.
   .venv/bin/python scripts/beside_aiconfigurator.py --model deepseek-v3 --gpu "$gpu" \
     --ttft 2000 --tpot 50 "${common[@]}" -- --base sim/clusters/h200-3p1d-deepseek-v3.json \
-    --tp 4,8 --dp 1,2 --decode-tp 1,8 --decode-dp 1,8 "${space[@]}"
+    --tp 4,8 --dp 1,2 --decode-tp 1,8 --decode-dp 1,8,16 "${space[@]}"
 done

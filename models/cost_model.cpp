@@ -30,6 +30,8 @@ RooflineCostModel::RooflineCostModel(ModelSpec model, HardwareSpec hw, RooflineO
   DUET_CHECK(model_.num_hidden_layers > 0 && model_.hidden_size > 0 && model_.head_dim > 0);
 
   DUET_CHECK(options_.dp >= 1);
+  DUET_CHECK(options_.nodes >= 1 && (options_.tp * options_.dp) % options_.nodes == 0);
+  DUET_CHECK(options_.nodes == 1 || options_.nic_bw > 0);
   const double layers = model_.num_hidden_layers;
   const double hidden = model_.hidden_size;
   const double heads = model_.num_attention_heads;
@@ -146,10 +148,11 @@ StepCostBreakdown RooflineCostModel::Breakdown(const StepShape& shape) const {
     cost.comm_s =
         allreduces_per_step_ * (ring_bytes * seconds_per_link_byte_ + options_.allreduce_latency);
   }
-  cost.a2a_bytes = AllToAllBytes(tokens, gpus);
+  const AllToAll a2a = AllToAllOf(tokens, gpus);
+  cost.a2a_bytes = a2a.bytes_per_gpu;
   if (cost.a2a_bytes > 0) {
     cost.comm_s +=
-        cost.a2a_bytes * seconds_per_link_byte_ + 2.0 * moe_layers_ * options_.allreduce_latency;
+        a2a.seconds / options_.comm_efficiency + 2.0 * moe_layers_ * options_.allreduce_latency;
   }
   cost.total_s = std::max(cost.compute_s, cost.memory_s) + cost.comm_s + options_.step_overhead;
   return cost;
@@ -169,11 +172,24 @@ double RooflineCostModel::AllToAllBytes(double tokens, double gpus) const {
   return 2.0 * moe_layers_ * tokens / gpus * a2a_bytes_per_token_ * (gpus - 1.0) / gpus;
 }
 
+StepCostModel::AllToAll RooflineCostModel::AllToAllOf(double tokens, double gpus) const {
+  AllToAll a2a;
+  a2a.bytes_per_gpu = AllToAllBytes(tokens, gpus);
+  if (a2a.bytes_per_gpu <= 0) return a2a;
+  // Peers are spread evenly: g - 1 of the G - 1 on the sender's node.
+  const double per_node = gpus / options_.nodes;
+  a2a.inter_node_bytes_per_gpu = a2a.bytes_per_gpu * (gpus - per_node) / (gpus - 1.0);
+  const double intra = a2a.bytes_per_gpu - a2a.inter_node_bytes_per_gpu;
+  a2a.seconds = intra / hw_.nvlink_bw;
+  if (a2a.inter_node_bytes_per_gpu > 0)
+    a2a.seconds = std::max(a2a.seconds, a2a.inter_node_bytes_per_gpu / options_.nic_bw);
+  return a2a;
+}
+
 StepCostModel::AllToAll RooflineCostModel::ExpertTraffic(const StepShape& shape) const {
   if (experts_ == 0) return {};
   const StepFeatures f = FeaturesOf(shape);
-  const double bytes = AllToAllBytes(f.tokens(), TpOf(f) * options_.dp);
-  return {bytes, bytes / hw_.nvlink_bw};
+  return AllToAllOf(f.tokens(), TpOf(f) * options_.dp);
 }
 
 }  // namespace duet::models

@@ -75,9 +75,12 @@ class StepCostModel {
   // traffic share the links: the step lasts StepTime - seconds, then the exchange (the rest of
   // the priced exchange, the link efficiency's share and each call's latency, stays in the
   // step). Zero on one GPU, for a dense model, or where the model does not price it apart (a
-  // fitted profile).
+  // fitted profile). Of an instance across nodes, `inter_node_bytes_per_gpu` of each GPU's
+  // bytes go to GPUs on other nodes (over its NIC), the rest within its node (over NVLink), the
+  // two at once.
   struct AllToAll {
     double bytes_per_gpu = 0;
+    double inter_node_bytes_per_gpu = 0;
     Seconds seconds = 0;
   };
   virtual AllToAll ExpertTraffic(const StepShape& shape) const { return {}; }
@@ -86,6 +89,10 @@ class StepCostModel {
 struct RooflineOptions {
   int tp = 1;
   int dp = 1;  // attention data-parallel ranks (models/model_spec.h's MemoryOptions)
+  // The nodes the instance's tp * dp GPUs span, as many on each; a TP group stays within a
+  // node. Across nodes the expert all-to-all crosses each GPU's NIC of `nic_bw` per direction.
+  int nodes = 1;
+  BytesPerSecond nic_bw = 0;
   double compute_efficiency = 0.6;      // achieved / peak FLOP/s on matrix multiplies
   double memory_efficiency = 0.8;       // achieved / peak HBM bandwidth
   double comm_efficiency = 0.7;         // achieved / peak NVLink bandwidth for TP all-reduce
@@ -132,7 +139,9 @@ struct StepCostBreakdown {
 // linear FLOPs cover its k experts and the shared ones; the step reads the weights of the
 // experts its tokens reach, E(1 - (1 - k/E)^T) per MoE layer when tokens route uniformly,
 // spread over the G GPUs; dispatch and combine each send T/G * k * h * e * (G-1)/G bytes per
-// GPU per MoE layer (the tokens leaving for experts on other GPUs). MLA attention: prefill runs
+// GPU per MoE layer (the tokens leaving for experts on other GPUs). Over N nodes of g = G/N GPUs
+// each, (G - g)/(G - 1) of those bytes cross the GPU's NIC while the rest moves over NVLink:
+// the exchange lasts the longer of the two. MLA attention: prefill runs
 // as multi-head attention of (qk_nope + qk_rope) key and v_head_dim value widths after
 // expanding the cached latents; decode runs absorbed, over the kv_lora_rank + qk_rope latent.
 // dp ranks split the tokens and the KV cache; the non-expert weights are read once per TP
@@ -154,6 +163,8 @@ class RooflineCostModel : public StepCostModel {
   double TpOf(const StepFeatures& f) const;  // the shape's TP degree, else the options'
   // The expert-parallel dispatch and combine bytes each of `gpus` GPUs sends for `tokens`.
   double AllToAllBytes(double tokens, double gpus) const;
+  // That exchange split by where it goes, and how long it takes at full link bandwidth.
+  AllToAll AllToAllOf(double tokens, double gpus) const;
 
   ModelSpec model_;
   HardwareSpec hw_;

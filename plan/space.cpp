@@ -11,18 +11,35 @@
 namespace duet::plan {
 namespace {
 
-// Nodes a first fit needs for `groups` of (count, GPUs each) instances, in order.
+// Whether an instance of tp * dp GPUs can be placed: within a node, or over whole nodes with
+// its TP groups within one (sim/cluster_spec.h's InstancePlacement).
+bool Placeable(int tp, int gpus, int gpus_per_node) {
+  return gpus <= gpus_per_node || (gpus % gpus_per_node == 0 && tp <= gpus_per_node);
+}
+
+// Nodes a first fit needs for `groups` of (count, GPUs each) instances, in order; an instance
+// larger than a node takes fresh whole nodes.
 int NodesNeeded(const std::vector<std::pair<int, int>>& groups, int gpus_per_node) {
   std::vector<int> free;
   for (const auto& group : groups) {
     const int gpus = group.second;
     for (int k = 0; k < group.first; ++k) {
+      if (gpus > gpus_per_node) {
+        free.insert(free.end(), static_cast<std::size_t>(gpus / gpus_per_node), 0);
+        continue;
+      }
       auto it = std::find_if(free.begin(), free.end(), [gpus](int f) { return f >= gpus; });
       if (it == free.end()) it = free.insert(free.end(), gpus_per_node);
       *it -= gpus;
     }
   }
   return static_cast<int>(free.size());
+}
+
+// The tier choices a candidate may take: SSD only below DRAM, and none for a candidate with an
+// instance across nodes (its KV tiers are per node).
+bool TiersAllowed(double dram, double ssd, bool spans_nodes) {
+  return !(ssd > 0 && dram <= 0) && !(spans_nodes && (dram > 0 || ssd > 0));
 }
 
 // "3xtp4", or "3xtp4dp2" with data-parallel attention.
@@ -58,27 +75,33 @@ std::string Candidate::Layout() const {
 }
 
 std::size_t CountCandidates(const SpaceOptions& o) {
-  std::size_t shapes = 0;
+  std::size_t shapes[2] = {0, 0};  // by whether an instance spans nodes
+  const int gpn = o.gpus_per_node;
   for (int tp : o.tp) {
     for (int dp : o.dp) {
       const int pgpus = tp * dp;
-      if (pgpus > o.gpus_per_node) continue;
-      if (o.colocated) shapes += static_cast<std::size_t>(o.max_gpus / pgpus);
+      if (!Placeable(tp, pgpus, gpn)) continue;
+      if (o.colocated) shapes[pgpus > gpn] += static_cast<std::size_t>(o.max_gpus / pgpus);
       if (!o.pd) continue;
       for (int dtp : o.decode_tp) {
         for (int ddp : o.decode_dp) {
           const int dgpus = dtp * ddp;
-          if (dgpus > o.gpus_per_node) continue;
+          if (!Placeable(dtp, dgpus, gpn)) continue;
           for (int p = 1; p * pgpus + dgpus <= o.max_gpus; ++p)
-            shapes += static_cast<std::size_t>((o.max_gpus - p * pgpus) / dgpus);
+            shapes[pgpus > gpn || dgpus > gpn] +=
+                static_cast<std::size_t>((o.max_gpus - p * pgpus) / dgpus);
         }
       }
     }
   }
-  std::size_t tiers = 0;
-  for (double dram : o.dram_gib)
-    for (double ssd : o.ssd_tib) tiers += ssd > 0 && dram <= 0 ? 0 : 1;
-  return shapes * o.token_budgets.size() * tiers * o.routers.size();
+  std::size_t total = 0;
+  for (int spans = 0; spans < 2; ++spans) {
+    std::size_t tiers = 0;
+    for (double dram : o.dram_gib)
+      for (double ssd : o.ssd_tib) tiers += TiersAllowed(dram, ssd, spans) ? 1 : 0;
+    total += shapes[spans] * tiers;
+  }
+  return total * o.token_budgets.size() * o.routers.size();
 }
 
 std::vector<Candidate> Enumerate(const SpaceOptions& o, const Prices& prices) {
@@ -86,7 +109,7 @@ std::vector<Candidate> Enumerate(const SpaceOptions& o, const Prices& prices) {
   for (int tp : o.tp) {
     for (int dp : o.dp) {
       const int pgpus = tp * dp;
-      if (pgpus > o.gpus_per_node) continue;
+      if (!Placeable(tp, pgpus, o.gpus_per_node)) continue;
       if (o.colocated) {
         for (int n = 1; n * pgpus <= o.max_gpus; ++n) {
           Candidate c;
@@ -102,7 +125,7 @@ std::vector<Candidate> Enumerate(const SpaceOptions& o, const Prices& prices) {
       for (int dtp : o.decode_tp) {
         for (int ddp : o.decode_dp) {
           const int dgpus = dtp * ddp;
-          if (dgpus > o.gpus_per_node) continue;
+          if (!Placeable(dtp, dgpus, o.gpus_per_node)) continue;
           for (int p = 1; p * pgpus + dgpus <= o.max_gpus; ++p) {
             for (int d = 1; p * pgpus + d * dgpus <= o.max_gpus; ++d) {
               Candidate c;
@@ -127,7 +150,9 @@ std::vector<Candidate> Enumerate(const SpaceOptions& o, const Prices& prices) {
     for (Tokens budget : o.token_budgets) {
       for (double dram : o.dram_gib) {
         for (double ssd : o.ssd_tib) {
-          if (ssd > 0 && dram <= 0) continue;
+          const bool spans = shape.prefill_tp * shape.prefill_dp > o.gpus_per_node ||
+                             shape.decode_tp * shape.decode_dp > o.gpus_per_node;
+          if (!TiersAllowed(dram, ssd, spans)) continue;
           for (policies::RouterKind router : o.routers) {
             Candidate c = shape;
             c.token_budget = budget;

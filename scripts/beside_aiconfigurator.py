@@ -8,7 +8,7 @@ For one model on one GPU type, an SLO (TTFT, TPOT) and a trace:
    lengths at the trace's request rate: replicas of one layout, sized from static step
    estimates.
 2. Each recommendation becomes a Duet cluster file (colocated instances, or prefill and decode
-   instances, on nodes of 8 GPUs; steps priced with the bundled profile of that GPU and model,
+   instances, on nodes of 8 GPUs, an instance larger than a node over whole nodes; steps priced with the bundled profile of that GPU and model,
    else the roofline) and `duet simulate` replays the real trace on it: the fraction of requests
    that meet the SLO.
 3. `duet plan` searches the same model and GPU for the cheapest cluster that meets the SLO for
@@ -100,6 +100,9 @@ def cluster_doc(model: str, gpu: str, mode: str, row: dict, rate: float) -> tupl
     for i in instances:
         size = i["tp"] * i.get("dp", 1)
         for _ in range(i["count"]):
+            if size > GPUS_PER_NODE:  # whole nodes of its own
+                free.extend([0] * math.ceil(size / GPUS_PER_NODE))
+                continue
             k = next((k for k, f in enumerate(free) if f >= size), None)
             if k is None:
                 free.append(GPUS_PER_NODE)
@@ -177,11 +180,6 @@ def main() -> int:
         doc, gpus = cluster_doc(args.model, args.gpu, mode, row, rate)
         layout = " + ".join(f"{i['count']}x TP{i['tp']}" + (f"xDP{i['dp']}" if "dp" in i else "")
                             + f" {i['role']}" for i in doc["instances"])
-        if any(i["tp"] * i.get("dp", 1) > GPUS_PER_NODE for i in doc["instances"]):
-            print(f"| AIConfigurator {mode} | {layout}: instances span nodes, which Duet's "
-                  f"clusters do not place yet | {gpus} | {gpus * args.gpu_hour_cost:.2f} "
-                  "| | | | | |")
-            continue
         path = out / f"aiconfigurator-{mode}.json"
         path.write_text(json.dumps(doc, indent=1) + "\n")
         s = simulate(path, args.trace, slo, out / f"sim-{mode}")

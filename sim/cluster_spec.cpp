@@ -235,7 +235,8 @@ Result<ClusterSpec> ParseClusterSpec(const json& doc, const std::string& path,
   c.frontend_link = *fe;
 
   c.cost_model.roofline.kv_cache_dtype = c.engine.memory.kv_cache_dtype;
-  // Placement: the node the file asks for, else the first node with tp * dp free GPUs.
+  // Placement: the node the file asks for, else the first node with tp * dp free GPUs; an
+  // instance larger than a node takes the first run of wholly free nodes of its kind.
   std::vector<int> next_gpu(c.nodes.size(), 0);
   for (const deploy::InstanceSpec& inst : c.instances) {
     const std::string where = path + ": instances[" + std::to_string(inst.group) + "]";
@@ -243,22 +244,42 @@ Result<ClusterSpec> ParseClusterSpec(const json& doc, const std::string& path,
       return FieldError(where, "node",
                         "is " + std::to_string(inst.node) + " but there are " +
                             std::to_string(c.nodes.size()) + " nodes");
-    int chosen = -1;
-    for (std::size_t n = 0; n < c.nodes.size(); ++n) {
-      if (inst.node >= 0 && static_cast<std::int64_t>(n) != inst.node) continue;
-      if (c.nodes[n].gpus - next_gpu[n] >= inst.Gpus()) {
-        chosen = static_cast<int>(n);
-        break;
+    auto fits = [&](std::size_t n) -> int {  // the nodes it would span from n, 0: it does not fit
+      const NodeSpec& first = c.nodes[n];
+      if (inst.Gpus() <= first.gpus) return first.gpus - next_gpu[n] >= inst.Gpus() ? 1 : 0;
+      if (inst.Gpus() % first.gpus != 0 || inst.tp > first.gpus) return 0;
+      const int span = inst.Gpus() / first.gpus;
+      if (n + static_cast<std::size_t>(span) > c.nodes.size()) return 0;
+      for (std::size_t k = n; k < n + static_cast<std::size_t>(span); ++k) {
+        if (next_gpu[k] != 0 || c.nodes[k].gpus != first.gpus ||
+            c.nodes[k].gpu.name != first.gpu.name)
+          return 0;
       }
+      return span;
+    };
+    int chosen = -1, span = 0;
+    for (std::size_t n = 0; n < c.nodes.size() && chosen < 0; ++n) {
+      if (inst.node >= 0 && static_cast<std::int64_t>(n) != inst.node) continue;
+      if ((span = fits(n)) > 0) chosen = static_cast<int>(n);
     }
     if (chosen < 0)
       return Status::Error(where + ": not enough free GPUs for instance " +
                            std::to_string(inst.index) + " (tp=" + std::to_string(inst.tp) +
                            (inst.dp > 1 ? " dp=" + std::to_string(inst.dp) : "") + ")" +
-                           (inst.node >= 0 ? " on node " + std::to_string(inst.node) : ""));
+                           (inst.node >= 0 ? " on node " + std::to_string(inst.node) : "") +
+                           "; an instance larger than a node needs wholly free nodes of one "
+                           "kind, a whole number of them, and tp at most a node's GPUs");
+    if (span > 1 && c.tiers.any())
+      return Status::Error(where + ": instance " + std::to_string(inst.index) + " spans " +
+                           std::to_string(span) +
+                           " nodes, and KV tiers serve instances within one node only");
     InstancePlacement placement;
     placement.node = chosen;
-    for (int i = 0; i < inst.Gpus(); ++i) placement.gpus.push_back(next_gpu[chosen]++);
+    placement.nodes = span;
+    const int per_node = inst.Gpus() / span;
+    for (int k = chosen; k < chosen + span; ++k) {
+      for (int i = 0; i < per_node; ++i) placement.gpus.push_back({k, next_gpu[k]++});
+    }
     models::MemoryOptions mem = c.engine.memory;
     mem.tp = inst.tp;
     mem.dp = inst.dp;
@@ -282,7 +303,10 @@ std::unique_ptr<models::StepCostModel> MakeStepCostModel(const ClusterSpec& clus
   models::RooflineOptions roofline = cluster.cost_model.roofline;
   roofline.tp = instance.tp;
   roofline.dp = instance.dp;
-  const NodeSpec& node = cluster.nodes[static_cast<std::size_t>(cluster.placements[index].node)];
+  const InstancePlacement& at = cluster.placements[index];
+  const NodeSpec& node = cluster.nodes[static_cast<std::size_t>(at.node)];
+  roofline.nodes = at.nodes;
+  roofline.nic_bw = node.nic.bandwidth;
   models::HardwareSpec gpu = node.gpu;
   gpu.nvlink_bw = node.nvlink.bandwidth;
   return std::make_unique<models::RooflineCostModel>(cluster.model, gpu, roofline);

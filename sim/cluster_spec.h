@@ -35,11 +35,20 @@ struct NodeSpec {
 using deploy::TierSpec;
 using deploy::TiersSpec;
 
-// Where an instance of the deployment runs: its node, its GPUs there (tp of them, first fit)
+// One GPU of the cluster.
+struct GpuRef {
+  int node = 0;
+  int gpu = 0;
+};
+
+// Where an instance of the deployment runs: its tp * dp GPUs, first fit within one node, or,
+// when they are more than a node holds, every GPU of `nodes` consecutive free nodes of the same
+// kind (an expert-parallel instance across nodes; its TP groups stay within a node), node-major;
 // and the memory plan on that node's GPU.
 struct InstancePlacement {
-  int node = 0;
-  std::vector<int> gpus;
+  int node = 0;   // its (first) node, whose KV tiers it uses
+  int nodes = 1;  // the nodes it spans
+  std::vector<GpuRef> gpus;
   models::InstanceMemory memory;
 };
 
@@ -82,9 +91,9 @@ std::unique_ptr<models::StepCostModel> MakeStepCostModel(const ClusterSpec& clus
 // <data_dir>/models/hardware (or give a path ending in .json, relative to the cluster file);
 // "model" may also be a Hugging Face model directory (a path with a '/').
 // Errors: missing or mistyped fields, non-positive bandwidths, negative latencies, unknown
-// roles, instances that do not fit on their node, mixed colocated and PD roles, a model that
-// does not fit in GPU memory, and a step profile measured on another model or lacking a fit
-// for an instance's TP degree.
+// roles, instances that cannot be placed (InstancePlacement's rule; one across nodes beside KV
+// tiers), mixed colocated and PD roles, a model that does not fit in GPU memory, and a step
+// profile measured on another model or lacking a fit for an instance's TP degree.
 Result<ClusterSpec> LoadClusterSpec(const std::string& path, const std::string& data_dir);
 Result<ClusterSpec> ParseClusterSpec(const nlohmann::json& doc, const std::string& path,
                                      const std::string& data_dir);

@@ -124,14 +124,29 @@ Seconds WithHostTime(Seconds forward_s, Seconds host_s, bool host, bool follows)
 
 }  // namespace
 
-void SimPorts::MoveExpertTraffic(double bytes_per_gpu) {
+void SimPorts::MoveExpertTraffic(const models::StepCostModel::AllToAll& a2a, double times) {
   const std::vector<sg4::Host*>& gpus = world_.instances[static_cast<std::size_t>(id_)].gpus;
-  const auto bytes = static_cast<std::uint64_t>(std::llround(bytes_per_gpu));
-  // Each GPU sends its share to the next: every GPU's links carry what the pairwise exchange
-  // puts on them.
+  const std::size_t nodes =
+      static_cast<std::size_t>(world_.cluster.placements[static_cast<std::size_t>(id_)].nodes);
+  const std::size_t per_node = gpus.size() / nodes;  // node-major (InstancePlacement)
+  const auto bytes = [times](double b) {
+    return static_cast<std::uint64_t>(std::llround(b * times));
+  };
+  const std::uint64_t inter = bytes(a2a.inter_node_bytes_per_gpu);
+  const std::uint64_t intra = bytes(a2a.bytes_per_gpu - a2a.inter_node_bytes_per_gpu);
+  // Each GPU sends its share within its node to the next GPU there and its share for other
+  // nodes to its counterpart on the next node: every GPU's NVLink and NIC carry what the
+  // pairwise exchange puts on them, and the switch all that crosses nodes.
   comms_.clear();
-  for (std::size_t g = 0; g < gpus.size(); ++g)
-    comms_.push_back(world_.Transfer(gpus[g], gpus[(g + 1) % gpus.size()], bytes));
+  for (std::size_t g = 0; g < gpus.size(); ++g) {
+    const std::size_t node = g / per_node, local = g % per_node;
+    if (intra > 0)
+      comms_.push_back(
+          world_.Transfer(gpus[g], gpus[node * per_node + (local + 1) % per_node], intra));
+    if (inter > 0)
+      comms_.push_back(
+          world_.Transfer(gpus[g], gpus[(node + 1) % nodes * per_node + local], inter));
+  }
   sg4::Comm::wait_all(comms_);
   ++world_.events;
 }
@@ -160,7 +175,7 @@ void SimPorts::ExecuteSteps(const policies::StepPlan& plan, policies::StepEvents
     sg4::this_actor::sleep_for(
         WithHostTime(cost.StepTime(shape) - a2a.seconds, host_s, host, follows));
     ++world_.events;
-    if (a2a.bytes_per_gpu > 0) MoveExpertTraffic(a2a.bytes_per_gpu);
+    if (a2a.bytes_per_gpu > 0) MoveExpertTraffic(a2a, 1);
     step_end_s->push_back(Now());
     if (!plan.awaited_loads.empty()) FinishOverlappedLoads(plan, start, events, result);
     return;
@@ -203,7 +218,7 @@ void SimPorts::ExecuteSteps(const policies::StepPlan& plan, policies::StepEvents
   // ends as late as it would alone; contended, each shares the slowdown equally.
   const double steps = static_cast<double>(step_end_s->size());
   const Seconds computed = step_end_s->back();
-  MoveExpertTraffic(steps * a2a.bytes_per_gpu);
+  MoveExpertTraffic(a2a, steps);
   const Seconds per_step = (Now() - computed) / steps;
   for (std::size_t s = 0; s < step_end_s->size(); ++s)
     (*step_end_s)[s] += static_cast<double>(s + 1) * per_step;

@@ -133,9 +133,9 @@ Result<SimReport> Simulate(const ClusterSpec& cluster, const traces::Trace& trac
     const auto id = static_cast<InstanceId>(i);
     (spec.role == policies::InstanceRole::kDecode ? decode_side : prefill_side).push_back(id);
     std::vector<sg4::Host*> hosts;
-    for (int g : at.gpus)
+    for (const GpuRef& g : at.gpus)
       hosts.push_back(
-          w.platform.gpus[static_cast<std::size_t>(at.node)][static_cast<std::size_t>(g)]);
+          w.platform.gpus[static_cast<std::size_t>(g.node)][static_cast<std::size_t>(g.gpu)]);
     w.instances.push_back(
         {std::move(hosts),
          {cluster.engine.block_tokens * cluster.KvBytesPerToken(), at.memory.kv_blocks}});

@@ -103,8 +103,8 @@ class SimPorts final : public policies::Clock,
                     policies::StepResult* result);
   // An expert-parallel all-to-all (models::StepCostModel::ExpertTraffic) over the simulated
   // network, where KV transfers and tier traffic share the links with it: each of the
-  // instance's GPUs sends `bytes_per_gpu`. Returns when all have arrived.
-  void MoveExpertTraffic(double bytes_per_gpu);
+  // instance's GPUs sends `a2a`'s bytes, `times` over. Returns when all have arrived.
+  void MoveExpertTraffic(const models::StepCostModel::AllToAll& a2a, double times);
   // Layer-wise loading: a step whose prefills wait for loads from the lower tiers cannot end
   // before the last of them arrived, and ends one layer's compute after it. Waits for those
   // still in flight after the computation (the engine takes events meanwhile) and moves the

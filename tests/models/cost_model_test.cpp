@@ -284,6 +284,16 @@ TEST(RooflineTest, ExpertParallelAllToAllBytesByHand) {
       RooflineCostModel(spec, Gpu("tiny-gpu"), options).Breakdown(Prefill(100));
   EXPECT_DOUBLE_EQ(dp.a2a_bytes, cost.a2a_bytes);
   EXPECT_DOUBLE_EQ(dp.comm_s, a2a);
+  // The same 4 GPUs as two nodes of two: of each GPU's 3 peers, 2 are on the other node, so 2/3
+  // of its bytes cross its NIC (2 GB/s) while 1/3 move over NVLink, at once.
+  options.nodes = 2;
+  options.nic_bw = 2e9;
+  const RooflineCostModel two_nodes(spec, Gpu("tiny-gpu"), options);
+  const StepCostModel::AllToAll across = two_nodes.ExpertTraffic(Prefill(100));
+  EXPECT_DOUBLE_EQ(across.bytes_per_gpu, 19200);
+  EXPECT_DOUBLE_EQ(across.inter_node_bytes_per_gpu, 12800);
+  EXPECT_DOUBLE_EQ(across.seconds, 12800 / 2e9);
+  EXPECT_DOUBLE_EQ(two_nodes.Breakdown(Prefill(100)).comm_s, 12800 / 2e9 / 0.7 + 2 * 2 * 10e-6);
   // One GPU holds every expert: nothing to send.
   const RooflineCostModel one(spec, Gpu("tiny-gpu"), RooflineOptions{});
   EXPECT_EQ(one.Breakdown(Prefill(100)).a2a_bytes, 0.0);

@@ -14,23 +14,32 @@ namespace {
 
 TEST(Space, CountsWhatItEnumeratesCheapestFirstAndEveryKeyOnce) {
   for (int max_gpus : {1, 3, 8, 16}) {
-    SpaceOptions o;
-    o.max_gpus = max_gpus;
-    o.tp = {1, 2, 4, 8};
-    o.dp = {1, 2};
-    o.decode_tp = {1, 2};
-    o.decode_dp = {1, 4};
-    const auto all = Enumerate(o, Prices{});
-    EXPECT_EQ(all.size(), CountCandidates(o)) << max_gpus << " GPUs";
-    std::set<std::string> keys;
-    for (std::size_t k = 0; k < all.size(); ++k) {
-      EXPECT_TRUE(keys.insert(all[k].Key()).second) << all[k].Key();
-      EXPECT_LE(all[k].gpus, max_gpus);
-      if (k > 0) {
-        EXPECT_LE(all[k - 1].cost_per_hour, all[k].cost_per_hour);
-      }
-      if (all[k].ssd_tib > 0) {
-        EXPECT_GT(all[k].dram_gib, 0) << "SSD only below DRAM";
+    // On nodes of 4 GPUs, TP8 and TP4 x DP2 instances span two of them.
+    for (int gpus_per_node : {4, 8}) {
+      SpaceOptions o;
+      o.max_gpus = max_gpus;
+      o.gpus_per_node = gpus_per_node;
+      o.tp = {1, 2, 4, 8};
+      o.dp = {1, 2};
+      o.decode_tp = {1, 2};
+      o.decode_dp = {1, 4};
+      const auto all = Enumerate(o, Prices{});
+      EXPECT_EQ(all.size(), CountCandidates(o)) << max_gpus << " GPUs";
+      std::set<std::string> keys;
+      for (std::size_t k = 0; k < all.size(); ++k) {
+        EXPECT_TRUE(keys.insert(all[k].Key()).second) << all[k].Key();
+        EXPECT_LE(all[k].gpus, max_gpus);
+        if (k > 0) {
+          EXPECT_LE(all[k - 1].cost_per_hour, all[k].cost_per_hour);
+        }
+        if (all[k].ssd_tib > 0) {
+          EXPECT_GT(all[k].dram_gib, 0) << "SSD only below DRAM";
+        }
+        const bool spans = all[k].prefill_tp * all[k].prefill_dp > gpus_per_node ||
+                           all[k].decode_tp * all[k].decode_dp > gpus_per_node;
+        if (spans) {
+          EXPECT_EQ(all[k].dram_gib, 0) << all[k].Key() << ": no tiers across nodes";
+        }
       }
     }
   }
@@ -104,16 +113,14 @@ TEST(Space, InstancesWithDataParallelAttention) {
   int with_dp = 0;
   for (std::size_t k = 0; k < all.size(); ++k) {
     const Candidate& c = all[k];
-    EXPECT_LE(c.decode_tp * c.decode_dp, 8) << c.Key() << ": one node holds an instance";
-    EXPECT_LE(c.prefill_tp * c.prefill_dp, 8) << c.Key();
+    EXPECT_LE(c.decode_tp * c.decode_dp, 8) << c.Key() << ": 64 GPUs is more than allowed";
     if (c.prefill_dp > 1) {
-      EXPECT_EQ(c.prefill_tp, 4) << c.Key();
       if (c.prefill == 1 && c.decode == 2 && c.decode_dp == 8) {
         EXPECT_EQ(c.Key(), "pd-1xtp4dp2-2xtp1dp8-b8192-dram0-ssd0-kv-aware");
         EXPECT_EQ(c.Layout(), "1 TP4xDP2 prefill + 2 TP1xDP8 decode");
       }
     }
-    if (c.decode_dp == 1 || c.prefill_tp != 8) continue;
+    if (c.decode_dp == 1 || c.prefill_tp != 8 || c.prefill_dp != 1) continue;
     ++with_dp;
     EXPECT_EQ(c.gpus, c.prefill * 8 + c.decode * c.decode_tp * 8) << c.Key();
     if (c.prefill == 2 && c.decode == 1 && c.decode_tp == 1) {
@@ -135,6 +142,49 @@ TEST(Space, InstancesWithDataParallelAttention) {
   EXPECT_EQ(keys, (std::set<std::string>{"pd-1xtp8-1xtp1dp8-b8192-dram0-ssd0-kv-aware",
                                          "pd-2xtp4-1xtp1dp8-b8192-dram0-ssd0-kv-aware",
                                          "pd-2xtp8-1xtp1-b8192-dram0-ssd0-kv-aware"}));
+}
+
+// DeepSeek-V3 on H100s needs 16 GPUs an instance: instances over two whole nodes each, without
+// KV tiers, as cluster files the simulator places so.
+TEST(Space, InstancesAcrossNodes) {
+  const nlohmann::json base =
+      e2e::ReadJson(e2e::SourceDir() + "/sim/clusters/h100-2p1d-deepseek-v3.json");
+  SpaceOptions o;
+  o.max_gpus = 48;
+  o.tp = {8};
+  o.dp = {1, 2};
+  o.decode_tp = {1};
+  o.decode_dp = {8, 16};
+  o.token_budgets = {8192};
+  o.dram_gib = {0, 512};
+  o.ssd_tib = {0};
+  o.routers = {policies::RouterKind::kKvAware};
+  const auto all = Enumerate(o, Prices{});
+  EXPECT_EQ(all.size(), CountCandidates(o));
+  bool found = false;
+  for (const Candidate& c : all) {
+    if (c.Key() == "pd-2xtp8dp2-1xtp1dp16-b8192-dram0-ssd0-kv-aware") {
+      found = true;
+      EXPECT_EQ(c.nodes, 6);
+      EXPECT_EQ(c.gpus, 48);
+    }
+    // A TP8 prefill instance and a DP8 decode one: two nodes, tiers allowed.
+    if (c.prefill == 1 && c.prefill_dp == 1 && c.decode == 1 && c.decode_dp == 8) {
+      EXPECT_EQ(c.nodes, 2);
+    }
+    auto spec = sim::ParseClusterSpec(ClusterDocument(base, c), "candidate.json", DUET_SOURCE_DIR);
+    if (!spec.ok()) {
+      // Only a model that does not fit: DeepSeek-V3 on 8 H100s.
+      EXPECT_NE(spec.error().find("does not fit"), std::string::npos)
+          << c.Key() << ": " << spec.error();
+      EXPECT_TRUE(c.prefill_dp == 1 || c.decode_dp == 8) << c.Key();
+      continue;
+    }
+    EXPECT_EQ(static_cast<int>(spec->nodes.size()), c.nodes) << c.Key();
+    EXPECT_EQ(spec->placements.front().nodes, c.prefill_dp) << c.Key();
+    EXPECT_EQ(spec->tiers.any(), c.dram_gib > 0) << c.Key();
+  }
+  EXPECT_TRUE(found);
 }
 
 TEST(Space, CheaperNeighboursAreOneStepDownAlongOneDimension) {
