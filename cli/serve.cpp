@@ -216,6 +216,11 @@ int Serve(int argc, char** argv) {
     cluster = std::move(*loaded_cluster);
     instances = static_cast<int>(cluster->instances.size());
     if (instances > 64) return Fail("--cluster: at most 64 instances", kExitUsage);
+    if (cluster->speculative.enabled())
+      return Fail("--cluster " + cluster->path +
+                      ": speculative decoding is simulated only (duet simulate); the backends "
+                      "verify no drafts yet",
+                  kExitUsage);
   }
   const bool processes =
       vm.count("workers") ? vm["workers"].as<std::string>() == "process" : vm.count("cluster") > 0;

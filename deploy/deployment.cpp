@@ -102,6 +102,80 @@ Result<Deployment> LoadDeployment(const std::string& path, const std::string& da
   return ParseDeployment(*doc, path, data_dir);
 }
 
+namespace {
+
+// A model reference as "model" and "draft_model" give it: a bundled name, a config.json path
+// relative to the file, or a Hugging Face model directory.
+Result<models::ModelSpec> LoadModelRef(const std::string& ref, const std::string& path,
+                                       const std::string& data_dir) {
+  return models::LoadModelSpec(ResolveRef(ref, path,
+                                          (fs::path(data_dir) / "models" / "specs").string(),
+                                          /*directories=*/true));
+}
+
+Result<SpeculativeSpec> ParseSpeculative(const json& doc, const std::string& path,
+                                         const std::string& data_dir, const Deployment& d) {
+  SpeculativeSpec spec;
+  auto it = doc.find("speculative");
+  if (it == doc.end() || it->is_null()) return spec;
+  const std::string where = path + ": speculative";
+  if (!it->is_object()) return Status::Error(where + ": must be an object");
+  const json& s = *it;
+  constexpr std::int64_t kMaxDraftTokens = 16;
+  auto k = JsonIntIn(s, "num_speculative_tokens", 1, kMaxDraftTokens, where);
+  if (!k) return k.status();
+  spec.config.tokens = static_cast<int>(*k);
+  if (JsonHas(s, "acceptance_rates") == JsonHas(s, "acceptance_rate"))
+    return Status::Error(where + ": give one of 'acceptance_rate' and 'acceptance_rates'");
+  if (JsonHas(s, "acceptance_rate")) {
+    auto rate = JsonNumberIn(s, "acceptance_rate", 0, 1, where);
+    if (!rate) return rate.status();
+    spec.config.acceptance.assign(static_cast<std::size_t>(*k), *rate);
+  } else {
+    const json& rates = s.at("acceptance_rates");
+    if (!rates.is_array() || rates.size() != static_cast<std::size_t>(*k))
+      return FieldError(where, "acceptance_rates",
+                        "must be an array of num_speculative_tokens (" + std::to_string(*k) +
+                            ") numbers (got " + DescribeJson(rates) + ")");
+    for (std::size_t i = 0; i < rates.size(); ++i) {
+      const json& rate = rates[i];
+      if (!rate.is_number() || !(rate.get<double>() >= 0 && rate.get<double>() <= 1))
+        return FieldError(where, "acceptance_rates[" + std::to_string(i) + "]",
+                          "must be a number between 0 and 1 (got " + DescribeJson(rate) + ")");
+      spec.config.acceptance.push_back(rate.get<double>());
+    }
+  }
+  auto method = JsonString(s, "method", where);
+  if (!method) return method.status();
+  if (*method == "mtp") {
+    if (d.model.mtp_layers == 0)
+      return FieldError(where, "method",
+                        "is mtp but " + d.model.name +
+                            " has no multi-token-prediction layers (num_nextn_predict_layers)");
+    if (JsonHas(s, "draft_model"))
+      return FieldError(where, "draft_model", "is for method draft only");
+    spec.drafter = models::Drafter{d.model.MtpDrafter(), true};
+  } else if (*method == "draft") {
+    auto ref = JsonString(s, "draft_model", where);
+    if (!ref) return ref.status();
+    auto draft = LoadModelRef(*ref, path, data_dir);
+    if (!draft) return Status::Error(where + ": field 'draft_model': " + draft.error());
+    spec.drafter = models::Drafter{*draft, false};
+  } else {
+    return FieldError(where, "method",
+                      "must be mtp or draft (got " + DescribeJson(s.at("method")) + ")");
+  }
+  // Every decode row takes 1 + k of the step's tokens.
+  if (d.engine.scheduler.max_num_batched_tokens < 1 + *k)
+    return Status::Error(where + ": num_speculative_tokens " + std::to_string(*k) +
+                         " leaves no room in engine.max_num_batched_tokens (" +
+                         std::to_string(d.engine.scheduler.max_num_batched_tokens) +
+                         ") for a decode row's 1 + k tokens");
+  return spec;
+}
+
+}  // namespace
+
 Result<Deployment> ParseDeployment(const json& doc, const std::string& path,
                                    const std::string& data_dir) {
   if (!doc.is_object()) return Status::Error(path + ": must be a JSON object");
@@ -118,8 +192,7 @@ Result<Deployment> ParseDeployment(const json& doc, const std::string& path,
   }
   auto model_ref = JsonString(doc, "model", path);
   if (!model_ref) return model_ref.status();
-  auto model = models::LoadModelSpec(ResolveRef(
-      *model_ref, path, (fs::path(data_dir) / "models" / "specs").string(), /*directories=*/true));
+  auto model = LoadModelRef(*model_ref, path, data_dir);
   if (!model) return Status::Error(path + ": field 'model': " + model.error());
   d.model = *model;
   if (auto it = doc.find("engine"); it != doc.end() && !it->is_null()) {
@@ -132,6 +205,9 @@ Result<Deployment> ParseDeployment(const json& doc, const std::string& path,
                           d.engine.enable_prefix_caching);
   if (!tiers) return tiers.status();
   d.tiers = *tiers;
+  auto speculative = ParseSpeculative(doc, path, data_dir, d);
+  if (!speculative) return speculative.status();
+  d.speculative = *speculative;
   return d;
 }
 

@@ -37,6 +37,18 @@ struct InstanceSpec {
   std::int64_t index = 0;  // its place within that entry
 };
 
+// "speculative": speculative decoding. "method" "mtp" (the model's own multi-token-prediction
+// layers, DeepSeek-V3's) or "draft" (a "draft_model", named as "model" is); k
+// "num_speculative_tokens" (1..16) drafts per decode row and step; "acceptance_rate" (each
+// draft accepted with that probability when those before it were) or "acceptance_rates" (one
+// per position), each in [0, 1]. The simulator draws each step's accepted drafts from them
+// (policies/speculative.h) and prices verify steps and the drafter's passes with the roofline.
+struct SpeculativeSpec {
+  policies::SpeculativeConfig config;      // tokens 0: off
+  std::optional<models::Drafter> drafter;  // when on
+  bool enabled() const { return config.enabled(); }
+};
+
 struct Deployment {
   std::string name;
   std::string path;
@@ -47,6 +59,7 @@ struct Deployment {
   // overrides it. nullopt: the command's default.
   std::optional<policies::RouterKind> router;
   TiersSpec tiers;  // KV tiers below GPU memory (deploy/tiers.h)
+  SpeculativeSpec speculative;
 
   bool pd() const;
   int CountRole(policies::InstanceRole role) const;

@@ -73,6 +73,14 @@ void CheckSpec(const ModelSpec& c) {
   DUET_CHECK(again->bos_token_id == c.bos_token_id);
   DUET_CHECK(again->sliding_window == c.sliding_window);
   DUET_CHECK(again->torch_dtype == c.torch_dtype);
+  DUET_CHECK(again->mtp_layers == c.mtp_layers);
+  // The multi-token-prediction drafter is a model of those layers, sized as one.
+  if (c.mtp_layers > 0) {
+    const ModelSpec drafter = c.MtpDrafter();
+    DUET_CHECK(drafter.num_hidden_layers == c.mtp_layers && drafter.DenseLayers() >= 0);
+    DUET_CHECK(drafter.KvBytesPerToken() * c.num_hidden_layers ==
+               c.KvBytesPerToken() * c.mtp_layers);
+  }
   DUET_CHECK(duet::models::CheckExecutable(*again, "x").ok() ==
              duet::models::CheckExecutable(c, "x").ok());
 

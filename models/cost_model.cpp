@@ -101,6 +101,8 @@ StepFeatures FeaturesOf(const StepShape& shape) {
   DUET_CHECK(shape.decode_tokens >= 0 && shape.decode_context_tokens >= 0 && shape.tp >= 1);
   f.decode_rows = double(shape.decode_tokens);
   f.decode_context_tokens = double(shape.decode_context_tokens);
+  DUET_CHECK(shape.decode_draft_tokens >= 0);
+  f.decode_draft_tokens = double(shape.decode_draft_tokens);
   f.tp = shape.tp;
   return f;
 }
@@ -190,6 +192,27 @@ StepCostModel::AllToAll RooflineCostModel::ExpertTraffic(const StepShape& shape)
   if (experts_ == 0) return {};
   const StepFeatures f = FeaturesOf(shape);
   return AllToAllOf(f.tokens(), TpOf(f) * options_.dp);
+}
+
+SpeculativeCostModel::SpeculativeCostModel(std::unique_ptr<StepCostModel> target,
+                                           std::unique_ptr<StepCostModel> drafter, int draft_tokens)
+    : target_(std::move(target)), drafter_(std::move(drafter)), draft_tokens_(draft_tokens) {
+  DUET_CHECK(target_ && drafter_ && draft_tokens_ >= 1);
+}
+
+Seconds SpeculativeCostModel::StepTime(const StepShape& shape) const {
+  Seconds t = target_->StepTime(shape) + drafter_->StepTime(shape);
+  if (shape.decode_tokens == 0) return t;
+  // The later drafts: one token per row each, over the context grown by the tokens before.
+  StepShape next;
+  next.tp = shape.tp;
+  next.decode_tokens = shape.decode_tokens;
+  next.decode_context_tokens = shape.decode_context_tokens + shape.decode_tokens;
+  for (int i = 1; i < draft_tokens_; ++i) {
+    t += drafter_->StepTime(next);
+    next.decode_context_tokens += next.decode_tokens;
+  }
+  return t;
 }
 
 }  // namespace duet::models

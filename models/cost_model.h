@@ -27,10 +27,13 @@ struct StepShape {
   std::vector<PrefillChunk> prefill;
   Tokens decode_tokens = 0;
   Tokens decode_context_tokens = 0;
+  // Speculative decoding's verify step: the draft tokens the decode requests check beside
+  // their own, each a query over the request's context and the tokens before it.
+  Tokens decode_draft_tokens = 0;
   int tp = 1;
 
   Tokens PrefillTokens() const;
-  Tokens TotalTokens() const { return PrefillTokens() + decode_tokens; }
+  Tokens TotalTokens() const { return PrefillTokens() + decode_tokens + decode_draft_tokens; }
 };
 
 // What a step does, in the quantities its cost depends on: the roofline's inputs, and the
@@ -42,12 +45,18 @@ struct StepFeatures {
   double prefill_pairs = 0;           // causal (query, key) pairs of the chunks, context included
   double decode_rows = 0;             // decoding requests, one token each
   double decode_context_tokens = 0;   // cached tokens they attend to (KV read)
+  double decode_draft_tokens = 0;     // speculative drafts verified beside them
   int tp = 1;                         // the shape's TP degree as given (1: the model's own)
 
-  double tokens() const { return prefill_tokens + decode_rows; }
-  double logit_rows() const { return prefill_chunks + decode_rows; }
-  // Pairs of decode attention: each row attends to its context and to itself.
-  double decode_pairs() const { return decode_context_tokens + decode_rows; }
+  double tokens() const { return prefill_tokens + decode_rows + decode_draft_tokens; }
+  double logit_rows() const { return prefill_chunks + decode_rows + decode_draft_tokens; }
+  // Pairs of decode attention: each row's w = 1 + drafts queries attend to its context and
+  // causally to each other, w c + w (w + 1) / 2 (exact when every row has as many drafts).
+  double decode_pairs() const {
+    if (decode_rows == 0) return 0;
+    const double w = 1 + decode_draft_tokens / decode_rows;
+    return w * decode_context_tokens + decode_rows * w * (w + 1) / 2;
+  }
   bool empty() const { return tokens() == 0; }
 };
 StepFeatures FeaturesOf(const StepShape& shape);
@@ -187,6 +196,26 @@ class RooflineCostModel : public StepCostModel {
   double seconds_per_flop_ = 0;            // 1 / (peak * compute_efficiency)
   double seconds_per_byte_ = 0;            // 1 / (HBM bandwidth * memory_efficiency)
   double seconds_per_link_byte_ = 0;       // 1 / (NVLink bandwidth * comm_efficiency)
+};
+
+// Speculative decoding's steps: the target model's step, its decode rows verifying their drafts
+// (StepShape::decode_draft_tokens), plus the drafter's work for the next step: one pass over
+// the same tokens (the prompt chunks it caches too, and each row's verified tokens), then
+// k - 1 passes of one token per decode row. The drafter is a draft model, or the target's own
+// multi-token-prediction layers (ModelSpec::MtpDrafter), priced by its own model. Without
+// drafts (a prefill-only step) the drafter still runs its pass over the prompt.
+class SpeculativeCostModel : public StepCostModel {
+ public:
+  SpeculativeCostModel(std::unique_ptr<StepCostModel> target,
+                       std::unique_ptr<StepCostModel> drafter, int draft_tokens);
+  Seconds StepTime(const StepShape& shape) const override;
+  AllToAll ExpertTraffic(const StepShape& shape) const override {
+    return target_->ExpertTraffic(shape);
+  }
+
+ private:
+  std::unique_ptr<StepCostModel> target_, drafter_;
+  int draft_tokens_;
 };
 
 }  // namespace duet::models

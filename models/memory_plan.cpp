@@ -20,7 +20,7 @@ std::string Gb(double bytes) {
 }  // namespace
 
 Result<InstanceMemory> PlanInstanceMemory(const ModelSpec& model, const HardwareSpec& hw,
-                                          const MemoryOptions& options) {
+                                          const MemoryOptions& options, const Drafter* drafter) {
   const std::string what = model.name + " on " + hw.name;
   if (options.tp < 1) {
     return Status::Error(what + ": tp must be >= 1 (got " + std::to_string(options.tp) + ")");
@@ -64,12 +64,23 @@ Result<InstanceMemory> PlanInstanceMemory(const ModelSpec& model, const Hardware
 
   const Bytes usable_per_gpu = static_cast<Bytes>(
       std::floor(static_cast<double>(hw.hbm_bytes) * options.gpu_memory_utilization));
-  const WeightBreakdown weights = model.Weights();
-  const Bytes weight_bytes = weights.Total().bytes;
   // A TP group holds one copy of everything but the routed experts; those are spread over all
   // the instance's GPUs.
-  const Bytes weights_per_gpu = (weights.NonExpert().bytes + options.tp - 1) / options.tp +
-                                (weights.routed_experts.bytes + gpus - 1) / gpus;
+  auto per_gpu = [&](const WeightBreakdown& w, Bytes shared) {
+    return (w.NonExpert().bytes - shared + options.tp - 1) / options.tp +
+           (w.routed_experts.bytes + gpus - 1) / gpus;
+  };
+  const WeightBreakdown weights = model.Weights();
+  Bytes weight_bytes = weights.Total().bytes;
+  Bytes weights_per_gpu = per_gpu(weights, 0);
+  Bytes kv_bytes_per_token = model.KvBytesPerToken(options.kv_cache_dtype);
+  if (drafter) {
+    const WeightBreakdown w = drafter->model.Weights();
+    const Bytes shared = drafter->shares_embeddings ? w.embedding.bytes + w.lm_head.bytes : 0;
+    weight_bytes += w.Total().bytes - shared;
+    weights_per_gpu += per_gpu(w, shared);
+    kv_bytes_per_token += drafter->model.KvBytesPerToken(options.kv_cache_dtype);
+  }
   // Compared before subtracting so an absurd reserve cannot overflow the difference.
   const Bytes after_weights_per_gpu = usable_per_gpu - weights_per_gpu;
   if (after_weights_per_gpu <= options.reserved_bytes_per_gpu) {
@@ -86,8 +97,7 @@ Result<InstanceMemory> PlanInstanceMemory(const ModelSpec& model, const Hardware
   const Bytes kv_bytes_per_gpu = after_weights_per_gpu - options.reserved_bytes_per_gpu;
   // The shards divide KvBytesPerToken exactly: each GPU stores its share of every token of its
   // DP rank's requests (MLA: all of the latent).
-  const Bytes kv_bytes_per_token_per_gpu =
-      model.KvBytesPerToken(options.kv_cache_dtype) / kv_shards;
+  const Bytes kv_bytes_per_token_per_gpu = kv_bytes_per_token / kv_shards;
   const Tokens kv_tokens = kv_bytes_per_gpu / kv_bytes_per_token_per_gpu * options.dp;
   const std::int64_t kv_blocks = kv_tokens / options.block_tokens;
   if (kv_blocks < 1) {

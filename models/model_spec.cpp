@@ -710,6 +710,9 @@ Result<ModelSpec> ParseModelSpec(const json& doc, const std::string& where) {
   DUET_RETURN_IF_ERROR(ParseExperts(doc, where, family, spec));
   DUET_RETURN_IF_ERROR(ParseQuantization(doc, where, spec));
   spec.qk_norm = family != nullptr && family->qk_norm;
+  Result<std::int64_t> mtp = JsonIntIn(doc, "num_nextn_predict_layers", 0, kMaxLayers, where, 0);
+  if (!mtp.ok()) return mtp.status();
+  spec.mtp_layers = int(*mtp);
   double params = double(spec.hidden_size) * spec.intermediate_size * 3 * spec.num_hidden_layers;
   if (spec.moe) {
     params += double(spec.moe->ExpertParams(spec.hidden_size)) *
@@ -721,6 +724,16 @@ Result<ModelSpec> ParseModelSpec(const json& doc, const std::string& where) {
                          " any model has");
   }
   return spec;
+}
+
+ModelSpec ModelSpec::MtpDrafter() const {
+  DUET_CHECK(mtp_layers > 0);
+  ModelSpec drafter = *this;
+  drafter.name = name + "-mtp";
+  drafter.num_hidden_layers = mtp_layers;
+  drafter.mtp_layers = 0;
+  if (drafter.moe) drafter.moe->moe_layers = mtp_layers;
+  return drafter;
 }
 
 Result<ModelSpec> LoadModelSpec(const std::string& path) {
@@ -768,6 +781,7 @@ json ModelSpecToJson(const ModelSpec& spec) {
       break;
   }
   if (spec.partial_rotary_factor != 1.0) doc["partial_rotary_factor"] = spec.partial_rotary_factor;
+  if (spec.mtp_layers > 0) doc["num_nextn_predict_layers"] = spec.mtp_layers;
   doc["max_position_embeddings"] = spec.max_position_embeddings;
   doc["tie_word_embeddings"] = spec.tie_word_embeddings;
   if (spec.torch_dtype) doc["torch_dtype"] = TorchDtypeName(*spec.torch_dtype);

@@ -139,6 +139,9 @@ struct ModelSpec {
   std::optional<MoeSpec> moe;
   std::optional<MlaSpec> mla;  // then head_dim is qk_nope + qk_rope, num_key_value_heads unused
   std::optional<Fp8Weights> fp8;
+  // DeepSeek-V3's multi-token-prediction layers (num_nextn_predict_layers): decoder layers after
+  // the last that predict a further token, which speculative decoding uses as its drafter.
+  int mtp_layers = 0;
 
   std::int64_t QWidth() const { return std::int64_t(num_attention_heads) * head_dim; }
   std::int64_t KvWidth() const { return std::int64_t(num_key_value_heads) * head_dim; }
@@ -159,6 +162,10 @@ struct ModelSpec {
   // Parameters one token passes through: all but the routed experts it is not sent to.
   std::int64_t ActiveParamCount() const;
   int DenseLayers() const { return num_hidden_layers - (moe ? moe->moe_layers : 0); }
+  // The drafter that the multi-token-prediction layers make (mtp_layers > 0): a model of those
+  // layers (mixture-of-experts layers where the model has experts), sharing the embedding and
+  // LM head, which it sizes as its own; for pricing its passes and sizing its KV.
+  ModelSpec MtpDrafter() const;
   // The KV cache dtype "auto" means: the weights' dtype, as a GPU engine stores it.
   Dtype AutoKvCacheDtype() const { return WeightDtype(); }
   // K and V for every layer: 2 * layers * kv_heads * head_dim * bytes of `kv_cache_dtype`
@@ -233,10 +240,19 @@ struct MemoryOptions {
   std::optional<Dtype> kv_cache_dtype;  // nullopt: "auto" (ModelSpec::AutoKvCacheDtype)
 };
 
+// Speculative decoding's drafter, held on the instance's GPUs beside the model and split as it
+// is: a draft model, or the model's own multi-token-prediction layers (ModelSpec::MtpDrafter),
+// which share its embedding table and LM head. It caches KV for every token too.
+struct Drafter {
+  ModelSpec model;
+  bool shares_embeddings = false;
+};
+
 // Error (naming model, hardware and the numbers) when the weights and reserve do not fit, or
 // the remainder holds less than one block, or tp does not divide the KV heads, or tp * dp does
-// not divide the routed experts.
+// not divide the routed experts. With a drafter, its weights and KV per token count too.
 Result<InstanceMemory> PlanInstanceMemory(const ModelSpec& model, const HardwareSpec& hw,
-                                          const MemoryOptions& options);
+                                          const MemoryOptions& options,
+                                          const Drafter* drafter = nullptr);
 
 }  // namespace duet::models

@@ -707,6 +707,8 @@ FittedCostModel::FittedCostModel(StepFit fit, std::optional<HostFit> host)
 }
 
 Seconds FittedCostModel::StepTime(const StepShape& shape) const {
+  // Measured steps verify no drafts: a cluster file refuses speculative decoding with a fit.
+  DUET_CHECK(shape.decode_draft_tokens == 0);
   return fit_.Predict(FeaturesOf(shape));
 }
 

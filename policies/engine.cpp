@@ -263,7 +263,8 @@ bool InstanceEngine::PrepareExecution(Seconds now, StepPlan& plan) {
   plan.tp = config_.tp;
   plan.num_layers = config_.num_layers;
   const bool coalesce = config_.coalesce_decode_steps && ports_.executor->CoalescesDecodeRuns() &&
-                        max_in_flight_ == 1 && plan.prefills.empty() && !plan.decodes.empty();
+                        max_in_flight_ == 1 && plan.prefills.empty() && !plan.decodes.empty() &&
+                        !plan.speculative.enabled();  // a run's steps gain unequal tokens
   plan.max_steps = coalesce ? DecodeRunLength(plan) : 1;
   for (const Load& load : loads_) {
     if (load.overlapped && !load.orphaned && load.request->state == RequestState::kLoading)
@@ -596,8 +597,14 @@ void InstanceEngine::Advance(InFlight& step, Tokens steps) {
       r->state = RequestState::kDecoding;
     }
   }
+  const SpeculativeConfig& speculative = step.plan.speculative;
   for (Request* r : step.plan.decodes) {
-    r->generated_tokens += steps;
+    // With speculative decoding (one step at a time), its token and the drafts it kept.
+    r->generated_tokens +=
+        speculative.enabled()
+            ? 1 + std::min<Tokens>(speculative.Accepted(r->id, r->generated_tokens),
+                                   speculative.DraftsFor(*r))
+            : steps;
     r->computed_tokens = r->SequenceTokens() - 1;
     step.generated_after.push_back(r->generated_tokens);
     if (ahead && r->generated_tokens >= r->output_tokens) scheduler_.RemoveRunning(r);
@@ -649,7 +656,8 @@ void InstanceEngine::Apply(const InFlight& step) {
     const Tokens generated = step.generated_after[entry++];
     const SampledToken* t = next_token(r);
     if (Gone(r)) continue;  // a token sampled past its end: dropped
-    if (r->second_token_s < 0 && generated - steps == 1) r->second_token_s = step_end_s[0];
+    // Unset, it is this step's: the first of a run, or of a step that kept drafts.
+    if (r->second_token_s < 0 && generated >= 2) r->second_token_s = step_end_s[0];
     r->last_token_s = end_s;
     if (t) {
       r->output_ids.push_back(t->token);

@@ -112,7 +112,10 @@ models::StepShape StepPlan::Shape(int step_index) const {
   for (const PrefillItem& p : prefills) shape.prefill.push_back({p.tokens, p.context});
   shape.decode_tokens = static_cast<Tokens>(decodes.size());
   // Context: tokens already cached; the token being decoded is the step's own token.
-  for (const Request* r : decodes) shape.decode_context_tokens += r->SequenceTokens() - 1;
+  for (const Request* r : decodes) {
+    shape.decode_context_tokens += r->SequenceTokens() - 1;
+    shape.decode_draft_tokens += speculative.DraftsFor(*r);
+  }
   shape.decode_context_tokens += static_cast<Tokens>(step_index) * shape.decode_tokens;
   return shape;
 }
@@ -186,12 +189,16 @@ void BatchScheduler::Schedule(KvBlockManager& blocks, StepPlan& plan) {
   allocation_s_ = 0;
   Tokens budget = config_.max_num_batched_tokens;
 
-  // 1. Decode first: each decoding request needs room for the token it processes this step.
+  // 1. Decode first: each decoding request needs room for the token it processes this step,
+  // and for its drafts with speculative decoding.
+  plan.speculative = config_.speculative;
   for (std::size_t i = 0; i < running_.size() && budget > 0; ++i) {
     Request* r = running_[i];
     if (r->state != RequestState::kDecoding) continue;
+    const Tokens drafts = config_.speculative.DraftsFor(*r);
+    if (budget < 1 + drafts) break;
     bool scheduled = true;
-    while (!Timed([&] { return blocks.Grow(r->id, r->SequenceTokens()); })) {
+    while (!Timed([&] { return blocks.Grow(r->id, r->SequenceTokens() + drafts); })) {
       Request* victim = running_.back();
       running_.pop_back();
       // Victims come from the back, so none of them was planned yet in this loop.
@@ -203,7 +210,7 @@ void BatchScheduler::Schedule(KvBlockManager& blocks, StepPlan& plan) {
     }
     if (!scheduled) break;  // r was the last running request
     plan.decodes.push_back(r);
-    --budget;
+    budget -= 1 + drafts;
   }
 
   // 2. Continue chunked prefills already admitted.

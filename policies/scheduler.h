@@ -11,6 +11,7 @@
 #include "models/cost_model.h"
 #include "policies/block_manager.h"
 #include "policies/request.h"
+#include "policies/speculative.h"
 
 namespace duet::policies {
 
@@ -24,6 +25,9 @@ struct SchedulerConfig {
   // step waiting for the load where it lasts longer (layer by layer, as LMCache does); off:
   // the request prefills only once its load finished.
   bool overlap_tier_loads = true;
+  // Speculative decoding: each decode row also verifies its drafts, which take KV slots and
+  // count against the token budget (as vLLM schedules them). Off by default.
+  SpeculativeConfig speculative;
 
   // Blocks kept free at admission out of `num_blocks` (the watermark, rounded up).
   std::int64_t WatermarkBlocks(std::int64_t num_blocks) const;
@@ -95,7 +99,8 @@ struct StepPlan {
   std::vector<Request*> admitted;
   std::vector<Request*> loads;
 
-  int tp = 1;  // the instance's tensor-parallel degree
+  int tp = 1;                     // the instance's tensor-parallel degree
+  SpeculativeConfig speculative;  // the scheduler's: each decode row's drafts (DraftsFor)
   // Decode-only plans: the executor may run up to this many steps of the same batch (each
   // request one more token per step), for executors that coalesce decode runs (simulated).
   int max_steps = 1;

@@ -125,6 +125,11 @@ Status CheckProfileFits(const ClusterSpec& c, const std::string& path) {
   if (auto mismatch = models::ArchitectureMismatch(profile->model, c.model))
     return Status::Error(where + " was measured on another model than '" + c.model.name + "' (" +
                          *mismatch + ")");
+  if (c.speculative.enabled())
+    return Status::Error(where +
+                         " was measured without speculative decoding: its verify steps and "
+                         "drafter are priced by the roofline only (\"cost_model\": {\"kind\": "
+                         "\"roofline\"})");
   for (const deploy::InstanceSpec& inst : c.instances) {
     if (inst.dp > 1) {
       return Status::Error(where + " is fitted per TP degree; instance " + inst.name + " has dp " +
@@ -283,7 +288,9 @@ Result<ClusterSpec> ParseClusterSpec(const json& doc, const std::string& path,
     models::MemoryOptions mem = c.engine.memory;
     mem.tp = inst.tp;
     mem.dp = inst.dp;
-    auto plan = models::PlanInstanceMemory(c.model, c.nodes[chosen].gpu, mem);
+    auto plan =
+        models::PlanInstanceMemory(c.model, c.nodes[chosen].gpu, mem,
+                                   c.speculative.drafter ? &*c.speculative.drafter : nullptr);
     if (!plan) return Status::Error(where + ": " + plan.error());
     placement.memory = *plan;
     c.placements.push_back(std::move(placement));
@@ -309,7 +316,16 @@ std::unique_ptr<models::StepCostModel> MakeStepCostModel(const ClusterSpec& clus
   roofline.nic_bw = node.nic.bandwidth;
   models::HardwareSpec gpu = node.gpu;
   gpu.nvlink_bw = node.nvlink.bandwidth;
-  return std::make_unique<models::RooflineCostModel>(cluster.model, gpu, roofline);
+  auto target = std::make_unique<models::RooflineCostModel>(cluster.model, gpu, roofline);
+  const deploy::SpeculativeSpec& speculative = cluster.speculative;
+  if (!speculative.enabled()) return target;
+  // The drafter runs on the same GPUs, split the same way, within the target's step: the step's
+  // fixed cost is paid once.
+  roofline.step_overhead = 0;
+  return std::make_unique<models::SpeculativeCostModel>(
+      std::move(target),
+      std::make_unique<models::RooflineCostModel>(speculative.drafter->model, gpu, roofline),
+      speculative.config.tokens);
 }
 
 }  // namespace duet::sim

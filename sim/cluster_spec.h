@@ -83,7 +83,8 @@ bool IsBundledName(const std::string& ref);
 void AbsolutizeClusterRefs(nlohmann::json& doc, const std::string& dir);
 
 // The step-cost model of one instance: the roofline on its node's GPU (TP all-reduces over the
-// node's NVLink as the file gives it), or the profile's fit for its TP degree.
+// node's NVLink as the file gives it; with speculative decoding, the drafter's too), or the
+// profile's fit for its TP degree.
 std::unique_ptr<models::StepCostModel> MakeStepCostModel(const ClusterSpec& cluster,
                                                          std::size_t instance);
 

@@ -154,6 +154,7 @@ Result<SimReport> Simulate(const ClusterSpec& cluster, const traces::Trace& trac
     policies::EngineConfig config =
         deploy::MakeEngineConfig(cluster.engine, static_cast<InstanceId>(i), spec.role);
     config.tp = spec.tp;
+    config.scheduler.speculative = cluster.speculative.config;
     config.num_blocks = cluster.placements[i].memory.kv_blocks;
     config.kv_bytes_per_token = cluster.KvBytesPerToken();
     config.num_layers = cluster.model.num_hidden_layers;

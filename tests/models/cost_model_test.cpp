@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <memory>
 #include <string>
 
 #include "tests/models/bundled_specs.h"
@@ -361,6 +362,40 @@ TEST(RooflineTest, LatentAttention) {
   const RooflineCostModel dp(spec, Gpu("h200"), dp8);
   EXPECT_NEAR(dp.Breakdown(Decode(16, 2000)).bytes - dp.Breakdown(Decode(16, 1000)).bytes,
               16000.0 * 70272 / 8, 1.0);
+}
+
+// A verify step: each decode row's drafts pass through the model as more tokens (weights read
+// once), attending to the row's context and causally to each other; the drafter adds one pass
+// over the step's tokens and k - 1 passes of one token per row.
+TEST(SpeculativeTest, VerifyStepsAndDrafterPassesByHand) {
+  StepShape verify = Decode(4, 1000);
+  verify.decode_draft_tokens = 4 * 3;
+  const StepFeatures f = FeaturesOf(verify);
+  EXPECT_EQ(f.tokens(), 16);
+  EXPECT_EQ(f.logit_rows(), 16);
+  // Each row's 4 queries: 4 * 1000 context pairs and 1 + 2 + 3 + 4 among themselves.
+  EXPECT_DOUBLE_EQ(f.decode_pairs(), 4 * (4 * 1000 + 10));
+  const RooflineCostModel target = Llama8bOnH100();
+  const StepCostBreakdown plain = target.Breakdown(Decode(4, 1000));
+  const StepCostBreakdown checked = target.Breakdown(verify);
+  // Memory-bound: 12 more tokens cost their KV writes and activations, not the weights again.
+  EXPECT_LT(checked.memory_s, plain.memory_s * 1.01);
+  EXPECT_GT(checked.flops, 3.9 * plain.flops);
+
+  RooflineOptions no_overhead;
+  no_overhead.step_overhead = 0;
+  const ModelSpec drafter_spec = Model("llama-3.2-1b");
+  const RooflineCostModel drafter(drafter_spec, Gpu("h100-sxm"), no_overhead);
+  const SpeculativeCostModel speculative(
+      std::make_unique<RooflineCostModel>(Llama8bOnH100()),
+      std::make_unique<RooflineCostModel>(drafter_spec, Gpu("h100-sxm"), no_overhead), 3);
+  const StepShape second = Decode(4, 1000 + 1), third = Decode(4, 1000 + 2);
+  EXPECT_DOUBLE_EQ(speculative.StepTime(verify),
+                   target.StepTime(verify) + drafter.StepTime(verify) + drafter.StepTime(second) +
+                       drafter.StepTime(third));
+  // A prefill-only step: the drafter caches the prompt too, in one pass.
+  EXPECT_DOUBLE_EQ(speculative.StepTime(Prefill(512)),
+                   target.StepTime(Prefill(512)) + drafter.StepTime(Prefill(512)));
 }
 
 }  // namespace

@@ -107,6 +107,30 @@ TEST(MemoryPlanTest, DeepSeekV3OnEightH200s) {
                       {"deepseek-v3", "over tp=8", "does not fit on h100-sxm"});
 }
 
+// DeepSeek-V3 with its multi-token-prediction layer as the speculative drafter, on 8 H200s
+// (TP8): one more MoE decoder layer, sharing the embedding and LM head, and one more layer of
+// latent KV per token.
+TEST(MemoryPlanTest, DeepSeekV3WithItsMtpDrafter) {
+  const ModelSpec model = Model("deepseek-v3");
+  ASSERT_EQ(model.mtp_layers, 1);
+  const Drafter mtp{model.MtpDrafter(), true};
+  const WeightBreakdown w = model.Weights(), d = mtp.model.Weights();
+  // One of the 58 MoE layers' experts, and one layer's latent and rotary key.
+  EXPECT_EQ(d.routed_experts.bytes * 58, w.routed_experts.bytes);
+  EXPECT_EQ(mtp.model.KvBytesPerToken(), (512 + 64) * 2);
+  MemoryOptions tp8;
+  tp8.tp = 8;
+  const Result<InstanceMemory> without = PlanInstanceMemory(model, Gpu("h200"), tp8);
+  const Result<InstanceMemory> with = PlanInstanceMemory(model, Gpu("h200"), tp8, &mtp);
+  ASSERT_TRUE(without.ok() && with.ok());
+  const Bytes mtp_per_gpu = (d.NonExpert().bytes - d.embedding.bytes - d.lm_head.bytes + 7) / 8 +
+                            (d.routed_experts.bytes + 7) / 8;
+  EXPECT_EQ(with->weight_bytes_per_gpu, without->weight_bytes_per_gpu + mtp_per_gpu);
+  EXPECT_EQ(with->kv_tokens, with->kv_bytes_per_gpu / (62 * 1152));
+  // A model without such layers has no drafter of its own: a cluster file refuses "mtp".
+  EXPECT_EQ(Model("qwen3-235b-a22b").mtp_layers, 0);
+}
+
 // Qwen3-235B-A22B in bf16 on 4 H200s: GQA's 4 KV heads split 4 ways; experts 32 a GPU.
 TEST(MemoryPlanTest, Qwen3MoeSplitsKvHeadsAndExperts) {
   const ModelSpec model = Model("qwen3-235b-a22b");
