@@ -60,10 +60,10 @@ Result<nlohmann::json> ReadJsonFile(const std::string& path) {
   nlohmann::json doc = nlohmann::json::parse(buffer.str(), nullptr, /*allow_exceptions=*/false);
   if (doc.is_discarded()) {
     // Re-parse with exceptions only to recover the position for the message; the exception
-    // never leaves this function.
+    // (a parse error, or a number too large for a double) never leaves this function.
     try {
       [[maybe_unused]] const auto reparsed = nlohmann::json::parse(buffer.str());
-    } catch (const nlohmann::json::parse_error& e) {
+    } catch (const nlohmann::json::exception& e) {
       return Status::Error(path + ": invalid JSON: " + Excerpt(e.what(), 200));
     }
     return Status::Error(path + ": invalid JSON");
