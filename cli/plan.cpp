@@ -20,6 +20,7 @@
 #include "common/progress.h"
 #include "common/text.h"
 #include "plan/bounds.h"
+#include "plan/gpu_prices.h"
 #include "plan/search.h"
 #include "plan/space.h"
 #include "policies/metrics.h"
@@ -66,7 +67,7 @@ int Plan(int argc, char** argv) {
   const bool exhaustive = flags.exhaustive;
   const fs::path out_dir = flags.out_dir;
 
-  // The base cluster, with the model and GPU asked for.
+  // The base cluster, and one per GPU type: with the model and that GPU, its steps priced so.
   const std::string base_path = Locate(vm["base"].as<std::string>());
   auto base_doc = ReadJsonFile(base_path);
   if (!base_doc) return Fail(base_doc.error());
@@ -75,34 +76,29 @@ int Plan(int argc, char** argv) {
       base["nodes"].empty() || !base["nodes"][0].is_object())
     return Fail(base_path + ": not a cluster file with nodes");
   sim::AbsolutizeClusterRefs(base, fs::absolute(base_path).parent_path().string());
-  bool other_hardware = false;
-  if (vm.count("model")) {
-    other_hardware |= base.value("model", "") != vm["model"].as<std::string>();
-    base["model"] = vm["model"].as<std::string>();
+  const std::string model = vm.count("model") ? vm["model"].as<std::string>() : "";
+  const std::string data_dir = DataDir();
+  std::map<std::string, nlohmann::json> bases;  // by GPU type, as candidates name it
+  for (std::string& gpu : flags.space.gpus) {
+    std::string pricing;
+    // --model and --gpu paths are the command line's: relative to the current directory.
+    nlohmann::json doc =
+        plan::OnHardware(base, model, gpu, fs::current_path().string(), data_dir, &pricing);
+    if (gpu.empty()) gpu = doc["nodes"][0].value("gpu", "");
+    if (auto hardware = LoadGpuRef(doc["nodes"][0].value("gpu", "")); !hardware)
+      return Fail("GPU type '" + gpu + "': " + hardware.error(), kExitUsage);
+    if (!pricing.empty()) std::printf("duet plan: %s\n", pricing.c_str());
+    bases[gpu] = std::move(doc);
   }
-  if (vm.count("gpu")) {
-    other_hardware |= base["nodes"][0].value("gpu", "") != vm["gpu"].as<std::string>();
-    base["nodes"][0]["gpu"] = vm["gpu"].as<std::string>();
+  if (flags.gpu_hour_cost) {
+    for (const std::string& gpu : flags.space.gpus)
+      flags.prices.gpu_hour[gpu] = *flags.gpu_hour_cost;
+  } else {
+    auto prices = plan::LoadGpuPrices(flags.space.gpus, data_dir, flags.gpu_prices);
+    if (!prices) return Fail(prices.error(), kExitUsage);
+    flags.prices.gpu_hour = *prices;
   }
-  // --model and --gpu paths are the command line's: relative to the current directory.
-  sim::AbsolutizeClusterRefs(base, fs::current_path().string());
-  if (other_hardware && base.contains("cost_model") &&
-      base["cost_model"].value("kind", "") == "fitted") {
-    // The bundled profile of this GPU and model (sim/profiles/GPU-MODEL.json), if there is one.
-    const std::string gpu = base["nodes"][0].value("gpu", ""), model = base.value("model", "");
-    const std::string bundled = gpu + "-" + model;
-    if (!gpu.empty() && !model.empty() && sim::IsBundledName(gpu) && sim::IsBundledName(model) &&
-        fs::exists(fs::path(DataDir()) / "sim" / "profiles" / (bundled + ".json"))) {
-      std::printf("duet plan: pricing steps with the bundled profile %s\n", bundled.c_str());
-      base["cost_model"] = {{"kind", "fitted"}, {"profile", bundled}};
-    } else {
-      std::printf(
-          "duet plan: the base's step profile was measured on another model or GPU, and no "
-          "bundled one is of %s on %s: pricing steps with the roofline\n",
-          model.c_str(), gpu.c_str());
-      base["cost_model"] = {{"kind", "roofline"}};
-    }
-  }
+  // Every type's candidates have the base's nodes of so many GPUs.
   flags.space.gpus_per_node = base["nodes"][0].value("gpus", 0);
   if (flags.space.gpus_per_node < 1) return Fail(base_path + ": nodes[0].gpus must be >= 1");
 
@@ -120,21 +116,21 @@ int Plan(int argc, char** argv) {
   std::vector<plan::Candidate> candidates;
   std::map<std::string, Result<sim::ClusterSpec>> probes;
   std::map<std::string, std::size_t> refused;
-  std::map<std::tuple<int, int, Tokens>, std::size_t> over_ttft;  // (TP, DP, budget) -> requests
+  // (GPU, TP, DP, budget) -> requests
+  std::map<std::tuple<std::string, int, int, Tokens>, std::size_t> over_ttft;
   std::vector<Tokens> reusable;
   std::vector<bool> out_of_reach;
-  const std::string data_dir = DataDir();
   for (const plan::Candidate& c : all) {
-    const std::string shape = (c.pd ? "pd" : "colo") + std::to_string(c.prefill_tp) + "x" +
-                              std::to_string(c.prefill_dp) + "/" + std::to_string(c.decode_tp) +
-                              "x" + std::to_string(c.decode_dp) + "/" +
-                              std::to_string(c.token_budget) + (c.dram_gib > 0 ? "/dram" : "") +
-                              (c.ssd_tib > 0 ? "/ssd" : "");
+    const std::string shape = c.gpu + "/" + (c.pd ? "pd" : "colo") + std::to_string(c.prefill_tp) +
+                              "x" + std::to_string(c.prefill_dp) + "/" +
+                              std::to_string(c.decode_tp) + "x" + std::to_string(c.decode_dp) +
+                              "/" + std::to_string(c.token_budget) +
+                              (c.dram_gib > 0 ? "/dram" : "") + (c.ssd_tib > 0 ? "/ssd" : "");
     auto it = probes.find(shape);
     if (it == probes.end()) {
       it = probes
-               .emplace(shape,
-                        sim::ParseClusterSpec(plan::ClusterDocument(base, c), base_path, data_dir))
+               .emplace(shape, sim::ParseClusterSpec(plan::ClusterDocument(bases.at(c.gpu), c),
+                                                     base_path, data_dir))
                .first;
     }
     if (!it->second.ok()) {
@@ -143,8 +139,8 @@ int Plan(int argc, char** argv) {
     }
     bool reach = true;
     if (flags.slo.ttft_ms && !exhaustive) {
-      // The floors follow the first instance's cost model: its TP and DP degrees.
-      const auto key = std::make_tuple(c.prefill_tp, c.prefill_dp, c.token_budget);
+      // The floors follow the first instance's cost model: its GPU, TP and DP degrees.
+      const auto key = std::make_tuple(c.gpu, c.prefill_tp, c.prefill_dp, c.token_budget);
       auto ot = over_ttft.find(key);
       if (ot == over_ttft.end()) {
         const sim::ClusterSpec& spec = *it->second;
@@ -171,17 +167,28 @@ int Plan(int argc, char** argv) {
   if (!vm["seed"].defaulted())
     trace_args.insert(trace_args.end(), {"--seed", std::to_string(vm["seed"].as<std::uint64_t>())});
   const double base_rate = vm["rate-scale"].as<double>();
+  // The GPU types with their clusters (their cost models) and the prices; the first type's
+  // cluster stands for the base.
+  nlohmann::json gpus = nlohmann::json::array();
+  for (const std::string& gpu : flags.space.gpus)
+    gpus.push_back({{"gpu", gpu},
+                    {"cost_model", bases.at(gpu).value("cost_model", nlohmann::json())},
+                    {"gpu_hour_cost", flags.prices.gpu_hour.at(gpu)}});
   const nlohmann::json inputs = {{"trace", trace_args},
                                  {"rate_scale", base_rate},
                                  {"slo", vm["slo"].as<std::string>()},
                                  {"attainment", attainment},
-                                 {"base", base}};
+                                 {"base", bases.at(flags.space.gpus[0])},
+                                 {"gpus", gpus},
+                                 {"dram_gib_cost", flags.prices.dram_gib_hour},
+                                 {"ssd_tib_cost", flags.prices.ssd_tib_hour}};
   std::error_code ec;
   fs::create_directories(out_dir / "runs", ec);
   if (ec) return Fail(out_dir.string() + ": cannot create the results directory: " + ec.message());
   if (Status st =
           ClaimResultsDir(out_dir.string(), inputs,
-                          "a search of other inputs (trace, SLO, attainment or base cluster)");
+                          "a search of other inputs (trace, SLO, attainment, base cluster, GPU "
+                          "types or prices)");
       !st.ok())
     return Fail(st.message());
 
@@ -242,8 +249,9 @@ int Plan(int argc, char** argv) {
       fs::create_directories(dir, ec);
       const fs::path cluster_path = dir / "cluster.json";
       {
+        const plan::Candidate& c = candidates[job->candidate];
         std::ofstream f(cluster_path);
-        f << plan::ClusterDocument(base, candidates[job->candidate]).dump(2) << "\n";
+        f << plan::ClusterDocument(bases.at(c.gpu), c).dump(2) << "\n";
         if (!f) return Fail(cluster_path.string() + ": write failed");
       }
       std::vector<std::string> args = {"--cluster", cluster_path.string()};
@@ -287,35 +295,40 @@ int Plan(int argc, char** argv) {
 
   // Outputs: every simulated candidate, the frontier, the winner as a cluster file.
   std::ofstream csv(out_dir / "candidates.csv");
-  csv << "key,layout,gpus,nodes,token_budget,dram_gib,ssd_tib,router,cost_per_hour,rate,"
+  csv << "key,layout,gpu,gpus,nodes,token_budget,dram_gib,ssd_tib,router,cost_per_hour,rate,"
          "attainment,met,stopped_early,ttft_p99_ms,tpot_p99_ms\n";
   auto stat = [](const nlohmann::json& v) {
     return v.is_number() ? ShortNumber(v.get<double>()) : "";
   };
   for (const auto& [key, r] : results) {
     const plan::Candidate& c = candidates[key.first];
-    csv << c.Key() << ",\"" << c.Layout() << "\"," << c.gpus << "," << c.nodes << ","
-        << c.token_budget << "," << ShortNumber(c.dram_gib) << "," << ShortNumber(c.ssd_tib) << ","
-        << policies::ToString(c.router) << "," << ShortNumber(c.cost_per_hour) << ","
+    csv << c.Key() << ",\"" << c.Layout() << "\"," << c.gpu << "," << c.gpus << "," << c.nodes
+        << "," << c.token_budget << "," << ShortNumber(c.dram_gib) << "," << ShortNumber(c.ssd_tib)
+        << "," << policies::ToString(c.router) << "," << ShortNumber(c.cost_per_hour) << ","
         << ShortNumber(rates[key.second]) << "," << ShortNumber(r.attainment) << ","
         << (r.met ? 1 : 0) << "," << (r.stopped_early ? 1 : 0) << "," << stat(r.ttft_p99) << ","
         << stat(r.tpot_p99) << "\n";
   }
   std::ofstream frontier(out_dir / "frontier.csv");
-  frontier << "rate,key,layout,gpus,cost_per_hour\n";
+  frontier << "rate,key,layout,gpu,gpus,cost_per_hour\n";
   nlohmann::json frontier_json = nlohmann::json::array();
   for (std::size_t r = 0; r < rates.size(); ++r) {
     if (!winners[r]) break;
     const plan::Candidate& c = candidates[*winners[r]];
-    frontier << ShortNumber(rates[r]) << "," << c.Key() << ",\"" << c.Layout() << "\"," << c.gpus
-             << "," << ShortNumber(c.cost_per_hour) << "\n";
+    frontier << ShortNumber(rates[r]) << "," << c.Key() << ",\"" << c.Layout() << "\"," << c.gpu
+             << "," << c.gpus << "," << ShortNumber(c.cost_per_hour) << "\n";
     frontier_json.push_back(
-        {{"rate", rates[r]}, {"key", c.Key()}, {"cost_per_hour", c.cost_per_hour}});
+        {{"rate", rates[r]}, {"key", c.Key()}, {"gpu", c.gpu}, {"cost_per_hour", c.cost_per_hour}});
   }
 
-  std::printf("\n%-48s %5s %9s  %s\n", "candidate", "GPUs", "$/hour", "attainment by rate");
   std::set<std::size_t> shown;
-  for (const auto& [key, r] : results) shown.insert(key.first);
+  int key_width = 48;  // keys naming their GPU are longer
+  for (const auto& [key, r] : results) {
+    shown.insert(key.first);
+    key_width = std::max(key_width, static_cast<int>(candidates[key.first].Key().size()));
+  }
+  std::printf("\n%-*s %-10s %5s %9s  %s\n", key_width, "candidate", "GPU", "GPUs", "$/hour",
+              "attainment by rate");
   for (std::size_t c : shown) {
     std::string line;
     for (std::size_t r = 0; r < rates.size(); ++r) {
@@ -331,7 +344,8 @@ int Plan(int argc, char** argv) {
       }
       line += buf;
     }
-    std::printf("%-48s %5d %9.2f %s\n", candidates[c].Key().c_str(), candidates[c].gpus,
+    std::printf("%-*s %-10s %5d %9.2f %s\n", key_width, candidates[c].Key().c_str(),
+                plan::GpuKeyName(candidates[c].gpu).c_str(), candidates[c].gpus,
                 candidates[c].cost_per_hour, line.c_str());
   }
   std::printf(
@@ -363,10 +377,11 @@ int Plan(int argc, char** argv) {
     const plan::Candidate& w = candidates[*winners[0]];
     const fs::path winner_path = out_dir / "winner.json";
     std::ofstream f(winner_path);
-    f << plan::ClusterDocument(base, w).dump(2) << "\n";
+    f << plan::ClusterDocument(bases.at(w.gpu), w).dump(2) << "\n";
     if (!f) return Fail(winner_path.string() + ": write failed");
     summary["winner"] = {{"key", w.Key()},
                          {"layout", w.Layout()},
+                         {"gpu", w.gpu},
                          {"gpus", w.gpus},
                          {"cost_per_hour", w.cost_per_hour},
                          {"cluster", winner_path.string()}};
@@ -379,7 +394,7 @@ int Plan(int argc, char** argv) {
       const plan::Candidate& c = candidates[k];
       const fs::path path = out_dir / "neighbours" / (c.Key() + ".json");
       std::ofstream nf(path);
-      nf << plan::ClusterDocument(base, c).dump(2) << "\n";
+      nf << plan::ClusterDocument(bases.at(c.gpu), c).dump(2) << "\n";
       if (!nf) return Fail(path.string() + ": write failed");
       const plan::Outcome o = search.At(k, 0);
       const char* seen = o == plan::Outcome::kMet          ? "met"
@@ -388,6 +403,7 @@ int Plan(int argc, char** argv) {
                                                            : "not simulated";
       neighbours.push_back({{"key", c.Key()},
                             {"layout", c.Layout()},
+                            {"gpu", c.gpu},
                             {"cost_per_hour", c.cost_per_hour},
                             {"search", seen},
                             {"cluster", path.string()}});

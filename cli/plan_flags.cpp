@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <set>
 #include <sstream>
 
 #include "cli/commands.h"
@@ -50,12 +51,18 @@ bool ParsePlanArgs(int argc, char** argv, po::variables_map& vm, PlanFlags* out,
     ("attainment", po::value<double>()->default_value(0.99),
      "the fraction of requests that must meet the SLO")
     ("model", po::value<std::string>(), "model (as a cluster file names it); default: the base's")
-    ("gpu", po::value<std::string>(), "GPU (as a cluster file names it); default: the base's")
+    ("gpu", po::value<std::string>(),
+     "GPU types (as a cluster file names them), comma-separated: candidates of every type are "
+     "searched together; default: the base's")
     ("base", po::value<std::string>()->default_value("sim/clusters/h100-8p8d-llama8b-tiered.json"),
      "cluster file whose links, engine settings, tier parameters and cost model every "
      "candidate keeps")
     ("max-gpus", po::value<int>()->default_value(16), "the most GPUs a candidate may have")
-    ("gpu-hour-cost", po::value<double>()->default_value(2.5), "price of a GPU per hour")
+    ("gpu-prices", po::value<std::string>(),
+     "JSON table of GPU type -> price per GPU-hour, merged over the bundled plan/gpu_prices.json")
+    ("gpu-hour-cost", po::value<double>(),
+     "price of a GPU per hour for every type (default: each type's from plan/gpu_prices.json "
+     "and --gpu-prices)")
     ("dram-gib-cost", po::value<double>()->default_value(0.002),
      "price of a GiB of host DRAM per hour")
     ("ssd-tib-cost", po::value<double>()->default_value(0.05), "price of a TiB of SSD per hour")
@@ -103,12 +110,35 @@ bool ParsePlanArgs(int argc, char** argv, po::variables_map& vm, PlanFlags* out,
   plan::Prices& prices = f.prices;
   space.max_gpus = vm["max-gpus"].as<int>();
   if (space.max_gpus < 1 || space.max_gpus > 4096) return usage("--max-gpus must be in [1, 4096]");
-  prices.gpu_hour = vm["gpu-hour-cost"].as<double>();
   prices.dram_gib_hour = vm["dram-gib-cost"].as<double>();
   prices.ssd_tib_hour = vm["ssd-tib-cost"].as<double>();
   for (const char* f : {"gpu-hour-cost", "dram-gib-cost", "ssd-tib-cost"}) {
+    if (!vm.count(f)) continue;
     const double x = vm[f].as<double>();
     if (!(x >= 0 && x <= 1e6)) return usage(std::string("--") + f + " must be in [0, 1e6]");
+  }
+  if (vm.count("gpu-hour-cost")) f.gpu_hour_cost = vm["gpu-hour-cost"].as<double>();
+  if (vm.count("gpu-prices")) {
+    if (f.gpu_hour_cost) return usage("--gpu-prices and --gpu-hour-cost exclude each other");
+    f.gpu_prices = vm["gpu-prices"].as<std::string>();
+    if (f.gpu_prices.empty()) return usage("--gpu-prices needs a file");
+  }
+  space.gpus = {""};
+  if (vm.count("gpu")) {
+    // In order, each once; several types' keys are told apart by their GPU's name.
+    space.gpus.clear();
+    std::set<std::string> key_names;
+    std::stringstream in(vm["gpu"].as<std::string>());
+    std::string item;
+    while (std::getline(in, item, ',')) {
+      if (std::find(space.gpus.begin(), space.gpus.end(), item) != space.gpus.end()) continue;
+      if (item.empty()) return usage("--gpu: an empty GPU type");
+      if (!key_names.insert(plan::GpuKeyName(item)).second)
+        return usage("--gpu: '" + Excerpt(item) + "' has the name of another type, " +
+                     plan::GpuKeyName(item) + ", which keys could not tell apart");
+      space.gpus.push_back(item);
+    }
+    if (space.gpus.empty()) return usage("--gpu needs at least one GPU type");
   }
   {
     std::stringstream in(vm["layouts"].as<std::string>());
@@ -167,11 +197,10 @@ bool ParsePlanArgs(int argc, char** argv, po::variables_map& vm, PlanFlags* out,
   }
   f.rates = *rates;
   if (auto n = plan::CountCandidates(space); n > plan::kMaxCandidates)
-    return usage(
-        "the search space holds " + std::to_string(n) + " candidates, more than " +
-        std::to_string(plan::kMaxCandidates) +
-        ": narrow --max-gpus, --tp, --dp, --decode-tp, --decode-dp, --token-budgets, --dram-gib, "
-        "--ssd-tib or --routers");
+    return usage("the search space holds " + std::to_string(n) + " candidates, more than " +
+                 std::to_string(plan::kMaxCandidates) +
+                 ": narrow --gpu, --max-gpus, --tp, --dp, --decode-tp, --decode-dp, "
+                 "--token-budgets, --dram-gib, --ssd-tib or --routers");
   if (Status st = CheckRunnerOptions(vm); !st.ok()) return usage(st.message());
   f.exhaustive = vm.count("exhaustive") > 0;
   auto progress = ProgressWanted(vm);

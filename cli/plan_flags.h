@@ -3,6 +3,7 @@
 #pragma once
 
 #include <boost/program_options.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -14,8 +15,12 @@ namespace duet::cli {
 struct PlanFlags {
   policies::Slo slo;
   double attainment = 0.99;
-  plan::SpaceOptions space;
+  plan::SpaceOptions space;  // space.gpus: --gpu's types, or one empty name: the base's
+  // Prices; prices.gpu_hour is left to the caller, which reads the tables (plan/gpu_prices.h):
+  // --gpu-prices's (empty: the bundled one alone), or every type at --gpu-hour-cost when given.
   plan::Prices prices;
+  std::string gpu_prices;
+  std::optional<double> gpu_hour_cost;
   std::vector<double> rates;  // ascending; the first is the target
   bool exhaustive = false;
   bool progress = false;

@@ -3,10 +3,13 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <filesystem>
 #include <optional>
 #include <tuple>
 
+#include "common/status.h"
 #include "common/text.h"
+#include "sim/cluster_spec.h"
 
 namespace duet::plan {
 namespace {
@@ -58,7 +61,8 @@ std::string GroupLayout(int count, int tp, int dp) {
 }  // namespace
 
 std::string Candidate::Key() const {
-  std::string k = pd ? "pd-" : "colo-";
+  std::string k = gpu_named ? GpuKeyName(gpu) + "-" : "";
+  k.append(pd ? "pd-" : "colo-");
   k.append(GroupKey(prefill, prefill_tp, prefill_dp));
   if (pd) k.append("-").append(GroupKey(decode, decode_tp, decode_dp));
   k.append("-b").append(std::to_string(token_budget));
@@ -69,9 +73,14 @@ std::string Candidate::Key() const {
 }
 
 std::string Candidate::Layout() const {
-  if (!pd) return GroupLayout(prefill, prefill_tp, prefill_dp) + " colocated";
-  return GroupLayout(prefill, prefill_tp, prefill_dp) + " prefill + " +
-         GroupLayout(decode, decode_tp, decode_dp) + " decode";
+  std::string layout = pd ? GroupLayout(prefill, prefill_tp, prefill_dp) + " prefill + " +
+                                GroupLayout(decode, decode_tp, decode_dp) + " decode"
+                          : GroupLayout(prefill, prefill_tp, prefill_dp) + " colocated";
+  return gpu_named ? layout + " on " + GpuKeyName(gpu) : layout;
+}
+
+std::string GpuKeyName(const std::string& gpu) {
+  return sim::IsBundledName(gpu) ? gpu : std::filesystem::path(gpu).stem().string();
 }
 
 std::size_t CountCandidates(const SpaceOptions& o) {
@@ -101,7 +110,7 @@ std::size_t CountCandidates(const SpaceOptions& o) {
       for (double ssd : o.ssd_tib) tiers += TiersAllowed(dram, ssd, spans) ? 1 : 0;
     total += shapes[spans] * tiers;
   }
-  return total * o.token_budgets.size() * o.routers.size();
+  return total * o.token_budgets.size() * o.routers.size() * o.gpus.size();
 }
 
 std::vector<Candidate> Enumerate(const SpaceOptions& o, const Prices& prices) {
@@ -146,22 +155,28 @@ std::vector<Candidate> Enumerate(const SpaceOptions& o, const Prices& prices) {
     }
   }
   std::vector<Candidate> out;
-  for (const Candidate& shape : shapes) {
-    for (Tokens budget : o.token_budgets) {
-      for (double dram : o.dram_gib) {
-        for (double ssd : o.ssd_tib) {
-          const bool spans = shape.prefill_tp * shape.prefill_dp > o.gpus_per_node ||
-                             shape.decode_tp * shape.decode_dp > o.gpus_per_node;
-          if (!TiersAllowed(dram, ssd, spans)) continue;
-          for (policies::RouterKind router : o.routers) {
-            Candidate c = shape;
-            c.token_budget = budget;
-            c.dram_gib = dram;
-            c.ssd_tib = ssd;
-            c.router = router;
-            c.cost_per_hour = c.gpus * prices.gpu_hour +
-                              c.nodes * (dram * prices.dram_gib_hour + ssd * prices.ssd_tib_hour);
-            out.push_back(c);
+  for (const std::string& gpu : o.gpus) {
+    auto price = prices.gpu_hour.find(gpu);
+    DUET_CHECK_MSG(price != prices.gpu_hour.end(), "no price for GPU " + gpu);
+    for (Candidate shape : shapes) {
+      shape.gpu = gpu;
+      shape.gpu_named = o.gpus.size() > 1;
+      for (Tokens budget : o.token_budgets) {
+        for (double dram : o.dram_gib) {
+          for (double ssd : o.ssd_tib) {
+            const bool spans = shape.prefill_tp * shape.prefill_dp > o.gpus_per_node ||
+                               shape.decode_tp * shape.decode_dp > o.gpus_per_node;
+            if (!TiersAllowed(dram, ssd, spans)) continue;
+            for (policies::RouterKind router : o.routers) {
+              Candidate c = shape;
+              c.token_budget = budget;
+              c.dram_gib = dram;
+              c.ssd_tib = ssd;
+              c.router = router;
+              c.cost_per_hour = c.gpus * price->second +
+                                c.nodes * (dram * prices.dram_gib_hour + ssd * prices.ssd_tib_hour);
+              out.push_back(c);
+            }
           }
         }
       }
@@ -193,7 +208,9 @@ std::vector<std::size_t> CheaperNeighbours(const std::vector<Candidate>& all, st
   std::array<std::optional<std::size_t>, kFields> best;
   for (std::size_t k = 0; k < all.size(); ++k) {
     const Candidate& c = all[k];
-    if (c.pd != w.pd || c.router != w.router || !(c.cost_per_hour < w.cost_per_hour)) continue;
+    if (c.gpu != w.gpu || c.pd != w.pd || c.router != w.router ||
+        !(c.cost_per_hour < w.cost_per_hour))
+      continue;
     const auto cf = fields(c);
     std::size_t differs = 0;
     int count = 0;
@@ -211,6 +228,43 @@ std::vector<std::size_t> CheaperNeighbours(const std::vector<Candidate>& all, st
   for (const auto& b : best)
     if (b) out.push_back(*b);
   return out;
+}
+
+nlohmann::json OnHardware(const nlohmann::json& base, const std::string& model,
+                          const std::string& gpu, const std::string& ref_dir,
+                          const std::string& data_dir, std::string* pricing) {
+  nlohmann::json doc = base;
+  pricing->clear();
+  bool other_hardware = false;
+  if (!model.empty()) {
+    other_hardware |= doc.value("model", "") != model;
+    doc["model"] = model;
+  }
+  if (!gpu.empty()) {
+    other_hardware |= doc["nodes"][0].value("gpu", "") != gpu;
+    doc["nodes"][0]["gpu"] = gpu;
+  }
+  sim::AbsolutizeClusterRefs(doc, ref_dir);
+  if (!other_hardware || !doc.contains("cost_model") ||
+      doc["cost_model"].value("kind", "") != "fitted")
+    return doc;
+  // The bundled profile of this GPU and model (sim/profiles/GPU-MODEL.json), if there is one.
+  const std::string doc_gpu = doc["nodes"][0].value("gpu", ""), doc_model = doc.value("model", "");
+  const std::string bundled = doc_gpu + "-" + doc_model;
+  if (!doc_gpu.empty() && !doc_model.empty() && sim::IsBundledName(doc_gpu) &&
+      sim::IsBundledName(doc_model) &&
+      std::filesystem::exists(std::filesystem::path(data_dir) / "sim" / "profiles" /
+                              (bundled + ".json"))) {
+    *pricing = "pricing steps with the bundled profile " + bundled;
+    doc["cost_model"] = {{"kind", "fitted"}, {"profile", bundled}};
+  } else {
+    *pricing =
+        "the base's step profile was measured on another model or GPU, and no bundled "
+        "one is of " +
+        doc_model + " on " + doc_gpu + ": pricing steps with the roofline";
+    doc["cost_model"] = {{"kind", "roofline"}};
+  }
+  return doc;
 }
 
 nlohmann::json ClusterDocument(const nlohmann::json& base, const Candidate& c) {

@@ -2,15 +2,24 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <filesystem>
+#include <map>
 #include <set>
 
 #include "plan/bounds.h"
+#include "plan/gpu_prices.h"
 #include "plan/scenario.h"
 #include "sim/cluster_spec.h"
 #include "tests/sim/e2e_util.h"
 
 namespace duet::plan {
 namespace {
+
+namespace fs = std::filesystem;
+
+// SpaceOptions' default GPU type at the bundled table's price.
+const Prices kPrices{{{"h100-sxm", 2.5}}};
 
 TEST(Space, CountsWhatItEnumeratesCheapestFirstAndEveryKeyOnce) {
   for (int max_gpus : {1, 3, 8, 16}) {
@@ -23,7 +32,7 @@ TEST(Space, CountsWhatItEnumeratesCheapestFirstAndEveryKeyOnce) {
       o.dp = {1, 2};
       o.decode_tp = {1, 2};
       o.decode_dp = {1, 4};
-      const auto all = Enumerate(o, Prices{});
+      const auto all = Enumerate(o, kPrices);
       EXPECT_EQ(all.size(), CountCandidates(o)) << max_gpus << " GPUs";
       std::set<std::string> keys;
       for (std::size_t k = 0; k < all.size(); ++k) {
@@ -54,7 +63,7 @@ TEST(Space, PricesGpusAndTheTiersOfEveryNodeAFirstFitFills) {
   o.dram_gib = {512};
   o.ssd_tib = {4};
   o.routers = {policies::RouterKind::kKvAware};
-  const Prices prices{2.0, 0.01, 1.0};
+  const Prices prices{{{"h100-sxm", 2.0}}, 0.01, 1.0};
   for (const Candidate& c : Enumerate(o, prices)) {
     if (c.pd && c.prefill == 2 && c.decode == 1) {
       // Two TP4 prefill instances fill node 0; the decode instance opens node 1.
@@ -75,7 +84,7 @@ TEST(Space, EveryCandidateIsAClusterFileTheSimulatorTakes) {
       e2e::ReadJson(e2e::SourceDir() + "/sim/clusters/h100-8p8d-llama8b-tiered.json");
   SpaceOptions o;
   o.max_gpus = 10;
-  for (const Candidate& c : Enumerate(o, Prices{})) {
+  for (const Candidate& c : Enumerate(o, kPrices)) {
     auto spec = sim::ParseClusterSpec(ClusterDocument(base, c), "candidate.json", DUET_SOURCE_DIR);
     ASSERT_TRUE(spec.ok()) << c.Key() << ": " << spec.error();
     EXPECT_EQ(spec->router, c.router);
@@ -97,6 +106,7 @@ TEST(Space, InstancesWithDataParallelAttention) {
   const nlohmann::json base =
       e2e::ReadJson(e2e::SourceDir() + "/sim/clusters/h200-3p1d-deepseek-v3.json");
   SpaceOptions o;
+  o.gpus = {"h200"};
   o.max_gpus = 24;
   o.gpus_per_node = 8;
   o.colocated = false;
@@ -108,7 +118,7 @@ TEST(Space, InstancesWithDataParallelAttention) {
   o.dram_gib = {0};
   o.ssd_tib = {0};
   o.routers = {policies::RouterKind::kKvAware};
-  const auto all = Enumerate(o, Prices{});
+  const auto all = Enumerate(o, Prices{{{"h200", 3.5}}});
   std::size_t winner = all.size();
   int with_dp = 0;
   for (std::size_t k = 0; k < all.size(); ++k) {
@@ -159,7 +169,7 @@ TEST(Space, InstancesAcrossNodes) {
   o.dram_gib = {0, 512};
   o.ssd_tib = {0};
   o.routers = {policies::RouterKind::kKvAware};
-  const auto all = Enumerate(o, Prices{});
+  const auto all = Enumerate(o, kPrices);
   EXPECT_EQ(all.size(), CountCandidates(o));
   bool found = false;
   for (const Candidate& c : all) {
@@ -193,7 +203,7 @@ TEST(Space, CheaperNeighboursAreOneStepDownAlongOneDimension) {
   o.tp = {1, 2, 4};
   o.routers = {policies::RouterKind::kKvAware};
   o.token_budgets = {8192};
-  const auto all = Enumerate(o, Prices{});
+  const auto all = Enumerate(o, kPrices);
   std::size_t winner = all.size();
   for (std::size_t k = 0; k < all.size(); ++k)
     if (all[k].Key() == "colo-2xtp4-b8192-dram512-ssd4-kv-aware") winner = k;
@@ -204,6 +214,117 @@ TEST(Space, CheaperNeighboursAreOneStepDownAlongOneDimension) {
                                          "colo-2xtp2-b8192-dram512-ssd4-kv-aware",
                                          "colo-2xtp4-b8192-dram512-ssd0-kv-aware"}))
       << "no DRAM-only neighbour: SSD needs DRAM";
+}
+
+// Two GPU types in one space: every candidate of each, priced at its type's price, in one cost
+// order; keys and layouts name the GPU (a single type's do not), and a winner's cheaper
+// neighbours keep its type.
+TEST(Space, SeveralGpuTypesInOneCostOrder) {
+  SpaceOptions o;
+  o.max_gpus = 8;
+  o.tp = {1, 2};
+  o.token_budgets = {8192};
+  o.routers = {policies::RouterKind::kKvAware};
+  const auto one = Enumerate(o, kPrices);
+  ASSERT_FALSE(one.empty());
+  EXPECT_EQ(one[0].Key(), "colo-1xtp1-b8192-dram0-ssd0-kv-aware");
+  EXPECT_EQ(one[0].Layout(), "1 TP1 colocated");
+  o.gpus = {"h100-sxm", "h200"};
+  const Prices prices{{{"h100-sxm", 2.5}, {"h200", 3.5}}, 0.002, 0.05};
+  const auto all = Enumerate(o, prices);
+  EXPECT_EQ(all.size(), CountCandidates(o));
+  EXPECT_EQ(all.size(), 2 * one.size());
+  std::set<std::string> keys;
+  std::map<std::string, std::size_t> per_type;
+  for (std::size_t k = 0; k < all.size(); ++k) {
+    const Candidate& c = all[k];
+    ++per_type[c.gpu];
+    EXPECT_TRUE(keys.insert(c.Key()).second) << c.Key();
+    EXPECT_EQ(c.Key().rfind(c.gpu + "-", 0), 0u) << c.Key();
+    EXPECT_NE(c.Layout().find(" on " + c.gpu), std::string::npos) << c.Layout();
+    EXPECT_DOUBLE_EQ(c.cost_per_hour, c.gpus * prices.gpu_hour.at(c.gpu) +
+                                          c.nodes * (c.dram_gib * 0.002 + c.ssd_tib * 0.05));
+    if (k > 0) {
+      EXPECT_LE(all[k - 1].cost_per_hour, c.cost_per_hour);
+    }
+  }
+  EXPECT_EQ(per_type,
+            (std::map<std::string, std::size_t>{{"h100-sxm", one.size()}, {"h200", one.size()}}));
+  auto at = [&](const std::string& key) {
+    auto it =
+        std::find_if(all.begin(), all.end(), [&](const Candidate& c) { return c.Key() == key; });
+    EXPECT_NE(it, all.end()) << key;
+    return static_cast<std::size_t>(it - all.begin());
+  };
+  // One H200 ($3.50/h) comes between one H100 ($2.50/h) and two ($5.00/h).
+  EXPECT_LT(at("h100-sxm-colo-1xtp1-b8192-dram0-ssd0-kv-aware"),
+            at("h200-colo-1xtp1-b8192-dram0-ssd0-kv-aware"));
+  EXPECT_LT(at("h200-colo-1xtp1-b8192-dram0-ssd0-kv-aware"),
+            at("h100-sxm-colo-2xtp1-b8192-dram0-ssd0-kv-aware"));
+  // The H100 candidates one step down are cheaper too, but of another type.
+  std::set<std::string> neighbours;
+  for (std::size_t k : CheaperNeighbours(all, at("h200-colo-2xtp2-b8192-dram512-ssd4-kv-aware")))
+    neighbours.insert(all[k].Key());
+  EXPECT_EQ(neighbours, (std::set<std::string>{"h200-colo-1xtp2-b8192-dram512-ssd4-kv-aware",
+                                               "h200-colo-2xtp1-b8192-dram512-ssd4-kv-aware",
+                                               "h200-colo-2xtp2-b8192-dram512-ssd0-kv-aware"}));
+}
+
+// Each type's candidates become cluster files on that GPU, their steps priced by the base's
+// profile where it was measured on that model and GPU, else by the bundled profile of the pair
+// where there is one, else by the roofline.
+TEST(Space, EachGpuTypesCandidatesAreClusterFilesOfItsGpuAndCostModel) {
+  const nlohmann::json base =
+      e2e::ReadJson(e2e::SourceDir() + "/sim/clusters/h100-8p8d-llama8b-tiered.json");
+  struct Case {
+    std::string model, gpu, profile, pricing;  // profile empty: the roofline
+  };
+  const std::vector<Case> cases = {
+      {"", "h100-sxm", "h100-sxm-llama-3.1-8b", ""},
+      {"", "h200", "",
+       "no bundled one is of llama-3.1-8b on h200: pricing steps with the roofline"},
+      {"qwen3-32b", "h200", "h200-qwen3-32b", "with the bundled profile h200-qwen3-32b"},
+      {"qwen3-32b", "b200", "b200-qwen3-32b", "with the bundled profile b200-qwen3-32b"}};
+  for (const std::string model : {"", "qwen3-32b"}) {
+    SpaceOptions o;
+    o.gpus.clear();
+    std::map<std::string, nlohmann::json> bases;
+    for (const Case& k : cases) {
+      if (k.model != model) continue;
+      std::string pricing;
+      bases[k.gpu] = OnHardware(base, k.model, k.gpu, "/", DUET_SOURCE_DIR, &pricing);
+      EXPECT_EQ(pricing.empty(), k.pricing.empty()) << pricing;
+      EXPECT_NE(pricing.find(k.pricing), std::string::npos) << pricing;
+      o.gpus.push_back(k.gpu);
+    }
+    o.max_gpus = 4;
+    o.tp = {2};
+    o.pd = false;
+    o.token_budgets = {8192};
+    o.dram_gib = {0};
+    o.ssd_tib = {0};
+    o.routers = {policies::RouterKind::kKvAware};
+    Prices prices;
+    for (const std::string& gpu : o.gpus) prices.gpu_hour[gpu] = 1;
+    const auto all = Enumerate(o, prices);
+    EXPECT_EQ(all.size(), 2 * o.gpus.size()) << "one and two TP2 instances of each type";
+    for (const Candidate& c : all) {
+      const auto k = std::find_if(cases.begin(), cases.end(), [&](const Case& k) {
+        return k.model == model && k.gpu == c.gpu;
+      });
+      ASSERT_NE(k, cases.end()) << c.Key();
+      auto spec = sim::ParseClusterSpec(ClusterDocument(bases.at(c.gpu), c), "candidate.json",
+                                        DUET_SOURCE_DIR);
+      ASSERT_TRUE(spec.ok()) << c.Key() << ": " << spec.error();
+      EXPECT_EQ(spec->nodes[0].gpu.name, c.gpu);
+      if (k->profile.empty()) {
+        EXPECT_EQ(spec->cost_model.profile, nullptr) << c.Key();
+      } else {
+        ASSERT_NE(spec->cost_model.profile, nullptr) << c.Key();
+        EXPECT_EQ(fs::path(spec->cost_model.profile_path).stem(), k->profile);
+      }
+    }
+  }
 }
 
 TEST(Bounds, ReusableTokensAreTheLongestPrefixAnyEarlierRequestHad) {
