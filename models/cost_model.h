@@ -27,10 +27,11 @@ struct StepShape {
   std::vector<PrefillChunk> prefill;
   Tokens decode_tokens = 0;
   Tokens decode_context_tokens = 0;
-  // Speculative decoding's verify step: the draft tokens the decode requests check beside
-  // their own, each a query over the request's context and the tokens before it.
-  Tokens decode_draft_tokens = 0;
   int tp = 1;
+  // Speculative decoding's verify step: the draft tokens the decode requests check beside
+  // their own, each a query over the request's context and the tokens before it. (Last, so
+  // that braced shapes {prefill, decode, context, tp} keep their meaning.)
+  Tokens decode_draft_tokens = 0;
 
   Tokens PrefillTokens() const;
   Tokens TotalTokens() const { return PrefillTokens() + decode_tokens + decode_draft_tokens; }
