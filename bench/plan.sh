@@ -4,7 +4,8 @@
 # winner and its cheaper neighbours simulated in full (the check), and as the yardstick the
 # pruned and the exhaustive search on a space small enough to search exhaustively here. Then a
 # larger model: Llama-3.1-70B on H200 (its bundled profile's TP degrees, up to 32 GPUs, 90% of
-# requests; the other options the default space's).
+# requests; the other options the default space's), and the same over H100, H200 and B200 in one
+# search at the bundled prices per GPU-hour.
 # Usage: bench/plan.sh [OUT_DIR] (default out/bench-plan). Needs ../shared/traces and a build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -65,3 +66,11 @@ $duet plan --model llama-3.1-70b --gpu h200 --tp 2,4,8 --max-gpus 32 --attainmen
   > "$out/llama70b.log" || true
 echo "wall $(python3 -c "print(round($(date +%s.%N) - $start, 1))") s (process, trace loading and bounds included)"
 summary "$out/llama70b/plan.json"
+
+echo "## GPU types in one search: llama-3.1-70b on h100-sxm, h200 and b200 at the bundled prices"
+start=$(date +%s.%N)
+$duet plan --model llama-3.1-70b --gpu h100-sxm,h200,b200 --tp 2,4,8 --max-gpus 32 \
+  --attainment 0.9 --trace $trace --slo $slo --out "$out/types" --progress never \
+  > "$out/types.log" || true
+echo "wall $(python3 -c "print(round($(date +%s.%N) - $start, 1))") s (process, trace loading and bounds included)"
+summary "$out/types/plan.json"

@@ -5,7 +5,8 @@
 # version of Duet (PREV_COMMIT, built from `git archive` in build-prev/, Release, no CUDA)
 # on the same inputs; the same simulation with decode-step coalescing off (one engine step
 # per simulated event); for the clusters with KV tiers, the same cluster without tiers, and
-# the tiered PD cluster with one of its two tiers only; the clusters of the models beyond Llama.
+# the tiered PD cluster with one of its two tiers only; the clusters of the models beyond Llama,
+# and DeepSeek-V3 with speculative decoding.
 # The two versions' runs of a row are taken in turn (this, previous, this, ...).
 # Usage: bench/simulate_speed.sh [REPEATS] [PREV_COMMIT]
 #   (median of REPEATS runs, default 3; PREV_COMMIT default 8a629b9, main before the
@@ -111,10 +112,15 @@ run "h100-8p8d-llama8b-tiered without its DRAM tier, cache-aware (yardstick)" \
 # The models beyond Llama (issue 46): experts, latent attention, DP decode; their all-to-alls
 # move over the simulated network. Yardstick: the same DeepSeek-V3 cluster without coalescing.
 for cluster in sim/clusters/h100-4p4d-qwen3-32b.json sim/clusters/h100-4p4d-qwen3-30b-a3b.json \
-  sim/clusters/h200-2p2d-qwen3-235b-a22b.json sim/clusters/h200-3p1d-deepseek-v3.json; do
+  sim/clusters/h200-2p2d-qwen3-235b-a22b.json sim/clusters/h200-3p1d-deepseek-v3.json \
+  sim/clusters/h100-2p1d-deepseek-v3.json; do
   run "$(basename "$cluster" .json), prefix-aware" "$cluster" prefix-aware
 done
 cluster=sim/clusters/h200-3p1d-deepseek-v3.json
 run "h200-3p1d-deepseek-v3, prefix-aware, no coalescing (yardstick)" \
   "$(variant "$cluster" uncoalesced 'c.setdefault("engine", {})["coalesce_decode_steps"] = False')" \
+  prefix-aware
+# Speculative decoding (its decode steps are never coalesced): DeepSeek-V3 with its MTP layer.
+run "h200-3p1d-deepseek-v3 with MTP (k 1, acceptance 0.85), prefix-aware" \
+  "$(variant "$cluster" mtp 'c["speculative"] = {"method": "mtp", "num_speculative_tokens": 1, "acceptance_rate": 0.85}')" \
   prefix-aware

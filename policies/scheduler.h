@@ -27,7 +27,7 @@ struct SchedulerConfig {
   bool overlap_tier_loads = true;
   // Speculative decoding: each decode row also verifies its drafts, which take KV slots and
   // count against the token budget (as vLLM schedules them). Off by default.
-  SpeculativeConfig speculative;
+  SpeculativeConfig speculative{};
 
   // Blocks kept free at admission out of `num_blocks` (the watermark, rounded up).
   std::int64_t WatermarkBlocks(std::int64_t num_blocks) const;
