@@ -216,6 +216,15 @@ int Serve(int argc, char** argv) {
     cluster = std::move(*loaded_cluster);
     instances = static_cast<int>(cluster->instances.size());
     if (instances > 64) return Fail("--cluster: at most 64 instances", kExitUsage);
+    // Each live instance runs on one device; the simulator prices the parallel layouts.
+    for (const deploy::InstanceSpec& instance : cluster->instances) {
+      if (instance.Gpus() > 1)
+        return Fail("--cluster " + cluster->path + ": instance " + instance.name + " has tp " +
+                        std::to_string(instance.tp) + " and dp " + std::to_string(instance.dp) +
+                        ": the backends run an instance on one device, so tensor and data "
+                        "parallel layouts are simulated only (duet simulate)",
+                    kExitUsage);
+    }
     if (cluster->speculative.enabled())
       return Fail("--cluster " + cluster->path +
                       ": speculative decoding is simulated only (duet simulate); the backends "

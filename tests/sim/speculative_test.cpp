@@ -136,13 +136,6 @@ TEST(Speculative, ClusterFilesThatCannotRunItAreRefused) {
   spec = sim::ParseClusterSpec(small, "c.json", SourceDir());
   ASSERT_FALSE(spec.ok());
   EXPECT_NE(spec.error().find("max_num_batched_tokens"), std::string::npos) << spec.error();
-  // `duet serve` reads the same file and says it verifies no drafts, before loading anything.
-  TempDir tmp;
-  WriteJson(tmp.File("spec.json"), LlamaWithDrafts(0.5, 1));
-  const RunResult served =
-      RunDuet({"serve", "--cluster", tmp.File("spec.json"), "--model", tmp.File("none.bin")});
-  EXPECT_EQ(served.exit_code, 2) << served;
-  EXPECT_TRUE(ContainsAll(served.err, {"speculative decoding is simulated only"})) << served;
 }
 
 }  // namespace

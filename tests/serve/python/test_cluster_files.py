@@ -182,3 +182,29 @@ def test_async_steps_stream_the_synchronous_tokens_and_stop_where_they_do(tiny_m
     assert got == expected
     assert all(finish == "stop" for _, finish, _, _ in got), got
     assert sorted({tokens for _, _, tokens, _ in got}) != [got[0][2]], "all stopped alike"
+
+
+@pytest.mark.parametrize("edit, words", [
+    (lambda doc: doc["instances"][0].update(tp=2), ["instance p0 has tp 2 and dp 1"]),
+    (lambda doc: doc["instances"][1].update(dp=2), ["instance d0 has tp 1 and dp 2"]),
+    (lambda doc: doc.update(speculative={"method": "draft", "draft_model": "tiny-test",
+                                         "num_speculative_tokens": 2, "acceptance_rate": 0.5}),
+     ["speculative decoding is simulated only"]),
+])
+def test_what_only_the_simulator_prices_serve_refuses_at_start(tiny_model, tmp_path, edit, words):
+    """A parallel layout or speculative decoding simulates, and serve says at start that no
+    backend runs it, rather than serving something else under its name."""
+    path = cluster_file(tmp_path, 1, 1)
+    with open(path) as f:
+        doc = json.load(f)
+    doc["nodes"][0]["gpus"] = 2
+    edit(doc)
+    with open(path, "w") as f:
+        json.dump(doc, f)
+    simulated = simulate(path, tmp_path)
+    assert simulated.returncode == 0, simulated.stderr
+    served = run_duet("serve", "--model", tiny_model, "--cluster", path, "--port", "0",
+                      timeout=120)
+    assert served.returncode == 2, served.stderr
+    for w in words:
+        assert w in served.stderr, served.stderr
