@@ -14,14 +14,12 @@
 namespace duet::plan {
 namespace {
 
-// Whether an instance of tp * dp GPUs can be placed: within a node, or over whole nodes with
-// its TP groups within one (sim/cluster_spec.h's InstancePlacement).
 bool Placeable(int tp, int gpus, int gpus_per_node) {
-  return gpus <= gpus_per_node || (gpus % gpus_per_node == 0 && tp <= gpus_per_node);
+  return sim::NodesSpanned(tp, gpus, gpus_per_node) > 0;
 }
 
 // Nodes a first fit needs for `groups` of (count, GPUs each) instances, in order; an instance
-// larger than a node takes fresh whole nodes.
+// larger than a node takes fresh whole nodes (sim::NodesSpanned of them).
 int NodesNeeded(const std::vector<std::pair<int, int>>& groups, int gpus_per_node) {
   std::vector<int> free;
   for (const auto& group : groups) {
@@ -161,11 +159,11 @@ std::vector<Candidate> Enumerate(const SpaceOptions& o, const Prices& prices) {
     for (Candidate shape : shapes) {
       shape.gpu = gpu;
       shape.gpu_named = o.gpus.size() > 1;
+      const bool spans = shape.prefill_tp * shape.prefill_dp > o.gpus_per_node ||
+                         shape.decode_tp * shape.decode_dp > o.gpus_per_node;
       for (Tokens budget : o.token_budgets) {
         for (double dram : o.dram_gib) {
           for (double ssd : o.ssd_tib) {
-            const bool spans = shape.prefill_tp * shape.prefill_dp > o.gpus_per_node ||
-                               shape.decode_tp * shape.decode_dp > o.gpus_per_node;
             if (!TiersAllowed(dram, ssd, spans)) continue;
             for (policies::RouterKind router : o.routers) {
               Candidate c = shape;

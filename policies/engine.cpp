@@ -264,7 +264,7 @@ bool InstanceEngine::PrepareExecution(Seconds now, StepPlan& plan) {
   plan.num_layers = config_.num_layers;
   const bool coalesce = config_.coalesce_decode_steps && ports_.executor->CoalescesDecodeRuns() &&
                         max_in_flight_ == 1 && plan.prefills.empty() && !plan.decodes.empty() &&
-                        !plan.speculative.enabled();  // a run's steps gain unequal tokens
+                        plan.draft_tokens == 0;  // a run's steps would gain unequal tokens
   plan.max_steps = coalesce ? DecodeRunLength(plan) : 1;
   for (const Load& load : loads_) {
     if (load.overlapped && !load.orphaned && load.request->state == RequestState::kLoading)
@@ -597,7 +597,7 @@ void InstanceEngine::Advance(InFlight& step, Tokens steps) {
       r->state = RequestState::kDecoding;
     }
   }
-  const SpeculativeConfig& speculative = step.plan.speculative;
+  const SpeculativeConfig& speculative = config_.scheduler.speculative;
   for (Request* r : step.plan.decodes) {
     // With speculative decoding (one step at a time), its token and the drafts it kept.
     r->generated_tokens +=

@@ -114,7 +114,7 @@ models::StepShape StepPlan::Shape(int step_index) const {
   // Context: tokens already cached; the token being decoded is the step's own token.
   for (const Request* r : decodes) {
     shape.decode_context_tokens += r->SequenceTokens() - 1;
-    shape.decode_draft_tokens += speculative.DraftsFor(*r);
+    shape.decode_draft_tokens += DraftTokens(draft_tokens, *r);
   }
   shape.decode_context_tokens += static_cast<Tokens>(step_index) * shape.decode_tokens;
   return shape;
@@ -191,7 +191,7 @@ void BatchScheduler::Schedule(KvBlockManager& blocks, StepPlan& plan) {
 
   // 1. Decode first: each decoding request needs room for the token it processes this step,
   // and for its drafts with speculative decoding.
-  plan.speculative = config_.speculative;
+  plan.draft_tokens = config_.speculative.tokens;
   for (std::size_t i = 0; i < running_.size() && budget > 0; ++i) {
     Request* r = running_[i];
     if (r->state != RequestState::kDecoding) continue;

@@ -99,8 +99,8 @@ struct StepPlan {
   std::vector<Request*> admitted;
   std::vector<Request*> loads;
 
-  int tp = 1;                     // the instance's tensor-parallel degree
-  SpeculativeConfig speculative;  // the scheduler's: each decode row's drafts (DraftsFor)
+  int tp = 1;            // the instance's tensor-parallel degree
+  int draft_tokens = 0;  // speculative decoding's k: each decode row's drafts (DraftTokens)
   // Decode-only plans: the executor may run up to this many steps of the same batch (each
   // request one more token per step), for executors that coalesce decode runs (simulated).
   int max_steps = 1;

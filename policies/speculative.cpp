@@ -29,8 +29,8 @@ int SpeculativeConfig::Accepted(RequestId id, Tokens generated) const {
   return kept;
 }
 
-Tokens SpeculativeConfig::DraftsFor(const Request& r) const {
-  return std::max<Tokens>(0, std::min<Tokens>(tokens, r.RemainingOutput() - 1));
+Tokens DraftTokens(int k, const Request& r) {
+  return std::max<Tokens>(0, std::min<Tokens>(k, r.RemainingOutput() - 1));
 }
 
 double SpeculativeConfig::MeanAccepted() const {

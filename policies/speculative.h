@@ -13,15 +13,17 @@
 
 namespace duet::policies {
 
+// Drafts a decode row of `r` verifies with k per step: k, or fewer near the end of its output
+// (a draft past the last token would be wasted work and KV).
+Tokens DraftTokens(int k, const Request& r);
+
 struct SpeculativeConfig {
   int tokens = 0;  // draft tokens verified per decode row and step (k); 0: off
   // Per draft position, the probability it is accepted given every one before it was.
   std::vector<double> acceptance;
 
   bool enabled() const { return tokens > 0; }
-  // Drafts a decode row of `r` verifies: k, or fewer near the end of its output (a draft past
-  // the last token would be wasted work and KV).
-  Tokens DraftsFor(const Request& r) const;
+  Tokens DraftsFor(const Request& r) const { return DraftTokens(tokens, r); }
   // Drafts request `id` keeps in the step that follows its `generated`-th token: a function of
   // the two alone (one uniform draw per position from a hash of them), so a run is
   // reproducible and a request's luck does not depend on what it was batched with.

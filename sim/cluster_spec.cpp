@@ -148,6 +148,11 @@ Status CheckProfileFits(const ClusterSpec& c, const std::string& path) {
 
 }  // namespace
 
+int NodesSpanned(int tp, int gpus, int gpus_per_node) {
+  if (gpus <= gpus_per_node) return 1;
+  return gpus % gpus_per_node == 0 && tp <= gpus_per_node ? gpus / gpus_per_node : 0;
+}
+
 bool IsBundledName(const std::string& ref) {
   return ref.find('/') == std::string::npos && fs::path(ref).extension() != ".json";
 }
@@ -251,10 +256,9 @@ Result<ClusterSpec> ParseClusterSpec(const json& doc, const std::string& path,
                             std::to_string(c.nodes.size()) + " nodes");
     auto fits = [&](std::size_t n) -> int {  // the nodes it would span from n, 0: it does not fit
       const NodeSpec& first = c.nodes[n];
-      if (inst.Gpus() <= first.gpus) return first.gpus - next_gpu[n] >= inst.Gpus() ? 1 : 0;
-      if (inst.Gpus() % first.gpus != 0 || inst.tp > first.gpus) return 0;
-      const int span = inst.Gpus() / first.gpus;
-      if (n + static_cast<std::size_t>(span) > c.nodes.size()) return 0;
+      const int span = NodesSpanned(inst.tp, inst.Gpus(), first.gpus);
+      if (span == 1) return first.gpus - next_gpu[n] >= inst.Gpus() ? 1 : 0;
+      if (span == 0 || n + static_cast<std::size_t>(span) > c.nodes.size()) return 0;
       for (std::size_t k = n; k < n + static_cast<std::size_t>(span); ++k) {
         if (next_gpu[k] != 0 || c.nodes[k].gpus != first.gpus ||
             c.nodes[k].gpu.name != first.gpu.name)

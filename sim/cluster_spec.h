@@ -60,6 +60,11 @@ struct CostModelSpec {
   std::shared_ptr<const models::StepProfile> profile;  // null: the roofline
 };
 
+// How many nodes of `gpus_per_node` GPUs an instance of `tp` x `dp` = `gpus` GPUs spans: 1
+// within a node, gpus / gpus_per_node over whole nodes when it is larger (a whole number of
+// them, its TP groups within one), 0 when it cannot be placed so.
+int NodesSpanned(int tp, int gpus, int gpus_per_node);
+
 // The deployment (deploy/deployment.h, tiers included) and where it runs: nodes, links, the
 // cost model.
 struct ClusterSpec : deploy::Deployment {

@@ -52,8 +52,13 @@ TEST(Placement, AnInstanceLargerThanANodeTakesWholeNodesNodeMajor) {
   EXPECT_EQ(Gpus(at[2]), (std::vector<std::pair<int, int>>{{0, 2}, {0, 3}}));
   EXPECT_EQ(at[3].node, 3);
   EXPECT_EQ(at[3].nodes, 2);
-  // The memory plan is one GPU's, capacity over all 16 ranks.
+  // The memory plan is one GPU's, capacity over all 16 ranks: the same as on one node of 16.
   EXPECT_EQ(at[3].memory.kv_tokens % 16, 0);
+  models::MemoryOptions dp16 = spec->engine.memory;
+  dp16.dp = 16;
+  auto whole = models::PlanInstanceMemory(spec->model, spec->nodes[3].gpu, dp16);
+  ASSERT_TRUE(whole.ok()) << whole.error();
+  EXPECT_EQ(at[3].memory.kv_tokens, whole->kv_tokens);
 }
 
 TEST(Placement, InstancesThatCannotSpanNodesAreRefusedWithTheReason) {
