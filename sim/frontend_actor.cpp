@@ -1,14 +1,14 @@
-// The frontend actor of `duet simulate` (see world.h): arrivals, the admission rule shared with
-// the live server (policies/admission.h), routing, and the message to each request's prefill
-// instance.
+// The frontend actor of `duet simulate` (see world.h): arrivals, and the driver of the frontend
+// policy shared with the live server (policies/frontend_policy.h): admission and routing
+// decided there, the message to each dispatched request's prefill instance sent here.
 #include <algorithm>
 #include <cmath>
 #include <deque>
 #include <limits>
 #include <memory>
 
-#include "policies/admission.h"
 #include "policies/block_hash.h"
+#include "policies/frontend_policy.h"
 #include "sim/world.h"
 
 namespace duet::sim {
@@ -103,8 +103,10 @@ void RunFrontend(World& w) {
     roles.push_back(w.cluster.instances[i].role);
     admissible.push_back(AdmissibleTokens(w, static_cast<InstanceId>(i)));
   }
-  const auto limits = policies::AdmissionLimits::For(
-      roles, admissible, w.cluster.model.max_position_embeddings, w.cluster.model.name);
+  policies::FrontendPolicy policy(
+      policies::AdmissionLimits::For(roles, admissible, w.cluster.model.max_position_embeddings,
+                                     w.cluster.model.name),
+      *w.router);
 
   auto reject = [&](Request& r, std::string reason) {
     r.state = RequestState::kRejected;
@@ -119,15 +121,10 @@ void RunFrontend(World& w) {
     r.frontend_s = frontend_s;
     r.session = w.arrivals->session(k);
     SetBlockHashes(w, k);
-    // Reasons read "<class>: <detail>": the summary counts them by class.
-    if (auto too_long = limits.Check(r.input_tokens, r.output_tokens))
-      return reject(r, std::move(*too_long));
     DeliverKvEvents(w);
-    const policies::RoutingDecision d = w.router->Route(r);
-    if (!d.reject_reason.empty()) return reject(r, d.reject_reason);
-    r.prefill_instance = d.prefill;
-    r.decode_instance = d.decode;
-    r.router_score = d.score;
+    policies::FrontendDecision d = policy.Admit(r);
+    // Reasons read "<class>: <detail>": the summary counts them by class.
+    if (!d.dispatched()) return reject(r, std::move(d.reason));
     LookUpPooled(w, r);
     r.state = RequestState::kQueued;
     // The engine serves a copy of its own; the record comes back through the sink. The prefix

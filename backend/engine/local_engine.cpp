@@ -5,7 +5,6 @@
 #include <optional>
 #include <string>
 
-#include "policies/admission.h"
 #include "policies/block_hash.h"
 
 namespace duet::backend {
@@ -28,17 +27,20 @@ LocalEngine::LocalEngine(ForwardModel& model, LocalEngineOptions options)
   engine_ = std::make_unique<policies::InstanceEngine>(
       config,
       policies::EnginePorts{&clock_, &inbox_, &outbox_, &executor_, &transport_, this, nullptr});
+  const policies::InstanceRole role = policies::InstanceRole::kColocated;
+  const Tokens admissible =
+      options_.scheduler.AdmissibleTokens(model.num_blocks(), model.block_tokens());
+  router_ = policies::MakeRouter({}, {0}, {}, nullptr);
+  policy_.emplace(
+      policies::AdmissionLimits::For({&role, 1}, {&admissible, 1},
+                                     model.config().max_position_embeddings, model.config().name),
+      *router_);
 }
 
 LocalEngine::~LocalEngine() = default;
 
 std::vector<GenerationResult> LocalEngine::Generate(
     const std::vector<GenerationRequest>& requests) {
-  const policies::InstanceRole role = policies::InstanceRole::kColocated;
-  const Tokens admissible =
-      options_.scheduler.AdmissibleTokens(model_.num_blocks(), model_.block_tokens());
-  const auto limits = policies::AdmissionLimits::For(
-      {&role, 1}, {&admissible, 1}, model_.config().max_position_embeddings, model_.config().name);
   std::vector<GenerationResult> results(requests.size());
   for (std::size_t i = 0; i < requests.size(); ++i) {
     auto r = std::make_shared<Request>();
@@ -48,22 +50,17 @@ std::vector<GenerationResult> LocalEngine::Generate(
     r->output_tokens = requests[i].max_tokens;
     r->prompt_ids = requests[i].prompt;
     r->sampling = requests[i].sampling;
-    r->prefill_instance = r->decode_instance = 0;
-    std::optional<std::string> too_long;
-    if (r->input_tokens < 1 || r->output_tokens < 1) {
-      too_long = "empty: needs a prompt token and an output token at least";
-    } else {
-      too_long = limits.Check(r->input_tokens, r->output_tokens);
-    }
-    if (too_long) {
+    r->block_hashes = policies::TokenBlockHashes(r->prompt_ids, model_.block_tokens());
+    policies::FrontendDecision d = policy_->Admit(*r);
+    if (!d.dispatched()) {
       r->state = policies::RequestState::kRejected;
-      r->reason = std::move(*too_long);
+      r->reason = std::move(d.reason);
       results[i].record = r->record();
       continue;
     }
-    r->block_hashes = policies::TokenBlockHashes(r->prompt_ids, model_.block_tokens());
     serving_.emplace(r->id, &results[i]);
-    inbox_.Post({EngineMessage::Kind::kNewRequest, std::move(r), policies::kNoInstance});
+    outbox_.Send(d.prefill,
+                 {EngineMessage::Kind::kNewRequest, std::move(r), policies::kNoInstance});
   }
   // The engine owns the requests now: their tokens and records come back through the sink.
   // A step planned past the last request's end is still waited for (asynchronous steps).
@@ -76,6 +73,7 @@ std::vector<GenerationResult> LocalEngine::Generate(
 void LocalEngine::OnFinished(const policies::RequestSpec& spec,
                              const policies::RequestRecord& record) {
   metrics_.OnFinished(spec, record);
+  router_->OnFinished(spec, record);
   auto it = serving_.find(spec.id);
   DUET_CHECK(it != serving_.end());
   it->second->record = record;

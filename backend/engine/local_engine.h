@@ -6,13 +6,16 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <unordered_map>
 #include <vector>
 
 #include "backend/engine/realtime_ports.h"
 #include "backend/engine/step_executor.h"
 #include "policies/engine.h"
+#include "policies/frontend_policy.h"
 #include "policies/metrics.h"
+#include "policies/router.h"
 
 namespace duet::backend {
 
@@ -52,7 +55,10 @@ class LocalEngine final : private policies::EventSink {
  private:
   void OnFinished(const policies::RequestSpec& spec,
                   const policies::RequestRecord& record) override;
-  void OnPrefillDone(const policies::RequestSpec&, const policies::RequestRecord&) override {}
+  void OnPrefillDone(const policies::RequestSpec& spec,
+                     const policies::RequestRecord& record) override {
+    router_->OnPrefillDone(spec, record);
+  }
   void OnTokenGaps(Seconds gap_s, std::int64_t count) override {
     metrics_.OnTokenGaps(gap_s, count);
   }
@@ -72,6 +78,9 @@ class LocalEngine final : private policies::EventSink {
   ModelStepExecutor executor_;
   policies::MetricsCollector metrics_;
   std::unique_ptr<policies::InstanceEngine> engine_;
+  // The frontend policy over the one instance (admission; routing has one choice).
+  std::unique_ptr<policies::Router> router_;
+  std::optional<policies::FrontendPolicy> policy_;
   policies::RequestId next_id_ = 0;
   // The results of the requests the engine serves now, by id (filled from the sink).
   std::unordered_map<policies::RequestId, GenerationResult*> serving_;

@@ -227,7 +227,7 @@ Status SetLimits(LiveFrontend::Impl& s, std::span<const Tokens> admissible) {
   if (limits.prompt_limit() < 1 || limits.max_request_tokens() < 2)
     return Status::Error("the KV cache holds too few blocks to serve a request");
   std::lock_guard lock(s.mu);
-  s.limits = limits;
+  s.policy.emplace(limits, *s.router);
   return Status::Ok();
 }
 
@@ -414,14 +414,29 @@ Admission LiveFrontend::Submit(LiveRequest request, std::shared_ptr<RequestListe
                   std::to_string(config.vocab_size) + ")"};
   }
   const auto prompt_tokens = static_cast<Tokens>(request.prompt.size());
-  if (auto too_long = s.limits->Check(prompt_tokens, request.max_tokens))
-    return {AdmitStatus::kTooLong, 0, std::move(*too_long)};
   auto r = std::make_unique<Request>();
   r->input_tokens = prompt_tokens;
   r->output_tokens = request.max_tokens;
   r->block_hashes = policies::TokenBlockHashes(request.prompt, s.block_tokens);
   r->prompt_ids = std::move(request.prompt);
   r->sampling = std::move(request.sampling);
+  // What the frontend policy decides: admission first, whatever this server holds now.
+  auto reply = [](policies::FrontendDecision d) -> Admission {
+    switch (d.verdict) {
+      using enum policies::FrontendDecision::Verdict;
+      case kDispatch:
+        break;
+      case kInvalid:
+        return {AdmitStatus::kInvalid, 0, std::move(d.reason)};
+      case kTooLong:
+        return {AdmitStatus::kTooLong, 0, std::move(d.reason)};
+      case kUnroutable:
+        return {AdmitStatus::kQueueFull, 0, std::move(d.reason)};
+    }
+    return {AdmitStatus::kAccepted, 0, ""};
+  };
+  if (std::optional<policies::FrontendDecision> refused = s.policy->Check(*r))
+    return reply(std::move(*refused));
 
   std::lock_guard lock(s.mu);
   if (s.draining) return {AdmitStatus::kDraining, 0, "the server is shutting down"};
@@ -434,15 +449,12 @@ Admission LiveFrontend::Submit(LiveRequest request, std::shared_ptr<RequestListe
   r->id = s.next_id++;
   const Seconds now = s.clock.Now();
   r->arrival_s = request.received ? std::min(now, s.clock.At(*request.received)) : now;
-  const policies::RoutingDecision d = s.router->Route(*r);
-  if (!d.reject_reason.empty()) return {AdmitStatus::kQueueFull, 0, d.reject_reason};
-  r->prefill_instance = d.prefill;
-  r->decode_instance = s.pd ? d.decode : d.prefill;
-  r->router_score = d.score;
+  policies::FrontendDecision d = s.policy->Route(*r);
+  if (!d.dispatched()) return reply(std::move(d));
   r->frontend_s = s.clock.Now() - r->arrival_s;
   Request* raw = r.get();
   const RequestId id = r->id;
-  Impl::Entry entry{std::move(r), std::move(listener), d.prefill, raw->decode_instance, false};
+  Impl::Entry entry{std::move(r), std::move(listener), d.prefill, d.decode, false};
   entry.client_id = id;
   entry.prompt_tokens = prompt_tokens;
   entry.max_tokens = request.max_tokens;
@@ -482,7 +494,9 @@ std::int64_t LiveFrontend::Drain(Seconds timeout_s) {
   return aborted;
 }
 
-Tokens LiveFrontend::max_request_tokens() const { return impl_->limits->max_request_tokens(); }
+Tokens LiveFrontend::max_request_tokens() const {
+  return impl_->policy->limits().max_request_tokens();
+}
 const models::ModelSpec& LiveFrontend::model_config() const { return impl_->config; }
 
 FrontendStats LiveFrontend::Stats() const {

@@ -16,7 +16,7 @@
 #include "backend/engine/engine_thread.h"
 #include "backend/frontend/frontend.h"
 #include "backend/tiers/tier_storage.h"
-#include "policies/admission.h"
+#include "policies/frontend_policy.h"
 #include "policies/kv_event_index.h"
 #include "policies/kv_tiers.h"
 
@@ -55,11 +55,6 @@ struct LiveFrontend::Impl {
     // Worker processes lost while they served it (its attempts so far, less one).
     int workers_lost = 0;
   };
-
-  // A request is retried after the loss of a worker serving it at most this often: one that
-  // crashes every worker it reaches (a bug an engine invariant catches) ends with an error
-  // after taking down this many, instead of spending every worker's restarts.
-  static constexpr int kMaxWorkersLost = 2;
 
   // An instance's events (on its engine thread, or the reader thread of its worker's
   // connection): tokens and final records to the request's listener, lifecycle to the router
@@ -126,9 +121,6 @@ struct LiveFrontend::Impl {
   // copy; an engine thread keeps the pointer.
   std::unique_ptr<policies::Outbox> outbox;
   std::vector<std::unique_ptr<Instance>> instances;
-  // The admission rule's limits (policies/admission.h), from every instance's KV blocks; with
-  // worker processes, set once every slot was first taken.
-  std::optional<policies::AdmissionLimits> limits;
 
   struct Fleet;  // worker processes (frontend_workers.cpp); null with engine threads
   std::unique_ptr<Fleet> fleet;
@@ -143,6 +135,10 @@ struct LiveFrontend::Impl {
   std::int64_t requests_retried = 0;
   std::unique_ptr<policies::KvEventIndex> index;
   std::unique_ptr<policies::Router> router;
+  // The frontend policy (policies/frontend_policy.h: admission, routing, recovery) over
+  // `router`, its limits from every instance's KV blocks; with worker processes, set once every
+  // slot was first taken.
+  std::optional<policies::FrontendPolicy> policy;
   policies::RequestId next_id = 0;
   bool draining = false;
 

@@ -173,56 +173,39 @@ void EndHere(Impl& s, RequestId id, policies::FinishReason reason, const std::st
   ++s.telling;  // Finish tells the listener
 }
 
-// Moves a request whose worker was lost to survivors: a new attempt whose prompt is the old
-// prompt plus every token its listener got, for the tokens still to come. Caller holds s.mu.
+// Moves a request whose worker was lost to survivors, as the frontend policy decides: a new
+// attempt whose prompt is the old prompt plus every token its listener got, for the tokens
+// still to come; or its end. Caller holds s.mu.
 void Retry(Impl& s, RequestId id, std::vector<Ending>* endings) {
   Impl::Entry& e = s.entries.at(id);
-  Request& old = *e.request;
-  s.router->OnFinished(old, old);  // uncharges its instances
-  const Tokens delivered = static_cast<Tokens>(old.output_ids.size());
-  const Tokens got = e.tokens_before + delivered;
-  const auto& stops = old.sampling.stop_token_ids;
-  if (got >= e.max_tokens) return EndHere(s, id, policies::FinishReason::kLength, "", endings);
-  if (delivered > 0 && std::ranges::find(stops, old.output_ids.back()) != stops.end())
-    return EndHere(s, id, policies::FinishReason::kStop, "", endings);
-  if (++e.workers_lost > Impl::kMaxWorkersLost) {
-    return EndHere(s, id, policies::FinishReason::kError,
-                   "the workers serving it were lost " + std::to_string(e.workers_lost) +
-                       " times; it is not retried again (a request that crashes its worker "
-                       "would take every worker down)",
-                   endings);
+  policies::RecoveryDecision d = s.policy->Recover(*e.request, s.next_id, e.tokens_before,
+                                                   e.max_tokens, ++e.workers_lost, s.block_tokens);
+  switch (d.verdict) {
+    using enum policies::RecoveryDecision::Verdict;
+    case kResend:
+      break;
+    case kEndLength:
+      return EndHere(s, id, policies::FinishReason::kLength, "", endings);
+    case kEndStop:
+      return EndHere(s, id, policies::FinishReason::kStop, "", endings);
+    case kEndError:
+      return EndHere(s, id, policies::FinishReason::kError, d.message, endings);
   }
-
-  auto r = std::make_unique<Request>();
-  r->id = s.next_id++;
-  r->arrival_s = old.arrival_s;
-  r->frontend_s = old.frontend_s;  // the frontend took it once: the first attempt's time
-  r->prompt_ids = old.prompt_ids;
-  r->prompt_ids.insert(r->prompt_ids.end(), old.output_ids.begin(), old.output_ids.end());
-  r->input_tokens = static_cast<Tokens>(r->prompt_ids.size());
-  r->output_tokens = e.max_tokens - got;
-  r->block_hashes = policies::TokenBlockHashes(r->prompt_ids, s.block_tokens);
-  r->sampling = old.sampling;
-  const policies::RoutingDecision d = s.router->Route(*r);
-  if (!d.reject_reason.empty()) {
-    return EndHere(s, id, policies::FinishReason::kError,
-                   "its worker was lost and it cannot be retried: " + d.reject_reason, endings);
-  }
-  r->prefill_instance = d.prefill;
-  r->decode_instance = s.pd ? d.decode : d.prefill;
+  ++s.next_id;
   Impl::Entry moved = std::move(e);
   s.entries.erase(id);
-  moved.tokens_before = got;
+  moved.tokens_before += static_cast<Tokens>(moved.request->output_ids.size());
   moved.kv_released = false;
-  moved.prefill = r->prefill_instance;
-  moved.decode = r->decode_instance;
-  moved.request = std::move(r);
-  Request* raw = moved.request.get();
-  s.retried[moved.client_id] = raw->id;
-  s.entries.emplace(raw->id, std::move(moved));
+  moved.prefill = d.route.prefill;
+  moved.decode = d.route.decode;
+  moved.request = std::make_unique<Request>(std::move(*d.attempt));
+  const RequestId attempt = moved.request->id;
+  s.retried[moved.client_id] = attempt;
+  auto sent = std::make_shared<Request>(*moved.request);
+  s.entries.emplace(attempt, std::move(moved));
   ++s.requests_retried;
-  s.outbox->Send(raw->prefill_instance, {EngineMessage::Kind::kNewRequest,
-                                         std::make_shared<Request>(*raw), policies::kNoInstance});
+  s.outbox->Send(d.route.prefill,
+                 {EngineMessage::Kind::kNewRequest, std::move(sent), policies::kNoInstance});
 }
 
 // Tells the listeners of the entries EndHere ended. Caller does not hold s.mu.
@@ -577,7 +560,7 @@ void Register(Impl& s, int fd, const std::string& key, InstanceId claimed = poli
   std::optional<Tokens> required;  // none before every slot was first taken (StartFleet)
   {
     std::lock_guard lock(s.mu);
-    if (s.limits) required = s.limits->RequiredOf(hello->role);
+    if (s.policy) required = s.policy->limits().RequiredOf(hello->role);
   }
   if (required &&
       s.options.engine.scheduler.AdmissibleTokens(hello->num_blocks, s.block_tokens) < *required) {
