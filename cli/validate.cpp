@@ -216,7 +216,7 @@ int Validate(int argc, char** argv) {
     }
   }
 
-  const std::vector<Metric> metrics = Metrics();
+  const std::vector<Metric> metrics = Metrics(cluster->tiers.any());
   json report = {{"cluster", cluster_path},
                  {"model", vm["model"].as<std::string>()},
                  {"trace", vm["trace"].as<std::string>()},

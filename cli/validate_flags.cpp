@@ -14,10 +14,11 @@ using json = nlohmann::json;
 
 constexpr const char* kDistributions[] = {"ttft_ms", "tpot_ms", "itl_ms", "e2e_ms"};
 constexpr const char* kStatistics[] = {"mean", "p50", "p90", "p99"};
+constexpr const char* kHitTiers[] = {"gpu", "dram", "ssd", "remote"};
 
 }  // namespace
 
-std::vector<Metric> Metrics() {
+std::vector<Metric> Metrics(bool tiers) {
   std::vector<Metric> out;
   for (const char* d : kDistributions)
     for (const char* s : kStatistics)
@@ -27,6 +28,13 @@ std::vector<Metric> Metrics() {
                  json::json_pointer("/throughput/output_tokens_per_s"), "throughput"});
   out.push_back(
       {"prefix_cache.hit_rate", json::json_pointer("/prefix_cache/hit_rate"), "hit_rate"});
+  // With KV tiers: where the hits came from, the GPU's prefix cache and each lower tier.
+  for (const char* tier : kHitTiers) {
+    if (!tiers) break;
+    out.push_back({std::string("prefix_cache.by_tier.") + tier + ".hit_rate",
+                   json::json_pointer(std::string("/prefix_cache/by_tier/") + tier + "/hit_rate"),
+                   "hit_rate"});
+  }
   // Where TTFT goes (METRICS.md's breakdown): the frontend (arrival to the hand-over to the
   // engines), the queue, the prefill, and the rest to the first token (PD: the KV transfer; live
   // also the first token's way out: detokenizing, the SSE write, the client's read).
@@ -49,7 +57,7 @@ Result<std::map<std::string, double>> ParseTolerances(const std::string& text) {
   std::map<std::string, double> out;
   if (text.empty()) return out;
   std::set<std::string> known;
-  for (const Metric& m : Metrics()) {
+  for (const Metric& m : Metrics(/*tiers=*/true)) {
     known.insert(m.name);
     known.insert(m.statistic);
   }

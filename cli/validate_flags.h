@@ -17,10 +17,12 @@ struct Metric {
   nlohmann::json::json_pointer pointer;
   std::string statistic;  // "p50", ..., "throughput", "hit_rate": a tolerance's short key
 };
-// TTFT, TPOT, ITL and E2E at mean, p50, p90 and p99; output throughput; prefix hit rate; TTFT's
-// parts (frontend at p50 and p99, queue, prefill and transfer at p50: statistic "ttft_part");
-// PD's KV transfer time at mean, p50 and p99 (statistic "kv_transfer").
-std::vector<Metric> Metrics();
+// TTFT, TPOT, ITL and E2E at mean, p50, p90 and p99; output throughput; prefix hit rate and,
+// with `tiers`, its part from the GPU's cache and from each lower tier
+// ("prefix_cache.by_tier.dram.hit_rate", ...: statistic "hit_rate"); TTFT's parts (frontend at
+// p50 and p99, queue, prefill and transfer at p50: statistic "ttft_part"); PD's KV transfer
+// time at mean, p50 and p99 (statistic "kv_transfer").
+std::vector<Metric> Metrics(bool tiers);
 
 // --tolerance "p50=5,p99=10,ttft_ms.mean=8": percent by statistic or by metric (the metric's
 // own wins); empty: none. Errors name the item.

@@ -600,6 +600,17 @@ void Session::Complete() {
   r.finished_s = r.last_token_s;  // E2E: arrival to the last token
   r.generated_tokens = r.output_tokens;
   r.cached_tokens = usage_.cached_tokens.value_or(0);
+  if (usage_.duet_tier_hit_tokens) {
+    const auto& hits = *usage_.duet_tier_hit_tokens;
+    constexpr Tokens kMost = std::numeric_limits<Tokens>::max();
+    Tokens sum = 0;
+    for (Tokens t : hits) sum = t > kMost - sum ? kMost : sum + t;
+    if (sum > r.cached_tokens)
+      return Fail(kMalformed, "malformed reply: duet.tier_hit_tokens add up to " +
+                                  std::to_string(sum) + ", more than the " +
+                                  std::to_string(r.cached_tokens) + " cached tokens it reports");
+    r.tier_hit_tokens = hits;
+  }
   if (usage_.duet_frontend_ms) r.frontend_s = *usage_.duet_frontend_ms / 1000.0;
   if (usage_.duet_queue_ms) r.first_scheduled_s = r.arrival_s + *usage_.duet_queue_ms / 1000.0;
   if (usage_.duet_instance) r.prefill_instance = r.decode_instance = *usage_.duet_instance;

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/text.h"
+#include "policies/kv_tiers.h"
 
 namespace duet::backend::replay {
 namespace {
@@ -164,6 +165,7 @@ void CompletionChunk::KeepReports(const CompletionChunk& newer) {
   keep(duet_prefill_done_ms, newer.duet_prefill_done_ms);
   keep(duet_kv_transfer_ms, newer.duet_kv_transfer_ms);
   keep(duet_kv_transfer_bytes, newer.duet_kv_transfer_bytes);
+  keep(duet_tier_hit_tokens, newer.duet_tier_hit_tokens);
 }
 
 Result<CompletionChunk> ParseCompletionChunk(std::string_view data) {
@@ -249,6 +251,18 @@ Result<CompletionChunk> ParseCompletionChunk(std::string_view data) {
       *out = q->get<double>();
     }
     DUET_RETURN_IF_ERROR(ReadCount(*d, "kv_transfer_bytes", "duet.", c.duet_kv_transfer_bytes));
+    if (const auto t = d->find("tier_hit_tokens"); t != d->end() && !t->is_null()) {
+      if (!t->is_object())
+        return Status::Error("duet.tier_hit_tokens must be an object, got " + t->dump());
+      std::array<Tokens, policies::kNumLowerTiers> hits{};
+      for (int k = 0; k < policies::kNumLowerTiers; ++k) {
+        std::optional<Tokens> count;
+        DUET_RETURN_IF_ERROR(ReadCount(*t, policies::ToString(static_cast<policies::TierKind>(k)),
+                                       "duet.tier_hit_tokens.", count));
+        hits[static_cast<std::size_t>(k)] = count.value_or(0);
+      }
+      c.duet_tier_hit_tokens = hits;
+    }
     if (const auto i = d->find("instance"); i != d->end() && !i->is_null()) {
       // Bounded so that instance names stay a small table.
       if (!i->is_number_integer() || i->get<std::int64_t>() < 0 || i->get<std::int64_t>() > 65535)

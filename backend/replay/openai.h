@@ -4,6 +4,7 @@
 // reads Duet's own additions ("duet": queue time, serving instance) when a server sends them.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -12,6 +13,7 @@
 
 #include "common/status.h"
 #include "common/units.h"
+#include "policies/request.h"
 
 namespace duet::backend::replay {
 
@@ -58,6 +60,9 @@ struct CompletionChunk {
   std::optional<double> duet_prefill_done_ms;
   std::optional<double> duet_kv_transfer_ms;
   std::optional<Tokens> duet_kv_transfer_bytes;
+  // Of the cached tokens, those the server loaded from each lower KV tier (dram, ssd, remote:
+  // policies::TierKind's order), where it says.
+  std::optional<std::array<Tokens, policies::kNumLowerTiers>> duet_tier_hit_tokens;
 
   // Takes each usage and "duet" field that `newer` reports (a stream spreads them over chunks:
   // the last report of each counts).

@@ -46,7 +46,9 @@ inline constexpr std::int64_t kCacheBlockTokens = 16;
 struct FakeServerOptions {
   double first_chunk_delay_s = 0.100;
   double chunk_gap_s = 0.020;
-  bool duet_fields = false;   // add {"duet": {"queue_ms": kQueueMs, "instance": max_tokens % 2}}
+  bool duet_fields = false;  // add {"duet": {"queue_ms": kQueueMs, "instance": max_tokens % 2}}
+  // With duet_fields, > 0: also "tier_hit_tokens": {"dram": this} (however few tokens it cached).
+  std::int64_t dram_hit_tokens = 0;
   bool report_cached = true;  // usage.prompt_tokens_details.cached_tokens
   bool list_models = true;    // answer GET /v1/models (else 404)
   bool token_ids = true;      // honour return_token_ids
@@ -238,6 +240,8 @@ class FakeServer {
                            {"choices", nlohmann::json::array()},
                            {"usage", usage}};
     if (options_.duet_fields) last["duet"] = {{"queue_ms", kQueueMs}, {"instance", max_tokens % 2}};
+    if (options_.duet_fields && options_.dram_hit_tokens > 0)
+      last["duet"]["tier_hit_tokens"] = {{"dram", options_.dram_hit_tokens}};
     if (llama)
       last["choices"] = {
           {{"index", 0}, {"text", ""}, {"logprobs", nullptr}, {"finish_reason", "length"}}};

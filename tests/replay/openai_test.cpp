@@ -6,6 +6,8 @@
 
 #include <gtest/gtest.h>
 
+#include <array>
+
 #include <nlohmann/json.hpp>
 
 namespace duet::backend::replay {
@@ -112,7 +114,7 @@ TEST(Chunk, TokenChunkFinishAndUsage) {
   EXPECT_EQ(c->finish_reason, "length");
 
   c = ParseCompletionChunk(
-      R"({"choices":[],"usage":{"prompt_tokens":1024,"total_tokens":1034,"completion_tokens":10,"prompt_tokens_details":{"cached_tokens":512}},"duet":{"frontend_ms":0.125,"queue_ms":3.25,"instance":2,"prefill_done_ms":40.5,"kv_transfer_ms":1.25,"kv_transfer_bytes":73728}})");
+      R"({"choices":[],"usage":{"prompt_tokens":1024,"total_tokens":1034,"completion_tokens":10,"prompt_tokens_details":{"cached_tokens":512}},"duet":{"frontend_ms":0.125,"queue_ms":3.25,"instance":2,"prefill_done_ms":40.5,"kv_transfer_ms":1.25,"kv_transfer_bytes":73728,"tier_hit_tokens":{"dram":256,"ssd":64,"remote":0}}})");
   ASSERT_TRUE(c.ok()) << c.error();
   EXPECT_FALSE(c->token_event);
   EXPECT_EQ(c->prompt_tokens, 1024);
@@ -124,6 +126,8 @@ TEST(Chunk, TokenChunkFinishAndUsage) {
   EXPECT_EQ(c->duet_prefill_done_ms, 40.5);
   EXPECT_EQ(c->duet_kv_transfer_ms, 1.25);
   EXPECT_EQ(c->duet_kv_transfer_bytes, 73728);
+  ASSERT_TRUE(c->duet_tier_hit_tokens);
+  EXPECT_EQ(*c->duet_tier_hit_tokens, (std::array<Tokens, 3>{256, 64, 0}));
 
   // vLLM without --enable-prompt-tokens-details: the details are null, cached tokens unknown.
   c = ParseCompletionChunk(
@@ -221,6 +225,9 @@ TEST(Chunk, MalformedChunksSayWhat) {
       {R"({"duet":{"kv_transfer_bytes":-5}})", "duet.kv_transfer_bytes must be a non-negative"},
       {R"({"duet":{"instance":70000}})", "duet.instance"},
       {R"({"duet":7})", "duet must be an object"},
+      {R"({"duet":{"tier_hit_tokens":[1,2,3]}})", "duet.tier_hit_tokens must be an object"},
+      {R"({"duet":{"tier_hit_tokens":{"ssd":-2}}})",
+       "duet.tier_hit_tokens.ssd must be a non-negative integer"},
   };
   for (const auto& [data, message] : bad) {
     auto c = ParseCompletionChunk(data);

@@ -235,6 +235,26 @@ TEST_F(ReplayTest, ReadsDuetsQueueTimeAndInstance) {
   for (const std::string& a : server.Authorizations()) EXPECT_EQ(a, "") << "no key was given";
 }
 
+// A server that says it loaded more tokens from its KV tiers than it reports cached: the reply
+// is malformed, and the request fails saying why instead of counting negative GPU hits.
+TEST_F(ReplayTest, TierHitsBeyondTheCachedTokensAreAMalformedReply) {
+  FakeServerOptions options;
+  options.duet_fields = true;
+  options.dram_hit_tokens = 1 << 20;
+  FakeServer server(options);
+  const std::string out = tmp_.File("out");
+  const RunResult r = Replay({"--endpoint", server.url(), "--trace", trace_, "--out", out,
+                              "--limit", "2", "--vocab-size", "100"});
+  ASSERT_EQ(r.exit_code, 0) << r;
+  const Csv csv = Csv::Read(out + "/requests.csv");
+  ASSERT_EQ(csv.size(), 2u);
+  EXPECT_EQ(csv.Get(1, "status"), "failed");
+  EXPECT_TRUE(ContainsAll(csv.Get(1, "reason"),
+                          {"malformed reply", "duet.tier_hit_tokens add up to 1048576",
+                           "more than the 1024 cached tokens"}))
+      << csv.Get(1, "reason");
+}
+
 // llama.cpp's server streams a chunk per token with empty text where a token ends inside a
 // UTF-8 character (with random weights, nearly every token), and finishes in a chunk of its own.
 // Tokens are timed by their chunks, not by their text, and a reply ends with its stream.

@@ -216,5 +216,42 @@ TEST(ServeReplay, ASessionsTurnsHitTheirPredecessorsReplyLiveAndSimulated) {
   }
 }
 
+// A prefix forced out of the KV cache and served back from the host DRAM tier: the server
+// reports the tokens each tier gave (the reply's duet.tier_hit_tokens), and the live summary
+// counts them by tier as the simulator's does, which `duet validate` compares.
+TEST(ServeReplay, TierHitsReachTheLiveSummaryByTier) {
+  TempDir tmp;
+  const std::string model = tmp.File("model");
+  const RunResult made = RunDuet({"make-test-model", "--out", model});
+  ASSERT_EQ(made.exit_code, 0) << made;
+  nlohmann::json cluster = ReadJson(SourceDir() + "/tests/data/2colo-tiny-dram.json");
+  cluster["model"] = model;
+  cluster["instances"][0]["count"] = 1;
+  cluster["engine"]["overlap_tier_loads"] = false;  // what the live server runs
+  const std::string cluster_path = tmp.File("cluster.json");
+  WriteJson(cluster_path, cluster);
+  // 12 blocks of 16 tokens: the second prompt takes blocks the first one's prefix held, and the
+  // third asks for that prefix again.
+  const std::string trace = tmp.Write("trace.jsonl", R"(
+{"timestamp": 0, "input_length": 100, "output_length": 4, "hash_ids": [1]}
+{"timestamp": 300, "input_length": 100, "output_length": 4, "hash_ids": [2]}
+{"timestamp": 600, "input_length": 100, "output_length": 4, "hash_ids": [1]}
+)");
+  const std::string live = ServeAndReplay(
+      tmp, model, trace, {"--cluster", cluster_path, "--workers", "thread", "--kv-blocks", "12"});
+  const nlohmann::json s = ReadJson(live + "/summary.json");
+  ASSERT_EQ(s["requests"]["completed"], 3) << s.dump(2);
+  const Csv rows = Csv::Read(live + "/requests.csv");
+  EXPECT_EQ(rows.Number(0, "cached_tokens"), 0);
+  EXPECT_GT(rows.Number(2, "dram_hit_tokens"), 0);
+  EXPECT_EQ(rows.Number(2, "gpu_hit_tokens") + rows.Number(2, "dram_hit_tokens"),
+            rows.Number(2, "cached_tokens"));
+  const nlohmann::json& by_tier = s["prefix_cache"]["by_tier"];
+  EXPECT_EQ(by_tier["dram"]["hit_tokens"].get<double>(),
+            rows.Number(1, "dram_hit_tokens") + rows.Number(2, "dram_hit_tokens"));
+  EXPECT_EQ(by_tier["ssd"]["hit_tokens"], 0);
+  EXPECT_GT(by_tier["dram"]["hit_rate"].get<double>(), 0);
+}
+
 }  // namespace
 }  // namespace duet::e2e
