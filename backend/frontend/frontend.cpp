@@ -291,10 +291,24 @@ Status StartTiers(LiveFrontend::Impl& s, const std::vector<KvRegion>& regions) {
   s.tiers = std::make_unique<policies::TierManager>(
       deploy::TierSetupFor(tiers, block_bytes, std::vector<int>(regions.size(), 0), 1),
       s.tier_storage.get());
-  // Block files a server before this one left are served again.
-  if (const auto* ssd =
-          dynamic_cast<const FileTierBlocks*>(s.tier_storage->blocks(policies::TierKind::kSsd, 0)))
-    s.tiers->Adopt(policies::TierKind::kSsd, 0, ssd->recovery().blocks);
+  // Blocks a server before this one left (SSD files, the remote store's) are served again.
+  for (int k = 0; k < policies::kNumLowerTiers; ++k) {
+    const auto kind = static_cast<policies::TierKind>(k);
+    const TierBlocks* blocks = s.tier_storage->blocks(kind, 0);
+    if (!blocks) continue;
+    const TierRecovery& found = blocks->recovery();
+    s.tiers->Adopt(kind, 0, found.blocks);
+    if (found.blocks.empty() && found.partial + found.corrupt + found.over_capacity == 0 &&
+        found.error.empty())
+      continue;
+    std::fprintf(stderr,
+                 "duet serve: KV tier %s: %zu blocks found from before are served again; removed "
+                 "%lld partial, %lld corrupt, %lld over the capacity%s%s\n",
+                 policies::ToString(kind), found.blocks.size(),
+                 static_cast<long long>(found.partial), static_cast<long long>(found.corrupt),
+                 static_cast<long long>(found.over_capacity), found.error.empty() ? "" : "; ",
+                 found.error.c_str());
+  }
   s.tiers->ShareAcrossThreads();
   return Status::Ok();
 }

@@ -104,4 +104,15 @@ std::string HashHex(std::uint64_t value) {
   return out;
 }
 
+std::optional<std::uint64_t> ParseHashHex(std::string_view hex) {
+  if (hex.size() != 16) return std::nullopt;
+  std::uint64_t value = 0;
+  for (const char c : hex) {
+    const int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+    if (d < 0) return std::nullopt;
+    value = value << 4 | static_cast<std::uint64_t>(d);
+  }
+  return value;
+}
+
 }  // namespace duet::backend

@@ -18,8 +18,10 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 
 #include "common/status.h"
 #include "policies/request.h"
@@ -61,5 +63,7 @@ std::uint64_t LayoutFingerprint(const std::string& description);
 
 // 16 lowercase hex digits (file names, Redis keys).
 std::string HashHex(std::uint64_t value);
+// The value HashHex wrote: exactly 16 lowercase hex digits, else nullopt.
+std::optional<std::uint64_t> ParseHashHex(std::string_view hex);
 
 }  // namespace duet::backend

@@ -68,15 +68,8 @@ constexpr const char* kPartialSuffix = ".partial";
 
 // The hash a block file's name gives (16 lowercase hex digits then .kvb), or nothing.
 std::optional<BlockHash> HashOfName(const std::string& name) {
-  if (name.size() != 16 + std::strlen(kBlockSuffix) || !name.ends_with(kBlockSuffix)) return {};
-  BlockHash h = 0;
-  for (int i = 0; i < 16; ++i) {
-    const char c = name[static_cast<std::size_t>(i)];
-    const int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
-    if (d < 0) return {};
-    h = h << 4 | static_cast<BlockHash>(d);
-  }
-  return h;
+  if (!name.ends_with(kBlockSuffix)) return {};
+  return ParseHashHex(std::string_view(name).substr(0, name.size() - std::strlen(kBlockSuffix)));
 }
 
 double SteadySeconds() {
@@ -394,6 +387,14 @@ RedisTierBlocks::RedisTierBlocks(RedisEndpoint endpoint, StoredBlockLayout layou
 
 RedisTierBlocks::~RedisTierBlocks() { Disconnect(); }
 
+std::unique_ptr<RedisTierBlocks> RedisTierBlocks::Open(RedisEndpoint endpoint,
+                                                       StoredBlockLayout layout,
+                                                       std::int64_t capacity_blocks) {
+  auto blocks = std::make_unique<RedisTierBlocks>(std::move(endpoint), layout, capacity_blocks);
+  if (Status s = blocks->Scan(); !s.ok()) blocks->recovery_.error = s.message();
+  return blocks;
+}
+
 std::string RedisTierBlocks::KeyOf(BlockHash hash) const {
   return "duet:kv:" + HashHex(layout_.fingerprint) + ":" + HashHex(hash);
 }
@@ -512,6 +513,56 @@ Status RedisTierBlocks::Get(BlockHash hash, std::span<std::byte> out) {
   }
   std::memcpy(out.data(), payload->data(), out.size());
   ++counters_.gets;
+  return Status::Ok();
+}
+
+Status RedisTierBlocks::Scan() {
+  if (Status s = Connect(); !s.ok()) return s;
+  const std::string prefix = "duet:kv:" + HashHex(layout_.fingerprint) + ":";
+  const std::string pattern = prefix + "*";
+  std::vector<BlockHash> found;
+  // SCAN ends when its cursor comes back to 0; bounded all the same, against a store that never
+  // says so.
+  std::string cursor = "0";
+  for (int calls = 0; calls < 1'000'000; ++calls) {
+    Reply r(redisCommand(context_, "SCAN %s MATCH %b COUNT 1000", cursor.c_str(), pattern.data(),
+                         pattern.size()));
+    if (!r.reply) {
+      Status s = Status::Error(std::string("remote tier: SCAN failed: ") + context_->errstr);
+      Disconnect();
+      return s;
+    }
+    if (r.reply->type != REDIS_REPLY_ARRAY || r.reply->elements != 2 ||
+        r.reply->element[0]->type != REDIS_REPLY_STRING ||
+        r.reply->element[1]->type != REDIS_REPLY_ARRAY)
+      return Status::Error("remote tier: SCAN: not a [cursor, keys] reply");
+    const redisReply* keys = r.reply->element[1];
+    for (std::size_t k = 0; k < keys->elements; ++k) {
+      if (keys->element[k]->type != REDIS_REPLY_STRING) continue;
+      const std::string_view key(keys->element[k]->str, keys->element[k]->len);
+      if (!key.starts_with(prefix)) continue;
+      if (auto hash = ParseHashHex(key.substr(prefix.size()))) found.push_back(*hash);
+    }
+    cursor.assign(r.reply->element[0]->str, r.reply->element[0]->len);
+    if (cursor == "0") break;
+  }
+  // A key SCAN returned twice (the keyspace rehashed meanwhile) counts once.
+  std::sort(found.begin(), found.end());
+  found.erase(std::unique(found.begin(), found.end()), found.end());
+  for (BlockHash hash : found) {
+    if (static_cast<std::int64_t>(held_.size()) < capacity_) {
+      held_.insert(hash);
+      recovery_.blocks.push_back(hash);
+      continue;
+    }
+    const std::string key = KeyOf(hash);
+    Reply del(redisCommand(context_, "DEL %b", key.data(), key.size()));
+    if (!del.reply) {
+      Disconnect();
+      return Status::Error("remote tier: DEL of a block over the capacity failed");
+    }
+    ++recovery_.over_capacity;
+  }
   return Status::Ok();
 }
 

@@ -32,6 +32,16 @@ namespace duet::backend {
 
 using policies::BlockHash;
 
+// What a tier found at start that a server before this one left: blocks in its SSD directory,
+// or in the remote store under this layout.
+struct TierRecovery {
+  std::vector<BlockHash> blocks;  // valid blocks, kept (the tier manager adopts them)
+  std::int64_t partial = 0;       // SSD: writes a crash interrupted, removed
+  std::int64_t corrupt = 0;  // SSD: truncated, corrupt or foreign headers, stray files: removed
+  std::int64_t over_capacity = 0;  // beyond the configured capacity: removed
+  std::string error;               // remote: why the store could not be looked at ("": it was)
+};
+
 struct TierBlocksCounters {
   std::int64_t puts = 0, gets = 0, drops = 0;
   std::int64_t put_errors = 0, get_errors = 0;
@@ -59,6 +69,8 @@ class TierBlocks {
   virtual std::int64_t capacity_blocks() const = 0;
   // Held within capacity, and what the tier keeps consistent with itself.
   virtual Status CheckInvariants() const;
+  // What it found at start (none for host DRAM, which starts empty).
+  const TierRecovery& recovery() const { return recovery_; }
 
   const TierBlocksCounters& counters() const { return counters_; }
 
@@ -69,6 +81,7 @@ class TierBlocks {
   Status RoomFor(bool held);
   StoredBlockLayout layout_;
   TierBlocksCounters counters_;
+  TierRecovery recovery_;
 };
 
 // Host DRAM: capacity_blocks slots of block_bytes in one anonymous mapping, locked in memory
@@ -103,14 +116,6 @@ class DramTierBlocks final : public TierBlocks {
   std::vector<std::int64_t> free_;
 };
 
-// What FileTierBlocks found in its directory at start.
-struct FileTierRecovery {
-  std::vector<BlockHash> blocks;   // valid block files, kept (the tier manager may adopt them)
-  std::int64_t partial = 0;        // writes a crash interrupted, removed
-  std::int64_t corrupt = 0;        // truncated, corrupt or foreign headers, or stray files: removed
-  std::int64_t over_capacity = 0;  // valid, beyond the configured capacity: removed
-};
-
 // Local SSD: block `hash` is the file <dir>/<16 hex digits>.kvb, a stored block (stored_block.h).
 // A put writes <name>.partial through a shared mapping and renames it into place, so a file
 // under its final name was written whole; a get maps the file read-only and checks it whole
@@ -130,7 +135,6 @@ class FileTierBlocks final : public TierBlocks {
   std::int64_t held_blocks() const override { return static_cast<std::int64_t>(held_.size()); }
   std::int64_t capacity_blocks() const override { return capacity_; }
   Status CheckInvariants() const override;
-  const FileTierRecovery& recovery() const { return recovery_; }
   std::filesystem::path PathOf(BlockHash hash) const;
 
  private:
@@ -139,7 +143,6 @@ class FileTierBlocks final : public TierBlocks {
   std::filesystem::path dir_;
   std::int64_t capacity_;
   std::unordered_set<BlockHash> held_;  // block files this tier wrote or recovered
-  FileTierRecovery recovery_;
 };
 
 struct RedisEndpoint {
@@ -154,9 +157,16 @@ struct RedisEndpoint {
 // A remote store: block `hash` is the Redis string duet:kv:<layout fingerprint>:<hash> holding a
 // stored block. Synchronous hiredis with connect and command timeouts: an unreachable or slow
 // server fails the I/O (the tier manager's caller recomputes), never hangs it; the connection is
-// made again on a later I/O.
+// made again on a later I/O. At start the store is scanned for this layout's keys, so that a
+// restarted server (or another one that shares the store) serves what was put before it: up to
+// the capacity they are held (sorted by hash, as SSD files are), the rest deleted. Their
+// contents are checked when read, as every block's are.
 class RedisTierBlocks final : public TierBlocks {
  public:
+  // Connects and scans; a store that cannot be reached or scanned holds nothing yet
+  // (recovery().error says why) and is tried again at the first I/O.
+  static std::unique_ptr<RedisTierBlocks> Open(RedisEndpoint endpoint, StoredBlockLayout layout,
+                                               std::int64_t capacity_blocks);
   RedisTierBlocks(RedisEndpoint endpoint, StoredBlockLayout layout, std::int64_t capacity_blocks);
   ~RedisTierBlocks() override;
   policies::TierKind kind() const override { return policies::TierKind::kRemote; }
@@ -171,6 +181,7 @@ class RedisTierBlocks final : public TierBlocks {
  private:
   Status Connect();
   void Disconnect();
+  Status Scan();
   RedisEndpoint endpoint_;
   std::int64_t capacity_;
   redisContext* context_ = nullptr;

@@ -203,7 +203,7 @@ Result<std::unique_ptr<HostTierStorage>> MakeHostTierStorage(
     endpoint.host = tiers.remote.host;
     endpoint.port = tiers.remote.port;
     storage->AddTier(policies::TierKind::kRemote, 0,
-                     std::make_unique<RedisTierBlocks>(endpoint, layout, blocks_of(tiers.remote)));
+                     RedisTierBlocks::Open(endpoint, layout, blocks_of(tiers.remote)));
   }
   return storage;
 }

@@ -184,7 +184,7 @@ TEST_F(FileTier, ReopenedKeepsValidBlocksAndRemovesPartialCorruptForeignAndExces
   std::ofstream(dir_ / "README") << "not a block";
 
   FileTierBlocks& t = Open(/*capacity=*/3);
-  const FileTierRecovery& r = t.recovery();
+  const TierRecovery& r = t.recovery();
   EXPECT_EQ(r.partial, 1);
   EXPECT_EQ(r.corrupt, 3) << "the damaged header, the truncated file and the foreign layout";
   EXPECT_EQ(r.over_capacity, 1) << "four valid blocks, room for three";
@@ -254,6 +254,44 @@ TEST(RedisTier, AKilledServerFailsIOsQuicklyAndARestartedOneIsUsedAgain) {
   ASSERT_TRUE(t.Put(2, BlockBytes(4096, 2)).ok()) << "the tier connects again";
   ASSERT_TRUE(t.Get(2, out).ok());
   EXPECT_EQ(out, BlockBytes(4096, 2));
+}
+
+// A tier opened on a store that holds this layout's blocks (a server before it put them) holds
+// them, up to its capacity; the rest are deleted, another layout's keys and other keys left.
+TEST(RedisTier, OpenedOnAStoreHoldsTheBlocksPutBeforeItUpToItsCapacity) {
+  RedisServer server;
+  ASSERT_TRUE(server.Start()) << server.error();
+  {
+    RedisTierBlocks before(server.endpoint(), kLayout, 16);
+    for (BlockHash h : {5, 1, 9, 3}) ASSERT_TRUE(before.Put(h, BlockBytes(4096, h)).ok());
+    RedisTierBlocks foreign(server.endpoint(), {.fingerprint = 1, .block_bytes = 4096}, 16);
+    ASSERT_TRUE(foreign.Put(7, BlockBytes(4096, 7)).ok());
+  }
+  server.Command("SET unrelated value");
+  auto t = RedisTierBlocks::Open(server.endpoint(), kLayout, 3);
+  const TierRecovery& r = t->recovery();
+  EXPECT_EQ(r.error, "");
+  EXPECT_EQ(r.blocks, (std::vector<BlockHash>{1, 3, 5}));
+  EXPECT_EQ(r.over_capacity, 1);
+  EXPECT_EQ(t->held_blocks(), 3);
+  EXPECT_EQ(server.Command("EXISTS " + t->KeyOf(9)), "0");
+  EXPECT_EQ(server.Command("EXISTS unrelated"), "1");
+  EXPECT_EQ(server.Command("DBSIZE"), "5");  // 3 held, the foreign block, the other key
+  std::vector<std::byte> out(4096);
+  ASSERT_TRUE(t->Get(5, out).ok());
+  EXPECT_EQ(out, BlockBytes(4096, 5));
+  // Dropped as any held block: deleted from the store.
+  t->Drop(1);
+  EXPECT_EQ(server.Command("EXISTS " + t->KeyOf(1)), "0");
+
+  // An unreachable store: nothing held, the reason kept, and the tier works once it is up.
+  server.Kill();
+  RedisEndpoint endpoint = server.endpoint();
+  endpoint.retry_after_s = 0.1;
+  const auto down = RedisTierBlocks::Open(endpoint, kLayout, 3);
+  EXPECT_NE(down->recovery().error.find("cannot reach redis"), std::string::npos)
+      << down->recovery().error;
+  EXPECT_EQ(down->held_blocks(), 0);
 }
 
 }  // namespace

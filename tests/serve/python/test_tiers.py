@@ -8,6 +8,7 @@ redis-server killed) costs a recomputation, never a wrong token or a stuck reque
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -135,16 +136,20 @@ def test_a_prefix_forced_out_of_the_kv_cache_comes_back_from_the_tier_unchanged(
         assert len(os.listdir(tmp_path / "ssd")) > 0, "the block files stay for the next server"
 
 
-def test_a_restarted_server_finds_the_blocks_its_predecessor_left_on_ssd(
-        tiny_model, start_server, tmp_path, expected):
-    path = tier_file(tmp_path, tiny_model, one_tier("ssd", tmp_path))
+@pytest.mark.parametrize("kind", ["ssd", "remote"])
+def test_a_restarted_server_finds_the_blocks_its_predecessor_left(
+        tiny_model, start_server, tmp_path, expected, kind, redis):
+    path = tier_file(tmp_path, tiny_model, one_tier(kind, tmp_path, redis.port))
     s = serve_with_tiers(start_server, tiny_model, path)
     assert complete(s, A)[0] == expected[A]
     assert s.stop() == 0, s.stderr()
     s = serve_with_tiers(start_server, tiny_model, path)
+    found = re.search(rf"KV tier {kind}: (\d+) blocks found from before are served again",
+                      s.stderr())
+    assert found and int(found.group(1)) >= 4, s.stderr()  # A's prompt, and its reply's
     text, duet, _ = complete(s, A)
     assert text == expected[A]
-    assert duet["tier_hit_tokens"]["ssd"] >= 4 * 16, duet
+    assert duet["tier_hit_tokens"][kind] >= 4 * 16, duet
     assert s.stop() == 0, s.stderr()
 
 
