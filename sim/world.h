@@ -208,6 +208,10 @@ struct World {
   bool stopped_early = false;
   std::int64_t events = 0;  // actor wake-ups: arrivals, steps and runs, waits ended
   // Bytes each link carried (links.csv), counted on the route of every transfer started.
+  // Not SimGrid's link-load plugin: in 3.32 it samples a link's rate only when a communication
+  // crossing it starts or ends, which counts latencies as bytes and misses the rate changes
+  // that other links cause (tests/sim_links/link_load_test.cpp checks the count against it
+  // where its sampling is exact).
   std::unordered_map<const sg4::Link*, double> link_bytes;
   std::vector<sg4::Link*> route_scratch;
 
