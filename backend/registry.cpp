@@ -1,4 +1,5 @@
-// Registry of optional backends: the only file that reads DUET_HAVE_* build flags.
+// Registry of optional backends: with backend/transport/kv_transport_registry.cpp (the KV
+// transports), the only file that reads DUET_HAVE_* build flags.
 #include "backend/registry.h"
 
 #include <dlfcn.h>
@@ -24,6 +25,40 @@ std::string DescribeFeatures() {
   return "cuda=" + yes_no(f.cuda) + " ucx=" + yes_no(f.ucx) + " nccl=" + yes_no(f.nccl);
 }
 
+namespace {
+
+// The plugin is looked for beside the executable first (bin/../lib, as the build tree and an
+// installed or copied tree lay it out), then where this build put it; empty in a build without.
+std::string CudaPluginPath() {
+#if DUET_HAVE_CUDA_MODEL
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  const fs::path beside = exe.parent_path().parent_path() / "lib" / "libduet_cuda_plugin.so";
+  return !ec && fs::exists(beside, ec) ? beside.string() : std::string(DUET_CUDA_PLUGIN);
+#else
+  return "";
+#endif
+}
+
+}  // namespace
+
+bool CudaPluginBuilt() {
+  const std::string path = CudaPluginPath();
+  std::error_code ec;
+  return !path.empty() && std::filesystem::exists(path, ec);
+}
+
+Result<void*> LoadCudaPlugin() {
+  const std::string path = CudaPluginPath();
+  if (path.empty())
+    return Status::Error("this build has no CUDA backend (configure with nvcc present)");
+  // dlopen returns the same handle for every call once loaded, and the plugin is never closed.
+  void* plugin = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (!plugin) return Status::Error("cannot load the CUDA plugin " + path + ": " + dlerror());
+  return plugin;
+}
+
 Result<std::unique_ptr<ForwardModel>> CreateForwardModel(LoadedModel model,
                                                          const ModelPlacement& placement) {
   if (placement.device == "cpu") {
@@ -42,29 +77,16 @@ Result<std::unique_ptr<ForwardModel>> CreateForwardModel(LoadedModel model,
       return Status::Error(std::string("the cuda backend keeps its KV cache in bfloat16, not ") +
                            models::TorchDtypeName(*placement.kv_cache_dtype) +
                            " (engine.kv_cache_dtype)");
-#if DUET_HAVE_CUDA_MODEL
-    // The plugin stays loaded for the life of the process (models from it may outlive this).
-    // It is looked for beside the executable first (bin/../lib, as the build tree and an
-    // installed or copied tree lay it out), then where this build put it.
-    namespace fs = std::filesystem;
-    std::error_code ec;
-    const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
-    const fs::path beside = exe.parent_path().parent_path() / "lib" / "libduet_cuda_plugin.so";
-    const std::string path =
-        !ec && fs::exists(beside, ec) ? beside.string() : std::string(DUET_CUDA_PLUGIN);
-    void* plugin = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
-    if (!plugin) return Status::Error("cannot load the CUDA plugin " + path + ": " + dlerror());
+    auto plugin = LoadCudaPlugin();
+    if (!plugin) return plugin.status();
     using Create = ForwardModel* (*)(const LoadedModel*, std::int64_t, std::int32_t, std::string*);
-    auto create = reinterpret_cast<Create>(dlsym(plugin, "DuetCreateCudaModel"));
+    auto create = reinterpret_cast<Create>(dlsym(*plugin, "DuetCreateCudaModel"));
     if (!create) return Status::Error(std::string("CUDA plugin: ") + dlerror());
     std::string error;
     std::unique_ptr<ForwardModel> m(
         create(&model, placement.num_blocks, placement.block_tokens, &error));
     if (!m) return Status::Error(error);
     return m;
-#else
-    return Status::Error("this build has no CUDA backend (configure with nvcc present)");
-#endif
   }
   return Status::Error("unknown device '" + placement.device + "' (expected cpu or cuda)");
 }

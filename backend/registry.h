@@ -1,5 +1,7 @@
-// The one place that knows which optional backends this build contains (CUDA, UCX, NCCL).
-// Callers ask here instead of testing preprocessor flags of their own.
+// The one place that knows which optional backends this build contains (CUDA, UCX, NCCL), and
+// the loader of the CUDA plugin. Callers ask here instead of testing preprocessor flags of their
+// own; the KV transports a command may choose are listed by backend/transport/
+// kv_transport_registry.h, the registry of transports, which asks here for the plugin.
 #pragma once
 
 #include <cstdint>
@@ -24,6 +26,14 @@ struct BuildFeatures {
 BuildFeatures CompiledFeatures();
 // Human-readable, e.g. "cuda=no ucx=yes nccl=no".
 std::string DescribeFeatures();
+
+// Whether this build made the CUDA plugin (libduet_cuda_plugin.so: the CUDA model and the CUDA
+// IPC KV transport) and it is where LoadCudaPlugin looks. Does not load it: that maps the CUDA
+// runtime and cuBLAS.
+bool CudaPluginBuilt();
+// The plugin's handle (loaded once, for the life of the process: what it made may outlive any
+// caller). Errors: a build without it, or a plugin that does not load.
+Result<void*> LoadCudaPlugin();
 
 // Where a model runs: "cpu" (the reference kernels, always there) or "cuda" (device 0).
 struct ModelPlacement {

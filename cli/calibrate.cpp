@@ -34,6 +34,7 @@
 #include "backend/registry.h"
 #include "backend/serve/api.h"
 #include "backend/transport/kv_transport.h"
+#include "backend/transport/kv_transport_registry.h"
 #include "backend/transport/local_kv_transports.h"
 #include "cli/commands.h"
 #include "common/json_util.h"
@@ -354,6 +355,10 @@ Status SweepTheTrace(const po::variables_map& vm, SweepLimits& limits, nlohmann:
 int Calibrate(int argc, char** argv) {
   po::options_description opts(
       "duet calibrate: measure a backend's step times and fit the simulator's cost model");
+  const std::string transport_help =
+      "also time KV transfers between two instances through these transports (of this build's: " +
+      backend::KvTransportNames() +
+      "; comma-separated) and fit each as a link, up to --max-context tokens a transfer";
   // clang-format off
   opts.add_options()
     ("help,h", "show this help")
@@ -386,8 +391,7 @@ int Calibrate(int argc, char** argv) {
      "also report the roofline cost model's error on the held-out shapes, for this GPU "
      "(a name under models/hardware/ or a .json file; default efficiencies)")
     ("transport", po::value<std::string>(),
-     "also time KV transfers between two instances through these transports (loopback, ucx; "
-     "comma-separated) and fit each as a link, up to --max-context tokens a transfer")
+     transport_help.c_str())
     ("ucx-tls", po::value<std::string>()->default_value(""),
      "with --transport ucx: the UCX transports (UCX_TLS: tcp, posix,cma, ...; empty: UCX's "
      "choice, as duet serve's --ucx-tls)");
@@ -466,11 +470,12 @@ int Calibrate(int argc, char** argv) {
         return Fail("--transport: only KV in host memory (--device cpu) is timed yet", kExitUsage);
       std::stringstream names(vm["transport"].as<std::string>());
       for (std::string name; std::getline(names, name, ',');) {
-        auto kind = backend::ParseKvTransportKind(name);
-        if (!kind) return Fail("--transport: " + kind.error(), kExitUsage);
+        auto transport =
+            backend::ChooseKvTransport("--transport", name, {.processes = false, .device = device});
+        if (!transport) return Fail(transport.error(), kExitUsage);
         for (const auto& [seen, options] : transports)
           if (seen == name) return Fail("--transport: " + name + " named twice", kExitUsage);
-        transports.push_back({name, {*kind, vm["ucx-tls"].as<std::string>(), {}}});
+        transports.push_back({name, {name, vm["ucx-tls"].as<std::string>(), {}}});
       }
       if (transports.empty()) return Fail("--transport: name a transport", kExitUsage);
     }

@@ -28,7 +28,7 @@
 #include "backend/serve/api.h"
 #include "backend/serve/http_server.h"
 #include "backend/serve/live_metrics.h"
-#include "backend/transport/local_kv_transports.h"
+#include "backend/transport/kv_transport_registry.h"
 #include "cli/child_processes.h"
 #include "cli/commands.h"
 #include "deploy/deployment.h"
@@ -121,6 +121,11 @@ std::int64_t DefaultKvBlocks(const models::ModelSpec& spec, std::int32_t block_t
 
 int Serve(int argc, char** argv) {
   po::options_description opts("duet serve: an OpenAI-compatible server for a model");
+  const std::string kv_transport_help =
+      "PD: how decode instances pull KV from prefill instances, one of this build's transports: " +
+      backend::DescribeKvTransports() +
+      "; or auto (the first of them that serves --workers and --device: loopback between "
+      "threads, ucx between processes)";
   // clang-format off
   opts.add_options()
     ("help,h", "show this help")
@@ -157,9 +162,7 @@ int Serve(int argc, char** argv) {
      "--workers process: a file holding the secret workers prove they hold when they register "
      "(default: $DUET_WORKER_SECRET, else a fresh one for the workers duet serve starts; "
      "required with --spawn-workers false)")
-    ("kv-transport", po::value<std::string>()->default_value("auto"),
-     "PD: how decode instances pull KV from prefill instances: loopback (threads only), ucx, or "
-     "auto (ucx between processes, loopback between threads)")
+    ("kv-transport", po::value<std::string>()->default_value("auto"), kv_transport_help.c_str())
     ("ucx-tls", po::value<std::string>()->default_value(""),
      "PD over UCX: the UCX transports (UCX_TLS: tcp, posix,cma, ...; empty: UCX's choice)")
     ("host", po::value<std::string>()->default_value("127.0.0.1"),
@@ -246,14 +249,16 @@ int Serve(int argc, char** argv) {
                     ": tiers offload from host memory, which the CPU backend's KV is in; the "
                     "CUDA path has no host copy yet: use --device cpu",
                 kExitUsage);
-  std::string kv_transport_name = vm["kv-transport"].as<std::string>();
-  if (kv_transport_name == "auto") kv_transport_name = processes ? "ucx" : "loopback";
-  if (processes && kv_transport_name == "loopback")
-    return Fail("--kv-transport loopback moves KV within one process: use --workers thread",
-                kExitUsage);
-  auto kv_transport = backend::ParseKvTransportKind(kv_transport_name);
-  if (!kv_transport && (!processes || cluster->pd()))
-    return Fail("--kv-transport: " + kv_transport.error(), kExitUsage);
+  // A transport named is one this build has and serves what runs, PD or not; auto may find
+  // none where no KV moves.
+  const std::string kv_transport_flag = vm["kv-transport"].as<std::string>();
+  const backend::KvTransportEntry* kv_transport = nullptr;
+  if (auto chosen =
+          backend::ChooseKvTransport("--kv-transport", kv_transport_flag, {processes, device})) {
+    kv_transport = *chosen;
+  } else if (kv_transport_flag != "auto" || (cluster && cluster->pd())) {
+    return Fail(chosen.error(), kExitUsage);
+  }
   const std::string worker_host = vm["worker-host"].as<std::string>();
   if (in_addr parsed{}; ::inet_pton(AF_INET, worker_host.c_str(), &parsed) != 1)
     return Fail("--worker-host: '" + worker_host + "' is not an IPv4 address", kExitUsage);
@@ -393,11 +398,11 @@ int Serve(int argc, char** argv) {
                   : std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / instances);
   // Prefill instances keep their KV where the transport's peers read it fastest (UCX's shared
   // memory, as `duet worker` does); decode instances pull into the heap.
+  backend::KvTransportOptions kv_transport_options;
+  if (kv_transport) kv_transport_options.transport = kv_transport->name;
+  kv_transport_options.ucx_tls = vm["ucx-tls"].as<std::string>();
   const backend::KvAllocator pulled_from =
-      cluster && cluster->pd() && kv_transport
-          ? backend::KvTransportAllocator(
-                {*kv_transport, vm["ucx-tls"].as<std::string>(), /*wrap=*/{}})
-          : nullptr;
+      cluster && cluster->pd() ? backend::KvTransportAllocator(kv_transport_options) : nullptr;
   std::vector<std::unique_ptr<backend::ForwardModel>> models;
   for (int i = 0; i < instances && !processes; ++i) {
     if (shutdown.received()) return kExitOk;  // asked to stop while loading: nothing to drain
@@ -417,8 +422,7 @@ int Serve(int argc, char** argv) {
   frontend_options.router = router;
   frontend_options.max_pending_requests = max_pending;
   frontend_options.engine = engine;
-  if (kv_transport) frontend_options.kv_transport.kind = *kv_transport;
-  frontend_options.kv_transport.ucx_tls = vm["ucx-tls"].as<std::string>();
+  frontend_options.kv_transport = kv_transport_options;
   std::string layout = std::to_string(instances) + " instance" + (instances == 1 ? "" : "s");
   if (cluster) {
     for (const deploy::InstanceSpec& spec : cluster->instances)
@@ -426,7 +430,7 @@ int Serve(int argc, char** argv) {
     if (cluster->pd()) {
       layout = std::to_string(cluster->CountRole(policies::InstanceRole::kPrefill)) +
                " prefill + " + std::to_string(cluster->CountRole(policies::InstanceRole::kDecode)) +
-               " decode instances, KV over " + kv_transport_name;
+               " decode instances, KV over " + kv_transport_options.transport;
     }
   }
   frontend_options.observer = &metrics;
@@ -478,6 +482,8 @@ int Serve(int argc, char** argv) {
                                          std::to_string(placement.num_blocks),
                                          "--threads",
                                          std::to_string(placement.cpu_threads),
+                                         "--kv-transport",
+                                         kv_transport_options.transport,
                                          "--ucx-tls",
                                          vm["ucx-tls"].as<std::string>()};
         if (step_log) args.insert(args.end(), {"--step-log", vm["step-log"].as<std::string>()});

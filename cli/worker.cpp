@@ -16,7 +16,7 @@
 #include "backend/discovery/registration.h"
 #include "backend/engine/fault_injecting_model.h"
 #include "backend/registry.h"
-#include "backend/transport/local_kv_transports.h"
+#include "backend/transport/kv_transport_registry.h"
 #include "cli/commands.h"
 #include "cli/sim_runner.h"
 #include "deploy/deployment.h"
@@ -56,6 +56,12 @@ Status ChooseKvDevice(const std::string& frontend, const std::string& advertise,
 
 int Worker(int argc, char** argv) {
   po::options_description opts("duet worker: one prefill, decode or colocated instance");
+  const std::string kv_transport_help =
+      "PD: how KV moves between this worker and its peers: the transport of duet serve "
+      "--kv-transport (this build's: " +
+      backend::KvTransportNames() +
+      "; duet serve --help describes them), or auto (the first that serves worker processes "
+      "on --device)";
   // clang-format off
   opts.add_options()
     ("help,h", "show this help")
@@ -81,6 +87,7 @@ int Worker(int argc, char** argv) {
     ("kv-blocks", po::value<std::int64_t>()->default_value(0),
      "KV cache blocks (0: 16 full contexts within 4 GiB)")
     ("threads", po::value<int>()->default_value(0), "CPU threads (0: every hardware thread)")
+    ("kv-transport", po::value<std::string>()->default_value("auto"), kv_transport_help.c_str())
     ("ucx-tls", po::value<std::string>()->default_value(""),
      "PD: the UCX transports for KV (UCX_TLS: tcp, posix,cma, ...; empty: UCX's choice)")
     ("advertise", po::value<std::string>(),
@@ -144,9 +151,11 @@ int Worker(int argc, char** argv) {
   if (!(options.connect_timeout_s > 0) || options.connect_timeout_s > 86400)
     return Fail("--connect-timeout must be in (0, 86400]", kExitUsage);
   if (options.role != policies::InstanceRole::kColocated) {
-    auto kind = backend::ParseKvTransportKind("ucx");
-    if (!kind) return Fail("--role " + role + ": " + kind.error());
-    options.kv_transport.kind = *kind;
+    auto transport =
+        backend::ChooseKvTransport("--kv-transport", vm["kv-transport"].as<std::string>(),
+                                   {.processes = true, .device = device});
+    if (!transport) return Fail(transport.error(), kExitUsage);
+    options.kv_transport.transport = (*transport)->name;
     options.kv_transport.ucx_tls = vm["ucx-tls"].as<std::string>();
   }
 

@@ -155,7 +155,7 @@ Result<std::unique_ptr<CudaIpcKvTransport>> CudaIpcKvTransport::Create(InstanceI
   return std::unique_ptr<CudaIpcKvTransport>(new CudaIpcKvTransport(std::move(impl)));
 }
 
-const std::string& CudaIpcKvTransport::Descriptor() const { return impl_->descriptor; }
+std::string CudaIpcKvTransport::Descriptor() const { return impl_->descriptor; }
 
 void CudaIpcKvTransport::SetSelf(InstanceId self) { impl_->self = self; }
 

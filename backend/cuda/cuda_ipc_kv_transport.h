@@ -8,8 +8,9 @@
 // by the driver otherwise. Not thread-safe: one thread at a time uses an instance.
 //
 // Written and compiled everywhere nvcc is; it has run only where a device was lent
-// (tests/gpu/cuda_ipc_transport_test.cpp skips without one). No model exposes a device region
-// yet (CudaModel keeps one K and one V array per layer), so `duet serve` does not use it.
+// (tests/gpu/cuda_ipc_transport_test.cpp skips without one). The CUDA plugin makes it for the
+// transport registry (`--kv-transport cuda-ipc`), but no model exposes a device region yet
+// (CudaModel keeps one K and one V array per layer), so PD over it stops at start, saying so.
 #pragma once
 
 #include <memory>
@@ -21,7 +22,7 @@
 
 namespace duet::backend {
 
-class CudaIpcKvTransport final : public policies::KvTransport, public KvTransferLog {
+class CudaIpcKvTransport final : public PeerKvTransport {
  public:
   // `region` must be device memory inside one cudaMalloc allocation.
   static Result<std::unique_ptr<CudaIpcKvTransport>> Create(policies::InstanceId self,
@@ -30,14 +31,12 @@ class CudaIpcKvTransport final : public policies::KvTransport, public KvTransfer
   CudaIpcKvTransport(const CudaIpcKvTransport&) = delete;
   CudaIpcKvTransport& operator=(const CudaIpcKvTransport&) = delete;
 
-  const std::string& Descriptor() const;
-  // The instance id this side pulls as.
-  void SetSelf(policies::InstanceId self);
-  // A peer to pull from; a second Connect to a connected peer is an error (Disconnect first).
-  Status Connect(policies::InstanceId peer, std::string_view descriptor);
-  // Forgets a peer: waits for the copies from it in flight, which then fail, and closes its
-  // mapping. No effect for an unknown peer.
-  void Disconnect(policies::InstanceId peer);
+  std::string Descriptor() const override;
+  void SetSelf(policies::InstanceId self) override;
+  // A second Connect to a connected peer is an error (Disconnect first).
+  Status Connect(policies::InstanceId peer, std::string_view descriptor) override;
+  // Waits for the copies from the peer in flight, which then fail, and closes its mapping.
+  void Disconnect(policies::InstanceId peer) override;
 
   // Pulls into this side's region: transfer.dst must be this instance, transfer.src a
   // connected peer.

@@ -1,8 +1,10 @@
-// The entry point of the CUDA plugin (libduet_cuda_plugin.so), which backend/registry.cpp
-// loads with dlopen when a model is asked for on "cuda". Keeping the CUDA runtime and cuBLAS
-// out of the `duet` executable spares every other command their load time and memory.
+// The entry points of the CUDA plugin (libduet_cuda_plugin.so), which backend/registry.cpp
+// loads with dlopen when a model is asked for on "cuda" or the KV transport registry
+// (backend/transport/kv_transport_registry.cpp) for "cuda-ipc". Keeping the CUDA runtime and
+// cuBLAS out of the `duet` executable spares every other command their load time and memory.
 #include <string>
 
+#include "backend/cuda/cuda_ipc_kv_transport.h"
 #include "backend/cuda/cuda_model.h"
 
 // Returns a new model (owned by the caller), or null with *error set.
@@ -15,4 +17,16 @@ extern "C" __attribute__((visibility("default"))) duet::backend::ForwardModel* D
     return nullptr;
   }
   return m->release();
+}
+
+// Returns `self`'s side of a CUDA IPC transport over `region` (device memory; owned by the
+// caller), or null with *error set.
+extern "C" __attribute__((visibility("default"))) duet::backend::PeerKvTransport*
+DuetCreateCudaIpcKvTransport(int self, const duet::backend::KvRegion* region, std::string* error) {
+  auto t = duet::backend::CudaIpcKvTransport::Create(self, *region);
+  if (!t) {
+    *error = t.error();
+    return nullptr;
+  }
+  return t->release();
 }

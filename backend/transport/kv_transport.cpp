@@ -2,9 +2,12 @@
 // wrapper (see kv_transport.h).
 #include "backend/transport/kv_transport.h"
 
+#include <unistd.h>
+
 #include <chrono>
 #include <cstring>
 
+#include "backend/transport/descriptor_bytes.h"
 #include "common/status.h"
 
 namespace duet::backend {
@@ -22,9 +25,79 @@ std::string CheckKvTransfer(const policies::KvTransferRequest& transfer, const K
   return policies::CheckKvTransfer(transfer, src ? &s : nullptr, dst ? &d : nullptr);
 }
 
+namespace {
+
+// A loopback side's descriptor: "DKVL", version (u32, 1), the owner's process id (u32), the
+// region's address (u64), block_bytes (i64), num_blocks (i64); nothing after.
+constexpr std::string_view kLoopbackMagic = "DKVL";
+constexpr std::uint32_t kLoopbackVersion = 1;
+
+std::uint32_t ThisProcess() { return static_cast<std::uint32_t>(::getpid()); }
+
+Result<KvRegion> ParseLoopbackDescriptor(std::string_view in) {
+  namespace b = descriptor_bytes;
+  const std::string what = "loopback KV descriptor: ";
+  if (Status s = b::TakeHeader(in, kLoopbackMagic, kLoopbackVersion, what); !s.ok()) return s;
+  std::uint32_t pid = 0;
+  std::uint64_t base = 0;
+  KvRegion region;
+  if (!b::Take(in, &pid) || !b::Take(in, &base) || !b::Take(in, &region.block_bytes) ||
+      !b::Take(in, &region.num_blocks))
+    return Status::Error(what + "truncated");
+  if (!in.empty()) return Status::Error(what + std::to_string(in.size()) + " bytes after its end");
+  if (Status s = b::CheckRegion(region.block_bytes, region.num_blocks, what); !s.ok()) return s;
+  if (base == 0) return Status::Error(what + "a region at address 0");
+  if (pid != ThisProcess())
+    return Status::Error(what + "of process " + std::to_string(pid) +
+                         ": loopback moves KV within one process");
+  region.base = reinterpret_cast<void*>(static_cast<std::uintptr_t>(base));
+  return region;
+}
+
+}  // namespace
+
+LoopbackKvTransport::LoopbackKvTransport(policies::InstanceId self, KvRegion region)
+    : self_(std::make_pair(self, region)) {
+  Register(self, region);
+}
+
 void LoopbackKvTransport::Register(policies::InstanceId instance, KvRegion region) {
   DUET_CHECK(region.base != nullptr && region.block_bytes > 0 && region.num_blocks > 0);
   regions_[instance] = region;
+}
+
+std::string LoopbackKvTransport::Descriptor() const {
+  if (!self_) return "";
+  namespace b = descriptor_bytes;
+  const KvRegion& region = self_->second;
+  std::string out(kLoopbackMagic);
+  b::Put(out, kLoopbackVersion);
+  b::Put(out, ThisProcess());
+  b::Put(out, static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(region.base)));
+  b::Put(out, region.block_bytes);
+  b::Put(out, region.num_blocks);
+  return out;
+}
+
+void LoopbackKvTransport::SetSelf(policies::InstanceId self) {
+  if (!self_) return;
+  regions_.erase(self_->first);
+  self_->first = self;
+  Register(self, self_->second);
+}
+
+Status LoopbackKvTransport::Connect(policies::InstanceId peer, std::string_view descriptor) {
+  if (regions_.count(peer))
+    return Status::Error("instance " + std::to_string(peer) + " is connected already");
+  auto region = ParseLoopbackDescriptor(descriptor);
+  if (!region.ok()) return region.status();
+  Register(peer, *region);
+  return Status::Ok();
+}
+
+void LoopbackKvTransport::Disconnect(policies::InstanceId peer) {
+  if (self_ && peer == self_->first) return;
+  regions_.erase(peer);
 }
 
 TransferId LoopbackKvTransport::Post(const policies::KvTransferRequest& transfer) {

@@ -5,19 +5,23 @@
 // transfer before moving anything and leaves a record of every finished transfer, as
 // policies/kv_transfer.h says (the simulated transport, sim/sim_kv_transport.h, does too).
 //
-// Here: LoopbackKvTransport (instances in one process, memcpy) and FaultInjectingKvTransport
-// (fails, delays, drops or truncates the transfers of the transport it wraps, for tests);
-// ucx_kv_transport.h has UCX.
+// Here: PeerKvTransport (what the transports a command chooses from share,
+// kv_transport_registry.h), LoopbackKvTransport (instances in one process, memcpy) and
+// FaultInjectingKvTransport (fails, delays, drops or truncates the transfers of the transport it
+// wraps, for tests); ucx_kv_transport.h has UCX, backend/cuda/cuda_ipc_kv_transport.h CUDA IPC.
 #pragma once
 
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "backend/engine/forward_model.h"
+#include "common/status.h"
 #include "policies/kv_transfer.h"
 #include "policies/ports.h"
 
@@ -55,15 +59,58 @@ void ForEachBlockRun(std::span<const BlockId> src, std::span<const BlockId> dst,
   }
 }
 
-// Instances in one process: a transfer is one memcpy per block run, done in Post.
-class LoopbackKvTransport final : public policies::KvTransport, public KvTransferLog {
+// One instance's side of a transport whose sides find each other by descriptor: it publishes a
+// descriptor of its own KV region, and a side that pulls connects to each peer with the peer's
+// (relayed by whoever knows both: LocalKvTransports within one process, the frontend between
+// worker processes). Every transport of the registry (kv_transport_registry.h) is one, so the
+// code that wires instances up is written once for all of them. Not thread-safe: one thread at
+// a time uses a side.
+class PeerKvTransport : public policies::KvTransport, public KvTransferLog {
  public:
+  virtual std::string Descriptor() const = 0;
+  // The instance id this side pulls as (a worker learns it only once registered).
+  virtual void SetSelf(policies::InstanceId self) = 0;
+  // A peer to pull from.
+  virtual Status Connect(policies::InstanceId peer, std::string_view descriptor) = 0;
+  // Forgets a peer (gone, or about to reconnect with a new descriptor): pulls from it in flight
+  // fail. No effect for an unknown peer.
+  virtual void Disconnect(policies::InstanceId peer) = 0;
+  // Waits up to `timeout_s` for the connection to `peer` to be usable, for a transport that
+  // sets it up after Connect returns (UCX); the others have nothing to wait for.
+  virtual Status Flush(policies::InstanceId /*peer*/, double /*timeout_s*/) { return Status::Ok(); }
+  // Whether a side that is only pulled from must make progress for its peers' pulls to finish
+  // (UCX over tcp serves a get with the target's help). Such a side calls Progress() now and
+  // then, or sleeps between calls: Arm() after Progress(); when it returns true, WakeupFd()
+  // (-1: none) becomes readable when there is work; when false, there is work already.
+  virtual bool NeedsProgress() const { return false; }
+  virtual void Progress() {}
+  virtual int WakeupFd() { return -1; }
+  virtual bool Arm() { return true; }
+};
+
+// Instances in one process: a transfer is one memcpy per block run, done in Post. Its
+// descriptor names the process and the region's address, so a side of another process refuses
+// it (loopback cannot cross processes).
+class LoopbackKvTransport final : public PeerKvTransport {
+ public:
+  // A side that knows no region yet: Register them (tests).
+  LoopbackKvTransport() = default;
+  // `self`'s side over its region.
+  LoopbackKvTransport(policies::InstanceId self, KvRegion region);
   // The region an instance's blocks live in (its model's kv_region()).
   void Register(policies::InstanceId instance, KvRegion region);
+
+  // Empty for a side made without a region of its own.
+  std::string Descriptor() const override;
+  void SetSelf(policies::InstanceId self) override;
+  Status Connect(policies::InstanceId peer, std::string_view descriptor) override;
+  void Disconnect(policies::InstanceId peer) override;
+
   policies::TransferId Post(const policies::KvTransferRequest& transfer) override;
   policies::TransferStatus Poll(policies::TransferId id) override;
 
  private:
+  std::optional<std::pair<policies::InstanceId, KvRegion>> self_;
   std::map<policies::InstanceId, KvRegion> regions_;
   std::map<policies::TransferId, policies::TransferStatus> finished_;
   policies::TransferId next_ = 1;

@@ -5,46 +5,15 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 
 #include "backend/engine/realtime_ports.h"
 #include "backend/transport/kv_transport.h"
-#if DUET_HAVE_UCX
-#include "backend/transport/ucx_kv_transport.h"
-#endif
 
 namespace duet::backend {
 
 using policies::InstanceRole;
-
-Result<KvTransportKind> ParseKvTransportKind(const std::string& name) {
-  if (name == "loopback") return KvTransportKind::kLoopback;
-  if (name == "ucx") {
-#if DUET_HAVE_UCX
-    return KvTransportKind::kUcx;
-#else
-    return Status::Error("this build of Duet has no UCX (see docs/development.md)");
-#endif
-  }
-  return Status::Error("unknown KV transport '" + name + "' (loopback or ucx)");
-}
-
-KvAllocator KvTransportAllocator(const KvTransportOptions& options) {
-#if DUET_HAVE_UCX
-  if (options.kind == KvTransportKind::kUcx) {
-    return [tls = options.ucx_tls](std::int64_t bytes) -> Result<std::unique_ptr<KvMemory>> {
-      auto memory = UcxKvMemory::Allocate(bytes, tls);
-      if (!memory.ok()) {
-        return Status::Error("KV transport (UCX_TLS '" + tls + "'): " + memory.error());
-      }
-      return std::unique_ptr<KvMemory>(std::move(*memory));
-    };
-  }
-#else
-  (void)options;
-#endif
-  return nullptr;
-}
 
 // What one instance pulls with (`own`, maybe wrapped).
 struct LocalKvTransports::Side {
@@ -53,18 +22,21 @@ struct LocalKvTransports::Side {
   policies::KvTransport& transport() { return wrapped ? *wrapped : *own; }
 };
 
-// Progresses the UCX workers of prefill instances, asleep on their wake-up descriptors (or
-// polling every millisecond where one has none) until work arrives or the destructor runs.
-class UcxProgressThread {
+// Progresses the sides of prefill instances, asleep on their wake-up descriptors (or polling
+// every millisecond where one has none) until work arrives or the destructor runs.
+class ProgressThread {
  public:
-  explicit UcxProgressThread(std::vector<UcxKvTransport*> pulled_from, int stop_fd)
+  explicit ProgressThread(std::vector<PeerKvTransport*> pulled_from, int stop_fd)
       : stop_fd_(stop_fd), thread_([this, pulled_from] { Loop(pulled_from); }) {}
-  static Result<std::unique_ptr<UcxProgressThread>> Start(std::vector<UcxKvTransport*> pulled) {
+  // Null where no side needs progress.
+  static Result<std::unique_ptr<ProgressThread>> Start(std::vector<PeerKvTransport*> pulled) {
+    std::erase_if(pulled, [](PeerKvTransport* t) { return !t->NeedsProgress(); });
+    if (pulled.empty()) return std::unique_ptr<ProgressThread>();
     const int stop_fd = ::eventfd(0, EFD_CLOEXEC);
-    if (stop_fd < 0) return Status::Error("eventfd for the UCX progress thread failed");
-    return std::make_unique<UcxProgressThread>(std::move(pulled), stop_fd);
+    if (stop_fd < 0) return Status::Error("eventfd for the KV transport's progress thread failed");
+    return std::make_unique<ProgressThread>(std::move(pulled), stop_fd);
   }
-  ~UcxProgressThread() {
+  ~ProgressThread() {
     const std::uint64_t one = 1;
     DUET_CHECK(::write(stop_fd_, &one, sizeof one) == sizeof one);
     thread_.join();
@@ -72,26 +44,22 @@ class UcxProgressThread {
   }
 
  private:
-  void Loop(const std::vector<UcxKvTransport*>& pulled_from) {
-#if DUET_HAVE_UCX
+  void Loop(const std::vector<PeerKvTransport*>& pulled_from) {
     std::vector<pollfd> fds;
     bool all_fds = true;
-    for (UcxKvTransport* t : pulled_from) {
+    for (PeerKvTransport* t : pulled_from) {
       fds.push_back({t->WakeupFd(), POLLIN, 0});
       all_fds &= fds.back().fd >= 0;
     }
     fds.push_back({stop_fd_, POLLIN, 0});
     while (true) {
-      for (UcxKvTransport* t : pulled_from) t->Progress();
+      for (PeerKvTransport* t : pulled_from) t->Progress();
       bool armed = true;
-      for (UcxKvTransport* t : pulled_from) armed = t->Arm() && armed;
+      for (PeerKvTransport* t : pulled_from) armed = t->Arm() && armed;
       if (!armed) continue;  // work arrived meanwhile
       ::poll(fds.data(), fds.size(), all_fds ? -1 : 1);
       if (fds.back().revents & POLLIN) return;
     }
-#else
-    (void)pulled_from;
-#endif
   }
 
   int stop_fd_;
@@ -111,52 +79,43 @@ Result<std::unique_ptr<LocalKvTransports>> LocalKvTransports::Create(
   auto role = [&](policies::InstanceId i) { return roles[static_cast<std::size_t>(i)]; };
   auto region = [&](policies::InstanceId i) { return regions[static_cast<std::size_t>(i)]; };
 
-  if (options.kind == KvTransportKind::kLoopback) {
-    set->path_ = "loopback";
-    for (policies::InstanceId d = 0; d < n; ++d) {
-      if (role(d) != InstanceRole::kDecode) continue;
-      auto loopback = std::make_unique<LoopbackKvTransport>();
-      loopback->Register(d, region(d));
-      for (policies::InstanceId p = 0; p < n; ++p) {
-        if (role(p) == InstanceRole::kPrefill) loopback->Register(p, region(p));
-      }
-      set->sides_[static_cast<std::size_t>(d)]->own = std::move(loopback);
-    }
-  } else {
-#if DUET_HAVE_UCX
-    set->path_ = "ucx:" + (options.ucx_tls.empty() ? std::string("auto") : options.ucx_tls);
-    std::vector<UcxKvTransport*> ucx(regions.size(), nullptr);
+  // Colocated instances move no KV: no transport is made for them, known or not.
+  set->path_ = options.transport;
+  const bool pd = std::any_of(roles.begin(), roles.end(),
+                              [](InstanceRole r) { return r != InstanceRole::kColocated; });
+  if (pd) {
+    auto transport = FindKvTransport(options.transport);
+    if (!transport.ok()) return transport.status();
+    set->path_ = KvTransportPath(**transport, options);
+    std::vector<PeerKvTransport*> peers(regions.size(), nullptr);
     for (policies::InstanceId i = 0; i < n; ++i) {
       if (role(i) == InstanceRole::kColocated) continue;
-      auto t = UcxKvTransport::Create(i, region(i), options.ucx_tls);
+      auto t = (*transport)->create(i, region(i), options);
       if (!t.ok()) return Status::Error("instance " + std::to_string(i) + ": " + t.error());
-      ucx[static_cast<std::size_t>(i)] = t->get();
+      peers[static_cast<std::size_t>(i)] = t->get();
       set->sides_[static_cast<std::size_t>(i)]->own = std::move(*t);
     }
     // Decode instances connect to every prefill instance with the descriptor it publishes.
+    std::vector<PeerKvTransport*> pulled_from;
+    for (policies::InstanceId p = 0; p < n; ++p) {
+      if (role(p) == InstanceRole::kPrefill)
+        pulled_from.push_back(peers[static_cast<std::size_t>(p)]);
+    }
     for (policies::InstanceId d = 0; d < n; ++d) {
       if (role(d) != InstanceRole::kDecode) continue;
       for (policies::InstanceId p = 0; p < n; ++p) {
         if (role(p) != InstanceRole::kPrefill) continue;
-        const Status s = ucx[static_cast<std::size_t>(d)]->Connect(
-            p, ucx[static_cast<std::size_t>(p)]->Descriptor());
+        const Status s = peers[static_cast<std::size_t>(d)]->Connect(
+            p, peers[static_cast<std::size_t>(p)]->Descriptor());
         if (!s.ok()) {
           return Status::Error("instance " + std::to_string(d) + " connecting to instance " +
                                std::to_string(p) + ": " + s.message());
         }
       }
     }
-    std::vector<UcxKvTransport*> pulled_from;
-    for (policies::InstanceId p = 0; p < n; ++p) {
-      if (role(p) == InstanceRole::kPrefill)
-        pulled_from.push_back(ucx[static_cast<std::size_t>(p)]);
-    }
-    auto progress = UcxProgressThread::Start(std::move(pulled_from));
+    auto progress = ProgressThread::Start(std::move(pulled_from));
     if (!progress.ok()) return progress.status();
     set->progress_ = std::move(*progress);
-#else
-    return Status::Error("this build of Duet has no UCX");
-#endif
   }
   for (policies::InstanceId i = 0; i < n; ++i) {
     Side& side = *set->sides_[static_cast<std::size_t>(i)];
@@ -183,42 +142,31 @@ Result<std::unique_ptr<WorkerKvTransport>> WorkerKvTransport::Create(
     return t;
   }
   if (!region) return Status::Error("this backend exposes no KV region, so its KV cannot move");
-  if (options.kind != KvTransportKind::kUcx)
-    return Status::Error("KV moves between worker processes over UCX only (not loopback)");
-#if DUET_HAVE_UCX
-  auto ucx = UcxKvTransport::Create(policies::kNoInstance, *region, options.ucx_tls);
-  if (!ucx.ok()) return ucx.status();
-  t->ucx_ = ucx->get();
-  t->own_ = std::move(*ucx);
-  t->path_ = "ucx:" + (options.ucx_tls.empty() ? std::string("auto") : options.ucx_tls);
+  auto transport = FindKvTransport(options.transport);
+  if (!transport.ok()) return transport.status();
+  if (!(*transport)->processes)
+    return Status::Error((*transport)->name + " moves KV within one process, not between worker " +
+                         "processes");
+  auto peer = (*transport)->create(policies::kNoInstance, *region, options);
+  if (!peer.ok()) return peer.status();
+  t->peer_ = peer->get();
+  t->own_ = std::move(*peer);
+  t->path_ = KvTransportPath(**transport, options);
   if (role == InstanceRole::kPrefill) {
-    t->descriptor_ = t->ucx_->Descriptor();
-    auto progress = UcxProgressThread::Start({t->ucx_});
+    t->descriptor_ = t->peer_->Descriptor();
+    auto progress = ProgressThread::Start({t->peer_});
     if (!progress.ok()) return progress.status();
     t->progress_ = std::move(*progress);
   }
   return t;
-#else
-  return Status::Error("this build of Duet has no UCX");
-#endif
 }
 
-WorkerKvTransport::~WorkerKvTransport() = default;  // progress_ stops before ucx_ goes
+WorkerKvTransport::~WorkerKvTransport() = default;  // progress_ stops before peer_ goes
 
-const KvTransferLog* WorkerKvTransport::log() const {
-#if DUET_HAVE_UCX
-  return ucx_;
-#else
-  return nullptr;
-#endif
-}
+const KvTransferLog* WorkerKvTransport::log() const { return peer_; }
 
 void WorkerKvTransport::SetSelf(policies::InstanceId self) {
-#if DUET_HAVE_UCX
-  if (ucx_) ucx_->SetSelf(self);
-#else
-  (void)self;
-#endif
+  if (peer_) peer_->SetSelf(self);
 }
 
 void WorkerKvTransport::SetPeer(policies::InstanceId peer, std::string descriptor) {
@@ -236,46 +184,42 @@ void WorkerKvTransport::ApplyPeers() {
     peers.swap(pending_peers_);
     peers_pending_.store(false, std::memory_order_relaxed);
   }
-#if DUET_HAVE_UCX
-  if (!ucx_) return;
+  if (!peer_) return;
   for (auto& [peer, descriptor] : peers) {
-    ucx_->Disconnect(peer);
+    peer_->Disconnect(peer);
     if (descriptor.empty()) continue;
     // A peer that cannot be reached shows as failed pulls from it, with the reason logged.
     wired_.erase(peer);
-    const Status s = ucx_->Connect(peer, descriptor);
+    const Status s = peer_->Connect(peer, descriptor);
     if (!s.ok())
       std::fprintf(stderr, "duet worker: connecting to instance %d: %s\n", peer,
                    s.message().c_str());
   }
-#endif
 }
 
 policies::TransferId WorkerKvTransport::Post(const policies::KvTransferRequest& transfer) {
   ApplyPeers();
-#if DUET_HAVE_UCX
-  // The first pull from a peer waits (briefly) for its endpoint's wire-up: UCX 1.13 asserts
-  // when a peer vanishes in the middle of one, and the pull needs it done anyway.
-  if (ucx_ && wired_.insert(transfer.src).second) {
-    if (Status s = ucx_->Flush(transfer.src, 1.0); !s.ok())
+  // The first pull from a peer waits (briefly) for its connection's wire-up where the transport
+  // sets it up lazily: UCX 1.13 asserts when a peer vanishes in the middle of one, and the pull
+  // needs it done anyway.
+  if (peer_ && wired_.insert(transfer.src).second) {
+    if (Status s = peer_->Flush(transfer.src, 1.0); !s.ok())
       std::fprintf(stderr, "duet worker: wiring up to instance %d: %s\n", transfer.src,
                    s.message().c_str());
   }
-#endif
   return own_->Post(transfer);
 }
 
 policies::TransferStatus WorkerKvTransport::Poll(policies::TransferId id) {
   ApplyPeers();
   const policies::TransferStatus status = own_->Poll(id);
-#if DUET_HAVE_UCX
-  // The engine reports the failure to the request's client; why UCX failed goes to the log.
-  if (status == policies::TransferStatus::kFailed && ucx_ && !ucx_->records().empty()) {
-    const KvTransferRecord& r = ucx_->records().back();
+  // The engine reports the failure to the request's client; why the transport failed goes to
+  // the log.
+  if (status == policies::TransferStatus::kFailed && peer_ && !peer_->records().empty()) {
+    const KvTransferRecord& r = peer_->records().back();
     std::fprintf(stderr, "duet worker: the KV pull of request %llu from instance %d failed: %s\n",
                  static_cast<unsigned long long>(r.request), r.src, r.error.c_str());
   }
-#endif
   return status;
 }
 

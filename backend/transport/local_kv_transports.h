@@ -1,10 +1,12 @@
 // The KV transports of the instances one process serves (the live frontend's PD instances):
 // every decode instance gets a transport that pulls from the KV region of every prefill
-// instance; prefill instances are only pulled from. Loopback copies; UCX gives each instance a
-// UCP context and worker of its own, connected through the descriptors they publish, as
-// separate worker processes are, and progresses the prefill instances' workers on a thread of
-// its own (over tcp a get needs the target's help, which an engine thread busy with a long
-// prefill step could not give), asleep on their wake-up descriptors while nothing happens.
+// instance; prefill instances are only pulled from. Whichever registered transport the options
+// name (kv_transport_registry.h), each non-colocated instance gets a side of its own, connected
+// through the descriptors they publish, as separate worker processes are; where the transport
+// needs the side pulled from to make progress (UCX: over tcp a get needs the target's help,
+// which an engine thread busy with a long prefill step could not give), a thread of its own
+// progresses the prefill instances' sides, asleep on their wake-up descriptors while nothing
+// happens.
 #pragma once
 
 #include <atomic>
@@ -18,6 +20,7 @@
 #include <vector>
 
 #include "backend/engine/forward_model.h"
+#include "backend/transport/kv_transport_registry.h"
 #include "common/status.h"
 #include "policies/engine.h"
 #include "policies/ports.h"
@@ -29,28 +32,9 @@ class KvTransferLog;
 namespace duet::backend {
 
 using policies::KvTransferLog;
-class UcxKvTransport;
 
-enum class KvTransportKind { kLoopback, kUcx };
-// "loopback", "ucx" (the latter only where this build has UCX).
-Result<KvTransportKind> ParseKvTransportKind(const std::string& name);
-
-struct KvTransportOptions {
-  KvTransportKind kind = KvTransportKind::kLoopback;
-  std::string ucx_tls;  // UCX_TLS for every instance ("tcp", "posix,cma", ...); empty: UCX's
-  // Tests: wraps each decode instance's transport (fault injection); null: none.
-  std::function<std::unique_ptr<policies::KvTransport>(policies::KvTransport& inner,
-                                                       policies::InstanceId instance)>
-      wrap;
-};
-
-// Where a model whose KV these transports move should keep it (ModelPlacement::kv_allocator):
-// UCX's own memory (UcxKvMemory: shared memory that peers on this machine copy from directly);
-// null, the model's heap, for loopback.
-KvAllocator KvTransportAllocator(const KvTransportOptions& options);
-
-// Progresses the UCX workers of instances that are only pulled from (see above).
-class UcxProgressThread;
+// Progresses the sides of instances that are only pulled from (see above).
+class ProgressThread;
 
 class LocalKvTransports {
  public:
@@ -63,7 +47,7 @@ class LocalKvTransports {
 
   // What the engine of `instance` pulls with; used on its engine thread only.
   policies::KvTransport& transport(policies::InstanceId instance);
-  // "loopback" or "ucx:<tls>".
+  // The transport's name; for ucx, "ucx:<tls>".
   const std::string& path() const { return path_; }
 
  private:
@@ -72,14 +56,15 @@ class LocalKvTransports {
 
   std::vector<std::unique_ptr<Side>> sides_;
   std::string path_;
-  std::unique_ptr<UcxProgressThread> progress_;
+  std::unique_ptr<ProgressThread> progress_;
 };
 
-// The KV transport of one worker process's instance (`duet worker`, PD): over UCX, it
-// publishes a descriptor of its KV region; a decode instance connects to prefill peers as the
-// frontend announces them (any thread: connections are made on the engine thread at its next
-// Post or Poll, so they never race a pull), and a prefill instance is progressed by a thread of
-// its own. Colocated instances get a transport that fails every pull.
+// The KV transport of one worker process's instance (`duet worker`, PD): over a transport that
+// serves worker processes (ucx, cuda-ipc), it publishes a descriptor of its KV region; a decode
+// instance connects to prefill peers as the frontend announces them (any thread: connections are
+// made on the engine thread at its next Post or Poll, so they never race a pull), and a prefill
+// instance is progressed by a thread of its own. Colocated instances get a transport that fails
+// every pull.
 class WorkerKvTransport final : public policies::KvTransport {
  public:
   static Result<std::unique_ptr<WorkerKvTransport>> Create(policies::InstanceRole role,
@@ -90,7 +75,7 @@ class WorkerKvTransport final : public policies::KvTransport {
   // Where peers pull this instance's KV from (prefill); empty otherwise.
   const std::string& descriptor() const { return descriptor_; }
   const std::string& path() const { return path_; }
-  // The records of its pulls (UCX); null for a colocated instance's.
+  // The records of its pulls; null for a colocated instance's.
   const KvTransferLog* log() const;
   // Before the engine starts: the instance id the frontend gave it.
   void SetSelf(policies::InstanceId self);
@@ -105,11 +90,11 @@ class WorkerKvTransport final : public policies::KvTransport {
   WorkerKvTransport() = default;
   void ApplyPeers();
 
-  std::unique_ptr<policies::KvTransport> own_;  // UCX, or (colocated) one failing every pull
-  UcxKvTransport* ucx_ = nullptr;               // own_, where it is UCX
+  std::unique_ptr<policies::KvTransport> own_;  // peer_, or (colocated) one failing every pull
+  PeerKvTransport* peer_ = nullptr;             // own_, unless colocated
   std::string descriptor_;
   std::string path_;
-  std::unique_ptr<UcxProgressThread> progress_;
+  std::unique_ptr<ProgressThread> progress_;
   std::set<policies::InstanceId> wired_;  // peers pulled from since they (re)connected
   std::mutex mu_;
   std::vector<std::pair<policies::InstanceId, std::string>> pending_peers_;  // under mu_

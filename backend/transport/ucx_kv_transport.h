@@ -6,7 +6,8 @@
 // region's address, block size and count, and the packed remote key, in a versioned, bounded
 // binary format that the frontend relays; a peer Connects with it. A side that is pulled from
 // must call Progress() now and then (over tcp, UCX serves a get with the target's help), or
-// sleep on WakeupFd() between calls. Not thread-safe: one thread at a time uses an instance.
+// sleep on WakeupFd() between calls (PeerKvTransport says how). Not thread-safe: one thread at a
+// time uses an instance.
 #pragma once
 
 #include <cstdint>
@@ -40,7 +41,7 @@ class UcxKvMemory final : public KvMemory {
   std::shared_ptr<Mapping> mapping_;
 };
 
-class UcxKvTransport final : public policies::KvTransport, public KvTransferLog {
+class UcxKvTransport final : public PeerKvTransport {
  public:
   // tls: UCX_TLS for this transport ("tcp", "posix,cma", ...); empty: UCX's choice. A region
   // whose memory is a UcxKvMemory (allocated for the same tls) is used as UCX allocated it;
@@ -51,29 +52,25 @@ class UcxKvTransport final : public policies::KvTransport, public KvTransferLog 
   UcxKvTransport(const UcxKvTransport&) = delete;
   UcxKvTransport& operator=(const UcxKvTransport&) = delete;
 
-  std::string Descriptor() const;
-  // The instance id this side pulls as (a worker learns it only once registered).
-  void SetSelf(policies::InstanceId self);
-  Status Connect(policies::InstanceId peer, std::string_view descriptor);
+  std::string Descriptor() const override;
+  void SetSelf(policies::InstanceId self) override;
+  Status Connect(policies::InstanceId peer, std::string_view descriptor) override;
   // Waits up to `timeout_s` for the endpoint to `peer` to be wired up (the peer must make
   // progress meanwhile): a peer that goes away later then finds an established endpoint (UCX
   // 1.13 asserts when one vanishes in the middle of its wire-up). No effect for an unknown peer.
-  Status Flush(policies::InstanceId peer, double timeout_s);
-  // Forgets a peer (gone, or about to reconnect with a new descriptor): its endpoint is closed
-  // with force, so pulls from it in flight fail. No effect for an unknown peer.
-  void Disconnect(policies::InstanceId peer);
+  Status Flush(policies::InstanceId peer, double timeout_s) override;
+  // Its endpoint is closed with force, so pulls from it in flight fail.
+  void Disconnect(policies::InstanceId peer) override;
 
   // Pulls into this side's region: transfer.dst must be this instance, transfer.src a
   // connected peer.
   policies::TransferId Post(const policies::KvTransferRequest& transfer) override;
   policies::TransferStatus Poll(policies::TransferId id) override;
-  // Lets UCX make progress (serves peers' gets where the transport needs the target).
-  void Progress();
-  // A side that is only pulled from may sleep between progress calls: Arm() after Progress();
-  // when it returns true, WakeupFd() (-1: none) becomes readable when UCX has work; when false,
-  // there is work already: progress again.
-  int WakeupFd();
-  bool Arm();
+  // Over tcp UCX serves a get with the target's help, so a side pulled from makes progress.
+  bool NeedsProgress() const override { return true; }
+  void Progress() override;
+  int WakeupFd() override;
+  bool Arm() override;
 
  private:
   struct Impl;

@@ -74,9 +74,7 @@ double Pull(policies::KvTransport& sink, std::int64_t size, int iters, int warmu
   return static_cast<double>(size) * iters / seconds / (1 << 20);
 }
 
-backend::KvTransportOptions Ucx(const std::string& tls) {
-  return {backend::KvTransportKind::kUcx, tls, {}};
-}
+backend::KvTransportOptions Ucx(const std::string& tls) { return {"ucx", tls, {}}; }
 
 // A source region of kBlocks blocks of `size` bytes in memory UCX allocated, filled with ones.
 struct SourceRegion {

@@ -1,6 +1,7 @@
 // The KV transport contract (tests/transport/kv_transport_contract.h) over the CUDA IPC
 // transport, on device memory: a source in this process (copied from by address) and a source
-// in another process (duet_cuda_ipc_peer, whose region is opened through its IPC handle).
+// in another process (duet_cuda_ipc_peer, whose region is opened through its IPC handle), and
+// sides made as the transport registry makes them, by the CUDA plugin.
 // Then what Create and Connect refuse, and Disconnect. Every test skips without a device.
 #include "backend/cuda/cuda_ipc_kv_transport.h"
 
@@ -17,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/transport/kv_transport_registry.h"
 #include "kernels/cuda/device_buffer.h"
 #include "tests/gpu/cuda_test_util.h"
 #include "tests/transport/kv_transport_contract.h"
@@ -160,6 +162,33 @@ std::vector<Named> Transports() {
                    h->transport = sink->get();
                    h->log = sink->get();
                    h->owned.push_back(std::move(*sink));
+                   return h;
+                 },
+                 DeviceMemory(), NoDevice});
+  // As `--kv-transport cuda-ipc` makes its sides: through the registry's factory, which has
+  // the CUDA plugin (loaded here) make them.
+  all.push_back({"cuda_ipc_registry",
+                 [](Region& src, Region& dst) -> std::unique_ptr<Harness> {
+                   auto entry = FindKvTransport("cuda-ipc");
+                   if (!entry.ok()) {
+                     ADD_FAILURE() << entry.error();
+                     return nullptr;
+                   }
+                   auto source = (*entry)->create(kPrefill, src.region, {});
+                   auto sink = (*entry)->create(kDecode, dst.region, {});
+                   if (!source.ok() || !sink.ok()) {
+                     ADD_FAILURE() << (source.ok() ? sink.error() : source.error());
+                     return nullptr;
+                   }
+                   if (Status s = (*sink)->Connect(kPrefill, (*source)->Descriptor()); !s.ok()) {
+                     ADD_FAILURE() << s.message();
+                     return nullptr;
+                   }
+                   auto h = std::make_unique<Harness>();
+                   h->transport = sink->get();
+                   h->log = sink->get();
+                   h->owned.push_back(std::move(*sink));
+                   h->owned.push_back(std::move(*source));
                    return h;
                  },
                  DeviceMemory(), NoDevice});

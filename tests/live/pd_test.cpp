@@ -133,8 +133,8 @@ TEST_P(PdEquality, GreedyOutputEqualsTheColocatedServer) {
 std::vector<Transport> Transports() {
   std::vector<Transport> all = {{"loopback", {}}};
 #if DUET_HAVE_UCX
-  all.push_back({"ucx_tcp", {KvTransportKind::kUcx, "tcp", nullptr}});
-  all.push_back({"ucx_shm", {KvTransportKind::kUcx, "posix,cma", nullptr}});
+  all.push_back({"ucx_tcp", {"ucx", "tcp", nullptr}});
+  all.push_back({"ucx_shm", {"ucx", "posix,cma", nullptr}});
 #endif
   return all;
 }

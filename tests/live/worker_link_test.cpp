@@ -436,7 +436,7 @@ TEST_F(WorkerLink, APrefillWorkerRefusesARequestWhoseIdItHoldsALeaseFor) {
 #endif
   cluster::WorkerOptions options;
   options.role = InstanceRole::kPrefill;
-  options.kv_transport.kind = KvTransportKind::kUcx;
+  options.kv_transport.transport = "ucx";
   options.kv_transport.ucx_tls = "tcp";
   auto loaded = LoadModelDir(dir_);
   ASSERT_TRUE(loaded.ok()) << loaded.error();

@@ -1,6 +1,7 @@
 // The KV transport contract (kv_transport_contract.h), run against every transport this build
 // has that needs no device (loopback, UCX over tcp and over shared memory, the worker
-// processes' UCX transport, the fault-injecting wrapper passing everything through; tests/gpu
+// processes' UCX transport, the fault-injecting wrapper passing everything through, and each
+// registered transport that serves host memory as the registry's factory makes it; tests/gpu
 // runs it over CUDA IPC). Then the fault-injecting wrapper's faults, and the UCX and CUDA IPC
 // descriptor formats' parsers on malformed input.
 #include "backend/transport/kv_transport.h"
@@ -19,6 +20,7 @@
 #include <vector>
 
 #include "backend/transport/cuda_ipc_descriptor.h"
+#include "backend/transport/kv_transport_registry.h"
 #include "backend/transport/local_kv_transports.h"
 #include "backend/transport/ucx_descriptor.h"
 #include "tests/transport/kv_transport_contract.h"
@@ -73,7 +75,7 @@ std::vector<Named> Transports() {
   // copies from it directly).
   for (const std::string tls : {"tcp", "posix,cma"}) {
     for (const bool ucx_memory : {false, true}) {
-      const KvTransportOptions options{KvTransportKind::kUcx, tls, {}};
+      const KvTransportOptions options{"ucx", tls, {}};
       all.push_back(
           {std::string(ucx_memory ? "ucx_memory_" : "ucx_") + (tls == "tcp" ? "tcp" : "shm"),
            [tls](Region& src, Region& dst) -> std::unique_ptr<Harness> {
@@ -103,7 +105,7 @@ std::vector<Named> Transports() {
   // The transport of a worker process: peers announced from another thread, connected at the
   // next post; the prefill side progressed by its own thread.
   all.push_back({"worker_ucx_tcp", [](Region& src, Region& dst) -> std::unique_ptr<Harness> {
-                   KvTransportOptions options{KvTransportKind::kUcx, "tcp", {}};
+                   KvTransportOptions options{"ucx", "tcp", {}};
                    auto source = WorkerKvTransport::Create(policies::InstanceRole::kPrefill,
                                                            src.region, options);
                    auto sink = WorkerKvTransport::Create(policies::InstanceRole::kDecode,
@@ -126,6 +128,33 @@ std::vector<Named> Transports() {
                    return h;
                  }});
 #endif
+  // Every transport of the registry that serves engine threads over host memory, as
+  // LocalKvTransports makes them: each side by the entry's factory, connected by descriptor.
+  for (const KvTransportEntry& entry : KvTransports()) {
+    if (!CheckKvTransportServes(entry, {.processes = false, .device = "cpu"}).ok()) continue;
+    all.push_back(
+        {"registry_" + entry.name, [&entry](Region& src, Region& dst) -> std::unique_ptr<Harness> {
+           const KvTransportOptions options{entry.name, "tcp", {}};
+           auto source = entry.create(kPrefill, src.region, options);
+           auto sink = entry.create(kDecode, dst.region, options);
+           if (!source.ok() || !sink.ok()) {
+             ADD_FAILURE() << (source.ok() ? sink.error() : source.error());
+             return nullptr;
+           }
+           if (Status s = (*sink)->Connect(kPrefill, (*source)->Descriptor()); !s.ok()) {
+             ADD_FAILURE() << s.message();
+             return nullptr;
+           }
+           auto h = std::make_unique<Harness>();
+           PeerKvTransport* source_ptr = source->get();
+           h->progress_source = [source_ptr] { source_ptr->Progress(); };
+           h->transport = sink->get();
+           h->log = sink->get();
+           h->owned.push_back(std::move(*sink));  // destroyed before the source
+           h->owned.push_back(std::move(*source));
+           return h;
+         }});
+  }
   return all;
 }
 INSTANTIATE_TEST_SUITE_P(Transports, KvTransportContract, ::testing::ValuesIn(Transports()),
@@ -343,7 +372,7 @@ TEST(UcxKvMemory, OverSharedMemoryTransportsIsSharedMemory) {
 }
 
 TEST(UcxKvMemory, ATransportOverItChecksItsRegionAndKeepsItAllocated) {
-  const KvTransportOptions options{KvTransportKind::kUcx, "posix,cma", {}};
+  const KvTransportOptions options{"ucx", "posix,cma", {}};
   Region src(4096, 4, 5, RegionMemory{KvTransportAllocator(options), {}, {}});
   Region dst(4096, 4, 6);
   const Region src_before(4096, 4, 5);

@@ -3,12 +3,13 @@ official client raises the matching exception, and the server stays up and serve
 request (checked after each case)."""
 
 import json
+import os
 import socket
 
 import openai
 import pytest
 
-from conftest import run_duet
+from conftest import DUET, has_ucx, run_duet
 
 COMPLETIONS = "/v1/completions"
 CHAT = "/v1/chat/completions"
@@ -253,6 +254,52 @@ def test_bad_worker_flags_are_usage_errors(tiny_model, flags, words, monkeypatch
     assert r.returncode == 2, r
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("duet: error:") and words in lines[0], r.stderr
+
+
+def kv_transports_built():
+    """The KV transports this build has, by what makes each: loopback always, ucx with UCX, and
+    cuda-ipc where the CUDA plugin was built (beside the binary, in ../lib)."""
+    plugin = os.path.join(os.path.dirname(os.path.realpath(DUET)), "..", "lib",
+                          "libduet_cuda_plugin.so")
+    return ["loopback"] + ["ucx"] * has_ucx() + ["cuda-ipc"] * os.path.exists(plugin)
+
+
+def test_kv_transport_names_what_this_build_has_and_refuses_what_cannot_serve(tiny_model):
+    built = kv_transports_built()
+    # --help describes each, in the registry's order.
+    r = run_duet("serve", "--help", timeout=30)
+    assert r.returncode == 0, r
+    text = " ".join(r.stdout.split())
+    at = [text.find(f"{name} (") for name in built]
+    assert -1 not in at and at == sorted(at), text
+    assert ("cuda-ipc (" in text) == ("cuda-ipc" in built), text
+
+    def usage_error(*flags, command="serve"):
+        r = run_duet(command, "--model", tiny_model, *flags, timeout=30)
+        assert r.returncode == 2, r
+        lines = r.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("duet: error: "), r.stderr
+        return lines[0][len("duet: error: "):]
+
+    # An unknown name: the error lists the names.
+    assert usage_error("--port", "0", "--kv-transport", "pigeon") == (
+        f"--kv-transport: unknown KV transport 'pigeon' (this build has: {', '.join(built)})")
+    # CUDA IPC maps GPU memory; the CPU backend's KV is in host memory. Refused at start, with
+    # threads or worker processes, PD or not.
+    cluster = "../../data/1p1d-tiny.json"
+    for flags in [[], ["--cluster", cluster, "--workers", "thread"], ["--cluster", cluster]]:
+        message = usage_error("--port", "0", "--kv-transport", "cuda-ipc", *flags)
+        if "cuda-ipc" in built:
+            assert message == ("--kv-transport cuda-ipc moves KV in GPU memory, and the CPU "
+                               "backend (--device cpu) keeps its KV in host memory: use --device "
+                               "cuda"), message
+        else:
+            assert message == "--kv-transport: this build of Duet has no CUDA plugin " \
+                              "(configure with nvcc present)", message
+    # A worker refuses what cannot cross processes, before it loads anything.
+    assert usage_error("--role", "decode", "--frontend", "127.0.0.1:9", "--kv-transport",
+                       "loopback", command="worker") == (
+        "--kv-transport loopback moves KV within one process: use --workers thread")
 
 
 @pytest.mark.parametrize("flags, words", [
