@@ -27,7 +27,6 @@
 #include <utility>
 #include <vector>
 
-#include "backend/calibrate/step_fit.h"
 #include "backend/calibrate/step_sweep.h"
 #include "backend/engine/step_log.h"
 #include "backend/model/llama_weights.h"
@@ -40,6 +39,7 @@
 #include "common/json_util.h"
 #include "common/progress.h"
 #include "deploy/deployment.h"
+#include "models/step_fit.h"
 #include "models/step_profile.h"
 #include "traces/synthetic.h"
 
@@ -180,7 +180,7 @@ Result<models::LinkFit> TimeTransport(const std::string& name,
                      name + ": pass " + std::to_string(pass + 1) + "/" + std::to_string(repeats));
     }
   }
-  auto link = backend::FitLink(std::move(ms));
+  auto link = models::FitLink(std::move(ms));
   if (!link) return Status::Error("--transport " + name + ": " + link.error());
   link->transport = name;
   link->path = (*transports)->path();
@@ -206,7 +206,7 @@ Result<models::HostFit> FitHostSteps(const std::string& path) {
   if (!in) return Status::Error("--host-steps: cannot open " + path);
   std::stringstream text;
   text << in.rdbuf();
-  std::vector<backend::HostSample> samples;
+  std::vector<models::HostSample> samples;
   std::array<double, models::kHostPhases> phase_sum{};
   double outside_sum = 0;
   DUET_RETURN_IF_ERROR(
@@ -221,7 +221,7 @@ Result<models::HostFit> FitHostSteps(const std::string& path) {
     return Status::Error("--host-steps: " + path +
                          ": no line has host phases (\"host\"): a step log of this duet's "
                          "`duet serve --step-log` has them");
-  auto fit = backend::FitHost(samples);
+  auto fit = models::FitHost(samples);
   if (!fit) return Status::Error("--host-steps: " + path + ": " + fit.error());
   const double n = static_cast<double>(samples.size());
   std::printf("host time: %zu iterations of %s, %.1f us outside the forward pass on average:\n ",
@@ -254,11 +254,11 @@ Result<models::FrontendFit> TimeFrontend(const backend::serve::ServedModel& mode
   for (Tokens n = 1; n < longest; n *= 4) lengths.insert(n);
   lengths.insert(longest);
   std::erase_if(lengths, [&](Tokens n) { return n < 1 || n >= model.max_request_tokens; });
-  std::vector<backend::FrontendSample> samples;
+  std::vector<models::FrontendSample> samples;
   for (Tokens n : lengths) samples.push_back({n, {}});
   constexpr int kPasses = 20, kPerPass = 10;
   for (int pass = 0; pass < kPasses; ++pass) {
-    for (backend::FrontendSample& s : samples) {
+    for (models::FrontendSample& s : samples) {
       auto times = backend::serve::TimeFrontendPath(model, s.prompt_tokens, block_tokens, kPerPass);
       if (!times)
         return Status::Error("a prompt of " + std::to_string(s.prompt_tokens) +
@@ -266,7 +266,7 @@ Result<models::FrontendFit> TimeFrontend(const backend::serve::ServedModel& mode
       s.seconds.insert(s.seconds.end(), times->begin(), times->end());
     }
   }
-  auto fit = backend::FitFrontend(samples);
+  auto fit = models::FitFrontend(samples);
   if (!fit) return fit.status();
   std::printf(
       "frontend (body to engine request): %.1f us + %.3f us a prompt token over %zu prompt "
@@ -619,7 +619,7 @@ int Calibrate(int argc, char** argv) {
   for (const models::StepMeasurement& m : profile.measurements) tps.insert(m.shape.tp);
   if (tps.empty()) return Fail(vm["measurements"].as<std::string>() + ": no measurements");
   for (int tp : tps) {
-    auto fit = backend::FitSteps(profile.measurements, tp);
+    auto fit = models::FitSteps(profile.measurements, tp);
     if (!fit) return Fail(fit.error());
     if (gpu) {
       models::RooflineOptions options;

@@ -1,6 +1,6 @@
 // Step profiles: measured step times and the cost model fitted to them. `duet calibrate`
 // measures a backend's steps (or reads measurements another tool made), fits, and writes a
-// profile (the fit: backend/calibrate/step_fit.h); a cluster file's `"cost_model": {"kind":
+// profile (the fit: step_fit.h); a cluster file's `"cost_model": {"kind":
 // "fitted", "profile": FILE}` makes the simulator price steps with it. Pure C++.
 //
 // The fitted model is, for each shape class (prefill only, decode only, mixed), max-affine: a
@@ -82,7 +82,7 @@ struct StepFit {
   // Per shape class (prefill, decode, mixed): 1 or 2 pieces each. Prefill-only and decode-only
   // steps have their own pieces because backends run them on their own paths (a decode-only
   // step never enters the prefill attention kernel); the fit gives mixed steps pieces fitted
-  // on every class's measurements (backend/calibrate/step_fit.h).
+  // on every class's measurements (step_fit.h).
   std::array<std::vector<AffinePiece>, kShapeClasses> pieces;
   // Where a class is split (split_rows > 0): steps with at least that many rows in their matrix
   // multiplies (prefill tokens plus decode rows, StepFeatures::tokens) are priced by

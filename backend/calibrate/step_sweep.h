@@ -1,5 +1,5 @@
 // The sweep of `duet calibrate`: which step shapes it times on a backend, and the timer that
-// runs one shape's forward pass. The fit is step_fit.h.
+// runs one shape's forward pass. The fit is models/step_fit.h.
 #pragma once
 
 #include <cstdint>

@@ -2,7 +2,7 @@
 // data (one affine piece, and the roofline's two regimes), held-out error is measured on shapes the
 // fit never saw, the fitted cost is monotone, profiles survive the round trip through JSON, and
 // every malformed field is an error naming where.
-#include "backend/calibrate/step_fit.h"
+#include "models/step_fit.h"
 
 #include "backend/calibrate/step_sweep.h"
 #include "models/step_profile.h"
@@ -18,8 +18,6 @@
 
 namespace duet::models {
 namespace {
-
-using backend::FitSteps;
 
 using json = nlohmann::json;
 
@@ -322,7 +320,7 @@ StepProfile SampleProfile() {
   EXPECT_TRUE(fit.ok());
   EXPECT_EQ(fit->split_rows[kDecode], 12);  // the round trip carries a split
   p.fits = {*fit};
-  Result<LinkFit> link = backend::FitLink(Transfers([](double b) { return 2e-5 + b / 12e9; }));
+  Result<LinkFit> link = FitLink(Transfers([](double b) { return 2e-5 + b / 12e9; }));
   EXPECT_TRUE(link.ok());
   link->transport = "loopback";
   link->path = "loopback";
@@ -521,7 +519,7 @@ TEST(StepProfileTest, MeasurementLinesNameTheirLine) {
 }
 
 TEST(LinkFitTest, LatencyAndBandwidthAreRecoveredExactly) {
-  Result<LinkFit> link = backend::FitLink(Transfers([](double b) { return 2e-5 + b / 12e9; }));
+  Result<LinkFit> link = FitLink(Transfers([](double b) { return 2e-5 + b / 12e9; }));
   ASSERT_TRUE(link.ok()) << link.error();
   EXPECT_NEAR(link->latency, 2e-5, 1e-12);
   EXPECT_NEAR(link->bandwidth / 12e9, 1, 1e-9);
@@ -540,13 +538,13 @@ TEST(LinkFitTest, RelativeErrorIsWhatTheFitMinimises) {
   // the large transfers and miss the small ones by half; in relative terms no size may be off
   // by more than the doubling splits between them.
   auto time = [](double b) { return (b < 1e6 ? 2 : 1) * (1e-6 + b / 10e9); };
-  Result<LinkFit> link = backend::FitLink(Transfers(time));
+  Result<LinkFit> link = FitLink(Transfers(time));
   ASSERT_TRUE(link.ok()) << link.error();
   for (const TransferMeasurement& m : link->measurements) {
     EXPECT_LT(std::abs(link->Time(m.bytes) / m.Median() - 1), 0.5) << m.bytes;
   }
   // A line that crosses below the origin: no latency, the bandwidth alone.
-  link = backend::FitLink(Transfers([](double b) { return b / 10e9 - 2e-6; }));
+  link = FitLink(Transfers([](double b) { return b / 10e9 - 2e-6; }));
   ASSERT_TRUE(link.ok()) << link.error();
   EXPECT_EQ(link->latency, 0);
   EXPECT_LT(link->training.max_pct, 11);
@@ -555,20 +553,20 @@ TEST(LinkFitTest, RelativeErrorIsWhatTheFitMinimises) {
 TEST(LinkFitTest, TooFewSizesOrFlatTimesAreErrors) {
   std::vector<TransferMeasurement> ms = Transfers([](double b) { return b / 1e10; });
   ms.resize(4);
-  Result<LinkFit> link = backend::FitLink(ms);
+  Result<LinkFit> link = FitLink(ms);
   ASSERT_FALSE(link.ok());
   EXPECT_NE(link.error().find("at least 5 transfer sizes (got 4)"), std::string::npos)
       << link.error();
-  link = backend::FitLink(Transfers([](double) { return 1e-3; }));
+  link = FitLink(Transfers([](double) { return 1e-3; }));
   ASSERT_FALSE(link.ok());
   EXPECT_NE(link.error().find("do not grow with size"), std::string::npos) << link.error();
 }
 
 TEST(FrontendFitTest, ALineIsRecoveredAndItsCoefficientsStayNonNegative) {
-  std::vector<backend::FrontendSample> samples;
+  std::vector<FrontendSample> samples;
   for (Tokens n : {1, 4, 16, 64, 256, 1024, 3000})
     samples.push_back({n, {9e-6 + 3e-8 * n, 10e-6 + 3e-8 * n, 11e-6 + 3e-8 * n}});
-  Result<FrontendFit> fit = backend::FitFrontend(samples);
+  Result<FrontendFit> fit = FitFrontend(samples);
   ASSERT_TRUE(fit.ok()) << fit.error();
   EXPECT_NEAR(fit->request_s, 10e-6, 1e-12);
   EXPECT_NEAR(fit->prompt_token_s, 3e-8, 1e-14);
@@ -577,20 +575,20 @@ TEST(FrontendFitTest, ALineIsRecoveredAndItsCoefficientsStayNonNegative) {
   EXPECT_LT(fit->training.max_pct, 1e-6);
   // Times that fall with the prompt (noise): a constant, not a negative cost a token.
   samples = {{1, {2e-5}}, {100, {1.5e-5}}, {1000, {1e-5}}};
-  fit = backend::FitFrontend(samples);
+  fit = FitFrontend(samples);
   ASSERT_TRUE(fit.ok()) << fit.error();
   EXPECT_EQ(fit->prompt_token_s, 0);
   EXPECT_GT(fit->request_s, 1e-5);
   EXPECT_LT(fit->request_s, 2e-5);
   // One length is no line.
-  fit = backend::FitFrontend({{16, {1e-5}}});
+  fit = FitFrontend({{16, {1e-5}}});
   ASSERT_FALSE(fit.ok());
   EXPECT_NE(fit.error().find("at least 2 prompt lengths"), std::string::npos) << fit.error();
 }
 
 // Iterations like a server's: batches of 1 to 32 rows, some admitting or finishing requests.
-std::vector<backend::HostSample> HostIterations(const std::function<double(const HostCounts&)>& t) {
-  std::vector<backend::HostSample> out;
+std::vector<HostSample> HostIterations(const std::function<double(const HostCounts&)>& t) {
+  std::vector<HostSample> out;
   for (int i = 0; i < 200; ++i) {
     HostCounts c;
     c.rows = 1 + (i * 7) % 32;
@@ -606,7 +604,7 @@ TEST(HostFitTest, CoefficientsAreRecoveredAndTheHeldOutTotalIsMeasured) {
   auto truth = [](const HostCounts& c) {
     return 20e-6 + 3e-6 * c.rows + 15e-6 * c.admitted + 40e-6 * c.finished + 1e-6 * c.tokens;
   };
-  Result<HostFit> fit = backend::FitHost(HostIterations(truth));
+  Result<HostFit> fit = FitHost(HostIterations(truth));
   ASSERT_TRUE(fit.ok()) << fit.error();
   const std::array<double, kHostColumns> want = {20e-6, 3e-6, 15e-6, 40e-6, 1e-6};
   for (std::size_t c = 0; c < kHostColumns; ++c)
@@ -618,11 +616,11 @@ TEST(HostFitTest, CoefficientsAreRecoveredAndTheHeldOutTotalIsMeasured) {
 
   // Noise that only the held-out iterations see shows in their error, which the fit never saw:
   // every fourth iteration (the held-out ones among them) twice as slow.
-  std::vector<backend::HostSample> noisy = HostIterations(truth);
+  std::vector<HostSample> noisy = HostIterations(truth);
   for (std::size_t i = 0; i < noisy.size(); ++i) {
-    if (backend::HostSample& s = noisy[i]; (i + i / 4) % 4 == 3) s.seconds *= 2;
+    if (HostSample& s = noisy[i]; (i + i / 4) % 4 == 3) s.seconds *= 2;
   }
-  fit = backend::FitHost(noisy);
+  fit = FitHost(noisy);
   ASSERT_TRUE(fit.ok()) << fit.error();
   EXPECT_NEAR(fit->held_out_total_pct, -50, 1e-6);
   EXPECT_NEAR(fit->held_out.mean_pct, 50, 1e-6);
@@ -632,19 +630,19 @@ TEST(HostFitTest, CoefficientsAreRecoveredAndTheHeldOutTotalIsMeasured) {
 TEST(HostFitTest, CoefficientsStayNonNegative) {
   // Time that falls with rows: no non-negative fit follows it; the fit is the best without.
   Result<HostFit> fit =
-      backend::FitHost(HostIterations([](const HostCounts& c) { return 100e-6 - 2e-6 * c.rows; }));
+      FitHost(HostIterations([](const HostCounts& c) { return 100e-6 - 2e-6 * c.rows; }));
   ASSERT_TRUE(fit.ok()) << fit.error();
   for (double v : fit->seconds_per) EXPECT_GE(v, 0);
   EXPECT_EQ(fit->seconds_per[1], 0);  // per row
 }
 
 TEST(HostFitTest, TooFewOrTimelessIterationsAreErrors) {
-  std::vector<backend::HostSample> few = HostIterations([](const HostCounts&) { return 1e-4; });
+  std::vector<HostSample> few = HostIterations([](const HostCounts&) { return 1e-4; });
   few.resize(19);
-  Result<HostFit> fit = backend::FitHost(few);
+  Result<HostFit> fit = FitHost(few);
   ASSERT_FALSE(fit.ok());
   EXPECT_NE(fit.error().find("at least 20 iterations (got 19)"), std::string::npos) << fit.error();
-  fit = backend::FitHost(HostIterations([](const HostCounts&) { return 0.0; }));
+  fit = FitHost(HostIterations([](const HostCounts&) { return 0.0; }));
   ASSERT_FALSE(fit.ok());
   EXPECT_NE(fit.error().find("no time outside their forward passes"), std::string::npos)
       << fit.error();

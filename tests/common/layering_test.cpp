@@ -1,7 +1,8 @@
 // The layering of ARCHITECTURE.md, checked on every source under each layer's directory
 // (recursively): common/, traces/, models/, policies/ and deploy/ include only the C++ standard
-// library, nlohmann/json.hpp and the Duet layers below them; sim/ is the only place that includes
-// SimGrid; backend/ the only one that includes UCX, NCCL, HTTP (Beast/Asio) or metrics
+// library, nlohmann/json.hpp and the Duet layers below them (models/ also Eigen, in .cpp files
+// only: the fits' least squares, never in a header its users include); sim/ is the only place that
+// includes SimGrid; backend/ the only one that includes UCX, NCCL, HTTP (Beast/Asio) or metrics
 // exposition headers; backend/ and kernels/cuda/ the only ones with CUDA headers; no layer
 // includes one above it; inside backend/, the runtime (engine, cpu, cuda, model, transport,
 // tiers, tokenizer, calibrate) includes no HTTP and nothing of the control plane (frontend,
@@ -29,6 +30,7 @@ const std::map<std::string, std::vector<std::string>> kFamilies = {
     {"ucx", {"ucp/", "uct/", "ucs/"}},
     {"nccl", {"nccl"}},
     {"http", {"boost/beast", "boost/asio", "prometheus/"}},
+    {"eigen", {"Eigen/", "unsupported/Eigen/"}},
 };
 
 std::string FamilyOf(const std::string& target) {
@@ -46,6 +48,9 @@ struct Rule {
   std::set<std::string> layers;
   std::set<std::string> families;  // restricted libraries it may include
   bool pure = false;               // only the standard library and nlohmann/json.hpp
+  // Restricted libraries its .cpp and .cu files may include, but not its headers: a library
+  // kept private to the layer's implementation, which never reaches the layer's users.
+  std::set<std::string> source_families = {};
 };
 
 std::set<std::string> Union(std::set<std::string> a, const std::set<std::string>& b) {
@@ -71,7 +76,8 @@ const std::set<std::string> kHttpEdge = Union(kControlPlane, {"backend/serve"});
 const std::map<std::string, Rule> kRules = {
     {"common", {{"common"}, {}, true}},
     {"traces", {{"common", "traces"}, {}, true}},
-    {"models", {{"common", "models"}, {}, true}},
+    // models: Eigen in its .cpp files only (the fits' least squares, models/step_fit.cpp).
+    {"models", {{"common", "models"}, {}, true, {"eigen"}}},
     {"policies", {{"common", "models", "traces", "policies"}, {}, true}},
     // deploy: the deployment description both worlds read (cluster files' instances, roles,
     // engine settings).
@@ -110,9 +116,15 @@ const Rule& RuleFor(const std::string& dir) {
   return *best;
 }
 
-bool Allowed(const Rule& rule, const std::string& target, bool angle) {
+bool IsHeader(const fs::path& p) {
+  const std::string ext = p.extension().string();
+  return ext != ".cpp" && ext != ".cu";
+}
+
+bool Allowed(const Rule& rule, const std::string& target, bool angle, bool header) {
   const std::string family = FamilyOf(target);
-  if (!family.empty()) return rule.families.count(family) != 0;
+  if (!family.empty())
+    return rule.families.count(family) != 0 || (!header && rule.source_families.count(family) != 0);
   const auto slash = target.find('/');
   const std::string top = slash == std::string::npos ? "" : target.substr(0, slash);
   if (!angle || kRules.count(top)) {
@@ -139,7 +151,7 @@ std::vector<std::string> Violations(const std::string& dir, const fs::path& path
   std::string line;
   for (int number = 1; std::getline(in, line); ++number) {
     std::smatch m;
-    if (std::regex_search(line, m, include_re) && !Allowed(rule, m[2], m[1] == "<"))
+    if (std::regex_search(line, m, include_re) && !Allowed(rule, m[2], m[1] == "<", IsHeader(path)))
       bad.push_back(path.string() + ":" + std::to_string(number) + ": " + line);
   }
   return bad;
@@ -234,6 +246,30 @@ TEST(Layering, TheRuntimeRefusesHttpAndTheLayersAboveIt) {
   EXPECT_EQ(Violations("backend/frontend", path).size(), 3u);
   EXPECT_EQ(Violations("backend/serve", path).size(), 1u);  // the replay client
   fs::remove(path);
+}
+
+// The mutation models/'s Eigen rule is there for: Eigen in a models/ header, where every user of
+// models/ (the simulator, policies, the engine) would include it. Its .cpp files may; no other
+// layer may, in any file.
+TEST(Layering, OnlyModelsSourcesIncludeEigen) {
+  const auto dir = fs::temp_directory_path();
+  const auto header = dir / "duet_layering_eigen_probe.h";
+  const auto source = dir / "duet_layering_eigen_probe.cpp";
+  for (const fs::path& path : {header, source}) {
+    std::ofstream out(path);
+    out << "#include <vector>\n#include \"models/cost_model.h\"\n#include <Eigen/Dense>\n"
+           "#include <unsupported/Eigen/NonLinearOptimization>\n";
+  }
+  const auto bad = Violations("models", header);
+  ASSERT_EQ(bad.size(), 2u);
+  EXPECT_NE(bad[0].find("Eigen/Dense"), std::string::npos) << bad[0];
+  EXPECT_TRUE(Violations("models", source).empty());
+  for (const char* other :
+       {"common", "policies", "deploy", "sim", "backend", "backend/calibrate", "cli"}) {
+    EXPECT_EQ(Violations(other, source).size(), 2u + (std::string(other) == "common")) << other;
+  }
+  fs::remove(header);
+  fs::remove(source);
 }
 
 // The live commands learn the deployment from deploy/, never from the simulator's layer: only

@@ -6,7 +6,7 @@
 // and Hanson's active-set method over Eigen's column-pivoting QR); two pieces are fitted by
 // alternating between assigning each measurement to the piece that prices it highest and
 // refitting each piece on its measurements (Magnani and Boyd's max-affine regression).
-#include "backend/calibrate/step_fit.h"
+#include "models/step_fit.h"
 
 #include <Eigen/Dense>
 #include <algorithm>
@@ -16,21 +16,7 @@
 #include <string>
 #include <utility>
 
-namespace duet::backend {
-
-using models::AffinePiece;
-using models::ClassOf;
-using models::ErrorOf;
-using models::FeaturesOf;
-using models::FitColumns;
-using models::FittedCostModel;
-using models::kFitColumns;
-using models::kShapeClasses;
-using models::MaxOfPieces;
-using models::ShapeClass;
-using models::StepFeatures;
-using models::StepFit;
-using models::StepMeasurement;
+namespace duet::models {
 
 namespace {
 
@@ -334,7 +320,7 @@ Result<StepFit> FitSteps(std::vector<StepMeasurement>& measurements, int tp,
   StepFit fit;
   fit.tp = tp;
   for (std::size_t c = 0; c < kShapeClasses; ++c) {
-    const std::string name = models::ToString(static_cast<ShapeClass>(c));
+    const std::string name = ToString(static_cast<ShapeClass>(c));
     // The simulator prices every class, so each needs its own measurements.
     if (training[c].size() < kMinTrainingPerClass)
       return Status::Error(where + std::to_string(training[c].size()) + " " + name +
@@ -346,7 +332,7 @@ Result<StepFit> FitSteps(std::vector<StepMeasurement>& measurements, int tp,
                            std::to_string(options.held_out_every));
   }
   for (std::size_t c = 0; c < kShapeClasses; ++c) {
-    const std::string name = models::ToString(static_cast<ShapeClass>(c));
+    const std::string name = ToString(static_cast<ShapeClass>(c));
     // Mixed steps have every column, and a sweep's mixed shapes vary few of them (a chunk's
     // cached context, several chunks): their pieces are fitted on every class's measurements,
     // so that what prefill and decode shapes tell about those columns carries over.
@@ -379,7 +365,7 @@ Result<StepFit> FitSteps(std::vector<StepMeasurement>& measurements, int tp,
   return fit;
 }
 
-Result<models::HostFit> FitHost(const std::vector<HostSample>& samples, const FitOptions& options) {
+Result<HostFit> FitHost(const std::vector<HostSample>& samples, const FitOptions& options) {
   DUET_CHECK(options.held_out_every >= 2);
   constexpr std::size_t kMinSamples = 20;
   const int n = static_cast<int>(samples.size());
@@ -392,12 +378,12 @@ Result<models::HostFit> FitHost(const std::vector<HostSample>& samples, const Fi
     held[static_cast<std::size_t>(i)] = HeldOut(i, n, options.held_out_every);
     if (!held[static_cast<std::size_t>(i)]) training.push_back(static_cast<std::size_t>(i));
   }
-  constexpr auto kColumns = static_cast<Eigen::Index>(models::kHostColumns);
+  constexpr auto kColumns = static_cast<Eigen::Index>(kHostColumns);
   Eigen::MatrixXd a(static_cast<Eigen::Index>(training.size()), kColumns);
   Eigen::VectorXd b(static_cast<Eigen::Index>(training.size()));
   for (std::size_t r = 0; r < training.size(); ++r) {
     const HostSample& s = samples[training[r]];
-    const auto columns = models::HostColumns(s.counts);
+    const auto columns = HostColumns(s.counts);
     for (Eigen::Index c = 0; c < kColumns; ++c)
       a(static_cast<Eigen::Index>(r), c) = columns[static_cast<std::size_t>(c)];
     b(static_cast<Eigen::Index>(r)) = s.seconds;
@@ -406,7 +392,7 @@ Result<models::HostFit> FitHost(const std::vector<HostSample>& samples, const Fi
     return Status::Error(
         "the iterations spent no time outside their forward passes: nothing to fit");
   const Eigen::VectorXd x = Nnls(a, b);
-  models::HostFit fit;
+  HostFit fit;
   for (Eigen::Index c = 0; c < kColumns; ++c) {
     if (!std::isfinite(x(c)))
       return Status::Error("the host-time fit did not converge (a coefficient is not finite)");
@@ -425,8 +411,8 @@ Result<models::HostFit> FitHost(const std::vector<HostSample>& samples, const Fi
     if (!(measured > 0)) continue;  // no relative error of nothing
     (held[i] ? held_pct : training_pct).push_back(std::abs(priced / measured - 1) * 100);
   }
-  fit.training = models::SummarizeErrors(training_pct);
-  fit.held_out = models::SummarizeErrors(held_pct);
+  fit.training = SummarizeErrors(training_pct);
+  fit.held_out = SummarizeErrors(held_pct);
   fit.held_out_total_pct = held_measured > 0 ? 100 * (held_priced / held_measured - 1) : 0;
   return fit;
 }
@@ -464,8 +450,7 @@ std::pair<double, double> FitRelativeLine(const std::vector<std::pair<double, Se
 
 }  // namespace
 
-Result<models::LinkFit> FitLink(std::vector<models::TransferMeasurement> measurements,
-                                const FitOptions& options) {
+Result<LinkFit> FitLink(std::vector<TransferMeasurement> measurements, const FitOptions& options) {
   DUET_CHECK(options.held_out_every >= 2);
   const int n = static_cast<int>(measurements.size());
   const int needed = std::max(5, options.held_out_every + 1);
@@ -477,7 +462,7 @@ Result<models::LinkFit> FitLink(std::vector<models::TransferMeasurement> measure
                           [](const auto& x, const auto& y) { return x.bytes < y.bytes; });
   std::vector<std::pair<double, Seconds>> points;
   for (int i = 0; i < n; ++i) {
-    models::TransferMeasurement& m = measurements[static_cast<std::size_t>(i)];
+    TransferMeasurement& m = measurements[static_cast<std::size_t>(i)];
     m.held_out = HeldOut(i, n, options.held_out_every);
     if (!m.held_out) points.emplace_back(static_cast<double>(m.bytes), m.Median());
   }
@@ -488,7 +473,7 @@ Result<models::LinkFit> FitLink(std::vector<models::TransferMeasurement> measure
     return Status::Error("transfer times do not grow with size over " +
                          std::to_string(smallest->bytes) + " to " + std::to_string(largest->bytes) +
                          " bytes: no bandwidth to fit (time larger transfers)");
-  models::LinkFit link;
+  LinkFit link;
   link.latency = a;
   link.bandwidth = scale / b;
   // The bounds a profile's links are read with (models/step_profile.cpp).
@@ -496,17 +481,17 @@ Result<models::LinkFit> FitLink(std::vector<models::TransferMeasurement> measure
     return Status::Error(
         "the transfer times fit no link of at most 1 s latency and 1e-6 to 1e6 GB/s");
   std::vector<double> held_pct, training_pct;
-  for (const models::TransferMeasurement& m : measurements) {
+  for (const TransferMeasurement& m : measurements) {
     const double pct = std::abs(link.Time(m.bytes) / m.Median() - 1) * 100;
     (m.held_out ? held_pct : training_pct).push_back(pct);
   }
-  link.held_out = models::SummarizeErrors(held_pct);
-  link.training = models::SummarizeErrors(training_pct);
+  link.held_out = SummarizeErrors(held_pct);
+  link.training = SummarizeErrors(training_pct);
   link.measurements = std::move(measurements);
   return link;
 }
 
-Result<models::FrontendFit> FitFrontend(const std::vector<FrontendSample>& samples) {
+Result<FrontendFit> FitFrontend(const std::vector<FrontendSample>& samples) {
   std::vector<std::pair<double, Seconds>> points;
   double longest = 0;
   int requests = 0;
@@ -524,15 +509,15 @@ Result<models::FrontendFit> FitFrontend(const std::vector<FrontendSample>& sampl
     return Status::Error("a frontend fit needs at least 2 prompt lengths timed (got " +
                          std::to_string(points.size()) + ")");
   const auto [a, b] = FitRelativeLine(points, longest);
-  models::FrontendFit fit;
+  FrontendFit fit;
   fit.request_s = a;
   fit.prompt_token_s = b / longest;
   fit.requests = requests;
   std::vector<double> pct;
   for (const auto& [tokens, t] : points)
     pct.push_back(std::abs(fit.Predict(static_cast<Tokens>(tokens)) / t - 1) * 100);
-  fit.training = models::SummarizeErrors(pct);
+  fit.training = SummarizeErrors(pct);
   return fit;
 }
 
-}  // namespace duet::backend
+}  // namespace duet::models

@@ -1,7 +1,10 @@
 // The fit behind `duet calibrate`: the simulator's max-affine step-cost model
-// (models/step_profile.h) fitted to measured step times, with its error measured on shapes
-// held out of the fit. Here rather than in models/ because it needs a linear-algebra library
-// (Eigen), which the pure layers do not include.
+// (step_profile.h) fitted to measured step times, with its error measured on shapes held out of
+// the fit; likewise links, the engine's host time and the frontend's. Beside the cost models it
+// fits, since it needs no backend: only measurements. The least squares are Eigen's, which
+// models/ includes in its .cpp files only (tests/common/layering_test.cpp), so this header and
+// every user of it stay free of it; its own library (duet_step_fit) keeps Eigen's code out of
+// every other user of models/.
 #pragma once
 
 #include <vector>
@@ -9,7 +12,7 @@
 #include "common/status.h"
 #include "models/step_profile.h"
 
-namespace duet::backend {
+namespace duet::models {
 
 struct FitOptions {
   // Of each class, one measurement in each whole run of `held_out_every` is held out, at a place
@@ -25,8 +28,8 @@ struct FitOptions {
 // Marks the held-out measurements (of `tp`), fits prefill-only and decode-only steps on the
 // rest of their own class and mixed steps on the rest of every class, and measures the error
 // on both. Errors: a class with fewer than 8 training measurements or none held out.
-Result<models::StepFit> FitSteps(std::vector<models::StepMeasurement>& measurements, int tp,
-                                 const FitOptions& options = {});
+Result<StepFit> FitSteps(std::vector<StepMeasurement>& measurements, int tp,
+                         const FitOptions& options = {});
 
 // A KV transport's transfer times (the median of each size) fitted as latency plus bytes over
 // bandwidth, the relative error minimised by least squares (small transfers count as much as
@@ -34,12 +37,12 @@ Result<models::StepFit> FitSteps(std::vector<models::StepMeasurement>& measureme
 // (by position, so pass them sorted by size: the smallest and the largest are never held out).
 // Returns the fit with its measurements, held-out ones marked, and its error on both; the
 // caller names the transport. Errors: fewer than 5 sizes, or times that do not grow with size.
-Result<models::LinkFit> FitLink(std::vector<models::TransferMeasurement> measurements,
-                                const FitOptions& options = {});
+Result<LinkFit> FitLink(std::vector<TransferMeasurement> measurements,
+                        const FitOptions& options = {});
 
 // One live iteration for the host-time fit: its counts and its time outside the forward pass.
 struct HostSample {
-  models::HostCounts counts;
+  HostCounts counts;
   Seconds seconds = 0;
 };
 // The engine's host time (models/host_time.h) fitted to live iterations (a step log's): one
@@ -47,16 +50,15 @@ struct HostSample {
 // themselves (the simulator's timeline adds them up, so the sum must come out right, not each
 // iteration's ratio). One in each `held_out_every` is held out as FitSteps holds out a class's
 // shapes. Errors: fewer than 20 iterations, or no time outside the forward passes at all.
-Result<models::HostFit> FitHost(const std::vector<HostSample>& samples,
-                                const FitOptions& options = {});
+Result<HostFit> FitHost(const std::vector<HostSample>& samples, const FitOptions& options = {});
 
-// One prompt length's frontend times (models::FrontendFit): every repeat, in seconds.
+// One prompt length's frontend times (FrontendFit): every repeat, in seconds.
 struct FrontendSample {
   Tokens prompt_tokens = 0;
   std::vector<Seconds> seconds;
 };
 // The frontend's time fitted to the median of each prompt length as FitLink fits transfers
 // (the relative error minimised, both coefficients at least 0). Errors: fewer than 2 lengths.
-Result<models::FrontendFit> FitFrontend(const std::vector<FrontendSample>& samples);
+Result<FrontendFit> FitFrontend(const std::vector<FrontendSample>& samples);
 
-}  // namespace duet::backend
+}  // namespace duet::models
