@@ -4,7 +4,8 @@
 // the profile: the measurements, the fit, and its error on shapes held out of the fit. With
 // --measurements it fits step times another tool measured instead (scripts/, published data).
 // With --transport it also times KV transfers between two instances' KV regions through each
-// named transport and fits each as a link (latency plus bytes over bandwidth). A model with a
+// named transport and fits each as a link (latency plus bytes over bandwidth); with --tiers, a
+// cluster file's KV tiers the same way (calibrate_tiers.h). A model with a
 // tokenizer also has the server's frontend timed (a request's body to the engines' request) and
 // fitted per request and prompt token (models::FrontendFit).
 #include <unistd.h>
@@ -35,6 +36,7 @@
 #include "backend/transport/kv_transport.h"
 #include "backend/transport/kv_transport_registry.h"
 #include "backend/transport/local_kv_transports.h"
+#include "cli/calibrate_tiers.h"
 #include "cli/commands.h"
 #include "common/json_util.h"
 #include "common/progress.h"
@@ -187,12 +189,12 @@ Result<models::LinkFit> TimeTransport(const std::string& name,
   return link;
 }
 
-void PrintLink(const models::LinkFit& link) {
+void PrintLink(const models::LinkFit& link, const char* what = "transport") {
   std::printf(
-      "transport %s (%s): latency %.1f us, bandwidth %.3f GB/s over %lld to %lld bytes\n"
+      "%s %s (%s): latency %.1f us, bandwidth %.3f GB/s over %lld to %lld bytes\n"
       "  error on sizes held out of the fit: %d, mean %.2f%%, max %.2f%%   (%d: mean %.2f%%, "
       "max %.2f%%)\n",
-      link.transport.c_str(), link.path.c_str(), link.latency * 1e6, link.bandwidth / 1e9,
+      what, link.transport.c_str(), link.path.c_str(), link.latency * 1e6, link.bandwidth / 1e9,
       static_cast<long long>(link.measurements.front().bytes),
       static_cast<long long>(link.measurements.back().bytes), link.held_out.shapes,
       link.held_out.mean_pct, link.held_out.max_pct, link.training.shapes, link.training.mean_pct,
@@ -392,6 +394,10 @@ int Calibrate(int argc, char** argv) {
      "(a name under models/hardware/ or a .json file; default efficiencies)")
     ("transport", po::value<std::string>(),
      transport_help.c_str())
+    ("tiers", po::value<std::string>(),
+     "also time the KV tiers this cluster file's \"tiers\" configure (DRAM, SSD directory, "
+     "redis endpoint) on this host, reads and writes of up to --max-context tokens, and fit "
+     "each as a link (a tier that says \"fitted\": true takes them)")
     ("ucx-tls", po::value<std::string>()->default_value(""),
      "with --transport ucx: the UCX transports (UCX_TLS: tcp, posix,cma, ...; empty: UCX's "
      "choice, as duet serve's --ucx-tls)");
@@ -415,7 +421,8 @@ int Calibrate(int argc, char** argv) {
 
   if (vm.count("profile")) {
     if (!vm.count("host-steps")) return Fail("--profile goes with --host-steps", kExitUsage);
-    for (const char* other : {"model", "measurements", "transport", "roofline", "source", "trace"})
+    for (const char* other :
+         {"model", "measurements", "transport", "tiers", "roofline", "source", "trace"})
       if (vm.count(other))
         return Fail(std::string("--profile keeps the profile's steps: not with --") + other,
                     kExitUsage);
@@ -435,9 +442,11 @@ int Calibrate(int argc, char** argv) {
        vm["transport"].as<std::string>().find("ucx") == std::string::npos))
     return Fail("--ucx-tls goes with --transport ucx", kExitUsage);
   if (vm.count("measurements")) {
-    if (vm.count("transport"))
-      return Fail("--transport times this machine's transports: not with --measurements",
-                  kExitUsage);
+    for (const char* timed : {"transport", "tiers"})
+      if (vm.count(timed))
+        return Fail(std::string("--") + timed + " times this machine's " + timed +
+                        ": not with --measurements",
+                    kExitUsage);
     if (vm.count("trace"))
       return Fail("--trace chooses the shapes to measure: not with --measurements", kExitUsage);
     if (device.empty() || device.size() > 200)
@@ -606,6 +615,24 @@ int Calibrate(int argc, char** argv) {
       if (!link) return Fail(link.error());
       PrintLink(*link);
       profile.links.push_back(std::move(*link));
+    }
+    if (vm.count("tiers")) {
+      if (!region) return Fail("--tiers: the model on " + device + " has no KV region");
+      const std::string path = vm["tiers"].as<std::string>();
+      auto doc = ReadJsonFile(path);
+      if (!doc) return Fail("--tiers: " + doc.error());
+      auto tiers = deploy::ParseTiers(*doc, path, region->block_bytes, /*prefix_caching=*/true,
+                                      {.timing = true});
+      if (!tiers) return Fail("--tiers: " + tiers.error());
+      if (!tiers->any()) return Fail("--tiers: " + path + " configures no tiers", kExitUsage);
+      const std::int64_t max_blocks =
+          (limits.max_context + placement.block_tokens - 1) / placement.block_tokens;
+      auto fits = TimeTiers(*tiers, region->block_bytes, max_blocks, repeats, *progress);
+      if (!fits) return Fail(fits.error());
+      for (models::LinkFit& fit : *fits) {
+        PrintLink(fit, "tier");
+        profile.links.push_back(std::move(fit));
+      }
     }
   }
 

@@ -2,6 +2,7 @@
 #include "deploy/deployment.h"
 
 #include <filesystem>
+#include <optional>
 
 #include "common/json_util.h"
 
@@ -201,8 +202,24 @@ Result<Deployment> ParseDeployment(const json& doc, const std::string& path,
     d.engine = *engine;
   }
   DUET_RETURN_IF_ERROR(ParseInstances(doc, path, d));
+  // Fitted tiers read the fitted cost model's profile (sim/cluster_spec.cpp reads it again for
+  // the steps; the simulator's layer is not this one's to call).
+  TierFits fits;
+  std::optional<models::StepProfile> profile;
+  if (TiersWantFits(doc)) {
+    const auto cost = doc.find("cost_model");
+    if (cost != doc.end() && cost->is_object() && cost->value("kind", "") == "fitted" &&
+        cost->contains("profile") && (*cost)["profile"].is_string()) {
+      fits.profile_path = ResolveRef((*cost)["profile"].get<std::string>(), path,
+                                     (fs::path(data_dir) / "sim" / "profiles").string());
+      auto loaded = models::LoadStepProfile(fits.profile_path);
+      if (!loaded) return Status::Error(path + ": cost_model: field 'profile': " + loaded.error());
+      profile = std::move(*loaded);
+      fits.profile = &*profile;
+    }
+  }
   auto tiers = ParseTiers(doc, path, d.engine.block_tokens * d.KvBytesPerToken(),
-                          d.engine.enable_prefix_caching);
+                          d.engine.enable_prefix_caching, fits);
   if (!tiers) return tiers.status();
   d.tiers = *tiers;
   auto speculative = ParseSpeculative(doc, path, data_dir, d);

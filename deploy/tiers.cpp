@@ -7,7 +7,42 @@ namespace {
 
 using nlohmann::json;
 
-Status ParseTier(const json& tiers, const char* key, const std::string& where_tiers, TierSpec& t) {
+// A fitted tier's numbers, from the fits of its reads and writes in the profile.
+Status ApplyFits(const json& j, const std::string& where, policies::TierKind kind,
+                 const TierFits& fits, TierSpec& t) {
+  auto fitted = JsonBoolOr(j, "fitted", false, where);
+  if (!fitted) return fitted.status();
+  if (!*fitted) return FieldError(where, "fitted", "must be true where given");
+  for (const char* own : {"bandwidth_GBps", "latency_us", "read_GBps", "write_GBps"}) {
+    if (JsonHas(j, own))
+      return FieldError(where, "fitted", std::string("excludes ") + own + " (the fit gives it)");
+  }
+  t.fitted = true;
+  if (fits.timing) return Status::Ok();
+  if (!fits.profile)
+    return FieldError(where, "fitted",
+                      "needs cost_model kind 'fitted': its profile holds the tier's fits");
+  const models::LinkFit* read = fits.profile->LinkFor(TierLinkName(kind, true));
+  const models::LinkFit* write = fits.profile->LinkFor(TierLinkName(kind, false));
+  if (!read || !write)
+    return FieldError(where, "fitted",
+                      "profile " + fits.profile_path + " has no fit of " +
+                          TierLinkName(kind, !read) + " (duet calibrate --tiers times them)");
+  if (kind == policies::TierKind::kSsd) {
+    t.read_bw = read->bandwidth;
+    t.write_bw = write->bandwidth;
+    t.read_latency = read->latency;
+    t.write_latency = write->latency;
+  } else {
+    // Reads and writes share one link in the simulator: it takes the reads' fit, which loads
+    // (what a request waits for) follow.
+    t.link = {read->bandwidth, read->latency};
+  }
+  return Status::Ok();
+}
+
+Status ParseTier(const json& tiers, const char* key, const std::string& where_tiers,
+                 const TierFits& fits, TierSpec& t) {
   auto it = tiers.find(key);
   if (it == tiers.end() || it->is_null()) return Status::Ok();
   const std::string where = where_tiers + "." + key;
@@ -30,16 +65,18 @@ Status ParseTier(const json& tiers, const char* key, const std::string& where_ti
   if (!eviction) return Status::Error(where + ": field 'eviction': " + eviction.error());
   t.eviction = *eviction;
   const std::string k = key;
-  if (k == "ssd") {
+  if (JsonHas(j, "fitted")) {
+    const auto kind = k == "dram"  ? policies::TierKind::kDram
+                      : k == "ssd" ? policies::TierKind::kSsd
+                                   : policies::TierKind::kRemote;
+    DUET_RETURN_IF_ERROR(ApplyFits(j, where, kind, fits, t));
+  } else if (k == "ssd") {
     auto read = JsonNumberIn(j, "read_GBps", kMinBandwidthGBps, kMaxBandwidthGBps, where);
     auto write = JsonNumberIn(j, "write_GBps", kMinBandwidthGBps, kMaxBandwidthGBps, where);
     if (!read) return read.status();
     if (!write) return write.status();
     t.read_bw = *read * kGB;
     t.write_bw = *write * kGB;
-    auto directory = JsonStringOr(j, "directory", "", where);
-    if (!directory) return directory.status();
-    t.directory = *directory;
   } else {
     // DRAM: the host memory bandwidth that the node's GPUs share; remote: the store's link.
     auto bw = JsonNumberIn(j, "bandwidth_GBps", kMinBandwidthGBps, kMaxBandwidthGBps, where,
@@ -48,6 +85,11 @@ Status ParseTier(const json& tiers, const char* key, const std::string& where_ti
     if (!bw) return bw.status();
     if (!lat) return lat.status();
     t.link = {*bw * kGB, *lat * 1e-6};
+  }
+  if (k == "ssd") {
+    auto directory = JsonStringOr(j, "directory", "", where);
+    if (!directory) return directory.status();
+    t.directory = *directory;
   }
   if (k == "dram") {
     auto prefetch = JsonBoolOr(j, "prefetch", true, where);
@@ -72,8 +114,20 @@ Status ParseTier(const json& tiers, const char* key, const std::string& where_ti
 
 }  // namespace
 
+std::string TierLinkName(policies::TierKind kind, bool read) {
+  return std::string(policies::ToString(kind)) + (read ? "-read" : "-write");
+}
+
+bool TiersWantFits(const json& doc) {
+  auto it = doc.find("tiers");
+  if (it == doc.end() || !it->is_object()) return false;
+  for (const auto& [key, tier] : it->items())
+    if (tier.is_object() && tier.contains("fitted")) return true;
+  return false;
+}
+
 Result<TiersSpec> ParseTiers(const json& doc, const std::string& path, Bytes block_bytes,
-                             bool prefix_caching) {
+                             bool prefix_caching, const TierFits& fits) {
   TiersSpec tiers;
   auto it = doc.find("tiers");
   if (it == doc.end() || it->is_null()) return tiers;
@@ -83,9 +137,9 @@ Result<TiersSpec> ParseTiers(const json& doc, const std::string& path, Bytes blo
     if (key != "dram" && key != "ssd" && key != "remote")
       return Status::Error(where + ": unknown tier '" + key + "' (expected dram, ssd, remote)");
   }
-  DUET_RETURN_IF_ERROR(ParseTier(*it, "dram", where, tiers.dram));
-  DUET_RETURN_IF_ERROR(ParseTier(*it, "ssd", where, tiers.ssd));
-  DUET_RETURN_IF_ERROR(ParseTier(*it, "remote", where, tiers.remote));
+  DUET_RETURN_IF_ERROR(ParseTier(*it, "dram", where, fits, tiers.dram));
+  DUET_RETURN_IF_ERROR(ParseTier(*it, "ssd", where, fits, tiers.ssd));
+  DUET_RETURN_IF_ERROR(ParseTier(*it, "remote", where, fits, tiers.remote));
   // A tier must hold at least one engine block (every TP shard's share of it).
   for (int k = 0; k < policies::kNumLowerTiers; ++k) {
     const auto kind = static_cast<policies::TierKind>(k);

@@ -74,8 +74,12 @@ Platform BuildPlatform(const ClusterSpec& cluster) {
       if (tiers.ssd.enabled) {
         const std::string ssd = cluster.nodes[n].name + "-ssd";
         p.ssds.push_back(zone->create_host(ssd, 1e9)->seal());
-        ssd_read[n] = zone->create_link(ssd + "-read", tiers.ssd.read_bw)->seal();
-        ssd_write[n] = zone->create_link(ssd + "-write", tiers.ssd.write_bw)->seal();
+        ssd_read[n] = zone->create_link(ssd + "-read", tiers.ssd.read_bw)
+                          ->set_latency(tiers.ssd.read_latency)
+                          ->seal();
+        ssd_write[n] = zone->create_link(ssd + "-write", tiers.ssd.write_bw)
+                           ->set_latency(tiers.ssd.write_latency)
+                           ->seal();
       }
       // Host memory is one resource that reads and writes share.
       host_mem[n] =

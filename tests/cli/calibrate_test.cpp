@@ -180,6 +180,90 @@ TEST_F(CalibrateTest, TimesKvTransfersAndTheSimulatorMovesKvOverTheFittedLink) {
   }
 }
 
+// `--tiers FILE` times the KV tiers a cluster file configures on this host through the live
+// server's tier storage and fits each tier's reads and writes; it leaves nothing behind in the
+// tier's directory. A cluster file's tier that says "fitted": true is priced by those fits:
+// the simulation equals the one with the fit's numbers written out, and differs from one with
+// other numbers.
+TEST_F(CalibrateTest, TimesTheKvTiersAndAFittedTierIsPricedByTheFit) {
+  const std::string ssd_dir = tmp_.File("ssd");
+  const std::string tiers = tmp_.Write("tiers.json", json({{"tiers",
+                                                            {{"dram", {{"capacity_gib", 0.01}}},
+                                                             {"ssd",
+                                                              {{"capacity_gib", 0.01},
+                                                               {"read_GBps", 1},
+                                                               {"write_GBps", 1},
+                                                               {"directory", ssd_dir}}}}}})
+                                                         .dump());
+  const std::string profile_path = tmp_.File("profile.json");
+  const RunResult r = RunDuet({"calibrate", "--model", model_, "--out", profile_path, "--repeats",
+                               "2", "--max-context", "128", "--tiers", tiers});
+  ASSERT_EQ(r.exit_code, 0) << r;
+  EXPECT_TRUE(ContainsAll(r.out, {"tier dram-read (host DRAM pool): latency",
+                                  "tier ssd-write (block files under " + ssd_dir}))
+      << r;
+  EXPECT_TRUE(fs::is_empty(ssd_dir)) << "the timing's block files are gone";
+  Result<models::StepProfile> profile = models::LoadStepProfile(profile_path);
+  ASSERT_TRUE(profile.ok()) << profile.error();
+  std::vector<std::string> names;
+  for (const models::LinkFit& link : profile->links) {
+    names.push_back(link.transport);
+    EXPECT_GT(link.held_out.shapes, 0) << link.transport;
+    // 1 to 8 blocks (128 tokens of 16), each size timed twice.
+    EXPECT_EQ(link.measurements.back().bytes, 8 * link.measurements.front().bytes);
+    EXPECT_EQ(link.measurements.front().seconds.size(), 2u);
+  }
+  EXPECT_EQ(names, (std::vector<std::string>{"dram-read", "dram-write", "ssd-read", "ssd-write"}));
+  const models::LinkFit& read = *profile->LinkFor("dram-read");
+
+  // The repeated prompt of tests/data/one-request.jsonl on two instances sharing DRAM: the
+  // second one loads the prefix from DRAM.
+  json cluster = ReadJson(SourceDir() + "/tests/data/2colo-tiny-dram.json");
+  cluster["model"] = model_;
+  cluster["cost_model"] = {{"kind", "fitted"}, {"profile", profile_path}};
+  std::string trace;
+  for (int t : {0, 100})
+    trace += "{\"timestamp\": " + std::to_string(t) +
+             ", \"input_length\": 200, \"output_length\": 4, \"hash_ids\": [1]}\n";
+  const std::string trace_path = tmp_.Write("repeat.jsonl", trace);
+  auto simulate = [&](const json& dram, const std::string& name) {
+    cluster["tiers"]["dram"] = dram;
+    const std::string path = tmp_.Write(name + ".json", cluster.dump());
+    Simulate(tmp_.File(name),
+             {"--cluster", path, "--trace", trace_path, "--router", "round-robin"});
+    return ReadFile(tmp_.File(name) + "/requests.csv");
+  };
+  const std::string fitted = simulate({{"capacity_gib", 1}, {"fitted", true}}, "fitted");
+  EXPECT_NE(fitted.find(",c1,"), std::string::npos);
+  const Csv rows = Csv::Read(tmp_.File("fitted") + "/requests.csv");
+  EXPECT_GT(rows.Number(1, "dram_hit_tokens"), 0) << fitted;
+  EXPECT_EQ(fitted, simulate({{"capacity_gib", 1},
+                              {"bandwidth_GBps", read.bandwidth / 1e9},
+                              {"latency_us", read.latency * 1e6}},
+                             "spelled-out"));
+  EXPECT_NE(fitted, simulate({{"capacity_gib", 1},
+                              {"bandwidth_GBps", read.bandwidth / 1e9 / 50},
+                              {"latency_us", read.latency * 1e6}},
+                             "slower"));
+
+  // Fitted where no profile holds the fits: an error naming the tier and what to run.
+  cluster["tiers"]["dram"] = {{"capacity_gib", 1}, {"fitted", true}};
+  cluster["cost_model"] = {{"kind", "roofline"}};
+  RunResult refused = RunDuet({"simulate", "--cluster", tmp_.Write("roofline.json", cluster.dump()),
+                               "--trace", trace_path});
+  EXPECT_NE(refused.exit_code, 0);
+  EXPECT_TRUE(
+      ContainsAll(refused.err, {"tiers.dram: field 'fitted'", "needs cost_model kind 'fitted'"}))
+      << refused;
+  cluster["tiers"] = {{"remote", {{"capacity_gib", 1}, {"fitted", true}}}};
+  cluster["cost_model"] = {{"kind", "fitted"}, {"profile", profile_path}};
+  refused = RunDuet(
+      {"simulate", "--cluster", tmp_.Write("no-fit.json", cluster.dump()), "--trace", trace_path});
+  EXPECT_NE(refused.exit_code, 0);
+  EXPECT_TRUE(ContainsAll(refused.err, {"has no fit of remote-read", "duet calibrate --tiers"}))
+      << refused;
+}
+
 TEST_F(CalibrateTest, FitsMeasurementsFromElsewhereAndKeepsTheirSource) {
   // Steps priced by a known affine cost: the fit finds it and the held-out error is ~0.
   std::string lines;
