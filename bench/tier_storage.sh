@@ -4,7 +4,8 @@
 #   DRAM tier        memcpy of the same blocks into the DRAM tier's own pool
 #   SSD tier         fio, the same block size and I/O engine (mmap), one job, into the same
 #                    directory; the page cache dropped before each read pass (root) as before
-#                    the SSD tier's
+#                    the SSD tier's. With "io": "io_uring", fio's io_uring engine with O_DIRECT
+#                    at a queue depth of PER_IO (the blocks of one I/O the tier has in flight)
 #   remote (Redis)   redis-benchmark SET and GET, one client, no pipelining (the tier's one
 #                    synchronous connection), the same value size (block + 64-byte header),
 #                    against the same redis-server, keys drawn from as many as the tier writes
@@ -36,12 +37,14 @@ for _ in $(seq 1 100); do redis-cli -p "$port" ping >/dev/null 2>&1 && break; sl
 drop_caches() { sync; echo 3 > /proc/sys/vm/drop_caches 2>/dev/null || true; }
 median() { sort -n | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }'; }
 
-# fio's bandwidth (MB/s, 10^6) of one pass: fio_pass RW BS BYTES
+# fio's bandwidth (MB/s, 10^6) of one pass: fio_pass RW BS BYTES [ENGINE ARGS...]
 fio_pass() {
-  fio --name=yardstick --directory="$DIR" --filename=fio.dat --rw="$1" --bs="$2" --size="$3" \
-    --ioengine=mmap --numjobs=1 --output-format=json 2>/dev/null |
+  local rw=$1 bs=$2 bytes=$3
+  shift 3
+  fio --name=yardstick --directory="$DIR" --filename=fio.dat --rw="$rw" --bs="$bs" --size="$bytes" \
+    --numjobs=1 --output-format=json "${@:---ioengine=mmap}" 2>/dev/null |
     python3 -c "import json,sys; j=json.load(sys.stdin)['jobs'][0]; \
-print(round(j['$([ "$1" = write ] && echo write || echo read)']['bw_bytes'] / 1e6))"
+print(round(j['$([ "$rw" = write ] && echo write || echo read)']['bw_bytes'] / 1e6))"
 }
 # redis-benchmark's requests per second of one command, as MB/s of VALUE bytes.
 redis_pass() {  # redis_pass set|get VALUE_BYTES REQUESTS
@@ -68,6 +71,15 @@ for size in "${BLOCK_SIZES[@]}"; do
     drop_caches
     r[$size.fio.r]+="$(fio_pass read "$size" $((blocks * size))) "
     rm -rf "${DIR:?}"/*
+    read -r w _ < <("$BENCH" ssd-io_uring "$size" "$blocks" "$PER_IO" write "$DIR/tier")
+    drop_caches
+    read -r _ rd < <("$BENCH" ssd-io_uring "$size" "$blocks" "$PER_IO" read "$DIR/tier")
+    r[$size.uring.w]+="$w "; r[$size.uring.r]+="$rd "
+    rm -rf "${DIR:?}"/*
+    uring=(--ioengine=io_uring --direct=1 --iodepth="$PER_IO")
+    r[$size.fiou.w]+="$(fio_pass write "$size" $((blocks * size)) "${uring[@]}") "
+    r[$size.fiou.r]+="$(fio_pass read "$size" $((blocks * size)) "${uring[@]}") "
+    rm -rf "${DIR:?}"/*
     redis-cli -p "$port" flushall >/dev/null
     read -r w rd < <("$BENCH" remote "$size" "$remote_blocks" "$PER_IO" both "$port")
     r[$size.remote.w]+="$w "; r[$size.remote.r]+="$rd "
@@ -85,5 +97,6 @@ for size in "${BLOCK_SIZES[@]}"; do
   k=$((size / 1024))KiB
   echo "| $k | DRAM | $(m $size.dram.w) | $(m $size.memcpy.w) | $(m $size.dram.r) | $(m $size.memcpy.r) | memcpy |"
   echo "| $k | SSD files | $(m $size.ssd.w) | $(m $size.fio.w) | $(m $size.ssd.r) | $(m $size.fio.r) | fio, mmap engine |"
+  echo "| $k | SSD files, io_uring | $(m $size.uring.w) | $(m $size.fiou.w) | $(m $size.uring.r) | $(m $size.fiou.r) | fio, io_uring engine, O_DIRECT, iodepth $PER_IO |"
   echo "| $k | Redis | $(m $size.remote.w) | $(m $size.rb.w) | $(m $size.remote.r) | $(m $size.rb.r) | redis-benchmark -c 1 -P 1 |"
 done

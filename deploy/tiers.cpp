@@ -90,6 +90,11 @@ Status ParseTier(const json& tiers, const char* key, const std::string& where_ti
     auto directory = JsonStringOr(j, "directory", "", where);
     if (!directory) return directory.status();
     t.directory = *directory;
+    auto io = JsonStringOr(j, "io", "mmap", where);
+    if (!io) return io.status();
+    if (*io != "mmap" && *io != "io_uring")
+      return FieldError(where, "io", "must be 'mmap' or 'io_uring', got '" + *io + "'");
+    t.io_uring = *io == "io_uring";
   }
   if (k == "dram") {
     auto prefetch = JsonBoolOr(j, "prefetch", true, where);

@@ -5,7 +5,8 @@
 //     placement, eviction          "write-through" | "write-back"; "lru" | "arc"
 //     dram: bandwidth_GBps, latency_us, prefetch
 //     ssd: read_GBps, write_GBps, directory (live: where the block files go; default a
-//          directory per server under the system's temporary directory)
+//          directory per server under the system's temporary directory), io (live: "mmap",
+//          the default, or "io_uring": O_DIRECT reads and writes of an I/O's blocks together)
 //     remote: bandwidth_GBps, latency_us, endpoint (live: the redis-server "host:port")
 //     fitted: true, in place of a tier's bandwidths and latency: the fits of its reads and
 //          writes that `duet calibrate --tiers` measured on this host's real tier, from the
@@ -43,6 +44,7 @@ struct TierSpec {
   bool fitted = false;    // the numbers above come from the profile's tier fits
   bool prefetch = true;   // dram: promote queued requests' prefixes from SSD/remote
   std::string directory;  // ssd, live: the block files' directory ("": the default)
+  bool io_uring = false;  // ssd, live: O_DIRECT through io_uring, not mmap
   std::string host;       // remote, live: the redis-server
   int port = 0;
 };

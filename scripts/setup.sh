@@ -27,6 +27,7 @@ PACKAGES=(
   redis-server                   # the remote KV tier's store in tests (each starts its own); redis-benchmark
   etcd-server                    # discovery of workers (duet serve/worker --discovery); tests start their own
   fio                            # the SSD tier's yardstick (bench/tier_storage.sh)
+  liburing-dev                   # the SSD tier's O_DIRECT engine (io_uring)
   ucx-utils                      # ucx_perftest: the yardstick of bench/kv_transfer.sh
   clang libclang-rt-14-dev       # scripts/sanitize.sh and scripts/fuzz.sh: ASan, UBSan, libFuzzer
   ccache                         # compiler cache: a clean clone (CI) rebuilds what it built before in seconds

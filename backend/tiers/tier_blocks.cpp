@@ -4,6 +4,7 @@
 
 #include <fcntl.h>
 #include <hiredis/hiredis.h>
+#include <liburing.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/uio.h>
@@ -13,6 +14,7 @@
 #include <array>
 #include <cerrno>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <optional>
 
@@ -122,6 +124,22 @@ Status TierBlocks::RoomFor(bool held) {
                        " tier full: " + std::to_string(capacity_blocks()) + " blocks held");
 }
 
+Status TierBlocks::PutMany(std::span<const BlockHash> hashes,
+                           std::span<const std::span<const std::byte>> blocks) {
+  if (hashes.size() != blocks.size()) return Status::Error("PutMany: hashes and blocks differ");
+  for (std::size_t i = 0; i < hashes.size(); ++i)
+    if (Status s = Put(hashes[i], blocks[i]); !s.ok()) return s;
+  return Status::Ok();
+}
+
+Status TierBlocks::GetMany(std::span<const BlockHash> hashes,
+                           std::span<const std::span<std::byte>> out) {
+  if (hashes.size() != out.size()) return Status::Error("GetMany: hashes and blocks differ");
+  for (std::size_t i = 0; i < hashes.size(); ++i)
+    if (Status s = Get(hashes[i], out[i]); !s.ok()) return s;
+  return Status::Ok();
+}
+
 // ---- DRAM ----
 
 Result<std::unique_ptr<DramTierBlocks>> DramTierBlocks::Create(StoredBlockLayout layout,
@@ -218,9 +236,52 @@ Status DramTierBlocks::CheckInvariants() const {
 
 // ---- SSD files ----
 
+// O_DIRECT moves whole sectors: offsets, sizes and buffers aligned to this (a multiple of every
+// logical block size in use).
+constexpr std::size_t kDirectAlign = 4096;
+
+struct FileTierBlocks::Ring {
+  static constexpr unsigned kDepth = 64;  // I/Os in flight at most
+  io_uring ring{};
+  std::size_t span = 0;  // a block's buffer: header and payload, rounded up to kDirectAlign
+  std::byte* buffers = nullptr;
+  std::size_t buffer_count = 0;
+  ~Ring() {
+    io_uring_queue_exit(&ring);
+    std::free(buffers);
+  }
+  std::byte* Buffer(std::size_t i) { return buffers + i * span; }
+  bool Reserve(std::size_t n) {
+    if (n <= buffer_count) return true;
+    void* grown = std::aligned_alloc(kDirectAlign, n * span);
+    if (!grown) return false;
+    std::free(buffers);
+    buffers = static_cast<std::byte*>(grown);
+    buffer_count = n;
+    return true;
+  }
+  // Submits what was prepared (`n` I/Os, user_data their index) and waits for all of them:
+  // each one's result (bytes moved, or -errno).
+  std::vector<int> Run(std::size_t n) {
+    std::vector<int> results(n, -EIO);
+    const int submitted = io_uring_submit(&ring);
+    const std::size_t expected = submitted < 0 ? 0 : static_cast<std::size_t>(submitted);
+    for (std::size_t done = 0; done < expected; ++done) {
+      io_uring_cqe* cqe = nullptr;
+      if (io_uring_wait_cqe(&ring, &cqe) != 0) break;
+      if (cqe->user_data < n) results[cqe->user_data] = cqe->res;
+      io_uring_cqe_seen(&ring, cqe);
+    }
+    return results;
+  }
+};
+
+FileTierBlocks::~FileTierBlocks() = default;
+
 Result<std::unique_ptr<FileTierBlocks>> FileTierBlocks::Open(std::filesystem::path dir,
                                                              StoredBlockLayout layout,
-                                                             std::int64_t capacity_blocks) {
+                                                             std::int64_t capacity_blocks,
+                                                             FileIo io) {
   if (layout.block_bytes <= 0 || capacity_blocks <= 0)
     return Status::Error("SSD tier: block bytes and capacity must be positive");
   std::error_code ec;
@@ -231,6 +292,22 @@ Result<std::unique_ptr<FileTierBlocks>> FileTierBlocks::Open(std::filesystem::pa
   if (::access(dir.c_str(), W_OK | R_OK | X_OK) != 0)
     return Status::Error(Errno("SSD tier: directory " + dir.string()));
   std::unique_ptr<FileTierBlocks> t(new FileTierBlocks(std::move(dir), layout, capacity_blocks));
+  if (io == FileIo::kIoUring) {
+    const std::filesystem::path probe = t->dir_ / ".o_direct_probe";
+    const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_DIRECT | O_CLOEXEC, 0644);
+    if (fd < 0)
+      return Status::Error(Errno("SSD tier: io_uring reads and writes with O_DIRECT, which " +
+                                 t->dir_.string() + " refuses"));
+    ::close(fd);
+    ::unlink(probe.c_str());
+    auto ring = std::make_unique<Ring>();
+    if (const int e = io_uring_queue_init(Ring::kDepth, &ring->ring, 0); e < 0)
+      return Status::Error(std::string("SSD tier: io_uring: ") + std::strerror(-e));
+    ring->span = (kStoredBlockHeaderBytes + static_cast<std::size_t>(layout.block_bytes) +
+                  kDirectAlign - 1) /
+                 kDirectAlign * kDirectAlign;
+    t->ring_ = std::move(ring);
+  }
   t->Scan();
   return t;
 }
@@ -283,6 +360,162 @@ void FileTierBlocks::Scan() {
 }
 
 Status FileTierBlocks::Put(BlockHash hash, std::span<const std::byte> bytes) {
+  if (!ring_) return MapPut(hash, bytes);
+  return PutMany({&hash, 1}, {&bytes, 1});
+}
+
+Status FileTierBlocks::Get(BlockHash hash, std::span<std::byte> out) {
+  if (!ring_) return MapGet(hash, out);
+  return GetMany({&hash, 1}, {&out, 1});
+}
+
+Status FileTierBlocks::Lost(BlockHash hash, const std::string& why) {
+  const std::filesystem::path path = PathOf(hash);
+  ::unlink(path.c_str());
+  held_.erase(hash);
+  ++counters_.lost;
+  ++counters_.get_errors;
+  return Status::Error("SSD tier: block file " + path.string() + ": " + why);
+}
+
+Status FileTierBlocks::PutMany(std::span<const BlockHash> hashes,
+                               std::span<const std::span<const std::byte>> blocks) {
+  if (!ring_) return TierBlocks::PutMany(hashes, blocks);
+  if (hashes.size() != blocks.size()) return Status::Error("PutMany: hashes and blocks differ");
+  std::size_t fresh = 0;
+  for (std::size_t i = 0; i < hashes.size(); ++i) {
+    if (Status s = CheckSize(*this, blocks[i].size()); !s.ok()) return s;
+    fresh += !held_.contains(hashes[i]) &&
+             std::find(hashes.begin(), hashes.begin() + static_cast<std::ptrdiff_t>(i),
+                       hashes[i]) == hashes.begin() + static_cast<std::ptrdiff_t>(i);
+  }
+  if (static_cast<std::int64_t>(held_.size() + fresh) > capacity_) {
+    ++counters_.put_errors;
+    return Status::Error("ssd tier full: " + std::to_string(capacity_) + " blocks held");
+  }
+  const std::size_t want = kStoredBlockHeaderBytes + static_cast<std::size_t>(block_bytes());
+  Status first = Status::Ok();
+  auto fail = [&](Status s) {
+    ++counters_.put_errors;
+    if (first.ok()) first = std::move(s);
+  };
+  for (std::size_t start = 0; start < hashes.size(); start += Ring::kDepth) {
+    const std::size_t n = std::min<std::size_t>(Ring::kDepth, hashes.size() - start);
+    if (!ring_->Reserve(n)) return Status::Error("SSD tier: no memory for I/O buffers");
+    std::vector<int> fds(n, -1);
+    for (std::size_t i = 0; i < n; ++i) {
+      const BlockHash hash = hashes[start + i];
+      std::byte* buf = ring_->Buffer(i);
+      EncodeStoredBlockHeader(
+          layout_, hash, blocks[start + i],
+          std::span<std::byte, kStoredBlockHeaderBytes>(buf, kStoredBlockHeaderBytes));
+      std::memcpy(buf + kStoredBlockHeaderBytes, blocks[start + i].data(),
+                  blocks[start + i].size());
+      std::memset(buf + want, 0, ring_->span - want);
+      const std::string partial = PathOf(hash).string() + kPartialSuffix;
+      fds[i] = ::open(partial.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_DIRECT | O_CLOEXEC, 0644);
+      if (fds[i] < 0) continue;
+      io_uring_sqe* sqe = io_uring_get_sqe(&ring_->ring);
+      io_uring_prep_write(sqe, fds[i], buf, static_cast<unsigned>(ring_->span), 0);
+      sqe->user_data = i;
+    }
+    const std::vector<int> results = ring_->Run(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      const BlockHash hash = hashes[start + i];
+      const std::filesystem::path path = PathOf(hash);
+      const std::string partial = path.string() + kPartialSuffix;
+      if (fds[i] < 0) {
+        fail(Status::Error(Errno("SSD tier: cannot create " + partial)));
+        continue;
+      }
+      Status written = Status::Ok();
+      if (results[i] != static_cast<int>(ring_->span)) {
+        written = Status::Error("SSD tier: writing " + partial + ": " +
+                                (results[i] < 0 ? std::strerror(-results[i]) : "short write"));
+      } else if (::ftruncate(fds[i], static_cast<off_t>(want)) != 0) {
+        written = Status::Error(Errno("SSD tier: cannot size " + partial));
+      }
+      ::close(fds[i]);
+      if (written.ok() && ::rename(partial.c_str(), path.c_str()) != 0)
+        written = Status::Error(Errno("SSD tier: cannot rename " + partial));
+      if (!written.ok()) {
+        ::unlink(partial.c_str());
+        fail(std::move(written));
+        continue;
+      }
+      held_.insert(hash);
+      ++counters_.puts;
+    }
+  }
+  return first;
+}
+
+Status FileTierBlocks::GetMany(std::span<const BlockHash> hashes,
+                               std::span<const std::span<std::byte>> out) {
+  if (!ring_) return TierBlocks::GetMany(hashes, out);
+  if (hashes.size() != out.size()) return Status::Error("GetMany: hashes and blocks differ");
+  const std::size_t want = kStoredBlockHeaderBytes + static_cast<std::size_t>(block_bytes());
+  Status first = Status::Ok();
+  auto fail = [&](Status s) {
+    if (first.ok()) first = std::move(s);
+  };
+  for (std::size_t start = 0; start < hashes.size(); start += Ring::kDepth) {
+    const std::size_t n = std::min<std::size_t>(Ring::kDepth, hashes.size() - start);
+    if (!ring_->Reserve(n)) return Status::Error("SSD tier: no memory for I/O buffers");
+    std::vector<int> fds(n, -1);
+    for (std::size_t i = 0; i < n; ++i) {
+      const BlockHash hash = hashes[start + i];
+      if (Status s = CheckSize(*this, out[start + i].size()); !s.ok()) {
+        fail(std::move(s));
+        continue;
+      }
+      if (!held_.contains(hash)) {
+        ++counters_.get_errors;
+        fail(Status::Error("SSD tier holds no block " + HashHex(hash)));
+        continue;
+      }
+      const int fd = ::open(PathOf(hash).c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC);
+      if (fd < 0) {
+        fail(Lost(hash, errno == ENOENT ? "missing" : std::strerror(errno)));
+        continue;
+      }
+      struct stat st {};
+      if (::fstat(fd, &st) != 0 || static_cast<std::size_t>(st.st_size) != want) {
+        const std::string why =
+            (static_cast<std::size_t>(st.st_size) < want ? "truncated: " : "trailing bytes: ") +
+            std::to_string(st.st_size) + " bytes, expected " + std::to_string(want);
+        ::close(fd);
+        fail(Lost(hash, why));
+        continue;
+      }
+      fds[i] = fd;
+      io_uring_sqe* sqe = io_uring_get_sqe(&ring_->ring);
+      io_uring_prep_read(sqe, fd, ring_->Buffer(i), static_cast<unsigned>(ring_->span), 0);
+      sqe->user_data = i;
+    }
+    const std::vector<int> results = ring_->Run(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      if (fds[i] < 0) continue;
+      ::close(fds[i]);
+      const BlockHash hash = hashes[start + i];
+      if (results[i] != static_cast<int>(want)) {
+        fail(Lost(hash, results[i] < 0 ? std::strerror(-results[i]) : "short read"));
+        continue;
+      }
+      const Result<std::span<const std::byte>> payload =
+          ParseStoredBlock({ring_->Buffer(i), want}, layout_, hash);
+      if (!payload.ok()) {
+        fail(Lost(hash, payload.error()));
+        continue;
+      }
+      std::memcpy(out[start + i].data(), payload->data(), out[start + i].size());
+      ++counters_.gets;
+    }
+  }
+  return first;
+}
+
+Status FileTierBlocks::MapPut(BlockHash hash, std::span<const std::byte> bytes) {
   if (Status s = CheckSize(*this, bytes.size()); !s.ok()) return s;
   auto fail = [&](Status s) {
     ++counters_.put_errors;
@@ -323,16 +556,10 @@ Status FileTierBlocks::Put(BlockHash hash, std::span<const std::byte> bytes) {
   return Status::Ok();
 }
 
-Status FileTierBlocks::Get(BlockHash hash, std::span<std::byte> out) {
+Status FileTierBlocks::MapGet(BlockHash hash, std::span<std::byte> out) {
   if (Status s = CheckSize(*this, out.size()); !s.ok()) return s;
   const std::filesystem::path path = PathOf(hash);
-  auto lost = [&](const std::string& why) {
-    ::unlink(path.c_str());
-    held_.erase(hash);
-    ++counters_.lost;
-    ++counters_.get_errors;
-    return Status::Error("SSD tier: block file " + path.string() + ": " + why);
-  };
+  auto lost = [&](const std::string& why) { return Lost(hash, why); };
   if (!held_.contains(hash)) {
     ++counters_.get_errors;
     return Status::Error("SSD tier holds no block " + HashHex(hash));

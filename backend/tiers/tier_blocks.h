@@ -62,6 +62,13 @@ class TierBlocks {
   // Copies block `hash` into `out` (block_bytes). An error (not held, corrupt, unreachable)
   // leaves `out`'s contents unspecified; a corrupt block is discarded and counted.
   virtual Status Get(BlockHash hash, std::span<std::byte> out) = 0;
+  // Put and Get of several blocks, which a tier may have in flight together (the SSD tier over
+  // io_uring); by default one after another. On an error some blocks may have been stored or
+  // copied and others not: the first error is returned once none is in flight.
+  virtual Status PutMany(std::span<const BlockHash> hashes,
+                         std::span<const std::span<const std::byte>> blocks);
+  virtual Status GetMany(std::span<const BlockHash> hashes,
+                         std::span<const std::span<std::byte>> out);
   // Forgets block `hash` (no effect if not held).
   virtual void Drop(BlockHash hash) = 0;
   // Blocks held (for a remote store: those this process put and has not dropped).
@@ -116,33 +123,53 @@ class DramTierBlocks final : public TierBlocks {
   std::vector<std::int64_t> free_;
 };
 
+// How the SSD tier moves its blocks' bytes: through memory mappings (the page cache), or
+// O_DIRECT reads and writes submitted together through io_uring (past the page cache, a
+// whole I/O's blocks in flight at once).
+enum class FileIo { kMmap, kIoUring };
+
 // Local SSD: block `hash` is the file <dir>/<16 hex digits>.kvb, a stored block (stored_block.h).
-// A put writes <name>.partial through a shared mapping and renames it into place, so a file
-// under its final name was written whole; a get maps the file read-only and checks it whole
-// before copying. At most capacity_blocks files: the on-disk size is bounded by
-// capacity_blocks * (block_bytes + 64). At start the directory is scanned: partial files are
-// removed, and so is every file whose header (or size) is wrong; payload checksums are checked
-// at every read.
+// A put writes <name>.partial and renames it into place, so a file under its final name was
+// written whole; a get reads the file and checks it whole before copying. Both engines write
+// the same files, so a directory one wrote the other serves. At most capacity_blocks files: the
+// on-disk size is bounded by capacity_blocks * (block_bytes + 64). At start the directory is
+// scanned: partial files are removed, and so is every file whose header (or size) is wrong;
+// payload checksums are checked at every read.
 class FileTierBlocks final : public TierBlocks {
  public:
+  // With kIoUring, refused where the kernel has no io_uring or the directory's filesystem no
+  // O_DIRECT.
   static Result<std::unique_ptr<FileTierBlocks>> Open(std::filesystem::path dir,
                                                       StoredBlockLayout layout,
-                                                      std::int64_t capacity_blocks);
+                                                      std::int64_t capacity_blocks,
+                                                      FileIo io = FileIo::kMmap);
+  ~FileTierBlocks() override;
   policies::TierKind kind() const override { return policies::TierKind::kSsd; }
   Status Put(BlockHash hash, std::span<const std::byte> bytes) override;
   Status Get(BlockHash hash, std::span<std::byte> out) override;
+  Status PutMany(std::span<const BlockHash> hashes,
+                 std::span<const std::span<const std::byte>> blocks) override;
+  Status GetMany(std::span<const BlockHash> hashes,
+                 std::span<const std::span<std::byte>> out) override;
   void Drop(BlockHash hash) override;
   std::int64_t held_blocks() const override { return static_cast<std::int64_t>(held_.size()); }
   std::int64_t capacity_blocks() const override { return capacity_; }
   Status CheckInvariants() const override;
   std::filesystem::path PathOf(BlockHash hash) const;
+  FileIo io() const { return ring_ ? FileIo::kIoUring : FileIo::kMmap; }
 
  private:
+  struct Ring;  // io_uring and its aligned buffers
   FileTierBlocks(std::filesystem::path dir, StoredBlockLayout layout, std::int64_t capacity);
   void Scan();
+  Status MapPut(BlockHash hash, std::span<const std::byte> bytes);
+  Status MapGet(BlockHash hash, std::span<std::byte> out);
+  // A stored block's file is gone or bad: removed, forgotten, counted; the error says why.
+  Status Lost(BlockHash hash, const std::string& why);
   std::filesystem::path dir_;
   std::int64_t capacity_;
   std::unordered_set<BlockHash> held_;  // block files this tier wrote or recovered
+  std::unique_ptr<Ring> ring_;          // kIoUring
 };
 
 struct RedisEndpoint {

@@ -150,35 +150,33 @@ Status HostTierStorage::Run(const Job& job) {
     source = blocks(io.from, io.from == policies::TierKind::kRemote ? 0 : io.node);
     if (!source) return Status::Error(what + ": no source tier " + policies::ToString(io.from));
   }
-  if (io.read) {
-    for (std::size_t i = 0; i < job.hashes.size(); ++i) {
-      const std::span<std::byte> dst = GpuBlock(io.instance, job.gpu_blocks[i]);
-      if (dst.empty())
+  // The instance's blocks an I/O to or from the GPU side names, all of them (a tier may have
+  // them in flight together).
+  std::vector<std::span<std::byte>> gpu;
+  if (gpu_side) {
+    for (const auto b : job.gpu_blocks) {
+      gpu.push_back(GpuBlock(io.instance, b));
+      if (gpu.back().empty())
         return Status::Error(what + ": instance " + std::to_string(io.instance) + " has no block " +
-                             std::to_string(job.gpu_blocks[i]));
-      if (Status s = tier->Get(job.hashes[i], dst); !s.ok()) return s;
+                             std::to_string(b));
     }
-    return Status::Ok();
   }
+  if (io.read) return tier->GetMany(job.hashes, gpu);
   // A write: the evicted blocks' room first (every I/O posted before this one has run).
   for (const BlockHash h : job.evicted) tier->Drop(h);
-  for (std::size_t i = 0; i < job.hashes.size(); ++i) {
-    Status s = Status::Ok();
-    if (gpu_side) {
-      const std::span<std::byte> src = GpuBlock(io.instance, job.gpu_blocks[i]);
-      s = src.empty() ? Status::Error(what + ": instance " + std::to_string(io.instance) +
-                                      " has no block " + std::to_string(job.gpu_blocks[i]))
-                      : tier->Put(job.hashes[i], src);
-    } else {
+  Status s = Status::Ok();
+  if (gpu_side) {
+    const std::vector<std::span<const std::byte>> blocks(gpu.begin(), gpu.end());
+    s = tier->PutMany(job.hashes, blocks);
+  } else {
+    for (std::size_t i = 0; i < job.hashes.size() && s.ok(); ++i) {
       s = source->Get(job.hashes[i], staging_);
       if (s.ok()) s = tier->Put(job.hashes[i], staging_);
     }
-    if (!s.ok()) {
-      for (std::size_t j = 0; j <= i; ++j) tier->Drop(job.hashes[j]);
-      return s;
-    }
   }
-  return Status::Ok();
+  if (!s.ok())
+    for (const BlockHash h : job.hashes) tier->Drop(h);
+  return s;
 }
 
 Result<std::unique_ptr<HostTierStorage>> MakeHostTierStorage(
@@ -194,7 +192,8 @@ Result<std::unique_ptr<HostTierStorage>> MakeHostTierStorage(
   if (tiers.ssd.enabled) {
     const std::filesystem::path dir =
         tiers.ssd.directory.empty() ? default_ssd_dir : std::filesystem::path(tiers.ssd.directory);
-    auto ssd = FileTierBlocks::Open(dir, layout, blocks_of(tiers.ssd));
+    auto ssd = FileTierBlocks::Open(dir, layout, blocks_of(tiers.ssd),
+                                    tiers.ssd.io_uring ? FileIo::kIoUring : FileIo::kMmap);
     if (!ssd) return Status::Error("tiers.ssd: " + ssd.error());
     storage->AddTier(policies::TierKind::kSsd, 0, std::move(ssd.value()));
   }

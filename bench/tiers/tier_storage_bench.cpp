@@ -5,7 +5,8 @@
 // yardstick (memcpy, fio, redis-benchmark).
 //
 // Usage: duet_tier_storage_bench TIER BLOCK_BYTES BLOCKS PER_IO [PHASE] [WHERE]
-//   TIER   dram | ssd | remote | memcpy (the yardstick of dram: the same bytes, one memcpy each)
+//   TIER   dram | ssd | ssd-io_uring | remote | memcpy (the yardstick of dram: the same bytes,
+//          one memcpy each)
 //   PHASE  both (default) | write | read (ssd: a read in a later process, after the page cache
 //          was dropped; the tier recovers the files at start)
 //   WHERE  ssd: the directory; remote: the redis port on 127.0.0.1
@@ -77,9 +78,10 @@ int main(int argc, char** argv) {
     auto t = DramTierBlocks::Create(layout, blocks);
     if (!t.ok()) return Fail(t.error());
     storage.AddTier(kind, 0, std::move(t.value()));
-  } else if (tier == "ssd") {
+  } else if (tier == "ssd" || tier == "ssd-io_uring") {
     kind = policies::TierKind::kSsd;
-    auto t = FileTierBlocks::Open(where, layout, blocks);
+    auto t = FileTierBlocks::Open(where, layout, blocks,
+                                  tier == "ssd" ? FileIo::kMmap : FileIo::kIoUring);
     if (!t.ok()) return Fail(t.error());
     storage.AddTier(kind, 0, std::move(t.value()));
   } else if (tier == "remote") {

@@ -143,18 +143,28 @@ TEST(Deployment, TiersNameTheSsdDirectoryAndTheRedisEndpoint) {
        {{"capacity_gib", 2},
         {"read_GBps", 3},
         {"write_GBps", 1},
-        {"directory", "/var/cache/duet"}}},
+        {"directory", "/var/cache/duet"},
+        {"io", "io_uring"}}},
       {"remote", {{"capacity_gib", 4}, {"bandwidth_GBps", 5}, {"endpoint", "10.0.0.7:7000"}}}};
   auto d = ParseDeployment(doc, "c.json", DUET_SOURCE_DIR);
   ASSERT_TRUE(d.ok()) << d.error();
   EXPECT_FALSE(d->tiers.dram.enabled);
   EXPECT_EQ(d->tiers.ssd.directory, "/var/cache/duet");
+  EXPECT_TRUE(d->tiers.ssd.io_uring);
   EXPECT_EQ(d->tiers.remote.host, "10.0.0.7");
   EXPECT_EQ(d->tiers.remote.port, 7000);
   const policies::TierSetup setup = TierSetupFor(d->tiers, 1 << 20, std::vector<int>{0, 0}, 1);
   EXPECT_EQ(setup.tiers[1].capacity_bytes, 2 * (std::int64_t{1} << 30));
   EXPECT_EQ(setup.tiers[1].read_bandwidth, 3e9);
   EXPECT_EQ(setup.tiers[2].read_bandwidth, 5e9);
+  json aio = doc;
+  aio["tiers"]["ssd"]["io"] = "aio";
+  auto no_aio = ParseDeployment(aio, "c.json", DUET_SOURCE_DIR);
+  ASSERT_FALSE(no_aio.ok());
+  EXPECT_NE(
+      no_aio.error().find("c.json: tiers.ssd: field 'io' must be 'mmap' or 'io_uring', got 'aio'"),
+      std::string::npos)
+      << no_aio.error();
   for (const char* bad : {"nohost", ":80", "h:0", "h:65536", "h:8x"}) {
     doc["tiers"]["remote"]["endpoint"] = bad;
     auto refused = ParseDeployment(doc, "c.json", DUET_SOURCE_DIR);

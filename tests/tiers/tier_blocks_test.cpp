@@ -106,7 +106,8 @@ TEST(DramTierBlocks, APoolBeyondTheHostsMemoryIsRefused) {
   EXPECT_NE(huge.error().find("more than this host's"), std::string::npos) << huge.error();
 }
 
-class FileTier : public ::testing::Test {
+// Each test of the SSD tier runs with both engines: mmap and O_DIRECT over io_uring.
+class FileTier : public ::testing::TestWithParam<FileIo> {
  protected:
   void SetUp() override { fds_before_ = OpenFds(); }
   void TearDown() override {
@@ -115,7 +116,7 @@ class FileTier : public ::testing::Test {
   }
   FileTierBlocks& Open(std::int64_t capacity = 8, StoredBlockLayout layout = kLayout) {
     tier_.reset();
-    auto t = FileTierBlocks::Open(dir_, layout, capacity);
+    auto t = FileTierBlocks::Open(dir_, layout, capacity, GetParam());
     EXPECT_TRUE(t.ok()) << t.error();
     tier_ = std::move(t.value());
     return *tier_;
@@ -126,7 +127,7 @@ class FileTier : public ::testing::Test {
   int fds_before_ = 0;
 };
 
-TEST_F(FileTier, ReadsBackWhatItWroteAsOneCheckedFilePerBlock) {
+TEST_P(FileTier, ReadsBackWhatItWroteAsOneCheckedFilePerBlock) {
   FileTierBlocks& t = Open();
   for (BlockHash h = 1; h <= 5; ++h) ASSERT_TRUE(t.Put(h, BlockBytes(4096, h)).ok());
   std::vector<std::byte> out(4096);
@@ -141,7 +142,7 @@ TEST_F(FileTier, ReadsBackWhatItWroteAsOneCheckedFilePerBlock) {
   EXPECT_TRUE(t.CheckInvariants().ok()) << t.CheckInvariants().message();
 }
 
-TEST_F(FileTier, ACorruptTruncatedOrMissingBlockFileIsAnErrorAndIsForgotten) {
+TEST_P(FileTier, ACorruptTruncatedOrMissingBlockFileIsAnErrorAndIsForgotten) {
   FileTierBlocks& t = Open();
   for (BlockHash h = 1; h <= 4; ++h) ASSERT_TRUE(t.Put(h, BlockBytes(4096, h)).ok());
   FlipByte(t.PathOf(1), kStoredBlockHeaderBytes + 1000);
@@ -166,7 +167,7 @@ TEST_F(FileTier, ACorruptTruncatedOrMissingBlockFileIsAnErrorAndIsForgotten) {
   EXPECT_TRUE(t.CheckInvariants().ok()) << t.CheckInvariants().message();
 }
 
-TEST_F(FileTier, ReopenedKeepsValidBlocksAndRemovesPartialCorruptForeignAndExcessFiles) {
+TEST_P(FileTier, ReopenedKeepsValidBlocksAndRemovesPartialCorruptForeignAndExcessFiles) {
   {
     FileTierBlocks& t = Open();
     for (BlockHash h = 1; h <= 6; ++h) ASSERT_TRUE(t.Put(h, BlockBytes(4096, h)).ok());
@@ -199,6 +200,51 @@ TEST_F(FileTier, ReopenedKeepsValidBlocksAndRemovesPartialCorruptForeignAndExces
   EXPECT_FALSE(t.Put(9, BlockBytes(4096, 9)).ok()) << "full: the on-disk size stays bounded";
   EXPECT_TRUE(t.CheckInvariants().ok()) << t.CheckInvariants().message();
 }
+
+// An I/O's blocks go and come back together, more of them than the ring holds in flight; files
+// one engine wrote, the other serves.
+TEST_P(FileTier, ManyBlocksAtOnceAndFilesTheOtherEngineWrote) {
+  FileTierBlocks& t = Open(/*capacity=*/200);
+  EXPECT_EQ(t.io(), GetParam());
+  std::vector<BlockHash> hashes;
+  std::vector<std::vector<std::byte>> bytes;
+  for (BlockHash h = 1; h <= 150; ++h) {
+    hashes.push_back(h);
+    bytes.push_back(BlockBytes(4096, h));
+  }
+  const std::vector<std::span<const std::byte>> in(bytes.begin(), bytes.end());
+  ASSERT_TRUE(t.PutMany(hashes, in).ok());
+  std::vector<std::vector<std::byte>> back(150, std::vector<std::byte>(4096));
+  const std::vector<std::span<std::byte>> out(back.begin(), back.end());
+  ASSERT_TRUE(t.GetMany(hashes, out).ok());
+  EXPECT_EQ(back, bytes);
+  EXPECT_EQ(t.counters().puts, 150);
+  EXPECT_EQ(t.counters().gets, 150);
+  // A damaged block among them: the others are served, it is lost and the error says which.
+  FlipByte(t.PathOf(70), kStoredBlockHeaderBytes + 5);
+  const Status one_bad = t.GetMany(hashes, out);
+  EXPECT_NE(one_bad.message().find(HashHex(70)), std::string::npos) << one_bad.message();
+  EXPECT_EQ(t.held_blocks(), 149);
+  tier_.reset();
+  auto other = FileTierBlocks::Open(dir_, kLayout, 200,
+                                    GetParam() == FileIo::kMmap ? FileIo::kIoUring : FileIo::kMmap);
+  ASSERT_TRUE(other.ok()) << other.error();
+  EXPECT_EQ((*other)->recovery().blocks.size(), 149u);
+  std::vector<std::byte> one(4096);
+  ASSERT_TRUE((*other)->Get(150, one).ok());
+  EXPECT_EQ(one, bytes[149]);
+  // More than it has room for at once: refused whole, nothing written.
+  std::vector<BlockHash> too_many;
+  for (BlockHash h = 1000; h < 1052; ++h) too_many.push_back(h);
+  const std::vector<std::span<const std::byte>> same(52, std::span<const std::byte>(one));
+  EXPECT_FALSE((*other)->PutMany(too_many, same).ok());
+  EXPECT_TRUE((*other)->CheckInvariants().ok()) << (*other)->CheckInvariants().message();
+}
+
+INSTANTIATE_TEST_SUITE_P(Engines, FileTier, ::testing::Values(FileIo::kMmap, FileIo::kIoUring),
+                         [](const auto& info) {
+                           return info.param == FileIo::kMmap ? "mmap" : "io_uring";
+                         });
 
 TEST(FileTierOpen, RefusesADirectoryItCannotUse) {
   TempDir temp;

@@ -40,11 +40,11 @@ def tier_file(tmp_path, model, tiers):
     return str(path)
 
 
-def one_tier(kind, tmp_path, redis_port=None):
+def one_tier(kind, tmp_path, redis_port=None, io="mmap"):
     """A cluster file's "tiers" with `kind` alone, room for 8 MiB of blocks."""
     spec = {"capacity_gib": 8 * MiB, "placement": "write-through"}
     if kind == "ssd":
-        spec.update(read_GBps=1, write_GBps=1, directory=str(tmp_path / "ssd"))
+        spec.update(read_GBps=1, write_GBps=1, directory=str(tmp_path / "ssd"), io=io)
     if kind == "remote":
         spec.update(bandwidth_GBps=1, endpoint=f"127.0.0.1:{redis_port}")
     return {kind: spec}
@@ -136,10 +136,10 @@ def test_a_prefix_forced_out_of_the_kv_cache_comes_back_from_the_tier_unchanged(
         assert len(os.listdir(tmp_path / "ssd")) > 0, "the block files stay for the next server"
 
 
-@pytest.mark.parametrize("kind", ["ssd", "remote"])
+@pytest.mark.parametrize("kind,io", [("ssd", "mmap"), ("ssd", "io_uring"), ("remote", None)])
 def test_a_restarted_server_finds_the_blocks_its_predecessor_left(
-        tiny_model, start_server, tmp_path, expected, kind, redis):
-    path = tier_file(tmp_path, tiny_model, one_tier(kind, tmp_path, redis.port))
+        tiny_model, start_server, tmp_path, expected, kind, io, redis):
+    path = tier_file(tmp_path, tiny_model, one_tier(kind, tmp_path, redis.port, io))
     s = serve_with_tiers(start_server, tiny_model, path)
     assert complete(s, A)[0] == expected[A]
     assert s.stop() == 0, s.stderr()
