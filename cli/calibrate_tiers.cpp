@@ -85,6 +85,20 @@ Result<std::pair<models::LinkFit, models::LinkFit>> TimeTier(
     }
     return std::span<const policies::KvBlockManager::BlockId>(gpu_blocks);
   };
+  // An I/O of `hashes` between the tier and the region's next blocks.
+  auto io_of = [&](bool read, std::span<const BlockHash> hashes,
+                   std::span<const BlockHash> evicted) {
+    const auto count = static_cast<std::int64_t>(hashes.size());
+    return policies::TierIo{.read = read,
+                            .tier = kind,
+                            .node = 0,
+                            .instance = 0,
+                            .blocks = count,
+                            .bytes = count * block_bytes,
+                            .hashes = hashes,
+                            .gpu_blocks = slots_for(count),
+                            .evicted = evicted};
+  };
   // Writes `count` new blocks, evicting the oldest where the tier is full.
   auto write = [&](std::int64_t count) -> Result<Seconds> {
     std::vector<BlockHash> hashes(static_cast<std::size_t>(count)), evicted;
@@ -93,31 +107,14 @@ Result<std::pair<models::LinkFit, models::LinkFit>> TimeTier(
       evicted.push_back(held.front());
       held.pop_front();
     }
-    policies::TierIo io{.read = false,
-                        .tier = kind,
-                        .node = 0,
-                        .instance = 0,
-                        .blocks = count,
-                        .bytes = count * block_bytes,
-                        .hashes = hashes,
-                        .gpu_blocks = slots_for(count),
-                        .evicted = evicted};
-    auto t = run(io);
+    auto t = run(io_of(false, hashes, evicted));
     held.insert(held.end(), hashes.begin(), hashes.end());
     return t;
   };
   // Reads the `count` oldest blocks back.
   auto read = [&](std::int64_t count) -> Result<Seconds> {
     const std::vector<BlockHash> hashes(held.begin(), held.begin() + count);
-    policies::TierIo io{.read = true,
-                        .tier = kind,
-                        .node = 0,
-                        .instance = 0,
-                        .blocks = count,
-                        .bytes = count * block_bytes,
-                        .hashes = hashes,
-                        .gpu_blocks = slots_for(count)};
-    return run(io);
+    return run(io_of(true, hashes, {}));
   };
 
   for (std::int64_t filled = 0; filled < slots; filled += max_blocks)

@@ -26,6 +26,7 @@
 namespace duet::backend {
 namespace {
 
+using contract::ConnectedPair;
 using contract::Harness;
 using contract::kDecode;
 using contract::kPrefill;
@@ -119,22 +120,8 @@ std::vector<Named> Transports() {
   std::vector<Named> all;
   all.push_back({"cuda_ipc_same_process",
                  [](Region& src, Region& dst) -> std::unique_ptr<Harness> {
-                   auto source = CudaIpcKvTransport::Create(kPrefill, src.region);
-                   auto sink = CudaIpcKvTransport::Create(kDecode, dst.region);
-                   if (!source.ok() || !sink.ok()) {
-                     ADD_FAILURE() << (source.ok() ? sink.error() : source.error());
-                     return nullptr;
-                   }
-                   if (Status s = (*sink)->Connect(kPrefill, (*source)->Descriptor()); !s.ok()) {
-                     ADD_FAILURE() << s.message();
-                     return nullptr;
-                   }
-                   auto h = std::make_unique<Harness>();
-                   h->transport = sink->get();
-                   h->log = sink->get();
-                   h->owned.push_back(std::move(*sink));
-                   h->owned.push_back(std::move(*source));
-                   return h;
+                   return ConnectedPair(CudaIpcKvTransport::Create(kPrefill, src.region),
+                                        CudaIpcKvTransport::Create(kDecode, dst.region));
                  },
                  DeviceMemory(), NoDevice});
   // The source region lives in another process, made with the contract source's size and
@@ -174,22 +161,8 @@ std::vector<Named> Transports() {
                      ADD_FAILURE() << entry.error();
                      return nullptr;
                    }
-                   auto source = (*entry)->create(kPrefill, src.region, {});
-                   auto sink = (*entry)->create(kDecode, dst.region, {});
-                   if (!source.ok() || !sink.ok()) {
-                     ADD_FAILURE() << (source.ok() ? sink.error() : source.error());
-                     return nullptr;
-                   }
-                   if (Status s = (*sink)->Connect(kPrefill, (*source)->Descriptor()); !s.ok()) {
-                     ADD_FAILURE() << s.message();
-                     return nullptr;
-                   }
-                   auto h = std::make_unique<Harness>();
-                   h->transport = sink->get();
-                   h->log = sink->get();
-                   h->owned.push_back(std::move(*sink));
-                   h->owned.push_back(std::move(*source));
-                   return h;
+                   return ConnectedPair((*entry)->create(kPrefill, src.region, {}),
+                                        (*entry)->create(kDecode, dst.region, {}));
                  },
                  DeviceMemory(), NoDevice});
   return all;

@@ -93,6 +93,31 @@ struct Harness {
   std::function<void()> progress_source = [] {};
 };
 
+// The harness of a source and a sink of one transport that connect by the source's descriptor
+// (PeerKvTransport): pulls go through the sink, the source is progressed, and the sink goes
+// before the source. Null, with the failure added, where either was not made or they did not
+// connect.
+template <class T>
+std::unique_ptr<Harness> ConnectedPair(Result<std::unique_ptr<T>> source,
+                                       Result<std::unique_ptr<T>> sink) {
+  if (!source.ok() || !sink.ok()) {
+    ADD_FAILURE() << (source.ok() ? sink.error() : source.error());
+    return nullptr;
+  }
+  if (Status s = (*sink)->Connect(kPrefill, (*source)->Descriptor()); !s.ok()) {
+    ADD_FAILURE() << s.message();
+    return nullptr;
+  }
+  auto h = std::make_unique<Harness>();
+  T* source_ptr = source->get();
+  h->progress_source = [source_ptr] { source_ptr->Progress(); };
+  h->transport = sink->get();
+  h->log = sink->get();
+  h->owned.push_back(std::move(*sink));  // destroyed before the source
+  h->owned.push_back(std::move(*source));
+  return h;
+}
+
 using Factory = std::function<std::unique_ptr<Harness>(Region& src, Region& dst)>;
 
 struct Named {

@@ -31,6 +31,7 @@
 namespace duet::backend {
 namespace {
 
+using contract::ConnectedPair;
 using contract::Harness;
 using contract::kDecode;
 using contract::kPrefill;
@@ -79,25 +80,8 @@ std::vector<Named> Transports() {
       all.push_back(
           {std::string(ucx_memory ? "ucx_memory_" : "ucx_") + (tls == "tcp" ? "tcp" : "shm"),
            [tls](Region& src, Region& dst) -> std::unique_ptr<Harness> {
-             auto source = UcxKvTransport::Create(kPrefill, src.region, tls);
-             auto sink = UcxKvTransport::Create(kDecode, dst.region, tls);
-             if (!source.ok() || !sink.ok()) {
-               ADD_FAILURE() << (source.ok() ? sink.error() : source.error());
-               return nullptr;
-             }
-             const Status connected = (*sink)->Connect(kPrefill, (*source)->Descriptor());
-             if (!connected.ok()) {
-               ADD_FAILURE() << connected.message();
-               return nullptr;
-             }
-             auto h = std::make_unique<Harness>();
-             UcxKvTransport* source_ptr = source->get();
-             h->progress_source = [source_ptr] { source_ptr->Progress(); };
-             h->transport = sink->get();
-             h->log = sink->get();
-             h->owned.push_back(std::move(*sink));  // destroyed before the source
-             h->owned.push_back(std::move(*source));
-             return h;
+             return ConnectedPair(UcxKvTransport::Create(kPrefill, src.region, tls),
+                                  UcxKvTransport::Create(kDecode, dst.region, tls));
            },
            RegionMemory{ucx_memory ? KvTransportAllocator(options) : nullptr, {}, {}}});
     }
@@ -135,24 +119,8 @@ std::vector<Named> Transports() {
     all.push_back(
         {"registry_" + entry.name, [&entry](Region& src, Region& dst) -> std::unique_ptr<Harness> {
            const KvTransportOptions options{entry.name, "tcp", {}};
-           auto source = entry.create(kPrefill, src.region, options);
-           auto sink = entry.create(kDecode, dst.region, options);
-           if (!source.ok() || !sink.ok()) {
-             ADD_FAILURE() << (source.ok() ? sink.error() : source.error());
-             return nullptr;
-           }
-           if (Status s = (*sink)->Connect(kPrefill, (*source)->Descriptor()); !s.ok()) {
-             ADD_FAILURE() << s.message();
-             return nullptr;
-           }
-           auto h = std::make_unique<Harness>();
-           PeerKvTransport* source_ptr = source->get();
-           h->progress_source = [source_ptr] { source_ptr->Progress(); };
-           h->transport = sink->get();
-           h->log = sink->get();
-           h->owned.push_back(std::move(*sink));  // destroyed before the source
-           h->owned.push_back(std::move(*source));
-           return h;
+           return ConnectedPair(entry.create(kPrefill, src.region, options),
+                                entry.create(kDecode, dst.region, options));
          }});
   }
   return all;
