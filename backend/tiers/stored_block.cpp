@@ -84,9 +84,20 @@ Result<std::span<const std::byte>> ParseStoredBlock(std::span<const std::byte> s
                          std::to_string(stored.size()) + " bytes, expected " +
                          std::to_string(want));
   const std::span<const std::byte> payload = stored.subspan(kStoredBlockHeaderBytes);
-  if (Xxh3(payload) != Get<std::uint64_t>(stored, 40))
-    return Status::Error("corrupt payload (checksum mismatch)");
+  if (Status s = CheckStoredPayload(stored.first<kStoredBlockHeaderBytes>(), payload); !s.ok())
+    return s;
   return payload;
+}
+
+Status CheckStoredPayload(std::span<const std::byte, kStoredBlockHeaderBytes> header,
+                          std::span<const std::byte> payload) {
+  if (Get<std::uint64_t>(header, 32) != payload.size())
+    return Status::Error("payload of " + std::to_string(payload.size()) +
+                         " bytes, the header says " +
+                         std::to_string(Get<std::uint64_t>(header, 32)));
+  if (Xxh3(payload) != Get<std::uint64_t>(header, 40))
+    return Status::Error("corrupt payload (checksum mismatch)");
+  return Status::Ok();
 }
 
 policies::BlockHash StoredBlockHash(std::span<const std::byte> stored) {

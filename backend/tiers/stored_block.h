@@ -47,6 +47,11 @@ void EncodeStoredBlockHeader(const StoredBlockLayout& layout, policies::BlockHas
 Status CheckStoredBlockHeader(std::span<const std::byte> stored, const StoredBlockLayout& layout,
                               policies::BlockHash hash);
 
+// Checks a payload against the header it was stored with (one CheckStoredBlockHeader passed):
+// its size and its checksum. For a block read in two parts.
+Status CheckStoredPayload(std::span<const std::byte, kStoredBlockHeaderBytes> header,
+                          std::span<const std::byte> payload);
+
 // The payload of a whole stored block (header then payload, nothing after), checked: the header
 // as above, the size, the payload's checksum. The span points into `stored`.
 Result<std::span<const std::byte>> ParseStoredBlock(std::span<const std::byte> stored,

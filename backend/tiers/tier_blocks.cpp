@@ -713,32 +713,82 @@ Status RedisTierBlocks::Get(BlockHash hash, std::span<std::byte> out) {
     return s;
   };
   if (Status s = Connect(); !s.ok()) return fail(s);
-  const std::string key = KeyOf(hash);
-  Reply r(redisCommand(context_, "GET %b", key.data(), key.size()));
-  if (!r.reply) {
-    Status s = Status::Error(std::string("remote tier: GET failed: ") + context_->errstr);
+  // The GET and its reply go over the socket directly, the value's payload read into `out`
+  // itself: hiredis would read a reply of megabytes into a buffer it allocates for each (a
+  // fresh mapping and its page faults), as it would format a SET. Every reply before this one
+  // was read whole, so nothing of this one waits in hiredis's buffer.
+  const int fd = context_->fd;
+  auto broken = [&](const std::string& why) {
     Disconnect();
-    return fail(s);
+    return fail(Status::Error("remote tier: GET failed: " + why));
+  };
+  const std::string key = KeyOf(hash);
+  const std::string command =
+      "*2\r\n$3\r\nGET\r\n$" + std::to_string(key.size()) + "\r\n" + key + "\r\n";
+  iovec iov[] = {{const_cast<char*>(command.data()), command.size()}};
+  if (Status s = WriteAll(fd, iov); !s.ok()) return broken(s.message());
+  // The reply's first line: "$<bytes>", "$-1" (no such key) or "-<error>".
+  std::array<char, 128> head{};
+  std::size_t have = 0, line = 0;
+  for (;;) {
+    const char* end = static_cast<const char*>(std::memchr(head.data(), '\n', have));
+    if (end) {
+      line = static_cast<std::size_t>(end - head.data()) + 1;
+      break;
+    }
+    if (have == head.size()) return broken("a reply line longer than " + std::to_string(have));
+    const ssize_t n = ::recv(fd, head.data() + have, head.size() - have, 0);
+    if (n <= 0) return broken(n == 0 ? "the server closed the connection" : Errno("recv"));
+    have += static_cast<std::size_t>(n);
   }
-  if (r.reply->type == REDIS_REPLY_NIL) {
+  const std::string first(head.data(), line >= 2 ? line - 2 : 0);
+  if (first == "$-1") {
     // Gone from the server (restarted empty, or evicted by its own maxmemory policy).
     if (held_.erase(hash)) ++counters_.lost;
     return fail(Status::Error("remote tier: redis holds no block " + HashHex(hash)));
   }
-  if (r.reply->type != REDIS_REPLY_STRING)
-    return fail(Status::Error("remote tier: GET " + key + ": not a string reply"));
-  const std::span<const std::byte> stored(reinterpret_cast<const std::byte*>(r.reply->str),
-                                          r.reply->len);
-  const Result<std::span<const std::byte>> payload = ParseStoredBlock(stored, layout_, hash);
-  if (!payload.ok()) {
+  if (!first.empty() && first[0] == '-')
+    return fail(Status::Error("remote tier: GET refused: " + first.substr(1)));
+  char* digits_end = nullptr;
+  const long long value =
+      first.size() > 1 && first[0] == '$' ? std::strtoll(first.c_str() + 1, &digits_end, 10) : -1;
+  if (value < 0 || !digits_end || *digits_end != '\0')
+    return broken("not a string reply: " + first.substr(0, 40));
+  // The value, then its "\r\n": what arrived with the line first, the rest from the socket.
+  const std::size_t want = kStoredBlockHeaderBytes + out.size();
+  std::array<std::byte, kStoredBlockHeaderBytes> header{};
+  const bool sized = static_cast<std::size_t>(value) == want;
+  std::vector<std::byte> other;  // a value of another size, read to keep the connection in step
+  if (!sized) other.resize(static_cast<std::size_t>(value));
+  std::array<char, 2> crlf{};
+  const std::array<std::span<std::byte>, 3> parts = {
+      sized ? std::span<std::byte>(header) : std::span<std::byte>(other),
+      sized ? out : std::span<std::byte>(), std::as_writable_bytes(std::span<char>(crlf))};
+  std::size_t extra = line;  // the next byte of `head` not yet placed
+  for (const std::span<std::byte> part : parts) {
+    const std::size_t take = std::min(part.size(), have - extra);
+    if (take > 0) std::memcpy(part.data(), head.data() + extra, take);
+    extra += take;
+    std::size_t filled = take;
+    while (filled < part.size()) {
+      const ssize_t n = ::recv(fd, part.data() + filled, part.size() - filled, 0);
+      if (n <= 0) return broken(n == 0 ? "the server closed the connection" : Errno("recv"));
+      filled += static_cast<std::size_t>(n);
+    }
+  }
+  if (crlf[0] != '\r' || crlf[1] != '\n' || extra != have)
+    return broken("a value not followed by its line end");
+  Status checked = sized ? CheckStoredBlockHeader(header, layout_, hash)
+                         : ParseStoredBlock(other, layout_, hash).status();
+  if (checked.ok() && sized) checked = CheckStoredPayload(header, out);
+  if (!checked.ok()) {
     // Never served again, by this process or another: whoever put it.
     held_.erase(hash);
     Reply del(redisCommand(context_, "DEL %b", key.data(), key.size()));
     if (!del.reply) Disconnect();
     ++counters_.lost;
-    return fail(Status::Error("remote tier: " + key + ": " + payload.error()));
+    return fail(Status::Error("remote tier: " + key + ": " + checked.message()));
   }
-  std::memcpy(out.data(), payload->data(), out.size());
   ++counters_.gets;
   return Status::Ok();
 }

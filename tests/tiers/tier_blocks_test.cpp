@@ -272,6 +272,17 @@ TEST(RedisTier, BlocksAreSharedByTiersOfOneLayoutAndSurviveNothingWrong) {
   const Status corrupt = b.Get(2, out);
   EXPECT_NE(corrupt.message().find("corrupt payload"), std::string::npos) << corrupt.message();
   EXPECT_EQ(server.Command("EXISTS " + a.KeyOf(2)), "0");
+  // A value of another size (another writer, another format) is refused and deleted, and the
+  // connection stays in step: the next read is right.
+  server.Command("SET " + a.KeyOf(4) + " short");
+  const Status other = b.Get(4, out);
+  EXPECT_NE(other.message().find("shorter than the 64-byte header"), std::string::npos)
+      << other.message();
+  EXPECT_EQ(server.Command("EXISTS " + a.KeyOf(4)), "0");
+  server.Command("SET " + a.KeyOf(4) + " \"\"");  // and another, two bytes
+  EXPECT_NE(b.Get(4, out).message().find("shorter than the 64-byte header"), std::string::npos);
+  ASSERT_TRUE(b.Get(1, out).ok());
+  EXPECT_EQ(out, BlockBytes(4096, 1));
   a.Drop(3);
   EXPECT_FALSE(b.Get(3, out).ok());
   EXPECT_EQ(a.held_blocks(), 3);
