@@ -191,6 +191,10 @@ Result<std::vector<models::LinkFit>> TimeTiers(const deploy::TiersSpec& tiers,
               reinterpret_cast<unsigned char*>(region.data() + region.size()),
               static_cast<unsigned char>(0));
     (*storage)->RegisterInstance(0, {region.data(), block_bytes, slots, nullptr});
+    // Blocks of this layout a calibration that did not finish left in the store: not this
+    // one's to count, gone.
+    if (backend::TierBlocks* blocks = (*storage)->blocks(kind, 0))
+      for (const policies::BlockHash h : std::vector(blocks->recovery().blocks)) blocks->Drop(h);
     auto fits = TimeTier(**storage, kind, block_bytes, slots, max_blocks, repeats, progress);
     if (!fits) return fits.status();
     fits->first.path = fits->second.path = Describe(kind, spec, scratch.path);

@@ -246,8 +246,9 @@ struct FileTierBlocks::Ring {
   std::size_t span = 0;  // a block's buffer: header and payload, rounded up to kDirectAlign
   std::byte* buffers = nullptr;
   std::size_t buffer_count = 0;
+  bool broken = false;  // the ring could not be made again (Run): every I/O fails
   ~Ring() {
-    io_uring_queue_exit(&ring);
+    if (!broken) io_uring_queue_exit(&ring);
     std::free(buffers);
   }
   std::byte* Buffer(std::size_t i) { return buffers + i * span; }
@@ -260,17 +261,36 @@ struct FileTierBlocks::Ring {
     buffer_count = n;
     return true;
   }
-  // Submits what was prepared (`n` I/Os, user_data their index) and waits for all of them:
-  // each one's result (bytes moved, or -errno).
-  std::vector<int> Run(std::size_t n) {
+  // Submits the `prepared` I/Os (of `n`, user_data their index) and waits for all of them: each
+  // one's result (bytes moved, or -errno; -EIO for one not prepared or not submitted).
+  std::vector<int> Run(std::size_t n, std::size_t prepared) {
     std::vector<int> results(n, -EIO);
-    const int submitted = io_uring_submit(&ring);
-    const std::size_t expected = submitted < 0 ? 0 : static_cast<std::size_t>(submitted);
-    for (std::size_t done = 0; done < expected; ++done) {
+    std::size_t submitted = 0, done = 0;
+    auto reap = [&] {
       io_uring_cqe* cqe = nullptr;
-      if (io_uring_wait_cqe(&ring, &cqe) != 0) break;
+      if (io_uring_wait_cqe(&ring, &cqe) != 0) return false;
       if (cqe->user_data < n) results[cqe->user_data] = cqe->res;
       io_uring_cqe_seen(&ring, cqe);
+      ++done;
+      return true;
+    };
+    while (submitted < prepared) {
+      const int r = io_uring_submit(&ring);
+      if (r > 0) {
+        submitted += static_cast<std::size_t>(r);
+      } else if ((r == -EAGAIN || r == -EBUSY || r == -EINTR) && done < submitted) {
+        if (!reap()) break;  // room for the rest once some have completed
+      } else if (r != -EINTR) {
+        break;
+      }
+    }
+    while (done < submitted && reap()) {
+    }
+    if (submitted < prepared || done < submitted) {
+      // What was left in the ring must never run later into buffers reused by then: a new ring.
+      io_uring_queue_exit(&ring);
+      ring = {};
+      if (io_uring_queue_init(kDepth, &ring, 0) < 0) broken = true;
     }
     return results;
   }
@@ -382,6 +402,10 @@ Status FileTierBlocks::PutMany(std::span<const BlockHash> hashes,
                                std::span<const std::span<const std::byte>> blocks) {
   if (!ring_) return TierBlocks::PutMany(hashes, blocks);
   if (hashes.size() != blocks.size()) return Status::Error("PutMany: hashes and blocks differ");
+  if (ring_->broken) {
+    ++counters_.put_errors;
+    return Status::Error("SSD tier: io_uring could not be set up again after a failed submit");
+  }
   std::size_t fresh = 0;
   for (std::size_t i = 0; i < hashes.size(); ++i) {
     if (Status s = CheckSize(*this, blocks[i].size()); !s.ok()) return s;
@@ -403,6 +427,7 @@ Status FileTierBlocks::PutMany(std::span<const BlockHash> hashes,
     const std::size_t n = std::min<std::size_t>(Ring::kDepth, hashes.size() - start);
     if (!ring_->Reserve(n)) return Status::Error("SSD tier: no memory for I/O buffers");
     std::vector<int> fds(n, -1);
+    std::size_t prepared = 0;
     for (std::size_t i = 0; i < n; ++i) {
       const BlockHash hash = hashes[start + i];
       std::byte* buf = ring_->Buffer(i);
@@ -415,11 +440,12 @@ Status FileTierBlocks::PutMany(std::span<const BlockHash> hashes,
       const std::string partial = PathOf(hash).string() + kPartialSuffix;
       fds[i] = ::open(partial.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_DIRECT | O_CLOEXEC, 0644);
       if (fds[i] < 0) continue;
+      ++prepared;
       io_uring_sqe* sqe = io_uring_get_sqe(&ring_->ring);
       io_uring_prep_write(sqe, fds[i], buf, static_cast<unsigned>(ring_->span), 0);
       sqe->user_data = i;
     }
-    const std::vector<int> results = ring_->Run(n);
+    const std::vector<int> results = ring_->Run(n, prepared);
     for (std::size_t i = 0; i < n; ++i) {
       const BlockHash hash = hashes[start + i];
       const std::filesystem::path path = PathOf(hash);
@@ -454,6 +480,10 @@ Status FileTierBlocks::GetMany(std::span<const BlockHash> hashes,
                                std::span<const std::span<std::byte>> out) {
   if (!ring_) return TierBlocks::GetMany(hashes, out);
   if (hashes.size() != out.size()) return Status::Error("GetMany: hashes and blocks differ");
+  if (ring_->broken) {
+    ++counters_.get_errors;
+    return Status::Error("SSD tier: io_uring could not be set up again after a failed submit");
+  }
   const std::size_t want = kStoredBlockHeaderBytes + static_cast<std::size_t>(block_bytes());
   Status first = Status::Ok();
   auto fail = [&](Status s) {
@@ -463,6 +493,7 @@ Status FileTierBlocks::GetMany(std::span<const BlockHash> hashes,
     const std::size_t n = std::min<std::size_t>(Ring::kDepth, hashes.size() - start);
     if (!ring_->Reserve(n)) return Status::Error("SSD tier: no memory for I/O buffers");
     std::vector<int> fds(n, -1);
+    std::size_t prepared = 0;
     for (std::size_t i = 0; i < n; ++i) {
       const BlockHash hash = hashes[start + i];
       if (Status s = CheckSize(*this, out[start + i].size()); !s.ok()) {
@@ -492,8 +523,9 @@ Status FileTierBlocks::GetMany(std::span<const BlockHash> hashes,
       io_uring_sqe* sqe = io_uring_get_sqe(&ring_->ring);
       io_uring_prep_read(sqe, fd, ring_->Buffer(i), static_cast<unsigned>(ring_->span), 0);
       sqe->user_data = i;
+      ++prepared;
     }
-    const std::vector<int> results = ring_->Run(n);
+    const std::vector<int> results = ring_->Run(n, prepared);
     for (std::size_t i = 0; i < n; ++i) {
       if (fds[i] < 0) continue;
       ::close(fds[i]);
