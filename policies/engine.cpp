@@ -123,14 +123,29 @@ void InstanceEngine::Run() {
   }
 }
 
-bool InstanceEngine::Plan(Seconds now, StepPlan& plan) {
+Request* InstanceEngine::Held(RequestId id) const {
+  const auto it = held_.find(id);
+  DUET_CHECK_MSG(it != held_.end(), "request " + std::to_string(id) + " is not held by instance " +
+                                        std::to_string(config_.id));
+  return it->second.get();
+}
+
+bool InstanceEngine::Plan(Seconds now, InFlight& step) {
+  StepPlan& plan = step.plan;
   scheduler_.Schedule(blocks_, plan);
-  for (Request* r : plan.preempted) {
+  // The plan names its requests by id: resolved once here, for everything the engine does with
+  // the step's entries until it applied the step.
+  step.requests.clear();
+  for (const PrefillItem& item : plan.prefills) step.requests.push_back(Held(item.request));
+  for (const DecodeItem& item : plan.decodes) step.requests.push_back(Held(item.request));
+  for (const RequestId id : plan.preempted) {
+    Request* r = Held(id);
     ports_.sink->OnPreempted(r->spec(), r->record(), config_.id);
     for (Load& load : loads_) load.orphaned |= load.request == r;
   }
   const bool overlap = config_.scheduler.overlap_tier_loads;
-  for (Request* r : plan.admitted) {
+  for (const RequestId id : plan.admitted) {
+    Request* r = Held(id);
     if (r->first_scheduled_s < 0) r->first_scheduled_s = now;
     // Blocks up to here were computed elsewhere or come from the tiers: nothing to write down.
     const Tokens present = r->computed_tokens + (overlap ? 0 : r->LoadingTokens());
@@ -149,7 +164,7 @@ bool InstanceEngine::Plan(Seconds now, StepPlan& plan) {
 }
 
 void InstanceEngine::Submit(InFlight& step, Seconds now) {
-  step.coalesced = PrepareExecution(now, step.plan);
+  step.coalesced = PrepareExecution(now, step);
   step.result.clear();
   if (plans_ahead()) {
     blocks_.Pin(step.plan.block_ids);
@@ -173,7 +188,7 @@ bool InstanceEngine::RunOnce() {
   const Seconds now = ports_.clock->Now();
   StartPulls(now);
   InFlight* next = nullptr;
-  if (in_flight_ < max_in_flight_ && Plan(now, in_flight(in_flight_).plan))
+  if (in_flight_ < max_in_flight_ && Plan(now, in_flight(in_flight_)))
     next = &in_flight(in_flight_);
   if (!next && in_flight_ == 0) {
     PublishCacheEvents();
@@ -201,9 +216,9 @@ bool InstanceEngine::RunOnce() {
   // Overlapped loads that outlasted the computation: their requests waited that long.
   for (const AwaitedLoad& a : step.plan.awaited_loads) {
     const auto& delayed = result.delayed_by_loads;
-    if (a.request->prefill_done_s < 0 &&
-        std::find(delayed.begin(), delayed.end(), a.request->id) != delayed.end())
-      a.request->load_wait_s += result.load_wait_s;
+    if (std::find(delayed.begin(), delayed.end(), a.request) == delayed.end()) continue;
+    Request* r = Held(a.request);
+    if (r->prefill_done_s < 0) r->load_wait_s += result.load_wait_s;
   }
   steps_ += static_cast<std::int64_t>(result.step_end_s.size());
   if (result.status.ok()) {
@@ -259,18 +274,20 @@ void InstanceEngine::PublishCacheEvents() {
   events_to_tiers_ = 0;
 }
 
-bool InstanceEngine::PrepareExecution(Seconds now, StepPlan& plan) {
+bool InstanceEngine::PrepareExecution(Seconds now, InFlight& step) {
+  StepPlan& plan = step.plan;
   plan.tp = config_.tp;
   plan.num_layers = config_.num_layers;
+  // Not with speculative decoding: a run's steps would gain unequal tokens.
   const bool coalesce = config_.coalesce_decode_steps && ports_.executor->CoalescesDecodeRuns() &&
                         max_in_flight_ == 1 && plan.prefills.empty() && !plan.decodes.empty() &&
-                        plan.draft_tokens == 0;  // a run's steps would gain unequal tokens
+                        !config_.scheduler.speculative.enabled();
   plan.max_steps = coalesce ? DecodeRunLength(plan) : 1;
   for (const Load& load : loads_) {
     if (load.overlapped && !load.orphaned && load.request->state == RequestState::kLoading)
-      plan.awaited_loads.push_back({load.request, load.id});
+      plan.awaited_loads.push_back({load.request->id, load.id});
   }
-  if (ports_.executor->NeedsInputs()) plan.SnapshotInputs(blocks_);
+  if (ports_.executor->NeedsInputs()) plan.SnapshotInputs(step.requests, blocks_);
   return plan.max_steps > 1;
 }
 
@@ -474,7 +491,8 @@ void InstanceEngine::StartPulls(Seconds now) {
 
 void InstanceEngine::StartLoads(Seconds now, const StepPlan& plan) {
   const bool overlap = config_.scheduler.overlap_tier_loads;
-  for (Request* r : plan.loads) {
+  for (const RequestId request : plan.loads) {
+    Request* r = Held(request);
     TierHits hits;
     for (int k = 0; k < kNumLowerTiers; ++k)
       hits.blocks[static_cast<std::size_t>(k)] =
@@ -549,16 +567,17 @@ void InstanceEngine::OffloadComputed(Request* r, Tokens computed) {
 
 int InstanceEngine::DecodeRunLength(const StepPlan& plan) {
   Tokens k_max = 1 << 20;
-  for (const Request* r : plan.decodes) k_max = std::min(k_max, r->RemainingOutput());
+  for (const DecodeItem& d : plan.decodes) k_max = std::min(k_max, d.remaining_output);
   if (k_max <= 1) return 1;
-  // Step s of the run needs room for SequenceTokens() + s tokens. Extend only with blocks that
-  // are free without evicting anything, so the run decides exactly what single steps would.
+  // Step s of the run needs room for the sequence (context + 1 tokens) + s tokens. Extend only
+  // with blocks that are free without evicting anything, so the run decides exactly what single
+  // steps would.
   const std::int64_t free_blocks = blocks_.kv_blocks_uncached_free();
   auto extra_blocks = [&](Tokens k) {
     std::int64_t extra = 0;
-    for (const Request* r : plan.decodes) {
+    for (const DecodeItem& d : plan.decodes) {
       extra += std::max<std::int64_t>(
-          0, blocks_.TokensToBlocks(r->SequenceTokens() + k - 1) - blocks_.TableBlocks(r->id));
+          0, blocks_.TokensToBlocks(d.context + k) - blocks_.TableBlocks(d.request));
     }
     return extra;
   };
@@ -571,8 +590,8 @@ int InstanceEngine::DecodeRunLength(const StepPlan& plan) {
       hi = mid - 1;
     }
   }
-  for (const Request* r : plan.decodes) {
-    DUET_CHECK(blocks_.GrowWithoutEviction(r->id, r->SequenceTokens() + lo - 1));
+  for (const DecodeItem& d : plan.decodes) {
+    DUET_CHECK(blocks_.GrowWithoutEviction(d.request, d.context + lo));
   }
   return static_cast<int>(lo);
 }
@@ -581,8 +600,9 @@ void InstanceEngine::Advance(InFlight& step, Tokens steps) {
   const bool ahead = plans_ahead();  // the next plan is made before this step ends
   step.generated_after.clear();
   step.ends_prefill.clear();
+  std::size_t entry = 0;
   for (const PrefillItem& item : step.plan.prefills) {
-    Request* r = item.request;
+    Request* r = step.requests[entry++];
     r->computed_tokens += item.tokens;
     const bool ends = r->computed_tokens == r->prefill_target;
     if (ends) ++r->generated_tokens;
@@ -598,7 +618,7 @@ void InstanceEngine::Advance(InFlight& step, Tokens steps) {
     }
   }
   const SpeculativeConfig& speculative = config_.scheduler.speculative;
-  for (Request* r : step.plan.decodes) {
+  for (Request* r : std::span<Request* const>(step.requests).subspan(entry)) {
     // With speculative decoding (one step at a time), its token and the drafts it kept.
     r->generated_tokens +=
         speculative.enabled()
@@ -628,7 +648,7 @@ void InstanceEngine::Apply(const InFlight& step) {
   };
   std::size_t entry = 0;
   for (const PrefillItem& item : plan.prefills) {
-    Request* r = item.request;
+    Request* r = step.requests[entry];
     const Tokens generated = step.generated_after[entry];
     const bool ends = step.ends_prefill[entry++] != 0;
     const SampledToken* t = ends ? next_token(r) : nullptr;
@@ -644,15 +664,15 @@ void InstanceEngine::Apply(const InFlight& step) {
   if (plan.decodes.empty()) return;
   // Inter-token gaps: the first step's gap depends on each request's previous token; later
   // steps of a run are one step duration for every request of the batch.
+  const auto decodes = std::span<Request* const>(step.requests).subspan(plan.prefills.size());
   gap_requests_.clear();
-  for (const Request* r : plan.decodes) {
+  for (const Request* r : decodes) {
     gap_requests_.push_back(r->id);
     if (!Gone(r)) ports_.sink->OnTokenGapsOf(step_end_s[0] - r->last_token_s, {&r->id, 1});
   }
   for (std::size_t s = 1; s < step_end_s.size(); ++s)
     ports_.sink->OnTokenGapsOf(step_end_s[s] - step_end_s[s - 1], gap_requests_);
-  const Tokens steps = static_cast<Tokens>(step_end_s.size());
-  for (Request* r : plan.decodes) {
+  for (Request* r : decodes) {
     const Tokens generated = step.generated_after[entry++];
     const SampledToken* t = next_token(r);
     if (Gone(r)) continue;  // a token sampled past its end: dropped
@@ -680,7 +700,8 @@ void InstanceEngine::FailStep(const InFlight& step, const std::string& why, Seco
   // in computed_tokens too, Remove forgets exactly the prefill work still pending. Nothing is
   // registered in the prefix cache: the blocks the step wrote hold no KV to trust.
   if (!plans_ahead()) {
-    for (const PrefillItem& item : step.plan.prefills) item.request->computed_tokens += item.tokens;
+    for (std::size_t i = 0; i < step.plan.prefills.size(); ++i)
+      step.requests[i]->computed_tokens += step.plan.prefills[i].tokens;
   }
   auto fail = [&](Request* r) {
     if (Gone(r)) return;
@@ -689,8 +710,7 @@ void InstanceEngine::FailStep(const InFlight& step, const std::string& why, Seco
     r->loading_tokens = {};
     Fail(r, now, why, FinishReason::kError);
   };
-  for (const PrefillItem& item : step.plan.prefills) fail(item.request);
-  for (Request* r : step.plan.decodes) fail(r);
+  for (Request* r : step.requests) fail(r);
 }
 
 void InstanceEngine::FinishPrefill(Request* r, Seconds t, const SampledToken* token,

@@ -171,6 +171,9 @@ class InstanceEngine final : private LowerTierLookup, private StepEvents {
   // A submitted step: its plan and result, and what it does to each of its entries.
   struct InFlight {
     StepPlan plan;
+    // The requests the plan names, per entry (prefills then decodes), resolved when it was
+    // planned: valid until the step ended (Retire keeps a finished one until then).
+    std::vector<Request*> requests;
     StepResult result;
     bool coalesced = false;  // a decode run
     // Per entry, prefills then decodes: the request's generated_tokens once the step ended,
@@ -188,15 +191,16 @@ class InstanceEngine final : private LowerTierLookup, private StepEvents {
   // planned before it ended.
   bool plans_ahead() const { return max_in_flight_ > 1; }
 
-  // Plans the next step into `plan` (preemptions, admissions, tier loads and write-back
-  // included). Returns whether it has work.
-  bool Plan(Seconds now, StepPlan& plan);
+  // Plans the next step into `step.plan` (preemptions, admissions, tier loads and write-back
+  // included) and resolves the requests it names into `step.requests`. Returns whether it has
+  // work.
+  bool Plan(Seconds now, InFlight& step);
   // Completes and submits a planned step.
   void Submit(InFlight& step, Seconds now);
   int DecodeRunLength(const StepPlan& plan);
   // Completes the scheduler's plan for the executor (TP degree, decode run length, awaited
   // loads, block tables). Returns whether it coalesces a decode run.
-  bool PrepareExecution(Seconds now, StepPlan& plan);
+  bool PrepareExecution(Seconds now, InFlight& step);
   // What the step does whatever it samples: the tokens it computes, each request's output
   // count (`steps` tokens per decode), and, with asynchronous steps, the requests that it
   // ends or hands over leaving the batch.
@@ -226,6 +230,8 @@ class InstanceEngine final : private LowerTierLookup, private StepEvents {
   // `r` finished here: freed at the start of the first iteration after every step submitted
   // so far ended (nothing reads it after, but the pointers held until then stay valid).
   void Retire(Request* r);
+  // The request with this id that the engine holds (it must hold it).
+  Request* Held(RequestId id) const;
   // `r` ended while a step that plans it was in flight: that step's result for it is dropped.
   static bool Gone(const Request* r) {
     return r->state == RequestState::kCompleted || r->state == RequestState::kFailed;

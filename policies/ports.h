@@ -181,10 +181,9 @@ class StepEvents {
 // oldest step submitted and not yet waited for has ended, and fills its result (cleared by the
 // caller). It holds at most max_in_flight() steps: 1 (it may run the step in either call), or 2
 // for one that runs a step while the engine plans and submits the next
-// (EngineConfig::async_steps). It reads the plan (an executor with max_in_flight() 1 also the
-// requests it names: an asynchronous one reads only the rows, which alone stay true while the
-// engine plans ahead) and changes neither; the plan stays valid and unchanged until its Wait
-// returned.
+// (EngineConfig::async_steps). It reads only the plan, which names requests by id and carries
+// by value what the executor needs of them (a simulated one its items, one that runs the step
+// its rows), and changes it not; the plan stays valid and unchanged until its Wait returned.
 class StepExecutor {
  public:
   virtual ~StepExecutor() = default;

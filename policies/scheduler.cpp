@@ -32,7 +32,9 @@ void StepPlan::clear() {
   block_offsets.clear();
 }
 
-void StepPlan::SnapshotInputs(const KvBlockManager& blocks) {
+void StepPlan::SnapshotInputs(std::span<const Request* const> requests,
+                              const KvBlockManager& blocks) {
+  DUET_CHECK(requests.size() == prefills.size() + decodes.size());
   rows.clear();
   token_ids.clear();
   stop_ids.clear();
@@ -69,10 +71,18 @@ void StepPlan::SnapshotInputs(const KvBlockManager& blocks) {
     block_ids.insert(block_ids.end(), table.begin(), table.end());
     block_offsets.push_back(block_ids.size());
   };
-  for (const PrefillItem& p : prefills)
-    add(p.request, p.context, p.tokens, p.context + p.tokens == p.request->prefill_target);
+  std::size_t entry = 0;
+  for (const PrefillItem& p : prefills) {
+    const Request* r = requests[entry++];
+    DUET_CHECK(r->id == p.request);
+    add(r, p.context, p.tokens, p.ends_prefill);
+  }
   // A decode processes its newest token (sampled by the previous step).
-  for (const Request* r : decodes) add(r, r->SequenceTokens() - 1, 1, true);
+  for (const DecodeItem& d : decodes) {
+    const Request* r = requests[entry++];
+    DUET_CHECK(r->id == d.request);
+    add(r, d.context, 1, true);
+  }
 }
 
 models::StepShape StepPlan::RowsShape() const {
@@ -112,9 +122,9 @@ models::StepShape StepPlan::Shape(int step_index) const {
   for (const PrefillItem& p : prefills) shape.prefill.push_back({p.tokens, p.context});
   shape.decode_tokens = static_cast<Tokens>(decodes.size());
   // Context: tokens already cached; the token being decoded is the step's own token.
-  for (const Request* r : decodes) {
-    shape.decode_context_tokens += r->SequenceTokens() - 1;
-    shape.decode_draft_tokens += DraftTokens(draft_tokens, *r);
+  for (const DecodeItem& d : decodes) {
+    shape.decode_context_tokens += d.context;
+    shape.decode_draft_tokens += d.drafts;
   }
   shape.decode_context_tokens += static_cast<Tokens>(step_index) * shape.decode_tokens;
   return shape;
@@ -181,7 +191,7 @@ void BatchScheduler::Preempt(Request* victim, KvBlockManager& blocks, StepPlan& 
   victim->prefill_target = 0;
   ++victim->preemptions;
   waiting_.push_front(victim);  // first in line: it was admitted before anything waiting
-  plan.preempted.push_back(victim);
+  plan.preempted.push_back(victim->id);
 }
 
 void BatchScheduler::Schedule(KvBlockManager& blocks, StepPlan& plan) {
@@ -191,7 +201,6 @@ void BatchScheduler::Schedule(KvBlockManager& blocks, StepPlan& plan) {
 
   // 1. Decode first: each decoding request needs room for the token it processes this step,
   // and for its drafts with speculative decoding.
-  plan.draft_tokens = config_.speculative.tokens;
   for (std::size_t i = 0; i < running_.size() && budget > 0; ++i) {
     Request* r = running_[i];
     if (r->state != RequestState::kDecoding) continue;
@@ -209,7 +218,7 @@ void BatchScheduler::Schedule(KvBlockManager& blocks, StepPlan& plan) {
       }
     }
     if (!scheduled) break;  // r was the last running request
-    plan.decodes.push_back(r);
+    plan.decodes.push_back({r->id, r->SequenceTokens() - 1, drafts, r->RemainingOutput()});
     budget -= 1 + drafts;
   }
 
@@ -219,7 +228,9 @@ void BatchScheduler::Schedule(KvBlockManager& blocks, StepPlan& plan) {
     if (r->state != RequestState::kPrefilling) continue;
     const Tokens chunk = std::min(r->prefill_target - r->computed_tokens, budget);
     if (chunk <= 0) continue;
-    plan.prefills.push_back({r, chunk, r->computed_tokens});
+    plan.prefills.push_back({r->id, chunk, r->computed_tokens,
+                             r->computed_tokens + chunk == r->prefill_target,
+                             r->RemainingOutput()});
     pending_prefill_tokens_ -= chunk;
     budget -= chunk;
   }
@@ -249,10 +260,10 @@ void BatchScheduler::Schedule(KvBlockManager& blocks, StepPlan& plan) {
       r->tier_hit_tokens = r->loading_tokens;
     }
     running_.push_back(r);
-    plan.admitted.push_back(r);
+    plan.admitted.push_back(r->id);
     if (loaded > 0) {
       r->state = RequestState::kLoading;
-      plan.loads.push_back(r);
+      plan.loads.push_back(r->id);
       if (!config_.overlap_tier_loads) {
         pending_prefill_tokens_ -= *hit + loaded;
         continue;  // prefills once the load finished
@@ -262,7 +273,8 @@ void BatchScheduler::Schedule(KvBlockManager& blocks, StepPlan& plan) {
     }
     const Tokens context = r->computed_tokens;
     const Tokens chunk = std::min(target - context, budget);
-    plan.prefills.push_back({r, chunk, context});
+    plan.prefills.push_back(
+        {r->id, chunk, context, context + chunk == target, r->RemainingOutput()});
     pending_prefill_tokens_ -= context + chunk;
     budget -= chunk;
   }

@@ -46,16 +46,30 @@ class LowerTierLookup {
   virtual Tokens Find(Request& request, std::int64_t first_block, Tokens max_tokens) = 0;
 };
 
+// A prefill chunk of a step: its request by id, and by value what an executor that prices the
+// step (the simulated one) reads of it.
 struct PrefillItem {
-  Request* request = nullptr;
+  RequestId request = 0;
   Tokens tokens = 0;   // prompt tokens computed in this step
   Tokens context = 0;  // tokens already in the KV cache before this chunk
+  // The chunk completes the prefill: the step samples the request's next token.
+  bool ends_prefill = false;
+  Tokens remaining_output = 0;  // output tokens the request still had to produce when planned
+};
+
+// A decoding request of a step (one token, plus its drafts with speculative decoding): its
+// request by id, and by value what an executor that prices the step reads of it.
+struct DecodeItem {
+  RequestId request = 0;
+  Tokens context = 0;  // tokens already in the KV cache: all but the one the step processes
+  Tokens drafts = 0;   // draft tokens it verifies (DraftTokens)
+  Tokens remaining_output = 0;  // output tokens the request still had to produce when planned
 };
 
 // A prefix load from the lower tiers (policies/kv_tiers.h) that a step's prefill waits for.
 using LoadId = std::uint64_t;
 struct AwaitedLoad {
-  Request* request = nullptr;
+  RequestId request = 0;
   LoadId load = 0;
 };
 
@@ -83,24 +97,25 @@ struct StepRow {
   std::uint32_t stop_count = 0;
 };
 
-// One planned step. Requests in `preempted` lost their KV and went back to the waiting queue
-// (they will recompute); requests in `admitted` got KV blocks this step; those of them in
-// `loads` have part of their prefix to load from the lower tiers (overlap_tier_loads: their
-// prefill items are in this step, which cannot end before the load; else they prefill once
-// it finished).
+// One planned step: a decision as data, which names its requests by id and points into none of
+// them, so that it can be logged, compared and handed to an executor on another thread while
+// the engine changes its requests. Requests in `preempted` lost their KV and went back to the
+// waiting queue (they will recompute); requests in `admitted` got KV blocks this step; those of
+// them in `loads` have part of their prefix to load from the lower tiers (overlap_tier_loads:
+// their prefill items are in this step, which cannot end before the load; else they prefill
+// once it finished).
 //
-// The engine completes the plan for the executor (the fields below the scheduler's). A
-// simulated executor reads the plan and the requests it names; one that runs the step reads
-// only the plan (its rows), and changes neither.
+// The engine completes the plan for the executor (the fields below the scheduler's) and
+// resolves its ids to its own requests, once per step, to apply it. An executor reads only the
+// plan, and changes it not: a simulated one its items (Shape()), one that runs the step its rows.
 struct StepPlan {
   std::vector<PrefillItem> prefills;
-  std::vector<Request*> decodes;
-  std::vector<Request*> preempted;
-  std::vector<Request*> admitted;
-  std::vector<Request*> loads;
+  std::vector<DecodeItem> decodes;
+  std::vector<RequestId> preempted;
+  std::vector<RequestId> admitted;
+  std::vector<RequestId> loads;
 
-  int tp = 1;            // the instance's tensor-parallel degree
-  int draft_tokens = 0;  // speculative decoding's k: each decode row's drafts (DraftTokens)
+  int tp = 1;  // the instance's tensor-parallel degree
   // Decode-only plans: the executor may run up to this many steps of the same batch (each
   // request one more token per step), for executors that coalesce decode runs (simulated).
   int max_steps = 1;
@@ -121,8 +136,9 @@ struct StepPlan {
   void clear();
   // Shape of step `step_index` of a decode run started by this plan (0: this plan itself).
   models::StepShape Shape(int step_index = 0) const;
-  // Copies every entry's inputs out of its request and its block table out of `blocks`.
-  void SnapshotInputs(const KvBlockManager& blocks);
+  // Copies every entry's inputs out of its request and its block table out of `blocks`;
+  // `requests` are the entries' requests (the plan's ids resolved), prefills then decodes.
+  void SnapshotInputs(std::span<const Request* const> requests, const KvBlockManager& blocks);
   // Shape() of a single step from the rows alone (after SnapshotInputs): what an executor that
   // reads no request times.
   models::StepShape RowsShape() const;

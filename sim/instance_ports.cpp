@@ -102,14 +102,14 @@ models::HostCounts PlannedHostCounts(const policies::StepPlan& plan, int step, i
   c.rows = static_cast<double>(plan.prefills.size() + plan.decodes.size());
   c.admitted = step == 0 ? static_cast<double>(plan.admitted.size()) : 0;
   for (const policies::PrefillItem& p : plan.prefills) {
-    if (p.context + p.tokens < p.request->prefill_target) continue;
+    if (!p.ends_prefill) continue;
     ++c.tokens;
-    if (p.request->RemainingOutput() <= 1) ++c.finished;
+    if (p.remaining_output <= 1) ++c.finished;
   }
   c.tokens += static_cast<double>(plan.decodes.size());
   if (step == steps - 1) {
-    for (const policies::Request* r : plan.decodes) {
-      if (r->RemainingOutput() <= steps) ++c.finished;
+    for (const policies::DecodeItem& d : plan.decodes) {
+      if (d.remaining_output <= steps) ++c.finished;
     }
   }
   return c;
@@ -228,7 +228,7 @@ void SimPorts::FinishOverlappedLoads(const policies::StepPlan& plan, Seconds ste
                                      policies::StepEvents& events, policies::StepResult* result) {
   policies::TierManager& tiers = *world_.tiers;
   for (const policies::AwaitedLoad& a : plan.awaited_loads) {
-    if (!tiers.LoadFinished(a.load)) result->delayed_by_loads.push_back(a.request->id);
+    if (!tiers.LoadFinished(a.load)) result->delayed_by_loads.push_back(a.request);
   }
   if (result->delayed_by_loads.empty()) return;  // they hid behind the computation
   auto loading = [&] {

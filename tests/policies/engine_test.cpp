@@ -257,6 +257,85 @@ std::vector<FinishedRequest> RunColocated(bool coalesce, int* execute_calls) {
   return sink.finished_records;
 }
 
+// A simulated-like executor that checks each plan's entries against the requests the engine
+// schedules (found by id) and keeps a copy of every plan and of its shape as it ran.
+struct PlanRecorder : TestPorts {
+  const InstanceEngine* engine = nullptr;
+  std::vector<StepPlan> plans;
+  std::vector<models::StepShape> shapes;
+  void Execute(const StepPlan& plan, StepEvents& events, StepResult* result) override {
+    for (const PrefillItem& p : plan.prefills) {
+      const Request* r = engine->scheduler().Find(p.request);
+      ASSERT_NE(r, nullptr) << p.request;
+      EXPECT_EQ(r->state, RequestState::kPrefilling);
+      EXPECT_EQ(p.context, r->computed_tokens);
+      EXPECT_EQ(p.ends_prefill, p.context + p.tokens == r->prefill_target);
+    }
+    for (const DecodeItem& d : plan.decodes) {
+      const Request* r = engine->scheduler().Find(d.request);
+      ASSERT_NE(r, nullptr) << d.request;
+      EXPECT_EQ(r->state, RequestState::kDecoding);
+      EXPECT_EQ(d.context, r->SequenceTokens() - 1);
+      EXPECT_EQ(d.remaining_output, r->RemainingOutput());
+    }
+    plans.push_back(plan);
+    shapes.push_back(plan.Shape());
+    TestPorts::Execute(plan, events, result);
+  }
+};
+
+// A plan names the requests the engine schedules by id and points into none of them: copied out,
+// it still says what its step did once the engine has freed them and is gone itself.
+TEST(InstanceEngine, PlansNameTheScheduledRequestsByIdAndOutliveThem) {
+  ManualClock clock;
+  std::map<InstanceId, TestPorts*> peers;
+  PlanRecorder ports;
+  Collector sink;
+  ports.clock = &clock;
+  ports.peers = &peers;
+  peers[0] = &ports;
+  std::vector<std::weak_ptr<Request>> handed;
+  {
+    InstanceEngine engine(Config(0, InstanceRole::kColocated),
+                          {&clock, &ports, &ports, &ports, &ports, &sink});
+    ports.engine = &engine;
+    for (const RequestId id : {3, 5}) {
+      auto r = std::make_shared<Request>(MakeRequest(id, 0, 40, 6));
+      r->prefill_instance = r->decode_instance = 0;
+      handed.push_back(r);
+      ports.inbox.push_back({EngineMessage::Kind::kNewRequest, std::move(r), kNoInstance});
+    }
+    while (engine.RunOnce()) {
+    }
+    EXPECT_TRUE(engine.idle());
+  }
+  for (const auto& r : handed) EXPECT_TRUE(r.expired());  // the engine owned and freed them
+  // Both prompts in one step, then one decode run of the five tokens each has left.
+  ASSERT_EQ(ports.plans.size(), 2u);
+  const StepPlan& prefill = ports.plans[0];
+  EXPECT_EQ(prefill.admitted, (std::vector<RequestId>{3, 5}));
+  ASSERT_EQ(prefill.prefills.size(), 2u);
+  for (std::size_t i = 0; i < 2; ++i) {
+    EXPECT_EQ(prefill.prefills[i].request, prefill.admitted[i]);
+    EXPECT_EQ(prefill.prefills[i].tokens, 40);
+    EXPECT_TRUE(prefill.prefills[i].ends_prefill);
+    EXPECT_EQ(prefill.prefills[i].remaining_output, 6);
+  }
+  const StepPlan& decode = ports.plans[1];
+  EXPECT_EQ(decode.max_steps, 5);
+  ASSERT_EQ(decode.decodes.size(), 2u);
+  EXPECT_EQ(decode.decodes[0].request, 3);
+  EXPECT_EQ(decode.decodes[1].request, 5);
+  // The copies price their steps as the plans did while their requests lived.
+  for (std::size_t k = 0; k < ports.plans.size(); ++k) {
+    const models::StepShape shape = ports.plans[k].Shape();
+    EXPECT_EQ(shape.PrefillTokens(), ports.shapes[k].PrefillTokens()) << k;
+    EXPECT_EQ(shape.decode_tokens, ports.shapes[k].decode_tokens) << k;
+    EXPECT_EQ(shape.decode_context_tokens, ports.shapes[k].decode_context_tokens) << k;
+  }
+  EXPECT_EQ(ports.shapes[1].decode_context_tokens, 2 * 40);
+}
+
 TEST(InstanceEngine, CoalescedDecodeRunsEqualSingleSteps) {
   int calls_single = 0, calls_coalesced = 0;
   const auto single = RunColocated(false, &calls_single);
@@ -499,8 +578,17 @@ TEST(InstanceEngine, OneTokenRequestsFinishOnThePrefillInstance) {
 // stop token ids is reported as a stop.
 struct TokenPorts : TestPorts {
   const InstanceEngine* engine = nullptr;  // to check the block-table snapshot against
-  std::vector<StepPlan> plans;             // every plan executed (shallow copies)
+  std::vector<StepPlan> plans;             // every plan executed
   std::function<void(StepEvents&)> during_step;
+  // The requests handed to the engine, by id, as the test sees them: to check each row's
+  // inputs against (the plan itself names requests by id only).
+  std::map<RequestId, const Request*> handed;
+
+  bool TryReceive(EngineMessage* m) override {
+    if (!TestPorts::TryReceive(m)) return false;
+    if (m->request) handed[m->request->id] = m->request.get();
+    return true;
+  }
 
   static std::int32_t TokenFor(RequestId id, std::size_t position) {
     return static_cast<std::int32_t>(1000 * (id + 1) + position);
@@ -542,15 +630,20 @@ struct TokenPorts : TestPorts {
       }
     };
     for (const PrefillItem& p : plan.prefills) {
-      sample(p.request, p.context, p.tokens, p.context + p.tokens == p.request->prefill_target);
-      if (p.context + p.tokens == p.request->prefill_target) {
-        const std::int32_t t =
-            TokenFor(*p.request, static_cast<std::size_t>(p.request->SequenceTokens()));
-        result->tokens.push_back({p.request->id, t, Stops(*p.request, t)});
+      const Request* r = handed.at(p.request);
+      EXPECT_EQ(p.ends_prefill, p.context + p.tokens == r->prefill_target);
+      EXPECT_EQ(p.remaining_output, r->RemainingOutput());
+      sample(r, p.context, p.tokens, p.ends_prefill);
+      if (p.ends_prefill) {
+        const std::int32_t t = TokenFor(*r, static_cast<std::size_t>(r->SequenceTokens()));
+        result->tokens.push_back({r->id, t, Stops(*r, t)});
       }
     }
-    for (const Request* r : plan.decodes) {
-      sample(r, r->SequenceTokens() - 1, 1, true);
+    for (const DecodeItem& d : plan.decodes) {
+      const Request* r = handed.at(d.request);
+      EXPECT_EQ(d.context, r->SequenceTokens() - 1);
+      EXPECT_EQ(d.remaining_output, r->RemainingOutput());
+      sample(r, d.context, 1, true);
       const std::int32_t t = TokenFor(*r, static_cast<std::size_t>(r->SequenceTokens()));
       result->tokens.push_back({r->id, t, Stops(*r, t)});
     }
@@ -649,7 +742,7 @@ TEST(InstanceEngine, RealExecutorsRunSingleStepsAndNewWorkJoinsAtTheNextBoundary
   ASSERT_TRUE(engine.RunOnce());  // b joins this very step
   const StepPlan& joined = solo.ports.plans.back();
   ASSERT_EQ(joined.prefills.size(), 1u);
-  EXPECT_EQ(joined.prefills[0].request, &b);
+  EXPECT_EQ(joined.prefills[0].request, b.id);
   ASSERT_EQ(joined.decodes.size(), 1u);
   while (engine.RunOnce()) {
   }

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <deque>
+#include <memory>
 
 namespace duet::policies {
 namespace {
@@ -17,17 +18,19 @@ Request MakeRequest(RequestId id, Tokens input, Tokens output) {
   return r;
 }
 
-// Applies a plan as the engine would: chunks computed, finished prefills start decoding,
-// decodes produce a token.
-void Apply(const StepPlan& plan) {
+// Applies a plan of `s` as the engine would, finding its requests by id: chunks computed,
+// finished prefills start decoding, decodes produce a token.
+void Apply(const StepPlan& plan, const BatchScheduler& s) {
   for (const PrefillItem& p : plan.prefills) {
-    p.request->computed_tokens += p.tokens;
-    if (p.request->computed_tokens == p.request->prefill_target) {
-      ++p.request->generated_tokens;
-      p.request->state = RequestState::kDecoding;
+    Request* r = s.Find(p.request);
+    ASSERT_NE(r, nullptr);
+    r->computed_tokens += p.tokens;
+    if (r->computed_tokens == r->prefill_target) {
+      ++r->generated_tokens;
+      r->state = RequestState::kDecoding;
     }
   }
-  for (Request* r : plan.decodes) ++r->generated_tokens;
+  for (const DecodeItem& d : plan.decodes) ++s.Find(d.request)->generated_tokens;
 }
 
 TEST(BatchScheduler, ChunksLongPromptsUnderTheTokenBudget) {
@@ -43,7 +46,7 @@ TEST(BatchScheduler, ChunksLongPromptsUnderTheTokenBudget) {
     ASSERT_EQ(plan.prefills.size(), 1u);
     EXPECT_EQ(plan.prefills[0].context, a.computed_tokens);
     chunks.push_back(plan.prefills[0].tokens);
-    Apply(plan);
+    Apply(plan, s);
   }
   EXPECT_EQ(chunks, (std::vector<Tokens>{100, 100, 50}));
   EXPECT_EQ(a.state, RequestState::kDecoding);
@@ -58,7 +61,7 @@ TEST(BatchScheduler, DecodesFirstThenPrefillsInTheRemainingBudget) {
   s.AddWaiting(&b);
   StepPlan plan;
   s.Schedule(blocks, plan);
-  Apply(plan);  // a and b prefilled in one step
+  Apply(plan, s);  // a and b prefilled in one step
   ASSERT_EQ(a.state, RequestState::kDecoding);
   s.AddWaiting(&c);
   s.Schedule(blocks, plan);
@@ -103,7 +106,7 @@ TEST(BatchScheduler, AdmissionIsFirstComeFirstServedWithPrefixReuse) {
   first.block_hashes = second.block_hashes = {1, 2, 3, 4};
   s2.AddWaiting(&first);
   s2.Schedule(cache, plan);
-  Apply(plan);
+  Apply(plan, s2);
   cache.Register(first.id, first.block_hashes, 64);
   s2.AddWaiting(&second);
   s2.Schedule(cache, plan);
@@ -122,18 +125,18 @@ TEST(BatchScheduler, PreemptsTheLatestAdmittedByRecomputeWhenBlocksRunOut) {
   s.AddWaiting(&b);
   StepPlan plan;
   s.Schedule(blocks, plan);
-  Apply(plan);
+  Apply(plan, s);
   ASSERT_EQ(blocks.kv_blocks_free(), 0);
   // Decoding a needs room for 9 tokens: 3 blocks. b (admitted last) is preempted.
   s.Schedule(blocks, plan);
   ASSERT_EQ(plan.preempted.size(), 1u);
-  EXPECT_EQ(plan.preempted[0], &b);
+  EXPECT_EQ(plan.preempted[0], b.id);
   EXPECT_EQ(b.state, RequestState::kQueued);
   EXPECT_EQ(b.computed_tokens, 0);
   EXPECT_EQ(b.preemptions, 1);
   EXPECT_EQ(s.waiting().front(), &b);
   ASSERT_EQ(plan.decodes.size(), 1u);
-  EXPECT_EQ(plan.decodes[0], &a);
+  EXPECT_EQ(plan.decodes[0].request, a.id);
   EXPECT_TRUE(plan.prefills.empty());  // no admission in a step that preempted
   // b recomputes its prompt and the token it had generated.
   EXPECT_EQ(s.pending_prefill_tokens(), 9);
@@ -147,12 +150,51 @@ TEST(BatchScheduler, ARequestThatCannotGrowAloneIsPreemptedItself) {
   s.AddWaiting(&a);
   StepPlan plan;
   s.Schedule(blocks, plan);
-  Apply(plan);
+  Apply(plan, s);
   s.Schedule(blocks, plan);
   ASSERT_EQ(plan.preempted.size(), 1u);
-  EXPECT_EQ(plan.preempted[0], &a);
+  EXPECT_EQ(plan.preempted[0], a.id);
   EXPECT_TRUE(plan.empty());
   EXPECT_EQ(blocks.kv_blocks_used(), 0);
+}
+
+// A plan is data: it names its requests by id and carries what an executor reads of them, so a
+// copy of it still says what the step does once the requests and the scheduler are gone.
+TEST(BatchScheduler, APlanNamesItsRequestsByIdAndOutlivesThem) {
+  StepPlan copy;
+  models::StepShape shape;
+  {
+    KvBlockManager blocks(1000, 16);
+    BatchScheduler s({.max_num_batched_tokens = 40, .max_num_seqs = 8, .watermark = 0});
+    auto a = std::make_unique<Request>(MakeRequest(7, 10, 5));
+    auto b = std::make_unique<Request>(MakeRequest(9, 100, 3));
+    s.AddWaiting(a.get());
+    StepPlan plan;
+    s.Schedule(blocks, plan);
+    Apply(plan, s);  // a prefilled: it decodes next
+    s.AddWaiting(b.get());
+    s.Schedule(blocks, plan);
+    EXPECT_EQ(plan.admitted, std::vector<RequestId>{9});
+    copy = plan;
+    shape = plan.Shape();
+    a.reset();
+    b.reset();
+  }
+  ASSERT_EQ(copy.decodes.size(), 1u);
+  EXPECT_EQ(copy.decodes[0].request, 7);
+  EXPECT_EQ(copy.decodes[0].context, 10);  // its prompt; the step processes its first token
+  EXPECT_EQ(copy.decodes[0].remaining_output, 4);
+  ASSERT_EQ(copy.prefills.size(), 1u);
+  EXPECT_EQ(copy.prefills[0].request, 9);
+  EXPECT_EQ(copy.prefills[0].tokens, 39);  // the budget left after a's decode
+  EXPECT_FALSE(copy.prefills[0].ends_prefill);
+  EXPECT_EQ(copy.prefills[0].remaining_output, 3);
+  // The copy prices the step as the plan did while its requests lived.
+  const models::StepShape again = copy.Shape();
+  EXPECT_EQ(again.PrefillTokens(), shape.PrefillTokens());
+  EXPECT_EQ(again.decode_tokens, shape.decode_tokens);
+  EXPECT_EQ(again.decode_context_tokens, shape.decode_context_tokens);
+  EXPECT_EQ(again.decode_context_tokens, 10);
 }
 
 }  // namespace

@@ -61,9 +61,10 @@ TEST(Speculative, DecodeRowsTakeTheirDraftsOfTheBudgetAndKvSlots) {
   s.Schedule(blocks, plan);
   ASSERT_EQ(plan.prefills.size(), 2u);
   for (const PrefillItem& p : plan.prefills) {
-    p.request->computed_tokens += p.tokens;
-    p.request->generated_tokens = 1;
-    p.request->state = RequestState::kDecoding;
+    Request* r = s.Find(p.request);
+    r->computed_tokens += p.tokens;
+    r->generated_tokens = 1;
+    r->state = RequestState::kDecoding;
   }
   Request c{};
   c.id = 3;
@@ -72,6 +73,8 @@ TEST(Speculative, DecodeRowsTakeTheirDraftsOfTheBudgetAndKvSlots) {
   s.AddWaiting(&c);
   s.Schedule(blocks, plan);
   ASSERT_EQ(plan.decodes.size(), 2u);
+  EXPECT_EQ(plan.decodes[0].drafts, 3);
+  EXPECT_EQ(plan.decodes[1].drafts, 1);
   const models::StepShape shape = plan.Shape();
   EXPECT_EQ(shape.decode_tokens, 2);
   EXPECT_EQ(shape.decode_draft_tokens, 3 + 1);
