@@ -171,8 +171,8 @@ class InstanceEngine final : private LowerTierLookup, private StepEvents {
   // A submitted step: its plan and result, and what it does to each of its entries.
   struct InFlight {
     StepPlan plan;
-    // The requests the plan names, per entry (prefills then decodes), resolved when it was
-    // planned: valid until the step ended (Retire keeps a finished one until then).
+    // The requests of the plan's entries (prefills then decodes), as the scheduler planned them:
+    // valid until the step ended (Retire keeps a finished one until then).
     std::vector<Request*> requests;
     StepResult result;
     bool coalesced = false;  // a decode run
@@ -192,8 +192,7 @@ class InstanceEngine final : private LowerTierLookup, private StepEvents {
   bool plans_ahead() const { return max_in_flight_ > 1; }
 
   // Plans the next step into `step.plan` (preemptions, admissions, tier loads and write-back
-  // included) and resolves the requests it names into `step.requests`. Returns whether it has
-  // work.
+  // included), its entries' requests into `step.requests`. Returns whether it has work.
   bool Plan(Seconds now, InFlight& step);
   // Completes and submits a planned step.
   void Submit(InFlight& step, Seconds now);

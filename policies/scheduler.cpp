@@ -194,8 +194,11 @@ void BatchScheduler::Preempt(Request* victim, KvBlockManager& blocks, StepPlan& 
   plan.preempted.push_back(victim->id);
 }
 
-void BatchScheduler::Schedule(KvBlockManager& blocks, StepPlan& plan) {
+void BatchScheduler::Schedule(KvBlockManager& blocks, StepPlan& plan,
+                              std::vector<Request*>& requests) {
   plan.clear();
+  requests.clear();
+  decoding_.clear();
   allocation_s_ = 0;
   Tokens budget = config_.max_num_batched_tokens;
 
@@ -219,6 +222,7 @@ void BatchScheduler::Schedule(KvBlockManager& blocks, StepPlan& plan) {
     }
     if (!scheduled) break;  // r was the last running request
     plan.decodes.push_back({r->id, r->SequenceTokens() - 1, drafts, r->RemainingOutput()});
+    decoding_.push_back(r);
     budget -= 1 + drafts;
   }
 
@@ -231,13 +235,20 @@ void BatchScheduler::Schedule(KvBlockManager& blocks, StepPlan& plan) {
     plan.prefills.push_back({r->id, chunk, r->computed_tokens,
                              r->computed_tokens + chunk == r->prefill_target,
                              r->RemainingOutput()});
+    requests.push_back(r);
     pending_prefill_tokens_ -= chunk;
     budget -= chunk;
   }
 
-  // 3. Admit waiting requests FCFS (no skipping: the head blocks the line, as in vLLM).
-  // No admission in a step that had to preempt: the freed blocks belong to the running set.
-  if (!plan.preempted.empty()) return;
+  // 3. Admit waiting requests, but not in a step that had to preempt: the freed blocks belong
+  // to the running set.
+  if (plan.preempted.empty()) Admit(blocks, budget, plan, requests);
+  requests.insert(requests.end(), decoding_.begin(), decoding_.end());
+}
+
+void BatchScheduler::Admit(KvBlockManager& blocks, Tokens budget, StepPlan& plan,
+                           std::vector<Request*>& requests) {
+  // FCFS, no skipping: the head blocks the line, as in vLLM.
   const std::int64_t watermark_blocks = config_.WatermarkBlocks(blocks.num_blocks());
   while (!waiting_.empty() && budget > 0 &&
          static_cast<int>(running_.size()) < config_.max_num_seqs) {
@@ -275,6 +286,7 @@ void BatchScheduler::Schedule(KvBlockManager& blocks, StepPlan& plan) {
     const Tokens chunk = std::min(target - context, budget);
     plan.prefills.push_back(
         {r->id, chunk, context, context + chunk == target, r->RemainingOutput()});
+    requests.push_back(r);
     pending_prefill_tokens_ -= context + chunk;
     budget -= chunk;
   }

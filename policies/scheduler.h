@@ -105,9 +105,10 @@ struct StepRow {
 // their prefill items are in this step, which cannot end before the load; else they prefill
 // once it finished).
 //
-// The engine completes the plan for the executor (the fields below the scheduler's) and
-// resolves its ids to its own requests, once per step, to apply it. An executor reads only the
-// plan, and changes it not: a simulated one its items (Shape()), one that runs the step its rows.
+// The engine completes the plan for the executor (the fields below the scheduler's) and applies
+// it to its own requests (those of the entries as the scheduler hands them over, the others
+// looked up by id). An executor reads only the plan, and changes it not: a simulated one its
+// items (Shape()), one that runs the step its rows.
 struct StepPlan {
   std::vector<PrefillItem> prefills;
   std::vector<DecodeItem> decodes;
@@ -175,7 +176,9 @@ class BatchScheduler {
   // 1. every decoding request gets one token (preempting the latest-admitted requests when a
   //    block cannot be found); 2. partially prefilled requests continue; 3. waiting requests
   //    are admitted FCFS while the budget, max_num_seqs and free blocks allow.
-  void Schedule(KvBlockManager& blocks, StepPlan& plan);
+  // The plan names its requests by id; `requests` (cleared first) gets the requests of its
+  // entries, prefills then decodes, so that the engine need not look them up.
+  void Schedule(KvBlockManager& blocks, StepPlan& plan, std::vector<Request*>& requests);
 
   const std::deque<Request*>& waiting() const { return waiting_; }
   const std::vector<Request*>& running() const { return running_; }
@@ -185,6 +188,10 @@ class BatchScheduler {
 
  private:
   void Preempt(Request* victim, KvBlockManager& blocks, StepPlan& plan);
+  // Step 3 of Schedule, with `budget` tokens left: admits waiting requests, their prefill items
+  // into `plan` and their requests onto `requests`.
+  void Admit(KvBlockManager& blocks, Tokens budget, StepPlan& plan,
+             std::vector<Request*>& requests);
   // `call()`, timed into allocation_s_ when a host clock is set.
   template <typename F>
   auto Timed(F&& call);
@@ -193,7 +200,8 @@ class BatchScheduler {
 
   SchedulerConfig config_;
   std::deque<Request*> waiting_;
-  std::vector<Request*> running_;  // admission order
+  std::vector<Request*> running_;   // admission order
+  std::vector<Request*> decoding_;  // scratch: a step's decoding requests
   Tokens pending_prefill_tokens_ = 0;
   LowerTierLookup* lower_tiers_ = nullptr;
   const Clock* host_clock_ = nullptr;

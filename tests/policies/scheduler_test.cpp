@@ -18,19 +18,26 @@ Request MakeRequest(RequestId id, Tokens input, Tokens output) {
   return r;
 }
 
-// Applies a plan of `s` as the engine would, finding its requests by id: chunks computed,
-// finished prefills start decoding, decodes produce a token.
-void Apply(const StepPlan& plan, const BatchScheduler& s) {
+// Applies a plan as the engine would, to the requests of its entries as the scheduler handed
+// them over (which must be those the plan names): chunks computed, finished prefills start
+// decoding, decodes produce a token.
+void Apply(const StepPlan& plan, const std::vector<Request*>& requests) {
+  ASSERT_EQ(requests.size(), plan.prefills.size() + plan.decodes.size());
+  std::size_t entry = 0;
   for (const PrefillItem& p : plan.prefills) {
-    Request* r = s.Find(p.request);
-    ASSERT_NE(r, nullptr);
+    Request* r = requests[entry++];
+    ASSERT_EQ(r->id, p.request);
     r->computed_tokens += p.tokens;
     if (r->computed_tokens == r->prefill_target) {
       ++r->generated_tokens;
       r->state = RequestState::kDecoding;
     }
   }
-  for (const DecodeItem& d : plan.decodes) ++s.Find(d.request)->generated_tokens;
+  for (const DecodeItem& d : plan.decodes) {
+    Request* r = requests[entry++];
+    ASSERT_EQ(r->id, d.request);
+    ++r->generated_tokens;
+  }
 }
 
 TEST(BatchScheduler, ChunksLongPromptsUnderTheTokenBudget) {
@@ -40,13 +47,14 @@ TEST(BatchScheduler, ChunksLongPromptsUnderTheTokenBudget) {
   s.AddWaiting(&a);
   EXPECT_EQ(s.pending_prefill_tokens(), 250);
   StepPlan plan;
+  std::vector<Request*> requests;
   std::vector<Tokens> chunks;
   for (int i = 0; i < 3; ++i) {
-    s.Schedule(blocks, plan);
+    s.Schedule(blocks, plan, requests);
     ASSERT_EQ(plan.prefills.size(), 1u);
     EXPECT_EQ(plan.prefills[0].context, a.computed_tokens);
     chunks.push_back(plan.prefills[0].tokens);
-    Apply(plan, s);
+    Apply(plan, requests);
   }
   EXPECT_EQ(chunks, (std::vector<Tokens>{100, 100, 50}));
   EXPECT_EQ(a.state, RequestState::kDecoding);
@@ -60,14 +68,17 @@ TEST(BatchScheduler, DecodesFirstThenPrefillsInTheRemainingBudget) {
   s.AddWaiting(&a);
   s.AddWaiting(&b);
   StepPlan plan;
-  s.Schedule(blocks, plan);
-  Apply(plan, s);  // a and b prefilled in one step
+  std::vector<Request*> requests;
+  s.Schedule(blocks, plan, requests);
+  Apply(plan, requests);  // a and b prefilled in one step
   ASSERT_EQ(a.state, RequestState::kDecoding);
   s.AddWaiting(&c);
-  s.Schedule(blocks, plan);
+  s.Schedule(blocks, plan, requests);
   ASSERT_EQ(plan.decodes.size(), 2u);
   ASSERT_EQ(plan.prefills.size(), 1u);
   EXPECT_EQ(plan.prefills[0].tokens, 62);  // 64 - 2 decode tokens
+  // The entries' requests as the scheduler hands them over: prefills, then decodes.
+  EXPECT_EQ(requests, (std::vector<Request*>{&c, &a, &b}));
   const auto shape = plan.Shape();
   EXPECT_EQ(shape.decode_tokens, 2);
   EXPECT_EQ(shape.decode_context_tokens, 20);  // 10 cached tokens each; the 11th is decoded
@@ -82,7 +93,8 @@ TEST(BatchScheduler, MaxNumSeqsCapsAdmission) {
   std::deque<Request> rs;
   for (RequestId i = 0; i < 4; ++i) s.AddWaiting(&rs.emplace_back(MakeRequest(i, 10, 10)));
   StepPlan plan;
-  s.Schedule(blocks, plan);
+  std::vector<Request*> requests;
+  s.Schedule(blocks, plan, requests);
   EXPECT_EQ(plan.admitted.size(), 2u);
   EXPECT_EQ(s.running().size(), 2u);
   EXPECT_EQ(s.waiting().size(), 2u);
@@ -96,7 +108,8 @@ TEST(BatchScheduler, AdmissionIsFirstComeFirstServedWithPrefixReuse) {
   s.AddWaiting(&big);
   s.AddWaiting(&small);
   StepPlan plan;
-  s.Schedule(blocks, plan);
+  std::vector<Request*> requests;
+  s.Schedule(blocks, plan, requests);
   EXPECT_TRUE(plan.empty());  // the head blocks the line; small is not admitted around it
   EXPECT_EQ(s.waiting().front(), &big);
 
@@ -105,11 +118,11 @@ TEST(BatchScheduler, AdmissionIsFirstComeFirstServedWithPrefixReuse) {
   Request first = MakeRequest(3, 64, 2), second = MakeRequest(4, 64, 2);
   first.block_hashes = second.block_hashes = {1, 2, 3, 4};
   s2.AddWaiting(&first);
-  s2.Schedule(cache, plan);
-  Apply(plan, s2);
+  s2.Schedule(cache, plan, requests);
+  Apply(plan, requests);
   cache.Register(first.id, first.block_hashes, 64);
   s2.AddWaiting(&second);
-  s2.Schedule(cache, plan);
+  s2.Schedule(cache, plan, requests);
   ASSERT_EQ(plan.prefills.size(), 1u);
   EXPECT_EQ(second.cached_tokens, 48);  // 3 of 4 blocks: one token must still be computed
   EXPECT_EQ(plan.prefills[0].context, 48);
@@ -124,11 +137,12 @@ TEST(BatchScheduler, PreemptsTheLatestAdmittedByRecomputeWhenBlocksRunOut) {
   s.AddWaiting(&a);
   s.AddWaiting(&b);
   StepPlan plan;
-  s.Schedule(blocks, plan);
-  Apply(plan, s);
+  std::vector<Request*> requests;
+  s.Schedule(blocks, plan, requests);
+  Apply(plan, requests);
   ASSERT_EQ(blocks.kv_blocks_free(), 0);
   // Decoding a needs room for 9 tokens: 3 blocks. b (admitted last) is preempted.
-  s.Schedule(blocks, plan);
+  s.Schedule(blocks, plan, requests);
   ASSERT_EQ(plan.preempted.size(), 1u);
   EXPECT_EQ(plan.preempted[0], b.id);
   EXPECT_EQ(b.state, RequestState::kQueued);
@@ -149,9 +163,10 @@ TEST(BatchScheduler, ARequestThatCannotGrowAloneIsPreemptedItself) {
   Request a = MakeRequest(1, 8, 10);
   s.AddWaiting(&a);
   StepPlan plan;
-  s.Schedule(blocks, plan);
-  Apply(plan, s);
-  s.Schedule(blocks, plan);
+  std::vector<Request*> requests;
+  s.Schedule(blocks, plan, requests);
+  Apply(plan, requests);
+  s.Schedule(blocks, plan, requests);
   ASSERT_EQ(plan.preempted.size(), 1u);
   EXPECT_EQ(plan.preempted[0], a.id);
   EXPECT_TRUE(plan.empty());
@@ -170,10 +185,11 @@ TEST(BatchScheduler, APlanNamesItsRequestsByIdAndOutlivesThem) {
     auto b = std::make_unique<Request>(MakeRequest(9, 100, 3));
     s.AddWaiting(a.get());
     StepPlan plan;
-    s.Schedule(blocks, plan);
-    Apply(plan, s);  // a prefilled: it decodes next
+    std::vector<Request*> requests;
+    s.Schedule(blocks, plan, requests);
+    Apply(plan, requests);  // a prefilled: it decodes next
     s.AddWaiting(b.get());
-    s.Schedule(blocks, plan);
+    s.Schedule(blocks, plan, requests);
     EXPECT_EQ(plan.admitted, std::vector<RequestId>{9});
     copy = plan;
     shape = plan.Shape();

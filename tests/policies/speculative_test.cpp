@@ -58,11 +58,12 @@ TEST(Speculative, DecodeRowsTakeTheirDraftsOfTheBudgetAndKvSlots) {
   s.AddWaiting(&a);
   s.AddWaiting(&b);
   StepPlan plan;
-  s.Schedule(blocks, plan);
+  std::vector<Request*> requests;
+  s.Schedule(blocks, plan, requests);
   ASSERT_EQ(plan.prefills.size(), 2u);
-  for (const PrefillItem& p : plan.prefills) {
-    Request* r = s.Find(p.request);
-    r->computed_tokens += p.tokens;
+  for (std::size_t i = 0; i < plan.prefills.size(); ++i) {
+    Request* r = requests[i];
+    r->computed_tokens += plan.prefills[i].tokens;
     r->generated_tokens = 1;
     r->state = RequestState::kDecoding;
   }
@@ -71,7 +72,7 @@ TEST(Speculative, DecodeRowsTakeTheirDraftsOfTheBudgetAndKvSlots) {
   c.input_tokens = 100;
   c.output_tokens = 5;
   s.AddWaiting(&c);
-  s.Schedule(blocks, plan);
+  s.Schedule(blocks, plan, requests);
   ASSERT_EQ(plan.decodes.size(), 2u);
   EXPECT_EQ(plan.decodes[0].drafts, 3);
   EXPECT_EQ(plan.decodes[1].drafts, 1);
