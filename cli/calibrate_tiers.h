@@ -13,7 +13,8 @@
 
 namespace duet::cli {
 
-// Times reads and writes of 1 to `max_blocks` blocks of `block_bytes` (TransferBlockCounts),
+// Times reads and writes of 1 to `max_blocks` blocks of `block_bytes` (TransferBlockCounts; at
+// least 4 MiB at the largest),
 // `repeats` passes over every size, for each tier `tiers` enables, and fits each direction: the
 // links deploy::TierLinkName names. The tiers hold blocks of a layout of their own (never a
 // server's), at most 256 MiB of them (or the tier's capacity if smaller), and drop them at the

@@ -197,7 +197,7 @@ TEST_F(CalibrateTest, TimesTheKvTiersAndAFittedTierIsPricedByTheFit) {
                                                          .dump());
   const std::string profile_path = tmp_.File("profile.json");
   const RunResult r = RunDuet({"calibrate", "--model", model_, "--out", profile_path, "--repeats",
-                               "2", "--max-context", "128", "--tiers", tiers});
+                               "3", "--max-context", "128", "--tiers", tiers});
   ASSERT_EQ(r.exit_code, 0) << r;
   EXPECT_TRUE(ContainsAll(r.out, {"tier dram-read (host DRAM pool): latency",
                                   "tier ssd-write (block files under " + ssd_dir}))
@@ -209,9 +209,10 @@ TEST_F(CalibrateTest, TimesTheKvTiersAndAFittedTierIsPricedByTheFit) {
   for (const models::LinkFit& link : profile->links) {
     names.push_back(link.transport);
     EXPECT_GT(link.held_out.shapes, 0) << link.transport;
-    // 1 to 8 blocks (128 tokens of 16), each size timed twice.
-    EXPECT_EQ(link.measurements.back().bytes, 8 * link.measurements.front().bytes);
-    EXPECT_EQ(link.measurements.front().seconds.size(), 2u);
+    // 1 block to 4 MiB of them (more than the 128 tokens of --max-context), each size timed
+    // three times.
+    EXPECT_EQ(link.measurements.back().bytes, 4 << 20);
+    EXPECT_EQ(link.measurements.front().seconds.size(), 3u);
   }
   EXPECT_EQ(names, (std::vector<std::string>{"dram-read", "dram-write", "ssd-read", "ssd-write"}));
   const models::LinkFit& read = *profile->LinkFor("dram-read");
@@ -221,6 +222,11 @@ TEST_F(CalibrateTest, TimesTheKvTiersAndAFittedTierIsPricedByTheFit) {
   json cluster = ReadJson(SourceDir() + "/tests/data/2colo-tiny-dram.json");
   cluster["model"] = model_;
   cluster["cost_model"] = {{"kind", "fitted"}, {"profile", profile_path}};
+  // The fit covers the whole copy into the KV region: no narrower link on its path (a CPU
+  // backend has no PCIe), so that the DRAM tier's numbers are what a load takes.
+  cluster["nodes"][0]["pcie"]["bandwidth_GBps"] = 1e5;
+  // A load before the prefill that needs it, not hidden under it: its time is in the TTFT.
+  cluster["engine"]["overlap_tier_loads"] = false;
   std::string trace;
   for (int t : {0, 100})
     trace += "{\"timestamp\": " + std::to_string(t) +
