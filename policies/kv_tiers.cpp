@@ -307,7 +307,8 @@ void TierManager::Write(int kind, int node, InstanceId instance, int from,
     if (static_cast<std::size_t>(owner) >= pending_writes_.size())
       pending_writes_.resize(static_cast<std::size_t>(owner) + 1);
     pending_writes_[static_cast<std::size_t>(owner)].push_back(
-        {id, s, started.id, tier, owner, instance != kNoInstance, std::move(accepted)});
+        {id, s, started.id, tier, owner, instance != kNoInstance, std::move(accepted),
+         std::move(sources)});
     ++num_pending_writes_;
   }
 }
@@ -363,12 +364,15 @@ std::int64_t TierManager::Prefetch(InstanceId instance, std::span<const BlockHas
   return started;
 }
 
-bool TierManager::ReadingGpu(InstanceId instance) {
+bool TierManager::ReadingGpu(InstanceId instance, std::span<const KvBlockManager::BlockId> blocks) {
   const Guard guard(lock_.get());
   ProgressLocked(instance);
   if (static_cast<std::size_t>(instance) >= pending_writes_.size()) return false;
-  for (const PendingWrite& w : pending_writes_[static_cast<std::size_t>(instance)])
-    if (w.from_gpu) return true;
+  for (const PendingWrite& w : pending_writes_[static_cast<std::size_t>(instance)]) {
+    if (!w.from_gpu) continue;
+    for (const KvBlockManager::BlockId b : w.gpu_blocks)
+      if (std::find(blocks.begin(), blocks.end(), b) != blocks.end()) return true;
+  }
   return false;
 }
 

@@ -119,10 +119,11 @@ class TierManager {
   // Writes that `instance` posted (its OnComputed / OnGpuEvicted calls and what they set off)
   // and have not finished. Each posting engine polls its own I/O and stays up until it is done.
   bool HasPendingWrites(InstanceId instance) const;
-  // Whether a write that reads `instance`'s GPU blocks is still running (after finishing those
-  // that ended, as Progress does). Real storage reads the blocks while the engine runs on: a
-  // step that could write into them waits until this is false.
-  bool ReadingGpu(InstanceId instance);
+  // Whether a write still running reads one of `blocks` of `instance`'s GPU blocks (after
+  // finishing those that ended, as Progress does). Real storage reads the blocks while the
+  // engine runs on: a step that writes into one of them (a block evicted and written back just
+  // now, reused) waits until this is false; other steps run on.
+  bool ReadingGpu(InstanceId instance, std::span<const KvBlockManager::BlockId> blocks);
 
   // Blocks that tier `kind` on `node` holds already (what its storage found at start): readable
   // at once, as if written now. Those beyond its room evict as a write would.
@@ -151,6 +152,7 @@ class TierManager {
     InstanceId owner;
     bool from_gpu;  // reads the owner's GPU blocks
     std::vector<BlockHash> hashes;
+    std::vector<KvBlockManager::BlockId> gpu_blocks;  // from_gpu: the blocks it reads
   };
   // Locks the manager for one public call when it is shared across threads.
   class Guard {

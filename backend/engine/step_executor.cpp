@@ -109,10 +109,20 @@ void ModelStepExecutor::Run(const policies::StepPlan& plan, Ran* ran) {
   // The step's phases on one clock, end to end: preparation, the forward pass, sampling (the
   // step log's phases must not overlap).
   const auto entered = std::chrono::steady_clock::now();
-  // A tier write reads this instance's blocks on the storage's I/O thread; this step may write
-  // into one of them (a block evicted to make room was written back from it just now).
+  // A tier write reads this instance's blocks on the storage's I/O thread: the step waits if it
+  // writes KV into one of them (a block evicted to make room, written back just now, reused).
   if (options_.tiers) {
-    while (options_.tiers->ReadingGpu(options_.instance))
+    written_.clear();
+    const std::int64_t block = model_.block_tokens();
+    for (std::size_t i = 0; i < plan.rows.size(); ++i) {
+      const policies::StepRow& row = plan.rows[i];
+      const std::span<const std::int32_t> table = plan.BlockTable(i);
+      if (row.token_count == 0) continue;
+      const auto first = static_cast<std::size_t>(row.position / block);
+      const auto last = static_cast<std::size_t>((row.position + row.token_count - 1) / block);
+      for (std::size_t b = first; b <= last && b < table.size(); ++b) written_.push_back(table[b]);
+    }
+    while (options_.tiers->ReadingGpu(options_.instance, written_))
       std::this_thread::sleep_for(std::chrono::microseconds(20));
   }
   const std::int32_t vocab = model_.config().vocab_size;

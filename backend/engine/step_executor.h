@@ -98,7 +98,8 @@ class ModelStepExecutor final : public policies::StepExecutor {
   bool previous_failed_ = false;
   std::vector<std::int32_t> token_ids_;  // the step's token ids, previous tokens put in
   std::vector<SequenceChunk> chunks_;
-  std::vector<const policies::StepRow*> sampled_;  // rows that get a token, in plan order
+  std::vector<const policies::StepRow*> sampled_;           // rows that get a token, in plan order
+  std::vector<policies::KvBlockManager::BlockId> written_;  // the KV blocks the step writes
   std::vector<float> logits_;
   std::vector<std::int32_t> greedy_;
 };

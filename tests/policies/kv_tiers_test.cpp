@@ -91,6 +91,22 @@ TEST(TierManager, WriteThroughCopiesComputedBlocksDownAndShowsThemOnceWritten) {
   EXPECT_TRUE(m.CheckInvariants(true).ok()) << m.CheckInvariants(true).message();
 }
 
+// A write from the GPU reads its blocks until it ends: a step that writes KV into one of them
+// waits for it, a step that writes other blocks (the next ones of the same requests) does not.
+TEST(TierManager, AStepWaitsOnlyForTheWritesThatReadABlockItWrites) {
+  ListStorage storage;
+  TierManager m(Tiers(8, TierPlacement::kWriteThrough, 8, TierPlacement::kWriteThrough), &storage);
+  using Blocks = std::vector<KvBlockManager::BlockId>;
+  m.OnComputed(0, std::vector<BlockHash>{11, 12, 13}, Blocks{4, 5, 6});
+  ASSERT_EQ(storage.gpu[0], (Blocks{4, 5, 6}));
+  EXPECT_TRUE(m.ReadingGpu(0, Blocks{5}));
+  EXPECT_TRUE(m.ReadingGpu(0, Blocks{1, 2, 6}));
+  EXPECT_FALSE(m.ReadingGpu(0, Blocks{1, 2, 3, 7})) << "the blocks after them: no wait";
+  EXPECT_FALSE(m.ReadingGpu(1, Blocks{4, 5, 6})) << "another instance's blocks 4 to 6";
+  storage.CompleteAll();
+  EXPECT_FALSE(m.ReadingGpu(0, Blocks{4, 5, 6})) << "written: the blocks are free to change";
+}
+
 // A router looks one request up on several instances of a node in a row: the manager reuses
 // its last lookup of a node, but never past a change of the stores or of the hashes.
 TEST(TierManager, RepeatedLookupsSeeEveryChangeOfTheStoresAndOfTheHashes) {
