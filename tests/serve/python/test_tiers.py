@@ -90,6 +90,20 @@ def redis():
     r.stop()
 
 
+def settled_block_files(directory, timeout=15):
+    """The block files in `directory` once no write is in progress there: no .partial file, and
+    the same files in two listings 100 ms apart."""
+    deadline = time.monotonic() + timeout
+    before = None
+    while True:
+        names = sorted(os.listdir(directory))
+        if before == names and not any(n.endswith(".partial") for n in names):
+            return [directory / n for n in names]
+        assert time.monotonic() < deadline, f"tier writes still in progress: {names}"
+        before = names
+        time.sleep(0.1)
+
+
 def complete(server, prompt):
     """A greedy completion of 8 tokens: (text, the reply's duet field, usage)."""
     r = server.client().completions.create(model=server.model, prompt=prompt, max_tokens=8,
@@ -159,8 +173,9 @@ def test_corrupt_block_files_are_recomputed_never_served(tiny_model, start_serve
     s = serve_with_tiers(start_server, tiny_model, path)
     for p in (A, B, C):
         assert complete(s, p)[0] == expected[p]
-    # Every block file: one bit of its payload flipped.
-    files = [tmp_path / "ssd" / f for f in os.listdir(tmp_path / "ssd")]
+    # Every block file: one bit of its payload flipped, once the tier wrote them all (a reply
+    # does not wait for its blocks' copies: the I/O thread writes them after).
+    files = settled_block_files(tmp_path / "ssd")
     assert files
     for f in files:
         data = bytearray(f.read_bytes())
