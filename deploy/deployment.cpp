@@ -2,7 +2,6 @@
 #include "deploy/deployment.h"
 
 #include <filesystem>
-#include <optional>
 
 #include "common/json_util.h"
 
@@ -177,6 +176,22 @@ Result<SpeculativeSpec> ParseSpeculative(const json& doc, const std::string& pat
 
 }  // namespace
 
+Result<FittedProfile> LoadFittedProfile(const json& doc, const std::string& path,
+                                        const std::string& data_dir) {
+  const auto cost = doc.find("cost_model");
+  if (cost == doc.end() || !cost->is_object() || cost->value("kind", "") != "fitted")
+    return FittedProfile{};
+  const auto ref = cost->find("profile");
+  if (ref == cost->end() || !ref->is_string()) return FittedProfile{};
+  FittedProfile fitted;
+  fitted.path =
+      ResolveRef(ref->get<std::string>(), path, (fs::path(data_dir) / "sim" / "profiles").string());
+  auto loaded = models::LoadStepProfile(fitted.path);
+  if (!loaded) return Status::Error(path + ": cost_model: field 'profile': " + loaded.error());
+  fitted.profile = std::make_shared<const models::StepProfile>(std::move(*loaded));
+  return fitted;
+}
+
 Result<Deployment> ParseDeployment(const json& doc, const std::string& path,
                                    const std::string& data_dir) {
   if (!doc.is_object()) return Status::Error(path + ": must be a JSON object");
@@ -202,22 +217,13 @@ Result<Deployment> ParseDeployment(const json& doc, const std::string& path,
     d.engine = *engine;
   }
   DUET_RETURN_IF_ERROR(ParseInstances(doc, path, d));
-  // Fitted tiers read the fitted cost model's profile (sim/cluster_spec.cpp reads it again for
-  // the steps; the simulator's layer is not this one's to call).
-  TierFits fits;
-  std::optional<models::StepProfile> profile;
+  // Fitted tiers read the fitted cost model's profile.
   if (TiersWantFits(doc)) {
-    const auto cost = doc.find("cost_model");
-    if (cost != doc.end() && cost->is_object() && cost->value("kind", "") == "fitted" &&
-        cost->contains("profile") && (*cost)["profile"].is_string()) {
-      fits.profile_path = ResolveRef((*cost)["profile"].get<std::string>(), path,
-                                     (fs::path(data_dir) / "sim" / "profiles").string());
-      auto loaded = models::LoadStepProfile(fits.profile_path);
-      if (!loaded) return Status::Error(path + ": cost_model: field 'profile': " + loaded.error());
-      profile = std::move(*loaded);
-      fits.profile = &*profile;
-    }
+    auto fitted = LoadFittedProfile(doc, path, data_dir);
+    if (!fitted) return fitted.status();
+    d.fitted_profile = std::move(*fitted);
   }
+  const TierFits fits{d.fitted_profile.profile.get(), d.fitted_profile.path};
   auto tiers = ParseTiers(doc, path, d.engine.block_tokens * d.KvBytesPerToken(),
                           d.engine.enable_prefix_caching, fits);
   if (!tiers) return tiers.status();

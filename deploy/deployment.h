@@ -6,6 +6,7 @@
 // settings, and a file it refuses is refused with the same message.
 #pragma once
 
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -15,6 +16,7 @@
 #include "deploy/engine_settings.h"
 #include "deploy/tiers.h"
 #include "models/model_spec.h"
+#include "models/step_profile.h"
 #include "policies/engine.h"
 #include "policies/router.h"
 
@@ -49,6 +51,15 @@ struct SpeculativeSpec {
   bool enabled() const { return config.enabled(); }
 };
 
+// The profile a file's fitted cost model names ({"cost_model": {"kind": "fitted", "profile":
+// REF}}): REF resolved (ResolveRef; bundled names under <data_dir>/sim/profiles) and read.
+// Both empty when the file names none (sim/cluster_spec.cpp says what is wrong with its
+// cost_model). Errors read "<file>: cost_model: field 'profile': ...".
+struct FittedProfile {
+  std::string path;
+  std::shared_ptr<const models::StepProfile> profile;
+};
+
 struct Deployment {
   std::string name;
   std::string path;
@@ -59,6 +70,8 @@ struct Deployment {
   // overrides it. nullopt: the command's default.
   std::optional<policies::RouterKind> router;
   TiersSpec tiers;  // KV tiers below GPU memory (deploy/tiers.h)
+  // Read only when a tier takes its numbers from it (the simulator's cost model reuses it).
+  FittedProfile fitted_profile;
   SpeculativeSpec speculative;
 
   bool pd() const;
@@ -74,6 +87,9 @@ struct Deployment {
 // config.json LoadModelSpec reads).
 std::string ResolveRef(const std::string& ref, const std::string& referrer,
                        const std::string& bundled_dir, bool directories = false);
+
+Result<FittedProfile> LoadFittedProfile(const nlohmann::json& doc, const std::string& path,
+                                        const std::string& data_dir);
 
 // "prefill", "decode" or "colocated" (policies::ToString's names).
 Result<policies::InstanceRole> ParseInstanceRole(const std::string& name);

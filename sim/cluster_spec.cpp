@@ -69,8 +69,9 @@ Result<LinkSpec> ParseLink(const json& parent, const std::string& key, const std
   return LinkSpec{*bw * kGB, *lat * 1e-6};
 }
 
+// `fitted`: the profile the deployment read already, if it did.
 Status ParseCostModel(const json& doc, const std::string& path, const std::string& data_dir,
-                      CostModelSpec& spec) {
+                      const deploy::FittedProfile& fitted, CostModelSpec& spec) {
   auto it = doc.find("cost_model");
   if (it == doc.end() || it->is_null()) return Status::Ok();
   const std::string where = path + ": cost_model";
@@ -93,13 +94,15 @@ Status ParseCostModel(const json& doc, const std::string& path, const std::strin
       if (JsonHas(*it, f.key))
         return FieldError(where, f.key, "applies to kind 'roofline' only (the profile fits it)");
     }
-    auto profile = JsonString(*it, "profile", where);
-    if (!profile) return profile.status();
-    spec.profile_path =
-        ResolveRef(*profile, path, (fs::path(data_dir) / "sim" / "profiles").string());
-    auto loaded = models::LoadStepProfile(spec.profile_path);
-    if (!loaded) return Status::Error(where + ": field 'profile': " + loaded.error());
-    spec.profile = std::make_shared<const models::StepProfile>(std::move(*loaded));
+    if (auto profile = JsonString(*it, "profile", where); !profile) return profile.status();
+    deploy::FittedProfile read = fitted;
+    if (!read.profile) {
+      auto loaded = deploy::LoadFittedProfile(doc, path, data_dir);
+      if (!loaded) return loaded.status();
+      read = std::move(*loaded);
+    }
+    spec.profile_path = std::move(read.path);
+    spec.profile = std::move(read.profile);
     return Status::Ok();
   }
   if (*kind != "roofline")
@@ -190,7 +193,7 @@ Result<ClusterSpec> ParseClusterSpec(const json& doc, const std::string& path,
   static_cast<deploy::Deployment&>(c) = std::move(*deployment);
 
   // Before the nodes: their nvlink may name a link the profile fitted.
-  DUET_RETURN_IF_ERROR(ParseCostModel(doc, path, data_dir, c.cost_model));
+  DUET_RETURN_IF_ERROR(ParseCostModel(doc, path, data_dir, c.fitted_profile, c.cost_model));
 
   // Nodes: a list of groups, each {"count": n, "gpus": g, "gpu": name, links...}.
   auto nodes_it = doc.find("nodes");

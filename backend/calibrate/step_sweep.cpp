@@ -45,8 +45,8 @@ std::vector<StepShape> CalibrationShapes(const SweepLimits& l) {
     }
   // Decode: a batch of rows, each after `c` cached tokens; from 8 rows on, also halfway between
   // powers of two, where backends change kernels (the CPU's matrix multiplies from a GEMV to
-  // oneDNN at 12 rows): the fit can split a class at a measured row count (models/step_fit.h), and the
-  // closer the counts the closer the split to the change.
+  // oneDNN at 12 rows): the fit can split a class at a measured row count (models/step_fit.h), and
+  // the closer the counts the closer the split to the change.
   std::vector<Tokens> batches = Ladder(1, l.max_batch);
   for (Tokens rows = 8; rows * 3 / 2 < l.max_batch; rows *= 2) batches.push_back(rows * 3 / 2);
   std::sort(batches.begin(), batches.end());
