@@ -12,10 +12,9 @@
 // (kv_ready). SimGrid 3.32 signals a communication's completion when an actor first tests or
 // waits on it (Activity::on_completion; it declares Comm::on_start but never fires it), and
 // an instance in a decode run wakes on its transfer's end but polls it at the step boundary.
-// Recorded at the signal, 54% of the KV transfers of the Mooncake hour on h100-8p8d-llama8b
-// would end earlier (by up to 16 ms), and about half of the tier I/O on the colocated tiered
-// cluster (by up to 17 ms); the requests' kv transfer phases and the flows would no longer
-// meet the transfers' slices.
+// Recorded at the signal, such transfers and tier I/Os would end earlier than the engine takes
+// them, and the requests' kv transfer phases and the flows would no longer meet the transfers'
+// slices.
 #pragma once
 
 #include <cstdint>
