@@ -784,7 +784,10 @@ Status RedisTierBlocks::Get(BlockHash hash, std::span<std::byte> out) {
   char* digits_end = nullptr;
   const long long value =
       first.size() > 1 && first[0] == '$' ? std::strtoll(first.c_str() + 1, &digits_end, 10) : -1;
-  if (value < 0 || !digits_end || *digits_end != '\0')
+  // Redis holds no string longer than 512 MiB (proto-max-bulk-len): a longer length is not a
+  // reply to read, whatever sent it.
+  constexpr long long kLongestValue = 512LL << 20;
+  if (value < 0 || value > kLongestValue || !digits_end || *digits_end != '\0')
     return broken("not a string reply: " + first.substr(0, 40));
   // The value, then its "\r\n": what arrived with the line first, the rest from the socket.
   const std::size_t want = kStoredBlockHeaderBytes + out.size();
