@@ -90,6 +90,15 @@ void PrintFit(const models::StepFit& fit) {
                 models::ToString(static_cast<models::ShapeClass>(c)), pieces.c_str(), h.shapes,
                 h.mean_pct, h.p90_pct, h.max_pct, t.shapes, t.mean_pct, t.max_pct);
   }
+  std::printf(
+      "  beyond the sweep: a fit without each class's largest quarter of shapes, on those of "
+      "them beyond the rest:\n");
+  for (std::size_t c = 0; c < models::kShapeClasses; ++c) {
+    const models::FitError& e = fit.extrapolation[c];
+    std::printf("  %-8s %9s %6d %8.2f%% %8.2f%% %8.2f%%\n",
+                models::ToString(static_cast<models::ShapeClass>(c)), "", e.shapes, e.mean_pct,
+                e.p90_pct, e.max_pct);
+  }
   if (fit.roofline_held_out[0].shapes == 0) return;
   std::printf("  the roofline on the same held-out shapes:\n");
   for (std::size_t c = 0; c < models::kShapeClasses; ++c) {

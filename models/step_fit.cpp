@@ -92,6 +92,7 @@ struct Sample {
   double seconds;  // the median
   double tokens;   // new tokens: prefill and decode
   double context;  // cached tokens attended to: prefill and decode
+  StepFeatures features;
 };
 
 // One piece fitted to `rows` of `samples` for the least relative error.
@@ -289,48 +290,12 @@ bool HeldOut(int i, int n, int every) {
   return i < n / every * every && (i + i / every) % every == every - 1;
 }
 
-}  // namespace
+using ClassRows = std::array<std::vector<std::size_t>, kShapeClasses>;
 
-Result<StepFit> FitSteps(std::vector<StepMeasurement>& measurements, int tp,
-                         const FitOptions& options) {
-  DUET_CHECK(options.held_out_every >= 2 && options.max_pieces >= 1 && options.max_pieces <= 2);
-  std::vector<Sample> samples;
-  std::array<std::vector<std::size_t>, kShapeClasses> training;
-  std::array<int, kShapeClasses> count{};
-  for (const StepMeasurement& m : measurements) {
-    const StepFeatures f = FeaturesOf(m.shape);
-    if (m.shape.tp == tp && !f.empty()) ++count[static_cast<std::size_t>(ClassOf(f))];
-  }
-  std::array<int, kShapeClasses> seen{};
-  std::array<int, kShapeClasses> held{};
-  for (StepMeasurement& m : measurements) {
-    if (m.shape.tp != tp) continue;
-    const StepFeatures f = FeaturesOf(m.shape);
-    const Seconds median = m.Median();
-    if (f.empty() || !(median > 0))
-      return Status::Error("a measurement with no tokens or no positive time cannot be fitted");
-    const auto c = static_cast<std::size_t>(ClassOf(f));
-    m.held_out = HeldOut(seen[c]++, count[c], options.held_out_every);
-    held[c] += m.held_out ? 1 : 0;
-    if (!m.held_out) training[c].push_back(samples.size());
-    samples.push_back(
-        {FitColumns(f), median, f.tokens(), f.prefill_context_tokens + f.decode_context_tokens});
-  }
-  const std::string where = "tp " + std::to_string(tp) + ": ";
-  StepFit fit;
-  fit.tp = tp;
-  for (std::size_t c = 0; c < kShapeClasses; ++c) {
-    const std::string name = ToString(static_cast<ShapeClass>(c));
-    // The simulator prices every class, so each needs its own measurements.
-    if (training[c].size() < kMinTrainingPerClass)
-      return Status::Error(where + std::to_string(training[c].size()) + " " + name +
-                           " measurements to fit; need at least " +
-                           std::to_string(kMinTrainingPerClass));
-    if (held[c] == 0)
-      return Status::Error(where + std::to_string(seen[c]) + " " + name +
-                           " measurements leave none to hold out; need at least " +
-                           std::to_string(options.held_out_every));
-  }
+// Every class's pieces fitted to its `training` rows of `samples` (mixed steps to every
+// class's). Errors: a coefficient that is not finite.
+Status FitClasses(const std::vector<Sample>& samples, const ClassRows& training,
+                  const FitOptions& options, const std::string& where, StepFit& fit) {
   for (std::size_t c = 0; c < kShapeClasses; ++c) {
     const std::string name = ToString(static_cast<ShapeClass>(c));
     // Mixed steps have every column, and a sweep's mixed shapes vary few of them (a chunk's
@@ -359,9 +324,95 @@ Result<StepFit> FitSteps(std::vector<StepMeasurement>& measurements, int tp,
       }
     }
   }
+  return Status::Ok();
+}
+
+// How the fit extrapolates (StepFit::extrapolation): of each class, the quarter of its
+// measurements that took longest are its sweep's largest shapes; the classes are fitted again
+// without them, and priced on those of them that lie beyond what the rest of their class
+// measured (a fit column larger than any of theirs), as a trace's steps beyond the sweep are
+// priced. Zero shapes everywhere where a class would keep too few measurements to fit.
+ClassErrors Extrapolation(const std::vector<Sample>& samples, const ClassRows& all,
+                          const FitOptions& options) {
+  ClassRows kept, largest;
+  for (std::size_t c = 0; c < kShapeClasses; ++c) {
+    std::vector<std::size_t> rows = all[c];
+    std::sort(rows.begin(), rows.end(), [&](std::size_t a, std::size_t b) {
+      return samples[a].seconds < samples[b].seconds;
+    });
+    const std::size_t keep = rows.size() - rows.size() / 4;
+    if (keep < kMinTrainingPerClass || keep == rows.size()) return {};
+    kept[c].assign(rows.begin(), rows.begin() + static_cast<std::ptrdiff_t>(keep));
+    largest[c].assign(rows.begin() + static_cast<std::ptrdiff_t>(keep), rows.end());
+  }
+  StepFit fit;
+  if (!FitClasses(samples, kept, options, "", fit).ok()) return {};
+  ClassErrors errors{};
+  for (std::size_t c = 0; c < kShapeClasses; ++c) {
+    std::array<double, kFitColumns> max{};
+    for (std::size_t r : kept[c])
+      for (std::size_t k = 0; k < kFitColumns; ++k)
+        max[k] = std::max(max[k], samples[r].columns[k]);
+    std::vector<double> pct;
+    for (std::size_t r : largest[c]) {
+      const Sample& s = samples[r];
+      bool beyond = false;
+      for (std::size_t k = 0; k < kFitColumns; ++k) beyond |= s.columns[k] > max[k];
+      if (beyond) pct.push_back(std::abs(fit.Predict(s.features) / s.seconds - 1) * 100);
+    }
+    errors[c] = SummarizeErrors(pct);
+  }
+  return errors;
+}
+
+}  // namespace
+
+Result<StepFit> FitSteps(std::vector<StepMeasurement>& measurements, int tp,
+                         const FitOptions& options) {
+  DUET_CHECK(options.held_out_every >= 2 && options.max_pieces >= 1 && options.max_pieces <= 2);
+  std::vector<Sample> samples;
+  ClassRows training, all;
+  std::array<int, kShapeClasses> count{};
+  for (const StepMeasurement& m : measurements) {
+    const StepFeatures f = FeaturesOf(m.shape);
+    if (m.shape.tp == tp && !f.empty()) ++count[static_cast<std::size_t>(ClassOf(f))];
+  }
+  std::array<int, kShapeClasses> seen{};
+  std::array<int, kShapeClasses> held{};
+  for (StepMeasurement& m : measurements) {
+    if (m.shape.tp != tp) continue;
+    const StepFeatures f = FeaturesOf(m.shape);
+    const Seconds median = m.Median();
+    if (f.empty() || !(median > 0))
+      return Status::Error("a measurement with no tokens or no positive time cannot be fitted");
+    const auto c = static_cast<std::size_t>(ClassOf(f));
+    m.held_out = HeldOut(seen[c]++, count[c], options.held_out_every);
+    held[c] += m.held_out ? 1 : 0;
+    if (!m.held_out) training[c].push_back(samples.size());
+    all[c].push_back(samples.size());
+    samples.push_back(
+        {FitColumns(f), median, f.tokens(), f.prefill_context_tokens + f.decode_context_tokens, f});
+  }
+  const std::string where = "tp " + std::to_string(tp) + ": ";
+  for (std::size_t c = 0; c < kShapeClasses; ++c) {
+    const std::string name = ToString(static_cast<ShapeClass>(c));
+    // The simulator prices every class, so each needs its own measurements.
+    if (training[c].size() < kMinTrainingPerClass)
+      return Status::Error(where + std::to_string(training[c].size()) + " " + name +
+                           " measurements to fit; need at least " +
+                           std::to_string(kMinTrainingPerClass));
+    if (held[c] == 0)
+      return Status::Error(where + std::to_string(seen[c]) + " " + name +
+                           " measurements leave none to hold out; need at least " +
+                           std::to_string(options.held_out_every));
+  }
+  StepFit fit;
+  fit.tp = tp;
+  DUET_RETURN_IF_ERROR(FitClasses(samples, training, options, where, fit));
   const FittedCostModel model(fit);
   fit.training = ErrorOf(model, measurements, tp, false);
   fit.held_out = ErrorOf(model, measurements, tp, true);
+  fit.extrapolation = Extrapolation(samples, all, options);
   return fit;
 }
 

@@ -27,7 +27,8 @@ struct FitOptions {
 };
 // Marks the held-out measurements (of `tp`), fits prefill-only and decode-only steps on the
 // rest of their own class and mixed steps on the rest of every class, and measures the error
-// on both. Errors: a class with fewer than 8 training measurements or none held out.
+// on both, and how it extrapolates beyond its sweep (StepFit::extrapolation). Errors: a class
+// with fewer than 8 training measurements or none held out.
 Result<StepFit> FitSteps(std::vector<StepMeasurement>& measurements, int tp,
                          const FitOptions& options = {});
 

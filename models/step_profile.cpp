@@ -165,6 +165,7 @@ Result<StepFit> ParseFit(const json& fit, const std::string& where) {
   DUET_RETURN_IF_ERROR(ParseErrors(fit, "training_error", where, out.training));
   DUET_RETURN_IF_ERROR(ParseErrors(fit, "held_out_error", where, out.held_out));
   DUET_RETURN_IF_ERROR(ParseErrors(fit, "roofline_held_out_error", where, out.roofline_held_out));
+  DUET_RETURN_IF_ERROR(ParseErrors(fit, "extrapolation_error", where, out.extrapolation));
   return out;
 }
 
@@ -500,6 +501,7 @@ json StepProfileToJson(const StepProfile& profile) {
     out["training_error"] = ErrorToJson(fit.training);
     out["held_out_error"] = ErrorToJson(fit.held_out);
     out["roofline_held_out_error"] = ErrorToJson(fit.roofline_held_out);
+    out["extrapolation_error"] = ErrorToJson(fit.extrapolation);
     fits.push_back(std::move(out));
   }
   json measurements = json::array();

@@ -97,6 +97,10 @@ struct StepFit {
   // The roofline's error on the same held-out shapes, where calibrate was asked to compare
   // (shapes == 0 otherwise).
   ClassErrors roofline_held_out{};
+  // How the fit extrapolates: the error, on each class's largest shapes (the quarter that took
+  // longest) that lie beyond the rest of its sweep, of a fit made without them (step_fit.h).
+  // Zero shapes where too few were measured to leave them out.
+  ClassErrors extrapolation{};
   Seconds Predict(const StepFeatures& f) const;  // 0 for an empty step
 };
 

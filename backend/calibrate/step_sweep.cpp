@@ -43,13 +43,26 @@ std::vector<StepShape> CalibrationShapes(const SweepLimits& l) {
       s.prefill.assign(static_cast<std::size_t>(chunks), {n, 0});
       shapes.push_back(s);
     }
-  // Decode: a batch of rows, each after `c` cached tokens; from 8 rows on, also halfway between
-  // powers of two, where backends change kernels (the CPU's matrix multiplies from a GEMV to
-  // oneDNN at 12 rows): the fit can split a class at a measured row count (models/step_fit.h), and
-  // the closer the counts the closer the split to the change.
-  std::vector<Tokens> batches = Ladder(1, l.max_batch);
-  for (Tokens rows = 8; rows * 3 / 2 < l.max_batch; rows *= 2) batches.push_back(rows * 3 / 2);
-  std::sort(batches.begin(), batches.end());
+  // Decode: a batch of rows, each after `c` cached tokens; every row count up to 16, then
+  // powers of two and halfway between. A step's time is not affine in its rows between powers
+  // of two (on the CPU backend it rises by 1.3 to 2.8 ms a row from 4 to 8 rows), and a ladder
+  // of powers of two alone left the counts between them to the fit's interpolation: live decode
+  // steps of 3, 5 to 7 and 9 to 11 rows, which real traffic runs most, ran 3-11% slower than it
+  // priced them (docs/validation.md). Backends also change kernels (the CPU's matrix multiplies
+  // from a GEMV to oneDNN at 12 rows): the fit can split a class at a measured row count
+  // (models/step_fit.h), and the closer the counts the closer the split to the change.
+  constexpr Tokens kEveryRowUpTo = 16;
+  std::vector<Tokens> batches;
+  for (Tokens rows = 1; rows <= std::min(kEveryRowUpTo, l.max_batch); ++rows)
+    batches.push_back(rows);
+  for (Tokens rows = 2 * kEveryRowUpTo; rows < l.max_batch; rows *= 2) {
+    batches.push_back(rows * 3 / 4);
+    batches.push_back(rows);
+  }
+  if (batches.back() < l.max_batch) {
+    if (l.max_batch > 3 * batches.back() / 2 + 1) batches.push_back(3 * batches.back() / 2);
+    batches.push_back(l.max_batch);
+  }
   for (Tokens rows : batches)
     for (Tokens c : Ladder(std::min<Tokens>(64, l.max_context), l.max_context, 4))
       if (fits(c, 1)) shapes.push_back({{}, rows, rows * c, 1});

@@ -23,12 +23,13 @@ struct SweepLimits {
 };
 
 // Prefill chunks of 16 tokens up to max_tokens over cached contexts 0, 256, 1024, ... up to
-// max_context, batches of equal fresh chunks; decode batches of 1, 2, 4, 8, 12, 16, 24, ...
-// up to max_batch rows over contexts 64, 256, ... up to max_context; mixed steps of a chunk beside
-// a decode batch. In a fixed order (the fit holds out one in four shapes of each class), each shape
-// once, every sequence within the model's positions. Then, from a trace: each of its prompt
-// lengths as the engine's chunks at max_tokens cut it (the first chunk, and the last after the
-// context of the others), and decode batches of 1, 4, 16, ... rows at each of its contexts.
+// max_context, batches of equal fresh chunks; decode batches of every row count up to 16, then
+// 24, 32, 48, 64, ... up to max_batch rows over contexts 64, 256, ... up to max_context; mixed
+// steps of a chunk beside a decode batch. In a fixed order (the fit holds out one in four shapes of
+// each class), each shape once, every sequence within the model's positions. Then, from a trace:
+// each of its prompt lengths as the engine's chunks at max_tokens cut it (the first chunk, and the
+// last after the context of the others), and decode batches of 1, 4, 16, ... rows at each of its
+// contexts.
 std::vector<models::StepShape> CalibrationShapes(const SweepLimits& limits);
 
 // The KV transfers `duet calibrate --transport` times, in blocks: 1, 2, 3, 4, 6, 8, 12, ...
