@@ -24,6 +24,7 @@
 
 #include "cli/child_processes.h"
 #include "cli/commands.h"
+#include "cli/machine_cpu.h"
 #include "cli/validate_arrivals.h"
 #include "cli/validate_flags.h"
 #include "cli/validate_html.h"
@@ -100,6 +101,10 @@ struct LiveRun {
   std::string step_log;  // the server's steps.jsonl
   Seconds replay_s = 0;  // the replay's wall time
   ChildUsage client, server;
+  // The whole machine over the server's life (from before its start to after its stop), where
+  // /proc/stat could be read, and that span's wall time.
+  std::optional<MachineCpu> machine;
+  Seconds serve_s = 0;
 };
 
 // Starts `serve` (its arguments but --step-log) afresh, so that one run's prefix caches stay
@@ -115,6 +120,8 @@ Result<LiveRun> RunLive(ChildProcesses& children, std::vector<std::string> serve
   const std::string replay_log = dir + "/replay" + suffix + ".log";
   const std::string live_dir = dir + "/live" + suffix;
   serve.insert(serve.end(), {"--step-log", run.step_log});
+  const std::optional<MachineCpu> machine_before = ReadMachineCpu();
+  const auto serve_start = std::chrono::steady_clock::now();
   auto server = children.Spawn(serve, serve_log);
   if (!server) return server.status();
   auto address = WaitServing(children, *server, serve_log, 300);
@@ -127,6 +134,11 @@ Result<LiveRun> RunLive(ChildProcesses& children, std::vector<std::string> serve
   run.replay_s =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - replay_start).count();
   const int served = children.Stop(*server, 120);
+  run.serve_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - serve_start).count();
+  if (const std::optional<MachineCpu> after = ReadMachineCpu(); after && machine_before)
+    run.machine = MachineCpu{after->busy_s - machine_before->busy_s,
+                             after->steal_s - machine_before->steal_s};
   if (replayed != 0)
     return Status::Error("duet replay failed (status " + std::to_string(replayed) + "):\n" +
                          Tail(replay_log));
@@ -344,6 +356,20 @@ int Validate(int argc, char** argv) {
       if (!written) return Fail(written.error());
       as_live_cluster = *written;
       load["as_live"] = {{"scales", as_live_scales}};
+      // At the machine's measured speed: every step priced slower (or faster) by what the
+      // profile's reference shapes, timed alone beside the live runs, took against calibration,
+      // so that the error left is not the machine's drift.
+      if (reference) {
+        const json machine = SummarizeReference(timings);
+        if (machine.is_object()) {
+          const double k = 1 + machine["slower_pct"].get<double>() / 100;
+          if (auto s = resimulate(ProfileScaled(*profile, k), "machine-speed", "at_machine_speed",
+                                  "at the machine's measured speed");
+              !s)
+            return Fail(s.error());
+          load["at_machine_speed"] = {{"scale", k}};
+        }
+      }
       // Without the profile's host time: how much of each error pricing it removes.
       if (profile->host) {
         models::StepProfile no_host = *profile;
@@ -379,20 +405,40 @@ int Validate(int argc, char** argv) {
     // timed on an idle machine. Summed over the runs.
     double replay_s = 0;
     ChildUsage client, server_usage;
+    std::optional<MachineCpu> machine = MachineCpu{};
+    Seconds serve_s = 0;
     for (const LiveRun& run : runs) {
       replay_s += run.replay_s;
       client.cpu_s += run.client.cpu_s;
       client.involuntary_switches += run.client.involuntary_switches;
       server_usage.cpu_s += run.server.cpu_s;
       server_usage.involuntary_switches += run.server.involuntary_switches;
+      serve_s += run.serve_s;
+      if (machine && run.machine) {
+        machine->busy_s += run.machine->busy_s;
+        machine->steal_s += run.machine->steal_s;
+      } else {
+        machine.reset();
+      }
     }
+    const int cores = static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
     load["cpu"] = {{"replay_s", replay_s},
-                   {"cores", static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN))},
+                   {"cores", cores},
                    {"client_cpu_s", client.cpu_s},
                    {"client_cores", client.cpu_s / replay_s},
                    {"client_involuntary_switches", client.involuntary_switches},
                    {"server_cpu_s", server_usage.cpu_s},
                    {"server_involuntary_switches", server_usage.involuntary_switches}};
+    // The rest of the machine over the servers' lives: what other processes used (the machine's
+    // busy time less the server's and the client's, to /proc/stat's tick) and the steal.
+    if (machine) {
+      load["cpu"]["serve_s"] = serve_s;
+      load["cpu"]["machine_busy_cpu_s"] = machine->busy_s;
+      load["cpu"]["other_cpu_s"] =
+          std::max(0.0, machine->busy_s - server_usage.cpu_s - client.cpu_s);
+      load["cpu"]["steal_s"] = machine->steal_s;
+      load["cpu"]["steal_pct"] = 100 * machine->steal_s / (serve_s * cores);
+    }
     if (reference) load["machine"] = SummarizeReference(timings);
     report["loads"].push_back(load);
   }

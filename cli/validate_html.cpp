@@ -219,8 +219,9 @@ Status WriteValidationHtml(const json& report, const std::vector<Metric>& metric
     html += std::string("<th>") + models::ToString(static_cast<models::ShapeClass>(c)) + "</th>";
   html +=
       "<th>host per step, live</th><th>priced</th><th>TTFT p50 error as live</th><th>TPOT p50 "
-      "as live</th><th>E2E p50 as live</th><th>TTFT / TPOT / E2E p50 at the live send "
-      "times</th><th>the same, as live</th></tr>\n";
+      "as live</th><th>E2E p50 as live</th><th>TTFT / TPOT / E2E p50 at the machine's "
+      "speed</th><th>TTFT / TPOT / E2E p50 at the live send times</th><th>the same, as "
+      "live</th></tr>\n";
   for (const json& load : report["loads"]) {
     const json& s = load["steps"];
     html += "<tr><td>x" + Escape(RateText(load["rate_scale"].get<double>())) + "</td><td>" +
@@ -251,7 +252,8 @@ Status WriteValidationHtml(const json& report, const std::vector<Metric>& metric
               (e.contains("error_as_live_pct") ? PercentText(e["error_as_live_pct"]) : "n/a") +
               "</td>";
     }
-    for (const char* key : {"error_at_live_send_pct", "error_as_live_at_live_send_pct"}) {
+    for (const char* key : {"error_at_machine_speed_pct", "error_at_live_send_pct",
+                            "error_as_live_at_live_send_pct"}) {
       std::string cell;
       for (const char* name : {"ttft_ms.p50", "tpot_ms.p50", "e2e_ms.p50"}) {
         const json& e = load["metrics"][name];
@@ -268,7 +270,9 @@ Status WriteValidationHtml(const json& report, const std::vector<Metric>& metric
       "profile prices past every shape of it that it measured. The machine against its "
       "calibration: the profile's own reference steps timed alone before and after each live "
       "run, over what calibration measured for them, less one (the median; positive: slower "
-      "now). At the live send times (a trace whose requests follow others): the error left "
+      "now). At the machine's speed: the error left when every step is priced slower by that "
+      "much (not the machine's drift). At the live send times (a trace whose requests follow "
+      "others): the error left "
       "when every request is sent when the first live run sent it. As live: the error left when "
       "the simulation prices each shape class as its live steps ran (not the step "
       "costs').</p>\n"

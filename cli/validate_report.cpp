@@ -232,6 +232,13 @@ void PrintValidation(const json& report, const std::vector<Metric>& metrics) {
           RateText(load["rate_scale"].get<double>()).c_str(), scales.c_str(),
           ErrorsText(load, "error_as_live_pct").c_str());
     }
+    if (load.contains("at_machine_speed"))
+      std::printf(
+          "at the machine's speed at x%s: with every step priced x%.3f (the machine against its "
+          "calibration, below) the simulation's errors are %s\n",
+          RateText(load["rate_scale"].get<double>()).c_str(),
+          load["at_machine_speed"]["scale"].get<double>(),
+          ErrorsText(load, "error_at_machine_speed_pct").c_str());
     if (load.contains("at_live_send")) {
       const std::string r = RateText(load["rate_scale"].get<double>());
       const char* rate = r.c_str();
@@ -266,6 +273,12 @@ void PrintValidation(const json& report, const std::vector<Metric>& metrics) {
         cpu["client_cores"].get<double>(), cpu["cores"].get<int>(),
         cpu["server_cpu_s"].get<double>(),
         static_cast<long long>(cpu["server_involuntary_switches"].get<std::int64_t>()));
+    if (cpu.contains("steal_s"))
+      std::printf(
+          "  the rest of the machine over the servers' %.1f s: other processes %.1f CPU-s, "
+          "steal %.2f s (%.2f%% of the cores' time)\n",
+          cpu["serve_s"].get<double>(), cpu["other_cpu_s"].get<double>(),
+          cpu["steal_s"].get<double>(), cpu["steal_pct"].get<double>());
     if (load.contains("machine") && load["machine"].is_object()) {
       const json& m = load["machine"];
       std::string shapes;

@@ -214,6 +214,18 @@ Result<json> AttributeSteps(const std::vector<std::string>& step_logs,
   return out;
 }
 
+namespace {
+
+// A fit's pieces of class `c` scaled: below its split (or all, unsplit) by `k`, above by `k_above`.
+void ScaleClass(models::StepFit& fit, std::size_t c, double k, double k_above) {
+  for (models::AffinePiece& piece : fit.pieces[c])
+    for (double& v : piece.seconds_per) v *= k;
+  for (models::AffinePiece& piece : fit.pieces_above[c])
+    for (double& v : piece.seconds_per) v *= k_above;
+}
+
+}  // namespace
+
 std::pair<models::StepProfile, json> ProfileAsLive(const sim::ClusterSpec& cluster,
                                                    const json& steps) {
   models::StepProfile profile = *cluster.cost_model.profile;
@@ -237,14 +249,16 @@ std::pair<models::StepProfile, json> ProfileAsLive(const sim::ClusterSpec& clust
     }
     const double k = below_steps > 0 ? ratio(forward_s, priced_s) : 1.0;
     scales[name] = k;
-    for (models::StepFit& fit : profile.fits) {
-      for (models::AffinePiece& piece : fit.pieces[c])
-        for (double& v : piece.seconds_per) v *= k;
-      for (models::AffinePiece& piece : fit.pieces_above[c])
-        for (double& v : piece.seconds_per) v *= k_above;
-    }
+    for (models::StepFit& fit : profile.fits) ScaleClass(fit, c, k, k_above);
   }
   return {std::move(profile), scales};
+}
+
+models::StepProfile ProfileScaled(const models::StepProfile& profile, double k) {
+  models::StepProfile scaled = profile;
+  for (models::StepFit& fit : scaled.fits)
+    for (std::size_t c = 0; c < models::kShapeClasses; ++c) ScaleClass(fit, c, k, k);
+  return scaled;
 }
 
 Result<std::string> WriteClusterWithProfile(const sim::ClusterSpec& cluster,

@@ -34,6 +34,10 @@ Result<nlohmann::json> AttributeSteps(const std::vector<std::string>& step_logs,
 std::pair<models::StepProfile, nlohmann::json> ProfileAsLive(const sim::ClusterSpec& cluster,
                                                              const nlohmann::json& steps);
 
+// `profile` with every step piece scaled by `k` (its host and frontend time as they are): a
+// simulation from it prices steps at a machine's measured speed (validate_machine.h).
+models::StepProfile ProfileScaled(const models::StepProfile& profile, double k);
+
 // The cluster file again with `profile` as its cost model, written to DIR/profile-NAME.json and
 // DIR/cluster-NAME.json; returns the cluster file's path.
 Result<std::string> WriteClusterWithProfile(const sim::ClusterSpec& cluster,

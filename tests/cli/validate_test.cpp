@@ -224,6 +224,26 @@ void ExpectStepsAttributed(const json& load, const std::string& dir, const model
   EXPECT_NEAR(cpu["client_cores"].get<double>(),
               cpu["client_cpu_s"].get<double>() / cpu["replay_s"].get<double>(), 1e-9);
   EXPECT_LE(cpu["client_cores"].get<double>(), cpu["cores"].get<double>()) << cpu;
+  // The whole machine over the servers' lives, which hold the replays: its busy time holds the
+  // server's and the client's, to /proc/stat's tick (10 ms a core, each reading); the rest is
+  // what other processes used, and the steal is a share of the cores' time.
+  ASSERT_TRUE(cpu.contains("machine_busy_cpu_s")) << cpu;
+  EXPECT_GE(cpu["serve_s"].get<double>(), cpu["replay_s"].get<double>()) << cpu;
+  const double tick_slack = 2 * 0.01 * cpu["cores"].get<double>() * 3;  // up to 3 runs
+  EXPECT_GE(cpu["machine_busy_cpu_s"].get<double>() + tick_slack,
+            cpu["server_cpu_s"].get<double>() + cpu["client_cpu_s"].get<double>())
+      << cpu;
+  EXPECT_NEAR(
+      cpu["other_cpu_s"].get<double>(),
+      std::max(0.0, cpu["machine_busy_cpu_s"].get<double>() - cpu["server_cpu_s"].get<double>() -
+                        cpu["client_cpu_s"].get<double>()),
+      1e-9)
+      << cpu;
+  EXPECT_NEAR(cpu["steal_pct"].get<double>(),
+              100 * cpu["steal_s"].get<double>() /
+                  (cpu["serve_s"].get<double>() * cpu["cores"].get<double>()),
+              1e-9);
+  EXPECT_LE(cpu["steal_pct"].get<double>(), 100) << cpu;
 }
 
 // A load's timings of the machine against its calibration (validate_machine.h): before the first
@@ -449,6 +469,33 @@ TEST_F(ValidateTest, TimesTheMachineAgainstItsCalibrationBesideEveryRun) {
   const json& machine = report["loads"][0]["machine"];
   EXPECT_LT(machine["max_pct"].get<double>(), -50) << machine;
   EXPECT_TRUE(ContainsAll(r.out, {"machine at x1: ", "less time than at calibration"})) << r;
+  // Simulated again at the machine's measured speed: every step piece scaled by it, so the
+  // simulation runs about ten times faster than from the profile as it is.
+  const json& at_speed = report["loads"][0]["at_machine_speed"];
+  const double k = 1 + machine["slower_pct"].get<double>() / 100;
+  EXPECT_NEAR(at_speed["scale"].get<double>(), k, 1e-12) << at_speed;
+  auto scaled = models::LoadStepProfile(tmp_.File("out/rate-1/profile-machine-speed.json"));
+  ASSERT_TRUE(scaled.ok()) << scaled.error();
+  const models::StepFit &fit = slow->fits.at(0), &fast = scaled->fits.at(0);
+  for (std::size_t c = 0; c < models::kShapeClasses; ++c) {
+    for (auto [pieces, original] : {std::pair{&fast.pieces[c], &fit.pieces[c]},
+                                    std::pair{&fast.pieces_above[c], &fit.pieces_above[c]}}) {
+      ASSERT_EQ(pieces->size(), original->size()) << c;
+      for (std::size_t p = 0; p < original->size(); ++p)
+        for (std::size_t col = 0; col < models::kFitColumns; ++col) {
+          const double want = k * (*original)[p].seconds_per[col];
+          EXPECT_NEAR((*pieces)[p].seconds_per[col], want, 1e-15 + 1e-9 * want) << c;
+        }
+    }
+  }
+  const json& e2e = report["loads"][0]["metrics"]["e2e_ms.p50"];
+  EXPECT_LT(e2e["simulated_at_machine_speed"].get<double>(), 0.5 * e2e["simulated"].get<double>())
+      << e2e;
+  EXPECT_DOUBLE_EQ(
+      e2e["error_at_machine_speed_pct"].get<double>(),
+      100 * (e2e["simulated_at_machine_speed"].get<double>() / e2e["live"].get<double>() - 1));
+  EXPECT_TRUE(ContainsAll(r.out, {"at the machine's speed at x1: with every step priced x0."}))
+      << r;
 }
 
 // Conversations (turns sent 20 ms after the reply before them): each world sends a later turn
