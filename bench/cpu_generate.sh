@@ -12,8 +12,9 @@
 # is counted). llama.cpp reads a GGUF conversion of the same weights (bench/cpu/to_gguf.py),
 # checked against torch's prefill logits.
 # The peers run in their own virtual environment, .venv-bench/ at the repository root, made
-# from bench/requirements-cpu.txt on the first run; that builds llama-cpp-python (llama.cpp)
-# from source, which takes several minutes (and pulls torch, a large download).
+# from bench/requirements-cpu.txt on the first run (bench/venv.sh); that builds
+# llama-cpp-python (llama.cpp) from source, which takes several minutes (and pulls torch, a
+# large download).
 # Usage: bench/cpu_generate.sh [THREADS]   (default: all hardware threads)
 #   REPS=3                       repetitions (medians over them)
 #   MODELS="tiny bench llama-3.2-1b"  the models, a subset in any order
@@ -29,22 +30,9 @@ BENCH=build/bin/duet_kernels_bench
 [ -x "$DUET" ] && [ -x "$BENCH" ] || { echo "build first: scripts/setup.sh" >&2; exit 1; }
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 
-# The peers' environment: BENCH_VENV as it is, or .venv-bench/ (re)installed whenever
-# bench/requirements-cpu.txt differs from the copy kept in it after the last install.
-if [ -n "${BENCH_VENV:-}" ]; then
-  VENV="$BENCH_VENV"
-  [ -x "$VENV/bin/python" ] || { echo "BENCH_VENV=$VENV: no bin/python there" >&2; exit 1; }
-else
-  VENV=.venv-bench
-  if ! cmp -s bench/requirements-cpu.txt "$VENV/requirements-cpu.txt"; then
-    echo "installing $VENV from bench/requirements-cpu.txt (llama-cpp-python builds from" \
-      "source: several minutes)" >&2
-    [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
-    "$VENV/bin/python" -m pip install -r bench/requirements-cpu.txt >&2
-    cp bench/requirements-cpu.txt "$VENV/requirements-cpu.txt"
-  fi
-fi
-PY="$VENV/bin/python"
+# The peers' environment (bench/venv.sh).
+source bench/venv.sh
+bench_venv bench/requirements-cpu.txt
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
