@@ -347,6 +347,7 @@ int Validate(int argc, char** argv) {
       if (Status s = simulate_again(*changed, load_trace, name, key, what); !s.ok()) return s;
       return changed;
     };
+    if (reference) load["machine"] = SummarizeReference(timings);
     std::optional<std::string> as_live_cluster;
     if (const models::StepProfile* profile = cluster->cost_model.profile.get()) {
       // With the steps priced as they ran live: how much of each error the step costs account
@@ -359,16 +360,13 @@ int Validate(int argc, char** argv) {
       // At the machine's measured speed: every step priced slower (or faster) by what the
       // profile's reference shapes, timed alone beside the live runs, took against calibration,
       // so that the error left is not the machine's drift.
-      if (reference) {
-        const json machine = SummarizeReference(timings);
-        if (machine.is_object()) {
-          const double k = 1 + machine["slower_pct"].get<double>() / 100;
-          if (auto s = resimulate(ProfileScaled(*profile, k), "machine-speed", "at_machine_speed",
-                                  "at the machine's measured speed");
-              !s)
-            return Fail(s.error());
-          load["at_machine_speed"] = {{"scale", k}};
-        }
+      if (load.contains("machine") && load["machine"].is_object()) {
+        const double k = 1 + load["machine"]["slower_pct"].get<double>() / 100;
+        if (auto s = resimulate(ProfileScaled(*profile, k), "machine-speed", "at_machine_speed",
+                                "at the machine's measured speed");
+            !s)
+          return Fail(s.error());
+        load["at_machine_speed"] = {{"scale", k}};
       }
       // Without the profile's host time: how much of each error pricing it removes.
       if (profile->host) {
@@ -439,7 +437,6 @@ int Validate(int argc, char** argv) {
       load["cpu"]["steal_s"] = machine->steal_s;
       load["cpu"]["steal_pct"] = 100 * machine->steal_s / (serve_s * cores);
     }
-    if (reference) load["machine"] = SummarizeReference(timings);
     report["loads"].push_back(load);
   }
 
