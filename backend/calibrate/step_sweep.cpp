@@ -47,10 +47,11 @@ std::vector<StepShape> CalibrationShapes(const SweepLimits& l) {
   // powers of two and halfway between. A step's time is not affine in its rows between powers
   // of two (on the CPU backend it rises by 1.3 to 2.8 ms a row from 4 to 8 rows), and a ladder
   // of powers of two alone left the counts between them to the fit's interpolation: live decode
-  // steps of 3, 5 to 7 and 9 to 11 rows, which real traffic runs most, ran 3-11% slower than it
-  // priced them (docs/validation.md). Backends also change kernels (the CPU's matrix multiplies
-  // from a GEMV to oneDNN at 12 rows): the fit can split a class at a measured row count
-  // (models/step_fit.h), and the closer the counts the closer the split to the change.
+  // steps of 4-7 and 8-15 rows, which real traffic runs most, ran 6% slower than it priced them
+  // and single-row ones 6.5% faster (docs/validation.md). Backends also change kernels (the
+  // CPU's matrix multiplies from a GEMV to oneDNN at 12 rows): the fit can split a class at a
+  // measured row count (models/step_fit.h), and the closer the counts the closer the split to
+  // the change.
   constexpr Tokens kEveryRowUpTo = 16;
   std::vector<Tokens> batches;
   for (Tokens rows = 1; rows <= std::min(kEveryRowUpTo, l.max_batch); ++rows)
