@@ -29,7 +29,6 @@
 #include <vector>
 
 #include "backend/calibrate/step_sweep.h"
-#include "backend/engine/step_log.h"
 #include "backend/model/llama_weights.h"
 #include "backend/registry.h"
 #include "backend/serve/api.h"
@@ -43,6 +42,7 @@
 #include "deploy/deployment.h"
 #include "models/step_fit.h"
 #include "models/step_profile.h"
+#include "policies/step_log.h"
 #include "traces/synthetic.h"
 
 namespace duet::cli {
@@ -221,7 +221,7 @@ Result<models::HostFit> FitHostSteps(const std::string& path) {
   std::array<double, models::kHostPhases> phase_sum{};
   double outside_sum = 0;
   DUET_RETURN_IF_ERROR(
-      backend::ReadStepLog(text.str(), path, [&](const backend::StepLogLine& line) {
+      policies::ReadStepLog(text.str(), path, [&](const policies::StepLogLine& line) {
         if (!line.host) return;
         const Seconds outside = line.HostSeconds();
         samples.push_back({line.host->counts, outside});

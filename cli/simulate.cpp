@@ -111,7 +111,10 @@ bool ParseSimulateArgs(int argc, char** argv, po::variables_map& vm, sim::SimOpt
     ("out", po::value<std::string>()->default_value("out"), "output directory")
     ("timeline", po::value<std::string>(),
      "also write a Perfetto / Chrome trace of the run to FILE (JSON; open it in "
-     "ui.perfetto.dev): steps per instance, KV transfers, tier I/O, request lifecycles");
+     "ui.perfetto.dev): steps per instance, KV transfers, tier I/O, request lifecycles")
+    ("step-log", po::value<std::string>(),
+     "also write every step to FILE as `duet serve --step-log` does (JSON lines: shape, "
+     "instance, start, iteration; the forward pass as the cost model priced it)");
   // clang-format on
   AddRouterOptions(opts, "prefix-aware");
   opts.add_options()("router-staleness-ms", po::value<double>()->default_value(0),
@@ -165,6 +168,10 @@ bool ParseSimulateArgs(int argc, char** argv, po::variables_map& vm, sim::SimOpt
   if (vm.count("timeline")) {
     options.timeline_path = vm["timeline"].as<std::string>();
     if (options.timeline_path.empty()) return usage("--timeline needs a file name");
+  }
+  if (vm.count("step-log")) {
+    options.step_log_path = vm["step-log"].as<std::string>();
+    if (options.step_log_path.empty()) return usage("--step-log needs a file name");
   }
 
   *out = std::move(options);

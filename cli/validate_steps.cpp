@@ -11,8 +11,8 @@
 #include <memory>
 #include <sstream>
 
-#include "backend/engine/step_log.h"
 #include "common/json_util.h"
+#include "policies/step_log.h"
 
 namespace duet::cli {
 
@@ -89,7 +89,7 @@ Result<json> AttributeSteps(const std::vector<std::string>& step_logs,
   Status bad_instance = Status::Ok();
   for (const std::string& step_log : step_logs) {
     const Status read =
-        backend::ReadStepLog(ReadText(step_log), step_log, [&](const backend::StepLogLine& line) {
+        policies::ReadStepLog(ReadText(step_log), step_log, [&](const policies::StepLogLine& line) {
           if (line.instance >= static_cast<int>(cost_models.size())) {
             if (bad_instance.ok())
               bad_instance =

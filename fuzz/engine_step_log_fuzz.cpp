@@ -6,20 +6,20 @@
 #include <cstdint>
 #include <string_view>
 
-#include "backend/engine/step_log.h"
 #include "models/step_profile.h"
+#include "policies/step_log.h"
 
 using namespace duet;
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   const std::string_view text(reinterpret_cast<const char*>(data), size);
-  (void)backend::ReadStepLog(text, "fuzz.jsonl", [](const backend::StepLogLine& line) {
+  (void)policies::ReadStepLog(text, "fuzz.jsonl", [](const policies::StepLogLine& line) {
     DUET_CHECK(line.instance >= 0 && (line.async || line.step.seconds <= line.iteration_s));
     DUET_CHECK(line.async || !line.host ||
                line.host->total() + line.step.seconds <= line.iteration_s * (1 + 1e-9) + 1e-9);
-    const std::string again = backend::FormatStepLogLine(line);
+    const std::string again = policies::FormatStepLogLine(line);
     int lines = 0;
-    const Status read = backend::ReadStepLog(again, "again", [&](const backend::StepLogLine& l) {
+    const Status read = policies::ReadStepLog(again, "again", [&](const policies::StepLogLine& l) {
       ++lines;
       DUET_CHECK(l.instance == line.instance && l.start_s == line.start_s &&
                  l.iteration_s == line.iteration_s && l.step.seconds == line.step.seconds &&

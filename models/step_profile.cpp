@@ -357,6 +357,12 @@ json StepShapeToJson(const StepShape& shape) {
           {"tp", shape.tp}};
 }
 
+json StepTiming::ToJson() const {
+  json line = StepShapeToJson(shape);
+  line["seconds"] = seconds;
+  return line;
+}
+
 Result<StepShape> ParseStepShape(const json& obj, const std::string& where) {
   if (!obj.is_object()) return Status::Error(where + ": must be an object");
   StepShape shape;

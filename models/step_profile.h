@@ -52,6 +52,15 @@ const char* ToString(ShapeClass c);
 ShapeClass ClassOf(const StepFeatures& f);  // of a non-empty step
 
 // One step shape timed `seconds.size()` times.
+// One executed step: its shape and how long its forward pass took (sampling excluded, as is
+// everything else the loop does between passes).
+struct StepTiming {
+  StepShape shape;
+  Seconds seconds = 0;
+  // StepShapeToJson(shape) and "seconds": a line ParseStepMeasurements reads.
+  nlohmann::json ToJson() const;
+};
+
 struct StepMeasurement {
   StepShape shape;
   std::vector<Seconds> seconds;  // every repeat, in order

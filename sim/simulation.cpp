@@ -143,6 +143,7 @@ Result<SimReport> Simulate(const ClusterSpec& cluster, const traces::Trace& trac
     w.costs.push_back(MakeStepCostModel(cluster, i));
   }
   if (!options.timeline_path.empty()) w.timeline = std::make_unique<Timeline>();
+  w.logs_steps = !options.step_log_path.empty();
   if (cluster.tiers.any()) {
     w.storage =
         std::make_unique<SimTierStorage>(w.platform, w.instances, w.Starter(), w.timeline.get());
@@ -269,6 +270,12 @@ Result<SimReport> Simulate(const ClusterSpec& cluster, const traces::Trace& trac
     DUET_RETURN_IF_ERROR(
         w.timeline->Write(files.AddPath(options.timeline_path), names, w.requests));
   }
+  if (w.logs_steps) {
+    const std::string path = files.AddPath(options.step_log_path);
+    std::ofstream log(path);
+    log << w.step_log;
+    if (!log) return Status::Error(options.step_log_path + ": write failed");
+  }
   const std::string summary_path = files.Add("summary.json");
   std::ofstream out(summary_path);
   out << report.summary.dump(2) << "\n";
@@ -298,15 +305,17 @@ Result<SimReport> RunSimulation(const ClusterSpec& cluster, const traces::Trace&
     return Status::Error(options.out_dir + ": cannot write into the output directory");
   }
   fs::remove(probe, ec);
-  if (!options.timeline_path.empty()) {
-    fs::path dir = fs::path(options.timeline_path).parent_path();
+  for (const auto& [path, what] : {std::pair{options.timeline_path, "the timeline"},
+                                   std::pair{options.step_log_path, "the step log"}}) {
+    if (path.empty()) continue;
+    fs::path dir = fs::path(path).parent_path();
     if (dir.empty()) dir = ".";
-    const fs::path timeline_probe = dir / ".duet-write-test.tmp";
-    if (fs::is_directory(options.timeline_path, ec) || !std::ofstream(timeline_probe)) {
+    const fs::path file_probe = dir / ".duet-write-test.tmp";
+    if (fs::is_directory(path, ec) || !std::ofstream(file_probe)) {
       if (!existed) fs::remove(options.out_dir, ec);
-      return Status::Error(options.timeline_path + ": cannot write the timeline there");
+      return Status::Error(path + ": cannot write " + what + " there");
     }
-    fs::remove(timeline_probe, ec);
+    fs::remove(file_probe, ec);
   }
   Result<SimReport> report = Simulate(cluster, trace, options);
   // A failed run leaves nothing behind: not even the directory it created (if still empty).

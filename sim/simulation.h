@@ -30,6 +30,9 @@ struct SimOptions {
   traces::ClosedLoop closed_loop;
   // Non-empty: also write a Perfetto / Chrome trace of the run there (sim/timeline.h).
   std::string timeline_path;
+  // Non-empty: also write every step as a line of the step log there (policies/step_log.h: the
+  // format of a live server's `--step-log`, the forward pass as the cost model priced it).
+  std::string step_log_path;
   // > 0 (with an SLO, open loop): stop the run as soon as more requests have missed the SLO
   // than an attainment of this fraction allows; the summary then says so (sim.stopped_early)
   // and counts the requests not yet finished as failed. What a capacity search needs to know

@@ -18,6 +18,7 @@
 #include "policies/metrics.h"
 #include "policies/prefix_lru.h"
 #include "policies/router.h"
+#include "policies/step_log.h"
 #include "sim/comms.h"
 #include "sim/platform.h"
 #include "sim/sim_kv_transport.h"
@@ -98,7 +99,7 @@ class SimPorts final : public policies::Clock,
                policies::StepResult* result) override;
 
  private:
-  // Execute without the timeline's record.
+  // Execute without the timeline's and the step log's records.
   void ExecuteSteps(const policies::StepPlan& plan, policies::StepEvents& events,
                     policies::StepResult* result);
   // An expert-parallel all-to-all (models::StepCostModel::ExpertTraffic) over the simulated
@@ -179,6 +180,8 @@ struct World {
   std::unique_ptr<EngineCacheView> cache_view;
   std::unique_ptr<policies::Router> router;
   std::unique_ptr<Timeline> timeline;  // with --timeline
+  std::string step_log;                // with --step-log: its lines so far
+  bool logs_steps = false;
   // Stale router view (router_staleness_s > 0): the GPU caches as KV events delivered so far
   // describe them, and the events still in flight, in delivery order.
   struct KvEventsInFlight {

@@ -11,12 +11,6 @@
 
 namespace duet::backend {
 
-nlohmann::json StepTiming::ToJson() const {
-  nlohmann::json line = models::StepShapeToJson(shape);
-  line["seconds"] = seconds;
-  return line;
-}
-
 Status WriteStepTimings(const std::vector<StepTiming>& timings, const std::string& path) {
   std::ofstream out(path);
   if (!out) return Status::Error(path + ": cannot open for writing");

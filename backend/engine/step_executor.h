@@ -17,19 +17,13 @@
 
 #include "backend/engine/forward_model.h"
 #include "models/cost_model.h"
+#include "models/step_profile.h"
 #include "policies/kv_tiers.h"
 #include "policies/ports.h"
 
 namespace duet::backend {
 
-// One executed step: its shape and how long its forward pass took (sampling excluded, as is
-// everything else the loop does between passes).
-struct StepTiming {
-  models::StepShape shape;
-  Seconds seconds = 0;
-  // models::StepShapeToJson(shape) and "seconds": a line ParseStepMeasurements reads.
-  nlohmann::json ToJson() const;
-};
+using models::StepTiming;
 Status WriteStepTimings(const std::vector<StepTiming>& timings, const std::string& path);
 
 class ModelStepExecutor final : public policies::StepExecutor {

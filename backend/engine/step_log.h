@@ -1,50 +1,18 @@
-// Every engine step of a live server as one JSON line, written as it happens (`duet serve
-// --step-log`, `duet worker --step-log`, docs/serving.md): the step's shape and its forward
-// pass's time as "seconds" (a line `duet calibrate --measurements` reads), the instance
-// ("instance"), when the iteration that ran it began on the server's clock ("start_s"), how
-// long that whole iteration took ("iteration_s": scheduling, the forward pass, sampling and
-// handing the tokens on) and its host time by phase with the step's counts ("host":
-// models/host_time.h). `duet validate` reads it to say where the simulator's error comes
-// from; `duet calibrate --host-steps` fits host time to it.
+// A live server's step log, written as its steps happen (`duet serve --step-log`, `duet worker
+// --step-log`): the lines of policies/step_log.h, each one write to a file several writers
+// share.
 #pragma once
 
 #include <atomic>
-#include <functional>
 #include <memory>
-#include <optional>
 #include <string>
-#include <string_view>
 
-#include "backend/engine/step_executor.h"
 #include "common/status.h"
-#include "models/host_time.h"
+#include "policies/step_log.h"
 
 namespace duet::backend {
 
-// One line of a step log.
-struct StepLogLine {
-  policies::InstanceId instance = 0;
-  Seconds start_s = 0;
-  Seconds iteration_s = 0;
-  StepTiming step;  // the shape and its forward pass's time
-  // Its host time outside the forward pass by phase, and its counts (none in logs written
-  // before the phases were measured).
-  std::optional<models::HostStep> host;
-  // Asynchronous steps ("async": true): the forward pass ran on the step thread while the
-  // engine planned, applied and streamed, so it and the phases overlap the iteration instead
-  // of adding up to at most it.
-  bool async = false;
-  // The iteration's host time outside its forward pass (a line with `host`): the iteration
-  // less the pass, or, asynchronous, the phases' sum (the pass overlapped the iteration).
-  Seconds HostSeconds() const;
-};
-// The line as the log holds it (its newline included).
-std::string FormatStepLogLine(const StepLogLine& line);
-// Calls `each` for every line of a step log, in order (blank lines skipped); stops at the first
-// bad line with an error naming `where`:line and the field. One step's "seconds" is one
-// number; unless the line is "async", it and the "host" phases add up to at most "iteration_s".
-Status ReadStepLog(std::string_view text, const std::string& where,
-                   const std::function<void(const StepLogLine&)>& each);
+using policies::StepLogLine;
 
 class StepLog {
  public:

@@ -196,8 +196,9 @@ TEST_F(BadInputTest, BadRouterOptions) {
   }
 }
 
-// A timeline that cannot be written stops the run before it starts: nothing is written.
-TEST_F(BadInputTest, UnwritableTimeline) {
+// A timeline or step log that cannot be written stops the run before it starts: nothing is
+// written.
+TEST_F(BadInputTest, UnwritableTimelineOrStepLog) {
   const std::string missing_dir = tmp_.File("no-such-dir") + "/t.json";
   RunResult r = ExpectFailure(
       {"--cluster", kBundledCluster, "--trace", GoodTrace(), "--timeline", missing_dir},
@@ -210,6 +211,13 @@ TEST_F(BadInputTest, UnwritableTimeline) {
   r = ExpectFailure({"--cluster", kBundledCluster, "--trace", GoodTrace(), "--timeline", ""},
                     kUsageError);
   EXPECT_TRUE(ContainsAll(r.err, {"--timeline needs a file name"}));
+  r = ExpectFailure(
+      {"--cluster", kBundledCluster, "--trace", GoodTrace(), "--step-log", missing_dir},
+      kInputError);
+  EXPECT_TRUE(ContainsAll(r.err, {missing_dir, "cannot write the step log"}));
+  r = ExpectFailure({"--cluster", kBundledCluster, "--trace", GoodTrace(), "--step-log", ""},
+                    kUsageError);
+  EXPECT_TRUE(ContainsAll(r.err, {"--step-log needs a file name"}));
 }
 
 TEST_F(BadInputTest, UnknownOption) {

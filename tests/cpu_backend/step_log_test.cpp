@@ -17,6 +17,9 @@
 namespace duet::backend {
 namespace {
 
+using policies::FormatStepLogLine;
+using policies::ReadStepLog;
+
 std::string ReadFile(const std::string& path) {
   std::ifstream in(path);
   std::stringstream text;

@@ -192,7 +192,7 @@ TEST_F(Frontend, TheStepLogHasEveryStepOfEveryInstance) {
     std::vector<Tokens> logged_prompt(2, 0), logged_rows(2, 0), logged_tokens(2, 0);
     std::vector<int> admitted(2, 0), finished(2, 0);
     std::vector<Seconds> free_from(2, 0);  // an instance's steps never overlap
-    const Status read = ReadStepLog(text, path, [&](const StepLogLine& line) {
+    const Status read = policies::ReadStepLog(text, path, [&](const StepLogLine& line) {
       ASSERT_TRUE(line.instance == 0 || line.instance == 1);
       EXPECT_EQ(line.async, async);
       const auto i = static_cast<std::size_t>(line.instance);

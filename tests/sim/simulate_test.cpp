@@ -21,6 +21,8 @@
 
 #include "models/cost_model.h"
 #include "models/model_spec.h"
+#include "policies/step_log.h"
+#include "sim/cluster_spec.h"
 #include "tests/common/metrics_schema.h"
 #include "tests/sim/e2e_util.h"
 #include "tests/sim/model_util.h"
@@ -565,6 +567,51 @@ TEST(OutputSchema, PdRunHasEveryMetricsKey) {
   // No SLO given: the goodput section is there, with zeros.
   EXPECT_EQ(s["goodput"]["slo"]["ttft_ms"].get<double>(), 0);
   EXPECT_EQ(s["goodput"]["attainment"].get<double>(), 0);
+}
+
+// `--step-log`: every simulated step as a live server logs it, read back by the same reader:
+// each instance's steps one after another, each forward pass the cost model's price for the
+// step's shape, and the decode tokens every request made after its first.
+TEST(OutputSchema, StepLogHoldsEveryStepAsPriced) {
+  TempDir tmp;
+  const std::string out = tmp.File("out"), log = tmp.File("steps.jsonl");
+  Simulate(out, {"--cluster", kTinyPdCluster, "--trace", kTinyTrace, "--step-log", log});
+  auto cluster = sim::LoadClusterSpec(kTinyPdCluster, DUET_SOURCE_DIR);
+  ASSERT_TRUE(cluster.ok()) << cluster.error();
+  std::vector<std::unique_ptr<models::StepCostModel>> costs;
+  for (std::size_t i = 0; i < cluster->instances.size(); ++i)
+    costs.push_back(sim::MakeStepCostModel(*cluster, i));
+  std::int64_t steps = 0;
+  std::map<int, Tokens> decode_tokens;
+  std::map<int, Seconds> last_end;
+  const Status read =
+      policies::ReadStepLog(ReadFile(log), log, [&](const policies::StepLogLine& line) {
+        ++steps;
+        ASSERT_LT(line.instance, 2);
+        EXPECT_DOUBLE_EQ(line.step.seconds, costs[line.instance]->StepTime(line.step.shape));
+        // No host time priced: the iteration is the forward pass.
+        EXPECT_NEAR(line.iteration_s, line.step.seconds, 1e-9);
+        EXPECT_GE(line.start_s, last_end[line.instance] - 1e-9) << "steps overlap";
+        last_end[line.instance] = line.start_s + line.iteration_s;
+        decode_tokens[line.instance] += line.step.shape.decode_tokens;
+      });
+  ASSERT_TRUE(read.ok()) << read.message();
+  const nlohmann::json s = ReadJson(out + "/summary.json");
+  EXPECT_EQ(steps, s["sim"]["engine_steps"].get<std::int64_t>());
+  const Csv csv = Csv::Read(out + "/requests.csv");
+  Tokens after_first = 0;
+  for (std::size_t i = 0; i < csv.size(); ++i) {
+    ASSERT_EQ(csv.Get(i, "status"), "completed");
+    after_first += std::stoll(csv.Get(i, "output_tokens")) - 1;
+  }
+  EXPECT_EQ(decode_tokens[0], 0) << "the prefill instance decodes nothing";
+  EXPECT_EQ(decode_tokens[1], after_first);
+  // The simulation is the same with its step log as without.
+  Simulate(tmp.File("again"), {"--cluster", kTinyPdCluster, "--trace", kTinyTrace});
+  nlohmann::json again = ReadJson(tmp.File("again") + "/summary.json"), logged = s;
+  again["sim"].erase("wall_s");
+  logged["sim"].erase("wall_s");
+  EXPECT_EQ(again, logged);
 }
 
 TEST(OutputSchema, ColocatedRunHasZeroKvTransferSection) {

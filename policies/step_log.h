@@ -1,0 +1,49 @@
+// The step log: every engine step as one JSON line (docs/serving.md). A live server writes it
+// as its steps happen (`duet serve --step-log`, `duet worker --step-log`, backend/engine/
+// step_log.h) and the simulator as it prices them (`duet simulate --step-log`): the step's
+// shape and its forward pass's time as "seconds" (a line `duet calibrate --measurements`
+// reads), the instance ("instance"), when the iteration that ran it began on the run's clock
+// ("start_s"), how long that whole iteration took ("iteration_s": scheduling, the forward pass,
+// sampling and handing the tokens on) and, live, its host time by phase with the step's counts
+// ("host": models/host_time.h). `duet validate` reads both worlds' logs to say where the
+// simulator's error comes from; `duet calibrate --host-steps` fits host time to a live one.
+#pragma once
+
+#include <functional>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "common/status.h"
+#include "models/host_time.h"
+#include "models/step_profile.h"
+#include "policies/request.h"
+
+namespace duet::policies {
+
+// One line of a step log.
+struct StepLogLine {
+  InstanceId instance = 0;
+  Seconds start_s = 0;
+  Seconds iteration_s = 0;
+  models::StepTiming step;  // the shape and its forward pass's time
+  // Its host time outside the forward pass by phase, and its counts (none in logs written
+  // before the phases were measured).
+  std::optional<models::HostStep> host;
+  // Asynchronous steps ("async": true): the forward pass ran on the step thread while the
+  // engine planned, applied and streamed, so it and the phases overlap the iteration instead
+  // of adding up to at most it.
+  bool async = false;
+  // The iteration's host time outside its forward pass (a line with `host`): the iteration
+  // less the pass, or, asynchronous, the phases' sum (the pass overlapped the iteration).
+  Seconds HostSeconds() const;
+};
+// The line as the log holds it (its newline included).
+std::string FormatStepLogLine(const StepLogLine& line);
+// Calls `each` for every line of a step log, in order (blank lines skipped); stops at the first
+// bad line with an error naming `where`:line and the field. One step's "seconds" is one
+// number; unless the line is "async", it and the "host" phases add up to at most "iteration_s".
+Status ReadStepLog(std::string_view text, const std::string& where,
+                   const std::function<void(const StepLogLine&)>& each);
+
+}  // namespace duet::policies
