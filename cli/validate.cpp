@@ -30,6 +30,7 @@
 #include "cli/validate_html.h"
 #include "cli/validate_machine.h"
 #include "cli/validate_report.h"
+#include "cli/validate_schedule.h"
 #include "cli/validate_steps.h"
 #include "common/json_util.h"
 #include "models/step_profile.h"
@@ -284,16 +285,18 @@ int Validate(int argc, char** argv) {
     }
 
     // `duet simulate` of this load from `cluster_file` on `trace` into DIR/sim-NAME (DIR/sim
-    // for ""), logging to DIR/simulate-NAME.log; returns its summary.json. Errors say "duet
-    // simulate" and then `what` (e.g. " (without host time)").
+    // for "") with its step log there (steps.jsonl), logging to DIR/simulate-NAME.log; returns
+    // its summary.json. Errors say "duet simulate" and then `what` (e.g. " (without host
+    // time)").
     std::vector<std::string> load_trace = trace_args;
     load_trace.insert(load_trace.end(), scale.begin(), scale.end());
     auto simulate = [&](const std::string& cluster_file, const std::vector<std::string>& trace,
                         const std::string& name, const std::string& what) -> Result<json> {
       const std::string suffix = name.empty() ? "" : "-" + name;
       const std::string out = dir + "/sim" + suffix, log = dir + "/simulate" + suffix + ".log";
-      std::vector<std::string> args = {"simulate", "--cluster",  cluster_file, "--out",
-                                       out,        "--progress", "never"};
+      std::vector<std::string> args = {"simulate", "--cluster",  cluster_file,
+                                       "--out",    out,          "--progress",
+                                       "never",    "--step-log", out + "/steps.jsonl"};
       args.insert(args.end(), trace.begin(), trace.end());
       auto run = children.Spawn(args, log);
       if (!run) return run.status();
@@ -376,6 +379,13 @@ int Validate(int argc, char** argv) {
           return Fail(s.error());
       }
     }
+    // Which steps each world ran: the live runs', the simulation's and, with the steps priced as
+    // they ran live, that one's.
+    auto schedule =
+        CompareSchedules(step_logs, dir + "/sim/steps.jsonl",
+                         as_live_cluster ? dir + "/sim-as-live/steps.jsonl" : "", *cluster);
+    if (!schedule) return Fail(schedule.error());
+    load["schedule"] = *schedule;
     // Requests that follow others: again with each sent when the first live run sent it
     // (validate_arrivals.h), and also with the steps priced as they ran live.
     if (trace->HasDependencies()) {

@@ -3,6 +3,7 @@
 #include "cli/validate_html.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -132,6 +133,46 @@ constexpr const char* kStyle =
     "text-align:right}th{background:#eee}td.m{text-align:left}.miss{background:#fdd}"
     ".noise{background:#efe}.t{font-size:13px;font-weight:bold}.a{font-size:11px}"
     "svg{margin:0 1em 1em 0}";
+
+// Which steps each world ran, per load and instance (validate_schedule.h): live (the median of
+// the runs), simulated and, where simulated, as live.
+std::string ScheduleTable(const json& report) {
+  static constexpr std::array<std::pair<const char*, const char*>, 6> kFigures = {{
+      {"after_idle_steps", "%.0f"},
+      {"rows_per_step_after_idle", "%.2f"},
+      {"decode_rows_per_token", "%.2f"},
+      {"decode_ms_per_token", "%.2f"},
+      {"decode_tokens_in_mixed_pct", "%.1f%%"},
+      {"busy_s", "%.2f s"},
+  }};
+  std::string html =
+      "<h2>Which steps ran</h2>\n<table><tr><th>load</th><th>instance</th><th>world</th><th>steps "
+      "after an idle spell</th><th>requests per such step</th><th>rows in a decode token's "
+      "step</th><th>ms of a decode token's step</th><th>decode tokens in steps with prefill "
+      "chunks</th><th>busy</th></tr>\n";
+  for (const json& load : report["loads"]) {
+    if (!load.contains("schedule")) continue;
+    for (const auto& [name, entry] : load["schedule"]["instances"].items()) {
+      for (const char* world : {"live", "simulated", "simulated_as_live"}) {
+        if (!entry.contains(world) || entry[world].is_null()) continue;
+        html += "<tr><td>x" + Escape(RateText(load["rate_scale"].get<double>())) + "</td><td>" +
+                Escape(name) + "</td><td>" + Escape(world) + "</td>";
+        for (const auto& [key, format] : kFigures) {
+          const json& v = entry[world][key];
+          html += "<td>" + (v.is_number() ? Format(format, v.get<double>()) : "n/a") + "</td>";
+        }
+        html += "</tr>\n";
+      }
+    }
+  }
+  return html +
+         "</table>\n<p>With the steps priced right, a latency error comes from which steps ran. "
+         "After an idle spell: steps that began when the instance had run none for a "
+         "millisecond, and the requests (prefill chunks and decode rows) each took. A decode "
+         "token's step: the rows and the time of the step each decode token was made in, "
+         "averaged over the tokens (the time per output token the steps give). Live: the median "
+         "of the runs.</p>\n";
+}
 
 }  // namespace
 
@@ -275,8 +316,9 @@ Status WriteValidationHtml(const json& report, const std::vector<Metric>& metric
       "others): the error left "
       "when every request is sent when the first live run sent it. As live: the error left when "
       "the simulation prices each shape class as its live steps ran (not the step "
-      "costs').</p>\n"
-      "</body></html>\n";
+      "costs').</p>\n";
+  html += ScheduleTable(report);
+  html += "</body></html>\n";
   std::ofstream out(path);
   out << html;
   if (!out) return Status::Error("--report: cannot write " + path);

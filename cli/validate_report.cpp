@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <string_view>
 
+#include "cli/validate_schedule.h"
 #include "models/step_profile.h"
 #include "policies/metrics.h"
 
@@ -264,6 +265,9 @@ void PrintValidation(const json& report, const std::vector<Metric>& metrics) {
       std::printf("without host time at x%s: the simulation's errors are %s\n",
                   RateText(load["rate_scale"].get<double>()).c_str(), errors.c_str());
     }
+    if (load.contains("schedule"))
+      std::fputs(ScheduleText(load["schedule"], RateText(load["rate_scale"].get<double>())).c_str(),
+                 stdout);
     const json& cpu = load["cpu"];
     std::printf(
         "cpu at x%s: over the %.1f s replay%s the client used %.1f CPU-s (%.2f of %d cores); the "

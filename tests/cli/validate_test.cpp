@@ -137,6 +137,27 @@ void ExpectSimulatedAsLive(const json& load, const std::string& dir, const model
   }
 }
 
+// Which steps each world ran, per instance: the one instance's live and simulated schedules,
+// the simulated one read from the simulation's own step log, which holds every step it ran.
+void ExpectSchedulesCompared(const json& load) {
+  ASSERT_TRUE(load.contains("schedule")) << load;
+  const json& instances = load["schedule"]["instances"];
+  ASSERT_EQ(instances.size(), 1u) << instances;
+  const json& c = instances.begin().value();
+  EXPECT_EQ(c["simulated"]["steps"], load["steps"]["simulated_steps"]) << c;
+  EXPECT_EQ(c["live_runs"].size(), load["repeats"].get<std::size_t>()) << c;
+  EXPECT_EQ(c["live"]["steps"].get<double>(), load["steps"]["live_steps"].get<double>()) << c;
+  // Every request completes in both worlds and makes all its tokens: the same decode tokens.
+  EXPECT_EQ(c["live"]["decode_tokens"].get<double>(), c["simulated"]["decode_tokens"].get<double>())
+      << c;
+  for (const char* world : {"live", "simulated", "simulated_as_live"}) {
+    // The first step of the run begins after an idle spell, and takes one request at least.
+    EXPECT_GE(c[world]["after_idle_steps"].get<double>(), 1) << world << c;
+    EXPECT_GE(c[world]["rows_per_step_after_idle"].get<double>(), 1) << world << c;
+    EXPECT_GE(c[world]["decode_rows_per_token"].get<double>(), 1) << world << c;
+  }
+}
+
 // The live steps' forward passes beside the profile's price for their shapes: recomputed here
 // from the server's step log and the profile. Adds the decode bands it saw to `bands`.
 void ExpectStepsAttributed(const json& load, const std::string& dir, const models::StepFit& fit,
@@ -327,10 +348,12 @@ TEST_F(ValidateTest, ComparesALiveRunWithTheSimulationAtEachLoad) {
   EXPECT_GE(bands.size(), 2u) << "batches of one size only: the bands go untested";
   ExpectSimulatedAsLive(report["loads"][0], tmp_.File("out/rate-0.5"), profile->fits.at(0));
   ExpectSimulatedAsLive(report["loads"][1], tmp_.File("out/rate-2"), profile->fits.at(0));
+  for (const json& load : report["loads"]) ExpectSchedulesCompared(load);
+  EXPECT_TRUE(ContainsAll(r.out, {"schedule at x0.5, ", "schedule at x2, "})) << r;
   // The live and simulated runs' own files stay, with the server's logs.
-  for (const char* file :
-       {"out/rate-0.5/live/summary.json", "out/rate-0.5/sim/summary.json", "out/rate-2/serve.log",
-        "out/rate-2/replay.log", "out/rate-2/steps.jsonl"})
+  for (const char* file : {"out/rate-0.5/live/summary.json", "out/rate-0.5/sim/summary.json",
+                           "out/rate-0.5/sim/steps.jsonl", "out/rate-2/serve.log",
+                           "out/rate-2/replay.log", "out/rate-2/steps.jsonl"})
     EXPECT_TRUE(fs::exists(tmp_.File(file))) << file;
 }
 
@@ -680,6 +703,10 @@ TEST_F(ValidateTest, RepeatsTheLiveRunsOfAScaledRealTraceAndStatesTheirSpread) {
   EXPECT_EQ(count("data-series=\"simulated\" data-n=\"10\""), 2u);
   EXPECT_EQ(count("<td class=\"m\">ttft_ms.p50</td>"), 1u);
   EXPECT_EQ(count("The cost model's profile: fitted to this trace and selection"), 1u);
+  // Which steps ran: the one instance's live, simulated and as-live schedules at the one load.
+  EXPECT_EQ(count("<h2>Which steps ran</h2>"), 1u);
+  for (const char* world : {"<td>live</td>", "<td>simulated</td>", "<td>simulated_as_live</td>"})
+    EXPECT_EQ(count(world), 1u) << world;
   for (const char* external : {"<script", "src=", "href=", "@import"})
     EXPECT_EQ(count(external), 0u) << external;
   EXPECT_TRUE(ContainsAll(r.out, {"wrote " + tmp_.File("out/report.html")})) << r;

@@ -1,0 +1,59 @@
+// `duet validate`'s account of the schedule each world ran: which steps, not what they cost.
+// With the steps priced right, a latency error comes from the batches themselves: requests that
+// met in one step live and in two simulated, decode tokens that shared their steps with more
+// rows or with a prefill chunk. Both worlds write the same step log (policies/step_log.h: the
+// live servers' `--step-log`, `duet simulate --step-log`), and both are read the same way here.
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "common/units.h"
+#include "sim/cluster_spec.h"
+
+namespace duet::cli {
+
+// An instance's steps that begin after it ran none for this long began after an idle spell (a
+// live loop's back-to-back iterations are tens of microseconds apart, a simulated one's 0).
+inline constexpr Seconds kIdleSpellS = 1e-3;
+
+// One world's schedule on one instance, from one step log.
+struct Schedule {
+  std::int64_t steps = 0;
+  double busy_s = 0;  // its iterations, summed
+  // The steps that began after an idle spell (the first one included), and their rows summed
+  // (prefill chunks and decode rows): how many requests one step took on waking.
+  std::int64_t after_idle_steps = 0;
+  std::int64_t after_idle_rows = 0;
+  // Decode tokens, and of them: the rows of their steps summed (each token counts its step's
+  // rows), their steps' iterations summed (each token counts its step's time: the time per
+  // output token the steps give), and those whose step also ran prefill chunks.
+  std::int64_t decode_tokens = 0;
+  double decode_rows_sum = 0, decode_iteration_sum_s = 0;
+  std::int64_t decode_tokens_in_mixed = 0;
+
+  // Its figures as the report gives them (null where there are no such steps).
+  nlohmann::json ToJson() const;
+};
+
+// Per instance of `cluster` (by index), the schedule a step log holds. Errors name the file and
+// line (a bad line, an instance the cluster file does not have).
+Result<std::vector<Schedule>> ReadSchedules(const std::string& step_log,
+                                            const sim::ClusterSpec& cluster);
+
+// The schedules of a load, per instance by name: "live" (each figure the median of the live
+// runs', with "live_runs": each run's), "simulated" (the simulation's step log) and, where
+// `as_live_step_log` is not empty, "simulated_as_live" (the simulation with the steps priced as
+// they ran live). Instances that ran no step in either world are left out.
+Result<nlohmann::json> CompareSchedules(const std::vector<std::string>& live_step_logs,
+                                        const std::string& simulated_step_log,
+                                        const std::string& as_live_step_log,
+                                        const sim::ClusterSpec& cluster);
+
+// The report's lines for one load's comparison ("schedule at xR, INSTANCE: ..."), one per
+// instance.
+std::string ScheduleText(const nlohmann::json& schedule, const std::string& rate);
+
+}  // namespace duet::cli
