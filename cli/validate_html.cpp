@@ -3,7 +3,6 @@
 #include "cli/validate_html.h"
 
 #include <algorithm>
-#include <array>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -11,6 +10,7 @@
 #include <fstream>
 
 #include "cli/validate_report.h"
+#include "cli/validate_schedule.h"
 #include "cli/validate_steps.h"
 #include "policies/metrics.h"
 
@@ -137,19 +137,10 @@ constexpr const char* kStyle =
 // Which steps each world ran, per load and instance (validate_schedule.h): live (the median of
 // the runs), simulated and, where simulated, as live.
 std::string ScheduleTable(const json& report) {
-  static constexpr std::array<std::pair<const char*, const char*>, 6> kFigures = {{
-      {"after_idle_steps", "%.0f"},
-      {"rows_per_step_after_idle", "%.2f"},
-      {"decode_rows_per_token", "%.2f"},
-      {"decode_ms_per_token", "%.2f"},
-      {"decode_tokens_in_mixed_pct", "%.1f%%"},
-      {"busy_s", "%.2f s"},
-  }};
   std::string html =
-      "<h2>Which steps ran</h2>\n<table><tr><th>load</th><th>instance</th><th>world</th><th>steps "
-      "after an idle spell</th><th>requests per such step</th><th>rows in a decode token's "
-      "step</th><th>ms of a decode token's step</th><th>decode tokens in steps with prefill "
-      "chunks</th><th>busy</th></tr>\n";
+      "<h2>Which steps ran</h2>\n<table><tr><th>load</th><th>instance</th><th>world</th>";
+  for (const ScheduleFigure& f : kScheduleFigures) html += "<th>" + Escape(f.label) + "</th>";
+  html += "</tr>\n";
   for (const json& load : report["loads"]) {
     if (!load.contains("schedule")) continue;
     for (const auto& [name, entry] : load["schedule"]["instances"].items()) {
@@ -157,9 +148,9 @@ std::string ScheduleTable(const json& report) {
         if (!entry.contains(world) || entry[world].is_null()) continue;
         html += "<tr><td>x" + Escape(RateText(load["rate_scale"].get<double>())) + "</td><td>" +
                 Escape(name) + "</td><td>" + Escape(world) + "</td>";
-        for (const auto& [key, format] : kFigures) {
-          const json& v = entry[world][key];
-          html += "<td>" + (v.is_number() ? Format(format, v.get<double>()) : "n/a") + "</td>";
+        for (const ScheduleFigure& f : kScheduleFigures) {
+          const json& v = entry[world][f.key];
+          html += "<td>" + (v.is_number() ? Format(f.format, v.get<double>()) : "n/a") + "</td>";
         }
         html += "</tr>\n";
       }

@@ -148,13 +148,11 @@ std::string ScheduleText(const json& schedule, const std::string& rate) {
       if (as_live) out += " (" + one(entry["simulated_as_live"][key]) + " as live)";
       return out;
     };
-    text += "schedule at x" + rate + ", " + name + ": after an idle spell, steps " +
-            figure("after_idle_steps", "%.0f") + ", requests per step " +
-            figure("rows_per_step_after_idle", "%.2f") + "; per decode token, rows in its step " +
-            figure("decode_rows_per_token", "%.2f") + ", ms of its step " +
-            figure("decode_ms_per_token", "%.2f") + ", % in steps with prefill chunks " +
-            figure("decode_tokens_in_mixed_pct", "%.1f") + "; busy s " + figure("busy_s", "%.2f") +
-            "\n";
+    text += "schedule at x" + rate + ", " + name + ": ";
+    for (std::size_t f = 0; f < kScheduleFigures.size(); ++f)
+      text += std::string(f > 0 ? "; " : "") + kScheduleFigures[f].label + " " +
+              figure(kScheduleFigures[f].key, kScheduleFigures[f].format);
+    text += "\n";
   }
   return text;
 }

@@ -5,6 +5,7 @@
 // live servers' `--step-log`, `duet simulate --step-log`), and both are read the same way here.
 #pragma once
 
+#include <array>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -38,6 +39,22 @@ struct Schedule {
   nlohmann::json ToJson() const;
 };
 
+// The figures of Schedule::ToJson as the report's line and the page's table give them: key,
+// label, printf format.
+struct ScheduleFigure {
+  const char* key;
+  const char* label;
+  const char* format;
+};
+inline constexpr std::array<ScheduleFigure, 6> kScheduleFigures = {{
+    {"after_idle_steps", "steps after an idle spell", "%.0f"},
+    {"rows_per_step_after_idle", "requests per such step", "%.2f"},
+    {"decode_rows_per_token", "rows in a decode token's step", "%.2f"},
+    {"decode_ms_per_token", "ms of a decode token's step", "%.2f"},
+    {"decode_tokens_in_mixed_pct", "% of decode tokens in steps with prefill chunks", "%.1f"},
+    {"busy_s", "s busy", "%.2f"},
+}};
+
 // Per instance of `cluster` (by index), the schedule a step log holds. Errors name the file and
 // line (a bad line, an instance the cluster file does not have).
 Result<std::vector<Schedule>> ReadSchedules(const std::string& step_log,
@@ -52,8 +69,8 @@ Result<nlohmann::json> CompareSchedules(const std::vector<std::string>& live_ste
                                         const std::string& as_live_step_log,
                                         const sim::ClusterSpec& cluster);
 
-// The report's lines for one load's comparison ("schedule at xR, INSTANCE: ..."), one per
-// instance.
+// The report's lines for one load's comparison ("schedule at xR, INSTANCE: LABEL A live [MIN-MAX],
+// B simulated (C as live); ..." for each of kScheduleFigures), one per instance.
 std::string ScheduleText(const nlohmann::json& schedule, const std::string& rate);
 
 }  // namespace duet::cli

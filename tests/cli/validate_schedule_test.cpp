@@ -99,8 +99,8 @@ TEST_F(ScheduleTest, LiveRunsGiveTheirMedianBesideTheSimulation) {
   EXPECT_TRUE(d["live"]["decode_ms_per_token"].is_null());
   const std::string text = ScheduleText(*compared, "0.5");
   EXPECT_NE(text.find("schedule at x0.5, " + cluster_.instances[0].name +
-                      ": after an idle spell, steps 1 live [1-1], 1 simulated, requests per step "
-                      "2.00 live [1.00-3.00], 1.00 simulated;"),
+                      ": steps after an idle spell 1 live [1-1], 1 simulated; requests per such "
+                      "step 2.00 live [1.00-3.00], 1.00 simulated;"),
             std::string::npos)
       << text;
 }
