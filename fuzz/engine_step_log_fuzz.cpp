@@ -1,7 +1,7 @@
-// Fuzz target: a live server's step log (backend/engine/step_log.h), which `duet validate`
-// reads. Any input is read or rejected with an error, never a crash; every line read that is
-// not "async" has a forward pass (and host phases) within its iteration, and every line formats
-// to a line that reads back the same.
+// Fuzz target: a step log (policies/step_log.h: a live server's or a simulation's), which
+// `duet validate` reads. Any input is read or rejected with an error, never a crash; every line
+// read that is not "async" has a forward pass (and host phases) within its iteration, and every
+// line formats to a line that reads back the same.
 #include <cstddef>
 #include <cstdint>
 #include <string_view>

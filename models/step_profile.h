@@ -51,7 +51,6 @@ inline constexpr std::size_t kShapeClasses = 3;
 const char* ToString(ShapeClass c);
 ShapeClass ClassOf(const StepFeatures& f);  // of a non-empty step
 
-// One step shape timed `seconds.size()` times.
 // One executed step: its shape and how long its forward pass took (sampling excluded, as is
 // everything else the loop does between passes).
 struct StepTiming {
@@ -61,6 +60,7 @@ struct StepTiming {
   nlohmann::json ToJson() const;
 };
 
+// One step shape timed `seconds.size()` times.
 struct StepMeasurement {
   StepShape shape;
   std::vector<Seconds> seconds;  // every repeat, in order
