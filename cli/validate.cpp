@@ -146,7 +146,7 @@ Result<LiveRun> RunLive(ChildProcesses& children, std::vector<std::string> serve
   if (served != 0)
     return Status::Error("duet serve failed (status " + std::to_string(served) + "):\n" +
                          Tail(serve_log));
-  auto summary = ReadJsonFile(live_dir + "/summary.json");
+  auto summary = ReadRunSummary(live_dir);
   if (!summary) return summary.status();
   run.summary = std::move(*summary);
   const json& requests = run.summary["requests"];
@@ -175,8 +175,8 @@ int Validate(int argc, char** argv) {
      "the loads: rate scales of the trace, e.g. light, near saturation and overload")
     ("tolerance", po::value<std::string>()->default_value(""),
      "the largest error allowed, in percent: p50=5,p99=10 (by statistic), ttft_ms.p50=5 (one "
-     "metric), throughput=2, hit_rate=5, kv_transfer=20 (PD), ttft_part=50; exit 1 when one is "
-     "exceeded")
+     "metric), throughput=2, hit_rate=5, kv_transfer=20 and tpot_part=10 (PD), ttft_part=50; "
+     "exit 1 when one is exceeded")
     ("repeats", po::value<int>()->default_value(1),
      "live runs per load (1 to 10), each on a fresh server: the live value is their median, "
      "reported with their range, and the simulation's error is stated against it")
@@ -303,7 +303,7 @@ int Validate(int argc, char** argv) {
       if (const int status = children.Wait(*run, 1e6).value_or(-1); status != 0)
         return Status::Error("duet simulate" + what + " failed (status " + std::to_string(status) +
                              "):\n" + Tail(log));
-      return ReadJsonFile(out + "/summary.json");
+      return ReadRunSummary(out);
     };
     std::fprintf(stderr, "duet validate: rate scale %s: simulation\n", RateText(r).c_str());
     auto simulated_summary = simulate(cluster_path, load_trace, "", "");

@@ -50,6 +50,13 @@ std::vector<Metric> Metrics(bool tiers) {
   for (const char* s : {"mean", "p50", "p99"})
     out.push_back({std::string("kv_transfer_ms.") + s,
                    json::json_pointer(std::string("/kv_transfer/time_ms/") + s), "kv_transfer"});
+  // PD: TPOT without the KV transfer before each request's second token (validate derives it
+  // from each run's requests.csv: ReadRunSummary), which tells the transfer's part of TPOT's
+  // error from the decode steps'.
+  for (const char* s : {"p50", "p99"})
+    out.push_back({std::string("tpot_after_kv_transfer_ms.") + s,
+                   json::json_pointer(std::string("/tpot_after_kv_transfer_ms/") + s),
+                   "tpot_part"});
   return out;
 }
 
@@ -68,7 +75,7 @@ Result<std::map<std::string, double>> ParseTolerances(const std::string& text) {
     if (eq == std::string::npos || !known.count(key))
       return Status::Error("--tolerance: '" + Excerpt(item, 40) +
                            "' is not METRIC=PERCENT (METRIC: mean, p50, p90, p99, throughput, "
-                           "hit_rate, kv_transfer, ttft_part, or one metric such as "
+                           "hit_rate, kv_transfer, ttft_part, tpot_part, or one metric such as "
                            "ttft_ms.p50)");
     char* end = nullptr;
     const std::string value = item.substr(eq + 1);

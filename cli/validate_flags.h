@@ -21,7 +21,8 @@ struct Metric {
 // with `tiers`, its part from the GPU's cache and from each lower tier
 // ("prefix_cache.by_tier.dram.hit_rate", ...: statistic "hit_rate"); TTFT's parts (frontend at
 // p50 and p99, queue, prefill and transfer at p50: statistic "ttft_part"); PD's KV transfer
-// time at mean, p50 and p99 (statistic "kv_transfer").
+// time at mean, p50 and p99 (statistic "kv_transfer") and TPOT after it at p50 and p99
+// (statistic "tpot_part").
 std::vector<Metric> Metrics(bool tiers);
 
 // --tolerance "p50=5,p99=10,ttft_ms.mean=8": percent by statistic or by metric (the metric's

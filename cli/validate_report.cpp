@@ -2,11 +2,14 @@
 #include "cli/validate_report.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdio>
 #include <string_view>
 
 #include "cli/validate_schedule.h"
+#include "cli/validate_steps.h"
+#include "common/json_util.h"
 #include "models/step_profile.h"
 #include "policies/metrics.h"
 
@@ -31,6 +34,32 @@ std::string RunSuffix(int k) {
   std::string suffix = "-";
   suffix += std::to_string(k);
   return suffix;
+}
+
+Result<json> ReadRunSummary(const std::string& dir) {
+  auto summary = ReadJsonFile(dir + "/summary.json");
+  if (!summary) return summary;
+  const std::string path = dir + "/requests.csv";
+  const std::string text = ReadText(path);
+  std::array<std::vector<double>, 4> columns;  // of the completed requests
+  const std::array<const char*, 4> names = {"output_tokens", "e2e_ms", "ttft_ms", "kv_transfer_ms"};
+  for (std::size_t c = 0; c < names.size(); ++c) {
+    auto column = policies::ParseRequestsCsvColumn(text, path, names[c]);
+    if (!column) return column.status();
+    columns[c] = std::move(*column);
+    // Colocated, or a request without a transfer: not derived.
+    if (columns[c].size() != columns[0].size()) return summary;
+  }
+  std::vector<double> per_token;
+  for (std::size_t k = 0; k < columns[0].size(); ++k) {
+    if (columns[0][k] < 2) continue;
+    per_token.push_back((columns[1][k] - columns[2][k] - columns[3][k]) / (columns[0][k] - 1));
+  }
+  if (!per_token.empty()) {
+    const policies::Distribution d = policies::Summarize(std::move(per_token));
+    (*summary)["tpot_after_kv_transfer_ms"] = {{"p50", d.p50}, {"p99", d.p99}};
+  }
+  return summary;
 }
 
 json Compare(const Metric& m, const std::vector<json>& live_runs, const json& simulated,

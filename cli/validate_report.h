@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "cli/validate_flags.h"
+#include "common/status.h"
 
 namespace duet::cli {
 
@@ -19,6 +20,13 @@ std::string PercentText(const nlohmann::json& value);
 // The suffix of the files of a load's k-th live run (1-based): "" for the first (live/,
 // steps.jsonl, ...), "-K" for the others (live-K/, steps-K.jsonl, ...).
 std::string RunSuffix(int k);
+
+// A run's summary.json (DIR/summary.json) with what validate derives from the run's requests.csv
+// beside it: "tpot_after_kv_transfer_ms" {"p50", "p99"}, each request's time per output token
+// once its KV reached the decode instance, (E2E - TTFT - KV transfer) / (output tokens - 1), over
+// the completed requests of two tokens or more (PD: left out where a completed request has no
+// KV transfer). Errors name the file.
+Result<nlohmann::json> ReadRunSummary(const std::string& dir);
 
 // One metric of a load: the live value (the median of the live runs' summary.json values), the
 // simulated one and the error between them, checked against its --tolerance (setting *exceeded

@@ -14,6 +14,7 @@
 
 #include "models/host_time.h"
 #include "models/step_profile.h"
+#include "policies/metrics.h"
 
 #include "tests/common/shared_traces.h"
 #include "tests/sim/e2e_util.h"
@@ -330,6 +331,9 @@ TEST_F(ValidateTest, ComparesALiveRunWithTheSimulationAtEachLoad) {
     EXPECT_GT(frontend["live"].get<double>(), 0) << frontend;
     EXPECT_GT(frontend["simulated"].get<double>(), 0) << frontend;
     EXPECT_TRUE(load["metrics"]["ttft_breakdown_ms.queue.p50"]["live"].is_number()) << load;
+    // Colocated: no KV transfer, so no TPOT after one in either world.
+    EXPECT_TRUE(load["metrics"]["tpot_after_kv_transfer_ms.p50"]["live"].is_null()) << load;
+    EXPECT_TRUE(load["metrics"]["tpot_after_kv_transfer_ms.p50"]["simulated"].is_null()) << load;
   }
   EXPECT_TRUE(
       ContainsAll(r.out, {"ttft_breakdown_ms.frontend.p50", "ttft_breakdown_ms.queue.p50"}));
@@ -431,6 +435,26 @@ TEST_F(ValidateTest, ComparesKvTransfersOnAPdCluster) {
     EXPECT_GT(m["simulated"].get<double>(), 0) << m;
     EXPECT_TRUE(m["within"].get<bool>()) << m;  // --tolerance kv_transfer applies to all three
   }
+  // TPOT after the KV transfer, each world's from its own requests.csv: every request's time per
+  // token once its KV arrived, (E2E - TTFT - transfer) / (tokens - 1), below its TPOT.
+  for (const auto& [world, key] : {std::pair{"live", "live"}, std::pair{"sim", "simulated"}}) {
+    const Csv csv = Csv::Read(tmp_.File(std::string("out/rate-1/") + world + "/requests.csv"));
+    std::vector<double> per_token;
+    for (std::size_t i = 0; i < csv.size(); ++i) {
+      const double tokens = std::stod(csv.Get(i, "output_tokens"));
+      if (csv.Get(i, "status") != "completed" || tokens < 2) continue;
+      per_token.push_back((std::stod(csv.Get(i, "e2e_ms")) - std::stod(csv.Get(i, "ttft_ms")) -
+                           std::stod(csv.Get(i, "kv_transfer_ms"))) /
+                          (tokens - 1));
+    }
+    ASSERT_FALSE(per_token.empty()) << world;
+    const policies::Distribution d = policies::Summarize(per_token);
+    const json& metrics = report["loads"][0]["metrics"];
+    EXPECT_NEAR(metrics["tpot_after_kv_transfer_ms.p50"][key].get<double>(), d.p50, 1e-9) << world;
+    EXPECT_NEAR(metrics["tpot_after_kv_transfer_ms.p99"][key].get<double>(), d.p99, 1e-9) << world;
+    EXPECT_LT(d.p50, metrics["tpot_ms.p50"][key].get<double>()) << world;
+  }
+  EXPECT_TRUE(ContainsAll(r.out, {"tpot_after_kv_transfer_ms.p50"})) << r;
   auto profile = models::LoadStepProfile(tmp_.File("profile.json"));
   ASSERT_TRUE(profile.ok()) << profile.error();
   ExpectSimulatedAsLive(report["loads"][0], tmp_.File("out/rate-1"), profile->fits.at(0));
