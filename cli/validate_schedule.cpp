@@ -122,7 +122,10 @@ Result<json> CompareSchedules(const std::vector<std::string>& live_step_logs,
 
 std::string ScheduleText(const json& schedule, const std::string& rate) {
   std::string text;
-  for (const auto& [name, entry] : schedule["instances"].items()) {
+  for (const auto& instance : schedule["instances"].items()) {
+    // (Not a structured binding: the lambdas below capture it.)
+    const std::string& name = instance.key();
+    const json& entry = instance.value();
     const bool as_live = entry.contains("simulated_as_live");
     // "A live [min-max], B simulated (C as live)", in the given format.
     auto figure = [&](const char* key, const char* format) {
