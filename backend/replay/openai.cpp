@@ -101,6 +101,11 @@ Result<Endpoint> ParseEndpoint(const std::string& url) {
     if (close == std::string::npos)
       return Status::Error(quoted + ": unterminated IPv6 address (missing ']')");
     e.host = authority.substr(1, close - 1);
+    // An IPv6 address (hex groups, colons, an IPv4 tail's dots), which the URL writes back in
+    // brackets: anything else there would not parse again.
+    if (e.host.find(':') == std::string::npos ||
+        e.host.find_first_not_of("0123456789abcdefABCDEF:.") != std::string::npos)
+      return Status::Error(quoted + ": not an IPv6 address between '[' and ']'");
     const std::string tail = authority.substr(close + 1);
     if (!tail.empty()) {
       if (tail.front() != ':') return Status::Error(quoted + ": junk after the IPv6 address");
