@@ -69,7 +69,8 @@ namespace {
 // Each field of the runs' figures: the median of those that are numbers (null where none is).
 json MedianOf(const std::vector<json>& runs) {
   json out = json::object();
-  for (const auto& [key, first] : runs.front().items()) {
+  for (const auto& field : runs.front().items()) {
+    const std::string& key = field.key();
     std::vector<double> values;
     for (const json& run : runs)
       if (run[key].is_number()) values.push_back(run[key].get<double>());

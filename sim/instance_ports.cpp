@@ -80,7 +80,7 @@ void SimPorts::Execute(const policies::StepPlan& plan, policies::StepEvents& eve
   const Seconds start_s = Now();
   ExecuteSteps(plan, events, result);
   last_step_end_s_ = result->step_end_s.back();
-  if (!world_.timeline && !world_.logs_steps) return;
+  if (!world_.timeline && !world_.step_log) return;
   const auto& cost = *world_.costs[static_cast<std::size_t>(id_)];
   models::StepShape shape = plan.Shape();
   Seconds step_start_s = start_s;
@@ -92,14 +92,14 @@ void SimPorts::Execute(const policies::StepPlan& plan, policies::StepEvents& eve
                                           static_cast<std::int32_t>(plan.decodes.size())});
     // The step as a live server logs it: the iteration from its start to its end, the forward
     // pass as priced (a decode run's steps each one token further into their contexts).
-    if (world_.logs_steps) {
+    if (world_.step_log) {
       const Seconds forward_s = cost.StepTime(shape);
       // (At least the pass, which rounding in its end may undercut.)
       const Seconds iteration_s =
           async_ ? end_s - step_start_s : std::max(end_s - step_start_s, forward_s);
       const policies::StepLogLine line{id_, step_start_s, iteration_s, {shape, forward_s},
                                        {},  async_};
-      world_.step_log += policies::FormatStepLogLine(line);
+      *world_.step_log += policies::FormatStepLogLine(line);
     }
     shape.decode_context_tokens += shape.decode_tokens;
     step_start_s = end_s;

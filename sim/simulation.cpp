@@ -143,7 +143,7 @@ Result<SimReport> Simulate(const ClusterSpec& cluster, const traces::Trace& trac
     w.costs.push_back(MakeStepCostModel(cluster, i));
   }
   if (!options.timeline_path.empty()) w.timeline = std::make_unique<Timeline>();
-  w.logs_steps = !options.step_log_path.empty();
+  if (!options.step_log_path.empty()) w.step_log.emplace();
   if (cluster.tiers.any()) {
     w.storage =
         std::make_unique<SimTierStorage>(w.platform, w.instances, w.Starter(), w.timeline.get());
@@ -270,10 +270,10 @@ Result<SimReport> Simulate(const ClusterSpec& cluster, const traces::Trace& trac
     DUET_RETURN_IF_ERROR(
         w.timeline->Write(files.AddPath(options.timeline_path), names, w.requests));
   }
-  if (w.logs_steps) {
+  if (w.step_log) {
     const std::string path = files.AddPath(options.step_log_path);
     std::ofstream log(path);
-    log << w.step_log;
+    log << *w.step_log;
     if (!log) return Status::Error(options.step_log_path + ": write failed");
   }
   const std::string summary_path = files.Add("summary.json");

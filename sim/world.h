@@ -179,9 +179,8 @@ struct World {
   std::unique_ptr<policies::TierManager> tiers;  // null without tiers
   std::unique_ptr<EngineCacheView> cache_view;
   std::unique_ptr<policies::Router> router;
-  std::unique_ptr<Timeline> timeline;  // with --timeline
-  std::string step_log;                // with --step-log: its lines so far
-  bool logs_steps = false;
+  std::unique_ptr<Timeline> timeline;   // with --timeline
+  std::optional<std::string> step_log;  // with --step-log: its lines so far
   // Stale router view (router_staleness_s > 0): the GPU caches as KV events delivered so far
   // describe them, and the events still in flight, in delivery order.
   struct KvEventsInFlight {
