@@ -19,6 +19,7 @@ std::string FormatStepLogLine(const StepLogLine& line) {
   doc["iteration_s"] = line.iteration_s;
   if (line.host) doc["host"] = models::HostStepToJson(*line.host);
   if (line.async) doc["async"] = true;
+  if (line.woke_s) doc["woke_s"] = *line.woke_s;
   return doc.dump() + "\n";
 }
 
@@ -48,12 +49,19 @@ Status ReadStepLog(std::string_view text, const std::string& where,
         return FieldError(at, "host", "phases and \"seconds\" add up to more than \"iteration_s\"");
       host = *h;
     }
+    std::optional<Seconds> woke_s;
+    if (JsonHas(doc, "woke_s")) {
+      auto w = JsonNumberIn(doc, "woke_s", 0, kMaxTime, at);
+      if (!w) return w.status();
+      woke_s = *w;
+    }
     each({static_cast<InstanceId>(*instance),
           *start_s,
           *iteration_s,
           {std::move(m->shape), m->seconds[0]},
           host,
-          *async});
+          *async,
+          woke_s});
     return Status::Ok();
   });
 }

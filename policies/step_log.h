@@ -34,6 +34,11 @@ struct StepLogLine {
   // engine planned, applied and streamed, so it and the phases overlap the iteration instead
   // of adding up to at most it.
   bool async = false;
+  // An iteration that began when a message woke the idle engine ("woke_s"): the time from that
+  // message's arrival in the inbox to the iteration's start, the engine's wake-up. Requests
+  // handed over meanwhile join its step. Live only, and absent in logs written before it was
+  // measured; the simulator writes what it priced (0 where it prices none).
+  std::optional<Seconds> woke_s;
   // The iteration's host time outside its forward pass (a line with `host`): the iteration
   // less the pass, or, asynchronous, the phases' sum (the pass overlapped the iteration).
   Seconds HostSeconds() const;

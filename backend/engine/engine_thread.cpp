@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <chrono>
 #include <future>
+#include <optional>
+#include <utility>
 
 namespace duet::backend {
 
@@ -49,11 +51,16 @@ void EngineThread::Stop() {
 }
 
 void EngineThread::Loop() {
+  // The engine's wake-up, from the message that ended its last idle wait to the iteration that
+  // followed, until a step's line carries it (an asynchronous step's ends an iteration later).
+  std::optional<Seconds> woke_s;
   while (true) {
     // The iteration's start on the run's clock; its durations on this process's steady clock,
     // which no clock correction moves (a worker's run clock slews toward its frontend's).
     const Seconds start = step_log_ ? clock_.Now() : 0;
     const auto started = std::chrono::steady_clock::now();
+    if (const auto woken_by = inbox_.TakeWokenBy(); woken_by && step_log_)
+      woke_s = std::chrono::duration<double>(started - *woken_by).count();
     const std::int64_t failures_before = engine_.forward_failures();
     const std::int64_t steps_before = engine_.steps();
     const bool stepped = engine_.RunOnce();
@@ -71,7 +78,8 @@ void EngineThread::Loop() {
           std::chrono::duration<double>(end - handed_from).count();
       step_log_->Write({engine_.config().id, start,
                         std::chrono::duration<double>(end - started).count(),
-                        executor_.last_timing(), host, engine_.config().async_steps});
+                        executor_.last_timing(), host, engine_.config().async_steps,
+                        std::exchange(woke_s, std::nullopt)});
     }
     PublishLoad();
     if (stepped) continue;
@@ -80,6 +88,7 @@ void EngineThread::Loop() {
     Seconds deadline = engine_.next_lease_expiry();
     if (engine_.awaiting_transfers())
       deadline = std::min(deadline, clock_.Now() + kTransferPollInterval);
+    woke_s.reset();  // the wake-up ran no step
     inbox_.WaitUntil(deadline);
   }
 }

@@ -16,6 +16,7 @@ Seconds SteadyClock::At(std::chrono::steady_clock::time_point t) const {
 void ThreadSafeInbox::Post(const policies::EngineMessage& message) {
   {
     std::lock_guard lock(mu_);
+    if (waiting_ && queue_.empty() && !woken_) woken_by_ = std::chrono::steady_clock::now();
     queue_.push_back(message);
   }
   cv_.notify_one();
@@ -40,6 +41,8 @@ bool ThreadSafeInbox::TryReceive(policies::EngineMessage* message) {
 void ThreadSafeInbox::WaitUntil(Seconds deadline) {
   std::unique_lock lock(mu_);
   auto ready = [&] { return !queue_.empty() || woken_; };
+  woken_by_.reset();
+  waiting_ = !ready();
   if (std::isinf(deadline)) {
     cv_.wait(lock, ready);
   } else {
@@ -48,6 +51,7 @@ void ThreadSafeInbox::WaitUntil(Seconds deadline) {
     cv_.wait_for(lock, std::chrono::duration<double>(wait), ready);
   }
   woken_ = false;
+  waiting_ = false;
 }
 
 void LocalOutbox::Send(policies::InstanceId to, const policies::EngineMessage& message) {

@@ -8,6 +8,8 @@
 #include <condition_variable>
 #include <deque>
 #include <mutex>
+#include <optional>
+#include <utility>
 #include <vector>
 
 #include "policies/ports.h"
@@ -43,6 +45,12 @@ class ThreadSafeInbox final : public policies::Inbox {
   // Returns at once when a message or a wake-up is pending; else blocks until one arrives or
   // `deadline` (on the clock) passes. Consumes a pending wake-up.
   void WaitUntil(Seconds deadline) override;
+  // When the message that ended the last WaitUntil was posted, once (none: it did not block,
+  // it returned at its deadline or for a Wake, or this was asked since): the engine's wake-up
+  // is measured from it.
+  std::optional<std::chrono::steady_clock::time_point> TakeWokenBy() {
+    return std::exchange(woken_by_, std::nullopt);
+  }
 
  private:
   const policies::Clock& clock_;
@@ -50,6 +58,8 @@ class ThreadSafeInbox final : public policies::Inbox {
   std::condition_variable cv_;
   std::deque<policies::EngineMessage> queue_;
   bool woken_ = false;
+  bool waiting_ = false;  // the engine thread blocks in WaitUntil
+  std::optional<std::chrono::steady_clock::time_point> woken_by_;
 };
 
 // Delivers to the inboxes of this process's instances (by instance id). Send is thread-safe;

@@ -47,6 +47,7 @@ StepLogLine LineOf(int w, int k) {
     host.counts = {static_cast<double>(k % 7), 1, static_cast<double>(w), 3};
     line.host = host;
   }
+  if (k % 5 == 0) line.woke_s = 1e-5 * (w + 1);  // a message woke the idle engine before it
   return line;
 }
 
@@ -83,6 +84,7 @@ TEST(StepLogTest, ConcurrentWritersLandWholeLinesThatReadBackAsWritten) {
     if (want.host) {
       EXPECT_EQ(models::HostStepToJson(*line.host), models::HostStepToJson(*want.host));
     }
+    EXPECT_EQ(line.woke_s, want.woke_s);
   });
   ASSERT_TRUE(read.ok()) << read.message();
   EXPECT_EQ(next, std::vector<int>(kWriters, kLines));
@@ -134,6 +136,12 @@ TEST(StepLogTest, BadLinesAreNamedWithTheirLineAndField) {
   int lines = 0;
   EXPECT_TRUE(ReadStepLog(good + "\n" + good, "log", [&](const StepLogLine&) { ++lines; }).ok());
   EXPECT_EQ(lines, 2);
+  EXPECT_NE(ReadStepLog(R"({"decode_tokens": 2, "seconds": 0.1, "instance": 0, "start_s": 0,)"
+                        R"( "iteration_s": 1, "woke_s": -0.001})",
+                        "log", [](const StepLogLine&) {})
+                .message()
+                .find("log:1: field 'woke_s'"),
+            std::string::npos);
   EXPECT_NE(ReadStepLog(R"({"decode_tokens": 2, "seconds": 0.1, "instance": 0, "start_s": 0,)"
                         R"( "iteration_s": 1, "async": 1})",
                         "log", [](const StepLogLine&) {})

@@ -219,6 +219,55 @@ TEST_F(Frontend, TheStepLogHasEveryStepOfEveryInstance) {
   }
 }
 
+// An idle engine thread that a request's message wakes logs its wake-up on the step it then
+// runs: from the message's post (after the frontend's time) to the iteration's start (before the
+// request's admission), so within the request's queueing less its frontend time. Steps that
+// follow others at once carry none.
+TEST_F(Frontend, AnIdleEnginesWakeUpIsLoggedOnTheStepItRan) {
+  const std::string path = (std::filesystem::temp_directory_path() /
+                            ("duet_wake_" + std::to_string(::getpid()) + ".jsonl"))
+                               .string();
+  auto log = StepLog::Open(path, StepLog::Mode::kTruncate);
+  ASSERT_TRUE(log.ok()) << log.error();
+  FrontendOptions options;
+  options.step_log = log->get();
+  auto frontend = Start(1, options);
+  std::vector<FinishInfo> infos;
+  for (int i = 0; i < 3; ++i) {
+    // The engine has gone idle and blocks when the next request comes.
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    auto listener = std::make_shared<Collector>();
+    ASSERT_EQ(frontend->Submit({Prompt(12, 7 + i), 4, {}}, listener).status,
+              AdmitStatus::kAccepted);
+    const auto info = listener->Wait();
+    ASSERT_TRUE(info);
+    infos.push_back(*info);
+  }
+  frontend.reset();
+  ASSERT_TRUE((*log)->Close().ok());
+  std::ifstream in(path);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::filesystem::remove(path);
+  std::vector<StepLogLine> lines;
+  const Status read =
+      policies::ReadStepLog(text, path, [&](const StepLogLine& l) { lines.push_back(l); });
+  ASSERT_TRUE(read.ok()) << read.message();
+  // Each request's steps: its prefill, which the wake-up ran, then its decode steps.
+  std::size_t request = 0;
+  for (std::size_t k = 0; k < lines.size(); ++k) {
+    SCOPED_TRACE(k);
+    if (lines[k].step.shape.prefill.empty()) {
+      EXPECT_FALSE(lines[k].woke_s.has_value());
+      continue;
+    }
+    ASSERT_LT(request, infos.size());
+    ASSERT_TRUE(lines[k].woke_s.has_value());
+    const FinishInfo& info = infos[request++];
+    EXPECT_LE(*lines[k].woke_s, info.queue_s - info.frontend_s);
+  }
+  EXPECT_EQ(request, infos.size());
+}
+
 TEST_F(Frontend, AbortEndsTheRequestAndFreesItsBlocks) {
   auto frontend = Start(1, {});
   auto listener = std::make_shared<Collector>();
