@@ -218,10 +218,12 @@ Result<models::HostFit> FitHostSteps(const std::string& path) {
   std::stringstream text;
   text << in.rdbuf();
   std::vector<models::HostSample> samples;
+  std::vector<Seconds> wakes;
   std::array<double, models::kHostPhases> phase_sum{};
   double outside_sum = 0;
   DUET_RETURN_IF_ERROR(
       policies::ReadStepLog(text.str(), path, [&](const policies::StepLogLine& line) {
+        if (line.woke_s) wakes.push_back(*line.woke_s);
         if (!line.host) return;
         const Seconds outside = line.HostSeconds();
         samples.push_back({line.host->counts, outside});
@@ -234,6 +236,12 @@ Result<models::HostFit> FitHostSteps(const std::string& path) {
                          "`duet serve --step-log` has them");
   auto fit = models::FitHost(samples);
   if (!fit) return Status::Error("--host-steps: " + path + ": " + fit.error());
+  if (!wakes.empty()) {
+    const auto mid = wakes.begin() + static_cast<std::ptrdiff_t>(wakes.size() / 2);
+    std::nth_element(wakes.begin(), mid, wakes.end());
+    fit->wake_s = *mid;
+    fit->wakes = static_cast<int>(wakes.size());
+  }
   const double n = static_cast<double>(samples.size());
   std::printf("host time: %zu iterations of %s, %.1f us outside the forward pass on average:\n ",
               samples.size(), path.c_str(), 1e6 * outside_sum / n);
@@ -253,6 +261,9 @@ Result<models::HostFit> FitHostSteps(const std::string& path) {
       "%+.2f%%   (%d: mean %.1f%%)\n",
       fit->held_out.shapes, fit->held_out.mean_pct, fit->held_out.p90_pct, fit->held_out_total_pct,
       fit->training.shapes, fit->training.mean_pct);
+  if (fit->wakes > 0)
+    std::printf("  wake-up of the idle engine: %.1f us (median of %d)\n", 1e6 * fit->wake_s,
+                fit->wakes);
   return fit;
 }
 

@@ -78,6 +78,9 @@ class StepCostModel {
   // 0 otherwise (the roofline's per-step overhead stands for it).
   virtual bool PricesHost() const { return false; }
   virtual Seconds HostTime(const HostCounts& counts) const { return 0; }
+  // An idle engine's wake-up: from the message that wakes it to its next iteration, where the
+  // model prices it (a host fit that measured it); 0 otherwise.
+  virtual Seconds WakeTime() const { return 0; }
 
   // A step's expert-parallel all-to-all: the bytes each GPU sends (dispatch and combine, every
   // MoE layer) and what moving them at the link's full bandwidth takes, the part of StepTime

@@ -210,7 +210,9 @@ json HostFitToJson(const HostFit& host) {
           {"steps", host.steps},
           {"training_error", FitErrorToJson(host.training)},
           {"held_out_error", FitErrorToJson(host.held_out)},
-          {"held_out_total_pct", host.held_out_total_pct}};
+          {"held_out_total_pct", host.held_out_total_pct},
+          {"wake_s", host.wake_s},
+          {"wakes", host.wakes}};
 }
 
 Result<HostFit> ParseHostFit(const json& obj, const std::string& where) {
@@ -238,6 +240,13 @@ Result<HostFit> ParseHostFit(const json& obj, const std::string& where) {
   auto total = JsonNumberIn(obj, "held_out_total_pct", -100, 1e9, where, 0.0);
   if (!total) return total.status();
   host.held_out_total_pct = *total;
+  // (Absent in profiles fitted before the wake-up was measured.)
+  auto wake_s = JsonNumberIn(obj, "wake_s", 0, kMaxStepSeconds, where, 0.0);
+  if (!wake_s) return wake_s.status();
+  host.wake_s = *wake_s;
+  auto wakes = JsonIntIn(obj, "wakes", 0, std::int64_t{1} << 30, where, 0);
+  if (!wakes) return wakes.status();
+  host.wakes = static_cast<int>(*wakes);
   return host;
 }
 

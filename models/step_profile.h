@@ -146,6 +146,11 @@ struct HostFit {
   // The held-out iterations' priced host time against their measured sum, percent (signed):
   // what the simulator's timeline sees, where per-iteration noise averages out.
   double held_out_total_pct = 0;
+  // An idle engine's wake-up: the median time from the message that woke it to the iteration
+  // that followed (the step log's "woke_s"), over `wakes` iterations; requests handed over
+  // meanwhile join that iteration's step. 0 where the log measured none.
+  Seconds wake_s = 0;
+  int wakes = 0;
   Seconds Predict(const HostCounts& c) const;
 };
 
@@ -211,6 +216,7 @@ class FittedCostModel : public StepCostModel {
                            std::vector<Seconds>* ends) const override;
   bool PricesHost() const override { return host_.has_value(); }
   Seconds HostTime(const HostCounts& counts) const override;
+  Seconds WakeTime() const override { return host_ ? host_->wake_s : 0; }
   const StepFit& fit() const { return fit_; }
 
  private:

@@ -51,7 +51,7 @@ SimPorts::SimPorts(World& world, InstanceId id)
 
 bool SimPorts::TryReceive(EngineMessage* message) { return inbox_.TryReceive(message); }
 
-bool SimPorts::WaitAny(double timeout) {
+ssize_t SimPorts::WaitAny(double timeout) {
   waitables_.clear();
   waitables_.push_back(inbox_.Waitable());
   transport_.AppendWaitables(&waitables_);
@@ -60,12 +60,25 @@ bool SimPorts::WaitAny(double timeout) {
   const ssize_t woken = sg4::Comm::wait_any_for(waitables_, timeout);
   inbox_.set_waiting(false);
   ++world_.events;
-  return woken >= 0;
+  return woken;
+}
+
+ssize_t SimPorts::WaitFor(Seconds deadline) {
+  return WaitAny(std::isinf(deadline) ? -1.0 : std::max(0.0, deadline - Now()));
 }
 
 void SimPorts::WaitUntil(Seconds deadline) {
-  const double timeout = std::isinf(deadline) ? -1.0 : std::max(0.0, deadline - Now());
-  WaitAny(timeout);
+  // The engine waits here only when idle. A message that wakes it (the inbox is the first
+  // waitable) has it iterate after its wake-up, as a live engine thread does: what is handed
+  // over meanwhile joins the step.
+  woke_s_.reset();
+  if (WaitFor(deadline) != 0) return;
+  const Seconds wake_s = world_.costs[static_cast<std::size_t>(id_)]->WakeTime();
+  if (wake_s > 0) {
+    sg4::this_actor::sleep_for(wake_s);
+    ++world_.events;
+  }
+  woke_s_ = wake_s;
 }
 
 void SimPorts::Send(InstanceId to, const EngineMessage& message) {
@@ -97,8 +110,13 @@ void SimPorts::Execute(const policies::StepPlan& plan, policies::StepEvents& eve
       // (At least the pass, which rounding in its end may undercut.)
       const Seconds iteration_s =
           async_ ? end_s - step_start_s : std::max(end_s - step_start_s, forward_s);
-      const policies::StepLogLine line{id_, step_start_s, iteration_s, {shape, forward_s},
-                                       {},  async_};
+      const policies::StepLogLine line{id_,
+                                       step_start_s,
+                                       iteration_s,
+                                       {shape, forward_s},
+                                       {},
+                                       async_,
+                                       std::exchange(woke_s_, std::nullopt)};
       *world_.step_log += policies::FormatStepLogLine(line);
     }
     shape.decode_context_tokens += shape.decode_tokens;
@@ -217,7 +235,7 @@ void SimPorts::ExecuteSteps(const policies::StepPlan& plan, policies::StepEvents
       }
     }
   }
-  if (WaitAny(step_end_s->back() - start)) {
+  if (WaitAny(step_end_s->back() - start) >= 0) {
     // New work arrived: finish the step in progress and stop at its boundary.
     const Seconds now = Now();
     const auto boundary = std::lower_bound(step_end_s->begin(), step_end_s->end(), now);
@@ -253,14 +271,14 @@ void SimPorts::FinishOverlappedLoads(const policies::StepPlan& plan, Seconds ste
   // finished transfer or message left untaken would end every wait at once.
   events.TakeEvents();
   while (loading()) {
-    WaitUntil(policies::kForever);
+    WaitFor(policies::kForever);
     events.TakeEvents();
   }
   // The last layer's KV has just arrived: that layer's share of the step remains.
   const Seconds step_end = result->step_end_s.back();
   const Seconds end = Now() + (step_end - step_start_s) / plan.num_layers;
   while (Now() < end) {
-    WaitUntil(end);
+    WaitFor(end);
     events.TakeEvents();
   }
   result->load_wait_s = end - step_end;

@@ -112,14 +112,20 @@ class SimPorts final : public policies::Clock,
   // step's end. step_start_s: when the step began.
   void FinishOverlappedLoads(const policies::StepPlan& plan, Seconds step_start_s,
                              policies::StepEvents& events, policies::StepResult* result);
-  // Blocks until the inbox or a transfer completes, or `timeout` (< 0: none). True if woken.
-  bool WaitAny(double timeout);
+  // Blocks until the inbox or a transfer completes, or `timeout` (< 0: none). Returns the index
+  // of what ended the wait (0: the inbox), or -1 at the timeout.
+  ssize_t WaitAny(double timeout);
+  // The same until `deadline` on the clock (infinite: none).
+  ssize_t WaitFor(Seconds deadline);
 
   World& world_;
   InstanceId id_;
   // engine.async_steps: a step's host time overlaps the forward pass of the step before it.
   bool async_;
   Seconds last_step_end_s_ = -1;  // when this instance's last step ended
+  // The wake-up priced before the iteration after an idle wait a message ended, until the step
+  // log's line of its step carries it (the step log's "woke_s").
+  std::optional<Seconds> woke_s_;
   SimInbox& inbox_;
   SimKvTransport transport_;
   std::vector<sg4::CommPtr> waitables_;  // reused

@@ -351,6 +351,8 @@ StepProfile SampleProfile() {
   host.steps = 400;
   host.held_out = {100, 12.5, 30, 80};
   host.held_out_total_pct = -1.5;
+  host.wake_s = 2.5e-4;
+  host.wakes = 37;
   p.host = host;
   p.frontend = FrontendFit{3e-5, 2e-8, 1200, {6, 1.5, 2, 3}};
   return p;
@@ -385,6 +387,8 @@ TEST(StepProfileTest, ProfilesSurviveTheRoundTrip) {
   EXPECT_NEAR(back->LinkFor("loopback")->Time(1 << 20), 2e-5 + (1 << 20) / 12e9, 1e-12);
   ASSERT_TRUE(back->host);
   EXPECT_EQ(back->host->seconds_per, p.host->seconds_per);
+  EXPECT_EQ(back->host->wake_s, 2.5e-4);
+  EXPECT_EQ(back->host->wakes, 37);
   EXPECT_DOUBLE_EQ(back->host->Predict({8, 1, 2, 8}), 2e-5 + 8 * 3e-6 + 1e-6 + 2 * 4e-5);
   ASSERT_TRUE(back->frontend);
   EXPECT_DOUBLE_EQ(back->frontend->Predict(1000), 3e-5 + 1000 * 2e-8);

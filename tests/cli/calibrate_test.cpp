@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "models/step_profile.h"
+#include "policies/step_log.h"
 #include "tests/common/shared_traces.h"
 #include "tests/sim/e2e_util.h"
 #include "tests/sim/model_util.h"
@@ -515,6 +516,75 @@ TEST_F(CalibrateTest, FitsHostTimeToAStepLogAndTheSimulatorPricesIt) {
   const Csv single = simulate(with_host, "async-host-single");
   for (const char* column : {"ttft_ms", "e2e_ms"})
     EXPECT_NEAR(single.Number(0, column), overlapped.Number(0, column), kCsvTolMs) << column;
+}
+
+// `--host-steps` also takes the idle engine's wake-up from the step log (the median of its
+// "woke_s"), and the simulator wakes an idle engine that late after the message that woke it:
+// a request handed over meanwhile joins the step, which the simulator's own step log shows with
+// the wake-up it priced.
+TEST_F(CalibrateTest, FitsTheIdleEnginesWakeUpAndTheSimulatorWakesAsLate) {
+  const std::string profile_path = tmp_.File("p.json");
+  RunResult r = RunDuet({"calibrate", "--measurements", tmp_.Write("m.jsonl", AffineStepLines()),
+                         "--model", model_, "--device", "cpu", "--out", profile_path});
+  ASSERT_EQ(r.exit_code, 0) << r;
+  std::string log;
+  const std::vector<double> wakes = {2e-3, 6e-3, 3e-3, 5e-3, 4e-3};
+  for (int i = 0; i < 30; ++i) {
+    const int rows = 1 + i % 4;
+    const double host = 1e-4 * (1 + rows);
+    json line = {{"decode_tokens", rows}, {"decode_context_tokens", 100 * rows},
+                 {"seconds", 0.01},       {"instance", 0},
+                 {"start_s", 0.1 * i},    {"iteration_s", 0.01 + host}};
+    line["host"] = {{"schedule_s", host / 2}, {"allocate_s", 0}, {"prepare_s", 0},
+                    {"sample_s", 0},          {"apply_s", 0},    {"stream_s", host / 2},
+                    {"rows", rows},           {"admitted", 0},   {"finished", 0},
+                    {"tokens", rows}};
+    if (i % 6 == 0) line["woke_s"] = wakes[static_cast<std::size_t>(i / 6)];
+    log += line.dump() + "\n";
+  }
+  const std::string with_wake = tmp_.File("with-wake.json");
+  r = RunDuet({"calibrate", "--profile", profile_path, "--host-steps",
+               tmp_.Write("steps.jsonl", log), "--out", with_wake});
+  ASSERT_EQ(r.exit_code, 0) << r;
+  EXPECT_TRUE(ContainsAll(r.out, {"wake-up of the idle engine: 4000.0 us (median of 5)"})) << r;
+  json doc = ReadJson(with_wake);
+  EXPECT_DOUBLE_EQ(doc["host"]["wake_s"].get<double>(), 4e-3);
+  EXPECT_EQ(doc["host"]["wakes"].get<int>(), 5);
+  // The wake-up alone: no host time per step.
+  for (auto& [column, value] : doc["host"]["seconds_per"].items()) value = 0.0;
+  const std::string wake_only = tmp_.Write("wake-only.json", doc.dump());
+
+  // Two requests 1 ms apart on an idle colocated instance.
+  json cluster = ReadJson(SourceDir() + "/tests/data/1p1d-tiny.json");
+  cluster["model"] = model_;
+  cluster["instances"] = {{{"role", "colocated"}, {"count", 1}, {"tp", 1}, {"node", 0}}};
+  const std::string trace = tmp_.Write(
+      "two.jsonl",
+      json{{"timestamp", 0}, {"input_length", 100}, {"output_length", 3}, {"hash_ids", {1}}}
+              .dump() +
+          "\n" +
+          json{{"timestamp", 1}, {"input_length", 100}, {"output_length", 3}, {"hash_ids", {2}}}
+              .dump());
+  auto first_step = [&](const std::string& profile, const std::string& name) {
+    cluster["cost_model"] = {{"kind", "fitted"}, {"profile", profile}};
+    const std::string out = tmp_.File(name), steps = tmp_.File(name + "-steps.jsonl");
+    Simulate(out, {"--cluster", tmp_.Write(name + ".json", cluster.dump()), "--trace", trace,
+                   "--step-log", steps});
+    std::vector<policies::StepLogLine> lines;
+    const Status read = policies::ReadStepLog(
+        ReadFile(steps), steps, [&](const policies::StepLogLine& l) { lines.push_back(l); });
+    EXPECT_TRUE(read.ok()) << read.message();
+    EXPECT_FALSE(lines.empty());
+    return lines.empty() ? policies::StepLogLine{} : lines.front();
+  };
+  // Woken at once, the engine prefills the first request alone; woken 4 ms later, both.
+  const policies::StepLogLine plain = first_step(profile_path, "plain");
+  EXPECT_EQ(plain.step.shape.prefill.size(), 1u);
+  EXPECT_EQ(plain.woke_s, 0.0);
+  const policies::StepLogLine late = first_step(wake_only, "late");
+  EXPECT_EQ(late.step.shape.prefill.size(), 2u);
+  EXPECT_EQ(late.woke_s, 4e-3);
+  EXPECT_NEAR(late.start_s - plain.start_s, 4e-3, 1e-9);
 }
 
 // --trace: the sweep also times the shapes of a trace's prompt lengths and contexts (here the
