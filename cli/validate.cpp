@@ -351,6 +351,8 @@ int Validate(int argc, char** argv) {
       return changed;
     };
     if (reference) load["machine"] = SummarizeReference(timings);
+    // Simulations whose schedules are compared beside the plain one's.
+    std::vector<VariantLog> variants;
     std::optional<std::string> as_live_cluster;
     if (const models::StepProfile* profile = cluster->cost_model.profile.get()) {
       // With the steps priced as they ran live: how much of each error the step costs account
@@ -360,6 +362,24 @@ int Validate(int argc, char** argv) {
       if (!written) return Fail(written.error());
       as_live_cluster = *written;
       load["as_live"] = {{"scales", as_live_scales}};
+      variants.push_back({"as_live", "as live", dir + "/sim-as-live/steps.jsonl"});
+      // And handing requests over as the live runs did (an idle engine's wake-up, the
+      // frontend's time per request): how much of the rest the schedule's grouping accounts
+      // for. Only where the live step logs measured the wake-up.
+      std::vector<std::string> live_csvs;
+      for (int k = 1; k <= repeats; ++k)
+        live_csvs.push_back(dir + "/live" + RunSuffix(k) + "/requests.csv");
+      auto hand_over = MeasureLiveHandOver(step_logs, live_csvs, as_live);
+      if (!hand_over) return Fail(hand_over.error());
+      if (hand_over->wakes > 0) {
+        if (auto s = resimulate(ProfileWithHandOver(as_live, *hand_over), "as-live-hand-over",
+                                "as_live_hand_over", "as live, handing over as live");
+            !s)
+          return Fail(s.error());
+        load["as_live_hand_over"] = hand_over->ToJson();
+        variants.push_back({"as_live_hand_over", "as live handing over as live",
+                            dir + "/sim-as-live-hand-over/steps.jsonl"});
+      }
       // At the machine's measured speed: every step priced slower (or faster) by what the
       // profile's reference shapes, timed alone beside the live runs, took against calibration,
       // so that the error left is not the machine's drift.
@@ -379,11 +399,8 @@ int Validate(int argc, char** argv) {
           return Fail(s.error());
       }
     }
-    // Which steps each world ran: the live runs', the simulation's and, with the steps priced as
-    // they ran live, that one's.
-    auto schedule =
-        CompareSchedules(step_logs, dir + "/sim/steps.jsonl",
-                         as_live_cluster ? dir + "/sim-as-live/steps.jsonl" : "", *cluster);
+    // Which steps each world ran: the live runs', the simulation's and its variants'.
+    auto schedule = CompareSchedules(step_logs, dir + "/sim/steps.jsonl", variants, *cluster);
     if (!schedule) return Fail(schedule.error());
     load["schedule"] = *schedule;
     // Requests that follow others: again with each sent when the first live run sent it

@@ -262,6 +262,19 @@ void PrintValidation(const json& report, const std::vector<Metric>& metrics) {
           RateText(load["rate_scale"].get<double>()).c_str(), scales.c_str(),
           ErrorsText(load, "error_as_live_pct").c_str());
     }
+    if (load.contains("as_live_hand_over")) {
+      const json& h = load["as_live_hand_over"];
+      std::printf(
+          "as live, handing over as live at x%s: besides, with an idle engine waking %.3f ms after "
+          "the message that wakes it and the frontend taking %.3f ms a request beyond its "
+          "prompt's tokens (the live runs' medians of %lld wake-ups and %lld requests) the "
+          "simulation's errors are %s\n",
+          RateText(load["rate_scale"].get<double>()).c_str(), h["wake_ms"].get<double>(),
+          h["frontend_request_ms"].get<double>(),
+          static_cast<long long>(h["wakes"].get<std::int64_t>()),
+          static_cast<long long>(h["requests"].get<std::int64_t>()),
+          ErrorsText(load, "error_as_live_hand_over_pct").c_str());
+    }
     if (load.contains("at_machine_speed"))
       std::printf(
           "at the machine's speed at x%s: with every step priced x%.3f (the machine against its "

@@ -19,6 +19,8 @@ json Schedule::ToJson() const {
           {"after_idle_steps", after_idle_steps},
           {"rows_per_step_after_idle",
            ratio(static_cast<double>(after_idle_rows), static_cast<double>(after_idle_steps))},
+          {"wakes", woke_s.size()},
+          {"wake_ms", woke_s.empty() ? json() : json(1e3 * policies::Summarize(woke_s).p50)},
           {"decode_tokens", decode_tokens},
           {"decode_rows_per_token", ratio(decode_rows_sum, static_cast<double>(decode_tokens))},
           {"decode_ms_per_token",
@@ -46,6 +48,7 @@ Result<std::vector<Schedule>> ReadSchedules(const std::string& step_log,
         const auto rows = static_cast<std::int64_t>(shape.prefill.size()) + shape.decode_tokens;
         ++s.steps;
         s.busy_s += line.iteration_s;
+        if (line.woke_s) s.woke_s.push_back(*line.woke_s);
         if (last_end[i] < 0 || line.start_s - last_end[i] >= kIdleSpellS) {
           ++s.after_idle_steps;
           s.after_idle_rows += rows;
@@ -87,7 +90,7 @@ json MedianOf(const std::vector<json>& runs) {
 
 Result<json> CompareSchedules(const std::vector<std::string>& live_step_logs,
                               const std::string& simulated_step_log,
-                              const std::string& as_live_step_log,
+                              const std::vector<VariantLog>& variants,
                               const sim::ClusterSpec& cluster) {
   std::vector<std::vector<Schedule>> live;
   for (const std::string& log : live_step_logs) {
@@ -97,13 +100,17 @@ Result<json> CompareSchedules(const std::vector<std::string>& live_step_logs,
   }
   auto simulated = ReadSchedules(simulated_step_log, cluster);
   if (!simulated) return simulated.status();
-  std::vector<Schedule> as_live;
-  if (!as_live_step_log.empty()) {
-    auto s = ReadSchedules(as_live_step_log, cluster);
+  std::vector<std::vector<Schedule>> variant_schedules;
+  for (const VariantLog& v : variants) {
+    auto s = ReadSchedules(v.step_log, cluster);
     if (!s) return s.status();
-    as_live = std::move(*s);
+    variant_schedules.push_back(std::move(*s));
   }
-  json out = {{"idle_spell_ms", 1e3 * kIdleSpellS}, {"instances", json::object()}};
+  json out = {{"idle_spell_ms", 1e3 * kIdleSpellS},
+              {"variants", json::array()},
+              {"instances", json::object()}};
+  for (const VariantLog& v : variants)
+    out["variants"].push_back({{"key", v.key}, {"label", v.label}});
   for (std::size_t i = 0; i < cluster.instances.size(); ++i) {
     std::vector<json> runs;
     std::int64_t steps = (*simulated)[i].steps;
@@ -115,7 +122,8 @@ Result<json> CompareSchedules(const std::vector<std::string>& live_step_logs,
     json entry = {{"live", runs.empty() ? json() : MedianOf(runs)},
                   {"live_runs", runs},
                   {"simulated", (*simulated)[i].ToJson()}};
-    if (!as_live.empty()) entry["simulated_as_live"] = as_live[i].ToJson();
+    for (std::size_t v = 0; v < variants.size(); ++v)
+      entry["simulated_" + variants[v].key] = variant_schedules[v][i].ToJson();
     out["instances"][cluster.instances[i].name] = std::move(entry);
   }
   return out;
@@ -127,7 +135,6 @@ std::string ScheduleText(const json& schedule, const std::string& rate) {
     // (Not a structured binding: the lambdas below capture it.)
     const std::string& name = instance.key();
     const json& entry = instance.value();
-    const bool as_live = entry.contains("simulated_as_live");
     // "A live [min-max], B simulated (C as live)", in the given format.
     auto figure = [&](const char* key, const char* format) {
       auto one = [&](const json& v) {
@@ -149,7 +156,12 @@ std::string ScheduleText(const json& schedule, const std::string& rate) {
         if (any) out += " [" + one(lo) + "-" + one(hi) + "]";
       }
       out += ", " + one(entry["simulated"][key]) + " simulated";
-      if (as_live) out += " (" + one(entry["simulated_as_live"][key]) + " as live)";
+      std::string variants;
+      for (const json& v : schedule["variants"])
+        variants += (variants.empty() ? "" : ", ") +
+                    one(entry["simulated_" + v["key"].get<std::string>()][key]) + " " +
+                    v["label"].get<std::string>();
+      if (!variants.empty()) out += " (" + variants + ")";
       return out;
     };
     text += "schedule at x" + rate + ", " + name + ": ";
@@ -159,6 +171,56 @@ std::string ScheduleText(const json& schedule, const std::string& rate) {
     text += "\n";
   }
   return text;
+}
+
+json LiveHandOver::ToJson() const {
+  return {{"wake_ms", 1e3 * wake_s},
+          {"wakes", wakes},
+          {"frontend_request_ms", 1e3 * frontend_request_s},
+          {"requests", requests}};
+}
+
+Result<LiveHandOver> MeasureLiveHandOver(const std::vector<std::string>& live_step_logs,
+                                         const std::vector<std::string>& live_requests_csvs,
+                                         const models::StepProfile& profile) {
+  std::vector<double> wakes;
+  for (const std::string& log : live_step_logs) {
+    DUET_RETURN_IF_ERROR(policies::ReadStepLog(ReadText(log), log, [&](const auto& line) {
+      if (line.woke_s) wakes.push_back(*line.woke_s);
+    }));
+  }
+  const Seconds per_token = profile.frontend ? profile.frontend->prompt_token_s : 0;
+  std::vector<double> beyond;  // each request's frontend time less its prompt tokens' price
+  for (const std::string& csv : live_requests_csvs) {
+    const std::string text = ReadText(csv);
+    auto frontend_ms = policies::ParseRequestsCsvColumn(text, csv, "ttft_frontend_ms");
+    if (!frontend_ms) return frontend_ms.status();
+    auto tokens = policies::ParseRequestsCsvColumn(text, csv, "input_tokens");
+    if (!tokens) return tokens.status();
+    if (tokens->size() != frontend_ms->size())
+      return Status::Error(csv +
+                           ": completed records without an input_tokens or a "
+                           "ttft_frontend_ms");
+    for (std::size_t i = 0; i < tokens->size(); ++i)
+      beyond.push_back(std::max(0.0, (*frontend_ms)[i] / 1e3 - per_token * (*tokens)[i]));
+  }
+  LiveHandOver h;
+  h.wakes = static_cast<std::int64_t>(wakes.size());
+  if (!wakes.empty()) h.wake_s = policies::Summarize(wakes).p50;
+  h.requests = static_cast<std::int64_t>(beyond.size());
+  if (!beyond.empty()) h.frontend_request_s = policies::Summarize(beyond).p50;
+  return h;
+}
+
+models::StepProfile ProfileWithHandOver(const models::StepProfile& profile,
+                                        const LiveHandOver& hand_over) {
+  models::StepProfile out = profile;
+  if (!out.host) out.host.emplace();
+  out.host->wake_s = hand_over.wake_s;
+  out.host->wakes = static_cast<int>(hand_over.wakes);
+  if (!out.frontend) out.frontend.emplace();
+  out.frontend->request_s = hand_over.frontend_request_s;
+  return out;
 }
 
 }  // namespace duet::cli

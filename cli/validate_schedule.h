@@ -12,6 +12,7 @@
 
 #include "common/status.h"
 #include "common/units.h"
+#include "models/step_profile.h"
 #include "sim/cluster_spec.h"
 
 namespace duet::cli {
@@ -28,6 +29,9 @@ struct Schedule {
   // (prefill chunks and decode rows): how many requests one step took on waking.
   std::int64_t after_idle_steps = 0;
   std::int64_t after_idle_rows = 0;
+  // The wake-ups of the steps whose iteration a message woke from idle (the step log's
+  // "woke_s"; none in a log written before they were measured).
+  std::vector<Seconds> woke_s;
   // Decode tokens, and of them: the rows of their steps summed (each token counts its step's
   // rows), their steps' iterations summed (each token counts its step's time: the time per
   // output token the steps give), and those whose step also ran prefill chunks.
@@ -46,9 +50,10 @@ struct ScheduleFigure {
   const char* label;
   const char* format;
 };
-inline constexpr std::array<ScheduleFigure, 6> kScheduleFigures = {{
+inline constexpr std::array<ScheduleFigure, 7> kScheduleFigures = {{
     {"after_idle_steps", "steps after an idle spell", "%.0f"},
     {"rows_per_step_after_idle", "requests per such step", "%.2f"},
+    {"wake_ms", "ms from the message that woke the engine to its step (median)", "%.3f"},
     {"decode_rows_per_token", "rows in a decode token's step", "%.2f"},
     {"decode_ms_per_token", "ms of a decode token's step", "%.2f"},
     {"decode_tokens_in_mixed_pct", "% of decode tokens in steps with prefill chunks", "%.1f"},
@@ -60,17 +65,44 @@ inline constexpr std::array<ScheduleFigure, 6> kScheduleFigures = {{
 Result<std::vector<Schedule>> ReadSchedules(const std::string& step_log,
                                             const sim::ClusterSpec& cluster);
 
+// A simulation of the load besides the plain one, whose schedule is compared too: its key
+// ("as_live": the schedule's "simulated_as_live"), its label in the report's line ("as live")
+// and its step log.
+struct VariantLog {
+  std::string key, label, step_log;
+};
+
 // The schedules of a load, per instance by name: "live" (each figure the median of the live
-// runs', with "live_runs": each run's), "simulated" (the simulation's step log) and, where
-// `as_live_step_log` is not empty, "simulated_as_live" (the simulation with the steps priced as
-// they ran live). Instances that ran no step in either world are left out.
+// runs', with "live_runs": each run's), "simulated" (the simulation's step log) and each
+// variant's ("simulated_KEY"). Instances that ran no step in either world are left out.
 Result<nlohmann::json> CompareSchedules(const std::vector<std::string>& live_step_logs,
                                         const std::string& simulated_step_log,
-                                        const std::string& as_live_step_log,
+                                        const std::vector<VariantLog>& variants,
                                         const sim::ClusterSpec& cluster);
 
 // The report's lines for one load's comparison ("schedule at xR, INSTANCE: LABEL A live [MIN-MAX],
-// B simulated (C as live); ..." for each of kScheduleFigures), one per instance.
+// B simulated (C as live, ...); ..." for each of kScheduleFigures), one per instance.
 std::string ScheduleText(const nlohmann::json& schedule, const std::string& rate);
+
+// How the live runs handed requests to their engines, as measured: an idle engine's wake-up
+// (the median "woke_s" of their step logs, every instance's), and the frontend's time per
+// request beyond what the profile's frontend fit prices per prompt token (the median over the
+// completed requests of their requests.csv files). A burst's requests that reach an engine
+// while it wakes join its step; the frontend's pace decides how many do.
+struct LiveHandOver {
+  Seconds wake_s = 0;
+  std::int64_t wakes = 0;  // the wake-ups measured (0: the logs predate them)
+  Seconds frontend_request_s = 0;
+  std::int64_t requests = 0;
+  nlohmann::json ToJson() const;
+};
+Result<LiveHandOver> MeasureLiveHandOver(const std::vector<std::string>& live_step_logs,
+                                         const std::vector<std::string>& live_requests_csvs,
+                                         const models::StepProfile& profile);
+// `profile` handing over as the live runs did: its host fit's wake-up set to theirs (a host fit
+// that prices nothing else where it had none) and its frontend fit's time per request (its
+// time per prompt token kept; none: 0).
+models::StepProfile ProfileWithHandOver(const models::StepProfile& profile,
+                                        const LiveHandOver& hand_over);
 
 }  // namespace duet::cli

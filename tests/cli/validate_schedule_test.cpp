@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -17,12 +18,14 @@ namespace {
 using nlohmann::json;
 
 // A step of instance `instance` from `start_s` for `iteration_s`: `chunks` prefill chunks of 100
-// tokens beside `rows` decode rows.
-std::string Line(int instance, Seconds start_s, Seconds iteration_s, int chunks, int rows) {
+// tokens beside `rows` decode rows; `woke_s`: a message woke the engine that long before.
+std::string Line(int instance, Seconds start_s, Seconds iteration_s, int chunks, int rows,
+                 std::optional<Seconds> woke_s = std::nullopt) {
   policies::StepLogLine line;
   line.instance = instance;
   line.start_s = start_s;
   line.iteration_s = iteration_s;
+  line.woke_s = woke_s;
   for (int c = 0; c < chunks; ++c) line.step.shape.prefill.push_back({100, 0});
   line.step.shape.decode_tokens = rows;
   line.step.shape.decode_context_tokens = 200 * rows;
@@ -83,7 +86,7 @@ TEST_F(ScheduleTest, LiveRunsGiveTheirMedianBesideTheSimulation) {
   for (int k : {1, 3, 2})
     live.push_back(Log("live-" + std::to_string(k) + ".jsonl", Line(0, 0, 0.01, k, 0)));
   const std::string sim = Log("sim.jsonl", Line(0, 0, 0.01, 1, 0) + Line(1, 0.02, 0.01, 0, 1));
-  auto compared = CompareSchedules(live, sim, "", cluster_);
+  auto compared = CompareSchedules(live, sim, {}, cluster_);
   ASSERT_TRUE(compared.ok()) << compared.error();
   const json& instances = (*compared)["instances"];
   ASSERT_EQ(instances.size(), 2u) << instances;
@@ -103,6 +106,76 @@ TEST_F(ScheduleTest, LiveRunsGiveTheirMedianBesideTheSimulation) {
                       "step 2.00 live [1.00-3.00], 1.00 simulated;"),
             std::string::npos)
       << text;
+}
+
+TEST_F(ScheduleTest, WakeUpsAreTheMedianOfTheStepsAMessageWoke) {
+  // Three wake-ups of 0.1, 0.4 and 0.2 ms; the step between them followed another at once.
+  const std::string log = Log(
+      "steps.jsonl", Line(0, 0.000, 0.010, 1, 0, 0.0001) + Line(0, 0.0101, 0.010, 0, 1) +
+                         Line(0, 0.100, 0.010, 1, 0, 0.0004) + Line(0, 0.200, 0.010, 2, 0, 0.0002));
+  auto schedules = ReadSchedules(log, cluster_);
+  ASSERT_TRUE(schedules.ok()) << schedules.error();
+  const json j = (*schedules)[0].ToJson();
+  EXPECT_EQ(j["wakes"].get<int>(), 3);
+  EXPECT_NEAR(j["wake_ms"].get<double>(), 0.2, 1e-12);
+  // A log that measured none (the simulator's without a wake-up priced, an older server's).
+  EXPECT_TRUE((*schedules)[1].ToJson()["wake_ms"].is_null());
+}
+
+TEST_F(ScheduleTest, VariantsAreComparedUnderTheirKeysAndLabels) {
+  const std::string live = Log("live.jsonl", Line(0, 0, 0.01, 2, 0, 0.0003));
+  const std::string sim = Log("sim.jsonl", Line(0, 0, 0.01, 1, 0));
+  const std::string as_live = Log("as-live.jsonl", Line(0, 0, 0.012, 1, 0));
+  const std::string hand_over = Log("hand-over.jsonl", Line(0, 0, 0.012, 2, 0, 0.0003));
+  auto compared = CompareSchedules(
+      {live}, sim,
+      {{"as_live", "as live", as_live}, {"as_live_hand_over", "handing over as live", hand_over}},
+      cluster_);
+  ASSERT_TRUE(compared.ok()) << compared.error();
+  const json& p = (*compared)["instances"][cluster_.instances[0].name];
+  EXPECT_DOUBLE_EQ(p["simulated_as_live"]["rows_per_step_after_idle"].get<double>(), 1);
+  EXPECT_DOUBLE_EQ(p["simulated_as_live_hand_over"]["rows_per_step_after_idle"].get<double>(), 2);
+  const std::string text = ScheduleText(*compared, "1");
+  EXPECT_NE(text.find("requests per such step 2.00 live, 1.00 simulated (1.00 as live, 2.00 "
+                      "handing over as live);"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("ms from the message that woke the engine to its step (median) 0.300 live, "
+                      "n/a simulated (n/a as live, 0.300 handing over as live)"),
+            std::string::npos)
+      << text;
+}
+
+TEST_F(ScheduleTest, TheLiveHandOverIsMeasuredFromTheLiveRunsFiles) {
+  const std::string steps =
+      Log("steps.jsonl", Line(0, 0, 0.01, 1, 0, 0.0001) + Line(0, 0.1, 0.01, 1, 0, 0.0005) +
+                             Line(0, 0.2, 0.01, 1, 0, 0.0003));
+  // Frontend times of 0.1 ms + 1 us per prompt token, but for the failed request's.
+  const std::string header =
+      "request_id,arrival_s,input_tokens,output_tokens,status,ttft_frontend_ms\n";
+  const std::string csv =
+      Log("requests.csv", header + "0,0,100,4,completed,0.2\n" + "1,0,300,4,completed,0.4\n" +
+                              "2,0,10,4,failed,9\n" + "3,0,50,4,completed,0.15\n");
+  models::StepProfile profile;
+  profile.frontend = models::FrontendFit{.request_s = 1e-6, .prompt_token_s = 1e-6};
+  auto h = MeasureLiveHandOver({steps}, {csv}, profile);
+  ASSERT_TRUE(h.ok()) << h.error();
+  EXPECT_EQ(h->wakes, 3);
+  EXPECT_NEAR(h->wake_s, 0.0003, 1e-12);
+  EXPECT_EQ(h->requests, 3);
+  EXPECT_NEAR(h->frontend_request_s, 0.0001, 1e-12);
+  // The profile hands over so: a host fit that prices nothing else, the frontend's per-token
+  // time kept.
+  const models::StepProfile with = ProfileWithHandOver(profile, *h);
+  ASSERT_TRUE(with.host.has_value());
+  EXPECT_NEAR(with.host->wake_s, 0.0003, 1e-12);
+  EXPECT_NEAR(with.host->Predict({.rows = 8, .admitted = 2, .finished = 1, .tokens = 8}), 0, 0);
+  EXPECT_NEAR(with.frontend->Predict(100), 0.0001 + 100e-6, 1e-12);
+  // A requests.csv without the frontend's times (written before they were) is named.
+  const std::string old = Log("old.csv", "request_id,arrival_s,input_tokens,status\n");
+  auto bad = MeasureLiveHandOver({steps}, {old}, profile);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.error().find("old.csv"), std::string::npos) << bad.error();
 }
 
 TEST_F(ScheduleTest, BadLogsAreNamed) {

@@ -138,6 +138,34 @@ void ExpectSimulatedAsLive(const json& load, const std::string& dir, const model
   }
 }
 
+// Simulated again as live and handing over as live: the as-live profile with the live runs'
+// median wake-up (every run starts with its engine idle, so a message wakes it at least once) and
+// frontend time per request, which the simulation then prices on each waking step.
+void ExpectHandedOverAsLive(const json& load, const std::string& dir) {
+  ASSERT_TRUE(load.contains("as_live_hand_over")) << load;
+  const json& h = load["as_live_hand_over"];
+  EXPECT_GE(h["wakes"].get<int>(), 1) << h;
+  EXPECT_EQ(h["requests"], load["completed_live"]) << h;
+  auto as_live = models::LoadStepProfile(dir + "/profile-as-live.json");
+  auto handing = models::LoadStepProfile(dir + "/profile-as-live-hand-over.json");
+  ASSERT_TRUE(as_live.ok() && handing.ok());
+  EXPECT_EQ(models::StepProfileToJson(*handing)["fits"],
+            models::StepProfileToJson(*as_live)["fits"]);
+  ASSERT_TRUE(handing->host && handing->frontend);
+  EXPECT_NEAR(1e3 * handing->host->wake_s, h["wake_ms"].get<double>(), 1e-12);
+  EXPECT_NEAR(1e3 * handing->frontend->request_s, h["frontend_request_ms"].get<double>(), 1e-12);
+  const json& c = load["schedule"]["instances"].begin().value();
+  EXPECT_NEAR(c["simulated_as_live_hand_over"]["wake_ms"].get<double>(), h["wake_ms"].get<double>(),
+              1e-9)
+      << c;
+  EXPECT_DOUBLE_EQ(c["simulated"]["wake_ms"].get<double>(), 0) << "no wake-up priced" << c;
+  const json& m = load["metrics"]["ttft_ms.p50"];
+  EXPECT_DOUBLE_EQ(
+      m["error_as_live_hand_over_pct"].get<double>(),
+      100 * (m["simulated_as_live_hand_over"].get<double>() / m["live"].get<double>() - 1))
+      << m;
+}
+
 // Which steps each world ran, per instance: the one instance's live and simulated schedules,
 // the simulated one read from the simulation's own step log, which holds every step it ran.
 void ExpectSchedulesCompared(const json& load) {
@@ -354,6 +382,11 @@ TEST_F(ValidateTest, ComparesALiveRunWithTheSimulationAtEachLoad) {
   ExpectSimulatedAsLive(report["loads"][1], tmp_.File("out/rate-2"), profile->fits.at(0));
   for (const json& load : report["loads"]) ExpectSchedulesCompared(load);
   EXPECT_TRUE(ContainsAll(r.out, {"schedule at x0.5, ", "schedule at x2, "})) << r;
+  ExpectHandedOverAsLive(report["loads"][0], tmp_.File("out/rate-0.5"));
+  ExpectHandedOverAsLive(report["loads"][1], tmp_.File("out/rate-2"));
+  EXPECT_TRUE(ContainsAll(r.out, {"as live, handing over as live at x0.5: besides, with an idle "
+                                  "engine waking "}))
+      << r;
   // The live and simulated runs' own files stay, with the server's logs.
   for (const char* file : {"out/rate-0.5/live/summary.json", "out/rate-0.5/sim/summary.json",
                            "out/rate-0.5/sim/steps.jsonl", "out/rate-2/serve.log",
