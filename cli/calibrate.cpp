@@ -42,6 +42,7 @@
 #include "deploy/deployment.h"
 #include "models/step_fit.h"
 #include "models/step_profile.h"
+#include "policies/metrics.h"
 #include "policies/step_log.h"
 #include "traces/synthetic.h"
 
@@ -237,10 +238,8 @@ Result<models::HostFit> FitHostSteps(const std::string& path) {
   auto fit = models::FitHost(samples);
   if (!fit) return Status::Error("--host-steps: " + path + ": " + fit.error());
   if (!wakes.empty()) {
-    const auto mid = wakes.begin() + static_cast<std::ptrdiff_t>(wakes.size() / 2);
-    std::nth_element(wakes.begin(), mid, wakes.end());
-    fit->wake_s = *mid;
     fit->wakes = static_cast<int>(wakes.size());
+    fit->wake_s = policies::Summarize(std::move(wakes)).p50;  // as validate's medians
   }
   const double n = static_cast<double>(samples.size());
   std::printf("host time: %zu iterations of %s, %.1f us outside the forward pass on average:\n ",

@@ -36,8 +36,8 @@ struct StepLogLine {
   bool async = false;
   // An iteration that began when a message woke the idle engine ("woke_s"): the time from that
   // message's arrival in the inbox to the iteration's start, the engine's wake-up. Requests
-  // handed over meanwhile join its step. Live only, and absent in logs written before it was
-  // measured; the simulator writes what it priced (0 where it prices none).
+  // handed over meanwhile join its step. Absent in live logs written before it was measured;
+  // the simulator writes the wake-up it priced (0 where it prices none).
   std::optional<Seconds> woke_s;
   // The iteration's host time outside its forward pass (a line with `host`): the iteration
   // less the pass, or, asynchronous, the phases' sum (the pass overlapped the iteration).

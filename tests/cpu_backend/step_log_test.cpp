@@ -126,6 +126,9 @@ TEST(StepLogTest, BadLinesAreNamedWithTheirLineAndField) {
        R"( "host": {"schedule_s": 0.2, "allocate_s": 0.1, "prepare_s": 0.1, "sample_s": 0.1,)"
        R"( "apply_s": 0.1, "stream_s": 0, "rows": 1, "admitted": 0, "finished": 0, "tokens": 1}})",
        "log:1: field 'host' phases and \"seconds\" add up to more than \"iteration_s\""},
+      {R"({"decode_tokens": 2, "seconds": 0.1, "instance": 0, "start_s": 0, "iteration_s": 1,)"
+       R"( "woke_s": -0.001})",
+       "log:1: field 'woke_s'"},
   };
   for (const Case& c : cases) {
     int lines = 0;
@@ -136,12 +139,6 @@ TEST(StepLogTest, BadLinesAreNamedWithTheirLineAndField) {
   int lines = 0;
   EXPECT_TRUE(ReadStepLog(good + "\n" + good, "log", [&](const StepLogLine&) { ++lines; }).ok());
   EXPECT_EQ(lines, 2);
-  EXPECT_NE(ReadStepLog(R"({"decode_tokens": 2, "seconds": 0.1, "instance": 0, "start_s": 0,)"
-                        R"( "iteration_s": 1, "woke_s": -0.001})",
-                        "log", [](const StepLogLine&) {})
-                .message()
-                .find("log:1: field 'woke_s'"),
-            std::string::npos);
   EXPECT_NE(ReadStepLog(R"({"decode_tokens": 2, "seconds": 0.1, "instance": 0, "start_s": 0,)"
                         R"( "iteration_s": 1, "async": 1})",
                         "log", [](const StepLogLine&) {})

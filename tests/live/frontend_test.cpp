@@ -27,6 +27,21 @@ namespace {
 
 using policies::FinishReason;
 
+// A step log's path in the temp directory, one per test process.
+std::string StepLogPath(const std::string& stem) {
+  return (std::filesystem::temp_directory_path() /
+          (stem + "_" + std::to_string(::getpid()) + ".jsonl"))
+      .string();
+}
+
+// The file's text; the file is removed.
+std::string ReadAndRemove(const std::string& path) {
+  std::ifstream in(path);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::filesystem::remove(path);
+  return text;
+}
+
 TEST_F(Frontend, ConcurrentRequestsOnTwoInstancesEqualTheLocalEngine) {
   FrontendOptions options;
   options.router.kind = policies::RouterKind::kLeastLoaded;
@@ -153,9 +168,7 @@ TEST_F(Frontend, EachEngineThreadWarmsItsModelUpBeforeServing) {
 TEST_F(Frontend, TheStepLogHasEveryStepOfEveryInstance) {
   for (const bool async : {false, true}) {
     SCOPED_TRACE(async ? "async" : "sync");
-    const std::string path = (std::filesystem::temp_directory_path() /
-                              ("duet_steps_" + std::to_string(::getpid()) + ".jsonl"))
-                                 .string();
+    const std::string path = StepLogPath("duet_steps");
     auto log = StepLog::Open(path, StepLog::Mode::kTruncate);
     ASSERT_TRUE(log.ok()) << log.error();
     FrontendOptions options;
@@ -186,9 +199,7 @@ TEST_F(Frontend, TheStepLogHasEveryStepOfEveryInstance) {
     frontend.reset();  // the engine threads end: every step is written
     ASSERT_TRUE((*log)->Close().ok());
 
-    std::ifstream in(path);
-    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    std::filesystem::remove(path);
+    const std::string text = ReadAndRemove(path);
     std::vector<Tokens> logged_prompt(2, 0), logged_rows(2, 0), logged_tokens(2, 0);
     std::vector<int> admitted(2, 0), finished(2, 0);
     std::vector<Seconds> free_from(2, 0);  // an instance's steps never overlap
@@ -224,9 +235,7 @@ TEST_F(Frontend, TheStepLogHasEveryStepOfEveryInstance) {
 // request's admission), so within the request's queueing less its frontend time. Steps that
 // follow others at once carry none.
 TEST_F(Frontend, AnIdleEnginesWakeUpIsLoggedOnTheStepItRan) {
-  const std::string path = (std::filesystem::temp_directory_path() /
-                            ("duet_wake_" + std::to_string(::getpid()) + ".jsonl"))
-                               .string();
+  const std::string path = StepLogPath("duet_wake");
   auto log = StepLog::Open(path, StepLog::Mode::kTruncate);
   ASSERT_TRUE(log.ok()) << log.error();
   FrontendOptions options;
@@ -245,9 +254,7 @@ TEST_F(Frontend, AnIdleEnginesWakeUpIsLoggedOnTheStepItRan) {
   }
   frontend.reset();
   ASSERT_TRUE((*log)->Close().ok());
-  std::ifstream in(path);
-  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  std::filesystem::remove(path);
+  const std::string text = ReadAndRemove(path);
   std::vector<StepLogLine> lines;
   const Status read =
       policies::ReadStepLog(text, path, [&](const StepLogLine& l) { lines.push_back(l); });
