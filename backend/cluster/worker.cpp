@@ -187,14 +187,19 @@ class Worker final : public policies::Outbox, public policies::EventSink {
       if (link == nullptr) return;
       w.message.request_id = owner->second.id;
       shift = LinkMinusEngine(*link, *engine_clock_);
-      if (ready) leases_.insert(id);
+      if (ready) {
+        // The request moved on: the engine let go of it (no event of it follows), and only its
+        // lease holds its blocks here now. At once, not after the iteration: a release that
+        // comes before the iteration ends must leave nothing of it that refuses its id again.
+        requests_.erase(id);
+        leases_.insert(id);
+      }
     }
     if (ready) {
       w.request = *message.request;
       w.request->id = w.message.request_id;
       ToClock(*w.request, shift);
       if (std::isfinite(w.message.lease_expires_s)) w.message.lease_expires_s += shift;
-      handed_off_.push_back(id);  // the decode instance serves it now
     }
     FlushEvents();  // keeps this message after the events that came before it
     (*link->send)(MessageKind::kEngine, EncodeEngine(w));
@@ -212,7 +217,7 @@ class Worker final : public policies::Outbox, public policies::EventSink {
   }
   void OnFinished(const RequestSpec& spec, const RequestRecord& record) override {
     Push(WireEvent::Kind::kFinished, spec.id, record);
-    handed_off_.push_back(spec.id);
+    finished_.push_back(spec.id);
   }
   void OnPrefillDone(const RequestSpec& spec, const RequestRecord& record) override {
     Push(WireEvent::Kind::kPrefillDone, spec.id, record);
@@ -260,16 +265,17 @@ class Worker final : public policies::Outbox, public policies::EventSink {
   }
 
   // Engine thread, after every iteration: sends what it produced and lets go of the requests
-  // that finished or moved on.
+  // that finished in it (one that moved on to a decode instance was let go as its KV-ready
+  // went).
   void AfterIteration() {
     FlushEvents();
-    if (handed_off_.empty()) return;
+    if (finished_.empty()) return;
     std::lock_guard lock(mu_);
-    for (RequestId id : handed_off_) {
+    for (RequestId id : finished_) {
       requests_.erase(id);
       Forget(id);
     }
-    handed_off_.clear();
+    finished_.clear();
   }
 
   // Main thread: heartbeats (with this worker's load) and clock probes on every link due one;
@@ -696,7 +702,7 @@ class Worker final : public policies::Outbox, public policies::EventSink {
   std::shared_ptr<SyncedClock> engine_clock_;
   std::map<int, Events> pending_;  // engine thread: events per link, sent after each iteration
   std::map<int, std::int64_t> gap_counts_;  // engine thread: token gaps per link (reused)
-  std::vector<RequestId> handed_off_;       // engine thread
+  std::vector<RequestId> finished_;         // engine thread: finished in the iteration
 
   std::mutex mu_;  // guards what follows
   std::condition_variable cv_;

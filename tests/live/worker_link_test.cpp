@@ -44,8 +44,11 @@ class Inbox {
     cv_.notify_all();
   }
   // The next frame of `kind` (others are dropped), or nullopt after `timeout` or once closed.
+  // The timeout bounds the whole wait: the worker's heartbeats, which are dropped, do not extend
+  // it.
   std::optional<std::string> Next(MessageKind kind,
                                   std::chrono::milliseconds timeout = std::chrono::seconds(30)) {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
     std::unique_lock lock(mu_);
     for (;;) {
       while (!frames_.empty()) {
@@ -53,7 +56,7 @@ class Inbox {
         frames_.pop_front();
         if (k == kind) return body;
       }
-      if (closed_ || !cv_.wait_for(lock, timeout, [&] { return closed_ || !frames_.empty(); }))
+      if (closed_ || !cv_.wait_until(lock, deadline, [&] { return closed_ || !frames_.empty(); }))
         return std::nullopt;
     }
   }
