@@ -162,7 +162,9 @@ std::string ScheduleTable(const json& report) {
   return html +
          "</table>\n<p>With the steps priced right, a latency error comes from which steps ran. "
          "After an idle spell: steps that began when the instance had run none for a "
-         "millisecond, and the requests (prefill chunks and decode rows) each took. A decode "
+         "millisecond, and the requests (prefill chunks and decode rows) each took. The "
+         "wake-up: from the message that woke the idle engine to the iteration of its step (a "
+         "simulation's: what it priced). A decode "
          "token's step: the rows and the time of the step each decode token was made in, "
          "averaged over the tokens (the time per output token the steps give). Live: the median "
          "of the runs.</p>\n";
