@@ -169,7 +169,7 @@ TEST_F(ScheduleTest, TheLiveHandOverIsMeasuredFromTheLiveRunsFiles) {
   const models::StepProfile with = ProfileWithHandOver(profile, *h);
   ASSERT_TRUE(with.host.has_value());
   EXPECT_NEAR(with.host->wake_s, 0.0003, 1e-12);
-  EXPECT_NEAR(with.host->Predict({.rows = 8, .admitted = 2, .finished = 1, .tokens = 8}), 0, 0);
+  EXPECT_EQ(with.host->Predict({.rows = 8, .admitted = 2, .finished = 1, .tokens = 8}), 0.0);
   EXPECT_NEAR(with.frontend->Predict(100), 0.0001 + 100e-6, 1e-12);
   // A requests.csv without the frontend's times (written before they were) is named.
   const std::string old = Log("old.csv", "request_id,arrival_s,input_tokens,status\n");
