@@ -323,6 +323,14 @@ int Validate(int argc, char** argv) {
     auto steps = AttributeSteps(step_logs, *cluster, *simulated_summary);
     if (!steps) return Fail(steps.error());
     load["steps"] = *steps;
+    // Which steps each live run ran (validate_schedule.h), for the schedules' comparison and the
+    // hand-over's measurement.
+    std::vector<std::vector<Schedule>> live_schedules;
+    for (const std::string& log : step_logs) {
+      auto s = ReadSchedules(log, *cluster);
+      if (!s) return Fail(s.error());
+      live_schedules.push_back(std::move(*s));
+    }
     // The same load simulated again from `cluster_file` on `trace` (DIR/sim-NAME): each
     // metric's "simulated_KEY" and "error_KEY_pct".
     auto simulate_again = [&](const std::string& cluster_file,
@@ -369,7 +377,7 @@ int Validate(int argc, char** argv) {
       std::vector<std::string> live_csvs;
       for (int k = 1; k <= repeats; ++k)
         live_csvs.push_back(dir + "/live" + RunSuffix(k) + "/requests.csv");
-      auto hand_over = MeasureLiveHandOver(step_logs, live_csvs, as_live);
+      auto hand_over = MeasureLiveHandOver(live_schedules, live_csvs, as_live);
       if (!hand_over) return Fail(hand_over.error());
       if (hand_over->wakes > 0) {
         if (auto s = resimulate(ProfileWithHandOver(as_live, *hand_over), "as-live-hand-over",
@@ -400,7 +408,7 @@ int Validate(int argc, char** argv) {
       }
     }
     // Which steps each world ran: the live runs', the simulation's and its variants'.
-    auto schedule = CompareSchedules(step_logs, dir + "/sim/steps.jsonl", variants, *cluster);
+    auto schedule = CompareSchedules(live_schedules, dir + "/sim/steps.jsonl", variants, *cluster);
     if (!schedule) return Fail(schedule.error());
     load["schedule"] = *schedule;
     // Requests that follow others: again with each sent when the first live run sent it

@@ -88,16 +88,10 @@ json MedianOf(const std::vector<json>& runs) {
 
 }  // namespace
 
-Result<json> CompareSchedules(const std::vector<std::string>& live_step_logs,
+Result<json> CompareSchedules(const std::vector<std::vector<Schedule>>& live,
                               const std::string& simulated_step_log,
                               const std::vector<VariantLog>& variants,
                               const sim::ClusterSpec& cluster) {
-  std::vector<std::vector<Schedule>> live;
-  for (const std::string& log : live_step_logs) {
-    auto s = ReadSchedules(log, cluster);
-    if (!s) return s.status();
-    live.push_back(std::move(*s));
-  }
   auto simulated = ReadSchedules(simulated_step_log, cluster);
   if (!simulated) return simulated.status();
   std::vector<std::vector<Schedule>> variant_schedules;
@@ -180,15 +174,13 @@ json LiveHandOver::ToJson() const {
           {"requests", requests}};
 }
 
-Result<LiveHandOver> MeasureLiveHandOver(const std::vector<std::string>& live_step_logs,
+Result<LiveHandOver> MeasureLiveHandOver(const std::vector<std::vector<Schedule>>& live,
                                          const std::vector<std::string>& live_requests_csvs,
                                          const models::StepProfile& profile) {
   std::vector<double> wakes;
-  for (const std::string& log : live_step_logs) {
-    DUET_RETURN_IF_ERROR(policies::ReadStepLog(ReadText(log), log, [&](const auto& line) {
-      if (line.woke_s) wakes.push_back(*line.woke_s);
-    }));
-  }
+  for (const std::vector<Schedule>& run : live)
+    for (const Schedule& instance : run)
+      wakes.insert(wakes.end(), instance.woke_s.begin(), instance.woke_s.end());
   const Seconds per_token = profile.frontend ? profile.frontend->prompt_token_s : 0;
   std::vector<double> beyond;  // each request's frontend time less its prompt tokens' price
   for (const std::string& csv : live_requests_csvs) {

@@ -73,9 +73,10 @@ struct VariantLog {
 };
 
 // The schedules of a load, per instance by name: "live" (each figure the median of the live
-// runs', with "live_runs": each run's), "simulated" (the simulation's step log) and each
-// variant's ("simulated_KEY"). Instances that ran no step in either world are left out.
-Result<nlohmann::json> CompareSchedules(const std::vector<std::string>& live_step_logs,
+// runs' schedules, ReadSchedules of their step logs, with "live_runs": each run's), "simulated"
+// (the simulation's step log) and each variant's ("simulated_KEY"). Instances that ran no step
+// in either world are left out.
+Result<nlohmann::json> CompareSchedules(const std::vector<std::vector<Schedule>>& live,
                                         const std::string& simulated_step_log,
                                         const std::vector<VariantLog>& variants,
                                         const sim::ClusterSpec& cluster);
@@ -85,7 +86,7 @@ Result<nlohmann::json> CompareSchedules(const std::vector<std::string>& live_ste
 std::string ScheduleText(const nlohmann::json& schedule, const std::string& rate);
 
 // How the live runs handed requests to their engines, as measured: an idle engine's wake-up
-// (the median "woke_s" of their step logs, every instance's), and the frontend's time per
+// (the median of their schedules' wake-ups, every instance's), and the frontend's time per
 // request beyond what the profile's frontend fit prices per prompt token (the median over the
 // completed requests of their requests.csv files). A burst's requests that reach an engine
 // while it wakes join its step; the frontend's pace decides how many do.
@@ -96,7 +97,7 @@ struct LiveHandOver {
   std::int64_t requests = 0;
   nlohmann::json ToJson() const;
 };
-Result<LiveHandOver> MeasureLiveHandOver(const std::vector<std::string>& live_step_logs,
+Result<LiveHandOver> MeasureLiveHandOver(const std::vector<std::vector<Schedule>>& live,
                                          const std::vector<std::string>& live_requests_csvs,
                                          const models::StepProfile& profile);
 // `profile` handing over as the live runs did: its host fit's wake-up set to theirs (a host fit

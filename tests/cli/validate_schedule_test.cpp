@@ -45,6 +45,16 @@ class ScheduleTest : public ::testing::Test {
     e2e::WriteFile(path, text);
     return path;
   }
+  // Each live run's schedules, from its step log.
+  std::vector<std::vector<Schedule>> Runs(const std::vector<std::string>& logs) {
+    std::vector<std::vector<Schedule>> runs;
+    for (const std::string& log : logs) {
+      auto s = ReadSchedules(log, cluster_);
+      EXPECT_TRUE(s.ok()) << s.error();
+      if (s.ok()) runs.push_back(std::move(*s));
+    }
+    return runs;
+  }
   e2e::TempDir tmp_;
   sim::ClusterSpec cluster_;
 };
@@ -86,7 +96,7 @@ TEST_F(ScheduleTest, LiveRunsGiveTheirMedianBesideTheSimulation) {
   for (int k : {1, 3, 2})
     live.push_back(Log("live-" + std::to_string(k) + ".jsonl", Line(0, 0, 0.01, k, 0)));
   const std::string sim = Log("sim.jsonl", Line(0, 0, 0.01, 1, 0) + Line(1, 0.02, 0.01, 0, 1));
-  auto compared = CompareSchedules(live, sim, {}, cluster_);
+  auto compared = CompareSchedules(Runs(live), sim, {}, cluster_);
   ASSERT_TRUE(compared.ok()) << compared.error();
   const json& instances = (*compared)["instances"];
   ASSERT_EQ(instances.size(), 2u) << instances;
@@ -128,7 +138,7 @@ TEST_F(ScheduleTest, VariantsAreComparedUnderTheirKeysAndLabels) {
   const std::string as_live = Log("as-live.jsonl", Line(0, 0, 0.012, 1, 0));
   const std::string hand_over = Log("hand-over.jsonl", Line(0, 0, 0.012, 2, 0, 0.0003));
   auto compared = CompareSchedules(
-      {live}, sim,
+      Runs({live}), sim,
       {{"as_live", "as live", as_live}, {"as_live_hand_over", "handing over as live", hand_over}},
       cluster_);
   ASSERT_TRUE(compared.ok()) << compared.error();
@@ -158,7 +168,7 @@ TEST_F(ScheduleTest, TheLiveHandOverIsMeasuredFromTheLiveRunsFiles) {
                               "2,0,10,4,failed,9\n" + "3,0,50,4,completed,0.15\n");
   models::StepProfile profile;
   profile.frontend = models::FrontendFit{.request_s = 1e-6, .prompt_token_s = 1e-6};
-  auto h = MeasureLiveHandOver({steps}, {csv}, profile);
+  auto h = MeasureLiveHandOver(Runs({steps}), {csv}, profile);
   ASSERT_TRUE(h.ok()) << h.error();
   EXPECT_EQ(h->wakes, 3);
   EXPECT_NEAR(h->wake_s, 0.0003, 1e-12);
@@ -173,7 +183,7 @@ TEST_F(ScheduleTest, TheLiveHandOverIsMeasuredFromTheLiveRunsFiles) {
   EXPECT_NEAR(with.frontend->Predict(100), 0.0001 + 100e-6, 1e-12);
   // A requests.csv without the frontend's times (written before they were) is named.
   const std::string old = Log("old.csv", "request_id,arrival_s,input_tokens,status\n");
-  auto bad = MeasureLiveHandOver({steps}, {old}, profile);
+  auto bad = MeasureLiveHandOver(Runs({steps}), {old}, profile);
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.error().find("old.csv"), std::string::npos) << bad.error();
 }
