@@ -266,6 +266,10 @@ Status WriteValidationHtml(const json& report, const std::vector<Metric>& metric
             Format("%.2f s", s["forward_s"].get<double>()) + "</td><td>" +
             PercentText(s["priced_error_pct"]) + "</td><td>" +
             (load.contains("machine") ? PercentText(load["machine"]["slower_pct"]) : "n/a") +
+            (load.contains("machine") && load["machine"].contains("beside")
+                 ? " (beside another instance: " +
+                       PercentText(load["machine"]["beside"]["slower_pct"]) + ")"
+                 : "") +
             "</td>";
     for (std::size_t c = 0; c < models::kShapeClasses; ++c) {
       const json& cls = s["classes"][models::ToString(static_cast<models::ShapeClass>(c))];
@@ -307,7 +311,9 @@ Status WriteValidationHtml(const json& report, const std::vector<Metric>& metric
       "profile prices past every shape of it that it measured. The machine against its "
       "calibration: the profile's own reference steps timed alone before and after each live "
       "run, over what calibration measured for them, less one (the median; positive: slower "
-      "now). At the machine's speed: the error left when every step is priced slower by that "
+      "now); beside another instance (instances side by side on a node): the same steps timed "
+      "while a second copy of the model runs the other over and over, over their time alone, "
+      "less one. At the machine's speed: the error left when every step is priced slower by that "
       "much (not the machine's drift). At the live send times (a trace whose requests follow "
       "others): the error left "
       "when every request is sent when the first live run sent it. As live: the error left when "
@@ -316,6 +322,13 @@ Status WriteValidationHtml(const json& report, const std::vector<Metric>& metric
       "that wakes it, and the frontend takes as long per request, as the live runs measured "
       "(their medians), so that as many of a burst's requests join a waking engine's step (not "
       "the hand-over's).</p>\n";
+  for (const json& load : report["loads"])
+    if (const std::string beside = BesideOthersText(load["steps"]); !beside.empty())
+      html += "<p>Beside other instances at x" +
+              Escape(RateText(load["rate_scale"].get<double>())) +
+              ": the profile prices the live steps that ran alone and those that ran beside "
+              "another instance's iterations (half their own or more) at " +
+              Escape(beside) + ".</p>\n";
   html += ScheduleTable(report);
   html += "</body></html>\n";
   std::ofstream out(path);

@@ -23,6 +23,36 @@ std::string PercentText(const json& value) {
   return text;
 }
 
+std::string BesideOthersText(const json& steps) {
+  if (!steps.contains("beside_other_instances")) return "";
+  std::string text;
+  for (const auto& [name, c] : steps["beside_other_instances"].items()) {
+    const json &alone = c["alone"], &beside = c["beside"];
+    const json& share = beside["overlap_share"];
+    char part[256];
+    std::snprintf(part, sizeof part,
+                  "%s alone %s (%lld steps), beside %s (%lld steps, %.0f%% of "
+                  "their iterations overlapped)",
+                  name.c_str(), PercentText(alone["error_pct"]).c_str(),
+                  static_cast<long long>(alone["steps"].get<std::int64_t>()),
+                  PercentText(beside["error_pct"]).c_str(),
+                  static_cast<long long>(beside["steps"].get<std::int64_t>()),
+                  share.is_number() ? 100 * share.get<double>() : 0.0);
+    text += (text.empty() ? "" : "; ") + std::string(part);
+  }
+  std::string bands;
+  for (const json& b : steps["decode_by_rows"]) {
+    if (!b.contains("beside")) continue;
+    const auto from = b["rows_from"].get<std::int64_t>(), to = b["rows_to"].get<std::int64_t>();
+    bands += (bands.empty() ? "" : ", ") + std::to_string(from);
+    if (to > from) bands.append("-").append(std::to_string(to));
+    bands +=
+        " " + PercentText(b["alone"]["error_pct"]) + " / " + PercentText(b["beside"]["error_pct"]);
+  }
+  if (!bands.empty()) text += "; decode by batch rows, alone / beside: " + bands;
+  return text;
+}
+
 std::string RateText(double r) {
   char text[32];
   std::snprintf(text, sizeof text, "%g", r);
@@ -249,6 +279,12 @@ void PrintValidation(const json& report, const std::vector<Metric>& metrics) {
           1e3 * h["other_ms"].get<double>(), 1e3 * h["priced_ms"].get<double>(),
           PercentText(h["priced_error_pct"]).c_str());
     }
+    if (const std::string beside = BesideOthersText(s); !beside.empty())
+      std::printf(
+          "beside other instances at x%s: the cost model prices the live steps that ran alone and "
+          "those that ran beside another instance's iterations (half their own or more; on one "
+          "machine they share its cores and memory) at %s\n",
+          RateText(load["rate_scale"].get<double>()).c_str(), beside.c_str());
     if (load.contains("as_live")) {
       std::string scales;
       for (const auto& [name, k] : load["as_live"]["scales"].items()) {
@@ -337,6 +373,19 @@ void PrintValidation(const json& report, const std::vector<Metric>& metrics) {
           RateText(load["rate_scale"].get<double>()).c_str(), shapes.c_str(), std::abs(slower),
           slower >= 0 ? "more" : "less", PercentText(m["min_pct"]).c_str(),
           PercentText(m["max_pct"]).c_str());
+      if (m.contains("beside")) {
+        const json& b = m["beside"];
+        std::string each;
+        for (const auto& [name, pct] : b["shapes"].items())
+          each += (each.empty() ? "" : ", ") + name + " " + PercentText(pct);
+        std::printf(
+            "machine beside another instance at x%s: the same steps, each timed while a second "
+            "copy of the model ran the other over and over on its own thread, took %s of their "
+            "time alone (%s; the timings: %s to %s)\n",
+            RateText(load["rate_scale"].get<double>()).c_str(),
+            PercentText(b["slower_pct"]).c_str(), each.c_str(), PercentText(b["min_pct"]).c_str(),
+            PercentText(b["max_pct"]).c_str());
+      }
     }
   }
   if (report.contains("machine_not_timed"))

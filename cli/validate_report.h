@@ -17,6 +17,10 @@ namespace duet::cli {
 std::string RateText(double r);
 // A percentage as the report prints it ("+1.2%"), or "n/a" for a null.
 std::string PercentText(const nlohmann::json& value);
+// The attribution's split of the live steps by whether another instance's iterations ran beside
+// theirs ("beside_other_instances" and the decode bands' "alone" and "beside" of
+// validate_steps.h's AttributeSteps), in words; "" where it has none (one instance).
+std::string BesideOthersText(const nlohmann::json& steps);
 // The suffix of the files of a load's k-th live run (1-based): "" for the first (live/,
 // steps.jsonl, ...), "-K" for the others (live-K/, steps-K.jsonl, ...).
 std::string RunSuffix(int k);

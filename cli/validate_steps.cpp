@@ -26,6 +26,50 @@ std::string ReadText(const std::string& path) {
   return text.str();
 }
 
+namespace {
+
+// A live step as the attribution keeps it until its run's log is read.
+struct Step {
+  policies::InstanceId instance;
+  std::size_t shape_class;
+  int decode_band;  // floor(log2(rows)) of a decode-only step, else -1
+  Seconds start_s, iteration_s, forward_s, priced_s;
+};
+
+// For each of a run's steps (sorted by start), how long other instances' iterations ran during
+// its own: the length of its iteration's intersection with the union of theirs.
+std::vector<double> OverlapWithOthers(const std::vector<Step>& steps) {
+  std::vector<double> overlap(steps.size(), 0);
+  std::vector<policies::InstanceId> instances;
+  for (const Step& s : steps) instances.push_back(s.instance);
+  std::sort(instances.begin(), instances.end());
+  instances.erase(std::unique(instances.begin(), instances.end()), instances.end());
+  if (instances.size() < 2) return overlap;
+  for (const policies::InstanceId instance : instances) {
+    std::vector<std::pair<double, double>> others;  // merged, in order
+    for (const Step& s : steps) {
+      if (s.instance == instance) continue;
+      const double end = s.start_s + s.iteration_s;
+      if (!others.empty() && s.start_s <= others.back().second)
+        others.back().second = std::max(others.back().second, end);
+      else
+        others.emplace_back(s.start_s, end);
+    }
+    std::size_t first = 0;  // the first of `others` that ends after the current step starts
+    for (std::size_t i = 0; i < steps.size(); ++i) {
+      const Step& s = steps[i];
+      if (s.instance != instance) continue;
+      const double end = s.start_s + s.iteration_s;
+      while (first < others.size() && others[first].second <= s.start_s) ++first;
+      for (std::size_t k = first; k < others.size() && others[k].first < end; ++k)
+        overlap[i] += std::min(end, others[k].second) - std::max(s.start_s, others[k].first);
+    }
+  }
+  return overlap;
+}
+
+}  // namespace
+
 Result<json> AttributeSteps(const std::vector<std::string>& step_logs,
                             const sim::ClusterSpec& cluster, const json& simulated_summary) {
   struct Class {
@@ -52,33 +96,51 @@ Result<json> AttributeSteps(const std::vector<std::string>& step_logs,
       for (std::size_t c = 0; c < columns.size(); ++c) max[c] = std::max(max[c], columns[c]);
     }
   }
-  std::map<int, Class> decode_bands;  // by floor(log2(rows))
+  std::map<int, Class> decode_bands;                       // by floor(log2(rows))
+  std::map<int, std::array<Class, 2>> decode_bands_apart;  // the same: alone, beside
   std::vector<std::unique_ptr<models::StepCostModel>> cost_models;
   for (std::size_t i = 0; i < cluster.instances.size(); ++i)
     cost_models.push_back(sim::MakeStepCostModel(cluster, i));
+  // Beside another instance: of each class, the steps whose iteration ran at least half its time
+  // beside another instance's iterations in the same run (on one machine they share its cores,
+  // memory bandwidth and caches, which `duet calibrate` times each shape without), and the rest.
+  std::array<Class, models::kShapeClasses> beside, alone;
+  std::array<double, models::kShapeClasses> beside_overlap_s{}, beside_iteration_s{};
   // By quarter of each live run (from its first step's start to its last's), summed over the
   // runs: whether the same shapes ran slower in one stretch of a run (a machine's speed moving)
   // or throughout.
-  struct Step {
-    Seconds start_s, forward_s, priced_s;
-  };
-  std::vector<Step> by_start;
   std::array<double, 4> quarter_forward{}, quarter_priced{};
-  auto add_quarters = [&] {
-    if (by_start.empty()) return;
-    const auto [first, last] =
-        std::minmax_element(by_start.begin(), by_start.end(),
-                            [](const Step& a, const Step& b) { return a.start_s < b.start_s; });
-    const double span = last->start_s - first->start_s;
-    for (const Step& s : by_start) {
-      const auto q = span > 0
-                         ? std::min<std::size_t>(
-                               3, static_cast<std::size_t>(4 * (s.start_s - first->start_s) / span))
-                         : 0;
+  std::vector<Step> run_steps;  // the steps of the run being read
+  auto end_run = [&] {
+    if (run_steps.empty()) return;
+    std::sort(run_steps.begin(), run_steps.end(),
+              [](const Step& a, const Step& b) { return a.start_s < b.start_s; });
+    const double first = run_steps.front().start_s, span = run_steps.back().start_s - first;
+    for (const Step& s : run_steps) {
+      const auto q = span > 0 ? std::min<std::size_t>(
+                                    3, static_cast<std::size_t>(4 * (s.start_s - first) / span))
+                              : 0;
       quarter_forward[q] += s.forward_s;
       quarter_priced[q] += s.priced_s;
     }
-    by_start.clear();
+    const std::vector<double> overlap = OverlapWithOthers(run_steps);
+    for (std::size_t i = 0; i < run_steps.size(); ++i) {
+      const Step& s = run_steps[i];
+      const bool is_beside = s.iteration_s > 0 && overlap[i] >= 0.5 * s.iteration_s;
+      for (Class* c :
+           {&(is_beside ? beside : alone)[s.shape_class],
+            s.decode_band >= 0 ? &decode_bands_apart[s.decode_band][is_beside] : nullptr}) {
+        if (!c) continue;
+        ++c->steps;
+        c->forward_s += s.forward_s;
+        c->priced_s += s.priced_s;
+      }
+      if (is_beside) {
+        beside_overlap_s[s.shape_class] += overlap[i];
+        beside_iteration_s[s.shape_class] += s.iteration_s;
+      }
+    }
+    run_steps.clear();
   };
   double iteration_s = 0;
   bool async = false;  // asynchronous steps: a forward pass overlaps its iteration
@@ -121,13 +183,15 @@ Result<json> AttributeSteps(const std::vector<std::string>& step_logs,
             for (std::size_t c = 0; c < columns.size(); ++c) beyond |= columns[c] > max[c];
             if (beyond) add(beyond_sweep[static_cast<std::size_t>(shape_class)]);
           }
-          if (shape_class == models::ShapeClass::kDecode)
-            add(decode_bands[std::bit_width(
-                                 static_cast<std::uint64_t>(line.step.shape.decode_tokens)) -
-                             1]);
+          const int band =
+              shape_class == models::ShapeClass::kDecode
+                  ? std::bit_width(static_cast<std::uint64_t>(line.step.shape.decode_tokens)) - 1
+                  : -1;
+          if (band >= 0) add(decode_bands[band]);
           iteration_s += line.iteration_s;
           async = async || line.async;
-          by_start.push_back({line.start_s, line.step.seconds, priced});
+          run_steps.push_back({line.instance, static_cast<std::size_t>(shape_class), band,
+                               line.start_s, line.iteration_s, line.step.seconds, priced});
           if (line.host) {
             ++host_steps;
             host_outside_s += line.HostSeconds();
@@ -139,10 +203,16 @@ Result<json> AttributeSteps(const std::vector<std::string>& step_logs,
         });
     if (!read.ok()) return read;
     if (!bad_instance.ok()) return bad_instance;
-    add_quarters();
+    end_run();
   }
   auto pct = [](double priced, double measured) {
     return measured > 0 ? json(100 * (priced / measured - 1)) : json();
+  };
+  auto totals = [&](const Class& c) {
+    return json{{"steps", c.steps},
+                {"forward_s", c.forward_s},
+                {"priced_s", c.priced_s},
+                {"error_pct", pct(c.priced_s, c.forward_s)}};
   };
   json out = {{"classes", json::object()}};
   std::int64_t steps = 0;
@@ -159,28 +229,33 @@ Result<json> AttributeSteps(const std::vector<std::string>& step_logs,
       median = 100 * *mid;
     }
     json& entry = out["classes"][models::ToString(static_cast<models::ShapeClass>(k))];
-    entry = {{"steps", c.steps},
-             {"forward_s", c.forward_s},
-             {"priced_s", c.priced_s},
-             {"error_pct", pct(c.priced_s, c.forward_s)},
-             {"median_step_error_pct", median}};
+    entry = totals(c);
+    entry["median_step_error_pct"] = median;
     for (const auto& [key, part] :
          {std::pair{"above_split", &above_split[k]}, std::pair{"beyond_sweep", &beyond_sweep[k]}}) {
-      if (part->steps > 0)
-        entry[key] = {{"steps", part->steps},
-                      {"forward_s", part->forward_s},
-                      {"priced_s", part->priced_s},
-                      {"error_pct", pct(part->priced_s, part->forward_s)}};
+      if (part->steps > 0) entry[key] = totals(*part);
+    }
+  }
+  if (cluster.instances.size() > 1) {
+    json& split = out["beside_other_instances"] = json::object();
+    for (std::size_t k = 0; k < classes.size(); ++k) {
+      if (classes[k].steps == 0) continue;
+      json& entry = split[models::ToString(static_cast<models::ShapeClass>(k))];
+      entry = {{"alone", totals(alone[k])}, {"beside", totals(beside[k])}};
+      entry["beside"]["overlap_share"] =
+          beside_iteration_s[k] > 0 ? json(beside_overlap_s[k] / beside_iteration_s[k]) : json();
     }
   }
   out["decode_by_rows"] = json::array();
   for (const auto& [band, c] : decode_bands) {
-    out["decode_by_rows"].push_back({{"rows_from", std::int64_t{1} << band},
-                                     {"rows_to", (std::int64_t{2} << band) - 1},
-                                     {"steps", c.steps},
-                                     {"forward_s", c.forward_s},
-                                     {"priced_s", c.priced_s},
-                                     {"error_pct", pct(c.priced_s, c.forward_s)}});
+    json b = totals(c);
+    b["rows_from"] = std::int64_t{1} << band;
+    b["rows_to"] = (std::int64_t{2} << band) - 1;
+    if (cluster.instances.size() > 1) {
+      b["alone"] = totals(decode_bands_apart[band][0]);
+      b["beside"] = totals(decode_bands_apart[band][1]);
+    }
+    out["decode_by_rows"].push_back(std::move(b));
   }
   out["live_steps"] = steps;
   const json::json_pointer simulated_steps("/sim/engine_steps");

@@ -1,0 +1,111 @@
+// `duet validate`'s step attribution (cli/validate_steps.h) from step logs written here by hand:
+// the live steps split by whether another instance's iterations ran beside theirs.
+#include "cli/validate_steps.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "cli/validate_report.h"
+#include "policies/step_log.h"
+#include "tests/sim/e2e_util.h"
+
+namespace duet::cli {
+namespace {
+
+using nlohmann::json;
+
+// A step of `instance` from `start_s` for `iteration_s`, its forward pass half of it: a prefill
+// chunk of 100 tokens (rows 0) or `rows` decode rows at 200 tokens of context each.
+policies::StepLogLine Step(int instance, Seconds start_s, Seconds iteration_s, int rows) {
+  policies::StepLogLine line;
+  line.instance = instance;
+  line.start_s = start_s;
+  line.iteration_s = iteration_s;
+  if (rows == 0) line.step.shape.prefill.push_back({100, 0});
+  line.step.shape.decode_tokens = rows;
+  line.step.shape.decode_context_tokens = 200 * rows;
+  line.step.seconds = iteration_s / 2;
+  return line;
+}
+
+TEST(ValidateStepsTest, SplitsTheLiveStepsByWhetherAnotherInstancesRanBeside) {
+  auto cluster = sim::LoadClusterSpec("tests/data/1p1d-tiny.json", DUET_SOURCE_DIR);
+  ASSERT_TRUE(cluster.ok()) << cluster.error();
+  // Run 1, written out of order as two processes append to one log. The prefill instance (0)
+  // runs [0, 10] and [16, 26] ms; the decode instance (1) [2, 6] (4 rows: all of it beside
+  // prefill), [6, 16] (1 row: 4 of its 10 ms beside, so alone) and [30, 34] (4 rows, alone). The
+  // first prefill step has 8 of its 10 ms beside decode steps, the second none.
+  const std::vector<policies::StepLogLine> run1 = {
+      Step(1, 0.002, 0.004, 4), Step(0, 0, 0.010, 0), Step(1, 0.006, 0.010, 1),
+      Step(0, 0.016, 0.010, 0), Step(1, 0.030, 0.004, 4)};
+  // Run 2 has only a decode step, [2, 6] ms on its own clock: alone, though run 1's first
+  // prefill step ran over the same times on its.
+  const std::vector<policies::StepLogLine> run2 = {Step(1, 0.002, 0.004, 1)};
+  e2e::TempDir tmp;
+  std::vector<std::string> logs;
+  for (const auto* run : {&run1, &run2}) {
+    std::string text;
+    for (const policies::StepLogLine& line : *run) text += policies::FormatStepLogLine(line);
+    logs.push_back(tmp.File("steps-" + std::to_string(logs.size()) + ".jsonl"));
+    e2e::WriteFile(logs.back(), text);
+  }
+  auto steps = AttributeSteps(logs, *cluster, json::object());
+  ASSERT_TRUE(steps.ok()) << steps.error();
+  const json& split = (*steps)["beside_other_instances"];
+  // Each part's forward passes and their price, recomputed from the lines it should hold.
+  auto expect = [&](const json& part, const std::vector<policies::StepLogLine>& lines) {
+    double forward_s = 0, priced_s = 0;
+    for (const policies::StepLogLine& l : lines) {
+      forward_s += l.step.seconds;
+      priced_s += sim::MakeStepCostModel(*cluster, static_cast<std::size_t>(l.instance))
+                      ->StepTime(l.step.shape);
+    }
+    EXPECT_EQ(part["steps"].get<std::size_t>(), lines.size()) << part;
+    EXPECT_NEAR(part["forward_s"].get<double>(), forward_s, 1e-12) << part;
+    EXPECT_NEAR(part["error_pct"].get<double>(), 100 * (priced_s / forward_s - 1), 1e-9) << part;
+  };
+  expect(split["prefill"]["alone"], {run1[3]});
+  expect(split["prefill"]["beside"], {run1[1]});
+  EXPECT_NEAR(split["prefill"]["beside"]["overlap_share"].get<double>(), 0.8, 1e-9);
+  expect(split["decode"]["alone"], {run1[2], run1[4], run2[0]});
+  expect(split["decode"]["beside"], {run1[0]});
+  EXPECT_NEAR(split["decode"]["beside"]["overlap_share"].get<double>(), 1, 1e-9);
+  // By batch rows: the 1-row steps all ran alone; of the 4-row ones, one each way.
+  const json& bands = (*steps)["decode_by_rows"];
+  ASSERT_EQ(bands.size(), 2u) << bands;
+  expect(bands[0]["alone"], {run1[2], run2[0]});
+  EXPECT_EQ(bands[0]["beside"]["steps"], 0);
+  EXPECT_TRUE(bands[0]["beside"]["error_pct"].is_null()) << "no steps, no error";
+  expect(bands[1]["alone"], {run1[4]});
+  expect(bands[1]["beside"], {run1[0]});
+  const std::string text = BesideOthersText(*steps);
+  EXPECT_NE(text.find("decode alone " + PercentText(split["decode"]["alone"]["error_pct"]) +
+                      " (3 steps), beside " + PercentText(split["decode"]["beside"]["error_pct"]) +
+                      " (1 steps, 100% of their iterations overlapped)"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("decode by batch rows, alone / beside: 1 " +
+                      PercentText(bands[0]["alone"]["error_pct"]) + " / n/a, 4-7 "),
+            std::string::npos)
+      << text;
+}
+
+TEST(ValidateStepsTest, OneInstanceHasNoSplit) {
+  // The 1P1D test cluster with one colocated instance in its place.
+  json doc = e2e::ReadJson(std::string(DUET_SOURCE_DIR) + "/tests/data/1p1d-tiny.json");
+  doc["instances"] = json::parse(R"([{"role": "colocated", "count": 1, "tp": 1, "node": 0}])");
+  auto cluster = sim::ParseClusterSpec(doc, "one-instance.json", DUET_SOURCE_DIR);
+  ASSERT_TRUE(cluster.ok()) << cluster.error();
+  e2e::TempDir tmp;
+  const std::string log = tmp.File("steps.jsonl");
+  e2e::WriteFile(log, policies::FormatStepLogLine(Step(0, 0, 0.01, 2)));
+  auto steps = AttributeSteps({log}, *cluster, json::object());
+  ASSERT_TRUE(steps.ok()) << steps.error();
+  EXPECT_FALSE(steps->contains("beside_other_instances")) << *steps;
+  EXPECT_FALSE((*steps)["decode_by_rows"][0].contains("beside")) << *steps;
+  EXPECT_EQ(BesideOthersText(*steps), "");
+}
+
+}  // namespace
+}  // namespace duet::cli
