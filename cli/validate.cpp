@@ -17,6 +17,7 @@
 #include <filesystem>
 #include <fstream>
 #include <optional>
+#include <set>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -238,10 +239,14 @@ int Validate(int argc, char** argv) {
                  {"profile", ProfileTraffic(*cluster, trace->source, TraceSelectionArgs(vm))},
                  {"loads", json::array()}};
   // The machine's drift from its calibration: the profile's own shapes timed before and after
-  // every live run (validate_machine.h).
+  // every live run (validate_machine.h), and, where the cluster places instances side by side
+  // on a node, beside another instance's steps.
   std::optional<MachineReference> reference;
   if (const models::StepProfile* profile = cluster->cost_model.profile.get()) {
-    auto created = MachineReference::Create(vm["model"].as<std::string>(), *profile);
+    std::set<int> nodes;
+    for (const sim::InstancePlacement& p : cluster->placements) nodes.insert(p.node);
+    auto created = MachineReference::Create(vm["model"].as<std::string>(), *profile,
+                                            nodes.size() < cluster->placements.size());
     if (created)
       reference.emplace(std::move(*created));
     else

@@ -1,6 +1,9 @@
 #include "cli/validate_machine.h"
 
 #include <algorithm>
+#include <atomic>
+#include <map>
+#include <thread>
 
 #include "backend/calibrate/step_sweep.h"
 #include "backend/model/llama_weights.h"
@@ -57,15 +60,14 @@ std::string ShapeName(const models::StepShape& s) {
 }  // namespace
 
 Result<MachineReference> MachineReference::Create(const std::string& model_dir,
-                                                  const models::StepProfile& profile) {
+                                                  const models::StepProfile& profile,
+                                                  bool neighbour) {
   const std::vector<std::size_t> indices = ReferenceShapes(profile);
   if (indices.empty())
     return Status::Error(
         "the profile has no one-chunk prefill or decode-only measurement to time again");
   std::vector<models::StepMeasurement> shapes;
   for (std::size_t i : indices) shapes.push_back(profile.measurements[i]);
-  auto model = backend::LoadModelDir(model_dir);
-  if (!model) return Status::Error("--model: " + model.error());
   backend::ModelPlacement placement;
   placement.device = profile.device;
   if (profile.source.contains("threads") && profile.source["threads"].is_number_integer())
@@ -73,10 +75,16 @@ Result<MachineReference> MachineReference::Create(const std::string& model_dir,
   for (const models::StepMeasurement& m : shapes)
     placement.num_blocks =
         std::max(placement.num_blocks, backend::BlocksFor(m.shape, placement.block_tokens));
-  auto forward = backend::CreateForwardModel(std::move(*model), placement);
-  if (!forward)
-    return Status::Error("the profile's device '" + profile.device + "': " + forward.error());
-  return MachineReference(std::move(*forward), std::move(shapes));
+  std::unique_ptr<backend::ForwardModel> models[2];
+  for (int i = 0; i < (neighbour ? 2 : 1); ++i) {
+    auto model = backend::LoadModelDir(model_dir);
+    if (!model) return Status::Error("--model: " + model.error());
+    auto forward = backend::CreateForwardModel(std::move(*model), placement);
+    if (!forward)
+      return Status::Error("the profile's device '" + profile.device + "': " + forward.error());
+    models[i] = std::move(*forward);
+  }
+  return MachineReference(std::move(models[0]), std::move(models[1]), std::move(shapes));
 }
 
 json MachineReference::Time(int repeats) {
@@ -102,18 +110,79 @@ json MachineReference::Time(int repeats) {
                              {"slower_pct", 100.0 * (t / then - 1)}});
   }
   out["slower_pct"] = 100.0 * (now_s / calibrated_s - 1);
+  if (neighbour_) out["beside"] = TimeBeside(repeats, now);
   return out;
 }
 
-json SummarizeReference(const std::vector<json>& timings) {
+json MachineReference::TimeBeside(int repeats, const std::vector<models::StepMeasurement>& alone) {
+  backend::StepTimer timer(*model_);
+  json out = {{"shapes", json::array()}};
+  double alone_s = 0, beside_s = 0;
+  for (std::size_t i = 0; i < shapes_.size(); ++i) {
+    // The neighbour runs the other reference shape (the same one where there is one) until
+    // this one's passes are done.
+    const models::StepShape& other = shapes_[(i + 1) % shapes_.size()].shape;
+    std::atomic<bool> started = false, stop = false;
+    std::thread neighbour([&] {
+      backend::StepTimer neighbour_timer(*neighbour_);
+      started = true;
+      while (!stop) neighbour_timer.Time(other);
+    });
+    while (!started) std::this_thread::yield();
+    models::StepMeasurement beside{alone[i].shape, {}};
+    for (int pass = 0; pass <= repeats; ++pass) {
+      const Seconds t = timer.Time(beside.shape);
+      if (pass > 0) beside.seconds.push_back(t);
+    }
+    stop = true;
+    neighbour.join();
+    const Seconds a = alone[i].Median(), b = beside.Median();
+    alone_s += a;
+    beside_s += b;
+    out["shapes"].push_back({{"name", ShapeName(beside.shape)},
+                             {"neighbour", ShapeName(other)},
+                             {"alone_ms", 1e3 * a},
+                             {"beside_ms", 1e3 * b},
+                             {"slower_pct", 100.0 * (b / a - 1)}});
+  }
+  out["slower_pct"] = 100.0 * (beside_s / alone_s - 1);
+  return out;
+}
+
+namespace {
+
+// The median of `readings`' "slower_pct" with their range; with `per_shape`, also each shape's
+// median.
+json MedianReading(const std::vector<const json*>& readings, bool per_shape) {
   std::vector<double> values;
-  for (const json& t : timings) values.push_back(t["slower_pct"].get<double>());
-  if (values.empty()) return nullptr;
+  std::map<std::string, std::vector<double>> shapes;
+  for (const json* r : readings) {
+    values.push_back((*r)["slower_pct"].get<double>());
+    if (per_shape)
+      for (const json& s : (*r)["shapes"])
+        shapes[s["name"].get<std::string>()].push_back(s["slower_pct"].get<double>());
+  }
   const auto [low, high] = std::minmax_element(values.begin(), values.end());
-  return {{"slower_pct", policies::Summarize(values).p50},
-          {"min_pct", *low},
-          {"max_pct", *high},
-          {"timings", timings}};
+  json out = {
+      {"slower_pct", policies::Summarize(values).p50}, {"min_pct", *low}, {"max_pct", *high}};
+  if (per_shape)
+    for (const auto& [name, v] : shapes) out["shapes"][name] = policies::Summarize(v).p50;
+  return out;
+}
+
+}  // namespace
+
+json SummarizeReference(const std::vector<json>& timings) {
+  if (timings.empty()) return nullptr;
+  std::vector<const json*> readings, beside;
+  for (const json& t : timings) {
+    readings.push_back(&t);
+    if (t.contains("beside")) beside.push_back(&t["beside"]);
+  }
+  json out = MedianReading(readings, false);
+  if (!beside.empty()) out["beside"] = MedianReading(beside, true);
+  out["timings"] = timings;
+  return out;
 }
 
 }  // namespace duet::cli

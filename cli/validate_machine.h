@@ -25,27 +25,40 @@ class MachineReference {
   // The model in `model_dir` on the profile's device with its threads (source "threads"; all
   // cores when it names none), with KV blocks for the reference shapes. Errors say why there is
   // no reference: a profile without those shapes (fitted to measurements from elsewhere), a
-  // device this build or machine cannot run, a model that does not load.
+  // device this build or machine cannot run, a model that does not load. `neighbour`: also a
+  // second copy of the model, alike, for timing each shape beside another instance (below),
+  // where the cluster places instances side by side on one machine.
   static Result<MachineReference> Create(const std::string& model_dir,
-                                         const models::StepProfile& profile);
+                                         const models::StepProfile& profile, bool neighbour);
 
   // Times each reference shape `repeats` times after one untimed pass: {"shapes": [{"name"
   // ("prefill 256", "decode 8x256": rows x context per row), "shape",
   // "calibrated_ms" (the profile's median), "now_ms" (the median now), "slower_pct"}],
   // "slower_pct": the shapes' summed time now over their summed calibrated time, less 1, in
-  // percent (positive: the machine runs slower than when it was calibrated)}.
+  // percent (positive: the machine runs slower than when it was calibrated)}. With a neighbour,
+  // also "beside": each shape timed alike again while the neighbour runs the other reference
+  // shape over and over on its own thread, as a prefill and a decode instance run beside each
+  // other on one machine's cores, memory and caches: {"shapes": [{"name", "neighbour" (the
+  // shape it ran), "alone_ms" (now_ms above), "beside_ms", "slower_pct"}], "slower_pct"
+  // (summed beside over summed alone, less 1)}: what `duet calibrate`, timing each shape
+  // alone, cannot price.
   nlohmann::json Time(int repeats);
 
  private:
   MachineReference(std::unique_ptr<backend::ForwardModel> model,
+                   std::unique_ptr<backend::ForwardModel> neighbour,
                    std::vector<models::StepMeasurement> shapes)
-      : model_(std::move(model)), shapes_(std::move(shapes)) {}
+      : model_(std::move(model)), neighbour_(std::move(neighbour)), shapes_(std::move(shapes)) {}
+  nlohmann::json TimeBeside(int repeats, const std::vector<models::StepMeasurement>& alone);
   std::unique_ptr<backend::ForwardModel> model_;
-  std::vector<models::StepMeasurement> shapes_;  // the calibration's measurements of them
+  std::unique_ptr<backend::ForwardModel> neighbour_;  // null without one
+  std::vector<models::StepMeasurement> shapes_;       // the calibration's measurements of them
 };
 
 // The median of a load's reference timings (each Time()'s "slower_pct", before and after every
-// live run) with their range: {"slower_pct", "min_pct", "max_pct", "timings"}; null when none.
+// live run) with their range: {"slower_pct", "min_pct", "max_pct", "timings"}, and where they
+// were timed beside a neighbour, "beside" alike of their "beside" readings with each shape's
+// median ("shapes": {name: slower_pct}); null when none.
 nlohmann::json SummarizeReference(const std::vector<nlohmann::json>& timings);
 
 }  // namespace duet::cli

@@ -329,6 +329,51 @@ void ExpectMachineTimed(const json& load, const models::StepProfile& profile, in
   EXPECT_EQ(machine["max_pct"].get<double>(), values.back());
 }
 
+// Instances side by side on a node: each live step's price split by whether the other
+// instance's iterations ran beside it (the parts add up to the class), and the machine's
+// reference shapes timed again each beside the other running on a second copy of the model.
+void ExpectBesideOtherInstances(const json& load) {
+  const json& steps = load["steps"];
+  ASSERT_TRUE(steps.contains("beside_other_instances")) << steps;
+  for (const auto& [name, c] : steps["beside_other_instances"].items()) {
+    const json &alone = c["alone"], &beside = c["beside"], &all = steps["classes"][name];
+    EXPECT_EQ(alone["steps"].get<std::int64_t>() + beside["steps"].get<std::int64_t>(),
+              all["steps"].get<std::int64_t>())
+        << name << c;
+    EXPECT_NEAR(alone["forward_s"].get<double>() + beside["forward_s"].get<double>(),
+                all["forward_s"].get<double>(), 1e-9)
+        << name << c;
+    if (beside["steps"].get<std::int64_t>() > 0) {
+      EXPECT_GE(beside["overlap_share"].get<double>(), 0.5) << name << c;
+      EXPECT_LE(beside["overlap_share"].get<double>(), 1 + 1e-9) << name << c;
+    }
+  }
+  const json& machine = load["machine"];
+  ASSERT_TRUE(machine.contains("beside")) << machine;
+  std::vector<double> values;
+  for (const json& timing : machine["timings"]) {
+    const json& beside = timing["beside"];
+    ASSERT_EQ(beside["shapes"].size(), 2u) << beside;
+    double alone_ms = 0, beside_ms = 0;
+    for (std::size_t i = 0; i < 2; ++i) {
+      const json& shape = beside["shapes"][i];
+      EXPECT_EQ(shape["name"], timing["shapes"][i]["name"]) << shape;
+      EXPECT_EQ(shape["neighbour"], timing["shapes"][1 - i]["name"]) << "the other one" << shape;
+      EXPECT_EQ(shape["alone_ms"], timing["shapes"][i]["now_ms"]) << shape;
+      EXPECT_NEAR(shape["slower_pct"].get<double>(),
+                  100 * (shape["beside_ms"].get<double>() / shape["alone_ms"].get<double>() - 1),
+                  1e-9);
+      alone_ms += shape["alone_ms"].get<double>();
+      beside_ms += shape["beside_ms"].get<double>();
+    }
+    EXPECT_NEAR(beside["slower_pct"].get<double>(), 100 * (beside_ms / alone_ms - 1), 1e-9);
+    values.push_back(beside["slower_pct"].get<double>());
+  }
+  EXPECT_EQ(machine["beside"]["min_pct"].get<double>(),
+            *std::min_element(values.begin(), values.end()));
+  EXPECT_EQ(machine["beside"]["shapes"].size(), 2u) << machine["beside"];
+}
+
 TEST_F(ValidateTest, ComparesALiveRunWithTheSimulationAtEachLoad) {
   const RunResult r = Validate({"--rate-scales", "0.5,2"});
   ASSERT_EQ(r.exit_code, 0) << r;
@@ -369,6 +414,8 @@ TEST_F(ValidateTest, ComparesALiveRunWithTheSimulationAtEachLoad) {
   ASSERT_TRUE(profile.ok()) << profile.error();
   for (const json& load : report["loads"]) {
     ExpectMachineTimed(load, *profile, 1);
+    EXPECT_FALSE(load["machine"].contains("beside")) << "one instance: no neighbour to time";
+    EXPECT_FALSE(load["steps"].contains("beside_other_instances")) << "one instance";
     EXPECT_FALSE(load.contains("at_live_send")) << "no request follows another";
   }
   EXPECT_TRUE(ContainsAll(r.out, {"machine at x0.5: the profile's own prefill ", "machine at x2"}));
@@ -454,7 +501,11 @@ TEST_F(ValidateTest, ComparesKvTransfersOnAPdCluster) {
   const RunResult r = Validate({"--rate-scales", "1", "--tolerance", "kv_transfer=1e6"},
                                "--workers thread --kv-transport loopback --threads 1");
   ASSERT_EQ(r.exit_code, 0) << r;
-  EXPECT_TRUE(ContainsAll(r.out, {"kv_transfer_ms.mean", "kv_transfer_ms.p99"}));
+  EXPECT_TRUE(ContainsAll(r.out, {"kv_transfer_ms.mean", "kv_transfer_ms.p99",
+                                  "beside other instances at x1: the cost model prices the live "
+                                  "steps that ran alone",
+                                  "machine beside another instance at x1: "}))
+      << r;
   const json live = ReadJson(tmp_.File("out/rate-1/live/summary.json"));
   const json sim = ReadJson(tmp_.File("out/rate-1/sim/summary.json"));
   EXPECT_EQ(live["kv_transfer"]["transfers"], 12) << live["kv_transfer"];  // every request decodes
@@ -491,6 +542,7 @@ TEST_F(ValidateTest, ComparesKvTransfersOnAPdCluster) {
   auto profile = models::LoadStepProfile(tmp_.File("profile.json"));
   ASSERT_TRUE(profile.ok()) << profile.error();
   ExpectSimulatedAsLive(report["loads"][0], tmp_.File("out/rate-1"), profile->fits.at(0));
+  ExpectBesideOtherInstances(report["loads"][0]);
   EXPECT_TRUE(report["loads"][0]["as_live"]["scales"].contains("decode above split"))
       << "no decode batch of 2 rows or more: the split goes untested";
   // The host time priced: every live iteration at 2 ms, and the simulation without it, whose
