@@ -30,15 +30,16 @@ std::string BesideOthersText(const json& steps) {
     const json &alone = c["alone"], &beside = c["beside"];
     const json& share = beside["overlap_share"];
     char part[256];
-    std::snprintf(part, sizeof part,
-                  "%s alone %s (%lld steps), beside %s (%lld steps, %.0f%% of "
-                  "their iterations overlapped)",
+    std::snprintf(part, sizeof part, "%s alone %s (%lld steps), beside %s (%lld steps",
                   name.c_str(), PercentText(alone["error_pct"]).c_str(),
                   static_cast<long long>(alone["steps"].get<std::int64_t>()),
                   PercentText(beside["error_pct"]).c_str(),
-                  static_cast<long long>(beside["steps"].get<std::int64_t>()),
-                  share.is_number() ? 100 * share.get<double>() : 0.0);
+                  static_cast<long long>(beside["steps"].get<std::int64_t>()));
     text += (text.empty() ? "" : "; ") + std::string(part);
+    if (share.is_number())
+      text += ", " + std::to_string(std::lround(100 * share.get<double>())) +
+              "% of their iterations overlapped";
+    text += ")";
   }
   std::string bands;
   for (const json& b : steps["decode_by_rows"]) {
@@ -380,8 +381,8 @@ void PrintValidation(const json& report, const std::vector<Metric>& metrics) {
           each += (each.empty() ? "" : ", ") + name + " " + PercentText(pct);
         std::printf(
             "machine beside another instance at x%s: the same steps, each timed while a second "
-            "copy of the model ran the other over and over on its own thread, took %s of their "
-            "time alone (%s; the timings: %s to %s)\n",
+            "copy of the model ran the other over and over on its own thread, took %s against "
+            "their time alone (%s; the timings: %s to %s)\n",
             RateText(load["rate_scale"].get<double>()).c_str(),
             PercentText(b["slower_pct"]).c_str(), each.c_str(), PercentText(b["min_pct"]).c_str(),
             PercentText(b["max_pct"]).c_str());
