@@ -323,6 +323,10 @@ Status WriteValidationHtml(const json& report, const std::vector<Metric>& metric
       "(their medians), so that as many of a burst's requests join a waking engine's step (not "
       "the hand-over's).</p>\n";
   for (const json& load : report["loads"])
+    if (const std::string on_cpu = OnCpuText(load["steps"]); !on_cpu.empty())
+      html += "<p>On a core at x" + Escape(RateText(load["rate_scale"].get<double>())) + ": " +
+              Escape(on_cpu) + ".</p>\n";
+  for (const json& load : report["loads"])
     if (const std::string beside = BesideOthersText(load["steps"]); !beside.empty())
       html += "<p>Beside other instances at x" +
               Escape(RateText(load["rate_scale"].get<double>())) +

@@ -54,6 +54,41 @@ std::string BesideOthersText(const json& steps) {
   return text;
 }
 
+std::string OnCpuText(const json& steps) {
+  if (!steps.contains("on_cpu")) return "";
+  auto share = [](const json& on_cpu) {
+    if (!on_cpu["share"].is_number()) return std::string("n/a");
+    char text[32];
+    std::snprintf(text, sizeof text, "%.1f%%", 100 * on_cpu["share"].get<double>());
+    return std::string(text);
+  };
+  std::string shares, errors;
+  for (const auto& [name, c] : steps["classes"].items()) {
+    if (!c.contains("on_cpu")) continue;
+    shares += (shares.empty() ? "" : ", ") + name + " " + share(c["on_cpu"]);
+    errors +=
+        (errors.empty() ? "" : ", ") + name + " " + PercentText(c["on_cpu"]["priced_error_pct"]);
+  }
+  std::string band_shares, band_errors;
+  for (const json& b : steps["decode_by_rows"]) {
+    if (!b.contains("on_cpu")) continue;
+    const auto from = b["rows_from"].get<std::int64_t>(), to = b["rows_to"].get<std::int64_t>();
+    std::string rows = std::to_string(from);
+    if (to > from) rows.append("-").append(std::to_string(to));
+    band_shares += (band_shares.empty() ? "" : ", ") + rows + " " + share(b["on_cpu"]);
+    band_errors += (band_errors.empty() ? "" : ", ") + rows + " " +
+                   PercentText(b["on_cpu"]["priced_error_pct"]);
+  }
+  if (!band_shares.empty()) {
+    shares += "; decode by batch rows " + band_shares;
+    errors += "; decode by batch rows " + band_errors;
+  }
+  const json& all = steps["on_cpu"];
+  return "the live forward passes' threads were on a core for " + share(all) +
+         " of the passes' time (" + shares + "); against that time the cost model prices them at " +
+         PercentText(all["priced_error_pct"]) + " (" + errors + ")";
+}
+
 std::string RateText(double r) {
   char text[32];
   std::snprintf(text, sizeof text, "%g", r);
@@ -280,6 +315,9 @@ void PrintValidation(const json& report, const std::vector<Metric>& metrics) {
           1e3 * h["other_ms"].get<double>(), 1e3 * h["priced_ms"].get<double>(),
           PercentText(h["priced_error_pct"]).c_str());
     }
+    if (const std::string on_cpu = OnCpuText(s); !on_cpu.empty())
+      std::printf("on a core at x%s: %s\n", RateText(load["rate_scale"].get<double>()).c_str(),
+                  on_cpu.c_str());
     if (const std::string beside = BesideOthersText(s); !beside.empty())
       std::printf(
           "beside other instances at x%s: the cost model prices the live steps that ran alone and "

@@ -21,6 +21,10 @@ std::string PercentText(const nlohmann::json& value);
 // theirs ("beside_other_instances" and the decode bands' "alone" and "beside" of
 // validate_steps.h's AttributeSteps), in words; "" where it has none (one instance).
 std::string BesideOthersText(const nlohmann::json& steps);
+// The attribution's "on_cpu" (validate_steps.h): how much of the live forward passes' time their
+// thread was on a core, and the prices against that time, by class and decode band, in words;
+// "" where the step logs have no CPU time.
+std::string OnCpuText(const nlohmann::json& steps);
 // The suffix of the files of a load's k-th live run (1-based): "" for the first (live/,
 // steps.jsonl, ...), "-K" for the others (live-K/, steps-K.jsonl, ...).
 std::string RunSuffix(int k);

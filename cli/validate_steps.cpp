@@ -9,6 +9,7 @@
 #include <fstream>
 #include <map>
 #include <memory>
+#include <optional>
 #include <sstream>
 
 #include "common/json_util.h"
@@ -34,6 +35,27 @@ struct Step {
   std::size_t shape_class;
   int decode_band;  // floor(log2(rows)) of a decode-only step, else -1
   Seconds start_s, iteration_s, forward_s, priced_s;
+  std::optional<Seconds> cpu_s;  // the pass's thread CPU time, where the log has it
+};
+
+// Steps summed: their live forward passes and the cost model's prices, and, of those whose
+// line has the pass's CPU time, the same again with that time.
+struct Class {
+  std::int64_t steps = 0;
+  double forward_s = 0, priced_s = 0;
+  std::vector<double> errors;  // per step, priced / forward - 1 (where kept)
+  std::int64_t cpu_steps = 0;
+  double cpu_forward_s = 0, cpu_priced_s = 0, cpu_s = 0;
+  void Add(Seconds forward, Seconds priced, std::optional<Seconds> cpu) {
+    ++steps;
+    forward_s += forward;
+    priced_s += priced;
+    if (!cpu) return;
+    ++cpu_steps;
+    cpu_forward_s += forward;
+    cpu_priced_s += priced;
+    cpu_s += *cpu;
+  }
 };
 
 // For each of a run's steps (sorted by start), how long other instances' iterations ran during
@@ -72,11 +94,6 @@ std::vector<double> OverlapWithOthers(const std::vector<Step>& steps) {
 
 Result<json> AttributeSteps(const std::vector<std::string>& step_logs,
                             const sim::ClusterSpec& cluster, const json& simulated_summary) {
-  struct Class {
-    std::int64_t steps = 0;
-    double forward_s = 0, priced_s = 0;
-    std::vector<double> errors;  // per step, priced / forward - 1
-  };
   std::array<Class, models::kShapeClasses> classes;
   // Of each class, the steps a fitted profile prices with the pieces above its split (the
   // class's split rows or more: StepFit::PiecesFor).
@@ -130,10 +147,7 @@ Result<json> AttributeSteps(const std::vector<std::string>& step_logs,
       for (Class* c :
            {&(is_beside ? beside : alone)[s.shape_class],
             s.decode_band >= 0 ? &decode_bands_apart[s.decode_band][is_beside] : nullptr}) {
-        if (!c) continue;
-        ++c->steps;
-        c->forward_s += s.forward_s;
-        c->priced_s += s.priced_s;
+        if (c) c->Add(s.forward_s, s.priced_s, s.cpu_s);
       }
       if (is_beside) {
         beside_overlap_s[s.shape_class] += overlap[i];
@@ -164,9 +178,7 @@ Result<json> AttributeSteps(const std::vector<std::string>& step_logs,
           const double priced =
               cost_models[static_cast<std::size_t>(line.instance)]->StepTime(line.step.shape);
           auto add = [&](Class& c) {
-            ++c.steps;
-            c.forward_s += line.step.seconds;
-            c.priced_s += priced;
+            c.Add(line.step.seconds, priced, line.forward_cpu_s);
             c.errors.push_back(priced / line.step.seconds - 1);
           };
           add(classes[static_cast<std::size_t>(shape_class)]);
@@ -191,7 +203,8 @@ Result<json> AttributeSteps(const std::vector<std::string>& step_logs,
           iteration_s += line.iteration_s;
           async = async || line.async;
           run_steps.push_back({line.instance, static_cast<std::size_t>(shape_class), band,
-                               line.start_s, line.iteration_s, line.step.seconds, priced});
+                               line.start_s, line.iteration_s, line.step.seconds, priced,
+                               line.forward_cpu_s});
           if (line.host) {
             ++host_steps;
             host_outside_s += line.HostSeconds();
@@ -209,19 +222,31 @@ Result<json> AttributeSteps(const std::vector<std::string>& step_logs,
     return measured > 0 ? json(100 * (priced / measured - 1)) : json();
   };
   auto totals = [&](const Class& c) {
-    return json{{"steps", c.steps},
-                {"forward_s", c.forward_s},
-                {"priced_s", c.priced_s},
-                {"error_pct", pct(c.priced_s, c.forward_s)}};
+    json t = {{"steps", c.steps},
+              {"forward_s", c.forward_s},
+              {"priced_s", c.priced_s},
+              {"error_pct", pct(c.priced_s, c.forward_s)}};
+    // Of the steps whose line has it: how much of their passes' time the thread that ran them
+    // was on a core, and the prices against that CPU time.
+    if (c.cpu_steps > 0)
+      t["on_cpu"] = {{"steps", c.cpu_steps},
+                     {"forward_s", c.cpu_forward_s},
+                     {"cpu_s", c.cpu_s},
+                     {"share", c.cpu_forward_s > 0 ? json(c.cpu_s / c.cpu_forward_s) : json()},
+                     {"priced_error_pct", pct(c.cpu_priced_s, c.cpu_s)}};
+    return t;
   };
   json out = {{"classes", json::object()}};
-  std::int64_t steps = 0;
-  double forward_s = 0, priced_s = 0;
+  Class all;
   for (std::size_t k = 0; k < classes.size(); ++k) {
     Class& c = classes[k];
-    steps += c.steps;
-    forward_s += c.forward_s;
-    priced_s += c.priced_s;
+    all.steps += c.steps;
+    all.forward_s += c.forward_s;
+    all.priced_s += c.priced_s;
+    all.cpu_steps += c.cpu_steps;
+    all.cpu_forward_s += c.cpu_forward_s;
+    all.cpu_priced_s += c.cpu_priced_s;
+    all.cpu_s += c.cpu_s;
     json median;
     if (!c.errors.empty()) {
       auto mid = c.errors.begin() + static_cast<std::ptrdiff_t>(c.errors.size() / 2);
@@ -257,17 +282,19 @@ Result<json> AttributeSteps(const std::vector<std::string>& step_logs,
     }
     out["decode_by_rows"].push_back(std::move(b));
   }
-  out["live_steps"] = steps;
+  out["live_steps"] = all.steps;
   const json::json_pointer simulated_steps("/sim/engine_steps");
   out["simulated_steps"] =
       simulated_summary.contains(simulated_steps) ? simulated_summary[simulated_steps] : json();
-  out["forward_s"] = forward_s;
-  out["priced_s"] = priced_s;
-  out["priced_error_pct"] = pct(priced_s, forward_s);
+  out["forward_s"] = all.forward_s;
+  out["priced_s"] = all.priced_s;
+  out["priced_error_pct"] = pct(all.priced_s, all.forward_s);
+  if (const json t = totals(all); t.contains("on_cpu")) out["on_cpu"] = t["on_cpu"];
   out["iteration_s"] = iteration_s;
   out["outside_forward_ms_per_step"] =
-      steps > 0 && !async ? json(1e3 * (iteration_s - forward_s) / static_cast<double>(steps))
-                          : json();
+      all.steps > 0 && !async
+          ? json(1e3 * (iteration_s - all.forward_s) / static_cast<double>(all.steps))
+          : json();
   if (host_steps > 0) {
     // Per iteration, in ms: each phase, the rest outside the forward pass ("other": the loop's
     // own bookkeeping between phases), and what the cost model prices (0 where it does not).

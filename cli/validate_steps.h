@@ -20,8 +20,11 @@ std::string ReadText(const std::string& path);
 // The live steps of one load (the step logs of its live runs) beside the cost model's price for
 // their shapes, by shape class, decode steps also by batch size (1, 2-3, 4-7, ...: backends
 // change kernels with it), by quarter of each run (summed over the runs), and the live
-// iterations' time outside their forward passes. `simulated_summary`: the simulation's
-// summary.json, for its step count.
+// iterations' time outside their forward passes. Where the logs have the passes' CPU time
+// (policies::StepLogLine::forward_cpu_s), each of these sums has "on_cpu": the share of the
+// passes' time their thread was on a core, and the price against that CPU time (a pass
+// preempted by the machine's other threads took longer than it computed). `simulated_summary`:
+// the simulation's summary.json, for its step count.
 Result<nlohmann::json> AttributeSteps(const std::vector<std::string>& step_logs,
                                       const sim::ClusterSpec& cluster,
                                       const nlohmann::json& simulated_summary);

@@ -20,6 +20,7 @@ std::string FormatStepLogLine(const StepLogLine& line) {
   if (line.host) doc["host"] = models::HostStepToJson(*line.host);
   if (line.async) doc["async"] = true;
   if (line.woke_s) doc["woke_s"] = *line.woke_s;
+  if (line.forward_cpu_s) doc["forward_cpu_s"] = *line.forward_cpu_s;
   return doc.dump() + "\n";
 }
 
@@ -55,13 +56,22 @@ Status ReadStepLog(std::string_view text, const std::string& where,
       if (!w) return w.status();
       woke_s = *w;
     }
+    std::optional<Seconds> forward_cpu_s;
+    if (JsonHas(doc, "forward_cpu_s")) {
+      // A thread's CPU time within the pass is at most the pass's time (to the two clocks'
+      // reading, a microsecond apart at most).
+      auto c = JsonNumberIn(doc, "forward_cpu_s", 0, m->seconds[0] + 1e-6, at);
+      if (!c) return c.status();
+      forward_cpu_s = *c;
+    }
     each({static_cast<InstanceId>(*instance),
           *start_s,
           *iteration_s,
           {std::move(m->shape), m->seconds[0]},
           host,
           *async,
-          woke_s});
+          woke_s,
+          forward_cpu_s});
     return Status::Ok();
   });
 }

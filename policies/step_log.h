@@ -5,8 +5,9 @@
 // reads), the instance ("instance"), when the iteration that ran it began on the run's clock
 // ("start_s"), how long that whole iteration took ("iteration_s": scheduling, the forward pass,
 // sampling and handing the tokens on) and, live, its host time by phase with the step's counts
-// ("host": models/host_time.h). `duet validate` reads both worlds' logs to say where the
-// simulator's error comes from; `duet calibrate --host-steps` fits host time to a live one.
+// ("host": models/host_time.h) and the forward pass's CPU time ("forward_cpu_s"). `duet validate`
+// reads both worlds' logs to say where the simulator's error comes from; `duet calibrate
+// --host-steps` fits host time to a live one.
 #pragma once
 
 #include <functional>
@@ -39,6 +40,12 @@ struct StepLogLine {
   // handed over meanwhile join its step. Absent in live logs written before it was measured;
   // the simulator writes the wake-up it priced (0 where it prices none).
   std::optional<Seconds> woke_s;
+  // The CPU time that the thread which ran the forward pass spent in it ("forward_cpu_s"; live
+  // logs only): with a pass on one thread, the part of "seconds" the thread was on a core; the
+  // rest it was preempted by other threads, or, in a virtual machine whose kernel accounts steal,
+  // its core was taken by the hypervisor. Of a pass on several threads or on a GPU, the calling
+  // thread's share only. Absent in logs written before it was measured.
+  std::optional<Seconds> forward_cpu_s;
   // The iteration's host time outside its forward pass (a line with `host`): the iteration
   // less the pass, or, asynchronous, the phases' sum (the pass overlapped the iteration).
   Seconds HostSeconds() const;

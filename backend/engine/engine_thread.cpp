@@ -79,7 +79,7 @@ void EngineThread::Loop() {
       step_log_->Write({engine_.config().id, start,
                         std::chrono::duration<double>(end - started).count(),
                         executor_.last_timing(), host, engine_.config().async_steps,
-                        std::exchange(woke_s, std::nullopt)});
+                        std::exchange(woke_s, std::nullopt), executor_.last_cpu_s()});
     }
     PublishLoad();
     if (stepped) continue;

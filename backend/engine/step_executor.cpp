@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <ctime>
 #include <fstream>
 #include <thread>
 
@@ -41,6 +42,13 @@ bool Contains(std::span<const std::int32_t> ids, std::int32_t id) {
   return std::find(ids.begin(), ids.end(), id) != ids.end();
 }
 
+// The calling thread's CPU time: it advances only while the thread runs on a core.
+Seconds ThreadCpuSeconds() {
+  timespec t{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
+}
+
 }  // namespace
 
 void ModelStepExecutor::Submit(const policies::StepPlan& plan, policies::StepEvents&) {
@@ -71,6 +79,7 @@ void ModelStepExecutor::Wait(policies::StepResult* result) {
   *result = std::move(ran.result);
   if (ran.timed && (options_.record_timings || options_.keep_last)) {
     last_ = std::move(ran.timing);
+    last_cpu_s_ = ran.cpu_s;
     if (options_.record_timings) timings_.push_back(last_);
   }
 }
@@ -152,6 +161,7 @@ void ModelStepExecutor::Run(const policies::StepPlan& plan, Ran* ran) {
                   [](const policies::StepRow* row) { return row->temperature == 0.0f; });
   const auto t0 = std::chrono::steady_clock::now();
   result->prepare_s = std::chrono::duration<double>(t0 - entered).count();
+  const Seconds cpu0 = ThreadCpuSeconds();
   Status pass;
   if (greedy) {
     // The model picks the tokens where its logits are (on a GPU: no logits cross PCIe).
@@ -163,6 +173,7 @@ void ModelStepExecutor::Run(const policies::StepPlan& plan, Ran* ran) {
     pass = model_.Forward(chunks_, &logits_);
     DUET_CHECK(!pass.ok() || logits_.size() == sampled_.size() * static_cast<std::size_t>(vocab));
   }
+  const Seconds cpu1 = ThreadCpuSeconds();
   const auto t1 = std::chrono::steady_clock::now();
   if (!pass.ok()) {
     // No token: the engine ends the step's requests with this error. The timing of a failed
@@ -184,6 +195,9 @@ void ModelStepExecutor::Run(const policies::StepPlan& plan, Ran* ran) {
   }
   if (options_.record_timings || options_.keep_last) {
     ran->timing = {plan.RowsShape(), std::chrono::duration<double>(t1 - t0).count()};
+    // Read inside the steady clock's readings: at most the pass's time (the min: the two
+    // clocks' sources may tick at rates a hair apart).
+    ran->cpu_s = std::min(cpu1 - cpu0, ran->timing.seconds);
     ran->timed = true;
   }
   result->step_end_s.push_back(clock_.Now());

@@ -61,12 +61,16 @@ class ModelStepExecutor final : public policies::StepExecutor {
   // Of the steps waited for (the engine's thread reads them).
   const std::vector<StepTiming>& timings() const { return timings_; }
   const StepTiming& last_timing() const { return last_; }
+  // The CPU time of the thread that ran that step's forward pass, within the pass
+  // (policies::StepLogLine::forward_cpu_s).
+  Seconds last_cpu_s() const { return last_cpu_s_; }
 
  private:
   // A step run and not yet waited for.
   struct Ran {
     policies::StepResult result;
     StepTiming timing;
+    Seconds cpu_s = 0;   // its forward pass's thread CPU time
     bool timed = false;  // a forward pass that succeeded
   };
   // Runs a step, and keeps what the step after it needs (its tokens, whether it failed).
@@ -78,6 +82,7 @@ class ModelStepExecutor final : public policies::StepExecutor {
   Options options_;
   std::vector<StepTiming> timings_;
   StepTiming last_;
+  Seconds last_cpu_s_ = 0;
   // Steps submitted and not yet run, and run and not yet waited for (under mu_ with a step
   // thread); at most two in all.
   std::deque<const policies::StepPlan*> submitted_;

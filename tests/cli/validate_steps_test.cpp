@@ -1,5 +1,6 @@
 // `duet validate`'s step attribution (cli/validate_steps.h) from step logs written here by hand:
-// the live steps split by whether another instance's iterations ran beside theirs.
+// the live steps split by whether another instance's iterations ran beside theirs, and their
+// passes' time on a core.
 #include "cli/validate_steps.h"
 
 #include <gtest/gtest.h>
@@ -105,6 +106,71 @@ TEST(ValidateStepsTest, OneInstanceHasNoSplit) {
   EXPECT_FALSE(steps->contains("beside_other_instances")) << *steps;
   EXPECT_FALSE((*steps)["decode_by_rows"][0].contains("beside")) << *steps;
   EXPECT_EQ(BesideOthersText(*steps), "");
+}
+
+// Lines with their passes' CPU time: each sum gets the share of its passes' time on a core and
+// the price against that time, over the steps whose line has it (a line without, as older
+// servers wrote, counts in the rest only).
+TEST(ValidateStepsTest, PricesThePassesAgainstTheirTimeOnACore) {
+  auto cluster = sim::LoadClusterSpec("tests/data/1p1d-tiny.json", DUET_SOURCE_DIR);
+  ASSERT_TRUE(cluster.ok()) << cluster.error();
+  std::vector<policies::StepLogLine> lines = {Step(0, 0, 0.010, 0), Step(1, 0.002, 0.004, 4),
+                                              Step(1, 0.006, 0.010, 1), Step(1, 0.020, 0.004, 5),
+                                              Step(1, 0.030, 0.004, 1)};
+  lines[0].forward_cpu_s = 0.005;   // the prefill pass on its core throughout
+  lines[1].forward_cpu_s = 0.001;   // 4 rows: half of the pass preempted
+  lines[2].forward_cpu_s = 0.004;   // 1 row: 4 of 5 ms
+  lines[3].forward_cpu_s = 0.0015;  // 5 rows: 1.5 of 2 ms
+  std::string text;                 // lines[4]: no CPU time
+  for (const policies::StepLogLine& line : lines) text += policies::FormatStepLogLine(line);
+  e2e::TempDir tmp;
+  const std::string log = tmp.File("steps.jsonl");
+  e2e::WriteFile(log, text);
+  auto steps = AttributeSteps({log}, *cluster, json::object());
+  ASSERT_TRUE(steps.ok()) << steps.error();
+  auto price = [&](const policies::StepLogLine& l) {
+    return sim::MakeStepCostModel(*cluster, static_cast<std::size_t>(l.instance))
+        ->StepTime(l.step.shape);
+  };
+  auto expect = [&](const json& part, const std::vector<std::size_t>& with_cpu) {
+    ASSERT_TRUE(part.contains("on_cpu")) << part;
+    const json& on = part["on_cpu"];
+    double forward_s = 0, cpu_s = 0, priced_s = 0;
+    for (std::size_t i : with_cpu) {
+      forward_s += lines[i].step.seconds;
+      cpu_s += *lines[i].forward_cpu_s;
+      priced_s += price(lines[i]);
+    }
+    EXPECT_EQ(on["steps"].get<std::size_t>(), with_cpu.size()) << on;
+    EXPECT_NEAR(on["forward_s"].get<double>(), forward_s, 1e-12) << on;
+    EXPECT_NEAR(on["share"].get<double>(), cpu_s / forward_s, 1e-12) << on;
+    EXPECT_NEAR(on["priced_error_pct"].get<double>(), 100 * (priced_s / cpu_s - 1), 1e-9) << on;
+  };
+  expect(*steps, {0, 1, 2, 3});
+  expect((*steps)["classes"]["prefill"], {0});
+  expect((*steps)["classes"]["decode"], {1, 2, 3});
+  EXPECT_EQ((*steps)["classes"]["decode"]["steps"], 4) << "the line without counts elsewhere";
+  const json& bands = (*steps)["decode_by_rows"];
+  ASSERT_EQ(bands.size(), 2u) << bands;
+  expect(bands[0], {2});
+  expect(bands[1], {1, 3});
+  EXPECT_NEAR(bands[1]["on_cpu"]["share"].get<double>(), 2.5 / 4, 1e-12);
+  // In words: the shares and the errors against the CPU time, by class and band.
+  const std::string words = OnCpuText(*steps);
+  EXPECT_NE(words.find("decode by batch rows 1 80.0%, 4-7 62.5%"), std::string::npos) << words;
+  EXPECT_NE(words.find("against that time the cost model prices them at " +
+                       PercentText((*steps)["on_cpu"]["priced_error_pct"])),
+            std::string::npos)
+      << words;
+  // Logs without CPU time have none of it.
+  lines.resize(1);
+  lines[0].forward_cpu_s.reset();
+  e2e::WriteFile(log, policies::FormatStepLogLine(lines[0]));
+  steps = AttributeSteps({log}, *cluster, json::object());
+  ASSERT_TRUE(steps.ok()) << steps.error();
+  EXPECT_FALSE(steps->contains("on_cpu"));
+  EXPECT_FALSE((*steps)["classes"]["prefill"].contains("on_cpu"));
+  EXPECT_EQ(OnCpuText(*steps), "");
 }
 
 }  // namespace

@@ -194,7 +194,7 @@ void ExpectStepsAttributed(const json& load, const std::string& dir, const model
   const std::string step_log = dir + "/steps.jsonl";
   const json& s = load["steps"];
   std::int64_t steps = 0, prompt_tokens = 0;
-  double forward_s = 0, priced_s = 0, iteration_s = 0, stream_s = 0;
+  double forward_s = 0, priced_s = 0, iteration_s = 0, stream_s = 0, cpu_s = 0;
   std::vector<std::array<double, 3>> by_start;                 // start, forward, priced
   std::map<std::int64_t, std::array<double, 3>> decode_bands;  // rows_from: steps, forward, priced
   std::ifstream in(step_log);
@@ -205,6 +205,7 @@ void ExpectStepsAttributed(const json& load, const std::string& dir, const model
     ++steps;
     prompt_tokens += shape->PrefillTokens();
     forward_s += doc["seconds"].get<double>();
+    cpu_s += doc["forward_cpu_s"].get<double>();  // every line has it
     iteration_s += doc["iteration_s"].get<double>();
     const double priced = models::FittedCostModel(fit).StepTime(*shape);
     priced_s += priced;
@@ -227,6 +228,10 @@ void ExpectStepsAttributed(const json& load, const std::string& dir, const model
   EXPECT_NEAR(s["forward_s"].get<double>(), forward_s, 1e-9 * forward_s);
   EXPECT_NEAR(s["priced_s"].get<double>(), priced_s, 1e-9 * priced_s);
   EXPECT_NEAR(s["priced_error_pct"].get<double>(), 100 * (priced_s / forward_s - 1), 1e-6);
+  // The passes' time on a core, and the prices against it.
+  EXPECT_EQ(s["on_cpu"]["steps"], steps) << s;
+  EXPECT_NEAR(s["on_cpu"]["share"].get<double>(), cpu_s / forward_s, 1e-9) << s;
+  EXPECT_NEAR(s["on_cpu"]["priced_error_pct"].get<double>(), 100 * (priced_s / cpu_s - 1), 1e-6);
   EXPECT_NEAR(s["outside_forward_ms_per_step"].get<double>(),
               1e3 * (iteration_s - forward_s) / static_cast<double>(steps), 1e-6);
   EXPECT_GT(s["simulated_steps"].get<std::int64_t>(), 0) << s;
@@ -380,6 +385,7 @@ TEST_F(ValidateTest, ComparesALiveRunWithTheSimulationAtEachLoad) {
   EXPECT_TRUE(ContainsAll(
       r.out, {"ttft_ms.p50", "tpot_ms.p99", "throughput.output_tokens_per_s", "rate x0.5",
               "rate x2", "steps at x0.5", "steps at x2", "outside its forward pass",
+              "on a core at x0.5: the live forward passes' threads were on a core for ",
               "decode by batch rows 1 ", "cpu at x0.5", "cpu at x2", "as live at x0.5",
               "with the steps priced as they ran live", "wrote"}));
   const json report = ReadJson(tmp_.File("out/validation.json"));

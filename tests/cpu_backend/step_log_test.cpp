@@ -48,6 +48,7 @@ StepLogLine LineOf(int w, int k) {
     line.host = host;
   }
   if (k % 5 == 0) line.woke_s = 1e-5 * (w + 1);  // a message woke the idle engine before it
+  if (k % 4 != 3) line.forward_cpu_s = line.step.seconds * (0.5 + 0.1 * (k % 5));
   return line;
 }
 
@@ -85,6 +86,7 @@ TEST(StepLogTest, ConcurrentWritersLandWholeLinesThatReadBackAsWritten) {
       EXPECT_EQ(models::HostStepToJson(*line.host), models::HostStepToJson(*want.host));
     }
     EXPECT_EQ(line.woke_s, want.woke_s);
+    EXPECT_EQ(line.forward_cpu_s, want.forward_cpu_s);
   });
   ASSERT_TRUE(read.ok()) << read.message();
   EXPECT_EQ(next, std::vector<int>(kWriters, kLines));
@@ -129,6 +131,13 @@ TEST(StepLogTest, BadLinesAreNamedWithTheirLineAndField) {
       {R"({"decode_tokens": 2, "seconds": 0.1, "instance": 0, "start_s": 0, "iteration_s": 1,)"
        R"( "woke_s": -0.001})",
        "log:1: field 'woke_s'"},
+      // A thread's CPU time within the pass: neither negative nor more than the pass.
+      {R"({"decode_tokens": 2, "seconds": 0.1, "instance": 0, "start_s": 0, "iteration_s": 1,)"
+       R"( "forward_cpu_s": -0.001})",
+       "log:1: field 'forward_cpu_s'"},
+      {R"({"decode_tokens": 2, "seconds": 0.1, "instance": 0, "start_s": 0, "iteration_s": 1,)"
+       R"( "forward_cpu_s": 0.11})",
+       "log:1: field 'forward_cpu_s'"},
   };
   for (const Case& c : cases) {
     int lines = 0;

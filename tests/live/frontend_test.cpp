@@ -5,10 +5,14 @@
 #include "backend/frontend/frontend.h"
 
 #include <gtest/gtest.h>
+#include <sched.h>
 #include <unistd.h>
+
+#include <atomic>
 
 #include <chrono>
 #include <condition_variable>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <mutex>
@@ -211,7 +215,9 @@ TEST_F(Frontend, TheStepLogHasEveryStepOfEveryInstance) {
       logged_rows[i] += line.step.shape.decode_tokens;
       EXPECT_GE(line.start_s, free_from[i]);
       free_from[i] = line.start_s + line.iteration_s;
-      // Every line has its host time by phase, and counts that add up to what was served.
+      // Every line has its host time by phase, and counts that add up to what was served, and
+      // its forward pass's CPU time (which the reader bounds by the pass's time).
+      EXPECT_TRUE(line.forward_cpu_s.has_value());
       ASSERT_TRUE(line.host);
       const models::HostCounts& c = line.host->counts;
       EXPECT_EQ(c.rows,
@@ -273,6 +279,104 @@ TEST_F(Frontend, AnIdleEnginesWakeUpIsLoggedOnTheStepItRan) {
     EXPECT_LE(*lines[k].woke_s, info.queue_s - info.frontend_s);
   }
   EXPECT_EQ(request, infos.size());
+}
+
+// A model whose every pass first spends `burn_s` of its thread's CPU time, then runs the real one.
+class BurningModel final : public ForwardModel {
+ public:
+  BurningModel(std::unique_ptr<ForwardModel> inner, Seconds burn_s)
+      : inner_(std::move(inner)), burn_s_(burn_s) {}
+  Status Forward(std::span<const SequenceChunk> batch, std::vector<float>* logits) override {
+    Burn();
+    return inner_->Forward(batch, logits);
+  }
+  Status ForwardGreedy(std::span<const SequenceChunk> batch,
+                       std::vector<std::int32_t>* tokens) override {
+    Burn();
+    return inner_->ForwardGreedy(batch, tokens);
+  }
+  const models::ModelSpec& config() const override { return inner_->config(); }
+  std::int64_t num_blocks() const override { return inner_->num_blocks(); }
+  std::int32_t block_tokens() const override { return inner_->block_tokens(); }
+  models::Dtype kv_cache_dtype() const override { return inner_->kv_cache_dtype(); }
+  std::int64_t kv_cache_bytes() const override { return inner_->kv_cache_bytes(); }
+
+ private:
+  static Seconds ThreadCpu() {
+    timespec t{};
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+    return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
+  }
+  void Burn() const {
+    const Seconds until = ThreadCpu() + burn_s_;
+    while (ThreadCpu() < until) {
+    }
+  }
+  std::unique_ptr<ForwardModel> inner_;
+  Seconds burn_s_;
+};
+
+// Each step's line carries its forward pass's CPU time: at least what the pass burned on its
+// thread, and, with a busy thread on the same core, well short of the pass's time (the pass was
+// preempted), which is what `duet validate` reads to tell a slow pass from a preempted one.
+TEST_F(Frontend, AStepLogsItsPassesCpuTimeWhichPreemptionLeavesShortOfItsTime) {
+  constexpr Seconds kBurn = 0.01;
+  // This thread's first core, for it and the threads it starts (they inherit it): the engine
+  // thread and a spinner that never sleeps; both undone when the test ends, however it ends.
+  struct OneBusyCore {
+    cpu_set_t before{};
+    std::atomic<bool> spin{true};
+    std::thread spinner;
+    OneBusyCore() {
+      EXPECT_EQ(sched_getaffinity(0, sizeof before, &before), 0);
+      cpu_set_t one;
+      CPU_ZERO(&one);
+      for (int c = 0; c < CPU_SETSIZE; ++c)
+        if (CPU_ISSET(c, &before)) {
+          CPU_SET(c, &one);
+          break;
+        }
+      EXPECT_EQ(sched_setaffinity(0, sizeof one, &one), 0);
+      spinner = std::thread([this] {
+        while (spin.load(std::memory_order_relaxed)) {
+        }
+      });
+    }
+    ~OneBusyCore() {
+      spin = false;
+      spinner.join();
+      EXPECT_EQ(sched_setaffinity(0, sizeof before, &before), 0);
+    }
+  } busy;
+  const std::string path = StepLogPath("duet_cpu");
+  auto log = StepLog::Open(path, StepLog::Mode::kTruncate);
+  ASSERT_TRUE(log.ok()) << log.error();
+  FrontendOptions options;
+  options.step_log = log->get();
+  std::vector<std::unique_ptr<ForwardModel>> models;
+  models.push_back(std::make_unique<BurningModel>(Model(64), kBurn));
+  auto frontend = LiveFrontend::Start(std::move(models), options);
+  ASSERT_TRUE(frontend.ok()) << frontend.error();
+  auto listener = std::make_shared<Collector>();
+  ASSERT_EQ((*frontend)->Submit({Prompt(30, 5), 12, {}}, listener).status, AdmitStatus::kAccepted);
+  ASSERT_TRUE(listener->Wait());
+  frontend->reset();
+  ASSERT_TRUE((*log)->Close().ok());
+  std::vector<StepLogLine> lines;
+  const Status read = policies::ReadStepLog(ReadAndRemove(path), path,
+                                            [&](const StepLogLine& l) { lines.push_back(l); });
+  ASSERT_TRUE(read.ok()) << read.message();
+  ASSERT_EQ(lines.size(), 12u);  // the prefill and 11 decode steps
+  Seconds cpu_s = 0, forward_s = 0;
+  for (const StepLogLine& line : lines) {
+    ASSERT_TRUE(line.forward_cpu_s.has_value());
+    EXPECT_GE(*line.forward_cpu_s, kBurn);
+    cpu_s += *line.forward_cpu_s;
+    forward_s += line.step.seconds;
+  }
+  // Two threads that never sleep share the core about evenly: passes of 10 ms of CPU span
+  // several of the scheduler's slices, and run about half of their time.
+  EXPECT_LT(cpu_s, 0.8 * forward_s) << cpu_s << " s on a core of " << forward_s << " s";
 }
 
 TEST_F(Frontend, AbortEndsTheRequestAndFreesItsBlocks) {
