@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "backend/cpu/cpu_model.h"
+#include "backend/engine/fault_injecting_model.h"
 #include "backend/engine/local_engine.h"
 #include "backend/model/test_model.h"
 #include "tests/live/live_test_util.h"
@@ -281,40 +282,12 @@ TEST_F(Frontend, AnIdleEnginesWakeUpIsLoggedOnTheStepItRan) {
   EXPECT_EQ(request, infos.size());
 }
 
-// A model whose every pass first spends `burn_s` of its thread's CPU time, then runs the real one.
-class BurningModel final : public ForwardModel {
- public:
-  BurningModel(std::unique_ptr<ForwardModel> inner, Seconds burn_s)
-      : inner_(std::move(inner)), burn_s_(burn_s) {}
-  Status Forward(std::span<const SequenceChunk> batch, std::vector<float>* logits) override {
-    Burn();
-    return inner_->Forward(batch, logits);
-  }
-  Status ForwardGreedy(std::span<const SequenceChunk> batch,
-                       std::vector<std::int32_t>* tokens) override {
-    Burn();
-    return inner_->ForwardGreedy(batch, tokens);
-  }
-  const models::ModelSpec& config() const override { return inner_->config(); }
-  std::int64_t num_blocks() const override { return inner_->num_blocks(); }
-  std::int32_t block_tokens() const override { return inner_->block_tokens(); }
-  models::Dtype kv_cache_dtype() const override { return inner_->kv_cache_dtype(); }
-  std::int64_t kv_cache_bytes() const override { return inner_->kv_cache_bytes(); }
-
- private:
-  static Seconds ThreadCpu() {
-    timespec t{};
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
-    return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
-  }
-  void Burn() const {
-    const Seconds until = ThreadCpu() + burn_s_;
-    while (ThreadCpu() < until) {
-    }
-  }
-  std::unique_ptr<ForwardModel> inner_;
-  Seconds burn_s_;
-};
+// The calling thread's CPU time: it advances only while the thread runs on a core.
+Seconds ThreadCpuSeconds() {
+  timespec t{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
+}
 
 // Each step's line carries its forward pass's CPU time: at least what the pass burned on its
 // thread, and, with a busy thread on the same core, well short of the pass's time (the pass was
@@ -354,7 +327,15 @@ TEST_F(Frontend, AStepLogsItsPassesCpuTimeWhichPreemptionLeavesShortOfItsTime) {
   FrontendOptions options;
   options.step_log = log->get();
   std::vector<std::unique_ptr<ForwardModel>> models;
-  models.push_back(std::make_unique<BurningModel>(Model(64), kBurn));
+  // Each pass first spends kBurn of its thread's CPU time (the fault-injecting wrapper's rule
+  // runs on that thread before the pass), then runs the real one.
+  models.push_back(std::make_unique<FaultInjectingModel>(
+      Model(64), [&](std::int64_t, std::span<const SequenceChunk>) {
+        const Seconds until = ThreadCpuSeconds() + kBurn;
+        while (ThreadCpuSeconds() < until) {
+        }
+        return FaultInjectingModel::Fault::kNone;
+      }));
   auto frontend = LiveFrontend::Start(std::move(models), options);
   ASSERT_TRUE(frontend.ok()) << frontend.error();
   auto listener = std::make_shared<Collector>();
