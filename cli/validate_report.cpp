@@ -274,14 +274,20 @@ void PrintValidation(const json& report, const std::vector<Metric>& metrics) {
     std::string quarters;
     for (const json& q : s["priced_error_pct_by_quarter"])
       quarters += (quarters.empty() ? "" : ", ") + PercentText(q);
-    std::string bands;
+    std::string bands, calibrated;
+    bool any_calibrated = false;
     for (const json& b : s["decode_by_rows"]) {
       const auto from = b["rows_from"].get<std::int64_t>(), to = b["rows_to"].get<std::int64_t>();
-      if (!bands.empty()) bands += ", ";
-      bands += std::to_string(from);
-      if (to > from) bands.append("-").append(std::to_string(to));
-      bands.append(" ").append(PercentText(b["error_pct"]));
+      std::string rows = std::to_string(from);
+      if (to > from) rows.append("-").append(std::to_string(to));
+      bands += (bands.empty() ? "" : ", ") + rows + " " + PercentText(b["error_pct"]);
+      any_calibrated = any_calibrated || b.contains("calibration");
+      calibrated += (calibrated.empty() ? "" : ", ") + rows + " " +
+                    (b.contains("calibration") ? PercentText(b["calibration"]["error_pct"])
+                                               : std::string("n/a"));
     }
+    // The fit's own error in the same bands: the part of theirs the live steps did not add.
+    if (!any_calibrated) calibrated.clear();
     // The live figures add up a load's runs; the simulated ones are one run's.
     const std::string runs = repeats > 1 ? " in " + std::to_string(repeats) + " runs" : "";
     char outside[96] = "the forward passes overlap their iterations (asynchronous steps)";
@@ -291,12 +297,16 @@ void PrintValidation(const json& report, const std::vector<Metric>& metrics) {
                     s["outside_forward_ms_per_step"].get<double>());
     std::printf(
         "steps at x%s: %lld live%s, %s simulated; the cost model prices the live steps' forward "
-        "passes (%.2f s) at %s (%s; decode by batch rows %s; by quarter of the run %s); %s\n",
+        "passes (%.2f s) at %s (%s; decode by batch rows %s%s; by quarter of the run %s); %s\n",
         RateText(load["rate_scale"].get<double>()).c_str(),
         static_cast<long long>(s["live_steps"].get<std::int64_t>()), runs.c_str(),
         s["simulated_steps"].is_number() ? s["simulated_steps"].dump().c_str() : "n/a",
         s["forward_s"].get<double>(), PercentText(s["priced_error_pct"]).c_str(), classes.c_str(),
-        bands.empty() ? "n/a" : bands.c_str(), quarters.c_str(), outside);
+        bands.empty() ? "n/a" : bands.c_str(),
+        calibrated.empty()
+            ? ""
+            : ("; the fit prices the profile's own decode measurements at " + calibrated).c_str(),
+        quarters.c_str(), outside);
     if (s.contains("host_per_step")) {
       const json& h = s["host_per_step"];
       std::string phases;

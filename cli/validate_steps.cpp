@@ -271,11 +271,35 @@ Result<json> AttributeSteps(const std::vector<std::string>& step_logs,
           beside_iteration_s[k] > 0 ? json(beside_overlap_s[k] / beside_iteration_s[k]) : json();
     }
   }
+  // The profile's own decode measurements by band, priced by their fit: the fit's error where
+  // the live steps' is, which the live steps' error includes (the rest is how they ran live).
+  std::map<int, std::array<double, 3>> calibrated;  // by band: shapes, measured, priced
+  if (profile) {
+    std::map<int, models::FittedCostModel> fits;
+    for (const models::StepFit& fit : profile->fits)
+      fits.emplace(fit.tp, models::FittedCostModel(fit));
+    for (const models::StepMeasurement& m : profile->measurements) {
+      const auto fit = fits.find(m.shape.tp);
+      if (fit == fits.end() || m.seconds.empty() || !m.shape.prefill.empty() ||
+          m.shape.decode_tokens <= 0)
+        continue;
+      auto& band =
+          calibrated[std::bit_width(static_cast<std::uint64_t>(m.shape.decode_tokens)) - 1];
+      band[0] += 1;
+      band[1] += m.Median();
+      band[2] += fit->second.StepTime(m.shape);
+    }
+  }
   out["decode_by_rows"] = json::array();
   for (const auto& [band, c] : decode_bands) {
     json b = totals(c);
     b["rows_from"] = std::int64_t{1} << band;
     b["rows_to"] = (std::int64_t{2} << band) - 1;
+    if (const auto it = calibrated.find(band); it != calibrated.end())
+      b["calibration"] = {{"shapes", static_cast<std::int64_t>(it->second[0])},
+                          {"measured_s", it->second[1]},
+                          {"priced_s", it->second[2]},
+                          {"error_pct", pct(it->second[2], it->second[1])}};
     if (cluster.instances.size() > 1) {
       b["alone"] = totals(decode_bands_apart[band][0]);
       b["beside"] = totals(decode_bands_apart[band][1]);

@@ -23,7 +23,9 @@ std::string ReadText(const std::string& path);
 // iterations' time outside their forward passes. Where the logs have the passes' CPU time
 // (policies::StepLogLine::forward_cpu_s), each of these sums has "on_cpu": the share of the
 // passes' time their thread was on a core, and the price against that CPU time (a pass
-// preempted by the machine's other threads took longer than it computed). `simulated_summary`:
+// preempted by the machine's other threads took longer than it computed). Each decode band also
+// has "calibration": the profile's own measurements of that band priced by their fit (the fit's
+// error there, a part of the live steps'). `simulated_summary`:
 // the simulation's summary.json, for its step count.
 Result<nlohmann::json> AttributeSteps(const std::vector<std::string>& step_logs,
                                       const sim::ClusterSpec& cluster,

@@ -189,8 +189,9 @@ void ExpectSchedulesCompared(const json& load) {
 
 // The live steps' forward passes beside the profile's price for their shapes: recomputed here
 // from the server's step log and the profile. Adds the decode bands it saw to `bands`.
-void ExpectStepsAttributed(const json& load, const std::string& dir, const models::StepFit& fit,
-                           std::set<std::int64_t>* bands) {
+void ExpectStepsAttributed(const json& load, const std::string& dir,
+                           const models::StepProfile& profile, std::set<std::int64_t>* bands) {
+  const models::StepFit& fit = profile.fits.at(0);
   const std::string step_log = dir + "/steps.jsonl";
   const json& s = load["steps"];
   std::int64_t steps = 0, prompt_tokens = 0;
@@ -250,6 +251,18 @@ void ExpectStepsAttributed(const json& load, const std::string& dir, const model
     EXPECT_EQ(b["rows_to"], 2 * from - 1);
     EXPECT_EQ(b["steps"], band[0]);
     EXPECT_NEAR(b["error_pct"].get<double>(), 100 * (band[2] / band[1] - 1), 1e-6) << from;
+    // The fit on the profile's own decode measurements of the band (the ladders reach 16 rows).
+    double measured = 0, fitted = 0;
+    for (const models::StepMeasurement& m : profile.measurements) {
+      if (!m.shape.prefill.empty() || m.shape.decode_tokens < from ||
+          m.shape.decode_tokens >= 2 * from)
+        continue;
+      measured += m.Median();
+      fitted += models::FittedCostModel(fit).StepTime(m.shape);
+    }
+    ASSERT_GT(measured, 0) << "band " << from;
+    EXPECT_NEAR(b["calibration"]["error_pct"].get<double>(), 100 * (fitted / measured - 1), 1e-6)
+        << b;
   }
   for (const auto& [from, band] : decode_bands) bands->insert(from);
   // By quarter of the run, from the first step's start to the last's.
@@ -386,6 +399,7 @@ TEST_F(ValidateTest, ComparesALiveRunWithTheSimulationAtEachLoad) {
       r.out, {"ttft_ms.p50", "tpot_ms.p99", "throughput.output_tokens_per_s", "rate x0.5",
               "rate x2", "steps at x0.5", "steps at x2", "outside its forward pass",
               "on a core at x0.5: the live forward passes' threads were on a core for ",
+              "the fit prices the profile's own decode measurements at 1 ",
               "decode by batch rows 1 ", "cpu at x0.5", "cpu at x2", "as live at x0.5",
               "with the steps priced as they ran live", "wrote"}));
   const json report = ReadJson(tmp_.File("out/validation.json"));
@@ -428,8 +442,8 @@ TEST_F(ValidateTest, ComparesALiveRunWithTheSimulationAtEachLoad) {
   // Decode batches of two sizes at least, over both loads (how the bursts batch depends on the
   // machine's load: under CI's other tests the slower rate once ran them one size only).
   std::set<std::int64_t> bands;
-  ExpectStepsAttributed(report["loads"][0], tmp_.File("out/rate-0.5"), profile->fits.at(0), &bands);
-  ExpectStepsAttributed(report["loads"][1], tmp_.File("out/rate-2"), profile->fits.at(0), &bands);
+  ExpectStepsAttributed(report["loads"][0], tmp_.File("out/rate-0.5"), *profile, &bands);
+  ExpectStepsAttributed(report["loads"][1], tmp_.File("out/rate-2"), *profile, &bands);
   EXPECT_GE(bands.size(), 2u) << "batches of one size only: the bands go untested";
   ExpectSimulatedAsLive(report["loads"][0], tmp_.File("out/rate-0.5"), profile->fits.at(0));
   ExpectSimulatedAsLive(report["loads"][1], tmp_.File("out/rate-2"), profile->fits.at(0));
@@ -587,7 +601,7 @@ TEST_F(ValidateTest, AnErrorBeyondItsToleranceFailsTheRun) {
   auto profile = models::LoadStepProfile(tmp_.File("profile.json"));
   ASSERT_TRUE(profile.ok()) << profile.error();
   std::set<std::int64_t> bands;
-  ExpectStepsAttributed(report["loads"][0], tmp_.File("out/rate-1"), profile->fits.at(0), &bands);
+  ExpectStepsAttributed(report["loads"][0], tmp_.File("out/rate-1"), *profile, &bands);
 }
 
 // A profile whose measurements say calibration found this machine 10 times slower than it is:
