@@ -56,6 +56,15 @@ struct Class {
     cpu_priced_s += priced;
     cpu_s += *cpu;
   }
+  void Merge(const Class& o) {  // the sums, not the per-step errors
+    steps += o.steps;
+    forward_s += o.forward_s;
+    priced_s += o.priced_s;
+    cpu_steps += o.cpu_steps;
+    cpu_forward_s += o.cpu_forward_s;
+    cpu_priced_s += o.cpu_priced_s;
+    cpu_s += o.cpu_s;
+  }
 };
 
 // For each of a run's steps (sorted by start), how long other instances' iterations ran during
@@ -240,13 +249,7 @@ Result<json> AttributeSteps(const std::vector<std::string>& step_logs,
   Class all;
   for (std::size_t k = 0; k < classes.size(); ++k) {
     Class& c = classes[k];
-    all.steps += c.steps;
-    all.forward_s += c.forward_s;
-    all.priced_s += c.priced_s;
-    all.cpu_steps += c.cpu_steps;
-    all.cpu_forward_s += c.cpu_forward_s;
-    all.cpu_priced_s += c.cpu_priced_s;
-    all.cpu_s += c.cpu_s;
+    all.Merge(c);
     json median;
     if (!c.errors.empty()) {
       auto mid = c.errors.begin() + static_cast<std::ptrdiff_t>(c.errors.size() / 2);

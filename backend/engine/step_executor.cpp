@@ -42,14 +42,13 @@ bool Contains(std::span<const std::int32_t> ids, std::int32_t id) {
   return std::find(ids.begin(), ids.end(), id) != ids.end();
 }
 
-// The calling thread's CPU time: it advances only while the thread runs on a core.
+}  // namespace
+
 Seconds ThreadCpuSeconds() {
   timespec t{};
   clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
   return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
 }
-
-}  // namespace
 
 void ModelStepExecutor::Submit(const policies::StepPlan& plan, policies::StepEvents&) {
   DUET_CHECK_MSG(plan.max_steps == 1 && plan.awaited_loads.empty(),

@@ -24,6 +24,9 @@
 namespace duet::backend {
 
 using models::StepTiming;
+// The calling thread's CPU time: it advances only while the thread runs on a core (what the
+// executor reads around each forward pass, policies::StepLogLine::forward_cpu_s).
+Seconds ThreadCpuSeconds();
 Status WriteStepTimings(const std::vector<StepTiming>& timings, const std::string& path);
 
 class ModelStepExecutor final : public policies::StepExecutor {

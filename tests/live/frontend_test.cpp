@@ -9,10 +9,8 @@
 #include <unistd.h>
 
 #include <atomic>
-
 #include <chrono>
 #include <condition_variable>
-#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <mutex>
@@ -24,6 +22,7 @@
 #include "backend/cpu/cpu_model.h"
 #include "backend/engine/fault_injecting_model.h"
 #include "backend/engine/local_engine.h"
+#include "backend/engine/step_executor.h"
 #include "backend/model/test_model.h"
 #include "tests/live/live_test_util.h"
 
@@ -280,13 +279,6 @@ TEST_F(Frontend, AnIdleEnginesWakeUpIsLoggedOnTheStepItRan) {
     EXPECT_LE(*lines[k].woke_s, info.queue_s - info.frontend_s);
   }
   EXPECT_EQ(request, infos.size());
-}
-
-// The calling thread's CPU time: it advances only while the thread runs on a core.
-Seconds ThreadCpuSeconds() {
-  timespec t{};
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
-  return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
 }
 
 // Each step's line carries its forward pass's CPU time: at least what the pass burned on its
