@@ -11,15 +11,14 @@ namespace duet::cli {
 
 Status WriteAtLiveSendTimes(const traces::Trace& trace, const std::string& live_csv,
                             const std::string& csv_source, const std::string& path) {
-  auto ids = policies::ParseRequestsCsvColumn(live_csv, csv_source, "request_id");
-  if (!ids) return ids.status();
-  auto sent = policies::ParseRequestsCsvColumn(live_csv, csv_source, "arrival_s");
-  if (!sent) return sent.status();
-  if (ids->size() != sent->size())
-    return Status::Error(csv_source + ": records without a request_id or an arrival_s");
+  auto rows = policies::ParseRequestsCsvColumns(live_csv, csv_source, {"request_id", "arrival_s"});
+  if (!rows) return rows.status();
   std::unordered_map<std::uint64_t, Seconds> sent_at;
-  for (std::size_t i = 0; i < ids->size(); ++i)
-    sent_at[static_cast<std::uint64_t>(std::llround((*ids)[i]))] = (*sent)[i];
+  for (const policies::RequestsCsvRow& r : *rows) {
+    if (!r[0] || !r[1])
+      return Status::Error(csv_source + ": records without a request_id or an arrival_s");
+    sent_at[static_cast<std::uint64_t>(std::llround(*r[0]))] = *r[1];
+  }
 
   traces::Trace out = trace;
   for (traces::TraceRequest& r : out.requests) {

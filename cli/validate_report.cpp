@@ -106,20 +106,14 @@ Result<json> ReadRunSummary(const std::string& dir) {
   auto summary = ReadJsonFile(dir + "/summary.json");
   if (!summary) return summary;
   const std::string path = dir + "/requests.csv";
-  const std::string text = ReadText(path);
-  std::array<std::vector<double>, 4> columns;  // of the completed requests
-  const std::array<const char*, 4> names = {"output_tokens", "e2e_ms", "ttft_ms", "kv_transfer_ms"};
-  for (std::size_t c = 0; c < names.size(); ++c) {
-    auto column = policies::ParseRequestsCsvColumn(text, path, names[c]);
-    if (!column) return column.status();
-    columns[c] = std::move(*column);
-    // Colocated, or a request without a transfer: not derived.
-    if (columns[c].size() != columns[0].size()) return summary;
-  }
+  auto rows = policies::ParseRequestsCsvColumns(
+      ReadText(path), path, {"output_tokens", "e2e_ms", "ttft_ms", "kv_transfer_ms"});
+  if (!rows) return rows.status();
+  // Of the completed requests with a KV transfer (PD) and a second token.
   std::vector<double> per_token;
-  for (std::size_t k = 0; k < columns[0].size(); ++k) {
-    if (columns[0][k] < 2) continue;
-    per_token.push_back((columns[1][k] - columns[2][k] - columns[3][k]) / (columns[0][k] - 1));
+  for (const policies::RequestsCsvRow& r : *rows) {
+    if (!r[0] || !r[1] || !r[2] || !r[3] || *r[0] < 2) continue;
+    per_token.push_back((*r[1] - *r[2] - *r[3]) / (*r[0] - 1));
   }
   if (!per_token.empty()) {
     const policies::Distribution d = policies::Summarize(std::move(per_token));

@@ -184,17 +184,16 @@ Result<LiveHandOver> MeasureLiveHandOver(const std::vector<std::vector<Schedule>
   const Seconds per_token = profile.frontend ? profile.frontend->prompt_token_s : 0;
   std::vector<double> beyond;  // each request's frontend time less its prompt tokens' price
   for (const std::string& csv : live_requests_csvs) {
-    const std::string text = ReadText(csv);
-    auto frontend_ms = policies::ParseRequestsCsvColumn(text, csv, "ttft_frontend_ms");
-    if (!frontend_ms) return frontend_ms.status();
-    auto tokens = policies::ParseRequestsCsvColumn(text, csv, "input_tokens");
-    if (!tokens) return tokens.status();
-    if (tokens->size() != frontend_ms->size())
-      return Status::Error(csv +
-                           ": completed records without an input_tokens or a "
-                           "ttft_frontend_ms");
-    for (std::size_t i = 0; i < tokens->size(); ++i)
-      beyond.push_back(std::max(0.0, (*frontend_ms)[i] / 1e3 - per_token * (*tokens)[i]));
+    auto rows =
+        policies::ParseRequestsCsvColumns(ReadText(csv), csv, {"ttft_frontend_ms", "input_tokens"});
+    if (!rows) return rows.status();
+    for (const policies::RequestsCsvRow& r : *rows) {
+      if (!r[0] || !r[1])
+        return Status::Error(csv +
+                             ": completed records without an input_tokens or a "
+                             "ttft_frontend_ms");
+      beyond.push_back(std::max(0.0, *r[0] / 1e3 - per_token * *r[1]));
+    }
   }
   LiveHandOver h;
   h.wakes = static_cast<std::int64_t>(wakes.size());

@@ -483,34 +483,57 @@ Status MetricsCollector::WriteRequestsCsv(const std::string& path,
   return Status::Ok();
 }
 
-Result<std::vector<double>> ParseRequestsCsvColumn(const std::string& text,
-                                                   const std::string& source,
-                                                   const std::string& column) {
+Result<std::vector<RequestsCsvRow>> ParseRequestsCsvColumns(
+    const std::string& text, const std::string& source, const std::vector<std::string>& columns) {
   const auto records = CsvRecords(text);
   if (records.empty()) return Status::Error(source + ": empty");
   const auto& header = records.front();
   const auto at = [&](const std::string& name) {
     return static_cast<std::size_t>(std::find(header.begin(), header.end(), name) - header.begin());
   };
-  const std::size_t value_at = at(column), status_at = at("status");
-  if (value_at == header.size() || status_at == header.size())
-    return Status::Error(source + ": the header has no " +
-                         (value_at == header.size() ? column : std::string("status")) + " column");
-  std::vector<double> values;
+  const std::size_t status_at = at("status");
+  if (status_at == header.size())
+    return Status::Error(source + ": the header has no status column");
+  std::vector<std::size_t> value_at;
+  for (const std::string& column : columns) {
+    value_at.push_back(at(column));
+    if (value_at.back() == header.size())
+      return Status::Error(source + ": the header has no " + column + " column");
+  }
+  std::vector<RequestsCsvRow> rows;
   for (std::size_t r = 1; r < records.size(); ++r) {
     const auto& fields = records[r];
     if (fields.size() != header.size())
       return Status::Error(source + ": record " + std::to_string(r + 1) + " has " +
                            std::to_string(fields.size()) + " fields, the header " +
                            std::to_string(header.size()));
-    if (fields[status_at] != "completed" || fields[value_at].empty()) continue;
-    char* end = nullptr;
-    const double v = std::strtod(fields[value_at].c_str(), &end);
-    if (end != fields[value_at].c_str() + fields[value_at].size() || !std::isfinite(v))
-      return Status::Error(source + ": record " + std::to_string(r + 1) + ": " + column + " '" +
-                           fields[value_at] + "' is not a number");
-    values.push_back(v);
+    if (fields[status_at] != "completed") continue;
+    RequestsCsvRow& row = rows.emplace_back();
+    for (std::size_t c = 0; c < columns.size(); ++c) {
+      const std::string& field = fields[value_at[c]];
+      if (field.empty()) {
+        row.emplace_back();
+        continue;
+      }
+      char* end = nullptr;
+      const double v = std::strtod(field.c_str(), &end);
+      if (end != field.c_str() + field.size() || !std::isfinite(v))
+        return Status::Error(source + ": record " + std::to_string(r + 1) + ": " + columns[c] +
+                             " '" + field + "' is not a number");
+      row.emplace_back(v);
+    }
   }
+  return rows;
+}
+
+Result<std::vector<double>> ParseRequestsCsvColumn(const std::string& text,
+                                                   const std::string& source,
+                                                   const std::string& column) {
+  auto rows = ParseRequestsCsvColumns(text, source, {column});
+  if (!rows) return rows.status();
+  std::vector<double> values;
+  for (const RequestsCsvRow& row : *rows)
+    if (row[0]) values.push_back(*row[0]);
   return values;
 }
 

@@ -98,10 +98,16 @@ class MetricsCollector : public EventSink {
   std::int64_t preemptions_ = 0;
 };
 
-// One column of a requests.csv, read back (the HTML report of `duet validate`): the values of
-// `column` in the records whose status is "completed" and whose value is not empty. `text` is
-// the file's contents (RFC 4180: quoted fields may hold commas, doubled quotes and line breaks);
-// errors name `source`, the record and what is wrong.
+// Columns of a requests.csv, read back (`duet validate`): one row per record whose status is
+// "completed", each holding the value of every column asked for in their order, none where the
+// field is empty (a request without a KV transfer has no kv_transfer_ms). `text` is the file's
+// contents (RFC 4180: quoted fields may hold commas, doubled quotes and line breaks); errors name
+// `source`, the record and what is wrong.
+using RequestsCsvRow = std::vector<std::optional<double>>;
+Result<std::vector<RequestsCsvRow>> ParseRequestsCsvColumns(
+    const std::string& text, const std::string& source, const std::vector<std::string>& columns);
+
+// One column: its values in the completed records where it is not empty.
 Result<std::vector<double>> ParseRequestsCsvColumn(const std::string& text,
                                                    const std::string& source,
                                                    const std::string& column);

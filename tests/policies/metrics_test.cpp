@@ -293,6 +293,26 @@ TEST(RequestsCsvColumn, QuotedFieldsAndBadFilesNameTheRecord) {
   }
 }
 
+// Several columns read together stay aligned record by record: an empty field is an empty value
+// in its row, not a shorter column.
+TEST(RequestsCsvColumn, ColumnsReadTogetherKeepEachRecordsEmptyFields) {
+  const std::string text =
+      "request_id,output_tokens,kv_transfer_ms,status,reason\n"
+      "0,1,,completed,\n"
+      "1,5,2.5,completed,\n"
+      "2,0,,rejected,too long\n"
+      "3,7,4,completed,\n";
+  auto rows = ParseRequestsCsvColumns(text, "q.csv", {"kv_transfer_ms", "output_tokens"});
+  ASSERT_TRUE(rows.ok()) << rows.error();
+  ASSERT_EQ(rows->size(), 3u);  // the completed records
+  EXPECT_EQ((*rows)[0], (RequestsCsvRow{std::nullopt, 1.0}));
+  EXPECT_EQ((*rows)[1], (RequestsCsvRow{2.5, 5.0}));
+  EXPECT_EQ((*rows)[2], (RequestsCsvRow{4.0, 7.0}));
+  auto missing = ParseRequestsCsvColumns(text, "q.csv", {"output_tokens", "ttft_ms"});
+  ASSERT_FALSE(missing.ok());
+  EXPECT_EQ(missing.error(), "q.csv: the header has no ttft_ms column");
+}
+
 // The engine never rewrites the spec: the record says what happened. A request a stop token
 // ended reports (and the throughput counts) what it generated; one that ran to its length, or
 // failed, what it asked for.
