@@ -607,6 +607,26 @@ int Calibrate(int argc, char** argv) {
     std::printf("duet calibrate: %zu step shapes x %d repeats on %s in %.1f s\n", shapes.size(),
                 repeats, device.c_str(),
                 std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    // The machine's own noise during the sweep, stated beside the fit it moves: each pass in
+    // quarters (stretches of a few seconds to minutes).
+    if (const auto passes = models::PassDeviationsPct(profile.measurements, 4); !passes.empty()) {
+      nlohmann::json pct = nlohmann::json::array();
+      double lo = 0, hi = 0;
+      for (const std::vector<double>& pass : passes) {
+        nlohmann::json& quarters = pct.emplace_back(nlohmann::json::array());
+        for (double p : pass) {
+          quarters.push_back(std::round(p * 10) / 10);
+          lo = std::min(lo, p);
+          hi = std::max(hi, p);
+        }
+      }
+      profile.source["passes_pct"] = pct;
+      std::printf(
+          "passes: in quarters of each pass, the shapes took %+.1f%% to %+.1f%% of their medians "
+          "(the machine's speed moving during the sweep; the fit prices the medians; each "
+          "quarter: the profile's source.passes_pct)\n",
+          lo, hi);
+    }
     if (served) {
       auto frontend =
           TimeFrontend(**served, limits.max_context, limits.trace_prompts, placement.block_tokens);

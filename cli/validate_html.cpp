@@ -188,7 +188,7 @@ Status WriteValidationHtml(const json& report, const std::vector<Metric>& metric
           "<code>duet simulate</code> on the same cluster file and trace. Error: simulated over "
           "live, less one. Green: the simulated value lies within the live runs' range; red: the "
           "error exceeds its tolerance. The cost model's profile: " +
-          Escape(ProfileTrafficText(report["profile"])) + ".</p>\n";
+          Escape(ProfileText(report["profile"])) + ".</p>\n";
   for (const json& load : report["loads"]) {
     const std::string rate = RateText(load["rate_scale"].get<double>());
     const std::string dir = (fs::path(out_dir) / ("rate-" + rate)).string();

@@ -163,19 +163,41 @@ json Compare(const Metric& m, const std::vector<json>& live_runs, const json& si
   return entry;
 }
 
-std::string ProfileTrafficText(const json& profile) {
+std::string ProfileText(const json& profile) {
   const std::string traffic = profile["traffic"].get<std::string>();
   const json& source = profile["source"];
+  std::string text;
   if (traffic == "this")
-    return "fitted to this trace and selection: the errors are not on traffic it was not "
-           "fitted to";
-  if (traffic == "same_trace_other_selection")
-    return "fitted to another selection of this trace (" + source["trace"]["selection"].dump() +
-           ")";
-  if (traffic == "other")
-    return "fitted to other traffic (" + source["trace"]["path"].get<std::string>() + ")";
-  if (traffic == "ladders") return "the sweep's ladders, fitted to no trace";
-  return "none fitted (the cluster file's cost model is not a profile)";
+    text = "fitted to this trace and selection: the errors are not on traffic it was not fitted to";
+  else if (traffic == "same_trace_other_selection")
+    text =
+        "fitted to another selection of this trace (" + source["trace"]["selection"].dump() + ")";
+  else if (traffic == "other")
+    text = "fitted to other traffic (" + source["trace"]["path"].get<std::string>() + ")";
+  else if (traffic == "ladders")
+    text = "the sweep's ladders, fitted to no trace";
+  else
+    return "none fitted (the cluster file's cost model is not a profile)";
+  if (source.contains("passes_pct") && source["passes_pct"].is_array() &&
+      !source["passes_pct"].empty()) {
+    double lo = 0, hi = 0;
+    for (const json& pass : source["passes_pct"]) {
+      if (!pass.is_array()) return text;
+      for (const json& p : pass) {
+        if (!p.is_number()) return text;
+        lo = std::min(lo, p.get<double>());
+        hi = std::max(hi, p.get<double>());
+      }
+    }
+    char passes[200];
+    std::snprintf(passes, sizeof passes,
+                  "; in stretches of its calibration the shapes took %+.1f%% to %+.1f%% of its "
+                  "medians (the machine's drift while it was measured: a step price error within "
+                  "that is within calibration's noise)",
+                  lo, hi);
+    text += passes;
+  }
+  return text;
 }
 
 namespace {
@@ -195,7 +217,7 @@ std::string ErrorsText(const json& load, const std::string& key) {
 
 void PrintValidation(const json& report, const std::vector<Metric>& metrics) {
   if (report["profile"]["traffic"] != "none")
-    std::printf("profile: %s\n", ProfileTrafficText(report["profile"]).c_str());
+    std::printf("profile: %s\n", ProfileText(report["profile"]).c_str());
   const int repeats = report["loads"].empty() ? 1 : report["loads"][0]["repeats"].get<int>();
   // The table: one row per metric, live / simulated / error per load; with several runs, the
   // live median with the runs' range, and "~" where the simulated value lies within it.

@@ -45,9 +45,11 @@ nlohmann::json Compare(const Metric& m, const std::vector<nlohmann::json>& live_
                        const nlohmann::json& simulated,
                        const std::map<std::string, double>& tolerances, bool* exceeded);
 
-// What the report's "profile" says of the traffic the cost model's profile was fitted to, in
-// words ("fitted to this trace and selection: ...", "the sweep's ladders, fitted to no trace").
-std::string ProfileTrafficText(const nlohmann::json& profile);
+// What the report's "profile" says of the cost model's profile, in words: the traffic it was
+// fitted to ("fitted to this trace and selection: ...", "the sweep's ladders, fitted to no
+// trace") and, where its source has them (`duet calibrate`'s passes_pct), how far stretches of
+// its calibration ran from its medians: the machine's drift while it was measured.
+std::string ProfileText(const nlohmann::json& profile);
 
 // The report (validation.json's form) on stdout: the table of metrics by load, then per load the
 // live runs' spread, the steps' attribution, host time, the errors with steps priced as they ran

@@ -435,6 +435,28 @@ Seconds StepMeasurement::Median() const { return Percentile(seconds, 0.5); }
 
 Seconds TransferMeasurement::Median() const { return Percentile(seconds, 0.5); }
 
+std::vector<std::vector<double>> PassDeviationsPct(const std::vector<StepMeasurement>& measurements,
+                                                   std::size_t parts) {
+  const std::size_t n = measurements.size();
+  if (parts == 0 || n < parts) return {};
+  const std::size_t passes = measurements.front().seconds.size();
+  if (passes < 2) return {};
+  std::vector<Seconds> medians;
+  for (const StepMeasurement& m : measurements) {
+    if (m.seconds.size() != passes) return {};
+    medians.push_back(m.Median());
+  }
+  std::vector<std::vector<double>> pct(passes);
+  for (std::size_t k = 0; k < passes; ++k)
+    for (std::size_t part = 0; part < parts; ++part) {
+      std::vector<double> ratios;
+      for (std::size_t i = part * n / parts; i < (part + 1) * n / parts; ++i)
+        if (medians[i] > 0) ratios.push_back(measurements[i].seconds[k] / medians[i]);
+      pct[k].push_back(ratios.empty() ? 0 : 100 * (Percentile(std::move(ratios), 0.5) - 1));
+    }
+  return pct;
+}
+
 Seconds AffinePiece::At(const std::array<double, kFitColumns>& columns) const {
   Seconds t = 0;
   for (std::size_t c = 0; c < kFitColumns; ++c) t += seconds_per[c] * columns[c];

@@ -184,6 +184,16 @@ struct StepProfile {
 // Relative errors (percent) summarised: their count, mean, p90 and max.
 FitError SummarizeErrors(const std::vector<double>& pct);
 
+// How the machine's speed moved during a sweep that `duet calibrate` timed in passes over every
+// shape, in sweep order: each pass cut into `parts` runs of consecutive measurements (its
+// stretches of time), and for each, the median over its measurements of that pass's time over
+// the measurement's median time, less one, in percent ([pass][part]). A machine whose speed
+// drifts shows here as stretches that ran slower or faster as a whole; the profile's medians
+// price the middle of them. Empty unless there are at least `parts` measurements, all with the
+// same number of repeats, at least 2.
+std::vector<std::vector<double>> PassDeviationsPct(const std::vector<StepMeasurement>& measurements,
+                                                   std::size_t parts);
+
 // The relative error of `model` on the measurements of `tp`: the held-out ones, or the others.
 ClassErrors ErrorOf(const StepCostModel& model, const std::vector<StepMeasurement>& measurements,
                     int tp, bool held_out);

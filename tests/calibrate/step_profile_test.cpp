@@ -81,6 +81,33 @@ StepFit KernelChangeAt12() {
   return truth;
 }
 
+// A sweep of three passes over 8 shapes (quarters of 2) whose first pass ran 2% slower and whose
+// third ran 15% faster in its second half, as on a shared machine whose speed moved: each stretch's
+// median time over the shapes' medians says so, whatever the shapes' own times.
+TEST(StepProfileTest, PassDeviationsAreEachStretchOverTheShapesMedians) {
+  std::vector<StepMeasurement> ms;
+  for (double base : {0.002, 0.03, 0.4, 1.7, 0.01, 0.2, 0.05, 3.0}) {
+    StepMeasurement m;
+    m.seconds = {base * 1.02, base, base * (ms.size() < 4 ? 1.0 : 0.85)};
+    ms.push_back(m);
+  }
+  const std::vector<std::vector<double>> pct = PassDeviationsPct(ms, 4);
+  ASSERT_EQ(pct.size(), 3u);
+  for (std::size_t part = 0; part < 4; ++part) {
+    EXPECT_NEAR(pct[0][part], 2, 1e-9) << part;
+    EXPECT_NEAR(pct[1][part], 0, 1e-9) << part;
+    EXPECT_NEAR(pct[2][part], part < 2 ? 0 : -15, 1e-9) << part;
+  }
+  // Not passes: too few measurements, measurements of one repeat, or of differing counts (read
+  // from elsewhere).
+  EXPECT_TRUE(PassDeviationsPct(ms, 9).empty());
+  ms[1].seconds.pop_back();
+  EXPECT_TRUE(PassDeviationsPct(ms, 4).empty());
+  for (StepMeasurement& m : ms) m.seconds.resize(1);
+  EXPECT_TRUE(PassDeviationsPct(ms, 4).empty());
+  EXPECT_TRUE(PassDeviationsPct({}, 4).empty());
+}
+
 TEST(StepProfileTest, OnePieceIsRecoveredExactly) {
   StepFit truth;
   truth.pieces = {{{KnownPiece()}, {KnownPiece()}, {KnownPiece()}}};

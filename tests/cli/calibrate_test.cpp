@@ -55,6 +55,17 @@ TEST_F(CalibrateTest, MeasuresTheCpuBackendAndTheSimulatorRunsFromTheProfile) {
   EXPECT_EQ(profile->model.hidden_size, 64);
   EXPECT_EQ(profile->source["tool"], "duet calibrate");
   EXPECT_EQ(profile->source["repeats"], 3);
+  // The machine's drift over the sweep: each pass's quarters against the medians, kept and
+  // their range printed.
+  const auto passes = models::PassDeviationsPct(profile->measurements, 4);
+  ASSERT_EQ(passes.size(), 3u);
+  ASSERT_EQ(profile->source["passes_pct"].size(), 3u) << profile->source;
+  for (std::size_t k = 0; k < passes.size(); ++k)
+    for (std::size_t q = 0; q < 4; ++q)
+      EXPECT_NEAR(profile->source["passes_pct"][k][q].get<double>(), passes[k][q], 0.05) << k;
+  EXPECT_TRUE(ContainsAll(
+      r.out, {"passes: in quarters of each pass, the shapes took ", "of their medians"}))
+      << r;
   ASSERT_EQ(profile->fits.size(), 1u);
   // Every class measured, every 4th shape of each held out and its error reported.
   int held_out = 0;
