@@ -1,6 +1,7 @@
-// Fuzz target for reading a requests.csv column back (policies/metrics.cpp's
-// ParseRequestsCsvColumn, which `duet validate --report` plots): any text gives values or an
-// error, never a crash, and every value read is finite.
+// Fuzz target for reading a requests.csv back (policies/metrics.cpp's ParseRequestsCsvColumns and
+// ParseRequestsCsvColumn, which `duet validate` reads both worlds' requests with): any text gives
+// values or an error, never a crash; every value read is finite, and every row has a value or
+// none for each column asked for.
 #include <cmath>
 #include <cstdint>
 #include <string>
@@ -15,5 +16,12 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     for (double v : *values)
       if (!std::isfinite(v)) __builtin_trap();
   }
+  auto rows = duet::policies::ParseRequestsCsvColumns(text, "fuzz.csv", {"ttft_ms", "e2e_ms"});
+  if (rows.ok())
+    for (const duet::policies::RequestsCsvRow& row : *rows) {
+      if (row.size() != 2) __builtin_trap();
+      for (const auto& v : row)
+        if (v && !std::isfinite(*v)) __builtin_trap();
+    }
   return 0;
 }
