@@ -116,7 +116,8 @@ void SimPorts::Execute(const policies::StepPlan& plan, policies::StepEvents& eve
                                        {shape, forward_s},
                                        {},
                                        async_,
-                                       std::exchange(woke_s_, std::nullopt)};
+                                       std::exchange(woke_s_, std::nullopt),
+                                       std::nullopt};  // no thread: no CPU time
       *world_.step_log += policies::FormatStepLogLine(line);
     }
     shape.decode_context_tokens += shape.decode_tokens;
