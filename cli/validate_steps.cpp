@@ -38,6 +38,10 @@ struct Step {
   std::optional<Seconds> cpu_s;  // the pass's thread CPU time, where the log has it
 };
 
+// A decode batch's band: floor(log2(rows)), so rows 1, 2-3, 4-7, ... (backends change kernels
+// with the row count).
+int DecodeBand(Tokens rows) { return std::bit_width(static_cast<std::uint64_t>(rows)) - 1; }
+
 // Steps summed: their live forward passes and the cost model's prices, and, of those whose
 // line has the pass's CPU time, the same again with that time.
 struct Class {
@@ -204,10 +208,9 @@ Result<json> AttributeSteps(const std::vector<std::string>& step_logs,
             for (std::size_t c = 0; c < columns.size(); ++c) beyond |= columns[c] > max[c];
             if (beyond) add(beyond_sweep[static_cast<std::size_t>(shape_class)]);
           }
-          const int band =
-              shape_class == models::ShapeClass::kDecode
-                  ? std::bit_width(static_cast<std::uint64_t>(line.step.shape.decode_tokens)) - 1
-                  : -1;
+          const int band = shape_class == models::ShapeClass::kDecode
+                               ? DecodeBand(line.step.shape.decode_tokens)
+                               : -1;
           if (band >= 0) add(decode_bands[band]);
           iteration_s += line.iteration_s;
           async = async || line.async;
@@ -276,7 +279,11 @@ Result<json> AttributeSteps(const std::vector<std::string>& step_logs,
   }
   // The profile's own decode measurements by band, priced by their fit: the fit's error where
   // the live steps' is, which the live steps' error includes (the rest is how they ran live).
-  std::map<int, std::array<double, 3>> calibrated;  // by band: shapes, measured, priced
+  struct Calibrated {
+    std::int64_t shapes = 0;
+    Seconds measured_s = 0, priced_s = 0;
+  };
+  std::map<int, Calibrated> calibrated;  // by band
   if (profile) {
     std::map<int, models::FittedCostModel> fits;
     for (const models::StepFit& fit : profile->fits)
@@ -286,11 +293,10 @@ Result<json> AttributeSteps(const std::vector<std::string>& step_logs,
       if (fit == fits.end() || m.seconds.empty() || !m.shape.prefill.empty() ||
           m.shape.decode_tokens <= 0)
         continue;
-      auto& band =
-          calibrated[std::bit_width(static_cast<std::uint64_t>(m.shape.decode_tokens)) - 1];
-      band[0] += 1;
-      band[1] += m.Median();
-      band[2] += fit->second.StepTime(m.shape);
+      Calibrated& band = calibrated[DecodeBand(m.shape.decode_tokens)];
+      ++band.shapes;
+      band.measured_s += m.Median();
+      band.priced_s += fit->second.StepTime(m.shape);
     }
   }
   out["decode_by_rows"] = json::array();
@@ -299,10 +305,10 @@ Result<json> AttributeSteps(const std::vector<std::string>& step_logs,
     b["rows_from"] = std::int64_t{1} << band;
     b["rows_to"] = (std::int64_t{2} << band) - 1;
     if (const auto it = calibrated.find(band); it != calibrated.end())
-      b["calibration"] = {{"shapes", static_cast<std::int64_t>(it->second[0])},
-                          {"measured_s", it->second[1]},
-                          {"priced_s", it->second[2]},
-                          {"error_pct", pct(it->second[2], it->second[1])}};
+      b["calibration"] = {{"shapes", it->second.shapes},
+                          {"measured_s", it->second.measured_s},
+                          {"priced_s", it->second.priced_s},
+                          {"error_pct", pct(it->second.priced_s, it->second.measured_s)}};
     if (cluster.instances.size() > 1) {
       b["alone"] = totals(decode_bands_apart[band][0]);
       b["beside"] = totals(decode_bands_apart[band][1]);

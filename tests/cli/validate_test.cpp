@@ -252,13 +252,14 @@ void ExpectStepsAttributed(const json& load, const std::string& dir,
     EXPECT_EQ(b["steps"], band[0]);
     EXPECT_NEAR(b["error_pct"].get<double>(), 100 * (band[2] / band[1] - 1), 1e-6) << from;
     // The fit on the profile's own decode measurements of the band (the ladders reach 16 rows).
+    const models::FittedCostModel model(fit);
     double measured = 0, fitted = 0;
     for (const models::StepMeasurement& m : profile.measurements) {
       if (!m.shape.prefill.empty() || m.shape.decode_tokens < from ||
           m.shape.decode_tokens >= 2 * from)
         continue;
       measured += m.Median();
-      fitted += models::FittedCostModel(fit).StepTime(m.shape);
+      fitted += model.StepTime(m.shape);
     }
     ASSERT_GT(measured, 0) << "band " << from;
     EXPECT_NEAR(b["calibration"]["error_pct"].get<double>(), 100 * (fitted / measured - 1), 1e-6)
