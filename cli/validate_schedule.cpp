@@ -176,23 +176,38 @@ json LiveHandOver::ToJson() const {
 
 Result<LiveHandOver> MeasureLiveHandOver(const std::vector<std::vector<Schedule>>& live,
                                          const std::vector<std::string>& live_requests_csvs,
-                                         const models::StepProfile& profile) {
+                                         const models::StepProfile& profile,
+                                         const sim::ClusterSpec& cluster) {
   std::vector<double> wakes;
   for (const std::vector<Schedule>& run : live)
-    for (const Schedule& instance : run)
-      wakes.insert(wakes.end(), instance.woke_s.begin(), instance.woke_s.end());
+    for (std::size_t i = 0; i < run.size() && i < cluster.instances.size(); ++i)
+      if (cluster.instances[i].role != policies::InstanceRole::kDecode)
+        wakes.insert(wakes.end(), run[i].woke_s.begin(), run[i].woke_s.end());
   const Seconds per_token = profile.frontend ? profile.frontend->prompt_token_s : 0;
-  std::vector<double> beyond;  // each request's frontend time less its prompt tokens' price
+  std::vector<double> beyond;  // each request's service time less its prompt tokens' price
   for (const std::string& csv : live_requests_csvs) {
-    auto rows =
-        policies::ParseRequestsCsvColumns(ReadText(csv), csv, {"ttft_frontend_ms", "input_tokens"});
+    auto rows = policies::ParseRequestsCsvColumns(
+        ReadText(csv), csv, {"arrival_s", "ttft_frontend_ms", "input_tokens"});
     if (!rows) return rows.status();
+    struct HandOver {
+      Seconds at_s, arrival_s;
+      double input_tokens;
+    };
+    std::vector<HandOver> hand_overs;
     for (const policies::RequestsCsvRow& r : *rows) {
-      if (!r[0] || !r[1])
+      if (!r[0] || !r[1] || !r[2])
         return Status::Error(csv +
-                             ": completed records without an input_tokens or a "
+                             ": completed records without an arrival_s, an input_tokens or a "
                              "ttft_frontend_ms");
-      beyond.push_back(std::max(0.0, *r[0] / 1e3 - per_token * *r[1]));
+      hand_overs.push_back({*r[0] + *r[1] / 1e3, *r[0], *r[2]});
+    }
+    std::sort(hand_overs.begin(), hand_overs.end(),
+              [](const HandOver& a, const HandOver& b) { return a.at_s < b.at_s; });
+    Seconds previous_s = 0;
+    for (const HandOver& h : hand_overs) {
+      const Seconds service_s = h.at_s - std::max(h.arrival_s, previous_s);
+      beyond.push_back(std::max(0.0, service_s - per_token * h.input_tokens));
+      previous_s = h.at_s;
     }
   }
   LiveHandOver h;

@@ -85,11 +85,16 @@ Result<nlohmann::json> CompareSchedules(const std::vector<std::vector<Schedule>>
 // B simulated (C as live, ...); ..." for each of kScheduleFigures), one per instance.
 std::string ScheduleText(const nlohmann::json& schedule, const std::string& rate);
 
-// How the live runs handed requests to their engines, as measured: an idle engine's wake-up
-// (the median of their schedules' wake-ups, every instance's), and the frontend's time per
-// request beyond what the profile's frontend fit prices per prompt token (the median over the
-// completed requests of their requests.csv files). A burst's requests that reach an engine
-// while it wakes join its step; the frontend's pace decides how many do.
+// How the live runs handed requests to their engines, as measured: the wake-up of an idle engine
+// that takes requests from the frontend (the median of the prefill and colocated instances'
+// wake-ups in the runs' schedules; a decode instance, woken by KV, wakes sooner), and the
+// frontend's time per request beyond what the profile's frontend fit prices per prompt token:
+// the median over the completed requests of their requests.csv files of each one's service time,
+// its hand-over (arrival_s plus ttft_frontend_ms) less the later of its arrival and the hand-over
+// before it in the same run. The simulated frontend takes one request at a time; a request's own
+// frontend time also holds its wait behind a burst's earlier requests, which the simulated queue
+// adds again. A burst's requests that reach an engine while it wakes join its step; the frontend's
+// pace and the wake-up decide how many do.
 struct LiveHandOver {
   Seconds wake_s = 0;
   std::int64_t wakes = 0;  // the wake-ups measured (0: the logs predate them)
@@ -99,7 +104,8 @@ struct LiveHandOver {
 };
 Result<LiveHandOver> MeasureLiveHandOver(const std::vector<std::vector<Schedule>>& live,
                                          const std::vector<std::string>& live_requests_csvs,
-                                         const models::StepProfile& profile);
+                                         const models::StepProfile& profile,
+                                         const sim::ClusterSpec& cluster);
 // `profile` handing over as the live runs did: its host fit's wake-up set to theirs (a host fit
 // that prices nothing else where it had none) and its frontend fit's time per request (its
 // time per prompt token kept; none: 0).

@@ -157,23 +157,32 @@ TEST_F(ScheduleTest, VariantsAreComparedUnderTheirKeysAndLabels) {
 }
 
 TEST_F(ScheduleTest, TheLiveHandOverIsMeasuredFromTheLiveRunsFiles) {
+  // The prefill instance woke three times; the decode instance's shorter wake-ups (KV arriving)
+  // are not the hand-over's.
   const std::string steps =
-      Log("steps.jsonl", Line(0, 0, 0.01, 1, 0, 0.0001) + Line(0, 0.1, 0.01, 1, 0, 0.0005) +
+      Log("steps.jsonl", Line(0, 0, 0.01, 1, 0, 0.0001) + Line(1, 0.02, 0.01, 0, 1, 0.00001) +
+                             Line(0, 0.1, 0.01, 1, 0, 0.0005) + Line(1, 0.12, 0.01, 0, 1, 0.00002) +
                              Line(0, 0.2, 0.01, 1, 0, 0.0003));
-  // Frontend times of 0.1 ms + 1 us per prompt token, but for the failed request's.
+  // The frontend takes 0.1 ms + 1 us per prompt token of each request, one at a time: a burst
+  // of three at 0 s is handed over at 0.2, 0.6 and 0.75 ms (each waited for those before it), a
+  // lone request at 1 s after 0.3 ms; the failed request is not counted. Their own frontend
+  // times less their tokens' price have a median of 0.2 ms; their service times, 0.1 ms each.
   const std::string header =
       "request_id,arrival_s,input_tokens,output_tokens,status,ttft_frontend_ms\n";
   const std::string csv =
-      Log("requests.csv", header + "0,0,100,4,completed,0.2\n" + "1,0,300,4,completed,0.4\n" +
-                              "2,0,10,4,failed,9\n" + "3,0,50,4,completed,0.15\n");
+      Log("requests.csv", header + "1,0,300,4,completed,0.6\n" + "0,0,100,4,completed,0.2\n" +
+                              "2,0,50,4,completed,0.75\n" + "3,1,200,4,completed,0.3\n" +
+                              "4,1.5,10,4,failed,9\n");
   models::StepProfile profile;
-  profile.frontend = models::FrontendFit{.request_s = 1e-6, .prompt_token_s = 1e-6};
-  auto h = MeasureLiveHandOver(Runs({steps}), {csv}, profile);
+  profile.frontend.emplace();
+  profile.frontend->request_s = 1e-6;
+  profile.frontend->prompt_token_s = 1e-6;
+  auto h = MeasureLiveHandOver(Runs({steps}), {csv}, profile, cluster_);
   ASSERT_TRUE(h.ok()) << h.error();
   EXPECT_EQ(h->wakes, 3);
   EXPECT_NEAR(h->wake_s, 0.0003, 1e-12);
-  EXPECT_EQ(h->requests, 3);
-  EXPECT_NEAR(h->frontend_request_s, 0.0001, 1e-12);
+  EXPECT_EQ(h->requests, 4);
+  EXPECT_NEAR(h->frontend_request_s, 0.0001, 1e-9);
   // The profile hands over so: a host fit that prices nothing else, the frontend's per-token
   // time kept.
   const models::StepProfile with = ProfileWithHandOver(profile, *h);
@@ -183,7 +192,7 @@ TEST_F(ScheduleTest, TheLiveHandOverIsMeasuredFromTheLiveRunsFiles) {
   EXPECT_NEAR(with.frontend->Predict(100), 0.0001 + 100e-6, 1e-12);
   // A requests.csv without the frontend's times (written before they were) is named.
   const std::string old = Log("old.csv", "request_id,arrival_s,input_tokens,status\n");
-  auto bad = MeasureLiveHandOver(Runs({steps}), {old}, profile);
+  auto bad = MeasureLiveHandOver(Runs({steps}), {old}, profile, cluster_);
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.error().find("old.csv"), std::string::npos) << bad.error();
 }
