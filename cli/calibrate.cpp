@@ -224,7 +224,7 @@ Result<models::HostFit> FitHostSteps(const std::string& path) {
   double outside_sum = 0;
   DUET_RETURN_IF_ERROR(
       policies::ReadStepLog(text.str(), path, [&](const policies::StepLogLine& line) {
-        if (line.woke_s) wakes.push_back(*line.woke_s);
+        if (const auto wake = line.RequestWakeS()) wakes.push_back(*wake);
         if (!line.host) return;
         const Seconds outside = line.HostSeconds();
         samples.push_back({line.host->counts, outside});

@@ -382,7 +382,7 @@ int Validate(int argc, char** argv) {
       std::vector<std::string> live_csvs;
       for (int k = 1; k <= repeats; ++k)
         live_csvs.push_back(dir + "/live" + RunSuffix(k) + "/requests.csv");
-      auto hand_over = MeasureLiveHandOver(live_schedules, live_csvs, as_live, *cluster);
+      auto hand_over = MeasureLiveHandOver(live_schedules, live_csvs, as_live);
       if (!hand_over) return Fail(hand_over.error());
       if (hand_over->wakes > 0) {
         if (auto s = resimulate(ProfileWithHandOver(as_live, *hand_over), "as-live-hand-over",

@@ -49,6 +49,7 @@ Result<std::vector<Schedule>> ReadSchedules(const std::string& step_log,
         ++s.steps;
         s.busy_s += line.iteration_s;
         if (line.woke_s) s.woke_s.push_back(*line.woke_s);
+        if (const auto wake = line.RequestWakeS()) s.request_woke_s.push_back(*wake);
         if (last_end[i] < 0 || line.start_s - last_end[i] >= kIdleSpellS) {
           ++s.after_idle_steps;
           s.after_idle_rows += rows;
@@ -176,13 +177,11 @@ json LiveHandOver::ToJson() const {
 
 Result<LiveHandOver> MeasureLiveHandOver(const std::vector<std::vector<Schedule>>& live,
                                          const std::vector<std::string>& live_requests_csvs,
-                                         const models::StepProfile& profile,
-                                         const sim::ClusterSpec& cluster) {
+                                         const models::StepProfile& profile) {
   std::vector<double> wakes;
   for (const std::vector<Schedule>& run : live)
-    for (std::size_t i = 0; i < run.size() && i < cluster.instances.size(); ++i)
-      if (cluster.instances[i].role != policies::InstanceRole::kDecode)
-        wakes.insert(wakes.end(), run[i].woke_s.begin(), run[i].woke_s.end());
+    for (const Schedule& instance : run)
+      wakes.insert(wakes.end(), instance.request_woke_s.begin(), instance.request_woke_s.end());
   const Seconds per_token = profile.frontend ? profile.frontend->prompt_token_s : 0;
   std::vector<double> beyond;  // each request's service time less its prompt tokens' price
   for (const std::string& csv : live_requests_csvs) {

@@ -30,8 +30,9 @@ struct Schedule {
   std::int64_t after_idle_steps = 0;
   std::int64_t after_idle_rows = 0;
   // The wake-ups of the steps whose iteration a message woke from idle (the step log's
-  // "woke_s"; none in a log written before they were measured).
-  std::vector<Seconds> woke_s;
+  // "woke_s"; none in a log written before they were measured), and of those a new request
+  // woke (StepLogLine::RequestWakeS).
+  std::vector<Seconds> woke_s, request_woke_s;
   // Decode tokens, and of them: the rows of their steps summed (each token counts its step's
   // rows), their steps' iterations summed (each token counts its step's time: the time per
   // output token the steps give), and those whose step also ran prefill chunks.
@@ -86,8 +87,8 @@ Result<nlohmann::json> CompareSchedules(const std::vector<std::vector<Schedule>>
 std::string ScheduleText(const nlohmann::json& schedule, const std::string& rate);
 
 // How the live runs handed requests to their engines, as measured: the wake-up of an idle engine
-// that takes requests from the frontend (the median of the prefill and colocated instances'
-// wake-ups in the runs' schedules; a decode instance, woken by KV, wakes sooner), and the
+// that a new request woke (the median of the runs' schedules' request_woke_s; a PD decode
+// engine, woken by KV, wakes sooner), and the
 // frontend's time per request beyond what the profile's frontend fit prices per prompt token:
 // the median over the completed requests of their requests.csv files of each one's service time,
 // its hand-over (arrival_s plus ttft_frontend_ms) less the later of its arrival and the hand-over
@@ -104,8 +105,7 @@ struct LiveHandOver {
 };
 Result<LiveHandOver> MeasureLiveHandOver(const std::vector<std::vector<Schedule>>& live,
                                          const std::vector<std::string>& live_requests_csvs,
-                                         const models::StepProfile& profile,
-                                         const sim::ClusterSpec& cluster);
+                                         const models::StepProfile& profile);
 // `profile` handing over as the live runs did: its host fit's wake-up set to theirs (a host fit
 // that prices nothing else where it had none) and its frontend fit's time per request (its
 // time per prompt token kept; none: 0).

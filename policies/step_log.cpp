@@ -12,6 +12,11 @@ Seconds StepLogLine::HostSeconds() const {
   return async ? host->total() : iteration_s - step.seconds;
 }
 
+std::optional<Seconds> StepLogLine::RequestWakeS() const {
+  if (step.shape.prefill.empty()) return std::nullopt;
+  return woke_s;
+}
+
 std::string FormatStepLogLine(const StepLogLine& line) {
   nlohmann::json doc = line.step.ToJson();
   doc["instance"] = line.instance;

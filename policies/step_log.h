@@ -49,6 +49,11 @@ struct StepLogLine {
   // The iteration's host time outside its forward pass (a line with `host`): the iteration
   // less the pass, or, asynchronous, the phases' sum (the pass overlapped the iteration).
   Seconds HostSeconds() const;
+  // Its wake-up where a new request woke the engine: a woken iteration whose step prefilled (a
+  // PD decode engine, which KV arriving wakes, decodes only). The wake-up that decides how many
+  // of a burst's requests the step takes, which the simulator prices (a profile's host fit
+  // "wake_s": `duet calibrate --host-steps`, validate's handing-over simulation).
+  std::optional<Seconds> RequestWakeS() const;
 };
 // The line as the log holds it (its newline included).
 std::string FormatStepLogLine(const StepLogLine& line);

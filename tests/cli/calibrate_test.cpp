@@ -529,10 +529,10 @@ TEST_F(CalibrateTest, FitsHostTimeToAStepLogAndTheSimulatorPricesIt) {
     EXPECT_NEAR(single.Number(0, column), overlapped.Number(0, column), kCsvTolMs) << column;
 }
 
-// `--host-steps` also takes the idle engine's wake-up from the step log (the median of its
-// "woke_s"), and the simulator wakes an idle engine that late after the message that woke it:
-// a request handed over meanwhile joins the step, which the simulator's own step log shows with
-// the wake-up it priced.
+// `--host-steps` also takes the idle engine's wake-up from the step log (the median of the
+// "woke_s" of the steps that a new request woke), and the simulator wakes an idle engine that late
+// after the message that woke it: a request handed over meanwhile joins the step, which the
+// simulator's own step log shows with the wake-up it priced.
 TEST_F(CalibrateTest, FitsTheIdleEnginesWakeUpAndTheSimulatorWakesAsLate) {
   const std::string profile_path = tmp_.File("p.json");
   RunResult r = RunDuet({"calibrate", "--measurements", tmp_.Write("m.jsonl", AffineStepLines()),
@@ -550,7 +550,14 @@ TEST_F(CalibrateTest, FitsTheIdleEnginesWakeUpAndTheSimulatorWakesAsLate) {
                     {"sample_s", 0},          {"apply_s", 0},    {"stream_s", host / 2},
                     {"rows", rows},           {"admitted", 0},   {"finished", 0},
                     {"tokens", rows}};
-    if (i % 6 == 0) line["woke_s"] = wakes[static_cast<std::size_t>(i / 6)];
+    // A new request woke the engine (the step prefills it); a decode-only step that KV
+    // arriving woke (a PD decode engine's, sooner) is not the hand-over's wake-up.
+    if (i % 6 == 0) {
+      line["woke_s"] = wakes[static_cast<std::size_t>(i / 6)];
+      line["prefill"] = {{100, 0}};
+    } else if (i % 6 == 3) {
+      line["woke_s"] = 1e-5;
+    }
     log += line.dump() + "\n";
   }
   const std::string with_wake = tmp_.File("with-wake.json");

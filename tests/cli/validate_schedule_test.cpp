@@ -157,8 +157,8 @@ TEST_F(ScheduleTest, VariantsAreComparedUnderTheirKeysAndLabels) {
 }
 
 TEST_F(ScheduleTest, TheLiveHandOverIsMeasuredFromTheLiveRunsFiles) {
-  // The prefill instance woke three times; the decode instance's shorter wake-ups (KV arriving)
-  // are not the hand-over's.
+  // New requests woke the prefill instance three times; the decode instance's shorter wake-ups
+  // (KV arriving) are not the hand-over's.
   const std::string steps =
       Log("steps.jsonl", Line(0, 0, 0.01, 1, 0, 0.0001) + Line(1, 0.02, 0.01, 0, 1, 0.00001) +
                              Line(0, 0.1, 0.01, 1, 0, 0.0005) + Line(1, 0.12, 0.01, 0, 1, 0.00002) +
@@ -177,7 +177,7 @@ TEST_F(ScheduleTest, TheLiveHandOverIsMeasuredFromTheLiveRunsFiles) {
   profile.frontend.emplace();
   profile.frontend->request_s = 1e-6;
   profile.frontend->prompt_token_s = 1e-6;
-  auto h = MeasureLiveHandOver(Runs({steps}), {csv}, profile, cluster_);
+  auto h = MeasureLiveHandOver(Runs({steps}), {csv}, profile);
   ASSERT_TRUE(h.ok()) << h.error();
   EXPECT_EQ(h->wakes, 3);
   EXPECT_NEAR(h->wake_s, 0.0003, 1e-12);
@@ -192,7 +192,7 @@ TEST_F(ScheduleTest, TheLiveHandOverIsMeasuredFromTheLiveRunsFiles) {
   EXPECT_NEAR(with.frontend->Predict(100), 0.0001 + 100e-6, 1e-12);
   // A requests.csv without the frontend's times (written before they were) is named.
   const std::string old = Log("old.csv", "request_id,arrival_s,input_tokens,status\n");
-  auto bad = MeasureLiveHandOver(Runs({steps}), {old}, profile, cluster_);
+  auto bad = MeasureLiveHandOver(Runs({steps}), {old}, profile);
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.error().find("old.csv"), std::string::npos) << bad.error();
 }
