@@ -88,14 +88,13 @@ std::string ScheduleText(const nlohmann::json& schedule, const std::string& rate
 
 // How the live runs handed requests to their engines, as measured: the wake-up of an idle engine
 // that a new request woke (the median of the runs' schedules' request_woke_s; a PD decode
-// engine, woken by KV, wakes sooner), and the
-// frontend's time per request beyond what the profile's frontend fit prices per prompt token:
-// the median over the completed requests of their requests.csv files of each one's service time,
-// its hand-over (arrival_s plus ttft_frontend_ms) less the later of its arrival and the hand-over
-// before it in the same run. The simulated frontend takes one request at a time; a request's own
-// frontend time also holds its wait behind a burst's earlier requests, which the simulated queue
-// adds again. A burst's requests that reach an engine while it wakes join its step; the frontend's
-// pace and the wake-up decide how many do.
+// engine, woken by KV, wakes sooner), and the frontend's time per request beyond what the
+// profile's frontend fit prices per prompt token: the median over the completed requests of their
+// requests.csv files of each one's service time, its hand-over (arrival_s plus ttft_frontend_ms)
+// less the later of its arrival and the hand-over before it in the same run. The simulated
+// frontend takes one request at a time; a request's own frontend time also holds its wait behind
+// a burst's earlier requests, which the simulated queue adds again. A burst's requests that reach
+// an engine while it wakes join its step; the frontend's pace and the wake-up decide how many do.
 struct LiveHandOver {
   Seconds wake_s = 0;
   std::int64_t wakes = 0;  // the wake-ups measured (0: the logs predate them)

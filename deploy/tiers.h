@@ -71,7 +71,7 @@ std::string TierLinkName(policies::TierKind kind, bool read);
 // model is not fitted), read from `profile_path` (for messages).
 struct TierFits {
   const models::StepProfile* profile = nullptr;
-  std::string profile_path;
+  std::string profile_path = {};
   // `duet calibrate --tiers` reads the file to time its tiers: a fitted tier is read without
   // its numbers (they are what is being measured).
   bool timing = false;

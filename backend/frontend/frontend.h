@@ -67,7 +67,7 @@ struct LiveRequest {
   policies::SamplingParams sampling;
   // When the server got the request (its headers read), the request's arrival: the time until
   // Submit is its frontend time (RequestSpec::frontend_s). Absent: Submit's own time.
-  std::optional<std::chrono::steady_clock::time_point> received;
+  std::optional<std::chrono::steady_clock::time_point> received = std::nullopt;
 };
 
 enum class AdmitStatus {
