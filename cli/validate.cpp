@@ -176,8 +176,8 @@ int Validate(int argc, char** argv) {
      "the loads: rate scales of the trace, e.g. light, near saturation and overload")
     ("tolerance", po::value<std::string>()->default_value(""),
      "the largest error allowed, in percent: p50=5,p99=10 (by statistic), ttft_ms.p50=5 (one "
-     "metric), throughput=2, hit_rate=5, kv_transfer=20 and tpot_part=10 (PD), ttft_part=50; "
-     "exit 1 when one is exceeded")
+     "metric), throughput=2, hit_rate=5, kv_transfer=20, kv_part=50 and tpot_part=10 (PD), "
+     "ttft_part=50; exit 1 when one is exceeded")
     ("repeats", po::value<int>()->default_value(1),
      "live runs per load (1 to 10), each on a fresh server: the live value is their median, "
      "reported with their range, and the simulation's error is stated against it")

@@ -50,6 +50,13 @@ std::vector<Metric> Metrics(bool tiers) {
   for (const char* s : {"mean", "p50", "p99"})
     out.push_back({std::string("kv_transfer_ms.") + s,
                    json::json_pointer(std::string("/kv_transfer/time_ms/") + s), "kv_transfer"});
+  // PD: its parts (policies::KvTransferBreakdown), which say where the transfer's error lies:
+  // the KvReady message's way, the wait on the decode instance for the pull to start, the pull.
+  for (const char* part : {"message", "wait", "pull"})
+    for (const char* s : {"p50", "p99"})
+      out.push_back({std::string("kv_transfer_parts_ms.") + part + "." + s,
+                     json::json_pointer(std::string("/kv_transfer/parts_ms/") + part + "/" + s),
+                     "kv_part"});
   // PD: TPOT without the KV transfer before each request's second token (validate derives it
   // from each run's requests.csv: ReadRunSummary), which tells the transfer's part of TPOT's
   // error from the decode steps'.
@@ -75,8 +82,8 @@ Result<std::map<std::string, double>> ParseTolerances(const std::string& text) {
     if (eq == std::string::npos || !known.count(key))
       return Status::Error("--tolerance: '" + Excerpt(item, 40) +
                            "' is not METRIC=PERCENT (METRIC: mean, p50, p90, p99, throughput, "
-                           "hit_rate, kv_transfer, ttft_part, tpot_part, or one metric such as "
-                           "ttft_ms.p50)");
+                           "hit_rate, kv_transfer, kv_part, ttft_part, tpot_part, or one "
+                           "metric such as ttft_ms.p50)");
     char* end = nullptr;
     const std::string value = item.substr(eq + 1);
     const double pct = std::strtod(value.c_str(), &end);

@@ -304,6 +304,7 @@ void InstanceEngine::HandleMessage(const EngineMessage& message) {
         Fail(r, ports_.clock->Now(), "aborted", FinishReason::kAbort);
         break;
       }
+      r->kv_arrived_s = message.delivered_s >= 0 ? message.delivered_s : ports_.clock->Now();
       pulls_waiting_.push_back({r, message.from, message.blocks, message.lease_expires_s});
       break;
     }
@@ -478,6 +479,7 @@ void InstanceEngine::StartPulls(Seconds now) {
     if (!blocks_.Allocate(r->id, {}, tokens, 0, watermark_blocks)) return;
     r->computed_tokens = r->input_tokens;
     r->kv_transfer_bytes = r->input_tokens * config_.kv_bytes_per_token;
+    r->kv_pull_started_s = now;
     const TransferId id =
         ports_.transport->Post({r->id, from, config_.id, r->kv_transfer_bytes,
                                 pulls_waiting_.front().blocks, blocks_.Table(r->id)});

@@ -42,6 +42,10 @@ struct EngineMessage {
   // of a run reads the run's clock, a worker process within its clock error). A pull seen complete
   // later read blocks that may be reused.
   Seconds lease_expires_s = std::numeric_limits<double>::infinity();
+  // When it reached the receiving instance's inbox, on that instance's clock, stamped by the
+  // inbox (-1: not stamped): what a message spent queued behind the engine's step is the time
+  // from then to its TryReceive.
+  Seconds delivered_s = -1;
 };
 
 class Clock {

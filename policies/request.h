@@ -116,10 +116,12 @@ struct RequestRecord {
   // Time before the first token spent waiting for prefix loads from the lower tiers and not
   // hidden behind computation (the whole load, or what outlasted the overlapped prefill step).
   Seconds load_wait_s = 0;
-  Seconds prefill_done_s = -1;  // end of the prefill step that produced the first token
-  Seconds kv_ready_s = -1;      // PD: KV usable on the decode instance
-  Seconds first_token_s = -1;   // first token delivered to the client
-  Seconds second_token_s = -1;  // the second one (PD: the first from the decode instance)
+  Seconds prefill_done_s = -1;     // end of the prefill step that produced the first token
+  Seconds kv_arrived_s = -1;       // PD: its KvReady message reached the decode instance
+  Seconds kv_pull_started_s = -1;  // PD: the decode instance started pulling its KV
+  Seconds kv_ready_s = -1;         // PD: KV usable on the decode instance
+  Seconds first_token_s = -1;      // first token delivered to the client
+  Seconds second_token_s = -1;     // the second one (PD: the first from the decode instance)
   Seconds last_token_s = -1;
   Seconds finished_s = -1;
   FinishReason finish_reason = FinishReason::kNone;
@@ -135,13 +137,29 @@ inline std::optional<Seconds> Elapsed(Seconds from, Seconds to) {
   return to > from ? to - from : 0.0;
 }
 
+// PD: a KV transfer (the end of the prefill to the KV usable on the decode instance) in the
+// parts that add up to it: the KvReady message's way to the decode instance (`message`), its
+// wait there until the pull started (the decode engine's step in flight, then room for the KV:
+// `wait`), and the pull until the decode engine saw it complete (at a step boundary: `pull`).
+// nullopt: no transfer completed, or one whose parts were not stamped.
+struct KvTransferParts {
+  Seconds message_s = 0, wait_s = 0, pull_s = 0;
+};
+inline std::optional<KvTransferParts> KvTransferBreakdown(const RequestRecord& r) {
+  const auto message = Elapsed(r.prefill_done_s, r.kv_arrived_s);
+  const auto wait = Elapsed(r.kv_arrived_s, r.kv_pull_started_s);
+  const auto pull = Elapsed(r.kv_pull_started_s, r.kv_ready_s);
+  if (!message || !wait || !pull) return std::nullopt;
+  return KvTransferParts{*message, *wait, *pull};
+}
+
 // Moves the timeline stamps reached (those not negative) by `delta_s`, onto another clock (a
 // worker serving several frontends converts between each one's run clock and its engine's). A
 // stamp that would fall before that clock's start reads 0: still reached.
 inline void ShiftTimeline(RequestRecord& record, Seconds delta_s) {
-  for (Seconds* t :
-       {&record.first_scheduled_s, &record.prefill_done_s, &record.kv_ready_s,
-        &record.first_token_s, &record.second_token_s, &record.last_token_s, &record.finished_s}) {
+  for (Seconds* t : {&record.first_scheduled_s, &record.prefill_done_s, &record.kv_arrived_s,
+                     &record.kv_pull_started_s, &record.kv_ready_s, &record.first_token_s,
+                     &record.second_token_s, &record.last_token_s, &record.finished_s}) {
     if (*t >= 0) *t = std::max(0.0, *t + delta_s);
   }
 }

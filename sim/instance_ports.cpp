@@ -30,6 +30,9 @@ bool SimInbox::TryReceive(EngineMessage* message) {
   // again; one that the sender is starting has not arrived anyway.
   if (entries_.empty() || !entries_.front().started || !entries_.front().comm->test()) return false;
   *message = std::move(entries_.front().message);
+  // Taken in order: a message is there once it and every one before it arrived.
+  last_delivered_s_ = std::max(last_delivered_s_, entries_.front().comm->get_finish_time());
+  message->delivered_s = last_delivered_s_;
   entries_.pop_front();
   return true;
 }

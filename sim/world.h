@@ -77,7 +77,8 @@ class SimInbox {
   std::deque<Entry> entries_;
   sg4::CommPtr doorbell_;  // a posted receive that no send matched yet, or null
   void* doorbell_payload_ = nullptr;
-  bool waiting_ = false;  // the receiver blocks on Waitable() with no message in flight
+  bool waiting_ = false;          // the receiver blocks on Waitable() with no message in flight
+  Seconds last_delivered_s_ = 0;  // when the message taken last was there to take
 };
 
 // Ports of one instance, on SimGrid: the clock is the simulated clock, the inbox a SimInbox,

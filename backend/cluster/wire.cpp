@@ -384,6 +384,8 @@ const std::vector<PartField<policies::RequestRecord>>& RecordFields() {
       Time("first_scheduled_s", &R::first_scheduled_s, -1.0),
       Duration("load_wait_s", &R::load_wait_s, 0.0),
       Time("prefill_done_s", &R::prefill_done_s, -1.0),
+      Time("kv_arrived_s", &R::kv_arrived_s, -1.0),
+      Time("kv_pull_started_s", &R::kv_pull_started_s, -1.0),
       Time("kv_ready_s", &R::kv_ready_s, -1.0),
       Time("first_token_s", &R::first_token_s, -1.0),
       Time("second_token_s", &R::second_token_s, -1.0),

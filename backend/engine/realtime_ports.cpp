@@ -14,10 +14,12 @@ Seconds SteadyClock::At(std::chrono::steady_clock::time_point t) const {
 }
 
 void ThreadSafeInbox::Post(const policies::EngineMessage& message) {
+  const Seconds now = clock_.Now();
   {
     std::lock_guard lock(mu_);
     if (waiting_ && queue_.empty() && !woken_) woken_by_ = std::chrono::steady_clock::now();
     queue_.push_back(message);
+    queue_.back().delivered_s = now;
   }
   cv_.notify_one();
 }

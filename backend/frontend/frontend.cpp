@@ -59,6 +59,7 @@ void LiveFrontend::Impl::InstanceSink::OnFinished(const RequestSpec& spec, const
   if (auto transfer = policies::Elapsed(r.prefill_done_s, r.kv_ready_s)) {
     info.kv_transfer_s = *transfer;
     info.kv_transfer_bytes = r.kv_transfer_bytes;
+    info.kv_transfer_parts = policies::KvTransferBreakdown(r);
   }
   RequestListener* listener = Listener(spec.id);
   {

@@ -48,6 +48,7 @@ struct FinishInfo {
   Seconds prefill_done_s = -1;  // arrival to the end of its prefill step (-1: none)
   Seconds kv_transfer_s = -1;   // PD: end of its prefill to its KV usable on the decode instance
   Bytes kv_transfer_bytes = 0;  // PD: the KV bytes moved
+  std::optional<policies::KvTransferParts> kv_transfer_parts;  // PD: the transfer's parts
 };
 
 // Receives one request's output. Called on the engine thread of the instance serving it, in

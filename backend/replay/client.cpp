@@ -621,6 +621,10 @@ void Session::Complete() {
     if (usage_.duet_kv_transfer_ms) {
       r.kv_ready_s = r.prefill_done_s + *usage_.duet_kv_transfer_ms / 1000.0;
       r.kv_transfer_bytes = usage_.duet_kv_transfer_bytes.value_or(0);
+      if (const auto& parts = usage_.duet_kv_transfer_parts) {
+        r.kv_arrived_s = r.prefill_done_s + parts->message_s;
+        r.kv_pull_started_s = r.kv_arrived_s + parts->wait_s;
+      }
     }
   }
   Finish(std::move(r), "");

@@ -41,6 +41,17 @@ Status ReadCount(const json& obj, const char* name, const std::string& where,
   return Status::Error(where + name + " must be a non-negative integer, got " + it->dump());
 }
 
+// A finite number of milliseconds >= 0 at `name` of `obj`, when present and not null.
+Status ReadMs(const json& obj, const char* name, const std::string& where,
+              std::optional<double>& out) {
+  const auto it = obj.find(name);
+  if (it == obj.end() || it->is_null()) return Status::Ok();
+  if (!it->is_number() || !std::isfinite(it->get<double>()) || it->get<double>() < 0)
+    return Status::Error(where + name + " must be a number >= 0, got " + it->dump());
+  out = it->get<double>();
+  return Status::Ok();
+}
+
 std::string MessageOf(const json& error) {
   if (error.is_string()) return error.get<std::string>();
   if (error.is_object()) {
@@ -170,6 +181,7 @@ void CompletionChunk::KeepReports(const CompletionChunk& newer) {
   keep(duet_prefill_done_ms, newer.duet_prefill_done_ms);
   keep(duet_kv_transfer_ms, newer.duet_kv_transfer_ms);
   keep(duet_kv_transfer_bytes, newer.duet_kv_transfer_bytes);
+  keep(duet_kv_transfer_parts, newer.duet_kv_transfer_parts);
   keep(duet_tier_hit_tokens, newer.duet_tier_hit_tokens);
 }
 
@@ -247,15 +259,23 @@ Result<CompletionChunk> ParseCompletionChunk(std::string_view data) {
     for (auto [key, out] :
          {std::pair{"frontend_ms", &c.duet_frontend_ms}, std::pair{"queue_ms", &c.duet_queue_ms},
           std::pair{"prefill_done_ms", &c.duet_prefill_done_ms},
-          std::pair{"kv_transfer_ms", &c.duet_kv_transfer_ms}}) {
-      const auto q = d->find(key);
-      if (q == d->end() || q->is_null()) continue;
-      if (!q->is_number() || !std::isfinite(q->get<double>()) || q->get<double>() < 0)
-        return Status::Error(std::string("duet.") + key + " must be a number >= 0, got " +
-                             q->dump());
-      *out = q->get<double>();
-    }
+          std::pair{"kv_transfer_ms", &c.duet_kv_transfer_ms}})
+      DUET_RETURN_IF_ERROR(ReadMs(*d, key, "duet.", *out));
     DUET_RETURN_IF_ERROR(ReadCount(*d, "kv_transfer_bytes", "duet.", c.duet_kv_transfer_bytes));
+    if (const auto p = d->find("kv_transfer_parts_ms"); p != d->end() && !p->is_null()) {
+      const std::string where = "duet.kv_transfer_parts_ms.";
+      if (!p->is_object())
+        return Status::Error("duet.kv_transfer_parts_ms must be an object, got " + p->dump());
+      std::optional<double> message, wait, pull;
+      DUET_RETURN_IF_ERROR(ReadMs(*p, "message", where, message));
+      DUET_RETURN_IF_ERROR(ReadMs(*p, "wait", where, wait));
+      DUET_RETURN_IF_ERROR(ReadMs(*p, "pull", where, pull));
+      if (!message || !wait || !pull)
+        return Status::Error("duet.kv_transfer_parts_ms must give message, wait and pull, got " +
+                             p->dump());
+      c.duet_kv_transfer_parts =
+          policies::KvTransferParts{*message / 1000.0, *wait / 1000.0, *pull / 1000.0};
+    }
     if (const auto t = d->find("tier_hit_tokens"); t != d->end() && !t->is_null()) {
       if (!t->is_object())
         return Status::Error("duet.tier_hit_tokens must be an object, got " + t->dump());

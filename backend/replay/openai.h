@@ -53,13 +53,14 @@ struct CompletionChunk {
   // Duet's extension, a top-level "duet" object in the final chunk: arrival at the server to
   // the hand-over to the engines (the server's frontend time), arrival to the first prefill
   // step, the instance that served the request, arrival to the end of its prefill, and (PD)
-  // the end of its prefill to its KV usable on the decode instance.
+  // the end of its prefill to its KV usable on the decode instance, and that time's parts.
   std::optional<double> duet_frontend_ms;
   std::optional<double> duet_queue_ms;
   std::optional<int> duet_instance;
   std::optional<double> duet_prefill_done_ms;
   std::optional<double> duet_kv_transfer_ms;
   std::optional<Tokens> duet_kv_transfer_bytes;
+  std::optional<policies::KvTransferParts> duet_kv_transfer_parts;
   // Of the cached tokens, those the server loaded from each lower KV tier (dram, ssd, remote:
   // policies::TierKind's order), where it says.
   std::optional<std::array<Tokens, policies::kNumLowerTiers>> duet_tier_hit_tokens;

@@ -152,6 +152,10 @@ json DuetJson(const DuetExtension& duet) {
       {"prefill_done_ms", known(duet.prefill_done_ms)},
       {"kv_transfer_ms", known(duet.kv_transfer_ms)},
       {"kv_transfer_bytes", duet.kv_transfer_bytes >= 0 ? json(duet.kv_transfer_bytes) : json()},
+      {"kv_transfer_parts_ms", duet.kv_message_ms >= 0 ? json{{"message", duet.kv_message_ms},
+                                                              {"wait", duet.kv_wait_ms},
+                                                              {"pull", duet.kv_pull_ms}}
+                                                       : json()},
       {"tier_hit_tokens",
        {{"dram", duet.tier_hit_tokens[0]},
         {"ssd", duet.tier_hit_tokens[1]},

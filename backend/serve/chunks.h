@@ -35,6 +35,9 @@ struct DuetExtension {
   // Prompt tokens served from each KV tier below GPU memory (dram, ssd, remote).
   std::array<std::int64_t, 3> tier_hit_tokens{};
   double frontend_ms = -1;  // arrival to the hand-over to the engines (parsing, hashing)
+  // PD: the transfer's parts (policies::KvTransferBreakdown): the KvReady message's way to the
+  // decode instance, its wait there for the pull to start, the pull.
+  double kv_message_ms = -1, kv_wait_ms = -1, kv_pull_ms = -1;
 };
 
 class ReplyFormatter {

@@ -575,6 +575,27 @@ TEST_F(ValidateTest, ComparesKvTransfersOnAPdCluster) {
     EXPECT_LT(d.p50, metrics["tpot_ms.p50"][key].get<double>()) << world;
   }
   EXPECT_TRUE(ContainsAll(r.out, {"tpot_after_kv_transfer_ms.p50"})) << r;
+  // The transfer's parts in both worlds (the KvReady message, the wait on the decode instance
+  // for the pull to start, the pull): each request's add up to its transfer, to the columns'
+  // rounding, and the report compares each world's.
+  for (const auto& [world, key] : {std::pair{"live", "live"}, std::pair{"sim", "simulated"}}) {
+    const Csv csv = Csv::Read(tmp_.File(std::string("out/rate-1/") + world + "/requests.csv"));
+    for (std::size_t i = 0; i < csv.size(); ++i) {
+      if (csv.Get(i, "kv_transfer_ms").empty()) {
+        EXPECT_EQ(csv.Get(i, "kv_pull_ms"), "") << world << " request " << i;
+        continue;
+      }
+      EXPECT_NEAR(csv.Number(i, "kv_message_ms") + csv.Number(i, "kv_wait_ms") +
+                      csv.Number(i, "kv_pull_ms"),
+                  csv.Number(i, "kv_transfer_ms"), 0.003)
+          << world << " request " << i;
+    }
+    const json& metrics = report["loads"][0]["metrics"];
+    for (const char* part : {"message", "pull"})
+      EXPECT_GT(metrics[std::string("kv_transfer_parts_ms.") + part + ".p50"][key].get<double>(), 0)
+          << world << " " << part;
+    EXPECT_TRUE(metrics["kv_transfer_parts_ms.wait.p99"][key].is_number()) << world;
+  }
   auto profile = models::LoadStepProfile(tmp_.File("profile.json"));
   ASSERT_TRUE(profile.ok()) << profile.error();
   ExpectSimulatedAsLive(report["loads"][0], tmp_.File("out/rate-1"), profile->fits.at(0));

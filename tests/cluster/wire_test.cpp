@@ -50,6 +50,8 @@ Request FullRequest() {
   r.first_scheduled_s = 1.75;
   r.load_wait_s = 0.125;
   r.prefill_done_s = 2.0;
+  r.kv_arrived_s = 2.0625;
+  r.kv_pull_started_s = 2.125;
   r.kv_ready_s = 2.25;
   r.first_token_s = 2.5;
   r.second_token_s = 2.75;
@@ -64,7 +66,7 @@ Request FullRequest() {
 // comparison below, and a place in its part's field table (wire.cpp).
 static_assert(sizeof(policies::RequestSpec) == 176 && sizeof(policies::SamplingParams) == 80,
               "RequestSpec or SamplingParams changed: does the wire carry every field?");
-static_assert(sizeof(policies::RequestRecord) == 192,
+static_assert(sizeof(policies::RequestRecord) == 208,
               "RequestRecord changed: does the wire carry every field?");
 static_assert(sizeof(policies::RequestProgress) == 72,
               "RequestProgress changed: does the wire carry every field?");
@@ -82,6 +84,8 @@ void ExpectSameRecord(const policies::RequestRecord& a, const policies::RequestR
   EXPECT_EQ(a.first_scheduled_s, b.first_scheduled_s);
   EXPECT_EQ(a.load_wait_s, b.load_wait_s);
   EXPECT_EQ(a.prefill_done_s, b.prefill_done_s);
+  EXPECT_EQ(a.kv_arrived_s, b.kv_arrived_s);
+  EXPECT_EQ(a.kv_pull_started_s, b.kv_pull_started_s);
   EXPECT_EQ(a.kv_ready_s, b.kv_ready_s);
   EXPECT_EQ(a.first_token_s, b.first_token_s);
   EXPECT_EQ(a.second_token_s, b.second_token_s);

@@ -49,8 +49,11 @@ inline void ExpectMetricsSchema(const std::string& out_dir, RunKind kind = RunKi
   EXPECT_TRUE(s["prefix_cache"]["by_tier"].is_object());
   ExpectNumber(s, "/kv_transfer/transfers");
   ExpectNumber(s, "/kv_transfer/bytes");
-  for (const char* stat : {"mean", "p50", "p99"})
+  for (const char* stat : {"mean", "p50", "p99"}) {
     ExpectNumber(s, std::string("/kv_transfer/time_ms/") + stat);
+    for (const char* part : {"message", "wait", "pull"})
+      ExpectNumber(s, std::string("/kv_transfer/parts_ms/") + part + "/" + stat);
+  }
   if (kind == RunKind::kSimulated) {
     for (const char* key : {"wall_s", "simulated_s", "events"})
       ExpectNumber(s, std::string("/sim/") + key);

@@ -490,6 +490,45 @@ TEST(InstanceEngine, AnEndedLeaseFreesThePrefillBlocksAndTheLatePullFollowsThePo
   }
 }
 
+// The KV transfer's parts: the KvReady message reaches the decode instance's inbox 1 ms after
+// the prefill (the inbox stamps it), the decode engine takes it 2 ms later (its step in flight)
+// and starts the pull, which it sees complete 5 ms after that. The parts add up to the transfer.
+TEST(InstanceEngine, TheKvTransferSplitsIntoTheMessageTheWaitAndThePull) {
+  PdPair pd(Config(0, InstanceRole::kPrefill), Config(1, InstanceRole::kDecode));
+  Request r = MakeRequest(1, 0, 64, 3);
+  pd.Submit(r);
+  EXPECT_TRUE(pd.prefill->RunOnce());  // ends at 74 ms
+  ASSERT_EQ(pd.d_ports.inbox.size(), 1u);
+  pd.d_ports.inbox.front().delivered_s = 0.075;
+  pd.clock.now = 0.077;
+  EXPECT_FALSE(pd.decode->RunOnce());  // posts the pull, complete at 82 ms
+  pd.clock.now = 0.082;
+  while (pd.decode->RunOnce()) {
+  }
+  ASSERT_EQ(r.state, RequestState::kCompleted);
+  EXPECT_NEAR(r.kv_ready_s, 0.082, 1e-12);
+  const auto parts = KvTransferBreakdown(r);
+  ASSERT_TRUE(parts);
+  EXPECT_NEAR(parts->message_s, 0.001, 1e-12);
+  EXPECT_NEAR(parts->wait_s, 0.002, 1e-12);
+  EXPECT_NEAR(parts->pull_s, 0.005, 1e-12);
+
+  // A message no inbox stamped arrived, as far as the engine knows, when it took it.
+  PdPair unstamped(Config(0, InstanceRole::kPrefill), Config(1, InstanceRole::kDecode));
+  Request q = MakeRequest(1, 0, 64, 3);
+  unstamped.Submit(q);
+  EXPECT_TRUE(unstamped.prefill->RunOnce());
+  unstamped.clock.now = 0.077;
+  EXPECT_FALSE(unstamped.decode->RunOnce());
+  unstamped.clock.now = 0.082;
+  while (unstamped.decode->RunOnce()) {
+  }
+  const auto whole = KvTransferBreakdown(q);
+  ASSERT_TRUE(whole);
+  EXPECT_NEAR(whole->message_s, 0.003, 1e-12);
+  EXPECT_NEAR(whole->wait_s, 0, 1e-12);
+}
+
 // The frontend aborts a request on both its instances; the decode instance's abort overtakes
 // the prefill instance's kKvReady. The decode instance remembers it: when the KV is announced,
 // it ends the request as aborted, pulls nothing and releases the prefill side's blocks.

@@ -221,6 +221,9 @@ TEST(MetricsCollector, WritesRequestsCsvInIdOrderWithMetricsMdColumns) {
   tiered.router_score = 1234.5678;  // written to 3 decimals; unscored requests leave it empty
   tiered.second_token_s = 2.7;
   tiered.session = 3;
+  // Its 5 ms KV transfer: the KvReady message 1 ms, the wait for the pull 1.5 ms, the pull.
+  tiered.kv_arrived_s = tiered.prefill_done_s + 0.001;
+  tiered.kv_pull_started_s = tiered.kv_arrived_s + 0.0015;
   Finish(m, tiered);
   Request rej;
   rej.id = 2;
@@ -240,17 +243,20 @@ TEST(MetricsCollector, WritesRequestsCsvInIdOrderWithMetricsMdColumns) {
             "decode_instance,queue_ms,ttft_ms,tpot_ms,e2e_ms,kv_transfer_ms,status,reason,"
             "gpu_hit_tokens,dram_hit_tokens,ssd_hit_tokens,remote_hit_tokens,ttft_queue_ms,"
             "ttft_load_ms,ttft_prefill_ms,ttft_transfer_ms,router_score,ttst_ms,session,"
-            "ttft_frontend_ms\n"
-            "2,0.250000,9,1,0,,,,,,,,rejected,\"needs 10, max 5\",0,0,0,0,,,,,,,,\n"
+            "ttft_frontend_ms,kv_message_ms,kv_wait_ms,kv_pull_ms\n"
+            "2,0.250000,9,1,0,,,,,,,,rejected,\"needs 10, max 5\",0,0,0,0,,,,,,,,,,,\n"
             "5,1.000000,100,3,20,p0,d0,10.000,500.000,500.000,1500.000,5.000,completed,,20,0,0,0,"
-            "10.000,0.000,485.000,5.000,,,,0.000\n"
+            "10.000,0.000,485.000,5.000,,,,0.000,,,\n"
             "7,2.000000,100,3,60,p0,d0,10.000,500.000,500.000,1500.000,5.000,completed,,12,16,32,0,"
-            "6.000,100.000,385.000,5.000,1234.568,200.000,3,4.000\n");
+            "6.000,100.000,385.000,5.000,1234.568,200.000,3,4.000,1.000,1.500,2.500\n");
   // The summary splits the hits by tier and the TTFT into its parts.
   const nlohmann::json s = m.Summary(3, Slo{});
   EXPECT_EQ(s["prefix_cache"]["hit_tokens"], 80);
   EXPECT_EQ(s["prefix_cache"]["by_tier"]["gpu"]["hit_tokens"], 32);
   EXPECT_EQ(s["prefix_cache"]["by_tier"]["dram"]["hit_tokens"], 16);
+  // The KV transfer's parts over the one transfer whose parts were stamped.
+  EXPECT_NEAR(s["kv_transfer"]["parts_ms"]["wait"]["p50"].get<double>(), 1.5, 1e-9);
+  EXPECT_NEAR(s["kv_transfer"]["parts_ms"]["pull"]["mean"].get<double>(), 2.5, 1e-9);
   EXPECT_EQ(s["prefix_cache"]["by_tier"]["ssd"]["hit_tokens"], 32);
   EXPECT_EQ(s["prefix_cache"]["by_tier"]["remote"]["hit_tokens"], 0);
   EXPECT_DOUBLE_EQ(s["ttft_breakdown_ms"]["load"]["max"].get<double>(), 100.0);

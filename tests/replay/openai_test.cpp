@@ -118,7 +118,7 @@ TEST(Chunk, TokenChunkFinishAndUsage) {
   EXPECT_EQ(c->finish_reason, "length");
 
   c = ParseCompletionChunk(
-      R"({"choices":[],"usage":{"prompt_tokens":1024,"total_tokens":1034,"completion_tokens":10,"prompt_tokens_details":{"cached_tokens":512}},"duet":{"frontend_ms":0.125,"queue_ms":3.25,"instance":2,"prefill_done_ms":40.5,"kv_transfer_ms":1.25,"kv_transfer_bytes":73728,"tier_hit_tokens":{"dram":256,"ssd":64,"remote":0}}})");
+      R"({"choices":[],"usage":{"prompt_tokens":1024,"total_tokens":1034,"completion_tokens":10,"prompt_tokens_details":{"cached_tokens":512}},"duet":{"frontend_ms":0.125,"queue_ms":3.25,"instance":2,"prefill_done_ms":40.5,"kv_transfer_ms":1.25,"kv_transfer_bytes":73728,"kv_transfer_parts_ms":{"message":0.25,"wait":0.5,"pull":0.5},"tier_hit_tokens":{"dram":256,"ssd":64,"remote":0}}})");
   ASSERT_TRUE(c.ok()) << c.error();
   EXPECT_FALSE(c->token_event);
   EXPECT_EQ(c->prompt_tokens, 1024);
@@ -130,6 +130,10 @@ TEST(Chunk, TokenChunkFinishAndUsage) {
   EXPECT_EQ(c->duet_prefill_done_ms, 40.5);
   EXPECT_EQ(c->duet_kv_transfer_ms, 1.25);
   EXPECT_EQ(c->duet_kv_transfer_bytes, 73728);
+  ASSERT_TRUE(c->duet_kv_transfer_parts);
+  EXPECT_EQ(c->duet_kv_transfer_parts->message_s, 0.25e-3);
+  EXPECT_EQ(c->duet_kv_transfer_parts->wait_s, 0.5e-3);
+  EXPECT_EQ(c->duet_kv_transfer_parts->pull_s, 0.5e-3);
   ASSERT_TRUE(c->duet_tier_hit_tokens);
   EXPECT_EQ(*c->duet_tier_hit_tokens, (std::array<Tokens, 3>{256, 64, 0}));
 
@@ -146,7 +150,7 @@ TEST(Chunk, KeepsTheLastReportOfEachField) {
   auto first = ParseCompletionChunk(
       R"({"choices":[],"usage":{"prompt_tokens":7,"completion_tokens":1},"duet":{"queue_ms":2,"instance":1}})");
   auto last = ParseCompletionChunk(
-      R"({"choices":[],"usage":{"prompt_tokens":7,"completion_tokens":9},"duet":{"prefill_done_ms":30,"kv_transfer_ms":4,"kv_transfer_bytes":512}})");
+      R"({"choices":[],"usage":{"prompt_tokens":7,"completion_tokens":9},"duet":{"prefill_done_ms":30,"kv_transfer_ms":4,"kv_transfer_bytes":512,"kv_transfer_parts_ms":{"message":1,"wait":1,"pull":2}}})");
   ASSERT_TRUE(first.ok() && last.ok());
   CompletionChunk kept;
   kept.KeepReports(*first);
@@ -159,6 +163,8 @@ TEST(Chunk, KeepsTheLastReportOfEachField) {
   EXPECT_EQ(kept.duet_prefill_done_ms, 30);
   EXPECT_EQ(kept.duet_kv_transfer_ms, 4);
   EXPECT_EQ(kept.duet_kv_transfer_bytes, 512);
+  ASSERT_TRUE(kept.duet_kv_transfer_parts);
+  EXPECT_EQ(kept.duet_kv_transfer_parts->pull_s, 2e-3);
 }
 
 TEST(Chunk, OtherShapesThatCarryTokens) {
@@ -227,6 +233,11 @@ TEST(Chunk, MalformedChunksSayWhat) {
       {R"({"duet":{"prefill_done_ms":"soon"}})", "duet.prefill_done_ms must be a number >= 0"},
       {R"({"duet":{"kv_transfer_ms":-0.5}})", "duet.kv_transfer_ms must be a number >= 0"},
       {R"({"duet":{"kv_transfer_bytes":-5}})", "duet.kv_transfer_bytes must be a non-negative"},
+      {R"({"duet":{"kv_transfer_parts_ms":2}})", "duet.kv_transfer_parts_ms must be an object"},
+      {R"({"duet":{"kv_transfer_parts_ms":{"message":1,"wait":-1,"pull":1}}})",
+       "duet.kv_transfer_parts_ms.wait must be a number >= 0"},
+      {R"({"duet":{"kv_transfer_parts_ms":{"message":1,"wait":1}}})",
+       "duet.kv_transfer_parts_ms must give message, wait and pull"},
       {R"({"duet":{"instance":70000}})", "duet.instance"},
       {R"({"duet":7})", "duet must be an object"},
       {R"({"duet":{"tier_hit_tokens":[1,2,3]}})", "duet.tier_hit_tokens must be an object"},

@@ -21,7 +21,7 @@ TEST(Chunks, CompletionStreamWithoutUsage) {
     "id": "cmpl-1", "object": "text_completion", "created": 1700000000, "model": "tiny",
     "choices": [{"index": 0, "text": "lo", "logprobs": null, "finish_reason": "stop"}],
     "duet": {"queue_ms": 12.5, "instance": 1, "prefill_done_ms": 40.25, "kv_transfer_ms": null,
-             "kv_transfer_bytes": null, "frontend_ms": null,
+             "kv_transfer_bytes": null, "kv_transfer_parts_ms": null, "frontend_ms": null,
              "tier_hit_tokens": {"dram": 0, "ssd": 0, "remote": 0}}})"));
   // Field order as OpenAI writes it.
   EXPECT_EQ(f.TextChunk("x").rfind(R"({"id":"cmpl-1","object":"text_completion","created")", 0),
@@ -68,15 +68,16 @@ TEST(Chunks, ChatStreamWithUsage) {
     "usage": {"prompt_tokens": 7, "completion_tokens": 4, "total_tokens": 11,
               "prompt_tokens_details": {"cached_tokens": 2}},
     "duet": {"queue_ms": null, "instance": null, "prefill_done_ms": null, "kv_transfer_ms": null,
-             "kv_transfer_bytes": null, "frontend_ms": null,
+             "kv_transfer_bytes": null, "kv_transfer_parts_ms": null, "frontend_ms": null,
              "tier_hit_tokens": {"dram": 0, "ssd": 0, "remote": 0}}})"));
 }
 
 TEST(Chunks, WholeReplies) {
   ReplyFormatter chat(Endpoint::kChatCompletions, "chatcmpl-3", 9, "m", false);
-  EXPECT_EQ(json::parse(chat.FullReply("Hello", "stop", {5, 1, 0},
-                                       {0.25, 0, 3, 1.5, 4096, {48, 16, 0}, 0.125})),
-            json::parse(R"({
+  EXPECT_EQ(
+      json::parse(chat.FullReply("Hello", "stop", {5, 1, 0},
+                                 {0.25, 0, 3, 1.5, 4096, {48, 16, 0}, 0.125, 0.5, 0.25, 0.75})),
+      json::parse(R"({
     "id": "chatcmpl-3", "object": "chat.completion", "created": 9, "model": "m",
     "choices": [{"index": 0, "message": {"role": "assistant", "content": "Hello"},
                  "logprobs": null, "finish_reason": "stop"}],
@@ -84,6 +85,7 @@ TEST(Chunks, WholeReplies) {
               "prompt_tokens_details": {"cached_tokens": 0}},
     "duet": {"queue_ms": 0.25, "instance": 0, "prefill_done_ms": 3, "kv_transfer_ms": 1.5,
              "kv_transfer_bytes": 4096, "frontend_ms": 0.125,
+             "kv_transfer_parts_ms": {"message": 0.5, "wait": 0.25, "pull": 0.75},
              "tier_hit_tokens": {"dram": 48, "ssd": 16, "remote": 0}}})"));
   ReplyFormatter text(Endpoint::kCompletions, "cmpl-4", 9, "m", false);
   const json reply = json::parse(text.FullReply("ab\"c\n", "length", {1, 2, 0}, {1, 2}));

@@ -151,6 +151,10 @@ TEST(SingleRequestTiming, MatchesHandComputedTimeline) {
   EXPECT_EQ(csv.Number(0, "cached_tokens"), 0);
   EXPECT_NEAR(csv.Number(0, "queue_ms"), frontend_s * 1e3, kCsvTolMs);
   EXPECT_NEAR(csv.Number(0, "kv_transfer_ms"), (kv_ready_s + kv_s) * 1e3, kCsvTolMs);
+  // Its parts: the KvReady message, no wait (the decode instance is idle), the pull.
+  EXPECT_NEAR(csv.Number(0, "kv_message_ms"), kv_ready_s * 1e3, kCsvTolMs);
+  EXPECT_NEAR(csv.Number(0, "kv_wait_ms"), 0, kCsvTolMs);
+  EXPECT_NEAR(csv.Number(0, "kv_pull_ms"), kv_s * 1e3, kCsvTolMs);
   EXPECT_NEAR(csv.Number(0, "ttft_ms"), ttft_s * 1e3, kCsvTolMs);
   EXPECT_NEAR(csv.Number(0, "e2e_ms"), e2e_s * 1e3, kCsvTolMs);
   EXPECT_NEAR(csv.Number(0, "tpot_ms"), decode_s * 1e3 / static_cast<double>(output - 1),
@@ -159,6 +163,9 @@ TEST(SingleRequestTiming, MatchesHandComputedTimeline) {
   const nlohmann::json s = ReadJson(out + "/summary.json");
   EXPECT_EQ(s["kv_transfer"]["transfers"].get<int>(), 1);
   EXPECT_EQ(s["kv_transfer"]["bytes"].get<double>(), kv_bytes);
+  EXPECT_NEAR(s["kv_transfer"]["parts_ms"]["message"]["p50"].get<double>(), kv_ready_s * 1e3,
+              kCsvTolMs);
+  EXPECT_NEAR(s["kv_transfer"]["parts_ms"]["pull"]["p99"].get<double>(), kv_s * 1e3, kCsvTolMs);
   EXPECT_EQ(s["prefix_cache"]["lookup_tokens"].get<Tokens>(), input);
   EXPECT_EQ(s["prefix_cache"]["hit_tokens"].get<Tokens>(), 0);
   EXPECT_EQ(s["sim"]["engine_steps"].get<Tokens>(), output);  // 1 prefill + output-1 decodes
