@@ -413,9 +413,11 @@ TEST_F(ValidateTest, ComparesALiveRunWithTheSimulationAtEachLoad) {
     EXPECT_EQ(load["completed_live"], 12) << load;
     EXPECT_EQ(load["completed_simulated"], 12) << load;
     // Every request completes in both worlds, so each delivers the offered load: output
-    // throughput agrees closely (both runs span the trace's arrivals plus the last reply).
+    // throughput agrees closely (both runs span the trace's arrivals plus the last reply) once
+    // the steps are priced as they ran live: the plain error also holds the machine's speed
+    // against its calibration's, which a sanitizer build beside other tests moves (26.9% once).
     const json& throughput = load["metrics"]["throughput.output_tokens_per_s"];
-    EXPECT_LT(std::abs(throughput["error_pct"].get<double>()), 25) << throughput;
+    EXPECT_LT(std::abs(throughput["error_as_live_pct"].get<double>()), 25) << throughput;
     const json& ttft = load["metrics"]["ttft_ms.p50"];
     EXPECT_GT(ttft["live"].get<double>(), 0) << ttft;
     EXPECT_GT(ttft["simulated"].get<double>(), 0) << ttft;
