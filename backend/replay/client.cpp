@@ -23,6 +23,7 @@
 
 #include "backend/replay/sse.h"
 #include "common/progress.h"
+#include "common/text.h"
 
 namespace duet::backend::replay {
 namespace {
@@ -614,6 +615,24 @@ void Session::Complete() {
   if (usage_.duet_frontend_ms) r.frontend_s = *usage_.duet_frontend_ms / 1000.0;
   if (usage_.duet_queue_ms) r.first_scheduled_s = r.arrival_s + *usage_.duet_queue_ms / 1000.0;
   if (usage_.duet_instance) r.prefill_instance = r.decode_instance = *usage_.duet_instance;
+  // The transfer's parts split the transfer: they need it. Worker processes stamp the end of the
+  // prefill and the message's arrival on two clocks: where those disagree by more than the
+  // message took, the server reads the message as 0 and the wait and the pull (on one clock)
+  // add up to more than the whole. Only then may the parts exceed it (to a nanosecond: the server
+  // writes each in ms from the same stamps).
+  const auto& parts = usage_.duet_kv_transfer_parts;
+  if (parts) {
+    if (!usage_.duet_prefill_done_ms || !usage_.duet_kv_transfer_ms)
+      return Fail(kMalformed,
+                  "malformed reply: duet.kv_transfer_parts_ms without the prefill_done_ms and "
+                  "kv_transfer_ms they split");
+    const double sum_ms = 1000 * (parts->message_s + parts->wait_s + parts->pull_s);
+    if (sum_ms > *usage_.duet_kv_transfer_ms + 1e-6 && parts->message_s > 0)
+      return Fail(kMalformed, "malformed reply: duet.kv_transfer_parts_ms add up to " +
+                                  ShortNumber(sum_ms) + " ms, more than the kv_transfer_ms " +
+                                  ShortNumber(*usage_.duet_kv_transfer_ms) +
+                                  ", with a message part that is not 0");
+  }
   // The server's times from its arrival, on this run's clock from the scheduled send, as
   // queue_ms is (the request's way to the server counts into neither).
   if (usage_.duet_prefill_done_ms) {
@@ -621,9 +640,11 @@ void Session::Complete() {
     if (usage_.duet_kv_transfer_ms) {
       r.kv_ready_s = r.prefill_done_s + *usage_.duet_kv_transfer_ms / 1000.0;
       r.kv_transfer_bytes = usage_.duet_kv_transfer_bytes.value_or(0);
-      if (const auto& parts = usage_.duet_kv_transfer_parts) {
-        r.kv_arrived_s = r.prefill_done_s + parts->message_s;
-        r.kv_pull_started_s = r.kv_arrived_s + parts->wait_s;
+      // Back from the KV's readiness: the pull and the wait as the server measured them (on the
+      // decode instance's clock), the message what is left (0 where the clocks disagreed).
+      if (parts) {
+        r.kv_pull_started_s = std::max(0.0, r.kv_ready_s - parts->pull_s);
+        r.kv_arrived_s = std::max(0.0, r.kv_pull_started_s - parts->wait_s);
       }
     }
   }

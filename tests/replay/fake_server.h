@@ -49,6 +49,8 @@ struct FakeServerOptions {
   bool duet_fields = false;  // add {"duet": {"queue_ms": kQueueMs, "instance": max_tokens % 2}}
   // With duet_fields, > 0: also "tier_hit_tokens": {"dram": this} (however few tokens it cached).
   std::int64_t dram_hit_tokens = 0;
+  // With duet_fields: more fields of the last chunk's "duet" object.
+  nlohmann::json duet_extra = nlohmann::json::object();
   bool report_cached = true;  // usage.prompt_tokens_details.cached_tokens
   bool list_models = true;    // answer GET /v1/models (else 404)
   bool token_ids = true;      // honour return_token_ids
@@ -242,6 +244,7 @@ class FakeServer {
     if (options_.duet_fields) last["duet"] = {{"queue_ms", kQueueMs}, {"instance", max_tokens % 2}};
     if (options_.duet_fields && options_.dram_hit_tokens > 0)
       last["duet"]["tier_hit_tokens"] = {{"dram", options_.dram_hit_tokens}};
+    if (options_.duet_fields) last["duet"].update(options_.duet_extra);
     if (llama)
       last["choices"] = {
           {{"index", 0}, {"text", ""}, {"logprobs", nullptr}, {"finish_reason", "length"}}};

@@ -255,6 +255,54 @@ TEST_F(ReplayTest, TierHitsBeyondTheCachedTokensAreAMalformedReply) {
       << csv.Get(1, "reason");
 }
 
+// The KV transfer's parts split the transfer a reply reports: parts without it, or beyond it
+// with a message part (only a message read as 0, its two workers' clocks apart, lets them
+// exceed it), are a malformed reply, and the request fails saying why. Parts beyond the whole
+// with a message of 0 keep the wait and the pull the server measured.
+TEST_F(ReplayTest, KvTransferPartsBeyondTheTransferAreAMalformedReply) {
+  // requests.csv of one request to a server whose reply's "duet" object also has `extra`.
+  const auto replay_one = [&](const nlohmann::json& extra, const std::string& name) {
+    FakeServerOptions options;
+    options.duet_fields = true;
+    options.duet_extra = extra;
+    FakeServer server(options);
+    const std::string out = tmp_.File(name);
+    const RunResult r = Replay({"--endpoint", server.url(), "--trace", trace_, "--out", out,
+                                "--limit", "1", "--vocab-size", "100"});
+    EXPECT_EQ(r.exit_code, 0) << r;
+    return Csv::Read(out + "/requests.csv");
+  };
+  const nlohmann::json parts = {{"message", 1}, {"wait", 2}, {"pull", 3}};
+  for (const auto& [extra, reason] :
+       {std::pair{
+            nlohmann::json{
+                {"prefill_done_ms", 30}, {"kv_transfer_ms", 5.5}, {"kv_transfer_parts_ms", parts}},
+            "duet.kv_transfer_parts_ms add up to 6 ms, more than the kv_transfer_ms 5.5, with a "
+            "message part that is not 0"},
+        std::pair{nlohmann::json{{"prefill_done_ms", 30}, {"kv_transfer_parts_ms", parts}},
+                  "duet.kv_transfer_parts_ms without the prefill_done_ms and kv_transfer_ms"}}) {
+    const Csv csv = replay_one(extra, "out-" + std::to_string(extra.size()));
+    ASSERT_EQ(csv.size(), 1u);
+    EXPECT_EQ(csv.Get(0, "status"), "failed") << extra;
+    EXPECT_TRUE(ContainsAll(csv.Get(0, "reason"), {"malformed reply", reason}))
+        << csv.Get(0, "reason");
+  }
+  // Parts that add up to the transfer, and parts beyond it with a message of 0, are kept.
+  for (const auto& [transfer_ms, message_ms] : {std::pair{6.0, 1}, std::pair{4.0, 0}}) {
+    nlohmann::json kept = parts;
+    kept["message"] = message_ms;
+    const Csv csv = replay_one(
+        {{"prefill_done_ms", 30}, {"kv_transfer_ms", transfer_ms}, {"kv_transfer_parts_ms", kept}},
+        "kept-" + std::to_string(message_ms));
+    ASSERT_EQ(csv.size(), 1u);
+    EXPECT_EQ(csv.Get(0, "status"), "completed") << csv.Get(0, "reason");
+    EXPECT_EQ(csv.Get(0, "kv_transfer_ms"), transfer_ms == 6 ? "6.000" : "4.000");
+    EXPECT_EQ(csv.Get(0, "kv_message_ms"), message_ms == 1 ? "1.000" : "0.000");
+    EXPECT_EQ(csv.Get(0, "kv_wait_ms"), "2.000");
+    EXPECT_EQ(csv.Get(0, "kv_pull_ms"), "3.000");
+  }
+}
+
 // llama.cpp's server streams a chunk per token with empty text where a token ends inside a
 // UTF-8 character (with random weights, nearly every token), and finishes in a chunk of its own.
 // Tokens are timed by their chunks, not by their text, and a reply ends with its stream.
