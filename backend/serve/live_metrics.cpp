@@ -29,6 +29,9 @@ const prometheus::Histogram::BucketBoundaries kItlBuckets = {
 const prometheus::Histogram::BucketBoundaries kLongBuckets = {
     0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 40, 80, 160, 320, 640, 1280, 2560};
 
+// The label values of duet:kv_transfer_part_seconds, in LiveMetrics::kv_transfer_parts_' order.
+constexpr std::array<const char*, 3> kKvTransferParts = {"message", "wait", "pull"};
+
 prometheus::Gauge& MakeGauge(prometheus::Registry& r, const char* name, const char* help) {
   return prometheus::BuildGauge().Name(name).Help(help).Register(r).Add({});
 }
@@ -92,6 +95,15 @@ LiveMetrics::LiveMetrics() : registry_(std::make_unique<prometheus::Registry>())
   kv_transfer_ = &MakeHistogram(r, "duet:kv_transfer_seconds",
                                 "PD: end of prefill to KV usable on the decode instance (seconds).",
                                 kTtftBuckets);
+  auto& parts = prometheus::BuildHistogram()
+                    .Name("duet:kv_transfer_part_seconds")
+                    .Help(
+                        "PD: duet:kv_transfer_seconds in its parts (seconds): the KV-ready "
+                        "message's way to the decode instance, its wait there for the pull, the "
+                        "pull.")
+                    .Register(r);
+  for (std::size_t k = 0; k < kv_transfer_parts_.size(); ++k)
+    kv_transfer_parts_[k] = &parts.Add({{"part", kKvTransferParts[k]}}, kTtftBuckets);
   kv_leases_held_ = &MakeGauge(r, "duet:kv_leases_held",
                                "PD: requests whose KV a prefill instance holds for a pull.");
   kv_leases_expired_ =
@@ -147,6 +159,11 @@ void LiveMetrics::OnFinished(const RequestSpec& spec, const RequestRecord& reque
   ObserveIfReached(queue_, spec.arrival_s, request.first_scheduled_s);
   ObserveIfReached(e2e_, spec.arrival_s, request.finished_s);
   ObserveIfReached(kv_transfer_, request.prefill_done_s, request.kv_ready_s);
+  if (const auto parts = policies::KvTransferBreakdown(request)) {
+    kv_transfer_parts_[0]->Observe(parts->message_s);
+    kv_transfer_parts_[1]->Observe(parts->wait_s);
+    kv_transfer_parts_[2]->Observe(parts->pull_s);
+  }
 }
 
 void LiveMetrics::OnPrefillDone(const RequestSpec& spec, const RequestRecord& record) {

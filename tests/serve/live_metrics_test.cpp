@@ -8,6 +8,7 @@
 #include <regex>
 #include <sstream>
 #include <thread>
+#include <tuple>
 
 namespace duet::backend::serve {
 namespace {
@@ -61,7 +62,7 @@ TEST(LiveMetrics, EveryLiveNameIsExposedWithItsType) {
   for (const char* histogram :
        {"duet:time_to_first_token_seconds", "duet:inter_token_latency_seconds",
         "duet:e2e_request_latency_seconds", "duet:request_queue_time_seconds",
-        "duet:kv_transfer_seconds"})
+        "duet:kv_transfer_seconds", "duet:kv_transfer_part_seconds"})
     EXPECT_NE(text.find(std::string("# TYPE ") + histogram + " histogram"), std::string::npos)
         << histogram;
   // Every finish reason is there from the start, at zero.
@@ -114,6 +115,35 @@ TEST(LiveMetrics, EventsFeedCountersAndHistograms) {
   EXPECT_EQ(Value(text, "duet:inter_token_latency_seconds_bucket{le=\"0.02\"}"), 0);
   EXPECT_EQ(Value(text, "duet:inter_token_latency_seconds_bucket{le=\"0.04\"}"), 4);
   EXPECT_EQ(Value(text, "duet:kv_transfer_seconds_count"), 0);  // colocated: no transfers
+}
+
+// PD: each KV transfer observed whole and in its three parts, which add up to it; a transfer
+// whose parts were not stamped counts whole only.
+TEST(LiveMetrics, KvTransfersAreObservedInTheirParts) {
+  LiveMetrics metrics;
+  Request r = Finished(FinishReason::kLength);
+  r.prefill_done_s = 10.5;
+  r.kv_arrived_s = 10.503;        // message 3 ms
+  r.kv_pull_started_s = 10.5045;  // wait 1.5 ms
+  r.kv_ready_s = 10.5245;         // pull 20 ms
+  Finish(metrics, r);
+  Finish(metrics, r);
+  r.kv_arrived_s = r.kv_pull_started_s = -1;
+  Finish(metrics, r);
+  const std::string text = metrics.Scrape({});
+  EXPECT_EQ(Value(text, "duet:kv_transfer_seconds_count"), 3);
+  double parts_sum = 0;
+  for (const auto& [part, seconds, bucket] : {std::tuple{"message", 0.003, "0.005"},
+                                              {"wait", 0.0015, "0.005"},
+                                              {"pull", 0.020, "0.025"}}) {
+    const std::string series = std::string("duet:kv_transfer_part_seconds");
+    const std::string label = std::string("part=\"") + part + "\"";
+    EXPECT_EQ(Value(text, series + "_count{" + label + "}"), 2) << part;
+    EXPECT_NEAR(Value(text, series + "_sum{" + label + "}"), 2 * seconds, 1e-9) << part;
+    EXPECT_EQ(Value(text, series + "_bucket{" + label + ",le=\"" + bucket + "\"}"), 2) << part;
+    parts_sum += Value(text, series + "_sum{" + label + "}");
+  }
+  EXPECT_NEAR(parts_sum, Value(text, "duet:kv_transfer_seconds_sum") * 2 / 3, 1e-9);
 }
 
 TEST(LiveMetrics, GaugesComeFromTheFrontendAtScrapeTime) {

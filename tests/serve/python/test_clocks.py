@@ -109,6 +109,13 @@ def test_workers_on_clocks_of_their_own_report_times_on_the_frontends(tiny_model
         # The KV transfer runs from the prefill worker's clock to the decode worker's.
         assert m["duet:kv_transfer_seconds_count"] == len(PROMPTS)
         assert 0 <= m["duet:kv_transfer_seconds_sum"] <= sum(client_ttfts), m
+        # Its parts add up to it: the message's (from one worker's clock to the other's) within
+        # the clocks' error, each read at 0 where it came out below.
+        parts = [f'{{part="{part}"}}' for part in ("message", "wait", "pull")]
+        for part in parts:
+            assert m["duet:kv_transfer_part_seconds_count" + part] == len(PROMPTS), part
+        parts_s = sum(m["duet:kv_transfer_part_seconds_sum" + part] for part in parts)
+        assert abs(parts_s - m["duet:kv_transfer_seconds_sum"]) <= len(PROMPTS) * bound + 1e-6, m
         # The decode worker read each prefill lease's end on its own clock, and found it valid.
         assert m["duet:kv_load_failures_total"] == 0
         assert m["duet:kv_leases_expired_total"] == 0

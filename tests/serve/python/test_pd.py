@@ -85,6 +85,16 @@ def test_pd_replies_equal_the_colocated_server(tiny_model, start_server, colocat
     m = s.metrics()
     decoding = sum(1 for n in MAX_TOKENS if n > 1)
     assert m["duet:kv_transfer_seconds_count"] == 2 * decoding + 1
+    # And in its parts, which add up to it. Worker processes stamp the end of the prefill and
+    # the message's arrival on two clocks: each transfer's whole and its message part are off by
+    # up to both workers' clock errors (and read 0 where that takes them below it).
+    parts = [f'{{part="{part}"}}' for part in ("message", "wait", "pull")]
+    for part in parts:
+        assert m["duet:kv_transfer_part_seconds_count" + part] == 2 * decoding + 1, part
+    parts_s = sum(m["duet:kv_transfer_part_seconds_sum" + part] for part in parts)
+    clocks_s = sum(v for k, v in m.items() if k.startswith("duet:worker_clock_error_seconds{"))
+    assert (abs(parts_s - m["duet:kv_transfer_seconds_sum"]) <=
+            (2 * decoding + 1) * clocks_s + 1e-6), (parts_s, clocks_s, m)
     assert m["duet:kv_leases_held"] == 0
     assert m["duet:kv_leases_expired_total"] == 0
     assert m["duet:kv_load_failures_total"] == 0
