@@ -2,7 +2,8 @@
 // (JSON trace-event format, docs/outputs.md): a track per instance with each engine step as a
 // slice, a track per KV route with each transfer, a track per tier and direction with each I/O,
 // flow arrows from a request's last prefill step over its KV transfer to its first decode
-// step, and each request's lifecycle as nested async slices. Opens in ui.perfetto.dev as is.
+// step, and each request's lifecycle as nested async slices (its KV transfer in its parts). Opens
+// in ui.perfetto.dev as is.
 //
 // The records are added where the simulator knows them (SimPorts::Execute,
 // SimKvTransport::Poll, SimTierStorage::Poll), not from SimGrid's activity signals, because

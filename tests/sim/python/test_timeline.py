@@ -89,3 +89,22 @@ def test_pd_run_with_a_dram_tier_is_all_there(tmp_path):
             select name, count(*) as n from slice
             where category = 'request' and depth = 1 group by name""")}
         assert phases == {"queued": 40, "prefill": 40, "kv transfer": 40, "decode": 40}
+        # Inside each KV transfer its parts, as requests.csv gives them, adding up to it.
+        transfer_ms = {p.request: p.dur / 1e6 for p in tp.query("""
+            select s.dur, r.name as request from slice s join slice r on s.parent_id = r.id
+            where s.category = 'request' and s.name = 'kv transfer'""")}
+        parts = list(tp.query("""
+            select s.name, s.dur, r.name as request from slice s
+            join slice t on s.parent_id = t.id join slice r on t.parent_id = r.id
+            where s.category = 'request' and s.depth = 2 and t.name = 'kv transfer'"""))
+        assert len(parts) == 3 * 40
+        csv_ms = {f"request {r['request_id']}": r for r in completed}
+        sums = {}
+        for p in parts:
+            column = {"kv message": "kv_message_ms", "kv wait": "kv_wait_ms",
+                      "kv pull": "kv_pull_ms"}[p.name]
+            assert abs(p.dur / 1e6 - float(csv_ms[p.request][column])) < 0.002, (p.request, p.name)
+            sums[p.request] = sums.get(p.request, 0) + p.dur / 1e6
+        assert sums.keys() == transfer_ms.keys()
+        for request, ms in transfer_ms.items():
+            assert abs(sums[request] - ms) < 1e-5, request
