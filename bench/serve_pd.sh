@@ -15,7 +15,9 @@
 # same two threads the PD layouts split into a prefill and a decode instance. Each server is
 # stopped with SIGTERM (it drains, exits 0) before the next starts; every request must complete
 # in every layout. KV transfer times (PD) come from the server's /metrics
-# (duet:kv_transfer_seconds): replay's summary.json cannot see them. Prints a markdown table.
+# (duet:kv_transfer_seconds), their parts' medians from replay's summary.json (the replies'
+# duet.kv_transfer_parts_ms): the KvReady message (with worker processes the frontend relays it),
+# its wait on the decode instance, the pull. Prints a markdown table.
 # Usage: bench/serve_pd.sh [RATE] [REQUESTS]   (default: 1 request/s, 40 requests)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -117,8 +119,9 @@ for layout in layouts:
     print(f"- {layout}: `{open(f'{work}/{layout}.ready').read().strip()}`")
 print()
 print("| layout | completed | TTFT mean / p50 / p99 (ms) | TPOT mean / p50 / p99 (ms) "
-      "| E2E p50 (ms) | KV transfer mean (ms) | output tok/s |")
-print("| --- | --- | --- | --- | --- | --- | --- |")
+      "| E2E p50 (ms) | KV transfer mean (ms) | KV message / wait / pull p50 (ms) "
+      "| output tok/s |")
+print("| --- | --- | --- | --- | --- | --- | --- | --- |")
 for layout in layouts:
     d = json.load(open(f"{work}/{layout}/summary.json"))
     t, p = d["ttft_ms"], d["tpot_ms"]
@@ -129,8 +132,12 @@ for layout in layouts:
     count = metric("duet:kv_transfer_seconds_count")
     kv = (f"{metric('duet:kv_transfer_seconds_sum') / count * 1000:.2f} ({count:.0f})"
           if count else "n/a")
+    parts = d.get("kv_transfer", {}).get("parts_ms")
+    split = (" / ".join(f"{parts[k]['p50']:.3f}" for k in ("message", "wait", "pull"))
+             if parts and count else "n/a")
     print(f"| {layout} | {d['requests']['completed']} / {d['requests']['total']} "
           f"| {t['mean']:.1f} / {t['p50']:.1f} / {t['p99']:.1f} "
           f"| {p['mean']:.2f} / {p['p50']:.2f} / {p['p99']:.2f} "
-          f"| {d['e2e_ms']['p50']:.1f} | {kv} | {d['throughput']['output_tokens_per_s']:.1f} |")
+          f"| {d['e2e_ms']['p50']:.1f} | {kv} | {split} "
+          f"| {d['throughput']['output_tokens_per_s']:.1f} |")
 PY
