@@ -1,5 +1,6 @@
 #include "sim/timeline.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -174,20 +175,19 @@ Status Timeline::Write(const std::string& path, const std::vector<std::string>& 
         {"prefill", {r.first_scheduled_s, r.prefill_done_s}},
         {"kv transfer", {r.prefill_done_s, r.kv_ready_s}},
         {"decode", {first_token_s, r.finished_s}}};
-    // The KV transfer's parts nest inside it (policies::KvTransferBreakdown): the KvReady
-    // message, its wait for the pull, the pull.
-    const std::pair<const char*, std::pair<Seconds, Seconds>> kv_parts[] = {
-        {"kv message", {r.prefill_done_s, r.kv_arrived_s}},
-        {"kv wait", {r.kv_arrived_s, r.kv_pull_started_s}},
-        {"kv pull", {r.kv_pull_started_s, r.kv_ready_s}}};
-    const bool has_parts = policies::KvTransferBreakdown(r).has_value();
+    const auto kv_parts = policies::KvTransferBreakdown(r);
     for (const auto& [phase, span] : phases) {
       if (span.first < 0 || span.second < span.first) continue;
       w.Async('b', phase, r.id, Ns(span.first));
-      if (has_parts && std::string_view(phase) == "kv transfer") {
-        for (const auto& [part, part_span] : kv_parts) {
-          w.Async('b', part, r.id, Ns(part_span.first));
-          w.Async('e', part, r.id, Ns(part_span.second));
+      // The KV transfer's parts nest inside it, one after another from its start.
+      if (kv_parts && std::string_view(phase) == "kv transfer") {
+        Seconds at_s = span.first;
+        for (const auto& [part, part_s] :
+             {std::pair{"kv message", kv_parts->message_s}, std::pair{"kv wait", kv_parts->wait_s},
+              std::pair{"kv pull", kv_parts->pull_s}}) {
+          w.Async('b', part, r.id, Ns(at_s));
+          at_s += part_s;
+          w.Async('e', part, r.id, Ns(std::min(at_s, span.second)));
         }
       }
       w.Async('e', phase, r.id, Ns(span.second));
