@@ -34,6 +34,7 @@
 #include "cli/validate_schedule.h"
 #include "cli/validate_steps.h"
 #include "common/json_util.h"
+#include "common/text.h"
 #include "models/step_profile.h"
 #include "sim/cluster_spec.h"
 
@@ -178,6 +179,12 @@ int Validate(int argc, char** argv) {
      "the largest error allowed, in percent: p50=5,p99=10 (by statistic), ttft_ms.p50=5 (one "
      "metric), throughput=2, hit_rate=5, kv_transfer=20, kv_part=50 and tpot_part=10 (PD), "
      "ttft_part=50; exit 1 when one is exceeded")
+    ("tolerance-at", po::value<std::string>()->default_value("plain"),
+     "which simulation --tolerance holds: plain (from the profile as calibrated) or live-speed "
+     "(every step priced at the machine's speed during the live runs, measured by the live steps "
+     "against calibration's own measurements: for a machine whose speed moves between "
+     "calibration and the live runs by more than the tolerance; a fit off its own measurements "
+     "still fails)")
     ("repeats", po::value<int>()->default_value(1),
      "live runs per load (1 to 10), each on a fresh server: the live value is their median, "
      "reported with their range, and the simulation's error is stated against it")
@@ -196,6 +203,10 @@ int Validate(int argc, char** argv) {
   if (!scales) return Fail(scales.error(), kExitUsage);
   auto tolerances = ParseTolerances(vm["tolerance"].as<std::string>());
   if (!tolerances) return Fail(tolerances.error(), kExitUsage);
+  const std::string tolerance_at = vm["tolerance-at"].as<std::string>();
+  if (tolerance_at != "plain" && tolerance_at != "live-speed")
+    return Fail("--tolerance-at: plain or live-speed, got '" + Excerpt(tolerance_at, 40) + "'",
+                kExitUsage);
   const int repeats = vm["repeats"].as<int>();
   if (repeats < 1 || repeats > 10)
     return Fail("--repeats: give 1 to 10 live runs per load, got " + std::to_string(repeats),
@@ -212,6 +223,13 @@ int Validate(int argc, char** argv) {
   const std::string cluster_path = vm["cluster"].as<std::string>();
   auto cluster = sim::LoadClusterSpec(cluster_path, DataDir());
   if (!cluster) return Fail(cluster.error());
+  if (tolerance_at == "live-speed" &&
+      (!cluster->cost_model.profile || cluster->cost_model.profile->measurements.empty()))
+    return Fail(
+        "--tolerance-at live-speed: the cluster file's cost model must be a profile with the "
+        "measurements it was fitted to (duet calibrate's), against which the live steps are "
+        "timed",
+        kExitUsage);
   const std::string out_dir = vm["out"].as<std::string>();
   std::error_code ec;
   fs::create_directories(out_dir, ec);
@@ -321,8 +339,10 @@ int Validate(int argc, char** argv) {
                  {"metrics", json::object()}};
     std::vector<json> live_runs;
     for (const LiveRun& run : runs) live_runs.push_back(run.summary);
-    for (const Metric& m : metrics)
-      load["metrics"][m.name] = Compare(m, live_runs, *simulated_summary, *tolerances, &exceeded);
+    for (const Metric& m : metrics) {
+      json& entry = load["metrics"][m.name] = Compare(m, live_runs, *simulated_summary);
+      if (tolerance_at == "plain") HoldTolerance(m, *tolerances, "error_pct", entry, &exceeded);
+    }
     std::vector<std::string> step_logs;
     for (const LiveRun& run : runs) step_logs.push_back(run.step_log);
     auto steps = AttributeSteps(step_logs, *cluster, *simulated_summary);
@@ -403,6 +423,24 @@ int Validate(int argc, char** argv) {
             !s)
           return Fail(s.error());
         load["at_machine_speed"] = {{"scale", k}};
+      }
+      // At the live runs' own speed against calibration's measurements (validate_steps.h): the
+      // error left when the machine's drift between calibration and the live runs is not one.
+      const json live_speed = LiveSpeed(*profile, *steps);
+      if (live_speed.is_object()) {
+        if (auto s = resimulate(ProfileScaled(*profile, live_speed["scale"].get<double>()),
+                                "live-speed", "at_live_speed", "at the live runs' speed");
+            !s)
+          return Fail(s.error());
+        load["at_live_speed"] = live_speed;
+      }
+      if (tolerance_at == "live-speed") {
+        if (!live_speed.is_object())
+          return Fail("--tolerance-at live-speed: rate scale " + RateText(r) +
+                      ": no live step to time the machine by");
+        for (const Metric& m : metrics)
+          HoldTolerance(m, *tolerances, "error_at_live_speed_pct", load["metrics"][m.name],
+                        &exceeded);
       }
       // Without the profile's host time: how much of each error pricing it removes.
       if (profile->host) {

@@ -231,7 +231,7 @@ Status WriteValidationHtml(const json& report, const std::vector<Metric>& metric
     html += "<tr><td class=\"m\">" + Escape(m.name) + "</td>";
     for (const json& load : report["loads"]) {
       const json& e = load["metrics"][m.name];
-      const bool miss = e.contains("within") && !e["within"].get<bool>();
+      const bool miss = Missed(e, "error_pct");
       const char* cls = miss                                  ? " class=\"miss\""
                         : e.value("within_live_range", false) ? " class=\"noise\""
                                                               : "";
@@ -257,7 +257,8 @@ Status WriteValidationHtml(const json& report, const std::vector<Metric>& metric
   html +=
       "<th>host per step, live</th><th>priced</th><th>TTFT p50 error as live</th><th>TPOT p50 "
       "as live</th><th>E2E p50 as live</th><th>TTFT / TPOT / E2E p50 at the machine's "
-      "speed</th><th>TTFT / TPOT / E2E p50 as live, handing over as live</th><th>TTFT / TPOT / "
+      "speed</th><th>TTFT / TPOT / E2E p50 at the live runs' speed</th><th>TTFT / TPOT / E2E p50 "
+      "as live, handing over as live</th><th>TTFT / TPOT / "
       "E2E p50 at the live send times</th><th>the same, as live</th></tr>\n";
   for (const json& load : report["loads"]) {
     const json& s = load["steps"];
@@ -293,8 +294,9 @@ Status WriteValidationHtml(const json& report, const std::vector<Metric>& metric
               (e.contains("error_as_live_pct") ? PercentText(e["error_as_live_pct"]) : "n/a") +
               "</td>";
     }
-    for (const char* key : {"error_at_machine_speed_pct", "error_as_live_hand_over_pct",
-                            "error_at_live_send_pct", "error_as_live_at_live_send_pct"}) {
+    for (const char* key :
+         {"error_at_machine_speed_pct", "error_at_live_speed_pct", "error_as_live_hand_over_pct",
+          "error_at_live_send_pct", "error_as_live_at_live_send_pct"}) {
       std::string cell;
       for (const char* name : {"ttft_ms.p50", "tpot_ms.p50", "e2e_ms.p50"}) {
         const json& e = load["metrics"][name];
@@ -314,7 +316,11 @@ Status WriteValidationHtml(const json& report, const std::vector<Metric>& metric
       "now); beside another instance (instances side by side on a node): the same steps timed "
       "while a second copy of the model runs the other over and over, over their time alone, "
       "less one. At the machine's speed: the error left when every step is priced slower by that "
-      "much (not the machine's drift). At the live send times (a trace whose requests follow "
+      "much (not the machine's drift). At the live runs' speed: the same with every step priced "
+      "at the live steps' time over the fits' price for them, times the fits' price for "
+      "calibration's own measurements over what it measured (the machine while it served "
+      "against when it was calibrated, timed by the live steps themselves). At the live send times "
+      "(a trace whose requests follow "
       "others): the error left "
       "when every request is sent when the first live run sent it. As live: the error left when "
       "the simulation prices each shape class as its live steps ran (not the step "

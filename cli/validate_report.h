@@ -37,13 +37,22 @@ std::string RunSuffix(int k);
 Result<nlohmann::json> ReadRunSummary(const std::string& dir);
 
 // One metric of a load: the live value (the median of the live runs' summary.json values), the
-// simulated one and the error between them, checked against its --tolerance (setting *exceeded
-// when over). With several runs, also each run's value, their range, the spread (range over
-// median, in percent) and whether the simulated value lies within the live range: an error the
-// runs' own noise could make.
+// simulated one and the error between them ("error_pct"). With several runs, also each run's
+// value, their range, the spread (range over median, in percent) and whether the simulated value
+// lies within the live range: an error the runs' own noise could make.
 nlohmann::json Compare(const Metric& m, const std::vector<nlohmann::json>& live_runs,
-                       const nlohmann::json& simulated,
-                       const std::map<std::string, double>& tolerances, bool* exceeded);
+                       const nlohmann::json& simulated);
+
+// Holds one of a metric's errors, entry[`key`] (a percentage: "error_pct", the plain
+// simulation's, or a variant's such as "error_at_live_speed_pct"), to the metric's --tolerance
+// where one names it (by metric, else by statistic): sets "tolerance_pct", "tolerance_at" (`key`)
+// and "within", and *exceeded when over. An error that is not a number is not held.
+void HoldTolerance(const Metric& m, const std::map<std::string, double>& tolerances,
+                   const std::string& key, nlohmann::json& entry, bool* exceeded);
+
+// Whether a metric's --tolerance holds its error under `key` (HoldTolerance) and that error is
+// beyond it.
+bool Missed(const nlohmann::json& entry, const std::string& key);
 
 // What the report's "profile" says of the cost model's profile, in words: the traffic it was
 // fitted to ("fitted to this trace and selection: ...", "the sweep's ladders, fitted to no

@@ -29,6 +29,19 @@ std::string ReadText(const std::string& path) {
 
 namespace {
 
+// Calls f(measurement, price) for each of the profile's measurements timed at least once at a tp
+// it has a fit for, with that fit's price for its shape.
+template <typename F>
+void PriceMeasurements(const models::StepProfile& profile, F f) {
+  std::map<int, models::FittedCostModel> fits;
+  for (const models::StepFit& fit : profile.fits)
+    fits.emplace(fit.tp, models::FittedCostModel(fit));
+  for (const models::StepMeasurement& m : profile.measurements) {
+    const auto fit = fits.find(m.shape.tp);
+    if (fit != fits.end() && !m.seconds.empty()) f(m, fit->second.StepTime(m.shape));
+  }
+}
+
 // A live step as the attribution keeps it until its run's log is read.
 struct Step {
   policies::InstanceId instance;
@@ -285,19 +298,13 @@ Result<json> AttributeSteps(const std::vector<std::string>& step_logs,
   };
   std::map<int, Calibrated> calibrated;  // by band
   if (profile) {
-    std::map<int, models::FittedCostModel> fits;
-    for (const models::StepFit& fit : profile->fits)
-      fits.emplace(fit.tp, models::FittedCostModel(fit));
-    for (const models::StepMeasurement& m : profile->measurements) {
-      const auto fit = fits.find(m.shape.tp);
-      if (fit == fits.end() || m.seconds.empty() || !m.shape.prefill.empty() ||
-          m.shape.decode_tokens <= 0)
-        continue;
+    PriceMeasurements(*profile, [&](const models::StepMeasurement& m, Seconds price) {
+      if (!m.shape.prefill.empty() || m.shape.decode_tokens <= 0) return;
       Calibrated& band = calibrated[DecodeBand(m.shape.decode_tokens)];
       ++band.shapes;
       band.measured_s += m.Median();
-      band.priced_s += fit->second.StepTime(m.shape);
-    }
+      band.priced_s += price;
+    });
   }
   out["decode_by_rows"] = json::array();
   for (const auto& [band, c] : decode_bands) {
@@ -394,6 +401,22 @@ models::StepProfile ProfileScaled(const models::StepProfile& profile, double k) 
   for (models::StepFit& fit : scaled.fits)
     for (std::size_t c = 0; c < models::kShapeClasses; ++c) ScaleClass(fit, c, k, k);
   return scaled;
+}
+
+json LiveSpeed(const models::StepProfile& profile, const json& steps) {
+  Seconds measured_s = 0, priced_s = 0;
+  PriceMeasurements(profile, [&](const models::StepMeasurement& m, Seconds price) {
+    measured_s += m.Median();
+    priced_s += price;
+  });
+  const double live_s = steps["forward_s"].get<double>(),
+               live_priced_s = steps["priced_s"].get<double>();
+  if (measured_s <= 0 || priced_s <= 0 || live_s <= 0 || live_priced_s <= 0) return nullptr;
+  const double live_over_priced = live_s / live_priced_s,
+               fits_over_measured = priced_s / measured_s;
+  return {{"scale", live_over_priced * fits_over_measured},
+          {"live_over_priced", live_over_priced},
+          {"fits_over_measured", fits_over_measured}};
 }
 
 Result<std::string> WriteClusterWithProfile(const sim::ClusterSpec& cluster,

@@ -40,8 +40,20 @@ std::pair<models::StepProfile, nlohmann::json> ProfileAsLive(const sim::ClusterS
                                                              const nlohmann::json& steps);
 
 // `profile` with every step piece scaled by `k` (its host and frontend time as they are): a
-// simulation from it prices steps at a machine's measured speed (validate_machine.h).
+// simulation from it prices steps at a machine's measured speed (validate_machine.h, or
+// LiveSpeed below).
 models::StepProfile ProfileScaled(const models::StepProfile& profile, double k);
+
+// The machine's speed during a load's live runs against its speed at calibration, from the live
+// steps themselves: what they took over what the profile's fits price them at (`steps`:
+// AttributeSteps'), times what those fits price the profile's own measurements at over what
+// calibration measured (summed over every measured shape of a fitted tp). The second factor
+// anchors the speed at calibration's measurements rather than at the fits, so that a fit off
+// its own measurements (every coefficient times 1.3, say) stays that far off at this speed,
+// while a machine that runs slower than when it was calibrated (the whole profile's
+// measurements) does not. {"scale", "live_over_priced", "fits_over_measured"}; null without
+// live steps or measurements to anchor at.
+nlohmann::json LiveSpeed(const models::StepProfile& profile, const nlohmann::json& steps);
 
 // The cluster file again with `profile` as its cost model, written to DIR/profile-NAME.json and
 // DIR/cluster-NAME.json; returns the cluster file's path.

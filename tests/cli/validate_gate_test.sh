@@ -5,14 +5,19 @@
 # two-thread engine loses 9% of its speed to them, which no calibration sees), the first 30
 # requests of the Mooncake trace (four bursts) at 1/64 of their lengths and a quarter of their
 # rate, served 3 times and simulated from the profile. The medians and p90s of TTFT and E2E must
-# agree within 15%; the same trace against the profile with every coefficient times 1.3 (one
-# live run) must fail that tolerance. At 1/32 of the lengths, on the 2-core VM of 2026-11-30, the
-# engine was busy 57 s of each run's 36 s of arrivals, and steps priced 11% fast moved the E2E
-# p50 by 40% (decode tokens in steps with prefill chunks: 49% live, 26% simulated); at 1/64 the
-# bursts stay apart. Either outcome is tried once more before the gate fails, so that the
-# machine's drift (on that VM the same steps took 27% longer 10 minutes later) does not fail
-# it; a real error misses twice (the second try calibrates here). Runs alone (RUN_SERIAL):
-# timings. docs/validation.md#the-gate-in-ci has the measurements.
+# agree within 15% at the live runs' speed (validate --tolerance-at live-speed: every step priced
+# at what the live steps took over what the profile's fits price them at, times what the fits
+# price calibration's own measurements at over what it measured); the same trace against the
+# profile with every coefficient times 1.3 (one live run) must fail that tolerance. The live
+# speed, not the plain simulation: this VM's speed moves by more than the tolerance between a
+# calibration and the live runs (27% within ten minutes; the fixture's profile priced the live
+# steps from -17% to +14% off), which the plain errors carry as they are, so that the 1.3 profile
+# and the calibrated one overlapped; at the live speed a fit off its own measurements stays off
+# and the machine's drift does not count. At 1/32 of the lengths the engine fell behind the
+# bursts and the schedule amplified step price errors (E2E p50 by 40% for 11%); at 1/64 the
+# bursts stay apart. Either outcome is tried once more before the gate fails (the second try
+# calibrates here). Runs alone (RUN_SERIAL): timings. docs/validation.md#the-gate-in-ci has the
+# measurements.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 DUET="${DUET:?DUET=path/to/duet}"
@@ -39,7 +44,9 @@ python3 - <<'PY'
 import json
 p = json.load(open("profile.json"))
 for fit in p["fits"]:
-    for pieces in fit["pieces"].values():
+    # Each class's pieces, and those above its split (decode batches of many rows) where it has one.
+    lists = list(fit["pieces"].values()) + [s["pieces"] for s in fit.get("split", {}).values()]
+    for pieces in lists:
         for piece in pieces:
             for k in piece:
                 piece[k] *= 1.3
@@ -61,7 +68,7 @@ done
 validate() {  # PROFILE REPEATS
   "$DUET" validate --cluster "$1-cluster.json" --model bench --trace "$TRACE" --limit 30 \
     --length-scale 0.015625 --rate-scales 0.25 --repeats "$2" \
-    --tolerance ttft_ms.p50=15,e2e_ms.p50=15,ttft_ms.p90=15,e2e_ms.p90=15 \
+    --tolerance ttft_ms.p50=15,e2e_ms.p50=15,ttft_ms.p90=15,e2e_ms.p90=15 --tolerance-at live-speed \
     --serve-args "--workers thread --threads 1" --out "$1-out"
 }
 if ! validate profile 3 >profile.log 2>&1; then
@@ -85,5 +92,5 @@ if wrong_passes; then
   fi
 fi
 cat profile.log
-grep -E "^(ttft|e2e)_ms\.p(50|90) " wrong.log
+grep -E "^at the live runs' speed" wrong.log
 echo "gate: the calibrated profile passes, the one 1.3 times too slow fails"

@@ -689,6 +689,79 @@ TEST_F(ValidateTest, TimesTheMachineAgainstItsCalibrationBesideEveryRun) {
       << r;
 }
 
+// --tolerance-at live-speed: the tolerance holds the simulation with every step priced at the
+// machine's speed during the live runs, timed by the live steps against calibration's own
+// measurements (the live steps' time over the fits' price for them, times the fits' price for
+// the measurements over what calibration measured; recomputed here from the step log and the
+// profile), and not the plain simulation, whose errors the table shows unmarked. A profile whose
+// measurements say calibration found this machine ten times slower reads the live runs about ten
+// times faster.
+TEST_F(ValidateTest, HoldsTheToleranceAtTheLiveRunsSpeedWhenAsked) {
+  json doc = ReadJson(tmp_.File("profile.json"));
+  for (json& m : doc["measurements"])
+    for (json& s : m["seconds"]) s = 10 * s.get<double>();
+  tmp_.Write("profile.json", doc.dump());
+  const RunResult r =
+      Validate({"--rate-scales", "1", "--tolerance", "p50=0.01", "--tolerance-at", "live-speed"});
+  EXPECT_EQ(r.exit_code, 1) << r;
+  EXPECT_NE(r.err.find("an error exceeds its --tolerance (marked !)"), std::string::npos) << r;
+  const json report = ReadJson(tmp_.File("out/validation.json"));
+  const json& load = report["loads"][0];
+  auto profile = models::LoadStepProfile(tmp_.File("profile.json"));
+  ASSERT_TRUE(profile.ok()) << profile.error();
+  const models::FittedCostModel fit(profile->fits.at(0));
+  double measured_s = 0, fits_s = 0, live_s = 0, priced_s = 0;
+  for (const models::StepMeasurement& m : profile->measurements) {
+    measured_s += m.Median();
+    fits_s += fit.StepTime(m.shape);
+  }
+  std::ifstream in(tmp_.File("out/rate-1/steps.jsonl"));
+  for (std::string line; std::getline(in, line);) {
+    const json step = json::parse(line);
+    auto shape = models::ParseStepShape(step, "steps.jsonl");
+    ASSERT_TRUE(shape.ok()) << shape.error();
+    live_s += step["seconds"].get<double>();
+    priced_s += fit.StepTime(*shape);
+  }
+  const json& speed = load["at_live_speed"];
+  EXPECT_NEAR(speed["live_over_priced"].get<double>(), live_s / priced_s, 1e-6 * live_s / priced_s);
+  EXPECT_NEAR(speed["fits_over_measured"].get<double>(), fits_s / measured_s,
+              1e-9 * fits_s / measured_s);
+  const double k = speed["scale"].get<double>();
+  EXPECT_NEAR(k, live_s / priced_s * fits_s / measured_s, 1e-6 * k) << speed;
+  EXPECT_LT(speed["fits_over_measured"].get<double>(), 0.2) << "measurements 10 times slow";
+  auto scaled = models::LoadStepProfile(tmp_.File("out/rate-1/profile-live-speed.json"));
+  ASSERT_TRUE(scaled.ok()) << scaled.error();
+  const models::FittedCostModel fast(scaled->fits.at(0));
+  for (const models::StepMeasurement& m : profile->measurements)
+    EXPECT_NEAR(fast.StepTime(m.shape), k * fit.StepTime(m.shape), 1e-9 * fit.StepTime(m.shape));
+  // Every p50 is held at the live speed, none in the plain simulation; the plain table marks
+  // nothing, the live-speed line marks each p50 beyond 0.01%.
+  std::set<std::string> held;
+  int missed = 0;
+  for (const auto& [name, e] : load["metrics"].items()) {
+    if (!e.contains("tolerance_at")) continue;
+    held.insert(name);
+    EXPECT_EQ(e["tolerance_at"], "error_at_live_speed_pct") << name << e;
+    const double error = e["error_at_live_speed_pct"].get<double>();
+    EXPECT_DOUBLE_EQ(
+        error, 100 * (e["simulated_at_live_speed"].get<double>() / e["live"].get<double>() - 1))
+        << name;
+    EXPECT_EQ(e["within"].get<bool>(), std::abs(error) <= 0.01) << name << e;
+    missed += !e["within"].get<bool>();
+  }
+  for (const char* name : {"ttft_ms.p50", "tpot_ms.p50", "e2e_ms.p50", "itl_ms.p50"})
+    EXPECT_TRUE(held.count(name)) << name << load["metrics"];
+  EXPECT_GE(missed, 1) << load["metrics"];
+  EXPECT_TRUE(ContainsAll(r.out, {"at the live runs' speed at x1: with every step priced x",
+                                  "the machine while it served against when it was calibrated"}))
+      << r;
+  const std::string table = r.out.substr(0, r.out.find("steps at x1"));
+  EXPECT_EQ(table.find(" !"), std::string::npos) << "the plain errors are not held\n" << r;
+  const std::string line = r.out.substr(r.out.find("at the live runs' speed at x1"));
+  EXPECT_NE(line.substr(0, line.find('\n')).find(" !"), std::string::npos) << r;
+}
+
 // Conversations (turns sent 20 ms after the reply before them): each world sends a later turn
 // when its own reply ends, so the load is simulated again with every request sent when the first
 // live run sent it, written as a Mooncake trace beside the run; a trace without dependencies
@@ -895,6 +968,7 @@ TEST_F(ValidateTest, BadFlagsAreUsageErrors) {
       {{"--rate-scale", "2"}, 2, "--rate-scale: validate sets it"},
       {{"--repeats", "0"}, 2, "--repeats: give 1 to 10 live runs per load, got 0"},
       {{"--length-scale", "0.3"}, 2, "--length-scale: length scale factor 0.3"},
+      {{"--tolerance-at", "sim"}, 2, "--tolerance-at: plain or live-speed, got 'sim'"},
   };
   for (const Case& c : cases) {
     const RunResult r = Validate(c.args);
@@ -908,6 +982,19 @@ TEST_F(ValidateTest, BadFlagsAreUsageErrors) {
   const RunResult log = Validate({}, "--step-log steps.jsonl");
   EXPECT_EQ(log.exit_code, 2) << log;
   EXPECT_NE(log.err.find("validate sets --step-log itself"), std::string::npos) << log;
+  // The live speed is timed against a profile's measurements: a roofline has none.
+  tmp_.Write("roofline.json", R"({
+      "model": "./model",
+      "nodes": [{"gpus": 1, "gpu": "tiny-gpu", "nic": {"bandwidth_GBps": 10, "latency_us": 1}}],
+      "instances": [{"role": "colocated"}], "engine": {"max_num_seqs": 8, "reserved_gib": 0.25}})");
+  const RunResult roofline =
+      RunDuet({"validate", "--cluster", tmp_.File("roofline.json"), "--model", tmp_.File("model"),
+               "--trace", trace_, "--out", tmp_.File("out"), "--tolerance-at", "live-speed"});
+  EXPECT_EQ(roofline.exit_code, 2) << roofline;
+  EXPECT_NE(roofline.err.find("--tolerance-at live-speed: the cluster file's cost model must be"),
+            std::string::npos)
+      << roofline;
+  EXPECT_FALSE(fs::exists(tmp_.File("out/validation.json"))) << roofline;
   const RunResult missing = RunDuet({"validate", "--cluster", tmp_.File("none.json"), "--model",
                                      tmp_.File("model"), "--trace", tmp_.File("trace.json")});
   EXPECT_EQ(missing.exit_code, 1) << missing;
