@@ -17,7 +17,8 @@
 # in every layout. KV transfer times (PD) come from the server's /metrics
 # (duet:kv_transfer_seconds), their parts' medians from replay's summary.json (the replies'
 # duet.kv_transfer_parts_ms): the KvReady message (with worker processes the frontend relays it),
-# its wait on the decode instance, the pull. Prints a markdown table.
+# its wait on the decode instance, the pull; and their tail: the p99s, and the largest transfers
+# split into their parts (replay's requests.csv). Prints two markdown tables.
 # Usage: bench/serve_pd.sh [RATE] [REQUESTS]   (default: 1 request/s, 40 requests)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -104,7 +105,7 @@ for layout in "${layouts[@]}"; do
 done
 
 python3 - "$work" "$RATE" "$REQUESTS" "$SEED" "$vocab" "$0 $RATE $REQUESTS" "${layouts[@]}" <<'PY'
-import datetime, json, re, subprocess, sys
+import csv, datetime, json, re, subprocess, sys
 work, rate, n, seed, vocab, command = sys.argv[1:7]
 layouts = sys.argv[7:]
 cpu = re.search(r"Model name:\s*(.*)", subprocess.run(["lscpu"], capture_output=True,
@@ -140,4 +141,26 @@ for layout in layouts:
           f"| {p['mean']:.2f} / {p['p50']:.2f} / {p['p99']:.2f} "
           f"| {d['e2e_ms']['p50']:.1f} | {kv} | {split} "
           f"| {d['throughput']['output_tokens_per_s']:.1f} |")
+
+# The transfers' tail, from the replies (replay's requests.csv): where the slowest spent it.
+print()
+print("| layout | KV transfer mean / p99 (ms) | message / wait / pull mean (ms) "
+      "| message / wait / pull p99 (ms) "
+      "| the 3 largest: transfer = message + wait + pull (ms) |")
+print("| --- | --- | --- | --- | --- |")
+for layout in layouts:
+    rows = [r for r in csv.DictReader(open(f"{work}/{layout}/requests.csv"))
+            if r["kv_transfer_ms"] and r["kv_message_ms"]]
+    if not rows:
+        continue
+    d = json.load(open(f"{work}/{layout}/summary.json"))["kv_transfer"]
+    parts = d["parts_ms"]
+    largest = sorted(rows, key=lambda r: -float(r["kv_transfer_ms"]))[:3]
+    split = "; ".join(f"{float(r['kv_transfer_ms']):.2f} = {float(r['kv_message_ms']):.2f} + "
+                      f"{float(r['kv_wait_ms']):.2f} + {float(r['kv_pull_ms']):.2f}"
+                      for r in largest)
+    mean, tail = (" / ".join(f"{parts[k][stat]:.3f}" for k in ("message", "wait", "pull"))
+                  for stat in ("mean", "p99"))
+    print(f"| {layout} | {d['time_ms']['mean']:.2f} / {d['time_ms']['p99']:.2f} | {mean} "
+          f"| {tail} | {split} |")
 PY
