@@ -301,7 +301,8 @@ Status WriteValidationHtml(const json& report, const std::vector<Metric>& metric
       for (const char* name : {"ttft_ms.p50", "tpot_ms.p50", "e2e_ms.p50"}) {
         const json& e = load["metrics"][name];
         if (!e.contains(key)) break;
-        cell += (cell.empty() ? "" : " / ") + PercentText(e[key]);
+        // "!": beyond the tolerance that holds it (validate --tolerance-at live-speed).
+        cell += (cell.empty() ? "" : " / ") + PercentText(e[key]) + (Missed(e, key) ? " !" : "");
       }
       html += "<td>" + (cell.empty() ? std::string("n/a") : cell) + "</td>";
     }

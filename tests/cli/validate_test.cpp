@@ -701,8 +701,8 @@ TEST_F(ValidateTest, HoldsTheToleranceAtTheLiveRunsSpeedWhenAsked) {
   for (json& m : doc["measurements"])
     for (json& s : m["seconds"]) s = 10 * s.get<double>();
   tmp_.Write("profile.json", doc.dump());
-  const RunResult r =
-      Validate({"--rate-scales", "1", "--tolerance", "p50=0.01", "--tolerance-at", "live-speed"});
+  const RunResult r = Validate({"--rate-scales", "1", "--tolerance", "p50=0.01", "--tolerance-at",
+                                "live-speed", "--report"});
   EXPECT_EQ(r.exit_code, 1) << r;
   EXPECT_NE(r.err.find("an error exceeds its --tolerance (marked !)"), std::string::npos) << r;
   const json report = ReadJson(tmp_.File("out/validation.json"));
@@ -760,6 +760,10 @@ TEST_F(ValidateTest, HoldsTheToleranceAtTheLiveRunsSpeedWhenAsked) {
   EXPECT_EQ(table.find(" !"), std::string::npos) << "the plain errors are not held\n" << r;
   const std::string line = r.out.substr(r.out.find("at the live runs' speed at x1"));
   EXPECT_NE(line.substr(0, line.find('\n')).find(" !"), std::string::npos) << r;
+  // The page marks them alike: not in the error table, in the live-speed column.
+  const std::string page = ReadFile(tmp_.File("out/report.html"));
+  EXPECT_EQ(page.find("class=\"miss\""), std::string::npos);
+  EXPECT_NE(page.find("% !"), std::string::npos);
 }
 
 // Conversations (turns sent 20 ms after the reply before them): each world sends a later turn
