@@ -119,12 +119,15 @@ print(f"bench model (~125M, bf16, random weights, vocab {vocab}); trace: {n} req
 for layout in layouts:
     print(f"- {layout}: `{open(f'{work}/{layout}.ready').read().strip()}`")
 print()
+summaries = {layout: json.load(open(f"{work}/{layout}/summary.json")) for layout in layouts}
+def parts_text(parts, stat):  # "message / wait / pull" at one statistic
+    return " / ".join(f"{parts[k][stat]:.3f}" for k in ("message", "wait", "pull"))
 print("| layout | completed | TTFT mean / p50 / p99 (ms) | TPOT mean / p50 / p99 (ms) "
       "| E2E p50 (ms) | KV transfer mean (ms) | KV message / wait / pull p50 (ms) "
       "| output tok/s |")
 print("| --- | --- | --- | --- | --- | --- | --- | --- |")
 for layout in layouts:
-    d = json.load(open(f"{work}/{layout}/summary.json"))
+    d = summaries[layout]
     t, p = d["ttft_ms"], d["tpot_ms"]
     metrics = open(f"{work}/{layout}.metrics").read()
     def metric(name):
@@ -134,8 +137,7 @@ for layout in layouts:
     kv = (f"{metric('duet:kv_transfer_seconds_sum') / count * 1000:.2f} ({count:.0f})"
           if count else "n/a")
     parts = d.get("kv_transfer", {}).get("parts_ms")
-    split = (" / ".join(f"{parts[k]['p50']:.3f}" for k in ("message", "wait", "pull"))
-             if parts and count else "n/a")
+    split = parts_text(parts, "p50") if parts and count else "n/a"
     print(f"| {layout} | {d['requests']['completed']} / {d['requests']['total']} "
           f"| {t['mean']:.1f} / {t['p50']:.1f} / {t['p99']:.1f} "
           f"| {p['mean']:.2f} / {p['p50']:.2f} / {p['p99']:.2f} "
@@ -153,14 +155,12 @@ for layout in layouts:
             if r["kv_transfer_ms"] and r["kv_message_ms"]]
     if not rows:
         continue
-    d = json.load(open(f"{work}/{layout}/summary.json"))["kv_transfer"]
-    parts = d["parts_ms"]
+    d = summaries[layout]["kv_transfer"]
     largest = sorted(rows, key=lambda r: -float(r["kv_transfer_ms"]))[:3]
     split = "; ".join(f"{float(r['kv_transfer_ms']):.2f} = {float(r['kv_message_ms']):.2f} + "
                       f"{float(r['kv_wait_ms']):.2f} + {float(r['kv_pull_ms']):.2f}"
                       for r in largest)
-    mean, tail = (" / ".join(f"{parts[k][stat]:.3f}" for k in ("message", "wait", "pull"))
-                  for stat in ("mean", "p99"))
-    print(f"| {layout} | {d['time_ms']['mean']:.2f} / {d['time_ms']['p99']:.2f} | {mean} "
-          f"| {tail} | {split} |")
+    print(f"| {layout} | {d['time_ms']['mean']:.2f} / {d['time_ms']['p99']:.2f} "
+          f"| {parts_text(d['parts_ms'], 'mean')} | {parts_text(d['parts_ms'], 'p99')} "
+          f"| {split} |")
 PY

@@ -11,7 +11,7 @@
 # profile with every coefficient times 1.3 (one live run) must fail that tolerance. The live
 # speed, not the plain simulation: this VM's speed moves by more than the tolerance between a
 # calibration and the live runs (27% within ten minutes; the fixture's profile priced the live
-# steps from -17% to +14% off), which the plain errors carry as they are, so that the 1.3 profile
+# steps from -24% to +23% off), which the plain errors carry as they are, so that the 1.3 profile
 # and the calibrated one overlapped; at the live speed a fit off its own measurements stays off
 # and the machine's drift does not count. At 1/32 of the lengths the engine fell behind the
 # bursts and the schedule amplified step price errors (E2E p50 by 40% for 11%); at 1/64 the
