@@ -83,13 +83,7 @@ json ProfileTraffic(const sim::ClusterSpec& cluster, const std::string& trace_pa
   const json& source = profile->source;
   std::string traffic = "ladders";
   if (source.contains("trace") && source["trace"].contains("path")) {
-    auto canonical = [](const std::string& path) {
-      std::error_code ec;
-      const fs::path c = fs::weakly_canonical(path, ec);
-      return ec ? fs::path(path) : c;
-    };
-    const bool same_file =
-        canonical(source["trace"]["path"].get<std::string>()) == canonical(trace_path);
+    const bool same_file = SameFile(source["trace"]["path"].get<std::string>(), trace_path);
     traffic = !same_file                                        ? "other"
               : source["trace"]["selection"] == json(selection) ? "this"
                                                                 : "same_trace_other_selection";
@@ -161,6 +155,59 @@ Result<LiveRun> RunLive(ChildProcesses& children, std::vector<std::string> serve
   return run;
 }
 
+// --again: live run K of a load as a previous duet validate left it in DIR.
+Result<LiveRun> RecordedRun(const std::string& dir, const std::string& suffix) {
+  LiveRun run;
+  run.step_log = dir + "/steps" + suffix + ".jsonl";
+  if (!fs::exists(run.step_log)) return Status::Error(run.step_log + ": no such file");
+  auto summary = ReadRunSummary(dir + "/live" + suffix);
+  if (!summary) return summary.status();
+  run.summary = std::move(*summary);
+  return run;
+}
+
+// The machine the live runs shared: the replay client runs beside the server, and what either
+// takes from the engine's cores lengthens its forward passes, which calibration timed on an idle
+// machine. Summed over the runs.
+json CpuOf(const std::vector<LiveRun>& runs) {
+  double replay_s = 0;
+  ChildUsage client, server;
+  std::optional<MachineCpu> machine = MachineCpu{};
+  Seconds serve_s = 0;
+  for (const LiveRun& run : runs) {
+    replay_s += run.replay_s;
+    client.cpu_s += run.client.cpu_s;
+    client.involuntary_switches += run.client.involuntary_switches;
+    server.cpu_s += run.server.cpu_s;
+    server.involuntary_switches += run.server.involuntary_switches;
+    serve_s += run.serve_s;
+    if (machine && run.machine) {
+      machine->busy_s += run.machine->busy_s;
+      machine->steal_s += run.machine->steal_s;
+    } else {
+      machine.reset();
+    }
+  }
+  const int cores = static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
+  json cpu = {{"replay_s", replay_s},
+              {"cores", cores},
+              {"client_cpu_s", client.cpu_s},
+              {"client_cores", client.cpu_s / replay_s},
+              {"client_involuntary_switches", client.involuntary_switches},
+              {"server_cpu_s", server.cpu_s},
+              {"server_involuntary_switches", server.involuntary_switches}};
+  // The rest of the machine over the servers' lives: what other processes used (the machine's
+  // busy time less the server's and the client's, to /proc/stat's tick) and the steal.
+  if (machine) {
+    cpu["serve_s"] = serve_s;
+    cpu["machine_busy_cpu_s"] = machine->busy_s;
+    cpu["other_cpu_s"] = std::max(0.0, machine->busy_s - server.cpu_s - client.cpu_s);
+    cpu["steal_s"] = machine->steal_s;
+    cpu["steal_pct"] = 100 * machine->steal_s / (serve_s * cores);
+  }
+  return cpu;
+}
+
 }  // namespace
 
 int Validate(int argc, char** argv) {
@@ -193,6 +240,11 @@ int Validate(int argc, char** argv) {
     ("report",
      "also write OUT/report.html: one self-contained page with each load's live and simulated "
      "CDFs of TTFT, TPOT and E2E, the error table and where the error comes from")
+    ("again",
+     "simulate and report again against the live runs a previous duet validate left in OUT, "
+     "starting no server: for a changed simulator or profile. The same trace and selection, rate "
+     "scales among those recorded, the runs' repeats and KV blocks as recorded; what was measured "
+     "beside the runs (the machine's timings, CPU use) is kept from OUT/validation.json")
     ("out", po::value<std::string>()->default_value("validation"), "output directory");
   // clang-format on
   AddTraceOptions(opts);
@@ -248,6 +300,22 @@ int Validate(int argc, char** argv) {
     }
   }
 
+  // The KV capacity the simulator plans from the cluster file, in both worlds.
+  const std::int64_t kv_blocks = cluster->placements.front().memory.kv_blocks;
+  const bool again = vm.count("again") > 0;
+  const std::string previous_path = (fs::path(out_dir) / "validation.json").string();
+  json recorded;  // --again: the previous report, its loads those at --rate-scales
+  if (again) {
+    auto previous = ReadJsonFile(previous_path);
+    if (previous)
+      previous = RecordedReport(
+          *previous, previous_path,
+          {vm["trace"].as<std::string>(), TraceSelectionArgs(vm), *scales,
+           vm["repeats"].defaulted() ? std::nullopt : std::optional<int>(repeats), kv_blocks});
+    if (!previous) return Fail("--again: " + previous.error(), kExitUsage);
+    recorded = std::move(*previous);
+  }
+
   const std::vector<Metric> metrics = Metrics(cluster->tiers.any());
   json report = {{"cluster", cluster_path},
                  {"model", vm["model"].as<std::string>()},
@@ -255,12 +323,23 @@ int Validate(int argc, char** argv) {
                  {"trace_selection", TraceSelectionArgs(vm)},
                  {"length_scale", vm["length-scale"].as<double>()},
                  {"profile", ProfileTraffic(*cluster, trace->source, TraceSelectionArgs(vm))},
+                 {"kv_blocks", kv_blocks},
+                 {"serve_args", vm["serve-args"].as<std::string>()},
                  {"loads", json::array()}};
+  if (again) {
+    // The live runs' servers had the recorded arguments, whatever --serve-args says now.
+    report["again"] = {{"live_runs_from", previous_path}};
+    report["serve_args"] = recorded.value("serve_args", json());
+  }
   // The machine's drift from its calibration: the profile's own shapes timed before and after
   // every live run (validate_machine.h), and, where the cluster places instances side by side
   // on a node, beside another instance's steps.
   std::optional<MachineReference> reference;
-  if (const models::StepProfile* profile = cluster->cost_model.profile.get()) {
+  if (again) {
+    // The timings recorded beside the live runs are kept (below), or why there are none.
+    if (recorded.contains("machine_not_timed"))
+      report["machine_not_timed"] = recorded["machine_not_timed"];
+  } else if (const models::StepProfile* profile = cluster->cost_model.profile.get()) {
     std::set<int> nodes;
     for (const sim::InstancePlacement& p : cluster->placements) nodes.insert(p.node);
     auto created = MachineReference::Create(vm["model"].as<std::string>(), *profile,
@@ -275,11 +354,11 @@ int Validate(int argc, char** argv) {
   constexpr int kReferenceRepeats = 5;
   bool exceeded = false;
   ChildProcesses children;
-  for (double r : *scales) {
+  for (std::size_t li = 0; li < scales->size(); ++li) {
+    const double r = (*scales)[li];
     const std::string dir = (fs::path(out_dir) / ("rate-" + RateText(r))).string();
     fs::create_directories(dir, ec);
     std::vector<std::string> scale = {"--rate-scale", RateText(r)};
-    // The KV capacity the simulator plans from the cluster file, in both worlds.
     std::vector<std::string> serve = {"serve",
                                       "--cluster",
                                       cluster_path,
@@ -288,7 +367,7 @@ int Validate(int argc, char** argv) {
                                       "--port",
                                       "0",
                                       "--kv-blocks",
-                                      std::to_string(cluster->placements.front().memory.kv_blocks)};
+                                      std::to_string(kv_blocks)};
     serve.insert(serve.end(), serve_extra.begin(), serve_extra.end());
     // Prompt token ids from the model's vocabulary.
     std::vector<std::string> replay = {"replay", "--progress", "never", "--vocab-size",
@@ -298,7 +377,13 @@ int Validate(int argc, char** argv) {
     std::vector<LiveRun> runs;
     std::vector<json> timings;  // the reference before the first run and after each
     if (reference) timings.push_back(reference->Time(kReferenceRepeats));
-    for (int k = 1; k <= repeats; ++k) {
+    const int load_repeats = again ? recorded["loads"][li]["repeats"].get<int>() : repeats;
+    for (int k = 1; again && k <= load_repeats; ++k) {
+      auto run = RecordedRun(dir, RunSuffix(k));
+      if (!run) return Fail("--again: rate scale " + RateText(r) + ": " + run.error());
+      runs.push_back(std::move(*run));
+    }
+    for (int k = 1; !again && k <= repeats; ++k) {
       std::fprintf(stderr, "duet validate: rate scale %s: live run %d of %d\n", RateText(r).c_str(),
                    k, repeats);
       auto run = RunLive(children, serve, replay, dir, RunSuffix(k));
@@ -333,7 +418,7 @@ int Validate(int argc, char** argv) {
     if (!simulated_summary) return Fail(simulated_summary.error());
 
     json load = {{"rate_scale", r},
-                 {"repeats", repeats},
+                 {"repeats", load_repeats},
                  {"completed_live", runs.front().summary["requests"]["completed"]},
                  {"completed_simulated", (*simulated_summary)["requests"]["completed"]},
                  {"metrics", json::object()}};
@@ -384,6 +469,15 @@ int Validate(int argc, char** argv) {
       return changed;
     };
     if (reference) load["machine"] = SummarizeReference(timings);
+    // --again: the timings recorded beside the runs, where they were read against this profile's
+    // calibration.
+    if (again && recorded["loads"][li].contains("machine")) {
+      if (recorded.value("profile", json()).value("source", json()) == report["profile"]["source"])
+        load["machine"] = recorded["loads"][li]["machine"];
+      else
+        load["machine_not_timed"] =
+            "the live runs' machine timings were read against another profile's calibration";
+    }
     // Simulations whose schedules are compared beside the plain one's.
     std::vector<VariantLog> variants;
     std::optional<std::string> as_live_cluster;
@@ -400,7 +494,7 @@ int Validate(int argc, char** argv) {
       // frontend's time per request): how much of the rest the schedule's grouping accounts
       // for. Only where the live step logs measured the wake-up.
       std::vector<std::string> live_csvs;
-      for (int k = 1; k <= repeats; ++k)
+      for (int k = 1; k <= load_repeats; ++k)
         live_csvs.push_back(dir + "/live" + RunSuffix(k) + "/requests.csv");
       auto hand_over = MeasureLiveHandOver(live_schedules, live_csvs, as_live);
       if (!hand_over) return Fail(hand_over.error());
@@ -476,45 +570,7 @@ int Validate(int argc, char** argv) {
         }
       }
     }
-    // The machine the live runs shared: the replay client runs beside the server, and what
-    // either takes from the engine's cores lengthens its forward passes, which calibration
-    // timed on an idle machine. Summed over the runs.
-    double replay_s = 0;
-    ChildUsage client, server_usage;
-    std::optional<MachineCpu> machine = MachineCpu{};
-    Seconds serve_s = 0;
-    for (const LiveRun& run : runs) {
-      replay_s += run.replay_s;
-      client.cpu_s += run.client.cpu_s;
-      client.involuntary_switches += run.client.involuntary_switches;
-      server_usage.cpu_s += run.server.cpu_s;
-      server_usage.involuntary_switches += run.server.involuntary_switches;
-      serve_s += run.serve_s;
-      if (machine && run.machine) {
-        machine->busy_s += run.machine->busy_s;
-        machine->steal_s += run.machine->steal_s;
-      } else {
-        machine.reset();
-      }
-    }
-    const int cores = static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
-    load["cpu"] = {{"replay_s", replay_s},
-                   {"cores", cores},
-                   {"client_cpu_s", client.cpu_s},
-                   {"client_cores", client.cpu_s / replay_s},
-                   {"client_involuntary_switches", client.involuntary_switches},
-                   {"server_cpu_s", server_usage.cpu_s},
-                   {"server_involuntary_switches", server_usage.involuntary_switches}};
-    // The rest of the machine over the servers' lives: what other processes used (the machine's
-    // busy time less the server's and the client's, to /proc/stat's tick) and the steal.
-    if (machine) {
-      load["cpu"]["serve_s"] = serve_s;
-      load["cpu"]["machine_busy_cpu_s"] = machine->busy_s;
-      load["cpu"]["other_cpu_s"] =
-          std::max(0.0, machine->busy_s - server_usage.cpu_s - client.cpu_s);
-      load["cpu"]["steal_s"] = machine->steal_s;
-      load["cpu"]["steal_pct"] = 100 * machine->steal_s / (serve_s * cores);
-    }
+    load["cpu"] = again ? recorded["loads"][li].value("cpu", json()) : CpuOf(runs);
     report["loads"].push_back(load);
   }
 

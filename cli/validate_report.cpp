@@ -5,16 +5,70 @@
 #include <array>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <string_view>
 
 #include "cli/validate_schedule.h"
 #include "cli/validate_steps.h"
 #include "common/json_util.h"
+#include "common/text.h"
 #include "models/step_profile.h"
 #include "policies/metrics.h"
 
 namespace duet::cli {
 using nlohmann::json;
+
+bool SameFile(const std::string& a, const std::string& b) {
+  auto canonical = [](const std::string& file) {
+    std::error_code ec;
+    const std::filesystem::path c = std::filesystem::weakly_canonical(file, ec);
+    return ec ? std::filesystem::path(file) : c;
+  };
+  return canonical(a) == canonical(b);
+}
+
+Result<json> RecordedReport(const json& p, const std::string& path, const RecordedRuns& wanted) {
+  if (!p.is_object()) return Status::Error(path + ": not a report of duet validate");
+  auto recorded_trace = JsonString(p, "trace", path);
+  if (!recorded_trace) return recorded_trace.status();
+  if (!SameFile(*recorded_trace, wanted.trace))
+    return Status::Error(path + ": its live runs replayed " + Excerpt(*recorded_trace, 200) +
+                         ", not " + Excerpt(wanted.trace, 200));
+  if (!p.contains("trace_selection") || p["trace_selection"] != json(wanted.selection))
+    return Status::Error(path + ": its live runs replayed the selection " +
+                         Excerpt(p.value("trace_selection", json()).dump(), 200) + ", not " +
+                         json(wanted.selection).dump());
+  if (p.contains("kv_blocks") && p["kv_blocks"] != json(wanted.kv_blocks))
+    return Status::Error(path + ": its live servers had " + DescribeJson(p["kv_blocks"]) +
+                         " KV blocks per instance; the cluster file plans " +
+                         std::to_string(wanted.kv_blocks));
+  if (!p.contains("loads") || !p["loads"].is_array())
+    return FieldError(path, "loads", "must be an array");
+  json loads = json::array();
+  for (double r : wanted.rate_scales) {
+    const json* found = nullptr;
+    std::string recorded;
+    for (const json& load : p["loads"]) {
+      auto rate = JsonNumber(load, "rate_scale", path + ": loads[]");
+      if (!rate) return rate.status();
+      recorded += (recorded.empty() ? "x" : ", x") + RateText(*rate);
+      if (RateText(*rate) == RateText(r)) found = &load;
+    }
+    if (!found)
+      return Status::Error(path + ": no live runs at rate scale " + RateText(r) + " (it has " +
+                           (recorded.empty() ? "none" : recorded) + ")");
+    const std::string where = path + ": the load at x" + RateText(r);
+    auto n = JsonIntIn(*found, "repeats", 1, 10, where);
+    if (!n) return n.status();
+    if (wanted.repeats && *wanted.repeats != *n)
+      return Status::Error(where + " has " + std::to_string(*n) + " live runs, not " +
+                           std::to_string(*wanted.repeats));
+    loads.push_back(*found);
+  }
+  json report = p;
+  report["loads"] = std::move(loads);
+  return report;
+}
 
 std::string PercentText(const json& value) {
   if (!value.is_number()) return "n/a";

@@ -3,8 +3,10 @@
 // (cli/validate.cpp runs the worlds; validate_steps.h says where the error comes from).
 #pragma once
 
+#include <cstdint>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -53,6 +55,25 @@ void HoldTolerance(const Metric& m, const std::map<std::string, double>& toleran
 // Whether a metric's --tolerance holds its error under `key` (HoldTolerance) and that error is
 // beyond it.
 bool Missed(const nlohmann::json& entry, const std::string& key);
+
+// Whether two paths name the same file (compared canonical, where they resolve).
+bool SameFile(const std::string& a, const std::string& b);
+
+// --again: what this invocation of `duet validate` wants of the live runs a previous one
+// recorded in OUT.
+struct RecordedRuns {
+  std::string trace;                   // --trace
+  std::vector<std::string> selection;  // the trace selection's flags
+  std::vector<double> rate_scales;
+  std::optional<int> repeats;  // --repeats, where given
+  std::int64_t kv_blocks = 0;  // what the cluster file plans per instance
+};
+// The previous report `previous` (read from `path`, which errors name) with only its loads at
+// `wanted.rate_scales`, in that order, checked against `wanted`: the same trace file and
+// selection, a load recorded at every rate scale, the repeats (where given) and the KV blocks
+// (where recorded) as recorded.
+Result<nlohmann::json> RecordedReport(const nlohmann::json& previous, const std::string& path,
+                                      const RecordedRuns& wanted);
 
 // What the report's "profile" says of the cost model's profile, in words: the traffic it was
 // fitted to ("fitted to this trace and selection: ...", "the sweep's ladders, fitted to no

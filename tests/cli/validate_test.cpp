@@ -766,6 +766,91 @@ TEST_F(ValidateTest, HoldsTheToleranceAtTheLiveRunsSpeedWhenAsked) {
   EXPECT_NE(page.find("% !"), std::string::npos);
 }
 
+// --again: a changed profile simulated and reported against the live runs a previous validate
+// left in OUT, with no server started: the live files and values stay as they were, what was
+// measured beside the runs (the machine, CPU use) is kept, and the simulation is the new
+// profile's. Live runs of another trace, selection, load or repeat count are refused.
+TEST_F(ValidateTest, SimulatesAgainAgainstTheLiveRunsAlreadyInOut) {
+  const RunResult first = Validate({"--rate-scales", "0.5,1", "--repeats", "2"});
+  ASSERT_EQ(first.exit_code, 0) << first;
+  const json before = ReadJson(tmp_.File("out/validation.json"));
+  std::map<std::string, std::string> live_files;
+  for (const char* file :
+       {"out/rate-1/live/requests.csv", "out/rate-1/live-2/requests.csv", "out/rate-1/steps.jsonl",
+        "out/rate-1/steps-2.jsonl", "out/rate-1/serve-2.log"})
+    live_files[file] = ReadFile(tmp_.File(file));
+  // The same calibration with every fitted coefficient doubled: every simulated step slower.
+  json doc = ReadJson(tmp_.File("profile.json"));
+  for (json& fit : doc["fits"]) {
+    std::vector<json*> lists;
+    for (auto& [name, pieces] : fit["pieces"].items()) lists.push_back(&pieces);
+    if (fit.contains("split"))
+      for (auto& [name, split] : fit["split"].items()) lists.push_back(&split["pieces"]);
+    for (json* pieces : lists)
+      for (json& piece : *pieces)
+        for (auto& [key, value] : piece.items()) value = 2 * value.get<double>();
+  }
+  tmp_.Write("profile.json", doc.dump());
+
+  const RunResult again = Validate({"--rate-scales", "1", "--again", "--report"});
+  ASSERT_EQ(again.exit_code, 0) << again;
+  EXPECT_EQ(again.err.find("live run"), std::string::npos) << "no server started\n" << again;
+  for (const auto& [file, text] : live_files)
+    EXPECT_EQ(ReadFile(tmp_.File(file)), text) << file << " changed";
+  const json after = ReadJson(tmp_.File("out/validation.json"));
+  EXPECT_EQ(after["again"]["live_runs_from"], tmp_.File("out/validation.json")) << after["again"];
+  ASSERT_EQ(after["loads"].size(), 1u);
+  const json &was = before["loads"][1], &is = after["loads"][0];
+  EXPECT_EQ(is["rate_scale"], 1.0);
+  EXPECT_EQ(is["repeats"], 2);
+  EXPECT_EQ(is["cpu"], was["cpu"]);
+  EXPECT_EQ(is["machine"], was["machine"]) << "read against the same calibration";
+  EXPECT_EQ(is["steps"]["live_steps"], was["steps"]["live_steps"]);
+  for (const char* name : {"ttft_ms.p50", "e2e_ms.p99", "tpot_ms.p50"}) {
+    const json &a = was["metrics"][name], &b = is["metrics"][name];
+    EXPECT_EQ(b["live"], a["live"]) << name;
+    EXPECT_EQ(b["live_runs"], a["live_runs"]) << name;
+    EXPECT_GT(b["simulated"].get<double>(), a["simulated"].get<double>()) << name << " x2 steps";
+  }
+  // The live steps priced by the doubled fits: twice the price, the same live time.
+  EXPECT_NEAR(is["steps"]["priced_s"].get<double>(), 2 * was["steps"]["priced_s"].get<double>(),
+              1e-6 * was["steps"]["priced_s"].get<double>());
+  EXPECT_EQ(is["steps"]["forward_s"], was["steps"]["forward_s"]);
+  EXPECT_TRUE(fs::exists(tmp_.File("out/report.html")));
+
+  struct Case {
+    std::vector<std::string> args;
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {{"--rate-scales", "2"}, "no live runs at rate scale 2 (it has x1)"},
+      {{"--rate-scales", "1", "--repeats", "3"}, "has 2 live runs, not 3"},
+      {{"--rate-scales", "1", "--limit", "6"}, "its live runs replayed the selection []"},
+  };
+  for (const Case& c : cases) {
+    std::vector<std::string> args = c.args;
+    args.push_back("--again");
+    const RunResult r = Validate(args);
+    EXPECT_EQ(r.exit_code, 2) << r;
+    EXPECT_NE(r.err.find("--again: " + tmp_.File("out/validation.json") + ": "), std::string::npos)
+        << r;
+    EXPECT_NE(r.err.find(c.message), std::string::npos) << c.message << "\n" << r;
+  }
+  // Another trace, and an OUT with no report.
+  tmp_.Write("other.json", ReadFile(trace_));
+  const RunResult other = RunDuet({"validate", "--cluster", tmp_.File("cluster.json"), "--model",
+                                   tmp_.File("model"), "--trace", tmp_.File("other.json"), "--out",
+                                   tmp_.File("out"), "--rate-scales", "1", "--again"});
+  EXPECT_EQ(other.exit_code, 2) << other;
+  EXPECT_NE(other.err.find("its live runs replayed " + trace_), std::string::npos) << other;
+  const RunResult none =
+      RunDuet({"validate", "--cluster", tmp_.File("cluster.json"), "--model", tmp_.File("model"),
+               "--trace", trace_, "--out", tmp_.File("nothing"), "--again"});
+  EXPECT_EQ(none.exit_code, 2) << none;
+  EXPECT_NE(none.err.find("--again: " + tmp_.File("nothing/validation.json")), std::string::npos)
+      << none;
+}
+
 // Conversations (turns sent 20 ms after the reply before them): each world sends a later turn
 // when its own reply ends, so the load is simulated again with every request sent when the first
 // live run sent it, written as a Mooncake trace beside the run; a trace without dependencies
