@@ -241,10 +241,10 @@ int Validate(int argc, char** argv) {
      "also write OUT/report.html: one self-contained page with each load's live and simulated "
      "CDFs of TTFT, TPOT and E2E, the error table and where the error comes from")
     ("again",
-     "simulate and report again against the live runs a previous duet validate left in OUT, "
-     "starting no server: for a changed simulator or profile. The same trace and selection, rate "
-     "scales among those recorded, the runs' repeats and KV blocks as recorded; what was measured "
-     "beside the runs (the machine's timings, CPU use) is kept from OUT/validation.json")
+     "simulate and report again every load whose live runs a previous duet validate left in "
+     "OUT, starting no server: for a changed simulator or profile. The same trace and selection, "
+     "no --rate-scales, the runs' repeats and KV blocks as recorded; what was measured beside the "
+     "runs (the machine's timings, CPU use) is kept from OUT/validation.json")
     ("out", po::value<std::string>()->default_value("validation"), "output directory");
   // clang-format on
   AddTraceOptions(opts);
@@ -304,16 +304,21 @@ int Validate(int argc, char** argv) {
   const std::int64_t kv_blocks = cluster->placements.front().memory.kv_blocks;
   const bool again = vm.count("again") > 0;
   const std::string previous_path = (fs::path(out_dir) / "validation.json").string();
-  json recorded;  // --again: the previous report, its loads those at --rate-scales
+  json recorded;  // --again: the previous report, whose loads are this run's
   if (again) {
+    if (!vm["rate-scales"].defaulted())
+      return Fail("--again simulates every load recorded in OUT: give no --rate-scales",
+                  kExitUsage);
     auto previous = ReadJsonFile(previous_path);
     if (previous)
       previous = RecordedReport(
           *previous, previous_path,
-          {vm["trace"].as<std::string>(), TraceSelectionArgs(vm), *scales,
+          {vm["trace"].as<std::string>(), TraceSelectionArgs(vm),
            vm["repeats"].defaulted() ? std::nullopt : std::optional<int>(repeats), kv_blocks});
     if (!previous) return Fail("--again: " + previous.error(), kExitUsage);
     recorded = std::move(*previous);
+    scales->clear();
+    for (const json& load : recorded["loads"]) scales->push_back(load["rate_scale"].get<double>());
   }
 
   const std::vector<Metric> metrics = Metrics(cluster->tiers.any());
@@ -335,9 +340,16 @@ int Validate(int argc, char** argv) {
   // every live run (validate_machine.h), and, where the cluster places instances side by side
   // on a node, beside another instance's steps.
   std::optional<MachineReference> reference;
+  // --again: the timings recorded beside the live runs are kept (below) where they were read
+  // against this profile's calibration, or why there are none.
+  const bool recorded_machine =
+      again && recorded.value("profile", json::object()).value("source", json()) ==
+                   report["profile"]["source"];
   if (again) {
-    // The timings recorded beside the live runs are kept (below), or why there are none.
-    if (recorded.contains("machine_not_timed"))
+    if (!recorded_machine)
+      report["machine_not_timed"] =
+          "the live runs' machine timings were read against another profile's calibration";
+    else if (recorded.contains("machine_not_timed"))
       report["machine_not_timed"] = recorded["machine_not_timed"];
   } else if (const models::StepProfile* profile = cluster->cost_model.profile.get()) {
     std::set<int> nodes;
@@ -469,15 +481,8 @@ int Validate(int argc, char** argv) {
       return changed;
     };
     if (reference) load["machine"] = SummarizeReference(timings);
-    // --again: the timings recorded beside the runs, where they were read against this profile's
-    // calibration.
-    if (again && recorded["loads"][li].contains("machine")) {
-      if (recorded.value("profile", json()).value("source", json()) == report["profile"]["source"])
-        load["machine"] = recorded["loads"][li]["machine"];
-      else
-        load["machine_not_timed"] =
-            "the live runs' machine timings were read against another profile's calibration";
-    }
+    if (recorded_machine && recorded["loads"][li].contains("machine"))
+      load["machine"] = recorded["loads"][li]["machine"];
     // Simulations whose schedules are compared beside the plain one's.
     std::vector<VariantLog> variants;
     std::optional<std::string> as_live_cluster;
@@ -570,7 +575,7 @@ int Validate(int argc, char** argv) {
         }
       }
     }
-    load["cpu"] = again ? recorded["loads"][li].value("cpu", json()) : CpuOf(runs);
+    load["cpu"] = again ? recorded["loads"][li]["cpu"] : CpuOf(runs);
     report["loads"].push_back(load);
   }
 

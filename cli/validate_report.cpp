@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <set>
 #include <string_view>
 
 #include "cli/validate_schedule.h"
@@ -27,6 +28,42 @@ bool SameFile(const std::string& a, const std::string& b) {
   return canonical(a) == canonical(b);
 }
 
+namespace {
+
+// What a recorded load measured beside its live runs, which --again keeps and the report prints:
+// "cpu" (CpuOf's form) and, where present, "machine" (SummarizeReference's).
+Status CheckMeasuredBeside(const json& load, const std::string& where) {
+  const std::string cpu_at = where + ": cpu";
+  if (!load.contains("cpu") || !load["cpu"].is_object())
+    return FieldError(where, "cpu", "must be an object");
+  const json& cpu = load["cpu"];
+  std::vector<const char*> numbers = {"replay_s", "client_cpu_s", "client_cores", "server_cpu_s"};
+  if (cpu.contains("steal_s"))
+    numbers.insert(numbers.end(), {"serve_s", "other_cpu_s", "steal_s", "steal_pct"});
+  for (const char* key : numbers)
+    if (auto v = JsonNumber(cpu, key, cpu_at); !v) return v.status();
+  for (const char* key : {"cores", "server_involuntary_switches"})
+    if (auto v = JsonInt(cpu, key, cpu_at); !v) return v.status();
+  if (!load.contains("machine") || load["machine"].is_null()) return Status::Ok();
+  const std::string machine_at = where + ": machine";
+  const json& m = load["machine"];
+  if (!m.is_object()) return FieldError(where, "machine", "must be an object");
+  if (auto v = JsonNumber(m, "slower_pct", machine_at); !v) return v.status();
+  if (!m.contains("timings") || !m["timings"].is_array() || m["timings"].empty() ||
+      !m["timings"].front().is_object() || !m["timings"].front().contains("shapes") ||
+      !m["timings"].front()["shapes"].is_array())
+    return FieldError(machine_at, "timings", "must be an array of timings with their shapes");
+  for (const json& shape : m["timings"].front()["shapes"])
+    if (auto v = JsonString(shape, "name", machine_at + ": timings[0].shapes[]"); !v)
+      return v.status();
+  if (m.contains("beside") && (!m["beside"].is_object() || !m["beside"].contains("shapes") ||
+                               !m["beside"]["shapes"].is_object()))
+    return FieldError(machine_at, "beside", "must be an object with its shapes");
+  return Status::Ok();
+}
+
+}  // namespace
+
 Result<json> RecordedReport(const json& p, const std::string& path, const RecordedRuns& wanted) {
   if (!p.is_object()) return Status::Error(path + ": not a report of duet validate");
   auto recorded_trace = JsonString(p, "trace", path);
@@ -44,30 +81,30 @@ Result<json> RecordedReport(const json& p, const std::string& path, const Record
                          std::to_string(wanted.kv_blocks));
   if (!p.contains("loads") || !p["loads"].is_array())
     return FieldError(path, "loads", "must be an array");
-  json loads = json::array();
-  for (double r : wanted.rate_scales) {
-    const json* found = nullptr;
-    std::string recorded;
-    for (const json& load : p["loads"]) {
-      auto rate = JsonNumber(load, "rate_scale", path + ": loads[]");
-      if (!rate) return rate.status();
-      recorded += (recorded.empty() ? "x" : ", x") + RateText(*rate);
-      if (RateText(*rate) == RateText(r)) found = &load;
-    }
-    if (!found)
-      return Status::Error(path + ": no live runs at rate scale " + RateText(r) + " (it has " +
-                           (recorded.empty() ? "none" : recorded) + ")");
-    const std::string where = path + ": the load at x" + RateText(r);
-    auto n = JsonIntIn(*found, "repeats", 1, 10, where);
+  if (p.contains("profile") && !p["profile"].is_object())
+    return FieldError(path, "profile", "must be an object");
+  if (p.contains("machine_not_timed") && !p["machine_not_timed"].is_string())
+    return FieldError(path, "machine_not_timed", "must be a string");
+  // The loads, at rate scales as --rate-scales bounds them, each once (a load's files are in
+  // rate-R/).
+  const json& loads = p["loads"];
+  if (loads.empty() || loads.size() > 8) return FieldError(path, "loads", "must hold 1 to 8 loads");
+  std::set<std::string> seen;
+  for (std::size_t i = 0; i < loads.size(); ++i) {
+    const std::string at = path + ": loads[" + std::to_string(i) + "]";
+    auto rate = JsonNumber(loads[i], "rate_scale", at);
+    if (!rate) return rate.status();
+    if (!(*rate > 0 && *rate <= 1e6) || !seen.insert(RateText(*rate)).second)
+      return FieldError(at, "rate_scale", "must be a rate scale in (0, 1e6] of no other load");
+    const std::string where = path + ": the load at x" + RateText(*rate);
+    auto n = JsonIntIn(loads[i], "repeats", 1, 10, where);
     if (!n) return n.status();
     if (wanted.repeats && *wanted.repeats != *n)
       return Status::Error(where + " has " + std::to_string(*n) + " live runs, not " +
                            std::to_string(*wanted.repeats));
-    loads.push_back(*found);
+    if (Status s = CheckMeasuredBeside(loads[i], where); !s.ok()) return s;
   }
-  json report = p;
-  report["loads"] = std::move(loads);
-  return report;
+  return p;
 }
 
 std::string PercentText(const json& value) {

@@ -64,14 +64,13 @@ bool SameFile(const std::string& a, const std::string& b);
 struct RecordedRuns {
   std::string trace;                   // --trace
   std::vector<std::string> selection;  // the trace selection's flags
-  std::vector<double> rate_scales;
-  std::optional<int> repeats;  // --repeats, where given
-  std::int64_t kv_blocks = 0;  // what the cluster file plans per instance
+  std::optional<int> repeats;          // --repeats, where given
+  std::int64_t kv_blocks = 0;          // what the cluster file plans per instance
 };
-// The previous report `previous` (read from `path`, which errors name) with only its loads at
-// `wanted.rate_scales`, in that order, checked against `wanted`: the same trace file and
-// selection, a load recorded at every rate scale, the repeats (where given) and the KV blocks
-// (where recorded) as recorded.
+// The previous report `previous` (read from `path`, which errors name), checked against
+// `wanted`: the same trace file and selection, the KV blocks (where recorded) and the repeats
+// (where given) as recorded; 1 to 8 loads at distinct rate scales, each with 1 to 10 runs and
+// what it measured beside them ("cpu", "machine") in the form the report prints.
 Result<nlohmann::json> RecordedReport(const nlohmann::json& previous, const std::string& path,
                                       const RecordedRuns& wanted);
 

@@ -792,15 +792,16 @@ TEST_F(ValidateTest, SimulatesAgainAgainstTheLiveRunsAlreadyInOut) {
   }
   tmp_.Write("profile.json", doc.dump());
 
-  const RunResult again = Validate({"--rate-scales", "1", "--again", "--report"});
+  const RunResult again = Validate({"--again", "--report"});
   ASSERT_EQ(again.exit_code, 0) << again;
   EXPECT_EQ(again.err.find("live run"), std::string::npos) << "no server started\n" << again;
   for (const auto& [file, text] : live_files)
     EXPECT_EQ(ReadFile(tmp_.File(file)), text) << file << " changed";
   const json after = ReadJson(tmp_.File("out/validation.json"));
   EXPECT_EQ(after["again"]["live_runs_from"], tmp_.File("out/validation.json")) << after["again"];
-  ASSERT_EQ(after["loads"].size(), 1u);
-  const json &was = before["loads"][1], &is = after["loads"][0];
+  ASSERT_EQ(after["loads"].size(), 2u) << "every recorded load";
+  EXPECT_EQ(after["loads"][0]["rate_scale"], 0.5);
+  const json &was = before["loads"][1], &is = after["loads"][1];
   EXPECT_EQ(is["rate_scale"], 1.0);
   EXPECT_EQ(is["repeats"], 2);
   EXPECT_EQ(is["cpu"], was["cpu"]);
@@ -823,9 +824,8 @@ TEST_F(ValidateTest, SimulatesAgainAgainstTheLiveRunsAlreadyInOut) {
     std::string message;
   };
   const std::vector<Case> cases = {
-      {{"--rate-scales", "2"}, "no live runs at rate scale 2 (it has x1)"},
-      {{"--rate-scales", "1", "--repeats", "3"}, "has 2 live runs, not 3"},
-      {{"--rate-scales", "1", "--limit", "6"}, "its live runs replayed the selection []"},
+      {{"--repeats", "3"}, "the load at x0.5 has 2 live runs, not 3"},
+      {{"--limit", "6"}, "its live runs replayed the selection []"},
   };
   for (const Case& c : cases) {
     std::vector<std::string> args = c.args;
@@ -836,11 +836,31 @@ TEST_F(ValidateTest, SimulatesAgainAgainstTheLiveRunsAlreadyInOut) {
         << r;
     EXPECT_NE(r.err.find(c.message), std::string::npos) << c.message << "\n" << r;
   }
+  const RunResult scales = Validate({"--again", "--rate-scales", "1"});
+  EXPECT_EQ(scales.exit_code, 2) << scales;
+  EXPECT_NE(scales.err.find("--again simulates every load recorded in OUT: give no --rate-scales"),
+            std::string::npos)
+      << scales;
+  // What the runs measured beside them, kept and printed, is checked as it is read.
+  const std::string report = ReadFile(tmp_.File("out/validation.json"));
+  json broken = json::parse(report);
+  broken["loads"][0]["cpu"]["cores"] = "two";
+  tmp_.Write("out/validation.json", broken.dump());
+  const RunResult cpu = Validate({"--again"});
+  EXPECT_EQ(cpu.exit_code, 2) << cpu;
+  EXPECT_NE(cpu.err.find("the load at x0.5: cpu: field 'cores'"), std::string::npos) << cpu;
+  broken = json::parse(report);
+  broken["loads"][0]["machine"]["timings"] = json::array();
+  tmp_.Write("out/validation.json", broken.dump());
+  const RunResult machine = Validate({"--again"});
+  EXPECT_EQ(machine.exit_code, 2) << machine;
+  EXPECT_NE(machine.err.find("machine: field 'timings'"), std::string::npos) << machine;
+  tmp_.Write("out/validation.json", report);
   // Another trace, and an OUT with no report.
   tmp_.Write("other.json", ReadFile(trace_));
-  const RunResult other = RunDuet({"validate", "--cluster", tmp_.File("cluster.json"), "--model",
-                                   tmp_.File("model"), "--trace", tmp_.File("other.json"), "--out",
-                                   tmp_.File("out"), "--rate-scales", "1", "--again"});
+  const RunResult other =
+      RunDuet({"validate", "--cluster", tmp_.File("cluster.json"), "--model", tmp_.File("model"),
+               "--trace", tmp_.File("other.json"), "--out", tmp_.File("out"), "--again"});
   EXPECT_EQ(other.exit_code, 2) << other;
   EXPECT_NE(other.err.find("its live runs replayed " + trace_), std::string::npos) << other;
   const RunResult none =
