@@ -8,6 +8,7 @@
 #include <string>
 
 #include "cli/commands.h"
+#include "policies/request.h"
 #include "sim/simulation.h"
 
 namespace po = boost::program_options;
@@ -81,11 +82,13 @@ void PrintSummary(const nlohmann::json& s, const std::string& out_dir) {
               static_cast<double>(kv["bytes"].get<std::int64_t>()) / 1e9,
               FormatStat(kv["time_ms"]["mean"]).c_str(), FormatStat(kv["time_ms"]["p99"]).c_str());
   if (kv["transfers"].get<std::int64_t>() > 0) {
-    const auto& parts = kv["parts_ms"];
-    std::printf("  KV parts ms    mean message %s, wait %s, pull %s\n",
-                FormatStat(parts["message"]["mean"]).c_str(),
-                FormatStat(parts["wait"]["mean"]).c_str(),
-                FormatStat(parts["pull"]["mean"]).c_str());
+    std::printf("  KV parts ms    mean");
+    const char* separator = " ";
+    for (const char* part : policies::KvTransferParts::kNames) {
+      std::printf("%s%s %s", separator, part, FormatStat(kv["parts_ms"][part]["mean"]).c_str());
+      separator = ", ";
+    }
+    std::printf("\n");
   }
   PrintGoodput(s);
   if (sim["stopped_early"].get<bool>())

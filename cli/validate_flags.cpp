@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "common/text.h"
+#include "policies/request.h"
 
 namespace duet::cli {
 namespace {
@@ -52,7 +53,7 @@ std::vector<Metric> Metrics(bool tiers) {
                    json::json_pointer(std::string("/kv_transfer/time_ms/") + s), "kv_transfer"});
   // PD: its parts (policies::KvTransferBreakdown), which say where the transfer's error lies:
   // the KvReady message's way, the wait on the decode instance for the pull to start, the pull.
-  for (const char* part : {"message", "wait", "pull"})
+  for (const char* part : policies::KvTransferParts::kNames)
     for (const char* s : {"p50", "p99"})
       out.push_back({std::string("kv_transfer_parts_ms.") + part + "." + s,
                      json::json_pointer(std::string("/kv_transfer/parts_ms/") + part + "/" + s),

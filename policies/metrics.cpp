@@ -296,7 +296,7 @@ nlohmann::json MetricsCollector::Summary(std::size_t total_requests, const Slo& 
   std::size_t completed = 0, rejected = 0, failed = 0, met = 0;
   std::map<std::string, std::int64_t> rejected_reasons, failed_reasons;
   std::vector<double> ttft, ttst, tpot, e2e, queue, transfer_ms;
-  std::vector<double> transfer_message, transfer_wait, transfer_pull;
+  std::array<std::vector<double>, KvTransferParts::kNames.size()> transfer_parts;
   // Per session: output tokens of its completed requests, first arrival, last finish.
   struct SessionSpan {
     Tokens output_tokens = 0;
@@ -325,9 +325,9 @@ nlohmann::json MetricsCollector::Summary(std::size_t total_requests, const Slo& 
       transfer_ms.push_back(Ms(r.kv_ready_s - r.prefill_done_s));
       transfer_bytes += r.kv_transfer_bytes;
       if (const auto parts = KvTransferBreakdown(r)) {
-        transfer_message.push_back(Ms(parts->message_s));
-        transfer_wait.push_back(Ms(parts->wait_s));
-        transfer_pull.push_back(Ms(parts->pull_s));
+        const auto seconds = parts->InOrder();
+        for (std::size_t k = 0; k < seconds.size(); ++k)
+          transfer_parts[k].push_back(Ms(seconds[k]));
       }
     }
     switch (r.state) {
@@ -437,12 +437,10 @@ nlohmann::json MetricsCollector::Summary(std::size_t total_requests, const Slo& 
                       {"bytes", transfer_bytes},
                       {"time_ms", nlohmann::json::object()}};
   // Its parts (KvTransferBreakdown), over the transfers whose parts were stamped.
-  const std::pair<const char*, const std::vector<double>*> transfer_parts[] = {
-      {"message", &transfer_message}, {"wait", &transfer_wait}, {"pull", &transfer_pull}};
-  for (const auto& [part, values] : transfer_parts) {
-    const nlohmann::json part_json = ToJson(Summarize(*values), none);
+  for (std::size_t k = 0; k < transfer_parts.size(); ++k) {
+    const nlohmann::json part_json = ToJson(Summarize(transfer_parts[k]), none);
     for (const char* stat : {"mean", "p50", "p99"})
-      s["kv_transfer"]["parts_ms"][part][stat] = part_json[stat];
+      s["kv_transfer"]["parts_ms"][KvTransferParts::kNames[k]][stat] = part_json[stat];
   }
   for (const char* stat : {"mean", "p50", "p99"})
     s["kv_transfer"]["time_ms"][stat] = transfer_json[stat];
@@ -461,7 +459,9 @@ Status MetricsCollector::WriteRequestsCsv(const std::string& path,
          "decode_instance,queue_ms,ttft_ms,tpot_ms,e2e_ms,kv_transfer_ms,status,reason,"
          "gpu_hit_tokens,dram_hit_tokens,ssd_hit_tokens,remote_hit_tokens,ttft_queue_ms,"
          "ttft_load_ms,ttft_prefill_ms,ttft_transfer_ms,router_score,ttst_ms,session,"
-         "ttft_frontend_ms,kv_message_ms,kv_wait_ms,kv_pull_ms\n";
+         "ttft_frontend_ms";
+  for (const char* part : KvTransferParts::kNames) out << ",kv_" << part << "_ms";
+  out << '\n';
   auto name = [&](InstanceId i) {
     return i == kNoInstance ? std::string()
                             : CsvField(instance_names.at(static_cast<std::size_t>(i)));
@@ -491,12 +491,10 @@ Status MetricsCollector::WriteRequestsCsv(const std::string& path,
         << (done && r->second_token_s >= 0 ? Fixed(TtstMs(*r), 3) : "") << ','
         << (r->session >= 0 ? std::to_string(r->session) : "") << ','
         << (parts ? Fixed(parts->frontend_ms, 3) : "");
-    if (const auto kv = KvTransferBreakdown(*r)) {
-      out << ',' << Fixed(Ms(kv->message_s), 3) << ',' << Fixed(Ms(kv->wait_s), 3) << ','
-          << Fixed(Ms(kv->pull_s), 3) << '\n';
-    } else {
-      out << ",,,\n";
-    }
+    const auto kv = KvTransferBreakdown(*r);
+    for (std::size_t k = 0; k < KvTransferParts::kNames.size(); ++k)
+      out << ',' << (kv ? Fixed(Ms(kv->InOrder()[k]), 3) : "");
+    out << '\n';
   }
   out.flush();
   if (!out) return Status::Error(path + ": write failed");

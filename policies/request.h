@@ -143,7 +143,12 @@ inline std::optional<Seconds> Elapsed(Seconds from, Seconds to) {
 // `wait`), and the pull until the decode engine saw it complete (at a step boundary: `pull`).
 // nullopt: no transfer completed, or one whose parts were not stamped.
 struct KvTransferParts {
+  // The parts' names, in this order, as every output spells them: summary.json's
+  // kv_transfer.parts_ms, a reply's duet.kv_transfer_parts_ms, requests.csv's kv_NAME_ms, the
+  // label of duet:kv_transfer_part_seconds and validate's kv_transfer_parts_ms.NAME.
+  static constexpr std::array<const char*, 3> kNames = {"message", "wait", "pull"};
   Seconds message_s = 0, wait_s = 0, pull_s = 0;
+  std::array<Seconds, 3> InOrder() const { return {message_s, wait_s, pull_s}; }
 };
 inline std::optional<KvTransferParts> KvTransferBreakdown(const RequestRecord& r) {
   const auto message = Elapsed(r.prefill_done_s, r.kv_arrived_s);

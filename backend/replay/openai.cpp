@@ -3,6 +3,7 @@
 // no-exception mode: a malformed payload is a Status, never a throw).
 #include "backend/replay/openai.h"
 
+#include <array>
 #include <cmath>
 #include <limits>
 #include <nlohmann/json.hpp>
@@ -266,15 +267,15 @@ Result<CompletionChunk> ParseCompletionChunk(std::string_view data) {
       const std::string where = "duet.kv_transfer_parts_ms.";
       if (!p->is_object())
         return Status::Error("duet.kv_transfer_parts_ms must be an object, got " + p->dump());
-      std::optional<double> message, wait, pull;
-      DUET_RETURN_IF_ERROR(ReadMs(*p, "message", where, message));
-      DUET_RETURN_IF_ERROR(ReadMs(*p, "wait", where, wait));
-      DUET_RETURN_IF_ERROR(ReadMs(*p, "pull", where, pull));
-      if (!message || !wait || !pull)
-        return Status::Error("duet.kv_transfer_parts_ms must give message, wait and pull, got " +
-                             p->dump());
+      std::array<std::optional<double>, policies::KvTransferParts::kNames.size()> ms;
+      for (std::size_t k = 0; k < ms.size(); ++k) {
+        DUET_RETURN_IF_ERROR(ReadMs(*p, policies::KvTransferParts::kNames[k], where, ms[k]));
+        if (!ms[k])
+          return Status::Error("duet.kv_transfer_parts_ms must give message, wait and pull, got " +
+                               p->dump());
+      }
       c.duet_kv_transfer_parts =
-          policies::KvTransferParts{*message / 1000.0, *wait / 1000.0, *pull / 1000.0};
+          policies::KvTransferParts{*ms[0] / 1000.0, *ms[1] / 1000.0, *ms[2] / 1000.0};
     }
     if (const auto t = d->find("tier_hit_tokens"); t != d->end() && !t->is_null()) {
       if (!t->is_object())

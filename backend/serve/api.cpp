@@ -368,11 +368,7 @@ void GenerationCall::Finish(const FinishInfo& info) {
     duet.kv_transfer_ms = info.kv_transfer_s * 1000.0;
     duet.kv_transfer_bytes = info.kv_transfer_bytes;
   }
-  if (const auto& parts = info.kv_transfer_parts) {
-    duet.kv_message_ms = parts->message_s * 1000.0;
-    duet.kv_wait_ms = parts->wait_s * 1000.0;
-    duet.kv_pull_ms = parts->pull_s * 1000.0;
-  }
+  duet.kv_transfer_parts = info.kv_transfer_parts;
   if (failed) {
     // The stream began with a 200: its last choice chunk says "error" (vLLM's finish reason for
     // a request that failed in the engine), then the error itself follows as a chunk.

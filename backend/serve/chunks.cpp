@@ -143,6 +143,20 @@ json UsageJson(const Usage& usage) {
               {"prompt_tokens_details", {{"cached_tokens", usage.cached_tokens}}}};
 }
 
+namespace {
+
+// {"message": ms, "wait": ms, "pull": ms}, or null.
+json KvTransferPartsMs(const std::optional<policies::KvTransferParts>& parts) {
+  if (!parts) return json();
+  json out = json::object();
+  const auto seconds = parts->InOrder();
+  for (std::size_t k = 0; k < seconds.size(); ++k)
+    out[policies::KvTransferParts::kNames[k]] = seconds[k] * 1000.0;
+  return out;
+}
+
+}  // namespace
+
 json DuetJson(const DuetExtension& duet) {
   auto known = [](double v) { return v >= 0 ? json(v) : json(); };
   return json{
@@ -152,10 +166,7 @@ json DuetJson(const DuetExtension& duet) {
       {"prefill_done_ms", known(duet.prefill_done_ms)},
       {"kv_transfer_ms", known(duet.kv_transfer_ms)},
       {"kv_transfer_bytes", duet.kv_transfer_bytes >= 0 ? json(duet.kv_transfer_bytes) : json()},
-      {"kv_transfer_parts_ms", duet.kv_message_ms >= 0 ? json{{"message", duet.kv_message_ms},
-                                                              {"wait", duet.kv_wait_ms},
-                                                              {"pull", duet.kv_pull_ms}}
-                                                       : json()},
+      {"kv_transfer_parts_ms", KvTransferPartsMs(duet.kv_transfer_parts)},
       {"tier_hit_tokens",
        {{"dram", duet.tier_hit_tokens[0]},
         {"ssd", duet.tier_hit_tokens[1]},

@@ -15,6 +15,7 @@
 #include <string_view>
 
 #include "backend/serve/openai_protocol.h"
+#include "policies/request.h"
 
 namespace duet::backend::serve {
 
@@ -37,7 +38,7 @@ struct DuetExtension {
   double frontend_ms = -1;  // arrival to the hand-over to the engines (parsing, hashing)
   // PD: the transfer's parts (policies::KvTransferBreakdown): the KvReady message's way to the
   // decode instance, its wait there for the pull to start, the pull.
-  double kv_message_ms = -1, kv_wait_ms = -1, kv_pull_ms = -1;
+  std::optional<policies::KvTransferParts> kv_transfer_parts;
 };
 
 class ReplyFormatter {

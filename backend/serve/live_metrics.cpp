@@ -29,9 +29,6 @@ const prometheus::Histogram::BucketBoundaries kItlBuckets = {
 const prometheus::Histogram::BucketBoundaries kLongBuckets = {
     0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 40, 80, 160, 320, 640, 1280, 2560};
 
-// The label values of duet:kv_transfer_part_seconds, in LiveMetrics::kv_transfer_parts_' order.
-constexpr std::array<const char*, 3> kKvTransferParts = {"message", "wait", "pull"};
-
 prometheus::Gauge& MakeGauge(prometheus::Registry& r, const char* name, const char* help) {
   return prometheus::BuildGauge().Name(name).Help(help).Register(r).Add({});
 }
@@ -103,7 +100,8 @@ LiveMetrics::LiveMetrics() : registry_(std::make_unique<prometheus::Registry>())
                         "pull.")
                     .Register(r);
   for (std::size_t k = 0; k < kv_transfer_parts_.size(); ++k)
-    kv_transfer_parts_[k] = &parts.Add({{"part", kKvTransferParts[k]}}, kTtftBuckets);
+    kv_transfer_parts_[k] =
+        &parts.Add({{"part", policies::KvTransferParts::kNames[k]}}, kTtftBuckets);
   kv_leases_held_ = &MakeGauge(r, "duet:kv_leases_held",
                                "PD: requests whose KV a prefill instance holds for a pull.");
   kv_leases_expired_ =
@@ -160,9 +158,8 @@ void LiveMetrics::OnFinished(const RequestSpec& spec, const RequestRecord& reque
   ObserveIfReached(e2e_, spec.arrival_s, request.finished_s);
   ObserveIfReached(kv_transfer_, request.prefill_done_s, request.kv_ready_s);
   if (const auto parts = policies::KvTransferBreakdown(request)) {
-    kv_transfer_parts_[0]->Observe(parts->message_s);
-    kv_transfer_parts_[1]->Observe(parts->wait_s);
-    kv_transfer_parts_[2]->Observe(parts->pull_s);
+    const auto seconds = parts->InOrder();
+    for (std::size_t k = 0; k < seconds.size(); ++k) kv_transfer_parts_[k]->Observe(seconds[k]);
   }
 }
 

@@ -75,8 +75,9 @@ TEST(Chunks, ChatStreamWithUsage) {
 TEST(Chunks, WholeReplies) {
   ReplyFormatter chat(Endpoint::kChatCompletions, "chatcmpl-3", 9, "m", false);
   EXPECT_EQ(
-      json::parse(chat.FullReply("Hello", "stop", {5, 1, 0},
-                                 {0.25, 0, 3, 1.5, 4096, {48, 16, 0}, 0.125, 0.5, 0.25, 0.75})),
+      json::parse(chat.FullReply(
+          "Hello", "stop", {5, 1, 0},
+          {0.25, 0, 3, 1.5, 4096, {48, 16, 0}, 0.125, policies::KvTransferParts{0.5, 0.25, 0.75}})),
       json::parse(R"({
     "id": "chatcmpl-3", "object": "chat.completion", "created": 9, "model": "m",
     "choices": [{"index": 0, "message": {"role": "assistant", "content": "Hello"},
@@ -85,7 +86,7 @@ TEST(Chunks, WholeReplies) {
               "prompt_tokens_details": {"cached_tokens": 0}},
     "duet": {"queue_ms": 0.25, "instance": 0, "prefill_done_ms": 3, "kv_transfer_ms": 1.5,
              "kv_transfer_bytes": 4096, "frontend_ms": 0.125,
-             "kv_transfer_parts_ms": {"message": 0.5, "wait": 0.25, "pull": 0.75},
+             "kv_transfer_parts_ms": {"message": 500, "wait": 250, "pull": 750},
              "tier_hit_tokens": {"dram": 48, "ssd": 16, "remote": 0}}})"));
   ReplyFormatter text(Endpoint::kCompletions, "cmpl-4", 9, "m", false);
   const json reply = json::parse(text.FullReply("ab\"c\n", "length", {1, 2, 0}, {1, 2}));
