@@ -35,7 +35,9 @@
 #include "cli/validate_steps.h"
 #include "common/json_util.h"
 #include "common/text.h"
+#include "deploy/engine_settings.h"
 #include "models/step_profile.h"
+#include "policies/engine.h"
 #include "sim/cluster_spec.h"
 
 namespace duet::cli {
@@ -89,6 +91,21 @@ json ProfileTraffic(const sim::ClusterSpec& cluster, const std::string& trace_pa
                                                                 : "same_trace_other_selection";
   }
   return {{"source", source}, {"traffic", traffic}};
+}
+
+// What the live servers ran that a simulation against their runs must run too, beside the KV
+// blocks: each instance (name, role, tp, dp, node) and the engine's settings.
+json ClusterLayout(const sim::ClusterSpec& cluster) {
+  json instances = json::array();
+  for (std::size_t i = 0; i < cluster.instances.size(); ++i) {
+    const deploy::InstanceSpec& spec = cluster.instances[i];
+    instances.push_back({{"name", spec.name},
+                         {"role", policies::ToString(spec.role)},
+                         {"tp", spec.tp},
+                         {"dp", spec.dp},
+                         {"node", cluster.placements.at(i).node}});
+  }
+  return {{"instances", instances}, {"engine", deploy::EngineSettingsToJson(cluster.engine)}};
 }
 
 // One live run of a load, its files in DIR with SUFFIX ("" for a load's first run, "-2", ...):
@@ -302,6 +319,7 @@ int Validate(int argc, char** argv) {
 
   // The KV capacity the simulator plans from the cluster file, in both worlds.
   const std::int64_t kv_blocks = cluster->placements.front().memory.kv_blocks;
+  const json layout = ClusterLayout(*cluster);
   const bool again = vm.count("again") > 0;
   const std::string previous_path = (fs::path(out_dir) / "validation.json").string();
   json recorded;  // --again: the previous report, whose loads are this run's
@@ -311,10 +329,11 @@ int Validate(int argc, char** argv) {
                   kExitUsage);
     auto previous = ReadJsonFile(previous_path);
     if (previous)
-      previous = RecordedReport(
-          *previous, previous_path,
-          {vm["trace"].as<std::string>(), TraceSelectionArgs(vm),
-           vm["repeats"].defaulted() ? std::nullopt : std::optional<int>(repeats), kv_blocks});
+      previous =
+          RecordedReport(*previous, previous_path,
+                         {vm["trace"].as<std::string>(), TraceSelectionArgs(vm),
+                          vm["repeats"].defaulted() ? std::nullopt : std::optional<int>(repeats),
+                          kv_blocks, layout});
     if (!previous) return Fail("--again: " + previous.error(), kExitUsage);
     recorded = std::move(*previous);
     scales->clear();
@@ -329,6 +348,7 @@ int Validate(int argc, char** argv) {
                  {"length_scale", vm["length-scale"].as<double>()},
                  {"profile", ProfileTraffic(*cluster, trace->source, TraceSelectionArgs(vm))},
                  {"kv_blocks", kv_blocks},
+                 {"layout", layout},
                  {"serve_args", vm["serve-args"].as<std::string>()},
                  {"loads", json::array()}};
   if (again) {

@@ -62,6 +62,23 @@ Status CheckMeasuredBeside(const json& load, const std::string& where) {
   return Status::Ok();
 }
 
+// The first difference between the layout the live servers ran and the one the cluster file
+// plans (ClusterLayout's form), in words.
+std::string LayoutDifference(const json& recorded, const json& wanted) {
+  auto text = [](const json& value) { return Excerpt(value.dump(), 300); };
+  if (!recorded.is_object()) return "the layout " + text(recorded);
+  const json& engine = recorded.value("engine", json());
+  if (recorded.value("instances", json()) != wanted["instances"] || !engine.is_object())
+    return "the instances " + text(recorded.value("instances", json())) +
+           "; the cluster file plans " + text(wanted["instances"]);
+  for (const auto& [key, value] : wanted["engine"].items())
+    if (!engine.contains(key) || engine[key] != value)
+      return "the engine setting " + key + " = " + text(engine.value(key, json())) +
+             "; the cluster file gives " + text(value);
+  return "the engine settings " + text(engine) + "; the cluster file gives " +
+         text(wanted["engine"]);
+}
+
 }  // namespace
 
 Result<json> RecordedReport(const json& p, const std::string& path, const RecordedRuns& wanted) {
@@ -79,6 +96,9 @@ Result<json> RecordedReport(const json& p, const std::string& path, const Record
     return Status::Error(path + ": its live servers had " + DescribeJson(p["kv_blocks"]) +
                          " KV blocks per instance; the cluster file plans " +
                          std::to_string(wanted.kv_blocks));
+  if (p.contains("layout") && p["layout"] != wanted.layout)
+    return Status::Error(path + ": its live servers ran " +
+                         LayoutDifference(p["layout"], wanted.layout));
   if (!p.contains("loads") || !p["loads"].is_array())
     return FieldError(path, "loads", "must be an array");
   if (p.contains("profile") && !p["profile"].is_object())

@@ -66,9 +66,11 @@ struct RecordedRuns {
   std::vector<std::string> selection;  // the trace selection's flags
   std::optional<int> repeats;          // --repeats, where given
   std::int64_t kv_blocks = 0;          // what the cluster file plans per instance
+  nlohmann::json layout;               // its instances and engine settings (validate.cpp)
 };
 // The previous report `previous` (read from `path`, which errors name), checked against
-// `wanted`: the same trace file and selection, the KV blocks (where recorded) and the repeats
+// `wanted`: the same trace file and selection, the KV blocks and layout (where recorded) and
+// the repeats
 // (where given) as recorded; 1 to 8 loads at distinct rate scales, each with 1 to 10 runs and
 // what it measured beside them ("cpu", "machine") in the form the report prints.
 Result<nlohmann::json> RecordedReport(const nlohmann::json& previous, const std::string& path,

@@ -12,7 +12,14 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   const nlohmann::json doc =
       nlohmann::json::parse(data, data + size, nullptr, /*allow_exceptions=*/false);
   if (doc.is_discarded()) return 0;
-  const duet::cli::RecordedRuns wanted{"trace.jsonl", {"--limit", "200"}, std::nullopt, 64};
+  const duet::cli::RecordedRuns wanted{
+      "trace.jsonl",
+      {"--limit", "200"},
+      std::nullopt,
+      64,
+      nlohmann::json::parse(R"({"instances": [{"name": "c0", "role": "colocated", "tp": 1,
+                                               "dp": 1, "node": 0}],
+                                "engine": {"max_num_seqs": 16, "block_tokens": 16}})")};
   auto report = duet::cli::RecordedReport(doc, "validation.json", wanted);
   if (report.ok()) {
     DUET_CHECK(!(*report)["loads"].empty() && (*report)["loads"].size() <= 8);

@@ -8,6 +8,7 @@
 #include <array>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <set>
 #include <tuple>
@@ -863,6 +864,32 @@ TEST_F(ValidateTest, SimulatesAgainAgainstTheLiveRunsAlreadyInOut) {
                "--trace", tmp_.File("other.json"), "--out", tmp_.File("out"), "--again"});
   EXPECT_EQ(other.exit_code, 2) << other;
   EXPECT_NE(other.err.find("its live runs replayed " + trace_), std::string::npos) << other;
+  // A cluster file that plans the same KV blocks for another engine or other instances.
+  struct Layout {
+    std::string change;
+    std::function<void(json&)> apply;
+    std::string message;
+  };
+  const std::vector<Layout> layouts = {
+      {"max_num_seqs", [](json& c) { c["engine"]["max_num_seqs"] = 4; },
+       "its live servers ran the engine setting max_num_seqs = 8; the cluster file gives 4"},
+      {"instances",
+       [](json& c) {
+         c["nodes"][0]["gpus"] = 2;
+         c["instances"][0]["count"] = 2;
+       },
+       "its live servers ran the instances [{\"dp\":1,\"name\":\"c0\",\"node\":0,\"role\":"
+       "\"colocated\",\"tp\":1}]; the cluster file plans [{"}};
+  for (const Layout& l : layouts) {
+    json cluster = ReadJson(tmp_.File("cluster.json"));
+    l.apply(cluster);
+    tmp_.Write("cluster-other.json", cluster.dump());
+    const RunResult r =
+        RunDuet({"validate", "--cluster", tmp_.File("cluster-other.json"), "--model",
+                 tmp_.File("model"), "--trace", trace_, "--out", tmp_.File("out"), "--again"});
+    EXPECT_EQ(r.exit_code, 2) << l.change << "\n" << r;
+    EXPECT_NE(r.err.find(l.message), std::string::npos) << l.message << "\n" << r;
+  }
   const RunResult none =
       RunDuet({"validate", "--cluster", tmp_.File("cluster.json"), "--model", tmp_.File("model"),
                "--trace", trace_, "--out", tmp_.File("nothing"), "--again"});
