@@ -407,6 +407,9 @@ void PrintValidation(const json& report, const std::vector<Metric>& metrics) {
     for (const auto& [name, c] : s["classes"].items()) {
       if (c["steps"].get<std::int64_t>() == 0) continue;
       classes += (classes.empty() ? "" : ", ") + name + " " + PercentText(c["error_pct"]);
+      if (c.value("tail_pct", json()).is_number())
+        classes += " (median step " + PercentText(c["median_step_error_pct"]) + ", tail " +
+                   PercentText(c["tail_pct"]) + ")";
       if (c.contains("beyond_sweep"))
         classes += " (" + c["beyond_sweep"]["steps"].dump() +
                    " beyond the sweep: " + PercentText(c["beyond_sweep"]["error_pct"]) + ")";

@@ -275,6 +275,13 @@ Result<json> AttributeSteps(const std::vector<std::string>& step_logs,
     json& entry = out["classes"][models::ToString(static_cast<models::ShapeClass>(k))];
     entry = totals(c);
     entry["median_step_error_pct"] = median;
+    // The live passes' time over what they would take at the median step's time over its price:
+    // positive where a tail of slow steps, not a shift of all, makes the class's error.
+    const json& error = entry["error_pct"];
+    entry["tail_pct"] =
+        median.is_number() && error.is_number()
+            ? json(100 * ((100 + median.get<double>()) / (100 + error.get<double>()) - 1))
+            : json();
     for (const auto& [key, part] :
          {std::pair{"above_split", &above_split[k]}, std::pair{"beyond_sweep", &beyond_sweep[k]}}) {
       if (part->steps > 0) entry[key] = totals(*part);

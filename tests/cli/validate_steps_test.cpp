@@ -108,6 +108,40 @@ TEST(ValidateStepsTest, OneInstanceHasNoSplit) {
   EXPECT_EQ(BesideOthersText(*steps), "");
 }
 
+// A class's error against its median step's: ten one-row decode steps of one shape, nine at one
+// time and one at three times it, have the median step's error and a tail of 20% (12 times the
+// time where the median step's speed gives 10); the same steps all 10% slower than another shape
+// have no tail.
+TEST(ValidateStepsTest, TellsATailOfSlowStepsFromAShiftOfAll) {
+  auto cluster = sim::LoadClusterSpec("tests/data/1p1d-tiny.json", DUET_SOURCE_DIR);
+  ASSERT_TRUE(cluster.ok()) << cluster.error();
+  e2e::TempDir tmp;
+  auto attribute = [&](const std::vector<Seconds>& seconds) {
+    std::string text;
+    for (std::size_t i = 0; i < seconds.size(); ++i) {
+      policies::StepLogLine line = Step(1, 0.1 * static_cast<double>(i), 0.05, 1);
+      line.step.seconds = seconds[i];
+      text += policies::FormatStepLogLine(line);
+    }
+    const std::string log = tmp.File("steps.jsonl");
+    e2e::WriteFile(log, text);
+    auto steps = AttributeSteps({log}, *cluster, json::object());
+    EXPECT_TRUE(steps.ok()) << steps.error();
+    return steps.ok() ? (*steps)["classes"]["decode"] : json();
+  };
+  const Seconds priced =
+      sim::MakeStepCostModel(*cluster, 1)->StepTime(Step(1, 0, 0.05, 1).step.shape);
+  std::vector<Seconds> seconds(10, 0.01);
+  seconds[4] = 0.03;
+  const json tail = attribute(seconds);
+  EXPECT_NEAR(tail["median_step_error_pct"].get<double>(), 100 * (priced / 0.01 - 1), 1e-9);
+  EXPECT_NEAR(tail["error_pct"].get<double>(), 100 * (10 * priced / 0.12 - 1), 1e-9);
+  EXPECT_NEAR(tail["tail_pct"].get<double>(), 20, 1e-9) << tail;
+  const json shift = attribute(std::vector<Seconds>(10, 0.011));
+  EXPECT_NEAR(shift["error_pct"].get<double>(), 100 * (priced / 0.011 - 1), 1e-9);
+  EXPECT_NEAR(shift["tail_pct"].get<double>(), 0, 1e-9) << shift;
+}
+
 // Lines with their passes' CPU time: each sum gets the share of its passes' time on a core and
 // the price against that time, over the steps whose line has it (a line without, as older
 // servers wrote, counts in the rest only).

@@ -402,8 +402,8 @@ TEST_F(ValidateTest, ComparesALiveRunWithTheSimulationAtEachLoad) {
               "rate x2", "steps at x0.5", "steps at x2", "outside its forward pass",
               "on a core at x0.5: the live forward passes' threads were on a core for ",
               "the fit prices the profile's own decode measurements at 1 ",
-              "decode by batch rows 1 ", "cpu at x0.5", "cpu at x2", "as live at x0.5",
-              "with the steps priced as they ran live", "wrote"}));
+              "decode by batch rows 1 ", "(median step ", ", tail ", "cpu at x0.5", "cpu at x2",
+              "as live at x0.5", "with the steps priced as they ran live", "wrote"}));
   const json report = ReadJson(tmp_.File("out/validation.json"));
   EXPECT_EQ(report["profile"]["traffic"], "ladders");  // calibrated without a trace
   EXPECT_TRUE(ContainsAll(r.out, {"profile: the sweep's ladders, fitted to no trace; in "
