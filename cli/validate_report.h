@@ -69,10 +69,9 @@ struct RecordedRuns {
   nlohmann::json layout;               // its instances and engine settings (validate.cpp)
 };
 // The previous report `previous` (read from `path`, which errors name), checked against
-// `wanted`: the same trace file and selection, the KV blocks and layout (where recorded) and
-// the repeats
-// (where given) as recorded; 1 to 8 loads at distinct rate scales, each with 1 to 10 runs and
-// what it measured beside them ("cpu", "machine") in the form the report prints.
+// `wanted`: the same trace file and selection, the KV blocks and layout (where recorded) and the
+// repeats (where given) as recorded; 1 to 8 loads at distinct rate scales, each with 1 to 10 runs
+// and what it measured beside them ("cpu", "machine") in the form the report prints.
 Result<nlohmann::json> RecordedReport(const nlohmann::json& previous, const std::string& path,
                                       const RecordedRuns& wanted);
 

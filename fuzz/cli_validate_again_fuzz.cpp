@@ -12,7 +12,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   const nlohmann::json doc =
       nlohmann::json::parse(data, data + size, nullptr, /*allow_exceptions=*/false);
   if (doc.is_discarded()) return 0;
-  const duet::cli::RecordedRuns wanted{
+  static const duet::cli::RecordedRuns wanted{
       "trace.jsonl",
       {"--limit", "200"},
       std::nullopt,
