@@ -68,7 +68,8 @@ class LiveMetrics final : public policies::EventSink {
   prometheus::Histogram* e2e_;
   prometheus::Histogram* queue_;
   prometheus::Histogram* kv_transfer_;
-  std::array<prometheus::Histogram*, 3> kv_transfer_parts_{};  // KvTransferParts::kNames
+  // One per part, in policies::KvTransferParts::kNames order.
+  std::array<prometheus::Histogram*, policies::KvTransferParts::kNames.size()> kv_transfer_parts_{};
   prometheus::Gauge* kv_leases_held_;
   prometheus::Counter* kv_leases_expired_;
   prometheus::Counter* kv_load_failures_;
