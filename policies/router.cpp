@@ -111,8 +111,9 @@ class AccountingRouter : public Router {
   RoutingDecision Route(const Request& request) override {
     RoutingDecision d;
     if (prefill_side_.empty() || (!all_decode_.empty() && decode_side_.empty())) {
-      d.reject_reason =
-          prefill_side_.empty() ? "no prefill instance is up" : "no decode instance is up";
+      d.reject_reason = !prefill_side_.empty() ? "no decode instance is up"
+                        : all_decode_.empty()  ? "no instance is up"  // colocated
+                                               : "no prefill instance is up";
       return d;
     }
     const Pick pick = PickPrefill(request, &d);

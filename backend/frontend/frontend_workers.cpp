@@ -53,8 +53,13 @@ struct LiveFrontend::Impl::Fleet {
     std::optional<std::int64_t> clock_error_ns;
     // A handshake holds the slot for its worker (two registering at once never get the same).
     bool joining = false;
+    // Its lost worker's requests are being sent elsewhere (Failover): until they are, a new
+    // worker may not take the slot, or the router would mark the newcomer unavailable after it
+    // joined and route nothing to it again.
+    bool failing_over = false;
     std::string discovery_key;  // the directory's key of the worker holding it (discovery)
     bool up() const { return connection != nullptr; }
+    bool free() const { return !up() && !joining && !failing_over; }
   };
   // A registration in progress on a thread of its own.
   struct Handshake {
@@ -303,12 +308,18 @@ void OnClose(Impl& s, InstanceId i, std::uint64_t generation, const std::string&
       f.changed.notify_all();
       return;
     }
+    slot.failing_over = true;
   }
   f.changed.notify_all();
   Log("worker " + std::to_string(i) + " (" +
       policies::ToString(f.slots[static_cast<std::size_t>(i)].role) + ", pid " +
       std::to_string(pid) + ") lost: " + why + "; retrying its requests");
   Failover(s, i);
+  {
+    std::lock_guard lock(f.mu);
+    f.slots[static_cast<std::size_t>(i)].failing_over = false;
+  }
+  f.changed.notify_all();
 }
 
 // What a worker reports of its load against what it said at hello (its KV blocks) and what the
@@ -570,15 +581,23 @@ void Register(Impl& s, int fd, const std::string& key, InstanceId claimed = poli
   if (hello->role == InstanceRole::kPrefill && hello->kv_descriptor.empty())
     return refuse("a prefill worker without a KV descriptor");
   {
-    std::lock_guard lock(f.mu);
-    for (std::size_t i = 0; i < f.slots.size() && !f.stopping; ++i) {
-      if (claimed != policies::kNoInstance && i != static_cast<std::size_t>(claimed)) continue;
-      if (f.slots[i].role == hello->role && !f.slots[i].up() && !f.slots[i].joining) {
-        slot_id = static_cast<InstanceId>(i);
-        f.slots[i].joining = true;
-        break;
+    // A slot whose lost worker's requests are still being sent elsewhere is free a moment
+    // later: a restarted worker waits for it rather than be refused.
+    std::unique_lock lock(f.mu);
+    f.changed.wait_for(lock, std::chrono::duration<double>(left_s()), [&] {
+      bool failing_over = false;
+      for (std::size_t i = 0; i < f.slots.size() && !f.stopping; ++i) {
+        if (claimed != policies::kNoInstance && i != static_cast<std::size_t>(claimed)) continue;
+        if (f.slots[i].role != hello->role) continue;
+        if (f.slots[i].free()) {
+          slot_id = static_cast<InstanceId>(i);
+          f.slots[i].joining = true;
+          return true;
+        }
+        failing_over = failing_over || f.slots[i].failing_over;
       }
-    }
+      return f.stopping || !failing_over;
+    });
   }
   if (slot_id == policies::kNoInstance && claimed != policies::kNoInstance)
     return refuse("its slot " + std::to_string(claimed) + " (claimed for it in " +
@@ -687,7 +706,7 @@ void Dial(Impl& s, const Listed& w) {
       std::lock_guard lock(f.mu);
       for (std::size_t i = 0; i < f.slots.size(); ++i) {
         const Impl::Fleet::Slot& x = f.slots[i];
-        if (policies::ToString(x.role) == w.worker.record.role && !x.up() && !x.joining &&
+        if (policies::ToString(x.role) == w.worker.record.role && x.free() &&
             !w.claimed.count(static_cast<int>(i)))
           candidates.push_back(static_cast<int>(i));
       }

@@ -4,10 +4,12 @@
 // frontend ends a refused request with an error and keeps the worker (the real LiveFrontend against
 // workers played by the test), and a request that takes down every worker it reaches is retried
 // only so often (issue 40).
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdio>
 #include <deque>
 #include <set>
 #include <thread>
@@ -229,6 +231,102 @@ TEST_F(WorkerLink, ARequestThatCrashesEveryWorkerItReachesEndsWithAnError) {
   EXPECT_EQ(frontend->Stats().requests_retried, 2);
   for (auto& w : workers)
     if (w->connection) w->connection->Close();
+}
+
+// This process's stderr made a full pipe for `stall`, as a log reader that falls behind makes
+// it: whoever writes a line there waits until then. Then what was written goes on to the real
+// stderr.
+class StalledStderr {
+ public:
+  explicit StalledStderr(std::chrono::milliseconds stall) {
+    int fds[2];
+    EXPECT_EQ(::pipe(fds), 0);
+    ::fcntl(fds[1], F_SETPIPE_SZ, 4096);
+    ::fcntl(fds[1], F_SETFL, O_NONBLOCK);
+    const std::string fill(4096, '\0');
+    while (::write(fds[1], fill.data(), fill.size()) > 0) {
+    }
+    ::fcntl(fds[1], F_SETFL, 0);
+    std::fflush(stderr);
+    saved_ = ::dup(STDERR_FILENO);
+    ::dup2(fds[1], STDERR_FILENO);
+    ::close(fds[1]);
+    drainer_ = std::thread([this, stall, read_end = fds[0]] {
+      std::this_thread::sleep_for(stall);
+      ::dup2(saved_, STDERR_FILENO);
+      char buffer[4096];
+      ssize_t n = 0;
+      while ((n = ::read(read_end, buffer, sizeof buffer)) > 0) {  // to the writers' last line
+        std::string text(buffer, static_cast<std::size_t>(n));
+        std::erase(text, '\0');
+        if (!text.empty() && ::write(saved_, text.data(), text.size()) < 0) break;
+      }
+      ::close(read_end);
+    });
+  }
+  ~StalledStderr() {
+    drainer_.join();
+    ::close(saved_);
+  }
+
+ private:
+  int saved_ = -1;
+  std::thread drainer_;
+};
+
+// A worker that takes a lost worker's slot the moment it is free is routed to. The frontend logs
+// the loss between freeing the slot and sending the lost worker's requests elsewhere; a stalled
+// stderr holds it there while the newcomer registers. The slot is not free until the requests
+// went elsewhere, so the router's "unavailable" for the lost worker never lands after the
+// newcomer's "available" (it did: a live worker, welcomed, that no request reached again).
+TEST_F(WorkerLink, AWorkerThatTakesALostWorkersSlotAtOnceGetsTheNextRequest) {
+  const models::ModelSpec config = Config();
+  std::string address;
+  std::unique_ptr<FakeWorker> worker;
+  auto frontend = StartFleet(1, config, [&](const std::string& at) {
+    address = at;
+    worker = std::make_unique<FakeWorker>(at, config);
+  });
+  ASSERT_TRUE(frontend && worker);
+  for (int round = 0; round < 3; ++round) {
+    auto lost = std::make_shared<Collector>();
+    ASSERT_EQ(frontend->Submit({Prompt(20, 4), 8, {}}, lost).status, AdmitStatus::kAccepted)
+        << "round " << round;
+    ASSERT_TRUE(worker->NextRequest()) << "round " << round;
+    std::unique_ptr<FakeWorker> replacement;
+    {
+      StalledStderr stalled(std::chrono::milliseconds(300));
+      std::thread joining([&] {
+        for (int attempt = 0; attempt < 500 && !replacement; ++attempt) {
+          auto next = std::make_unique<FakeWorker>(address, config, /*expect_welcome=*/false);
+          if (next->connection)
+            replacement = std::move(next);
+          else
+            std::this_thread::sleep_for(std::chrono::milliseconds(2));
+        }
+      });
+      worker->connection->Close();
+      joining.join();
+    }
+    ASSERT_TRUE(replacement) << "round " << round;
+    worker = std::move(replacement);
+    ASSERT_TRUE(lost->Wait(std::chrono::seconds(10))) << "round " << round;
+
+    // Welcomed, the worker is routed to a moment later (once its link is up): until then the
+    // frontend answers that no instance is up.
+    auto next = std::make_shared<Collector>();
+    Admission admitted;
+    for (int attempt = 0; attempt < 200; ++attempt) {
+      admitted = frontend->Submit({Prompt(20, 5), 8, {}}, next);
+      if (admitted.status != AdmitStatus::kQueueFull) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    ASSERT_EQ(admitted.status, AdmitStatus::kAccepted)
+        << "round " << round << ": " << admitted.message;
+    ASSERT_TRUE(worker->NextRequest(std::chrono::seconds(10)))
+        << "round " << round << ": the worker that took the slot got no request";
+  }
+  worker->connection->Close();
 }
 
 // A frontend played by the test on `fd`, connected to a real worker: its side of the handshake

@@ -104,6 +104,12 @@ TEST(Router, SkipsInstancesThatAreAwayAndRejectsWithNoneLeft) {
     d = router->Route(MakeRequest(100));
     EXPECT_EQ(d.prefill, 0);
     EXPECT_EQ(d.decode, 3);
+
+    // Colocated instances have no sides to name.
+    auto colocated = MakeRouter(Config(kind, 7), {0, 1}, {}, &cache);
+    colocated->SetAvailable(0, false);
+    colocated->SetAvailable(1, false);
+    EXPECT_EQ(colocated->Route(MakeRequest(100)).reject_reason, "no instance is up");
   }
 }
 
