@@ -553,6 +553,25 @@ int Validate(int argc, char** argv) {
           return Fail(s.error());
         load["at_live_speed"] = live_speed;
       }
+      // With the steps slower, all of them and each class's that priced live steps apart: how
+      // much each metric moves with the step costs (validate_report.h).
+      constexpr double kSlower = 1.05;
+      std::map<std::string, json> slower;
+      for (int c = -1; c < static_cast<int>(models::kShapeClasses); ++c) {
+        std::optional<models::ShapeClass> only;
+        if (c >= 0) only = static_cast<models::ShapeClass>(c);
+        const std::string name = only ? models::ToString(*only) : "all";
+        if (only && load["steps"]["classes"][name]["steps"].get<std::int64_t>() == 0) continue;
+        auto written = WriteClusterWithProfile(*cluster, ProfileScaled(*profile, kSlower, only),
+                                               dir, "slower-" + name);
+        if (!written) return Fail(written.error());
+        auto summary =
+            simulate(*written, load_trace, "slower-" + name,
+                     " (with " + (only ? name + " steps" : "every step") + " 5% slower)");
+        if (!summary) return Fail(summary.error());
+        slower[name] = std::move(*summary);
+      }
+      load["sensitivity"] = Sensitivity(load, metrics, *simulated_summary, kSlower, slower);
       if (tolerance_at == "live-speed") {
         if (!live_speed.is_object())
           return Fail("--tolerance-at live-speed: rate scale " + RateText(r) +

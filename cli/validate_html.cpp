@@ -340,6 +340,11 @@ Status WriteValidationHtml(const json& report, const std::vector<Metric>& metric
               ": the profile prices the live steps that ran alone and those that ran beside "
               "another instance's iterations (half their own or more) at " +
               Escape(beside) + ".</p>\n";
+  for (const json& load : report["loads"])
+    if (const std::string text = SensitivityText(load); !text.empty())
+      html += "<p>Sensitivity at x" + Escape(RateText(load["rate_scale"].get<double>())) + ": " +
+              Escape(text) +
+              ". A metric that moves more than the steps amplifies a price error by as much.</p>\n";
   html += ScheduleTable(report);
   html += "</body></html>\n";
   std::ofstream out(path);

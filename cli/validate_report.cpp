@@ -263,6 +263,70 @@ json Compare(const Metric& m, const std::vector<json>& live_runs, const json& si
   return entry;
 }
 
+json Sensitivity(const json& load, const std::vector<Metric>& metrics, const json& plain,
+                 double scale, const std::map<std::string, json>& slower) {
+  auto value = [](const json& summary, const Metric& m) {
+    const json& v = summary.contains(m.pointer) ? summary[m.pointer] : json();
+    return v.is_number() ? std::optional<double>(v.get<double>()) : std::nullopt;
+  };
+  json out = {{"scale", scale}, {"change_pct", json::object()}};
+  for (const auto& [name, summary] : slower) {
+    json& changes = out["change_pct"][name] = json::object();
+    for (const Metric& m : metrics) {
+      const auto before = value(plain, m), after = value(summary, m);
+      changes[m.name] =
+          before && after && *before != 0 ? json(100 * (*after / *before - 1)) : json();
+    }
+  }
+  // Each run's step speed: its live passes over their price (1 / (1 + error)).
+  std::vector<double> speeds;
+  for (const json& e : load["steps"]["priced_error_pct_by_run"])
+    if (e.is_number()) speeds.push_back(100 / (100 + e.get<double>()));
+  out["step_speed_spread_pct"] = nullptr;
+  if (speeds.size() < 2 || !out["change_pct"].contains("all")) return out;
+  const auto [low, high] = std::minmax_element(speeds.begin(), speeds.end());
+  const double spread = 100 * (*high - *low) / policies::Summarize(speeds).p50;
+  out["step_speed_spread_pct"] = spread;
+  json& from_speed = out["spread_from_step_speed_pct"] = json::object();
+  for (const auto& [name, change] : out["change_pct"]["all"].items())
+    from_speed[name] = change.is_number()
+                           ? json(std::abs(change.get<double>()) / (100 * (scale - 1)) * spread)
+                           : json();
+  return out;
+}
+
+std::string SensitivityText(const json& load) {
+  if (!load.contains("sensitivity")) return "";
+  const json& w = load["sensitivity"];
+  static const std::vector<std::string> kShown = {"ttft_ms.p50", "tpot_ms.p50", "e2e_ms.p50",
+                                                  "ttft_ms.p99", "tpot_ms.p99", "e2e_ms.p99"};
+  std::string changes;
+  for (const auto& [steps, change] : w["change_pct"].items()) {
+    std::string values;
+    for (const std::string& name : kShown)
+      values += (values.empty() ? "" : " / ") + PercentText(change[name]);
+    changes +=
+        (changes.empty() ? "" : "; ") + (steps == "all" ? "every step" : steps) + " " + values;
+  }
+  char scale[32];
+  std::snprintf(scale, sizeof scale, "x%.2f", w["scale"].get<double>());
+  std::string out = "with the steps priced " + std::string(scale) +
+                    ", TTFT / TPOT / E2E p50 and p99 move by " + changes;
+  if (w["step_speed_spread_pct"].is_number()) {
+    std::string errors, spreads;
+    for (const json& x : load["steps"]["priced_error_pct_by_run"])
+      errors += (errors.empty() ? "" : ", ") + PercentText(x);
+    for (const std::string& name : kShown)
+      spreads += (spreads.empty() ? "" : ", ") + name + " " +
+                 PercentText(w["spread_from_step_speed_pct"][name]).substr(1) + " (" +
+                 PercentText(load["metrics"][name]["live_spread_pct"]).substr(1) + ")";
+    out += "; the live runs' steps ran " + PercentText(w["step_speed_spread_pct"]).substr(1) +
+           " apart in speed (priced at " + errors + "), which alone would spread the runs' " +
+           spreads + " (as they spread)";
+  }
+  return out;
+}
+
 bool Missed(const json& entry, const std::string& key) {
   return entry.value("tolerance_at", "") == key && !entry["within"].get<bool>();
 }
@@ -521,6 +585,9 @@ void PrintValidation(const json& report, const std::vector<Metric>& metrics) {
           k["live_over_priced"].get<double>(), k["fits_over_measured"].get<double>(),
           ErrorsText(load, "error_at_live_speed_pct").c_str());
     }
+    if (const std::string text = SensitivityText(load); !text.empty())
+      std::printf("sensitivity at x%s: %s\n", RateText(load["rate_scale"].get<double>()).c_str(),
+                  text.c_str());
     if (load.contains("at_live_send")) {
       const std::string r = RateText(load["rate_scale"].get<double>());
       const char* rate = r.c_str();

@@ -52,6 +52,23 @@ nlohmann::json Compare(const Metric& m, const std::vector<nlohmann::json>& live_
 void HoldTolerance(const Metric& m, const std::map<std::string, double>& tolerances,
                    const std::string& key, nlohmann::json& entry, bool* exceeded);
 
+// A load's sensitivity to the step costs: each metric's change, in percent, from the plain
+// simulation's summary (`plain`) to one that priced steps `scale` times slower (above 1;
+// `slower`: "all" for every step, or a shape class's name for that class's alone, to its
+// summary): {"scale", "change_pct": {"all" or class: {metric: change}}}. Near a worker's
+// saturation a step's time grows the batches, or the queue, behind it, so a metric moves
+// several times as much as the steps: a price error counts that many times over. Where the
+// load's live runs are several, also "step_speed_spread_pct", how far apart in speed the runs'
+// steps ran (their live passes over their price, `load`'s steps' "priced_error_pct_by_run":
+// range over median), and "spread_from_step_speed_pct": {metric: the spread over the runs that
+// those speeds alone would make at "all"'s sensitivity, taken as linear}.
+nlohmann::json Sensitivity(const nlohmann::json& load, const std::vector<Metric>& metrics,
+                           const nlohmann::json& plain, double scale,
+                           const std::map<std::string, nlohmann::json>& slower);
+
+// A load's "sensitivity" (Sensitivity) in words; "" where it has none.
+std::string SensitivityText(const nlohmann::json& load);
+
 // Whether a metric's --tolerance holds its error under `key` (HoldTolerance) and that error is
 // beyond it.
 bool Missed(const nlohmann::json& entry, const std::string& key);

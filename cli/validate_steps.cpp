@@ -153,8 +153,17 @@ Result<json> AttributeSteps(const std::vector<std::string>& step_logs,
   // runs: whether the same shapes ran slower in one stretch of a run (a machine's speed moving)
   // or throughout.
   std::array<double, 4> quarter_forward{}, quarter_priced{};
+  // Each run's: how fast each ran against the others (what a metric's spread over the runs owes
+  // their speed, with the load's sensitivity to the step costs).
+  std::vector<double> run_forward, run_priced;
   std::vector<Step> run_steps;  // the steps of the run being read
   auto end_run = [&] {
+    run_forward.push_back(0);
+    run_priced.push_back(0);
+    for (const Step& s : run_steps) {
+      run_forward.back() += s.forward_s;
+      run_priced.back() += s.priced_s;
+    }
     if (run_steps.empty()) return;
     std::sort(run_steps.begin(), run_steps.end(),
               [](const Step& a, const Step& b) { return a.start_s < b.start_s; });
@@ -360,6 +369,9 @@ Result<json> AttributeSteps(const std::vector<std::string>& step_logs,
   out["priced_error_pct_by_quarter"] = json::array();
   for (std::size_t q = 0; q < 4; ++q)
     out["priced_error_pct_by_quarter"].push_back(pct(quarter_priced[q], quarter_forward[q]));
+  out["priced_error_pct_by_run"] = json::array();
+  for (std::size_t k = 0; k < run_forward.size(); ++k)
+    out["priced_error_pct_by_run"].push_back(pct(run_priced[k], run_forward[k]));
   return out;
 }
 
@@ -403,10 +415,12 @@ std::pair<models::StepProfile, json> ProfileAsLive(const sim::ClusterSpec& clust
   return {std::move(profile), scales};
 }
 
-models::StepProfile ProfileScaled(const models::StepProfile& profile, double k) {
+models::StepProfile ProfileScaled(const models::StepProfile& profile, double k,
+                                  std::optional<models::ShapeClass> only) {
   models::StepProfile scaled = profile;
   for (models::StepFit& fit : scaled.fits)
-    for (std::size_t c = 0; c < models::kShapeClasses; ++c) ScaleClass(fit, c, k, k);
+    for (std::size_t c = 0; c < models::kShapeClasses; ++c)
+      if (!only || static_cast<std::size_t>(*only) == c) ScaleClass(fit, c, k, k);
   return scaled;
 }
 

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -19,8 +20,9 @@ std::string ReadText(const std::string& path);
 
 // The live steps of one load (the step logs of its live runs) beside the cost model's price for
 // their shapes, by shape class, decode steps also by batch size (1, 2-3, 4-7, ...: backends
-// change kernels with it), by quarter of each run (summed over the runs), and the live
-// iterations' time outside their forward passes. Where the logs have the passes' CPU time
+// change kernels with it), by quarter of each run (summed over the runs), by run
+// ("priced_error_pct_by_run", in the logs' order), and the live iterations' time outside their
+// forward passes. Where the logs have the passes' CPU time
 // (policies::StepLogLine::forward_cpu_s), each of these sums has "on_cpu": the share of the
 // passes' time their thread was on a core, and the price against that CPU time (a pass
 // preempted by the machine's other threads took longer than it computed). Each decode band also
@@ -39,10 +41,12 @@ Result<nlohmann::json> AttributeSteps(const std::vector<std::string>& step_logs,
 std::pair<models::StepProfile, nlohmann::json> ProfileAsLive(const sim::ClusterSpec& cluster,
                                                              const nlohmann::json& steps);
 
-// `profile` with every step piece scaled by `k` (its host and frontend time as they are): a
-// simulation from it prices steps at a machine's measured speed (validate_machine.h, or
-// LiveSpeed below).
-models::StepProfile ProfileScaled(const models::StepProfile& profile, double k);
+// `profile` with every step piece scaled by `k` (its host and frontend time as they are), or
+// only those of the class `only`: a simulation from it prices steps at a machine's measured
+// speed (validate_machine.h, or LiveSpeed below), or one class's slower (the load's sensitivity,
+// validate_report.h).
+models::StepProfile ProfileScaled(const models::StepProfile& profile, double k,
+                                  std::optional<models::ShapeClass> only = std::nullopt);
 
 // The machine's speed during a load's live runs against its speed at calibration, from the live
 // steps themselves: what they took over what the profile's fits price them at (`steps`:

@@ -230,6 +230,11 @@ void ExpectStepsAttributed(const json& load, const std::string& dir,
   EXPECT_NEAR(s["forward_s"].get<double>(), forward_s, 1e-9 * forward_s);
   EXPECT_NEAR(s["priced_s"].get<double>(), priced_s, 1e-9 * priced_s);
   EXPECT_NEAR(s["priced_error_pct"].get<double>(), 100 * (priced_s / forward_s - 1), 1e-6);
+  if (load["repeats"] == 1) {  // the one run's is the load's
+    ASSERT_EQ(s["priced_error_pct_by_run"].size(), 1u) << s;
+    EXPECT_NEAR(s["priced_error_pct_by_run"][0].get<double>(), s["priced_error_pct"].get<double>(),
+                1e-9);
+  }
   // The passes' time on a core, and the prices against it.
   EXPECT_EQ(s["on_cpu"]["steps"], steps) << s;
   EXPECT_NEAR(s["on_cpu"]["share"].get<double>(), cpu_s / forward_s, 1e-9) << s;
@@ -1066,6 +1071,58 @@ TEST_F(ValidateTest, RepeatsTheLiveRunsOfAScaledRealTraceAndStatesTheirSpread) {
   }
   for (const char* file : {"out/rate-1/serve-2.log", "out/rate-1/replay-2.log"})
     EXPECT_TRUE(fs::exists(tmp_.File(file))) << file;
+  // Each run's steps priced apart: the runs' passes, each at its own error, make the load's.
+  const json& by_run = load["steps"]["priced_error_pct_by_run"];
+  ASSERT_EQ(by_run.size(), 2u) << load["steps"];
+  double forward_s = 0, priced_s = 0;
+  std::vector<double> speeds;  // each run's passes over their price
+  for (int k = 0; k < 2; ++k) {
+    double run_s = 0;
+    std::ifstream in(tmp_.File(k == 0 ? "out/rate-1/steps.jsonl" : "out/rate-1/steps-2.jsonl"));
+    for (std::string line; std::getline(in, line);)
+      run_s += json::parse(line)["seconds"].get<double>();
+    forward_s += run_s;
+    priced_s += run_s * (1 + by_run[k].get<double>() / 100);
+    speeds.push_back(100 / (100 + by_run[k].get<double>()));
+  }
+  EXPECT_NEAR(100 * (priced_s / forward_s - 1), load["steps"]["priced_error_pct"].get<double>(),
+              1e-6);
+  // The load's sensitivity to the step costs: every step 5% slower, and each class's that
+  // priced live steps apart, simulated; each metric's change against the plain simulation.
+  const json& sensitivity = load["sensitivity"];
+  EXPECT_EQ(sensitivity["scale"], 1.05) << sensitivity;
+  const json plain = ReadJson(tmp_.File("out/rate-1/sim/summary.json"));
+  for (const char* steps : {"all", "prefill", "decode", "mixed"}) {
+    const bool priced = std::string(steps) == "all" ||
+                        load["steps"]["classes"][steps]["steps"].get<std::int64_t>() > 0;
+    ASSERT_EQ(sensitivity["change_pct"].contains(steps), priced) << steps << sensitivity;
+    if (!priced) continue;
+    const json slower =
+        ReadJson(tmp_.File("out/rate-1/sim-slower-" + std::string(steps) + "/summary.json"));
+    for (const auto& [name, pointer] :
+         {std::pair{"ttft_ms.p50", "/ttft_ms/p50"}, std::pair{"tpot_ms.p99", "/tpot_ms/p99"},
+          std::pair{"e2e_ms.p50", "/e2e_ms/p50"}}) {
+      const json::json_pointer at(pointer);
+      EXPECT_NEAR(sensitivity["change_pct"][steps][name].get<double>(),
+                  100 * (slower[at].get<double>() / plain[at].get<double>() - 1), 1e-9)
+          << steps << " " << name;
+    }
+  }
+  // One request at a time (x1, 10 requests), every step 5% slower makes each request's time up
+  // to 5% longer: its steps' part of it.
+  for (const char* name : {"ttft_ms.p50", "e2e_ms.p50"}) {
+    const double change = sensitivity["change_pct"]["all"][name].get<double>();
+    EXPECT_GT(change, 2) << name << sensitivity;
+    EXPECT_LE(change, 5 + 1e-9) << name << sensitivity;
+  }
+  // What the runs' differences of speed alone would spread each metric over them.
+  const double speed_spread = 100 * std::abs(speeds[0] - speeds[1]) / ((speeds[0] + speeds[1]) / 2);
+  EXPECT_NEAR(sensitivity["step_speed_spread_pct"].get<double>(), speed_spread, 1e-9);
+  EXPECT_NEAR(
+      sensitivity["spread_from_step_speed_pct"]["e2e_ms.p50"].get<double>(),
+      std::abs(sensitivity["change_pct"]["all"]["e2e_ms.p50"].get<double>()) / 5 * speed_spread,
+      1e-9);
+  EXPECT_TRUE(ContainsAll(r.out, {"sensitivity at x1: with the steps priced x1.05, "})) << r;
   // The HTML report: per plot (TTFT, TPOT, E2E) a CDF of each live run and of the simulation,
   // from every completed request; the error table; nothing fetched from elsewhere.
   const std::string html = ReadFile(tmp_.File("out/report.html"));
@@ -1082,6 +1139,7 @@ TEST_F(ValidateTest, RepeatsTheLiveRunsOfAScaledRealTraceAndStatesTheirSpread) {
   EXPECT_EQ(count("The cost model's profile: fitted to this trace and selection"), 1u);
   // Which steps ran: the one instance's live, simulated and as-live schedules at the one load.
   EXPECT_EQ(count("<h2>Which steps ran</h2>"), 1u);
+  EXPECT_EQ(count("<p>Sensitivity at x1: with the steps priced x1.05, "), 1u);
   for (const char* world : {"<td>live</td>", "<td>simulated</td>", "<td>simulated_as_live</td>"})
     EXPECT_EQ(count(world), 1u) << world;
   for (const char* external : {"<script", "src=", "href=", "@import"})
