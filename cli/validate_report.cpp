@@ -287,6 +287,7 @@ json Sensitivity(const json& load, const std::vector<Metric>& metrics, const jso
   const auto [low, high] = std::minmax_element(speeds.begin(), speeds.end());
   const double spread = 100 * (*high - *low) / policies::Summarize(speeds).p50;
   out["step_speed_spread_pct"] = spread;
+  // As if the runs differed only in their machine's speed, every step's alike.
   json& from_speed = out["spread_from_step_speed_pct"] = json::object();
   for (const auto& [name, change] : out["change_pct"]["all"].items())
     from_speed[name] = change.is_number()

@@ -60,8 +60,9 @@ void HoldTolerance(const Metric& m, const std::map<std::string, double>& toleran
 // several times as much as the steps: a price error counts that many times over. Where the
 // load's live runs are several, also "step_speed_spread_pct", how far apart in speed the runs'
 // steps ran (their live passes over their price, `load`'s steps' "priced_error_pct_by_run":
-// range over median), and "spread_from_step_speed_pct": {metric: the spread over the runs that
-// those speeds alone would make at "all"'s sensitivity, taken as linear}.
+// range over median), and "spread_from_step_speed_pct": {metric: the spread over the runs, in
+// percent of the metric, that those speeds would make at "all"'s sensitivity, taken as linear:
+// as if the runs differed only in their machine's speed, every step's alike}.
 nlohmann::json Sensitivity(const nlohmann::json& load, const std::vector<Metric>& metrics,
                            const nlohmann::json& plain, double scale,
                            const std::map<std::string, nlohmann::json>& slower);

@@ -9,6 +9,7 @@
 #include <fstream>
 #include <map>
 #include <memory>
+#include <numeric>
 #include <optional>
 #include <sstream>
 
@@ -155,14 +156,15 @@ Result<json> AttributeSteps(const std::vector<std::string>& step_logs,
   std::array<double, 4> quarter_forward{}, quarter_priced{};
   // Each run's: how fast each ran against the others (what a metric's spread over the runs owes
   // their speed, with the load's sensitivity to the step costs).
-  std::vector<double> run_forward, run_priced;
+  using ByClass = std::array<double, models::kShapeClasses>;
+  std::vector<ByClass> run_forward, run_priced;
   std::vector<Step> run_steps;  // the steps of the run being read
   auto end_run = [&] {
-    run_forward.push_back(0);
-    run_priced.push_back(0);
+    run_forward.emplace_back();
+    run_priced.emplace_back();
     for (const Step& s : run_steps) {
-      run_forward.back() += s.forward_s;
-      run_priced.back() += s.priced_s;
+      run_forward.back()[s.shape_class] += s.forward_s;
+      run_priced.back()[s.shape_class] += s.priced_s;
     }
     if (run_steps.empty()) return;
     std::sort(run_steps.begin(), run_steps.end(),
@@ -370,8 +372,15 @@ Result<json> AttributeSteps(const std::vector<std::string>& step_logs,
   for (std::size_t q = 0; q < 4; ++q)
     out["priced_error_pct_by_quarter"].push_back(pct(quarter_priced[q], quarter_forward[q]));
   out["priced_error_pct_by_run"] = json::array();
-  for (std::size_t k = 0; k < run_forward.size(); ++k)
-    out["priced_error_pct_by_run"].push_back(pct(run_priced[k], run_forward[k]));
+  for (std::size_t k = 0; k < run_forward.size(); ++k) {
+    const ByClass &f = run_forward[k], &p = run_priced[k];
+    out["priced_error_pct_by_run"].push_back(
+        pct(std::accumulate(p.begin(), p.end(), 0.0), std::accumulate(f.begin(), f.end(), 0.0)));
+    for (std::size_t c = 0; c < models::kShapeClasses; ++c) {
+      json& entry = out["classes"][models::ToString(static_cast<models::ShapeClass>(c))];
+      entry["priced_error_pct_by_run"].push_back(pct(p[c], f[c]));
+    }
+  }
   return out;
 }
 

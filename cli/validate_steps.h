@@ -20,9 +20,9 @@ std::string ReadText(const std::string& path);
 
 // The live steps of one load (the step logs of its live runs) beside the cost model's price for
 // their shapes, by shape class, decode steps also by batch size (1, 2-3, 4-7, ...: backends
-// change kernels with it), by quarter of each run (summed over the runs), by run
-// ("priced_error_pct_by_run", in the logs' order), and the live iterations' time outside their
-// forward passes. Where the logs have the passes' CPU time
+// change kernels with it), by quarter of each run (summed over the runs), by run, overall and
+// per class ("priced_error_pct_by_run", in the logs' order), and the live iterations' time
+// outside their forward passes. Where the logs have the passes' CPU time
 // (policies::StepLogLine::forward_cpu_s), each of these sums has "on_cpu": the share of the
 // passes' time their thread was on a core, and the price against that CPU time (a pass
 // preempted by the machine's other threads took longer than it computed). Each decode band also

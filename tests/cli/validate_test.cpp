@@ -230,10 +230,19 @@ void ExpectStepsAttributed(const json& load, const std::string& dir,
   EXPECT_NEAR(s["forward_s"].get<double>(), forward_s, 1e-9 * forward_s);
   EXPECT_NEAR(s["priced_s"].get<double>(), priced_s, 1e-9 * priced_s);
   EXPECT_NEAR(s["priced_error_pct"].get<double>(), 100 * (priced_s / forward_s - 1), 1e-6);
-  if (load["repeats"] == 1) {  // the one run's is the load's
+  if (load["repeats"] == 1) {  // the one run's is the load's, overall and per class
     ASSERT_EQ(s["priced_error_pct_by_run"].size(), 1u) << s;
     EXPECT_NEAR(s["priced_error_pct_by_run"][0].get<double>(), s["priced_error_pct"].get<double>(),
                 1e-9);
+    for (const auto& [name, c] : s["classes"].items()) {
+      ASSERT_EQ(c["priced_error_pct_by_run"].size(), 1u) << name << c;
+      EXPECT_EQ(c["priced_error_pct_by_run"][0].is_number(), c["error_pct"].is_number()) << name;
+      if (c["error_pct"].is_number()) {
+        EXPECT_NEAR(c["priced_error_pct_by_run"][0].get<double>(), c["error_pct"].get<double>(),
+                    1e-9)
+            << name;
+      }
+    }
   }
   // The passes' time on a core, and the prices against it.
   EXPECT_EQ(s["on_cpu"]["steps"], steps) << s;
@@ -1115,13 +1124,21 @@ TEST_F(ValidateTest, RepeatsTheLiveRunsOfAScaledRealTraceAndStatesTheirSpread) {
     EXPECT_GT(change, 2) << name << sensitivity;
     EXPECT_LE(change, 5 + 1e-9) << name << sensitivity;
   }
-  // What the runs' differences of speed alone would spread each metric over them.
+  // What the runs' differences of speed would spread each metric over them, were they their
+  // machine's, every step's alike.
   const double speed_spread = 100 * std::abs(speeds[0] - speeds[1]) / ((speeds[0] + speeds[1]) / 2);
   EXPECT_NEAR(sensitivity["step_speed_spread_pct"].get<double>(), speed_spread, 1e-9);
   EXPECT_NEAR(
       sensitivity["spread_from_step_speed_pct"]["e2e_ms.p50"].get<double>(),
       std::abs(sensitivity["change_pct"]["all"]["e2e_ms.p50"].get<double>()) / 5 * speed_spread,
       1e-9);
+  // Each class's steps of each run priced apart too: the runs' passes of the class, each at its
+  // own error, make the class's.
+  for (const char* name : {"prefill", "decode"}) {
+    const json& c = load["steps"]["classes"][name];
+    ASSERT_EQ(c["priced_error_pct_by_run"].size(), 2u) << name << c;
+    for (const json& e : c["priced_error_pct_by_run"]) EXPECT_TRUE(e.is_number()) << name << c;
+  }
   EXPECT_TRUE(ContainsAll(r.out, {"sensitivity at x1: with the steps priced x1.05, "})) << r;
   // The HTML report: per plot (TTFT, TPOT, E2E) a CDF of each live run and of the simulation,
   // from every completed request; the error table; nothing fetched from elsewhere.
