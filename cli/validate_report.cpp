@@ -319,11 +319,11 @@ std::string SensitivityText(const json& load) {
       errors += (errors.empty() ? "" : ", ") + PercentText(x);
     for (const std::string& name : kShown)
       spreads += (spreads.empty() ? "" : ", ") + name + " " +
-                 PercentText(w["spread_from_step_speed_pct"][name]).substr(1) + " (" +
+                 PercentText(w["spread_from_step_speed_pct"][name]).substr(1) + " (measured " +
                  PercentText(load["metrics"][name]["live_spread_pct"]).substr(1) + ")";
     out += "; the live runs' steps ran " + PercentText(w["step_speed_spread_pct"]).substr(1) +
-           " apart in speed (priced at " + errors + "), which alone would spread the runs' " +
-           spreads + " (as they spread)";
+           " apart in speed (priced at " + errors +
+           "), which as the machine's speed would spread the runs' " + spreads;
   }
   return out;
 }
