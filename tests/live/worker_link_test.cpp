@@ -2,8 +2,8 @@
 // that refuses a message answers an error for its request and keeps serving (the real worker,
 // RunWorker, against a frontend played by the test; a worker of a directory against several), the
 // frontend ends a refused request with an error and keeps the worker (the real LiveFrontend against
-// workers played by the test), and a request that takes down every worker it reaches is retried
-// only so often (issue 40).
+// workers played by the test), a request that takes down every worker it reaches is retried
+// only so often (issue 40), and a worker that takes a lost worker's slot at once is routed to.
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
