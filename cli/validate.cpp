@@ -580,6 +580,7 @@ int Validate(int argc, char** argv) {
           HoldTolerance(m, *tolerances, "error_at_live_speed_pct", load["metrics"][m.name],
                         &exceeded);
       }
+      MarkToleranceBelowDrift(load);
       // Without the profile's host time: how much of each error pricing it removes.
       if (profile->host) {
         models::StepProfile no_host = *profile;

@@ -48,7 +48,8 @@ Status CheckMeasuredBeside(const json& load, const std::string& where) {
   const std::string machine_at = where + ": machine";
   const json& m = load["machine"];
   if (!m.is_object()) return FieldError(where, "machine", "must be an object");
-  if (auto v = JsonNumber(m, "slower_pct", machine_at); !v) return v.status();
+  for (const char* key : {"slower_pct", "min_pct", "max_pct"})
+    if (auto v = JsonNumber(m, key, machine_at); !v) return v.status();
   if (!m.contains("timings") || !m["timings"].is_array() || m["timings"].empty() ||
       !m["timings"].front().is_object() || !m["timings"].front().contains("shapes") ||
       !m["timings"].front()["shapes"].is_array())
@@ -278,21 +279,41 @@ json Sensitivity(const json& load, const std::vector<Metric>& metrics, const jso
           before && after && *before != 0 ? json(100 * (*after / *before - 1)) : json();
     }
   }
+  out["step_speed_spread_pct"] = nullptr;
+  out["machine_spread_pct"] = nullptr;
+  out["drift_pct"] = nullptr;
+  if (!out["change_pct"].contains("all")) return out;
+  // A metric's change for a price `pct` percent off on every step, taken as linear.
+  auto at_every_step = [&](double pct) {
+    json changes = json::object();
+    for (const auto& [name, change] : out["change_pct"]["all"].items())
+      changes[name] = change.is_number()
+                          ? json(std::abs(change.get<double>()) / (100 * (scale - 1)) * pct)
+                          : json();
+    return changes;
+  };
   // Each run's step speed: its live passes over their price (1 / (1 + error)).
   std::vector<double> speeds;
   for (const json& e : load["steps"]["priced_error_pct_by_run"])
     if (e.is_number()) speeds.push_back(100 / (100 + e.get<double>()));
-  out["step_speed_spread_pct"] = nullptr;
-  if (speeds.size() < 2 || !out["change_pct"].contains("all")) return out;
-  const auto [low, high] = std::minmax_element(speeds.begin(), speeds.end());
-  const double spread = 100 * (*high - *low) / policies::Summarize(speeds).p50;
-  out["step_speed_spread_pct"] = spread;
-  // As if the runs differed only in their machine's speed, every step's alike.
-  json& from_speed = out["spread_from_step_speed_pct"] = json::object();
-  for (const auto& [name, change] : out["change_pct"]["all"].items())
-    from_speed[name] = change.is_number()
-                           ? json(std::abs(change.get<double>()) / (100 * (scale - 1)) * spread)
-                           : json();
+  if (speeds.size() >= 2) {
+    const auto [low, high] = std::minmax_element(speeds.begin(), speeds.end());
+    out["step_speed_spread_pct"] = 100 * (*high - *low) / policies::Summarize(speeds).p50;
+    // As if the runs differed only in their machine's speed, every step's alike.
+    out["spread_from_step_speed_pct"] = at_every_step(out["step_speed_spread_pct"].get<double>());
+  }
+  // The reference shapes' readings beside the runs: their range over their median time.
+  if (load.contains("machine") && load["machine"].is_object()) {
+    const json& m = load["machine"];
+    out["machine_spread_pct"] = 100 * (m["max_pct"].get<double>() - m["min_pct"].get<double>()) /
+                                (100 + m["slower_pct"].get<double>());
+  }
+  double drift = -1;
+  for (const char* key : {"step_speed_spread_pct", "machine_spread_pct"})
+    if (out[key].is_number()) drift = std::max(drift, out[key].get<double>());
+  if (drift < 0) return out;
+  out["drift_pct"] = drift;
+  out["error_from_drift_pct"] = at_every_step(drift);
   return out;
 }
 
@@ -325,7 +346,37 @@ std::string SensitivityText(const json& load) {
            " apart in speed (priced at " + errors +
            "), which as the machine's speed would spread the runs' " + spreads;
   }
+  if (w["drift_pct"].is_number()) {
+    std::string errors, below;
+    for (const std::string& name : kShown)
+      errors += (errors.empty() ? "" : ", ") + name + " " +
+                PercentText(w["error_from_drift_pct"][name]).substr(1);
+    for (const auto& [name, entry] : load["metrics"].items())
+      if (entry.value("tolerance_below_drift", false))
+        below += (below.empty() ? "" : ", ") + name + " (" +
+                 PercentText(entry["tolerance_pct"]).substr(1) + " against " +
+                 PercentText(w["error_from_drift_pct"][name]).substr(1) + ")";
+    out += "; the machine's speed moved " + PercentText(w["drift_pct"]).substr(1) +
+           " over the load (the runs' steps " + PercentText(w["step_speed_spread_pct"]).substr(1) +
+           ", the reference shapes " + PercentText(w["machine_spread_pct"]).substr(1) +
+           "), a price that far off on every step would move " + errors;
+    if (!below.empty())
+      out +=
+          "; the tolerance is below that, so cannot tell a price error from the machine's "
+          "drift, at " +
+          below;
+  }
   return out;
+}
+
+void MarkToleranceBelowDrift(json& load) {
+  if (!load.contains("sensitivity") || !load["sensitivity"]["drift_pct"].is_number()) return;
+  const json& from_drift = load["sensitivity"]["error_from_drift_pct"];
+  for (auto& [name, entry] : load["metrics"].items())
+    if (entry.contains("tolerance_pct") && from_drift.contains(name) &&
+        from_drift[name].is_number())
+      entry["tolerance_below_drift"] =
+          from_drift[name].get<double>() > entry["tolerance_pct"].get<double>();
 }
 
 bool Missed(const json& entry, const std::string& key) {

@@ -62,13 +62,22 @@ void HoldTolerance(const Metric& m, const std::map<std::string, double>& toleran
 // steps ran (their live passes over their price, `load`'s steps' "priced_error_pct_by_run":
 // range over median), and "spread_from_step_speed_pct": {metric: the spread over the runs, in
 // percent of the metric, that those speeds would make at "all"'s sensitivity, taken as linear:
-// as if the runs differed only in their machine's speed, every step's alike}.
+// as if the runs differed only in their machine's speed, every step's alike}. And how far the
+// machine's speed moved over the load, "drift_pct": the larger of that spread and the range of
+// the reference shapes' readings beside the runs over their median time (`load`'s "machine",
+// "machine_spread_pct"), with "error_from_drift_pct": {metric: the change a price that far off on
+// every step would make, taken as linear}: the error this machine's drift alone can make at this
+// load, which a tolerance below it cannot tell from the cost model's.
 nlohmann::json Sensitivity(const nlohmann::json& load, const std::vector<Metric>& metrics,
                            const nlohmann::json& plain, double scale,
                            const std::map<std::string, nlohmann::json>& slower);
 
 // A load's "sensitivity" (Sensitivity) in words; "" where it has none.
 std::string SensitivityText(const nlohmann::json& load);
+
+// Sets each held metric's (HoldTolerance) "tolerance_below_drift" where the load's sensitivity
+// states the error the machine's drift makes at it: whether that error is beyond the tolerance.
+void MarkToleranceBelowDrift(nlohmann::json& load);
 
 // Whether a metric's --tolerance holds its error under `key` (HoldTolerance) and that error is
 // beyond it.

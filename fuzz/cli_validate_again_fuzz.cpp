@@ -27,8 +27,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       const std::int64_t runs = load["repeats"].get<std::int64_t>();
       DUET_CHECK(runs >= 1 && runs <= 10);
       DUET_CHECK(load["cpu"]["cores"].is_number_integer());
-      DUET_CHECK(!load.contains("machine") || load["machine"].is_null() ||
-                 load["machine"]["slower_pct"].is_number());
+      const nlohmann::json& machine = load.contains("machine") ? load["machine"] : nullptr;
+      for (const char* key : {"slower_pct", "min_pct", "max_pct"})
+        DUET_CHECK(machine.is_null() || (machine.contains(key) && machine[key].is_number()));
     }
   } else {
     DUET_CHECK(!report.error().empty());

@@ -768,6 +768,31 @@ TEST_F(ValidateTest, HoldsTheToleranceAtTheLiveRunsSpeedWhenAsked) {
   for (const char* name : {"ttft_ms.p50", "tpot_ms.p50", "e2e_ms.p50", "itl_ms.p50"})
     EXPECT_TRUE(held.count(name)) << name << load["metrics"];
   EXPECT_GE(missed, 1) << load["metrics"];
+  // The machine's drift over the load (one run: the reference shapes' readings beside it, their
+  // range over their median time) and the error it would make at the load's sensitivity: a
+  // tolerance of 0.01% is below it wherever the metric moves with the steps.
+  const json& machine = load["machine"];
+  const json& sensitivity = load["sensitivity"];
+  const double drift = 100 * (machine["max_pct"].get<double>() - machine["min_pct"].get<double>()) /
+                       (100 + machine["slower_pct"].get<double>());
+  EXPECT_NEAR(sensitivity["machine_spread_pct"].get<double>(), drift, 1e-9) << sensitivity;
+  EXPECT_TRUE(sensitivity["step_speed_spread_pct"].is_null()) << "one run";
+  EXPECT_NEAR(sensitivity["drift_pct"].get<double>(), drift, 1e-9) << sensitivity;
+  int below = 0;
+  for (const std::string& name : held) {
+    const double from_drift = sensitivity["error_from_drift_pct"][name].get<double>();
+    EXPECT_NEAR(from_drift,
+                std::abs(sensitivity["change_pct"]["all"][name].get<double>()) / 5 * drift, 1e-9)
+        << name;
+    EXPECT_EQ(load["metrics"][name]["tolerance_below_drift"].get<bool>(), from_drift > 0.01)
+        << name;
+    below += from_drift > 0.01;
+  }
+  EXPECT_GE(below, 1) << sensitivity;
+  EXPECT_FALSE(load["metrics"]["ttft_ms.p99"].contains("tolerance_below_drift")) << "not held";
+  EXPECT_TRUE(ContainsAll(r.out, {"the tolerance is below that, so cannot tell a price error "
+                                  "from the machine's drift, at "}))
+      << r;
   EXPECT_TRUE(ContainsAll(r.out, {"at the live runs' speed at x1: with every step priced x",
                                   "the machine while it served against when it was calibrated"}))
       << r;
@@ -870,6 +895,12 @@ TEST_F(ValidateTest, SimulatesAgainAgainstTheLiveRunsAlreadyInOut) {
   const RunResult machine = Validate({"--again"});
   EXPECT_EQ(machine.exit_code, 2) << machine;
   EXPECT_NE(machine.err.find("machine: field 'timings'"), std::string::npos) << machine;
+  broken = json::parse(report);
+  broken["loads"][0]["machine"].erase("max_pct");
+  tmp_.Write("out/validation.json", broken.dump());
+  const RunResult range = Validate({"--again"});
+  EXPECT_EQ(range.exit_code, 2) << range;
+  EXPECT_NE(range.err.find("machine: field 'max_pct'"), std::string::npos) << range;
   tmp_.Write("out/validation.json", report);
   // Another trace, and an OUT with no report.
   tmp_.Write("other.json", ReadFile(trace_));
@@ -1132,6 +1163,12 @@ TEST_F(ValidateTest, RepeatsTheLiveRunsOfAScaledRealTraceAndStatesTheirSpread) {
       sensitivity["spread_from_step_speed_pct"]["e2e_ms.p50"].get<double>(),
       std::abs(sensitivity["change_pct"]["all"]["e2e_ms.p50"].get<double>()) / 5 * speed_spread,
       1e-9);
+  // The machine's drift over the load: the larger of the runs' speed spread and the reference
+  // shapes' beside them.
+  const double machine_spread = sensitivity["machine_spread_pct"].is_number()
+                                    ? sensitivity["machine_spread_pct"].get<double>()
+                                    : 0;
+  EXPECT_NEAR(sensitivity["drift_pct"].get<double>(), std::max(speed_spread, machine_spread), 1e-9);
   // Each class's steps of each run priced apart too: the runs' passes of the class, each at its
   // own error, make the class's.
   for (const char* name : {"prefill", "decode"}) {
