@@ -585,18 +585,19 @@ int Calibrate(int argc, char** argv) {
     // The repeats are passes over every shape, not runs of one shape back to back: a machine
     // whose speed drifts during the sweep (10-20% within minutes on a shared VM, see
     // docs/validation.md) then spreads the drift over every shape's repeats, where the median
-    // absorbs it, instead of biasing the shapes timed while it was slow. The first pass is
-    // untimed: caches, page faults, lazy initialisation.
-    const std::size_t runs = shapes.size() * static_cast<std::size_t>(repeats + 1);
+    // absorbs it, instead of biasing the shapes timed while it was slow. Each shape is timed in
+    // a run of its own kind (StepTimer::TimeInARun), not after whichever shape the fixed order
+    // put before it; the untimed pass before it also leaves caches, page faults and lazy
+    // initialisation behind.
+    const std::size_t runs = shapes.size() * static_cast<std::size_t>(repeats);
     profile.measurements.resize(shapes.size());
-    for (int pass = 0; pass <= repeats; ++pass) {
+    for (int pass = 1; pass <= repeats; ++pass) {
       for (std::size_t i = 0; i < shapes.size(); ++i) {
         models::StepMeasurement& m = profile.measurements[i];
         m.shape = shapes[i];
-        const Seconds t = timer.Time(m.shape);
-        if (pass > 0) m.seconds.push_back(t);
+        m.seconds.push_back(timer.TimeInARun(m.shape));
         if (*progress) {
-          const std::size_t done = static_cast<std::size_t>(pass) * shapes.size() + i + 1;
+          const std::size_t done = static_cast<std::size_t>(pass - 1) * shapes.size() + i + 1;
           DrawProgress(done, runs,
                        "pass " + std::to_string(pass) + "/" + std::to_string(repeats) + ", " +
                            std::to_string(i + 1) + "/" + std::to_string(shapes.size()) +

@@ -91,12 +91,9 @@ json MachineReference::Time(int repeats) {
   backend::StepTimer timer(*model_);
   std::vector<models::StepMeasurement> now = shapes_;
   for (models::StepMeasurement& m : now) m.seconds.clear();
-  // Passes over the shapes, as calibrate times them; the first is untimed.
-  for (int pass = 0; pass <= repeats; ++pass)
-    for (models::StepMeasurement& m : now) {
-      const Seconds t = timer.Time(m.shape);
-      if (pass > 0) m.seconds.push_back(t);
-    }
+  // Passes over the shapes, each timed in a run of its own kind, as calibrate times them.
+  for (int pass = 0; pass < repeats; ++pass)
+    for (models::StepMeasurement& m : now) m.seconds.push_back(timer.TimeInARun(m.shape));
   json out = {{"shapes", json::array()}};
   double calibrated_s = 0, now_s = 0;
   for (std::size_t i = 0; i < now.size(); ++i) {

@@ -31,7 +31,8 @@ class MachineReference {
   static Result<MachineReference> Create(const std::string& model_dir,
                                          const models::StepProfile& profile, bool neighbour);
 
-  // Times each reference shape `repeats` times after one untimed pass: {"shapes": [{"name"
+  // Times each reference shape `repeats` times as calibrate does (StepTimer::TimeInARun, in
+  // passes over the shapes): {"shapes": [{"name"
   // ("prefill 256", "decode 8x256": rows x context per row), "shape",
   // "calibrated_ms" (the profile's median), "now_ms" (the median now), "slower_pct"}],
   // "slower_pct": the shapes' summed time now over their summed calibrated time, less 1, in

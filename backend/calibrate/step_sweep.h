@@ -47,6 +47,11 @@ class StepTimer {
  public:
   explicit StepTimer(ForwardModel& model);
   Seconds Time(const models::StepShape& shape);
+  // Times a pass right after an untimed pass of the same shape: as in a run of such steps,
+  // whatever ran before. A CPU pass runs slower after another kind of step (a one-row decode
+  // step up to 1.5 times after a 1,024-token prefill on the development VM,
+  // bench/step_order.sh), so a sweep in a fixed order would time each shape by its predecessor.
+  Seconds TimeInARun(const models::StepShape& shape);
 
  private:
   void Build(const models::StepShape& shape);

@@ -10,9 +10,17 @@
 #include <gtest/gtest.h>
 
 #include <array>
+#include <chrono>
 #include <functional>
 #include <set>
 #include <string>
+#include <thread>
+
+#include "backend/cpu/cpu_model.h"
+#include "backend/engine/fault_injecting_model.h"
+#include "backend/model/llama_weights.h"
+#include "backend/model/test_model.h"
+#include "tests/model/temp_dir.h"
 
 #include "tests/models/bundled_specs.h"
 
@@ -699,6 +707,33 @@ TEST(HostFitTest, TooFewOrTimelessIterationsAreErrors) {
   ASSERT_FALSE(fit.ok());
   EXPECT_NE(fit.error().find("no time outside their forward passes"), std::string::npos)
       << fit.error();
+}
+
+// A shape timed in a run of its kind: an untimed pass of the same shape, then the timed one, so
+// that the time is not the previous shape's aftermath. Here the first of each pair sleeps
+// 200 ms before the model runs: the times returned are the second passes'.
+TEST(CalibrationSweepTest, AShapeIsTimedRightAfterAnUntimedPassOfItself) {
+  backend::TempDir dir;
+  ASSERT_TRUE(backend::WriteTestModel(dir.path(), {}).ok());
+  auto loaded = backend::LoadModelDir(dir.path());
+  ASSERT_TRUE(loaded.ok()) << loaded.error();
+  backend::CpuModelOptions options;
+  options.num_blocks = 8;
+  options.threads = 1;
+  auto cpu = backend::CpuModel::Create(std::move(*loaded), options);
+  ASSERT_TRUE(cpu.ok()) << cpu.error();
+  std::vector<std::size_t> rows;  // each pass's chunks, in order
+  backend::FaultInjectingModel model(
+      std::move(*cpu), [&](std::int64_t pass, std::span<const backend::SequenceChunk> batch) {
+        rows.push_back(batch.size());
+        if (pass % 2 == 0) std::this_thread::sleep_for(std::chrono::milliseconds(200));
+        return backend::FaultInjectingModel::Fault::kNone;
+      });
+  backend::StepTimer timer(model);
+  const StepShape prefill{{{32, 0}}, 0, 0}, decode{{}, 3, 3 * 16};
+  for (const StepShape* s : {&prefill, &decode, &prefill})
+    EXPECT_LT(timer.TimeInARun(*s), 0.1) << "the untimed pass was timed";
+  EXPECT_EQ(rows, (std::vector<std::size_t>{1, 1, 3, 3, 1, 1}));
 }
 
 TEST(CalibrationSweepTest, TransferSizesArePowersOfTwoAndHalfwayUpToTheLargest) {
