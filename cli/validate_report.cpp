@@ -305,8 +305,10 @@ json Sensitivity(const json& load, const std::vector<Metric>& metrics, const jso
   // The reference shapes' readings beside the runs: their range over their median time.
   if (load.contains("machine") && load["machine"].is_object()) {
     const json& m = load["machine"];
-    out["machine_spread_pct"] = 100 * (m["max_pct"].get<double>() - m["min_pct"].get<double>()) /
-                                (100 + m["slower_pct"].get<double>());
+    const double median = 100 + m["slower_pct"].get<double>();  // percent of calibration's time
+    if (median > 0)
+      out["machine_spread_pct"] =
+          100 * (m["max_pct"].get<double>() - m["min_pct"].get<double>()) / median;
   }
   double drift = -1;
   for (const char* key : {"step_speed_spread_pct", "machine_spread_pct"})
