@@ -8,6 +8,8 @@
 #include <filesystem>
 #include <set>
 #include <string_view>
+#include <tuple>
+#include <utility>
 
 #include "cli/validate_schedule.h"
 #include "cli/validate_steps.h"
@@ -135,6 +137,48 @@ std::string PercentText(const json& value) {
   return text;
 }
 
+namespace {
+
+// A band of steps_by rows or tokens (AttributeSteps' "decode_by_rows", "prefill_by_tokens"):
+// "1", "2-3", "64-127".
+std::string BandName(const json& band, const std::string& unit) {
+  const auto from = band[unit + "_from"].get<std::int64_t>(),
+             to = band[unit + "_to"].get<std::int64_t>();
+  return std::to_string(from) + (to > from ? "-" + std::to_string(to) : "");
+}
+
+// A class's bands' errors ("1 +3.0%, 2-3 -1.2%") and the fit's on calibration's own
+// measurements in them ("" where it measured none of them).
+std::pair<std::string, std::string> BandsText(const json& bands, const std::string& unit) {
+  std::string errors, calibrated;
+  bool any_calibrated = false;
+  for (const json& b : bands) {
+    const std::string name = BandName(b, unit);
+    errors += (errors.empty() ? "" : ", ") + name + " " + PercentText(b["error_pct"]);
+    any_calibrated = any_calibrated || b.contains("calibration");
+    calibrated += (calibrated.empty() ? "" : ", ") + name + " " +
+                  (b.contains("calibration") ? PercentText(b["calibration"]["error_pct"])
+                                             : std::string("n/a"));
+  }
+  if (!any_calibrated) calibrated.clear();
+  return {errors, calibrated};
+}
+
+}  // namespace
+
+std::string AfterText(const json& steps) {
+  std::string text;
+  for (const auto& [name, c] : steps["classes"].items()) {
+    if (!c.contains("after") || c["after"].empty()) continue;
+    std::string parts;
+    for (const auto& [before, t] : c["after"].items())
+      parts += (parts.empty() ? "" : ", ") + ("after " + before) + " " +
+               PercentText(t["error_pct"]) + " (" + t["steps"].dump() + " steps)";
+    text += (text.empty() ? "" : "; ") + name + " " + parts;
+  }
+  return text;
+}
+
 std::string BesideOthersText(const json& steps) {
   if (!steps.contains("beside_other_instances")) return "";
   std::string text;
@@ -156,11 +200,8 @@ std::string BesideOthersText(const json& steps) {
   std::string bands;
   for (const json& b : steps["decode_by_rows"]) {
     if (!b.contains("beside")) continue;
-    const auto from = b["rows_from"].get<std::int64_t>(), to = b["rows_to"].get<std::int64_t>();
-    bands += (bands.empty() ? "" : ", ") + std::to_string(from);
-    if (to > from) bands.append("-").append(std::to_string(to));
-    bands +=
-        " " + PercentText(b["alone"]["error_pct"]) + " / " + PercentText(b["beside"]["error_pct"]);
+    bands += (bands.empty() ? "" : ", ") + BandName(b, "rows") + " " +
+             PercentText(b["alone"]["error_pct"]) + " / " + PercentText(b["beside"]["error_pct"]);
   }
   if (!bands.empty()) text += "; decode by batch rows, alone / beside: " + bands;
   return text;
@@ -184,9 +225,7 @@ std::string OnCpuText(const json& steps) {
   std::string band_shares, band_errors;
   for (const json& b : steps["decode_by_rows"]) {
     if (!b.contains("on_cpu")) continue;
-    const auto from = b["rows_from"].get<std::int64_t>(), to = b["rows_to"].get<std::int64_t>();
-    std::string rows = std::to_string(from);
-    if (to > from) rows.append("-").append(std::to_string(to));
+    const std::string rows = BandName(b, "rows");
     band_shares += (band_shares.empty() ? "" : ", ") + rows + " " + share(b["on_cpu"]);
     band_errors += (band_errors.empty() ? "" : ", ") + rows + " " +
                    PercentText(b["on_cpu"]["priced_error_pct"]);
@@ -535,20 +574,18 @@ void PrintValidation(const json& report, const std::vector<Metric>& metrics) {
     std::string quarters;
     for (const json& q : s["priced_error_pct_by_quarter"])
       quarters += (quarters.empty() ? "" : ", ") + PercentText(q);
-    std::string bands, calibrated;
-    bool any_calibrated = false;
-    for (const json& b : s["decode_by_rows"]) {
-      const auto from = b["rows_from"].get<std::int64_t>(), to = b["rows_to"].get<std::int64_t>();
-      std::string rows = std::to_string(from);
-      if (to > from) rows.append("-").append(std::to_string(to));
-      bands += (bands.empty() ? "" : ", ") + rows + " " + PercentText(b["error_pct"]);
-      any_calibrated = any_calibrated || b.contains("calibration");
-      calibrated += (calibrated.empty() ? "" : ", ") + rows + " " +
-                    (b.contains("calibration") ? PercentText(b["calibration"]["error_pct"])
-                                               : std::string("n/a"));
+    // Each band's error, and the fit's own error in the same bands: the part of theirs the live
+    // steps did not add.
+    std::string bands;
+    for (const auto& [key, unit, what] :
+         {std::tuple{"decode_by_rows", "rows", "decode by batch rows"},
+          std::tuple{"prefill_by_tokens", "tokens", "prefill by new tokens"}}) {
+      const auto [errors, calibrated] = BandsText(s.value(key, json::array()), unit);
+      if (errors.empty()) continue;
+      bands += std::string("; ") + what + " " + errors;
+      if (!calibrated.empty())
+        bands += " (the fit prices the profile's own measurements of them at " + calibrated + ")";
     }
-    // The fit's own error in the same bands: the part of theirs the live steps did not add.
-    if (!any_calibrated) calibrated.clear();
     // The live figures add up a load's runs; the simulated ones are one run's.
     const std::string runs = repeats > 1 ? " in " + std::to_string(repeats) + " runs" : "";
     char outside[96] = "the forward passes overlap their iterations (asynchronous steps)";
@@ -558,16 +595,12 @@ void PrintValidation(const json& report, const std::vector<Metric>& metrics) {
                     s["outside_forward_ms_per_step"].get<double>());
     std::printf(
         "steps at x%s: %lld live%s, %s simulated; the cost model prices the live steps' forward "
-        "passes (%.2f s) at %s (%s; decode by batch rows %s%s; by quarter of the run %s); %s\n",
+        "passes (%.2f s) at %s (%s%s; by quarter of the run %s); %s\n",
         RateText(load["rate_scale"].get<double>()).c_str(),
         static_cast<long long>(s["live_steps"].get<std::int64_t>()), runs.c_str(),
         s["simulated_steps"].is_number() ? s["simulated_steps"].dump().c_str() : "n/a",
         s["forward_s"].get<double>(), PercentText(s["priced_error_pct"]).c_str(), classes.c_str(),
-        bands.empty() ? "n/a" : bands.c_str(),
-        calibrated.empty()
-            ? ""
-            : ("; the fit prices the profile's own decode measurements at " + calibrated).c_str(),
-        quarters.c_str(), outside);
+        bands.c_str(), quarters.c_str(), outside);
     if (s.contains("host_per_step")) {
       const json& h = s["host_per_step"];
       std::string phases;
@@ -586,6 +619,11 @@ void PrintValidation(const json& report, const std::vector<Metric>& metrics) {
           1e3 * h["other_ms"].get<double>(), 1e3 * h["priced_ms"].get<double>(),
           PercentText(h["priced_error_pct"]).c_str());
     }
+    if (const std::string after = AfterText(s); !after.empty())
+      std::printf(
+          "by what ran before at x%s: the cost model prices the live steps, by what their "
+          "instance ran just before them (an idle spell, or a step of a class), at %s\n",
+          RateText(load["rate_scale"].get<double>()).c_str(), after.c_str());
     if (const std::string on_cpu = OnCpuText(s); !on_cpu.empty())
       std::printf("on a core at x%s: %s\n", RateText(load["rate_scale"].get<double>()).c_str(),
                   on_cpu.c_str());

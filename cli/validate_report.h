@@ -23,6 +23,10 @@ std::string PercentText(const nlohmann::json& value);
 // theirs ("beside_other_instances" and the decode bands' "alone" and "beside" of
 // validate_steps.h's AttributeSteps), in words; "" where it has none (one instance).
 std::string BesideOthersText(const nlohmann::json& steps);
+// The attribution's split of each class's live steps by what their instance ran before them
+// (its "after", validate_steps.h), in words: "prefill after idle +1.0% (80 steps), after prefill
+// -2.0% (54 steps); decode ..."; "" where it has none.
+std::string AfterText(const nlohmann::json& steps);
 // The attribution's "on_cpu" (validate_steps.h): how much of the live forward passes' time their
 // thread was on a core, and the prices against that time, by class and decode band, in words;
 // "" where the step logs have no CPU time.

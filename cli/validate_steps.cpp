@@ -12,6 +12,7 @@
 #include <numeric>
 #include <optional>
 #include <sstream>
+#include <tuple>
 
 #include "common/json_util.h"
 #include "policies/step_log.h"
@@ -47,14 +48,36 @@ void PriceMeasurements(const models::StepProfile& profile, F f) {
 struct Step {
   policies::InstanceId instance;
   std::size_t shape_class;
-  int decode_band;  // floor(log2(rows)) of a decode-only step, else -1
+  int band;                 // BandOf
+  std::size_t predecessor;  // what its instance ran before it (kPredecessors)
   Seconds start_s, iteration_s, forward_s, priced_s;
   std::optional<Seconds> cpu_s;  // the pass's thread CPU time, where the log has it
 };
 
 // A decode batch's band: floor(log2(rows)), so rows 1, 2-3, 4-7, ... (backends change kernels
-// with the row count).
-int DecodeBand(Tokens rows) { return std::bit_width(static_cast<std::uint64_t>(rows)) - 1; }
+// with the row count); a prefill step's alike by its new tokens.
+int Band(Tokens n) { return std::bit_width(static_cast<std::uint64_t>(n)) - 1; }
+
+// The band of a step of `shape_class` as validate reports it: a decode-only step's by its rows,
+// a prefill-only step's by its new tokens; -1 for a mixed step.
+int BandOf(models::ShapeClass shape_class, const models::StepShape& shape) {
+  switch (shape_class) {
+    case models::ShapeClass::kDecode:
+      return Band(shape.decode_tokens);
+    case models::ShapeClass::kPrefill:
+      return Band(shape.PrefillTokens());
+    case models::ShapeClass::kMixed:
+      break;
+  }
+  return -1;
+}
+
+// What an instance ran before a step ("after"): an idle spell, or a step of a class.
+constexpr std::size_t kAfterIdle = models::kShapeClasses;
+constexpr std::size_t kPredecessors = models::kShapeClasses + 1;
+std::string PredecessorName(std::size_t p) {
+  return p == kAfterIdle ? "idle" : models::ToString(static_cast<models::ShapeClass>(p));
+}
 
 // Steps summed: their live forward passes and the cost model's prices, and, of those whose
 // line has the pass's CPU time, the same again with that time.
@@ -140,8 +163,11 @@ Result<json> AttributeSteps(const std::vector<std::string>& step_logs,
       for (std::size_t c = 0; c < columns.size(); ++c) max[c] = std::max(max[c], columns[c]);
     }
   }
-  std::map<int, Class> decode_bands;                       // by floor(log2(rows))
-  std::map<int, std::array<Class, 2>> decode_bands_apart;  // the same: alone, beside
+  // By class (decode and prefill) and band (BandOf).
+  std::array<std::map<int, Class>, models::kShapeClasses> bands;
+  std::map<int, std::array<Class, 2>> decode_bands_apart;  // decode's: alone, beside
+  // Of each class, the steps by what their instance ran before them (kPredecessors).
+  std::array<std::array<Class, kPredecessors>, models::kShapeClasses> after;
   std::vector<std::unique_ptr<models::StepCostModel>> cost_models;
   for (std::size_t i = 0; i < cluster.instances.size(); ++i)
     cost_models.push_back(sim::MakeStepCostModel(cluster, i));
@@ -181,9 +207,10 @@ Result<json> AttributeSteps(const std::vector<std::string>& step_logs,
     for (std::size_t i = 0; i < run_steps.size(); ++i) {
       const Step& s = run_steps[i];
       const bool is_beside = s.iteration_s > 0 && overlap[i] >= 0.5 * s.iteration_s;
-      for (Class* c :
-           {&(is_beside ? beside : alone)[s.shape_class],
-            s.decode_band >= 0 ? &decode_bands_apart[s.decode_band][is_beside] : nullptr}) {
+      const bool is_decode = s.shape_class == static_cast<std::size_t>(models::ShapeClass::kDecode);
+      for (Class* c : {&(is_beside ? beside : alone)[s.shape_class],
+                       is_decode ? &decode_bands_apart[s.band][is_beside] : nullptr,
+                       &after[s.shape_class][s.predecessor]}) {
         if (c) c->Add(s.forward_s, s.priced_s, s.cpu_s);
       }
       if (is_beside) {
@@ -201,6 +228,9 @@ Result<json> AttributeSteps(const std::vector<std::string>& step_logs,
   std::array<double, models::kHostPhases> host_phase_s{};
   Status bad_instance = Status::Ok();
   for (const std::string& step_log : step_logs) {
+    // Each instance's previous iteration in this run: its class and end. (Processes append their
+    // lines to one log, each in its order.)
+    std::map<policies::InstanceId, std::pair<std::size_t, Seconds>> previous;
     const Status read =
         policies::ReadStepLog(ReadText(step_log), step_log, [&](const policies::StepLogLine& line) {
           if (line.instance >= static_cast<int>(cost_models.size())) {
@@ -232,15 +262,19 @@ Result<json> AttributeSteps(const std::vector<std::string>& step_logs,
             for (std::size_t c = 0; c < columns.size(); ++c) beyond |= columns[c] > max[c];
             if (beyond) add(beyond_sweep[static_cast<std::size_t>(shape_class)]);
           }
-          const int band = shape_class == models::ShapeClass::kDecode
-                               ? DecodeBand(line.step.shape.decode_tokens)
-                               : -1;
-          if (band >= 0) add(decode_bands[band]);
+          const int band = BandOf(shape_class, line.step.shape);
+          if (band >= 0) add(bands[static_cast<std::size_t>(shape_class)][band]);
           iteration_s += line.iteration_s;
           async = async || line.async;
+          std::size_t predecessor = kAfterIdle;
+          const auto before = previous.find(line.instance);
+          if (before != previous.end() && line.start_s - before->second.second < kIdleGap)
+            predecessor = before->second.first;
+          previous[line.instance] = {static_cast<std::size_t>(shape_class),
+                                     line.start_s + line.iteration_s};
           run_steps.push_back({line.instance, static_cast<std::size_t>(shape_class), band,
-                               line.start_s, line.iteration_s, line.step.seconds, priced,
-                               line.forward_cpu_s});
+                               predecessor, line.start_s, line.iteration_s, line.step.seconds,
+                               priced, line.forward_cpu_s});
           if (line.host) {
             ++host_steps;
             host_outside_s += line.HostSeconds();
@@ -308,37 +342,53 @@ Result<json> AttributeSteps(const std::vector<std::string>& step_logs,
           beside_iteration_s[k] > 0 ? json(beside_overlap_s[k] / beside_iteration_s[k]) : json();
     }
   }
-  // The profile's own decode measurements by band, priced by their fit: the fit's error where
-  // the live steps' is, which the live steps' error includes (the rest is how they ran live).
+  // The profile's own decode and prefill measurements by band, priced by their fit: the fit's
+  // error where the live steps' is, which the live steps' error includes (the rest is how they
+  // ran live).
   struct Calibrated {
     std::int64_t shapes = 0;
     Seconds measured_s = 0, priced_s = 0;
   };
-  std::map<int, Calibrated> calibrated;  // by band
+  std::array<std::map<int, Calibrated>, models::kShapeClasses> calibrated;  // by class, band
   if (profile) {
     PriceMeasurements(*profile, [&](const models::StepMeasurement& m, Seconds price) {
-      if (!m.shape.prefill.empty() || m.shape.decode_tokens <= 0) return;
-      Calibrated& band = calibrated[DecodeBand(m.shape.decode_tokens)];
-      ++band.shapes;
-      band.measured_s += m.Median();
-      band.priced_s += price;
+      const models::StepFeatures f = models::FeaturesOf(m.shape);
+      if (f.empty()) return;
+      const models::ShapeClass c = models::ClassOf(f);
+      const int band = BandOf(c, m.shape);
+      if (band < 0) return;
+      Calibrated& b = calibrated[static_cast<std::size_t>(c)][band];
+      ++b.shapes;
+      b.measured_s += m.Median();
+      b.priced_s += price;
     });
   }
-  out["decode_by_rows"] = json::array();
-  for (const auto& [band, c] : decode_bands) {
-    json b = totals(c);
-    b["rows_from"] = std::int64_t{1} << band;
-    b["rows_to"] = (std::int64_t{2} << band) - 1;
-    if (const auto it = calibrated.find(band); it != calibrated.end())
-      b["calibration"] = {{"shapes", it->second.shapes},
-                          {"measured_s", it->second.measured_s},
-                          {"priced_s", it->second.priced_s},
-                          {"error_pct", pct(it->second.priced_s, it->second.measured_s)}};
-    if (cluster.instances.size() > 1) {
-      b["alone"] = totals(decode_bands_apart[band][0]);
-      b["beside"] = totals(decode_bands_apart[band][1]);
+  for (const auto& [shape_class, key, unit] :
+       {std::tuple{models::ShapeClass::kDecode, "decode_by_rows", "rows"},
+        std::tuple{models::ShapeClass::kPrefill, "prefill_by_tokens", "tokens"}}) {
+    const auto k = static_cast<std::size_t>(shape_class);
+    json& list = out[key] = json::array();
+    for (const auto& [band, c] : bands[k]) {
+      json b = totals(c);
+      b[std::string(unit) + "_from"] = std::int64_t{1} << band;
+      b[std::string(unit) + "_to"] = (std::int64_t{2} << band) - 1;
+      if (const auto it = calibrated[k].find(band); it != calibrated[k].end())
+        b["calibration"] = {{"shapes", it->second.shapes},
+                            {"measured_s", it->second.measured_s},
+                            {"priced_s", it->second.priced_s},
+                            {"error_pct", pct(it->second.priced_s, it->second.measured_s)}};
+      if (shape_class == models::ShapeClass::kDecode && cluster.instances.size() > 1) {
+        b["alone"] = totals(decode_bands_apart[band][0]);
+        b["beside"] = totals(decode_bands_apart[band][1]);
+      }
+      list.push_back(std::move(b));
     }
-    out["decode_by_rows"].push_back(std::move(b));
+  }
+  for (std::size_t k = 0; k < models::kShapeClasses; ++k) {
+    json& entry = out["classes"][models::ToString(static_cast<models::ShapeClass>(k))];
+    entry["after"] = json::object();
+    for (std::size_t p = 0; p < kPredecessors; ++p)
+      if (after[k][p].steps > 0) entry["after"][PredecessorName(p)] = totals(after[k][p]);
   }
   out["live_steps"] = all.steps;
   const json::json_pointer simulated_steps("/sim/engine_steps");

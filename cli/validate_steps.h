@@ -27,8 +27,14 @@ std::string ReadText(const std::string& path);
 // passes' time their thread was on a core, and the price against that CPU time (a pass
 // preempted by the machine's other threads took longer than it computed). Each decode band also
 // has "calibration": the profile's own measurements of that band priced by their fit (the fit's
-// error there, a part of the live steps'). `simulated_summary`:
-// the simulation's summary.json, for its step count.
+// error there, a part of the live steps'); prefill-only steps alike by their new tokens
+// ("prefill_by_tokens": 1, 2-3, ..., 64-127, ...). And each class's steps by what their instance
+// ran before them in the run ("after": "idle", where its previous iteration ended at least
+// kIdleGap before theirs began, or they were its first; else that iteration's class): a CPU
+// forward pass runs slower after an idle spell or another kind of step (docs/validation.md,
+// bench/step_order.sh), which calibration, timing each shape in a run of itself, does not see.
+// `simulated_summary`: the simulation's summary.json, for its step count.
+inline constexpr Seconds kIdleGap = 1e-3;
 Result<nlohmann::json> AttributeSteps(const std::vector<std::string>& step_logs,
                                       const sim::ClusterSpec& cluster,
                                       const nlohmann::json& simulated_summary);

@@ -142,6 +142,65 @@ TEST(ValidateStepsTest, TellsATailOfSlowStepsFromAShiftOfAll) {
   EXPECT_NEAR(shift["tail_pct"].get<double>(), 0, 1e-9) << shift;
 }
 
+// Each class's steps by what their instance ran just before them: an idle spell (a gap of
+// kIdleGap or more since its previous iteration ended, or none before it in the run) or a step
+// of a class; and prefill steps by their new tokens.
+TEST(ValidateStepsTest, SplitsEachClassByWhatItsInstanceRanBefore) {
+  auto cluster = sim::LoadClusterSpec("tests/data/1p1d-tiny.json", DUET_SOURCE_DIR);
+  ASSERT_TRUE(cluster.ok()) << cluster.error();
+  // Instance 0 prefills [0, 10], [10.5, 20.5] (0.5 ms after the first: busy) and [30, 40] ms
+  // (9.5 ms after: idle); instance 1 decodes [2, 6], [6, 16] and [30, 34], and prefills 300
+  // tokens [34.2, 40]. The instances' lines interleave, as two processes append to one log.
+  std::vector<policies::StepLogLine> lines = {Step(0, 0, 0.010, 0),      Step(1, 0.002, 0.004, 4),
+                                              Step(1, 0.006, 0.010, 1),  Step(0, 0.0105, 0.010, 0),
+                                              Step(0, 0.030, 0.010, 0),  Step(1, 0.030, 0.004, 2),
+                                              Step(1, 0.0342, 0.0058, 0)};
+  lines[6].step.shape.prefill = {{300, 0}};
+  std::string text;
+  for (const policies::StepLogLine& line : lines) text += policies::FormatStepLogLine(line);
+  e2e::TempDir tmp;
+  const std::string log = tmp.File("steps.jsonl");
+  e2e::WriteFile(log, text);
+  auto steps = AttributeSteps({log}, *cluster, json::object());
+  ASSERT_TRUE(steps.ok()) << steps.error();
+  auto expect = [&](const json& part, const std::vector<std::size_t>& which) {
+    double forward_s = 0, priced_s = 0;
+    for (std::size_t i : which) {
+      forward_s += lines[i].step.seconds;
+      priced_s += sim::MakeStepCostModel(*cluster, static_cast<std::size_t>(lines[i].instance))
+                      ->StepTime(lines[i].step.shape);
+    }
+    EXPECT_EQ(part["steps"].get<std::size_t>(), which.size()) << part;
+    EXPECT_NEAR(part["forward_s"].get<double>(), forward_s, 1e-12) << part;
+    EXPECT_NEAR(part["error_pct"].get<double>(), 100 * (priced_s / forward_s - 1), 1e-9) << part;
+  };
+  const json& prefill = (*steps)["classes"]["prefill"]["after"];
+  const json& decode = (*steps)["classes"]["decode"]["after"];
+  EXPECT_EQ(prefill.size(), 3u) << prefill;
+  expect(prefill["idle"], {0, 4});
+  expect(prefill["prefill"], {3});
+  expect(prefill["decode"], {6});
+  EXPECT_EQ(decode.size(), 2u) << decode;
+  expect(decode["idle"], {1, 5});
+  expect(decode["decode"], {2});
+  EXPECT_TRUE((*steps)["classes"]["mixed"]["after"].empty());
+  // Prefill by new tokens: 100 (64-127) four times, 300 (256-511) once.
+  const json& bands = (*steps)["prefill_by_tokens"];
+  ASSERT_EQ(bands.size(), 2u) << bands;
+  EXPECT_EQ(bands[0]["tokens_from"], 64);
+  EXPECT_EQ(bands[0]["tokens_to"], 127);
+  expect(bands[0], {0, 3, 4});
+  EXPECT_EQ(bands[1]["tokens_from"], 256);
+  expect(bands[1], {6});
+  const std::string words = AfterText(*steps);
+  EXPECT_NE(words.find("decode after decode " + PercentText(decode["decode"]["error_pct"]) +
+                       " (1 steps), after idle " + PercentText(decode["idle"]["error_pct"]) +
+                       " (2 steps)"),
+            std::string::npos)
+      << words;
+  EXPECT_NE(words.find("; prefill after decode"), std::string::npos) << words;
+}
+
 // Lines with their passes' CPU time: each sum gets the share of its passes' time on a core and
 // the price against that time, over the steps whose line has it (a line without, as older
 // servers wrote, counts in the rest only).
