@@ -559,9 +559,13 @@ int Calibrate(int argc, char** argv) {
     placement.device = device;
     placement.cpu_threads = threads;
     placement.num_blocks = 0;
+    const backend::AfterIdleShapes idle_shapes = backend::AfterIdleShapesFor(limits);
     for (const StepShape& s : shapes)
       placement.num_blocks =
           std::max(placement.num_blocks, backend::BlocksFor(s, placement.block_tokens));
+    for (const StepShape* s : {&idle_shapes.prefill, &idle_shapes.decode})
+      placement.num_blocks =
+          std::max(placement.num_blocks, backend::BlocksFor(*s, placement.block_tokens));
     if (Status s = CheckKvCacheFits(model->config, placement.num_blocks, placement.block_tokens);
         !s.ok())
       return Fail("--max-batch " + std::to_string(limits.max_batch) + " x --max-context " +
@@ -627,6 +631,33 @@ int Calibrate(int argc, char** argv) {
           "(the machine's speed moving during the sweep; the fit prices the medians; each "
           "quarter: the profile's source.passes_pct)\n",
           lo, hi);
+    }
+    // A step after an idle spell, which the simulator adds to a step of an instance that sat idle
+    // (models::AfterIdleFit).
+    {
+      models::AfterIdleFit& idle = profile.after_idle.emplace();
+      idle.idle_s.assign(backend::kIdleSpells.begin(), backend::kIdleSpells.end());
+      idle.prefill_s = timer.TimeAfterIdle(idle_shapes.prefill, backend::kIdleSpells, repeats);
+      idle.decode_s = timer.TimeAfterIdle(idle_shapes.decode, backend::kIdleSpells, repeats);
+      idle.repeats = repeats;
+      auto spells = [&](const std::vector<Seconds>& extra) {
+        std::string text;
+        for (std::size_t i = 0; i < extra.size(); ++i) {
+          char part[64];
+          std::snprintf(part, sizeof part, "%s+%.1f ms after %g ms", i ? ", " : "", 1e3 * extra[i],
+                        1e3 * idle.idle_s[i]);
+          text += part;
+        }
+        return text;
+      };
+      std::printf(
+          "after idle: a prefill of %lld tokens took %s; a one-row decode step at %lld tokens of "
+          "context %s (beyond each in a run of itself; the simulator adds them to a step after an "
+          "idle spell: the profile's after_idle)\n",
+          static_cast<long long>(idle_shapes.prefill.PrefillTokens()),
+          spells(idle.prefill_s).c_str(),
+          static_cast<long long>(idle_shapes.decode.decode_context_tokens),
+          spells(idle.decode_s).c_str());
     }
     if (served) {
       auto frontend =

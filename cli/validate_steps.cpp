@@ -51,6 +51,7 @@ struct Step {
   int band;                 // BandOf
   std::size_t predecessor;  // what its instance ran before it (kPredecessors)
   Seconds start_s, iteration_s, forward_s, priced_s;
+  Seconds after_idle_s;          // of priced_s
   std::optional<Seconds> cpu_s;  // the pass's thread CPU time, where the log has it
 };
 
@@ -84,13 +85,15 @@ std::string PredecessorName(std::size_t p) {
 struct Class {
   std::int64_t steps = 0;
   double forward_s = 0, priced_s = 0;
+  double after_idle_s = 0;     // of priced_s, what the cost model adds after idle spells
   std::vector<double> errors;  // per step, priced / forward - 1 (where kept)
   std::int64_t cpu_steps = 0;
   double cpu_forward_s = 0, cpu_priced_s = 0, cpu_s = 0;
-  void Add(Seconds forward, Seconds priced, std::optional<Seconds> cpu) {
+  void Add(Seconds forward, Seconds priced, Seconds after_idle, std::optional<Seconds> cpu) {
     ++steps;
     forward_s += forward;
     priced_s += priced;
+    after_idle_s += after_idle;
     if (!cpu) return;
     ++cpu_steps;
     cpu_forward_s += forward;
@@ -101,6 +104,7 @@ struct Class {
     steps += o.steps;
     forward_s += o.forward_s;
     priced_s += o.priced_s;
+    after_idle_s += o.after_idle_s;
     cpu_steps += o.cpu_steps;
     cpu_forward_s += o.cpu_forward_s;
     cpu_priced_s += o.cpu_priced_s;
@@ -211,7 +215,7 @@ Result<json> AttributeSteps(const std::vector<std::string>& step_logs,
       for (Class* c : {&(is_beside ? beside : alone)[s.shape_class],
                        is_decode ? &decode_bands_apart[s.band][is_beside] : nullptr,
                        &after[s.shape_class][s.predecessor]}) {
-        if (c) c->Add(s.forward_s, s.priced_s, s.cpu_s);
+        if (c) c->Add(s.forward_s, s.priced_s, s.after_idle_s, s.cpu_s);
       }
       if (is_beside) {
         beside_overlap_s[s.shape_class] += overlap[i];
@@ -242,10 +246,22 @@ Result<json> AttributeSteps(const std::vector<std::string>& step_logs,
           }
           const models::StepFeatures features = models::FeaturesOf(line.step.shape);
           const models::ShapeClass shape_class = models::ClassOf(features);
-          const double priced =
-              cost_models[static_cast<std::size_t>(line.instance)]->StepTime(line.step.shape);
+          // What ran before it: its instance's previous iteration, or an idle spell (since the
+          // run's clock began, before its first), which the cost model may price.
+          std::size_t predecessor = kAfterIdle;
+          Seconds idle_s = line.start_s;
+          if (const auto before = previous.find(line.instance); before != previous.end()) {
+            idle_s = line.start_s - before->second.second;
+            if (idle_s < models::kIdleGap) predecessor = before->second.first;
+          }
+          previous[line.instance] = {static_cast<std::size_t>(shape_class),
+                                     line.start_s + line.iteration_s};
+          const models::StepCostModel& cost = *cost_models[static_cast<std::size_t>(line.instance)];
+          const Seconds after_idle =
+              predecessor == kAfterIdle ? cost.AfterIdle(line.step.shape, idle_s) : 0;
+          const Seconds priced = cost.StepTime(line.step.shape) + after_idle;
           auto add = [&](Class& c) {
-            c.Add(line.step.seconds, priced, line.forward_cpu_s);
+            c.Add(line.step.seconds, priced, after_idle, line.forward_cpu_s);
             c.errors.push_back(priced / line.step.seconds - 1);
           };
           add(classes[static_cast<std::size_t>(shape_class)]);
@@ -266,15 +282,9 @@ Result<json> AttributeSteps(const std::vector<std::string>& step_logs,
           if (band >= 0) add(bands[static_cast<std::size_t>(shape_class)][band]);
           iteration_s += line.iteration_s;
           async = async || line.async;
-          std::size_t predecessor = kAfterIdle;
-          const auto before = previous.find(line.instance);
-          if (before != previous.end() && line.start_s - before->second.second < kIdleGap)
-            predecessor = before->second.first;
-          previous[line.instance] = {static_cast<std::size_t>(shape_class),
-                                     line.start_s + line.iteration_s};
           run_steps.push_back({line.instance, static_cast<std::size_t>(shape_class), band,
                                predecessor, line.start_s, line.iteration_s, line.step.seconds,
-                               priced, line.forward_cpu_s});
+                               priced, after_idle, line.forward_cpu_s});
           if (line.host) {
             ++host_steps;
             host_outside_s += line.HostSeconds();
@@ -296,6 +306,7 @@ Result<json> AttributeSteps(const std::vector<std::string>& step_logs,
               {"forward_s", c.forward_s},
               {"priced_s", c.priced_s},
               {"error_pct", pct(c.priced_s, c.forward_s)}};
+    if (c.after_idle_s > 0) t["after_idle_s"] = c.after_idle_s;
     // Of the steps whose line has it: how much of their passes' time the thread that ran them
     // was on a core, and the prices against that CPU time.
     if (c.cpu_steps > 0)
@@ -397,6 +408,7 @@ Result<json> AttributeSteps(const std::vector<std::string>& step_logs,
   out["forward_s"] = all.forward_s;
   out["priced_s"] = all.priced_s;
   out["priced_error_pct"] = pct(all.priced_s, all.forward_s);
+  if (all.after_idle_s > 0) out["after_idle_s"] = all.after_idle_s;
   if (const json t = totals(all); t.contains("on_cpu")) out["on_cpu"] = t["on_cpu"];
   out["iteration_s"] = iteration_s;
   out["outside_forward_ms_per_step"] =
@@ -456,15 +468,21 @@ std::pair<models::StepProfile, json> ProfileAsLive(const sim::ClusterSpec& clust
   for (std::size_t c = 0; c < models::kShapeClasses; ++c) {
     const std::string name = models::ToString(static_cast<models::ShapeClass>(c));
     const json& cls = steps["classes"][name];
+    // The pieces' share of the price: the forward passes less what the cost model adds after
+    // idle spells, over the price less it, so that the pieces scaled and that added again take
+    // the live passes' time.
+    auto less_idle = [](const json& t, const char* key) {
+      return t[key].get<double>() - t.value("after_idle_s", 0.0);
+    };
     std::int64_t below_steps = cls["steps"].get<std::int64_t>();
-    double forward_s = cls["forward_s"].get<double>(), priced_s = cls["priced_s"].get<double>();
+    double forward_s = less_idle(cls, "forward_s"), priced_s = less_idle(cls, "priced_s");
     double k_above = 1;
     if (cls.contains("above_split")) {
       const json& a = cls["above_split"];
-      k_above = ratio(a["forward_s"].get<double>(), a["priced_s"].get<double>());
+      k_above = ratio(less_idle(a, "forward_s"), less_idle(a, "priced_s"));
       below_steps -= a["steps"].get<std::int64_t>();
-      forward_s -= a["forward_s"].get<double>();
-      priced_s -= a["priced_s"].get<double>();
+      forward_s -= less_idle(a, "forward_s");
+      priced_s -= less_idle(a, "priced_s");
       scales[name + " above split"] = k_above;
     }
     const double k = below_steps > 0 ? ratio(forward_s, priced_s) : 1.0;
@@ -489,8 +507,11 @@ json LiveSpeed(const models::StepProfile& profile, const json& steps) {
     measured_s += m.Median();
     priced_s += price;
   });
-  const double live_s = steps["forward_s"].get<double>(),
-               live_priced_s = steps["priced_s"].get<double>();
+  // Less what the cost model adds after idle spells, which a profile scaled to this speed adds
+  // as it is.
+  const double after_idle_s = steps.value("after_idle_s", 0.0);
+  const double live_s = steps["forward_s"].get<double>() - after_idle_s,
+               live_priced_s = steps["priced_s"].get<double>() - after_idle_s;
   if (measured_s <= 0 || priced_s <= 0 || live_s <= 0 || live_priced_s <= 0) return nullptr;
   const double live_over_priced = live_s / live_priced_s,
                fits_over_measured = priced_s / measured_s;

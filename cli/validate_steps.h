@@ -25,23 +25,26 @@ std::string ReadText(const std::string& path);
 // outside their forward passes. Where the logs have the passes' CPU time
 // (policies::StepLogLine::forward_cpu_s), each of these sums has "on_cpu": the share of the
 // passes' time their thread was on a core, and the price against that CPU time (a pass
-// preempted by the machine's other threads took longer than it computed). Each decode band also
+// preempted by the machine's other threads took longer than it computed); where the cost model
+// adds to the price of a step after an idle spell (below), each sum's "after_idle_s" is that
+// part of its price. Each decode band also
 // has "calibration": the profile's own measurements of that band priced by their fit (the fit's
 // error there, a part of the live steps'); prefill-only steps alike by their new tokens
 // ("prefill_by_tokens": 1, 2-3, ..., 64-127, ...). And each class's steps by what their instance
 // ran before them in the run ("after": "idle", where its previous iteration ended at least
-// kIdleGap before theirs began, or they were its first; else that iteration's class): a CPU
-// forward pass runs slower after an idle spell or another kind of step (docs/validation.md,
-// bench/step_order.sh), which calibration, timing each shape in a run of itself, does not see.
+// models::kIdleGap before theirs began, or they were its first; else that iteration's class): a
+// CPU forward pass runs slower after an idle spell or another kind of step (docs/validation.md,
+// bench/step_order.sh). A step after an idle spell is priced with what the cost model adds for
+// it (StepCostModel::AfterIdle: a profile whose calibration timed it), as the simulator does.
 // `simulated_summary`: the simulation's summary.json, for its step count.
-inline constexpr Seconds kIdleGap = 1e-3;
 Result<nlohmann::json> AttributeSteps(const std::vector<std::string>& step_logs,
                                       const sim::ClusterSpec& cluster,
                                       const nlohmann::json& simulated_summary);
 
 // The cluster file's fitted profile with the pieces of each shape class scaled by what the live
 // steps they priced took over their price (`steps`: AttributeSteps'; below and above a class's
-// split apart; pieces that priced no live step are left as they are): a simulation from it
+// split apart; pieces that priced no live step are left as they are; what the cost model adds
+// after idle spells, "after_idle_s", stays as it is and out of the ratio): a simulation from it
 // prices steps as they ran live, so the error left in it is not the step costs'. Returns the
 // profile and the scales: per class, and "<class> above split" where a class is split.
 std::pair<models::StepProfile, nlohmann::json> ProfileAsLive(const sim::ClusterSpec& cluster,
@@ -55,7 +58,8 @@ models::StepProfile ProfileScaled(const models::StepProfile& profile, double k,
                                   std::optional<models::ShapeClass> only = std::nullopt);
 
 // The machine's speed during a load's live runs against its speed at calibration, from the live
-// steps themselves: what they took over what the profile's fits price them at (`steps`:
+// steps themselves: what they took over what the profile's fits price them at, both less what it
+// adds after idle spells (`steps`:
 // AttributeSteps'), times what those fits price the profile's own measurements at over what
 // calibration measured (summed over every measured shape of a fitted tp). The second factor
 // anchors the speed at calibration's measurements rather than at the fits, so that a fit off

@@ -1,7 +1,8 @@
 // Fuzz target: step profiles and step-measurement lines (models/step_profile.h). The first byte
 // picks the parser, the rest is its input. Any input is parsed or rejected with an error, never
 // a crash; a parsed profile re-formats to a file that parses to the same JSON, its fits price
-// steps with finite, non-negative times, and its links move a terabyte in a finite time.
+// steps with finite, non-negative times (after an idle spell too), and its links move a terabyte in
+// a finite time.
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -33,6 +34,14 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   for (const StepFit& fit : profile->fits) {
     const double t = FittedCostModel(fit).StepTime(shape);
     DUET_CHECK(std::isfinite(t) && t >= 0);
+  }
+  if (profile->after_idle) {
+    for (const double spell : {0.0, 1e-3, 0.05, 1e9}) {
+      for (const ShapeClass c : {ShapeClass::kPrefill, ShapeClass::kDecode, ShapeClass::kMixed}) {
+        const double extra = profile->after_idle->Extra(c, spell);
+        DUET_CHECK(std::isfinite(extra) && extra >= 0 && extra <= 3600);
+      }
+    }
   }
   for (const LinkFit& link : profile->links) {
     const double t = link.Time(std::int64_t{1} << 40);

@@ -81,6 +81,10 @@ class StepCostModel {
   // An idle engine's wake-up: from the message that wakes it to its next iteration, where the
   // model prices it (a host fit that measured it); 0 otherwise.
   virtual Seconds WakeTime() const { return 0; }
+  // What a step takes beyond StepTime after its instance sat idle for `idle_s` (its previous
+  // step ended that long before this one began), where the model prices it (a profile whose
+  // calibration timed it: models/step_profile.h's AfterIdleFit); 0 otherwise.
+  virtual Seconds AfterIdle(const StepShape& shape, Seconds idle_s) const { return 0; }
 
   // A step's expert-parallel all-to-all: the bytes each GPU sends (dispatch and combine, every
   // MoE layer) and what moving them at the link's full bandwidth takes, the part of StepTime

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <tuple>
 #include <utility>
 
 #include "common/json_util.h"
@@ -248,6 +249,41 @@ Result<HostFit> ParseHostFit(const json& obj, const std::string& where) {
   if (!wakes) return wakes.status();
   host.wakes = static_cast<int>(*wakes);
   return host;
+}
+
+json AfterIdleFitToJson(const AfterIdleFit& fit) {
+  return {{"idle_s", fit.idle_s},
+          {"prefill_s", fit.prefill_s},
+          {"decode_s", fit.decode_s},
+          {"repeats", fit.repeats}};
+}
+
+Result<AfterIdleFit> ParseAfterIdleFit(const json& obj, const std::string& where) {
+  if (!obj.is_object()) return Status::Error(where + ": must be an object");
+  constexpr std::size_t kMaxSpells = 32;
+  AfterIdleFit fit;
+  for (auto [key, out, lo, range] : {std::tuple{"idle_s", &fit.idle_s, kIdleGap, "[0.001, 3600]"},
+                                     std::tuple{"prefill_s", &fit.prefill_s, 0.0, "[0, 3600]"},
+                                     std::tuple{"decode_s", &fit.decode_s, 0.0, "[0, 3600]"}}) {
+    if (!JsonHas(obj, key) || !obj[key].is_array() || obj[key].empty() ||
+        obj[key].size() > kMaxSpells)
+      return FieldError(where, key,
+                        "must be an array of 1 to " + std::to_string(kMaxSpells) + " times");
+    for (const json& v : obj[key]) {
+      if (!v.is_number() || !(v.get<double>() >= lo) || v.get<double>() > kMaxStepSeconds)
+        return FieldError(where, key, std::string("must hold seconds in ") + range);
+      out->push_back(v.get<double>());
+    }
+  }
+  for (std::size_t i = 1; i < fit.idle_s.size(); ++i)
+    if (!(fit.idle_s[i] > fit.idle_s[i - 1]))
+      return FieldError(where, "idle_s", "must be ascending");
+  if (fit.prefill_s.size() != fit.idle_s.size() || fit.decode_s.size() != fit.idle_s.size())
+    return Status::Error(where + ": prefill_s and decode_s must have a time for each of idle_s");
+  auto repeats = JsonIntIn(obj, "repeats", 1, 1000, where);
+  if (!repeats) return repeats.status();
+  fit.repeats = static_cast<int>(*repeats);
+  return fit;
 }
 
 json FrontendFitToJson(const FrontendFit& frontend) {
@@ -562,6 +598,7 @@ json StepProfileToJson(const StepProfile& profile) {
   }
   if (profile.host) doc["host"] = HostFitToJson(*profile.host);
   if (profile.frontend) doc["frontend"] = FrontendFitToJson(*profile.frontend);
+  if (profile.after_idle) doc["after_idle"] = AfterIdleFitToJson(*profile.after_idle);
   return doc;
 }
 
@@ -675,6 +712,11 @@ Result<StepProfile> ParseStepProfile(const json& doc, const std::string& where) 
     if (!frontend) return frontend.status();
     profile.frontend = *frontend;
   }
+  if (JsonHas(doc, "after_idle")) {
+    auto after_idle = ParseAfterIdleFit(doc["after_idle"], where + ": after_idle");
+    if (!after_idle) return after_idle.status();
+    profile.after_idle = std::move(*after_idle);
+  }
   return profile;
 }
 
@@ -737,8 +779,21 @@ Seconds HostFit::Predict(const HostCounts& c) const {
   return t;
 }
 
-FittedCostModel::FittedCostModel(StepFit fit, std::optional<HostFit> host)
-    : fit_(std::move(fit)), host_(std::move(host)) {
+Seconds AfterIdleFit::Extra(ShapeClass c, Seconds idle) const {
+  const std::vector<Seconds>& extra = c == ShapeClass::kDecode ? decode_s : prefill_s;
+  if (idle < kIdleGap || idle_s.empty()) return 0;
+  if (idle <= idle_s.front()) return extra.front() * idle / idle_s.front();
+  for (std::size_t i = 1; i < idle_s.size(); ++i) {
+    if (idle > idle_s[i]) continue;
+    const double at = std::log(idle / idle_s[i - 1]) / std::log(idle_s[i] / idle_s[i - 1]);
+    return extra[i - 1] + at * (extra[i] - extra[i - 1]);
+  }
+  return extra.back();
+}
+
+FittedCostModel::FittedCostModel(StepFit fit, std::optional<HostFit> host,
+                                 std::optional<AfterIdleFit> after_idle)
+    : fit_(std::move(fit)), host_(std::move(host)), after_idle_(std::move(after_idle)) {
   for (std::size_t c = 0; c < kShapeClasses; ++c) {
     DUET_CHECK(!fit_.pieces[c].empty());
     DUET_CHECK(fit_.split_rows[c] == 0 || !fit_.pieces_above[c].empty());
@@ -749,6 +804,12 @@ Seconds FittedCostModel::StepTime(const StepShape& shape) const {
   // Measured steps verify no drafts: a cluster file refuses speculative decoding with a fit.
   DUET_CHECK(shape.decode_draft_tokens == 0);
   return fit_.Predict(FeaturesOf(shape));
+}
+
+Seconds FittedCostModel::AfterIdle(const StepShape& shape, Seconds idle_s) const {
+  if (!after_idle_ || idle_s < kIdleGap) return 0;
+  const StepFeatures f = FeaturesOf(shape);
+  return f.empty() ? 0 : after_idle_->Extra(ClassOf(f), idle_s);
 }
 
 Seconds FittedCostModel::HostTime(const HostCounts& counts) const {

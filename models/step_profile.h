@@ -168,16 +168,35 @@ struct FrontendFit {
   }
 };
 
+// A forward pass after its engine sat idle runs longer than in a run of steps: on the development
+// VM a one-row decode step 1.1x after 50 ms asleep and 1.9x after a second, a prefill pass some
+// 13-20 ms longer (docs/validation.md, bench/step_order.sh): caches and the core's speed come
+// back from the idle spell. `duet calibrate` times a prefill and a decode step right after
+// sleeping each of `idle_s` against the same step in a run of itself; the simulator adds the
+// difference to a step that follows an idle spell of its instance, interpolated (linear in the
+// logarithm of the spell between the spells timed, from nothing at none, the longest's beyond
+// it). A mixed step is priced as a prefill.
+inline constexpr Seconds kIdleGap = 1e-3;  // an instance idle this long or longer before a step
+struct AfterIdleFit {
+  std::vector<Seconds> idle_s;     // the spells timed, ascending, each at least kIdleGap
+  std::vector<Seconds> prefill_s;  // a prefill pass's extra time after each (median; at least 0)
+  std::vector<Seconds> decode_s;   // a decode step's
+  int repeats = 0;                 // times each was timed
+  // The extra time of a step of class `c` after `idle` seconds idle (0 below kIdleGap).
+  Seconds Extra(ShapeClass c, Seconds idle) const;
+};
+
 struct StepProfile {
   std::string device;         // what ran the steps: "cpu", "cuda", "h100-sxm (aiconfigurator)"
   nlohmann::json source;      // provenance: tool, version, command, date, host (an object)
   ModelSpec model;            // the model the steps ran
   std::vector<StepFit> fits;  // one per TP degree
   std::vector<StepMeasurement> measurements;
-  std::vector<LinkFit> links;           // one per transport timed; none when none was
-  std::optional<HostFit> host;          // the engine's host time, when calibrated on a step log
-  std::optional<FrontendFit> frontend;  // the server's frontend time, when calibrate timed it
-  const StepFit* FitFor(int tp) const;  // nullptr when none
+  std::vector<LinkFit> links;              // one per transport timed; none when none was
+  std::optional<HostFit> host;             // the engine's host time, when calibrated on a step log
+  std::optional<FrontendFit> frontend;     // the server's frontend time, when calibrate timed it
+  std::optional<AfterIdleFit> after_idle;  // a step after an idle spell, when calibrate timed it
+  const StepFit* FitFor(int tp) const;     // nullptr when none
   const LinkFit* LinkFor(std::string_view transport) const;  // nullptr when none
 };
 
@@ -220,18 +239,21 @@ std::optional<std::string> ArchitectureMismatch(const ModelSpec& measured, const
 // consulted), and the host fit when the profile has one. Pure and allocation-free per call.
 class FittedCostModel : public StepCostModel {
  public:
-  explicit FittedCostModel(StepFit fit, std::optional<HostFit> host = std::nullopt);
+  explicit FittedCostModel(StepFit fit, std::optional<HostFit> host = std::nullopt,
+                           std::optional<AfterIdleFit> after_idle = std::nullopt);
   Seconds StepTime(const StepShape& shape) const override;
   void AppendDecodeRunEnds(StepShape shape, int steps, Seconds start,
                            std::vector<Seconds>* ends) const override;
   bool PricesHost() const override { return host_.has_value(); }
   Seconds HostTime(const HostCounts& counts) const override;
   Seconds WakeTime() const override { return host_ ? host_->wake_s : 0; }
+  Seconds AfterIdle(const StepShape& shape, Seconds idle_s) const override;
   const StepFit& fit() const { return fit_; }
 
  private:
   StepFit fit_;
   std::optional<HostFit> host_;
+  std::optional<AfterIdleFit> after_idle_;
 };
 
 }  // namespace duet::models

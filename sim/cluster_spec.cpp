@@ -312,7 +312,7 @@ std::unique_ptr<models::StepCostModel> MakeStepCostModel(const ClusterSpec& clus
   if (const models::StepProfile* profile = cluster.cost_model.profile.get()) {
     const models::StepFit* fit = profile->FitFor(instance.tp);
     DUET_CHECK(fit);  // CheckProfileFits
-    return std::make_unique<models::FittedCostModel>(*fit, profile->host);
+    return std::make_unique<models::FittedCostModel>(*fit, profile->host, profile->after_idle);
   }
   models::RooflineOptions roofline = cluster.cost_model.roofline;
   roofline.tp = instance.tp;

@@ -6,6 +6,7 @@
 #include <numeric>
 #include <set>
 #include <string>
+#include <thread>
 
 #include "models/step_profile.h"
 
@@ -142,6 +143,30 @@ Seconds StepTimer::Time(const models::StepShape& s) {
 Seconds StepTimer::TimeInARun(const models::StepShape& s) {
   Time(s);
   return Time(s);
+}
+
+std::vector<Seconds> StepTimer::TimeAfterIdle(const models::StepShape& shape,
+                                              std::span<const Seconds> spells, int repeats) {
+  std::vector<std::vector<Seconds>> extra(spells.size());
+  for (int r = 0; r < repeats; ++r) {
+    for (std::size_t i = 0; i < spells.size(); ++i) {
+      const Seconds steady = TimeInARun(shape);
+      std::this_thread::sleep_for(std::chrono::duration<double>(spells[i]));
+      extra[i].push_back(Time(shape) - steady);
+    }
+  }
+  std::vector<Seconds> out;
+  for (std::vector<Seconds>& e : extra) {
+    auto mid = e.begin() + static_cast<std::ptrdiff_t>(e.size() / 2);
+    std::nth_element(e.begin(), mid, e.end());
+    out.push_back(e.empty() ? 0 : std::max<Seconds>(0, *mid));
+  }
+  return out;
+}
+
+AfterIdleShapes AfterIdleShapesFor(const SweepLimits& limits) {
+  return {{{{std::min<Tokens>(256, limits.max_tokens), 0}}, 0, 0},
+          {{}, 1, std::min<Tokens>(256, limits.max_context)}};
 }
 
 void StepTimer::Build(const models::StepShape& s) {

@@ -2,7 +2,9 @@
 // runs one shape's forward pass. The fit is models/step_fit.h.
 #pragma once
 
+#include <array>
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "backend/engine/forward_model.h"
@@ -32,6 +34,17 @@ struct SweepLimits {
 // contexts.
 std::vector<models::StepShape> CalibrationShapes(const SweepLimits& limits);
 
+// The idle spells `duet calibrate` times a step after (models::AfterIdleFit), in seconds: a
+// live engine sits idle between bursts, and a CPU pass after a spell of a second ran 1.9x on the
+// development VM (docs/validation.md).
+inline constexpr std::array<Seconds, 4> kIdleSpells = {0.01, 0.1, 0.3, 1.0};
+// The shapes timed after them: one prefill chunk of min(256, max_tokens) tokens at no context,
+// and a one-row decode step at min(256, max_context) tokens of context.
+struct AfterIdleShapes {
+  models::StepShape prefill, decode;
+};
+AfterIdleShapes AfterIdleShapesFor(const SweepLimits& limits);
+
 // The KV transfers `duet calibrate --transport` times, in blocks: 1, 2, 3, 4, 6, 8, 12, ...
 // (powers of two and halfway between) up to max_blocks, which is always among them. Ascending.
 std::vector<std::int64_t> TransferBlockCounts(std::int64_t max_blocks);
@@ -52,6 +65,11 @@ class StepTimer {
   // step up to 1.5 times after a 1,024-token prefill on the development VM,
   // bench/step_order.sh), so a sweep in a fixed order would time each shape by its predecessor.
   Seconds TimeInARun(const models::StepShape& shape);
+  // What a pass of `shape` takes beyond its time in a run right after sleeping each of `spells`:
+  // per spell, the median over `repeats` of the pass after the spell less the pass just before
+  // it (in a run), at least 0; in `repeats` passes over the spells.
+  std::vector<Seconds> TimeAfterIdle(const models::StepShape& shape,
+                                     std::span<const Seconds> spells, int repeats);
 
  private:
   void Build(const models::StepShape& shape);

@@ -390,6 +390,7 @@ StepProfile SampleProfile() {
   host.wakes = 37;
   p.host = host;
   p.frontend = FrontendFit{3e-5, 2e-8, 1200, {6, 1.5, 2, 3}};
+  p.after_idle = AfterIdleFit{{0.01, 0.1, 1}, {0.002, 0.01, 0.02}, {0.001, 0.002, 0.008}, 3};
   return p;
 }
 
@@ -428,6 +429,9 @@ TEST(StepProfileTest, ProfilesSurviveTheRoundTrip) {
   ASSERT_TRUE(back->frontend);
   EXPECT_DOUBLE_EQ(back->frontend->Predict(1000), 3e-5 + 1000 * 2e-8);
   EXPECT_EQ(back->frontend->requests, 1200);
+  ASSERT_TRUE(back->after_idle);
+  EXPECT_EQ(back->after_idle->decode_s, p.after_idle->decode_s);
+  EXPECT_EQ(back->after_idle->repeats, 3);
   EXPECT_FALSE(ArchitectureMismatch(back->model, Model("tiny-test")));
   EXPECT_EQ(ArchitectureMismatch(back->model, Model("llama-3.2-1b")).value_or(""),
             "num_hidden_layers: 2 vs 16");
@@ -548,6 +552,19 @@ TEST(StepProfileTest, MalformedProfilesAreErrorsNamingTheField) {
       {[](json& j) { j["frontend"]["requests"] = 0.5; }, "frontend: field 'requests'"},
       {[](json& j) { j["frontend"]["training_error"]["max_pct"] = "x"; },
        "frontend: training_error: field 'max_pct'"},
+      {[](json& j) { j["after_idle"] = 1; }, "p.json: after_idle: must be an object"},
+      {[](json& j) {
+         j["after_idle"]["idle_s"] = {0.1, 0.01, 1};
+       },
+       "after_idle: field 'idle_s' must be ascending"},
+      {[](json& j) { j["after_idle"]["idle_s"][0] = 1e-4; },
+       "after_idle: field 'idle_s' must hold seconds in [0.001, 3600]"},
+      {[](json& j) { j["after_idle"]["decode_s"][1] = -1e-3; },
+       "after_idle: field 'decode_s' must hold seconds in [0, 3600]"},
+      {[](json& j) { j["after_idle"]["prefill_s"] = json::array(); }, "field 'prefill_s'"},
+      {[](json& j) { j["after_idle"]["prefill_s"].push_back(0.03); },
+       "after_idle: prefill_s and decode_s must have a time for each of idle_s"},
+      {[](json& j) { j["after_idle"].erase("repeats"); }, "after_idle: field 'repeats'"},
   };
   for (const Case& c : cases) {
     json doc = good;
@@ -707,6 +724,58 @@ TEST(HostFitTest, TooFewOrTimelessIterationsAreErrors) {
   ASSERT_FALSE(fit.ok());
   EXPECT_NE(fit.error().find("no time outside their forward passes"), std::string::npos)
       << fit.error();
+}
+
+// A step after an idle spell: nothing below kIdleGap, a line from nothing at none to the first
+// spell's time, linear in the spell's logarithm between spells, the longest's beyond it; a mixed
+// step as a prefill; a fitted cost model adds it to a step of a profile that has it.
+TEST(AfterIdleFitTest, InterpolatesInTheSpellsLogarithm) {
+  const AfterIdleFit fit{{0.01, 0.1, 1}, {0.002, 0.01, 0.02}, {0.001, 0.002, 0.008}, 3};
+  EXPECT_EQ(fit.Extra(ShapeClass::kDecode, 0.0009), 0);
+  EXPECT_DOUBLE_EQ(fit.Extra(ShapeClass::kDecode, 0.005), 0.0005);
+  EXPECT_DOUBLE_EQ(fit.Extra(ShapeClass::kDecode, 0.1), 0.002);
+  EXPECT_NEAR(fit.Extra(ShapeClass::kDecode, std::sqrt(0.1)), 0.005, 1e-12);  // halfway
+  EXPECT_NEAR(fit.Extra(ShapeClass::kPrefill, std::sqrt(0.001)), 0.006, 1e-12);
+  EXPECT_EQ(fit.Extra(ShapeClass::kMixed, 0.1), fit.Extra(ShapeClass::kPrefill, 0.1));
+  EXPECT_EQ(fit.Extra(ShapeClass::kDecode, 3600), 0.008);
+  const StepProfile p = SampleProfile();
+  const FittedCostModel priced(p.fits[0], std::nullopt, fit), plain(p.fits[0]);
+  const StepShape decode{{}, 2, 512}, prefill{{{64, 0}}, 0, 0}, empty{};
+  EXPECT_DOUBLE_EQ(priced.AfterIdle(decode, 0.1), 0.002);
+  EXPECT_DOUBLE_EQ(priced.AfterIdle(prefill, 1), 0.02);
+  EXPECT_EQ(priced.AfterIdle(empty, 1), 0);
+  EXPECT_EQ(plain.AfterIdle(decode, 1), 0);
+  EXPECT_EQ(priced.StepTime(decode), plain.StepTime(decode));
+}
+
+// What a pass takes after an idle spell beyond its time in a run: here a model that sleeps
+// 30 ms before a pass that comes 50 ms or more after the one before it.
+TEST(CalibrationSweepTest, APassAfterAnIdleSpellIsTimedAgainstItselfInARun) {
+  backend::TempDir dir;
+  ASSERT_TRUE(backend::WriteTestModel(dir.path(), {}).ok());
+  auto loaded = backend::LoadModelDir(dir.path());
+  ASSERT_TRUE(loaded.ok()) << loaded.error();
+  backend::CpuModelOptions options;
+  options.num_blocks = 8;
+  options.threads = 1;
+  auto cpu = backend::CpuModel::Create(std::move(*loaded), options);
+  ASSERT_TRUE(cpu.ok()) << cpu.error();
+  std::chrono::steady_clock::time_point last{};
+  backend::FaultInjectingModel model(std::move(*cpu),
+                                     [&](std::int64_t, std::span<const backend::SequenceChunk>) {
+                                       const auto now = std::chrono::steady_clock::now();
+                                       if (now - last >= std::chrono::milliseconds(50))
+                                         std::this_thread::sleep_for(std::chrono::milliseconds(30));
+                                       last = std::chrono::steady_clock::now();
+                                       return backend::FaultInjectingModel::Fault::kNone;
+                                     });
+  backend::StepTimer timer(model);
+  const std::array<Seconds, 2> spells = {0.01, 0.1};
+  const std::vector<Seconds> extra = timer.TimeAfterIdle({{}, 1, 16}, spells, 3);
+  ASSERT_EQ(extra.size(), 2u);
+  EXPECT_LT(extra[0], 0.01);
+  EXPECT_GT(extra[1], 0.025);
+  EXPECT_LT(extra[1], 0.06);
 }
 
 // A shape timed in a run of its kind: an untimed pass of the same shape, then the timed one, so

@@ -7,9 +7,11 @@
 #include <cmath>
 #include <filesystem>
 #include <functional>
+#include <map>
 #include <set>
 #include <sstream>
 
+#include "backend/calibrate/step_sweep.h"
 #include "models/step_profile.h"
 #include "policies/step_log.h"
 #include "tests/common/shared_traces.h"
@@ -80,19 +82,60 @@ TEST_F(CalibrateTest, MeasuresTheCpuBackendAndTheSimulatorRunsFromTheProfile) {
   }
   EXPECT_EQ(held_out, profile->fits[0].held_out[0].shapes + profile->fits[0].held_out[1].shapes +
                           profile->fits[0].held_out[2].shapes);
+  // A step after each idle spell, timed and printed.
+  ASSERT_TRUE(profile->after_idle);
+  const models::AfterIdleFit& idle = *profile->after_idle;
+  EXPECT_EQ(idle.idle_s,
+            std::vector<Seconds>(backend::kIdleSpells.begin(), backend::kIdleSpells.end()));
+  EXPECT_EQ(idle.prefill_s.size(), idle.idle_s.size());
+  EXPECT_EQ(idle.repeats, 3);
+  EXPECT_TRUE(ContainsAll(r.out, {"after idle: a prefill of ", " tokens took +",
+                                  " ms after 1000 ms; a one-row decode step at "}))
+      << r;
 
   // The simulator prices steps with it: a run whose times follow the profile, not the roofline.
   const std::string fitted = tmp_.File("fitted"), roofline = tmp_.File("roofline");
   const std::string trace = tmp_.Write(
       "trace.jsonl",
       "{\"timestamp\": 0, \"input_length\": 100, \"output_length\": 8, \"hash_ids\": [1]}\n"
-      "{\"timestamp\": 5, \"input_length\": 60, \"output_length\": 8, \"hash_ids\": [2]}\n");
+      "{\"timestamp\": 5000, \"input_length\": 60, \"output_length\": 8, \"hash_ids\": [2]}\n");
   Simulate(fitted, {"--cluster", Cluster({{"kind", "fitted"}, {"profile", profile_path}}),
                     "--trace", trace});
   Simulate(roofline, {"--cluster", Cluster({{"kind", "roofline"}}), "--trace", trace});
   const json a = ReadJson(fitted + "/summary.json"), b = ReadJson(roofline + "/summary.json");
   EXPECT_EQ(a["requests"]["completed"], 2);
   EXPECT_NE(a["ttft_ms"]["mean"], b["ttft_ms"]["mean"]);
+  // A step after an idle spell of its instance (since its last step, or the start) is priced
+  // with what the profile's after_idle says, the others without: the second request's prefill,
+  // nearly 5 s after the first request ended, with what the longest spell took added.
+  json doc = ReadJson(profile_path);
+  doc["after_idle"] = {{"idle_s", {0.01, 1}},
+                       {"prefill_s", {0.002, 0.02}},
+                       {"decode_s", {0.001, 0.01}},
+                       {"repeats", 1}};
+  const std::string idle_profile = tmp_.Write("profile-idle.json", doc.dump());
+  const std::string step_log = tmp_.File("steps.jsonl");
+  Simulate(tmp_.File("after-idle"),
+           {"--cluster", Cluster({{"kind", "fitted"}, {"profile", idle_profile}}), "--trace", trace,
+            "--step-log", step_log});
+  const models::FittedCostModel cost(
+      profile->fits[0], std::nullopt,
+      models::AfterIdleFit{{0.01, 1}, {0.002, 0.02}, {0.001, 0.01}, 1});
+  std::map<int, Seconds> last_end;  // by instance
+  int after_idle = 0, saturated = 0;
+  const Status read =
+      policies::ReadStepLog(ReadFile(step_log), step_log, [&](const policies::StepLogLine& line) {
+        const auto last = last_end.find(line.instance);
+        const Seconds spell = line.start_s - (last == last_end.end() ? 0 : last->second);
+        last_end[line.instance] = line.start_s + line.iteration_s;
+        const Seconds extra = cost.AfterIdle(line.step.shape, spell);
+        EXPECT_NEAR(line.step.seconds, cost.StepTime(line.step.shape) + extra, 1e-9) << spell;
+        after_idle += spell >= models::kIdleGap;
+        saturated += spell > 1 && !line.step.shape.prefill.empty() && extra == 0.02;
+      });
+  ASSERT_TRUE(read.ok()) << read.message();
+  EXPECT_GE(after_idle, 1);
+  EXPECT_EQ(saturated, 1);
 }
 
 // `--transport loopback` times KV transfers between two instances and fits a link; a cluster

@@ -199,6 +199,25 @@ TEST(ValidateStepsTest, SplitsEachClassByWhatItsInstanceRanBefore) {
             std::string::npos)
       << words;
   EXPECT_NE(words.find("; prefill after decode"), std::string::npos) << words;
+
+  // A profile that prices a step after an idle spell (1 ms a step, and an extra from nothing at
+  // none to 1 ms after 10 ms and 10 ms after 1 s of decode): the steps after an idle spell of
+  // their instance, since its last step ended or the run's clock began, are priced with it.
+  models::StepProfile profile;
+  profile.fits.emplace_back();
+  for (auto& pieces : profile.fits[0].pieces) pieces = {models::AffinePiece{{1e-3}}};
+  profile.after_idle = models::AfterIdleFit{{0.01, 1}, {0.002, 0.02}, {0.001, 0.01}, 1};
+  cluster->cost_model.profile = std::make_shared<const models::StepProfile>(profile);
+  steps = AttributeSteps({log}, *cluster, json::object());
+  ASSERT_TRUE(steps.ok()) << steps.error();
+  const json& idle = (*steps)["classes"]["decode"]["after"]["idle"];
+  // Lines 1 (2 ms after the clock began) and 5 (14 ms after line 2 ended).
+  const double priced = 2e-3 + profile.after_idle->Extra(models::ShapeClass::kDecode, 0.002) +
+                        profile.after_idle->Extra(models::ShapeClass::kDecode, 0.014);
+  EXPECT_NEAR(idle["priced_s"].get<double>(), priced, 1e-12) << idle;
+  EXPECT_GT(priced, 2e-3 + 1e-3);
+  EXPECT_NEAR((*steps)["classes"]["decode"]["after"]["decode"]["priced_s"].get<double>(), 1e-3,
+              1e-12);
 }
 
 // Lines with their passes' CPU time: each sum gets the share of its passes' time on a core and

@@ -84,12 +84,37 @@ std::int64_t PromptTokens(const std::string& requests_csv) {
   return total;
 }
 
+// What the profile adds to the price of a live step after an idle spell of its instance: one
+// of 1 ms or more since its previous iteration ended in the log (or since the run's clock
+// began, before its first), priced by the profile's after_idle; 0 otherwise.
+class AfterIdlePrices {
+ public:
+  explicit AfterIdlePrices(const models::StepProfile& profile)
+      : cost_(profile.fits.at(0), std::nullopt, profile.after_idle) {}
+  double Of(const json& line, const models::StepShape& shape) {
+    const int instance = line["instance"].get<int>();
+    const double start = line["start_s"].get<double>();
+    const auto last = last_end_.find(instance);
+    const double spell = start - (last == last_end_.end() ? 0 : last->second);
+    last_end_[instance] = start + line["iteration_s"].get<double>();
+    return spell >= models::kIdleGap ? cost_.AfterIdle(shape, spell) : 0;
+  }
+
+ private:
+  models::FittedCostModel cost_;
+  std::map<int, double> last_end_;
+};
+
 // The simulation again with its steps priced as they ran live: each class's pieces (and, where
 // the class is split, its pieces above the split apart) scaled by the live forward passes they
-// priced over their price, recomputed here from the step log; the errors of that simulation.
-void ExpectSimulatedAsLive(const json& load, const std::string& dir, const models::StepFit& fit) {
+// priced over their price, recomputed here from the step log, less what the profile adds after
+// idle spells (which the scaled profile adds as it is); the errors of that simulation.
+void ExpectSimulatedAsLive(const json& load, const std::string& dir,
+                           const models::StepProfile& profile) {
   ASSERT_TRUE(load.contains("as_live")) << load;
+  const models::StepFit& fit = profile.fits.at(0);
   std::array<std::array<double, 2>, models::kShapeClasses> forward{}, priced{};  // below, above
+  AfterIdlePrices after_idle(profile);
   std::ifstream in(dir + "/steps.jsonl");
   for (std::string line; std::getline(in, line);) {
     const json doc = json::parse(line);
@@ -98,7 +123,7 @@ void ExpectSimulatedAsLive(const json& load, const std::string& dir, const model
     const models::StepFeatures f = models::FeaturesOf(*shape);
     const auto c = static_cast<std::size_t>(models::ClassOf(f));
     const bool above = fit.split_rows[c] > 0 && f.tokens() >= double(fit.split_rows[c]);
-    forward[c][above] += doc["seconds"].get<double>();
+    forward[c][above] += doc["seconds"].get<double>() - after_idle.Of(doc, *shape);
     priced[c][above] += models::FittedCostModel(fit).StepTime(*shape);
   }
   auto scaled = models::LoadStepProfile(dir + "/profile-as-live.json");
@@ -199,6 +224,8 @@ void ExpectStepsAttributed(const json& load, const std::string& dir,
   double forward_s = 0, priced_s = 0, iteration_s = 0, stream_s = 0, cpu_s = 0;
   std::vector<std::array<double, 3>> by_start;                 // start, forward, priced
   std::map<std::int64_t, std::array<double, 3>> decode_bands;  // rows_from: steps, forward, priced
+  AfterIdlePrices after_idle(profile);
+  double after_idle_s = 0;
   std::ifstream in(step_log);
   for (std::string line; std::getline(in, line);) {
     const json doc = json::parse(line);
@@ -209,7 +236,9 @@ void ExpectStepsAttributed(const json& load, const std::string& dir,
     forward_s += doc["seconds"].get<double>();
     cpu_s += doc["forward_cpu_s"].get<double>();  // every line has it
     iteration_s += doc["iteration_s"].get<double>();
-    const double priced = models::FittedCostModel(fit).StepTime(*shape);
+    const double extra = after_idle.Of(doc, *shape);
+    after_idle_s += extra;
+    const double priced = models::FittedCostModel(fit).StepTime(*shape) + extra;
     priced_s += priced;
     if (shape->prefill.empty()) {  // decode only: bands 1, 2-3, 4-7, ...
       std::int64_t from = 1;
@@ -230,6 +259,10 @@ void ExpectStepsAttributed(const json& load, const std::string& dir,
   EXPECT_NEAR(s["forward_s"].get<double>(), forward_s, 1e-9 * forward_s);
   EXPECT_NEAR(s["priced_s"].get<double>(), priced_s, 1e-9 * priced_s);
   EXPECT_NEAR(s["priced_error_pct"].get<double>(), 100 * (priced_s / forward_s - 1), 1e-6);
+  // The profile prices steps after idle spells (calibrate timed them): the run's first step at
+  // least follows one.
+  ASSERT_TRUE(profile.after_idle);
+  EXPECT_GT(after_idle_s, 0);
   if (load["repeats"] == 1) {  // the one run's is the load's, overall and per class
     ASSERT_EQ(s["priced_error_pct_by_run"].size(), 1u) << s;
     EXPECT_NEAR(s["priced_error_pct_by_run"][0].get<double>(), s["priced_error_pct"].get<double>(),
@@ -466,8 +499,8 @@ TEST_F(ValidateTest, ComparesALiveRunWithTheSimulationAtEachLoad) {
   ExpectStepsAttributed(report["loads"][0], tmp_.File("out/rate-0.5"), *profile, &bands);
   ExpectStepsAttributed(report["loads"][1], tmp_.File("out/rate-2"), *profile, &bands);
   EXPECT_GE(bands.size(), 2u) << "batches of one size only: the bands go untested";
-  ExpectSimulatedAsLive(report["loads"][0], tmp_.File("out/rate-0.5"), profile->fits.at(0));
-  ExpectSimulatedAsLive(report["loads"][1], tmp_.File("out/rate-2"), profile->fits.at(0));
+  ExpectSimulatedAsLive(report["loads"][0], tmp_.File("out/rate-0.5"), *profile);
+  ExpectSimulatedAsLive(report["loads"][1], tmp_.File("out/rate-2"), *profile);
   for (const json& load : report["loads"]) ExpectSchedulesCompared(load);
   EXPECT_TRUE(ContainsAll(r.out, {"schedule at x0.5, ", "schedule at x2, "})) << r;
   ExpectHandedOverAsLive(report["loads"][0], tmp_.File("out/rate-0.5"));
@@ -621,7 +654,7 @@ TEST_F(ValidateTest, ComparesKvTransfersOnAPdCluster) {
   }
   auto profile = models::LoadStepProfile(tmp_.File("profile.json"));
   ASSERT_TRUE(profile.ok()) << profile.error();
-  ExpectSimulatedAsLive(report["loads"][0], tmp_.File("out/rate-1"), profile->fits.at(0));
+  ExpectSimulatedAsLive(report["loads"][0], tmp_.File("out/rate-1"), *profile);
   ExpectBesideOtherInstances(report["loads"][0]);
   EXPECT_TRUE(report["loads"][0]["as_live"]["scales"].contains("decode above split"))
       << "no decode batch of 2 rows or more: the split goes untested";
@@ -736,12 +769,14 @@ TEST_F(ValidateTest, HoldsTheToleranceAtTheLiveRunsSpeedWhenAsked) {
     measured_s += m.Median();
     fits_s += fit.StepTime(m.shape);
   }
+  // The live steps less what the profile adds after idle spells, over the fits' price.
+  AfterIdlePrices after_idle(*profile);
   std::ifstream in(tmp_.File("out/rate-1/steps.jsonl"));
   for (std::string line; std::getline(in, line);) {
     const json step = json::parse(line);
     auto shape = models::ParseStepShape(step, "steps.jsonl");
     ASSERT_TRUE(shape.ok()) << shape.error();
-    live_s += step["seconds"].get<double>();
+    live_s += step["seconds"].get<double>() - after_idle.Of(step, *shape);
     priced_s += fit.StepTime(*shape);
   }
   const json& speed = load["at_live_speed"];
@@ -859,8 +894,13 @@ TEST_F(ValidateTest, SimulatesAgainAgainstTheLiveRunsAlreadyInOut) {
     EXPECT_EQ(b["live_runs"], a["live_runs"]) << name;
     EXPECT_GT(b["simulated"].get<double>(), a["simulated"].get<double>()) << name << " x2 steps";
   }
-  // The live steps priced by the doubled fits: twice the price, the same live time.
-  EXPECT_NEAR(is["steps"]["priced_s"].get<double>(), 2 * was["steps"]["priced_s"].get<double>(),
+  // The live steps priced by the doubled fits: twice the fits' price, the same live time and
+  // the same after idle spells (the profile's after_idle as it was).
+  const double was_idle = was["steps"]["after_idle_s"].get<double>();
+  EXPECT_GT(was_idle, 0);
+  EXPECT_NEAR(is["steps"]["after_idle_s"].get<double>(), was_idle, 1e-12);
+  EXPECT_NEAR(is["steps"]["priced_s"].get<double>() - was_idle,
+              2 * (was["steps"]["priced_s"].get<double>() - was_idle),
               1e-6 * was["steps"]["priced_s"].get<double>());
   EXPECT_EQ(is["steps"]["forward_s"], was["steps"]["forward_s"]);
   EXPECT_TRUE(fs::exists(tmp_.File("out/report.html")));
