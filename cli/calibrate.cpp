@@ -637,8 +637,10 @@ int Calibrate(int argc, char** argv) {
     {
       models::AfterIdleFit& idle = profile.after_idle.emplace();
       idle.idle_s.assign(backend::kIdleSpells.begin(), backend::kIdleSpells.end());
-      idle.prefill_s = timer.TimeAfterIdle(idle_shapes.prefill, backend::kIdleSpells, repeats);
-      idle.decode_s = timer.TimeAfterIdle(idle_shapes.decode, backend::kIdleSpells, repeats);
+      idle.prefill_s = models::FitAfterIdle(
+          timer.TimeAfterIdle(idle_shapes.prefill, backend::kIdleSpells, repeats));
+      idle.decode_s = models::FitAfterIdle(
+          timer.TimeAfterIdle(idle_shapes.decode, backend::kIdleSpells, repeats));
       idle.repeats = repeats;
       auto spells = [&](const std::vector<Seconds>& extra) {
         std::string text;

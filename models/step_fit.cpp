@@ -571,4 +571,23 @@ Result<FrontendFit> FitFrontend(const std::vector<FrontendSample>& samples) {
   return fit;
 }
 
+std::vector<Seconds> FitAfterIdle(const std::vector<Seconds>& medians) {
+  // Blocks of pooled values: their mean and how many they pool, non-decreasing once merged.
+  std::vector<std::pair<double, std::size_t>> blocks;
+  for (const Seconds m : medians) {
+    blocks.emplace_back(std::max<Seconds>(0, m), 1);
+    while (blocks.size() > 1 && blocks[blocks.size() - 2].first > blocks.back().first) {
+      const auto [mean, n] = blocks.back();
+      blocks.pop_back();
+      auto& [before_mean, before_n] = blocks.back();
+      before_mean = (before_mean * static_cast<double>(before_n) + mean * static_cast<double>(n)) /
+                    static_cast<double>(before_n + n);
+      before_n += n;
+    }
+  }
+  std::vector<Seconds> out;
+  for (const auto& [mean, n] : blocks) out.insert(out.end(), n, mean);
+  return out;
+}
+
 }  // namespace duet::models

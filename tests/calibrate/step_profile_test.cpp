@@ -748,6 +748,21 @@ TEST(AfterIdleFitTest, InterpolatesInTheSpellsLogarithm) {
   EXPECT_EQ(priced.StepTime(decode), plain.StepTime(decode));
 }
 
+// The medians after each spell made non-decreasing by pooling the adjacent ones that are not,
+// each at least 0.
+TEST(AfterIdleFitTest, ALongerSpellCostsAtLeastAShorterOne) {
+  auto expect = [](const std::vector<Seconds>& medians, const std::vector<Seconds>& want) {
+    const std::vector<Seconds> got = FitAfterIdle(medians);
+    ASSERT_EQ(got.size(), want.size());
+    for (std::size_t i = 0; i < want.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-15) << i;
+  };
+  expect({0.002, 0.0, 0.009, 0.019}, {0.001, 0.001, 0.009, 0.019});
+  expect({0.004, 0.003, 0.002, 0.01}, {0.003, 0.003, 0.003, 0.01});
+  expect({-0.001, 0.001, 0.001}, {0, 0.001, 0.001});
+  expect({0.001, 0.002}, {0.001, 0.002});
+  expect({}, {});
+}
+
 // What a pass takes after an idle spell beyond its time in a run: here a model that sleeps
 // 30 ms before a pass that comes 50 ms or more after the one before it.
 TEST(CalibrationSweepTest, APassAfterAnIdleSpellIsTimedAgainstItselfInARun) {
