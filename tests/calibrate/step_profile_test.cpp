@@ -763,20 +763,37 @@ TEST(AfterIdleFitTest, ALongerSpellCostsAtLeastAShorterOne) {
   expect({}, {});
 }
 
-// What a pass takes after an idle spell beyond its time in a run: here a model that sleeps
-// 30 ms before a pass that comes 50 ms or more after the one before it.
-TEST(CalibrationSweepTest, APassAfterAnIdleSpellIsTimedAgainstItselfInARun) {
-  backend::TempDir dir;
-  ASSERT_TRUE(backend::WriteTestModel(dir.path(), {}).ok());
+// The test model on one CPU thread, with 8 KV blocks, written into `dir`; null (and the test
+// failed) where it cannot be made.
+std::unique_ptr<backend::ForwardModel> OneThreadTestModel(const backend::TempDir& dir) {
+  if (Status s = backend::WriteTestModel(dir.path(), {}); !s.ok()) {
+    ADD_FAILURE() << s.message();
+    return nullptr;
+  }
   auto loaded = backend::LoadModelDir(dir.path());
-  ASSERT_TRUE(loaded.ok()) << loaded.error();
+  if (!loaded.ok()) {
+    ADD_FAILURE() << loaded.error();
+    return nullptr;
+  }
   backend::CpuModelOptions options;
   options.num_blocks = 8;
   options.threads = 1;
   auto cpu = backend::CpuModel::Create(std::move(*loaded), options);
-  ASSERT_TRUE(cpu.ok()) << cpu.error();
+  if (!cpu.ok()) {
+    ADD_FAILURE() << cpu.error();
+    return nullptr;
+  }
+  return std::move(*cpu);
+}
+
+// What a pass takes after an idle spell beyond its time in a run: here a model that sleeps
+// 30 ms before a pass that comes 50 ms or more after the one before it.
+TEST(CalibrationSweepTest, APassAfterAnIdleSpellIsTimedAgainstItselfInARun) {
+  backend::TempDir dir;
+  std::unique_ptr<backend::ForwardModel> cpu = OneThreadTestModel(dir);
+  ASSERT_TRUE(cpu);
   std::chrono::steady_clock::time_point last{};
-  backend::FaultInjectingModel model(std::move(*cpu),
+  backend::FaultInjectingModel model(std::move(cpu),
                                      [&](std::int64_t, std::span<const backend::SequenceChunk>) {
                                        const auto now = std::chrono::steady_clock::now();
                                        if (now - last >= std::chrono::milliseconds(50))
@@ -798,17 +815,11 @@ TEST(CalibrationSweepTest, APassAfterAnIdleSpellIsTimedAgainstItselfInARun) {
 // 200 ms before the model runs: the times returned are the second passes'.
 TEST(CalibrationSweepTest, AShapeIsTimedRightAfterAnUntimedPassOfItself) {
   backend::TempDir dir;
-  ASSERT_TRUE(backend::WriteTestModel(dir.path(), {}).ok());
-  auto loaded = backend::LoadModelDir(dir.path());
-  ASSERT_TRUE(loaded.ok()) << loaded.error();
-  backend::CpuModelOptions options;
-  options.num_blocks = 8;
-  options.threads = 1;
-  auto cpu = backend::CpuModel::Create(std::move(*loaded), options);
-  ASSERT_TRUE(cpu.ok()) << cpu.error();
+  std::unique_ptr<backend::ForwardModel> cpu = OneThreadTestModel(dir);
+  ASSERT_TRUE(cpu);
   std::vector<std::size_t> rows;  // each pass's chunks, in order
   backend::FaultInjectingModel model(
-      std::move(*cpu), [&](std::int64_t pass, std::span<const backend::SequenceChunk> batch) {
+      std::move(cpu), [&](std::int64_t pass, std::span<const backend::SequenceChunk> batch) {
         rows.push_back(batch.size());
         if (pass % 2 == 0) std::this_thread::sleep_for(std::chrono::milliseconds(200));
         return backend::FaultInjectingModel::Fault::kNone;

@@ -30,6 +30,16 @@ policies::StepLogLine Step(int instance, Seconds start_s, Seconds iteration_s, i
   return line;
 }
 
+// `lines` as one run's step log (in `tmp`), attributed.
+Result<json> AttributeLines(const std::vector<policies::StepLogLine>& lines,
+                            const sim::ClusterSpec& cluster, e2e::TempDir& tmp) {
+  std::string text;
+  for (const policies::StepLogLine& line : lines) text += policies::FormatStepLogLine(line);
+  const std::string log = tmp.File("steps.jsonl");
+  e2e::WriteFile(log, text);
+  return AttributeSteps({log}, cluster, json::object());
+}
+
 TEST(ValidateStepsTest, SplitsTheLiveStepsByWhetherAnotherInstancesRanBeside) {
   auto cluster = sim::LoadClusterSpec("tests/data/1p1d-tiny.json", DUET_SOURCE_DIR);
   ASSERT_TRUE(cluster.ok()) << cluster.error();
@@ -156,12 +166,8 @@ TEST(ValidateStepsTest, SplitsEachClassByWhatItsInstanceRanBefore) {
                                               Step(0, 0.030, 0.010, 0),  Step(1, 0.030, 0.004, 2),
                                               Step(1, 0.0342, 0.0058, 0)};
   lines[6].step.shape.prefill = {{300, 0}};
-  std::string text;
-  for (const policies::StepLogLine& line : lines) text += policies::FormatStepLogLine(line);
   e2e::TempDir tmp;
-  const std::string log = tmp.File("steps.jsonl");
-  e2e::WriteFile(log, text);
-  auto steps = AttributeSteps({log}, *cluster, json::object());
+  auto steps = AttributeLines(lines, *cluster, tmp);
   ASSERT_TRUE(steps.ok()) << steps.error();
   auto expect = [&](const json& part, const std::vector<std::size_t>& which) {
     double forward_s = 0, priced_s = 0;
@@ -208,7 +214,7 @@ TEST(ValidateStepsTest, SplitsEachClassByWhatItsInstanceRanBefore) {
   for (auto& pieces : profile.fits[0].pieces) pieces = {models::AffinePiece{{1e-3}}};
   profile.after_idle = models::AfterIdleFit{{0.01, 1}, {0.002, 0.02}, {0.001, 0.01}, 1};
   cluster->cost_model.profile = std::make_shared<const models::StepProfile>(profile);
-  steps = AttributeSteps({log}, *cluster, json::object());
+  steps = AttributeLines(lines, *cluster, tmp);
   ASSERT_TRUE(steps.ok()) << steps.error();
   const json& idle = (*steps)["classes"]["decode"]["after"]["idle"];
   // Lines 1 (2 ms after the clock began) and 5 (14 ms after line 2 ended).
@@ -232,13 +238,9 @@ TEST(ValidateStepsTest, PricesThePassesAgainstTheirTimeOnACore) {
   lines[0].forward_cpu_s = 0.005;   // the prefill pass on its core throughout
   lines[1].forward_cpu_s = 0.001;   // 4 rows: half of the pass preempted
   lines[2].forward_cpu_s = 0.004;   // 1 row: 4 of 5 ms
-  lines[3].forward_cpu_s = 0.0015;  // 5 rows: 1.5 of 2 ms
-  std::string text;                 // lines[4]: no CPU time
-  for (const policies::StepLogLine& line : lines) text += policies::FormatStepLogLine(line);
+  lines[3].forward_cpu_s = 0.0015;  // 5 rows: 1.5 of 2 ms; lines[4]: no CPU time
   e2e::TempDir tmp;
-  const std::string log = tmp.File("steps.jsonl");
-  e2e::WriteFile(log, text);
-  auto steps = AttributeSteps({log}, *cluster, json::object());
+  auto steps = AttributeLines(lines, *cluster, tmp);
   ASSERT_TRUE(steps.ok()) << steps.error();
   auto price = [&](const policies::StepLogLine& l) {
     return sim::MakeStepCostModel(*cluster, static_cast<std::size_t>(l.instance))
@@ -277,8 +279,7 @@ TEST(ValidateStepsTest, PricesThePassesAgainstTheirTimeOnACore) {
   // Logs without CPU time have none of it.
   lines.resize(1);
   lines[0].forward_cpu_s.reset();
-  e2e::WriteFile(log, policies::FormatStepLogLine(lines[0]));
-  steps = AttributeSteps({log}, *cluster, json::object());
+  steps = AttributeLines(lines, *cluster, tmp);
   ASSERT_TRUE(steps.ok()) << steps.error();
   EXPECT_FALSE(steps->contains("on_cpu"));
   EXPECT_FALSE((*steps)["classes"]["prefill"].contains("on_cpu"));
