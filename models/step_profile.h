@@ -179,7 +179,7 @@ struct FrontendFit {
 inline constexpr Seconds kIdleGap = 1e-3;  // an instance idle this long or longer before a step
 struct AfterIdleFit {
   std::vector<Seconds> idle_s;     // the spells timed, ascending, each at least kIdleGap
-  std::vector<Seconds> prefill_s;  // a prefill pass's extra time after each (median; at least 0)
+  std::vector<Seconds> prefill_s;  // a prefill pass's extra time after each (FitAfterIdle's)
   std::vector<Seconds> decode_s;   // a decode step's
   int repeats = 0;                 // times each was timed
   // The extra time of a step of class `c` after `idle` seconds idle (0 below kIdleGap).
