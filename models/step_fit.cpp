@@ -571,11 +571,11 @@ Result<FrontendFit> FitFrontend(const std::vector<FrontendSample>& samples) {
   return fit;
 }
 
-std::vector<Seconds> FitAfterIdle(const std::vector<Seconds>& medians) {
-  // Blocks of pooled values: their mean and how many they pool, non-decreasing once merged.
+std::vector<Seconds> FitAfterIdle(const std::vector<std::vector<Seconds>>& extras) {
+  // Blocks of pooled medians: their mean and how many they pool, non-decreasing once merged.
   std::vector<std::pair<double, std::size_t>> blocks;
-  for (const Seconds m : medians) {
-    blocks.emplace_back(std::max<Seconds>(0, m), 1);
+  for (const std::vector<Seconds>& e : extras) {
+    blocks.emplace_back(std::max<Seconds>(0, MedianOf(e)), 1);
     while (blocks.size() > 1 && blocks[blocks.size() - 2].first > blocks.back().first) {
       const auto [mean, n] = blocks.back();
       blocks.pop_back();

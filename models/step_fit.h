@@ -62,11 +62,12 @@ struct FrontendSample {
 // (the relative error minimised, both coefficients at least 0). Errors: fewer than 2 lengths.
 Result<FrontendFit> FitFrontend(const std::vector<FrontendSample>& samples);
 
-// A step's extra time after each idle spell (AfterIdleFit), from the median extra after each
-// (ascending spells): the closest non-decreasing sequence by least squares (pooling adjacent
-// violators), each at least 0. A longer spell leaves caches and the core at least as cold, so a
-// shorter spell's median above a longer one's is the timing's noise (with 3 repeats on the
-// development VM, a prefill read +2.2 ms after 10 ms and +0.0 ms after 100 ms).
-std::vector<Seconds> FitAfterIdle(const std::vector<Seconds>& medians);
+// A step's extra time after each idle spell (AfterIdleFit), from its timings after each
+// (ascending spells, every repeat): the medians made the closest non-decreasing sequence by
+// least squares (pooling adjacent violators), each at least 0. A longer spell leaves caches and
+// the core at least as cold, so a shorter spell's median above a longer one's is the timing's
+// noise (with 3 repeats on the development VM, a prefill read +2.2 ms after 10 ms and +0.0 ms
+// after 100 ms).
+std::vector<Seconds> FitAfterIdle(const std::vector<std::vector<Seconds>>& extras);
 
 }  // namespace duet::models

@@ -467,7 +467,9 @@ ShapeClass ClassOf(const StepFeatures& f) {
   return f.prefill_chunks > 0 ? ShapeClass::kPrefill : ShapeClass::kDecode;
 }
 
-Seconds StepMeasurement::Median() const { return Percentile(seconds, 0.5); }
+Seconds MedianOf(std::vector<Seconds> seconds) { return Percentile(std::move(seconds), 0.5); }
+
+Seconds StepMeasurement::Median() const { return MedianOf(seconds); }
 
 Seconds TransferMeasurement::Median() const { return Percentile(seconds, 0.5); }
 

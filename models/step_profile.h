@@ -200,6 +200,10 @@ struct StepProfile {
   const LinkFit* LinkFor(std::string_view transport) const;  // nullptr when none
 };
 
+// The median of some times (interpolated between the middle two of an even count; 0 for none),
+// as StepMeasurement::Median takes it.
+Seconds MedianOf(std::vector<Seconds> seconds);
+
 // Relative errors (percent) summarised: their count, mean, p90 and max.
 FitError SummarizeErrors(const std::vector<double>& pct);
 

@@ -145,8 +145,9 @@ Seconds StepTimer::TimeInARun(const models::StepShape& s) {
   return Time(s);
 }
 
-std::vector<Seconds> StepTimer::TimeAfterIdle(const models::StepShape& shape,
-                                              std::span<const Seconds> spells, int repeats) {
+std::vector<std::vector<Seconds>> StepTimer::TimeAfterIdle(const models::StepShape& shape,
+                                                           std::span<const Seconds> spells,
+                                                           int repeats) {
   std::vector<std::vector<Seconds>> extra(spells.size());
   for (int r = 0; r < repeats; ++r) {
     for (std::size_t i = 0; i < spells.size(); ++i) {
@@ -155,13 +156,7 @@ std::vector<Seconds> StepTimer::TimeAfterIdle(const models::StepShape& shape,
       extra[i].push_back(Time(shape) - steady);
     }
   }
-  std::vector<Seconds> out;
-  for (std::vector<Seconds>& e : extra) {
-    auto mid = e.begin() + static_cast<std::ptrdiff_t>(e.size() / 2);
-    std::nth_element(e.begin(), mid, e.end());
-    out.push_back(e.empty() ? 0 : std::max<Seconds>(0, *mid));
-  }
-  return out;
+  return extra;
 }
 
 AfterIdleShapes AfterIdleShapesFor(const SweepLimits& limits) {

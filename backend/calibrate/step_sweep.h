@@ -66,10 +66,10 @@ class StepTimer {
   // bench/step_order.sh), so a sweep in a fixed order would time each shape by its predecessor.
   Seconds TimeInARun(const models::StepShape& shape);
   // What a pass of `shape` takes beyond its time in a run right after sleeping each of `spells`:
-  // per spell, the median over `repeats` of the pass after the spell less the pass just before
-  // it (in a run), at least 0; in `repeats` passes over the spells.
-  std::vector<Seconds> TimeAfterIdle(const models::StepShape& shape,
-                                     std::span<const Seconds> spells, int repeats);
+  // per spell, each of `repeats` passes over the spells' pass after the spell less the pass just
+  // before it (in a run). models::FitAfterIdle fits them.
+  std::vector<std::vector<Seconds>> TimeAfterIdle(const models::StepShape& shape,
+                                                  std::span<const Seconds> spells, int repeats);
 
  private:
   void Build(const models::StepShape& shape);

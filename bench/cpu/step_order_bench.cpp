@@ -1,10 +1,10 @@
 // What a CPU forward pass's time owes to what the engine did just before it (issue 44,
-// docs/validation.md): `duet calibrate` times its shapes one after another in a fixed order, so a
-// decode shape may follow a prefill shape there, while a PD decode worker's steps follow decode
-// steps and a prefill worker's often follow an idle spell. Each target shape is timed right after
-// a preceding one (untimed) or after IDLE_MS asleep, the cases interleaved round by round so that
-// the machine's drift falls on all of them alike; prints each case's median and quartiles and
-// its median over the steady case's (the shape after itself).
+// docs/validation.md): `duet calibrate` times each shape in a run of itself and a step after idle
+// spells, while a PD decode worker's steps follow decode steps, a prefill worker's often an idle
+// spell, and a colocated server's decode steps prefill-carrying ones. Each target shape is timed
+// right after a preceding one (untimed) or after IDLE_MS asleep, the cases interleaved round by
+// round so that the machine's drift falls on all of them alike; prints each case's median and
+// quartiles and its median over the steady case's (the shape after itself).
 // Usage: duet_step_order_bench MODEL_DIR [ROUNDS] [THREADS] [IDLE_MS]
 //        (defaults: 15 rounds, 1 thread, 50 ms)
 #include <algorithm>
