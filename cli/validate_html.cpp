@@ -330,6 +330,13 @@ Status WriteValidationHtml(const json& report, const std::vector<Metric>& metric
       "(their medians), so that as many of a burst's requests join a waking engine's step (not "
       "the hand-over's).</p>\n";
   for (const json& load : report["loads"])
+    if (const std::string after = AfterText(load["steps"]); !after.empty())
+      html += "<p>By what ran before at x" + Escape(RateText(load["rate_scale"].get<double>())) +
+              ": the profile prices the live steps, by what their instance ran just before them "
+              "(an idle spell of 1 ms or more, priced with what the profile adds after one, or a "
+              "step of a class), at " +
+              Escape(after) + ".</p>\n";
+  for (const json& load : report["loads"])
     if (const std::string on_cpu = OnCpuText(load["steps"]); !on_cpu.empty())
       html += "<p>On a core at x" + Escape(RateText(load["rate_scale"].get<double>())) + ": " +
               Escape(on_cpu) + ".</p>\n";

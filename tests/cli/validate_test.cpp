@@ -1240,6 +1240,12 @@ TEST_F(ValidateTest, RepeatsTheLiveRunsOfAScaledRealTraceAndStatesTheirSpread) {
   // Which steps ran: the one instance's live, simulated and as-live schedules at the one load.
   EXPECT_EQ(count("<h2>Which steps ran</h2>"), 1u);
   EXPECT_EQ(count("<p>Sensitivity at x1: with the steps priced x1.05, "), 1u);
+  // The steps by what ran before them, as stdout gives them.
+  const std::string before = r.out.substr(r.out.find("by what ran before at x1: "));
+  const std::string after = before.substr(0, before.find('\n'));
+  ASSERT_NE(after.find(" at decode after "), std::string::npos) << r;
+  EXPECT_EQ(count("<p>By what ran before at x1: "), 1u);
+  EXPECT_EQ(count(after.substr(after.find(" at decode after ")) + ".</p>"), 1u) << after;
   for (const char* world : {"<td>live</td>", "<td>simulated</td>", "<td>simulated_as_live</td>"})
     EXPECT_EQ(count(world), 1u) << world;
   for (const char* external : {"<script", "src=", "href=", "@import"})
