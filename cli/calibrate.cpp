@@ -113,8 +113,11 @@ void PrintFit(const models::StepFit& fit) {
 // Times KV transfers of 1 to `max_blocks` blocks of `block_bytes` (TransferBlockCounts) from a
 // prefill instance's KV region to a decode instance's through `options`' transport, as a PD
 // `duet serve` in one process places them (the prefill side's memory from the transport's
-// allocator, the decode side's on the heap): `repeats` passes over every size, each transfer
-// from Post to the poll that sees it done. Then fits the link.
+// allocator, the decode side's on the heap): `repeats` passes over every size, at least
+// kMinTransferPasses, each transfer from Post to the poll that sees it done. Then fits the link.
+// A small transfer takes a microsecond or two on loopback, where one cache miss or preemption in
+// a median of two can tip the fitted line over (no bandwidth to fit); the passes cost little
+// beside the step shapes'.
 // Each transfer moves the blocks after the previous one's, around a ring of at least 256 MiB a
 // side, so that what it reads and writes is out of the CPU's caches, as the KV of a prefill
 // step is by the time it is pulled (the step streamed the weights after writing the first
@@ -123,6 +126,8 @@ void PrintFit(const models::StepFit& fit) {
 // Before the timed passes the whole ring moves once, untimed: over shared memory a puller's
 // first read of each page of the peer's region page-faults (UCX maps the peer's segment into
 // the puller), which a server pays once per page of its peer's KV pool.
+constexpr int kMinTransferPasses = 9;
+
 std::int64_t TransferRingBlocks(std::int64_t block_bytes, std::int64_t max_blocks) {
   constexpr std::int64_t kRingBytes = std::int64_t{256} << 20;
   return std::max(2 * max_blocks, (kRingBytes + block_bytes - 1) / block_bytes);
@@ -134,6 +139,7 @@ Result<models::LinkFit> TimeTransport(const std::string& name,
                                       int repeats, bool progress) {
   const std::int64_t ring = TransferRingBlocks(block_bytes, max_blocks);
   const std::int64_t bytes = block_bytes * ring;
+  const int passes = std::max(repeats, kMinTransferPasses);
   const backend::KvAllocator allocate = backend::KvTransportAllocator(options);
   std::unique_ptr<backend::KvMemory> src;
   if (allocate) {
@@ -180,7 +186,7 @@ Result<models::LinkFit> TimeTransport(const std::string& name,
     if (auto t = move(max_blocks); !t) return t.status();
   }
   std::vector<models::TransferMeasurement> ms(counts.size());
-  for (int pass = 0; pass < repeats; ++pass) {
+  for (int pass = 0; pass < passes; ++pass) {
     for (std::size_t i = 0; i < counts.size(); ++i) {
       ms[i].bytes = counts[i] * block_bytes;
       auto t = move(counts[i]);
@@ -188,8 +194,8 @@ Result<models::LinkFit> TimeTransport(const std::string& name,
       ms[i].seconds.push_back(*t);
       if (progress)
         DrawProgress(static_cast<std::size_t>(pass) * counts.size() + i + 1,
-                     counts.size() * static_cast<std::size_t>(repeats),
-                     name + ": pass " + std::to_string(pass + 1) + "/" + std::to_string(repeats));
+                     counts.size() * static_cast<std::size_t>(passes),
+                     name + ": pass " + std::to_string(pass + 1) + "/" + std::to_string(passes));
     }
   }
   auto link = models::FitLink(std::move(ms));

@@ -471,7 +471,7 @@ Seconds MedianOf(std::vector<Seconds> seconds) { return Percentile(std::move(sec
 
 Seconds StepMeasurement::Median() const { return MedianOf(seconds); }
 
-Seconds TransferMeasurement::Median() const { return Percentile(seconds, 0.5); }
+Seconds TransferMeasurement::Median() const { return MedianOf(seconds); }
 
 std::vector<std::vector<double>> PassDeviationsPct(const std::vector<StepMeasurement>& measurements,
                                                    std::size_t parts) {
