@@ -569,9 +569,13 @@ int Calibrate(int argc, char** argv) {
     for (const StepShape& s : shapes)
       placement.num_blocks =
           std::max(placement.num_blocks, backend::BlocksFor(s, placement.block_tokens));
+    const backend::AfterStepShapes step_shapes = backend::AfterStepShapesFor(limits);
     for (const StepShape* s : {&idle_shapes.prefill, &idle_shapes.decode})
       placement.num_blocks =
           std::max(placement.num_blocks, backend::BlocksFor(*s, placement.block_tokens));
+    for (const StepShape& s : step_shapes.shapes)
+      placement.num_blocks =
+          std::max(placement.num_blocks, backend::BlocksFor(s, placement.block_tokens));
     if (Status s = CheckKvCacheFits(model->config, placement.num_blocks, placement.block_tokens);
         !s.ok())
       return Fail("--max-batch " + std::to_string(limits.max_batch) + " x --max-context " +
@@ -666,6 +670,38 @@ int Calibrate(int argc, char** argv) {
           spells(idle.prefill_s).c_str(),
           static_cast<long long>(idle_shapes.decode.decode_context_tokens),
           spells(idle.decode_s).c_str());
+    }
+    // A step right after another kind, which the simulator adds to a step that follows one
+    // (models::AfterStepFit): the medians, each at least 0.
+    {
+      models::AfterStepFit& after = profile.after_step.emplace();
+      after.decode_rows = step_shapes.decode_rows;
+      after.prefill_tokens = step_shapes.prefill_tokens;
+      after.repeats = repeats;
+      const auto timed = timer.TimeAfterSteps(step_shapes.shapes, repeats);
+      std::vector<std::string> names;
+      for (const Tokens rows : after.decode_rows) names.push_back("d" + std::to_string(rows));
+      for (const Tokens tokens : after.prefill_tokens)
+        names.push_back("p" + std::to_string(tokens));
+      std::printf(
+          "after another step: ms beyond each in a run of itself (rows: the step, d: decode rows "
+          "at %lld tokens of context each, p: prefill tokens; columns: the step before it; the "
+          "simulator adds them to a step after another: the profile's after_step)\n       ",
+          static_cast<long long>(step_shapes.decode_context));
+      for (const std::string& name : names) std::printf("%8s", name.c_str());
+      std::printf("\n");
+      for (std::size_t i = 0; i < timed.size(); ++i) {
+        std::printf("  %-5s", names[i].c_str());
+        after.extra_s.emplace_back();
+        for (std::size_t j = 0; j < timed.size(); ++j) {
+          after.extra_s.back().push_back(i == j ? 0 : std::max(0.0, models::MedianOf(timed[i][j])));
+          if (i == j)
+            std::printf("%8s", "-");
+          else
+            std::printf("%+8.1f", 1e3 * after.extra_s.back().back());
+        }
+        std::printf("\n");
+      }
     }
     if (served) {
       auto frontend =

@@ -51,8 +51,8 @@ struct Step {
   int band;                 // BandOf
   std::size_t predecessor;  // what its instance ran before it (kPredecessors)
   Seconds start_s, iteration_s, forward_s, priced_s;
-  Seconds after_idle_s;          // of priced_s
-  std::optional<Seconds> cpu_s;  // the pass's thread CPU time, where the log has it
+  Seconds after_idle_s, after_step_s;  // of priced_s, as Class keeps them
+  std::optional<Seconds> cpu_s;        // the pass's thread CPU time, where the log has it
 };
 
 // A decode batch's band: floor(log2(rows)), so rows 1, 2-3, 4-7, ... (backends change kernels
@@ -85,15 +85,19 @@ std::string PredecessorName(std::size_t p) {
 struct Class {
   std::int64_t steps = 0;
   double forward_s = 0, priced_s = 0;
-  double after_idle_s = 0;     // of priced_s, what the cost model adds after idle spells
+  // Of priced_s, what the cost model adds for what ran before the steps: an idle spell, or a
+  // step of another kind.
+  double after_idle_s = 0, after_step_s = 0;
   std::vector<double> errors;  // per step, priced / forward - 1 (where kept)
   std::int64_t cpu_steps = 0;
   double cpu_forward_s = 0, cpu_priced_s = 0, cpu_s = 0;
-  void Add(Seconds forward, Seconds priced, Seconds after_idle, std::optional<Seconds> cpu) {
+  void Add(Seconds forward, Seconds priced, Seconds after_idle, Seconds after_step,
+           std::optional<Seconds> cpu) {
     ++steps;
     forward_s += forward;
     priced_s += priced;
     after_idle_s += after_idle;
+    after_step_s += after_step;
     if (!cpu) return;
     ++cpu_steps;
     cpu_forward_s += forward;
@@ -105,6 +109,7 @@ struct Class {
     forward_s += o.forward_s;
     priced_s += o.priced_s;
     after_idle_s += o.after_idle_s;
+    after_step_s += o.after_step_s;
     cpu_steps += o.cpu_steps;
     cpu_forward_s += o.cpu_forward_s;
     cpu_priced_s += o.cpu_priced_s;
@@ -215,7 +220,7 @@ Result<json> AttributeSteps(const std::vector<std::string>& step_logs,
       for (Class* c : {&(is_beside ? beside : alone)[s.shape_class],
                        is_decode ? &decode_bands_apart[s.band][is_beside] : nullptr,
                        &after[s.shape_class][s.predecessor]}) {
-        if (c) c->Add(s.forward_s, s.priced_s, s.after_idle_s, s.cpu_s);
+        if (c) c->Add(s.forward_s, s.priced_s, s.after_idle_s, s.after_step_s, s.cpu_s);
       }
       if (is_beside) {
         beside_overlap_s[s.shape_class] += overlap[i];
@@ -232,9 +237,14 @@ Result<json> AttributeSteps(const std::vector<std::string>& step_logs,
   std::array<double, models::kHostPhases> host_phase_s{};
   Status bad_instance = Status::Ok();
   for (const std::string& step_log : step_logs) {
-    // Each instance's previous iteration in this run: its class and end. (Processes append their
-    // lines to one log, each in its order.)
-    std::map<policies::InstanceId, std::pair<std::size_t, Seconds>> previous;
+    // Each instance's previous iteration in this run: its class, end and shape. (Processes append
+    // their lines to one log, each in its order.)
+    struct Previous {
+      std::size_t shape_class;
+      Seconds end_s;
+      models::StepShape shape;
+    };
+    std::map<policies::InstanceId, Previous> previous;
     const Status read =
         policies::ReadStepLog(ReadText(step_log), step_log, [&](const policies::StepLogLine& line) {
           if (line.instance >= static_cast<int>(cost_models.size())) {
@@ -247,21 +257,25 @@ Result<json> AttributeSteps(const std::vector<std::string>& step_logs,
           const models::StepFeatures features = models::FeaturesOf(line.step.shape);
           const models::ShapeClass shape_class = models::ClassOf(features);
           // What ran before it: its instance's previous iteration, or an idle spell (since the
-          // run's clock began, before its first), which the cost model may price.
-          std::size_t predecessor = kAfterIdle;
-          Seconds idle_s = line.start_s;
-          if (const auto before = previous.find(line.instance); before != previous.end()) {
-            idle_s = line.start_s - before->second.second;
-            if (idle_s < models::kIdleGap) predecessor = before->second.first;
-          }
-          previous[line.instance] = {static_cast<std::size_t>(shape_class),
-                                     line.start_s + line.iteration_s};
+          // run's clock began, before its first), either of which the cost model may price.
           const models::StepCostModel& cost = *cost_models[static_cast<std::size_t>(line.instance)];
-          const Seconds after_idle =
-              predecessor == kAfterIdle ? cost.AfterIdle(line.step.shape, idle_s) : 0;
-          const Seconds priced = cost.StepTime(line.step.shape) + after_idle;
+          std::size_t predecessor = kAfterIdle;
+          Seconds idle_s = line.start_s, after_idle = 0, after_step = 0;
+          auto before = previous.find(line.instance);
+          if (before != previous.end()) {
+            idle_s = line.start_s - before->second.end_s;
+            if (idle_s < models::kIdleGap) {
+              predecessor = before->second.shape_class;
+              after_step = cost.AfterStep(line.step.shape, before->second.shape);
+            }
+          }
+          if (predecessor == kAfterIdle) after_idle = cost.AfterIdle(line.step.shape, idle_s);
+          previous.insert_or_assign(line.instance,
+                                    Previous{static_cast<std::size_t>(shape_class),
+                                             line.start_s + line.iteration_s, line.step.shape});
+          const Seconds priced = cost.StepTime(line.step.shape) + after_idle + after_step;
           auto add = [&](Class& c) {
-            c.Add(line.step.seconds, priced, after_idle, line.forward_cpu_s);
+            c.Add(line.step.seconds, priced, after_idle, after_step, line.forward_cpu_s);
             c.errors.push_back(priced / line.step.seconds - 1);
           };
           add(classes[static_cast<std::size_t>(shape_class)]);
@@ -284,7 +298,7 @@ Result<json> AttributeSteps(const std::vector<std::string>& step_logs,
           async = async || line.async;
           run_steps.push_back({line.instance, static_cast<std::size_t>(shape_class), band,
                                predecessor, line.start_s, line.iteration_s, line.step.seconds,
-                               priced, after_idle, line.forward_cpu_s});
+                               priced, after_idle, after_step, line.forward_cpu_s});
           if (line.host) {
             ++host_steps;
             host_outside_s += line.HostSeconds();
@@ -307,6 +321,7 @@ Result<json> AttributeSteps(const std::vector<std::string>& step_logs,
               {"priced_s", c.priced_s},
               {"error_pct", pct(c.priced_s, c.forward_s)}};
     if (c.after_idle_s > 0) t["after_idle_s"] = c.after_idle_s;
+    if (c.after_step_s > 0) t["after_step_s"] = c.after_step_s;
     // Of the steps whose line has it: how much of their passes' time the thread that ran them
     // was on a core, and the prices against that CPU time.
     if (c.cpu_steps > 0)
@@ -409,6 +424,7 @@ Result<json> AttributeSteps(const std::vector<std::string>& step_logs,
   out["priced_s"] = all.priced_s;
   out["priced_error_pct"] = pct(all.priced_s, all.forward_s);
   if (all.after_idle_s > 0) out["after_idle_s"] = all.after_idle_s;
+  if (all.after_step_s > 0) out["after_step_s"] = all.after_step_s;
   if (const json t = totals(all); t.contains("on_cpu")) out["on_cpu"] = t["on_cpu"];
   out["iteration_s"] = iteration_s;
   out["outside_forward_ms_per_step"] =
@@ -448,6 +464,11 @@ Result<json> AttributeSteps(const std::vector<std::string>& step_logs,
 
 namespace {
 
+// Of a sum of steps' price, what the cost model adds for what ran before them.
+double AddedForWhatRanBefore(const json& sum) {
+  return sum.value("after_idle_s", 0.0) + sum.value("after_step_s", 0.0);
+}
+
 // A fit's pieces of class `c` scaled: below its split (or all, unsplit) by `k`, above by `k_above`.
 void ScaleClass(models::StepFit& fit, std::size_t c, double k, double k_above) {
   for (models::AffinePiece& piece : fit.pieces[c])
@@ -468,21 +489,21 @@ std::pair<models::StepProfile, json> ProfileAsLive(const sim::ClusterSpec& clust
   for (std::size_t c = 0; c < models::kShapeClasses; ++c) {
     const std::string name = models::ToString(static_cast<models::ShapeClass>(c));
     const json& cls = steps["classes"][name];
-    // The pieces' share of the price: the forward passes less what the cost model adds after
-    // idle spells, over the price less it, so that the pieces scaled and that added again take
-    // the live passes' time.
-    auto less_idle = [](const json& t, const char* key) {
-      return t[key].get<double>() - t.value("after_idle_s", 0.0);
+    // The pieces' share of the price: the forward passes less what the cost model adds for what
+    // ran before the steps, over the price less it, so that the pieces scaled and that added
+    // again take the live passes' time.
+    auto less_added = [](const json& t, const char* key) {
+      return t[key].get<double>() - AddedForWhatRanBefore(t);
     };
     std::int64_t below_steps = cls["steps"].get<std::int64_t>();
-    double forward_s = less_idle(cls, "forward_s"), priced_s = less_idle(cls, "priced_s");
+    double forward_s = less_added(cls, "forward_s"), priced_s = less_added(cls, "priced_s");
     double k_above = 1;
     if (cls.contains("above_split")) {
       const json& a = cls["above_split"];
-      k_above = ratio(less_idle(a, "forward_s"), less_idle(a, "priced_s"));
+      k_above = ratio(less_added(a, "forward_s"), less_added(a, "priced_s"));
       below_steps -= a["steps"].get<std::int64_t>();
-      forward_s -= less_idle(a, "forward_s");
-      priced_s -= less_idle(a, "priced_s");
+      forward_s -= less_added(a, "forward_s");
+      priced_s -= less_added(a, "priced_s");
       scales[name + " above split"] = k_above;
     }
     const double k = below_steps > 0 ? ratio(forward_s, priced_s) : 1.0;
@@ -507,11 +528,11 @@ json LiveSpeed(const models::StepProfile& profile, const json& steps) {
     measured_s += m.Median();
     priced_s += price;
   });
-  // Less what the cost model adds after idle spells, which a profile scaled to this speed adds
-  // as it is.
-  const double after_idle_s = steps.value("after_idle_s", 0.0);
-  const double live_s = steps["forward_s"].get<double>() - after_idle_s,
-               live_priced_s = steps["priced_s"].get<double>() - after_idle_s;
+  // Less what the cost model adds for what ran before the steps, which a profile scaled to this
+  // speed adds as it is.
+  const double added_s = AddedForWhatRanBefore(steps);
+  const double live_s = steps["forward_s"].get<double>() - added_s,
+               live_priced_s = steps["priced_s"].get<double>() - added_s;
   if (measured_s <= 0 || priced_s <= 0 || live_s <= 0 || live_priced_s <= 0) return nullptr;
   const double live_over_priced = live_s / live_priced_s,
                fits_over_measured = priced_s / measured_s;

@@ -26,17 +26,18 @@ std::string ReadText(const std::string& path);
 // (policies::StepLogLine::forward_cpu_s), each of these sums has "on_cpu": the share of the
 // passes' time their thread was on a core, and the price against that CPU time (a pass
 // preempted by the machine's other threads took longer than it computed); where the cost model
-// adds to the price of a step after an idle spell (below), each sum's "after_idle_s" is that
-// part of its price. Each decode band also
-// has "calibration": the profile's own measurements of that band priced by their fit (the fit's
-// error there, a part of the live steps'); prefill-only steps alike by their new tokens
-// ("prefill_by_tokens": 1, 2-3, ..., 64-127, ...). And each class's steps by what their instance
-// ran before them in the run ("after": "idle", where its previous iteration ended at least
-// models::kIdleGap before theirs began, or they were its first; else that iteration's class): a
-// CPU forward pass runs slower after an idle spell or another kind of step (docs/validation.md,
-// bench/step_order.sh). A step after an idle spell is priced with what the cost model adds for
-// it (StepCostModel::AfterIdle: a profile whose calibration timed it), as the simulator does.
-// `simulated_summary`: the simulation's summary.json, for its step count.
+// adds to the price of a step after an idle spell or right after another kind of step (below),
+// each sum's "after_idle_s" and "after_step_s" are those parts of its price. Each decode band
+// also has "calibration": the profile's own measurements of that band priced by their fit (the
+// fit's error there, a part of the live steps'); prefill-only steps alike by their new tokens
+// ("prefill_by_tokens": 1, 2-3, ..., 64-127, ...). And each class's steps by what their
+// instance ran before them in the run ("after": "idle", where its previous iteration ended at
+// least models::kIdleGap before theirs began, or they were its first; else that iteration's
+// class): a CPU forward pass runs slower after an idle spell or another kind of step
+// (docs/validation.md, bench/step_order.sh). A step after an idle spell is priced with what the
+// cost model adds for it (StepCostModel::AfterIdle: a profile whose calibration timed it), a step
+// right after another with what it adds after that one's shape (StepCostModel::AfterStep), as the
+// simulator does. `simulated_summary`: the simulation's summary.json, for its step count.
 Result<nlohmann::json> AttributeSteps(const std::vector<std::string>& step_logs,
                                       const sim::ClusterSpec& cluster,
                                       const nlohmann::json& simulated_summary);
@@ -44,9 +45,10 @@ Result<nlohmann::json> AttributeSteps(const std::vector<std::string>& step_logs,
 // The cluster file's fitted profile with the pieces of each shape class scaled by what the live
 // steps they priced took over their price (`steps`: AttributeSteps'; below and above a class's
 // split apart; pieces that priced no live step are left as they are; what the cost model adds
-// after idle spells, "after_idle_s", stays as it is and out of the ratio): a simulation from it
-// prices steps as they ran live, so the error left in it is not the step costs'. Returns the
-// profile and the scales: per class, and "<class> above split" where a class is split.
+// for what ran before the steps, "after_idle_s" and "after_step_s", stays as it is and out of the
+// ratio): a simulation from it prices steps as they ran live, so the error left in it is not the
+// step costs'. Returns the profile and the scales: per class, and "<class> above split" where a
+// class is split.
 std::pair<models::StepProfile, nlohmann::json> ProfileAsLive(const sim::ClusterSpec& cluster,
                                                              const nlohmann::json& steps);
 

@@ -43,6 +43,14 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       }
     }
   }
+  if (profile->after_step) {
+    std::vector<StepShape> shapes = {StepShape{}, shape, {{}, 1, 16}, {{{1, 0}}, 0, 0}};
+    for (const StepShape& a : shapes)
+      for (const StepShape& b : shapes) {
+        const double extra = profile->after_step->Extra(a, b);
+        DUET_CHECK(std::isfinite(extra) && extra >= 0 && extra <= 3600);
+      }
+  }
   for (const LinkFit& link : profile->links) {
     const double t = link.Time(std::int64_t{1} << 40);
     DUET_CHECK(std::isfinite(t) && t > 0);

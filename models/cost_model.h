@@ -85,6 +85,9 @@ class StepCostModel {
   // step ended that long before this one began), where the model prices it (a profile whose
   // calibration timed it: models/step_profile.h's AfterIdleFit); 0 otherwise.
   virtual Seconds AfterIdle(const StepShape& shape, Seconds idle_s) const { return 0; }
+  // What a step takes beyond StepTime right after its instance's step `previous` (no idle spell
+  // between them), where the model prices it (models/step_profile.h's AfterStepFit); 0 otherwise.
+  virtual Seconds AfterStep(const StepShape& shape, const StepShape& previous) const { return 0; }
 
   // A step's expert-parallel all-to-all: the bytes each GPU sends (dispatch and combine, every
   // MoE layer) and what moving them at the link's full bandwidth takes, the part of StepTime

@@ -286,6 +286,57 @@ Result<AfterIdleFit> ParseAfterIdleFit(const json& obj, const std::string& where
   return fit;
 }
 
+json AfterStepFitToJson(const AfterStepFit& fit) {
+  return {{"decode_rows", fit.decode_rows},
+          {"prefill_tokens", fit.prefill_tokens},
+          {"extra_s", fit.extra_s},
+          {"repeats", fit.repeats}};
+}
+
+Result<AfterStepFit> ParseAfterStepFit(const json& obj, const std::string& where) {
+  if (!obj.is_object()) return Status::Error(where + ": must be an object");
+  constexpr std::size_t kMaxShapes = 16;
+  AfterStepFit fit;
+  for (auto [key, out, max] :
+       {std::tuple{"decode_rows", &fit.decode_rows, kMaxDecodeRows},
+        std::tuple{"prefill_tokens", &fit.prefill_tokens, kMaxChunkTokens}}) {
+    const std::string range = "[1, " + std::to_string(max) + "]";
+    if (!JsonHas(obj, key) || !obj[key].is_array() || obj[key].empty() ||
+        obj[key].size() > kMaxShapes)
+      return FieldError(where, key,
+                        "must be an array of 1 to " + std::to_string(kMaxShapes) + " sizes");
+    for (const json& v : obj[key]) {
+      if (!v.is_number_integer() || v.get<std::int64_t>() < 1 || v.get<std::int64_t>() > max)
+        return FieldError(where, key, "must hold whole numbers in " + range);
+      if (!out->empty() && v.get<Tokens>() <= out->back())
+        return FieldError(where, key, "must be ascending");
+      out->push_back(v.get<Tokens>());
+    }
+  }
+  const std::size_t n = fit.decode_rows.size() + fit.prefill_tokens.size();
+  const std::string square = "must be " + std::to_string(n) + " rows of " + std::to_string(n) +
+                             " times in [0, 3600] (one per shape in decode_rows, then "
+                             "prefill_tokens), 0 on the diagonal";
+  if (!JsonHas(obj, "extra_s") || !obj["extra_s"].is_array() || obj["extra_s"].size() != n)
+    return FieldError(where, "extra_s", square);
+  for (std::size_t i = 0; i < n; ++i) {
+    const json& row = obj["extra_s"][i];
+    if (!row.is_array() || row.size() != n) return FieldError(where, "extra_s", square);
+    fit.extra_s.emplace_back();
+    for (std::size_t j = 0; j < n; ++j) {
+      const json& v = row[j];
+      if (!v.is_number() || !(v.get<double>() >= 0) || v.get<double>() > kMaxStepSeconds ||
+          (i == j && v.get<double>() != 0))
+        return FieldError(where, "extra_s", square);
+      fit.extra_s.back().push_back(v.get<double>());
+    }
+  }
+  auto repeats = JsonIntIn(obj, "repeats", 1, 1000, where);
+  if (!repeats) return repeats.status();
+  fit.repeats = static_cast<int>(*repeats);
+  return fit;
+}
+
 json FrontendFitToJson(const FrontendFit& frontend) {
   return {{"request_s", frontend.request_s},
           {"prompt_token_s", frontend.prompt_token_s},
@@ -601,6 +652,7 @@ json StepProfileToJson(const StepProfile& profile) {
   if (profile.host) doc["host"] = HostFitToJson(*profile.host);
   if (profile.frontend) doc["frontend"] = FrontendFitToJson(*profile.frontend);
   if (profile.after_idle) doc["after_idle"] = AfterIdleFitToJson(*profile.after_idle);
+  if (profile.after_step) doc["after_step"] = AfterStepFitToJson(*profile.after_step);
   return doc;
 }
 
@@ -719,6 +771,11 @@ Result<StepProfile> ParseStepProfile(const json& doc, const std::string& where) 
     if (!after_idle) return after_idle.status();
     profile.after_idle = std::move(*after_idle);
   }
+  if (JsonHas(doc, "after_step")) {
+    auto after_step = ParseAfterStepFit(doc["after_step"], where + ": after_step");
+    if (!after_step) return after_step.status();
+    profile.after_step = std::move(*after_step);
+  }
   return profile;
 }
 
@@ -793,9 +850,32 @@ Seconds AfterIdleFit::Extra(ShapeClass c, Seconds idle) const {
   return extra.back();
 }
 
+std::optional<std::size_t> AfterStepFit::Nearest(const StepShape& shape) const {
+  const Tokens prefill = shape.PrefillTokens();
+  if (prefill == 0 && shape.decode_tokens == 0) return std::nullopt;
+  // A prefill-carrying step by its new tokens, a decode-only step by its rows.
+  const std::vector<Tokens>& sizes = prefill > 0 ? prefill_tokens : decode_rows;
+  const double size = std::log(static_cast<double>(prefill > 0 ? prefill : shape.decode_tokens));
+  std::size_t best = 0;
+  for (std::size_t i = 1; i < sizes.size(); ++i)
+    if (std::abs(std::log(static_cast<double>(sizes[i])) - size) <
+        std::abs(std::log(static_cast<double>(sizes[best])) - size))
+      best = i;
+  return prefill > 0 ? decode_rows.size() + best : best;
+}
+
+Seconds AfterStepFit::Extra(const StepShape& shape, const StepShape& previous) const {
+  const std::optional<std::size_t> i = Nearest(shape), j = Nearest(previous);
+  return i && j ? extra_s[*i][*j] : 0;
+}
+
 FittedCostModel::FittedCostModel(StepFit fit, std::optional<HostFit> host,
-                                 std::optional<AfterIdleFit> after_idle)
-    : fit_(std::move(fit)), host_(std::move(host)), after_idle_(std::move(after_idle)) {
+                                 std::optional<AfterIdleFit> after_idle,
+                                 std::optional<AfterStepFit> after_step)
+    : fit_(std::move(fit)),
+      host_(std::move(host)),
+      after_idle_(std::move(after_idle)),
+      after_step_(std::move(after_step)) {
   for (std::size_t c = 0; c < kShapeClasses; ++c) {
     DUET_CHECK(!fit_.pieces[c].empty());
     DUET_CHECK(fit_.split_rows[c] == 0 || !fit_.pieces_above[c].empty());
@@ -812,6 +892,10 @@ Seconds FittedCostModel::AfterIdle(const StepShape& shape, Seconds idle_s) const
   if (!after_idle_ || idle_s < kIdleGap) return 0;
   const StepFeatures f = FeaturesOf(shape);
   return f.empty() ? 0 : after_idle_->Extra(ClassOf(f), idle_s);
+}
+
+Seconds FittedCostModel::AfterStep(const StepShape& shape, const StepShape& previous) const {
+  return after_step_ ? after_step_->Extra(shape, previous) : 0;
 }
 
 Seconds FittedCostModel::HostTime(const HostCounts& counts) const {

@@ -312,7 +312,8 @@ std::unique_ptr<models::StepCostModel> MakeStepCostModel(const ClusterSpec& clus
   if (const models::StepProfile* profile = cluster.cost_model.profile.get()) {
     const models::StepFit* fit = profile->FitFor(instance.tp);
     DUET_CHECK(fit);  // CheckProfileFits
-    return std::make_unique<models::FittedCostModel>(*fit, profile->host, profile->after_idle);
+    return std::make_unique<models::FittedCostModel>(*fit, profile->host, profile->after_idle,
+                                                     profile->after_step);
   }
   models::RooflineOptions roofline = cluster.cost_model.roofline;
   roofline.tp = instance.tp;

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <utility>
 
+#include "models/step_profile.h"
 #include "sim/world.h"
 
 namespace duet::sim {
@@ -101,7 +102,7 @@ void SimPorts::Execute(const policies::StepPlan& plan, policies::StepEvents& eve
   const auto& cost = *world_.costs[static_cast<std::size_t>(id_)];
   models::StepShape shape = plan.Shape();
   Seconds step_start_s = start_s;
-  Seconds after_idle_s = after_idle_s_;  // the first step's
+  Seconds after_s = after_s_;  // the first step's
   for (const Seconds end_s : result->step_end_s) {
     if (world_.timeline)
       world_.timeline->Add(Timeline::Step{id_, step_start_s, end_s, shape.PrefillTokens(),
@@ -111,7 +112,7 @@ void SimPorts::Execute(const policies::StepPlan& plan, policies::StepEvents& eve
     // The step as a live server logs it: the iteration from its start to its end, the forward
     // pass as priced (a decode run's steps each one token further into their contexts).
     if (world_.step_log) {
-      const Seconds forward_s = cost.StepTime(shape) + std::exchange(after_idle_s, 0);
+      const Seconds forward_s = cost.StepTime(shape) + std::exchange(after_s, 0);
       // (At least the pass, which rounding in its end may undercut.)
       const Seconds iteration_s =
           async_ ? end_s - step_start_s : std::max(end_s - step_start_s, forward_s);
@@ -208,20 +209,23 @@ void SimPorts::ExecuteSteps(const policies::StepPlan& plan, policies::StepEvents
   // for its host time first.
   const bool host = cost.PricesHost();
   const bool follows = async_ && start == last_step_end_s_;
-  // After an idle spell (since the last step, or the start) the first step's pass runs longer,
-  // where the cost model prices it.
-  after_idle_s_ = cost.AfterIdle(shape, start - std::max<Seconds>(0, last_step_end_s_));
+  // After an idle spell (since the last step, or the start), or right after a step of another
+  // kind, the first step's pass runs longer, where the cost model prices it.
+  const Seconds idle_s = start - std::max<Seconds>(0, last_step_end_s_);
+  after_s_ = idle_s >= models::kIdleGap || !last_shape_ ? cost.AfterIdle(shape, idle_s)
+                                                        : cost.AfterStep(shape, *last_shape_);
+  last_shape_ = shape;  // (a copy into the last one's storage: no allocation once it holds)
   if (plan.max_steps <= 1) {
     const Seconds host_s = host ? cost.HostTime(PlannedHostCounts(plan, 0, 1)) : 0;
     sg4::this_actor::sleep_for(
-        WithHostTime(cost.StepTime(shape) + after_idle_s_ - a2a.seconds, host_s, host, follows));
+        WithHostTime(cost.StepTime(shape) + after_s_ - a2a.seconds, host_s, host, follows));
     ++world_.events;
     if (a2a.bytes_per_gpu > 0) MoveExpertTraffic(a2a, 1);
     step_end_s->push_back(Now());
     if (!plan.awaited_loads.empty()) FinishOverlappedLoads(plan, start, events, result);
     return;
   }
-  cost.AppendDecodeRunEnds(shape, plan.max_steps, start + after_idle_s_, step_end_s);
+  cost.AppendDecodeRunEnds(shape, plan.max_steps, start + after_s_, step_end_s);
   // Computation only: the run's all-to-alls move after it (below).
   for (std::size_t s = 0; s < step_end_s->size(); ++s)
     (*step_end_s)[s] -= static_cast<double>(s + 1) * a2a.seconds;

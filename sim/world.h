@@ -127,9 +127,11 @@ class SimPorts final : public policies::Clock,
   // The wake-up priced before the iteration after an idle wait a message ended, until the step
   // log's line of its step carries it (the step log's "woke_s").
   std::optional<Seconds> woke_s_;
-  // What the first step of the plan being executed took beyond its price after the idle spell
-  // before it (StepCostModel::AfterIdle), for the step log.
-  Seconds after_idle_s_ = 0;
+  // What the first step of the plan being executed took beyond its price after what its
+  // instance ran before it: an idle spell (StepCostModel::AfterIdle) or another step
+  // (AfterStep), for the step log.
+  Seconds after_s_ = 0;
+  std::optional<models::StepShape> last_shape_;  // the shape of this instance's last step
   SimInbox& inbox_;
   SimKvTransport transport_;
   std::vector<sg4::CommPtr> waitables_;  // reused

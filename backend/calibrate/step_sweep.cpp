@@ -159,6 +159,40 @@ std::vector<std::vector<Seconds>> StepTimer::TimeAfterIdle(const models::StepSha
   return extra;
 }
 
+std::vector<std::vector<std::vector<Seconds>>> StepTimer::TimeAfterSteps(
+    std::span<const models::StepShape> shapes, int repeats) {
+  std::vector<std::vector<std::vector<Seconds>>> extra(
+      shapes.size(), std::vector<std::vector<Seconds>>(shapes.size()));
+  for (int r = 0; r < repeats; ++r) {
+    for (std::size_t i = 0; i < shapes.size(); ++i) {
+      const Seconds steady = TimeInARun(shapes[i]);
+      for (std::size_t j = 0; j < shapes.size(); ++j) {
+        if (j == i) continue;
+        // One pass of the other shape: what it leaves in the caches is the last pass's.
+        Time(shapes[j]);
+        extra[i][j].push_back(Time(shapes[i]) - steady);
+      }
+    }
+  }
+  return extra;
+}
+
+AfterStepShapes AfterStepShapesFor(const SweepLimits& limits) {
+  AfterStepShapes out;
+  out.decode_context = std::min<Tokens>(256, limits.max_context);
+  for (const Tokens rows : {Tokens{1}, std::min<Tokens>(8, limits.max_batch)})
+    if (out.decode_rows.empty() || rows > out.decode_rows.back()) out.decode_rows.push_back(rows);
+  for (const Tokens tokens : {Tokens{64}, Tokens{256}, Tokens{1024}}) {
+    const Tokens t = std::min(tokens, limits.max_tokens);
+    if (out.prefill_tokens.empty() || t > out.prefill_tokens.back())
+      out.prefill_tokens.push_back(t);
+  }
+  for (const Tokens rows : out.decode_rows)
+    out.shapes.push_back({{}, rows, rows * out.decode_context});
+  for (const Tokens tokens : out.prefill_tokens) out.shapes.push_back({{{tokens, 0}}, 0, 0});
+  return out;
+}
+
 AfterIdleShapes AfterIdleShapesFor(const SweepLimits& limits) {
   return {{{{std::min<Tokens>(256, limits.max_tokens), 0}}, 0, 0},
           {{}, 1, std::min<Tokens>(256, limits.max_context)}};

@@ -45,6 +45,17 @@ struct AfterIdleShapes {
 };
 AfterIdleShapes AfterIdleShapesFor(const SweepLimits& limits);
 
+// The reference shapes `duet calibrate` times each right after the others
+// (models::AfterStepFit): decode steps of 1 and min(8, max_batch) rows at min(256, max_context)
+// tokens of context per row, and one prefill chunk of each of min(64, max_tokens),
+// min(256, max_tokens) and min(1024, max_tokens) tokens at no context, each size once.
+struct AfterStepShapes {
+  std::vector<Tokens> decode_rows, prefill_tokens;
+  Tokens decode_context = 0;              // of each decode row
+  std::vector<models::StepShape> shapes;  // the decode steps, then the prefills, as above
+};
+AfterStepShapes AfterStepShapesFor(const SweepLimits& limits);
+
 // The KV transfers `duet calibrate --transport` times, in blocks: 1, 2, 3, 4, 6, 8, 12, ...
 // (powers of two and halfway between) up to max_blocks, which is always among them. Ascending.
 std::vector<std::int64_t> TransferBlockCounts(std::int64_t max_blocks);
@@ -70,6 +81,11 @@ class StepTimer {
   // before it (in a run). models::FitAfterIdle fits them.
   std::vector<std::vector<Seconds>> TimeAfterIdle(const models::StepShape& shape,
                                                   std::span<const Seconds> spells, int repeats);
+  // What a pass of each of `shapes` takes beyond its time in a run right after a pass of each
+  // other one: [shape][before][repeat], each repeat a pass over all of them (each shape timed
+  // in a run, then after each other shape in turn); empty where shape == before.
+  std::vector<std::vector<std::vector<Seconds>>> TimeAfterSteps(
+      std::span<const models::StepShape> shapes, int repeats);
 
  private:
   void Build(const models::StepShape& shape);

@@ -364,6 +364,18 @@ std::vector<TransferMeasurement> Transfers(const std::function<double(double)>& 
   return ms;
 }
 
+// Decode steps of 1 and 8 rows, prefills of 64, 256 and 1,024 tokens, each after each.
+AfterStepFit SampleAfterStep() {
+  return {{1, 8},
+          {64, 256, 1024},
+          {{0, 0.0001, 0.0005, 0.0006, 0.0067},
+           {0, 0, 0, 0, 0.0061},
+           {0.0003, 0.0013, 0, 0.0003, 0.0053},
+           {0.0036, 0.0085, 0.0073, 0, 0.0118},
+           {0.002, 0.003, 0.004, 0.005, 0}},
+          3};
+}
+
 StepProfile SampleProfile() {
   const StepFit truth = KernelChangeAt12();
   StepProfile p;
@@ -391,6 +403,7 @@ StepProfile SampleProfile() {
   p.host = host;
   p.frontend = FrontendFit{3e-5, 2e-8, 1200, {6, 1.5, 2, 3}};
   p.after_idle = AfterIdleFit{{0.01, 0.1, 1}, {0.002, 0.01, 0.02}, {0.001, 0.002, 0.008}, 3};
+  p.after_step = SampleAfterStep();
   return p;
 }
 
@@ -432,6 +445,9 @@ TEST(StepProfileTest, ProfilesSurviveTheRoundTrip) {
   ASSERT_TRUE(back->after_idle);
   EXPECT_EQ(back->after_idle->decode_s, p.after_idle->decode_s);
   EXPECT_EQ(back->after_idle->repeats, 3);
+  ASSERT_TRUE(back->after_step);
+  EXPECT_EQ(back->after_step->extra_s, p.after_step->extra_s);
+  EXPECT_EQ(back->after_step->prefill_tokens, p.after_step->prefill_tokens);
   EXPECT_FALSE(ArchitectureMismatch(back->model, Model("tiny-test")));
   EXPECT_EQ(ArchitectureMismatch(back->model, Model("llama-3.2-1b")).value_or(""),
             "num_hidden_layers: 2 vs 16");
@@ -565,6 +581,22 @@ TEST(StepProfileTest, MalformedProfilesAreErrorsNamingTheField) {
       {[](json& j) { j["after_idle"]["prefill_s"].push_back(0.03); },
        "after_idle: prefill_s and decode_s must have a time for each of idle_s"},
       {[](json& j) { j["after_idle"].erase("repeats"); }, "after_idle: field 'repeats'"},
+      {[](json& j) { j["after_step"] = "x"; }, "p.json: after_step: must be an object"},
+      {[](json& j) {
+         j["after_step"]["decode_rows"] = {8, 1};
+       },
+       "after_step: field 'decode_rows' must be ascending"},
+      {[](json& j) { j["after_step"]["prefill_tokens"][0] = 0; },
+       "after_step: field 'prefill_tokens' must hold whole numbers in [1, "},
+      {[](json& j) { j["after_step"]["prefill_tokens"] = json::array(); },
+       "after_step: field 'prefill_tokens' must be an array of 1 to 16 sizes"},
+      {[](json& j) { j["after_step"]["extra_s"][1][0] = -1e-3; },
+       "after_step: field 'extra_s' must be 5 rows of 5 times in [0, 3600]"},
+      {[](json& j) { j["after_step"]["extra_s"][2][2] = 1e-3; }, "0 on the diagonal"},
+      {[](json& j) { j["after_step"]["extra_s"][4].erase(0); }, "field 'extra_s' must be 5 rows"},
+      {[](json& j) { j["after_step"]["prefill_tokens"].push_back(4096); },
+       "field 'extra_s' must be 6 rows of 6 times"},
+      {[](json& j) { j["after_step"].erase("repeats"); }, "after_step: field 'repeats'"},
   };
   for (const Case& c : cases) {
     json doc = good;
@@ -748,6 +780,35 @@ TEST(AfterIdleFitTest, InterpolatesInTheSpellsLogarithm) {
   EXPECT_EQ(priced.StepTime(decode), plain.StepTime(decode));
 }
 
+// A step right after another: each stands as the reference shape of its class nearest in the
+// logarithm of its rows (decode) or new tokens (a prefill, a mixed step), nothing after itself
+// or for an empty step; a fitted cost model adds it to a step of a profile that has it.
+TEST(AfterStepFitTest, PricesAStepByTheNearestReferenceShapes) {
+  const AfterStepFit fit = SampleAfterStep();
+  const StepShape d1{{}, 1, 300}, d3{{}, 3, 900}, d2{{}, 2, 512}, p40{{{40, 0}}, 0, 0},
+      p200{{{150, 0}, {50, 100}}, 0, 0}, p5000{{{5000, 0}}, 0, 0}, mixed{{{700, 0}}, 4, 1000},
+      empty{};
+  EXPECT_EQ(fit.Nearest(d1), 0u);
+  EXPECT_EQ(fit.Nearest(d2), 0u);  // 2 rows: nearer 1 than 8 in the logarithm
+  EXPECT_EQ(fit.Nearest(d3), 1u);  // 3 rows: nearer 8
+  EXPECT_EQ(fit.Nearest(p40), 2u);
+  EXPECT_EQ(fit.Nearest(p200), 3u);  // 200 new tokens in two chunks
+  EXPECT_EQ(fit.Nearest(p5000), 4u);
+  EXPECT_EQ(fit.Nearest(mixed), 4u);  // by its 700 new tokens: nearer 1,024 than 256
+  EXPECT_FALSE(fit.Nearest(empty));
+  EXPECT_EQ(fit.Extra(d1, p5000), 0.0067);
+  EXPECT_EQ(fit.Extra(p200, d3), 0.0085);
+  EXPECT_EQ(fit.Extra(d1, d2), 0);  // the same reference shape
+  EXPECT_EQ(fit.Extra(empty, p40), 0);
+  EXPECT_EQ(fit.Extra(p40, empty), 0);
+  const StepProfile p = SampleProfile();
+  const FittedCostModel priced(p.fits[0], std::nullopt, std::nullopt, fit), plain(p.fits[0]);
+  EXPECT_EQ(priced.AfterStep(p40, mixed), 0.0053);
+  EXPECT_EQ(plain.AfterStep(p40, mixed), 0);
+  EXPECT_EQ(priced.AfterIdle(p40, 1), 0);
+  EXPECT_EQ(priced.StepTime(d1), plain.StepTime(d1));
+}
+
 // The medians after each spell made non-decreasing by pooling the adjacent ones that are not,
 // each at least 0.
 TEST(AfterIdleFitTest, ALongerSpellCostsAtLeastAShorterOne) {
@@ -810,6 +871,41 @@ TEST(CalibrationSweepTest, APassAfterAnIdleSpellIsTimedAgainstItselfInARun) {
   EXPECT_LT(extra[0], 0.01);
   EXPECT_GT(extra[1], 0.025);
   EXPECT_LT(extra[1], 0.06);
+}
+
+// What a pass takes right after a pass of another shape beyond its time in a run: here a
+// model that sleeps 20 ms before a pass that follows a 16-token prefill of another shape.
+TEST(CalibrationSweepTest, APassAfterAnotherShapeIsTimedAgainstItselfInARun) {
+  backend::TempDir dir;
+  std::unique_ptr<backend::ForwardModel> cpu = OneThreadTestModel(dir);
+  ASSERT_TRUE(cpu);
+  // A pass's shape as the model sees it: its rows, and whether it prefills 16 tokens.
+  std::pair<std::size_t, bool> last{};
+  backend::FaultInjectingModel model(
+      std::move(cpu), [&](std::int64_t, std::span<const backend::SequenceChunk> batch) {
+        const std::pair<std::size_t, bool> now{batch.size(), batch[0].tokens.size() == 16};
+        if (last.second && now != last) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        last = now;
+        return backend::FaultInjectingModel::Fault::kNone;
+      });
+  backend::StepTimer timer(model);
+  const std::vector<StepShape> shapes = {{{}, 1, 16}, {{}, 2, 32}, {{{16, 0}}, 0, 0}};
+  const auto extra = timer.TimeAfterSteps(shapes, 3);
+  ASSERT_EQ(extra.size(), 3u);
+  for (std::size_t i = 0; i < 3; ++i) {
+    ASSERT_EQ(extra[i].size(), 3u);
+    for (std::size_t j = 0; j < 3; ++j) {
+      ASSERT_EQ(extra[i][j].size(), i == j ? 0u : 3u) << i << " " << j;
+      if (i == j) continue;
+      const Seconds median = MedianOf(extra[i][j]);
+      if (j == 2) {
+        EXPECT_GT(median, 0.015) << i;
+        EXPECT_LT(median, 0.05) << i;
+      } else {
+        EXPECT_LT(median, 0.01) << i << " " << j;
+      }
+    }
+  }
 }
 
 // A shape timed in a run of its kind: an untimed pass of the same shape, then the timed one, so

@@ -32,11 +32,13 @@ class CalibrateTest : public ::testing::Test {
     const RunResult made = RunDuet({"make-test-model", "--out", model_});
     ASSERT_EQ(made.exit_code, 0) << made;
   }
-  // tests/data/1p1d-tiny.json serving the test model, priced by `cost_model`.
-  std::string Cluster(const json& cost_model) {
+  // tests/data/1p1d-tiny.json serving the test model, priced by `cost_model`; `colocated`: one
+  // colocated instance instead.
+  std::string Cluster(const json& cost_model, bool colocated = false) {
     json cluster = ReadJson(SourceDir() + "/tests/data/1p1d-tiny.json");
     cluster["model"] = model_;
     cluster["cost_model"] = cost_model;
+    if (colocated) cluster["instances"] = {{{"role", "colocated"}, {"tp", 1}, {"node", 0}}};
     return tmp_.Write("cluster.json", cluster.dump());
   }
 
@@ -92,6 +94,17 @@ TEST_F(CalibrateTest, MeasuresTheCpuBackendAndTheSimulatorRunsFromTheProfile) {
   EXPECT_TRUE(ContainsAll(r.out, {"after idle: a prefill of ", " tokens took +",
                                   " ms after 1000 ms; a one-row decode step at "}))
       << r;
+  // A step right after each other reference shape, timed and printed: decode steps of 1 and 8
+  // rows, prefills of 64, 256 and 1,024 tokens up to --max-tokens.
+  ASSERT_TRUE(profile->after_step);
+  const models::AfterStepFit& after = *profile->after_step;
+  EXPECT_EQ(after.decode_rows, (std::vector<Tokens>{1, 8}));
+  EXPECT_FALSE(after.prefill_tokens.empty());
+  EXPECT_EQ(after.extra_s.size(), after.decode_rows.size() + after.prefill_tokens.size());
+  EXPECT_EQ(after.repeats, 3);
+  EXPECT_TRUE(ContainsAll(r.out, {"after another step: ms beyond each in a run of itself",
+                                  "\n  d1          -", "\n  d8 ", "\n  p64 "}))
+      << r;
 
   // The simulator prices steps with it: a run whose times follow the profile, not the roofline.
   const std::string fitted = tmp_.File("fitted"), roofline = tmp_.File("roofline");
@@ -106,36 +119,47 @@ TEST_F(CalibrateTest, MeasuresTheCpuBackendAndTheSimulatorRunsFromTheProfile) {
   EXPECT_EQ(a["requests"]["completed"], 2);
   EXPECT_NE(a["ttft_ms"]["mean"], b["ttft_ms"]["mean"]);
   // A step after an idle spell of its instance (since its last step, or the start) is priced
-  // with what the profile's after_idle says, the others without: the second request's prefill,
-  // nearly 5 s after the first request ended, with what the longest spell took added.
+  // with what the profile's after_idle says: the second request's prefill, nearly 5 s after the
+  // first request ended, with what the longest spell took added; a step right after another with
+  // what its after_step says after that one's shape: the first decode step after each prefill
+  // (on one colocated instance).
   json doc = ReadJson(profile_path);
   doc["after_idle"] = {{"idle_s", {0.01, 1}},
                        {"prefill_s", {0.002, 0.02}},
                        {"decode_s", {0.001, 0.01}},
                        {"repeats", 1}};
+  doc["after_step"] = {{"decode_rows", {1}},
+                       {"prefill_tokens", {64}},
+                       {"extra_s", {{0, 0.003}, {0.004, 0}}},
+                       {"repeats", 1}};
   const std::string idle_profile = tmp_.Write("profile-idle.json", doc.dump());
   const std::string step_log = tmp_.File("steps.jsonl");
   Simulate(tmp_.File("after-idle"),
-           {"--cluster", Cluster({{"kind", "fitted"}, {"profile", idle_profile}}), "--trace", trace,
-            "--step-log", step_log});
+           {"--cluster", Cluster({{"kind", "fitted"}, {"profile", idle_profile}}, true), "--trace",
+            trace, "--step-log", step_log});
   const models::FittedCostModel cost(
       profile->fits[0], std::nullopt,
-      models::AfterIdleFit{{0.01, 1}, {0.002, 0.02}, {0.001, 0.01}, 1});
-  std::map<int, Seconds> last_end;  // by instance
-  int after_idle = 0, saturated = 0;
+      models::AfterIdleFit{{0.01, 1}, {0.002, 0.02}, {0.001, 0.01}, 1},
+      models::AfterStepFit{{1}, {64}, {{0, 0.003}, {0.004, 0}}, 1});
+  std::map<int, std::pair<Seconds, models::StepShape>> last;  // by instance: its end, its shape
+  int after_idle = 0, saturated = 0, after_prefill = 0;
   const Status read =
       policies::ReadStepLog(ReadFile(step_log), step_log, [&](const policies::StepLogLine& line) {
-        const auto last = last_end.find(line.instance);
-        const Seconds spell = line.start_s - (last == last_end.end() ? 0 : last->second);
-        last_end[line.instance] = line.start_s + line.iteration_s;
-        const Seconds extra = cost.AfterIdle(line.step.shape, spell);
+        const auto before = last.find(line.instance);
+        const Seconds spell = line.start_s - (before == last.end() ? 0 : before->second.first);
+        const bool idle = spell >= models::kIdleGap || before == last.end();
+        const Seconds extra = idle ? cost.AfterIdle(line.step.shape, spell)
+                                   : cost.AfterStep(line.step.shape, before->second.second);
+        last[line.instance] = {line.start_s + line.iteration_s, line.step.shape};
         EXPECT_NEAR(line.step.seconds, cost.StepTime(line.step.shape) + extra, 1e-9) << spell;
-        after_idle += spell >= models::kIdleGap;
+        after_idle += idle;
         saturated += spell > 1 && !line.step.shape.prefill.empty() && extra == 0.02;
+        after_prefill += !idle && line.step.shape.prefill.empty() && extra == 0.003;
       });
   ASSERT_TRUE(read.ok()) << read.message();
   EXPECT_GE(after_idle, 1);
   EXPECT_EQ(saturated, 1);
+  EXPECT_EQ(after_prefill, 2);
 }
 
 // `--transport loopback` times KV transfers between two instances and fits a link; a cluster
