@@ -333,8 +333,8 @@ Status WriteValidationHtml(const json& report, const std::vector<Metric>& metric
     if (const std::string after = AfterText(load["steps"]); !after.empty())
       html += "<p>By what ran before at x" + Escape(RateText(load["rate_scale"].get<double>())) +
               ": the profile prices the live steps, by what their instance ran just before them "
-              "(an idle spell of 1 ms or more, priced with what the profile adds after one, or a "
-              "step of a class), at " +
+              "(an idle spell of 1 ms or more, or a step of a class, each priced with what the "
+              "profile adds after it), at " +
               Escape(after) + ".</p>\n";
   for (const json& load : report["loads"])
     if (const std::string on_cpu = OnCpuText(load["steps"]); !on_cpu.empty())
