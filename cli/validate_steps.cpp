@@ -237,14 +237,9 @@ Result<json> AttributeSteps(const std::vector<std::string>& step_logs,
   std::array<double, models::kHostPhases> host_phase_s{};
   Status bad_instance = Status::Ok();
   for (const std::string& step_log : step_logs) {
-    // Each instance's previous iteration in this run: its class, end and shape. (Processes append
-    // their lines to one log, each in its order.)
-    struct Previous {
-      std::size_t shape_class;
-      Seconds end_s;
-      models::StepShape shape;
-    };
-    std::map<policies::InstanceId, Previous> previous;
+    // Each instance's previous iteration in this run: its end and shape. (Processes append their
+    // lines to one log, each in its order.)
+    std::map<policies::InstanceId, std::pair<Seconds, models::StepShape>> previous;
     const Status read =
         policies::ReadStepLog(ReadText(step_log), step_log, [&](const policies::StepLogLine& line) {
           if (line.instance >= static_cast<int>(cost_models.size())) {
@@ -259,21 +254,20 @@ Result<json> AttributeSteps(const std::vector<std::string>& step_logs,
           // What ran before it: its instance's previous iteration, or an idle spell (since the
           // run's clock began, before its first), either of which the cost model may price.
           const models::StepCostModel& cost = *cost_models[static_cast<std::size_t>(line.instance)];
-          std::size_t predecessor = kAfterIdle;
-          Seconds idle_s = line.start_s, after_idle = 0, after_step = 0;
-          auto before = previous.find(line.instance);
-          if (before != previous.end()) {
-            idle_s = line.start_s - before->second.end_s;
-            if (idle_s < models::kIdleGap) {
-              predecessor = before->second.shape_class;
-              after_step = cost.AfterStep(line.step.shape, before->second.shape);
-            }
-          }
-          if (predecessor == kAfterIdle) after_idle = cost.AfterIdle(line.step.shape, idle_s);
+          const auto before = previous.find(line.instance);
+          const bool first = before == previous.end();
+          const models::StepCostModel::Before added = cost.AfterWhatRanBefore(
+              line.step.shape, line.start_s - (first ? 0 : before->second.first),
+              first ? nullptr : &before->second.second);
+          const std::size_t predecessor =
+              added.after_idle ? kAfterIdle
+                               : static_cast<std::size_t>(
+                                     models::ClassOf(models::FeaturesOf(before->second.second)));
+          const Seconds after_idle = added.after_idle ? added.seconds : 0;
+          const Seconds after_step = added.after_idle ? 0 : added.seconds;
           previous.insert_or_assign(line.instance,
-                                    Previous{static_cast<std::size_t>(shape_class),
-                                             line.start_s + line.iteration_s, line.step.shape});
-          const Seconds priced = cost.StepTime(line.step.shape) + after_idle + after_step;
+                                    std::pair{line.start_s + line.iteration_s, line.step.shape});
+          const Seconds priced = cost.StepTime(line.step.shape) + added.seconds;
           auto add = [&](Class& c) {
             c.Add(line.step.seconds, priced, after_idle, after_step, line.forward_cpu_s);
             c.errors.push_back(priced / line.step.seconds - 1);

@@ -107,6 +107,12 @@ StepFeatures FeaturesOf(const StepShape& shape) {
   return f;
 }
 
+StepCostModel::Before StepCostModel::AfterWhatRanBefore(const StepShape& shape, Seconds idle_s,
+                                                        const StepShape* previous) const {
+  if (!previous || idle_s >= kIdleGap) return {AfterIdle(shape, idle_s), true};
+  return {AfterStep(shape, *previous), false};
+}
+
 void StepCostModel::AppendDecodeRunEnds(StepShape shape, int steps, Seconds start,
                                         std::vector<Seconds>* ends) const {
   Seconds t = start;

@@ -62,6 +62,10 @@ struct StepFeatures {
 };
 StepFeatures FeaturesOf(const StepShape& shape);
 
+// An instance idle this long or longer before a step has sat idle (StepCostModel::AfterIdle);
+// below it, the step follows the one before (AfterStep).
+inline constexpr Seconds kIdleGap = 1e-3;
+
 class StepCostModel {
  public:
   virtual ~StepCostModel() = default;
@@ -88,6 +92,16 @@ class StepCostModel {
   // What a step takes beyond StepTime right after its instance's step `previous` (no idle spell
   // between them), where the model prices it (models/step_profile.h's AfterStepFit); 0 otherwise.
   virtual Seconds AfterStep(const StepShape& shape, const StepShape& previous) const { return 0; }
+  // What the model adds to a step for what its instance ran before it, the one rule both worlds
+  // price by: after an idle spell of kIdleGap or more since its previous step ended, or with no
+  // step before it (`previous` null, `idle_s` since the start), AfterIdle; else AfterStep after
+  // `previous`.
+  struct Before {
+    Seconds seconds = 0;
+    bool after_idle = false;  // which of the two it is
+  };
+  Before AfterWhatRanBefore(const StepShape& shape, Seconds idle_s,
+                            const StepShape* previous) const;
 
   // A step's expert-parallel all-to-all: the bytes each GPU sends (dispatch and combine, every
   // MoE layer) and what moving them at the link's full bandwidth takes, the part of StepTime

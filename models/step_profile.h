@@ -176,7 +176,6 @@ struct FrontendFit {
 // difference to a step that follows an idle spell of its instance, interpolated (linear in the
 // logarithm of the spell between the spells timed, from nothing at none, the longest's beyond
 // it). A mixed step is priced as a prefill.
-inline constexpr Seconds kIdleGap = 1e-3;  // an instance idle this long or longer before a step
 struct AfterIdleFit {
   std::vector<Seconds> idle_s;     // the spells timed, ascending, each at least kIdleGap
   std::vector<Seconds> prefill_s;  // a prefill pass's extra time after each (FitAfterIdle's)

@@ -4,7 +4,6 @@
 #include <cmath>
 #include <utility>
 
-#include "models/step_profile.h"
 #include "sim/world.h"
 
 namespace duet::sim {
@@ -211,9 +210,9 @@ void SimPorts::ExecuteSteps(const policies::StepPlan& plan, policies::StepEvents
   const bool follows = async_ && start == last_step_end_s_;
   // After an idle spell (since the last step, or the start), or right after a step of another
   // kind, the first step's pass runs longer, where the cost model prices it.
-  const Seconds idle_s = start - std::max<Seconds>(0, last_step_end_s_);
-  after_s_ = idle_s >= models::kIdleGap || !last_shape_ ? cost.AfterIdle(shape, idle_s)
-                                                        : cost.AfterStep(shape, *last_shape_);
+  after_s_ = cost.AfterWhatRanBefore(shape, start - std::max<Seconds>(0, last_step_end_s_),
+                                     last_shape_ ? &*last_shape_ : nullptr)
+                 .seconds;
   last_shape_ = shape;  // (a copy into the last one's storage: no allocation once it holds)
   if (plan.max_steps <= 1) {
     const Seconds host_s = host ? cost.HostTime(PlannedHostCounts(plan, 0, 1)) : 0;
