@@ -456,6 +456,8 @@ int Validate(int argc, char** argv) {
                  {"metrics", json::object()}};
     std::vector<json> live_runs;
     for (const LiveRun& run : runs) live_runs.push_back(run.summary);
+    std::vector<std::string> live_dirs;  // each run's live/, live-2/, ...
+    for (int k = 1; k <= load_repeats; ++k) live_dirs.push_back(dir + "/live" + RunSuffix(k));
     for (const Metric& m : metrics) {
       json& entry = load["metrics"][m.name] = Compare(m, live_runs, *simulated_summary);
       if (tolerance_at == "plain") HoldTolerance(m, *tolerances, "error_pct", entry, &exceeded);
@@ -519,8 +521,7 @@ int Validate(int argc, char** argv) {
       // frontend's time per request): how much of the rest the schedule's grouping accounts
       // for. Only where the live step logs measured the wake-up.
       std::vector<std::string> live_csvs;
-      for (int k = 1; k <= load_repeats; ++k)
-        live_csvs.push_back(dir + "/live" + RunSuffix(k) + "/requests.csv");
+      for (const std::string& live : live_dirs) live_csvs.push_back(live + "/requests.csv");
       auto hand_over = MeasureLiveHandOver(live_schedules, live_csvs, as_live);
       if (!hand_over) return Fail(hand_over.error());
       if (hand_over->wakes > 0) {
@@ -615,6 +616,8 @@ int Validate(int argc, char** argv) {
         }
       }
     }
+    // Where each world's percentiles fall among the live runs' requests.
+    if (Status s = PlaceInLive(load, metrics, live_dirs); !s.ok()) return Fail(s.message());
     load["cpu"] = again ? recorded["loads"][li]["cpu"] : CpuOf(runs);
     report["loads"].push_back(load);
   }

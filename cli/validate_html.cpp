@@ -330,6 +330,14 @@ Status WriteValidationHtml(const json& report, const std::vector<Metric>& metric
       "(their medians), so that as many of a burst's requests join a waking engine's step (not "
       "the hand-over's).</p>\n";
   for (const json& load : report["loads"])
+    if (const std::string places = PlacesText(load); !places.empty())
+      html += "<p>Places at x" + Escape(RateText(load["rate_scale"].get<double>())) +
+              ": each value's percentile among the live runs' requests (how many of them lie "
+              "below it): " +
+              Escape(places) +
+              ". Where few requests lie near a percentile, an error in value is one of few "
+              "requests.</p>\n";
+  for (const json& load : report["loads"])
     if (const std::string after = AfterText(load["steps"]); !after.empty())
       html += "<p>By what ran before at x" + Escape(RateText(load["rate_scale"].get<double>())) +
               ": the profile prices the live steps, by what their instance ran just before them "

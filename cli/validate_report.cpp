@@ -303,6 +303,83 @@ json Compare(const Metric& m, const std::vector<json>& live_runs, const json& si
   return entry;
 }
 
+namespace {
+
+// The percent of `sorted` below `x`, ties counting half.
+double PlaceAmong(const std::vector<double>& sorted, double x) {
+  const auto low = std::lower_bound(sorted.begin(), sorted.end(), x);
+  const auto high = std::upper_bound(low, sorted.end(), x);
+  return 100 * (static_cast<double>(low - sorted.begin()) + static_cast<double>(high - low) / 2) /
+         static_cast<double>(sorted.size());
+}
+
+}  // namespace
+
+Status PlaceInLive(json& load, const std::vector<Metric>& metrics,
+                   const std::vector<std::string>& live_dirs) {
+  std::map<std::string, std::vector<double>> pooled;  // by requests.csv column, sorted
+  for (const Metric& m : metrics) {
+    // A percentile of a latency that requests.csv has per request: "/ttft_ms/p50".
+    const std::string column = m.pointer.parent_pointer().to_string().substr(1);
+    if (m.statistic.size() < 2 || m.statistic[0] != 'p' ||
+        (column != "ttft_ms" && column != "tpot_ms" && column != "e2e_ms"))
+      continue;
+    if (!pooled.count(column)) {
+      std::vector<double>& values = pooled[column];
+      for (const std::string& dir : live_dirs) {
+        const std::string path = dir + "/requests.csv";
+        auto run = policies::ParseRequestsCsvColumn(ReadText(path), path, column);
+        if (!run) return run.status();
+        values.insert(values.end(), run->begin(), run->end());
+      }
+      std::sort(values.begin(), values.end());
+    }
+    const std::vector<double>& values = pooled[column];
+    json& entry = load["metrics"][m.name];
+    if (values.empty() || !entry["live"].is_number()) continue;
+    json place = {{"quantile", std::stod(m.statistic.substr(1))},
+                  {"requests", values.size()},
+                  {"live_runs", json::array()}};
+    for (const json& v :
+         entry.contains("live_runs") ? entry["live_runs"] : json::array({entry["live"]}))
+      place["live_runs"].push_back(v.is_number() ? json(PlaceAmong(values, v.get<double>()))
+                                                 : json());
+    for (const auto& [key, v] : entry.items())
+      if (key.rfind("simulated", 0) == 0 && v.is_number())
+        place[key] = PlaceAmong(values, v.get<double>());
+    entry["place_in_live"] = std::move(place);
+  }
+  return Status::Ok();
+}
+
+std::string PlacesText(const json& load) {
+  auto p = [](const json& place) {
+    char text[32];
+    std::snprintf(text, sizeof text, "p%.1f", place.get<double>());
+    return std::string(text);
+  };
+  std::string out;
+  for (const char* name :
+       {"ttft_ms.p50", "tpot_ms.p50", "e2e_ms.p50", "ttft_ms.p99", "tpot_ms.p99", "e2e_ms.p99"}) {
+    if (!load["metrics"].contains(name) || !load["metrics"][name].contains("place_in_live"))
+      continue;
+    const json& place = load["metrics"][name]["place_in_live"];
+    std::vector<double> runs;
+    for (const json& v : place["live_runs"])
+      if (v.is_number()) runs.push_back(v.get<double>());
+    std::string text = std::string(name) + " simulated " +
+                       (place.contains("simulated") ? p(place["simulated"]) : "n/a");
+    if (place.contains("simulated_at_live_speed"))
+      text += " (at the live runs' speed " + p(place["simulated_at_live_speed"]) + ")";
+    if (runs.size() > 1) {
+      const auto [low, high] = std::minmax_element(runs.begin(), runs.end());
+      text += ", the live runs' own " + p(*low) + " to " + p(*high);
+    }
+    out += (out.empty() ? "" : "; ") + text;
+  }
+  return out;
+}
+
 json Sensitivity(const json& load, const std::vector<Metric>& metrics, const json& plain,
                  double scale, const std::map<std::string, json>& slower) {
   auto value = [](const json& summary, const Metric& m) {
@@ -557,6 +634,14 @@ void PrintValidation(const json& report, const std::vector<Metric>& metrics) {
           compared);
     }
   }
+  // Where the values fall among the live runs' requests: an error in value at a percentile
+  // where few requests lie is an error of few requests.
+  for (const json& load : report["loads"])
+    if (const std::string places = PlacesText(load); !places.empty())
+      std::printf(
+          "places at x%s: each value's percentile among the live runs' requests (how many of "
+          "them lie below it): %s\n",
+          RateText(load["rate_scale"].get<double>()).c_str(), places.c_str());
   // Where the error comes from, per load.
   for (const json& load : report["loads"]) {
     const json& s = load["steps"];

@@ -49,6 +49,22 @@ Result<nlohmann::json> ReadRunSummary(const std::string& dir);
 nlohmann::json Compare(const Metric& m, const std::vector<nlohmann::json>& live_runs,
                        const nlohmann::json& simulated);
 
+// Where a load's percentiles of TTFT, TPOT and E2E fall among the live runs' requests (each
+// run's requests.csv in `live_dirs`, pooled; the completed requests that summary.json counts):
+// sets each such metric's "place_in_live" to {"quantile" (50 for a p50), "requests" (how many
+// live values), "live_runs" (each run's own value's place), and for every simulated value the
+// metric has ("simulated", "simulated_at_live_speed", ...) its place under the same key}, a place
+// being the percent of those requests whose value lies below it (ties count half). Where few
+// requests lie near a percentile (a TPOT p50 between requests whose decode met no long step and
+// those whose decode met one), a value off by 13% can be the live p47: off by 3% of the requests,
+// which the live runs' own places show the noise of. Errors name the file.
+Status PlaceInLive(nlohmann::json& load, const std::vector<Metric>& metrics,
+                   const std::vector<std::string>& live_dirs);
+// A load's "place_in_live" of the p50s and p99s of TTFT, TPOT and E2E in words: the simulated
+// value's place (and at the live runs' speed, where simulated) beside the live runs' own; "" where
+// it has none.
+std::string PlacesText(const nlohmann::json& load);
+
 // Holds one of a metric's errors, entry[`key`] (a percentage: "error_pct", the plain
 // simulation's, or a variant's such as "error_at_live_speed_pct"), to the metric's --tolerance
 // where one names it (by metric, else by statistic): sets "tolerance_pct", "tolerance_at" (`key`)

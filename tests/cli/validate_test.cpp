@@ -1130,6 +1130,26 @@ TEST_F(ValidateTest, RepeatsTheLiveRunsOfAScaledRealTraceAndStatesTheirSpread) {
     }
   }
   EXPECT_GE(compared, 16);
+  // The percentiles of TTFT, TPOT and E2E placed among both runs' requests, in the values' order.
+  for (const char* name : {"ttft_ms.p50", "e2e_ms.p50", "ttft_ms.p99", "e2e_ms.p99"}) {
+    const json& m = load["metrics"][name];
+    const json& place = m["place_in_live"];
+    EXPECT_EQ(place["requests"], 20) << name << m;
+    ASSERT_EQ(place["live_runs"].size(), 2u) << name << m;
+    const double sim = m["simulated"].get<double>();
+    for (int k = 0; k < 2; ++k) {
+      const double run = m["live_runs"][k].get<double>();
+      const double at = place["live_runs"][k].get<double>(), sim_at = place["simulated"];
+      if (sim < run) {
+        EXPECT_LE(sim_at, at) << name << m;
+      } else if (sim > run) {
+        EXPECT_GE(sim_at, at) << name << m;
+      }
+    }
+  }
+  EXPECT_TRUE(
+      ContainsAll(r.out, {"places at x1: each value's percentile", "tpot_ms.p50 simulated p"}))
+      << r;
   // Both worlds and both runs sent the same scaled prompts: 113,177 tokens at 1/128, rounded
   // request by request.
   const std::int64_t sent = PromptTokens(tmp_.File("out/rate-1/live/requests.csv"));
