@@ -616,6 +616,8 @@ int Validate(int argc, char** argv) {
         }
       }
     }
+    // The load against its --tolerance, and what each miss is down to.
+    StateGoal(load);
     // Where each world's percentiles fall among the live runs' requests.
     if (Status s = PlaceInLive(load, metrics, live_dirs); !s.ok()) return Fail(s.message());
     load["cpu"] = again ? recorded["loads"][li]["cpu"] : CpuOf(runs);

@@ -330,6 +330,10 @@ Status WriteValidationHtml(const json& report, const std::vector<Metric>& metric
       "(their medians), so that as many of a burst's requests join a waking engine's step (not "
       "the hand-over's).</p>\n";
   for (const json& load : report["loads"])
+    if (const std::string goal = GoalText(load); !goal.empty())
+      html += "<p>Goal at x" + Escape(RateText(load["rate_scale"].get<double>())) + ": " +
+              Escape(goal) + ".</p>\n";
+  for (const json& load : report["loads"])
     if (const std::string places = PlacesText(load); !places.empty())
       html += "<p>Places at x" + Escape(RateText(load["rate_scale"].get<double>())) +
               ": each value's percentile among the live runs' requests (how many of them lie "

@@ -513,6 +513,92 @@ void HoldTolerance(const Metric& m, const std::map<std::string, double>& toleran
   *exceeded |= over;
 }
 
+namespace {
+
+// The simulations that each price one more part of a request's time as it was live, in the
+// order a miss is put down to the first whose error is within the tolerance, with what they
+// change.
+constexpr std::pair<const char*, const char*> kParts[] = {
+    {"at_live_speed", "at the live runs' speed (the machine's drift since calibration)"},
+    {"at_machine_speed", "at the machine's measured speed (its drift since calibration)"},
+    {"as_live", "with the steps priced as they ran live (the step costs)"},
+    {"at_live_send", "at the live send times (the send times)"},
+    {"as_live_hand_over",
+     "as live, handing over as live (the step costs and the hand-over after an idle spell)"},
+    {"as_live_at_live_send", "as live at the live send times (the step costs and the send times)"},
+};
+
+}  // namespace
+
+void StateGoal(json& load) {
+  json goal = {{"held", 0}, {"within", 0}, {"missed", json::array()}};
+  for (const auto& [name, e] : load["metrics"].items()) {
+    if (!e.contains("within")) continue;
+    goal["held"] = goal["held"].get<int>() + 1;
+    if (e["within"].get<bool>()) {
+      goal["within"] = goal["within"].get<int>() + 1;
+      continue;
+    }
+    const double tolerance = e["tolerance_pct"].get<double>();
+    const std::string held = e["tolerance_at"].get<std::string>();
+    const json spread = e.value("live_spread_pct", json());
+    json miss = {{"metric", name},
+                 {"error_pct", e[held]},
+                 {"live_spread_pct", spread},
+                 {"spread_below_tolerance", spread.is_number() && spread.get<double>() < tolerance},
+                 {"within_live_range", e.value("within_live_range", false)},
+                 {"within_when", nullptr},
+                 {"nearest", nullptr}};
+    for (const auto& [part, what] : kParts) {
+      const std::string key = std::string("error_") + part + "_pct";
+      if (key == held || !e.contains(key) || !e[key].is_number()) continue;
+      const double error = e[key].get<double>();
+      if (std::abs(error) <= tolerance && miss["within_when"].is_null()) {
+        miss["within_when"] = part;
+        miss["within_when_error_pct"] = error;
+      }
+      if (miss["nearest"].is_null() ||
+          std::abs(error) < std::abs(miss["nearest_error_pct"].get<double>())) {
+        miss["nearest"] = part;
+        miss["nearest_error_pct"] = error;
+      }
+    }
+    goal["missed"].push_back(std::move(miss));
+  }
+  if (goal["held"].get<int>() > 0) load["goal"] = std::move(goal);
+}
+
+std::string GoalText(const json& load) {
+  if (!load.contains("goal")) return "";
+  const json& g = load["goal"];
+  auto what = [](const json& part) {
+    for (const auto& [key, text] : kParts)
+      if (part == key) return std::string(text);
+    return part.get<std::string>();
+  };
+  std::string out = g["within"].dump() + " of " + g["held"].dump() + " held metrics within";
+  std::string noise, others;
+  for (const json& m : g["missed"]) {
+    std::string text = m["metric"].get<std::string>() + " " + PercentText(m["error_pct"]);
+    if (m["live_spread_pct"].is_number())
+      text += " (the live runs " + PercentText(m["live_spread_pct"]).substr(1) + " apart" +
+              (m["within_live_range"].get<bool>() ? ", the simulation within their range" : "") +
+              ")";
+    if (!m["within_when"].is_null())
+      text += ": within " + what(m["within_when"]) + ", " + PercentText(m["within_when_error_pct"]);
+    else if (!m["nearest"].is_null())
+      text += ": no simulation of one part brings it within; nearest " + what(m["nearest"]) + ", " +
+              PercentText(m["nearest_error_pct"]);
+    std::string& list = m["spread_below_tolerance"].get<bool>() ? others : noise;
+    list += (list.empty() ? "" : "; ") + text;
+  }
+  if (!others.empty())
+    out += "; missed where the live runs differ by less than the tolerance: " + others;
+  if (!noise.empty())
+    out += "; missed where the live runs differ by as much or more (or ran once): " + noise;
+  return out;
+}
+
 std::string ProfileText(const json& profile) {
   const std::string traffic = profile["traffic"].get<std::string>();
   const json& source = profile["source"];
@@ -634,6 +720,11 @@ void PrintValidation(const json& report, const std::vector<Metric>& metrics) {
           compared);
     }
   }
+  // Each load against its --tolerance, and what each miss is down to.
+  for (const json& load : report["loads"])
+    if (const std::string goal = GoalText(load); !goal.empty())
+      std::printf("goal at x%s: %s\n", RateText(load["rate_scale"].get<double>()).c_str(),
+                  goal.c_str());
   // Where the values fall among the live runs' requests: an error in value at a percentile
   // where few requests lie is an error of few requests.
   for (const json& load : report["loads"])

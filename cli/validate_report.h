@@ -99,6 +99,21 @@ std::string SensitivityText(const nlohmann::json& load);
 // states the error the machine's drift makes at it: whether that error is beyond the tolerance.
 void MarkToleranceBelowDrift(nlohmann::json& load);
 
+// The load against its --tolerance as a goal: of the metrics a tolerance holds (HoldTolerance),
+// how many are within it, and for each missed one whether the live runs' own spread
+// ("live_spread_pct") is smaller than the tolerance (a miss the noise does not excuse) and which
+// part of the request's time accounts for it: the first of the simulations that each change one
+// part ("at_live_speed": the machine's speed while it served; "at_machine_speed"; "as_live": the
+// step costs as they ran live; "at_live_send": the send times; "as_live_hand_over";
+// "as_live_at_live_send") whose error is within the tolerance, or none, with the one nearest it.
+// Sets load["goal"] = {"held", "within", "missed": [{"metric", "error_pct" (the held error),
+// "live_spread_pct" (null with one run), "spread_below_tolerance", "within_live_range",
+// "within_when" (the simulation's key, or null), "within_when_error_pct", "nearest",
+// "nearest_error_pct"}]}; nothing where no metric is held.
+void StateGoal(nlohmann::json& load);
+// A load's "goal" in words; "" where it has none.
+std::string GoalText(const nlohmann::json& load);
+
 // Whether a metric's --tolerance holds its error under `key` (HoldTolerance) and that error is
 // beyond it.
 bool Missed(const nlohmann::json& entry, const std::string& key);

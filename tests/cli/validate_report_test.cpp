@@ -1,9 +1,11 @@
-// `duet validate`'s places (cli/validate_report.h): where each world's percentiles fall among the
-// live runs' requests, from requests.csv files written here by hand.
+// `duet validate`'s report (cli/validate_report.h) from inputs written here by hand: where each
+// world's percentiles fall among the live runs' requests (requests.csv files), and the load
+// against its --tolerance with what each miss is down to.
 #include "cli/validate_report.h"
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -94,6 +96,82 @@ TEST_F(PlaceInLiveTest, AMissingOrBadRequestsFileIsNamed) {
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.message().find("live-3/requests.csv"), std::string::npos) << bad.message();
   EXPECT_FALSE(load["metrics"]["ttft_ms.p50"].contains("place_in_live"));
+}
+
+// A metric held to `tolerance` at `held` (HoldTolerance's fields), with its errors.
+json Held(double tolerance, const std::string& held, json errors) {
+  errors["tolerance_pct"] = tolerance;
+  errors["tolerance_at"] = held;
+  errors["within"] = std::abs(errors[held].get<double>()) <= tolerance;
+  return errors;
+}
+
+TEST(GoalTest, PutsEachMissDownToTheFirstPartThatBringsItWithin) {
+  json load = {{"metrics", json::object()}};
+  json& m = load["metrics"];
+  m["ttft_ms.p50"] = Held(5, "error_pct", {{"error_pct", 2.0}, {"live_spread_pct", 1.0}});
+  // Within both as live and handing over as live: put down to the step costs, the first.
+  m["tpot_ms.p50"] = Held(5, "error_pct",
+                          {{"error_pct", -12.4},
+                           {"live_spread_pct", 4.2},
+                           {"within_live_range", false},
+                           {"error_at_live_speed_pct", -8.0},
+                           {"error_as_live_pct", -3.9},
+                           {"error_as_live_hand_over_pct", -0.2}});
+  // Within no part, and the live runs apart by more than the tolerance.
+  m["e2e_ms.p99"] = Held(10, "error_pct",
+                         {{"error_pct", 14.0},
+                          {"live_spread_pct", 22.0},
+                          {"within_live_range", true},
+                          {"error_as_live_pct", 12.0},
+                          {"error_at_live_speed_pct", -13.0},
+                          {"error_as_live_hand_over_pct", nullptr}});
+  // Held at the live runs' speed: that simulation is the held one, not a part.
+  m["ttft_ms.p99"] = Held(10, "error_at_live_speed_pct",
+                          {{"error_pct", 2.0},
+                           {"live_spread_pct", 5.0},
+                           {"error_at_live_speed_pct", 11.0},
+                           {"error_as_live_pct", 9.0}});
+  m["throughput.output_tokens_per_s"] = {{"error_pct", 30.0}};  // held by no tolerance
+  StateGoal(load);
+
+  const json& goal = load["goal"];
+  EXPECT_EQ(goal["held"], 4);
+  EXPECT_EQ(goal["within"], 1);
+  ASSERT_EQ(goal["missed"].size(), 3u) << goal;
+  const json& e2e = goal["missed"][0];
+  EXPECT_EQ(e2e["metric"], "e2e_ms.p99");
+  EXPECT_EQ(e2e["spread_below_tolerance"], false);
+  EXPECT_EQ(e2e["within_when"], nullptr);
+  EXPECT_EQ(e2e["nearest"], "as_live");
+  EXPECT_EQ(e2e["nearest_error_pct"], 12.0);
+  const json& tpot = goal["missed"][1];
+  EXPECT_EQ(tpot["error_pct"], -12.4);
+  EXPECT_EQ(tpot["spread_below_tolerance"], true);
+  EXPECT_EQ(tpot["within_when"], "as_live");
+  EXPECT_EQ(tpot["within_when_error_pct"], -3.9);
+  EXPECT_EQ(tpot["nearest"], "as_live_hand_over");
+  const json& ttft = goal["missed"][2];
+  EXPECT_EQ(ttft["error_pct"], 11.0);
+  EXPECT_EQ(ttft["within_when"], "as_live");
+
+  EXPECT_EQ(
+      GoalText(load),
+      "1 of 4 held metrics within; missed where the live runs differ by less than the "
+      "tolerance: tpot_ms.p50 -12.4% (the live runs 4.2% apart): within with the steps "
+      "priced as they ran live (the step costs), -3.9%; ttft_ms.p99 +11.0% (the live runs "
+      "5.0% apart): within with the steps priced as they ran live (the step costs), +9.0%; "
+      "missed where the live runs differ by as much or more (or ran once): e2e_ms.p99 "
+      "+14.0% (the live runs 22.0% apart, the simulation within their range): no simulation of "
+      "one part brings it within; nearest with the steps priced as they ran live (the step "
+      "costs), +12.0%");
+}
+
+TEST(GoalTest, NoToleranceNoGoal) {
+  json load = {{"metrics", {{"ttft_ms.p50", {{"error_pct", 30.0}}}}}};
+  StateGoal(load);
+  EXPECT_FALSE(load.contains("goal"));
+  EXPECT_EQ(GoalText(load), "");
 }
 
 }  // namespace

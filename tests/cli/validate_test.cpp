@@ -703,6 +703,25 @@ TEST_F(ValidateTest, AnErrorBeyondItsToleranceFailsTheRun) {
   EXPECT_EQ(m["ttft_ms.p50"]["tolerance_pct"], 0.01);
   EXPECT_TRUE(m["throughput.output_tokens_per_s"]["within"].get<bool>()) << m;
   EXPECT_FALSE(m["ttft_ms.mean"].contains("within")) << m;  // no tolerance given for it
+  // The load against that goal: every held metric counted, every miss listed.
+  const json& goal = report["loads"][0]["goal"];
+  int held = 0, within = 0;
+  std::set<std::string> missed, listed;
+  for (const auto& [name, e] : m.items()) {
+    if (!e.contains("within")) continue;
+    ++held;
+    if (e["within"].get<bool>())
+      ++within;
+    else
+      missed.insert(name);
+  }
+  for (const json& miss : goal["missed"]) listed.insert(miss["metric"].get<std::string>());
+  EXPECT_EQ(goal["held"], held);
+  EXPECT_EQ(goal["within"], within);
+  EXPECT_EQ(listed, missed);
+  EXPECT_TRUE(ContainsAll(r.out, {"goal at x1: " + std::to_string(within) + " of " +
+                                  std::to_string(held) + " held metrics within; missed "}))
+      << r;
   auto profile = models::LoadStepProfile(tmp_.File("profile.json"));
   ASSERT_TRUE(profile.ok()) << profile.error();
   std::set<std::int64_t> bands;
