@@ -574,9 +574,17 @@ int Validate(int argc, char** argv) {
       }
       load["sensitivity"] = Sensitivity(load, metrics, *simulated_summary, kSlower, slower);
       if (tolerance_at == "live-speed") {
-        if (!live_speed.is_object())
+        if (!live_speed.is_object()) {
+          const json& st = load["steps"];
+          char why[256];
+          std::snprintf(why, sizeof why,
+                        "the live forward passes took %.6f s, which the profile prices at %.6f s, "
+                        "%.6f s of it what it adds after idle spells and other steps",
+                        st["forward_s"].get<double>(), st["priced_s"].get<double>(),
+                        st.value("after_idle_s", 0.0) + st.value("after_step_s", 0.0));
           return Fail("--tolerance-at live-speed: rate scale " + RateText(r) +
-                      ": no live step to time the machine by");
+                      ": no live step time to time the machine by (" + why + ")");
+        }
         for (const Metric& m : metrics)
           HoldTolerance(m, *tolerances, "error_at_live_speed_pct", load["metrics"][m.name],
                         &exceeded);

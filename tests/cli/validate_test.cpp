@@ -785,6 +785,13 @@ TEST_F(ValidateTest, HoldsTheToleranceAtTheLiveRunsSpeedWhenAsked) {
   json doc = ReadJson(tmp_.File("profile.json"));
   for (json& m : doc["measurements"])
     for (json& s : m["seconds"]) s = 10 * s.get<double>();
+  // The speed is the live steps' time less what the profile adds after idle spells and other
+  // steps. The tiny model's steps take microseconds, and a two-repeat calibration's additions,
+  // medians of differences, can be as large (one preemption), leaving no live time to time the
+  // machine by (ValidateTest.RefusesTheLiveRunsSpeedWhereTheAdditionsLeaveNoTime): this test's
+  // profile adds nothing.
+  doc.erase("after_idle");
+  doc.erase("after_step");
   tmp_.Write("profile.json", doc.dump());
   const RunResult r = Validate({"--rate-scales", "1", "--tolerance", "p50=0.01", "--tolerance-at",
                                 "live-speed", "--report"});
@@ -876,6 +883,25 @@ TEST_F(ValidateTest, HoldsTheToleranceAtTheLiveRunsSpeedWhenAsked) {
   const std::string page = ReadFile(tmp_.File("out/report.html"));
   EXPECT_EQ(page.find("class=\"miss\""), std::string::npos);
   EXPECT_NE(page.find("% !"), std::string::npos);
+}
+
+// A profile that adds more after idle spells than the live steps took leaves no live time to
+// time the machine by: --tolerance-at live-speed is refused, saying why, rather than holding the
+// tolerance at a speed that is no measure.
+TEST_F(ValidateTest, RefusesTheLiveRunsSpeedWhereTheAdditionsLeaveNoTime) {
+  json doc = ReadJson(tmp_.File("profile.json"));
+  ASSERT_TRUE(doc.contains("after_idle")) << "the fixture's calibration times idle spells";
+  for (const char* key : {"prefill_s", "decode_s"})
+    for (json& extra : doc["after_idle"][key]) extra = 10.0;  // far beyond the tiny model's steps
+  doc.erase("after_step");
+  tmp_.Write("profile.json", doc.dump());
+  const RunResult r =
+      Validate({"--rate-scales", "1", "--tolerance", "p50=50", "--tolerance-at", "live-speed"});
+  EXPECT_EQ(r.exit_code, 1) << r;
+  EXPECT_TRUE(ContainsAll(r.err, {"--tolerance-at live-speed: rate scale 1: no live step time to "
+                                  "time the machine by (the live forward passes took ",
+                                  "of it what it adds after idle spells and other steps)"}))
+      << r;
 }
 
 // --again: a changed profile simulated and reported against the live runs a previous validate
