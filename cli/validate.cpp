@@ -581,7 +581,7 @@ int Validate(int argc, char** argv) {
                         "the live forward passes took %.6f s, which the profile prices at %.6f s, "
                         "%.6f s of it what it adds after idle spells and other steps",
                         st["forward_s"].get<double>(), st["priced_s"].get<double>(),
-                        st.value("after_idle_s", 0.0) + st.value("after_step_s", 0.0));
+                        AddedForWhatRanBefore(st));
           return Fail("--tolerance-at live-speed: rate scale " + RateText(r) +
                       ": no live step time to time the machine by (" + why + ")");
         }

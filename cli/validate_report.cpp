@@ -317,26 +317,26 @@ double PlaceAmong(const std::vector<double>& sorted, double x) {
 
 Status PlaceInLive(json& load, const std::vector<Metric>& metrics,
                    const std::vector<std::string>& live_dirs) {
-  std::map<std::string, std::vector<double>> pooled;  // by requests.csv column, sorted
+  // The per-request latencies requests.csv has: each one's live values, pooled over the runs
+  // (the completed requests where it is not empty), sorted.
+  static const std::vector<std::string> kColumns = {"ttft_ms", "tpot_ms", "e2e_ms"};
+  std::map<std::string, std::vector<double>> pooled;
+  for (const std::string& dir : live_dirs) {
+    const std::string path = dir + "/requests.csv";
+    auto rows = policies::ParseRequestsCsvColumns(ReadText(path), path, kColumns);
+    if (!rows) return rows.status();
+    for (const policies::RequestsCsvRow& row : *rows)
+      for (std::size_t c = 0; c < kColumns.size(); ++c)
+        if (row[c]) pooled[kColumns[c]].push_back(*row[c]);
+  }
+  for (auto& [column, values] : pooled) std::sort(values.begin(), values.end());
   for (const Metric& m : metrics) {
-    // A percentile of a latency that requests.csv has per request: "/ttft_ms/p50".
+    // A percentile of one of them: "/ttft_ms/p50".
     const std::string column = m.pointer.parent_pointer().to_string().substr(1);
-    if (m.statistic.size() < 2 || m.statistic[0] != 'p' ||
-        (column != "ttft_ms" && column != "tpot_ms" && column != "e2e_ms"))
-      continue;
-    if (!pooled.count(column)) {
-      std::vector<double>& values = pooled[column];
-      for (const std::string& dir : live_dirs) {
-        const std::string path = dir + "/requests.csv";
-        auto run = policies::ParseRequestsCsvColumn(ReadText(path), path, column);
-        if (!run) return run.status();
-        values.insert(values.end(), run->begin(), run->end());
-      }
-      std::sort(values.begin(), values.end());
-    }
+    if (m.statistic.size() < 2 || m.statistic[0] != 'p' || !pooled.count(column)) continue;
     const std::vector<double>& values = pooled[column];
     json& entry = load["metrics"][m.name];
-    if (values.empty() || !entry["live"].is_number()) continue;
+    if (!entry["live"].is_number()) continue;
     json place = {{"quantile", std::stod(m.statistic.substr(1))},
                   {"requests", values.size()},
                   {"live_runs", json::array()}};
@@ -531,12 +531,13 @@ constexpr std::pair<const char*, const char*> kParts[] = {
 }  // namespace
 
 void StateGoal(json& load) {
-  json goal = {{"held", 0}, {"within", 0}, {"missed", json::array()}};
+  int held = 0, within = 0;
+  json missed = json::array();
   for (const auto& [name, e] : load["metrics"].items()) {
     if (!e.contains("within")) continue;
-    goal["held"] = goal["held"].get<int>() + 1;
+    ++held;
     if (e["within"].get<bool>()) {
-      goal["within"] = goal["within"].get<int>() + 1;
+      ++within;
       continue;
     }
     const double tolerance = e["tolerance_pct"].get<double>();
@@ -563,9 +564,9 @@ void StateGoal(json& load) {
         miss["nearest_error_pct"] = error;
       }
     }
-    goal["missed"].push_back(std::move(miss));
+    missed.push_back(std::move(miss));
   }
-  if (goal["held"].get<int>() > 0) load["goal"] = std::move(goal);
+  if (held > 0) load["goal"] = {{"held", held}, {"within", within}, {"missed", std::move(missed)}};
 }
 
 std::string GoalText(const json& load) {

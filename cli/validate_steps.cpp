@@ -456,12 +456,11 @@ Result<json> AttributeSteps(const std::vector<std::string>& step_logs,
   return out;
 }
 
-namespace {
-
-// Of a sum of steps' price, what the cost model adds for what ran before them.
 double AddedForWhatRanBefore(const json& sum) {
   return sum.value("after_idle_s", 0.0) + sum.value("after_step_s", 0.0);
 }
+
+namespace {
 
 // A fit's pieces of class `c` scaled: below its split (or all, unsplit) by `k`, above by `k_above`.
 void ScaleClass(models::StepFit& fit, std::size_t c, double k, double k_above) {

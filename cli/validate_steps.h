@@ -59,6 +59,10 @@ std::pair<models::StepProfile, nlohmann::json> ProfileAsLive(const sim::ClusterS
 models::StepProfile ProfileScaled(const models::StepProfile& profile, double k,
                                   std::optional<models::ShapeClass> only = std::nullopt);
 
+// Of a sum of live steps' price (AttributeSteps' whole, a class's, ...), what the cost model adds
+// for what ran before them: "after_idle_s" and "after_step_s".
+double AddedForWhatRanBefore(const nlohmann::json& sum);
+
 // The machine's speed during a load's live runs against its speed at calibration, from the live
 // steps themselves: what they took over what the profile's fits price them at, both less what it
 // adds after idle spells (`steps`:
