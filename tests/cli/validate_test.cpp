@@ -883,6 +883,7 @@ TEST_F(ValidateTest, HoldsTheToleranceAtTheLiveRunsSpeedWhenAsked) {
   const std::string page = ReadFile(tmp_.File("out/report.html"));
   EXPECT_EQ(page.find("class=\"miss\""), std::string::npos);
   EXPECT_NE(page.find("% !"), std::string::npos);
+  EXPECT_NE(page.find("<p>Goal at x1: "), std::string::npos) << "the page states the goal";
 }
 
 // A profile that adds more after idle spells than the live steps took leaves no live time to
@@ -1195,6 +1196,7 @@ TEST_F(ValidateTest, RepeatsTheLiveRunsOfAScaledRealTraceAndStatesTheirSpread) {
   EXPECT_TRUE(
       ContainsAll(r.out, {"places at x1: each value's percentile", "tpot_ms.p50 simulated p"}))
       << r;
+  EXPECT_NE(ReadFile(tmp_.File("out/report.html")).find("<p>Places at x1: "), std::string::npos);
   // Both worlds and both runs sent the same scaled prompts: 113,177 tokens at 1/128, rounded
   // request by request.
   const std::int64_t sent = PromptTokens(tmp_.File("out/rate-1/live/requests.csv"));
