@@ -533,16 +533,16 @@ int Validate(int argc, char** argv) {
         variants.push_back({"as_live_hand_over", "as live handing over as live",
                             dir + "/sim-as-live-hand-over/steps.jsonl"});
       }
-      // At the machine's measured speed: every step priced slower (or faster) by what the
-      // profile's reference shapes, timed alone beside the live runs, took against calibration,
-      // so that the error left is not the machine's drift.
+      // At the machine's measured speed: each kind of step priced slower (or faster) by what the
+      // profile's reference shape of its kind, timed alone beside the live runs, took against
+      // calibration, so that the error left is not the machine's drift.
       if (load.contains("machine") && load["machine"].is_object()) {
-        const double k = 1 + load["machine"]["slower_pct"].get<double>() / 100;
-        if (auto s = resimulate(ProfileScaled(*profile, k), "machine-speed", "at_machine_speed",
+        auto [at_speed, scales] = ProfileAtMachineSpeed(*profile, load["machine"]);
+        if (auto s = resimulate(at_speed, "machine-speed", "at_machine_speed",
                                 "at the machine's measured speed");
             !s)
           return Fail(s.error());
-        load["at_machine_speed"] = {{"scale", k}};
+        load["at_machine_speed"] = std::move(scales);
       }
       // At the live runs' own speed against calibration's measurements (validate_steps.h): the
       // error left when the machine's drift between calibration and the live runs is not one.

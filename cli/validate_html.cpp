@@ -49,6 +49,21 @@ std::string Format(const char* format, double value) {
   return text;
 }
 
+// A machine reading (SummarizeReference's): "+3.0% (prefill 256 +2.9%, decode 1x256 +27.4%)", and
+// beside another instance alike.
+std::string MachineCell(const json& machine) {
+  auto reading = [](const json& r) {
+    std::string each;
+    const json shapes = r.value("shapes", json::object());
+    for (const auto& [name, pct] : shapes.items())
+      each += (each.empty() ? "" : ", ") + name + " " + PercentText(pct);
+    return PercentText(r["slower_pct"]) + (each.empty() ? "" : " (" + each + ")");
+  };
+  return Escape(reading(machine) + (machine.contains("beside")
+                                        ? "; beside another instance: " + reading(machine["beside"])
+                                        : ""));
+}
+
 struct Series {
   std::string label;   // its own: "live run 2"
   std::string legend;  // in the legend: "live runs (3)"
@@ -266,11 +281,8 @@ Status WriteValidationHtml(const json& report, const std::vector<Metric>& metric
             s["live_steps"].dump() + "</td><td>" + s["simulated_steps"].dump() + "</td><td>" +
             Format("%.2f s", s["forward_s"].get<double>()) + "</td><td>" +
             PercentText(s["priced_error_pct"]) + "</td><td>" +
-            (load.contains("machine") ? PercentText(load["machine"]["slower_pct"]) : "n/a") +
-            (load.contains("machine") && load["machine"].contains("beside")
-                 ? " (beside another instance: " +
-                       PercentText(load["machine"]["beside"]["slower_pct"]) + ")"
-                 : "") +
+            (load.contains("machine") && load["machine"].is_object() ? MachineCell(load["machine"])
+                                                                     : "n/a") +
             "</td>";
     for (std::size_t c = 0; c < models::kShapeClasses; ++c) {
       const json& cls = s["classes"][models::ToString(static_cast<models::ShapeClass>(c))];
@@ -312,12 +324,16 @@ Status WriteValidationHtml(const json& report, const std::vector<Metric>& metric
       "</table>\n<p>Priced by the profile: the cost model's price for the live steps' shapes "
       "over their measured forward passes, less one; beyond the sweep: steps of a class the "
       "profile prices past every shape of it that it measured. The machine against its "
-      "calibration: the profile's own reference steps timed alone before and after each live "
-      "run, over what calibration measured for them, less one (the median; positive: slower "
+      "calibration: the profile's own reference steps (a prefill pass, a batch of decode rows "
+      "and one decode row) timed alone before and after each live run, over what calibration "
+      "measured for them, less one (the median, all together and each step's; positive: slower "
       "now); beside another instance (instances side by side on a node): the same steps timed "
-      "while a second copy of the model runs the other over and over, over their time alone, "
-      "less one. At the machine's speed: the error left when every step is priced slower by that "
-      "much (not the machine's drift). At the live runs' speed: the same with every step priced "
+      "while a second copy of the model runs one of the other kind over and over, over their "
+      "time alone, less one. At the machine's speed: the error left when each kind of step is "
+      "priced slower by what the reference step of its kind read (a one-row decode step, bound "
+      "by memory bandwidth, for the pieces that price it; a prefill pass and a batch of decode "
+      "rows for theirs; the rest by all of them together): not the machine's drift. At the live "
+      "runs' speed: the same with every step priced "
       "at the live steps' time over the fits' price for them, times the fits' price for "
       "calibration's own measurements over what it measured (the machine while it served "
       "against when it was calibrated, timed by the live steps themselves). At the live send times "

@@ -17,13 +17,19 @@ using nlohmann::json;
 namespace {
 
 // The reference shapes among a profile's measurements (tp 1, timed at least once), those found:
-// indices into profile.measurements.
+// indices into profile.measurements, the prefill shape first, then the decode shapes.
 std::vector<std::size_t> ReferenceShapes(const models::StepProfile& profile) {
   constexpr Tokens kPrefillTokens = 256, kDecodeRows = 8, kDecodeContext = 256;
-  std::optional<std::size_t> prefill, decode;
+  std::optional<std::size_t> prefill, decode, one_row;
   const auto& ms = profile.measurements;
   auto context_per_row = [&](std::size_t i) {
     return ms[i].shape.decode_context_tokens / ms[i].shape.decode_tokens;
+  };
+  // Of two decode shapes of equal rows: the least context of at least kDecodeContext, else the
+  // most.
+  auto better_context = [&](std::size_t i, std::size_t than) {
+    const Tokens c = context_per_row(i), best = context_per_row(than);
+    return best < kDecodeContext ? c > best : (c >= kDecodeContext && c < best);
   };
   for (std::size_t i = 0; i < ms.size(); ++i) {
     const models::StepShape& s = ms[i].shape;
@@ -32,21 +38,16 @@ std::vector<std::size_t> ReferenceShapes(const models::StepProfile& profile) {
         s.prefill[0].tokens <= kPrefillTokens &&
         (!prefill || s.prefill[0].tokens > ms[*prefill].shape.prefill[0].tokens))
       prefill = i;
-    if (s.prefill.empty() && s.decode_tokens > 0 && s.decode_tokens <= kDecodeRows) {
-      if (!decode || s.decode_tokens > ms[*decode].shape.decode_tokens) {
-        decode = i;
-        continue;
-      }
-      if (s.decode_tokens < ms[*decode].shape.decode_tokens) continue;
-      // Equal rows: the least context of at least kDecodeContext, else the most.
-      const Tokens c = context_per_row(i), best = context_per_row(*decode);
-      const bool better = best < kDecodeContext ? c > best : (c >= kDecodeContext && c < best);
-      if (better) decode = i;
-    }
+    if (!s.prefill.empty() || s.decode_tokens == 0 || s.decode_tokens > kDecodeRows) continue;
+    if (!decode || s.decode_tokens > ms[*decode].shape.decode_tokens ||
+        (s.decode_tokens == ms[*decode].shape.decode_tokens && better_context(i, *decode)))
+      decode = i;
+    if (s.decode_tokens == 1 && (!one_row || better_context(i, *one_row))) one_row = i;
   }
   std::vector<std::size_t> out;
   if (prefill) out.push_back(*prefill);
   if (decode) out.push_back(*decode);
+  if (one_row && one_row != decode) out.push_back(*one_row);
   return out;
 }
 
@@ -116,9 +117,14 @@ json MachineReference::TimeBeside(int repeats, const std::vector<models::StepMea
   json out = {{"shapes", json::array()}};
   double alone_s = 0, beside_s = 0;
   for (std::size_t i = 0; i < shapes_.size(); ++i) {
-    // The neighbour runs the other reference shape (the same one where there is one) until
-    // this one's passes are done.
-    const models::StepShape& other = shapes_[(i + 1) % shapes_.size()].shape;
+    // The neighbour runs the first reference shape of the other kind (a prefill instance's
+    // beside a decode step, a decode instance's beside a prefill step; the same shape where
+    // there is none) until this one's passes are done.
+    const bool decode = shapes_[i].shape.prefill.empty();
+    const auto other_kind = std::find_if(shapes_.begin(), shapes_.end(), [&](const auto& m) {
+      return m.shape.prefill.empty() != decode;
+    });
+    const models::StepShape& other = (other_kind != shapes_.end() ? *other_kind : shapes_[i]).shape;
     std::atomic<bool> started = false, stop = false;
     std::thread neighbour([&] {
       backend::StepTimer neighbour_timer(*neighbour_);
@@ -148,22 +154,19 @@ json MachineReference::TimeBeside(int repeats, const std::vector<models::StepMea
 
 namespace {
 
-// The median of `readings`' "slower_pct" with their range; with `per_shape`, also each shape's
-// median.
-json MedianReading(const std::vector<const json*>& readings, bool per_shape) {
+// The median of `readings`' "slower_pct" with their range, and each shape's median.
+json MedianReading(const std::vector<const json*>& readings) {
   std::vector<double> values;
   std::map<std::string, std::vector<double>> shapes;
   for (const json* r : readings) {
     values.push_back((*r)["slower_pct"].get<double>());
-    if (per_shape)
-      for (const json& s : (*r)["shapes"])
-        shapes[s["name"].get<std::string>()].push_back(s["slower_pct"].get<double>());
+    for (const json& s : (*r)["shapes"])
+      shapes[s["name"].get<std::string>()].push_back(s["slower_pct"].get<double>());
   }
   const auto [low, high] = std::minmax_element(values.begin(), values.end());
   json out = {
       {"slower_pct", policies::Summarize(values).p50}, {"min_pct", *low}, {"max_pct", *high}};
-  if (per_shape)
-    for (const auto& [name, v] : shapes) out["shapes"][name] = policies::Summarize(v).p50;
+  for (const auto& [name, v] : shapes) out["shapes"][name] = policies::Summarize(v).p50;
   return out;
 }
 
@@ -176,8 +179,8 @@ json SummarizeReference(const std::vector<json>& timings) {
     readings.push_back(&t);
     if (t.contains("beside")) beside.push_back(&t["beside"]);
   }
-  json out = MedianReading(readings, false);
-  if (!beside.empty()) out["beside"] = MedianReading(beside, true);
+  json out = MedianReading(readings);
+  if (!beside.empty()) out["beside"] = MedianReading(beside);
   out["timings"] = timings;
   return out;
 }

@@ -1,12 +1,16 @@
-// `duet validate`'s yardstick for the machine itself: two of the profile's own step shapes (the
-// one-chunk prefill at no cached context with the most tokens up to 256, and the decode-only step
-// with the most rows up to 8 and, among those, the least context per row of at least 256, else
-// the most), timed alone on the device and threads the profile was calibrated with, before and
-// after every live run, against what calibration measured for them. A machine that runs slower
-// now than when it was calibrated (a shared VM drifts by 5-20% within minutes,
-// docs/validation.md) makes the live steps slower than priced whatever the simulator does: this
-// tells that drift apart from what the server itself adds (validate_steps.h prices the live
-// steps).
+// `duet validate`'s yardstick for the machine itself: the profile's own step shapes of three
+// kinds (the one-chunk prefill at no cached context with the most tokens up to 256; the
+// decode-only step with the most rows up to 8 and, among those, the least context per row of at
+// least 256, else the most; and the one-row decode step of that context rule), timed alone on
+// the device and threads the profile was calibrated with, before and after every live run,
+// against what calibration measured for them. A machine that runs slower now than when it was
+// calibrated (a shared VM drifts by 5-20% within minutes, docs/validation.md) makes the live
+// steps slower than priced whatever the simulator does: this tells that drift apart from what
+// the server itself adds (validate_steps.h prices the live steps). The kinds drift apart: a
+// one-row decode step streams every weight for one token and is bound by memory bandwidth,
+// which other guests of a host share, while a prefill pass and a batch of rows compute; on
+// 2026-12-02 one VM ran its one-to-three-row decode steps 11-25% slower than at its calibration
+// half an hour before, its prefill and 4-8-row decode steps within 0-5%.
 #pragma once
 
 #include <memory>
@@ -33,16 +37,16 @@ class MachineReference {
 
   // Times each reference shape `repeats` times as calibrate does (StepTimer::TimeInARun, in
   // passes over the shapes): {"shapes": [{"name"
-  // ("prefill 256", "decode 8x256": rows x context per row), "shape",
+  // ("prefill 256", "decode 8x256", "decode 1x256": rows x context per row), "shape",
   // "calibrated_ms" (the profile's median), "now_ms" (the median now), "slower_pct"}],
   // "slower_pct": the shapes' summed time now over their summed calibrated time, less 1, in
   // percent (positive: the machine runs slower than when it was calibrated)}. With a neighbour,
-  // also "beside": each shape timed alike again while the neighbour runs the other reference
-  // shape over and over on its own thread, as a prefill and a decode instance run beside each
-  // other on one machine's cores, memory and caches: {"shapes": [{"name", "neighbour" (the
-  // shape it ran), "alone_ms" (now_ms above), "beside_ms", "slower_pct"}], "slower_pct"
-  // (summed beside over summed alone, less 1)}: what `duet calibrate`, timing each shape
-  // alone, cannot price.
+  // also "beside": each shape timed alike again while the neighbour runs the first reference
+  // shape of the other kind (prefill beside decode, decode beside prefill) over and over on its
+  // own thread, as a prefill and a decode instance run beside each other on one machine's
+  // cores, memory and caches: {"shapes": [{"name", "neighbour" (the shape it ran), "alone_ms"
+  // (now_ms above), "beside_ms", "slower_pct"}], "slower_pct" (summed beside over summed alone,
+  // less 1)}: what `duet calibrate`, timing each shape alone, cannot price.
   nlohmann::json Time(int repeats);
 
  private:
@@ -57,9 +61,9 @@ class MachineReference {
 };
 
 // The median of a load's reference timings (each Time()'s "slower_pct", before and after every
-// live run) with their range: {"slower_pct", "min_pct", "max_pct", "timings"}, and where they
-// were timed beside a neighbour, "beside" alike of their "beside" readings with each shape's
-// median ("shapes": {name: slower_pct}); null when none.
+// live run) with their range and each shape's median: {"slower_pct", "min_pct", "max_pct",
+// "shapes": {name: slower_pct}, "timings"}, and where they were timed beside a neighbour,
+// "beside" alike of their "beside" readings; null when none.
 nlohmann::json SummarizeReference(const std::vector<nlohmann::json>& timings);
 
 }  // namespace duet::cli

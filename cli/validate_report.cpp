@@ -56,9 +56,18 @@ Status CheckMeasuredBeside(const json& load, const std::string& where) {
       !m["timings"].front().is_object() || !m["timings"].front().contains("shapes") ||
       !m["timings"].front()["shapes"].is_array())
     return FieldError(machine_at, "timings", "must be an array of timings with their shapes");
-  for (const json& shape : m["timings"].front()["shapes"])
-    if (auto v = JsonString(shape, "name", machine_at + ": timings[0].shapes[]"); !v)
-      return v.status();
+  for (const json& shape : m["timings"].front()["shapes"]) {
+    const std::string shape_at = machine_at + ": timings[0].shapes[]";
+    if (auto v = JsonString(shape, "name", shape_at); !v) return v.status();
+    // What the machine's speed per kind of step is read from (ProfileAtMachineSpeed).
+    if (auto v = JsonNumber(shape, "calibrated_ms", shape_at); !v) return v.status();
+  }
+  if (m.contains("shapes")) {
+    if (!m["shapes"].is_object()) return FieldError(machine_at, "shapes", "must be an object");
+    for (const auto& item : m["shapes"].items())
+      if (auto v = JsonNumber(m["shapes"], item.key(), machine_at + ": shapes"); !v)
+        return v.status();
+  }
   if (m.contains("beside") && (!m["beside"].is_object() || !m["beside"].contains("shapes") ||
                                !m["beside"]["shapes"].is_object()))
     return FieldError(machine_at, "beside", "must be an object with its shapes");
@@ -515,6 +524,20 @@ void HoldTolerance(const Metric& m, const std::map<std::string, double>& toleran
 
 namespace {
 
+// "decode x1.271, prefill x1.058": each class's pieces' scale (ProfileAsLive's,
+// ProfileAtMachineSpeed's), and with `by`, what read each: " (decode 1x256)", else " (all of
+// them)".
+std::string ScalesText(const json& scales, const json* by = nullptr) {
+  std::string out;
+  for (const auto& [name, k] : scales.items()) {
+    char scale[64];
+    std::snprintf(scale, sizeof scale, "%s x%.3f", name.c_str(), k.get<double>());
+    out += (out.empty() ? "" : ", ") + std::string(scale);
+    if (by) out += " (" + by->value(name, std::string("all of them")) + ")";
+  }
+  return out;
+}
+
 // The simulations that each price one more part of a request's time as it was live, in the
 // order a miss is put down to the first whose error is within the tolerance, with what they
 // change.
@@ -811,12 +834,7 @@ void PrintValidation(const json& report, const std::vector<Metric>& metrics) {
           "machine they share its cores and memory) at %s\n",
           RateText(load["rate_scale"].get<double>()).c_str(), beside.c_str());
     if (load.contains("as_live")) {
-      std::string scales;
-      for (const auto& [name, k] : load["as_live"]["scales"].items()) {
-        char scale[64];
-        std::snprintf(scale, sizeof scale, "%s x%.3f", name.c_str(), k.get<double>());
-        scales += (scales.empty() ? "" : ", ") + std::string(scale);
-      }
+      const std::string scales = ScalesText(load["as_live"]["scales"]);
       std::printf(
           "as live at x%s: with the steps priced as they ran live (%s) the simulation's errors "
           "are %s\n",
@@ -836,13 +854,19 @@ void PrintValidation(const json& report, const std::vector<Metric>& metrics) {
           static_cast<long long>(h["requests"].get<std::int64_t>()),
           ErrorsText(load, "error_as_live_hand_over_pct").c_str());
     }
-    if (load.contains("at_machine_speed"))
+    if (load.contains("at_machine_speed")) {
+      // Each class's pieces and the reference shapes that read their speed (ProfileAtMachineSpeed;
+      // a record from before it priced every step at one speed).
+      const json& k = load["at_machine_speed"];
+      const std::string scales = k.contains("scales")
+                                     ? ScalesText(k["scales"], &k["by"])
+                                     : ScalesText(json{{"every step", k["scale"]}});
       std::printf(
-          "at the machine's speed at x%s: with every step priced x%.3f (the machine against its "
-          "calibration, below) the simulation's errors are %s\n",
-          RateText(load["rate_scale"].get<double>()).c_str(),
-          load["at_machine_speed"]["scale"].get<double>(),
+          "at the machine's speed at x%s: with the steps priced as the machine's reference steps "
+          "read it (below), %s, the simulation's errors are %s\n",
+          RateText(load["rate_scale"].get<double>()).c_str(), scales.c_str(),
           ErrorsText(load, "error_at_machine_speed_pct").c_str());
+    }
     if (load.contains("at_live_speed")) {
       const json& k = load["at_live_speed"];
       std::printf(
@@ -905,12 +929,16 @@ void PrintValidation(const json& report, const std::vector<Metric>& metrics) {
       std::string shapes;
       for (const json& shape : m["timings"].front()["shapes"])
         shapes += (shapes.empty() ? "" : ", ") + shape["name"].get<std::string>();
+      std::string each;
+      if (m.contains("shapes"))
+        for (const auto& [name, pct] : m["shapes"].items())
+          each += name + " " + PercentText(pct) + ", ";
       const double slower = m["slower_pct"].get<double>();
       std::printf(
           "machine at x%s: the profile's own %s steps, timed alone before and after each live "
-          "run, took %.1f%% %s time than at calibration (the timings: %s to %s)\n",
+          "run, took %.1f%% %s time than at calibration (%sthe timings: %s to %s)\n",
           RateText(load["rate_scale"].get<double>()).c_str(), shapes.c_str(), std::abs(slower),
-          slower >= 0 ? "more" : "less", PercentText(m["min_pct"]).c_str(),
+          slower >= 0 ? "more" : "less", each.c_str(), PercentText(m["min_pct"]).c_str(),
           PercentText(m["max_pct"]).c_str());
       if (m.contains("beside")) {
         const json& b = m["beside"];
@@ -919,8 +947,8 @@ void PrintValidation(const json& report, const std::vector<Metric>& metrics) {
           each += (each.empty() ? "" : ", ") + name + " " + PercentText(pct);
         std::printf(
             "machine beside another instance at x%s: the same steps, each timed while a second "
-            "copy of the model ran the other over and over on its own thread, took %s against "
-            "their time alone (%s; the timings: %s to %s)\n",
+            "copy of the model ran one of the other kind over and over on its own thread, took %s "
+            "against their time alone (%s; the timings: %s to %s)\n",
             RateText(load["rate_scale"].get<double>()).c_str(),
             PercentText(b["slower_pct"]).c_str(), each.c_str(), PercentText(b["min_pct"]).c_str(),
             PercentText(b["max_pct"]).c_str());

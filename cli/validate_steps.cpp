@@ -470,6 +470,12 @@ void ScaleClass(models::StepFit& fit, std::size_t c, double k, double k_above) {
     for (double& v : piece.seconds_per) v *= k_above;
 }
 
+// A class's pieces by name: "decode", or "decode above split" where the class is split.
+std::string PiecesName(std::size_t c, bool above) {
+  return std::string(models::ToString(static_cast<models::ShapeClass>(c))) +
+         (above ? " above split" : "");
+}
+
 }  // namespace
 
 std::pair<models::StepProfile, json> ProfileAsLive(const sim::ClusterSpec& cluster,
@@ -497,13 +503,60 @@ std::pair<models::StepProfile, json> ProfileAsLive(const sim::ClusterSpec& clust
       below_steps -= a["steps"].get<std::int64_t>();
       forward_s -= less_added(a, "forward_s");
       priced_s -= less_added(a, "priced_s");
-      scales[name + " above split"] = k_above;
+      scales[PiecesName(c, true)] = k_above;
     }
     const double k = below_steps > 0 ? ratio(forward_s, priced_s) : 1.0;
     scales[name] = k;
     for (models::StepFit& fit : profile.fits) ScaleClass(fit, c, k, k_above);
   }
   return {std::move(profile), scales};
+}
+
+std::pair<models::StepProfile, json> ProfileAtMachineSpeed(const models::StepProfile& profile,
+                                                           const json& machine) {
+  const double all = 1 + machine["slower_pct"].get<double>() / 100;
+  // Of each set of pieces (PiecesName) that prices a reference shape: the shapes' calibrated
+  // time, their time now, and their names.
+  struct Reading {
+    double then_ms = 0, now_ms = 0;
+    std::string by;
+  };
+  std::map<std::string, Reading> readings;
+  const models::StepFit* fit = profile.FitFor(1);  // the reference shapes' TP
+  if (fit && machine.contains("shapes"))
+    for (const json& shape : machine["timings"].front()["shapes"]) {
+      const std::string name = shape["name"].get<std::string>();
+      auto parsed = models::ParseStepShape(shape.value("shape", json()), "shape");
+      if (!parsed || !machine["shapes"].contains(name)) continue;
+      const models::StepFeatures f = models::FeaturesOf(*parsed);
+      if (f.empty()) continue;
+      const models::ShapeClass c = models::ClassOf(f);
+      const auto i = static_cast<std::size_t>(c);
+      const bool above = &fit->PiecesFor(c, f.tokens()) == &fit->pieces_above[i];
+      Reading& r = readings[PiecesName(i, above)];
+      const double then_ms = shape["calibrated_ms"].get<double>();
+      r.then_ms += then_ms;
+      r.now_ms += then_ms * (1 + machine["shapes"][name].get<double>() / 100);
+      r.by += (r.by.empty() ? "" : ", ") + name;
+    }
+  json out = {{"scale", all}, {"scales", json::object()}, {"by", json::object()}};
+  auto scale_of = [&](std::size_t c, bool above) {
+    const std::string name = PiecesName(c, above);
+    const auto it = readings.find(name);
+    const double k = it != readings.end() && it->second.then_ms > 0
+                         ? it->second.now_ms / it->second.then_ms
+                         : all;
+    out["scales"][name] = k;
+    if (it != readings.end()) out["by"][name] = it->second.by;
+    return k;
+  };
+  models::StepProfile scaled = profile;
+  for (std::size_t c = 0; c < models::kShapeClasses; ++c) {
+    const double k = scale_of(c, false);
+    const double k_above = fit && fit->split_rows[c] > 0 ? scale_of(c, true) : k;
+    for (models::StepFit& f : scaled.fits) ScaleClass(f, c, k, k_above);
+  }
+  return {std::move(scaled), std::move(out)};
 }
 
 models::StepProfile ProfileScaled(const models::StepProfile& profile, double k,

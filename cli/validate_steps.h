@@ -52,9 +52,22 @@ Result<nlohmann::json> AttributeSteps(const std::vector<std::string>& step_logs,
 std::pair<models::StepProfile, nlohmann::json> ProfileAsLive(const sim::ClusterSpec& cluster,
                                                              const nlohmann::json& steps);
 
+// `profile` with each class's pieces (below and above a split apart) scaled by the machine's
+// speed as the reference shapes they price read it (`machine`: a load's SummarizeReference,
+// validate_machine.h: each shape's median against calibration, weighted by its calibrated time
+// where two shapes are priced by the same pieces), and the pieces that price none of them by
+// the readings together ("slower_pct"; all of them where `machine` has no shape's median, a
+// record from before they were kept). A simulation from it prices each kind of step at the
+// machine's speed for that kind: a one-row decode step, bound by memory bandwidth, drifts apart
+// from a prefill pass. Returns the profile and {"scale" (the readings together), "scales"
+// {"prefill", "decode", "decode above split" (where split), "mixed": k}, "by" {the same keys,
+// where reference shapes read it: their names}}.
+std::pair<models::StepProfile, nlohmann::json> ProfileAtMachineSpeed(
+    const models::StepProfile& profile, const nlohmann::json& machine);
+
 // `profile` with every step piece scaled by `k` (its host and frontend time as they are), or
-// only those of the class `only`: a simulation from it prices steps at a machine's measured
-// speed (validate_machine.h, or LiveSpeed below), or one class's slower (the load's sensitivity,
+// only those of the class `only`: a simulation from it prices steps at the live runs' speed
+// (LiveSpeed below), or one class's slower (the load's sensitivity,
 // validate_report.h).
 models::StepProfile ProfileScaled(const models::StepProfile& profile, double k,
                                   std::optional<models::ShapeClass> only = std::nullopt);

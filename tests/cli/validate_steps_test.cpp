@@ -1,6 +1,6 @@
 // `duet validate`'s step attribution (cli/validate_steps.h) from step logs written here by hand:
 // the live steps split by whether another instance's iterations ran beside theirs, and their
-// passes' time on a core.
+// passes' time on a core; and the profile priced at the machine's speed per kind of step.
 #include "cli/validate_steps.h"
 
 #include <gtest/gtest.h>
@@ -284,6 +284,67 @@ TEST(ValidateStepsTest, PricesThePassesAgainstTheirTimeOnACore) {
   EXPECT_FALSE(steps->contains("on_cpu"));
   EXPECT_FALSE((*steps)["classes"]["prefill"].contains("on_cpu"));
   EXPECT_EQ(OnCpuText(*steps), "");
+}
+
+// The machine's reference shapes read apart (validate_machine.h): a one-row decode step, bound by
+// memory bandwidth, 20% slower than at calibration, a two-row one 10%, a batch of 8 rows as
+// then and a prefill pass 10% faster; 5% slower all together. A profile whose decode class is
+// split at 4 rows prices each side by the shapes it prices (the two small ones weighted by their
+// calibrated time), prefill by its own and the mixed steps, which no reference shape is, by all.
+TEST(ValidateStepsTest, PricesEachKindOfStepAtTheMachinesSpeedForIt) {
+  models::StepProfile profile;
+  profile.fits.emplace_back();
+  models::StepFit& fit = profile.fits.back();
+  models::AffinePiece one;
+  one.seconds_per.fill(1.0);
+  for (auto& pieces : fit.pieces) pieces = {one};
+  const auto decode = static_cast<std::size_t>(models::ShapeClass::kDecode);
+  const auto prefill = static_cast<std::size_t>(models::ShapeClass::kPrefill);
+  const auto mixed = static_cast<std::size_t>(models::ShapeClass::kMixed);
+  fit.split_rows[decode] = 4;
+  fit.pieces_above[decode] = {one, one};
+  auto shape = [](const std::string& name, models::StepShape s, double calibrated_ms) {
+    return json{
+        {"name", name}, {"shape", models::StepShapeToJson(s)}, {"calibrated_ms", calibrated_ms}};
+  };
+  json machine = {{"slower_pct", 5.0},
+                  {"min_pct", 4.0},
+                  {"max_pct", 6.0},
+                  {"shapes",
+                   {{"prefill 256", -10.0},
+                    {"decode 8x256", 0.0},
+                    {"decode 1x256", 20.0},
+                    {"decode 2x256", 10.0}}},
+                  {"timings",
+                   {{{"slower_pct", 5.0},
+                     {"shapes",
+                      {shape("prefill 256", {{{256, 0}}, 0, 0, 1}, 600),
+                       shape("decode 8x256", {{}, 8, 8 * 256, 1}, 30),
+                       shape("decode 1x256", {{}, 1, 256, 1}, 9),
+                       shape("decode 2x256", {{}, 2, 512, 1}, 10)}}}}}};
+  auto expect = [&](const models::StepProfile& scaled, double k_prefill, double k_decode,
+                    double k_above, double k_mixed) {
+    const models::StepFit& f = scaled.fits.at(0);
+    for (auto [pieces, k] :
+         {std::pair{&f.pieces[prefill], k_prefill}, std::pair{&f.pieces[decode], k_decode},
+          std::pair{&f.pieces_above[decode], k_above}, std::pair{&f.pieces[mixed], k_mixed}})
+      for (const models::AffinePiece& piece : *pieces)
+        for (double v : piece.seconds_per) EXPECT_NEAR(v, k, 1e-12);
+  };
+  const double small = (9 * 1.2 + 10 * 1.1) / 19;
+  auto [scaled, scales] = ProfileAtMachineSpeed(profile, machine);
+  expect(scaled, 0.9, small, 1.0, 1.05);
+  EXPECT_NEAR(scales["scale"].get<double>(), 1.05, 1e-12);
+  EXPECT_NEAR(scales["scales"]["decode"].get<double>(), small, 1e-12) << scales;
+  EXPECT_EQ(scales["by"], (json{{"prefill", "prefill 256"},
+                                {"decode", "decode 1x256, decode 2x256"},
+                                {"decode above split", "decode 8x256"}}))
+      << scales;
+  // A record from before the shapes' medians were kept: every step at the speed of all.
+  machine.erase("shapes");
+  auto [uniform, uniform_scales] = ProfileAtMachineSpeed(profile, machine);
+  expect(uniform, 1.05, 1.05, 1.05, 1.05);
+  EXPECT_TRUE(uniform_scales["by"].empty()) << uniform_scales;
 }
 
 }  // namespace

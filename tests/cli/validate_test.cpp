@@ -383,12 +383,16 @@ void ExpectMachineTimed(const json& load, const models::StepProfile& profile, in
   const json& machine = load["machine"];
   ASSERT_EQ(machine["timings"].size(), static_cast<std::size_t>(runs + 1)) << machine;
   std::vector<double> values;
+  std::map<std::string, std::vector<double>> each;  // each shape's readings
   for (const json& timing : machine["timings"]) {
-    ASSERT_EQ(timing["shapes"].size(), 2u) << timing;
+    // A prefill pass, a batch of decode rows and one decode row (bound by memory bandwidth).
+    ASSERT_EQ(timing["shapes"].size(), 3u) << timing;
     EXPECT_EQ(timing["shapes"][0]["name"].get<std::string>().rfind("prefill ", 0), 0u) << timing;
     EXPECT_EQ(timing["shapes"][1]["name"].get<std::string>().rfind("decode 8x", 0), 0u) << timing;
+    EXPECT_EQ(timing["shapes"][2]["name"].get<std::string>().rfind("decode 1x", 0), 0u) << timing;
     double then = 0, now = 0;
     for (const json& shape : timing["shapes"]) {
+      each[shape["name"].get<std::string>()].push_back(shape["slower_pct"].get<double>());
       auto parsed = models::ParseStepShape(shape["shape"], "shape");
       ASSERT_TRUE(parsed.ok()) << parsed.error();
       const auto m = std::find_if(
@@ -406,6 +410,10 @@ void ExpectMachineTimed(const json& load, const models::StepProfile& profile, in
   std::sort(values.begin(), values.end());
   EXPECT_EQ(machine["min_pct"].get<double>(), values.front());
   EXPECT_EQ(machine["max_pct"].get<double>(), values.back());
+  ASSERT_EQ(machine["shapes"].size(), each.size()) << machine;
+  for (const auto& [name, readings] : each)
+    EXPECT_DOUBLE_EQ(machine["shapes"][name].get<double>(), policies::Summarize(readings).p50)
+        << name;
 }
 
 // Instances side by side on a node: each live step's price split by whether the other
@@ -432,12 +440,14 @@ void ExpectBesideOtherInstances(const json& load) {
   std::vector<double> values;
   for (const json& timing : machine["timings"]) {
     const json& beside = timing["beside"];
-    ASSERT_EQ(beside["shapes"].size(), 2u) << beside;
+    ASSERT_EQ(beside["shapes"].size(), 3u) << beside;
     double alone_ms = 0, beside_ms = 0;
-    for (std::size_t i = 0; i < 2; ++i) {
+    for (std::size_t i = 0; i < 3; ++i) {
       const json& shape = beside["shapes"][i];
       EXPECT_EQ(shape["name"], timing["shapes"][i]["name"]) << shape;
-      EXPECT_EQ(shape["neighbour"], timing["shapes"][1 - i]["name"]) << "the other one" << shape;
+      // The prefill pass beside the batch of decode rows, each decode step beside the prefill.
+      EXPECT_EQ(shape["neighbour"], timing["shapes"][i == 0 ? 1 : 0]["name"])
+          << "one of the other kind" << shape;
       EXPECT_EQ(shape["alone_ms"], timing["shapes"][i]["now_ms"]) << shape;
       EXPECT_NEAR(shape["slower_pct"].get<double>(),
                   100 * (shape["beside_ms"].get<double>() / shape["alone_ms"].get<double>() - 1),
@@ -450,7 +460,7 @@ void ExpectBesideOtherInstances(const json& load) {
   }
   EXPECT_EQ(machine["beside"]["min_pct"].get<double>(),
             *std::min_element(values.begin(), values.end()));
-  EXPECT_EQ(machine["beside"]["shapes"].size(), 2u) << machine["beside"];
+  EXPECT_EQ(machine["beside"]["shapes"].size(), 3u) << machine["beside"];
 }
 
 TEST_F(ValidateTest, ComparesALiveRunWithTheSimulationAtEachLoad) {
@@ -745,32 +755,60 @@ TEST_F(ValidateTest, TimesTheMachineAgainstItsCalibrationBesideEveryRun) {
   const json& machine = report["loads"][0]["machine"];
   EXPECT_LT(machine["max_pct"].get<double>(), -50) << machine;
   EXPECT_TRUE(ContainsAll(r.out, {"machine at x1: ", "less time than at calibration"})) << r;
-  // Simulated again at the machine's measured speed: every step piece scaled by it, so the
-  // simulation runs about ten times faster than from the profile as it is.
+  // Simulated again at the machine's measured speed: each class's pieces (below and above a
+  // split apart) scaled by what the reference shapes they price read (their time now over
+  // calibration's, summed where two share pieces), the others by all of them together: about
+  // ten times faster than the profile as it is.
   const json& at_speed = report["loads"][0]["at_machine_speed"];
   const double k = 1 + machine["slower_pct"].get<double>() / 100;
   EXPECT_NEAR(at_speed["scale"].get<double>(), k, 1e-12) << at_speed;
+  const models::StepFit& fit = slow->fits.at(0);
+  std::map<std::pair<std::size_t, bool>, std::pair<double, double>> read;  // then, now (ms)
+  for (const json& shape : machine["timings"][0]["shapes"]) {
+    auto parsed = models::ParseStepShape(shape["shape"], "shape");
+    ASSERT_TRUE(parsed.ok()) << parsed.error();
+    const models::StepFeatures f = models::FeaturesOf(*parsed);
+    const auto c = static_cast<std::size_t>(models::ClassOf(f));
+    const bool above =
+        fit.split_rows[c] > 0 && f.tokens() >= static_cast<double>(fit.split_rows[c]);
+    const double then = shape["calibrated_ms"].get<double>();
+    read[{c, above}].first += then;
+    read[{c, above}].second +=
+        then * (1 + machine["shapes"][shape["name"].get<std::string>()].get<double>() / 100);
+  }
   auto scaled = models::LoadStepProfile(tmp_.File("out/rate-1/profile-machine-speed.json"));
   ASSERT_TRUE(scaled.ok()) << scaled.error();
-  const models::StepFit &fit = slow->fits.at(0), &fast = scaled->fits.at(0);
+  const models::StepFit& fast = scaled->fits.at(0);
   for (std::size_t c = 0; c < models::kShapeClasses; ++c) {
-    for (auto [pieces, original] : {std::pair{&fast.pieces[c], &fit.pieces[c]},
-                                    std::pair{&fast.pieces_above[c], &fit.pieces_above[c]}}) {
-      ASSERT_EQ(pieces->size(), original->size()) << c;
-      for (std::size_t p = 0; p < original->size(); ++p)
+    for (const bool above : {false, true}) {
+      const auto it = read.find({c, above});
+      const double want_k = it != read.end() ? it->second.second / it->second.first : k;
+      const std::string name = std::string(models::ToString(static_cast<models::ShapeClass>(c))) +
+                               (above ? " above split" : "");
+      if (!above || fit.split_rows[c] > 0) {
+        EXPECT_NEAR(at_speed["scales"][name].get<double>(), want_k, 1e-9) << name << at_speed;
+      }
+      const auto& pieces = above ? fast.pieces_above[c] : fast.pieces[c];
+      const auto& original = above ? fit.pieces_above[c] : fit.pieces[c];
+      ASSERT_EQ(pieces.size(), original.size()) << name;
+      for (std::size_t p = 0; p < original.size(); ++p)
         for (std::size_t col = 0; col < models::kFitColumns; ++col) {
-          const double want = k * (*original)[p].seconds_per[col];
-          EXPECT_NEAR((*pieces)[p].seconds_per[col], want, 1e-15 + 1e-9 * want) << c;
+          const double want = want_k * original[p].seconds_per[col];
+          EXPECT_NEAR(pieces[p].seconds_per[col], want, 1e-15 + 1e-9 * want) << name;
         }
     }
   }
+  // The decode steps' pieces read by a decode reference shape, the prefill steps' by the prefill.
+  EXPECT_NE(at_speed["by"].value("prefill", ""), "") << at_speed;
+  EXPECT_GE(at_speed["by"].size(), 2u) << at_speed;
   const json& e2e = report["loads"][0]["metrics"]["e2e_ms.p50"];
   EXPECT_LT(e2e["simulated_at_machine_speed"].get<double>(), 0.5 * e2e["simulated"].get<double>())
       << e2e;
   EXPECT_DOUBLE_EQ(
       e2e["error_at_machine_speed_pct"].get<double>(),
       100 * (e2e["simulated_at_machine_speed"].get<double>() / e2e["live"].get<double>() - 1));
-  EXPECT_TRUE(ContainsAll(r.out, {"at the machine's speed at x1: with every step priced x0."}))
+  EXPECT_TRUE(ContainsAll(r.out, {"at the machine's speed at x1: with the steps priced as the "
+                                  "machine's reference steps read it (below), decode x0."}))
       << r;
 }
 
@@ -1008,6 +1046,21 @@ TEST_F(ValidateTest, SimulatesAgainAgainstTheLiveRunsAlreadyInOut) {
   const RunResult range = Validate({"--again"});
   EXPECT_EQ(range.exit_code, 2) << range;
   EXPECT_NE(range.err.find("machine: field 'max_pct'"), std::string::npos) << range;
+  // The readings each kind of step is priced at the machine's speed by.
+  broken = json::parse(report);
+  json& shapes = broken["loads"][0]["machine"]["shapes"];
+  shapes[shapes.items().begin().key()] = "slow";
+  tmp_.Write("out/validation.json", broken.dump());
+  const RunResult shape = Validate({"--again"});
+  EXPECT_EQ(shape.exit_code, 2) << shape;
+  EXPECT_NE(shape.err.find("machine: shapes: field '"), std::string::npos) << shape;
+  broken = json::parse(report);
+  broken["loads"][0]["machine"]["timings"][0]["shapes"][0].erase("calibrated_ms");
+  tmp_.Write("out/validation.json", broken.dump());
+  const RunResult calibrated = Validate({"--again"});
+  EXPECT_EQ(calibrated.exit_code, 2) << calibrated;
+  EXPECT_NE(calibrated.err.find("timings[0].shapes[]: field 'calibrated_ms'"), std::string::npos)
+      << calibrated;
   tmp_.Write("out/validation.json", report);
   // Another trace, and an OUT with no report.
   tmp_.Write("other.json", ReadFile(trace_));
@@ -1322,6 +1375,9 @@ TEST_F(ValidateTest, RepeatsTheLiveRunsOfAScaledRealTraceAndStatesTheirSpread) {
   // Which steps ran: the one instance's live, simulated and as-live schedules at the one load.
   EXPECT_EQ(count("<h2>Which steps ran</h2>"), 1u);
   EXPECT_EQ(count("<p>Sensitivity at x1: with the steps priced x1.05, "), 1u);
+  // The machine against its calibration, each reference shape's reading apart: the one-row
+  // decode step's (bound by memory bandwidth) first.
+  EXPECT_NE(html.find("% (decode 1x"), std::string::npos);
   // The steps by what ran before them, as stdout gives them.
   const std::string before = r.out.substr(r.out.find("by what ran before at x1: "));
   const std::string after = before.substr(0, before.find('\n'));
