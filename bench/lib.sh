@@ -33,12 +33,13 @@ trap serve_stop EXIT
 # MORE as further top-level members ("key": value, ...). LAYOUT: colocated (one instance) or
 # 1p1d (a prefill and a decode instance on one node, the KV between its two devices over the
 # link calibrate fitted to UCX's transfers, calibration.md; the NIC carries only the frontend's
-# messages). Sets calibrate_args (--transport ucx for 1p1d). Exits 2 on another layout.
+# messages; the two instances' steps priced beside each other's, calibrate --beside). Sets
+# calibrate_args (--transport ucx --beside for 1p1d). Exits 2 on another layout.
 bench_cluster() {
   local layout=$1 engine=$2 nic_latency_us=$3 more=${4:-} instances devices nvlink
   case "$layout" in
     colocated) calibrate_args=(); instances='[{"role": "colocated"}]'; devices=1; nvlink='' ;;
-    1p1d) calibrate_args=(--transport ucx); devices=2; nvlink='"nvlink": {"fitted": "ucx"},'
+    1p1d) calibrate_args=(--transport ucx --beside); devices=2; nvlink='"nvlink": {"fitted": "ucx"},'
           instances='[{"role": "prefill", "node": 0}, {"role": "decode", "node": 0}]' ;;
     *) echo "the layout must be colocated or 1p1d" >&2; exit 2 ;;
   esac

@@ -377,6 +377,44 @@ Status SweepTheTrace(const po::variables_map& vm, SweepLimits& limits, nlohmann:
   return Status::Ok();
 }
 
+// A matrix of reference shapes' extra times (models::ShapePairFit) from its timings
+// ([shape][other][repeat]): the medians, each at least 0 (0 on the diagonal where `zero_diagonal`).
+models::ShapePairFit PairFit(const backend::AfterStepShapes& shapes, int repeats,
+                             const std::vector<std::vector<std::vector<Seconds>>>& timed,
+                             bool zero_diagonal) {
+  models::ShapePairFit fit{shapes.decode_rows, shapes.prefill_tokens, {}, repeats};
+  for (std::size_t i = 0; i < timed.size(); ++i) {
+    fit.extra_s.emplace_back();
+    for (std::size_t j = 0; j < timed.size(); ++j)
+      fit.extra_s.back().push_back(
+          zero_diagonal && i == j ? 0 : std::max(0.0, models::MedianOf(timed[i][j])));
+  }
+  return fit;
+}
+
+// `fit` as a table in ms after `heading` (a format with the decode context per row, a %lld), its
+// diagonal "-" where it is 0 by definition.
+void PrintPairs(const models::ShapePairFit& fit, Tokens decode_context, const char* heading,
+                bool zero_diagonal) {
+  std::vector<std::string> names;
+  for (const Tokens rows : fit.decode_rows) names.push_back("d" + std::to_string(rows));
+  for (const Tokens tokens : fit.prefill_tokens) names.push_back("p" + std::to_string(tokens));
+  std::printf(heading, static_cast<long long>(decode_context));
+  std::printf("\n       ");
+  for (const std::string& name : names) std::printf("%8s", name.c_str());
+  std::printf("\n");
+  for (std::size_t i = 0; i < names.size(); ++i) {
+    std::printf("  %-5s", names[i].c_str());
+    for (std::size_t j = 0; j < names.size(); ++j) {
+      if (zero_diagonal && i == j)
+        std::printf("%8s", "-");
+      else
+        std::printf("%+8.1f", 1e3 * fit.extra_s[i][j]);
+    }
+    std::printf("\n");
+  }
+}
+
 }  // namespace
 
 int Calibrate(int argc, char** argv) {
@@ -423,6 +461,12 @@ int Calibrate(int argc, char** argv) {
      "also time the KV tiers this cluster file's \"tiers\" configure (DRAM, SSD directory, "
      "redis endpoint) on this host, reads and writes of up to --max-context tokens, and fit "
      "each as a link (a tier that says \"fitted\": true takes them)")
+    ("beside", po::bool_switch(),
+     "also time the reference shapes of after_step while a second copy of the model runs each "
+     "of them over and over on its own --threads cores, as instances that share this machine "
+     "run (--device cpu, --threads at most half the cores): the simulator adds what each takes "
+     "beyond its time alone to a step that overlaps another's on its node (the profile's "
+     "beside)")
     ("ucx-tls", po::value<std::string>()->default_value(""),
      "with --transport ucx: the UCX transports (UCX_TLS: tcp, posix,cma, ...; empty: UCX's "
      "choice, as duet serve's --ucx-tls)");
@@ -517,6 +561,14 @@ int Calibrate(int argc, char** argv) {
       return Fail("--device must be cpu or cuda", kExitUsage);
     const int threads = vm["threads"].as<int>();
     if (Status s = CheckThreadsFlag(threads); !s.ok()) return Fail(s.message(), kExitUsage);
+    const bool beside = vm["beside"].as<bool>();
+    if (beside && (device != "cpu" || threads < 1 ||
+                   2 * threads > static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN))))
+      return Fail(
+          "--beside: give --device cpu and --threads N, N at most half of this machine's " +
+              std::to_string(sysconf(_SC_NPROCESSORS_ONLN)) +
+              " cores (each instance its own, as duet serve --threads N runs two instances)",
+          kExitUsage);
     const int repeats = vm["repeats"].as<int>();
     if (repeats < 1 || repeats > 1000) return Fail("--repeats must be in [1, 1000]", kExitUsage);
     SweepLimits limits;
@@ -672,36 +724,28 @@ int Calibrate(int argc, char** argv) {
           spells(idle.decode_s).c_str());
     }
     // A step right after another kind, which the simulator adds to a step that follows one
-    // (models::AfterStepFit): the medians, each at least 0.
-    {
-      models::AfterStepFit& after = profile.after_step.emplace();
-      after.decode_rows = step_shapes.decode_rows;
-      after.prefill_tokens = step_shapes.prefill_tokens;
-      after.repeats = repeats;
-      const auto timed = timer.TimeAfterSteps(step_shapes.shapes, repeats);
-      std::vector<std::string> names;
-      for (const Tokens rows : after.decode_rows) names.push_back("d" + std::to_string(rows));
-      for (const Tokens tokens : after.prefill_tokens)
-        names.push_back("p" + std::to_string(tokens));
-      std::printf(
-          "after another step: ms beyond each in a run of itself (rows: the step, d: decode rows "
-          "at %lld tokens of context each, p: prefill tokens; columns: the step before it; the "
-          "simulator adds them to a step after another: the profile's after_step)\n       ",
-          static_cast<long long>(step_shapes.decode_context));
-      for (const std::string& name : names) std::printf("%8s", name.c_str());
-      std::printf("\n");
-      for (std::size_t i = 0; i < timed.size(); ++i) {
-        std::printf("  %-5s", names[i].c_str());
-        after.extra_s.emplace_back();
-        for (std::size_t j = 0; j < timed.size(); ++j) {
-          after.extra_s.back().push_back(i == j ? 0 : std::max(0.0, models::MedianOf(timed[i][j])));
-          if (i == j)
-            std::printf("%8s", "-");
-          else
-            std::printf("%+8.1f", 1e3 * after.extra_s.back().back());
-        }
-        std::printf("\n");
-      }
+    // (models::ShapePairFit): the medians, each at least 0.
+    profile.after_step =
+        PairFit(step_shapes, repeats, timer.TimeAfterSteps(step_shapes.shapes, repeats), true);
+    PrintPairs(*profile.after_step, step_shapes.decode_context,
+               "after another step: ms beyond each in a run of itself (rows: the step, d: decode "
+               "rows at %lld tokens of context each, p: prefill tokens; columns: the step before "
+               "it; the simulator adds them to a step after another: the profile's after_step)",
+               true);
+    if (beside) {
+      // And beside another instance's step, on a second copy of the model.
+      auto copy = backend::LoadModelDir(model_dir);
+      if (!copy) return Fail(copy.error());
+      auto neighbour = backend::CreateForwardModel(std::move(*copy), placement);
+      if (!neighbour) return Fail("--beside: " + neighbour.error());
+      profile.beside = PairFit(step_shapes, repeats,
+                               timer.TimeBeside(step_shapes.shapes, **neighbour, repeats), false);
+      PrintPairs(*profile.beside, step_shapes.decode_context,
+                 "beside another instance: ms beyond each alone (rows: the step, d: decode rows at "
+                 "%lld tokens of context each, p: prefill tokens; columns: the step the other "
+                 "instance ran over and over; the simulator adds them to a step beside another on "
+                 "its node: the profile's beside)",
+                 false);
     }
     if (served) {
       auto frontend =

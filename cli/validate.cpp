@@ -579,9 +579,10 @@ int Validate(int argc, char** argv) {
           char why[256];
           std::snprintf(why, sizeof why,
                         "the live forward passes took %.6f s, which the profile prices at %.6f s, "
-                        "%.6f s of it what it adds after idle spells and other steps",
+                        "%.6f s of it what it adds after idle spells and other steps and beside "
+                        "other instances'",
                         st["forward_s"].get<double>(), st["priced_s"].get<double>(),
-                        AddedForWhatRanBefore(st));
+                        AddedBeyondShape(st));
           return Fail("--tolerance-at live-speed: rate scale " + RateText(r) +
                       ": no live step time to time the machine by (" + why + ")");
         }

@@ -1,9 +1,7 @@
 #include "cli/validate_machine.h"
 
 #include <algorithm>
-#include <atomic>
 #include <map>
-#include <thread>
 
 #include "backend/calibrate/step_sweep.h"
 #include "backend/model/llama_weights.h"
@@ -125,20 +123,14 @@ json MachineReference::TimeBeside(int repeats, const std::vector<models::StepMea
       return m.shape.prefill.empty() != decode;
     });
     const models::StepShape& other = (other_kind != shapes_.end() ? *other_kind : shapes_[i]).shape;
-    std::atomic<bool> started = false, stop = false;
-    std::thread neighbour([&] {
-      backend::StepTimer neighbour_timer(*neighbour_);
-      started = true;
-      while (!stop) neighbour_timer.Time(other);
-    });
-    while (!started) std::this_thread::yield();
     models::StepMeasurement beside{alone[i].shape, {}};
-    for (int pass = 0; pass <= repeats; ++pass) {
-      const Seconds t = timer.Time(beside.shape);
-      if (pass > 0) beside.seconds.push_back(t);
+    {
+      const backend::NeighbourLoop loop(*neighbour_, other);
+      for (int pass = 0; pass <= repeats; ++pass) {
+        const Seconds t = timer.Time(beside.shape);
+        if (pass > 0) beside.seconds.push_back(t);
+      }
     }
-    stop = true;
-    neighbour.join();
     const Seconds a = alone[i].Median(), b = beside.Median();
     alone_s += a;
     beside_s += b;

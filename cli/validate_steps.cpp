@@ -44,6 +44,17 @@ void PriceMeasurements(const models::StepProfile& profile, F f) {
   }
 }
 
+// What the cost model adds to a step's price for what ran before it (an idle spell, or a step of
+// another kind) and beside it (other instances' steps on its node).
+struct Added {
+  Seconds after_idle = 0, after_step = 0, beside = 0;
+  void operator+=(const Added& o) {
+    after_idle += o.after_idle;
+    after_step += o.after_step;
+    beside += o.beside;
+  }
+};
+
 // A live step as the attribution keeps it until its run's log is read.
 struct Step {
   policies::InstanceId instance;
@@ -51,8 +62,8 @@ struct Step {
   int band;                 // BandOf
   std::size_t predecessor;  // what its instance ran before it (kPredecessors)
   Seconds start_s, iteration_s, forward_s, priced_s;
-  Seconds after_idle_s, after_step_s;  // of priced_s, as Class keeps them
-  std::optional<Seconds> cpu_s;        // the pass's thread CPU time, where the log has it
+  Added added;                   // of priced_s, as Class keeps it
+  std::optional<Seconds> cpu_s;  // the pass's thread CPU time, where the log has it
 };
 
 // A decode batch's band: floor(log2(rows)), so rows 1, 2-3, 4-7, ... (backends change kernels
@@ -85,19 +96,15 @@ std::string PredecessorName(std::size_t p) {
 struct Class {
   std::int64_t steps = 0;
   double forward_s = 0, priced_s = 0;
-  // Of priced_s, what the cost model adds for what ran before the steps: an idle spell, or a
-  // step of another kind.
-  double after_idle_s = 0, after_step_s = 0;
+  Added added;                 // of priced_s
   std::vector<double> errors;  // per step, priced / forward - 1 (where kept)
   std::int64_t cpu_steps = 0;
   double cpu_forward_s = 0, cpu_priced_s = 0, cpu_s = 0;
-  void Add(Seconds forward, Seconds priced, Seconds after_idle, Seconds after_step,
-           std::optional<Seconds> cpu) {
+  void Add(Seconds forward, Seconds priced, const Added& part, std::optional<Seconds> cpu) {
     ++steps;
     forward_s += forward;
     priced_s += priced;
-    after_idle_s += after_idle;
-    after_step_s += after_step;
+    added += part;
     if (!cpu) return;
     ++cpu_steps;
     cpu_forward_s += forward;
@@ -108,8 +115,7 @@ struct Class {
     steps += o.steps;
     forward_s += o.forward_s;
     priced_s += o.priced_s;
-    after_idle_s += o.after_idle_s;
-    after_step_s += o.after_step_s;
+    added += o.added;
     cpu_steps += o.cpu_steps;
     cpu_forward_s += o.cpu_forward_s;
     cpu_priced_s += o.cpu_priced_s;
@@ -149,6 +155,58 @@ std::vector<double> OverlapWithOthers(const std::vector<Step>& steps) {
   return overlap;
 }
 
+// A sum's added parts as its "after_idle_s", "after_step_s" and "beside_s" (those that are not 0).
+void AddedToJson(const Added& added, json& sum) {
+  if (added.after_idle > 0) sum["after_idle_s"] = added.after_idle;
+  if (added.after_step > 0) sum["after_step_s"] = added.after_step;
+  if (added.beside > 0) sum["beside_s"] = added.beside;
+}
+
+// What the cost models add to each of a run's live steps (`lines`, each instance's in order) for
+// the steps of its node's other instances (`mates`: sim::NodeMates) that its iteration overlaps,
+// as the simulator adds it (sim/instance_ports.cpp): a step priced `alone` that takes `full`
+// more beside another all its length runs at alone / (alone + full) of its pace while the other
+// runs, so that W seconds beside it add W * full / (alone + full), up to `full`.
+std::vector<Seconds> BesideOthers(
+    const std::vector<policies::StepLogLine>& lines,
+    const std::vector<std::unique_ptr<models::StepCostModel>>& cost_models,
+    const std::vector<std::vector<policies::InstanceId>>& mates) {
+  std::vector<Seconds> beside(lines.size(), 0);
+  std::map<policies::InstanceId, std::vector<std::size_t>> by_instance;  // each by start
+  for (std::size_t k = 0; k < lines.size(); ++k)
+    if (lines[k].instance < static_cast<int>(mates.size()))
+      by_instance[lines[k].instance].push_back(k);
+  auto end_of = [&](std::size_t k) { return lines[k].start_s + lines[k].iteration_s; };
+  for (auto& [instance, steps] : by_instance)
+    std::sort(steps.begin(), steps.end(),
+              [&](std::size_t a, std::size_t b) { return lines[a].start_s < lines[b].start_s; });
+  for (const auto& [instance, steps] : by_instance) {
+    const models::StepCostModel& cost = *cost_models[static_cast<std::size_t>(instance)];
+    for (const policies::InstanceId mate : mates[static_cast<std::size_t>(instance)]) {
+      const auto theirs = by_instance.find(mate);
+      if (theirs == by_instance.end()) continue;
+      const std::vector<std::size_t>& other = theirs->second;
+      std::size_t first = 0;  // the first of `other` that ends after the current step starts
+      for (const std::size_t k : steps) {
+        const Seconds start = lines[k].start_s, end = end_of(k);
+        const Seconds alone = cost.StepTime(lines[k].step.shape);
+        while (first < other.size() && end_of(other[first]) <= start) ++first;
+        Seconds delay = 0, most = 0;
+        for (std::size_t o = first; o < other.size() && lines[other[o]].start_s < end; ++o) {
+          const Seconds overlap =
+              std::min(end, end_of(other[o])) - std::max(start, lines[other[o]].start_s);
+          const Seconds full = cost.Beside(lines[k].step.shape, lines[other[o]].step.shape);
+          if (overlap <= 0 || full <= 0) continue;
+          delay += overlap * full / (alone + full);
+          most = std::max(most, full);
+        }
+        beside[k] += std::min(delay, most);
+      }
+    }
+  }
+  return beside;
+}
+
 }  // namespace
 
 Result<json> AttributeSteps(const std::vector<std::string>& step_logs,
@@ -180,6 +238,7 @@ Result<json> AttributeSteps(const std::vector<std::string>& step_logs,
   std::vector<std::unique_ptr<models::StepCostModel>> cost_models;
   for (std::size_t i = 0; i < cluster.instances.size(); ++i)
     cost_models.push_back(sim::MakeStepCostModel(cluster, i));
+  const std::vector<std::vector<policies::InstanceId>> mates = sim::NodeMates(cluster, cost_models);
   // Beside another instance: of each class, the steps whose iteration ran at least half its time
   // beside another instance's iterations in the same run (on one machine they share its cores,
   // memory bandwidth and caches, which `duet calibrate` times each shape without), and the rest.
@@ -220,7 +279,7 @@ Result<json> AttributeSteps(const std::vector<std::string>& step_logs,
       for (Class* c : {&(is_beside ? beside : alone)[s.shape_class],
                        is_decode ? &decode_bands_apart[s.band][is_beside] : nullptr,
                        &after[s.shape_class][s.predecessor]}) {
-        if (c) c->Add(s.forward_s, s.priced_s, s.after_idle_s, s.after_step_s, s.cpu_s);
+        if (c) c->Add(s.forward_s, s.priced_s, s.added, s.cpu_s);
       }
       if (is_beside) {
         beside_overlap_s[s.shape_class] += overlap[i];
@@ -240,69 +299,74 @@ Result<json> AttributeSteps(const std::vector<std::string>& step_logs,
     // Each instance's previous iteration in this run: its end and shape. (Processes append their
     // lines to one log, each in its order.)
     std::map<policies::InstanceId, std::pair<Seconds, models::StepShape>> previous;
+    std::vector<policies::StepLogLine> lines;
     const Status read =
-        policies::ReadStepLog(ReadText(step_log), step_log, [&](const policies::StepLogLine& line) {
-          if (line.instance >= static_cast<int>(cost_models.size())) {
-            if (bad_instance.ok())
-              bad_instance =
-                  Status::Error(step_log + ": instance " + std::to_string(line.instance) +
-                                " is not in the cluster file");
-            return;
-          }
-          const models::StepFeatures features = models::FeaturesOf(line.step.shape);
-          const models::ShapeClass shape_class = models::ClassOf(features);
-          // What ran before it: its instance's previous iteration, or an idle spell (since the
-          // run's clock began, before its first), either of which the cost model may price.
-          const models::StepCostModel& cost = *cost_models[static_cast<std::size_t>(line.instance)];
-          const auto before = previous.find(line.instance);
-          const bool first = before == previous.end();
-          const models::StepCostModel::Before added = cost.AfterWhatRanBefore(
-              line.step.shape, line.start_s - (first ? 0 : before->second.first),
-              first ? nullptr : &before->second.second);
-          const std::size_t predecessor =
-              added.after_idle ? kAfterIdle
-                               : static_cast<std::size_t>(
-                                     models::ClassOf(models::FeaturesOf(before->second.second)));
-          const Seconds after_idle = added.after_idle ? added.seconds : 0;
-          const Seconds after_step = added.after_idle ? 0 : added.seconds;
-          previous.insert_or_assign(line.instance,
-                                    std::pair{line.start_s + line.iteration_s, line.step.shape});
-          const Seconds priced = cost.StepTime(line.step.shape) + added.seconds;
-          auto add = [&](Class& c) {
-            c.Add(line.step.seconds, priced, after_idle, after_step, line.forward_cpu_s);
-            c.errors.push_back(priced / line.step.seconds - 1);
-          };
-          add(classes[static_cast<std::size_t>(shape_class)]);
-          const auto& instance = cluster.instances[static_cast<std::size_t>(line.instance)];
-          if (const models::StepFit* fit = profile ? profile->FitFor(instance.tp) : nullptr) {
-            const Tokens split = fit->split_rows[static_cast<std::size_t>(shape_class)];
-            if (split > 0 && features.tokens() >= static_cast<double>(split))
-              add(above_split[static_cast<std::size_t>(shape_class)]);
-          }
-          if (const auto it = measured_max.find(line.step.shape.tp); it != measured_max.end()) {
-            const Columns& max = it->second[static_cast<std::size_t>(shape_class)];
-            const Columns columns = models::FitColumns(features);
-            bool beyond = false;
-            for (std::size_t c = 0; c < columns.size(); ++c) beyond |= columns[c] > max[c];
-            if (beyond) add(beyond_sweep[static_cast<std::size_t>(shape_class)]);
-          }
-          const int band = BandOf(shape_class, line.step.shape);
-          if (band >= 0) add(bands[static_cast<std::size_t>(shape_class)][band]);
-          iteration_s += line.iteration_s;
-          async = async || line.async;
-          run_steps.push_back({line.instance, static_cast<std::size_t>(shape_class), band,
-                               predecessor, line.start_s, line.iteration_s, line.step.seconds,
-                               priced, after_idle, after_step, line.forward_cpu_s});
-          if (line.host) {
-            ++host_steps;
-            host_outside_s += line.HostSeconds();
-            host_priced_s +=
-                cost_models[static_cast<std::size_t>(line.instance)]->HostTime(line.host->counts);
-            for (std::size_t p = 0; p < models::kHostPhases; ++p)
-              host_phase_s[p] += line.host->phase_s[p];
-          }
-        });
+        policies::ReadStepLog(ReadText(step_log), step_log,
+                              [&](const policies::StepLogLine& line) { lines.push_back(line); });
     if (!read.ok()) return read;
+    const std::vector<Seconds> beside_s = BesideOthers(lines, cost_models, mates);
+    for (std::size_t k = 0; k < lines.size(); ++k) {
+      const policies::StepLogLine& line = lines[k];
+      if (line.instance >= static_cast<int>(cost_models.size())) {
+        if (bad_instance.ok())
+          bad_instance = Status::Error(step_log + ": instance " + std::to_string(line.instance) +
+                                       " is not in the cluster file");
+        continue;
+      }
+      const models::StepFeatures features = models::FeaturesOf(line.step.shape);
+      const models::ShapeClass shape_class = models::ClassOf(features);
+      // What ran before it: its instance's previous iteration, or an idle spell (since the
+      // run's clock began, before its first), either of which the cost model may price.
+      const models::StepCostModel& cost = *cost_models[static_cast<std::size_t>(line.instance)];
+      const auto before = previous.find(line.instance);
+      const bool first = before == previous.end();
+      const models::StepCostModel::Before added = cost.AfterWhatRanBefore(
+          line.step.shape, line.start_s - (first ? 0 : before->second.first),
+          first ? nullptr : &before->second.second);
+      const std::size_t predecessor =
+          added.after_idle ? kAfterIdle
+                           : static_cast<std::size_t>(
+                                 models::ClassOf(models::FeaturesOf(before->second.second)));
+      // And beside: the other instances' steps on its node that it overlapped.
+      const Added part{added.after_idle ? added.seconds : 0, added.after_idle ? 0 : added.seconds,
+                       beside_s[k]};
+      previous.insert_or_assign(line.instance,
+                                std::pair{line.start_s + line.iteration_s, line.step.shape});
+      const Seconds priced = cost.StepTime(line.step.shape) + added.seconds + part.beside;
+      auto add = [&](Class& c) {
+        c.Add(line.step.seconds, priced, part, line.forward_cpu_s);
+        c.errors.push_back(priced / line.step.seconds - 1);
+      };
+      add(classes[static_cast<std::size_t>(shape_class)]);
+      const auto& instance = cluster.instances[static_cast<std::size_t>(line.instance)];
+      if (const models::StepFit* fit = profile ? profile->FitFor(instance.tp) : nullptr) {
+        const Tokens split = fit->split_rows[static_cast<std::size_t>(shape_class)];
+        if (split > 0 && features.tokens() >= static_cast<double>(split))
+          add(above_split[static_cast<std::size_t>(shape_class)]);
+      }
+      if (const auto it = measured_max.find(line.step.shape.tp); it != measured_max.end()) {
+        const Columns& max = it->second[static_cast<std::size_t>(shape_class)];
+        const Columns columns = models::FitColumns(features);
+        bool beyond = false;
+        for (std::size_t c = 0; c < columns.size(); ++c) beyond |= columns[c] > max[c];
+        if (beyond) add(beyond_sweep[static_cast<std::size_t>(shape_class)]);
+      }
+      const int band = BandOf(shape_class, line.step.shape);
+      if (band >= 0) add(bands[static_cast<std::size_t>(shape_class)][band]);
+      iteration_s += line.iteration_s;
+      async = async || line.async;
+      run_steps.push_back({line.instance, static_cast<std::size_t>(shape_class), band, predecessor,
+                           line.start_s, line.iteration_s, line.step.seconds, priced, part,
+                           line.forward_cpu_s});
+      if (line.host) {
+        ++host_steps;
+        host_outside_s += line.HostSeconds();
+        host_priced_s +=
+            cost_models[static_cast<std::size_t>(line.instance)]->HostTime(line.host->counts);
+        for (std::size_t p = 0; p < models::kHostPhases; ++p)
+          host_phase_s[p] += line.host->phase_s[p];
+      }
+    }
     if (!bad_instance.ok()) return bad_instance;
     end_run();
   }
@@ -314,8 +378,7 @@ Result<json> AttributeSteps(const std::vector<std::string>& step_logs,
               {"forward_s", c.forward_s},
               {"priced_s", c.priced_s},
               {"error_pct", pct(c.priced_s, c.forward_s)}};
-    if (c.after_idle_s > 0) t["after_idle_s"] = c.after_idle_s;
-    if (c.after_step_s > 0) t["after_step_s"] = c.after_step_s;
+    AddedToJson(c.added, t);
     // Of the steps whose line has it: how much of their passes' time the thread that ran them
     // was on a core, and the prices against that CPU time.
     if (c.cpu_steps > 0)
@@ -417,8 +480,7 @@ Result<json> AttributeSteps(const std::vector<std::string>& step_logs,
   out["forward_s"] = all.forward_s;
   out["priced_s"] = all.priced_s;
   out["priced_error_pct"] = pct(all.priced_s, all.forward_s);
-  if (all.after_idle_s > 0) out["after_idle_s"] = all.after_idle_s;
-  if (all.after_step_s > 0) out["after_step_s"] = all.after_step_s;
+  AddedToJson(all.added, out);
   if (const json t = totals(all); t.contains("on_cpu")) out["on_cpu"] = t["on_cpu"];
   out["iteration_s"] = iteration_s;
   out["outside_forward_ms_per_step"] =
@@ -456,8 +518,9 @@ Result<json> AttributeSteps(const std::vector<std::string>& step_logs,
   return out;
 }
 
-double AddedForWhatRanBefore(const json& sum) {
-  return sum.value("after_idle_s", 0.0) + sum.value("after_step_s", 0.0);
+double AddedBeyondShape(const json& sum) {
+  return sum.value("after_idle_s", 0.0) + sum.value("after_step_s", 0.0) +
+         sum.value("beside_s", 0.0);
 }
 
 namespace {
@@ -492,7 +555,7 @@ std::pair<models::StepProfile, json> ProfileAsLive(const sim::ClusterSpec& clust
     // ran before the steps, over the price less it, so that the pieces scaled and that added
     // again take the live passes' time.
     auto less_added = [](const json& t, const char* key) {
-      return t[key].get<double>() - AddedForWhatRanBefore(t);
+      return t[key].get<double>() - AddedBeyondShape(t);
     };
     std::int64_t below_steps = cls["steps"].get<std::int64_t>();
     double forward_s = less_added(cls, "forward_s"), priced_s = less_added(cls, "priced_s");
@@ -574,9 +637,9 @@ json LiveSpeed(const models::StepProfile& profile, const json& steps) {
     measured_s += m.Median();
     priced_s += price;
   });
-  // Less what the cost model adds for what ran before the steps, which a profile scaled to this
-  // speed adds as it is.
-  const double added_s = AddedForWhatRanBefore(steps);
+  // Less what the cost model adds for what ran before and beside the steps, which a profile
+  // scaled to this speed adds as it is.
+  const double added_s = AddedBeyondShape(steps);
   const double live_s = steps["forward_s"].get<double>() - added_s,
                live_priced_s = steps["priced_s"].get<double>() - added_s;
   if (measured_s <= 0 || priced_s <= 0 || live_s <= 0 || live_priced_s <= 0) return nullptr;

@@ -26,8 +26,10 @@ std::string ReadText(const std::string& path);
 // (policies::StepLogLine::forward_cpu_s), each of these sums has "on_cpu": the share of the
 // passes' time their thread was on a core, and the price against that CPU time (a pass
 // preempted by the machine's other threads took longer than it computed); where the cost model
-// adds to the price of a step after an idle spell or right after another kind of step (below),
-// each sum's "after_idle_s" and "after_step_s" are those parts of its price. Each decode band
+// adds to the price of a step after an idle spell or right after another kind of step (below), or
+// beside other instances' steps on its node (StepCostModel::Beside, in proportion to the overlap
+// of their live iterations, as the simulator adds it), each sum's "after_idle_s", "after_step_s"
+// and "beside_s" are those parts of its price. Each decode band
 // also has "calibration": the profile's own measurements of that band priced by their fit (the
 // fit's error there, a part of the live steps'); prefill-only steps alike by their new tokens
 // ("prefill_by_tokens": 1, 2-3, ..., 64-127, ...). And each class's steps by what their
@@ -45,7 +47,7 @@ Result<nlohmann::json> AttributeSteps(const std::vector<std::string>& step_logs,
 // The cluster file's fitted profile with the pieces of each shape class scaled by what the live
 // steps they priced took over their price (`steps`: AttributeSteps'; below and above a class's
 // split apart; pieces that priced no live step are left as they are; what the cost model adds
-// for what ran before the steps, "after_idle_s" and "after_step_s", stays as it is and out of the
+// for what ran before and beside the steps, AddedBeyondShape, stays as it is and out of the
 // ratio): a simulation from it prices steps as they ran live, so the error left in it is not the
 // step costs'. Returns the profile and the scales: per class, and "<class> above split" where a
 // class is split.
@@ -73,8 +75,8 @@ models::StepProfile ProfileScaled(const models::StepProfile& profile, double k,
                                   std::optional<models::ShapeClass> only = std::nullopt);
 
 // Of a sum of live steps' price (AttributeSteps' whole, a class's, ...), what the cost model adds
-// for what ran before them: "after_idle_s" and "after_step_s".
-double AddedForWhatRanBefore(const nlohmann::json& sum);
+// for what ran before and beside them: "after_idle_s", "after_step_s" and "beside_s".
+double AddedBeyondShape(const nlohmann::json& sum);
 
 // The machine's speed during a load's live runs against its speed at calibration, from the live
 // steps themselves: what they took over what the profile's fits price them at, both less what it

@@ -43,11 +43,12 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       }
     }
   }
-  if (profile->after_step) {
+  for (const auto& pairs : {profile->after_step, profile->beside}) {
+    if (!pairs) continue;
     std::vector<StepShape> shapes = {StepShape{}, shape, {{}, 1, 16}, {{{1, 0}}, 0, 0}};
     for (const StepShape& a : shapes)
       for (const StepShape& b : shapes) {
-        const double extra = profile->after_step->Extra(a, b);
+        const double extra = pairs->Extra(a, b);
         DUET_CHECK(std::isfinite(extra) && extra >= 0 && extra <= 3600);
       }
   }

@@ -90,7 +90,7 @@ class StepCostModel {
   // calibration timed it: models/step_profile.h's AfterIdleFit); 0 otherwise.
   virtual Seconds AfterIdle(const StepShape& shape, Seconds idle_s) const { return 0; }
   // What a step takes beyond StepTime right after its instance's step `previous` (no idle spell
-  // between them), where the model prices it (models/step_profile.h's AfterStepFit); 0 otherwise.
+  // between them), where the model prices it (models/step_profile.h's ShapePairFit); 0 otherwise.
   virtual Seconds AfterStep(const StepShape& shape, const StepShape& previous) const { return 0; }
   // What the model adds to a step for what its instance ran before it, the one rule both worlds
   // price by: after an idle spell of kIdleGap or more since its previous step ended, or with no
@@ -102,6 +102,12 @@ class StepCostModel {
   };
   Before AfterWhatRanBefore(const StepShape& shape, Seconds idle_s,
                             const StepShape* previous) const;
+  // What a step takes beyond StepTime when it runs its whole length beside a step `neighbour` of
+  // another instance on the same machine (sharing its memory bandwidth and caches), where the
+  // model prices it (models/step_profile.h's ShapePairFit, `duet calibrate --beside`); 0
+  // otherwise. The simulator adds it in proportion to the overlap.
+  virtual bool PricesBeside() const { return false; }
+  virtual Seconds Beside(const StepShape& shape, const StepShape& neighbour) const { return 0; }
 
   // A step's expert-parallel all-to-all: the bytes each GPU sends (dispatch and combine, every
   // MoE layer) and what moving them at the link's full bandwidth takes, the part of StepTime

@@ -286,17 +286,18 @@ Result<AfterIdleFit> ParseAfterIdleFit(const json& obj, const std::string& where
   return fit;
 }
 
-json AfterStepFitToJson(const AfterStepFit& fit) {
+json ShapePairFitToJson(const ShapePairFit& fit) {
   return {{"decode_rows", fit.decode_rows},
           {"prefill_tokens", fit.prefill_tokens},
           {"extra_s", fit.extra_s},
           {"repeats", fit.repeats}};
 }
 
-Result<AfterStepFit> ParseAfterStepFit(const json& obj, const std::string& where) {
+Result<ShapePairFit> ParseShapePairFit(const json& obj, const std::string& where,
+                                       bool zero_diagonal) {
   if (!obj.is_object()) return Status::Error(where + ": must be an object");
   constexpr std::size_t kMaxShapes = 16;
-  AfterStepFit fit;
+  ShapePairFit fit;
   for (auto [key, out, max] :
        {std::tuple{"decode_rows", &fit.decode_rows, kMaxDecodeRows},
         std::tuple{"prefill_tokens", &fit.prefill_tokens, kMaxChunkTokens}}) {
@@ -316,7 +317,8 @@ Result<AfterStepFit> ParseAfterStepFit(const json& obj, const std::string& where
   const std::size_t n = fit.decode_rows.size() + fit.prefill_tokens.size();
   const std::string square = "must be " + std::to_string(n) + " rows of " + std::to_string(n) +
                              " times in [0, 3600] (one per shape in decode_rows, then "
-                             "prefill_tokens), 0 on the diagonal";
+                             "prefill_tokens)" +
+                             (zero_diagonal ? ", 0 on the diagonal" : "");
   if (!JsonHas(obj, "extra_s") || !obj["extra_s"].is_array() || obj["extra_s"].size() != n)
     return FieldError(where, "extra_s", square);
   for (std::size_t i = 0; i < n; ++i) {
@@ -326,7 +328,7 @@ Result<AfterStepFit> ParseAfterStepFit(const json& obj, const std::string& where
     for (std::size_t j = 0; j < n; ++j) {
       const json& v = row[j];
       if (!v.is_number() || !(v.get<double>() >= 0) || v.get<double>() > kMaxStepSeconds ||
-          (i == j && v.get<double>() != 0))
+          (zero_diagonal && i == j && v.get<double>() != 0))
         return FieldError(where, "extra_s", square);
       fit.extra_s.back().push_back(v.get<double>());
     }
@@ -652,7 +654,8 @@ json StepProfileToJson(const StepProfile& profile) {
   if (profile.host) doc["host"] = HostFitToJson(*profile.host);
   if (profile.frontend) doc["frontend"] = FrontendFitToJson(*profile.frontend);
   if (profile.after_idle) doc["after_idle"] = AfterIdleFitToJson(*profile.after_idle);
-  if (profile.after_step) doc["after_step"] = AfterStepFitToJson(*profile.after_step);
+  if (profile.after_step) doc["after_step"] = ShapePairFitToJson(*profile.after_step);
+  if (profile.beside) doc["beside"] = ShapePairFitToJson(*profile.beside);
   return doc;
 }
 
@@ -772,9 +775,14 @@ Result<StepProfile> ParseStepProfile(const json& doc, const std::string& where) 
     profile.after_idle = std::move(*after_idle);
   }
   if (JsonHas(doc, "after_step")) {
-    auto after_step = ParseAfterStepFit(doc["after_step"], where + ": after_step");
+    auto after_step = ParseShapePairFit(doc["after_step"], where + ": after_step", true);
     if (!after_step) return after_step.status();
     profile.after_step = std::move(*after_step);
+  }
+  if (JsonHas(doc, "beside")) {
+    auto beside = ParseShapePairFit(doc["beside"], where + ": beside", false);
+    if (!beside) return beside.status();
+    profile.beside = std::move(*beside);
   }
   return profile;
 }
@@ -850,7 +858,7 @@ Seconds AfterIdleFit::Extra(ShapeClass c, Seconds idle) const {
   return extra.back();
 }
 
-std::optional<std::size_t> AfterStepFit::Nearest(const StepShape& shape) const {
+std::optional<std::size_t> ShapePairFit::Nearest(const StepShape& shape) const {
   const Tokens prefill = shape.PrefillTokens();
   if (prefill == 0 && shape.decode_tokens == 0) return std::nullopt;
   // A prefill-carrying step by its new tokens, a decode-only step by its rows.
@@ -864,18 +872,20 @@ std::optional<std::size_t> AfterStepFit::Nearest(const StepShape& shape) const {
   return prefill > 0 ? decode_rows.size() + best : best;
 }
 
-Seconds AfterStepFit::Extra(const StepShape& shape, const StepShape& previous) const {
-  const std::optional<std::size_t> i = Nearest(shape), j = Nearest(previous);
+Seconds ShapePairFit::Extra(const StepShape& shape, const StepShape& other) const {
+  const std::optional<std::size_t> i = Nearest(shape), j = Nearest(other);
   return i && j ? extra_s[*i][*j] : 0;
 }
 
 FittedCostModel::FittedCostModel(StepFit fit, std::optional<HostFit> host,
                                  std::optional<AfterIdleFit> after_idle,
-                                 std::optional<AfterStepFit> after_step)
+                                 std::optional<ShapePairFit> after_step,
+                                 std::optional<ShapePairFit> beside)
     : fit_(std::move(fit)),
       host_(std::move(host)),
       after_idle_(std::move(after_idle)),
-      after_step_(std::move(after_step)) {
+      after_step_(std::move(after_step)),
+      beside_(std::move(beside)) {
   for (std::size_t c = 0; c < kShapeClasses; ++c) {
     DUET_CHECK(!fit_.pieces[c].empty());
     DUET_CHECK(fit_.split_rows[c] == 0 || !fit_.pieces_above[c].empty());
@@ -896,6 +906,10 @@ Seconds FittedCostModel::AfterIdle(const StepShape& shape, Seconds idle_s) const
 
 Seconds FittedCostModel::AfterStep(const StepShape& shape, const StepShape& previous) const {
   return after_step_ ? after_step_->Extra(shape, previous) : 0;
+}
+
+Seconds FittedCostModel::Beside(const StepShape& shape, const StepShape& neighbour) const {
+  return beside_ ? beside_->Extra(shape, neighbour) : 0;
 }
 
 Seconds FittedCostModel::HostTime(const HostCounts& counts) const {

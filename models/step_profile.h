@@ -185,26 +185,34 @@ struct AfterIdleFit {
   Seconds Extra(ShapeClass c, Seconds idle) const;
 };
 
-// A forward pass right after a step of another shape runs longer than in a run of itself, the
-// case `duet calibrate` times each shape in: on one development VM a one-row decode step x1.5
-// after a 1,024-token prefill, a 256-token prefill x1.03-1.09 after any other step; on another
-// x1.19 and x1.01-1.05 (docs/validation.md, bench/step_order.sh). Calibrate times a few reference
-// shapes (decode steps by rows at one context per row, one-chunk prefills by new tokens at no
-// context) right after a pass of each other one, against itself in a run; the simulator adds the
-// difference to a step whose instance ran a step of another reference shape just before it (no
-// idle spell between them), each step standing as the reference shape of its class nearest in
-// the logarithm of its rows or new tokens (a mixed step as a prefill of its new tokens).
-struct AfterStepFit {
+// A forward pass runs longer in two cases `duet calibrate` times against the same pass in a run of
+// itself, each as a matrix over a few reference shapes (decode steps by rows at one context per
+// row, one-chunk prefills by new tokens at no context), a step standing as the reference shape of
+// its class nearest in the logarithm of its rows or new tokens (a mixed step as a prefill of its
+// new tokens):
+// - right after a step of another shape (the profile's `after_step`; 0 on the diagonal): on one
+//   development VM a one-row decode step x1.5 after a 1,024-token prefill, a 256-token prefill
+//   x1.03-1.09 after any other step; on another x1.19 and x1.01-1.05 (docs/validation.md,
+//   bench/step_order.sh). The simulator adds it to a step whose instance ran a step of another
+//   reference shape just before it (no idle spell between them).
+// - beside a step of another instance on the same machine (`beside`, `duet calibrate --beside`):
+//   two CPU instances share the memory bandwidth and the last-level cache, and a one-row decode
+//   step, bound by the bandwidth, lost 17.7% beside a prefill loop on the AVX2 VM of 2026-12-02
+//   where an 8-row one lost 0.7% (docs/validation.md). Calibrate times each reference shape while
+//   a second copy of the model runs each one over and over on its own thread; the simulator adds
+//   it to a step of an instance in proportion to the time it overlaps a step of another instance
+//   on its node.
+struct ShapePairFit {
   std::vector<Tokens> decode_rows;     // the decode steps timed, ascending
   std::vector<Tokens> prefill_tokens;  // the prefill chunks timed, ascending
-  // extra_s[i][j]: reference shape i's extra time right after shape j (the decode steps, then
-  // the prefills, each in order), each at least 0; 0 where i == j.
+  // extra_s[i][j]: reference shape i's extra time after (beside) shape j (the decode steps, then
+  // the prefills, each in order), each at least 0; after_step's is 0 where i == j.
   std::vector<std::vector<Seconds>> extra_s;
   int repeats = 0;  // times each was timed
   // The reference shape standing for `shape` (an index into extra_s); nullopt for an empty step.
   std::optional<std::size_t> Nearest(const StepShape& shape) const;
-  // The extra time of `shape` right after `previous`.
-  Seconds Extra(const StepShape& shape, const StepShape& previous) const;
+  // The extra time of `shape` after (beside) `other`.
+  Seconds Extra(const StepShape& shape, const StepShape& other) const;
 };
 
 struct StepProfile {
@@ -217,7 +225,8 @@ struct StepProfile {
   std::optional<HostFit> host;             // the engine's host time, when calibrated on a step log
   std::optional<FrontendFit> frontend;     // the server's frontend time, when calibrate timed it
   std::optional<AfterIdleFit> after_idle;  // a step after an idle spell, when calibrate timed it
-  std::optional<AfterStepFit> after_step;  // a step after another kind, when calibrate timed it
+  std::optional<ShapePairFit> after_step;  // a step after another kind, when calibrate timed it
+  std::optional<ShapePairFit> beside;      // a step beside another instance's, when timed
   const StepFit* FitFor(int tp) const;     // nullptr when none
   const LinkFit* LinkFor(std::string_view transport) const;  // nullptr when none
 };
@@ -267,7 +276,8 @@ class FittedCostModel : public StepCostModel {
  public:
   explicit FittedCostModel(StepFit fit, std::optional<HostFit> host = std::nullopt,
                            std::optional<AfterIdleFit> after_idle = std::nullopt,
-                           std::optional<AfterStepFit> after_step = std::nullopt);
+                           std::optional<ShapePairFit> after_step = std::nullopt,
+                           std::optional<ShapePairFit> beside = std::nullopt);
   Seconds StepTime(const StepShape& shape) const override;
   void AppendDecodeRunEnds(StepShape shape, int steps, Seconds start,
                            std::vector<Seconds>* ends) const override;
@@ -276,13 +286,16 @@ class FittedCostModel : public StepCostModel {
   Seconds WakeTime() const override { return host_ ? host_->wake_s : 0; }
   Seconds AfterIdle(const StepShape& shape, Seconds idle_s) const override;
   Seconds AfterStep(const StepShape& shape, const StepShape& previous) const override;
+  bool PricesBeside() const override { return beside_.has_value(); }
+  Seconds Beside(const StepShape& shape, const StepShape& neighbour) const override;
   const StepFit& fit() const { return fit_; }
 
  private:
   StepFit fit_;
   std::optional<HostFit> host_;
   std::optional<AfterIdleFit> after_idle_;
-  std::optional<AfterStepFit> after_step_;
+  std::optional<ShapePairFit> after_step_;
+  std::optional<ShapePairFit> beside_;
 };
 
 }  // namespace duet::models

@@ -306,6 +306,20 @@ Result<ClusterSpec> ParseClusterSpec(const json& doc, const std::string& path,
   return c;
 }
 
+std::vector<std::vector<policies::InstanceId>> NodeMates(
+    const ClusterSpec& cluster, const std::vector<std::unique_ptr<models::StepCostModel>>& costs) {
+  std::vector<std::vector<policies::InstanceId>> mates(cluster.instances.size());
+  for (std::size_t i = 0; i < mates.size(); ++i) {
+    for (std::size_t j = 0; j < mates.size(); ++j) {
+      const InstancePlacement &a = cluster.placements[i], &b = cluster.placements[j];
+      if (i != j && a.nodes == 1 && b.nodes == 1 && a.node == b.node &&
+          (costs[i]->PricesBeside() || costs[j]->PricesBeside()))
+        mates[i].push_back(static_cast<policies::InstanceId>(j));
+    }
+  }
+  return mates;
+}
+
 std::unique_ptr<models::StepCostModel> MakeStepCostModel(const ClusterSpec& cluster,
                                                          std::size_t index) {
   const deploy::InstanceSpec& instance = cluster.instances[index];
@@ -313,7 +327,7 @@ std::unique_ptr<models::StepCostModel> MakeStepCostModel(const ClusterSpec& clus
     const models::StepFit* fit = profile->FitFor(instance.tp);
     DUET_CHECK(fit);  // CheckProfileFits
     return std::make_unique<models::FittedCostModel>(*fit, profile->host, profile->after_idle,
-                                                     profile->after_step);
+                                                     profile->after_step, profile->beside);
   }
   models::RooflineOptions roofline = cluster.cost_model.roofline;
   roofline.tp = instance.tp;

@@ -93,6 +93,13 @@ void AbsolutizeClusterRefs(nlohmann::json& doc, const std::string& dir);
 std::unique_ptr<models::StepCostModel> MakeStepCostModel(const ClusterSpec& cluster,
                                                          std::size_t instance);
 
+// Per instance, the other instances on its node (each on that node alone), whose steps share its
+// machine with its steps where the cost model of either prices a step beside another's
+// (models::StepCostModel::Beside: a CPU profile calibrated --beside); empty otherwise. `costs`:
+// MakeStepCostModel's, per instance.
+std::vector<std::vector<policies::InstanceId>> NodeMates(
+    const ClusterSpec& cluster, const std::vector<std::unique_ptr<models::StepCostModel>>& costs);
+
 // Loads a cluster file. "model" and "gpu" name files under <data_dir>/models/specs and
 // <data_dir>/models/hardware (or give a path ending in .json, relative to the cluster file);
 // "model" may also be a Hugging Face model directory (a path with a '/').

@@ -102,7 +102,8 @@ void SimPorts::Execute(const policies::StepPlan& plan, policies::StepEvents& eve
   models::StepShape shape = plan.Shape();
   Seconds step_start_s = start_s;
   Seconds after_s = after_s_;  // the first step's
-  for (const Seconds end_s : result->step_end_s) {
+  for (std::size_t s = 0; s < result->step_end_s.size(); ++s) {
+    const Seconds end_s = result->step_end_s[s];
     if (world_.timeline)
       world_.timeline->Add(Timeline::Step{id_, step_start_s, end_s, shape.PrefillTokens(),
                                           shape.decode_tokens,
@@ -111,7 +112,8 @@ void SimPorts::Execute(const policies::StepPlan& plan, policies::StepEvents& eve
     // The step as a live server logs it: the iteration from its start to its end, the forward
     // pass as priced (a decode run's steps each one token further into their contexts).
     if (world_.step_log) {
-      const Seconds forward_s = cost.StepTime(shape) + std::exchange(after_s, 0);
+      const Seconds forward_s = cost.StepTime(shape) + std::exchange(after_s, 0) +
+                                (s < beside_s_.size() ? beside_s_[s] : 0);
       // (At least the pass, which rounding in its end may undercut.)
       const Seconds iteration_s =
           async_ ? end_s - step_start_s : std::max(end_s - step_start_s, forward_s);
@@ -214,13 +216,26 @@ void SimPorts::ExecuteSteps(const policies::StepPlan& plan, policies::StepEvents
                                      last_shape_ ? &*last_shape_ : nullptr)
                  .seconds;
   last_shape_ = shape;  // (a copy into the last one's storage: no allocation once it holds)
+  beside_s_.clear();
+  const bool mates = !world_.node_mates[static_cast<std::size_t>(id_)].empty();
   if (plan.max_steps <= 1) {
     const Seconds host_s = host ? cost.HostTime(PlannedHostCounts(plan, 0, 1)) : 0;
-    sg4::this_actor::sleep_for(
-        WithHostTime(cost.StepTime(shape) + after_s_ - a2a.seconds, host_s, host, follows));
-    ++world_.events;
-    if (a2a.bytes_per_gpu > 0) MoveExpertTraffic(a2a, 1);
-    step_end_s->push_back(Now());
+    const Seconds step_s =
+        WithHostTime(cost.StepTime(shape) + after_s_ - a2a.seconds, host_s, host, follows);
+    if (mates) {
+      step_end_s->push_back(start + step_s);
+      StartBeside(start, shape, step_end_s);
+      SleepUntilEnd(*step_end_s);
+      running_ends_ = nullptr;
+    } else {
+      sg4::this_actor::sleep_for(step_s);
+      ++world_.events;
+      step_end_s->push_back(Now());
+    }
+    if (a2a.bytes_per_gpu > 0) {
+      MoveExpertTraffic(a2a, 1);
+      step_end_s->back() = Now();
+    }
     if (!plan.awaited_loads.empty()) FinishOverlappedLoads(plan, start, events, result);
     return;
   }
@@ -247,16 +262,21 @@ void SimPorts::ExecuteSteps(const policies::StepPlan& plan, policies::StepEvents
       }
     }
   }
-  if (WaitAny(step_end_s->back() - start) >= 0) {
-    // New work arrived: finish the step in progress and stop at its boundary.
-    const Seconds now = Now();
-    const auto boundary = std::lower_bound(step_end_s->begin(), step_end_s->end(), now);
-    if (*boundary > now) {
-      sg4::this_actor::sleep_until(*boundary);
-      ++world_.events;
-    }
-    step_end_s->erase(boundary + 1, step_end_s->end());
+  if (mates) StartBeside(start, shape, step_end_s);
+  // The run's end, unless the mates' steps move it (StartBeside) while it runs.
+  Seconds until = step_end_s->back();
+  ssize_t woken = WaitAny(until - start);
+  while (woken < 0 && step_end_s->back() != until) {
+    until = step_end_s->back();
+    woken = WaitAny(until - Now());
   }
+  if (woken >= 0) {
+    // New work arrived: finish the step in progress and stop at its boundary.
+    const auto boundary = std::lower_bound(step_end_s->begin(), step_end_s->end(), Now());
+    step_end_s->erase(boundary + 1, step_end_s->end());
+    SleepUntilEnd(*step_end_s);
+  }
+  running_ends_ = nullptr;
   if (a2a.bytes_per_gpu <= 0) return;
   // The steps' all-to-alls as one exchange after their computation: uncontended, each step
   // ends as late as it would alone; contended, each shares the slowdown equally.
@@ -266,6 +286,66 @@ void SimPorts::ExecuteSteps(const policies::StepPlan& plan, policies::StepEvents
   const Seconds per_step = (Now() - computed) / steps;
   for (std::size_t s = 0; s < step_end_s->size(); ++s)
     (*step_end_s)[s] += static_cast<double>(s + 1) * per_step;
+}
+
+namespace {
+
+// Moves the ends of the steps ending at `ends` (back to back from `start`) for the time
+// [from, to) in which another instance's steps run beside them: a step that takes `alone`
+// seconds alone, and `full` more beside another all its length, progresses at
+// alone / (alone + full) of its pace while the other runs (a step inside the window takes
+// `full` more, one that the window cuts in part of it), each step starting when the one before
+// it ends. `beside` gains each step's delay.
+void AddBeside(Seconds full, Seconds start, std::vector<Seconds>& ends,
+               std::vector<Seconds>& beside, Seconds from, Seconds to) {
+  if (full <= 0 || to <= from) return;
+  beside.resize(std::max(beside.size(), ends.size()), 0);
+  Seconds step_start = start;  // as it was
+  Seconds t = start;           // as moved
+  for (std::size_t s = 0; s < ends.size(); ++s) {
+    const Seconds was_start = step_start, alone = ends[s] - step_start;  // before this window
+    step_start = ends[s];
+    Seconds end = t + alone;
+    if (alone > 0 && t < to && end > from) {
+      const double pace = alone / (alone + full);
+      const Seconds at = std::max(t, from);
+      const Seconds left = alone - (at - t);  // of its time alone, at the window's start
+      end = left <= (to - at) * pace ? at + left / pace : to + (left - (to - at) * pace);
+    } else if (t == was_start) {
+      continue;  // neither it nor any step before it moved
+    }
+    beside[s] += end - (t + alone);
+    ends[s] = end;
+    t = end;
+  }
+}
+
+}  // namespace
+
+void SimPorts::StartBeside(Seconds start, const models::StepShape& shape,
+                           std::vector<Seconds>* ends) {
+  const models::StepCostModel& cost = *world_.costs[static_cast<std::size_t>(id_)];
+  for (const InstanceId m : world_.node_mates[static_cast<std::size_t>(id_)]) {
+    SimPorts& mate = *world_.ports[static_cast<std::size_t>(m)];
+    if (!mate.running_ends_ || mate.running_ends_->empty() || mate.running_ends_->back() <= start)
+      continue;
+    // This plan's steps beside the mate's as they stand, then the mate's beside these as moved.
+    const models::StepShape& theirs = *mate.last_shape_;
+    AddBeside(cost.Beside(shape, theirs), start, *ends, beside_s_, mate.running_start_,
+              mate.running_ends_->back());
+    AddBeside(world_.costs[static_cast<std::size_t>(m)]->Beside(theirs, shape), mate.running_start_,
+              *mate.running_ends_, mate.beside_s_, start, ends->back());
+  }
+  running_start_ = start;
+  running_ends_ = ends;
+}
+
+void SimPorts::SleepUntilEnd(const std::vector<Seconds>& ends) {
+  for (Seconds until = -1; ends.back() != until && Now() < ends.back();) {
+    until = ends.back();
+    sg4::this_actor::sleep_until(until);
+    ++world_.events;
+  }
 }
 
 void SimPorts::FinishOverlappedLoads(const policies::StepPlan& plan, Seconds step_start_s,

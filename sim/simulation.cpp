@@ -142,6 +142,9 @@ Result<SimReport> Simulate(const ClusterSpec& cluster, const traces::Trace& trac
     w.inboxes.push_back(std::make_unique<SimInbox>(w.instances.back().gpus.front(), spec.name));
     w.costs.push_back(MakeStepCostModel(cluster, i));
   }
+  // Instances on one node share its machine: where a cost model prices a step beside another
+  // instance's, each instance's steps meet its mates'.
+  w.node_mates = NodeMates(cluster, w.costs);
   if (!options.timeline_path.empty()) w.timeline = std::make_unique<Timeline>();
   if (!options.step_log_path.empty()) w.step_log.emplace();
   if (cluster.tiers.any()) {

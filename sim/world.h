@@ -103,6 +103,16 @@ class SimPorts final : public policies::Clock,
   // Execute without the timeline's and the step log's records.
   void ExecuteSteps(const policies::StepPlan& plan, policies::StepEvents& events,
                     policies::StepResult* result);
+  // Beside the steps its node's other instances are running: each of this plan's steps (`ends`,
+  // back to back from `start`) runs at alone / (alone + extra) of its pace while theirs run, and
+  // theirs alike while this plan's run (the extra: models::StepCostModel::Beside), each step's
+  // later ones moving with it. Every overlapping pair is priced once, when the later of the two
+  // starts; the steps priced ahead (a decode run) then move while they run, and the waits below
+  // follow their ends. Then this plan's steps are running, for the mates' steps that start
+  // before they end.
+  void StartBeside(Seconds start, const models::StepShape& shape, std::vector<Seconds>* ends);
+  // Sleeps until the last of `ends` (the running steps') ends, however far the mates move it.
+  void SleepUntilEnd(const std::vector<Seconds>& ends);
   // An expert-parallel all-to-all (models::StepCostModel::ExpertTraffic) over the simulated
   // network, where KV transfers and tier traffic share the links with it: each of the
   // instance's GPUs sends `a2a`'s bytes, `times` over. Returns when all have arrived.
@@ -132,6 +142,11 @@ class SimPorts final : public policies::Clock,
   // (AfterStep), for the step log.
   Seconds after_s_ = 0;
   std::optional<models::StepShape> last_shape_;  // the shape of this instance's last step
+  // The steps running (StartBeside): from `running_start_`, ending at `*running_ends_` (null
+  // when none), each with what it took beside the mates' steps (`beside_s_`, for the step log).
+  Seconds running_start_ = 0;
+  std::vector<Seconds>* running_ends_ = nullptr;
+  std::vector<Seconds> beside_s_;
   SimInbox& inbox_;
   SimKvTransport transport_;
   std::vector<sg4::CommPtr> waitables_;  // reused
@@ -182,6 +197,9 @@ struct World {
   std::unordered_map<policies::RequestId, std::size_t> request_index;  // id -> requests[index]
   std::vector<std::unique_ptr<models::StepCostModel>> costs;
   std::vector<std::unique_ptr<SimPorts>> ports;
+  // Per instance, the other instances on its node whose steps its steps meet
+  // (models::StepCostModel::Beside); empty where no cost model prices it.
+  std::vector<std::vector<InstanceId>> node_mates;
   std::vector<std::unique_ptr<policies::InstanceEngine>> engines;
   std::vector<std::unique_ptr<SimInbox>> inboxes;
   std::vector<SimKvEndpoint> instances;  // per instance, its GPUs and KV blocks

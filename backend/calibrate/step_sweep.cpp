@@ -177,6 +177,36 @@ std::vector<std::vector<std::vector<Seconds>>> StepTimer::TimeAfterSteps(
   return extra;
 }
 
+std::vector<std::vector<std::vector<Seconds>>> StepTimer::TimeBeside(
+    std::span<const models::StepShape> shapes, ForwardModel& neighbour, int repeats) {
+  std::vector<std::vector<std::vector<Seconds>>> extra(
+      shapes.size(), std::vector<std::vector<Seconds>>(shapes.size()));
+  std::vector<Seconds> alone(shapes.size());
+  for (int r = 0; r < repeats; ++r) {
+    for (std::size_t i = 0; i < shapes.size(); ++i) alone[i] = TimeInARun(shapes[i]);
+    for (std::size_t j = 0; j < shapes.size(); ++j) {
+      const NeighbourLoop loop(neighbour, shapes[j]);
+      for (std::size_t i = 0; i < shapes.size(); ++i)
+        extra[i][j].push_back(TimeInARun(shapes[i]) - alone[i]);
+    }
+  }
+  return extra;
+}
+
+NeighbourLoop::NeighbourLoop(ForwardModel& model, const models::StepShape& shape)
+    : thread_([this, &model, shape] {
+        StepTimer timer(model);
+        started_ = true;
+        while (!stop_) timer.Time(shape);
+      }) {
+  while (!started_) std::this_thread::yield();
+}
+
+NeighbourLoop::~NeighbourLoop() {
+  stop_ = true;
+  thread_.join();
+}
+
 AfterStepShapes AfterStepShapesFor(const SweepLimits& limits) {
   AfterStepShapes out;
   out.decode_context = std::min<Tokens>(256, limits.max_context);

@@ -3,8 +3,10 @@
 #pragma once
 
 #include <array>
+#include <atomic>
 #include <cstdint>
 #include <span>
+#include <thread>
 #include <vector>
 
 #include "backend/engine/forward_model.h"
@@ -46,7 +48,7 @@ struct AfterIdleShapes {
 AfterIdleShapes AfterIdleShapesFor(const SweepLimits& limits);
 
 // The reference shapes `duet calibrate` times each right after the others
-// (models::AfterStepFit): decode steps of 1 and min(8, max_batch) rows at min(256, max_context)
+// (models::ShapePairFit): decode steps of 1 and min(8, max_batch) rows at min(256, max_context)
 // tokens of context per row, and one prefill chunk of each of min(64, max_tokens),
 // min(256, max_tokens) and min(1024, max_tokens) tokens at no context, each size once.
 struct AfterStepShapes {
@@ -86,6 +88,12 @@ class StepTimer {
   // in a run, then after each other shape in turn); empty where shape == before.
   std::vector<std::vector<std::vector<Seconds>>> TimeAfterSteps(
       std::span<const models::StepShape> shapes, int repeats);
+  // What a pass of each of `shapes` takes beyond its time in a run while `neighbour`, a second
+  // copy of the model, runs each of them over and over on its own thread (NeighbourLoop), as two
+  // instances on one machine share its memory bandwidth and caches: [shape][neighbour's][repeat],
+  // each repeat a pass over all of them (each shape timed in a run alone, then beside each).
+  std::vector<std::vector<std::vector<Seconds>>> TimeBeside(
+      std::span<const models::StepShape> shapes, ForwardModel& neighbour, int repeats);
 
  private:
   void Build(const models::StepShape& shape);
@@ -96,6 +104,21 @@ class StepTimer {
   std::vector<std::vector<std::int32_t>> tables_;
   std::vector<SequenceChunk> batch_;
   std::vector<float> logits_;
+};
+
+// Another instance on the same machine: runs `shape`'s pass on `model` over and over on its own
+// thread from construction (once the thread runs) until destruction (after the pass in
+// progress).
+class NeighbourLoop {
+ public:
+  NeighbourLoop(ForwardModel& model, const models::StepShape& shape);
+  ~NeighbourLoop();
+  NeighbourLoop(const NeighbourLoop&) = delete;
+  NeighbourLoop& operator=(const NeighbourLoop&) = delete;
+
+ private:
+  std::atomic<bool> started_ = false, stop_ = false;
+  std::thread thread_;
 };
 
 }  // namespace duet::backend

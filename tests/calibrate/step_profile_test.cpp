@@ -365,7 +365,7 @@ std::vector<TransferMeasurement> Transfers(const std::function<double(double)>& 
 }
 
 // Decode steps of 1 and 8 rows, prefills of 64, 256 and 1,024 tokens, each after each.
-AfterStepFit SampleAfterStep() {
+ShapePairFit SampleAfterStep() {
   return {{1, 8},
           {64, 256, 1024},
           {{0, 0.0001, 0.0005, 0.0006, 0.0067},
@@ -404,6 +404,8 @@ StepProfile SampleProfile() {
   p.frontend = FrontendFit{3e-5, 2e-8, 1200, {6, 1.5, 2, 3}};
   p.after_idle = AfterIdleFit{{0.01, 0.1, 1}, {0.002, 0.01, 0.02}, {0.001, 0.002, 0.008}, 3};
   p.after_step = SampleAfterStep();
+  p.beside = SampleAfterStep();
+  p.beside->extra_s[0][0] = 0.0009;  // beside its own shape on another instance
   return p;
 }
 
@@ -448,6 +450,8 @@ TEST(StepProfileTest, ProfilesSurviveTheRoundTrip) {
   ASSERT_TRUE(back->after_step);
   EXPECT_EQ(back->after_step->extra_s, p.after_step->extra_s);
   EXPECT_EQ(back->after_step->prefill_tokens, p.after_step->prefill_tokens);
+  ASSERT_TRUE(back->beside);
+  EXPECT_EQ(back->beside->extra_s, p.beside->extra_s);
   EXPECT_FALSE(ArchitectureMismatch(back->model, Model("tiny-test")));
   EXPECT_EQ(ArchitectureMismatch(back->model, Model("llama-3.2-1b")).value_or(""),
             "num_hidden_layers: 2 vs 16");
@@ -597,6 +601,9 @@ TEST(StepProfileTest, MalformedProfilesAreErrorsNamingTheField) {
       {[](json& j) { j["after_step"]["prefill_tokens"].push_back(4096); },
        "field 'extra_s' must be 6 rows of 6 times"},
       {[](json& j) { j["after_step"].erase("repeats"); }, "after_step: field 'repeats'"},
+      {[](json& j) { j["beside"]["extra_s"][0][1] = "x"; },
+       "p.json: beside: field 'extra_s' must be 5 rows of 5 times in [0, 3600] (one per shape in "
+       "decode_rows, then prefill_tokens)"},
   };
   for (const Case& c : cases) {
     json doc = good;
@@ -783,8 +790,8 @@ TEST(AfterIdleFitTest, InterpolatesInTheSpellsLogarithm) {
 // A step right after another: each stands as the reference shape of its class nearest in the
 // logarithm of its rows (decode) or new tokens (a prefill, a mixed step), nothing after itself
 // or for an empty step; a fitted cost model adds it to a step of a profile that has it.
-TEST(AfterStepFitTest, PricesAStepByTheNearestReferenceShapes) {
-  const AfterStepFit fit = SampleAfterStep();
+TEST(ShapePairFitTest, PricesAStepByTheNearestReferenceShapes) {
+  const ShapePairFit fit = SampleAfterStep();
   const StepShape d1{{}, 1, 300}, d3{{}, 3, 900}, d2{{}, 2, 512}, p40{{{40, 0}}, 0, 0},
       p200{{{150, 0}, {50, 100}}, 0, 0}, p5000{{{5000, 0}}, 0, 0}, mixed{{{700, 0}}, 4, 1000},
       empty{};
@@ -807,6 +814,25 @@ TEST(AfterStepFitTest, PricesAStepByTheNearestReferenceShapes) {
   EXPECT_EQ(plain.AfterStep(p40, mixed), 0);
   EXPECT_EQ(priced.AfterIdle(p40, 1), 0);
   EXPECT_EQ(priced.StepTime(d1), plain.StepTime(d1));
+}
+
+// Beside another instance's step: the same reference shapes, a step beside its own shape
+// priced too; a fitted cost model of a profile that has it prices it, one without does not.
+TEST(ShapePairFitTest, PricesAStepBesideAnotherInstances) {
+  const StepProfile p = SampleProfile();
+  const FittedCostModel priced(p.fits[0], std::nullopt, std::nullopt, std::nullopt, p.beside),
+      plain(p.fits[0], std::nullopt, std::nullopt, p.after_step);
+  const StepShape d1{{}, 1, 300}, d2{{}, 2, 512}, p5000{{{5000, 0}}, 0, 0};
+  EXPECT_TRUE(priced.PricesBeside());
+  EXPECT_FALSE(plain.PricesBeside());
+  EXPECT_EQ(priced.Beside(d1, d2), 0.0009);
+  EXPECT_EQ(priced.Beside(d1, p5000), 0.0067);
+  EXPECT_EQ(priced.AfterStep(d1, p5000), 0);
+  EXPECT_EQ(plain.Beside(d1, p5000), 0);
+  // The profile's after_step keeps its diagonal at 0: a step after its own shape is a run.
+  json doc = StepProfileToJson(p);
+  doc["after_step"]["extra_s"][0][0] = 0.0009;
+  EXPECT_FALSE(ParseStepProfile(doc, "p.json").ok());
 }
 
 // The medians after each spell made non-decreasing by pooling the adjacent ones that are not,

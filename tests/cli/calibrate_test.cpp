@@ -10,6 +10,7 @@
 #include <map>
 #include <set>
 #include <sstream>
+#include <thread>
 
 #include "backend/calibrate/step_sweep.h"
 #include "models/step_profile.h"
@@ -97,7 +98,7 @@ TEST_F(CalibrateTest, MeasuresTheCpuBackendAndTheSimulatorRunsFromTheProfile) {
   // A step right after each other reference shape, timed and printed: decode steps of 1 and 8
   // rows, prefills of 64, 256 and 1,024 tokens up to --max-tokens.
   ASSERT_TRUE(profile->after_step);
-  const models::AfterStepFit& after = *profile->after_step;
+  const models::ShapePairFit& after = *profile->after_step;
   EXPECT_EQ(after.decode_rows, (std::vector<Tokens>{1, 8}));
   EXPECT_FALSE(after.prefill_tokens.empty());
   EXPECT_EQ(after.extra_s.size(), after.decode_rows.size() + after.prefill_tokens.size());
@@ -140,7 +141,7 @@ TEST_F(CalibrateTest, MeasuresTheCpuBackendAndTheSimulatorRunsFromTheProfile) {
   const models::FittedCostModel cost(
       profile->fits[0], std::nullopt,
       models::AfterIdleFit{{0.01, 1}, {0.002, 0.02}, {0.001, 0.01}, 1},
-      models::AfterStepFit{{1}, {64}, {{0, 0.003}, {0.004, 0}}, 1});
+      models::ShapePairFit{{1}, {64}, {{0, 0.003}, {0.004, 0}}, 1});
   std::map<int, std::pair<Seconds, models::StepShape>> last;  // by instance: its end, its shape
   int after_idle = 0, saturated = 0, after_prefill = 0;
   const Status read =
@@ -160,6 +161,102 @@ TEST_F(CalibrateTest, MeasuresTheCpuBackendAndTheSimulatorRunsFromTheProfile) {
   EXPECT_GE(after_idle, 1);
   EXPECT_EQ(saturated, 1);
   EXPECT_EQ(after_prefill, 2);
+}
+
+// `--beside` times the reference shapes beside a second copy of the model running each of them
+// on its own thread (one core each); the simulator adds what the profile's beside says to a step
+// in proportion to its overlap with a step of another instance on its node, and nothing to
+// instances on two nodes.
+TEST_F(CalibrateTest, TimesStepsBesideAnotherInstanceAndTheSimulatorPricesThemOnOneNode) {
+  const std::string profile_path = tmp_.File("profile.json");
+  RunResult r = RunDuet({"calibrate", "--model", model_, "--out", profile_path, "--repeats", "2",
+                         "--threads", "1", "--beside"});
+  ASSERT_EQ(r.exit_code, 0) << r;
+  EXPECT_TRUE(ContainsAll(r.out, {"beside another instance: ms beyond each alone", "\n  p64 "}))
+      << r;
+  Result<models::StepProfile> profile = models::LoadStepProfile(profile_path);
+  ASSERT_TRUE(profile.ok()) << profile.error();
+  ASSERT_TRUE(profile->beside && profile->after_step);
+  EXPECT_EQ(profile->beside->decode_rows, profile->after_step->decode_rows);
+  EXPECT_EQ(profile->beside->prefill_tokens, profile->after_step->prefill_tokens);
+  EXPECT_EQ(profile->beside->repeats, 2);
+  const std::string all_cores = std::to_string(std::thread::hardware_concurrency());
+  for (const RunResult& bad :
+       {RunDuet({"calibrate", "--model", model_, "--out", profile_path, "--beside"}),
+        RunDuet({"calibrate", "--model", model_, "--out", profile_path, "--beside", "--threads",
+                 all_cores})}) {
+    EXPECT_EQ(bad.exit_code, 2) << bad;
+    EXPECT_TRUE(ContainsAll(bad.err, {"--beside: give --device cpu and --threads N"})) << bad;
+  }
+
+  // Known extras, and nothing for what ran before: a one-row decode step (the decode instance's
+  // run for the first request) 0.01 ms slower for all its length beside a 64-token prefill (the
+  // second request's, of 200 tokens, arriving while the first decodes), the prefill 0.3 ms.
+  json doc = ReadJson(profile_path);
+  doc.erase("after_idle");
+  doc.erase("after_step");
+  doc["beside"] = {{"decode_rows", {1}},
+                   {"prefill_tokens", {64}},
+                   {"extra_s", {{1e-6, 1e-5}, {3e-4, 2e-6}}},
+                   {"repeats", 1}};
+  const std::string beside_profile = tmp_.Write("profile-beside.json", doc.dump());
+  const std::string trace = tmp_.Write(
+      "trace.jsonl",
+      "{\"timestamp\": 0, \"input_length\": 20, \"output_length\": 200, \"hash_ids\": [1]}\n"
+      "{\"timestamp\": 1, \"input_length\": 200, \"output_length\": 2, \"hash_ids\": [2]}\n");
+  json cluster = ReadJson(SourceDir() + "/tests/data/1p1d-tiny.json");
+  cluster["model"] = model_;
+  cluster["cost_model"] = {{"kind", "fitted"}, {"profile", beside_profile}};
+  const std::string apart = tmp_.Write("apart.json", cluster.dump());
+  cluster["nodes"][0]["count"] = 1;
+  cluster["nodes"][0]["gpus"] = 2;
+  cluster["instances"][1]["node"] = 0;
+  const std::string together = tmp_.Write("together.json", cluster.dump());
+  const models::FittedCostModel cost(profile->fits[0]);
+  struct Priced {
+    Seconds start_s, iteration_s, extra_s;  // extra: beyond its price alone
+    bool prefill;
+  };
+  auto steps = [&](const std::string& cluster_path, const std::string& name) {
+    const std::string step_log = tmp_.File(name + ".jsonl");
+    Simulate(tmp_.File(name),
+             {"--cluster", cluster_path, "--trace", trace, "--step-log", step_log});
+    std::map<int, std::vector<Priced>> out;  // by instance
+    const Status read =
+        policies::ReadStepLog(ReadFile(step_log), step_log, [&](const policies::StepLogLine& l) {
+          out[l.instance].push_back({l.start_s, l.iteration_s,
+                                     l.step.seconds - cost.StepTime(l.step.shape),
+                                     !l.step.shape.prefill.empty()});
+        });
+    EXPECT_TRUE(read.ok()) << read.message();
+    return out;
+  };
+  for (const auto& [instance, priced] : steps(apart, "apart"))
+    for (const Priced& p : priced) EXPECT_NEAR(p.extra_s, 0, 1e-12) << instance;
+  const auto beside = steps(together, "together");
+  ASSERT_EQ(beside.size(), 2u);
+  // The prefill instance's two prefills: the first alone (the decode instance idle), the
+  // second beside the decode run all its length.
+  const std::vector<Priced>& prefills = beside.at(0);
+  ASSERT_EQ(prefills.size(), 2u);
+  EXPECT_NEAR(prefills[0].extra_s, 0, 1e-12);
+  EXPECT_NEAR(prefills[1].extra_s, 3e-4, 1e-12);
+  // The decode steps beside it run at alone / (alone + 0.01 ms) of their pace while it runs:
+  // each takes 0.01 ms more for each alone + 0.01 ms of it the prefill overlapped (those inside
+  // it the full 0.01 ms, the two it cuts in part less), the rest nothing.
+  const Seconds from = prefills[1].start_s, to = from + prefills[1].iteration_s;
+  int whole = 0, part = 0;
+  for (const Priced& p : beside.at(1)) {
+    ASSERT_FALSE(p.prefill);
+    const Seconds overlap =
+        std::max(0.0, std::min(to, p.start_s + p.iteration_s) - std::max(from, p.start_s));
+    const Seconds alone = p.iteration_s - p.extra_s;
+    EXPECT_NEAR(p.extra_s, overlap * 1e-5 / (alone + 1e-5), 1e-12) << p.start_s;
+    whole += std::abs(p.extra_s - 1e-5) < 1e-12;
+    part += p.extra_s > 1e-12 && p.extra_s < 1e-5 - 1e-12;
+  }
+  EXPECT_GE(whole, 10);
+  EXPECT_LE(part, 2);
 }
 
 // `--transport loopback` times KV transfers between two instances and fits a link; a cluster

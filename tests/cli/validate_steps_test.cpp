@@ -102,6 +102,53 @@ TEST(ValidateStepsTest, SplitsTheLiveStepsByWhetherAnotherInstancesRanBeside) {
       << text;
 }
 
+// With a profile that prices a step beside another instance's on its node, each live step is
+// priced with it in proportion to the overlap of their iterations, as the simulator prices it;
+// the same instances on two nodes are not.
+TEST(ValidateStepsTest, PricesTheLiveStepsBesideTheirNodesOtherInstances) {
+  auto cluster = sim::LoadClusterSpec("tests/data/1p1d-tiny.json", DUET_SOURCE_DIR);
+  ASSERT_TRUE(cluster.ok()) << cluster.error();
+  // 1 ms a step; a decode step 4 ms slower all its length beside a prefill, a prefill 2 ms beside
+  // a decode step, nothing for a decode step beside another (the reference shapes: decode 1 row,
+  // prefill 64 tokens).
+  models::StepProfile profile;
+  profile.fits.emplace_back();
+  for (auto& pieces : profile.fits[0].pieces) pieces = {models::AffinePiece{{1e-3}}};
+  profile.beside = models::ShapePairFit{{1}, {64}, {{0, 0.004}, {0.002, 0}}, 1};
+  cluster->cost_model.profile = std::make_shared<const models::StepProfile>(profile);
+  // As in the split above: the prefill instance (0) [0, 10] and [16, 26] ms; the decode
+  // instance (1) [2, 6], [6, 16] and [30, 34].
+  const std::vector<policies::StepLogLine> lines = {
+      Step(1, 0.002, 0.004, 4), Step(0, 0, 0.010, 0), Step(1, 0.006, 0.010, 1),
+      Step(0, 0.016, 0.010, 0), Step(1, 0.030, 0.004, 4)};
+  e2e::TempDir tmp;
+  // Apart, on the two nodes of the file: nothing beside.
+  auto apart = AttributeLines(lines, *cluster, tmp);
+  ASSERT_TRUE(apart.ok()) << apart.error();
+  EXPECT_FALSE(apart->contains("beside_s")) << *apart;
+  // On one node, at alone / (alone + full) of its pace beside the other (1 ms alone): the first
+  // prefill 8 of its 10 ms beside decode steps (8 * 2/3 ms, capped at the 2 ms it takes beside
+  // them all its length), the second none; the decode steps all 4 ms of the first and 4 of the
+  // second's 10 ms (4 * 4/5 ms each), none of the last.
+  cluster->placements[1].node = 0;
+  auto together = AttributeLines(lines, *cluster, tmp);
+  ASSERT_TRUE(together.ok()) << together.error();
+  const json& classes = (*together)["classes"];
+  const double prefill = 0.002, decode = 2 * 0.004 * 0.004 / 0.005;
+  EXPECT_NEAR(classes["prefill"]["beside_s"].get<double>(), prefill, 1e-12) << classes;
+  EXPECT_NEAR(classes["prefill"]["priced_s"].get<double>(), 2e-3 + prefill, 1e-12);
+  EXPECT_NEAR(classes["decode"]["beside_s"].get<double>(), decode, 1e-12) << classes;
+  EXPECT_NEAR((*together)["beside_s"].get<double>(), prefill + decode, 1e-12);
+  EXPECT_NEAR(AddedBeyondShape(*together), prefill + decode, 1e-12);
+  // A step priced 1 ms with 2 ms of overlap: 2 * 2/3 ms, under the cap.
+  const std::vector<policies::StepLogLine> short_overlap = {Step(0, 0, 0.010, 0),
+                                                            Step(1, 0.009, 0.004, 1)};
+  auto partly = AttributeLines(short_overlap, *cluster, tmp);
+  ASSERT_TRUE(partly.ok()) << partly.error();
+  EXPECT_NEAR((*partly)["classes"]["prefill"]["beside_s"].get<double>(), 0.001 * 2 / 3, 1e-12);
+  EXPECT_NEAR((*partly)["classes"]["decode"]["beside_s"].get<double>(), 0.001 * 4 / 5, 1e-12);
+}
+
 TEST(ValidateStepsTest, OneInstanceHasNoSplit) {
   // The 1P1D test cluster with one colocated instance in its place.
   json doc = e2e::ReadJson(std::string(DUET_SOURCE_DIR) + "/tests/data/1p1d-tiny.json");
