@@ -295,7 +295,7 @@ namespace {
 // seconds alone, and `full` more beside another all its length, progresses at
 // alone / (alone + full) of its pace while the other runs (a step inside the window takes
 // `full` more, one that the window cuts in part of it), each step starting when the one before
-// it ends. `beside` gains each step's delay.
+// it ends. `beside` holds and gains each step's delay (its time alone is its length less it).
 void AddBeside(Seconds full, Seconds start, std::vector<Seconds>& ends,
                std::vector<Seconds>& beside, Seconds from, Seconds to) {
   if (full <= 0 || to <= from) return;
@@ -303,18 +303,22 @@ void AddBeside(Seconds full, Seconds start, std::vector<Seconds>& ends,
   Seconds step_start = start;  // as it was
   Seconds t = start;           // as moved
   for (std::size_t s = 0; s < ends.size(); ++s) {
-    const Seconds was_start = step_start, alone = ends[s] - step_start;  // before this window
+    const Seconds was_start = step_start, length = ends[s] - step_start;  // before this window
     step_start = ends[s];
-    Seconds end = t + alone;
-    if (alone > 0 && t < to && end > from) {
+    Seconds end = t + length;
+    if (length > 0 && t < to && end > from) {
+      // Until the window, and after it, at its pace so far; in it, at the pace of its time
+      // alone (its length less what earlier windows added to it) beside the other's.
+      const Seconds alone = length - beside[s];
       const double pace = alone / (alone + full);
       const Seconds at = std::max(t, from);
-      const Seconds left = alone - (at - t);  // of its time alone, at the window's start
+      const Seconds left = length - (at - t);  // at its pace so far, at the window's start
       end = left <= (to - at) * pace ? at + left / pace : to + (left - (to - at) * pace);
     } else if (t == was_start) {
-      continue;  // neither it nor any step before it moved
+      t = step_start;  // neither it nor any step before it moved
+      continue;
     }
-    beside[s] += end - (t + alone);
+    beside[s] += end - (t + length);
     ends[s] = end;
     t = end;
   }
@@ -325,16 +329,24 @@ void AddBeside(Seconds full, Seconds start, std::vector<Seconds>& ends,
 void SimPorts::StartBeside(Seconds start, const models::StepShape& shape,
                            std::vector<Seconds>* ends) {
   const models::StepCostModel& cost = *world_.costs[static_cast<std::size_t>(id_)];
+  priced_beside_until_.assign(world_.ports.size(), -1);  // these steps: beside nothing yet
   for (const InstanceId m : world_.node_mates[static_cast<std::size_t>(id_)]) {
     SimPorts& mate = *world_.ports[static_cast<std::size_t>(m)];
     if (!mate.running_ends_ || mate.running_ends_->empty() || mate.running_ends_->back() <= start)
       continue;
-    // This plan's steps beside the mate's as they stand, then the mate's beside these as moved.
+    // This plan's steps beside the mate's as they stand; the mate's beside these as moved, from
+    // where they were priced beside this instance's before (a decode run cut short at new work,
+    // continued by this plan); this plan's again beside what that added to the mate's.
     const models::StepShape& theirs = *mate.last_shape_;
-    AddBeside(cost.Beside(shape, theirs), start, *ends, beside_s_, mate.running_start_,
-              mate.running_ends_->back());
+    const Seconds mate_end = mate.running_ends_->back();
+    AddBeside(cost.Beside(shape, theirs), start, *ends, beside_s_, mate.running_start_, mate_end);
+    Seconds& mate_priced = mate.priced_beside_until_[static_cast<std::size_t>(id_)];
     AddBeside(world_.costs[static_cast<std::size_t>(m)]->Beside(theirs, shape), mate.running_start_,
-              *mate.running_ends_, mate.beside_s_, start, ends->back());
+              *mate.running_ends_, mate.beside_s_, std::max(start, mate_priced), ends->back());
+    mate_priced = std::max(mate_priced, ends->back());
+    AddBeside(cost.Beside(shape, theirs), start, *ends, beside_s_, mate_end,
+              mate.running_ends_->back());
+    priced_beside_until_[static_cast<std::size_t>(m)] = mate.running_ends_->back();
   }
   running_start_ = start;
   running_ends_ = ends;

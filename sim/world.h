@@ -147,6 +147,8 @@ class SimPorts final : public policies::Clock,
   Seconds running_start_ = 0;
   std::vector<Seconds>* running_ends_ = nullptr;
   std::vector<Seconds> beside_s_;
+  // Per instance: until when the running steps are priced beside its steps (StartBeside).
+  std::vector<Seconds> priced_beside_until_;
   SimInbox& inbox_;
   SimKvTransport transport_;
   std::vector<sg4::CommPtr> waitables_;  // reused
