@@ -464,8 +464,8 @@ int Calibrate(int argc, char** argv) {
     ("beside", po::bool_switch(),
      "also time the reference shapes of after_step while a second copy of the model runs each "
      "of them over and over on its own --threads cores, as instances that share this machine "
-     "run (--device cpu, --threads at most half the cores): the simulator adds what each takes "
-     "beyond its time alone to a step that overlaps another's on its node (the profile's "
+     "run (--device cpu, --threads at most half the cores): the simulator slows a step that "
+     "overlaps another's on its node by what each took beyond its time alone (the profile's "
      "beside)")
     ("ucx-tls", po::value<std::string>()->default_value(""),
      "with --transport ucx: the UCX transports (UCX_TLS: tcp, posix,cma, ...; empty: UCX's "
@@ -495,6 +495,8 @@ int Calibrate(int argc, char** argv) {
       if (vm.count(other))
         return Fail(std::string("--profile keeps the profile's steps: not with --") + other,
                     kExitUsage);
+    if (vm["beside"].as<bool>())
+      return Fail("--profile keeps the profile's steps: not with --beside", kExitUsage);
     auto loaded = models::LoadStepProfile(vm["profile"].as<std::string>());
     if (!loaded) return Fail("--profile: " + loaded.error());
     auto host = FitHostSteps(vm["host-steps"].as<std::string>());
@@ -518,6 +520,8 @@ int Calibrate(int argc, char** argv) {
                     kExitUsage);
     if (vm.count("trace"))
       return Fail("--trace chooses the shapes to measure: not with --measurements", kExitUsage);
+    if (vm["beside"].as<bool>())
+      return Fail("--beside times this machine's steps: not with --measurements", kExitUsage);
     if (device.empty() || device.size() > 200)
       return Fail("--device: name the device that measured the steps (1 to 200 characters)",
                   kExitUsage);

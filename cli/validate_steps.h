@@ -27,8 +27,8 @@ std::string ReadText(const std::string& path);
 // passes' time their thread was on a core, and the price against that CPU time (a pass
 // preempted by the machine's other threads took longer than it computed); where the cost model
 // adds to the price of a step after an idle spell or right after another kind of step (below), or
-// beside other instances' steps on its node (StepCostModel::Beside, in proportion to the overlap
-// of their live iterations, as the simulator adds it), each sum's "after_idle_s", "after_step_s"
+// beside other instances' steps on its node (StepCostModel::Beside, for the time their live
+// iterations overlapped, by the simulator's rule), each sum's "after_idle_s", "after_step_s"
 // and "beside_s" are those parts of its price. Each decode band
 // also has "calibration": the profile's own measurements of that band priced by their fit (the
 // fit's error there, a part of the live steps'); prefill-only steps alike by their new tokens

@@ -105,7 +105,8 @@ class StepCostModel {
   // What a step takes beyond StepTime when it runs its whole length beside a step `neighbour` of
   // another instance on the same machine (sharing its memory bandwidth and caches), where the
   // model prices it (models/step_profile.h's ShapePairFit, `duet calibrate --beside`); 0
-  // otherwise. The simulator adds it in proportion to the overlap.
+  // otherwise. The simulator runs a step at alone / (alone + this) of its pace while the other
+  // instance's step runs (sim/instance_ports.cpp).
   virtual bool PricesBeside() const { return false; }
   virtual Seconds Beside(const StepShape& shape, const StepShape& neighbour) const { return 0; }
 

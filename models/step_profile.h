@@ -199,9 +199,9 @@ struct AfterIdleFit {
 //   two CPU instances share the memory bandwidth and the last-level cache, and a one-row decode
 //   step, bound by the bandwidth, lost 17.7% beside a prefill loop on the AVX2 VM of 2026-12-02
 //   where an 8-row one lost 0.7% (docs/validation.md). Calibrate times each reference shape while
-//   a second copy of the model runs each one over and over on its own thread; the simulator adds
-//   it to a step of an instance in proportion to the time it overlaps a step of another instance
-//   on its node.
+//   a second copy of the model runs each one over and over on its own thread; the simulator runs
+//   a step of an instance at alone / (alone + extra) of its pace while a step of another instance
+//   on its node runs.
 struct ShapePairFit {
   std::vector<Tokens> decode_rows;     // the decode steps timed, ascending
   std::vector<Tokens> prefill_tokens;  // the prefill chunks timed, ascending
