@@ -382,7 +382,7 @@ Status SweepTheTrace(const po::variables_map& vm, SweepLimits& limits, nlohmann:
 models::ShapePairFit PairFit(const backend::AfterStepShapes& shapes, int repeats,
                              const std::vector<std::vector<std::vector<Seconds>>>& timed,
                              bool zero_diagonal) {
-  models::ShapePairFit fit{shapes.decode_rows, shapes.prefill_tokens, {}, repeats};
+  models::ShapePairFit fit{shapes.decode_rows, shapes.prefill_tokens, {}, repeats, {}};
   for (std::size_t i = 0; i < timed.size(); ++i) {
     fit.extra_s.emplace_back();
     for (std::size_t j = 0; j < timed.size(); ++j)
@@ -393,7 +393,8 @@ models::ShapePairFit PairFit(const backend::AfterStepShapes& shapes, int repeats
 }
 
 // `fit` as a table in ms after `heading` (a format with the decode context per row, a %lld), its
-// diagonal "-" where it is 0 by definition.
+// diagonal "-" where it is 0 by definition, each row followed by its time alone where the fit has
+// it.
 void PrintPairs(const models::ShapePairFit& fit, Tokens decode_context, const char* heading,
                 bool zero_diagonal) {
   std::vector<std::string> names;
@@ -411,6 +412,7 @@ void PrintPairs(const models::ShapePairFit& fit, Tokens decode_context, const ch
       else
         std::printf("%+8.1f", 1e3 * fit.extra_s[i][j]);
     }
+    if (!fit.alone_s.empty()) std::printf("  (alone %.1f)", 1e3 * fit.alone_s[i]);
     std::printf("\n");
   }
 }
@@ -742,13 +744,17 @@ int Calibrate(int argc, char** argv) {
       if (!copy) return Fail(copy.error());
       auto neighbour = backend::CreateForwardModel(std::move(*copy), placement);
       if (!neighbour) return Fail("--beside: " + neighbour.error());
-      profile.beside = PairFit(step_shapes, repeats,
-                               timer.TimeBeside(step_shapes.shapes, **neighbour, repeats), false);
+      const backend::StepTimer::Beside timed =
+          timer.TimeBeside(step_shapes.shapes, **neighbour, repeats);
+      profile.beside = PairFit(step_shapes, repeats, timed.extra, false);
+      for (const std::vector<Seconds>& alone : timed.alone)
+        profile.beside->alone_s.push_back(models::MedianOf(alone));
       PrintPairs(*profile.beside, step_shapes.decode_context,
                  "beside another instance: ms beyond each alone (rows: the step, d: decode rows at "
                  "%lld tokens of context each, p: prefill tokens; columns: the step the other "
-                 "instance ran over and over; the simulator adds them to a step beside another on "
-                 "its node: the profile's beside)",
+                 "instance ran over and over; the simulator prices a step beside another on its "
+                 "node by these as shares of the time alone, interpolated between the sizes: the "
+                 "profile's beside)",
                  false);
     }
     if (served) {

@@ -3,6 +3,7 @@
 #include "models/step_profile.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <numeric>
 #include <tuple>
@@ -26,6 +27,9 @@ constexpr std::size_t kMaxMeasurements = 100000;
 constexpr std::size_t kMaxTimes = std::size_t{1} << 22;  // step times in one file: 32 MiB
 constexpr double kMinStepSeconds = 1e-9;                 // a nanosecond: no step is shorter
 constexpr double kMaxStepSeconds = 3600;
+// A step beside another instance's at most this many times its time alone beyond it: two
+// instances sharing a machine slow each other by a fraction, not by orders of magnitude.
+constexpr double kMaxBesideShare = 100;
 constexpr double kMaxCoefficient = 1e4;  // seconds per unit: above the longest step
 constexpr std::size_t kMaxSourceBytes = 64 * 1024;
 constexpr std::size_t kMaxLinks = 16;
@@ -287,14 +291,16 @@ Result<AfterIdleFit> ParseAfterIdleFit(const json& obj, const std::string& where
 }
 
 json ShapePairFitToJson(const ShapePairFit& fit) {
-  return {{"decode_rows", fit.decode_rows},
-          {"prefill_tokens", fit.prefill_tokens},
-          {"extra_s", fit.extra_s},
-          {"repeats", fit.repeats}};
+  json out = {{"decode_rows", fit.decode_rows},
+              {"prefill_tokens", fit.prefill_tokens},
+              {"extra_s", fit.extra_s},
+              {"repeats", fit.repeats}};
+  if (!fit.alone_s.empty()) out["alone_s"] = fit.alone_s;
+  return out;
 }
 
-Result<ShapePairFit> ParseShapePairFit(const json& obj, const std::string& where,
-                                       bool zero_diagonal) {
+// after_step (`after_step`: 0 on the diagonal, no alone_s) or beside (alone_s required).
+Result<ShapePairFit> ParseShapePairFit(const json& obj, const std::string& where, bool after_step) {
   if (!obj.is_object()) return Status::Error(where + ": must be an object");
   constexpr std::size_t kMaxShapes = 16;
   ShapePairFit fit;
@@ -318,7 +324,7 @@ Result<ShapePairFit> ParseShapePairFit(const json& obj, const std::string& where
   const std::string square = "must be " + std::to_string(n) + " rows of " + std::to_string(n) +
                              " times in [0, 3600] (one per shape in decode_rows, then "
                              "prefill_tokens)" +
-                             (zero_diagonal ? ", 0 on the diagonal" : "");
+                             (after_step ? ", 0 on the diagonal" : "");
   if (!JsonHas(obj, "extra_s") || !obj["extra_s"].is_array() || obj["extra_s"].size() != n)
     return FieldError(where, "extra_s", square);
   for (std::size_t i = 0; i < n; ++i) {
@@ -328,9 +334,28 @@ Result<ShapePairFit> ParseShapePairFit(const json& obj, const std::string& where
     for (std::size_t j = 0; j < n; ++j) {
       const json& v = row[j];
       if (!v.is_number() || !(v.get<double>() >= 0) || v.get<double>() > kMaxStepSeconds ||
-          (zero_diagonal && i == j && v.get<double>() != 0))
+          (after_step && i == j && v.get<double>() != 0))
         return FieldError(where, "extra_s", square);
       fit.extra_s.back().push_back(v.get<double>());
+    }
+  }
+  if (!after_step) {
+    const std::string times = "must be " + std::to_string(n) +
+                              " times in [1e-9, 3600] (one per shape in decode_rows, then "
+                              "prefill_tokens)";
+    if (!JsonHas(obj, "alone_s") || !obj["alone_s"].is_array() || obj["alone_s"].size() != n)
+      return FieldError(where, "alone_s", times);
+    for (std::size_t i = 0; i < n; ++i) {
+      const json& v = obj["alone_s"][i];
+      if (!v.is_number() || !(v.get<double>() >= kMinStepSeconds) ||
+          v.get<double>() > kMaxStepSeconds)
+        return FieldError(where, "alone_s", times);
+      fit.alone_s.push_back(v.get<double>());
+      for (const Seconds extra : fit.extra_s[i])
+        if (extra > kMaxBesideShare * fit.alone_s[i])
+          return FieldError(where, "extra_s",
+                            "must be at most " + std::to_string(int(kMaxBesideShare)) +
+                                " times the shape's alone_s in each row");
     }
   }
   auto repeats = JsonIntIn(obj, "repeats", 1, 1000, where);
@@ -858,23 +883,63 @@ Seconds AfterIdleFit::Extra(ShapeClass c, Seconds idle) const {
   return extra.back();
 }
 
-std::optional<std::size_t> ShapePairFit::Nearest(const StepShape& shape) const {
+namespace {
+
+// A step as a reference size of a ShapePairFit: a prefill-carrying step by its new tokens, a
+// decode-only step by its rows; the sizes of its class and their first index into extra_s.
+struct PairSize {
+  double size = 0;  // 0 for an empty step
+  const std::vector<Tokens>* sizes = nullptr;
+  std::size_t first = 0;
+};
+
+PairSize PairSizeOf(const ShapePairFit& fit, const StepShape& shape) {
   const Tokens prefill = shape.PrefillTokens();
-  if (prefill == 0 && shape.decode_tokens == 0) return std::nullopt;
-  // A prefill-carrying step by its new tokens, a decode-only step by its rows.
-  const std::vector<Tokens>& sizes = prefill > 0 ? prefill_tokens : decode_rows;
-  const double size = std::log(static_cast<double>(prefill > 0 ? prefill : shape.decode_tokens));
+  if (prefill > 0) return {double(prefill), &fit.prefill_tokens, fit.decode_rows.size()};
+  return {double(shape.decode_tokens), &fit.decode_rows, 0};
+}
+
+// The two reference shapes around `at` and their weights, linear in the logarithm of the size
+// (the end one, all its weight, beyond either end).
+std::array<std::pair<std::size_t, double>, 2> Around(const PairSize& at) {
+  const std::vector<Tokens>& sizes = *at.sizes;
+  std::size_t hi = 0;
+  while (hi < sizes.size() && double(sizes[hi]) < at.size) ++hi;
+  if (hi == 0) return {{{at.first, 1.0}, {at.first, 0.0}}};
+  if (hi == sizes.size()) return {{{at.first + hi - 1, 1.0}, {at.first, 0.0}}};
+  const double w = std::log(at.size / double(sizes[hi - 1])) /
+                   std::log(double(sizes[hi]) / double(sizes[hi - 1]));
+  return {{{at.first + hi - 1, 1 - w}, {at.first + hi, w}}};
+}
+
+}  // namespace
+
+std::optional<std::size_t> ShapePairFit::Nearest(const StepShape& shape) const {
+  const PairSize at = PairSizeOf(*this, shape);
+  if (at.size == 0) return std::nullopt;
+  const std::vector<Tokens>& sizes = *at.sizes;
   std::size_t best = 0;
   for (std::size_t i = 1; i < sizes.size(); ++i)
-    if (std::abs(std::log(static_cast<double>(sizes[i])) - size) <
-        std::abs(std::log(static_cast<double>(sizes[best])) - size))
+    if (std::abs(std::log(double(sizes[i]) / at.size)) <
+        std::abs(std::log(double(sizes[best]) / at.size)))
       best = i;
-  return prefill > 0 ? decode_rows.size() + best : best;
+  return at.first + best;
 }
 
 Seconds ShapePairFit::Extra(const StepShape& shape, const StepShape& other) const {
   const std::optional<std::size_t> i = Nearest(shape), j = Nearest(other);
   return i && j ? extra_s[*i][*j] : 0;
+}
+
+Seconds ShapePairFit::ShareBeside(const StepShape& shape, const StepShape& other,
+                                  Seconds shape_alone) const {
+  DUET_CHECK(alone_s.size() == extra_s.size());
+  const PairSize mine = PairSizeOf(*this, shape), theirs = PairSizeOf(*this, other);
+  if (mine.size == 0 || theirs.size == 0) return 0;
+  double share = 0;
+  for (const auto& [i, wi] : Around(mine))
+    for (const auto& [j, wj] : Around(theirs)) share += wi * wj * extra_s[i][j] / alone_s[i];
+  return share * shape_alone;
 }
 
 FittedCostModel::FittedCostModel(StepFit fit, std::optional<HostFit> host,
@@ -909,7 +974,7 @@ Seconds FittedCostModel::AfterStep(const StepShape& shape, const StepShape& prev
 }
 
 Seconds FittedCostModel::Beside(const StepShape& shape, const StepShape& neighbour) const {
-  return beside_ ? beside_->Extra(shape, neighbour) : 0;
+  return beside_ ? beside_->ShareBeside(shape, neighbour, StepTime(shape)) : 0;
 }
 
 Seconds FittedCostModel::HostTime(const HostCounts& counts) const {

@@ -201,7 +201,11 @@ struct AfterIdleFit {
 //   where an 8-row one lost 0.7% (docs/validation.md). Calibrate times each reference shape while
 //   a second copy of the model runs each one over and over on its own thread; the simulator runs
 //   a step of an instance at alone / (alone + extra) of its pace while a step of another instance
-//   on its node runs.
+//   on its node runs. A shape between two reference sizes (or beside a neighbour between two)
+//   takes the extra's share of the time alone interpolated between theirs in the logarithm of
+//   the size, and beyond the largest (smallest) the share of that one: a 600-token prefill
+//   beside a one-row decode step is priced between the 256- and the 1,024-token ones, a
+//   2,048-token prefill the 1,024-token one's share of its own, longer, time.
 struct ShapePairFit {
   std::vector<Tokens> decode_rows;     // the decode steps timed, ascending
   std::vector<Tokens> prefill_tokens;  // the prefill chunks timed, ascending
@@ -209,10 +213,19 @@ struct ShapePairFit {
   // the prefills, each in order), each at least 0; after_step's is 0 where i == j.
   std::vector<std::vector<Seconds>> extra_s;
   int repeats = 0;  // times each was timed
+  // beside's: each reference shape's median time alone, in the same order (the denominator of
+  // its share); after_step has none.
+  std::vector<Seconds> alone_s;
   // The reference shape standing for `shape` (an index into extra_s); nullopt for an empty step.
   std::optional<std::size_t> Nearest(const StepShape& shape) const;
-  // The extra time of `shape` after (beside) `other`.
+  // after_step's rule: the extra time of `shape` after `other`, the nearest reference shapes'.
+  // A step switching from one reference shape to another refills what the other left in the
+  // caches, a cost of the switch: a step after one of its own reference shape pays nothing.
   Seconds Extra(const StepShape& shape, const StepShape& other) const;
+  // beside's rule: the extra time of `shape`, `shape_alone` long alone, beside `other`: the
+  // reference shapes' shares of their time alone interpolated on both sizes (above), times
+  // shape_alone. Needs alone_s.
+  Seconds ShareBeside(const StepShape& shape, const StepShape& other, Seconds shape_alone) const;
 };
 
 struct StepProfile {

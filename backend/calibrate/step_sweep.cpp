@@ -177,20 +177,20 @@ std::vector<std::vector<std::vector<Seconds>>> StepTimer::TimeAfterSteps(
   return extra;
 }
 
-std::vector<std::vector<std::vector<Seconds>>> StepTimer::TimeBeside(
-    std::span<const models::StepShape> shapes, ForwardModel& neighbour, int repeats) {
-  std::vector<std::vector<std::vector<Seconds>>> extra(
-      shapes.size(), std::vector<std::vector<Seconds>>(shapes.size()));
-  std::vector<Seconds> alone(shapes.size());
+StepTimer::Beside StepTimer::TimeBeside(std::span<const models::StepShape> shapes,
+                                        ForwardModel& neighbour, int repeats) {
+  Beside out{std::vector<std::vector<std::vector<Seconds>>>(
+                 shapes.size(), std::vector<std::vector<Seconds>>(shapes.size())),
+             std::vector<std::vector<Seconds>>(shapes.size())};
   for (int r = 0; r < repeats; ++r) {
-    for (std::size_t i = 0; i < shapes.size(); ++i) alone[i] = TimeInARun(shapes[i]);
+    for (std::size_t i = 0; i < shapes.size(); ++i) out.alone[i].push_back(TimeInARun(shapes[i]));
     for (std::size_t j = 0; j < shapes.size(); ++j) {
       const NeighbourLoop loop(neighbour, shapes[j]);
       for (std::size_t i = 0; i < shapes.size(); ++i)
-        extra[i][j].push_back(TimeInARun(shapes[i]) - alone[i]);
+        out.extra[i][j].push_back(TimeInARun(shapes[i]) - out.alone[i].back());
     }
   }
-  return extra;
+  return out;
 }
 
 NeighbourLoop::NeighbourLoop(ForwardModel& model, const models::StepShape& shape)

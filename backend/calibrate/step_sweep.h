@@ -90,10 +90,15 @@ class StepTimer {
       std::span<const models::StepShape> shapes, int repeats);
   // What a pass of each of `shapes` takes beyond its time in a run while `neighbour`, a second
   // copy of the model, runs each of them over and over on its own thread (NeighbourLoop), as two
-  // instances on one machine share its memory bandwidth and caches: [shape][neighbour's][repeat],
-  // each repeat a pass over all of them (each shape timed in a run alone, then beside each).
-  std::vector<std::vector<std::vector<Seconds>>> TimeBeside(
-      std::span<const models::StepShape> shapes, ForwardModel& neighbour, int repeats);
+  // instances on one machine share its memory bandwidth and caches: `extra`
+  // [shape][neighbour's][repeat], each repeat a pass over all of them (each shape timed in a run
+  // alone, `alone` [shape][repeat], then beside each).
+  struct Beside {
+    std::vector<std::vector<std::vector<Seconds>>> extra;
+    std::vector<std::vector<Seconds>> alone;
+  };
+  Beside TimeBeside(std::span<const models::StepShape> shapes, ForwardModel& neighbour,
+                    int repeats);
 
  private:
   void Build(const models::StepShape& shape);

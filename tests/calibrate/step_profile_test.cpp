@@ -373,7 +373,8 @@ ShapePairFit SampleAfterStep() {
            {0.0003, 0.0013, 0, 0.0003, 0.0053},
            {0.0036, 0.0085, 0.0073, 0, 0.0118},
            {0.002, 0.003, 0.004, 0.005, 0}},
-          3};
+          3,
+          {}};
 }
 
 StepProfile SampleProfile() {
@@ -406,6 +407,7 @@ StepProfile SampleProfile() {
   p.after_step = SampleAfterStep();
   p.beside = SampleAfterStep();
   p.beside->extra_s[0][0] = 0.0009;  // beside its own shape on another instance
+  p.beside->alone_s = {0.009, 0.012, 0.05, 0.2, 0.9};
   return p;
 }
 
@@ -452,6 +454,8 @@ TEST(StepProfileTest, ProfilesSurviveTheRoundTrip) {
   EXPECT_EQ(back->after_step->prefill_tokens, p.after_step->prefill_tokens);
   ASSERT_TRUE(back->beside);
   EXPECT_EQ(back->beside->extra_s, p.beside->extra_s);
+  EXPECT_EQ(back->beside->alone_s, p.beside->alone_s);
+  EXPECT_TRUE(back->after_step->alone_s.empty());
   EXPECT_FALSE(ArchitectureMismatch(back->model, Model("tiny-test")));
   EXPECT_EQ(ArchitectureMismatch(back->model, Model("llama-3.2-1b")).value_or(""),
             "num_hidden_layers: 2 vs 16");
@@ -604,6 +608,14 @@ TEST(StepProfileTest, MalformedProfilesAreErrorsNamingTheField) {
       {[](json& j) { j["beside"]["extra_s"][0][1] = "x"; },
        "p.json: beside: field 'extra_s' must be 5 rows of 5 times in [0, 3600] (one per shape in "
        "decode_rows, then prefill_tokens)"},
+      {[](json& j) { j["beside"].erase("alone_s"); },
+       "p.json: beside: field 'alone_s' must be 5 times in [1e-9, 3600] (one per shape in "
+       "decode_rows, then prefill_tokens)"},
+      {[](json& j) { j["beside"]["alone_s"][4] = 0; }, "beside: field 'alone_s' must be 5 times"},
+      {[](json& j) { j["beside"]["alone_s"].erase(0); }, "beside: field 'alone_s' must be 5 times"},
+      // A share beyond 100 times the time alone: no machine slows a step so.
+      {[](json& j) { j["beside"]["alone_s"][0] = 1e-5; },
+       "beside: field 'extra_s' must be at most 100 times the shape's alone_s in each row"},
   };
   for (const Case& c : cases) {
     json doc = good;
@@ -817,16 +829,42 @@ TEST(ShapePairFitTest, PricesAStepByTheNearestReferenceShapes) {
 }
 
 // Beside another instance's step: the same reference shapes, a step beside its own shape
-// priced too; a fitted cost model of a profile that has it prices it, one without does not.
-TEST(ShapePairFitTest, PricesAStepBesideAnotherInstances) {
+// priced too, each extra as a share of the reference shape's time alone, interpolated between
+// the sizes around the step's and its neighbour's in the logarithm of the size (the end one's
+// beyond either end), times the step's own price alone; a fitted cost model of a profile that
+// has it prices it, one without does not.
+TEST(ShapePairFitTest, PricesAStepBesideAnotherInstancesByItsShareBetweenTheSizes) {
   const StepProfile p = SampleProfile();
   const FittedCostModel priced(p.fits[0], std::nullopt, std::nullopt, std::nullopt, p.beside),
       plain(p.fits[0], std::nullopt, std::nullopt, p.after_step);
-  const StepShape d1{{}, 1, 300}, d2{{}, 2, 512}, p5000{{{5000, 0}}, 0, 0};
+  const StepShape d1{{}, 1, 300}, d2{{}, 2, 512}, d16{{}, 16, 4096}, p40{{{40, 0}}, 0, 0},
+      p512{{{400, 0}, {112, 300}}, 0, 0}, p5000{{{5000, 0}}, 0, 0}, mixed{{{512, 0}}, 4, 1000},
+      empty{};
   EXPECT_TRUE(priced.PricesBeside());
   EXPECT_FALSE(plain.PricesBeside());
-  EXPECT_EQ(priced.Beside(d1, d2), 0.0009);
-  EXPECT_EQ(priced.Beside(d1, p5000), 0.0067);
+  // share[i][j]: the reference shapes' (alone 9, 12, 50, 200 and 900 ms).
+  const std::vector<Seconds>& alone = p.beside->alone_s;
+  auto share = [&](std::size_t i, std::size_t j) { return p.beside->extra_s[i][j] / alone[i]; };
+  auto expect = [&](const StepShape& shape, const StepShape& other, double want_share) {
+    EXPECT_NEAR(priced.Beside(shape, other), want_share * priced.StepTime(shape), 1e-15)
+        << shape.decode_tokens << " " << shape.PrefillTokens();
+  };
+  expect(d1, d1, share(0, 0));     // on the reference sizes: theirs
+  expect(d1, p5000, share(0, 4));  // beyond the largest prefill: its
+  expect(d16, p40, share(1, 2));   // and the largest decode and the smallest prefill: theirs
+  expect(p5000, d1, share(4, 0));  // 5,000 tokens: 1,024's share of its own time
+  // 2 rows: a third of the way from 1 to 8 in the logarithm.
+  expect(d2, d1, 2.0 / 3 * share(0, 0) + 1.0 / 3 * share(1, 0));
+  expect(d1, d2, 2.0 / 3 * share(0, 0) + 1.0 / 3 * share(0, 1));
+  // 512 new tokens in two chunks (and a mixed step by its): halfway from 256 to 1,024.
+  expect(p512, d1, 0.5 * share(3, 0) + 0.5 * share(4, 0));
+  expect(mixed, d1, 0.5 * share(3, 0) + 0.5 * share(4, 0));
+  // Both between sizes: the four around them.
+  expect(p512, d2,
+         0.5 * (2.0 / 3 * share(3, 0) + 1.0 / 3 * share(3, 1)) +
+             0.5 * (2.0 / 3 * share(4, 0) + 1.0 / 3 * share(4, 1)));
+  EXPECT_EQ(priced.Beside(empty, d1), 0);
+  EXPECT_EQ(priced.Beside(d1, empty), 0);
   EXPECT_EQ(priced.AfterStep(d1, p5000), 0);
   EXPECT_EQ(plain.Beside(d1, p5000), 0);
   // The profile's after_step keeps its diagonal at 0: a step after its own shape is a run.

@@ -141,7 +141,7 @@ TEST_F(CalibrateTest, MeasuresTheCpuBackendAndTheSimulatorRunsFromTheProfile) {
   const models::FittedCostModel cost(
       profile->fits[0], std::nullopt,
       models::AfterIdleFit{{0.01, 1}, {0.002, 0.02}, {0.001, 0.01}, 1},
-      models::ShapePairFit{{1}, {64}, {{0, 0.003}, {0.004, 0}}, 1});
+      models::ShapePairFit{{1}, {64}, {{0, 0.003}, {0.004, 0}}, 1, {}});
   std::map<int, std::pair<Seconds, models::StepShape>> last;  // by instance: its end, its shape
   int after_idle = 0, saturated = 0, after_prefill = 0;
   const Status read =
@@ -172,7 +172,8 @@ TEST_F(CalibrateTest, TimesStepsBesideAnotherInstanceAndTheSimulatorPricesThemOn
   RunResult r = RunDuet({"calibrate", "--model", model_, "--out", profile_path, "--repeats", "2",
                          "--threads", "1", "--beside"});
   ASSERT_EQ(r.exit_code, 0) << r;
-  EXPECT_TRUE(ContainsAll(r.out, {"beside another instance: ms beyond each alone", "\n  p64 "}))
+  EXPECT_TRUE(
+      ContainsAll(r.out, {"beside another instance: ms beyond each alone", "\n  p64 ", "(alone "}))
       << r;
   Result<models::StepProfile> profile = models::LoadStepProfile(profile_path);
   ASSERT_TRUE(profile.ok()) << profile.error();
@@ -190,10 +191,11 @@ TEST_F(CalibrateTest, TimesStepsBesideAnotherInstanceAndTheSimulatorPricesThemOn
   }
 
   // Known step times (whatever this build and machine measured), known extras, and nothing for
-  // what ran before: a decode step 0.02 ms and 0.01 ms slower for all its length beside a
-  // 64-token prefill (the decode instance's run for the first request), a prefill 7 us a token
-  // and 0.3 ms slower beside a one-row decode step (the second request's, of 200 tokens,
-  // arriving while the first decodes).
+  // what ran before: a decode step 0.02 ms and half of it slower for all its length beside a
+  // 64-token prefill (the decode instance's run for the first request), a prefill 0.02 ms and 7
+  // us a token and half of it slower beside a one-row decode step (the second request's, and the
+  // third's of 200 tokens, arriving while the first decodes: the 64-token one's share of their
+  // own time).
   models::StepProfile known = *profile;
   models::StepFit& fit = known.fits[0];
   fit.split_rows = {};
@@ -206,7 +208,7 @@ TEST_F(CalibrateTest, TimesStepsBesideAnotherInstanceAndTheSimulatorPricesThemOn
   }
   known.after_idle.reset();
   known.after_step.reset();
-  known.beside = models::ShapePairFit{{1}, {64}, {{1e-6, 1e-5}, {3e-4, 2e-6}}, 1};
+  known.beside = models::ShapePairFit{{1}, {64}, {{1e-6, 1e-5}, {3e-4, 2e-6}}, 1, {2e-5, 6e-4}};
   const std::string beside_profile =
       tmp_.Write("profile-beside.json", models::FormatStepProfile(known));
   const std::string trace = tmp_.Write(
@@ -224,7 +226,7 @@ TEST_F(CalibrateTest, TimesStepsBesideAnotherInstanceAndTheSimulatorPricesThemOn
   const std::string together = tmp_.Write("together.json", cluster.dump());
   const models::FittedCostModel cost(fit);
   struct Priced {
-    Seconds start_s, iteration_s, extra_s;  // extra: beyond its price alone
+    Seconds start_s, iteration_s, alone_s, extra_s;  // extra: beyond its price alone
     bool prefill;
   };
   auto steps = [&](const std::string& cluster_path, const std::string& name) {
@@ -234,8 +236,8 @@ TEST_F(CalibrateTest, TimesStepsBesideAnotherInstanceAndTheSimulatorPricesThemOn
     std::map<int, std::vector<Priced>> out;  // by instance
     const Status read =
         policies::ReadStepLog(ReadFile(step_log), step_log, [&](const policies::StepLogLine& l) {
-          out[l.instance].push_back({l.start_s, l.iteration_s,
-                                     l.step.seconds - cost.StepTime(l.step.shape),
+          const Seconds alone = cost.StepTime(l.step.shape);
+          out[l.instance].push_back({l.start_s, l.iteration_s, alone, l.step.seconds - alone,
                                      !l.step.shape.prefill.empty()});
         });
     EXPECT_TRUE(read.ok()) << read.message();
@@ -251,8 +253,9 @@ TEST_F(CalibrateTest, TimesStepsBesideAnotherInstanceAndTheSimulatorPricesThemOn
   const std::vector<Priced>& prefills = beside.at(0);
   ASSERT_EQ(prefills.size(), 3u);
   EXPECT_NEAR(prefills[0].extra_s, 0, 1e-12);
-  EXPECT_NEAR(prefills[1].extra_s, 3e-4, 1e-12);
-  EXPECT_NEAR(prefills[2].extra_s, 3e-4, 1e-12);
+  EXPECT_NEAR(prefills[1].extra_s, 0.5 * prefills[1].alone_s, 1e-12);
+  EXPECT_NEAR(prefills[2].extra_s, 0.5 * prefills[2].alone_s, 1e-12);
+  EXPECT_NEAR(prefills[2].alone_s, 2e-5 + 200 * 7e-6, 1e-12);
   // The decode steps beside them run at alone / (alone + 0.01 ms) of their pace while they run:
   // each takes 0.01 ms more for each alone + 0.01 ms of it a prefill overlapped (those inside
   // one the full 0.01 ms, those cut in part less), the rest nothing.

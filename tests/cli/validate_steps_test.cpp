@@ -114,7 +114,7 @@ TEST(ValidateStepsTest, PricesTheLiveStepsBesideTheirNodesOtherInstances) {
   models::StepProfile profile;
   profile.fits.emplace_back();
   for (auto& pieces : profile.fits[0].pieces) pieces = {models::AffinePiece{{1e-3}}};
-  profile.beside = models::ShapePairFit{{1}, {64}, {{0, 0.004}, {0.002, 0}}, 1};
+  profile.beside = models::ShapePairFit{{1}, {64}, {{0, 0.004}, {0.002, 0}}, 1, {1e-3, 1e-3}};
   cluster->cost_model.profile = std::make_shared<const models::StepProfile>(profile);
   // As in the split above: the prefill instance (0) [0, 10] and [16, 26] ms; the decode
   // instance (1) [2, 6], [6, 16] and [30, 34].
