@@ -299,7 +299,8 @@ json ShapePairFitToJson(const ShapePairFit& fit) {
   return out;
 }
 
-// after_step (`after_step`: 0 on the diagonal, no alone_s) or beside (alone_s required).
+// A profile's after_step (`after_step` true: 0 on the diagonal) or its beside (false: alone_s
+// required, each row's extras bounded by kMaxBesideShare times its alone_s).
 Result<ShapePairFit> ParseShapePairFit(const json& obj, const std::string& where, bool after_step) {
   if (!obj.is_object()) return Status::Error(where + ": must be an object");
   constexpr std::size_t kMaxShapes = 16;
