@@ -3,9 +3,16 @@
 // neighbour prefilling one chunk at no context, while a live 1P1D prefill worker runs chunks of
 // several prompts that attend over their cached contexts. Each target shape is timed in a run
 // alone and beside a second copy of the model running each neighbour shape over and over
-// (backend::NeighbourLoop), the cases interleaved round by round so that the machine's drift falls
-// on all of them alike; prints each case's median and quartiles and its median over alone's.
+// (backend::NeighbourLoop, a thread of this process, as calibrate's), and beside some of them run
+// by a process of its own (as a live prefill worker is beside its decode worker), the cases
+// interleaved round by round so that the machine's drift falls on all of them alike; prints each
+// case's median and quartiles and its median over alone's.
 // Usage: duet_beside_bench MODEL_DIR [ROUNDS] [THREADS]   (defaults: 9 rounds, 1 thread each)
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -25,6 +32,46 @@ namespace {
 struct Shape {
   std::string name;
   models::StepShape shape;
+  bool process = false;  // a neighbour run by a process of its own
+};
+
+// A neighbour in a process of its own: a child forked while this process runs no other thread,
+// running `shape` over and over on its copy of `model` (the pages it writes its own) until
+// killed, or until this process dies. Returns once it has run one pass.
+class ProcessNeighbour {
+ public:
+  ProcessNeighbour(backend::ForwardModel& model, const models::StepShape& shape) {
+    int ready[2];
+    if (pipe(ready) != 0 || (pid_ = fork()) < 0) {
+      std::perror("starting the neighbour process");
+      std::exit(1);
+    }
+    if (pid_ == 0) {
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
+      close(ready[0]);
+      backend::StepTimer timer(model);
+      timer.Time(shape);
+      const char one = 1;
+      if (write(ready[1], &one, 1) != 1) _exit(1);
+      for (;;) timer.Time(shape);
+    }
+    close(ready[1]);
+    char one = 0;
+    if (read(ready[0], &one, 1) != 1) {
+      std::fprintf(stderr, "the neighbour process ended before its first pass\n");
+      std::exit(1);
+    }
+    close(ready[0]);
+  }
+  ~ProcessNeighbour() {
+    kill(pid_, SIGKILL);
+    waitpid(pid_, nullptr, 0);
+  }
+  ProcessNeighbour(const ProcessNeighbour&) = delete;
+  ProcessNeighbour& operator=(const ProcessNeighbour&) = delete;
+
+ private:
+  pid_t pid_ = -1;
 };
 
 double Quantile(std::vector<double> v, double q) {
@@ -56,9 +103,14 @@ int main(int argc, char** argv) {
                                       {"decode 8x256", {{}, 8, 8 * 256}},
                                       {"prefill 256", Prefill(1, 256, 0)}};
   const std::vector<Shape> neighbours = {
-      {"prefill 1024", Prefill(1, 1024, 0)},   {"prefill 1024 after 1024", Prefill(1, 1024, 1024)},
-      {"4 x prefill 256", Prefill(4, 256, 0)}, {"4 x prefill 256 after 768", Prefill(4, 256, 768)},
+      {"prefill 1024", Prefill(1, 1024, 0)},
+      {"prefill 1024 after 1024", Prefill(1, 1024, 1024)},
+      {"4 x prefill 256", Prefill(4, 256, 0)},
+      {"4 x prefill 256 after 768", Prefill(4, 256, 768)},
       {"decode 8x256", {{}, 8, 8 * 256}},
+      {"prefill 1024 (process)", Prefill(1, 1024, 0), true},
+      {"4 x prefill 256 (process)", Prefill(4, 256, 0), true},
+      {"decode 8x256 (process)", {{}, 8, 8 * 256}, true},
   };
   backend::ModelPlacement placement;
   placement.cpu_threads = threads;
@@ -87,7 +139,11 @@ int main(int argc, char** argv) {
   for (int round = 0; round < rounds; ++round) {
     for (std::size_t n = 0; n <= neighbours.size(); ++n) {
       std::optional<backend::NeighbourLoop> loop;
-      if (n > 0) loop.emplace(*models[1], neighbours[n - 1].shape);
+      std::optional<ProcessNeighbour> process;
+      if (n > 0 && neighbours[n - 1].process)
+        process.emplace(*models[1], neighbours[n - 1].shape);
+      else if (n > 0)
+        loop.emplace(*models[1], neighbours[n - 1].shape);
       for (std::size_t t = 0; t < targets.size(); ++t) {
         std::vector<double> passes;
         for (int i = 0; i < 5; ++i) passes.push_back(1e3 * timer.TimeInARun(targets[t].shape));
@@ -101,7 +157,7 @@ int main(int argc, char** argv) {
     const double alone = Quantile(ms[0][t], 0.5);
     for (std::size_t n = 0; n <= neighbours.size(); ++n) {
       const double median = Quantile(ms[n][t], 0.5);
-      std::printf("%-13s beside %-26s %8.2f [%.2f-%.2f] x%.3f\n", targets[t].name.c_str(),
+      std::printf("%-13s beside %-28s %8.2f [%.2f-%.2f] x%.3f\n", targets[t].name.c_str(),
                   n == 0 ? "nothing" : neighbours[n - 1].name.c_str(), median,
                   Quantile(ms[n][t], 0.25), Quantile(ms[n][t], 0.75), median / alone);
     }
