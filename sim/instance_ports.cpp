@@ -339,13 +339,13 @@ void SimPorts::StartBeside(Seconds start, const models::StepShape& shape,
     // continued by this plan); this plan's again beside what that added to the mate's.
     const models::StepShape& theirs = *mate.last_shape_;
     const Seconds mate_end = mate.running_ends_->back();
-    AddBeside(cost.Beside(shape, theirs), start, *ends, beside_s_, mate.running_start_, mate_end);
+    const Seconds mine = cost.Beside(shape, theirs);
+    AddBeside(mine, start, *ends, beside_s_, mate.running_start_, mate_end);
     Seconds& mate_priced = mate.priced_beside_until_[static_cast<std::size_t>(id_)];
     AddBeside(world_.costs[static_cast<std::size_t>(m)]->Beside(theirs, shape), mate.running_start_,
               *mate.running_ends_, mate.beside_s_, std::max(start, mate_priced), ends->back());
     mate_priced = std::max(mate_priced, ends->back());
-    AddBeside(cost.Beside(shape, theirs), start, *ends, beside_s_, mate_end,
-              mate.running_ends_->back());
+    AddBeside(mine, start, *ends, beside_s_, mate_end, mate.running_ends_->back());
     priced_beside_until_[static_cast<std::size_t>(m)] = mate.running_ends_->back();
   }
   running_start_ = start;
