@@ -6,57 +6,12 @@
 #include "backend/calibrate/step_sweep.h"
 #include "backend/model/llama_weights.h"
 #include "backend/registry.h"
+#include "cli/validate_steps.h"
 #include "policies/metrics.h"
 
 namespace duet::cli {
 
 using nlohmann::json;
-
-namespace {
-
-// The reference shapes among a profile's measurements (tp 1, timed at least once), those found:
-// indices into profile.measurements, the prefill shape first, then the decode shapes.
-std::vector<std::size_t> ReferenceShapes(const models::StepProfile& profile) {
-  constexpr Tokens kPrefillTokens = 256, kDecodeRows = 8, kDecodeContext = 256;
-  std::optional<std::size_t> prefill, decode, one_row;
-  const auto& ms = profile.measurements;
-  auto context_per_row = [&](std::size_t i) {
-    return ms[i].shape.decode_context_tokens / ms[i].shape.decode_tokens;
-  };
-  // Of two decode shapes of equal rows: the least context of at least kDecodeContext, else the
-  // most.
-  auto better_context = [&](std::size_t i, std::size_t than) {
-    const Tokens c = context_per_row(i), best = context_per_row(than);
-    return best < kDecodeContext ? c > best : (c >= kDecodeContext && c < best);
-  };
-  for (std::size_t i = 0; i < ms.size(); ++i) {
-    const models::StepShape& s = ms[i].shape;
-    if (s.tp != 1 || ms[i].seconds.empty()) continue;
-    if (s.decode_tokens == 0 && s.prefill.size() == 1 && s.prefill[0].context == 0 &&
-        s.prefill[0].tokens <= kPrefillTokens &&
-        (!prefill || s.prefill[0].tokens > ms[*prefill].shape.prefill[0].tokens))
-      prefill = i;
-    if (!s.prefill.empty() || s.decode_tokens == 0 || s.decode_tokens > kDecodeRows) continue;
-    if (!decode || s.decode_tokens > ms[*decode].shape.decode_tokens ||
-        (s.decode_tokens == ms[*decode].shape.decode_tokens && better_context(i, *decode)))
-      decode = i;
-    if (s.decode_tokens == 1 && (!one_row || better_context(i, *one_row))) one_row = i;
-  }
-  std::vector<std::size_t> out;
-  if (prefill) out.push_back(*prefill);
-  if (decode) out.push_back(*decode);
-  if (one_row && one_row != decode) out.push_back(*one_row);
-  return out;
-}
-
-// "prefill 256" or "decode 8x256" (rows x context per row): the reference shapes' names.
-std::string ShapeName(const models::StepShape& s) {
-  if (s.decode_tokens == 0) return "prefill " + std::to_string(s.PrefillTokens());
-  return "decode " + std::to_string(s.decode_tokens) + "x" +
-         std::to_string(s.decode_context_tokens / s.decode_tokens);
-}
-
-}  // namespace
 
 Result<MachineReference> MachineReference::Create(const std::string& model_dir,
                                                   const models::StepProfile& profile,
@@ -99,7 +54,7 @@ json MachineReference::Time(int repeats) {
     const Seconds then = shapes_[i].Median(), t = now[i].Median();
     calibrated_s += then;
     now_s += t;
-    out["shapes"].push_back({{"name", ShapeName(now[i].shape)},
+    out["shapes"].push_back({{"name", ReferenceShapeName(now[i].shape)},
                              {"shape", models::StepShapeToJson(now[i].shape)},
                              {"calibrated_ms", 1e3 * then},
                              {"now_ms", 1e3 * t},
@@ -134,8 +89,8 @@ json MachineReference::TimeBeside(int repeats, const std::vector<models::StepMea
     const Seconds a = alone[i].Median(), b = beside.Median();
     alone_s += a;
     beside_s += b;
-    out["shapes"].push_back({{"name", ShapeName(beside.shape)},
-                             {"neighbour", ShapeName(other)},
+    out["shapes"].push_back({{"name", ReferenceShapeName(beside.shape)},
+                             {"neighbour", ReferenceShapeName(other)},
                              {"alone_ms", 1e3 * a},
                              {"beside_ms", 1e3 * b},
                              {"slower_pct", 100.0 * (b / a - 1)}});

@@ -575,6 +575,49 @@ std::pair<models::StepProfile, json> ProfileAsLive(const sim::ClusterSpec& clust
   return {std::move(profile), scales};
 }
 
+std::vector<std::size_t> ReferenceShapes(const models::StepProfile& profile) {
+  constexpr Tokens kPrefillTokens = 256, kDecodeRows = 8, kDecodeContext = 256;
+  std::optional<std::size_t> prefill, largest, decode, one_row;
+  const auto& ms = profile.measurements;
+  auto context_per_row = [&](std::size_t i) {
+    return ms[i].shape.decode_context_tokens / ms[i].shape.decode_tokens;
+  };
+  // Of two decode shapes of equal rows: the least context of at least kDecodeContext, else the
+  // most.
+  auto better_context = [&](std::size_t i, std::size_t than) {
+    const Tokens c = context_per_row(i), best = context_per_row(than);
+    return best < kDecodeContext ? c > best : (c >= kDecodeContext && c < best);
+  };
+  for (std::size_t i = 0; i < ms.size(); ++i) {
+    const models::StepShape& s = ms[i].shape;
+    if (s.tp != 1 || ms[i].seconds.empty()) continue;
+    if (s.decode_tokens == 0 && s.prefill.size() == 1 && s.prefill[0].context == 0) {
+      auto more = [&](const std::optional<std::size_t>& than) {
+        return !than || s.prefill[0].tokens > ms[*than].shape.prefill[0].tokens;
+      };
+      if (s.prefill[0].tokens <= kPrefillTokens && more(prefill)) prefill = i;
+      if (more(largest)) largest = i;
+    }
+    if (!s.prefill.empty() || s.decode_tokens == 0 || s.decode_tokens > kDecodeRows) continue;
+    if (!decode || s.decode_tokens > ms[*decode].shape.decode_tokens ||
+        (s.decode_tokens == ms[*decode].shape.decode_tokens && better_context(i, *decode)))
+      decode = i;
+    if (s.decode_tokens == 1 && (!one_row || better_context(i, *one_row))) one_row = i;
+  }
+  std::vector<std::size_t> out;
+  if (prefill) out.push_back(*prefill);
+  if (decode) out.push_back(*decode);
+  if (one_row && one_row != decode) out.push_back(*one_row);
+  if (largest && largest != prefill) out.push_back(*largest);
+  return out;
+}
+
+std::string ReferenceShapeName(const models::StepShape& s) {
+  if (s.decode_tokens == 0) return "prefill " + std::to_string(s.PrefillTokens());
+  return "decode " + std::to_string(s.decode_tokens) + "x" +
+         std::to_string(s.decode_context_tokens / s.decode_tokens);
+}
+
 std::pair<models::StepProfile, json> ProfileAtMachineSpeed(const models::StepProfile& profile,
                                                            const json& machine) {
   const double all = 1 + machine["slower_pct"].get<double>() / 100;

@@ -54,6 +54,14 @@ Result<nlohmann::json> AttributeSteps(const std::vector<std::string>& step_logs,
 std::pair<models::StepProfile, nlohmann::json> ProfileAsLive(const sim::ClusterSpec& cluster,
                                                              const nlohmann::json& steps);
 
+// The reference shapes among a profile's measurements that `duet validate` times beside the
+// live runs (validate_machine.h gives the rules; tp 1, timed at least once), those found, as
+// indices into profile.measurements: the prefill of up to 256 tokens, the decode batch, the
+// one-row decode step, then the longest prefill where it is another shape.
+std::vector<std::size_t> ReferenceShapes(const models::StepProfile& profile);
+// Their names: "prefill 256", "decode 8x256" (rows x context per row).
+std::string ReferenceShapeName(const models::StepShape& shape);
+
 // `profile` with each class's pieces (below and above a split apart) scaled by the machine's
 // speed as the reference shapes they price read it (`machine`: a load's SummarizeReference,
 // validate_machine.h: each shape's median against calibration, weighted by its calibrated time

@@ -1,6 +1,7 @@
 // `duet validate`'s step attribution (cli/validate_steps.h) from step logs written here by hand:
 // the live steps split by whether another instance's iterations ran beside theirs, and their
-// passes' time on a core; and the profile priced at the machine's speed per kind of step.
+// passes' time on a core; and the profile priced at the machine's speed per kind of step, with
+// the reference shapes that read it.
 #include "cli/validate_steps.h"
 
 #include <gtest/gtest.h>
@@ -392,6 +393,36 @@ TEST(ValidateStepsTest, PricesEachKindOfStepAtTheMachinesSpeedForIt) {
   auto [uniform, uniform_scales] = ProfileAtMachineSpeed(profile, machine);
   expect(uniform, 1.05, 1.05, 1.05, 1.05);
   EXPECT_TRUE(uniform_scales["by"].empty()) << uniform_scales;
+}
+
+// The reference shapes validate times beside the live runs, picked from the profile's own
+// measurements: a prefill of up to 256 tokens, the decode batch of up to 8 rows and the one-row
+// step at 256 tokens of context per row (the least of at least 256), and the longest prefill,
+// each a one-chunk prefill at no context, timed, of tp 1.
+TEST(ValidateStepsTest, PicksTheMachinesReferenceShapesFromTheProfile) {
+  models::StepProfile profile;
+  auto add = [&](models::StepShape s, std::vector<Seconds> seconds = {0.1}) {
+    profile.measurements.push_back({s, std::move(seconds)});
+  };
+  for (Tokens tokens : {128, 256, 1024, 512}) add({{{tokens, 0}}, 0, 0, 1});
+  add({{{2048, 256}}, 0, 0, 1});           // after a cached context
+  add({{{1024, 0}, {1024, 0}}, 0, 0, 1});  // two chunks
+  add({{{4096, 0}}, 0, 0, 2});             // of another tp
+  add({{{2048, 0}}, 0, 0, 1}, {});         // not timed
+  for (Tokens rows : {1, 4, 8, 16})
+    for (Tokens context : {64, 1024, 256}) add({{}, rows, rows * context, 1});
+  auto names = [&] {
+    std::vector<std::string> out;
+    for (std::size_t i : ReferenceShapes(profile))
+      out.push_back(ReferenceShapeName(profile.measurements[i].shape));
+    return out;
+  };
+  EXPECT_EQ(names(), (std::vector<std::string>{"prefill 256", "decode 8x256", "decode 1x256",
+                                               "prefill 1024"}));
+  // No prefill longer than 256 tokens: three shapes.
+  std::erase_if(profile.measurements,
+                [](const models::StepMeasurement& m) { return m.shape.PrefillTokens() > 256; });
+  EXPECT_EQ(names(), (std::vector<std::string>{"prefill 256", "decode 8x256", "decode 1x256"}));
 }
 
 }  // namespace
