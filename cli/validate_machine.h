@@ -1,8 +1,7 @@
 // `duet validate`'s yardstick for the machine itself: the profile's own step shapes of three
 // kinds (the one-chunk prefill at no cached context with the most tokens up to 256; the
 // decode-only step with the most rows up to 8 and, among those, the least context per row of at
-// least 256, else the most; the one-row decode step of that context rule; and the one-chunk
-// prefill at no cached context with the most tokens of all, where it is longer), timed alone on
+// least 256, else the most; and the one-row decode step of that context rule), timed alone on
 // the device and threads the profile was calibrated with, before and after every live run,
 // against what calibration measured for them. A machine that runs slower now than when it was
 // calibrated (a shared VM drifts by 5-20% within minutes, docs/validation.md) makes the live
@@ -11,10 +10,7 @@
 // one-row decode step streams every weight for one token and is bound by memory bandwidth,
 // which other guests of a host share, while a prefill pass and a batch of rows compute; on
 // 2026-12-02 one VM ran its one-to-three-row decode steps 11-25% slower than at its calibration
-// half an hour before, its prefill and 4-8-row decode steps within 0-5%. And a large pass drifts
-// apart from a small one: on 2026-12-03 two calibrations 40 minutes apart timed a 256-token
-// prefill within 1% of each other and a 1,024-token one 9.7% apart, where a prefill-heavy
-// load's steps are mostly the largest chunks the engine runs.
+// half an hour before, its prefill and 4-8-row decode steps within 0-5%.
 #pragma once
 
 #include <memory>
@@ -40,8 +36,8 @@ class MachineReference {
                                          const models::StepProfile& profile, bool neighbour);
 
   // Times each reference shape `repeats` times as calibrate does (StepTimer::TimeInARun, in
-  // passes over the shapes): {"shapes": [{"name" ("prefill 256", "decode 8x256",
-  // "decode 1x256": rows x context per row, "prefill 1024"), "shape",
+  // passes over the shapes): {"shapes": [{"name"
+  // ("prefill 256", "decode 8x256", "decode 1x256": rows x context per row), "shape",
   // "calibrated_ms" (the profile's median), "now_ms" (the median now), "slower_pct"}],
   // "slower_pct": the shapes' summed time now over their summed calibrated time, less 1, in
   // percent (positive: the machine runs slower than when it was calibrated)}. With a neighbour,

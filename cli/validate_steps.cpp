@@ -577,7 +577,7 @@ std::pair<models::StepProfile, json> ProfileAsLive(const sim::ClusterSpec& clust
 
 std::vector<std::size_t> ReferenceShapes(const models::StepProfile& profile) {
   constexpr Tokens kPrefillTokens = 256, kDecodeRows = 8, kDecodeContext = 256;
-  std::optional<std::size_t> prefill, largest, decode, one_row;
+  std::optional<std::size_t> prefill, decode, one_row;
   const auto& ms = profile.measurements;
   auto context_per_row = [&](std::size_t i) {
     return ms[i].shape.decode_context_tokens / ms[i].shape.decode_tokens;
@@ -591,13 +591,10 @@ std::vector<std::size_t> ReferenceShapes(const models::StepProfile& profile) {
   for (std::size_t i = 0; i < ms.size(); ++i) {
     const models::StepShape& s = ms[i].shape;
     if (s.tp != 1 || ms[i].seconds.empty()) continue;
-    if (s.decode_tokens == 0 && s.prefill.size() == 1 && s.prefill[0].context == 0) {
-      auto more = [&](const std::optional<std::size_t>& than) {
-        return !than || s.prefill[0].tokens > ms[*than].shape.prefill[0].tokens;
-      };
-      if (s.prefill[0].tokens <= kPrefillTokens && more(prefill)) prefill = i;
-      if (more(largest)) largest = i;
-    }
+    if (s.decode_tokens == 0 && s.prefill.size() == 1 && s.prefill[0].context == 0 &&
+        s.prefill[0].tokens <= kPrefillTokens &&
+        (!prefill || s.prefill[0].tokens > ms[*prefill].shape.prefill[0].tokens))
+      prefill = i;
     if (!s.prefill.empty() || s.decode_tokens == 0 || s.decode_tokens > kDecodeRows) continue;
     if (!decode || s.decode_tokens > ms[*decode].shape.decode_tokens ||
         (s.decode_tokens == ms[*decode].shape.decode_tokens && better_context(i, *decode)))
@@ -608,7 +605,6 @@ std::vector<std::size_t> ReferenceShapes(const models::StepProfile& profile) {
   if (prefill) out.push_back(*prefill);
   if (decode) out.push_back(*decode);
   if (one_row && one_row != decode) out.push_back(*one_row);
-  if (largest && largest != prefill) out.push_back(*largest);
   return out;
 }
 

@@ -56,8 +56,7 @@ std::pair<models::StepProfile, nlohmann::json> ProfileAsLive(const sim::ClusterS
 
 // The reference shapes among a profile's measurements that `duet validate` times beside the
 // live runs (validate_machine.h gives the rules; tp 1, timed at least once), those found, as
-// indices into profile.measurements: the prefill of up to 256 tokens, the decode batch, the
-// one-row decode step, then the longest prefill where it is another shape.
+// indices into profile.measurements: the prefill, the decode batch, the one-row decode step.
 std::vector<std::size_t> ReferenceShapes(const models::StepProfile& profile);
 // Their names: "prefill 256", "decode 8x256" (rows x context per row).
 std::string ReferenceShapeName(const models::StepShape& shape);

@@ -385,8 +385,7 @@ void ExpectMachineTimed(const json& load, const models::StepProfile& profile, in
   std::vector<double> values;
   std::map<std::string, std::vector<double>> each;  // each shape's readings
   for (const json& timing : machine["timings"]) {
-    // A prefill pass, a batch of decode rows and one decode row (bound by memory bandwidth); no
-    // longer prefill, the test model's being of at most 256 tokens (ValidateStepsTest has one).
+    // A prefill pass, a batch of decode rows and one decode row (bound by memory bandwidth).
     ASSERT_EQ(timing["shapes"].size(), 3u) << timing;
     EXPECT_EQ(timing["shapes"][0]["name"].get<std::string>().rfind("prefill ", 0), 0u) << timing;
     EXPECT_EQ(timing["shapes"][1]["name"].get<std::string>().rfind("decode 8x", 0), 0u) << timing;
