@@ -397,33 +397,35 @@ TEST(ValidateStepsTest, PricesEachKindOfStepAtTheMachinesSpeedForIt) {
 
 // The reference shapes validate times beside the live runs, picked from the profile's own
 // measurements: the longest prefill of up to 256 tokens, the decode batch of up to 8 rows and
-// the one-row step at 256 tokens of context per row (the least of at least 256), each prefill of
-// one chunk at no context, each timed, of tp 1. Where no decode context reaches 256, the most.
+// the one-row step, each at the least context per row of at least 256 (where none reaches 256,
+// the most); each prefill one chunk at no context, each shape timed, of tp 1. Each shape left out
+// here would be picked if it were not.
 TEST(ValidateStepsTest, PicksTheMachinesReferenceShapesFromTheProfile) {
   models::StepProfile profile;
   auto add = [&](models::StepShape s, std::vector<Seconds> seconds = {0.1}) {
     profile.measurements.push_back({s, std::move(seconds)});
   };
-  for (Tokens tokens : {128, 1024, 256, 512}) add({{{tokens, 0}}, 0, 0, 1});
-  add({{{200, 256}}, 0, 0, 1});         // after a cached context
-  add({{{64, 0}, {192, 0}}, 0, 0, 1});  // two chunks
+  for (Tokens tokens : {128, 1024, 192, 512}) add({{{tokens, 0}}, 0, 0, 1});
+  add({{{240, 256}}, 0, 0, 1});         // after a cached context
+  add({{{240, 0}, {16, 0}}, 0, 0, 1});  // two chunks
+  add({{{256, 0}}, 0, 0, 2});           // of another tp
   for (Tokens rows : {1, 4, 8, 16})
-    for (Tokens context : {64, 1024, 256}) add({{}, rows, rows * context, 1});
-  add({{}, 8, 8 * 300, 2});  // of another tp
-  add({{}, 1, 300, 1}, {});  // not timed
+    for (Tokens context : {64, 1024, 512}) add({{}, rows, rows * context, 1});
+  add({{}, 8, 8 * 256, 2});  // of another tp
+  add({{}, 1, 256, 1}, {});  // not timed
   auto names = [&] {
     std::vector<std::string> out;
     for (std::size_t i : ReferenceShapes(profile))
       out.push_back(ReferenceShapeName(profile.measurements[i].shape));
     return out;
   };
-  EXPECT_EQ(names(), (std::vector<std::string>{"prefill 256", "decode 8x256", "decode 1x256"}));
+  EXPECT_EQ(names(), (std::vector<std::string>{"prefill 192", "decode 8x512", "decode 1x512"}));
   // Contexts below 256 only: the most of them.
   std::erase_if(profile.measurements, [](const models::StepMeasurement& m) {
     return m.shape.decode_tokens > 0 &&
            m.shape.decode_context_tokens / m.shape.decode_tokens >= 256;
   });
-  EXPECT_EQ(names(), (std::vector<std::string>{"prefill 256", "decode 8x64", "decode 1x64"}));
+  EXPECT_EQ(names(), (std::vector<std::string>{"prefill 192", "decode 8x64", "decode 1x64"}));
 }
 
 }  // namespace
