@@ -46,10 +46,8 @@ def cell(metric, miss):
 
 def main(args):
     if not args or any("=" not in a for a in args):
-        sys.exit(__doc__.split("Usage: ")[1])
-    print("| run | load | " + " | ".join(m.replace("_ms", "") for m in METRICS) + " |")
-    print("| --- | --- |" + " --- |" * len(METRICS))
-    counts = {"held": 0, "within": 0, "noise": [0, 0], "below": [0, 0]}
+        sys.exit("usage: " + __doc__.split("Usage: ")[1])
+    runs = []  # every file read and checked before a line is written
     for arg in args:
         label, directory = arg.split("=", 1)
         path = os.path.join(directory, "validation.json")
@@ -62,6 +60,12 @@ def main(args):
             if "goal" not in load:
                 sys.exit(f"{path}: the load x{load['rate_scale']} holds no goal (run with "
                          "--tolerance)")
+        runs.append((label, report))
+    print("| run | load | " + " | ".join(m.replace("_ms", "") for m in METRICS) + " |")
+    print("| --- | --- |" + " --- |" * len(METRICS))
+    counts = {"held": 0, "within": 0, "noise": [0, 0], "below": [0, 0]}
+    for label, report in runs:
+        for load in report["loads"]:
             misses = {m["metric"]: m for m in load["goal"]["missed"]}
             cells = []
             for name in METRICS:
