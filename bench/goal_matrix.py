@@ -58,7 +58,7 @@ def main(args):
             sys.exit(f"{path}: {e}")
         for load in report["loads"]:
             if "goal" not in load:
-                sys.exit(f"{path}: the load x{load['rate_scale']} holds no goal (run with "
+                sys.exit(f"{path}: the load x{load['rate_scale']:g} holds no goal (run with "
                          "--tolerance)")
         runs.append((label, report))
     print("| run | load | " + " | ".join(m.replace("_ms", "") for m in METRICS) + " |")

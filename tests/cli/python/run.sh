@@ -1,0 +1,1 @@
+../../serve/python/run.sh
