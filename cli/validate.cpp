@@ -1,6 +1,7 @@
 // `duet validate`: the simulator's error against live runs of the same trace on the same
 // cluster. For each load (a rate scale of the trace) it starts `duet serve --cluster`, replays
-// the trace against it with `duet replay` and stops it, --repeats times; simulates the same
+// the trace against it with `duet replay` and stops it, --repeats times (round the loads: each
+// load's first run, then each one's second, ...); simulates the same
 // trace on the same cluster file with `duet simulate`; and compares the summary.json files
 // metric by metric (validate_report.h: TTFT, TPOT, ITL and E2E at mean, p50, p90 and p99; output
 // throughput; prefix hit rate; PD's KV transfer time; the live median with the runs' range).
@@ -251,7 +252,9 @@ int Validate(int argc, char** argv) {
      "still fails)")
     ("repeats", po::value<int>()->default_value(1),
      "live runs per load (1 to 10), each on a fresh server: the live value is their median, "
-     "reported with their range, and the simulation's error is stated against it")
+     "reported with their range, and the simulation's error is stated against it; the runs go "
+     "round the loads (each load's first, then each one's second, ...), so that a load's range "
+     "spans the machine's drift over the whole validation")
     ("serve-args", po::value<std::string>()->default_value(""),
      "more arguments for duet serve, space-separated (e.g. --threads 2 --workers thread)")
     ("report",
@@ -386,11 +389,28 @@ int Validate(int argc, char** argv) {
   constexpr int kReferenceRepeats = 5;
   bool exceeded = false;
   ChildProcesses children;
-  for (std::size_t li = 0; li < scales->size(); ++li) {
-    const double r = (*scales)[li];
-    const std::string dir = (fs::path(out_dir) / ("rate-" + RateText(r))).string();
-    fs::create_directories(dir, ec);
-    std::vector<std::string> scale = {"--rate-scale", RateText(r)};
+  auto load_dir = [&](double r) { return (fs::path(out_dir) / ("rate-" + RateText(r))).string(); };
+  // Each load's live runs, or with --again the recorded ones, and the machine's reference timed
+  // before its first run and after each (a timing between two runs serves both).
+  std::vector<std::vector<LiveRun>> live(scales->size());
+  std::vector<std::vector<json>> timings(scales->size());
+  if (again) {
+    report["run_order"] = recorded.value("run_order", "load by load");
+    for (std::size_t li = 0; li < scales->size(); ++li) {
+      const double r = (*scales)[li];
+      for (int k = 1; k <= recorded["loads"][li]["repeats"].get<int>(); ++k) {
+        auto run = RecordedRun(load_dir(r), RunSuffix(k));
+        if (!run) return Fail("--again: rate scale " + RateText(r) + ": " + run.error());
+        live[li].push_back(std::move(*run));
+      }
+    }
+  } else {
+    // The runs go round the loads, each load's first run, then each one's second, and so on, so
+    // that a load's runs sample the machine over the whole validation rather than over the few
+    // minutes one load's runs take back to back: a shared VM's speed moves by several percent
+    // from one load to the next (2.8-9.5% on 2026-12-03, docs/validation.md), which back to
+    // back would fall on one load as an error and not in its runs' spread.
+    report["run_order"] = "round the loads";
     std::vector<std::string> serve = {"serve",
                                       "--cluster",
                                       cluster_path,
@@ -401,28 +421,34 @@ int Validate(int argc, char** argv) {
                                       "--kv-blocks",
                                       std::to_string(kv_blocks)};
     serve.insert(serve.end(), serve_extra.begin(), serve_extra.end());
-    // Prompt token ids from the model's vocabulary.
-    std::vector<std::string> replay = {"replay", "--progress", "never", "--vocab-size",
-                                       std::to_string(cluster->model.vocab_size)};
-    replay.insert(replay.end(), trace_args.begin(), trace_args.end());
-    replay.insert(replay.end(), scale.begin(), scale.end());
-    std::vector<LiveRun> runs;
-    std::vector<json> timings;  // the reference before the first run and after each
-    if (reference) timings.push_back(reference->Time(kReferenceRepeats));
-    const int load_repeats = again ? recorded["loads"][li]["repeats"].get<int>() : repeats;
-    for (int k = 1; again && k <= load_repeats; ++k) {
-      auto run = RecordedRun(dir, RunSuffix(k));
-      if (!run) return Fail("--again: rate scale " + RateText(r) + ": " + run.error());
-      runs.push_back(std::move(*run));
+    json latest;  // the reference's latest timing
+    if (reference) latest = reference->Time(kReferenceRepeats);
+    for (int k = 1; k <= repeats; ++k) {
+      for (std::size_t li = 0; li < scales->size(); ++li) {
+        const double r = (*scales)[li];
+        const std::string dir = load_dir(r);
+        fs::create_directories(dir, ec);
+        // Prompt token ids from the model's vocabulary.
+        std::vector<std::string> replay = {"replay", "--progress", "never", "--vocab-size",
+                                           std::to_string(cluster->model.vocab_size)};
+        replay.insert(replay.end(), trace_args.begin(), trace_args.end());
+        replay.insert(replay.end(), {"--rate-scale", RateText(r)});
+        std::fprintf(stderr, "duet validate: rate scale %s: live run %d of %d\n",
+                     RateText(r).c_str(), k, repeats);
+        if (reference && k == 1) timings[li].push_back(latest);
+        auto run = RunLive(children, serve, replay, dir, RunSuffix(k));
+        if (!run) return Fail("rate scale " + RateText(r) + ": " + run.error());
+        live[li].push_back(std::move(*run));
+        if (reference) timings[li].push_back(latest = reference->Time(kReferenceRepeats));
+      }
     }
-    for (int k = 1; !again && k <= repeats; ++k) {
-      std::fprintf(stderr, "duet validate: rate scale %s: live run %d of %d\n", RateText(r).c_str(),
-                   k, repeats);
-      auto run = RunLive(children, serve, replay, dir, RunSuffix(k));
-      if (!run) return Fail("rate scale " + RateText(r) + ": " + run.error());
-      runs.push_back(std::move(*run));
-      if (reference) timings.push_back(reference->Time(kReferenceRepeats));
-    }
+  }
+  for (std::size_t li = 0; li < scales->size(); ++li) {
+    const double r = (*scales)[li];
+    const std::string dir = load_dir(r);
+    const std::vector<std::string> scale = {"--rate-scale", RateText(r)};
+    const std::vector<LiveRun>& runs = live[li];
+    const int load_repeats = static_cast<int>(runs.size());
 
     // `duet simulate` of this load from `cluster_file` on `trace` into DIR/sim-NAME (DIR/sim
     // for "") with its step log there (steps.jsonl), logging to DIR/simulate-NAME.log; returns
@@ -502,7 +528,7 @@ int Validate(int argc, char** argv) {
       if (Status s = simulate_again(*changed, load_trace, name, key, what); !s.ok()) return s;
       return changed;
     };
-    if (reference) load["machine"] = SummarizeReference(timings);
+    if (reference) load["machine"] = SummarizeReference(timings[li]);
     if (recorded_machine && recorded["loads"][li].contains("machine"))
       load["machine"] = recorded["loads"][li]["machine"];
     // Simulations whose schedules are compared beside the plain one's.

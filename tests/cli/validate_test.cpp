@@ -961,6 +961,19 @@ TEST_F(ValidateTest, SimulatesAgainAgainstTheLiveRunsAlreadyInOut) {
   const RunResult first = Validate({"--rate-scales", "0.5,1", "--repeats", "2"});
   ASSERT_EQ(first.exit_code, 0) << first;
   const json before = ReadJson(tmp_.File("out/validation.json"));
+  // The runs went round the loads (x0.5's first, x1's first, x0.5's second, x1's second), and
+  // the machine's reference timed between two runs is the one after the first and the one before
+  // the next: x1's first timing is x0.5's second.
+  EXPECT_EQ(before["run_order"], "round the loads");
+  std::vector<fs::file_time_type> ends;
+  for (const char* run :
+       {"out/rate-0.5/live", "out/rate-1/live", "out/rate-0.5/live-2", "out/rate-1/live-2"})
+    ends.push_back(fs::last_write_time(tmp_.File(std::string(run) + "/summary.json")));
+  for (std::size_t i = 1; i < ends.size(); ++i)
+    EXPECT_LT(ends[i - 1], ends[i]) << "live run " << i + 1 << " of 4 ended before run " << i;
+  ASSERT_EQ(before["loads"][0]["machine"]["timings"].size(), 3u) << before["loads"][0];
+  EXPECT_EQ(before["loads"][1]["machine"]["timings"][0],
+            before["loads"][0]["machine"]["timings"][1]);
   std::map<std::string, std::string> live_files;
   for (const char* file :
        {"out/rate-1/live/requests.csv", "out/rate-1/live-2/requests.csv", "out/rate-1/steps.jsonl",
@@ -986,6 +999,7 @@ TEST_F(ValidateTest, SimulatesAgainAgainstTheLiveRunsAlreadyInOut) {
     EXPECT_EQ(ReadFile(tmp_.File(file)), text) << file << " changed";
   const json after = ReadJson(tmp_.File("out/validation.json"));
   EXPECT_EQ(after["again"]["live_runs_from"], tmp_.File("out/validation.json")) << after["again"];
+  EXPECT_EQ(after["run_order"], "round the loads") << "as the live runs went";
   ASSERT_EQ(after["loads"].size(), 2u) << "every recorded load";
   EXPECT_EQ(after["loads"][0]["rate_scale"], 0.5);
   const json &was = before["loads"][1], &is = after["loads"][1];
