@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <boost/program_options.hpp>
 #include <chrono>
 #include <cmath>
@@ -417,6 +418,73 @@ void PrintPairs(const models::ShapePairFit& fit, Tokens decode_context, const ch
   }
 }
 
+// Fits each TP degree's steps of `profile.measurements` into `profile.fits`, printing each fit,
+// and with `gpu` the roofline's error on the same held-out shapes beside it.
+Status FitStepsOf(models::StepProfile& profile, const std::optional<models::HardwareSpec>& gpu) {
+  std::set<int> tps;
+  for (const models::StepMeasurement& m : profile.measurements) tps.insert(m.shape.tp);
+  for (int tp : tps) {
+    auto fit = models::FitSteps(profile.measurements, tp);
+    if (!fit) return fit.status();
+    if (gpu) {
+      models::RooflineOptions options;
+      options.tp = tp;
+      const models::RooflineCostModel roofline(profile.model, *gpu, options);
+      fit->roofline_held_out = models::ErrorOf(roofline, profile.measurements, tp, true);
+    }
+    PrintFit(*fit);
+    profile.fits.push_back(std::move(*fit));
+  }
+  return Status::Ok();
+}
+
+// --pool: `profile`'s step times pooled with those of the profile at `path`, the same sweep of
+// the same model on the same device and threads timed at another time
+// (models::PoolMeasurements), which it records (source.pooled_with) and prints with how much
+// slower or faster that sweep ran, per class: a machine's drift between the two times.
+Status PoolWith(models::StepProfile& profile, const std::string& path) {
+  auto other = models::LoadStepProfile(path);
+  if (!other) return Status::Error("--pool: " + other.error());
+  if (other->device != profile.device)
+    return Status::Error("--pool: " + path + " was measured on " + other->device + ", not on " +
+                         profile.device);
+  if (auto why = models::ArchitectureMismatch(other->model, profile.model))
+    return Status::Error("--pool: " + path + " measured another model (" + *why + ")");
+  const nlohmann::json theirs = other->source.value("threads", nlohmann::json());
+  const nlohmann::json ours = profile.source.value("threads", nlohmann::json());
+  if (!theirs.is_null() && !ours.is_null() && theirs != ours)
+    return Status::Error("--pool: " + path + " was measured on " + theirs.dump() +
+                         " threads, these on " + ours.dump());
+  // Each class's shapes' medians, summed, in both sweeps.
+  std::array<double, models::kShapeClasses> then{}, now{};
+  for (const models::StepMeasurement& m : other->measurements)
+    then[static_cast<std::size_t>(models::ClassOf(models::FeaturesOf(m.shape)))] += m.Median();
+  for (const models::StepMeasurement& m : profile.measurements)
+    now[static_cast<std::size_t>(models::ClassOf(models::FeaturesOf(m.shape)))] += m.Median();
+  if (Status s =
+          models::PoolMeasurements(profile.measurements, other->measurements, "--pool: " + path);
+      !s.ok())
+    return s;
+  profile.source["pooled_with"] = {{"path", path},
+                                   {"date", other->source.value("date", nlohmann::json())},
+                                   {"command", other->source.value("command", nlohmann::json())}};
+  std::string took;
+  for (std::size_t c = 0; c < models::kShapeClasses; ++c) {
+    if (now[c] <= 0) continue;
+    char part[64];
+    std::snprintf(part, sizeof part, "%s%s %+.1f%%", took.empty() ? "" : ", ",
+                  models::ToString(static_cast<models::ShapeClass>(c)),
+                  100 * (then[c] / now[c] - 1));
+    took += part;
+  }
+  std::printf(
+      "pooled with %s (timed %s): its shapes took %s against these (summed medians); the fit "
+      "prices each shape's median over both sweeps' times (the profile's source.pooled_with)\n",
+      path.c_str(), other->source.value("date", std::string("at an unknown time")).c_str(),
+      took.c_str());
+  return Status::Ok();
+}
+
 }  // namespace
 
 int Calibrate(int argc, char** argv) {
@@ -453,7 +521,11 @@ int Calibrate(int argc, char** argv) {
      "server (duet serve --step-log), which the simulator then prices on every step")
     ("profile", po::value<std::string>(),
      "with --host-steps: add the host-time fit to this profile, its step fits and links kept, "
-     "instead of measuring steps")
+     "instead of measuring steps; with --pool: refit its steps pooled, its other parts kept")
+    ("pool", po::value<std::string>(),
+     "also fit the step times of this profile: the same sweep on the same model, device and "
+     "threads timed at another time (e.g. before a validation's live runs, this one after), each "
+     "shape's times pooled, so that the fit prices the machine over both times")
     ("roofline", po::value<std::string>(),
      "also report the roofline cost model's error on the held-out shapes, for this GPU "
      "(a name under models/hardware/ or a .json file; default efficiencies)")
@@ -491,7 +563,8 @@ int Calibrate(int argc, char** argv) {
   profile.source = {{"tool", "duet calibrate"}, {"command", command}, {"date", UtcNow()}};
 
   if (vm.count("profile")) {
-    if (!vm.count("host-steps")) return Fail("--profile goes with --host-steps", kExitUsage);
+    if (!vm.count("host-steps") && !vm.count("pool"))
+      return Fail("--profile goes with --host-steps or --pool", kExitUsage);
     for (const char* other :
          {"model", "measurements", "transport", "tiers", "roofline", "source", "trace"})
       if (vm.count(other))
@@ -501,10 +574,18 @@ int Calibrate(int argc, char** argv) {
       return Fail("--profile keeps the profile's steps: not with --beside", kExitUsage);
     auto loaded = models::LoadStepProfile(vm["profile"].as<std::string>());
     if (!loaded) return Fail("--profile: " + loaded.error());
-    auto host = FitHostSteps(vm["host-steps"].as<std::string>());
-    if (!host) return Fail(host.error());
-    loaded->host = std::move(*host);
-    loaded->source["host_steps"] = {{"command", command}, {"date", UtcNow()}};
+    if (vm.count("host-steps")) {
+      auto host = FitHostSteps(vm["host-steps"].as<std::string>());
+      if (!host) return Fail(host.error());
+      loaded->host = std::move(*host);
+      loaded->source["host_steps"] = {{"command", command}, {"date", UtcNow()}};
+    }
+    if (vm.count("pool")) {
+      if (Status s = PoolWith(*loaded, vm["pool"].as<std::string>()); !s.ok())
+        return Fail(s.message());
+      loaded->fits.clear();
+      if (Status s = FitStepsOf(*loaded, std::nullopt); !s.ok()) return Fail(s.message());
+    }
     if (Status s = WriteProfile(*loaded, out_path); !s.ok()) return Fail(s.message());
     std::printf("wrote %s\n", out_path.c_str());
     return kExitOk;
@@ -811,21 +892,13 @@ int Calibrate(int argc, char** argv) {
     if (!hw) return Fail("--roofline: " + hw.error());
     gpu = *hw;
   }
-  std::set<int> tps;
-  for (const models::StepMeasurement& m : profile.measurements) tps.insert(m.shape.tp);
-  if (tps.empty()) return Fail(vm["measurements"].as<std::string>() + ": no measurements");
-  for (int tp : tps) {
-    auto fit = models::FitSteps(profile.measurements, tp);
-    if (!fit) return Fail(fit.error());
-    if (gpu) {
-      models::RooflineOptions options;
-      options.tp = tp;
-      const models::RooflineCostModel roofline(profile.model, *gpu, options);
-      fit->roofline_held_out = models::ErrorOf(roofline, profile.measurements, tp, true);
-    }
-    PrintFit(*fit);
-    profile.fits.push_back(std::move(*fit));
+  if (profile.measurements.empty())
+    return Fail(vm["measurements"].as<std::string>() + ": no measurements");
+  if (vm.count("pool")) {
+    if (Status s = PoolWith(profile, vm["pool"].as<std::string>()); !s.ok())
+      return Fail(s.message());
   }
+  if (Status s = FitStepsOf(profile, gpu); !s.ok()) return Fail(s.message());
   if (vm.count("host-steps")) {
     auto host = FitHostSteps(vm["host-steps"].as<std::string>());
     if (!host) return Fail(host.error());

@@ -5,7 +5,10 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <deque>
+#include <map>
 #include <numeric>
+#include <string>
 #include <tuple>
 #include <utility>
 
@@ -551,6 +554,35 @@ Seconds MedianOf(std::vector<Seconds> seconds) { return Percentile(std::move(sec
 Seconds StepMeasurement::Median() const { return MedianOf(seconds); }
 
 Seconds TransferMeasurement::Median() const { return MedianOf(seconds); }
+
+Status PoolMeasurements(std::vector<StepMeasurement>& measurements,
+                        const std::vector<StepMeasurement>& other, const std::string& where) {
+  // Each shape's places in `other`, in order (a sweep may time one shape twice).
+  std::map<std::string, std::deque<std::size_t>> places;
+  for (std::size_t i = 0; i < other.size(); ++i)
+    places[StepShapeToJson(other[i].shape).dump()].push_back(i);
+  std::size_t times = 0;
+  for (const StepMeasurement& m : measurements) times += m.seconds.size();
+  for (const StepMeasurement& m : other) times += m.seconds.size();
+  if (other.size() != measurements.size())
+    return Status::Error(where + ": " + std::to_string(other.size()) +
+                         " step shapes where these are " + std::to_string(measurements.size()) +
+                         ": not the same sweep");
+  if (times > kMaxTimes)
+    return Status::Error(where + ": more than " + std::to_string(kMaxTimes) +
+                         " step times together with these");
+  for (StepMeasurement& m : measurements) {
+    const std::string key = StepShapeToJson(m.shape).dump();
+    auto it = places.find(key);
+    if (it == places.end() || it->second.empty())
+      return Status::Error(where + ": no step shape " + key + ": not the same sweep");
+    const std::vector<Seconds>& more = other[it->second.front()].seconds;
+    it->second.pop_front();
+    m.seconds.insert(m.seconds.end(), more.begin(), more.end());
+    m.held_out = false;
+  }
+  return Status::Ok();
+}
 
 std::vector<std::vector<double>> PassDeviationsPct(const std::vector<StepMeasurement>& measurements,
                                                    std::size_t parts) {

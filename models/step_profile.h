@@ -261,6 +261,14 @@ FitError SummarizeErrors(const std::vector<double>& pct);
 std::vector<std::vector<double>> PassDeviationsPct(const std::vector<StepMeasurement>& measurements,
                                                    std::size_t parts);
 
+// Each of `measurements`' shapes with `other`'s times of the same shape after its own: the same
+// sweep timed at another time (a calibration before a validation's live runs and one after), so
+// that a fit prices the machine over both rather than at one moment of a machine whose speed
+// drifts. Held-out marks are cleared (the fit marks its own). Errors, naming `where`: a shape one
+// of them has and the other has not (not the same sweep), or more step times than a profile holds.
+Status PoolMeasurements(std::vector<StepMeasurement>& measurements,
+                        const std::vector<StepMeasurement>& other, const std::string& where);
+
 // The relative error of `model` on the measurements of `tp`: the held-out ones, or the others.
 ClassErrors ErrorOf(const StepCostModel& model, const std::vector<StepMeasurement>& measurements,
                     int tp, bool held_out);

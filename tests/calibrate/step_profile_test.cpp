@@ -9,6 +9,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <functional>
@@ -114,6 +115,50 @@ TEST(StepProfileTest, PassDeviationsAreEachStretchOverTheShapesMedians) {
   for (StepMeasurement& m : ms) m.seconds.resize(1);
   EXPECT_TRUE(PassDeviationsPct(ms, 4).empty());
   EXPECT_TRUE(PassDeviationsPct({}, 4).empty());
+}
+
+// A sweep timed on a machine 10% slower than the truth, and again, in another order, 10% faster:
+// pooled, each shape's median is the truth's, which a fit recovers; sweeps of other shapes are
+// not pooled.
+TEST(StepProfileTest, PooledSweepsPriceTheMachineOverBothTimes) {
+  StepFit truth;
+  truth.pieces = {{{KnownPiece()}, {KnownPiece()}, {KnownPiece()}}};
+  std::vector<StepMeasurement> before = Measure(FittedCostModel(truth)), after = before;
+  for (StepMeasurement& m : before) {
+    m.seconds = {1.1 * m.seconds[0], 1.12 * m.seconds[0], 1.08 * m.seconds[0]};
+    m.held_out = true;
+  }
+  for (StepMeasurement& m : after)
+    m.seconds = {0.9 * m.seconds[0], 0.88 * m.seconds[0], 0.92 * m.seconds[0]};
+  std::reverse(after.begin(), after.end());
+  std::vector<StepMeasurement> pooled = before;
+  ASSERT_TRUE(PoolMeasurements(pooled, after, "after.json").ok());
+  for (std::size_t i = 0; i < pooled.size(); ++i) {
+    const Seconds t = FittedCostModel(truth).StepTime(pooled[i].shape);
+    ASSERT_EQ(pooled[i].seconds.size(), 6u);
+    EXPECT_DOUBLE_EQ(pooled[i].seconds[0], before[i].seconds[0]) << "its own times first";
+    EXPECT_NEAR(pooled[i].seconds[5], 0.92 * t, 1e-12 * t) << "then the other's, of its shape";
+    EXPECT_FALSE(pooled[i].held_out);
+  }
+  Result<StepFit> fit = FitSteps(pooled, 1, {.held_out_every = 4, .max_pieces = 1});
+  ASSERT_TRUE(fit.ok()) << fit.error();
+  for (const StepShape& shape : Sweep()) {
+    const Seconds want = FittedCostModel(truth).StepTime(shape);
+    EXPECT_NEAR(FittedCostModel(*fit).StepTime(shape), want, 1e-6 * want) << StepShapeToJson(shape);
+  }
+  // Not the same sweep: a shape missing, or one more.
+  std::vector<StepMeasurement> fewer = after, into = before;
+  fewer.pop_back();
+  Status missing = PoolMeasurements(into, fewer, "after.json");
+  EXPECT_NE(missing.message().find("after.json: 71 step shapes where these are 72: not the same "
+                                   "sweep"),
+            std::string::npos)
+      << missing.message();
+  fewer.push_back(fewer.front());
+  fewer.front().shape.decode_context_tokens += 1;
+  missing = PoolMeasurements(into, fewer, "after.json");
+  EXPECT_NE(missing.message().find("after.json: no step shape {"), std::string::npos)
+      << missing.message();
 }
 
 TEST(StepProfileTest, OnePieceIsRecoveredExactly) {

@@ -591,6 +591,59 @@ TEST_F(CalibrateTest, TimesTheFrontendAndTheSimulatorPassesRequestsThroughItInTu
   EXPECT_NEAR(summary["ttft_breakdown_ms"]["frontend"]["max"].get<double>(), 112, kCsvTolMs);
 }
 
+// `--pool` fits two sweeps of the same shapes timed at two times (here the second 20% faster)
+// as one: each shape's times pooled, so that the fit prices the middle, whichever profile is
+// fitted anew (--profile: its other parts kept) and whichever is pooled into it; the drift
+// between them is printed per class and the pooled profile says what it was pooled with.
+TEST_F(CalibrateTest, PoolsTwoSweepsOfTheSameShapes) {
+  std::string faster;
+  std::istringstream lines(AffineStepLines());
+  for (std::string text; std::getline(lines, text);) {
+    json line = json::parse(text);
+    line["seconds"] = 0.8 * line["seconds"].get<double>();
+    faster += line.dump() + "\n";
+  }
+  const std::string a = tmp_.File("a.json"), b = tmp_.File("b.json");
+  for (const auto& [path, text] : {std::pair{a, AffineStepLines()}, std::pair{b, faster}}) {
+    const RunResult r = RunDuet({"calibrate", "--measurements", tmp_.Write("m.jsonl", text),
+                                 "--model", model_, "--device", "cpu", "--out", path});
+    ASSERT_EQ(r.exit_code, 0) << r;
+  }
+  const std::string refit = tmp_.File("refit.json"), fitted = tmp_.File("fitted.json");
+  RunResult r = RunDuet({"calibrate", "--profile", a, "--pool", b, "--out", refit});
+  ASSERT_EQ(r.exit_code, 0) << r;
+  EXPECT_TRUE(ContainsAll(r.out, {"pooled with " + b + " (timed 20",
+                                  "its shapes took prefill -20.0%, decode -20.0%, mixed -20.0% "
+                                  "against these",
+                                  "tp 1: error on shapes held out"}))
+      << r;
+  r = RunDuet({"calibrate", "--measurements", tmp_.Write("m.jsonl", faster), "--model", model_,
+               "--device", "cpu", "--pool", a, "--out", fitted});
+  ASSERT_EQ(r.exit_code, 0) << r;
+  EXPECT_NE(r.out.find("its shapes took prefill +25.0%"), std::string::npos) << r;
+  auto slow = models::LoadStepProfile(a), pooled = models::LoadStepProfile(refit),
+       other_way = models::LoadStepProfile(fitted);
+  ASSERT_TRUE(slow.ok() && pooled.ok() && other_way.ok());
+  EXPECT_EQ(pooled->source["pooled_with"]["path"], b) << pooled->source;
+  EXPECT_EQ(pooled->source["command"], slow->source["command"]) << "--profile keeps its source";
+  ASSERT_EQ(pooled->measurements.size(), slow->measurements.size());
+  for (std::size_t i = 0; i < pooled->measurements.size(); ++i) {
+    const std::vector<Seconds>& t = pooled->measurements[i].seconds;
+    ASSERT_EQ(t.size(), 2u);
+    EXPECT_DOUBLE_EQ(t[0], slow->measurements[i].seconds[0]);
+    EXPECT_NEAR(t[1], 0.8 * t[0], 1e-12);
+  }
+  // Each shape's median is 0.9 of the slower sweep's time, so the fit is 0.9 of its fit at every
+  // shape; pooled either way, the same fit.
+  const models::FittedCostModel was(slow->fits.at(0)), now(pooled->fits.at(0)),
+      also(other_way->fits.at(0));
+  for (const models::StepMeasurement& m : slow->measurements) {
+    const Seconds want = 0.9 * was.StepTime(m.shape);
+    EXPECT_NEAR(now.StepTime(m.shape), want, 1e-6 * want) << models::StepShapeToJson(m.shape);
+    EXPECT_NEAR(also.StepTime(m.shape), want, 1e-6 * want) << models::StepShapeToJson(m.shape);
+  }
+}
+
 // `--host-steps` fits the engine's host time to a live server's step log (here one written
 // with a known host cost), `--profile` adds it to a profile whose step fits it keeps, and the
 // simulator then adds each step's host time to the step: a request's timeline moves by exactly
@@ -867,6 +920,13 @@ TEST_F(CalibrateTest, BadFlagsAndFilesAreClearErrors) {
       "one.jsonl",
       "{\"timestamp\": 0, \"input_length\": 100, \"output_length\": 8, \"hash_ids\": [1]}\n");
   const std::string bundled = SourceDir() + "/sim/profiles/h100-sxm-llama-3.1-8b.json";
+  // The bundled profile measured on another device, and with a shape fewer: not to be pooled.
+  json doc = ReadJson(bundled);
+  doc["device"] = "h200";
+  const std::string elsewhere = tmp_.Write("elsewhere.json", doc.dump());
+  doc["device"] = ReadJson(bundled)["device"];
+  doc["measurements"].erase(doc["measurements"].begin());
+  const std::string fewer_shapes = tmp_.Write("fewer.json", doc.dump());
   const std::vector<Case> cases = {
       {{"--model", model_, "--repeats", "0"}, 2, "--repeats must be in [1, 1000]"},
       {{"--model", model_, "--max-batch", "2"}, 2, "--max-batch must be in [8, 1024]"},
@@ -896,7 +956,12 @@ TEST_F(CalibrateTest, BadFlagsAndFilesAreClearErrors) {
       {{"--measurements", few, "--model", "tiny-test", "--beside"},
        2,
        "--beside times this machine's steps: not with --measurements"},
-      {{"--profile", few}, 2, "--profile goes with --host-steps"},
+      {{"--profile", few}, 2, "--profile goes with --host-steps or --pool"},
+      {{"--profile", bundled, "--pool", elsewhere}, 1, "was measured on h200, not on h100-sxm"},
+      {{"--profile", bundled, "--pool", fewer_shapes},
+       1,
+       "fewer.json: 354 step shapes where these are 355: not the same sweep"},
+      {{"--profile", bundled, "--pool", tmp_.File("none.json")}, 1, "--pool: "},
       {{"--profile", few, "--host-steps", few, "--beside"}, 2, "not with --beside"},
       {{"--model", model_, "--limit", "10"}, 2, "--limit goes with --trace"},
       {{"--model", model_, "--trace", one_request, "--rate-scale", "2"},
