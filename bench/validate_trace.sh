@@ -7,6 +7,10 @@
 #              streaming and replay threads), or
 #   1p1d: a prefill and a decode worker process, one thread each, KV over UCX (the profile's
 #         link fitted to its transfers, calibrated on one thread).
+# The same sweep is timed again after the live runs and pooled with the first (calibrate --pool),
+# and the live runs simulated again from that profile of the machine over the whole validation
+# (validate --again) into WORK/validation-pooled: the live runs go round the loads, and a VM's
+# speed moves by 10% between two calibrations half an hour apart (docs/validation.md).
 # Traces (../shared/traces): mooncake (lengths x1/32, prefix blocks kept: prefix caching on),
 # azure (the conversation trace, lengths x1/4, no prefix information) or sessions (multi-turn
 # conversations whose first turns are Azure rows, bench/sessions_azure.json, lengths x1/4; the
@@ -39,14 +43,28 @@ bench_setup "$work"
 bench_cluster "$layout" \
   '{"max_num_seqs": 16, "max_num_batched_tokens": 1024, "reserved_gib": 0.25}' 1
 
-"$DUET" calibrate --model bench --out profile.json --threads 1 --progress never --repeats 3 \
-  --max-tokens 1024 --max-batch 16 --trace "$trace" "${calibration_draw[@]}" \
-  --length-scale "$length_scale" "${calibrate_args[@]}"
+calibrate() {  # PROFILE
+  "$DUET" calibrate --model bench --out "$1" --threads 1 --progress never --repeats 3 \
+    --max-tokens 1024 --max-batch 16 --trace "$trace" "${calibration_draw[@]}" \
+    --length-scale "$length_scale" "${calibrate_args[@]}"
+}
+calibrate profile.json
 # Held to the goal (p50 within 5%, p99 within 10%): the report marks what misses it and
 # where the goal is finer than the machine's drift over the load; a miss (exit 1) is a finding.
+validate() {  # CLUSTER OUT MORE...
+  "$DUET" validate --cluster "$1" --model bench --trace "$trace" --limit 200 \
+    --length-scale "$length_scale" --tolerance p50=5,p99=10 --serve-args "$serve_args" --report \
+    --out "$2" "${@:3}"
+}
 status=0
-"$DUET" validate --cluster cluster.json --model bench --trace "$trace" --limit 200 \
-  --length-scale "$length_scale" --rate-scales "$scales" --repeats 3 \
-  --tolerance p50=5,p99=10 --serve-args "$serve_args" --report --out validation || status=$?
-echo "files: $work (the page: $work/validation/report.html)"
+validate cluster.json validation --rate-scales "$scales" --repeats 3 || status=$?
+[ "$status" -le 1 ] || exit "$status"
+calibrate profile-after.json
+"$DUET" calibrate --profile profile.json --pool profile-after.json --out profile-pooled.json
+sed 's/"profile": "profile.json"/"profile": "profile-pooled.json"/' cluster.json >cluster-pooled.json
+rm -rf validation-pooled
+cp -r validation validation-pooled
+validate cluster-pooled.json validation-pooled --again || status=$?
+echo "files: $work (the pages: $work/validation/report.html, as calibrated before the live runs;"
+echo "  $work/validation-pooled/report.html, calibrated before and after)"
 [ "$status" -le 1 ] || exit "$status"
