@@ -265,7 +265,8 @@ std::vector<std::vector<double>> PassDeviationsPct(const std::vector<StepMeasure
 // sweep timed at another time (a calibration before a validation's live runs and one after), so
 // that a fit prices the machine over both rather than at one moment of a machine whose speed
 // drifts. Held-out marks are cleared (the fit marks its own). Errors, naming `where`: a shape one
-// of them has and the other has not (not the same sweep), or more step times than a profile holds.
+// of them has and the other has not (not the same sweep), or more step times than a profile holds;
+// `measurements` may then be pooled in part, for the caller to drop.
 Status PoolMeasurements(std::vector<StepMeasurement>& measurements,
                         const std::vector<StepMeasurement>& other, const std::string& where);
 
