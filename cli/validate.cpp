@@ -390,6 +390,12 @@ int Validate(int argc, char** argv) {
   bool exceeded = false;
   ChildProcesses children;
   auto load_dir = [&](double r) { return (fs::path(out_dir) / ("rate-" + RateText(r))).string(); };
+  // The trace as a load replays it: the selection at rate scale `r`.
+  auto load_trace_of = [&](double r) {
+    std::vector<std::string> args = trace_args;
+    args.insert(args.end(), {"--rate-scale", RateText(r)});
+    return args;
+  };
   // Each load's live runs, or with --again the recorded ones, and the machine's reference timed
   // before its first run and after each (a timing between two runs serves both).
   std::vector<std::vector<LiveRun>> live(scales->size());
@@ -431,8 +437,8 @@ int Validate(int argc, char** argv) {
         // Prompt token ids from the model's vocabulary.
         std::vector<std::string> replay = {"replay", "--progress", "never", "--vocab-size",
                                            std::to_string(cluster->model.vocab_size)};
-        replay.insert(replay.end(), trace_args.begin(), trace_args.end());
-        replay.insert(replay.end(), {"--rate-scale", RateText(r)});
+        const std::vector<std::string> load_trace = load_trace_of(r);
+        replay.insert(replay.end(), load_trace.begin(), load_trace.end());
         std::fprintf(stderr, "duet validate: rate scale %s: live run %d of %d\n",
                      RateText(r).c_str(), k, repeats);
         if (reference && k == 1) timings[li].push_back(latest);
@@ -446,7 +452,6 @@ int Validate(int argc, char** argv) {
   for (std::size_t li = 0; li < scales->size(); ++li) {
     const double r = (*scales)[li];
     const std::string dir = load_dir(r);
-    const std::vector<std::string> scale = {"--rate-scale", RateText(r)};
     const std::vector<LiveRun>& runs = live[li];
     const int load_repeats = static_cast<int>(runs.size());
 
@@ -454,8 +459,7 @@ int Validate(int argc, char** argv) {
     // for "") with its step log there (steps.jsonl), logging to DIR/simulate-NAME.log; returns
     // its summary.json. Errors say "duet simulate" and then `what` (e.g. " (without host
     // time)").
-    std::vector<std::string> load_trace = trace_args;
-    load_trace.insert(load_trace.end(), scale.begin(), scale.end());
+    const std::vector<std::string> load_trace = load_trace_of(r);
     auto simulate = [&](const std::string& cluster_file, const std::vector<std::string>& trace,
                         const std::string& name, const std::string& what) -> Result<json> {
       const std::string suffix = name.empty() ? "" : "-" + name;
