@@ -642,6 +642,19 @@ TEST_F(CalibrateTest, PoolsTwoSweepsOfTheSameShapes) {
     EXPECT_NEAR(now.StepTime(m.shape), want, 1e-6 * want) << models::StepShapeToJson(m.shape);
     EXPECT_NEAR(also.StepTime(m.shape), want, 1e-6 * want) << models::StepShapeToJson(m.shape);
   }
+  // A profile that says nothing, or something odd, of where it comes from pools alike.
+  for (const json& source : {json(), json{{"date", 5}, {"threads", "one"}}}) {
+    json doc = ReadJson(b);
+    if (source.is_null())
+      doc.erase("source");
+    else
+      doc["source"] = source;
+    const std::string odd = tmp_.Write("odd.json", doc.dump());
+    r = RunDuet({"calibrate", "--profile", a, "--pool", odd, "--out", tmp_.File("odd-out.json")});
+    ASSERT_EQ(r.exit_code, 0) << r;
+    EXPECT_NE(r.out.find("pooled with " + odd + " (timed at an unknown time)"), std::string::npos)
+        << r;
+  }
 }
 
 // `--host-steps` fits the engine's host time to a live server's step log (here one written
