@@ -438,11 +438,6 @@ Status FitStepsOf(models::StepProfile& profile, const std::optional<models::Hard
   return Status::Ok();
 }
 
-// `source`'s field `key`, null where it has none (a profile need not say where it comes from).
-nlohmann::json SourceField(const nlohmann::json& source, const char* key) {
-  return source.is_object() && source.contains(key) ? source[key] : nlohmann::json();
-}
-
 // --pool: `profile`'s step times pooled with those of the profile at `path`, the same sweep of
 // the same model on the same device and threads timed at another time
 // (models::PoolMeasurements), which it records (source.pooled_with) and prints with how much
@@ -455,8 +450,8 @@ Status PoolWith(models::StepProfile& profile, const std::string& path) {
                          profile.device);
   if (auto why = models::ArchitectureMismatch(other->model, profile.model))
     return Status::Error("--pool: " + path + " measured another model (" + *why + ")");
-  const nlohmann::json theirs = SourceField(other->source, "threads");
-  const nlohmann::json ours = SourceField(profile.source, "threads");
+  const nlohmann::json theirs = other->SourceField("threads");
+  const nlohmann::json ours = profile.SourceField("threads");
   if (!theirs.is_null() && !ours.is_null() && theirs != ours)
     return Status::Error("--pool: " + path + " was measured on " + theirs.dump() +
                          " threads, these on " + ours.dump());
@@ -470,9 +465,9 @@ Status PoolWith(models::StepProfile& profile, const std::string& path) {
           models::PoolMeasurements(profile.measurements, other->measurements, "--pool: " + path);
       !s.ok())
     return s;
-  const nlohmann::json date = SourceField(other->source, "date");
+  const nlohmann::json date = other->SourceField("date");
   profile.source["pooled_with"] = {
-      {"path", path}, {"date", date}, {"command", SourceField(other->source, "command")}};
+      {"path", path}, {"date", date}, {"command", other->SourceField("command")}};
   std::string took;
   for (std::size_t c = 0; c < models::kShapeClasses; ++c) {
     if (now[c] <= 0) continue;

@@ -363,17 +363,36 @@ int Validate(int argc, char** argv) {
   // every live run (validate_machine.h), and, where the cluster places instances side by side
   // on a node, beside another instance's steps.
   std::optional<MachineReference> reference;
-  // --again: the timings recorded beside the live runs are kept (below) where they were read
-  // against this profile's calibration, or why there are none.
-  const bool recorded_machine =
-      again && recorded.value("profile", json::object()).value("source", json()) ==
-                   report["profile"]["source"];
+  // --again: the timings recorded beside the live runs, each load's (null: none), kept where
+  // they were read against this profile's calibration, read again against its own measurements
+  // where it is another (RereadReference), or why there are none.
+  std::vector<json> recorded_machine;
   if (again) {
-    if (!recorded_machine)
-      report["machine_not_timed"] =
-          "the live runs' machine timings were read against another profile's calibration";
-    else if (recorded.contains("machine_not_timed"))
+    const json timed_source = recorded.value("profile", json::object()).value("source", json());
+    const bool same_calibration = timed_source == report["profile"]["source"];
+    if (recorded.contains("machine_not_timed")) {
       report["machine_not_timed"] = recorded["machine_not_timed"];
+    } else if (!cluster->cost_model.profile) {
+      report["machine_not_timed"] = "the cost model is not a profile measured on a machine";
+    } else {
+      for (const json& load : recorded["loads"]) {
+        const json timed = load.value("machine", json());
+        auto reread = same_calibration || !timed.is_object()
+                          ? Result<json>(timed)
+                          : RereadReference(timed, timed_source, *cluster->cost_model.profile);
+        if (!reread) {
+          report["machine_not_timed"] =
+              "the live runs' machine timings cannot be read against this profile: " +
+              reread.error();
+          recorded_machine.clear();
+          break;
+        }
+        recorded_machine.push_back(std::move(*reread));
+      }
+      if (!recorded_machine.empty())
+        report["again"]["machine"] =
+            same_calibration ? "kept" : "read against this profile's measurements of their shapes";
+    }
   } else if (const models::StepProfile* profile = cluster->cost_model.profile.get()) {
     std::set<int> nodes;
     for (const sim::InstancePlacement& p : cluster->placements) nodes.insert(p.node);
@@ -533,8 +552,8 @@ int Validate(int argc, char** argv) {
       return changed;
     };
     if (reference) load["machine"] = SummarizeReference(timings[li]);
-    if (recorded_machine && recorded["loads"][li].contains("machine"))
-      load["machine"] = recorded["loads"][li]["machine"];
+    if (li < recorded_machine.size() && !recorded_machine[li].is_null())
+      load["machine"] = recorded_machine[li];
     // Simulations whose schedules are compared beside the plain one's.
     std::vector<VariantLog> variants;
     std::optional<std::string> as_live_cluster;

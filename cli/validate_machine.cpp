@@ -132,4 +132,39 @@ json SummarizeReference(const std::vector<json>& timings) {
   return out;
 }
 
+Result<json> RereadReference(const json& machine, const json& timed_source,
+                             const models::StepProfile& profile) {
+  for (const char* key : {"device", "threads"}) {
+    const json was =
+        timed_source.is_object() && timed_source.contains(key) ? timed_source[key] : json();
+    const json is = profile.SourceField(key);
+    if (!was.is_null() && !is.is_null() && was != is)
+      return Status::Error(std::string("they were timed with the ") + key + " " + was.dump() +
+                           " of their profile, this one was measured with " + is.dump());
+  }
+  std::map<std::string, Seconds> measured;  // `profile`'s median of each shape, by its JSON
+  for (const models::StepMeasurement& m : profile.measurements)
+    measured.emplace(models::StepShapeToJson(m.shape).dump(), m.Median());
+  std::vector<json> timings;
+  for (json timing : machine["timings"]) {
+    double then_ms = 0, now_ms = 0;
+    for (json& shape : timing["shapes"]) {
+      auto parsed = models::ParseStepShape(shape.value("shape", json()), "shape");
+      const auto it =
+          parsed ? measured.find(models::StepShapeToJson(*parsed).dump()) : measured.end();
+      const std::string name = shape["name"].get<std::string>();
+      if (it == measured.end() || it->second <= 0)
+        return Status::Error("this profile has no measurement of their reference shape " + name);
+      const double then = 1e3 * it->second, now = shape["now_ms"].get<double>();
+      shape["calibrated_ms"] = then;
+      shape["slower_pct"] = 100.0 * (now / then - 1);
+      then_ms += then;
+      now_ms += now;
+    }
+    timing["slower_pct"] = 100.0 * (now_ms / then_ms - 1);
+    timings.push_back(std::move(timing));
+  }
+  return SummarizeReference(timings);
+}
+
 }  // namespace duet::cli

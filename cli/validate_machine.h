@@ -66,4 +66,15 @@ class MachineReference {
 // "beside" alike of their "beside" readings; null when none.
 nlohmann::json SummarizeReference(const std::vector<nlohmann::json>& timings);
 
+// `duet validate --again` with another profile: a load's reference timings (SummarizeReference's
+// summary, recorded beside the live runs against the profile whose source is `timed_source`)
+// read against `profile`'s own measurements of the same shapes, as if the runs had been
+// validated with it: each shape's now_ms over its median in `profile`. A profile pooled from
+// sweeps before and after the live runs (calibrate --pool) reads them against its pooled times.
+// The readings beside a neighbour (both timed live) are kept. Errors say why they cannot be:
+// `profile` was measured on another device or threads, or has no measurement of a timed shape.
+Result<nlohmann::json> RereadReference(const nlohmann::json& machine,
+                                       const nlohmann::json& timed_source,
+                                       const models::StepProfile& profile);
+
 }  // namespace duet::cli

@@ -52,15 +52,21 @@ Status CheckMeasuredBeside(const json& load, const std::string& where) {
   if (!m.is_object()) return FieldError(where, "machine", "must be an object");
   for (const char* key : {"slower_pct", "min_pct", "max_pct"})
     if (auto v = JsonNumber(m, key, machine_at); !v) return v.status();
-  if (!m.contains("timings") || !m["timings"].is_array() || m["timings"].empty() ||
-      !m["timings"].front().is_object() || !m["timings"].front().contains("shapes") ||
-      !m["timings"].front()["shapes"].is_array())
+  if (!m.contains("timings") || !m["timings"].is_array() || m["timings"].empty())
     return FieldError(machine_at, "timings", "must be an array of timings with their shapes");
-  for (const json& shape : m["timings"].front()["shapes"]) {
-    const std::string shape_at = machine_at + ": timings[0].shapes[]";
-    if (auto v = JsonString(shape, "name", shape_at); !v) return v.status();
-    // What the machine's speed per kind of step is read from (ProfileAtMachineSpeed).
-    if (auto v = JsonNumber(shape, "calibrated_ms", shape_at); !v) return v.status();
+  for (std::size_t t = 0; t < m["timings"].size(); ++t) {
+    const json& timing = m["timings"][t];
+    if (!timing.is_object() || !timing.contains("shapes") || !timing["shapes"].is_array() ||
+        timing["shapes"].empty())
+      return FieldError(machine_at, "timings", "must be an array of timings with their shapes");
+    for (const json& shape : timing["shapes"]) {
+      const std::string shape_at = machine_at + ": timings[" + std::to_string(t) + "].shapes[]";
+      if (auto v = JsonString(shape, "name", shape_at); !v) return v.status();
+      // What the machine's speed per kind of step is read from (ProfileAtMachineSpeed), and
+      // read again against another profile (RereadReference).
+      for (const char* key : {"calibrated_ms", "now_ms"})
+        if (auto v = JsonNumberIn(shape, key, 0, 3.6e6, shape_at); !v) return v.status();
+    }
   }
   if (m.contains("shapes")) {
     if (!m["shapes"].is_object()) return FieldError(machine_at, "shapes", "must be an object");

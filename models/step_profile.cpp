@@ -642,6 +642,10 @@ const StepFit* StepProfile::FitFor(int tp) const {
   return nullptr;
 }
 
+nlohmann::json StepProfile::SourceField(const char* key) const {
+  return source.is_object() && source.contains(key) ? source[key] : nlohmann::json();
+}
+
 const LinkFit* StepProfile::LinkFor(std::string_view transport) const {
   for (const LinkFit& link : links)
     if (link.transport == transport) return &link;

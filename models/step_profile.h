@@ -242,6 +242,8 @@ struct StepProfile {
   std::optional<ShapePairFit> beside;      // a step beside another instance's, when timed
   const StepFit* FitFor(int tp) const;     // nullptr when none
   const LinkFit* LinkFor(std::string_view transport) const;  // nullptr when none
+  // source's field `key`, null where it has none (a profile need not say where it comes from).
+  nlohmann::json SourceField(const char* key) const;
 };
 
 // The median of some times (interpolated between the middle two of an even count; 0 for none),

@@ -1027,6 +1027,79 @@ TEST_F(ValidateTest, SimulatesAgainAgainstTheLiveRunsAlreadyInOut) {
               1e-6 * was["steps"]["priced_s"].get<double>());
   EXPECT_EQ(is["steps"]["forward_s"], was["steps"]["forward_s"]);
   EXPECT_TRUE(fs::exists(tmp_.File("out/report.html")));
+  EXPECT_EQ(after["again"]["machine"], "kept") << after["again"];
+
+  // Another calibration of the machine (another source, as a sweep pooled with one after the
+  // runs has) that timed every step twice as long: the same timings, read against its own
+  // measurements of their shapes, read the machine twice as fast, and the load is simulated
+  // again at that speed.
+  json recalibrated = ReadJson(tmp_.File("profile.json"));
+  recalibrated["source"]["date"] = "2026-12-03T00:00:00Z";
+  for (json& m : recalibrated["measurements"]) {
+    if (m["seconds"].is_number()) m["seconds"] = json::array({m["seconds"]});
+    for (json& t : m["seconds"]) t = 2 * t.get<double>();
+  }
+  tmp_.Write("profile.json", recalibrated.dump());
+  const RunResult reread = Validate({"--again"});
+  ASSERT_EQ(reread.exit_code, 0) << reread;
+  const json read = ReadJson(tmp_.File("out/validation.json"));
+  EXPECT_EQ(read["again"]["machine"], "read against this profile's measurements of their shapes");
+  EXPECT_FALSE(read.contains("machine_not_timed")) << read["machine_not_timed"];
+  const json &timed = was["machine"], &now = read["loads"][1]["machine"];
+  ASSERT_EQ(now["timings"].size(), timed["timings"].size()) << now;
+  for (std::size_t t = 0; t < timed["timings"].size(); ++t)
+    for (std::size_t i = 0; i < timed["timings"][t]["shapes"].size(); ++i) {
+      const json &a = timed["timings"][t]["shapes"][i], &b = now["timings"][t]["shapes"][i];
+      EXPECT_EQ(b["now_ms"], a["now_ms"]) << b;
+      EXPECT_NEAR(b["calibrated_ms"].get<double>(), 2 * a["calibrated_ms"].get<double>(),
+                  1e-9 * a["calibrated_ms"].get<double>())
+          << b;
+      EXPECT_NEAR(b["slower_pct"].get<double>(),
+                  100 * (b["now_ms"].get<double>() / b["calibrated_ms"].get<double>() - 1), 1e-9)
+          << b;
+    }
+  EXPECT_NEAR(now["slower_pct"].get<double>(),
+              100 * ((1 + timed["slower_pct"].get<double>() / 100) / 2 - 1), 1.0)
+      << "the median of the timings, each read twice as fast";
+  EXPECT_TRUE(read["loads"][1]["metrics"]["ttft_ms.p50"].contains("simulated_at_machine_speed"))
+      << read["loads"][1]["metrics"]["ttft_ms.p50"];
+  // One measured on other threads, or without one of the timed shapes, cannot read them.
+  json threads = recalibrated;
+  threads["source"]["threads"] = 7;
+  tmp_.Write("profile.json", threads.dump());
+  const RunResult on_threads = Validate({"--again"});
+  ASSERT_EQ(on_threads.exit_code, 0) << on_threads;
+  json unread = ReadJson(tmp_.File("out/validation.json"));
+  EXPECT_EQ(unread.value("machine_not_timed", ""),
+            "the live runs' machine timings cannot be read against this profile: they were timed "
+            "with the threads " +
+                before["profile"]["source"]["threads"].dump() +
+                " of their profile, this one was measured with 7");
+  EXPECT_FALSE(unread["loads"][1].contains("machine")) << unread["loads"][1]["machine"];
+  tmp_.Write("out/validation.json", read.dump());
+  json fewer = recalibrated;
+  fewer["source"]["date"] = "2026-12-04T00:00:00Z";  // not the calibration they were read against
+  json& kept = fewer["measurements"];
+  const json& first_timed = timed["timings"][0]["shapes"][0]["shape"];
+  const std::size_t measured = kept.size();
+  kept.erase(std::remove_if(kept.begin(), kept.end(),
+                            [&](const json& m) {
+                              return m["prefill"] == first_timed["prefill"] &&
+                                     m["decode_tokens"] == first_timed["decode_tokens"] &&
+                                     m["decode_context_tokens"] ==
+                                         first_timed["decode_context_tokens"];
+                            }),
+             kept.end());
+  ASSERT_LT(kept.size(), measured) << "the profile measured the shape the machine was timed on";
+  tmp_.Write("profile.json", fewer.dump());
+  const RunResult shapes_missing = Validate({"--again"});
+  ASSERT_EQ(shapes_missing.exit_code, 0) << shapes_missing;
+  unread = ReadJson(tmp_.File("out/validation.json"));
+  EXPECT_NE(
+      unread.value("machine_not_timed", "").find("has no measurement of their reference shape"),
+      std::string::npos)
+      << unread.value("machine_not_timed", "");
+  tmp_.Write("out/validation.json", read.dump());
 
   struct Case {
     std::vector<std::string> args;
